@@ -1,0 +1,264 @@
+// Package bench holds turnsnap's workloads: the scripted agent session the
+// demo runs, and the generators benchmarks use to build sandboxes of a given
+// shape.
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math/rand"
+	"os"
+	"path/filepath"
+	"text/tabwriter"
+	"time"
+
+	"github.com/turnsnap/turnsnap/catalog"
+	"github.com/turnsnap/turnsnap/engine"
+)
+
+// DemoOptions configures RunDemo.
+type DemoOptions struct {
+	// Dir holds the demo's home and base; empty means a new temporary
+	// directory, removed afterwards unless Keep is set.
+	Dir  string
+	Keep bool
+	Out  io.Writer
+}
+
+// DemoTurn is one row of the demo's table.
+type DemoTurn struct {
+	Sandbox  string        `json:"sandbox"`
+	Turn     int           `json:"turn"`
+	Action   string        `json:"action"`
+	Class    catalog.Class `json:"class"`
+	ID       string        `json:"id"`
+	BytesNew int64         `json:"bytes_new"`
+	Objects  int64         `json:"objects_new"`
+	Read     int64         `json:"files_read"`
+	Duration time.Duration `json:"duration_ns"`
+}
+
+// DemoReport is what the demo did and measured.
+type DemoReport struct {
+	Home        string        `json:"home"`
+	Turns       []DemoTurn    `json:"turns"`
+	Rollback    time.Duration `json:"rollback_ns"`
+	Branch      time.Duration `json:"branch_ns"`
+	Verified    int           `json:"verified_checkpoints"`
+	DiffChanges int           `json:"diff_changes"`
+}
+
+type step struct {
+	action string
+	do     func(root string) error
+}
+
+// RunDemo runs a scripted multi-turn agent session in an overlay sandbox:
+// edits, a no-op turn, a temp file, deleting a base file, installing many
+// small files, a failed destructive edit that is rolled back, a branch, and
+// a verify of every checkpoint. It checks its own results and fails loudly
+// if a rollback or branch does not give back the expected files.
+func RunDemo(ctx context.Context, opts DemoOptions) (*DemoReport, error) {
+	out := opts.Out
+	if out == nil {
+		out = io.Discard
+	}
+	dir := opts.Dir
+	if dir == "" {
+		var err error
+		if dir, err = os.MkdirTemp("", "turnsnap-demo-"); err != nil {
+			return nil, err
+		}
+	}
+	rep := &DemoReport{Home: filepath.Join(dir, "home")}
+	base := filepath.Join(dir, "base")
+	if err := WriteProject(base, 7); err != nil {
+		return nil, err
+	}
+	e, err := engine.Open(ctx, engine.Options{Home: rep.Home})
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if !opts.Keep {
+			for _, name := range []string{"agent", "agent-alt"} {
+				e.RemoveSandbox(context.WithoutCancel(ctx), name)
+			}
+		}
+		e.Close()
+		if !opts.Keep && opts.Dir == "" {
+			os.RemoveAll(dir)
+		}
+	}()
+	fmt.Fprintf(out, "turnsnap demo: home %s\n\n", rep.Home)
+	cr, err := e.CreateSandbox(ctx, "agent", engine.CreateOptions{Base: base})
+	if err != nil {
+		return nil, err
+	}
+	rep.Turns = append(rep.Turns, DemoTurn{Sandbox: "agent", Turn: 0, Action: fmt.Sprintf("create sandbox from base (%d entries)", cr.BaseStats.Entries),
+		Class: cr.Checkpoint.Class, ID: cr.Checkpoint.ID.Short(), BytesNew: cr.Checkpoint.Stats.BytesNew,
+		Objects: cr.Checkpoint.Stats.ObjectsNew, Read: cr.BaseStats.FilesRead, Duration: cr.Duration})
+	root := cr.Root
+	steps := []step{
+		{"edit src/main.go, add src/feature.go", func(r string) error {
+			if err := appendFile(filepath.Join(r, "src/main.go"), "\nfunc feature() { run() }\n"); err != nil {
+				return err
+			}
+			return os.WriteFile(filepath.Join(r, "src/feature.go"), []byte("package main\n\nfunc run() {}\n"), 0o644)
+		}},
+		{"read files only (cat, grep)", func(r string) error {
+			_, err := os.ReadFile(filepath.Join(r, "src/main.go"))
+			return err
+		}},
+		{"write and delete a temp file in /tmp", func(r string) error {
+			p := filepath.Join(r, "tmp/build.log")
+			if err := os.WriteFile(p, []byte("scratch output\n"), 0o644); err != nil {
+				return err
+			}
+			return os.Remove(p)
+		}},
+		{"delete a base file (data/config.json)", func(r string) error {
+			return os.Remove(filepath.Join(r, "data/config.json"))
+		}},
+		{"install dependencies (300 small files)", func(r string) error {
+			return writeFiles(filepath.Join(r, "vendor"), 300, 2048, 11)
+		}},
+		{"failed destructive edit: rm -rf src/, clobber README", func(r string) error {
+			if err := os.RemoveAll(filepath.Join(r, "src")); err != nil {
+				return err
+			}
+			return os.WriteFile(filepath.Join(r, "README.md"), []byte("oops\n"), 0o644)
+		}},
+	}
+	byTurn := map[int]string{}
+	for i, s := range steps {
+		if err := turn(ctx, e, rep, "agent", root, i+1, s, byTurn); err != nil {
+			return nil, err
+		}
+	}
+	// The agent's tests fail after turn 6: roll back to turn 5.
+	rb, err := e.Rollback(ctx, "agent", byTurn[5])
+	if err != nil {
+		return nil, err
+	}
+	rep.Rollback = rb.Duration
+	if err := expectFile(root, "src/main.go", "func feature() { run() }"); err != nil {
+		return nil, fmt.Errorf("demo: after rollback: %w", err)
+	}
+	if err := turn(ctx, e, rep, "agent", root, 7, step{"retry: a careful edit of src/util.go", func(r string) error {
+		return appendFile(filepath.Join(r, "src/util.go"), "\n// handles the empty case\n")
+	}}, byTurn); err != nil {
+		return nil, err
+	}
+	br, err := e.Branch(ctx, byTurn[4], "agent-alt")
+	if err != nil {
+		return nil, err
+	}
+	rep.Branch = br.Duration
+	if _, err := os.Stat(filepath.Join(br.Root, "vendor")); !os.IsNotExist(err) {
+		return nil, fmt.Errorf("demo: branch of turn 4 has turn 5's vendor/ (%v)", err)
+	}
+	if err := turn(ctx, e, rep, "agent-alt", br.Root, 5, step{"branch: try another approach", func(r string) error {
+		return os.WriteFile(filepath.Join(r, "src/experiment.go"), []byte("package main\n"), 0o644)
+	}}, map[int]string{}); err != nil {
+		return nil, err
+	}
+	for _, t := range rep.Turns {
+		if t.Class == catalog.ClassSkip {
+			continue
+		}
+		if _, err := e.Verify(ctx, t.ID); err != nil {
+			return nil, fmt.Errorf("demo: verify: %w", err)
+		}
+		rep.Verified++
+	}
+	d, err := e.Diff(ctx, "agent", rep.Turns[0].ID, "")
+	if err != nil {
+		return nil, err
+	}
+	rep.DiffChanges = len(d.Changes)
+	printDemo(out, rep, d.Changes)
+	return rep, nil
+}
+
+func turn(ctx context.Context, e *engine.Engine, rep *DemoReport, name, root string, n int, s step, byTurn map[int]string) error {
+	if err := s.do(root); err != nil {
+		return fmt.Errorf("demo turn %d (%s): %w", n, s.action, err)
+	}
+	r, err := e.Checkpoint(ctx, name, engine.CheckpointOptions{Turn: &n, Message: s.action})
+	if err != nil {
+		return err
+	}
+	byTurn[n] = r.ID.String()
+	rep.Turns = append(rep.Turns, DemoTurn{Sandbox: name, Turn: n, Action: s.action, Class: r.Class, ID: r.ID.Short(),
+		BytesNew: r.Stats.BytesNew, Objects: r.Stats.ObjectsNew, Read: r.Stats.FilesRead, Duration: r.Duration})
+	return nil
+}
+
+func printDemo(w io.Writer, rep *DemoReport, changes []deltaChange) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "sandbox\tturn\t action\tclass\tnew bytes\tobjects\tfiles read\ttime\t")
+	var bytes, objects int64
+	classes := map[catalog.Class]int{}
+	for _, t := range rep.Turns {
+		fmt.Fprintf(tw, "%s\t%d\t %-52s\t%s\t%s\t%d\t%d\t%s\t\n", t.Sandbox, t.Turn, t.Action, t.Class,
+			humanBytes(t.BytesNew), t.Objects, t.Read, humanDur(t.Duration))
+		bytes += t.BytesNew
+		objects += t.Objects
+		classes[t.Class]++
+	}
+	tw.Flush()
+	fmt.Fprintf(w, "\n%d turn boundaries: %d skip (no bytes written), %d fs; %s stored in %d objects\n",
+		len(rep.Turns), classes[catalog.ClassSkip], classes[catalog.ClassFS], humanBytes(bytes), objects)
+	fmt.Fprintf(w, "rollback agent -> turn 5 after the failed edit: %s (restored layer re-hashed and matched)\n", humanDur(rep.Rollback))
+	fmt.Fprintf(w, "branch turn 4 -> agent-alt: %s\n", humanDur(rep.Branch))
+	fmt.Fprintf(w, "verify: %d checkpoints, every object and hash ok\n", rep.Verified)
+	fmt.Fprintf(w, "diff agent turn 0 -> live root: %d paths changed\n", len(changes))
+	for i, c := range changes {
+		if i == 8 {
+			fmt.Fprintf(w, "  ... and %d more\n", len(changes)-8)
+			break
+		}
+		fmt.Fprintf(w, "  %c /%s\n", c.Kind, c.Path)
+	}
+}
+
+func appendFile(p, s string) error {
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		return err
+	}
+	if _, err := f.WriteString(s); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+func expectFile(root, rel, substr string) error {
+	b, err := os.ReadFile(filepath.Join(root, rel))
+	if err != nil {
+		return err
+	}
+	if !containsString(string(b), substr) {
+		return fmt.Errorf("%s lacks %q", rel, substr)
+	}
+	return nil
+}
+
+// writeFiles creates n files of about size bytes each under dir, spread over
+// subdirectories of 50, with content that compresses like source code.
+func writeFiles(dir string, n, size int, seed int64) error {
+	rng := rand.New(rand.NewSource(seed))
+	for i := range n {
+		p := filepath.Join(dir, fmt.Sprintf("d%03d", i/50), fmt.Sprintf("f%05d.txt", i))
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(p, textLike(rng, size), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}

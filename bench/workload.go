@@ -1,0 +1,76 @@
+package bench
+
+import (
+	"fmt"
+	"math/rand"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/dustin/go-humanize"
+	"github.com/turnsnap/turnsnap/delta"
+)
+
+type deltaChange = delta.Change
+
+// WriteProject writes a small source project, the demo's base image: source
+// files, tests, docs, a data file the agent deletes, a binary asset and an
+// empty tmp/ directory.
+func WriteProject(dir string, seed int64) error {
+	rng := rand.New(rand.NewSource(seed))
+	files := map[string]string{
+		"README.md":          "# sample service\n\nA small project an agent works on.\n",
+		"src/main.go":        "package main\n\nfunc main() {}\n",
+		"src/util.go":        "package main\n\nfunc clamp(x, lo, hi int) int { return min(max(x, lo), hi) }\n",
+		"data/config.json":   `{"port": 8080, "debug": false}` + "\n",
+		"docs/design.md":     "# design\n",
+		"tests/main_test.go": "package main\n",
+	}
+	for i := range 20 {
+		files[fmt.Sprintf("src/pkg%02d/code.go", i)] = string(textLike(rng, 4096))
+	}
+	for rel, content := range files {
+		p := filepath.Join(dir, rel)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+			return err
+		}
+	}
+	asset := make([]byte, 512<<10)
+	rng.Read(asset)
+	if err := os.MkdirAll(filepath.Join(dir, "assets"), 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "assets/logo.bin"), asset, 0o644); err != nil {
+		return err
+	}
+	return os.MkdirAll(filepath.Join(dir, "tmp"), 0o1777)
+}
+
+// textLike returns n bytes that compress roughly like source code.
+func textLike(rng *rand.Rand, n int) []byte {
+	words := []string{"func", "return", "if", "err", "nil", "for", "range", "ctx", "string", "int", ":=", "{", "}", "(", ")", "\n", "\t"}
+	var b strings.Builder
+	for b.Len() < n {
+		b.WriteString(words[rng.Intn(len(words))])
+		b.WriteByte(' ')
+		if rng.Intn(12) == 0 {
+			fmt.Fprintf(&b, "v%d ", rng.Intn(100000))
+		}
+	}
+	return []byte(b.String()[:n])
+}
+
+func containsString(s, sub string) bool { return strings.Contains(s, sub) }
+
+func humanBytes(n int64) string { return humanize.IBytes(uint64(max(n, 0))) }
+
+func humanDur(d time.Duration) string {
+	if d < time.Second {
+		return fmt.Sprintf("%.1fms", float64(d.Microseconds())/1000)
+	}
+	return d.Round(10 * time.Millisecond).String()
+}

@@ -1,0 +1,215 @@
+package catalog
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/dgraph-io/badger/v4"
+	"github.com/turnsnap/turnsnap/internal/errdefs"
+)
+
+// Options configures Open. The zero value works.
+type Options struct {
+	// Logger receives the catalog's log lines, and Badger's at Warn and
+	// above. Nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// Catalog is an open catalog directory. It is safe for concurrent use by the
+// goroutines of one process; only one process may have a directory open.
+type Catalog struct {
+	dir  string
+	db   *badger.DB
+	lock *dirLock
+	log  *slog.Logger
+}
+
+// badgerOptions tunes Badger for a CLI: each command opens the catalog, does a
+// few small transactions and exits, and the whole index is at most a few
+// hundred MB. Badger's defaults are for a long-running server holding a large
+// database and cost that at every open (memory) and every crash (lost writes).
+func badgerOptions(dir string, log *slog.Logger) badger.Options {
+	return badger.DefaultOptions(dir).
+		// A checkpoint is reported done only after its catalog entry is on
+		// disk; without this a crash after "checkpoint created" could lose it.
+		// One fsync per transaction is cheap next to the upload before it.
+		WithSyncWrites(true).
+		// Each memtable's arena is allocated at full size, and its
+		// write-ahead log file is created at twice that size: the 64 MiB
+		// default means a 128 MiB .mem file for a catalog of a few KB.
+		// 16 MiB holds far more than one command ever writes.
+		WithMemTableSize(16 << 20).
+		WithNumMemtables(2).
+		// Value log files are preallocated and mmapped at this size; the 1 GiB
+		// default would make a fresh catalog look huge and map a lot for
+		// nothing. Our values are small and stay inline in the LSM tree
+		// anyway (default ValueThreshold), so the vlog barely grows.
+		WithValueLogFileSize(64 << 20).
+		// Caches only pay off across many reads in a long-lived process; a
+		// command touches a handful of blocks. Snappy block compression (the
+		// default) needs a non-zero block cache.
+		WithBlockCacheSize(8 << 20).
+		WithIndexCacheSize(4 << 20).
+		// Every key has one meaningful version; keeping older ones only
+		// delays reclaiming space after deletes and overwrites.
+		WithNumVersionsToKeep(1).
+		// Fewer background compactors: the database is small and each command
+		// is short; two is Badger's minimum for L0 to keep up.
+		WithNumCompactors(2).
+		// Badger's metrics are process-global expvars nobody reads in a CLI.
+		WithMetricsEnabled(false).
+		WithLogger(newBadgerLogger(log, dir))
+}
+
+// Open opens (creating if needed) the catalog in dir. A directory held by
+// another process fails with errdefs.ErrUnavailable; a catalog written with a
+// schema this turnsnap does not know fails with errdefs.ErrPrecondition.
+func Open(ctx context.Context, dir string, opts Options) (*Catalog, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("open catalog %s: %w", dir, err)
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("open catalog %s: %w", dir, err)
+	}
+	lock, err := lockDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	db, err := badger.Open(badgerOptions(dir, log))
+	if err != nil {
+		_ = lock.unlock()
+		if isBadgerLockErr(err) {
+			return nil, inUse(dir, err)
+		}
+		return nil, fmt.Errorf("open catalog %s: %w", dir, err)
+	}
+	c := &Catalog{dir: dir, db: db, lock: lock, log: log}
+	if err := c.checkSchema(ctx); err != nil {
+		_ = c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// checkSchema writes the schema version into a new catalog and refuses one
+// whose version this code does not know: reading keys laid out differently
+// would return wrong answers, and a rebuild from the store is always possible.
+func (c *Catalog) checkSchema(ctx context.Context) error {
+	return c.Update(ctx, func(tx *Tx) error {
+		item, err := tx.txn.Get(schemaKey())
+		if errors.Is(err, badger.ErrKeyNotFound) {
+			if !tx.isEmpty() {
+				return fmt.Errorf("catalog %s has data but no schema version (not a turnsnap catalog?): %w",
+					c.dir, errdefs.ErrPrecondition)
+			}
+			v, _ := json.Marshal(SchemaVersion)
+			return tx.set(schemaKey(), v, "schema version")
+		}
+		if err != nil {
+			return fmt.Errorf("catalog %s: read schema version: %w", c.dir, err)
+		}
+		var version int
+		if err := item.Value(func(v []byte) error { return json.Unmarshal(v, &version) }); err != nil {
+			return fmt.Errorf("catalog %s: schema version: %v: %w", c.dir, err, errdefs.ErrCorrupt)
+		}
+		if version != SchemaVersion {
+			return fmt.Errorf("catalog %s has schema version %d, this turnsnap reads version %d "+
+				"(upgrade turnsnap, or move the directory aside and rebuild it from the store): %w",
+				c.dir, version, SchemaVersion, errdefs.ErrPrecondition)
+		}
+		return nil
+	})
+}
+
+// Dir returns the directory the catalog was opened in.
+func (c *Catalog) Dir() string { return c.dir }
+
+// Close flushes and closes the database and releases the directory lock.
+// Calling it again does nothing.
+func (c *Catalog) Close() error {
+	if c.db == nil {
+		return nil
+	}
+	err := c.db.Close()
+	if uerr := c.lock.unlock(); err == nil {
+		err = uerr
+	}
+	c.db = nil
+	if err != nil {
+		return fmt.Errorf("close catalog %s: %w", c.dir, err)
+	}
+	return nil
+}
+
+// ready is checked before any work: a canceled ctx starts nothing, and a
+// closed catalog is an error rather than a nil dereference.
+func (c *Catalog) ready(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("catalog %s: %w", c.dir, err)
+	}
+	if c.db == nil {
+		return fmt.Errorf("catalog %s is closed: %w", c.dir, errdefs.ErrPrecondition)
+	}
+	return nil
+}
+
+// View runs fn in a read-only transaction that sees one consistent snapshot.
+// The Tx is valid only until fn returns.
+func (c *Catalog) View(ctx context.Context, fn func(tx *Tx) error) error {
+	if err := c.ready(ctx); err != nil {
+		return err
+	}
+	return c.db.View(func(txn *badger.Txn) error {
+		return fn(&Tx{ctx: ctx, txn: txn})
+	})
+}
+
+// maxUpdateAttempts bounds retries of a conflicting transaction. Conflicts
+// need two writers in one process touching the same keys; a few retries are
+// plenty, and giving up reports ErrUnavailable rather than looping.
+const maxUpdateAttempts = 5
+
+// Update runs fn in a read-write transaction and commits it if fn returns nil
+// (durably: the catalog syncs every commit). When the commit conflicts with a
+// concurrent Update, fn runs again on a fresh snapshot, so fn must have no
+// effects outside tx, or ones that are safe to repeat.
+func (c *Catalog) Update(ctx context.Context, fn func(tx *Tx) error) error {
+	var err error
+	for attempt := 0; attempt < maxUpdateAttempts; attempt++ {
+		if err := c.ready(ctx); err != nil {
+			return err
+		}
+		err = c.db.Update(func(txn *badger.Txn) error {
+			return fn(&Tx{ctx: ctx, txn: txn})
+		})
+		if !errors.Is(err, badger.ErrConflict) {
+			break
+		}
+		c.log.Debug("catalog transaction conflict, retrying", "catalog", c.dir, "attempt", attempt+1)
+		// Back off a little so the other writer can finish; grows to ~16ms.
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("catalog %s: %w", c.dir, ctx.Err())
+		case <-time.After(time.Millisecond << attempt):
+		}
+	}
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, badger.ErrConflict):
+		return fmt.Errorf("catalog %s: transaction still conflicting after %d attempts: %w",
+			c.dir, maxUpdateAttempts, errdefs.ErrUnavailable)
+	case errors.Is(err, badger.ErrTxnTooBig):
+		return fmt.Errorf("catalog %s: transaction too big (use PutBlobs/AddRefCounts for bulk writes): %w", c.dir, err)
+	}
+	return err
+}

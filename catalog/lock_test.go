@@ -1,0 +1,107 @@
+package catalog
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/dgraph-io/badger/v4"
+	"github.com/turnsnap/turnsnap/internal/errdefs"
+)
+
+// Open in the same process conflicts too: flock locks belong to the open file
+// description, not the process.
+func TestLockedInProcess(t *testing.T) {
+	dir := t.TempDir()
+	c := openAt(t, dir)
+	_, err := Open(context.Background(), dir, Options{})
+	checkInUse(t, err, dir)
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	openAt(t, dir) // released by Close
+}
+
+func checkInUse(t *testing.T, err error, dir string) {
+	t.Helper()
+	if !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Fatalf("err %v, want ErrUnavailable", err)
+	}
+	if want := "catalog " + dir + " is in use by another turnsnap process"; !strings.Contains(err.Error(), want) {
+		t.Fatalf("error %q does not say %q", err, want)
+	}
+}
+
+const helperEnv = "TURNSNAP_CATALOG_TEST_HOLD"
+
+// TestMain doubles as the helper process for TestLockedByOtherProcess: run
+// with helperEnv naming a directory, the test binary holds that catalog open
+// until its stdin closes, instead of running tests.
+func TestMain(m *testing.M) {
+	if dir := os.Getenv(helperEnv); dir != "" {
+		c, err := Open(context.Background(), dir, Options{})
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Stdout.WriteString("ready\n")
+		io.Copy(io.Discard, os.Stdin)
+		if err := c.Close(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+func TestLockedByOtherProcess(t *testing.T) {
+	dir := t.TempDir()
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), helperEnv+"="+dir)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil || line != "ready\n" {
+		stdin.Close()
+		cmd.Wait()
+		t.Fatalf("helper: %q %v", line, err)
+	}
+	_, err = Open(context.Background(), dir, Options{})
+	checkInUse(t, err, dir)
+	stdin.Close()
+	go io.Copy(io.Discard, stdout)
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("helper: %v", err)
+	}
+	openAt(t, dir) // the lock died with the holder
+}
+
+// Something other than turnsnap holding Badger's own directory lock is
+// reported the same way, not as Badger's raw error.
+func TestLockedByForeignBadger(t *testing.T) {
+	dir := t.TempDir()
+	db, err := badger.Open(badgerOptions(dir, testLogger(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	_, err = Open(context.Background(), dir, Options{})
+	checkInUse(t, err, dir)
+}

@@ -1,0 +1,174 @@
+package catalog
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/internal/errdefs"
+)
+
+// RecordVersion is the checkpoint record format this package writes and the
+// only one it reads. A record is addressed by its hash, so any change to its
+// encoding is a new version, never an edit of version 1.
+const RecordVersion = 1
+
+// Class says what a checkpoint captured.
+type Class string
+
+const (
+	// ClassSkip: nothing changed since the parent; the record exists so the
+	// turn is still addressable.
+	ClassSkip Class = "skip"
+	// ClassFS: the filesystem changed; no process state was captured.
+	ClassFS Class = "fs"
+	// ClassProcess: process state was captured; the filesystem is unchanged.
+	ClassProcess Class = "process"
+	// ClassFull: both filesystem and process state were captured.
+	ClassFull Class = "full"
+)
+
+func (c Class) known() bool {
+	switch c {
+	case ClassSkip, ClassFS, ClassProcess, ClassFull:
+		return true
+	}
+	return false
+}
+
+// Stats are the measurements of the run that produced a checkpoint. They are
+// part of the record (and so of its hash) because they are what `turnsnap
+// log` shows and they cannot be recomputed later.
+type Stats struct {
+	Entries    int64 `json:"entries"`    // tree entries in the checkpoint's fs tree scan
+	FilesRead  int64 `json:"files_read"` // files whose content was read (cache misses)
+	BytesRead  int64 `json:"bytes_read"`
+	BlobsNew   int64 `json:"blobs_new"` // blobs stored for the first time
+	BytesNew   int64 `json:"bytes_new"` // bytes of new objects written to the store
+	ObjectsNew int64 `json:"objects_new"`
+	DurationNs int64 `json:"duration_ns"`
+}
+
+// Checkpoint is the checkpoint record: stored in the object store as an
+// object named by its hash, and indexed in the catalog by the same bytes.
+type Checkpoint struct {
+	ID       delta.ID  `json:"-"`         // delta.Hash of the encoded record; never inside it
+	Version  int       `json:"version"`   // record format version, RecordVersion
+	Sandbox  string    `json:"sandbox"`   // a ValidName
+	Parent   delta.ID  `json:"parent"`    // zero for a sandbox's first checkpoint created from a base
+	Turn     int       `json:"turn"`      // agent turn number, >= 0
+	Class    Class     `json:"class"`     // what was captured
+	Backend  string    `json:"backend"`   // "overlay" or "btrfs"
+	BaseTree delta.ID  `json:"base_tree"` // tree of the read-only base (sandbox identity)
+	FSTree   delta.ID  `json:"fs_tree"`   // tree of the writable layer (overlay upper) at this checkpoint
+	StateKey delta.ID  `json:"state_key"` // hash used to decide "no change" (see engine); not a stored object
+	Message  string    `json:"message,omitempty"`
+	Created  time.Time `json:"created"` // UTC, nanosecond precision
+	Stats    Stats     `json:"stats"`
+}
+
+// validate checks what EncodeRecord promises and DecodeRecord re-checks. The
+// errors are unwrapped descriptions; callers add the class (ErrInvalid when
+// encoding, ErrCorrupt when decoding).
+func (cp *Checkpoint) validate() error {
+	switch {
+	case cp.Version != RecordVersion:
+		return fmt.Errorf("record version %d, want %d", cp.Version, RecordVersion)
+	case !ValidName(cp.Sandbox):
+		return fmt.Errorf("sandbox name %q is not valid", cp.Sandbox)
+	case !cp.Class.known():
+		return fmt.Errorf("unknown class %q", cp.Class)
+	case cp.BaseTree.IsZero():
+		return fmt.Errorf("base tree is zero")
+	case cp.FSTree.IsZero():
+		return fmt.Errorf("fs tree is zero")
+	case cp.Turn < 0:
+		return fmt.Errorf("turn %d is negative", cp.Turn)
+	case cp.Created.IsZero():
+		// The sandbox index key orders by Created; a zero time would put the
+		// checkpoint before every real one and outside UnixNano's range.
+		return fmt.Errorf("created time is zero")
+	}
+	return nil
+}
+
+// EncodeRecord returns the canonical bytes of cp and their hash, which is the
+// checkpoint's ID. The encoding is encoding/json of the struct with Created
+// converted to UTC, so equal records always hash to the same ID regardless of
+// the caller's time zone or monotonic clock reading. cp.ID is ignored.
+func EncodeRecord(cp *Checkpoint) ([]byte, delta.ID, error) {
+	if cp == nil {
+		return nil, delta.ID{}, fmt.Errorf("encode checkpoint record: nil record: %w", errdefs.ErrInvalid)
+	}
+	c := *cp
+	c.Created = c.Created.UTC()
+	if err := c.validate(); err != nil {
+		return nil, delta.ID{}, fmt.Errorf("encode checkpoint record of sandbox %q turn %d: %v: %w",
+			cp.Sandbox, cp.Turn, err, errdefs.ErrInvalid)
+	}
+	data, err := json.Marshal(&c)
+	if err != nil {
+		return nil, delta.ID{}, fmt.Errorf("encode checkpoint record of sandbox %q turn %d: %w", cp.Sandbox, cp.Turn, err)
+	}
+	return data, delta.Hash(data), nil
+}
+
+// DecodeRecord parses the record stored under id. The bytes must hash to id:
+// the record is fetched from the store or the catalog by that name, and a
+// mismatch means the bytes are not the checkpoint the caller asked for.
+func DecodeRecord(id delta.ID, data []byte) (*Checkpoint, error) {
+	if got := delta.Hash(data); got != id {
+		return nil, fmt.Errorf("checkpoint %s: record hashes to %s: %w", id, got, errdefs.ErrCorrupt)
+	}
+	// Look at the version before decoding strictly, so a record from a newer
+	// turnsnap is reported as such rather than as "unknown field".
+	var v struct {
+		Version int `json:"version"`
+	}
+	if err := json.Unmarshal(data, &v); err != nil {
+		return nil, fmt.Errorf("checkpoint %s: decode record: %v: %w", id, err, errdefs.ErrCorrupt)
+	}
+	if v.Version != RecordVersion {
+		return nil, fmt.Errorf("checkpoint %s: record version %d, this turnsnap reads version %d: %w",
+			id, v.Version, RecordVersion, errdefs.ErrCorrupt)
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	cp := new(Checkpoint)
+	if err := dec.Decode(cp); err != nil {
+		return nil, fmt.Errorf("checkpoint %s: decode record: %v: %w", id, err, errdefs.ErrCorrupt)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, fmt.Errorf("checkpoint %s: decode record: trailing data: %w", id, errdefs.ErrCorrupt)
+	}
+	if err := cp.validate(); err != nil {
+		return nil, fmt.Errorf("checkpoint %s: %v: %w", id, err, errdefs.ErrCorrupt)
+	}
+	cp.ID = id
+	return cp, nil
+}
+
+// MaxNameLen is the longest sandbox or tag name. Names appear in paths,
+// mount options and keys; 64 keeps all of those comfortably short.
+const MaxNameLen = 64
+
+// ValidName reports whether name may name a sandbox or tag: 1..MaxNameLen
+// characters of [A-Za-z0-9._-], not starting with '.' (hidden files, "..")
+// or '-' (would parse as a flag).
+func ValidName(name string) bool {
+	if len(name) == 0 || len(name) > MaxNameLen || name[0] == '.' || name[0] == '-' {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '.', c == '_', c == '-':
+		default:
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,130 @@
+package catalog
+
+import (
+	"fmt"
+
+	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/internal/errdefs"
+)
+
+// PutSandbox creates or replaces the sandbox's entry. Created is stored in
+// UTC. To create exclusively, check Sandbox first in the same Update: the
+// transaction conflicts if another writer creates it in between.
+func (tx *Tx) PutSandbox(sb *Sandbox) error {
+	if sb == nil {
+		return fmt.Errorf("put sandbox: nil sandbox: %w", errdefs.ErrInvalid)
+	}
+	if err := sb.validate(); err != nil {
+		return fmt.Errorf("put sandbox: %v: %w", err, errdefs.ErrInvalid)
+	}
+	s := *sb
+	s.Created = s.Created.UTC()
+	return tx.setJSON(sandboxKey(s.Name), &s, "sandbox "+s.Name)
+}
+
+// Sandbox returns the named sandbox's entry.
+func (tx *Tx) Sandbox(name string) (*Sandbox, error) {
+	if !ValidName(name) {
+		return nil, fmt.Errorf("sandbox %q: name is not valid: %w", name, errdefs.ErrInvalid)
+	}
+	sb := new(Sandbox)
+	found, err := tx.getJSON(sandboxKey(name), sb, "sandbox "+name)
+	if err != nil {
+		return nil, err
+	}
+	if !found {
+		return nil, fmt.Errorf("sandbox %s: %w", name, errdefs.ErrNotFound)
+	}
+	return sb, nil
+}
+
+// Sandboxes returns every sandbox, in name order.
+func (tx *Tx) Sandboxes() ([]*Sandbox, error) {
+	var out []*Sandbox
+	err := tx.scan([]byte{prefixSandbox}, true, func(key, val []byte) error {
+		sb := new(Sandbox)
+		if err := unmarshal(val, sb); err != nil {
+			return fmt.Errorf("sandbox %s: %w", key[1:], err)
+		}
+		out = append(out, sb)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list sandboxes: %w", err)
+	}
+	return out, nil
+}
+
+// DeleteSandbox removes the sandbox's entry only: its checkpoints, head ref
+// and blobs are the caller's to remove (or keep, for branches made from it).
+func (tx *Tx) DeleteSandbox(name string) error {
+	if _, err := tx.Sandbox(name); err != nil {
+		return err
+	}
+	return tx.del(sandboxKey(name), "sandbox "+name)
+}
+
+// SetRef points a ref at a checkpoint, replacing any previous target. The
+// target must be in the catalog, so resolving a ref never yields an ID that
+// Checkpoint cannot find.
+func (tx *Tx) SetRef(r Ref) error {
+	if err := checkRefName(r.Kind, r.Name); err != nil {
+		return err
+	}
+	has, err := tx.has(checkpointKey(r.Target))
+	if err != nil {
+		return fmt.Errorf("ref %s: %w", r, err)
+	}
+	if !has {
+		return fmt.Errorf("ref %s: target checkpoint %s: %w", r, r.Target, errdefs.ErrNotFound)
+	}
+	return tx.setJSON(refKey(r.Kind, r.Name), refValue{Target: r.Target}, "ref "+r.String())
+}
+
+// GetRef returns the checkpoint a ref points at.
+func (tx *Tx) GetRef(kind RefKind, name string) (delta.ID, error) {
+	if err := checkRefName(kind, name); err != nil {
+		return delta.ID{}, err
+	}
+	var v refValue
+	what := "ref " + Ref{Kind: kind, Name: name}.String()
+	found, err := tx.getJSON(refKey(kind, name), &v, what)
+	if err != nil {
+		return delta.ID{}, err
+	}
+	if !found {
+		return delta.ID{}, fmt.Errorf("%s: %w", what, errdefs.ErrNotFound)
+	}
+	return v.Target, nil
+}
+
+// Refs returns every ref of kind, in name order.
+func (tx *Tx) Refs(kind RefKind) ([]Ref, error) {
+	if !kind.known() {
+		return nil, fmt.Errorf("ref kind %q: %w", kind, errdefs.ErrInvalid)
+	}
+	prefix := refPrefix(kind)
+	var out []Ref
+	err := tx.scan(prefix, true, func(key, val []byte) error {
+		r := Ref{Kind: kind, Name: string(key[len(prefix):])}
+		var v refValue
+		if err := unmarshal(val, &v); err != nil {
+			return fmt.Errorf("ref %s: %w", r, err)
+		}
+		r.Target = v.Target
+		out = append(out, r)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list %s refs: %w", kind, err)
+	}
+	return out, nil
+}
+
+// DeleteRef removes a ref; the checkpoint it pointed at is untouched.
+func (tx *Tx) DeleteRef(kind RefKind, name string) error {
+	if _, err := tx.GetRef(kind, name); err != nil {
+		return err
+	}
+	return tx.del(refKey(kind, name), "ref "+Ref{Kind: kind, Name: name}.String())
+}

@@ -1,0 +1,126 @@
+// Command turnsnap checkpoints and restores AI-agent sandboxes one turn at a
+// time. This file wires flags to the engine; behaviour lives in packages.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/turnsnap/turnsnap/engine"
+	"github.com/turnsnap/turnsnap/internal/errdefs"
+)
+
+// Exit codes, one per error class, so scripts can branch without parsing text.
+const (
+	exitError        = 1
+	exitUsage        = 2
+	exitNotFound     = 3
+	exitExists       = 4
+	exitPrecondition = 5
+	exitUnavailable  = 6
+	exitCorrupt      = 7
+)
+
+func exitCode(err error) int {
+	switch {
+	case errors.Is(err, errdefs.ErrInvalid):
+		return exitUsage
+	case errors.Is(err, errdefs.ErrNotFound):
+		return exitNotFound
+	case errors.Is(err, errdefs.ErrExists):
+		return exitExists
+	case errors.Is(err, errdefs.ErrPrecondition):
+		return exitPrecondition
+	case errors.Is(err, errdefs.ErrUnavailable):
+		return exitUnavailable
+	case errors.Is(err, errdefs.ErrCorrupt):
+		return exitCorrupt
+	}
+	return exitError
+}
+
+// app holds the global flags shared by every subcommand.
+type app struct {
+	home     string
+	json     bool
+	lockWait time.Duration
+	verbose  bool
+	log      *slog.Logger
+	w        io.Writer
+}
+
+func defaultHome() string {
+	if h := os.Getenv("TURNSNAP_HOME"); h != "" {
+		return h
+	}
+	return "/var/lib/turnsnap"
+}
+
+func (a *app) open(ctx context.Context) (*engine.Engine, error) {
+	return engine.Open(ctx, engine.Options{Home: a.home, LockWait: a.lockWait, Logger: a.log})
+}
+
+// withEngine runs fn with the home opened and closed around it.
+func (a *app) withEngine(fn func(ctx context.Context, e *engine.Engine, args []string) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		e, err := a.open(cmd.Context())
+		if err != nil {
+			return err
+		}
+		defer e.Close()
+		return fn(cmd.Context(), e, args)
+	}
+}
+
+func (a *app) stdout() io.Writer { return a.w }
+
+func newRoot() *cobra.Command {
+	a := &app{}
+	root := &cobra.Command{
+		Use:   "turnsnap",
+		Short: "Checkpoint and restore agent sandboxes, one turn at a time",
+		Long: `turnsnap keeps every agent turn recoverable: checkpoint a sandbox at each turn
+boundary (turns that changed nothing cost nothing), roll back a failed edit,
+branch one checkpoint into many sandboxes, and verify what is stored.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRun: func(cmd *cobra.Command, _ []string) {
+			a.w = cmd.OutOrStdout()
+			level := slog.LevelWarn
+			if a.verbose {
+				level = slog.LevelDebug
+			}
+			a.log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+		},
+	}
+	pf := root.PersistentFlags()
+	pf.StringVar(&a.home, "home", defaultHome(), "turnsnap home directory (env TURNSNAP_HOME)")
+	pf.BoolVar(&a.json, "json", false, "print results as JSON")
+	pf.DurationVar(&a.lockWait, "lock-wait", engine.DefaultLockWait, "how long to wait for another turnsnap process using the same home")
+	pf.BoolVarP(&a.verbose, "verbose", "v", false, "log debug detail to stderr")
+	root.AddCommand(a.sandboxCmd(), a.checkpointCmd(), a.logCmd(), a.diffCmd(), a.rollbackCmd(),
+		a.branchCmd(), a.verifyCmd(), a.catalogCmd(), a.demoCmd())
+	return root
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	root := newRoot()
+	if err := root.ExecuteContext(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "turnsnap:", err)
+		code := exitCode(err)
+		if code == exitError && usageErr(err) {
+			code = exitUsage
+		}
+		os.Exit(code)
+	}
+}

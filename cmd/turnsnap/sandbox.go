@@ -1,0 +1,115 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+	"github.com/turnsnap/turnsnap/engine"
+)
+
+func (a *app) sandboxCmd() *cobra.Command {
+	c := &cobra.Command{Use: "sandbox", Short: "Create, list, locate and remove sandboxes"}
+	var base, backend string
+	create := &cobra.Command{
+		Use:   "create NAME --base DIR",
+		Short: "Create a sandbox whose root is an overlay on top of DIR",
+		Args:  cobra.ExactArgs(1),
+		RunE: a.withEngine(func(ctx context.Context, e *engine.Engine, args []string) error {
+			r, err := e.CreateSandbox(ctx, args[0], engine.CreateOptions{Base: base, Backend: backend})
+			if err != nil {
+				return err
+			}
+			if a.json {
+				return printJSON(a.stdout(), map[string]any{
+					"name": r.Sandbox.Name, "backend": r.Sandbox.Backend, "root": r.Root,
+					"base_tree": r.Sandbox.BaseTree, "checkpoint": r.Checkpoint.ID,
+					"base_files": r.BaseStats.Entries, "bytes_new": r.Checkpoint.Stats.BytesNew,
+					"duration_ms": r.Duration.Milliseconds(),
+				})
+			}
+			fmt.Fprintf(a.stdout(), "sandbox %s created at %s\nbase %s: %d entries, %s read, %s new in store; checkpoint %s (turn 0) in %s\n",
+				r.Sandbox.Name, r.Root, r.Sandbox.BaseTree.Short(), r.BaseStats.Entries, bytesStr(r.BaseStats.BytesRead),
+				bytesStr(r.Checkpoint.Stats.BytesNew), r.Checkpoint.ID.Short(), durStr(r.Duration))
+			return nil
+		}),
+	}
+	create.Flags().StringVar(&base, "base", "", "directory to import as the sandbox's read-only base (required)")
+	create.Flags().StringVar(&backend, "backend", "overlay", "sandbox root backend")
+	create.MarkFlagRequired("base")
+
+	path := &cobra.Command{
+		Use:   "path NAME",
+		Short: "Print the sandbox's mounted root (mounting it if needed)",
+		Args:  cobra.ExactArgs(1),
+		RunE: a.withEngine(func(ctx context.Context, e *engine.Engine, args []string) error {
+			p, err := e.SandboxPath(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			if a.json {
+				return printJSON(a.stdout(), map[string]string{"name": args[0], "root": p})
+			}
+			fmt.Fprintln(a.stdout(), p)
+			return nil
+		}),
+	}
+
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List sandboxes with their heads",
+		Args:  cobra.NoArgs,
+		RunE: a.withEngine(func(ctx context.Context, e *engine.Engine, _ []string) error {
+			sbs, err := e.ListSandboxes(ctx)
+			if err != nil {
+				return err
+			}
+			return a.printSandboxes(sbs)
+		}),
+	}
+
+	rm := &cobra.Command{
+		Use:   "rm NAME",
+		Short: "Unmount and delete a sandbox's root (its checkpoints stay restorable)",
+		Args:  cobra.ExactArgs(1),
+		RunE: a.withEngine(func(ctx context.Context, e *engine.Engine, args []string) error {
+			if err := e.RemoveSandbox(ctx, args[0]); err != nil {
+				return err
+			}
+			if a.json {
+				return printJSON(a.stdout(), map[string]any{"name": args[0], "removed": true})
+			}
+			fmt.Fprintf(a.stdout(), "sandbox %s removed\n", args[0])
+			return nil
+		}),
+	}
+	c.AddCommand(create, path, list, rm)
+	return c
+}
+
+func (a *app) printSandboxes(sbs []engine.SandboxInfo) error {
+	w := a.stdout()
+	if a.json {
+		rows := []map[string]any{}
+		for _, s := range sbs {
+			row := map[string]any{"name": s.Sandbox.Name, "backend": s.Sandbox.Backend, "root": s.Root,
+				"base_tree": s.Sandbox.BaseTree, "origin": s.Sandbox.Origin, "created": s.Sandbox.Created}
+			if s.Head != nil {
+				row["head"], row["turn"] = s.Head.ID, s.Head.Turn
+			}
+			rows = append(rows, row)
+		}
+		return printJSON(w, rows)
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tBACKEND\tHEAD\tTURN\tROOT")
+	for _, s := range sbs {
+		head, turn := "-", "-"
+		if s.Head != nil {
+			head, turn = s.Head.ID.Short(), fmt.Sprint(s.Head.Turn)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", s.Sandbox.Name, s.Sandbox.Backend, head, turn, s.Root)
+	}
+	return tw.Flush()
+}

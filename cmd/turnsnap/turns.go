@@ -1,0 +1,160 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+	"github.com/turnsnap/turnsnap/engine"
+)
+
+func (a *app) checkpointCmd() *cobra.Command {
+	var turn int
+	var message string
+	c := &cobra.Command{
+		Use:   "checkpoint NAME [--turn N] [--message TEXT]",
+		Short: "Close a turn: checkpoint what changed since the last checkpoint (nothing: skip)",
+		Args:  cobra.ExactArgs(1),
+	}
+	c.RunE = a.withEngine(func(ctx context.Context, e *engine.Engine, args []string) error {
+		opts := engine.CheckpointOptions{Message: message}
+		if c.Flags().Changed("turn") {
+			opts.Turn = &turn
+		}
+		r, err := e.Checkpoint(ctx, args[0], opts)
+		if err != nil {
+			return err
+		}
+		if a.json {
+			return printJSON(a.stdout(), map[string]any{
+				"id": r.ID, "sandbox": r.Sandbox, "class": r.Class, "turn": r.Turn, "parent": r.Parent,
+				"bytes_new": r.Stats.BytesNew, "objects_new": r.Stats.ObjectsNew, "blobs_new": r.Stats.BlobsNew,
+				"files_read": r.Stats.FilesRead, "bytes_read": r.Stats.BytesRead, "entries": r.Stats.Entries,
+				"duration_ms": float64(r.Duration.Microseconds()) / 1000,
+			})
+		}
+		fmt.Fprintf(a.stdout(), "%s  turn %d  %-4s  %s new  %s\n", r.ID.Short(), r.Turn, r.Class, bytesStr(r.Stats.BytesNew), durStr(r.Duration))
+		return nil
+	})
+	c.Flags().IntVar(&turn, "turn", 0, "turn number this checkpoint closes (default: parent's turn + 1)")
+	c.Flags().StringVarP(&message, "message", "m", "", "a note stored with the checkpoint")
+	return c
+}
+
+func (a *app) rollbackCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "rollback NAME CHECKPOINT",
+		Short: "Make the sandbox's root exactly that checkpoint and move its head there",
+		Args:  cobra.ExactArgs(2),
+		RunE: a.withEngine(func(ctx context.Context, e *engine.Engine, args []string) error {
+			r, err := e.Rollback(ctx, args[0], args[1])
+			if err != nil {
+				return err
+			}
+			return a.printRestore("rolled back", r)
+		}),
+	}
+}
+
+func (a *app) branchCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "branch CHECKPOINT NEWNAME",
+		Short: "Create a new sandbox whose root equals a checkpoint",
+		Args:  cobra.ExactArgs(2),
+		RunE: a.withEngine(func(ctx context.Context, e *engine.Engine, args []string) error {
+			r, err := e.Branch(ctx, args[0], args[1])
+			if err != nil {
+				return err
+			}
+			return a.printRestore("branched", r)
+		}),
+	}
+}
+
+func (a *app) printRestore(verb string, r *engine.RestoreResult) error {
+	if a.json {
+		return printJSON(a.stdout(), map[string]any{"sandbox": r.Sandbox, "checkpoint": r.Checkpoint.ID,
+			"turn": r.Checkpoint.Turn, "root": r.Root, "duration_ms": float64(r.Duration.Microseconds()) / 1000})
+	}
+	fmt.Fprintf(a.stdout(), "sandbox %s %s to %s (turn %d) in %s; root %s\n", r.Sandbox, verb,
+		r.Checkpoint.ID.Short(), r.Checkpoint.Turn, durStr(r.Duration), r.Root)
+	return nil
+}
+
+func (a *app) diffCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "diff NAME [FROM [TO]]",
+		Short: "List added, modified and deleted paths (default: head against the live root)",
+		Args:  cobra.RangeArgs(1, 3),
+		RunE: a.withEngine(func(ctx context.Context, e *engine.Engine, args []string) error {
+			var from, to string
+			if len(args) > 1 {
+				from = args[1]
+			}
+			if len(args) > 2 {
+				to = args[2]
+			}
+			r, err := e.Diff(ctx, args[0], from, to)
+			if err != nil {
+				return err
+			}
+			if a.json {
+				rows := []map[string]string{}
+				for _, c := range r.Changes {
+					rows = append(rows, map[string]string{"change": c.Kind.String(), "path": "/" + c.Path, "type": c.Type.String()})
+				}
+				return printJSON(a.stdout(), map[string]any{"sandbox": r.Sandbox, "from": r.From, "to": r.To, "changes": rows})
+			}
+			for _, c := range r.Changes {
+				fmt.Fprintf(a.stdout(), "%c /%s\n", c.Kind, c.Path)
+			}
+			return nil
+		}),
+	}
+}
+
+func (a *app) verifyCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "verify CHECKPOINT",
+		Short: "Read every object a checkpoint needs and check every hash",
+		Args:  cobra.ExactArgs(1),
+		RunE: a.withEngine(func(ctx context.Context, e *engine.Engine, args []string) error {
+			r, err := e.Verify(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			if a.json {
+				return printJSON(a.stdout(), map[string]any{"checkpoint": r.Checkpoint, "ok": true,
+					"objects": r.Objects, "trees": r.Trees, "chunks": r.Chunks, "bytes": r.Bytes})
+			}
+			fmt.Fprintf(a.stdout(), "checkpoint %s ok: %d objects, %d trees, %d chunks, %s verified\n",
+				r.Checkpoint.Short(), len(r.Objects), r.Trees, r.Chunks, bytesStr(r.Bytes))
+			return nil
+		}),
+	}
+}
+
+func (a *app) catalogCmd() *cobra.Command {
+	c := &cobra.Command{Use: "catalog", Short: "Maintain the catalog (an index of the store)"}
+	c.AddCommand(&cobra.Command{
+		Use:   "rebuild",
+		Short: "Recreate the catalog from the object store alone",
+		Args:  cobra.NoArgs,
+		RunE: a.withEngine(func(ctx context.Context, e *engine.Engine, _ []string) error {
+			r, err := e.RebuildCatalog(ctx)
+			if err != nil {
+				return err
+			}
+			if a.json {
+				return printJSON(a.stdout(), map[string]any{"packs": r.Packs, "blobs": r.Blobs, "checkpoints": r.Checkpoints,
+					"sandboxes": r.Sandboxes, "refs": r.Refs, "duration_ms": r.Duration.Milliseconds()})
+			}
+			tw := tabwriter.NewWriter(a.stdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintf(tw, "catalog rebuilt in %s\npacks\t%d\nblobs\t%d\ncheckpoints\t%d\nsandboxes\t%d\nrefs\t%d\n",
+				durStr(r.Duration), r.Packs, r.Blobs, r.Checkpoints, r.Sandboxes, r.Refs)
+			return tw.Flush()
+		}),
+	})
+	return c
+}

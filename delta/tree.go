@@ -1,0 +1,391 @@
+package delta
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/turnsnap/turnsnap/internal/errdefs"
+)
+
+// Type is an entry's kind. The values are part of the tree encoding.
+type Type uint8
+
+const (
+	TypeFile     Type = 1 // regular file; content is Chunks
+	TypeDir      Type = 2 // directory; children are the tree Subtree
+	TypeSymlink  Type = 3 // symbolic link to Target (never followed by turnsnap)
+	TypeHardlink Type = 4 // another name for the regular file at root-relative path Target
+	TypeWhiteout Type = 5 // overlay upper layer: the lower entry of this name is deleted
+	TypeCharDev  Type = 6
+	TypeBlockDev Type = 7
+	TypeFIFO     Type = 8
+	TypeSocket   Type = 9
+)
+
+var typeNames = map[Type]string{
+	TypeFile: "file", TypeDir: "dir", TypeSymlink: "symlink", TypeHardlink: "hardlink",
+	TypeWhiteout: "whiteout", TypeCharDev: "chardev", TypeBlockDev: "blockdev",
+	TypeFIFO: "fifo", TypeSocket: "socket",
+}
+
+func (t Type) String() string {
+	if s, ok := typeNames[t]; ok {
+		return s
+	}
+	return fmt.Sprintf("type(%d)", uint8(t))
+}
+
+// Xattr is one extended attribute. Overlay's own trusted.overlay.* attributes
+// never appear here: the opaque marker is Entry.Opaque, the rest are the
+// kernel's bookkeeping and are not state.
+type Xattr struct {
+	Name  string
+	Value []byte
+}
+
+// Entry is one name in a directory. Fields that do not apply to the entry's
+// Type must be zero (the encoding rejects anything else), so that equal
+// filesystem states always encode to equal bytes.
+type Entry struct {
+	Name    string
+	Type    Type
+	Mode    uint32 // permission bits only (07777)
+	UID     uint32
+	GID     uint32
+	MtimeNs int64  // modification time, nanoseconds since the Unix epoch
+	Size    uint64 // file: content length, the sum of its chunks' lengths
+	Xattrs  []Xattr
+	Target  string // symlink: link text; hardlink: root-relative path of the primary
+	Rdev    uint64 // char/block devices
+	Opaque  bool   // dir: overlay opaque directory (hides the lower dir's entries)
+	Subtree ID     // dir: the tree of its children
+	Chunks  []ID   // file: content chunks in order
+}
+
+// Tree is the listing of one directory, entries sorted by Name bytewise.
+type Tree struct {
+	Entries []Entry
+}
+
+// treeMagic starts every encoded tree; the last byte is the format version.
+var treeMagic = []byte{'T', 'S', 'T', 1}
+
+const (
+	flagOpaque = 1 << 0
+	maxName    = 255
+	modeMask   = 07777
+)
+
+// Find returns the entry named name, or nil.
+func (t *Tree) Find(name string) *Entry {
+	i, ok := slices.BinarySearchFunc(t.Entries, name, func(e Entry, n string) int { return strings.Compare(e.Name, n) })
+	if !ok {
+		return nil
+	}
+	return &t.Entries[i]
+}
+
+// Sort puts entries (and each entry's xattrs) in canonical order.
+func (t *Tree) Sort() {
+	slices.SortFunc(t.Entries, func(a, b Entry) int { return strings.Compare(a.Name, b.Name) })
+	for i := range t.Entries {
+		slices.SortFunc(t.Entries[i].Xattrs, func(a, b Xattr) int { return strings.Compare(a.Name, b.Name) })
+	}
+}
+
+// ValidName reports whether name may be a tree entry's name: a single path
+// component that cannot climb out of its directory.
+func ValidName(name string) bool {
+	return name != "" && name != "." && name != ".." && len(name) <= maxName &&
+		!strings.ContainsAny(name, "/\x00")
+}
+
+// ValidPath reports whether p is a clean root-relative path of valid names.
+func ValidPath(p string) bool {
+	if p == "" {
+		return false
+	}
+	for _, c := range strings.Split(p, "/") {
+		if !ValidName(c) {
+			return false
+		}
+	}
+	return true
+}
+
+// Check verifies the invariants of docs/FORMAT.md for one tree: names valid
+// and strictly ascending, fields that do not apply to a type zero.
+func (t *Tree) Check() error {
+	for i := range t.Entries {
+		e := &t.Entries[i]
+		if !ValidName(e.Name) {
+			return fmt.Errorf("entry %q: invalid name: %w", e.Name, errdefs.ErrInvalid)
+		}
+		if i > 0 && t.Entries[i-1].Name >= e.Name {
+			return fmt.Errorf("entry %q: names not strictly ascending: %w", e.Name, errdefs.ErrInvalid)
+		}
+		if err := e.check(); err != nil {
+			return fmt.Errorf("entry %q: %w", e.Name, err)
+		}
+	}
+	return nil
+}
+
+func (e *Entry) check() error {
+	bad := func(what string) error { return fmt.Errorf("%s %s: %w", e.Type, what, errdefs.ErrInvalid) }
+	if e.Mode&^modeMask != 0 {
+		return bad("mode has non-permission bits")
+	}
+	for j := 1; j < len(e.Xattrs); j++ {
+		if e.Xattrs[j-1].Name >= e.Xattrs[j].Name {
+			return bad("xattrs not strictly ascending")
+		}
+	}
+	for _, x := range e.Xattrs {
+		if x.Name == "" {
+			return bad("empty xattr name")
+		}
+	}
+	if e.Type != TypeDir && (e.Opaque || !e.Subtree.IsZero()) {
+		return bad("has directory fields")
+	}
+	if e.Type != TypeFile && (len(e.Chunks) != 0 || e.Size != 0) {
+		return bad("has file content")
+	}
+	if e.Type != TypeSymlink && e.Type != TypeHardlink && e.Target != "" {
+		return bad("has a target")
+	}
+	if e.Type != TypeCharDev && e.Type != TypeBlockDev && e.Rdev != 0 {
+		return bad("has a device number")
+	}
+	switch e.Type {
+	case TypeFile, TypeSymlink, TypeFIFO, TypeSocket, TypeCharDev, TypeBlockDev:
+	case TypeDir:
+		if e.Subtree.IsZero() {
+			return bad("has no subtree")
+		}
+	case TypeHardlink:
+		if !ValidPath(e.Target) {
+			return bad("target is not a clean relative path")
+		}
+		fallthrough
+	case TypeWhiteout:
+		// These carry no metadata of their own: a hardlink shares its
+		// primary's inode, a whiteout only marks a deletion.
+		if e.Mode != 0 || e.UID != 0 || e.GID != 0 || e.MtimeNs != 0 || len(e.Xattrs) != 0 {
+			return bad("carries metadata")
+		}
+	default:
+		return bad("unknown type")
+	}
+	return nil
+}
+
+// Encode returns the canonical encoding of t (docs/FORMAT.md, "Tree").
+// t must already be sorted; Encode does not sort, so that a caller's bug shows
+// up in Check instead of being hidden.
+func (t *Tree) Encode() []byte {
+	var b []byte
+	b = append(b, treeMagic...)
+	b = binary.AppendUvarint(b, uint64(len(t.Entries)))
+	for i := range t.Entries {
+		b = appendEntry(b, &t.Entries[i])
+	}
+	return b
+}
+
+func appendString(b []byte, s string) []byte {
+	b = binary.AppendUvarint(b, uint64(len(s)))
+	return append(b, s...)
+}
+
+func appendEntry(b []byte, e *Entry) []byte {
+	b = appendString(b, e.Name)
+	b = append(b, byte(e.Type))
+	b = binary.AppendUvarint(b, uint64(e.Mode))
+	b = binary.AppendUvarint(b, uint64(e.UID))
+	b = binary.AppendUvarint(b, uint64(e.GID))
+	b = binary.AppendVarint(b, e.MtimeNs)
+	var flags byte
+	if e.Opaque {
+		flags |= flagOpaque
+	}
+	b = append(b, flags)
+	b = binary.AppendUvarint(b, uint64(len(e.Xattrs)))
+	for _, x := range e.Xattrs {
+		b = appendString(b, x.Name)
+		b = binary.AppendUvarint(b, uint64(len(x.Value)))
+		b = append(b, x.Value...)
+	}
+	switch e.Type {
+	case TypeFile:
+		b = binary.AppendUvarint(b, e.Size)
+		b = binary.AppendUvarint(b, uint64(len(e.Chunks)))
+		for _, c := range e.Chunks {
+			b = append(b, c[:]...)
+		}
+	case TypeDir:
+		b = append(b, e.Subtree[:]...)
+	case TypeSymlink, TypeHardlink:
+		b = appendString(b, e.Target)
+	case TypeCharDev, TypeBlockDev:
+		b = binary.AppendUvarint(b, e.Rdev)
+	}
+	return b
+}
+
+// DecodeTree parses an encoded tree and rejects anything that is not the
+// canonical encoding of a valid tree, so one state has exactly one ID.
+func DecodeTree(data []byte) (*Tree, error) {
+	d := decoder{b: data}
+	if len(data) < len(treeMagic) || !bytes.HasPrefix(data, treeMagic[:3]) {
+		return nil, fmt.Errorf("tree: bad magic: %w", errdefs.ErrCorrupt)
+	}
+	if data[3] != treeMagic[3] {
+		return nil, fmt.Errorf("tree: unsupported format version %d: %w", data[3], errdefs.ErrCorrupt)
+	}
+	d.b = d.b[len(treeMagic):]
+	n := d.uvarint()
+	if n > uint64(len(data)) { // every entry takes at least one byte
+		return nil, fmt.Errorf("tree: entry count %d exceeds size: %w", n, errdefs.ErrCorrupt)
+	}
+	t := &Tree{Entries: make([]Entry, n)}
+	for i := range t.Entries {
+		e := &t.Entries[i]
+		e.Name = d.str()
+		e.Type = Type(d.byte())
+		e.Mode = uint32(d.uvarint32())
+		e.UID = uint32(d.uvarint32())
+		e.GID = uint32(d.uvarint32())
+		e.MtimeNs = d.varint()
+		flags := d.byte()
+		if flags&^flagOpaque != 0 {
+			d.fail("unknown flags")
+		}
+		e.Opaque = flags&flagOpaque != 0
+		if nx := d.uvarint(); nx > 0 && d.err == nil {
+			if nx > uint64(len(d.b)) {
+				d.fail("xattr count exceeds size")
+			} else {
+				e.Xattrs = make([]Xattr, nx)
+				for j := range e.Xattrs {
+					e.Xattrs[j].Name = d.str()
+					e.Xattrs[j].Value = []byte(d.str())
+				}
+			}
+		}
+		switch e.Type {
+		case TypeFile:
+			e.Size = d.uvarint()
+			nc := d.uvarint()
+			if nc > uint64(len(d.b))/32 {
+				d.fail("chunk count exceeds size")
+				break
+			}
+			if nc > 0 {
+				e.Chunks = make([]ID, nc)
+				for j := range e.Chunks {
+					e.Chunks[j] = d.id()
+				}
+			}
+		case TypeDir:
+			e.Subtree = d.id()
+		case TypeSymlink, TypeHardlink:
+			e.Target = d.str()
+		case TypeCharDev, TypeBlockDev:
+			e.Rdev = d.uvarint()
+		}
+		if d.err != nil {
+			break
+		}
+	}
+	if d.err == nil && len(d.b) != 0 {
+		d.fail("trailing bytes")
+	}
+	if d.err != nil {
+		return nil, fmt.Errorf("tree: %v: %w", d.err, errdefs.ErrCorrupt)
+	}
+	if err := t.Check(); err != nil {
+		return nil, fmt.Errorf("tree: %v: %w", err, errdefs.ErrCorrupt)
+	}
+	// Varints admit several spellings of one number; only the shortest is canonical.
+	if !bytes.Equal(t.Encode(), data) {
+		return nil, fmt.Errorf("tree: not canonically encoded: %w", errdefs.ErrCorrupt)
+	}
+	return t, nil
+}
+
+type decoder struct {
+	b   []byte
+	err error
+}
+
+func (d *decoder) fail(msg string) {
+	if d.err == nil {
+		d.err = fmt.Errorf("%s", msg)
+	}
+	d.b = nil
+}
+
+func (d *decoder) byte() byte {
+	if len(d.b) < 1 {
+		d.fail("truncated")
+		return 0
+	}
+	c := d.b[0]
+	d.b = d.b[1:]
+	return c
+}
+
+func (d *decoder) uvarint() uint64 {
+	v, n := binary.Uvarint(d.b)
+	if n <= 0 {
+		d.fail("bad varint")
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *decoder) uvarint32() uint64 {
+	v := d.uvarint()
+	if v > 1<<32-1 {
+		d.fail("value exceeds 32 bits")
+	}
+	return v
+}
+
+func (d *decoder) varint() int64 {
+	v, n := binary.Varint(d.b)
+	if n <= 0 {
+		d.fail("bad varint")
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *decoder) str() string {
+	n := d.uvarint()
+	if n > uint64(len(d.b)) {
+		d.fail("truncated string")
+		return ""
+	}
+	s := string(d.b[:n])
+	d.b = d.b[n:]
+	return s
+}
+
+func (d *decoder) id() ID {
+	var id ID
+	if len(d.b) < len(id) {
+		d.fail("truncated id")
+		return id
+	}
+	copy(id[:], d.b)
+	d.b = d.b[len(id):]
+	return id
+}

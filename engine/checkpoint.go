@@ -1,0 +1,115 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/turnsnap/turnsnap/catalog"
+	"github.com/turnsnap/turnsnap/delta"
+)
+
+// CheckpointOptions configures Checkpoint.
+type CheckpointOptions struct {
+	// Turn is the agent turn this checkpoint closes; nil means the parent's
+	// turn plus one.
+	Turn    *int
+	Message string
+}
+
+// CheckpointResult reports one turn boundary.
+type CheckpointResult struct {
+	// ID is the new checkpoint, or for a skip the head that already names
+	// this state.
+	ID       delta.ID
+	Sandbox  string
+	Class    catalog.Class
+	Turn     int
+	Parent   delta.ID
+	Stats    catalog.Stats
+	Duration time.Duration
+}
+
+// Checkpoint closes a turn: scan the writable layer (reading only what
+// changed), classify, and commit if anything recovery-relevant changed.
+//
+// A turn whose state key equals the head's is class skip: nothing is written
+// to the store or the catalog, and the head already names the state. The
+// state key leaves out directory mtimes and overlay copy-up residue, so a
+// temp file created and deleted within the turn is a skip.
+func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOptions) (*CheckpointResult, error) {
+	start := time.Now()
+	st, err := e.loadSandbox(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	if err := st.root.Mount(ctx); err != nil {
+		return nil, err
+	}
+	e.repo.reset()
+	defer e.repo.reset() // a failed or skipped turn leaves nothing pending
+	res, err := st.root.Scan(ctx, e.repo)
+	if err != nil {
+		return nil, err
+	}
+	turn := st.head.Turn + 1
+	if opts.Turn != nil {
+		turn = *opts.Turn
+	}
+	stats := catalog.Stats{
+		Entries: res.Stats.Entries, FilesRead: res.Stats.FilesRead, BytesRead: res.Stats.BytesRead,
+	}
+	if res.StateKey == st.head.StateKey {
+		// Nothing recovery-relevant changed. The scan's cache only names
+		// chunks the head already references, so keeping it is safe; it is
+		// worth writing only when the scan had to read files (racy or
+		// touched-but-equal entries), which the next scan would read again.
+		if res.Stats.FilesRead > 0 {
+			if err := st.root.Committed(res); err != nil {
+				return nil, err
+			}
+		}
+		stats.DurationNs = time.Since(start).Nanoseconds()
+		return &CheckpointResult{ID: st.head.ID, Sandbox: name, Class: catalog.ClassSkip, Turn: turn,
+			Parent: st.head.ID, Stats: stats, Duration: time.Since(start)}, nil
+	}
+	cp := &catalog.Checkpoint{
+		Version: catalog.RecordVersion, Sandbox: name, Parent: st.head.ID, Turn: turn,
+		Class: catalog.ClassFS, Backend: st.sb.Backend, BaseTree: st.head.BaseTree,
+		FSTree: res.Root, StateKey: res.StateKey, Message: opts.Message,
+		Created: time.Now().UTC(), Stats: stats,
+	}
+	cp.Stats.DurationNs = time.Since(start).Nanoseconds()
+	if err := e.commit(ctx, cp, nil, []delta.ID{cp.FSTree, cp.BaseTree}); err != nil {
+		return nil, err
+	}
+	if err := st.root.Committed(res); err != nil {
+		// The checkpoint is committed; a stale cache only costs a re-read.
+		e.log.Warn("scan cache not saved", "sandbox", name, "err", err)
+	}
+	return &CheckpointResult{ID: cp.ID, Sandbox: name, Class: cp.Class, Turn: turn, Parent: cp.Parent,
+		Stats: cp.Stats, Duration: time.Since(start)}, nil
+}
+
+// resolve turns a user's checkpoint reference (full id, unique prefix, tag)
+// into a checkpoint.
+func (e *Engine) resolve(ctx context.Context, ref string) (*catalog.Checkpoint, error) {
+	var cp *catalog.Checkpoint
+	err := e.view(ctx, func(tx *catalog.Tx) error {
+		id, err := tx.ResolveCheckpoint(ref)
+		if err != nil {
+			return err
+		}
+		cp, err = tx.Checkpoint(id)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint %q: %w", ref, err)
+	}
+	return cp, nil
+}
+
+// Resolve is resolve for callers outside the engine.
+func (e *Engine) Resolve(ctx context.Context, ref string) (*catalog.Checkpoint, error) {
+	return e.resolve(ctx, ref)
+}

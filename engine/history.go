@@ -1,0 +1,144 @@
+package engine
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/turnsnap/turnsnap/catalog"
+	"github.com/turnsnap/turnsnap/delta"
+)
+
+// LogEntry is one checkpoint in a sandbox's log.
+type LogEntry struct {
+	*catalog.Checkpoint
+	Head bool // the sandbox's current head
+	// OnHead is true for the head and its ancestors; false for checkpoints
+	// abandoned by a rollback (they stay restorable).
+	OnHead bool
+}
+
+// Log lists a sandbox's history newest first: the head and its ancestors
+// (across the branch point, for a branched sandbox), plus the sandbox's own
+// checkpoints that a rollback left off the head's line.
+func (e *Engine) Log(ctx context.Context, name string) ([]LogEntry, error) {
+	var out []LogEntry
+	err := e.view(ctx, func(tx *catalog.Tx) error {
+		if _, err := tx.Sandbox(name); err != nil {
+			return fmt.Errorf("sandbox %s: %w", name, err)
+		}
+		head, err := tx.GetRef(catalog.RefHead, name)
+		if err != nil {
+			return fmt.Errorf("sandbox %s: head: %w", name, err)
+		}
+		line, err := tx.Ancestors(head, 0)
+		if err != nil {
+			return err
+		}
+		seen := map[delta.ID]bool{}
+		for _, cp := range line {
+			seen[cp.ID] = true
+			out = append(out, LogEntry{Checkpoint: cp, Head: cp.ID == head, OnHead: true})
+		}
+		own, err := tx.SandboxCheckpoints(name)
+		if err != nil {
+			return err
+		}
+		for _, cp := range own {
+			if !seen[cp.ID] {
+				out = append(out, LogEntry{Checkpoint: cp})
+			}
+		}
+		return nil
+	})
+	slices.SortStableFunc(out, func(a, b LogEntry) int {
+		if c := b.Created.Compare(a.Created); c != 0 {
+			return c
+		}
+		return bytes.Compare(a.ID[:], b.ID[:])
+	})
+	return out, err
+}
+
+// DiffResult lists what differs between two states of a sandbox.
+type DiffResult struct {
+	Sandbox string
+	From    string // checkpoint id, or "working" for the live root
+	To      string
+	Changes []delta.Change
+}
+
+// Diff compares two states of a sandbox: from and to name checkpoints; an
+// empty from means the head, an empty to means the live root as it is now
+// (hashed, not stored).
+func (e *Engine) Diff(ctx context.Context, name, from, to string) (*DiffResult, error) {
+	st, err := e.loadSandbox(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	layers := func(ref string) (delta.Layers, string, error) {
+		cp := st.head
+		if ref != "" {
+			if cp, err = e.resolve(ctx, ref); err != nil {
+				return nil, "", err
+			}
+		}
+		return delta.Layers{cp.BaseTree, cp.FSTree}, cp.ID.String(), nil
+	}
+	a, aName, err := layers(from)
+	if err != nil {
+		return nil, err
+	}
+	loader := delta.BlobLoader(e.repo)
+	var b delta.Layers
+	bName := "working"
+	if to != "" {
+		if b, bName, err = layers(to); err != nil {
+			return nil, err
+		}
+	} else {
+		if err := st.root.Mount(ctx); err != nil {
+			return nil, err
+		}
+		trees := &treeMemo{next: e.repo, trees: map[delta.ID][]byte{}}
+		res, err := st.root.Scan(ctx, trees)
+		if err != nil {
+			return nil, err
+		}
+		b, loader = delta.Layers{st.head.BaseTree, res.Root}, trees
+	}
+	changes, err := delta.Diff(ctx, loader, a, b)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: diff: %w", name, err)
+	}
+	return &DiffResult{Sandbox: name, From: aName, To: bName, Changes: changes}, nil
+}
+
+// treeMemo keeps the trees of a live scan in memory so they can be diffed
+// without storing anything; everything else comes from next.
+type treeMemo struct {
+	mu    sync.Mutex
+	next  delta.BlobLoader
+	trees map[delta.ID][]byte
+}
+
+func (m *treeMemo) SaveBlob(_ context.Context, t delta.BlobType, id delta.ID, data []byte) (bool, error) {
+	if t == delta.BlobTree {
+		m.mu.Lock()
+		m.trees[id] = bytes.Clone(data)
+		m.mu.Unlock()
+	}
+	return false, nil
+}
+
+func (m *treeMemo) LoadBlob(ctx context.Context, t delta.BlobType, id delta.ID) ([]byte, error) {
+	m.mu.Lock()
+	d, ok := m.trees[id]
+	m.mu.Unlock()
+	if ok {
+		return d, nil
+	}
+	return m.next.LoadBlob(ctx, t, id)
+}

@@ -1,0 +1,256 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/turnsnap/turnsnap/catalog"
+	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/internal/errdefs"
+	"github.com/turnsnap/turnsnap/upload"
+)
+
+// RebuildReport counts what a catalog rebuild found in the store.
+type RebuildReport struct {
+	Packs       int
+	Blobs       int
+	Checkpoints int
+	Sandboxes   int
+	Refs        int
+	Duration    time.Duration
+}
+
+// rebuildMarker is written into a fully built replacement catalog; only a
+// marked one may take the live catalog's place (see finishRebuild).
+const rebuildMarker = "REBUILD-COMPLETE"
+
+func (h home) rebuildDir() string { return h.catalogDir() + ".new" }
+func (h home) retiredDir() string { return h.catalogDir() + ".old" }
+
+// RebuildCatalog recreates the catalog from the object store alone: blob
+// locations from pack headers, checkpoints from records, sandboxes and refs
+// from their objects, refcounts by walking every distinct tree once. It
+// builds beside the live catalog and swaps directories at the end, so a
+// crash midway leaves the old catalog in place.
+func (e *Engine) RebuildCatalog(ctx context.Context) (*RebuildReport, error) {
+	start := time.Now()
+	rep := &RebuildReport{}
+	dir := e.home.rebuildDir()
+	if err := os.RemoveAll(dir); err != nil {
+		return nil, err
+	}
+	cat, err := catalog.Open(ctx, dir, catalog.Options{Logger: e.log})
+	if err != nil {
+		return nil, err
+	}
+	if err := e.fillCatalog(ctx, cat, rep); err != nil {
+		cat.Close()
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	if err := cat.Close(); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(dir+"/"+rebuildMarker, nil, 0o600); err != nil {
+		return nil, err
+	}
+	if err := e.cat.Close(); err != nil {
+		return nil, err
+	}
+	e.cat = nil
+	if err := finishRebuild(e.home); err != nil {
+		return nil, err
+	}
+	if e.cat, err = catalog.Open(ctx, e.home.catalogDir(), catalog.Options{Logger: e.log}); err != nil {
+		return nil, err
+	}
+	e.repo = newRepo(e.store, e.cat, e.codec)
+	rep.Duration = time.Since(start)
+	return rep, nil
+}
+
+// finishRebuild swaps a completed rebuilt catalog into place. It runs at
+// every open too, so a crash between the two renames is finished next time.
+func finishRebuild(h home) error {
+	if _, err := os.Stat(h.rebuildDir() + "/" + rebuildMarker); err != nil {
+		os.RemoveAll(h.rebuildDir()) // an unfinished rebuild is just discarded
+		return nil
+	}
+	os.RemoveAll(h.retiredDir())
+	if err := os.Rename(h.catalogDir(), h.retiredDir()); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("catalog swap: %w", err)
+	}
+	if err := os.Rename(h.rebuildDir(), h.catalogDir()); err != nil {
+		return fmt.Errorf("catalog swap: %w", err)
+	}
+	os.Remove(h.catalogDir() + "/" + rebuildMarker)
+	return os.RemoveAll(h.retiredDir())
+}
+
+func (e *Engine) fillCatalog(ctx context.Context, cat *catalog.Catalog, rep *RebuildReport) error {
+	blobs := map[delta.ID]catalog.BlobLocation{}
+	err := e.store.List(ctx, "packs/", func(oi upload.ObjectInfo) error {
+		id, ok := upload.ParsePackName(oi.Name)
+		if !ok {
+			return nil // not ours; leave it
+		}
+		entries, err := upload.ReadPackHeader(ctx, e.store, oi.Name)
+		if err != nil {
+			return err
+		}
+		rep.Packs++
+		for _, en := range entries {
+			blobs[en.ID] = locationOf(id, en)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("rebuild: packs: %w", err)
+	}
+	rep.Blobs = len(blobs)
+	if err := cat.PutBlobs(ctx, blobs); err != nil {
+		return err
+	}
+	var cps []*catalog.Checkpoint
+	err = e.store.List(ctx, recordPrefix, func(oi upload.ObjectInfo) error {
+		id, err := delta.ParseID(strings.TrimPrefix(oi.Name, recordPrefix))
+		if err != nil {
+			return nil
+		}
+		data, err := upload.ReadAll(ctx, e.store, oi.Name)
+		if err != nil {
+			return err
+		}
+		cp, err := catalog.DecodeRecord(id, data)
+		if err != nil {
+			return fmt.Errorf("object %s: %w", oi.Name, err)
+		}
+		cps = append(cps, cp)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("rebuild: records: %w", err)
+	}
+	rep.Checkpoints = len(cps)
+	refcounts, err := countRefs(ctx, e.loaderFor(blobs), cps)
+	if err != nil {
+		return fmt.Errorf("rebuild: refcounts: %w", err)
+	}
+	if err := cat.AddRefCounts(ctx, refcounts); err != nil {
+		return err
+	}
+	var sbs []*catalog.Sandbox
+	err = e.store.List(ctx, sandboxPrefix, func(oi upload.ObjectInfo) error {
+		data, err := upload.ReadAll(ctx, e.store, oi.Name)
+		if err != nil {
+			return err
+		}
+		var sb catalog.Sandbox
+		if err := json.Unmarshal(data, &sb); err != nil {
+			return fmt.Errorf("object %s: %v: %w", oi.Name, err, errdefs.ErrCorrupt)
+		}
+		sbs = append(sbs, &sb)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("rebuild: sandboxes: %w", err)
+	}
+	rep.Sandboxes = len(sbs)
+	var refs []catalog.Ref
+	for _, k := range []struct {
+		kind   catalog.RefKind
+		prefix string
+	}{{catalog.RefHead, headPrefix}, {catalog.RefTag, tagPrefix}} {
+		err = e.store.List(ctx, k.prefix, func(oi upload.ObjectInfo) error {
+			data, err := upload.ReadAll(ctx, e.store, oi.Name)
+			if err != nil {
+				return err
+			}
+			id, err := parseRefObject(data)
+			if err != nil {
+				return fmt.Errorf("object %s: %w", oi.Name, err)
+			}
+			refs = append(refs, catalog.Ref{Kind: k.kind, Name: strings.TrimPrefix(oi.Name, k.prefix), Target: id})
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("rebuild: refs: %w", err)
+		}
+	}
+	rep.Refs = len(refs)
+	return cat.Update(ctx, func(tx *catalog.Tx) error {
+		for _, cp := range cps {
+			if err := tx.PutCheckpoint(cp); err != nil {
+				return err
+			}
+		}
+		for _, sb := range sbs {
+			if err := tx.PutSandbox(sb); err != nil {
+				return err
+			}
+		}
+		for _, r := range refs {
+			if err := tx.SetRef(r); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// loaderFor reads blobs using a location map instead of the catalog.
+func (e *Engine) loaderFor(locs map[delta.ID]catalog.BlobLocation) delta.BlobLoader {
+	r := newRepo(e.store, e.cat, e.codec)
+	r.flushed = locs
+	return r
+}
+
+// countRefs recomputes refcounts as commits maintain them: each checkpoint
+// references its fs and base trees, each distinct tree its children.
+func countRefs(ctx context.Context, loader delta.BlobLoader, cps []*catalog.Checkpoint) (map[delta.ID]int64, error) {
+	counts := map[delta.ID]int64{}
+	seen := map[delta.ID]bool{}
+	var walk func(id delta.ID) error
+	walk = func(id delta.ID) error {
+		if seen[id] {
+			return nil
+		}
+		seen[id] = true
+		data, err := loader.LoadBlob(ctx, delta.BlobTree, id)
+		if err != nil {
+			return err
+		}
+		t, err := delta.DecodeTree(data)
+		if err != nil {
+			return fmt.Errorf("tree %s: %w", id, err)
+		}
+		for _, en := range t.Entries {
+			switch en.Type {
+			case delta.TypeDir:
+				counts[en.Subtree]++
+				if err := walk(en.Subtree); err != nil {
+					return err
+				}
+			case delta.TypeFile:
+				for _, c := range en.Chunks {
+					counts[c]++
+				}
+			}
+		}
+		return nil
+	}
+	for _, cp := range cps {
+		for _, root := range []delta.ID{cp.FSTree, cp.BaseTree} {
+			counts[root]++
+			if err := walk(root); err != nil {
+				return nil, fmt.Errorf("checkpoint %s: %w", cp.ID.Short(), err)
+			}
+		}
+	}
+	return counts, nil
+}

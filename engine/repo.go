@@ -1,0 +1,203 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"io"
+
+	"github.com/turnsnap/turnsnap/catalog"
+	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/internal/errdefs"
+	"github.com/turnsnap/turnsnap/upload"
+)
+
+// packTarget is the size at which an open pack is written out. 16 MiB keeps
+// a 5,000-small-file checkpoint to one or two objects and a large one to few
+// PUTs, while one pack stays small enough to buffer in memory and to retry
+// whole on a flaky link.
+const packTarget = 16 << 20
+
+// repo is the content store as delta sees it: blobs saved into packs in the
+// object store, located through the catalog. One repo serves one write
+// session (one checkpoint or import) at a time; commit publishes it.
+type repo struct {
+	store upload.Store
+	cat   *catalog.Catalog
+	codec *delta.Codec
+
+	pack    *upload.PackWriter
+	flushed map[delta.ID]catalog.BlobLocation // in packs written this session, not yet in the catalog
+	refs    map[delta.ID]int64                // refcount increments this session will commit
+	stats   catalog.Stats
+	buf     []byte
+}
+
+func newRepo(store upload.Store, cat *catalog.Catalog, codec *delta.Codec) *repo {
+	r := &repo{store: store, cat: cat, codec: codec}
+	r.reset()
+	return r
+}
+
+func (r *repo) reset() {
+	r.pack = upload.NewPackWriter()
+	r.flushed = map[delta.ID]catalog.BlobLocation{}
+	r.refs = map[delta.ID]int64{}
+	r.stats = catalog.Stats{}
+}
+
+// SaveBlob implements delta.BlobSaver: deduplicate against the catalog and
+// this session, compress, append to the open pack.
+func (r *repo) SaveBlob(ctx context.Context, t delta.BlobType, id delta.ID, plain []byte) (bool, error) {
+	if _, ok := r.flushed[id]; ok || r.pack.Has(id) {
+		return false, nil
+	}
+	var known bool
+	err := r.cat.View(ctx, func(tx *catalog.Tx) error {
+		_, ok, err := tx.Blob(id)
+		known = ok
+		return err
+	})
+	if err != nil {
+		return false, fmt.Errorf("blob %s: %w", id.Short(), err)
+	}
+	if known {
+		return false, nil
+	}
+	if t == delta.BlobTree {
+		// A new tree references its children once, whatever else does:
+		// counting at tree creation keeps refcount upkeep O(change).
+		tr, err := delta.DecodeTree(plain)
+		if err != nil {
+			return false, fmt.Errorf("tree %s: %w", id.Short(), err)
+		}
+		for _, e := range tr.Entries {
+			switch e.Type {
+			case delta.TypeDir:
+				r.refs[e.Subtree]++
+			case delta.TypeFile:
+				for _, c := range e.Chunks {
+					r.refs[c]++
+				}
+			}
+		}
+	}
+	// PackWriter.Add copies, so one scratch buffer serves every blob. It must
+	// never alias plain, which belongs to the caller (the chunker's buffer).
+	stored, ok := r.codec.Compress(r.buf[:0], plain)
+	r.buf = stored[:0]
+	comp := upload.CompressionZstd
+	if !ok {
+		stored, comp = plain, upload.CompressionNone
+	}
+	r.pack.Add(t, id, stored, len(plain), comp)
+	r.stats.BlobsNew++
+	if r.pack.Len() >= packTarget {
+		if err := r.flushPack(ctx); err != nil {
+			return false, err
+		}
+	}
+	return true, nil
+}
+
+// flushPack writes the open pack to the store.
+func (r *repo) flushPack(ctx context.Context) error {
+	if r.pack.Count() == 0 {
+		return nil
+	}
+	data, id, entries, err := r.pack.Finish()
+	if err != nil {
+		return fmt.Errorf("pack: %w", err)
+	}
+	name := upload.PackName(id)
+	if err := upload.PutBytes(ctx, r.store, name, data); err != nil {
+		return fmt.Errorf("write pack %s: %w", name, err)
+	}
+	for _, e := range entries {
+		r.flushed[e.ID] = locationOf(id, e)
+	}
+	r.stats.ObjectsNew++
+	r.stats.BytesNew += int64(len(data))
+	r.pack = upload.NewPackWriter()
+	return nil
+}
+
+func locationOf(pack delta.ID, e upload.PackEntry) catalog.BlobLocation {
+	return catalog.BlobLocation{
+		Pack: pack, Type: e.Type, Offset: e.Offset, Length: e.Length,
+		RawLength: e.RawLength, Compression: uint8(e.Compression),
+	}
+}
+
+// publishBlobs makes every blob of this session durable and indexed: packs
+// first, then the catalog's blob index and refcount increments. Both index
+// writes are safe before the record exists: the blobs are really stored, and
+// an increment without its checkpoint can only delay garbage collection.
+func (r *repo) publishBlobs(ctx context.Context, extraRefs ...delta.ID) error {
+	if err := r.flushPack(ctx); err != nil {
+		return err
+	}
+	for _, id := range extraRefs {
+		r.refs[id]++
+	}
+	if err := r.cat.PutBlobs(ctx, r.flushed); err != nil {
+		return fmt.Errorf("index blobs: %w", err)
+	}
+	if err := r.cat.AddRefCounts(ctx, r.refs); err != nil {
+		return fmt.Errorf("refcounts: %w", err)
+	}
+	// Published: the catalog now locates these blobs, and a second publish in
+	// the same session must not count the same references twice.
+	r.flushed = map[delta.ID]catalog.BlobLocation{}
+	r.refs = map[delta.ID]int64{}
+	return nil
+}
+
+// LoadBlob implements delta.BlobLoader: locate, read, decompress, verify.
+func (r *repo) LoadBlob(ctx context.Context, t delta.BlobType, id delta.ID) ([]byte, error) {
+	loc, ok := r.flushed[id]
+	if !ok {
+		err := r.cat.View(ctx, func(tx *catalog.Tx) error {
+			var err error
+			loc, ok, err = tx.Blob(id)
+			return err
+		})
+		if err != nil {
+			return nil, fmt.Errorf("blob %s: %w", id.Short(), err)
+		}
+	}
+	if !ok {
+		return nil, fmt.Errorf("blob %s (%s): not in any pack the catalog knows: %w", id, t, errdefs.ErrNotFound)
+	}
+	if loc.Type != t {
+		return nil, fmt.Errorf("blob %s: stored as %s, wanted %s: %w", id, loc.Type, t, errdefs.ErrCorrupt)
+	}
+	name := upload.PackName(loc.Pack)
+	rc, err := upload.GetRange(ctx, r.store, name, int64(loc.Offset), int64(loc.Length))
+	if err != nil {
+		return nil, fmt.Errorf("blob %s in %s: %w", id.Short(), name, err)
+	}
+	stored, err := io.ReadAll(rc)
+	rc.Close()
+	if err != nil {
+		return nil, fmt.Errorf("blob %s in %s: %w", id.Short(), name, err)
+	}
+	return r.decode(id, name, loc, stored)
+}
+
+// decode turns a blob's stored bytes back into verified plaintext.
+func (r *repo) decode(id delta.ID, object string, loc catalog.BlobLocation, stored []byte) ([]byte, error) {
+	if uint64(len(stored)) != loc.Length {
+		return nil, fmt.Errorf("blob %s in %s: read %d bytes, want %d: %w", id, object, len(stored), loc.Length, errdefs.ErrCorrupt)
+	}
+	plain := stored
+	if upload.Compression(loc.Compression) == upload.CompressionZstd {
+		var err error
+		if plain, err = r.codec.Decompress(stored, int(loc.RawLength)); err != nil {
+			return nil, fmt.Errorf("blob %s in %s: %w", id, object, err)
+		}
+	}
+	if got := delta.Hash(plain); got != id {
+		return nil, fmt.Errorf("blob %s in %s: content hashes to %s: %w", id, object, got.Short(), errdefs.ErrCorrupt)
+	}
+	return plain, nil
+}

@@ -1,0 +1,107 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"time"
+
+	"github.com/turnsnap/turnsnap/catalog"
+	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/internal/errdefs"
+	"github.com/turnsnap/turnsnap/overlay"
+)
+
+// RestoreResult reports a rollback or branch.
+type RestoreResult struct {
+	Sandbox    string
+	Checkpoint *catalog.Checkpoint
+	Root       string
+	Duration   time.Duration
+}
+
+// Rollback makes the sandbox's root exactly the state of checkpoint ref and
+// moves its head there. Later checkpoints stay in the log; the next
+// checkpoint's parent is ref, so history forks like a git branch. The state
+// is materialised straight from the checkpoint's tree, with no chain replay.
+func (e *Engine) Rollback(ctx context.Context, name, ref string) (*RestoreResult, error) {
+	start := time.Now()
+	cp, err := e.resolve(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	st, err := e.loadSandbox(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	if cp.BaseTree != st.head.BaseTree {
+		return nil, fmt.Errorf("sandbox %s: checkpoint %s was taken on another base (%s, sandbox has %s); use `turnsnap branch` instead: %w",
+			name, cp.ID.Short(), cp.BaseTree.Short(), st.head.BaseTree.Short(), errdefs.ErrPrecondition)
+	}
+	if err := st.root.Restore(ctx, cp.FSTree, e.repo); err != nil {
+		return nil, err
+	}
+	if err := e.putRefObject(ctx, catalog.RefHead, name, cp.ID); err != nil {
+		return nil, err
+	}
+	err = e.cat.Update(ctx, func(tx *catalog.Tx) error {
+		return tx.SetRef(catalog.Ref{Kind: catalog.RefHead, Name: name, Target: cp.ID})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: move head to %s: %w", name, cp.ID.Short(), err)
+	}
+	return &RestoreResult{Sandbox: name, Checkpoint: cp, Root: st.root.Path(), Duration: time.Since(start)}, nil
+}
+
+// Branch creates sandbox newName whose root equals checkpoint ref. Its head
+// is ref itself, so its first checkpoint records ref as parent: lineage
+// crosses sandboxes the way git commits cross branches.
+func (e *Engine) Branch(ctx context.Context, ref, newName string) (*RestoreResult, error) {
+	start := time.Now()
+	if !catalog.ValidName(newName) {
+		return nil, fmt.Errorf("sandbox name %q: use 1-64 of [A-Za-z0-9._-], not starting with '.' or '-': %w", newName, errdefs.ErrInvalid)
+	}
+	cp, err := e.resolve(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	if err := e.checkNewSandbox(ctx, newName); err != nil {
+		return nil, err
+	}
+	lower, err := e.ensureBase(ctx, cp.BaseTree)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", newName, err)
+	}
+	dir := e.home.sandboxDir(newName)
+	if err := ensureDir(filepath.Dir(dir)); err != nil {
+		return nil, err
+	}
+	root, err := overlay.Create(ctx, dir, lower, cp.FSTree, e.repo)
+	if err != nil {
+		return nil, err
+	}
+	sb := &catalog.Sandbox{Name: newName, Backend: cp.Backend, BaseTree: cp.BaseTree, Origin: cp.ID, Created: time.Now().UTC()}
+	err = e.publishSandbox(ctx, sb, cp.ID)
+	if err != nil {
+		root.Remove(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	return &RestoreResult{Sandbox: newName, Checkpoint: cp, Root: root.Path(), Duration: time.Since(start)}, nil
+}
+
+// publishSandbox records a sandbox whose head is an existing checkpoint:
+// store objects first, then the catalog.
+func (e *Engine) publishSandbox(ctx context.Context, sb *catalog.Sandbox, head delta.ID) error {
+	if err := e.putSandboxObject(ctx, sb); err != nil {
+		return err
+	}
+	if err := e.putRefObject(ctx, catalog.RefHead, sb.Name, head); err != nil {
+		return err
+	}
+	return e.cat.Update(ctx, func(tx *catalog.Tx) error {
+		if err := tx.PutSandbox(sb); err != nil {
+			return err
+		}
+		return tx.SetRef(catalog.Ref{Kind: catalog.RefHead, Name: sb.Name, Target: head})
+	})
+}

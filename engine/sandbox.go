@@ -1,0 +1,301 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/turnsnap/turnsnap/catalog"
+	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/internal/errdefs"
+	"github.com/turnsnap/turnsnap/overlay"
+)
+
+// CreateOptions configures CreateSandbox.
+type CreateOptions struct {
+	Base    string // directory imported as the read-only base
+	Backend string // "overlay" (default)
+}
+
+// CreateResult reports a new sandbox.
+type CreateResult struct {
+	Sandbox    *catalog.Sandbox
+	Checkpoint *catalog.Checkpoint // turn 0: the base, unchanged
+	Root       string
+	BaseStats  delta.ScanStats
+	Duration   time.Duration
+}
+
+// CreateSandbox imports the base into the store (content-addressed, so a
+// second sandbox on the same base adds no bytes), materialises it once per
+// host as the overlay lower dir, mounts the sandbox, and commits turn 0.
+func (e *Engine) CreateSandbox(ctx context.Context, name string, opts CreateOptions) (*CreateResult, error) {
+	start := time.Now()
+	if !catalog.ValidName(name) {
+		return nil, fmt.Errorf("sandbox name %q: use 1-64 of [A-Za-z0-9._-], not starting with '.' or '-': %w", name, errdefs.ErrInvalid)
+	}
+	if opts.Backend == "" {
+		opts.Backend = overlay.Name
+	}
+	if opts.Backend != overlay.Name {
+		return nil, fmt.Errorf("sandbox %s: backend %q is not available (have: overlay): %w", name, opts.Backend, errdefs.ErrInvalid)
+	}
+	if err := e.checkNewSandbox(ctx, name); err != nil {
+		return nil, err
+	}
+	base, err := filepath.Abs(opts.Base)
+	if err != nil {
+		return nil, err
+	}
+	if fi, err := os.Stat(base); err != nil || !fi.IsDir() {
+		return nil, fmt.Errorf("sandbox %s: base %s is not a readable directory: %w", name, opts.Base, errdefs.ErrInvalid)
+	}
+	e.repo.reset()
+	res, err := delta.Scan(ctx, base, delta.ScanOptions{Saver: e.repo})
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: import base: %w", name, err)
+	}
+	empty := delta.EmptyTree()
+	if _, err := e.repo.SaveBlob(ctx, delta.BlobTree, empty, (&delta.Tree{}).Encode()); err != nil {
+		return nil, err
+	}
+	if err := e.repo.publishBlobs(ctx); err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", name, err)
+	}
+	lower, err := e.ensureBase(ctx, res.Root)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", name, err)
+	}
+	if err := ensureDir(filepath.Dir(e.home.sandboxDir(name))); err != nil {
+		return nil, err
+	}
+	root, err := overlay.Create(ctx, e.home.sandboxDir(name), lower, empty, e.repo)
+	if err != nil {
+		return nil, err
+	}
+	scan, err := root.Scan(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	sb := &catalog.Sandbox{Name: name, Backend: opts.Backend, BaseTree: res.Root, Created: time.Now().UTC()}
+	cp := &catalog.Checkpoint{
+		Version: catalog.RecordVersion, Sandbox: name, Turn: 0, Class: catalog.ClassFS,
+		Backend: opts.Backend, BaseTree: res.Root, FSTree: empty, StateKey: scan.StateKey,
+		Message: "sandbox created from " + base, Created: time.Now().UTC(),
+		Stats: e.repo.stats,
+	}
+	cp.Stats.Entries, cp.Stats.FilesRead, cp.Stats.BytesRead = res.Stats.Entries, res.Stats.FilesRead, res.Stats.BytesRead
+	cp.Stats.DurationNs = time.Since(start).Nanoseconds()
+	if err := e.commit(ctx, cp, sb, []delta.ID{res.Root, empty}); err != nil {
+		root.Remove(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	if err := root.Committed(scan); err != nil {
+		return nil, err
+	}
+	return &CreateResult{Sandbox: sb, Checkpoint: cp, Root: root.Path(), BaseStats: res.Stats, Duration: time.Since(start)}, nil
+}
+
+func (e *Engine) checkNewSandbox(ctx context.Context, name string) error {
+	err := e.view(ctx, func(tx *catalog.Tx) error {
+		_, err := tx.Sandbox(name)
+		return err
+	})
+	if err == nil {
+		return fmt.Errorf("sandbox %s: %w", name, errdefs.ErrExists)
+	}
+	if !errors.Is(err, errdefs.ErrNotFound) {
+		return err
+	}
+	if _, err := os.Lstat(e.home.sandboxDir(name)); err == nil {
+		return fmt.Errorf("sandbox %s: directory %s exists but the catalog does not know it (remove it, or run `turnsnap catalog rebuild`): %w",
+			name, e.home.sandboxDir(name), errdefs.ErrExists)
+	}
+	return nil
+}
+
+// ensureBase materialises a base tree as an overlay lower dir unless this
+// host has it already. It is verified before it is published by a rename,
+// so a lower dir that exists is always complete.
+func (e *Engine) ensureBase(ctx context.Context, tree delta.ID) (string, error) {
+	dst := e.home.baseDir(tree)
+	if _, err := os.Stat(dst); err == nil {
+		return dst, nil
+	}
+	if err := ensureDir(filepath.Dir(dst)); err != nil {
+		return "", err
+	}
+	tmp, err := os.MkdirTemp(filepath.Dir(dst), ".tmp-")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(tmp)
+	// The base is the operator's own image, so its device nodes are allowed.
+	if _, err := delta.Materialise(ctx, tree, tmp, delta.ApplyOptions{Loader: e.repo, AllowDevices: true}); err != nil {
+		return "", fmt.Errorf("base %s: %w", tree.Short(), err)
+	}
+	res, err := delta.Scan(ctx, tmp, delta.ScanOptions{})
+	if err != nil {
+		return "", err
+	}
+	if res.Root != tree {
+		return "", fmt.Errorf("base %s: materialised copy hashes to %s: %w", tree.Short(), res.Root.Short(), errdefs.ErrCorrupt)
+	}
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		return "", err
+	}
+	if err := os.Rename(tmp, dst); err != nil {
+		return "", fmt.Errorf("base %s: %w", tree.Short(), err)
+	}
+	return dst, nil
+}
+
+// commit publishes a checkpoint in DESIGN.md's order: packs and blob index,
+// the record, the sandbox description (if new) and head ref objects, and
+// last the catalog transaction that makes it visible.
+func (e *Engine) commit(ctx context.Context, cp *catalog.Checkpoint, newSandbox *catalog.Sandbox, roots []delta.ID) error {
+	if err := e.repo.publishBlobs(ctx, roots...); err != nil {
+		return fmt.Errorf("sandbox %s: %w", cp.Sandbox, err)
+	}
+	cp.Stats.BlobsNew, cp.Stats.BytesNew, cp.Stats.ObjectsNew = e.repo.stats.BlobsNew, e.repo.stats.BytesNew, e.repo.stats.ObjectsNew
+	if err := e.putRecord(ctx, cp); err != nil {
+		return err
+	}
+	if newSandbox != nil {
+		if err := e.putSandboxObject(ctx, newSandbox); err != nil {
+			return err
+		}
+	}
+	if err := e.putRefObject(ctx, catalog.RefHead, cp.Sandbox, cp.ID); err != nil {
+		return err
+	}
+	err := e.cat.Update(ctx, func(tx *catalog.Tx) error {
+		if newSandbox != nil {
+			if err := tx.PutSandbox(newSandbox); err != nil {
+				return err
+			}
+		}
+		if err := tx.PutCheckpoint(cp); err != nil {
+			return err
+		}
+		return tx.SetRef(catalog.Ref{Kind: catalog.RefHead, Name: cp.Sandbox, Target: cp.ID})
+	})
+	if err != nil {
+		return fmt.Errorf("checkpoint %s of sandbox %s: catalog: %w", cp.ID.Short(), cp.Sandbox, err)
+	}
+	e.repo.reset()
+	return nil
+}
+
+// SandboxInfo is one sandbox with its head.
+type SandboxInfo struct {
+	Sandbox *catalog.Sandbox
+	Head    *catalog.Checkpoint
+	Root    string
+}
+
+// ListSandboxes returns every sandbox with its head checkpoint.
+func (e *Engine) ListSandboxes(ctx context.Context) ([]SandboxInfo, error) {
+	var out []SandboxInfo
+	err := e.view(ctx, func(tx *catalog.Tx) error {
+		sbs, err := tx.Sandboxes()
+		if err != nil {
+			return err
+		}
+		for _, sb := range sbs {
+			info := SandboxInfo{Sandbox: sb, Root: overlay.Open(e.home.sandboxDir(sb.Name), "").Path()}
+			if id, err := tx.GetRef(catalog.RefHead, sb.Name); err == nil {
+				info.Head, _ = tx.Checkpoint(id)
+			}
+			out = append(out, info)
+		}
+		return nil
+	})
+	return out, err
+}
+
+// sandboxState is what most operations need about a sandbox.
+type sandboxState struct {
+	sb   *catalog.Sandbox
+	head *catalog.Checkpoint
+	root *overlay.Root
+}
+
+func (e *Engine) loadSandbox(ctx context.Context, name string) (*sandboxState, error) {
+	st := &sandboxState{}
+	err := e.view(ctx, func(tx *catalog.Tx) error {
+		var err error
+		if st.sb, err = tx.Sandbox(name); err != nil {
+			return fmt.Errorf("sandbox %s: %w", name, err)
+		}
+		id, err := tx.GetRef(catalog.RefHead, name)
+		if err != nil {
+			return fmt.Errorf("sandbox %s: head: %w", name, err)
+		}
+		st.head, err = tx.Checkpoint(id)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	lower, err := e.ensureBase(ctx, st.head.BaseTree)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", name, err)
+	}
+	st.root = overlay.Open(e.home.sandboxDir(name), lower)
+	if _, err := os.Stat(e.home.sandboxDir(name)); err != nil {
+		// Known to the catalog but absent here (a rebuilt catalog on a new
+		// host): bring the head's state back from the store.
+		if err := ensureDir(filepath.Dir(e.home.sandboxDir(name))); err != nil {
+			return nil, err
+		}
+		if st.root, err = overlay.Create(ctx, e.home.sandboxDir(name), lower, st.head.FSTree, e.repo); err != nil {
+			return nil, err
+		}
+	}
+	return st, nil
+}
+
+// SandboxPath returns the sandbox's mounted root, mounting it if needed.
+func (e *Engine) SandboxPath(ctx context.Context, name string) (string, error) {
+	st, err := e.loadSandbox(ctx, name)
+	if err != nil {
+		return "", err
+	}
+	if err := st.root.Mount(ctx); err != nil {
+		return "", err
+	}
+	return st.root.Path(), nil
+}
+
+// RemoveSandbox unmounts and deletes a sandbox's root and forgets its head.
+// Its checkpoints stay: other sandboxes may have branched from them, and
+// they remain restorable until pruned.
+func (e *Engine) RemoveSandbox(ctx context.Context, name string) error {
+	var sb *catalog.Sandbox
+	if err := e.view(ctx, func(tx *catalog.Tx) error {
+		var err error
+		sb, err = tx.Sandbox(name)
+		return err
+	}); err != nil {
+		return fmt.Errorf("sandbox %s: %w", name, err)
+	}
+	if err := overlay.Open(e.home.sandboxDir(name), "").Remove(ctx); err != nil {
+		return err
+	}
+	if err := e.store.Delete(ctx, refName(catalog.RefHead, name)); err != nil {
+		return err
+	}
+	if err := e.store.Delete(ctx, sandboxName(sb.Name)); err != nil {
+		return err
+	}
+	return e.cat.Update(ctx, func(tx *catalog.Tx) error {
+		if err := tx.DeleteRef(catalog.RefHead, name); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+			return err
+		}
+		return tx.DeleteSandbox(name)
+	})
+}

@@ -1,0 +1,226 @@
+package overlay
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/internal/errdefs"
+	"golang.org/x/sys/unix"
+)
+
+// overlayXattrPrefix marks overlayfs's own bookkeeping on upper entries.
+const overlayXattrPrefix = "trusted.overlay."
+
+// Scan derives the tree of the upper layer, reading only what changed since
+// the last committed checkpoint. saver may be nil (hash only).
+func (r *Root) Scan(ctx context.Context, saver delta.BlobSaver) (*delta.ScanResult, error) {
+	g, err := r.gen()
+	if err != nil {
+		return nil, err
+	}
+	return r.scanUpper(ctx, filepath.Join(g, "upper"), saver, readCache(filepath.Join(g, "scan.cache")))
+}
+
+func (r *Root) scanUpper(ctx context.Context, upper string, saver delta.BlobSaver, prev *delta.ScanCache) (*delta.ScanResult, error) {
+	res, err := delta.Scan(ctx, upper, delta.ScanOptions{
+		Saver: saver, Prev: prev, Translate: Translate, Residue: r.residue,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", r.dir, err)
+	}
+	return res, nil
+}
+
+// Committed records res as the state of the last committed checkpoint, so
+// the next scan reads only what changed after it. Call it only once the
+// checkpoint that res describes is committed: the cache names chunks as
+// stored.
+func (r *Root) Committed(res *delta.ScanResult) error {
+	g, err := r.gen()
+	if err != nil {
+		return err
+	}
+	err = writeCacheFile(filepath.Join(g, "scan.cache"), func(w *bufio.Writer) error {
+		return delta.WriteCache(w, res.Cache)
+	})
+	if err != nil {
+		return fmt.Errorf("sandbox %s: save scan cache: %w", r.dir, err)
+	}
+	return nil
+}
+
+// readCache loads a scan cache; any problem just means a full read.
+func readCache(p string) *delta.ScanCache {
+	f, err := os.Open(p)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	c, err := delta.ReadCache(bufio.NewReader(f))
+	if err != nil {
+		return nil
+	}
+	return c
+}
+
+// Translate maps an upper-dir entry to its meaning in the tree format: a
+// 0:0 character device is a whiteout, trusted.overlay.opaque=y makes an
+// opaque directory, and overlay's other trusted.overlay.* attributes (origin,
+// impure, ...) are kernel bookkeeping and dropped. It is idempotent, as
+// delta.ScanOptions requires.
+func Translate(_ string, _ *unix.Stat_t, e *delta.Entry) (bool, error) {
+	if e.Type == delta.TypeCharDev && e.Rdev == 0 {
+		*e = delta.Entry{Name: e.Name, Type: delta.TypeWhiteout}
+		return true, nil
+	}
+	kept := e.Xattrs[:0]
+	for _, x := range e.Xattrs {
+		if x.Name == delta.OpaqueXattr {
+			e.Opaque = e.Type == delta.TypeDir && string(x.Value) == "y"
+			continue
+		}
+		if strings.HasPrefix(x.Name, overlayXattrPrefix) {
+			continue
+		}
+		kept = append(kept, x)
+	}
+	e.Xattrs = kept
+	if len(e.Xattrs) == 0 {
+		e.Xattrs = nil
+	}
+	return true, nil
+}
+
+// residue reports an upper directory that is only a copy-up of the lower
+// directory of the same path with identical metadata: what a temp file
+// created and deleted under a base directory leaves behind.
+func (r *Root) residue(rel string, e *delta.Entry) bool {
+	if e.Opaque {
+		return false
+	}
+	p := filepath.Join(r.lower, rel)
+	var st unix.Stat_t
+	if err := unix.Lstat(p, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		return false
+	}
+	if st.Mode&07777 != e.Mode || st.Uid != e.UID || st.Gid != e.GID {
+		return false
+	}
+	lx, err := lowerXattrs(p)
+	if err != nil {
+		return false
+	}
+	return slices.EqualFunc(lx, e.Xattrs, func(a, b delta.Xattr) bool {
+		return a.Name == b.Name && bytes.Equal(a.Value, b.Value)
+	})
+}
+
+func lowerXattrs(p string) ([]delta.Xattr, error) {
+	buf := make([]byte, 64<<10)
+	n, err := unix.Llistxattr(p, buf)
+	if err != nil {
+		return nil, err
+	}
+	var out []delta.Xattr
+	for _, name := range strings.Split(string(buf[:n]), "\x00") {
+		if name == "" || strings.HasPrefix(name, overlayXattrPrefix) {
+			continue
+		}
+		v := make([]byte, 64<<10)
+		vn, err := unix.Lgetxattr(p, name, v)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, delta.Xattr{Name: name, Value: v[:vn]})
+	}
+	slices.SortFunc(out, func(a, b delta.Xattr) int { return strings.Compare(a.Name, b.Name) })
+	return out, nil
+}
+
+// Restore replaces the writable layer by tree: unmount, build a complete new
+// generation, verify it by re-deriving its tree, switch, remount.
+func (r *Root) Restore(ctx context.Context, tree delta.ID, loader delta.BlobLoader) error {
+	if err := r.Unmount(ctx); err != nil {
+		return err
+	}
+	if err := r.install(ctx, tree, loader); err != nil {
+		return err
+	}
+	return r.Mount(ctx)
+}
+
+// install materialises tree as a new generation and makes it current.
+func (r *Root) install(ctx context.Context, tree delta.ID, loader delta.BlobLoader) error {
+	g, err := os.MkdirTemp(r.dir, "gen-")
+	if err != nil {
+		return fmt.Errorf("sandbox %s: %w", r.dir, err)
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			os.RemoveAll(g)
+		}
+	}()
+	upper := filepath.Join(g, "upper")
+	if err := os.Mkdir(upper, 0o755); err != nil {
+		return fmt.Errorf("sandbox %s: %w", r.dir, err)
+	}
+	if err := os.Mkdir(filepath.Join(g, "work"), 0o700); err != nil {
+		return fmt.Errorf("sandbox %s: %w", r.dir, err)
+	}
+	if _, err := delta.Materialise(ctx, tree, upper, delta.ApplyOptions{Loader: loader}); err != nil {
+		return fmt.Errorf("sandbox %s: restore tree %s: %w", r.dir, tree.Short(), err)
+	}
+	if err := syncFS(upper); err != nil {
+		return fmt.Errorf("sandbox %s: sync: %w", r.dir, err)
+	}
+	// DESIGN rule 4: what was written must hash back to what was asked for.
+	// The scan doubles as the new generation's cache, so the first checkpoint
+	// after a restore reads nothing it does not have to.
+	res, err := delta.Scan(ctx, upper, delta.ScanOptions{Translate: Translate, Residue: r.residue, Quiescent: true})
+	if err != nil {
+		return err
+	}
+	if res.Root != tree {
+		return fmt.Errorf("sandbox %s: restored layer hashes to %s, checkpoint tree is %s: %w",
+			r.dir, res.Root.Short(), tree.Short(), errdefs.ErrCorrupt)
+	}
+	if err := writeCacheFile(filepath.Join(g, "scan.cache"), func(w *bufio.Writer) error {
+		return delta.WriteCache(w, res.Cache)
+	}); err != nil {
+		return fmt.Errorf("sandbox %s: save scan cache: %w", r.dir, err)
+	}
+	old, _ := r.gen()
+	tmp := filepath.Join(r.dir, "current.new")
+	os.Remove(tmp)
+	if err := os.Symlink(filepath.Base(g), tmp); err != nil {
+		return fmt.Errorf("sandbox %s: %w", r.dir, err)
+	}
+	if err := os.Rename(tmp, filepath.Join(r.dir, "current")); err != nil {
+		return fmt.Errorf("sandbox %s: switch layer: %w", r.dir, err)
+	}
+	ok = true
+	if err := syncDir(r.dir); err != nil {
+		return fmt.Errorf("sandbox %s: sync: %w", r.dir, err)
+	}
+	if old != "" {
+		os.RemoveAll(old)
+	}
+	return nil
+}
+
+func syncFS(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return unix.Syncfs(int(f.Fd()))
+}
