@@ -14,6 +14,7 @@ import (
 
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/overlay"
 	"github.com/turnsnap/turnsnap/upload"
 )
 
@@ -40,6 +41,8 @@ type Engine struct {
 	codec *delta.Codec
 	repo  *repo
 	log   *slog.Logger
+	// backends by name; the engine composes them, each owns its roots.
+	backends map[string]Backend
 }
 
 // Open locks and opens the home, creating it on first use.
@@ -76,6 +79,9 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 		return nil, err
 	}
 	e.repo = newRepo(e.store, e.cat, e.codec)
+	e.backends = map[string]Backend{
+		overlay.Name: overlayBackend{overlay.NewBackend(h.basesDir())},
+	}
 	ok = true
 	return e, nil
 }

@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"golang.org/x/sys/unix"
 )
@@ -24,12 +23,10 @@ import (
 //	HOME/sandboxes/NAME/ one sandbox's root and writable layer
 type home string
 
-func (h home) lockFile() string   { return filepath.Join(string(h), "lock") }
-func (h home) storeDir() string   { return filepath.Join(string(h), "store") }
-func (h home) catalogDir() string { return filepath.Join(string(h), "catalog") }
-func (h home) baseDir(id delta.ID) string {
-	return filepath.Join(string(h), "bases", id.String())
-}
+func (h home) lockFile() string              { return filepath.Join(string(h), "lock") }
+func (h home) storeDir() string              { return filepath.Join(string(h), "store") }
+func (h home) catalogDir() string            { return filepath.Join(string(h), "catalog") }
+func (h home) basesDir() string              { return filepath.Join(string(h), "bases") }
 func (h home) sandboxDir(name string) string { return filepath.Join(string(h), "sandboxes", name) }
 
 // homeLock is the exclusive hold on a home. Badger allows one process per

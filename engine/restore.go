@@ -9,7 +9,6 @@ import (
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
-	"github.com/turnsnap/turnsnap/overlay"
 )
 
 // RestoreResult reports a rollback or branch.
@@ -68,7 +67,11 @@ func (e *Engine) Branch(ctx context.Context, ref, newName string) (*RestoreResul
 	if err := e.checkNewSandbox(ctx, newName); err != nil {
 		return nil, err
 	}
-	lower, err := e.ensureBase(ctx, cp.BaseTree)
+	be, err := e.backend(cp.Backend)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", newName, err)
+	}
+	lower, err := be.PrepareBase(ctx, cp.BaseTree, e.repo)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", newName, err)
 	}
@@ -76,7 +79,7 @@ func (e *Engine) Branch(ctx context.Context, ref, newName string) (*RestoreResul
 	if err := ensureDir(filepath.Dir(dir)); err != nil {
 		return nil, err
 	}
-	root, err := overlay.Create(ctx, dir, lower, cp.FSTree, e.repo)
+	root, err := be.Create(ctx, dir, lower, cp.FSTree, e.repo)
 	if err != nil {
 		return nil, err
 	}

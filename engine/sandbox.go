@@ -40,8 +40,9 @@ func (e *Engine) CreateSandbox(ctx context.Context, name string, opts CreateOpti
 	if opts.Backend == "" {
 		opts.Backend = overlay.Name
 	}
-	if opts.Backend != overlay.Name {
-		return nil, fmt.Errorf("sandbox %s: backend %q is not available (have: overlay): %w", name, opts.Backend, errdefs.ErrInvalid)
+	be, err := e.backend(opts.Backend)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", name, err)
 	}
 	if err := e.checkNewSandbox(ctx, name); err != nil {
 		return nil, err
@@ -65,14 +66,14 @@ func (e *Engine) CreateSandbox(ctx context.Context, name string, opts CreateOpti
 	if err := e.repo.publishBlobs(ctx); err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", name, err)
 	}
-	lower, err := e.ensureBase(ctx, res.Root)
+	lower, err := be.PrepareBase(ctx, res.Root, e.repo)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", name, err)
 	}
 	if err := ensureDir(filepath.Dir(e.home.sandboxDir(name))); err != nil {
 		return nil, err
 	}
-	root, err := overlay.Create(ctx, e.home.sandboxDir(name), lower, empty, e.repo)
+	root, err := be.Create(ctx, e.home.sandboxDir(name), lower, empty, e.repo)
 	if err != nil {
 		return nil, err
 	}
@@ -115,42 +116,6 @@ func (e *Engine) checkNewSandbox(ctx context.Context, name string) error {
 			name, e.home.sandboxDir(name), errdefs.ErrExists)
 	}
 	return nil
-}
-
-// ensureBase materialises a base tree as an overlay lower dir unless this
-// host has it already. It is verified before it is published by a rename,
-// so a lower dir that exists is always complete.
-func (e *Engine) ensureBase(ctx context.Context, tree delta.ID) (string, error) {
-	dst := e.home.baseDir(tree)
-	if _, err := os.Stat(dst); err == nil {
-		return dst, nil
-	}
-	if err := ensureDir(filepath.Dir(dst)); err != nil {
-		return "", err
-	}
-	tmp, err := os.MkdirTemp(filepath.Dir(dst), ".tmp-")
-	if err != nil {
-		return "", err
-	}
-	defer os.RemoveAll(tmp)
-	// The base is the operator's own image, so its device nodes are allowed.
-	if _, err := delta.Materialise(ctx, tree, tmp, delta.ApplyOptions{Loader: e.repo, AllowDevices: true}); err != nil {
-		return "", fmt.Errorf("base %s: %w", tree.Short(), err)
-	}
-	res, err := delta.Scan(ctx, tmp, delta.ScanOptions{})
-	if err != nil {
-		return "", err
-	}
-	if res.Root != tree {
-		return "", fmt.Errorf("base %s: materialised copy hashes to %s: %w", tree.Short(), res.Root.Short(), errdefs.ErrCorrupt)
-	}
-	if err := os.Chmod(tmp, 0o755); err != nil {
-		return "", err
-	}
-	if err := os.Rename(tmp, dst); err != nil {
-		return "", fmt.Errorf("base %s: %w", tree.Short(), err)
-	}
-	return dst, nil
 }
 
 // commit publishes a checkpoint in DESIGN.md's order: packs and blob index,
@@ -206,7 +171,10 @@ func (e *Engine) ListSandboxes(ctx context.Context) ([]SandboxInfo, error) {
 			return err
 		}
 		for _, sb := range sbs {
-			info := SandboxInfo{Sandbox: sb, Root: overlay.Open(e.home.sandboxDir(sb.Name), "").Path()}
+			info := SandboxInfo{Sandbox: sb}
+			if be, err := e.backend(sb.Backend); err == nil {
+				info.Root = be.Open(e.home.sandboxDir(sb.Name), "").Path()
+			}
 			if id, err := tx.GetRef(catalog.RefHead, sb.Name); err == nil {
 				info.Head, _ = tx.Checkpoint(id)
 			}
@@ -221,7 +189,7 @@ func (e *Engine) ListSandboxes(ctx context.Context) ([]SandboxInfo, error) {
 type sandboxState struct {
 	sb   *catalog.Sandbox
 	head *catalog.Checkpoint
-	root *overlay.Root
+	root Root
 }
 
 func (e *Engine) loadSandbox(ctx context.Context, name string) (*sandboxState, error) {
@@ -241,18 +209,22 @@ func (e *Engine) loadSandbox(ctx context.Context, name string) (*sandboxState, e
 	if err != nil {
 		return nil, err
 	}
-	lower, err := e.ensureBase(ctx, st.head.BaseTree)
+	be, err := e.backend(st.sb.Backend)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", name, err)
 	}
-	st.root = overlay.Open(e.home.sandboxDir(name), lower)
+	lower, err := be.PrepareBase(ctx, st.head.BaseTree, e.repo)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", name, err)
+	}
+	st.root = be.Open(e.home.sandboxDir(name), lower)
 	if _, err := os.Stat(e.home.sandboxDir(name)); err != nil {
 		// Known to the catalog but absent here (a rebuilt catalog on a new
 		// host): bring the head's state back from the store.
 		if err := ensureDir(filepath.Dir(e.home.sandboxDir(name))); err != nil {
 			return nil, err
 		}
-		if st.root, err = overlay.Create(ctx, e.home.sandboxDir(name), lower, st.head.FSTree, e.repo); err != nil {
+		if st.root, err = be.Create(ctx, e.home.sandboxDir(name), lower, st.head.FSTree, e.repo); err != nil {
 			return nil, err
 		}
 	}
@@ -283,7 +255,11 @@ func (e *Engine) RemoveSandbox(ctx context.Context, name string) error {
 	}); err != nil {
 		return fmt.Errorf("sandbox %s: %w", name, err)
 	}
-	if err := overlay.Open(e.home.sandboxDir(name), "").Remove(ctx); err != nil {
+	be, err := e.backend(sb.Backend)
+	if err != nil {
+		return fmt.Errorf("sandbox %s: %w", name, err)
+	}
+	if err := be.Open(e.home.sandboxDir(name), "").Remove(ctx); err != nil {
 		return err
 	}
 	if err := e.store.Delete(ctx, refName(catalog.RefHead, name)); err != nil {
