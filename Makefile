@@ -2,6 +2,9 @@
 GO      ?= go
 BIN     := bin/turnsnap
 PKGS    := ./...
+# Tools that are not Debian packages (CRIU prefix, MinIO server) live here;
+# scripts/deps.sh fills it and tests find them through this variable.
+export TURNSNAP_CACHE ?= /var/cache/turnsnap
 
 .PHONY: all build demo test deps vet unit bench fuzz clean
 

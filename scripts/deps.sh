@@ -1,42 +1,32 @@
 #!/usr/bin/env bash
-# Installs what turnsnap's tests and demo need on a fresh Debian 12 machine.
-# Idempotent: each part is checked first and installed only when missing, so
-# a second run costs a few stat calls. Run as root (make test does).
+# Installs everything turnsnap's tests and demo need on a fresh Debian 12
+# machine: runs each scripts/deps.d/*.sh in name order. Every part checks
+# before it installs, so a second run costs seconds. Tools that are not
+# Debian packages are built or unpacked into $TURNSNAP_CACHE (default
+# /var/cache/turnsnap), which survives between runs on the same machine.
+# Run as root (make test does).
 set -euo pipefail
+if [ "$(id -u)" != 0 ]; then
+  echo "deps: must run as root (mounts, apt-get)" >&2
+  exit 1
+fi
+export TURNSNAP_CACHE="${TURNSNAP_CACHE:-/var/cache/turnsnap}"
+mkdir -p "$TURNSNAP_CACHE"
+here="$(cd "$(dirname "$0")" && pwd)"
 
-need_root() {
-  if [ "$(id -u)" != 0 ]; then
-    echo "deps: must run as root (overlay mounts, apt-get)" >&2
-    exit 1
-  fi
+# apt_need CMD PKG...: install PKG unless CMD is on PATH. For deps.d parts.
+apt_need() {
+  local cmd="$1"; shift
+  command -v "$cmd" >/dev/null 2>&1 && return 0
+  if [ -z "${_apt_updated:-}" ]; then apt-get update -qq; _apt_updated=1; fi
+  echo "deps: installing $*"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
 }
+export -f apt_need
 
-# Debian packages the tests use, as "command:package" pairs.
-APT_PARTS=(
-  "mount:mount"
-)
-
-apt_install() {
-  local missing=()
-  for part in "${APT_PARTS[@]}"; do
-    command -v "${part%%:*}" >/dev/null 2>&1 || missing+=("${part##*:}")
-  done
-  if [ ${#missing[@]} -gt 0 ]; then
-    echo "deps: installing ${missing[*]}"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
-  fi
-}
-
-check_overlay() {
-  if ! grep -qw overlay /proc/filesystems; then
-    modprobe overlay 2>/dev/null || true
-  fi
-  grep -qw overlay /proc/filesystems || { echo "deps: this kernel has no overlayfs" >&2; exit 1; }
-}
-
-need_root
-apt_install
-check_overlay
-go mod download
-echo "deps: ok"
+for part in "$here"/deps.d/*.sh; do
+  echo "deps: $(basename "$part")"
+  # shellcheck source=/dev/null
+  source "$part"
+done
+echo "deps: ok (cache $TURNSNAP_CACHE)"

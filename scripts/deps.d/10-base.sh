@@ -1,0 +1,5 @@
+# Core: overlayfs in the kernel, Go modules downloaded.
+apt_need mount mount
+if ! grep -qw overlay /proc/filesystems; then modprobe overlay 2>/dev/null || true; fi
+grep -qw overlay /proc/filesystems || { echo "deps: this kernel has no overlayfs" >&2; exit 1; }
+go mod download
