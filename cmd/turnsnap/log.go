@@ -89,6 +89,14 @@ func printGraph(w io.Writer, entries []engine.LogEntry) {
 			first = len(cols) - 1
 			mine = []int{first}
 		}
+		// Lines of descent that share this checkpoint as parent join its
+		// column first, so the row below them is where they meet.
+		for j := len(mine) - 1; j >= 1; j-- {
+			join := []byte(strings.Repeat("| ", mine[j]))
+			join[2*mine[j]-1] = '/'
+			fmt.Fprintln(w, string(join))
+			cols = append(cols[:mine[j]], cols[mine[j]+1:]...)
+		}
 		var row strings.Builder
 		for i := range cols {
 			if i == first {
@@ -98,13 +106,6 @@ func printGraph(w io.Writer, entries []engine.LogEntry) {
 			}
 		}
 		fmt.Fprintf(w, "%s%s\n", row.String(), logLine(l))
-		// Children that shared this parent join its column.
-		for j := len(mine) - 1; j >= 1; j-- {
-			join := []byte(strings.Repeat("| ", mine[j]))
-			join[2*mine[j]-1] = '/'
-			fmt.Fprintln(w, string(join))
-			cols = append(cols[:mine[j]], cols[mine[j]+1:]...)
-		}
 		cols[first] = l.Parent
 		if l.Parent.IsZero() {
 			cols = append(cols[:first], cols[first+1:]...)

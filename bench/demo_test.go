@@ -1,0 +1,38 @@
+package bench
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/turnsnap/turnsnap/catalog"
+	"github.com/turnsnap/turnsnap/internal/testenv"
+)
+
+// The demo is the README's first command; it must keep working and keep
+// showing what it claims.
+func TestDemo(t *testing.T) {
+	testenv.RequireRoot(t)
+	var out strings.Builder
+	rep, err := RunDemo(context.Background(), DemoOptions{Dir: t.TempDir(), Out: &out})
+	if err != nil {
+		t.Fatalf("demo: %v\n%s", err, out.String())
+	}
+	want := map[int]catalog.Class{0: catalog.ClassFS, 1: catalog.ClassFS, 2: catalog.ClassSkip, 3: catalog.ClassSkip, 4: catalog.ClassFS}
+	for _, turn := range rep.Turns {
+		if c, ok := want[turn.Turn]; ok && turn.Sandbox == "agent" && turn.Class != c {
+			t.Errorf("turn %d (%s) classed %s, want %s", turn.Turn, turn.Action, turn.Class, c)
+		}
+		if turn.Class == catalog.ClassSkip && turn.BytesNew != 0 {
+			t.Errorf("skip turn %d wrote %d bytes", turn.Turn, turn.BytesNew)
+		}
+	}
+	if rep.Verified < 7 || rep.DiffChanges == 0 {
+		t.Errorf("verified %d checkpoints, diff %d changes", rep.Verified, rep.DiffChanges)
+	}
+	for _, s := range []string{"rollback agent -> turn 5", "verify:", "skip"} {
+		if !strings.Contains(out.String(), s) {
+			t.Errorf("demo output lacks %q:\n%s", s, out.String())
+		}
+	}
+}

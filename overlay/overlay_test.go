@@ -1,0 +1,49 @@
+package overlay
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/internal/errdefs"
+	"golang.org/x/sys/unix"
+)
+
+func TestMountOptions(t *testing.T) {
+	got, err := MountOptions("/h/bases/b", "/h/s/gen-1/upper", "/h/s/gen-1/work")
+	if err != nil || got != "lowerdir=/h/bases/b,upperdir=/h/s/gen-1/upper,workdir=/h/s/gen-1/work" {
+		t.Fatalf("MountOptions = %q, %v", got, err)
+	}
+	for _, bad := range []string{"relative", "/a,b", "/a:b", `/a\b`} {
+		if _, err := MountOptions(bad, "/u", "/w"); !errors.Is(err, errdefs.ErrInvalid) {
+			t.Errorf("lower %q accepted: %v", bad, err)
+		}
+	}
+}
+
+func TestTranslate(t *testing.T) {
+	wh := delta.Entry{Name: "gone", Type: delta.TypeCharDev, Mode: 0o644, UID: 5, MtimeNs: 9}
+	Translate("gone", &unix.Stat_t{}, &wh)
+	if wh.Type != delta.TypeWhiteout || wh.Mode != 0 || wh.UID != 0 || wh.MtimeNs != 0 {
+		t.Fatalf("0:0 char device not a bare whiteout: %+v", wh)
+	}
+	dev := delta.Entry{Name: "null", Type: delta.TypeCharDev, Rdev: unix.Mkdev(1, 3)}
+	Translate("null", &unix.Stat_t{}, &dev)
+	if dev.Type != delta.TypeCharDev {
+		t.Fatal("a real device node became a whiteout")
+	}
+	dir := delta.Entry{Name: "d", Type: delta.TypeDir, Xattrs: []delta.Xattr{
+		{Name: "trusted.overlay.impure", Value: []byte("y")},
+		{Name: delta.OpaqueXattr, Value: []byte("y")},
+		{Name: "user.keep", Value: []byte("1")},
+	}}
+	Translate("d", &unix.Stat_t{}, &dir)
+	if !dir.Opaque || len(dir.Xattrs) != 1 || dir.Xattrs[0].Name != "user.keep" {
+		t.Fatalf("opaque dir translation: %+v", dir)
+	}
+	again := dir
+	Translate("d", &unix.Stat_t{}, &again) // entries from the scan cache arrive translated
+	if !again.Opaque || len(again.Xattrs) != 1 {
+		t.Fatalf("Translate is not idempotent: %+v", again)
+	}
+}
