@@ -134,10 +134,28 @@ func TestCLI(t *testing.T) {
 	if len(list) != 2 {
 		t.Fatalf("sandbox list --json: %+v", list)
 	}
-	var rebuilt struct{ Checkpoints int }
+	var tag struct{ Checkpoint string }
+	runJSON(t, home, &tag, "tag", "known-good", c1.ID[:6])
+	if tag.Checkpoint != c1.ID {
+		t.Fatalf("tag --json: %+v", tag)
+	}
+	var rebuilt struct{ Checkpoints, Refs int }
 	runJSON(t, home, &rebuilt, "catalog", "rebuild")
-	if rebuilt.Checkpoints != 4 {
-		t.Fatalf("catalog rebuild --json: %+v", rebuilt)
+	if rebuilt.Checkpoints != 4 || rebuilt.Refs != 3 {
+		t.Fatalf("catalog rebuild --json (want 4 checkpoints, 2 heads + 1 tag): %+v", rebuilt)
+	}
+	var viaTag struct{ Checkpoint string }
+	runJSON(t, home, &viaTag, "verify", "known-good")
+	if viaTag.Checkpoint != c1.ID {
+		t.Fatalf("tag after rebuild resolves to %s, want %s", viaTag.Checkpoint, c1.ID)
+	}
+	var tags []struct{ Tag, Checkpoint string }
+	runJSON(t, home, &tags, "tag")
+	if len(tags) != 1 || tags[0].Tag != "known-good" {
+		t.Fatalf("tag list: %+v", tags)
+	}
+	if out, code := run(t, home, "tag", "--delete", "known-good"); code != 0 {
+		t.Fatalf("tag --delete: %d %s", code, out)
 	}
 
 	// Corrupt one object: verify exits 7 and names it.
@@ -161,6 +179,8 @@ func TestCLI(t *testing.T) {
 		{[]string{"sandbox", "create", "s", "--base", base}, exitExists},
 		{[]string{"sandbox", "create", "bad/name", "--base", base}, exitUsage},
 		{[]string{"checkpoint"}, exitUsage},
+		{[]string{"tag", "cafe", c1.ID}, exitUsage}, // all-hex tags would shadow id prefixes
+		{[]string{"verify", "known-good"}, exitNotFound},
 		{[]string{"log", "s", "--no-such-flag"}, exitUsage},
 	} {
 		if out, code := run(t, home, tc.args...); code != tc.code {

@@ -1,0 +1,80 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/turnsnap/turnsnap/catalog"
+	"github.com/turnsnap/turnsnap/internal/errdefs"
+)
+
+// validTagName refuses names that look like checkpoint id prefixes: those
+// resolve as ids first, so such a tag could become unreachable.
+func validTagName(name string) bool {
+	if !catalog.ValidName(name) {
+		return false
+	}
+	for _, c := range name {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F') {
+			return true
+		}
+	}
+	return false
+}
+
+// Tag names checkpoint ref. Tags are refs like heads: stored as objects
+// (so a rebuild keeps them) and indexed in the catalog. A tag can be used
+// wherever a checkpoint is expected.
+func (e *Engine) Tag(ctx context.Context, name, ref string) (*catalog.Checkpoint, error) {
+	if !validTagName(name) {
+		return nil, fmt.Errorf("tag name %q: use 1-64 of [A-Za-z0-9._-], not starting with '.' or '-', and not only hex digits: %w",
+			name, errdefs.ErrInvalid)
+	}
+	cp, err := e.resolve(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	err = e.view(ctx, func(tx *catalog.Tx) error {
+		_, err := tx.GetRef(catalog.RefTag, name)
+		return err
+	})
+	if err == nil {
+		return nil, fmt.Errorf("tag %s: %w", name, errdefs.ErrExists)
+	}
+	if err := e.putRefObject(ctx, catalog.RefTag, name, cp.ID); err != nil {
+		return nil, err
+	}
+	err = e.cat.Update(ctx, func(tx *catalog.Tx) error {
+		return tx.SetRef(catalog.Ref{Kind: catalog.RefTag, Name: name, Target: cp.ID})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("tag %s: %w", name, err)
+	}
+	return cp, nil
+}
+
+// Untag deletes a tag (the checkpoint stays).
+func (e *Engine) Untag(ctx context.Context, name string) error {
+	err := e.view(ctx, func(tx *catalog.Tx) error {
+		_, err := tx.GetRef(catalog.RefTag, name)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("tag %s: %w", name, err)
+	}
+	if err := e.store.Delete(ctx, refName(catalog.RefTag, name)); err != nil {
+		return fmt.Errorf("tag %s: %w", name, err)
+	}
+	return e.cat.Update(ctx, func(tx *catalog.Tx) error { return tx.DeleteRef(catalog.RefTag, name) })
+}
+
+// Tags lists every tag.
+func (e *Engine) Tags(ctx context.Context) ([]catalog.Ref, error) {
+	var refs []catalog.Ref
+	err := e.view(ctx, func(tx *catalog.Tx) error {
+		var err error
+		refs, err = tx.Refs(catalog.RefTag)
+		return err
+	})
+	return refs, err
+}
