@@ -306,3 +306,21 @@ func TestDiffLayers(t *testing.T) {
 		t.Fatalf("opaque diff = %v, want %v", got, want)
 	}
 }
+
+// The small-file fast path must cut exactly as the chunker does.
+func TestChunkFastPathMatchesChunker(t *testing.T) {
+	rng := rand.New(rand.NewSource(3))
+	for _, size := range []int{0, 1, 100, ChunkMin - 1, ChunkMin, ChunkMin + 1, ChunkMax, 3*ChunkMax + 17, 5 << 20} {
+		data := make([]byte, size)
+		rng.Read(data)
+		var viaChunker, viaSized []ID
+		must(t, ChunkReader(bytes.NewReader(data), func(c []byte) error { viaChunker = append(viaChunker, Hash(c)); return nil }))
+		must(t, chunkSized(bytes.NewReader(data), int64(size), make([]byte, ChunkMin), func(c []byte) error {
+			viaSized = append(viaSized, Hash(c))
+			return nil
+		}))
+		if fmt.Sprint(viaChunker) != fmt.Sprint(viaSized) {
+			t.Errorf("size %d: fast path cut %d chunks, chunker %d", size, len(viaSized), len(viaChunker))
+		}
+	}
+}

@@ -77,7 +77,7 @@ type scanner struct {
 	next      *ScanCache
 	stats     ScanStats
 	links     map[[2]uint64]string // (dev, inode) -> root-relative path of its first name
-	buf       []byte
+	small     []byte // reused for files shorter than ChunkMin
 	xbuf      []byte
 	racyAfter int64
 }
@@ -94,6 +94,7 @@ func Scan(ctx context.Context, root string, opts ScanOptions) (*ScanResult, erro
 		next:      &ScanCache{Version: cacheVersion, Entries: map[string]CacheEntry{}},
 		links:     map[[2]uint64]string{},
 		xbuf:      make([]byte, xattrBufSize),
+		small:     make([]byte, ChunkMin),
 		racyAfter: time.Now().Add(-racyWindow).UnixNano(),
 	}
 	if opts.Quiescent {
@@ -272,7 +273,7 @@ func (s *scanner) readFile(ctx context.Context, p string, e *Entry) (CacheKey, b
 	}
 	s.stats.FilesRead++
 	e.Chunks, e.Size = e.Chunks[:0], 0
-	err = ChunkReader(f, func(data []byte) error {
+	err = chunkSized(f, before.Size, s.small, func(data []byte) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}

@@ -30,10 +30,11 @@ type repo struct {
 	refs    map[delta.ID]int64                // refcount increments this session will commit
 	stats   catalog.Stats
 	buf     []byte
+	packs   *packCache
 }
 
 func newRepo(store upload.Store, cat *catalog.Catalog, codec *delta.Codec) *repo {
-	r := &repo{store: store, cat: cat, codec: codec}
+	r := &repo{store: store, cat: cat, codec: codec, packs: newPackCache()}
 	r.reset()
 	return r
 }
@@ -172,6 +173,23 @@ func (r *repo) LoadBlob(ctx context.Context, t delta.BlobType, id delta.ID) ([]b
 		return nil, fmt.Errorf("blob %s: stored as %s, wanted %s: %w", id, loc.Type, t, errdefs.ErrCorrupt)
 	}
 	name := upload.PackName(loc.Pack)
+	pack, ok := r.packs.get(loc.Pack)
+	if !ok && r.packs.wantWhole(loc.Pack) {
+		data, err := upload.ReadAll(ctx, r.store, name)
+		if err != nil {
+			return nil, fmt.Errorf("blob %s in %s: %w", id.Short(), name, err)
+		}
+		r.packs.put(loc.Pack, data)
+		pack, ok = data, true
+	}
+	if ok {
+		end := loc.Offset + loc.Length
+		if end < loc.Offset || end > uint64(len(pack)) {
+			return nil, fmt.Errorf("blob %s in %s: range %d+%d beyond the pack's %d bytes: %w",
+				id, name, loc.Offset, loc.Length, len(pack), errdefs.ErrCorrupt)
+		}
+		return r.decode(id, name, loc, pack[loc.Offset:end])
+	}
 	rc, err := upload.GetRange(ctx, r.store, name, int64(loc.Offset), int64(loc.Length))
 	if err != nil {
 		return nil, fmt.Errorf("blob %s in %s: %w", id.Short(), name, err)
