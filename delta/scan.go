@@ -10,6 +10,7 @@ import (
 	"path"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -77,7 +78,7 @@ type scanner struct {
 	next      *ScanCache
 	stats     ScanStats
 	links     map[[2]uint64]string // (dev, inode) -> root-relative path of its first name
-	small     []byte // reused for files shorter than ChunkMin
+	small     []byte               // reused for files shorter than ChunkMin
 	xbuf      []byte
 	racyAfter int64
 }
@@ -318,25 +319,29 @@ func readNames(p string) ([]string, error) {
 
 // xattrs returns all extended attributes of p, sorted by name.
 func (s *scanner) xattrs(p string) ([]Xattr, error) {
-	n, err := unix.Llistxattr(p, s.xbuf)
+	x, err := readXattrs(p, s.xbuf)
+	if err != nil {
+		return nil, fmt.Errorf("scan %s: %w", p, err)
+	}
+	return x, nil
+}
+
+// ReadXattrs returns all extended attributes of p (not following a
+// symlink), sorted by name, as a scan would record them.
+func ReadXattrs(p string) ([]Xattr, error) {
+	return readXattrs(p, make([]byte, xattrBufSize))
+}
+
+func readXattrs(p string, listBuf []byte) ([]Xattr, error) {
+	n, err := unix.Llistxattr(p, listBuf)
 	if err != nil {
 		if errors.Is(err, unix.ENOTSUP) {
 			return nil, nil
 		}
-		return nil, fmt.Errorf("scan %s: list xattrs: %w", p, err)
-	}
-	if n == 0 {
-		return nil, nil
+		return nil, fmt.Errorf("list xattrs: %w", err)
 	}
 	var out []Xattr
-	list := string(s.xbuf[:n])
-	for len(list) > 0 {
-		i := 0
-		for i < len(list) && list[i] != 0 {
-			i++
-		}
-		name := list[:i]
-		list = list[min(i+1, len(list)):]
+	for _, name := range strings.Split(string(listBuf[:n]), "\x00") {
 		if name == "" {
 			continue
 		}
@@ -346,18 +351,10 @@ func (s *scanner) xattrs(p string) ([]Xattr, error) {
 			continue // removed between list and get
 		}
 		if err != nil {
-			return nil, fmt.Errorf("scan %s: xattr %s: %w", p, name, err)
+			return nil, fmt.Errorf("xattr %s: %w", name, err)
 		}
 		out = append(out, Xattr{Name: name, Value: slices.Clone(vbuf[:vn])})
 	}
-	slices.SortFunc(out, func(a, b Xattr) int {
-		if a.Name < b.Name {
-			return -1
-		}
-		if a.Name > b.Name {
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(out, func(a, b Xattr) int { return strings.Compare(a.Name, b.Name) })
 	return out, nil
 }

@@ -122,25 +122,18 @@ func (r *Root) residue(rel string, e *delta.Entry) bool {
 	})
 }
 
+// lowerXattrs reads a lower entry's xattrs as Translate would leave them.
 func lowerXattrs(p string) ([]delta.Xattr, error) {
-	buf := make([]byte, 64<<10)
-	n, err := unix.Llistxattr(p, buf)
+	all, err := delta.ReadXattrs(p)
 	if err != nil {
 		return nil, err
 	}
 	var out []delta.Xattr
-	for _, name := range strings.Split(string(buf[:n]), "\x00") {
-		if name == "" || strings.HasPrefix(name, overlayXattrPrefix) {
-			continue
+	for _, x := range all {
+		if !strings.HasPrefix(x.Name, overlayXattrPrefix) {
+			out = append(out, x)
 		}
-		v := make([]byte, 64<<10)
-		vn, err := unix.Lgetxattr(p, name, v)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, delta.Xattr{Name: name, Value: v[:vn]})
 	}
-	slices.SortFunc(out, func(a, b delta.Xattr) int { return strings.Compare(a.Name, b.Name) })
 	return out, nil
 }
 
