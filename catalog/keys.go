@@ -27,6 +27,9 @@ package catalog
 //	0x07 id                                    → JSON int64 reference count; absent
 //	                                             means zero (a count reaching zero
 //	                                             deletes its key)
+//	0x08 sandbox 0x00 seq(8)                   → JSON PendingUpload: the remote
+//	                                             upload queue (see uploads.go)
+//	0x00 "uploadseq"                           → decimal: last queue seq handed out
 //
 // The index keys (0x02, 0x03) are derived from the record, so DeleteCheckpoint
 // recomputes them from the stored record rather than keeping a reverse index.
