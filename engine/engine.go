@@ -26,6 +26,9 @@ type Options struct {
 	// Zero fails at once.
 	LockWait time.Duration
 	Logger   *slog.Logger
+	// Progress, if set, is called from time to time during long operations
+	// with the work done so far.
+	Progress func(Progress)
 }
 
 // DefaultLockWait lets short commands queue behind each other (a checkpoint
@@ -79,6 +82,9 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 		return nil, err
 	}
 	e.repo = newRepo(e.store, e.cat, e.codec)
+	if opts.Progress != nil {
+		e.repo.meter = newMeter(opts.Progress)
+	}
 	e.backends = map[string]Backend{
 		overlay.Name: overlayBackend{overlay.NewBackend(h.basesDir())},
 	}

@@ -69,7 +69,9 @@ func (e *Engine) RebuildCatalog(ctx context.Context) (*RebuildReport, error) {
 	if e.cat, err = catalog.Open(ctx, e.home.catalogDir(), catalog.Options{Logger: e.log}); err != nil {
 		return nil, err
 	}
+	meter := e.repo.meter
 	e.repo = newRepo(e.store, e.cat, e.codec)
+	e.repo.meter = meter
 	rep.Duration = time.Since(start)
 	return rep, nil
 }

@@ -31,6 +31,7 @@ type repo struct {
 	stats   catalog.Stats
 	buf     []byte
 	packs   *packCache
+	meter   *meter // nil: no progress reporting
 }
 
 func newRepo(store upload.Store, cat *catalog.Catalog, codec *delta.Codec) *repo {
@@ -49,6 +50,7 @@ func (r *repo) reset() {
 // SaveBlob implements delta.BlobSaver: deduplicate against the catalog and
 // this session, compress, append to the open pack.
 func (r *repo) SaveBlob(ctx context.Context, t delta.BlobType, id delta.ID, plain []byte) (bool, error) {
+	r.meter.add(len(plain))
 	if _, ok := r.flushed[id]; ok || r.pack.Has(id) {
 		return false, nil
 	}
@@ -217,5 +219,6 @@ func (r *repo) decode(id delta.ID, object string, loc catalog.BlobLocation, stor
 	if got := delta.Hash(plain); got != id {
 		return nil, fmt.Errorf("blob %s in %s: content hashes to %s: %w", id, object, got.Short(), errdefs.ErrCorrupt)
 	}
+	r.meter.add(len(plain))
 	return plain, nil
 }

@@ -64,19 +64,25 @@ func defaultHome() string {
 	return "/var/lib/turnsnap"
 }
 
-func (a *app) open(ctx context.Context) (*engine.Engine, error) {
-	return engine.Open(ctx, engine.Options{Home: a.home, LockWait: a.lockWait, Logger: a.log})
-}
-
-// withEngine runs fn with the home opened and closed around it.
+// withEngine runs fn with the home opened and closed around it, showing
+// progress on a terminal while fn works.
 func (a *app) withEngine(fn func(ctx context.Context, e *engine.Engine, args []string) error) func(*cobra.Command, []string) error {
 	return func(cmd *cobra.Command, args []string) error {
-		e, err := a.open(cmd.Context())
+		ctx := cmd.Context()
+		opts := engine.Options{Home: a.home, LockWait: a.lockWait, Logger: a.log}
+		pr := a.newProgress(ctx)
+		if pr != nil {
+			opts.Progress = pr.update
+			a.w = &afterProgress{w: a.w, pr: pr}
+		}
+		e, err := engine.Open(ctx, opts)
 		if err != nil {
 			return err
 		}
 		defer e.Close()
-		return fn(cmd.Context(), e, args)
+		err = fn(ctx, e, args)
+		pr.done()
+		return err
 	}
 }
 
