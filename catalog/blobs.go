@@ -48,6 +48,15 @@ func (tx *Tx) Blob(id delta.ID) (loc BlobLocation, found bool, err error) {
 	return loc, found, err
 }
 
+// DeleteBlob forgets where a blob is stored, when the pack holding it is
+// garbage collected. A missing entry is not an error.
+func (tx *Tx) DeleteBlob(id delta.ID) error {
+	if _, found, err := tx.get(blobKey(id)); err != nil || !found {
+		return err
+	}
+	return tx.del(blobKey(id), "blob "+id.String())
+}
+
 // RefCount returns how many checkpoints reference object id; zero if none.
 func (tx *Tx) RefCount(id delta.ID) (int64, error) {
 	var n int64

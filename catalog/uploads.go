@@ -30,6 +30,9 @@ type PendingUpload struct {
 	Checkpoint delta.ID `json:"checkpoint"`
 	Name       string   `json:"name"`
 	Size       int64    `json:"size"`
+	// Delete asks for the object to be removed remotely (a removed
+	// sandbox's description and head) instead of uploaded.
+	Delete bool `json:"delete,omitempty"`
 }
 
 func uploadPrefix(sandbox string) []byte {
