@@ -33,6 +33,9 @@ type PendingUpload struct {
 	// Delete asks for the object to be removed remotely (a removed
 	// sandbox's description and head) instead of uploaded.
 	Delete bool `json:"delete,omitempty"`
+	// After names queued objects that must reach the remote store first:
+	// a record waits for the packs it needs, a ref for its record.
+	After []string `json:"after,omitempty"`
 }
 
 func uploadPrefix(sandbox string) []byte {

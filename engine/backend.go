@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/turnsnap/turnsnap/btrfs"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/overlay"
@@ -32,7 +33,8 @@ type Root interface {
 	Restore(ctx context.Context, tree delta.ID, loader delta.BlobLoader) error
 }
 
-// Backend makes roots of one kind.
+// Backend makes roots of one kind. A backend that needs settings (the btrfs
+// pool) is made per sandbox from catalog.Sandbox.Config; see Engine.backend.
 type Backend interface {
 	Name() string
 	// PrepareBase makes base tree available to roots on this host (once per
@@ -58,12 +60,17 @@ func (b overlayBackend) Create(ctx context.Context, dir, base string, tree delta
 
 func (b overlayBackend) Open(dir, base string) Root { return overlay.Open(dir, base) }
 
-// backend returns the backend called name.
-func (e *Engine) backend(name string) (Backend, error) {
+// backend returns the backend called name configured by a sandbox's
+// settings cfg (nil for none). Backends without settings are made once, at
+// Open; the others are made here, which also checks their settings.
+func (e *Engine) backend(name string, cfg map[string]string) (Backend, error) {
 	if b, ok := e.backends[name]; ok {
 		return b, nil
 	}
-	have := make([]string, 0, len(e.backends))
+	if name == btrfs.Name {
+		return e.btrfsBackend(cfg)
+	}
+	have := []string{btrfs.Name}
 	for n := range e.backends {
 		have = append(have, n)
 	}

@@ -37,13 +37,19 @@ const DefaultLockWait = 30 * time.Second
 
 // Engine is one open turnsnap home. It holds the home's lock until Close.
 type Engine struct {
-	home  home
-	lock  *homeLock
-	store upload.Store
-	cat   *catalog.Catalog
-	codec *delta.Codec
-	repo  *repo
-	log   *slog.Logger
+	home home
+	lock *homeLock
+	// store is where the engine reads and writes objects: the local store,
+	// or with a remote configured, the local store in front of the remote
+	// one (writes stay local until pushed; reads fetch what is missing).
+	store  upload.Store
+	local  upload.Store
+	remote upload.Store // nil without a remote
+	config *Config
+	cat    *catalog.Catalog
+	codec  *delta.Codec
+	repo   *repo
+	log    *slog.Logger
 	// backends by name; the engine composes them, each owns its roots.
 	backends map[string]Backend
 }
@@ -69,8 +75,26 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 			e.Close()
 		}
 	}()
-	if e.store, err = upload.NewLocal(h.storeDir()); err != nil {
+	if e.local, err = upload.NewLocal(h.storeDir()); err != nil {
 		return nil, fmt.Errorf("home %s: store: %w", h, err)
+	}
+	if e.config, err = loadConfig(h); err != nil {
+		return nil, err
+	}
+	e.store = e.local
+	if rc := e.config.Remote; rc != nil {
+		e.remote = &lazyStore{connect: func(ctx context.Context) (upload.Store, error) {
+			cfg, err := rc.s3Config()
+			if err != nil {
+				return nil, err
+			}
+			s, err := upload.NewS3(ctx, cfg)
+			if err != nil {
+				return nil, fmt.Errorf("remote %s: %w", rc.URL, err)
+			}
+			return upload.WithRetry(s, upload.RetryPolicy{Logger: log}), nil
+		}}
+		e.store = upload.NewTiered(e.local, e.remote)
 	}
 	if err := finishRebuild(h); err != nil {
 		return nil, err

@@ -3,12 +3,14 @@ package engine
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
 
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
 
 // LogEntry is one checkpoint in a sandbox's log.
@@ -33,9 +35,19 @@ func (e *Engine) Log(ctx context.Context, name string) ([]LogEntry, error) {
 		if err != nil {
 			return fmt.Errorf("sandbox %s: head: %w", name, err)
 		}
-		line, err := tx.Ancestors(head, 0)
-		if err != nil {
-			return err
+		// Walk parents by hand: prune removes ancestors (no checkpoint needs
+		// them), and the line simply ends at the first one pruned.
+		var line []*catalog.Checkpoint
+		for cur := head; !cur.IsZero(); {
+			cp, err := tx.Checkpoint(cur)
+			if errors.Is(err, errdefs.ErrNotFound) && len(line) > 0 {
+				break
+			}
+			if err != nil {
+				return err
+			}
+			line = append(line, cp)
+			cur = cp.Parent
 		}
 		seen := map[delta.ID]bool{}
 		for _, cp := range line {

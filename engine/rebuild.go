@@ -1,11 +1,13 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -101,7 +103,7 @@ func (e *Engine) fillCatalog(ctx context.Context, cat *catalog.Catalog, rep *Reb
 		if !ok {
 			return nil // not ours; leave it
 		}
-		entries, err := upload.ReadPackHeader(ctx, e.store, oi.Name)
+		entries, err := e.readPackHeader(ctx, oi.Name)
 		if err != nil {
 			return err
 		}
@@ -185,6 +187,9 @@ func (e *Engine) fillCatalog(ctx context.Context, cat *catalog.Catalog, rep *Reb
 		}
 	}
 	rep.Refs = len(refs)
+	if err := e.carryUploads(ctx, cat); err != nil {
+		return err
+	}
 	return cat.Update(ctx, func(tx *catalog.Tx) error {
 		for _, cp := range cps {
 			if err := tx.PutCheckpoint(cp); err != nil {
@@ -203,6 +208,42 @@ func (e *Engine) fillCatalog(ctx context.Context, cat *catalog.Catalog, rep *Reb
 		}
 		return nil
 	})
+}
+
+// readPackHeader reads a pack's header from the local copy, or straight from
+// the remote store (a range read, not a download of the whole pack).
+func (e *Engine) readPackHeader(ctx context.Context, name string) ([]upload.PackEntry, error) {
+	entries, err := upload.ReadPackHeader(ctx, e.local, name)
+	if errors.Is(err, errdefs.ErrNotFound) && e.remote != nil {
+		return upload.ReadPackHeader(ctx, e.remote, name)
+	}
+	return entries, err
+}
+
+// carryUploads keeps the upload queue across a rebuild: the old catalog's
+// queue if it is readable, plus anything local the bucket lacks (the only
+// source left when the old catalog is gone).
+func (e *Engine) carryUploads(ctx context.Context, cat *catalog.Catalog) error {
+	if e.remote == nil {
+		return nil
+	}
+	var old []catalog.PendingUpload
+	if e.cat != nil {
+		if err := e.cat.View(ctx, func(tx *catalog.Tx) (err error) { old, err = tx.PendingUploads(""); return err }); err != nil {
+			e.log.Warn("rebuild: old upload queue unreadable", "err", err)
+		}
+	}
+	slices.SortFunc(old, func(a, b catalog.PendingUpload) int { return cmp.Compare(a.Seq, b.Seq) })
+	if err := cat.Update(ctx, func(tx *catalog.Tx) error { return tx.EnqueueUploads(old) }); err != nil {
+		return err
+	}
+	if _, _, err := e.backfill(ctx, cat); err != nil {
+		if len(old) == 0 {
+			return fmt.Errorf("rebuild: cannot tell what the remote store lacks: %w", err)
+		}
+		e.log.Warn("rebuild: remote not listed; kept the old upload queue", "err", err)
+	}
+	return nil
 }
 
 // loaderFor reads blobs using a location map instead of the catalog.

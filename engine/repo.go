@@ -25,8 +25,13 @@ type repo struct {
 	cat   *catalog.Catalog
 	codec *delta.Codec
 
-	pack    *upload.PackWriter
+	// One open pack per blob type: trees go in packs of their own, so walks
+	// over trees (gc marking, rebuild refcounts, diff) read only small tree
+	// packs and never pull data packs from a remote store.
+	open    map[delta.BlobType]*upload.PackWriter
 	flushed map[delta.ID]catalog.BlobLocation // in packs written this session, not yet in the catalog
+	written []upload.ObjectInfo               // packs written this session, for the upload queue
+	reused  map[delta.ID]bool                 // packs of earlier sessions holding blobs this one reuses
 	refs    map[delta.ID]int64                // refcount increments this session will commit
 	stats   catalog.Stats
 	buf     []byte
@@ -41,22 +46,31 @@ func newRepo(store upload.Store, cat *catalog.Catalog, codec *delta.Codec) *repo
 }
 
 func (r *repo) reset() {
-	r.pack = upload.NewPackWriter()
+	r.open = map[delta.BlobType]*upload.PackWriter{
+		delta.BlobData: upload.NewPackWriter(), delta.BlobTree: upload.NewPackWriter(),
+	}
 	r.flushed = map[delta.ID]catalog.BlobLocation{}
 	r.refs = map[delta.ID]int64{}
 	r.stats = catalog.Stats{}
+	r.written = nil
+	r.reused = map[delta.ID]bool{}
 }
 
 // SaveBlob implements delta.BlobSaver: deduplicate against the catalog and
 // this session, compress, append to the open pack.
 func (r *repo) SaveBlob(ctx context.Context, t delta.BlobType, id delta.ID, plain []byte) (bool, error) {
 	r.meter.add(len(plain))
-	if _, ok := r.flushed[id]; ok || r.pack.Has(id) {
+	if _, ok := r.flushed[id]; ok || r.open[t].Has(id) {
 		return false, nil
 	}
 	var known bool
 	err := r.cat.View(ctx, func(tx *catalog.Tx) error {
-		_, ok, err := tx.Blob(id)
+		loc, ok, err := tx.Blob(id)
+		if ok {
+			// A checkpoint that reuses a blob must not reach the remote
+			// store before the pack holding it does.
+			r.reused[loc.Pack] = true
+		}
 		known = ok
 		return err
 	})
@@ -92,22 +106,28 @@ func (r *repo) SaveBlob(ctx context.Context, t delta.BlobType, id delta.ID, plai
 	if !ok {
 		stored, comp = plain, upload.CompressionNone
 	}
-	r.pack.Add(t, id, stored, len(plain), comp)
+	r.open[t].Add(t, id, stored, len(plain), comp)
 	r.stats.BlobsNew++
-	if r.pack.Len() >= packTarget {
-		if err := r.flushPack(ctx); err != nil {
+	if r.open[t].Len() >= packTarget {
+		if err := r.flushPack(ctx, t); err != nil {
 			return false, err
 		}
 	}
 	return true, nil
 }
 
-// flushPack writes the open pack to the store.
-func (r *repo) flushPack(ctx context.Context) error {
-	if r.pack.Count() == 0 {
+// flushPack writes the open pack of blob type t to the store.
+func (r *repo) flushPack(ctx context.Context, t delta.BlobType) error {
+	if r.open[t].Count() == 0 {
 		return nil
 	}
-	data, id, entries, err := r.pack.Finish()
+	if t == delta.BlobTree {
+		// The trees may name chunks still in the open data pack.
+		if err := r.flushPack(ctx, delta.BlobData); err != nil {
+			return err
+		}
+	}
+	data, id, entries, err := r.open[t].Finish()
 	if err != nil {
 		return fmt.Errorf("pack: %w", err)
 	}
@@ -118,9 +138,10 @@ func (r *repo) flushPack(ctx context.Context) error {
 	for _, e := range entries {
 		r.flushed[e.ID] = locationOf(id, e)
 	}
+	r.written = append(r.written, upload.ObjectInfo{Name: name, Size: int64(len(data))})
 	r.stats.ObjectsNew++
 	r.stats.BytesNew += int64(len(data))
-	r.pack = upload.NewPackWriter()
+	r.open[t] = upload.NewPackWriter()
 	return nil
 }
 
@@ -136,8 +157,11 @@ func locationOf(pack delta.ID, e upload.PackEntry) catalog.BlobLocation {
 // writes are safe before the record exists: the blobs are really stored, and
 // an increment without its checkpoint can only delay garbage collection.
 func (r *repo) publishBlobs(ctx context.Context, extraRefs ...delta.ID) error {
-	if err := r.flushPack(ctx); err != nil {
-		return err
+	// Data before trees: a tree is never stored before the blobs it names.
+	for _, t := range []delta.BlobType{delta.BlobData, delta.BlobTree} {
+		if err := r.flushPack(ctx, t); err != nil {
+			return err
+		}
 	}
 	for _, id := range extraRefs {
 		r.refs[id]++

@@ -44,6 +44,9 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string) (*RestoreResult
 		return nil, err
 	}
 	err = e.cat.Update(ctx, func(tx *catalog.Tx) error {
+		if err := e.queueRef(tx, name, catalog.RefHead, name, cp.ID, false); err != nil {
+			return err
+		}
 		return tx.SetRef(catalog.Ref{Kind: catalog.RefHead, Name: name, Target: cp.ID})
 	})
 	if err != nil {
@@ -52,10 +55,21 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string) (*RestoreResult
 	return &RestoreResult{Sandbox: name, Checkpoint: cp, Root: st.root.Path(), Duration: time.Since(start)}, nil
 }
 
+// BranchOptions configures Branch.
+type BranchOptions struct {
+	// Backend of the new sandbox. Empty: the backend and settings of the
+	// sandbox the checkpoint was taken in, or the checkpoint's backend
+	// without settings if that sandbox is gone. Any backend restores any
+	// checkpoint, so a branch may change backend.
+	Backend string
+	Config  map[string]string // the backend's settings (btrfs: {"pool": DIR})
+}
+
 // Branch creates sandbox newName whose root equals checkpoint ref. Its head
 // is ref itself, so its first checkpoint records ref as parent: lineage
-// crosses sandboxes the way git commits cross branches.
-func (e *Engine) Branch(ctx context.Context, ref, newName string) (*RestoreResult, error) {
+// crosses sandboxes the way git commits cross branches. At most one
+// BranchOptions may be given.
+func (e *Engine) Branch(ctx context.Context, ref, newName string, opts ...BranchOptions) (*RestoreResult, error) {
 	start := time.Now()
 	if !catalog.ValidName(newName) {
 		return nil, fmt.Errorf("sandbox name %q: use 1-64 of [A-Za-z0-9._-], not starting with '.' or '-': %w", newName, errdefs.ErrInvalid)
@@ -67,7 +81,20 @@ func (e *Engine) Branch(ctx context.Context, ref, newName string) (*RestoreResul
 	if err := e.checkNewSandbox(ctx, newName); err != nil {
 		return nil, err
 	}
-	be, err := e.backend(cp.Backend)
+	var o BranchOptions
+	if len(opts) > 0 {
+		o = opts[0]
+	}
+	if o.Backend == "" {
+		o.Backend = cp.Backend
+		e.view(ctx, func(tx *catalog.Tx) error {
+			if src, err := tx.Sandbox(cp.Sandbox); err == nil && src.Backend == cp.Backend {
+				o.Config = src.Config
+			}
+			return nil
+		})
+	}
+	be, err := e.backend(o.Backend, o.Config)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", newName, err)
 	}
@@ -83,7 +110,7 @@ func (e *Engine) Branch(ctx context.Context, ref, newName string) (*RestoreResul
 	if err != nil {
 		return nil, err
 	}
-	sb := &catalog.Sandbox{Name: newName, Backend: cp.Backend, BaseTree: cp.BaseTree, Origin: cp.ID, Created: time.Now().UTC()}
+	sb := &catalog.Sandbox{Name: newName, Backend: o.Backend, Config: o.Config, BaseTree: cp.BaseTree, Origin: cp.ID, Created: time.Now().UTC()}
 	err = e.publishSandbox(ctx, sb, cp.ID)
 	if err != nil {
 		root.Remove(context.WithoutCancel(ctx))
@@ -103,6 +130,9 @@ func (e *Engine) publishSandbox(ctx context.Context, sb *catalog.Sandbox, head d
 	}
 	return e.cat.Update(ctx, func(tx *catalog.Tx) error {
 		if err := tx.PutSandbox(sb); err != nil {
+			return err
+		}
+		if err := e.queueRef(tx, sb.Name, catalog.RefHead, sb.Name, head, true); err != nil {
 			return err
 		}
 		return tx.SetRef(catalog.Ref{Kind: catalog.RefHead, Name: sb.Name, Target: head})

@@ -17,7 +17,10 @@ import (
 // CreateOptions configures CreateSandbox.
 type CreateOptions struct {
 	Base    string // directory imported as the read-only base
-	Backend string // "overlay" (default)
+	Backend string // "overlay" (default) or "btrfs"
+	// Config holds the backend's settings, kept with the sandbox: btrfs
+	// needs {"pool": DIR}, a directory on a mounted btrfs filesystem.
+	Config map[string]string
 }
 
 // CreateResult reports a new sandbox.
@@ -40,7 +43,7 @@ func (e *Engine) CreateSandbox(ctx context.Context, name string, opts CreateOpti
 	if opts.Backend == "" {
 		opts.Backend = overlay.Name
 	}
-	be, err := e.backend(opts.Backend)
+	be, err := e.backend(opts.Backend, opts.Config)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", name, err)
 	}
@@ -81,7 +84,7 @@ func (e *Engine) CreateSandbox(ctx context.Context, name string, opts CreateOpti
 	if err != nil {
 		return nil, err
 	}
-	sb := &catalog.Sandbox{Name: name, Backend: opts.Backend, BaseTree: res.Root, Created: time.Now().UTC()}
+	sb := &catalog.Sandbox{Name: name, Backend: opts.Backend, BaseTree: res.Root, Created: time.Now().UTC(), Config: opts.Config}
 	cp := &catalog.Checkpoint{
 		Version: catalog.RecordVersion, Sandbox: name, Turn: 0, Class: catalog.ClassFS,
 		Backend: opts.Backend, BaseTree: res.Root, FSTree: empty, StateKey: scan.StateKey,
@@ -146,6 +149,9 @@ func (e *Engine) commit(ctx context.Context, cp *catalog.Checkpoint, newSandbox 
 		if err := tx.PutCheckpoint(cp); err != nil {
 			return err
 		}
+		if err := e.queueCommit(tx, cp, newSandbox); err != nil {
+			return err
+		}
 		return tx.SetRef(catalog.Ref{Kind: catalog.RefHead, Name: cp.Sandbox, Target: cp.ID})
 	})
 	if err != nil {
@@ -172,7 +178,7 @@ func (e *Engine) ListSandboxes(ctx context.Context) ([]SandboxInfo, error) {
 		}
 		for _, sb := range sbs {
 			info := SandboxInfo{Sandbox: sb}
-			if be, err := e.backend(sb.Backend); err == nil {
+			if be, err := e.backend(sb.Backend, sb.Config); err == nil {
 				info.Root = be.Open(e.home.sandboxDir(sb.Name), "").Path()
 			}
 			if id, err := tx.GetRef(catalog.RefHead, sb.Name); err == nil {
@@ -209,7 +215,7 @@ func (e *Engine) loadSandbox(ctx context.Context, name string) (*sandboxState, e
 	if err != nil {
 		return nil, err
 	}
-	be, err := e.backend(st.sb.Backend)
+	be, err := e.backend(st.sb.Backend, st.sb.Config)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", name, err)
 	}
@@ -255,7 +261,7 @@ func (e *Engine) RemoveSandbox(ctx context.Context, name string) error {
 	}); err != nil {
 		return fmt.Errorf("sandbox %s: %w", name, err)
 	}
-	be, err := e.backend(sb.Backend)
+	be, err := e.backend(sb.Backend, sb.Config)
 	if err != nil {
 		return fmt.Errorf("sandbox %s: %w", name, err)
 	}
@@ -270,6 +276,9 @@ func (e *Engine) RemoveSandbox(ctx context.Context, name string) error {
 	}
 	return e.cat.Update(ctx, func(tx *catalog.Tx) error {
 		if err := tx.DeleteRef(catalog.RefHead, name); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+			return err
+		}
+		if err := e.queueDelete(tx, name, refName(catalog.RefHead, name), sandboxName(name)); err != nil {
 			return err
 		}
 		return tx.DeleteSandbox(name)

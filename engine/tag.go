@@ -45,6 +45,9 @@ func (e *Engine) Tag(ctx context.Context, name, ref string) (*catalog.Checkpoint
 		return nil, err
 	}
 	err = e.cat.Update(ctx, func(tx *catalog.Tx) error {
+		if err := e.queueRef(tx, cp.Sandbox, catalog.RefTag, name, cp.ID, false); err != nil {
+			return err
+		}
 		return tx.SetRef(catalog.Ref{Kind: catalog.RefTag, Name: name, Target: cp.ID})
 	})
 	if err != nil {
@@ -65,7 +68,12 @@ func (e *Engine) Untag(ctx context.Context, name string) error {
 	if err := e.store.Delete(ctx, refName(catalog.RefTag, name)); err != nil {
 		return fmt.Errorf("tag %s: %w", name, err)
 	}
-	return e.cat.Update(ctx, func(tx *catalog.Tx) error { return tx.DeleteRef(catalog.RefTag, name) })
+	return e.cat.Update(ctx, func(tx *catalog.Tx) error {
+		if err := e.queueDelete(tx, backfillSandbox, refName(catalog.RefTag, name)); err != nil {
+			return err
+		}
+		return tx.DeleteRef(catalog.RefTag, name)
+	})
 }
 
 // Tags lists every tag.

@@ -113,7 +113,8 @@ branch one checkpoint into many sandboxes, and verify what is stored.`,
 	pf.DurationVar(&a.lockWait, "lock-wait", engine.DefaultLockWait, "how long to wait for another turnsnap process using the same home")
 	pf.BoolVarP(&a.verbose, "verbose", "v", false, "log debug detail to stderr")
 	root.AddCommand(a.sandboxCmd(), a.checkpointCmd(), a.logCmd(), a.diffCmd(), a.rollbackCmd(),
-		a.branchCmd(), a.tagCmd(), a.verifyCmd(), a.catalogCmd(), a.demoCmd())
+		a.branchCmd(), a.tagCmd(), a.verifyCmd(), a.catalogCmd(), a.initCmd(), a.syncCmd(),
+		a.statusCmd(), a.gcCmd(), a.pruneCmd(), a.demoCmd())
 	return root
 }
 

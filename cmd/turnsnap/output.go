@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/dustin/go-humanize"
+	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
 
 // usageErr recognises cobra's own argument and flag errors, which carry no
@@ -40,4 +41,13 @@ func durStr(d time.Duration) string {
 	default:
 		return d.Round(10 * time.Millisecond).String()
 	}
+}
+
+// parseBytes reads sizes such as "20MiB", "1.5GB", "1048576".
+func parseBytes(s string) (int64, error) {
+	n, err := humanize.ParseBytes(s)
+	if err != nil || n > 1<<62 {
+		return 0, fmt.Errorf("size %q: %v: %w", s, err, errdefs.ErrInvalid)
+	}
+	return int64(n), nil
 }

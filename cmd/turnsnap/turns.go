@@ -12,8 +12,9 @@ import (
 func (a *app) checkpointCmd() *cobra.Command {
 	var turn int
 	var message string
+	var waitRemote bool
 	c := &cobra.Command{
-		Use:   "checkpoint NAME [--turn N] [--message TEXT]",
+		Use:   "checkpoint NAME [--turn N] [--message TEXT] [--wait-remote]",
 		Short: "Close a turn: checkpoint what changed since the last checkpoint (nothing: skip)",
 		Args:  cobra.ExactArgs(1),
 	}
@@ -26,19 +27,33 @@ func (a *app) checkpointCmd() *cobra.Command {
 		if err != nil {
 			return err
 		}
+		remote := false
+		if waitRemote {
+			// Only what this checkpoint needs goes first, in the urgent lane.
+			if _, err := e.Push(ctx, engine.PushOptions{Sandbox: args[0], Urgent: true}); err != nil {
+				return fmt.Errorf("checkpoint %s is durable locally, not yet remotely: %w", r.ID.Short(), err)
+			}
+			remote = true
+		}
 		if a.json {
 			return printJSON(a.stdout(), map[string]any{
-				"id": r.ID, "sandbox": r.Sandbox, "class": r.Class, "turn": r.Turn, "parent": r.Parent,
+				"remote_durable": remote,
+				"id":             r.ID, "sandbox": r.Sandbox, "class": r.Class, "turn": r.Turn, "parent": r.Parent,
 				"bytes_new": r.Stats.BytesNew, "objects_new": r.Stats.ObjectsNew, "blobs_new": r.Stats.BlobsNew,
 				"files_read": r.Stats.FilesRead, "bytes_read": r.Stats.BytesRead, "entries": r.Stats.Entries,
 				"duration_ms": float64(r.Duration.Microseconds()) / 1000,
 			})
 		}
-		fmt.Fprintf(a.stdout(), "%s  turn %d  %-4s  %s new  %s\n", r.ID.Short(), r.Turn, r.Class, bytesStr(r.Stats.BytesNew), durStr(r.Duration))
+		where := ""
+		if remote {
+			where = "  remote-durable"
+		}
+		fmt.Fprintf(a.stdout(), "%s  turn %d  %-4s  %s new  %s%s\n", r.ID.Short(), r.Turn, r.Class, bytesStr(r.Stats.BytesNew), durStr(r.Duration), where)
 		return nil
 	})
 	c.Flags().IntVar(&turn, "turn", 0, "turn number this checkpoint closes (default: parent's turn + 1)")
 	c.Flags().StringVarP(&message, "message", "m", "", "a note stored with the checkpoint")
+	c.Flags().BoolVar(&waitRemote, "wait-remote", false, "return only once the checkpoint is stored in the remote bucket")
 	return c
 }
 

@@ -1,0 +1,84 @@
+package main
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/spf13/cobra"
+	"github.com/turnsnap/turnsnap/engine"
+)
+
+func (a *app) gcCmd() *cobra.Command {
+	var opts engine.GCOptions
+	c := &cobra.Command{
+		Use:   "gc [--grace DURATION] [--dry-run]",
+		Short: "Delete packs no checkpoint references, locally and in the bucket",
+		Long: `gc marks every blob reachable from any checkpoint record (in the bucket and on
+this host) and deletes packs with no live blob that are older than --grace.
+With a remote it holds the bucket's gc lock, so no host uploads meanwhile;
+see docs/STORAGE.md for the protocol that keeps shared buckets safe.`,
+		Args: cobra.NoArgs,
+	}
+	c.RunE = a.withEngine(func(ctx context.Context, e *engine.Engine, _ []string) error {
+		r, err := e.GC(ctx, opts)
+		if err != nil {
+			return err
+		}
+		if a.json {
+			return printJSON(a.stdout(), r)
+		}
+		verb := "deleted"
+		if r.DryRun {
+			verb = "would delete"
+		}
+		fmt.Fprintf(a.stdout(), "%d records, %d live blobs, %d packs: %s %d packs (%s); kept %d too young; %d packs partly live (%s dead inside)\n",
+			r.Records, r.LiveBlobs, r.Packs, verb, r.Deleted, bytesStr(r.DeletedBytes), r.KeptYoung, r.PartlyLive, bytesStr(r.DeadBytesKept))
+		return nil
+	})
+	c.Flags().DurationVar(&opts.Grace, "grace", engine.DefaultGCGrace, "never delete packs younger than this")
+	c.Flags().BoolVar(&opts.DryRun, "dry-run", false, "report what would be deleted, delete nothing")
+	return c
+}
+
+func (a *app) pruneCmd() *cobra.Command {
+	var opts engine.PruneOptions
+	var gc bool
+	c := &cobra.Command{
+		Use:   "prune --keep-last N [--gc]",
+		Short: "Delete all but the newest N checkpoints of each sandbox (heads and tags are kept)",
+		Long: `prune keeps, for each sandbox, its newest N checkpoints, its head, and every
+tagged checkpoint. Every checkpoint names its whole state, so a kept checkpoint
+needs none of its ancestors: pruning them only shortens the log. --gc runs gc
+afterwards to reclaim the space.`,
+		Args: cobra.NoArgs,
+	}
+	c.RunE = a.withEngine(func(ctx context.Context, e *engine.Engine, _ []string) error {
+		r, err := e.Prune(ctx, opts)
+		if err != nil {
+			return err
+		}
+		var g *engine.GCReport
+		if gc && !opts.DryRun {
+			if g, err = e.GC(ctx, engine.GCOptions{}); err != nil {
+				return err
+			}
+		}
+		if a.json {
+			return printJSON(a.stdout(), map[string]any{"kept": r.Kept, "deleted": r.Deleted, "gc": g})
+		}
+		verb := "deleted"
+		if opts.DryRun {
+			verb = "would delete"
+		}
+		fmt.Fprintf(a.stdout(), "kept %d checkpoints, %s %d\n", r.Kept, verb, len(r.Deleted))
+		if g != nil {
+			fmt.Fprintf(a.stdout(), "gc: deleted %d packs (%s)\n", g.Deleted, bytesStr(g.DeletedBytes))
+		}
+		return nil
+	})
+	c.Flags().IntVar(&opts.KeepLast, "keep-last", 0, "checkpoints to keep per sandbox (required, >= 1)")
+	c.Flags().BoolVar(&opts.DryRun, "dry-run", false, "report what would be deleted, delete nothing")
+	c.Flags().BoolVar(&gc, "gc", false, "run gc afterwards")
+	c.MarkFlagRequired("keep-last")
+	return c
+}

@@ -1,0 +1,130 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+	"github.com/turnsnap/turnsnap/engine"
+	"github.com/turnsnap/turnsnap/upload/sched"
+)
+
+func (a *app) initCmd() *cobra.Command {
+	var rc engine.RemoteConfig
+	var bw string
+	c := &cobra.Command{
+		Use:   "init --remote s3://BUCKET[/PREFIX] --endpoint HOST:PORT",
+		Short: "Give this home a remote store (S3-compatible) and queue what it lacks",
+		Long: `init checks that the bucket is reachable (creating it if needed), saves the
+remote in HOME/config.json and queues every local object the bucket lacks.
+Credentials come from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or the AWS
+credentials file; they are never written to the config. Uploads then happen
+on 'turnsnap sync' and 'turnsnap checkpoint --wait-remote'.`,
+		Args: cobra.NoArgs,
+	}
+	c.RunE = a.withEngine(func(ctx context.Context, e *engine.Engine, _ []string) error {
+		if bw != "" {
+			n, err := parseBytes(bw)
+			if err != nil {
+				return err
+			}
+			rc.BandwidthBytes = n
+		}
+		r, err := e.Init(ctx, rc)
+		if err != nil {
+			return err
+		}
+		if a.json {
+			return printJSON(a.stdout(), map[string]any{"remote": r.Remote, "queued": r.Queued, "queued_bytes": r.QueuedBytes})
+		}
+		fmt.Fprintf(a.stdout(), "remote %s ready; %d local objects (%s) queued for upload; run `turnsnap sync`\n",
+			r.Remote, r.Queued, bytesStr(r.QueuedBytes))
+		return nil
+	})
+	f := c.Flags()
+	f.StringVar(&rc.URL, "remote", "", "bucket and optional prefix, s3://BUCKET[/PREFIX] (required)")
+	f.StringVar(&rc.Endpoint, "endpoint", "", "S3 endpoint HOST:PORT (required)")
+	f.StringVar(&rc.Region, "region", "", "bucket region (default: ask the service)")
+	f.BoolVar(&rc.Insecure, "insecure", false, "plain HTTP instead of TLS (loopback or trusted networks only)")
+	f.StringVar(&rc.CAFile, "ca-file", "", "PEM bundle of extra CAs to trust")
+	f.StringVar(&bw, "bwlimit", "", "upload bandwidth cap per host, e.g. 20MiB (default: none)")
+	f.IntVar(&rc.Concurrency, "concurrency", 0, fmt.Sprintf("uploads in flight (default %d)", engine.DefaultUploadConcurrency))
+	c.MarkFlagRequired("remote")
+	c.MarkFlagRequired("endpoint")
+	return c
+}
+
+func (a *app) syncCmd() *cobra.Command {
+	var sandbox string
+	c := &cobra.Command{
+		Use:   "sync [--sandbox NAME]",
+		Short: "Upload everything queued for the remote store (fairly across sandboxes)",
+		Args:  cobra.NoArgs,
+	}
+	c.RunE = a.withEngine(func(ctx context.Context, e *engine.Engine, _ []string) error {
+		pr := a.newProgress(ctx)
+		opts := engine.PushOptions{Sandbox: sandbox}
+		if pr != nil {
+			opts.Progress = pr.uploads
+		}
+		r, err := e.Push(ctx, opts)
+		pr.done()
+		if err != nil {
+			return err
+		}
+		if a.json {
+			return printJSON(a.stdout(), map[string]any{"uploaded": r.Uploaded, "bytes": r.Bytes, "deleted": r.Deleted,
+				"duration_ms": r.Duration.Milliseconds()})
+		}
+		fmt.Fprintf(a.stdout(), "uploaded %d objects (%s), deleted %d, in %s\n", r.Uploaded, bytesStr(r.Bytes), r.Deleted, durStr(r.Duration))
+		return nil
+	})
+	c.Flags().StringVar(&sandbox, "sandbox", "", "only this sandbox's uploads (and what they depend on)")
+	return c
+}
+
+func (a *app) statusCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "status",
+		Short: "Show what is still waiting for the remote store, per sandbox",
+		Args:  cobra.NoArgs,
+		RunE: a.withEngine(func(ctx context.Context, e *engine.Engine, _ []string) error {
+			r, err := e.Status(ctx)
+			if err != nil {
+				return err
+			}
+			if a.json {
+				return printJSON(a.stdout(), r)
+			}
+			if r.Remote == "" {
+				fmt.Fprintln(a.stdout(), "no remote store: checkpoints are durable on this host only (see `turnsnap init`)")
+				return nil
+			}
+			fmt.Fprintf(a.stdout(), "remote %s: %d objects (%s) pending\n", r.Remote, r.QueueDepth, bytesStr(r.PendingBytes))
+			tw := tabwriter.NewWriter(a.stdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "SANDBOX\tPENDING\tCHECKPOINTS\tUPLOADED")
+			for _, s := range r.Sandboxes {
+				fmt.Fprintf(tw, "%s\t%d objects, %s\t%d not remote yet\t%s\n", s.Sandbox, s.PendingObjects,
+					bytesStr(s.PendingBytes), s.PendingCheckpoints, bar(s.StoredBytes-s.PendingBytes, s.StoredBytes))
+			}
+			return tw.Flush()
+		}),
+	}
+}
+
+// bar draws done/total as a 20-cell bar with a percentage.
+func bar(done, total int64) string {
+	if total <= 0 {
+		return "-"
+	}
+	done = min(max(done, 0), total)
+	n := int(20 * done / total)
+	return fmt.Sprintf("[%s%s] %3d%%", strings.Repeat("#", n), strings.Repeat(".", 20-n), 100*done/total)
+}
+
+// uploads is PushOptions.Progress: bytes sent against bytes still pending.
+func (pr *progress) uploads(st sched.Stats) {
+	pr.update(engine.Progress{Blobs: st.Completed, Bytes: st.SentBytes, Elapsed: progressDelay})
+}

@@ -1,0 +1,78 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/turnsnap/turnsnap/internal/miniotest"
+	"github.com/turnsnap/turnsnap/internal/testenv"
+)
+
+// The remote workflow as a user types it: init, checkpoint --wait-remote,
+// status, then a second home restores from the bucket alone.
+func TestCLIRemote(t *testing.T) {
+	testenv.RequireRoot(t)
+	srv := miniotest.Start(t)
+	t.Setenv("AWS_ACCESS_KEY_ID", srv.AccessKey)
+	t.Setenv("AWS_SECRET_ACCESS_KEY", srv.SecretKey)
+	dir := t.TempDir()
+	h1, h2 := filepath.Join(dir, "h1"), filepath.Join(dir, "h2")
+	base := filepath.Join(dir, "base")
+	os.MkdirAll(base, 0o755)
+	os.WriteFile(filepath.Join(base, "a"), []byte("a\n"), 0o644)
+	t.Cleanup(func() {
+		run(t, h1, "sandbox", "rm", "s")
+		run(t, h2, "sandbox", "rm", "copy")
+		run(t, h2, "sandbox", "rm", "s")
+	})
+	remote := []string{"init", "--remote", "s3://cli/team", "--endpoint", srv.Endpoint, "--insecure"}
+	var created struct{ Root string }
+	runJSON(t, h1, &created, "sandbox", "create", "s", "--base", base)
+	var ini struct{ Queued int }
+	runJSON(t, h1, &ini, remote...)
+	if ini.Queued == 0 {
+		t.Fatal("init queued nothing on a home with history")
+	}
+	var st struct {
+		QueueDepth int `json:"queue_depth"`
+	}
+	runJSON(t, h1, &st, "status")
+	if st.QueueDepth != ini.Queued {
+		t.Fatalf("status queue %d, init queued %d", st.QueueDepth, ini.Queued)
+	}
+	os.WriteFile(filepath.Join(created.Root, "b"), []byte("turn 1\n"), 0o644)
+	var ck struct {
+		ID     string
+		Remote bool `json:"remote_durable"`
+	}
+	runJSON(t, h1, &ck, "checkpoint", "s", "--wait-remote")
+	if !ck.Remote {
+		t.Fatalf("checkpoint --wait-remote: %+v", ck)
+	}
+	var sync struct{ Uploaded int }
+	runJSON(t, h1, &sync, "sync")
+	runJSON(t, h1, &st, "status")
+	if st.QueueDepth != 0 {
+		t.Fatalf("queue after sync: %d", st.QueueDepth)
+	}
+
+	runJSON(t, h2, &ini, remote...)
+	var rb struct{ Checkpoints int }
+	runJSON(t, h2, &rb, "catalog", "rebuild")
+	if rb.Checkpoints != 2 {
+		t.Fatalf("rebuild on the second home found %d checkpoints", rb.Checkpoints)
+	}
+	var br struct{ Root string }
+	runJSON(t, h2, &br, "branch", ck.ID, "copy")
+	if b, err := os.ReadFile(filepath.Join(br.Root, "b")); err != nil || string(b) != "turn 1\n" {
+		t.Fatalf("branch on the second home: %q %v", b, err)
+	}
+	var gc struct {
+		Records int `json:"records"`
+	}
+	runJSON(t, h1, &gc, "gc", "--dry-run")
+	if gc.Records != 2 {
+		t.Fatalf("gc --dry-run saw %d records", gc.Records)
+	}
+}

@@ -1,0 +1,81 @@
+package engine
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/turnsnap/turnsnap/internal/errdefs"
+	"github.com/turnsnap/turnsnap/upload"
+)
+
+// Config is HOME/config.json: how this home reaches its remote store.
+// Credentials are never written here; they come from the environment or
+// the AWS credentials file (see upload.S3Config).
+type Config struct {
+	Remote *RemoteConfig `json:"remote,omitempty"`
+}
+
+// RemoteConfig names an S3-compatible bucket and how uploads to it are paced.
+type RemoteConfig struct {
+	URL      string `json:"url"`      // s3://BUCKET[/PREFIX]
+	Endpoint string `json:"endpoint"` // HOST:PORT
+	Region   string `json:"region,omitempty"`
+	Insecure bool   `json:"insecure,omitempty"` // plain HTTP (loopback, trusted networks)
+	CAFile   string `json:"ca_file,omitempty"`
+	// BandwidthBytes caps this host's upload rate (bytes/s); 0 = no cap.
+	BandwidthBytes int64 `json:"bandwidth_bytes_per_sec,omitempty"`
+	// Concurrency is how many uploads run at once; 0 = DefaultUploadConcurrency.
+	Concurrency int `json:"concurrency,omitempty"`
+}
+
+// DefaultUploadConcurrency keeps a few PUTs in flight so one slow request
+// does not idle the link, without letting a 2-core host spend itself on TLS.
+const DefaultUploadConcurrency = 4
+
+func (h home) configFile() string { return filepath.Join(string(h), "config.json") }
+
+// s3Config translates the remote settings for package upload.
+func (r *RemoteConfig) s3Config() (upload.S3Config, error) {
+	cfg, err := upload.ParseS3URL(r.URL)
+	if err != nil {
+		return cfg, err
+	}
+	if r.Endpoint == "" {
+		return cfg, fmt.Errorf("remote %s: no endpoint (HOST:PORT): %w", r.URL, errdefs.ErrInvalid)
+	}
+	cfg.Endpoint, cfg.Region, cfg.Insecure, cfg.CAFile = r.Endpoint, r.Region, r.Insecure, r.CAFile
+	return cfg, nil
+}
+
+func loadConfig(h home) (*Config, error) {
+	data, err := os.ReadFile(h.configFile())
+	if errors.Is(err, os.ErrNotExist) {
+		return &Config{}, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("home %s: config: %w", h, err)
+	}
+	var c Config
+	if err := json.Unmarshal(data, &c); err != nil {
+		return nil, fmt.Errorf("home %s: config %s: %v: %w", h, h.configFile(), err, errdefs.ErrInvalid)
+	}
+	return &c, nil
+}
+
+func saveConfig(h home, c *Config) error {
+	data, err := json.MarshalIndent(c, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := h.configFile() + ".tmp"
+	if err := os.WriteFile(tmp, append(data, '\n'), 0o600); err != nil {
+		return fmt.Errorf("home %s: config: %w", h, err)
+	}
+	if err := os.Rename(tmp, h.configFile()); err != nil {
+		return fmt.Errorf("home %s: config: %w", h, err)
+	}
+	return nil
+}

@@ -1,0 +1,184 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/turnsnap/turnsnap/catalog"
+	"github.com/turnsnap/turnsnap/internal/errdefs"
+	"github.com/turnsnap/turnsnap/upload"
+)
+
+// InitReport says what Init did.
+type InitReport struct {
+	Remote string
+	// Queued counts local objects the remote store lacked, now queued.
+	Queued      int
+	QueuedBytes int64
+}
+
+// Init gives this home a remote store: it checks that the bucket is
+// reachable (creating it if needed), saves the configuration, and queues
+// every local object the bucket lacks, so a home with history becomes
+// remotely durable at the next push. Running it again with the same remote
+// is harmless; switching to another remote is refused.
+func (e *Engine) Init(ctx context.Context, rc RemoteConfig) (*InitReport, error) {
+	if old := e.config.Remote; old != nil && (old.URL != rc.URL || old.Endpoint != rc.Endpoint) {
+		return nil, fmt.Errorf("home %s already uses remote %s at %s; a home has one remote: %w",
+			e.home, old.URL, old.Endpoint, errdefs.ErrPrecondition)
+	}
+	cfg, err := rc.s3Config()
+	if err != nil {
+		return nil, err
+	}
+	cfg.CreateBucket = true
+	s3, err := upload.NewS3(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("remote %s: %w", rc.URL, err)
+	}
+	remote := upload.WithRetry(s3, upload.RetryPolicy{Logger: e.log})
+	c := *e.config
+	c.Remote = &rc
+	if err := saveConfig(e.home, &c); err != nil {
+		return nil, err
+	}
+	e.config, e.remote = &c, remote
+	e.store = upload.NewTiered(e.local, e.remote)
+	e.repo.store = e.store
+	rep := &InitReport{Remote: rc.URL}
+	rep.Queued, rep.QueuedBytes, err = e.backfill(ctx, e.cat)
+	if err != nil {
+		return nil, err
+	}
+	return rep, nil
+}
+
+// backfill queues, in cat, every local object the remote store lacks and
+// cat does not already queue, in dependency tiers: every pack, then every
+// record, then the mutable objects naming records.
+func (e *Engine) backfill(ctx context.Context, cat *catalog.Catalog) (int, int64, error) {
+	have := map[string]bool{}
+	if err := e.remote.List(ctx, "", func(oi upload.ObjectInfo) error { have[oi.Name] = true; return nil }); err != nil {
+		return 0, 0, fmt.Errorf("remote %s: %w", e.config.Remote.URL, err)
+	}
+	var queued map[string]bool
+	err := cat.View(ctx, func(tx *catalog.Tx) error {
+		var err error
+		queued, err = pendingNames(tx)
+		return err
+	})
+	if err != nil {
+		return 0, 0, err
+	}
+	var tiers [3][]catalog.PendingUpload
+	var n int
+	var bytes int64
+	err = e.local.List(ctx, "", func(oi upload.ObjectInfo) error {
+		if have[oi.Name] || queued[oi.Name] {
+			return nil
+		}
+		tier := 2
+		switch {
+		case strings.HasPrefix(oi.Name, upload.PackPrefix):
+			tier = 0
+		case strings.HasPrefix(oi.Name, recordPrefix):
+			tier = 1
+		}
+		tiers[tier] = append(tiers[tier], catalog.PendingUpload{Sandbox: backfillSandbox, Name: oi.Name, Size: oi.Size})
+		n++
+		bytes += oi.Size
+		return nil
+	})
+	if err != nil {
+		return 0, 0, err
+	}
+	var items []catalog.PendingUpload
+	for i := range tiers {
+		var after []string
+		if i > 0 {
+			for _, p := range tiers[i-1] {
+				after = append(after, p.Name)
+			}
+		}
+		for _, p := range tiers[i] {
+			p.After = after
+			items = append(items, p)
+		}
+	}
+	return n, bytes, cat.Update(ctx, func(tx *catalog.Tx) error { return tx.EnqueueUploads(items) })
+}
+
+// SandboxStatus is one sandbox's share of the upload queue.
+type SandboxStatus struct {
+	Sandbox        string `json:"sandbox"`
+	PendingObjects int    `json:"pending_objects"`
+	PendingBytes   int64  `json:"pending_bytes"`
+	// StoredBytes is what the sandbox's checkpoints added to the store in
+	// all, the scale against which PendingBytes is progress.
+	StoredBytes int64 `json:"stored_bytes"`
+	// Checkpoints not yet remotely durable (their record is queued).
+	PendingCheckpoints int `json:"pending_checkpoints"`
+}
+
+// StatusReport is the state of this home's remote durability.
+type StatusReport struct {
+	Remote       string          `json:"remote"` // "" without a remote
+	QueueDepth   int             `json:"queue_depth"`
+	PendingBytes int64           `json:"pending_bytes"`
+	Sandboxes    []SandboxStatus `json:"sandboxes"`
+}
+
+// Status reports what is still waiting for the remote store, per sandbox.
+// It reads only the catalog: no network.
+func (e *Engine) Status(ctx context.Context) (*StatusReport, error) {
+	rep := &StatusReport{}
+	if e.config.Remote != nil {
+		rep.Remote = e.config.Remote.URL
+	}
+	err := e.view(ctx, func(tx *catalog.Tx) error {
+		pending, err := tx.PendingUploads("")
+		if err != nil {
+			return err
+		}
+		by := map[string]*SandboxStatus{}
+		var order []string
+		get := func(name string) *SandboxStatus {
+			if s, ok := by[name]; ok {
+				return s
+			}
+			by[name] = &SandboxStatus{Sandbox: name}
+			order = append(order, name)
+			return by[name]
+		}
+		sbs, err := tx.Sandboxes()
+		if err != nil {
+			return err
+		}
+		for _, sb := range sbs {
+			s := get(sb.Name)
+			cps, err := tx.SandboxCheckpoints(sb.Name)
+			if err != nil {
+				return err
+			}
+			for _, cp := range cps {
+				s.StoredBytes += cp.Stats.BytesNew
+			}
+		}
+		for _, p := range pending {
+			s := get(p.Sandbox)
+			s.PendingObjects++
+			s.PendingBytes += p.Size
+			if strings.HasPrefix(p.Name, recordPrefix) {
+				s.PendingCheckpoints++
+			}
+			rep.QueueDepth++
+			rep.PendingBytes += p.Size
+		}
+		for _, n := range order {
+			rep.Sandboxes = append(rep.Sandboxes, *by[n])
+		}
+		return nil
+	})
+	return rep, err
+}
