@@ -73,6 +73,8 @@ func buildRich(t *testing.T, dir string) {
 	must(t, os.Symlink("../etc/passwd", filepath.Join(dir, "src/escape")))
 	must(t, unix.Mkfifo(filepath.Join(dir, "fifo"), 0o644))
 	must(t, unix.Mknod(filepath.Join(dir, "gone"), unix.S_IFCHR, 0))
+	// overlayfs links whiteouts to one shared inode: several whiteouts, one inode
+	must(t, os.Link(filepath.Join(dir, "gone"), filepath.Join(dir, "also-gone")))
 	must(t, unix.Setxattr(filepath.Join(dir, "src/main.go"), "user.note", []byte("hello"), 0))
 	must(t, unix.Setxattr(filepath.Join(dir, "opq"), OpaqueXattr, []byte("y"), 0))
 	must(t, os.Lchown(filepath.Join(dir, "src/pkg"), 1234, 5678))

@@ -200,7 +200,11 @@ func (s *scanner) entry(ctx context.Context, rel, name string) (Entry, ID, bool,
 	default:
 		return Entry{}, ID{}, false, fmt.Errorf("scan %s: unknown file type %#o", p, st.Mode&unix.S_IFMT)
 	}
-	if e.Type != TypeDir && st.Nlink > 1 {
+	// Only regular files are hardlinks in the format. Other multiply-linked
+	// inodes are recorded name by name: overlayfs (since Linux 5.8) links
+	// every whiteout to one shared 0:0 device, and each of those names is a
+	// whiteout of its own.
+	if e.Type == TypeFile && st.Nlink > 1 {
 		ino := [2]uint64{st.Dev, st.Ino}
 		if primary, ok := s.links[ino]; ok {
 			link := Entry{Name: name, Type: TypeHardlink, Target: primary}

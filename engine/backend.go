@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/turnsnap/turnsnap/btrfs"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/overlay"
@@ -67,10 +66,7 @@ func (e *Engine) backend(name string, cfg map[string]string) (Backend, error) {
 	if b, ok := e.backends[name]; ok {
 		return b, nil
 	}
-	if name == btrfs.Name {
-		return e.btrfsBackend(cfg)
-	}
-	have := []string{btrfs.Name}
+	have := []string{}
 	for n := range e.backends {
 		have = append(have, n)
 	}
