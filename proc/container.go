@@ -1,0 +1,179 @@
+package proc
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"time"
+
+	"github.com/turnsnap/turnsnap/internal/errdefs"
+)
+
+// Status is a container's state as runc reports it.
+type Status string
+
+// The statuses a started container can be in.
+const (
+	Running Status = "running"
+	Paused  Status = "paused"
+	Stopped Status = "stopped"
+	Created Status = "created"
+)
+
+// ContainerState describes one container.
+type ContainerState struct {
+	ID     string `json:"id"`
+	Status Status `json:"status"`
+	// InitPID is the container init's pid on the host (0 when stopped).
+	InitPID int       `json:"pid"`
+	Bundle  string    `json:"bundle"`
+	Rootfs  string    `json:"rootfs"`
+	Created time.Time `json:"created"`
+}
+
+// stdioWait bounds how long Start waits for a new init to let go of runc's
+// stdio (the keeper does so in its first statement).
+const stdioWait = 10 * time.Second
+
+// Start creates container id around rootfs (a directory: the sandbox root)
+// and starts its init, detached. The rootfs needs /bin/sh (see
+// StartOptions.Init); runc creates /proc, /dev and /sys in it if missing.
+// An id in use is ErrExists.
+func (r *Runtime) Start(ctx context.Context, id, rootfs string, opts StartOptions) error {
+	if err := checkID(id); err != nil {
+		return err
+	}
+	if st, err := os.Stat(rootfs); err != nil || !st.IsDir() {
+		return fmt.Errorf("container %s: rootfs %s is not a directory: %w", id, rootfs, errdefs.ErrInvalid)
+	}
+	if r.exists(id) {
+		return fmt.Errorf("container %s: %w", id, errdefs.ErrExists)
+	}
+	bundle, err := r.writeBundle(id, rootfs, opts)
+	if err != nil {
+		_ = r.Delete(context.WithoutCancel(ctx), id)
+		return err
+	}
+	cmd := exec.CommandContext(ctx, r.cfg.Runc, "--root", runcRoot(r.cfg.StateRoot),
+		"run", "--detach", "--bundle", bundle, id)
+	// Pipes, not files: the init inherits these until it redirects its
+	// stdio, and Wait returns only once it has let go of them, so a
+	// container returned by Start holds no fd of runc's.
+	var out capped
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = emptyReader{}, &out, &out
+	cmd.WaitDelay = stdioWait
+	err = cmd.Run()
+	r.log.Debug("runc run", "id", id, "rootfs", rootfs, "err", err)
+	if errors.Is(err, exec.ErrWaitDelay) {
+		_ = r.Delete(context.WithoutCancel(ctx), id)
+		return fmt.Errorf("container %s: init %q kept runc's stdio open for %v; it must redirect its stdio inside the container (see StartOptions.Init): %w",
+			id, opts.withDefaults().Init, stdioWait, errdefs.ErrInvalid)
+	}
+	if err != nil {
+		_ = r.Delete(context.WithoutCancel(ctx), id)
+		return fmt.Errorf("container %s: start: %s", id, runcMessage(out.Bytes(), err))
+	}
+	return nil
+}
+
+// exists reports whether runc knows container id.
+func (r *Runtime) exists(id string) bool {
+	_, err := os.Stat(filepath.Join(runcRoot(r.cfg.StateRoot), id))
+	return err == nil
+}
+
+// Delete kills every process of container id and removes the container,
+// its cgroups, its network namespace and its bundle. Deleting an absent container is not an error,
+// so cleanup paths can call it unconditionally.
+func (r *Runtime) Delete(ctx context.Context, id string) error {
+	if err := checkID(id); err != nil {
+		return err
+	}
+	if r.exists(id) {
+		if _, err := r.runc(ctx, nil, "delete", "--force", id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+			return fmt.Errorf("container %s: %w", id, err)
+		}
+	}
+	if err := removeNetns(r.netnsPath(id)); err != nil {
+		return fmt.Errorf("container %s: %w", id, err)
+	}
+	if err := os.RemoveAll(r.bundle(id)); err != nil {
+		return fmt.Errorf("container %s: bundle: %w", id, err)
+	}
+	return nil
+}
+
+// Pause freezes every process of container id (the cgroup freezer): they
+// stay frozen, in the middle of whatever they did, until Resume. This is
+// the consistent cut: files scanned while paused and a Checkpoint taken
+// while paused describe one instant.
+func (r *Runtime) Pause(ctx context.Context, id string) error {
+	if err := checkID(id); err != nil {
+		return err
+	}
+	if _, err := r.runc(ctx, nil, "pause", id); err != nil {
+		return fmt.Errorf("container %s: %w", id, err)
+	}
+	return nil
+}
+
+// Resume thaws a paused container.
+func (r *Runtime) Resume(ctx context.Context, id string) error {
+	if err := checkID(id); err != nil {
+		return err
+	}
+	if _, err := r.runc(ctx, nil, "resume", id); err != nil {
+		return fmt.Errorf("container %s: %w", id, err)
+	}
+	return nil
+}
+
+// State returns container id's state; an unknown id is ErrNotFound.
+func (r *Runtime) State(ctx context.Context, id string) (ContainerState, error) {
+	if err := checkID(id); err != nil {
+		return ContainerState{}, err
+	}
+	if !r.exists(id) {
+		return ContainerState{}, fmt.Errorf("container %s: %w", id, errdefs.ErrNotFound)
+	}
+	out, err := r.runc(ctx, nil, "state", id)
+	if err != nil {
+		return ContainerState{}, fmt.Errorf("container %s: %w", id, err)
+	}
+	var st ContainerState
+	if err := json.Unmarshal(out, &st); err != nil {
+		return ContainerState{}, fmt.Errorf("container %s: runc state: %w", id, err)
+	}
+	return st, nil
+}
+
+// List returns every container of this state root, for reconciling after a
+// restart of the service.
+func (r *Runtime) List(ctx context.Context) ([]ContainerState, error) {
+	out, err := r.runc(ctx, nil, "list", "--format", "json")
+	if err != nil {
+		return nil, err
+	}
+	var list []ContainerState
+	if err := json.Unmarshal(out, &list); err != nil {
+		return nil, fmt.Errorf("runc list: %w", err)
+	}
+	return list, nil
+}
+
+// capped is a bytes buffer that keeps the first 64 KiB written to it: enough
+// for any error message, bounded whatever a process prints.
+type capped struct{ b []byte }
+
+func (c *capped) Write(p []byte) (int, error) {
+	if room := 64<<10 - len(c.b); room > 0 {
+		c.b = append(c.b, p[:min(room, len(p))]...)
+	}
+	return len(p), nil
+}
+
+func (c *capped) Bytes() []byte { return c.b }
