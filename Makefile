@@ -18,7 +18,8 @@ deps:
 
 # The demo: a scripted multi-turn agent session on the embedded default
 # (local store) in a temporary home. Needs root for overlay mounts.
-demo: deps build
+demo: build
+	./scripts/deps.sh base proc
 	./$(BIN) demo
 
 vet:

@@ -9,12 +9,15 @@ import (
 	"io"
 	"math/rand"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/engine"
+	"github.com/turnsnap/turnsnap/proc"
 )
 
 // DemoOptions configures RunDemo.
@@ -47,11 +50,16 @@ type DemoReport struct {
 	Branch      time.Duration `json:"branch_ns"`
 	Verified    int           `json:"verified_checkpoints"`
 	DiffChanges int           `json:"diff_changes"`
+	// ServerAnswers is what the dev server said after the rollback ("" when
+	// this host cannot run processes).
+	ServerAnswers string `json:"server_after_rollback,omitempty"`
 }
 
 type step struct {
 	action string
 	do     func(root string) error
+	// exec, if set, runs instead of do: a turn that starts processes.
+	exec []string
 }
 
 // RunDemo runs a scripted multi-turn agent session in an overlay sandbox:
@@ -100,31 +108,39 @@ func RunDemo(ctx context.Context, opts DemoOptions) (*DemoReport, error) {
 		Class: cr.Checkpoint.Class, ID: cr.Checkpoint.ID.Short(), BytesNew: cr.Checkpoint.Stats.BytesNew,
 		Objects: cr.Checkpoint.Stats.ObjectsNew, Read: cr.BaseStats.FilesRead, Duration: cr.Duration})
 	root := cr.Root
+	procs := processesAvailable()
+	server := step{action: "start a dev server in the background (httpd)",
+		exec: []string{"httpd", "-f", "-p", "8080", "-h", "/www"}}
+	if !procs {
+		server = step{action: "(no runc/CRIU here: dev-server turn skipped; `make demo` installs them)",
+			do: func(string) error { return nil }}
+	}
 	steps := []step{
-		{"edit src/main.go, add src/feature.go", func(r string) error {
+		{action: "edit src/main.go, add src/feature.go", do: func(r string) error {
 			if err := appendFile(filepath.Join(r, "src/main.go"), "\nfunc feature() { run() }\n"); err != nil {
 				return err
 			}
 			return os.WriteFile(filepath.Join(r, "src/feature.go"), []byte("package main\n\nfunc run() {}\n"), 0o644)
 		}},
-		{"read files only (cat, grep)", func(r string) error {
+		{action: "read files only (cat, grep)", do: func(r string) error {
 			_, err := os.ReadFile(filepath.Join(r, "src/main.go"))
 			return err
 		}},
-		{"write and delete a temp file in /tmp", func(r string) error {
+		{action: "write and delete a temp file in /tmp", do: func(r string) error {
 			p := filepath.Join(r, "tmp/build.log")
 			if err := os.WriteFile(p, []byte("scratch output\n"), 0o644); err != nil {
 				return err
 			}
 			return os.Remove(p)
 		}},
-		{"delete a base file (data/config.json)", func(r string) error {
+		server,
+		{action: "delete a base file (data/config.json)", do: func(r string) error {
 			return os.Remove(filepath.Join(r, "data/config.json"))
 		}},
-		{"install dependencies (300 small files)", func(r string) error {
+		{action: "install dependencies (300 small files)", do: func(r string) error {
 			return writeFiles(filepath.Join(r, "vendor"), 300, 2048, 11)
 		}},
-		{"failed destructive edit: rm -rf src/, clobber README", func(r string) error {
+		{action: "failed destructive edit: rm -rf src/, clobber README", do: func(r string) error {
 			if err := os.RemoveAll(filepath.Join(r, "src")); err != nil {
 				return err
 			}
@@ -137,8 +153,8 @@ func RunDemo(ctx context.Context, opts DemoOptions) (*DemoReport, error) {
 			return nil, err
 		}
 	}
-	// The agent's tests fail after turn 6: roll back to turn 5.
-	rb, err := e.Rollback(ctx, "agent", byTurn[5])
+	// The agent's tests fail after turn 7: roll back to turn 6.
+	rb, err := e.Rollback(ctx, "agent", byTurn[6])
 	if err != nil {
 		return nil, err
 	}
@@ -146,20 +162,26 @@ func RunDemo(ctx context.Context, opts DemoOptions) (*DemoReport, error) {
 	if err := expectFile(root, "src/main.go", "func feature() { run() }"); err != nil {
 		return nil, fmt.Errorf("demo: after rollback: %w", err)
 	}
-	if err := turn(ctx, e, rep, "agent", root, 7, step{"retry: a careful edit of src/util.go", func(r string) error {
+	if procs {
+		// The dev server of turn 4 is back, from its memory image.
+		if rep.ServerAnswers, err = serverAnswers(ctx, e, "agent"); err != nil {
+			return nil, fmt.Errorf("demo: dev server after rollback: %w", err)
+		}
+	}
+	if err := turn(ctx, e, rep, "agent", root, 8, step{action: "retry: a careful edit of src/util.go", do: func(r string) error {
 		return appendFile(filepath.Join(r, "src/util.go"), "\n// handles the empty case\n")
 	}}, byTurn); err != nil {
 		return nil, err
 	}
-	br, err := e.Branch(ctx, byTurn[4], "agent-alt")
+	br, err := e.Branch(ctx, byTurn[5], "agent-alt")
 	if err != nil {
 		return nil, err
 	}
 	rep.Branch = br.Duration
 	if _, err := os.Stat(filepath.Join(br.Root, "vendor")); !os.IsNotExist(err) {
-		return nil, fmt.Errorf("demo: branch of turn 4 has turn 5's vendor/ (%v)", err)
+		return nil, fmt.Errorf("demo: branch of turn 5 has turn 6's vendor/ (%v)", err)
 	}
-	if err := turn(ctx, e, rep, "agent-alt", br.Root, 5, step{"branch: try another approach", func(r string) error {
+	if err := turn(ctx, e, rep, "agent-alt", br.Root, 6, step{action: "branch: try another approach", do: func(r string) error {
 		return os.WriteFile(filepath.Join(r, "src/experiment.go"), []byte("package main\n"), 0o644)
 	}}, map[int]string{}); err != nil {
 		return nil, err
@@ -183,7 +205,14 @@ func RunDemo(ctx context.Context, opts DemoOptions) (*DemoReport, error) {
 }
 
 func turn(ctx context.Context, e *engine.Engine, rep *DemoReport, name, root string, n int, s step, byTurn map[int]string) error {
-	if err := s.do(root); err != nil {
+	var err error
+	if s.exec != nil {
+		_, err = e.Exec(ctx, name, s.exec, engine.ExecOptions{Detach: true})
+		time.Sleep(200 * time.Millisecond) // let it come up, as an agent would wait
+	} else {
+		err = s.do(root)
+	}
+	if err != nil {
 		return fmt.Errorf("demo turn %d (%s): %w", n, s.action, err)
 	}
 	r, err := e.Checkpoint(ctx, name, engine.CheckpointOptions{Turn: &n, Message: s.action})
@@ -209,10 +238,14 @@ func printDemo(w io.Writer, rep *DemoReport, changes []deltaChange) {
 		classes[t.Class]++
 	}
 	tw.Flush()
-	fmt.Fprintf(w, "\n%d turn boundaries: %d skip (no bytes written), %d fs; %s stored in %d objects\n",
-		len(rep.Turns), classes[catalog.ClassSkip], classes[catalog.ClassFS], humanBytes(bytes), objects)
-	fmt.Fprintf(w, "rollback agent -> turn 5 after the failed edit: %s (restored layer re-hashed and matched)\n", humanDur(rep.Rollback))
-	fmt.Fprintf(w, "branch turn 4 -> agent-alt: %s\n", humanDur(rep.Branch))
+	fmt.Fprintf(w, "\n%d turn boundaries: %d skip (no bytes written), %d fs, %d process, %d full; %s stored in %d objects\n",
+		len(rep.Turns), classes[catalog.ClassSkip], classes[catalog.ClassFS], classes[catalog.ClassProcess],
+		classes[catalog.ClassFull], humanBytes(bytes), objects)
+	fmt.Fprintf(w, "rollback agent -> turn 6 after the failed edit: %s (restored layer re-hashed and matched)\n", humanDur(rep.Rollback))
+	if rep.ServerAnswers != "" {
+		fmt.Fprintf(w, "dev server from turn 4 restored from its CRIU image; it answers: %q\n", rep.ServerAnswers)
+	}
+	fmt.Fprintf(w, "branch turn 5 -> agent-alt: %s\n", humanDur(rep.Branch))
 	fmt.Fprintf(w, "verify: %d checkpoints, every object and hash ok\n", rep.Verified)
 	fmt.Fprintf(w, "diff agent turn 0 -> live root: %d paths changed\n", len(changes))
 	for i, c := range changes {
@@ -261,4 +294,30 @@ func writeFiles(dir string, n, size int, seed int64) error {
 		}
 	}
 	return nil
+}
+
+// processesAvailable reports whether this host can run sandbox processes:
+// runc, the CRIU prefix and busybox for the demo's image.
+func processesAvailable() bool {
+	if _, err := exec.LookPath("runc"); err != nil {
+		return false
+	}
+	if _, err := os.Stat(proc.DefaultCRIUPath()); err != nil {
+		return false
+	}
+	_, err := os.Stat("/bin/busybox")
+	return err == nil
+}
+
+// serverAnswers fetches the demo's page from inside the sandbox.
+func serverAnswers(ctx context.Context, e *engine.Engine, sandbox string) (string, error) {
+	var out strings.Builder
+	code, err := e.Exec(ctx, sandbox, []string{"wget", "-q", "-O", "-", "http://127.0.0.1:8080/"}, engine.ExecOptions{Stdout: &out})
+	if err != nil {
+		return "", err
+	}
+	if code != 0 {
+		return "", fmt.Errorf("wget exited %d", code)
+	}
+	return strings.TrimSpace(out.String()), nil
 }

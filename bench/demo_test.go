@@ -13,12 +13,16 @@ import (
 // showing what it claims.
 func TestDemo(t *testing.T) {
 	testenv.RequireRoot(t)
+	if !processesAvailable() {
+		testenv.Missing(t, "runc, CRIU and busybox", "the demo's dev-server turn needs them")
+	}
 	var out strings.Builder
 	rep, err := RunDemo(context.Background(), DemoOptions{Dir: t.TempDir(), Out: &out})
 	if err != nil {
 		t.Fatalf("demo: %v\n%s", err, out.String())
 	}
-	want := map[int]catalog.Class{0: catalog.ClassFS, 1: catalog.ClassFS, 2: catalog.ClassSkip, 3: catalog.ClassSkip, 4: catalog.ClassFS}
+	want := map[int]catalog.Class{0: catalog.ClassFS, 1: catalog.ClassFS, 2: catalog.ClassSkip, 3: catalog.ClassSkip,
+		4: catalog.ClassProcess, 5: catalog.ClassFS}
 	for _, turn := range rep.Turns {
 		if c, ok := want[turn.Turn]; ok && turn.Sandbox == "agent" && turn.Class != c {
 			t.Errorf("turn %d (%s) classed %s, want %s", turn.Turn, turn.Action, turn.Class, c)
@@ -27,10 +31,13 @@ func TestDemo(t *testing.T) {
 			t.Errorf("skip turn %d wrote %d bytes", turn.Turn, turn.BytesNew)
 		}
 	}
-	if rep.Verified < 7 || rep.DiffChanges == 0 {
+	if rep.Verified < 8 || rep.DiffChanges == 0 {
 		t.Errorf("verified %d checkpoints, diff %d changes", rep.Verified, rep.DiffChanges)
 	}
-	for _, s := range []string{"rollback agent -> turn 5", "verify:", "skip"} {
+	if rep.ServerAnswers != "dev server: all tests green" {
+		t.Errorf("dev server after rollback answered %q", rep.ServerAnswers)
+	}
+	for _, s := range []string{"rollback agent -> turn 6", "verify:", "skip", "CRIU image"} {
 		if !strings.Contains(out.String(), s) {
 			t.Errorf("demo output lacks %q:\n%s", s, out.String())
 		}

@@ -47,7 +47,34 @@ func WriteProject(dir string, seed int64) error {
 	if err := os.WriteFile(filepath.Join(dir, "assets/logo.bin"), asset, 0o644); err != nil {
 		return err
 	}
-	return os.MkdirAll(filepath.Join(dir, "tmp"), 0o1777)
+	if err := os.MkdirAll(filepath.Join(dir, "tmp"), 0o1777); err != nil {
+		return err
+	}
+	return addBusybox(dir)
+}
+
+// addBusybox makes the project runnable in a container when this host has
+// busybox-static: /bin/busybox with its applets, and a web root for the
+// demo's dev server. Without it the demo runs its file turns only.
+func addBusybox(dir string) error {
+	bb, err := os.ReadFile("/bin/busybox")
+	if err != nil {
+		return nil
+	}
+	for _, d := range []string{"bin", "proc", "dev", "sys", "root", "www"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			return err
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "bin/busybox"), bb, 0o755); err != nil {
+		return err
+	}
+	for _, applet := range []string{"sh", "sleep", "httpd", "wget", "ls", "cat", "mv", "echo", "killall"} {
+		if err := os.Symlink("busybox", filepath.Join(dir, "bin", applet)); err != nil {
+			return err
+		}
+	}
+	return os.WriteFile(filepath.Join(dir, "www/index.html"), []byte("dev server: all tests green\n"), 0o644)
 }
 
 // textLike returns n bytes that compress roughly like source code.

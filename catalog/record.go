@@ -55,19 +55,27 @@ type Stats struct {
 // Checkpoint is the checkpoint record: stored in the object store as an
 // object named by its hash, and indexed in the catalog by the same bytes.
 type Checkpoint struct {
-	ID       delta.ID  `json:"-"`         // delta.Hash of the encoded record; never inside it
-	Version  int       `json:"version"`   // record format version, RecordVersion
-	Sandbox  string    `json:"sandbox"`   // a ValidName
-	Parent   delta.ID  `json:"parent"`    // zero for a sandbox's first checkpoint created from a base
-	Turn     int       `json:"turn"`      // agent turn number, >= 0
-	Class    Class     `json:"class"`     // what was captured
-	Backend  string    `json:"backend"`   // "overlay" or "btrfs"
-	BaseTree delta.ID  `json:"base_tree"` // tree of the read-only base (sandbox identity)
-	FSTree   delta.ID  `json:"fs_tree"`   // tree of the writable layer (overlay upper) at this checkpoint
-	StateKey delta.ID  `json:"state_key"` // hash used to decide "no change" (see engine); not a stored object
-	Message  string    `json:"message,omitempty"`
-	Created  time.Time `json:"created"` // UTC, nanosecond precision
-	Stats    Stats     `json:"stats"`
+	ID       delta.ID `json:"-"`         // delta.Hash of the encoded record; never inside it
+	Version  int      `json:"version"`   // record format version, RecordVersion
+	Sandbox  string   `json:"sandbox"`   // a ValidName
+	Parent   delta.ID `json:"parent"`    // zero for a sandbox's first checkpoint created from a base
+	Turn     int      `json:"turn"`      // agent turn number, >= 0
+	Class    Class    `json:"class"`     // what was captured
+	Backend  string   `json:"backend"`   // "overlay" or "btrfs"
+	BaseTree delta.ID `json:"base_tree"` // tree of the read-only base (sandbox identity)
+	FSTree   delta.ID `json:"fs_tree"`   // tree of the writable layer (overlay upper) at this checkpoint
+	StateKey delta.ID `json:"state_key"` // hash used to decide "no change" (see engine); not a stored object
+	// ProcTree is the tree of the CRIU image of the sandbox's long-lived
+	// processes at this checkpoint, nil when it had none. A checkpoint whose
+	// processes did not change carries its parent's image forward.
+	ProcTree *delta.ID `json:"proc_tree,omitempty"`
+	// Host holds the facts of the host that dumped ProcTree (kernel, CPU
+	// flags, CRIU version), checked before processes are restored; kept as
+	// raw JSON so the catalog need not know the process layer's types.
+	Host    json.RawMessage `json:"host,omitempty"`
+	Message string          `json:"message,omitempty"`
+	Created time.Time       `json:"created"` // UTC, nanosecond precision
+	Stats   Stats           `json:"stats"`
 }
 
 // validate checks what EncodeRecord promises and DecodeRecord re-checks. The
@@ -171,4 +179,14 @@ func ValidName(name string) bool {
 		}
 	}
 	return true
+}
+
+// Roots lists the trees a checkpoint references: its base, its writable
+// layer and, if it has one, its process image.
+func (cp *Checkpoint) Roots() []delta.ID {
+	r := []delta.ID{cp.BaseTree, cp.FSTree}
+	if cp.ProcTree != nil {
+		r = append(r, *cp.ProcTree)
+	}
+	return r
 }

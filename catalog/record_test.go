@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -59,7 +60,7 @@ func TestRecordRoundTrip(t *testing.T) {
 		t.Fatalf("re-encode: id %s err %v, bytes equal %v", id2, err, bytes.Equal(again, data))
 	}
 	got.Created, want.Created = time.Time{}, time.Time{}
-	if *got != want {
+	if !reflect.DeepEqual(*got, want) {
 		t.Fatalf("round trip:\n got %+v\nwant %+v", got, want)
 	}
 }

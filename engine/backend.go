@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/turnsnap/turnsnap/btrfs"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/overlay"
@@ -66,7 +67,10 @@ func (e *Engine) backend(name string, cfg map[string]string) (Backend, error) {
 	if b, ok := e.backends[name]; ok {
 		return b, nil
 	}
-	have := []string{}
+	if name == btrfs.Name {
+		return e.btrfsBackend(cfg)
+	}
+	have := []string{btrfs.Name}
 	for n := range e.backends {
 		have = append(have, n)
 	}

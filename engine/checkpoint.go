@@ -48,9 +48,30 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	}
 	e.repo.reset()
 	defer e.repo.reset() // a failed or skipped turn leaves nothing pending
+	// Processes first: decide whether they changed and pause them, so the
+	// scan and any dump below are one instant (DESIGN rule 2).
+	pt, err := e.beginProcTurn(ctx, name, st.head)
+	if err != nil {
+		return nil, err
+	}
+	resumed := false
+	resume := func() {
+		if !resumed {
+			resumed = true
+			pt.resume()
+		}
+	}
+	defer resume()
 	res, err := st.root.Scan(ctx, e.repo)
 	if err != nil {
 		return nil, err
+	}
+	if rescan, err := e.confirmIdle(ctx, name, pt, st.head); err != nil {
+		return nil, err
+	} else if rescan {
+		if res, err = st.root.Scan(ctx, e.repo); err != nil {
+			return nil, err
+		}
 	}
 	turn := st.head.Turn + 1
 	if opts.Turn != nil {
@@ -59,7 +80,8 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	stats := catalog.Stats{
 		Entries: res.Stats.Entries, FilesRead: res.Stats.FilesRead, BytesRead: res.Stats.BytesRead,
 	}
-	if res.StateKey == st.head.StateKey {
+	fsChanged := res.StateKey != st.head.StateKey
+	if !fsChanged && !pt.changed {
 		// Nothing recovery-relevant changed. The scan's cache only names
 		// chunks the head already references, so keeping it is safe; it is
 		// worth writing only when the scan had to read files (racy or
@@ -73,15 +95,33 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 		return &CheckpointResult{ID: st.head.ID, Sandbox: name, Class: catalog.ClassSkip, Turn: turn,
 			Parent: st.head.ID, Stats: stats, Duration: time.Since(start)}, nil
 	}
+	// Unchanged processes keep the image they were last dumped with.
+	procTree, host := st.head.ProcTree, st.head.Host
+	if pt.changed {
+		procTree, host = nil, nil
+		if pt.running && len(pt.cur.Procs) > 0 {
+			tree, h, err := e.dump(ctx, name)
+			if err != nil {
+				return nil, err
+			}
+			procTree, host = &tree, h
+		}
+	}
+	resume()
 	cp := &catalog.Checkpoint{
 		Version: catalog.RecordVersion, Sandbox: name, Parent: st.head.ID, Turn: turn,
-		Class: catalog.ClassFS, Backend: st.sb.Backend, BaseTree: st.head.BaseTree,
-		FSTree: res.Root, StateKey: res.StateKey, Message: opts.Message,
-		Created: time.Now().UTC(), Stats: stats,
+		Class: classify(fsChanged, pt.changed), Backend: st.sb.Backend, BaseTree: st.head.BaseTree,
+		FSTree: res.Root, StateKey: res.StateKey, ProcTree: procTree, Host: host,
+		Message: opts.Message, Created: time.Now().UTC(), Stats: stats,
 	}
 	cp.Stats.DurationNs = time.Since(start).Nanoseconds()
-	if err := e.commit(ctx, cp, nil, []delta.ID{cp.FSTree, cp.BaseTree}); err != nil {
+	if err := e.commit(ctx, cp, nil, cp.Roots()); err != nil {
 		return nil, err
+	}
+	if pt.changed && pt.running {
+		// Only now: a baseline taken before the commit could make the next
+		// turn skip processes no checkpoint holds.
+		e.settle(ctx, name)
 	}
 	if err := st.root.Committed(res); err != nil {
 		// The checkpoint is committed; a stale cache only costs a re-read.
@@ -89,6 +129,19 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	}
 	return &CheckpointResult{ID: cp.ID, Sandbox: name, Class: cp.Class, Turn: turn, Parent: cp.Parent,
 		Stats: cp.Stats, Duration: time.Since(start)}, nil
+}
+
+// classify names a turn by what changed (DESIGN.md, "The turn classes").
+func classify(fs, procs bool) catalog.Class {
+	switch {
+	case fs && procs:
+		return catalog.ClassFull
+	case procs:
+		return catalog.ClassProcess
+	case fs:
+		return catalog.ClassFS
+	}
+	return catalog.ClassSkip
 }
 
 // resolve turns a user's checkpoint reference (full id, unique prefix, tag)

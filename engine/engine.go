@@ -15,6 +15,7 @@ import (
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/overlay"
+	"github.com/turnsnap/turnsnap/proc"
 	"github.com/turnsnap/turnsnap/upload"
 )
 
@@ -52,6 +53,8 @@ type Engine struct {
 	log    *slog.Logger
 	// backends by name; the engine composes them, each owns its roots.
 	backends map[string]Backend
+	rt       *proc.Runtime // process runtime, made on first use
+	procCRIU string        // CRIU binary; "" means proc's default
 }
 
 // Open locks and opens the home, creating it on first use.

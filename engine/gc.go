@@ -95,6 +95,9 @@ func (e *Engine) GC(ctx context.Context, opts GCOptions) (*GCReport, error) {
 			return nil
 		}
 		data, err := upload.ReadAll(ctx, e.store, oi.Name)
+		if errors.Is(err, errdefs.ErrNotFound) {
+			return nil // pruned since the listing: it protects nothing any more
+		}
 		if err != nil {
 			return err
 		}
@@ -103,7 +106,7 @@ func (e *Engine) GC(ctx context.Context, opts GCOptions) (*GCReport, error) {
 			return fmt.Errorf("object %s: %w", oi.Name, err)
 		}
 		rep.Records++
-		for _, root := range []delta.ID{cp.BaseTree, cp.FSTree} {
+		for _, root := range cp.Roots() {
 			if err := w.walk(ctx, root); err != nil {
 				return fmt.Errorf("checkpoint %s: %w", id.Short(), err)
 			}
@@ -169,6 +172,18 @@ func (e *Engine) deletePack(ctx context.Context, id delta.ID, entries []upload.P
 		return fmt.Errorf("gc: delete %s: %w", name, err)
 	}
 	return e.cat.Update(ctx, func(tx *catalog.Tx) error {
+		// A pruned checkpoint's packs may still be queued for upload.
+		pending, err := tx.PendingUploads("")
+		if err != nil {
+			return err
+		}
+		for _, p := range pending {
+			if p.Name == name {
+				if err := tx.UploadDone(p); err != nil {
+					return err
+				}
+			}
+		}
 		for _, en := range entries {
 			loc, ok, err := tx.Blob(en.ID)
 			if err != nil {
@@ -280,7 +295,7 @@ func (e *Engine) deleteCheckpoint(ctx context.Context, cp *catalog.Checkpoint) e
 	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		return fmt.Errorf("checkpoint %s: %w", cp.ID.Short(), err)
 	}
-	return e.releaseRefs(ctx, []delta.ID{cp.FSTree, cp.BaseTree})
+	return e.releaseRefs(ctx, cp.Roots())
 }
 
 // releaseRefs drops one reference to each root and cascades into the

@@ -288,7 +288,7 @@ func countRefs(ctx context.Context, loader delta.BlobLoader, cps []*catalog.Chec
 		return nil
 	}
 	for _, cp := range cps {
-		for _, root := range []delta.ID{cp.FSTree, cp.BaseTree} {
+		for _, root := range cp.Roots() {
 			counts[root]++
 			if err := walk(root); err != nil {
 				return nil, fmt.Errorf("checkpoint %s: %w", cp.ID.Short(), err)

@@ -194,6 +194,16 @@ func (e *Engine) Push(ctx context.Context, opts PushOptions) (*PushReport, error
 		// are rewritten in place. Nothing else writes the store while this
 		// process holds the home lock.
 		info, err := e.local.Stat(ctx, name)
+		if errors.Is(err, errdefs.ErrNotFound) && strings.HasPrefix(name, upload.PackPrefix) {
+			// Collected since it was queued (its checkpoint was pruned before
+			// upload). A record that still needed it would have kept it live,
+			// and preflight checked every record of this push.
+			if err := e.cat.Update(ctx, func(tx *catalog.Tx) error { return doneAll(tx, p.covers) }); err != nil {
+				errs = append(errs, err)
+				break
+			}
+			continue
+		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("queued upload %s: %w", name, err))
 			break
@@ -306,6 +316,12 @@ func selectUploads(all []catalog.PendingUpload, sandbox string) []job {
 func (e *Engine) preflight(ctx context.Context, todo []job) ([]job, error) {
 	inPush := map[string]bool{}
 	for _, j := range todo {
+		if strings.HasPrefix(j.Name, upload.PackPrefix) {
+			// Only a pack this host still has will really go up.
+			if _, err := e.local.Stat(ctx, j.Name); err != nil {
+				continue
+			}
+		}
 		inPush[j.Name] = true
 	}
 	remote := map[string]bool{}
@@ -346,7 +362,7 @@ func (e *Engine) preflight(ctx context.Context, todo []job) ([]job, error) {
 			}
 			return nil
 		}
-		for _, root := range []delta.ID{cp.BaseTree, cp.FSTree} {
+		for _, root := range cp.Roots() {
 			if err := w.walk(ctx, root); err != nil {
 				return nil, err
 			}

@@ -16,6 +16,7 @@ type RestoreResult struct {
 	Sandbox    string
 	Checkpoint *catalog.Checkpoint
 	Root       string
+	Processes  bool // the checkpoint's processes run again
 	Duration   time.Duration
 }
 
@@ -23,11 +24,25 @@ type RestoreResult struct {
 // moves its head there. Later checkpoints stay in the log; the next
 // checkpoint's parent is ref, so history forks like a git branch. The state
 // is materialised straight from the checkpoint's tree, with no chain replay.
-func (e *Engine) Rollback(ctx context.Context, name, ref string) (*RestoreResult, error) {
+//
+// A checkpoint with processes gets them back too, in a fresh container on
+// the restored root (files first, then processes), unless FSOnly. A host
+// that cannot restore them (CPU flags, kernel, CRIU) is refused before the
+// sandbox is touched.
+func (e *Engine) Rollback(ctx context.Context, name, ref string, opts ...RollbackOptions) (*RestoreResult, error) {
 	start := time.Now()
+	var o RollbackOptions
+	if len(opts) > 0 {
+		o = opts[0]
+	}
 	cp, err := e.resolve(ctx, ref)
 	if err != nil {
 		return nil, err
+	}
+	if !o.FSOnly {
+		if err := e.checkHost(ctx, cp); err != nil {
+			return nil, err
+		}
 	}
 	st, err := e.loadSandbox(ctx, name)
 	if err != nil {
@@ -36,6 +51,9 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string) (*RestoreResult
 	if cp.BaseTree != st.head.BaseTree {
 		return nil, fmt.Errorf("sandbox %s: checkpoint %s was taken on another base (%s, sandbox has %s); use `turnsnap branch` instead: %w",
 			name, cp.ID.Short(), cp.BaseTree.Short(), st.head.BaseTree.Short(), errdefs.ErrPrecondition)
+	}
+	if err := e.stopProcesses(ctx, name); err != nil {
+		return nil, err
 	}
 	if err := st.root.Restore(ctx, cp.FSTree, e.repo); err != nil {
 		return nil, err
@@ -52,7 +70,21 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string) (*RestoreResult
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: move head to %s: %w", name, cp.ID.Short(), err)
 	}
-	return &RestoreResult{Sandbox: name, Checkpoint: cp, Root: st.root.Path(), Duration: time.Since(start)}, nil
+	res := &RestoreResult{Sandbox: name, Checkpoint: cp, Root: st.root.Path()}
+	if cp.ProcTree != nil && !o.FSOnly {
+		if err := e.restoreProcesses(ctx, name, st.root.Path(), cp); err != nil {
+			return nil, fmt.Errorf("files restored, processes not: %w", err)
+		}
+		res.Processes = true
+	}
+	res.Duration = time.Since(start)
+	return res, nil
+}
+
+// RollbackOptions configures Rollback.
+type RollbackOptions struct {
+	// FSOnly restores the checkpoint's files and leaves its processes out.
+	FSOnly bool
 }
 
 // BranchOptions configures Branch.
@@ -63,6 +95,8 @@ type BranchOptions struct {
 	// checkpoint, so a branch may change backend.
 	Backend string
 	Config  map[string]string // the backend's settings (btrfs: {"pool": DIR})
+	// FSOnly restores the checkpoint's files and leaves its processes out.
+	FSOnly bool
 }
 
 // Branch creates sandbox newName whose root equals checkpoint ref. Its head
@@ -94,6 +128,11 @@ func (e *Engine) Branch(ctx context.Context, ref, newName string, opts ...Branch
 			return nil
 		})
 	}
+	if !o.FSOnly {
+		if err := e.checkHost(ctx, cp); err != nil {
+			return nil, err
+		}
+	}
 	be, err := e.backend(o.Backend, o.Config)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", newName, err)
@@ -116,7 +155,15 @@ func (e *Engine) Branch(ctx context.Context, ref, newName string, opts ...Branch
 		root.Remove(context.WithoutCancel(ctx))
 		return nil, err
 	}
-	return &RestoreResult{Sandbox: newName, Checkpoint: cp, Root: root.Path(), Duration: time.Since(start)}, nil
+	res := &RestoreResult{Sandbox: newName, Checkpoint: cp, Root: root.Path()}
+	if cp.ProcTree != nil && !o.FSOnly {
+		if err := e.restoreProcesses(ctx, newName, root.Path(), cp); err != nil {
+			return nil, fmt.Errorf("sandbox %s created with the files of %s, processes not: %w", newName, cp.ID.Short(), err)
+		}
+		res.Processes = true
+	}
+	res.Duration = time.Since(start)
+	return res, nil
 }
 
 // publishSandbox records a sandbox whose head is an existing checkpoint:

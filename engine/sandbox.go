@@ -265,6 +265,9 @@ func (e *Engine) RemoveSandbox(ctx context.Context, name string) error {
 	if err != nil {
 		return fmt.Errorf("sandbox %s: %w", name, err)
 	}
+	if err := e.stopProcesses(ctx, name); err != nil {
+		return err
+	}
 	if err := be.Open(e.home.sandboxDir(name), "").Remove(ctx); err != nil {
 		return err
 	}

@@ -77,7 +77,7 @@ func (e *Engine) Verify(ctx context.Context, ref string) (*VerifyReport, error) 
 		}
 		return nil
 	}
-	for _, root := range []delta.ID{cp.BaseTree, cp.FSTree} {
+	for _, root := range cp.Roots() {
 		if err := walk(root); err != nil {
 			return rep, fmt.Errorf("checkpoint %s: %w", cp.ID.Short(), err)
 		}

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything turnsnap's tests and demo need on a fresh Debian 12
-# machine: runs each scripts/deps.d/*.sh in name order. Every part checks
+# machine: runs each scripts/deps.d/*.sh in name order (or only the parts
+# named as arguments). Every part checks
 # before it installs, so a second run costs seconds. Tools that are not
 # Debian packages are built or unpacked into $TURNSNAP_CACHE (default
 # /var/cache/turnsnap), which survives between runs on the same machine.
@@ -24,7 +25,14 @@ apt_need() {
 }
 export -f apt_need
 
+# With arguments, only the parts whose names contain one of them run
+# (`deps.sh base proc` for the demo, which needs no MinIO build).
 for part in "$here"/deps.d/*.sh; do
+  if [ $# -gt 0 ]; then
+    want=""
+    for w in "$@"; do case "$(basename "$part")" in *"$w"*) want=1 ;; esac; done
+    [ -n "$want" ] || continue
+  fi
   echo "deps: $(basename "$part")"
   # shellcheck source=/dev/null
   source "$part"

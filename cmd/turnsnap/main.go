@@ -114,7 +114,7 @@ branch one checkpoint into many sandboxes, and verify what is stored.`,
 	pf.BoolVarP(&a.verbose, "verbose", "v", false, "log debug detail to stderr")
 	root.AddCommand(a.sandboxCmd(), a.checkpointCmd(), a.logCmd(), a.diffCmd(), a.rollbackCmd(),
 		a.branchCmd(), a.tagCmd(), a.verifyCmd(), a.catalogCmd(), a.initCmd(), a.syncCmd(),
-		a.statusCmd(), a.gcCmd(), a.pruneCmd(), a.demoCmd())
+		a.statusCmd(), a.gcCmd(), a.pruneCmd(), a.execCmd(), a.demoCmd())
 	return root
 }
 
@@ -123,6 +123,10 @@ func main() {
 	defer stop()
 	root := newRoot()
 	if err := root.ExecuteContext(ctx); err != nil {
+		var ce commandExit
+		if errors.As(err, &ce) {
+			os.Exit(ce.code)
+		}
 		fmt.Fprintln(os.Stderr, "turnsnap:", err)
 		code := exitCode(err)
 		if code == exitError && usageErr(err) {

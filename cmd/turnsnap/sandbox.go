@@ -3,21 +3,31 @@ package main
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
+	"github.com/turnsnap/turnsnap/btrfs"
 	"github.com/turnsnap/turnsnap/engine"
+	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
 
 func (a *app) sandboxCmd() *cobra.Command {
 	c := &cobra.Command{Use: "sandbox", Short: "Create, list, locate and remove sandboxes"}
-	var base, backend string
+	var base, backend, pool string
 	create := &cobra.Command{
-		Use:   "create NAME --base DIR",
-		Short: "Create a sandbox whose root is an overlay on top of DIR",
+		Use:   "create NAME --base DIR [--backend btrfs --btrfs-pool PATH]",
+		Short: "Create a sandbox whose root is an overlay on top of DIR, or a btrfs snapshot of it",
 		Args:  cobra.ExactArgs(1),
 		RunE: a.withEngine(func(ctx context.Context, e *engine.Engine, args []string) error {
-			r, err := e.CreateSandbox(ctx, args[0], engine.CreateOptions{Base: base, Backend: backend})
+			if backend == "" && pool != "" {
+				backend = btrfs.Name
+			}
+			cfg, err := backendConfig(backend, pool)
+			if err != nil {
+				return err
+			}
+			r, err := e.CreateSandbox(ctx, args[0], engine.CreateOptions{Base: base, Backend: backend, Config: cfg})
 			if err != nil {
 				return err
 			}
@@ -36,7 +46,8 @@ func (a *app) sandboxCmd() *cobra.Command {
 		}),
 	}
 	create.Flags().StringVar(&base, "base", "", "directory to import as the sandbox's read-only base (required)")
-	create.Flags().StringVar(&backend, "backend", "overlay", "sandbox root backend")
+	create.Flags().StringVar(&backend, "backend", "", "sandbox root backend: overlay (default) or btrfs")
+	create.Flags().StringVar(&pool, "btrfs-pool", "", "btrfs backend: a directory on a mounted btrfs filesystem for the sandbox's subvolumes")
 	create.MarkFlagRequired("base")
 
 	path := &cobra.Command{
@@ -112,4 +123,21 @@ func (a *app) printSandboxes(sbs []engine.SandboxInfo) error {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", s.Sandbox.Name, s.Sandbox.Backend, head, turn, s.Root)
 	}
 	return tw.Flush()
+}
+
+// backendConfig turns the backend flags into a sandbox's settings.
+func backendConfig(backend, pool string) (map[string]string, error) {
+	switch {
+	case backend == btrfs.Name && pool == "":
+		return nil, fmt.Errorf("--backend btrfs needs --btrfs-pool PATH: %w", errdefs.ErrInvalid)
+	case backend == btrfs.Name:
+		abs, err := filepath.Abs(pool)
+		if err != nil {
+			return nil, err
+		}
+		return map[string]string{btrfs.ConfigPool: abs}, nil
+	case pool != "":
+		return nil, fmt.Errorf("--btrfs-pool is for --backend btrfs, not %q: %w", backend, errdefs.ErrInvalid)
+	}
+	return nil, nil
 }

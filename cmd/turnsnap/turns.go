@@ -6,6 +6,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
+	"github.com/turnsnap/turnsnap/btrfs"
 	"github.com/turnsnap/turnsnap/engine"
 )
 
@@ -58,42 +59,63 @@ func (a *app) checkpointCmd() *cobra.Command {
 }
 
 func (a *app) rollbackCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:   "rollback NAME CHECKPOINT",
-		Short: "Make the sandbox's root exactly that checkpoint and move its head there",
+	var fsOnly bool
+	c := &cobra.Command{
+		Use:   "rollback NAME CHECKPOINT [--fs-only]",
+		Short: "Make the sandbox's root (and processes) exactly that checkpoint and move its head there",
 		Args:  cobra.ExactArgs(2),
 		RunE: a.withEngine(func(ctx context.Context, e *engine.Engine, args []string) error {
-			r, err := e.Rollback(ctx, args[0], args[1])
+			r, err := e.Rollback(ctx, args[0], args[1], engine.RollbackOptions{FSOnly: fsOnly})
 			if err != nil {
 				return err
 			}
 			return a.printRestore("rolled back", r)
 		}),
 	}
+	c.Flags().BoolVar(&fsOnly, "fs-only", false, "restore the checkpoint's files only, not its processes")
+	return c
 }
 
 func (a *app) branchCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:   "branch CHECKPOINT NEWNAME",
+	var backend, pool string
+	var fsOnly bool
+	c := &cobra.Command{
+		Use:   "branch CHECKPOINT NEWNAME [--backend overlay|btrfs [--btrfs-pool PATH]]",
 		Short: "Create a new sandbox whose root equals a checkpoint",
 		Args:  cobra.ExactArgs(2),
 		RunE: a.withEngine(func(ctx context.Context, e *engine.Engine, args []string) error {
-			r, err := e.Branch(ctx, args[0], args[1])
+			if backend == "" && pool != "" {
+				backend = btrfs.Name
+			}
+			cfg, err := backendConfig(backend, pool)
+			if err != nil {
+				return err
+			}
+			r, err := e.Branch(ctx, args[0], args[1], engine.BranchOptions{Backend: backend, Config: cfg, FSOnly: fsOnly})
 			if err != nil {
 				return err
 			}
 			return a.printRestore("branched", r)
 		}),
 	}
+	c.Flags().StringVar(&backend, "backend", "", "backend of the new sandbox (default: the one the checkpoint was taken on)")
+	c.Flags().StringVar(&pool, "btrfs-pool", "", "btrfs backend: a directory on a mounted btrfs filesystem")
+	c.Flags().BoolVar(&fsOnly, "fs-only", false, "restore the checkpoint's files only, not its processes")
+	return c
 }
 
 func (a *app) printRestore(verb string, r *engine.RestoreResult) error {
 	if a.json {
 		return printJSON(a.stdout(), map[string]any{"sandbox": r.Sandbox, "checkpoint": r.Checkpoint.ID,
-			"turn": r.Checkpoint.Turn, "root": r.Root, "duration_ms": float64(r.Duration.Microseconds()) / 1000})
+			"turn": r.Checkpoint.Turn, "root": r.Root, "processes": r.Processes,
+			"duration_ms": float64(r.Duration.Microseconds()) / 1000})
 	}
-	fmt.Fprintf(a.stdout(), "sandbox %s %s to %s (turn %d) in %s; root %s\n", r.Sandbox, verb,
-		r.Checkpoint.ID.Short(), r.Checkpoint.Turn, durStr(r.Duration), r.Root)
+	procs := ""
+	if r.Processes {
+		procs = " with its processes"
+	}
+	fmt.Fprintf(a.stdout(), "sandbox %s %s to %s (turn %d)%s in %s; root %s\n", r.Sandbox, verb,
+		r.Checkpoint.ID.Short(), r.Checkpoint.Turn, procs, durStr(r.Duration), r.Root)
 	return nil
 }
 

@@ -1,0 +1,145 @@
+package btrfs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+
+	"github.com/turnsnap/turnsnap/delta"
+	"golang.org/x/sys/unix"
+)
+
+// overlayXattrPrefix marks overlayfs bookkeeping. Such xattrs cannot be
+// carried by the tree format (an overlay backend would read them as its own
+// markers), so btrfs scans drop them exactly as overlay scans do.
+const overlayXattrPrefix = "trusted.overlay."
+
+// xattrBufSize bounds one xattr list or value read: the kernel's own limit.
+const xattrBufSize = 64 << 10
+
+// statEntry fills the fields of an entry that lstat gives.
+func statEntry(name string, st *unix.Stat_t) (delta.Entry, error) {
+	e := delta.Entry{
+		Name: name, Mode: st.Mode & 07777, UID: st.Uid, GID: st.Gid,
+		MtimeNs: unix.TimespecToNsec(st.Mtim),
+	}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFREG:
+		e.Type = delta.TypeFile
+	case unix.S_IFDIR:
+		e.Type = delta.TypeDir
+	case unix.S_IFLNK:
+		e.Type = delta.TypeSymlink
+	case unix.S_IFCHR:
+		e.Type, e.Rdev = delta.TypeCharDev, st.Rdev
+	case unix.S_IFBLK:
+		e.Type, e.Rdev = delta.TypeBlockDev, st.Rdev
+	case unix.S_IFIFO:
+		e.Type = delta.TypeFIFO
+	case unix.S_IFSOCK:
+		e.Type = delta.TypeSocket
+	default:
+		return e, fmt.Errorf("unknown file type %#o", st.Mode&unix.S_IFMT)
+	}
+	return e, nil
+}
+
+// readXattrs returns p's extended attributes sorted by name, without
+// overlay's bookkeeping.
+func readXattrs(p string, buf []byte) ([]delta.Xattr, error) {
+	n, err := unix.Llistxattr(p, buf)
+	if err != nil {
+		if errors.Is(err, unix.ENOTSUP) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("list xattrs of %s: %w", p, err)
+	}
+	var out []delta.Xattr
+	for _, name := range strings.Split(string(buf[:n]), "\x00") {
+		if name == "" || strings.HasPrefix(name, overlayXattrPrefix) {
+			continue
+		}
+		v := make([]byte, xattrBufSize)
+		vn, err := unix.Lgetxattr(p, name, v)
+		if errors.Is(err, unix.ENODATA) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("xattr %s of %s: %w", name, p, err)
+		}
+		out = append(out, delta.Xattr{Name: name, Value: slices.Clone(v[:vn])})
+	}
+	slices.SortFunc(out, func(a, b delta.Xattr) int { return strings.Compare(a.Name, b.Name) })
+	return out, nil
+}
+
+// content is a file's chunk list.
+type content struct {
+	Size   uint64
+	Chunks []delta.ID
+}
+
+// readContent chunks and hashes a file of a read-only snapshot, saving each
+// chunk when saver is set. small is a reusable buffer of delta.ChunkMin
+// bytes: a file shorter than that is one chunk (as delta's chunker cuts
+// it), read without setting up the chunker and its megabyte of buffer.
+func readContent(ctx context.Context, p string, size int64, small []byte, saver delta.BlobSaver, stats *delta.ScanStats) (content, error) {
+	f, err := os.OpenFile(p, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NOATIME, 0)
+	if err != nil {
+		return content{}, err
+	}
+	defer f.Close()
+	var c content
+	stats.FilesRead++
+	add := func(data []byte) error {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		id := delta.Hash(data)
+		if saver != nil {
+			if _, err := saver.SaveBlob(ctx, delta.BlobData, id, data); err != nil {
+				return err
+			}
+		}
+		c.Chunks = append(c.Chunks, id)
+		c.Size += uint64(len(data))
+		stats.Chunks++
+		return nil
+	}
+	if size < delta.ChunkMin && len(small) >= delta.ChunkMin {
+		// The snapshot is read-only: the size cannot change under us.
+		n, err := io.ReadFull(f, small[:size])
+		if err == nil && n > 0 {
+			err = add(small[:n])
+		}
+		stats.BytesRead += int64(c.Size)
+		if err != nil {
+			return content{}, fmt.Errorf("read %s: %w", p, err)
+		}
+		return c, nil
+	}
+	err = delta.ChunkReader(io.Reader(f), add)
+	stats.BytesRead += int64(c.Size)
+	if err != nil {
+		return content{}, fmt.Errorf("read %s: %w", p, err)
+	}
+	return c, nil
+}
+
+// readNames lists a directory without stat-ing its entries.
+func readNames(p string) ([]string, error) {
+	f, err := os.OpenFile(p, os.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_NOATIME, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	names, err := f.Readdirnames(-1)
+	if err != nil && err != io.EOF {
+		return nil, fmt.Errorf("list %s: %w", p, err)
+	}
+	return names, nil
+}

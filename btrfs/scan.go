@@ -1,0 +1,320 @@
+package btrfs
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/turnsnap/turnsnap/delta"
+	"golang.org/x/sys/unix"
+)
+
+// stagedScan is a scan snapshot waiting for its checkpoint to commit.
+type stagedScan struct {
+	// dir is POOL/sandboxes/SID/.scan-XXXX and snap the read-only snapshot
+	// dir/root. The directory, not the snapshot, is renamed into place as a
+	// restore point: btrfs refuses to rename a read-only subvolume itself.
+	dir      string
+	snap     string
+	head     *head // the state it describes
+	res      *walkResult
+	rebuild  bool // the records were rebuilt from the base: replace them all
+	advanced bool // the records were written already (a skip turn)
+}
+
+// Scan returns the writable layer in overlay upper form, looking only at
+// what changed since the last committed scan. saver may be nil (hash only).
+//
+// When no inode of the live subvolume changed after the last committed
+// scan's snapshot, it returns that scan's result without reading anything:
+// a commit and a filesystem sync, each followed by one tree-search ioctl
+// that finds nothing newer. The syncs make the check exact: btrfs keeps
+// inode updates as delayed items until a commit, and updates an inode's
+// item for a buffered write only when the data is written back. On an idle
+// filesystem they cost next to nothing. (A neighbour sandbox's unwritten
+// data on the same filesystem is written back too: work brought forward,
+// not added.)
+// Otherwise it takes a read-only snapshot, the consistent cut it scans and
+// the restore point Committed keeps, and derives the layer from the changed
+// inodes and the directories above them.
+func (r *Root) Scan(ctx context.Context, saver delta.BlobSaver) (*delta.ScanResult, error) {
+	sbDir, g, err := r.gen()
+	if err != nil {
+		return nil, err
+	}
+	live, meta := filepath.Join(g, "live"), metaDir(filepath.Join(g, "meta"))
+	base, bi, err := r.baseDir(sbDir)
+	if err != nil {
+		return nil, err
+	}
+	h, rebuild := r.loadHead(live, meta, base, bi)
+	if saver != nil && len(h.Pending) > 0 && !rebuild {
+		if err := resavePending(ctx, meta, h, saver); err != nil {
+			return nil, err
+		}
+	}
+	if !rebuild {
+		changed, err := changedSince(live, h.Gen)
+		if err != nil {
+			return nil, fmt.Errorf("sandbox %s: %w", r.dir, err)
+		}
+		if !changed {
+			return &delta.ScanResult{Root: h.Root, StateKey: h.Key}, nil
+		}
+	}
+	return r.scanSnapshot(ctx, sbDir, g, filepath.Join(base, "root"), bi, h, rebuild, saver)
+}
+
+// loadHead returns the state the live subvolume's records describe, or a
+// state to rebuild from the base if they are missing or belong to another
+// subvolume.
+func (r *Root) loadHead(live string, meta metaDir, base string, bi baseInfo) (*head, bool) {
+	h, err := meta.readHead()
+	if err == nil {
+		si, serr := getSubvolInfo(live)
+		if serr == nil && (h.Basis == uuidString(si.ParentUUID) || h.BasisParent == uuidString(si.UUID)) {
+			return h, false
+		}
+		err = serr
+	}
+	r.b.opts.Logger.Warn("btrfs scan state unusable, rebuilding it from the base (reads every changed file once)",
+		"sandbox", r.dir, "err", err)
+	return emptyHead(bi), true
+}
+
+// emptyHead is the state of a sandbox equal to its base.
+func emptyHead(bi baseInfo) *head {
+	return &head{Gen: bi.Gen, Root: delta.EmptyTree(), Key: delta.EmptyTree()}
+}
+
+// changedSince reports whether an inode of the live subvolume p changed
+// after gen. Most changes (creates, unlinks, renames, truncates, metadata)
+// show once btrfs's delayed inode items are committed, which costs nothing
+// on an idle filesystem; only if none shows is buffered data written back,
+// since that alone updates an inode for a plain write, to be sure. Either
+// way the snapshot that follows a positive answer does the writeback once.
+func changedSince(p string, gen uint64) (bool, error) {
+	if err := startSync(p); err != nil {
+		return false, err
+	}
+	changed, err := anyChanged(p, gen)
+	if changed || err != nil {
+		return changed, err
+	}
+	if err := syncFS(p); err != nil {
+		return false, err
+	}
+	return anyChanged(p, gen)
+}
+
+// anyChanged reports whether an inode of subvolume p changed after gen.
+func anyChanged(p string, gen uint64) (bool, error) {
+	fd, err := openDir(p)
+	if err != nil {
+		return false, err
+	}
+	defer unix.Close(fd)
+	found := false
+	err = searchInodes(fd, gen, smallSearchBufSize, func(uint64, inodeItem) error {
+		found = true
+		return errStop
+	})
+	return found, err
+}
+
+func resavePending(ctx context.Context, meta metaDir, h *head, saver delta.BlobSaver) error {
+	for _, k := range h.Pending {
+		rec, err := meta.readRecord(k)
+		if err != nil || rec == nil {
+			return fmt.Errorf("scan state: pending tree of inode %d: %v", k.Ino, err)
+		}
+		if _, err := saver.SaveBlob(ctx, delta.BlobTree, delta.Hash(rec.Tree), rec.Tree); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func randomName(prefix string) string {
+	var b [8]byte
+	rand.Read(b[:])
+	return prefix + hex.EncodeToString(b[:])
+}
+
+// scanSnapshot snapshots the live subvolume and scans the snapshot.
+func (r *Root) scanSnapshot(ctx context.Context, sbDir, g, baseRoot string, bi baseInfo, h *head, rebuild bool, saver delta.BlobSaver) (*delta.ScanResult, error) {
+	r.dropStaleScans(sbDir)
+	live, meta := filepath.Join(g, "live"), metaDir(filepath.Join(g, "meta"))
+	dir, err := takeScanSnapshot(sbDir, live)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", r.dir, err)
+	}
+	st, err := r.scanOne(ctx, dir, baseRoot, bi, meta, h, rebuild, saver)
+	if errors.Is(err, errStale) && !rebuild {
+		r.b.opts.Logger.Warn("btrfs scan records inconsistent, rebuilding them from the base", "sandbox", r.dir, "err", err)
+		st, err = r.scanOne(ctx, dir, baseRoot, bi, meta, emptyHead(bi), true, saver)
+	}
+	if err != nil {
+		removeTree(dir)
+		return nil, fmt.Errorf("sandbox %s: %w", r.dir, err)
+	}
+	out := &delta.ScanResult{Root: st.head.Root, StateKey: st.head.Key, Stats: st.stats}
+	r.staged[out] = st.staged
+	if rebuild || st.head.Root == h.Root || st.head.Key == h.Key {
+		// The engine will not checkpoint this (nothing, or nothing but
+		// directory mtimes, changed), or the records were rebuilt: move the
+		// records forward now so the next turn starts from here. Trees the
+		// store may lack stay pending until a checkpoint stores them.
+		nh := *st.head
+		nh.Pending = h.Pending
+		if rebuild || st.head.Root != h.Root {
+			for k := range st.staged.res.recs {
+				nh.Pending = append(nh.Pending, k)
+			}
+		}
+		st.staged.head = &nh
+		if err := r.writeState(meta, st.staged); err != nil {
+			return nil, fmt.Errorf("sandbox %s: save scan state: %w", r.dir, err)
+		}
+		st.staged.advanced = true
+	}
+	return out, nil
+}
+
+type scanned struct {
+	staged *stagedScan
+	head   *head
+	stats  delta.ScanStats
+}
+
+// takeScanSnapshot snapshots live read-only as dir/root in a new scan
+// directory of sbDir. The snapshot ioctl writes back the subvolume's
+// buffered data first, so every write made before it shows in the inode
+// generations the scan reads.
+func takeScanSnapshot(sbDir, live string) (string, error) {
+	dir := filepath.Join(sbDir, randomName(".scan-"))
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return "", err
+	}
+	if err := snapshot(live, filepath.Join(dir, "root"), true); err != nil {
+		os.Remove(dir)
+		return "", err
+	}
+	return dir, nil
+}
+
+// scanOne walks the snapshot dir/root from state h.
+func (r *Root) scanOne(ctx context.Context, dir, baseRoot string, bi baseInfo, meta metaDir, h *head, rebuild bool, saver delta.BlobSaver) (*scanned, error) {
+	snap := filepath.Join(dir, "root")
+	si, err := getSubvolInfo(snap)
+	if err != nil {
+		return nil, err
+	}
+	prevMeta := meta
+	if rebuild {
+		prevMeta = ""
+	}
+	w, err := newWalker(ctx, snap, baseRoot, bi.Gen, saver, prevMeta, h)
+	if err != nil {
+		return nil, err
+	}
+	defer w.close()
+	res, err := w.run()
+	if err != nil {
+		return nil, err
+	}
+	nh := &head{
+		Basis: uuidString(si.UUID), BasisParent: uuidString(si.ParentUUID), Gen: si.Otransid,
+		Root: res.root, Key: res.key,
+	}
+	return &scanned{staged: &stagedScan{dir: dir, snap: snap, head: nh, res: res, rebuild: rebuild}, head: nh, stats: w.stats}, nil
+}
+
+// dropStaleScans deletes scan snapshots no checkpoint of this process
+// waits for (a skipped or failed turn's).
+func (r *Root) dropStaleScans(sbDir string) {
+	names, _ := readNames(sbDir)
+	for _, n := range names {
+		p := filepath.Join(sbDir, n)
+		if len(n) > 6 && n[:6] == ".scan-" && !r.isStaged(p) {
+			removeTree(p)
+		}
+	}
+	for res, s := range r.staged {
+		if _, err := os.Lstat(s.dir); err != nil {
+			delete(r.staged, res)
+		}
+	}
+}
+
+// writeState writes a scan's records and then its head into meta.
+func (r *Root) writeState(meta metaDir, st *stagedScan) error {
+	if st.rebuild {
+		if err := os.RemoveAll(filepath.Join(string(meta), "r")); err != nil {
+			return err
+		}
+	}
+	for _, rec := range st.res.recs {
+		if err := meta.writeRecord(rec); err != nil {
+			return err
+		}
+	}
+	for _, k := range st.res.drop {
+		if err := meta.deleteRecord(k); err != nil {
+			return err
+		}
+	}
+	if st.res.linksDirt || st.rebuild {
+		if err := meta.writeLinks(st.res.links); err != nil {
+			return err
+		}
+	}
+	return meta.writeHead(st.head)
+}
+
+// Committed records the scan res as the state of the last committed
+// checkpoint: its records become the base of the next scan, and its
+// snapshot becomes the checkpoint's local restore point. Call it only once
+// the checkpoint holding res is committed.
+func (r *Root) Committed(res *delta.ScanResult) error {
+	st := r.staged[res]
+	if st == nil {
+		return nil // nothing changed since the state on disk
+	}
+	delete(r.staged, res)
+	sbDir, g, err := r.gen()
+	if err != nil {
+		return err
+	}
+	meta := metaDir(filepath.Join(g, "meta"))
+	st.head.Pending = nil // the checkpoint stored every tree of res
+	if st.advanced {
+		err = meta.writeHead(st.head)
+	} else {
+		err = r.writeState(meta, st)
+	}
+	if err != nil {
+		removeTree(st.dir)
+		return fmt.Errorf("sandbox %s: save scan state: %w", r.dir, err)
+	}
+	_, bi, err := r.baseDir(sbDir)
+	if err != nil {
+		return err
+	}
+	if err := r.keepPoint(sbDir, st.dir, string(meta), res.Root, bi.Tree); err != nil {
+		return fmt.Errorf("sandbox %s: restore point: %w", r.dir, err)
+	}
+	if err := r.prune(sbDir, r.b.opts.Keep); err != nil {
+		r.b.opts.Logger.Warn("btrfs restore points not pruned", "sandbox", r.dir, "err", err)
+	}
+	// Leave nothing uncommitted, so the next unchanged turn's generation
+	// check finds an idle filesystem.
+	return startSync(sbDir)
+}
+
+func jsonUnmarshal(data []byte, v any) error { return json.Unmarshal(data, v) }

@@ -1,0 +1,376 @@
+package btrfs
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+
+	"github.com/turnsnap/turnsnap/delta"
+	"golang.org/x/sys/unix"
+)
+
+// dirResult is one directory's layer tree and state key.
+type dirResult struct {
+	id, key delta.ID
+	empty   bool
+}
+
+// dir derives the layer tree of directory rel (inode ino) of the snapshot.
+// full says it is listed in full rather than merged with the base; prev is
+// its record from the previous state, if it was in the layer.
+func (w *walker) dir(rel string, full bool, ino uint64, it inodeItem, prev *record) (dirResult, error) {
+	if err := w.ctx.Err(); err != nil {
+		return dirResult{}, err
+	}
+	w.stats.Dirs++
+	var prevTree *delta.Tree
+	if prev != nil {
+		var err error
+		if prevTree, err = prev.tree(); err != nil {
+			return dirResult{}, fmt.Errorf("%w: %v", errStale, err)
+		}
+		if prev.Path != rel {
+			w.p.moved = append(w.p.moved, prev.Path)
+		}
+	} else {
+		prevTree = &delta.Tree{}
+	}
+	// A directory listed in full whose listing is not known, or one that
+	// moved or changed kind, is looked at entry by entry; otherwise only its
+	// dirty names are, and the rest of its layer entries carry over.
+	fresh := (prev == nil && full) || (prev != nil && (prev.Path != rel || prev.Full != full))
+	relist := fresh || w.dirty[rel]
+	var names []string
+	inSnap := map[string]bool{}
+	if relist {
+		ns, err := readNames(w.abs(rel))
+		if err != nil {
+			return dirResult{}, err
+		}
+		for _, n := range ns {
+			inSnap[n] = true
+		}
+		names = ns
+		if !full {
+			bs, err := readNames(filepath.Join(w.base, rel))
+			if err != nil && !errors.Is(err, os.ErrNotExist) && !errors.Is(err, unix.ENOTDIR) {
+				return dirResult{}, err
+			}
+			names = append(names, bs...)
+		}
+	} else {
+		for _, e := range prevTree.Entries {
+			names = append(names, e.Name)
+		}
+		for n := range w.kids[rel] {
+			names = append(names, n)
+		}
+	}
+	slices.Sort(names)
+	names = slices.Compact(names)
+
+	t := &delta.Tree{Entries: make([]delta.Entry, 0, len(names))}
+	st := &delta.Tree{Entries: make([]delta.Entry, 0, len(names))}
+	kids := map[string]kid{}
+	for _, name := range names {
+		crel := path.Join(rel, name)
+		pe := prevTree.Find(name)
+		var e *delta.Entry
+		var k kid
+		switch {
+		case relist && !inSnap[name]:
+			e = &delta.Entry{Name: name, Type: delta.TypeWhiteout}
+		case !relist && pe != nil && pe.Type == delta.TypeWhiteout:
+			e = pe
+		case fresh || w.dirty[crel] || w.onPath[crel] || (full && pe == nil):
+			var err error
+			if e, k, err = w.child(crel, name, full, pe, prev); err != nil {
+				return dirResult{}, err
+			}
+		case pe != nil:
+			e = pe // unchanged since the previous state
+			if pe.Type == delta.TypeDir {
+				k = prev.Kids[name]
+				w.p.alive[recKey{k.Ino, k.Gen}] = true
+			}
+		}
+		if e == nil {
+			continue
+		}
+		t.Entries = append(t.Entries, *e)
+		se := *e
+		if se.Type == delta.TypeDir {
+			kids[name] = k
+			if k.Residue {
+				continue
+			}
+			se.MtimeNs, se.Subtree = 0, k.Key
+		}
+		st.Entries = append(st.Entries, se)
+	}
+	if err := t.Check(); err != nil {
+		return dirResult{}, fmt.Errorf("scan %s: %w", w.abs(rel), err)
+	}
+	data := t.Encode()
+	res := dirResult{id: delta.Hash(data), key: delta.Hash(st.Encode()), empty: len(t.Entries) == 0}
+	if w.saver != nil && (prev == nil || !bytes.Equal(prev.Tree, data)) {
+		if _, err := w.saver.SaveBlob(w.ctx, delta.BlobTree, res.id, data); err != nil {
+			return dirResult{}, fmt.Errorf("save tree of %s: %w", w.abs(rel), err)
+		}
+	}
+	rec := &record{Ino: ino, Gen: it.Gen, Path: rel, Full: full, Tree: data, Kids: kids, decoded: t}
+	if prev == nil || !bytes.Equal(prev.encode(), rec.encode()) {
+		w.p.recs[rec.key()] = rec
+	}
+	if prev != nil {
+		for name, pk := range prev.Kids {
+			if nk, ok := kids[name]; !ok || nk.Ino != pk.Ino || nk.Gen != pk.Gen {
+				w.p.gone[recKey{pk.Ino, pk.Gen}] = path.Join(prev.Path, name)
+			}
+		}
+	}
+	return res, nil
+}
+
+func (w *walker) abs(rel string) string { return filepath.Join(w.snap, rel) }
+
+// child looks at one name of a directory: parentFull says the directory is
+// listed in full; pe is the name's entry in the directory's previous record.
+func (w *walker) child(rel, name string, parentFull bool, pe *delta.Entry, parentPrev *record) (*delta.Entry, kid, error) {
+	p := w.abs(rel)
+	var st unix.Stat_t
+	if err := unix.Lstat(p, &st); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return nil, kid{}, fmt.Errorf("%w: %s is gone", errStale, rel)
+		}
+		return nil, kid{}, fmt.Errorf("scan %s: %w", p, err)
+	}
+	w.stats.Entries++
+	if st.Dev != w.snapDev {
+		return nil, kid{}, fmt.Errorf("scan %s: a nested subvolume or mount inside a sandbox is not supported", p)
+	}
+	it, err := w.item(st.Ino)
+	if err != nil {
+		return nil, kid{}, err
+	}
+	e, err := statEntry(name, &st)
+	if err != nil {
+		return nil, kid{}, fmt.Errorf("scan %s: %w", p, err)
+	}
+	isDir := e.Type == delta.TypeDir
+	include, childFull, opaque := true, parentFull, false
+	if !parentFull {
+		same, exists, err := w.baseSame(rel, st.Ino, it)
+		if err != nil {
+			return nil, kid{}, err
+		}
+		touched := it.Transid > w.baseGen
+		switch {
+		case isDir:
+			include, childFull, opaque = touched || !same, !same, !same && exists
+		case !touched && same && st.Nlink > 1:
+			outside, err := w.nameOutside(st.Ino)
+			if err != nil {
+				return nil, kid{}, err
+			}
+			include = outside
+		default:
+			include = touched || !same
+		}
+	}
+	if !isDir && st.Nlink > 1 {
+		w.p.multi[st.Ino] = true
+		if err := w.expand(st.Ino); err != nil {
+			return nil, kid{}, err
+		}
+	}
+	if !include && !isDir {
+		return nil, kid{}, nil
+	}
+	if e.Xattrs, err = readXattrs(p, w.xbuf); err != nil {
+		return nil, kid{}, err
+	}
+	if isDir {
+		return w.subdir(rel, &e, st.Ino, it, childFull, opaque, include, pe, parentPrev)
+	}
+	if st.Nlink > 1 {
+		w.p.emitted[st.Ino] = append(w.p.emitted[st.Ino], rel)
+		// The format links regular files only (a hardlinked fifo or
+		// symlink is recorded as separate entries).
+		if e.Type == delta.TypeFile {
+			if primary, ok := w.p.primary[st.Ino]; ok {
+				return &delta.Entry{Name: name, Type: delta.TypeHardlink, Target: primary}, kid{}, nil
+			}
+			w.p.primary[st.Ino] = rel
+		}
+	}
+	switch e.Type {
+	case delta.TypeSymlink:
+		if e.Target, err = os.Readlink(p); err != nil {
+			return nil, kid{}, fmt.Errorf("scan %s: %w", p, err)
+		}
+	case delta.TypeFile:
+		c, err := w.content(p, &st, pe)
+		if err != nil {
+			return nil, kid{}, err
+		}
+		e.Size, e.Chunks = c.Size, c.Chunks
+	}
+	return &e, kid{}, nil
+}
+
+// subdir walks a child directory; keep says it belongs in the layer even
+// if nothing below it does.
+func (w *walker) subdir(rel string, e *delta.Entry, ino uint64, it inodeItem, full, opaque, keep bool, pe *delta.Entry, parentPrev *record) (*delta.Entry, kid, error) {
+	k := recKey{ino, it.Gen}
+	prev, err := w.record(k)
+	if err != nil {
+		return nil, kid{}, err
+	}
+	if parentPrev != nil && pe != nil && pe.Type == delta.TypeDir {
+		if pk := parentPrev.Kids[e.Name]; pk.Ino == ino && pk.Gen == it.Gen {
+			if prev == nil || delta.Hash(prev.Tree) != pe.Subtree {
+				return nil, kid{}, fmt.Errorf("%w: record of %s does not match its parent", errStale, rel)
+			}
+		}
+	}
+	r, err := w.dir(rel, full, ino, it, prev)
+	if err != nil {
+		return nil, kid{}, err
+	}
+	if !keep && r.empty {
+		return nil, kid{}, nil // an untouched base directory with nothing changed below
+	}
+	w.p.alive[k] = true
+	e.Subtree, e.Opaque = r.id, opaque
+	residue := false
+	if !full && !opaque && r.key == delta.EmptyTree() {
+		// A merged directory that differs from the base's at most in its
+		// mtime (a temp file came and went): state for the tree, but no
+		// state change for classification, as overlay's copy-up residue.
+		if residue, err = w.sameAsBaseDir(rel, e); err != nil {
+			return nil, kid{}, err
+		}
+	}
+	return e, kid{Ino: ino, Gen: it.Gen, Key: r.key, Residue: residue}, nil
+}
+
+// content returns a file's chunks, reading it only if it may have changed.
+func (w *walker) content(p string, st *unix.Stat_t, pe *delta.Entry) (content, error) {
+	ctime := unix.TimespecToNsec(st.Ctim)
+	if r, ok := w.reads[st.Ino]; ok && r.ctime == ctime {
+		return r.c, nil
+	}
+	if _, changed := w.changed[st.Ino]; !changed && pe != nil && pe.Type == delta.TypeFile && pe.Size == uint64(st.Size) {
+		// Same name, same unchanged inode: the content is the one recorded.
+		return content{Size: pe.Size, Chunks: pe.Chunks}, nil
+	}
+	if w.small == nil {
+		w.small = make([]byte, delta.ChunkMin)
+	}
+	c, err := readContent(w.ctx, p, st.Size, w.small, w.saver, &w.stats)
+	if err != nil {
+		return content{}, err
+	}
+	w.reads[st.Ino] = readResult{ctime: ctime, c: c}
+	return c, nil
+}
+
+// baseSame reports whether rel holds the base's own inode ino (same), and
+// whether the base has anything at rel (exists).
+func (w *walker) baseSame(rel string, ino uint64, it inodeItem) (same, exists bool, err error) {
+	var bst unix.Stat_t
+	if err := unix.Lstat(filepath.Join(w.base, rel), &bst); err != nil {
+		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {
+			return false, false, nil
+		}
+		return false, false, fmt.Errorf("base %s: %w", rel, err)
+	}
+	return bst.Ino == ino && it.Gen <= w.baseGen, true, nil
+}
+
+// nameOutside reports whether inode ino has a name that is not at its base
+// place (below a directory listed in full, or moved).
+func (w *walker) nameOutside(ino uint64) (bool, error) {
+	ps, err := w.inoPaths(ino)
+	if err != nil {
+		return false, err
+	}
+	for _, q := range ps {
+		merged, err := w.merged(parentOf(q))
+		if err != nil {
+			return false, err
+		}
+		same, _, err := w.baseSame(q, ino, w.items[ino])
+		if err != nil {
+			return false, err
+		}
+		if !merged || !same {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// merged reports whether directory rel and every directory above it are at
+// their base places.
+func (w *walker) merged(rel string) (bool, error) {
+	if rel == "" {
+		return true, nil
+	}
+	if m, ok := w.p.mergeMemo[rel]; ok {
+		return m, nil
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(w.abs(rel), &st); err != nil {
+		return false, fmt.Errorf("scan %s: %w", w.abs(rel), err)
+	}
+	it, err := w.item(st.Ino)
+	if err != nil {
+		return false, err
+	}
+	same, _, err := w.baseSame(rel, st.Ino, it)
+	if err != nil {
+		return false, err
+	}
+	m := same
+	if m {
+		if m, err = w.merged(parentOf(rel)); err != nil {
+			return false, err
+		}
+	}
+	w.p.mergeMemo[rel] = m
+	return m, nil
+}
+
+// sameAsBaseDir reports whether the base's directory rel has e's mode,
+// ownership and xattrs.
+func (w *walker) sameAsBaseDir(rel string, e *delta.Entry) (bool, error) {
+	p := filepath.Join(w.base, rel)
+	var st unix.Stat_t
+	if err := unix.Lstat(p, &st); err != nil {
+		return false, nil
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR || st.Mode&07777 != e.Mode || st.Uid != e.UID || st.Gid != e.GID {
+		return false, nil
+	}
+	x, err := readXattrs(p, w.xbuf)
+	if err != nil {
+		return false, err
+	}
+	return slices.EqualFunc(x, e.Xattrs, func(a, b delta.Xattr) bool {
+		return a.Name == b.Name && bytes.Equal(a.Value, b.Value)
+	}), nil
+}
+
+func parentOf(p string) string {
+	d := path.Dir(p)
+	if d == "." {
+		return ""
+	}
+	return d
+}
