@@ -3,6 +3,7 @@ package delta
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"path"
 	"path/filepath"
@@ -147,23 +148,33 @@ func (a *applier) file(ctx context.Context, p string, e *Entry) error {
 		return err
 	}
 	defer f.Close()
-	var n uint64
-	for _, c := range e.Chunks {
-		data, err := a.opts.Loader.LoadBlob(ctx, BlobData, c)
-		if err != nil {
-			return fmt.Errorf("chunk %s: %w", c.Short(), err)
-		}
-		if _, err := f.Write(data); err != nil {
-			return err
-		}
-		n += uint64(len(data))
-	}
-	if n != e.Size {
-		return fmt.Errorf("chunks hold %d bytes, entry says %d: %w", n, e.Size, errdefs.ErrCorrupt)
+	n, err := writeChunks(ctx, a.opts.Loader, f, e)
+	if err != nil {
+		return err
 	}
 	a.stats.Files++
 	a.stats.Bytes += int64(n)
 	return f.Close()
+}
+
+// writeChunks writes a file entry's content, each chunk verified by the
+// loader, and checks it adds up to the entry's size.
+func writeChunks(ctx context.Context, loader BlobLoader, w io.Writer, e *Entry) (uint64, error) {
+	var n uint64
+	for _, c := range e.Chunks {
+		data, err := loader.LoadBlob(ctx, BlobData, c)
+		if err != nil {
+			return n, fmt.Errorf("chunk %s: %w", c.Short(), err)
+		}
+		if _, err := w.Write(data); err != nil {
+			return n, err
+		}
+		n += uint64(len(data))
+	}
+	if n != e.Size {
+		return n, fmt.Errorf("chunks hold %d bytes, entry says %d: %w", n, e.Size, errdefs.ErrCorrupt)
+	}
+	return n, nil
 }
 
 // setMeta applies ownership, mode, xattrs and mtime in the order that keeps

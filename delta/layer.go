@@ -151,19 +151,9 @@ func (l *layerApplier) file(ctx context.Context, dirFD int, rel string, e *Entry
 	}
 	f := os.NewFile(uintptr(fd), e.Name)
 	defer f.Close()
-	var n uint64
-	for _, c := range e.Chunks {
-		data, err := l.opts.Loader.LoadBlob(ctx, BlobData, c)
-		if err != nil {
-			return fmt.Errorf("chunk %s: %w", c.Short(), err)
-		}
-		if _, err := f.Write(data); err != nil {
-			return err
-		}
-		n += uint64(len(data))
-	}
-	if n != e.Size {
-		return fmt.Errorf("chunks hold %d bytes, entry says %d: %w", n, e.Size, errdefs.ErrCorrupt)
+	n, err := writeChunks(ctx, l.opts.Loader, f, e)
+	if err != nil {
+		return err
 	}
 	l.files[rel] = true
 	l.stats.Files++

@@ -173,16 +173,8 @@ func (e *Engine) deletePack(ctx context.Context, id delta.ID, entries []upload.P
 	}
 	return e.cat.Update(ctx, func(tx *catalog.Tx) error {
 		// A pruned checkpoint's packs may still be queued for upload.
-		pending, err := tx.PendingUploads("")
-		if err != nil {
+		if err := dequeue(tx, "", name); err != nil {
 			return err
-		}
-		for _, p := range pending {
-			if p.Name == name {
-				if err := tx.UploadDone(p); err != nil {
-					return err
-				}
-			}
 		}
 		for _, en := range entries {
 			loc, ok, err := tx.Blob(en.ID)
@@ -279,16 +271,8 @@ func (e *Engine) deleteCheckpoint(ctx context.Context, cp *catalog.Checkpoint) e
 		return fmt.Errorf("checkpoint %s: delete record: %w", cp.ID.Short(), err)
 	}
 	err := e.cat.Update(ctx, func(tx *catalog.Tx) error {
-		pending, err := tx.PendingUploads(cp.Sandbox)
-		if err != nil {
+		if err := dequeue(tx, cp.Sandbox, name); err != nil {
 			return err
-		}
-		for _, p := range pending {
-			if p.Name == name {
-				if err := tx.UploadDone(p); err != nil {
-					return err
-				}
-			}
 		}
 		return tx.DeleteCheckpoint(cp.ID)
 	})
@@ -333,6 +317,23 @@ func (e *Engine) releaseRefs(ctx context.Context, roots []delta.ID) error {
 				roots = append(roots, en.Subtree)
 			case delta.TypeFile:
 				roots = append(roots, en.Chunks...)
+			}
+		}
+	}
+	return nil
+}
+
+// dequeue drops queued uploads of an object that no longer needs uploading
+// (sandbox "" searches every sandbox's queue).
+func dequeue(tx *catalog.Tx, sandbox, name string) error {
+	pending, err := tx.PendingUploads(sandbox)
+	if err != nil {
+		return err
+	}
+	for _, p := range pending {
+		if p.Name == name {
+			if err := tx.UploadDone(p); err != nil {
+				return err
 			}
 		}
 	}
