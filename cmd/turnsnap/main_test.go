@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -23,6 +24,10 @@ func run(t *testing.T, home string, args ...string) (string, int) {
 	err := root.Execute()
 	if err == nil {
 		return out.String(), 0
+	}
+	var ce commandExit
+	if errors.As(err, &ce) {
+		return out.String(), ce.code
 	}
 	code := exitCode(err)
 	if code == exitError && usageErr(err) {
