@@ -4,11 +4,11 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/turnsnap/turnsnap/delta"
 	"golang.org/x/sys/unix"
@@ -182,6 +182,9 @@ func (r *Root) scanSnapshot(ctx context.Context, sbDir, g, baseRoot string, bi b
 			return nil, fmt.Errorf("sandbox %s: save scan state: %w", r.dir, err)
 		}
 		st.staged.advanced = true
+		if err := syncFS(live); err != nil {
+			return nil, err
+		}
 	}
 	return out, nil
 }
@@ -235,86 +238,16 @@ func (r *Root) scanOne(ctx context.Context, dir, baseRoot string, bi baseInfo, m
 	return &scanned{staged: &stagedScan{dir: dir, snap: snap, head: nh, res: res, rebuild: rebuild}, head: nh, stats: w.stats}, nil
 }
 
-// dropStaleScans deletes scan snapshots no checkpoint of this process
-// waits for (a skipped or failed turn's).
+// dropStaleScans deletes every scan snapshot in sbDir before a new scan:
+// a checkpoint commits the result of its own, latest scan, so earlier ones
+// (a skipped or failed turn's, a diff's, a crashed process's) are not
+// needed any more.
 func (r *Root) dropStaleScans(sbDir string) {
+	clear(r.staged)
 	names, _ := readNames(sbDir)
 	for _, n := range names {
-		p := filepath.Join(sbDir, n)
-		if len(n) > 6 && n[:6] == ".scan-" && !r.isStaged(p) {
-			removeTree(p)
-		}
-	}
-	for res, s := range r.staged {
-		if _, err := os.Lstat(s.dir); err != nil {
-			delete(r.staged, res)
+		if strings.HasPrefix(n, ".scan-") {
+			removeTree(filepath.Join(sbDir, n))
 		}
 	}
 }
-
-// writeState writes a scan's records and then its head into meta.
-func (r *Root) writeState(meta metaDir, st *stagedScan) error {
-	if st.rebuild {
-		if err := os.RemoveAll(filepath.Join(string(meta), "r")); err != nil {
-			return err
-		}
-	}
-	for _, rec := range st.res.recs {
-		if err := meta.writeRecord(rec); err != nil {
-			return err
-		}
-	}
-	for _, k := range st.res.drop {
-		if err := meta.deleteRecord(k); err != nil {
-			return err
-		}
-	}
-	if st.res.linksDirt || st.rebuild {
-		if err := meta.writeLinks(st.res.links); err != nil {
-			return err
-		}
-	}
-	return meta.writeHead(st.head)
-}
-
-// Committed records the scan res as the state of the last committed
-// checkpoint: its records become the base of the next scan, and its
-// snapshot becomes the checkpoint's local restore point. Call it only once
-// the checkpoint holding res is committed.
-func (r *Root) Committed(res *delta.ScanResult) error {
-	st := r.staged[res]
-	if st == nil {
-		return nil // nothing changed since the state on disk
-	}
-	delete(r.staged, res)
-	sbDir, g, err := r.gen()
-	if err != nil {
-		return err
-	}
-	meta := metaDir(filepath.Join(g, "meta"))
-	st.head.Pending = nil // the checkpoint stored every tree of res
-	if st.advanced {
-		err = meta.writeHead(st.head)
-	} else {
-		err = r.writeState(meta, st)
-	}
-	if err != nil {
-		removeTree(st.dir)
-		return fmt.Errorf("sandbox %s: save scan state: %w", r.dir, err)
-	}
-	_, bi, err := r.baseDir(sbDir)
-	if err != nil {
-		return err
-	}
-	if err := r.keepPoint(sbDir, st.dir, string(meta), res.Root, bi.Tree); err != nil {
-		return fmt.Errorf("sandbox %s: restore point: %w", r.dir, err)
-	}
-	if err := r.prune(sbDir, r.b.opts.Keep); err != nil {
-		r.b.opts.Logger.Warn("btrfs restore points not pruned", "sandbox", r.dir, "err", err)
-	}
-	// Leave nothing uncommitted, so the next unchanged turn's generation
-	// check finds an idle filesystem.
-	return startSync(sbDir)
-}
-
-func jsonUnmarshal(data []byte, v any) error { return json.Unmarshal(data, v) }

@@ -1,0 +1,129 @@
+package btrfs
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"path"
+	"path/filepath"
+	"slices"
+
+	"github.com/turnsnap/turnsnap/delta"
+	"golang.org/x/sys/unix"
+)
+
+// content returns a file's chunks, reading it only if it may have changed.
+func (w *walker) content(p string, st *unix.Stat_t, pe *delta.Entry) (content, error) {
+	ctime := unix.TimespecToNsec(st.Ctim)
+	if r, ok := w.reads[st.Ino]; ok && r.ctime == ctime {
+		return r.c, nil
+	}
+	if _, changed := w.changed[st.Ino]; !changed && pe != nil && pe.Type == delta.TypeFile && pe.Size == uint64(st.Size) {
+		// Same name, same unchanged inode: the content is the one recorded.
+		return content{Size: pe.Size, Chunks: pe.Chunks}, nil
+	}
+	if w.small == nil {
+		w.small = make([]byte, delta.ChunkMin)
+	}
+	c, err := readContent(w.ctx, p, st.Size, w.small, w.saver, &w.stats)
+	if err != nil {
+		return content{}, err
+	}
+	w.reads[st.Ino] = readResult{ctime: ctime, c: c}
+	return c, nil
+}
+
+// baseSame reports whether rel holds the base's own inode ino (same), and
+// whether the base has anything at rel (exists).
+func (w *walker) baseSame(rel string, ino uint64, it inodeItem) (same, exists bool, err error) {
+	var bst unix.Stat_t
+	if err := unix.Lstat(filepath.Join(w.base, rel), &bst); err != nil {
+		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {
+			return false, false, nil
+		}
+		return false, false, fmt.Errorf("base %s: %w", rel, err)
+	}
+	return bst.Ino == ino && it.Gen <= w.baseGen, true, nil
+}
+
+// nameOutside reports whether inode ino has a name that is not at its base
+// place (below a directory listed in full, or moved).
+func (w *walker) nameOutside(ino uint64) (bool, error) {
+	ps, err := w.inoPaths(ino)
+	if err != nil {
+		return false, err
+	}
+	for _, q := range ps {
+		merged, err := w.merged(parentOf(q))
+		if err != nil {
+			return false, err
+		}
+		same, _, err := w.baseSame(q, ino, w.items[ino])
+		if err != nil {
+			return false, err
+		}
+		if !merged || !same {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// merged reports whether directory rel and every directory above it are at
+// their base places.
+func (w *walker) merged(rel string) (bool, error) {
+	if rel == "" {
+		return true, nil
+	}
+	if m, ok := w.p.mergeMemo[rel]; ok {
+		return m, nil
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(w.abs(rel), &st); err != nil {
+		return false, fmt.Errorf("scan %s: %w", w.abs(rel), err)
+	}
+	it, err := w.item(st.Ino)
+	if err != nil {
+		return false, err
+	}
+	same, _, err := w.baseSame(rel, st.Ino, it)
+	if err != nil {
+		return false, err
+	}
+	m := same
+	if m {
+		if m, err = w.merged(parentOf(rel)); err != nil {
+			return false, err
+		}
+	}
+	w.p.mergeMemo[rel] = m
+	return m, nil
+}
+
+// sameAsBaseDir reports whether the base's directory rel has e's mode,
+// ownership and xattrs.
+func (w *walker) sameAsBaseDir(rel string, e *delta.Entry) (bool, error) {
+	p := filepath.Join(w.base, rel)
+	var st unix.Stat_t
+	if err := unix.Lstat(p, &st); err != nil {
+		return false, nil
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR || st.Mode&07777 != e.Mode || st.Uid != e.UID || st.Gid != e.GID {
+		return false, nil
+	}
+	x, err := readXattrs(p, w.xbuf)
+	if err != nil {
+		return false, err
+	}
+	return slices.EqualFunc(x, e.Xattrs, func(a, b delta.Xattr) bool {
+		return a.Name == b.Name && bytes.Equal(a.Value, b.Value)
+	}), nil
+}
+
+func parentOf(p string) string {
+	d := path.Dir(p)
+	if d == "." {
+		return ""
+	}
+	return d
+}
