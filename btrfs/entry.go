@@ -84,10 +84,8 @@ type content struct {
 }
 
 // readContent chunks and hashes a file of a read-only snapshot, saving each
-// chunk when saver is set. small is a reusable buffer of delta.ChunkMin
-// bytes: a file shorter than that is one chunk (as delta's chunker cuts
-// it), read without setting up the chunker and its megabyte of buffer.
-func readContent(ctx context.Context, p string, size int64, small []byte, saver delta.BlobSaver, stats *delta.ScanStats) (content, error) {
+// chunk when saver is set.
+func readContent(ctx context.Context, p string, size int64, chunker *delta.Chunker, saver delta.BlobSaver, stats *delta.ScanStats) (content, error) {
 	f, err := os.OpenFile(p, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NOATIME, 0)
 	if err != nil {
 		return content{}, err
@@ -95,7 +93,8 @@ func readContent(ctx context.Context, p string, size int64, small []byte, saver 
 	defer f.Close()
 	var c content
 	stats.FilesRead++
-	add := func(data []byte) error {
+	// The snapshot is read-only: the size cannot change under us.
+	err = chunker.Chunk(f, size, func(data []byte) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
@@ -109,20 +108,7 @@ func readContent(ctx context.Context, p string, size int64, small []byte, saver 
 		c.Size += uint64(len(data))
 		stats.Chunks++
 		return nil
-	}
-	if size < delta.ChunkMin && len(small) >= delta.ChunkMin {
-		// The snapshot is read-only: the size cannot change under us.
-		n, err := io.ReadFull(f, small[:size])
-		if err == nil && n > 0 {
-			err = add(small[:n])
-		}
-		stats.BytesRead += int64(c.Size)
-		if err != nil {
-			return content{}, fmt.Errorf("read %s: %w", p, err)
-		}
-		return c, nil
-	}
-	err = delta.ChunkReader(io.Reader(f), add)
+	})
 	stats.BytesRead += int64(c.Size)
 	if err != nil {
 		return content{}, fmt.Errorf("read %s: %w", p, err)

@@ -163,7 +163,7 @@ func (o *fullWalk) dir(rel string, full bool) (delta.ID, delta.ID, bool) {
 		switch e.Type {
 		case delta.TypeFile:
 			var stats delta.ScanStats
-			c, err := readContent(context.Background(), p, s.Size, nil, nil, &stats)
+			c, err := readContent(context.Background(), p, s.Size, delta.NewChunker(), nil, &stats)
 			if err != nil {
 				t.Fatal(err)
 			}

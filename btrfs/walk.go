@@ -61,7 +61,7 @@ type walker struct {
 	recs    map[recKey]*record
 	links   linkIndex
 	xbuf    []byte
-	small   []byte // reused for files shorter than delta.ChunkMin
+	chunker *delta.Chunker // made on first use, reused for every file
 	stats   delta.ScanStats
 	p       *pass
 }

@@ -22,10 +22,10 @@ func (w *walker) content(p string, st *unix.Stat_t, pe *delta.Entry) (content, e
 		// Same name, same unchanged inode: the content is the one recorded.
 		return content{Size: pe.Size, Chunks: pe.Chunks}, nil
 	}
-	if w.small == nil {
-		w.small = make([]byte, delta.ChunkMin)
+	if w.chunker == nil {
+		w.chunker = delta.NewChunker()
 	}
-	c, err := readContent(w.ctx, p, st.Size, w.small, w.saver, &w.stats)
+	c, err := readContent(w.ctx, p, st.Size, w.chunker, w.saver, &w.stats)
 	if err != nil {
 		return content{}, err
 	}

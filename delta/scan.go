@@ -78,7 +78,7 @@ type scanner struct {
 	next      *ScanCache
 	stats     ScanStats
 	links     map[[2]uint64]string // (dev, inode) -> root-relative path of its first name
-	small     []byte               // reused for files shorter than ChunkMin
+	chunker   *Chunker
 	xbuf      []byte
 	racyAfter int64
 }
@@ -95,7 +95,7 @@ func Scan(ctx context.Context, root string, opts ScanOptions) (*ScanResult, erro
 		next:      &ScanCache{Version: cacheVersion, Entries: map[string]CacheEntry{}},
 		links:     map[[2]uint64]string{},
 		xbuf:      make([]byte, xattrBufSize),
-		small:     make([]byte, ChunkMin),
+		chunker:   NewChunker(),
 		racyAfter: time.Now().Add(-racyWindow).UnixNano(),
 	}
 	if opts.Quiescent {
@@ -278,7 +278,7 @@ func (s *scanner) readFile(ctx context.Context, p string, e *Entry) (CacheKey, b
 	}
 	s.stats.FilesRead++
 	e.Chunks, e.Size = e.Chunks[:0], 0
-	err = chunkSized(f, before.Size, s.small, func(data []byte) error {
+	err = s.chunker.Chunk(f, before.Size, func(data []byte) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}

@@ -243,3 +243,24 @@ func TestSecondProcessGetsClearLockError(t *testing.T) {
 		t.Fatalf("second open: %v", err)
 	}
 }
+
+// A sandbox whose root lives where this host cannot reach (a btrfs pool of
+// another host) can still be forgotten.
+func TestRemoveSandboxWithUnreachableRoot(t *testing.T) {
+	ctx := context.Background()
+	e := newEngine(t)
+	cr, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: richBase(t)})
+	must(t, err)
+	must(t, e.cat.Update(ctx, func(tx *catalog.Tx) error {
+		return tx.PutSandbox(&catalog.Sandbox{Name: "elsewhere", Backend: "btrfs", BaseTree: cr.Sandbox.BaseTree,
+			Config: map[string]string{"pool": "/nonexistent/pool"}, Created: time.Now().UTC()})
+	}))
+	if err := e.RemoveSandbox(ctx, "elsewhere"); err != nil {
+		t.Fatalf("remove: %v", err)
+	}
+	sbs, err := e.ListSandboxes(ctx)
+	must(t, err)
+	if len(sbs) != 1 || sbs[0].Sandbox.Name != "s" {
+		t.Fatalf("sandboxes after remove: %+v", sbs)
+	}
+}

@@ -261,20 +261,25 @@ func (e *Engine) RemoveSandbox(ctx context.Context, name string) error {
 	}); err != nil {
 		return fmt.Errorf("sandbox %s: %w", name, err)
 	}
-	be, err := e.backend(sb.Backend, sb.Config)
-	if err != nil {
-		return fmt.Errorf("sandbox %s: %w", name, err)
-	}
 	if err := e.stopProcesses(ctx, name); err != nil {
 		return err
 	}
-	if err := be.Open(e.home.sandboxDir(name), "").Remove(ctx); err != nil {
+	if be, err := e.backend(sb.Backend, sb.Config); err == nil {
+		if err := be.Open(e.home.sandboxDir(name), "").Remove(ctx); err != nil {
+			return err
+		}
+	} else {
+		// The root lives where this host cannot reach (a btrfs pool of
+		// another host, unmounted): forget the sandbox, say what stays.
+		e.log.Warn("sandbox root not reachable from this host; forgetting the sandbox, its root stays",
+			"sandbox", name, "backend", sb.Backend, "err", err)
+	}
+	// Local copies only: with a remote, the deletions below are queued and
+	// reach the bucket in order at the next push.
+	if err := e.local.Delete(ctx, refName(catalog.RefHead, name)); err != nil {
 		return err
 	}
-	if err := e.store.Delete(ctx, refName(catalog.RefHead, name)); err != nil {
-		return err
-	}
-	if err := e.store.Delete(ctx, sandboxName(sb.Name)); err != nil {
+	if err := e.local.Delete(ctx, sandboxName(sb.Name)); err != nil {
 		return err
 	}
 	return e.cat.Update(ctx, func(tx *catalog.Tx) error {

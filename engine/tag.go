@@ -65,7 +65,7 @@ func (e *Engine) Untag(ctx context.Context, name string) error {
 	if err != nil {
 		return fmt.Errorf("tag %s: %w", name, err)
 	}
-	if err := e.store.Delete(ctx, refName(catalog.RefTag, name)); err != nil {
+	if err := e.local.Delete(ctx, refName(catalog.RefTag, name)); err != nil {
 		return fmt.Errorf("tag %s: %w", name, err)
 	}
 	return e.cat.Update(ctx, func(tx *catalog.Tx) error {

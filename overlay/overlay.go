@@ -28,6 +28,7 @@ import (
 	"github.com/moby/sys/mountinfo"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
+	"github.com/turnsnap/turnsnap/internal/mounts"
 	"golang.org/x/sys/unix"
 )
 
@@ -139,24 +140,7 @@ func (r *Root) Mount(ctx context.Context) error {
 // Unmount unmounts the root if it is mounted. A busy root is an error: the
 // caller must stop what runs in the sandbox first.
 func (r *Root) Unmount(ctx context.Context) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	mounted, err := mountinfo.Mounted(r.Path())
-	if err != nil {
-		return fmt.Errorf("sandbox %s: mount table: %w", r.dir, err)
-	}
-	if !mounted {
-		return nil
-	}
-	if err := unix.Unmount(r.Path(), 0); err != nil {
-		if errors.Is(err, unix.EBUSY) {
-			return fmt.Errorf("sandbox %s: root %s is busy (a process has a file or its cwd there): %w",
-				r.dir, r.Path(), errdefs.ErrPrecondition)
-		}
-		return fmt.Errorf("sandbox %s: unmount: %w", r.dir, err)
-	}
-	return nil
+	return mounts.Unmount(ctx, r.Path(), r.dir)
 }
 
 // Remove unmounts the root and deletes the sandbox directory.
