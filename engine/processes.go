@@ -84,39 +84,58 @@ type ExecOptions struct {
 // Exec runs argv inside the sandbox's container, starting the container
 // on first use. It returns the command's exit code (0 for Detach).
 func (e *Engine) Exec(ctx context.Context, name string, argv []string, opts ExecOptions) (int, error) {
-	if len(argv) == 0 {
-		return 0, fmt.Errorf("sandbox %s: exec needs a command: %w", name, errdefs.ErrInvalid)
-	}
-	st, err := e.loadSandbox(ctx, name)
+	run, err := e.PrepareExec(ctx, name)
 	if err != nil {
 		return 0, err
 	}
+	return run(ctx, argv, opts)
+}
+
+// ExecFunc runs one command in a prepared sandbox container.
+type ExecFunc func(ctx context.Context, argv []string, opts ExecOptions) (int, error)
+
+// PrepareExec mounts the sandbox and starts its container if needed, and
+// returns a function that runs commands in it without the engine: the CLI
+// closes the engine (freeing the home for other turnsnap commands) before a
+// long command runs. A checkpoint taken while such a command still runs is
+// refused by the process layer (its parent is outside the container).
+func (e *Engine) PrepareExec(ctx context.Context, name string) (ExecFunc, error) {
+	st, err := e.loadSandbox(ctx, name)
+	if err != nil {
+		return nil, err
+	}
 	if err := st.root.Mount(ctx); err != nil {
-		return 0, err
+		return nil, err
 	}
 	rt, err := e.runtime(ctx)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	running, err := e.containerRunning(ctx, name)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
+	id := containerID(name)
 	if !running {
-		rt.Delete(ctx, containerID(name)) // a stopped leftover, if any
-		if err := rt.Start(ctx, containerID(name), st.root.Path(), proc.StartOptions{}); err != nil {
-			return 0, fmt.Errorf("sandbox %s: %w", name, err)
+		rt.Delete(ctx, id) // a stopped leftover, if any
+		if err := rt.Start(ctx, id, st.root.Path(), proc.StartOptions{}); err != nil {
+			return nil, fmt.Errorf("sandbox %s: %w", name, err)
 		}
 	}
-	if opts.Detach {
-		_, err := rt.ExecDetached(ctx, containerID(name), argv, proc.DetachOptions{})
-		return 0, err
-	}
-	in := opts.Stdin
-	if in == nil {
-		in = eofReader{}
-	}
-	return rt.Exec(ctx, containerID(name), argv, in, orDiscard(opts.Stdout), orDiscard(opts.Stderr))
+	return func(ctx context.Context, argv []string, opts ExecOptions) (int, error) {
+		if len(argv) == 0 {
+			return 0, fmt.Errorf("sandbox %s: exec needs a command: %w", name, errdefs.ErrInvalid)
+		}
+		if opts.Detach {
+			_, err := rt.ExecDetached(ctx, id, argv, proc.DetachOptions{})
+			return 0, err
+		}
+		in := opts.Stdin
+		if in == nil {
+			in = eofReader{}
+		}
+		return rt.Exec(ctx, id, argv, in, orDiscard(opts.Stdout), orDiscard(opts.Stderr))
+	}, nil
 }
 
 type eofReader struct{}

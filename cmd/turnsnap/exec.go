@@ -25,11 +25,21 @@ its own pid, mount, ipc, uts and network namespaces) with stdin, stdout and
 stderr streamed through pipes, and exits with CMD's exit status. --detach
 starts a long-lived process (a dev server, a database) and returns at once;
 its output stays inside the sandbox. Processes alive at a turn's end are
-checkpointed with CRIU by the next 'turnsnap checkpoint'.`,
+checkpointed with CRIU by the next 'turnsnap checkpoint'. The turnsnap home
+is free while CMD runs; a checkpoint taken meanwhile is refused until it ends.`,
 		Args: cobra.MinimumNArgs(2),
 	}
 	c.RunE = a.withEngine(func(ctx context.Context, e *engine.Engine, args []string) error {
-		code, err := e.Exec(ctx, args[0], args[1:], engine.ExecOptions{
+		run, err := e.PrepareExec(ctx, args[0])
+		if err != nil {
+			return err
+		}
+		// Free the home while the command runs: an agent's test suite must
+		// not block `turnsnap status` or `log` from another terminal.
+		if err := e.Close(); err != nil {
+			return err
+		}
+		code, err := run(ctx, args[1:], engine.ExecOptions{
 			Detach: detach, Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr,
 		})
 		if err != nil {

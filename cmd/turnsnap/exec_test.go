@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/turnsnap/turnsnap/internal/testenv"
 	"github.com/turnsnap/turnsnap/proc"
@@ -49,6 +50,19 @@ func TestCLIExec(t *testing.T) {
 	got, _ := io.ReadAll(r)
 	if code != 3 || strings.TrimSpace(string(got)) != "inside" {
 		t.Fatalf("exec: exit %d, output %q; want 3 and %q", code, got, "inside")
+	}
+	// The home is free while a command runs: another command does not wait.
+	done := make(chan int)
+	go func() {
+		_, code := run(t, home, "exec", "s", "--", "sleep", "2")
+		done <- code
+	}()
+	time.Sleep(700 * time.Millisecond)
+	if out, code := run(t, home, "status"); code != 0 {
+		t.Fatalf("status while exec runs (lock-wait 0): exit %d: %s", code, out)
+	}
+	if code := <-done; code != 0 {
+		t.Fatalf("exec sleep 2: exit %d", code)
 	}
 	if out, code := run(t, home, "exec", "s", "--detach", "--", "sleep", "1000"); code != 0 {
 		t.Fatalf("exec --detach: %d %s", code, out)
