@@ -100,7 +100,12 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	if pt.changed {
 		procTree, host = nil, nil
 		if pt.running && len(pt.cur.Procs) > 0 {
-			tree, h, err := e.dump(ctx, name)
+			storeImage, err := e.dump(ctx, name)
+			if err != nil {
+				return nil, err
+			}
+			resume() // the cut is taken; storing the image need not freeze anyone
+			tree, h, err := storeImage()
 			if err != nil {
 				return nil, err
 			}

@@ -90,21 +90,24 @@ func TestCounterContinuesAfterRollbackAndBranch(t *testing.T) {
 	must(t, err)
 	_, err = e.Exec(ctx, "s", []string{"sh", "-c", counterScript}, ExecOptions{Detach: true})
 	must(t, err)
-	time.Sleep(800 * time.Millisecond)
+	time.Sleep(1500 * time.Millisecond)
 	c1, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
 	if c1.Class != catalog.ClassFull && c1.Class != catalog.ClassProcess {
 		t.Fatalf("turn that started a process classed %s", c1.Class)
 	}
-	atCut := counter(t, e, "s") // just after the cut: at least the cut's value
-	if atCut < 5 {
+	// Read just after the cut: at least the cut's value (later on a loaded
+	// machine). A process restarted from scratch would show single digits
+	// where these checks expect at least half of it.
+	atCut := counter(t, e, "s")
+	if atCut < 20 {
 		t.Fatalf("counter only at %d", atCut)
 	}
 	time.Sleep(500 * time.Millisecond)
 	_, err = e.Rollback(ctx, "s", c1.ID.String())
 	must(t, err)
 	time.Sleep(300 * time.Millisecond)
-	if n := counter(t, e, "s"); n < atCut-3 || n > atCut+20 {
+	if n := counter(t, e, "s"); n < atCut/2 || n > atCut+40 {
 		t.Fatalf("after rollback the counter is %d; at the cut it was about %d (a restarted process would be near 1)", n, atCut)
 	}
 	// Two branches of one checkpoint run side by side, each from the cut.
@@ -118,7 +121,7 @@ func TestCounterContinuesAfterRollbackAndBranch(t *testing.T) {
 	time.Sleep(300 * time.Millisecond)
 	n1, n2, n0 := counter(t, e, "b1"), counter(t, e, "b2"), counter(t, e, "s")
 	for name, n := range map[string]int{"b1": n1, "b2": n2} {
-		if n < atCut-3 {
+		if n < atCut/2 {
 			t.Fatalf("branch %s counter %d restarted (cut at about %d)", name, n, atCut)
 		}
 	}

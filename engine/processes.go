@@ -234,25 +234,32 @@ func (e *Engine) confirmIdle(ctx context.Context, name string, pt *procTurn, hea
 	return false, nil
 }
 
-// dump captures the paused container into the store and returns the image
-// tree and the host facts; the container stays paused.
-func (e *Engine) dump(ctx context.Context, name string) (delta.ID, json.RawMessage, error) {
+// dump captures the paused container into an image directory (the
+// container stays paused) and returns a function that stores the image and
+// removes the directory. The image is a finished snapshot once CRIU
+// returns, so the caller resumes the container before storing it: chunking
+// and compressing a 200 MB image takes about a second that the sandbox's
+// processes should not spend frozen.
+func (e *Engine) dump(ctx context.Context, name string) (store func() (delta.ID, json.RawMessage, error), err error) {
 	rt, _ := e.runtime(ctx)
 	dir, err := os.MkdirTemp("", "turnsnap-image-")
 	if err != nil {
-		return delta.ID{}, nil, err
+		return nil, err
 	}
-	defer os.RemoveAll(dir)
 	meta, err := rt.Checkpoint(ctx, containerID(name), filepath.Join(dir, "img"), proc.DumpOptions{})
 	if err != nil {
-		return delta.ID{}, nil, fmt.Errorf("sandbox %s: %w", name, err)
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("sandbox %s: %w", name, err)
 	}
-	res, err := delta.Scan(ctx, filepath.Join(dir, "img"), delta.ScanOptions{Saver: e.repo})
-	if err != nil {
-		return delta.ID{}, nil, fmt.Errorf("sandbox %s: store process image: %w", name, err)
-	}
-	host, err := json.Marshal(meta.Host)
-	return res.Root, host, err
+	return func() (delta.ID, json.RawMessage, error) {
+		defer os.RemoveAll(dir)
+		res, err := delta.Scan(ctx, filepath.Join(dir, "img"), delta.ScanOptions{Saver: e.repo, Quiescent: true})
+		if err != nil {
+			return delta.ID{}, nil, fmt.Errorf("sandbox %s: store process image: %w", name, err)
+		}
+		host, err := json.Marshal(meta.Host)
+		return res.Root, host, err
+	}, nil
 }
 
 // settle records the baseline the next turn compares against.

@@ -226,9 +226,12 @@ func TestCheckpointRefusesProcessOutsideTree(t *testing.T) {
 		_, _ = rt.Exec(execCtx, id, []string{"sleep", "30"}, nil, nil, nil)
 	}()
 	t.Cleanup(func() { cancel(); <-done })
+	// Wait for the command itself, not the `runc init` that becomes it: on
+	// a loaded machine the snapshot can catch the process before its exec.
 	waitFor(t, 10*time.Second, "the exec'd sleep to show", func() bool {
 		s, err := rt.Snapshot(ctx, id)
-		return err == nil && len(s.Procs) == 1 && s.Procs[0].Outside
+		return err == nil && len(s.Procs) == 1 && s.Procs[0].Outside &&
+			strings.Join(s.Procs[0].Cmdline, " ") == "sleep 30"
 	})
 	_, err := rt.Checkpoint(ctx, id, filepath.Join(t.TempDir(), "img"), DumpOptions{})
 	if !errors.Is(err, errdefs.ErrPrecondition) || !strings.Contains(err.Error(), "sleep 30") {
