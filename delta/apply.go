@@ -58,13 +58,9 @@ func (a *applier) dir(ctx context.Context, id ID, rel string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	data, err := a.opts.Loader.LoadBlob(ctx, BlobTree, id)
+	t, err := LoadTree(ctx, a.opts.Loader, id)
 	if err != nil {
-		return fmt.Errorf("load tree %s of /%s: %w", id.Short(), rel, err)
-	}
-	t, err := DecodeTree(data)
-	if err != nil {
-		return fmt.Errorf("tree %s of /%s: %w", id.Short(), rel, err)
+		return fmt.Errorf("/%s: %w", rel, err)
 	}
 	for i := range t.Entries {
 		if err := a.entry(ctx, path.Join(rel, t.Entries[i].Name), &t.Entries[i]); err != nil {

@@ -40,3 +40,16 @@ type BlobSaver interface {
 type BlobLoader interface {
 	LoadBlob(ctx context.Context, t BlobType, id ID) ([]byte, error)
 }
+
+// LoadTree loads and decodes the tree id. Errors name the tree.
+func LoadTree(ctx context.Context, loader BlobLoader, id ID) (*Tree, error) {
+	data, err := loader.LoadBlob(ctx, BlobTree, id)
+	if err != nil {
+		return nil, fmt.Errorf("load tree %s: %w", id.Short(), err)
+	}
+	t, err := DecodeTree(data)
+	if err != nil {
+		return nil, fmt.Errorf("tree %s: %w", id.Short(), err)
+	}
+	return t, nil
+}

@@ -2,7 +2,6 @@ package delta
 
 import (
 	"context"
-	"fmt"
 	"path"
 	"slices"
 )
@@ -58,13 +57,9 @@ func listMerged(ctx context.Context, loader BlobLoader, l Layers) (map[string]me
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		data, err := loader.LoadBlob(ctx, BlobTree, id)
+		t, err := LoadTree(ctx, loader, id)
 		if err != nil {
-			return nil, fmt.Errorf("load tree %s: %w", id.Short(), err)
-		}
-		t, err := DecodeTree(data)
-		if err != nil {
-			return nil, fmt.Errorf("tree %s: %w", id.Short(), err)
+			return nil, err
 		}
 		for _, e := range t.Entries {
 			below, ok := out[e.Name]

@@ -60,13 +60,9 @@ func (l *layerApplier) dir(ctx context.Context, dirFD int, id ID, rel string) er
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	data, err := l.opts.Loader.LoadBlob(ctx, BlobTree, id)
+	t, err := LoadTree(ctx, l.opts.Loader, id)
 	if err != nil {
-		return fmt.Errorf("load tree %s of /%s: %w", id.Short(), rel, err)
-	}
-	t, err := DecodeTree(data)
-	if err != nil {
-		return fmt.Errorf("tree %s of /%s: %w", id.Short(), rel, err)
+		return fmt.Errorf("/%s: %w", rel, err)
 	}
 	for i := range t.Entries {
 		e := &t.Entries[i]

@@ -123,13 +123,9 @@ func (e *Engine) releaseRefs(ctx context.Context, roots []delta.ID) error {
 		if n > 0 {
 			continue
 		}
-		data, err := e.repo.LoadBlob(ctx, delta.BlobTree, id)
+		t, err := delta.LoadTree(ctx, e.repo, id)
 		if err != nil {
 			continue // a chunk, or a tree we cannot read: nothing to cascade
-		}
-		t, err := delta.DecodeTree(data)
-		if err != nil {
-			return err
 		}
 		for _, en := range t.Entries {
 			switch en.Type {

@@ -264,13 +264,9 @@ func countRefs(ctx context.Context, loader delta.BlobLoader, cps []*catalog.Chec
 			return nil
 		}
 		seen[id] = true
-		data, err := loader.LoadBlob(ctx, delta.BlobTree, id)
+		t, err := delta.LoadTree(ctx, loader, id)
 		if err != nil {
 			return err
-		}
-		t, err := delta.DecodeTree(data)
-		if err != nil {
-			return fmt.Errorf("tree %s: %w", id, err)
 		}
 		for _, en := range t.Entries {
 			switch en.Type {

@@ -49,13 +49,9 @@ func (e *Engine) Verify(ctx context.Context, ref string) (*VerifyReport, error) 
 		if err := e.locate(ctx, id, need); err != nil {
 			return err
 		}
-		data, err := e.repo.LoadBlob(ctx, delta.BlobTree, id)
+		t, err := delta.LoadTree(ctx, e.repo, id)
 		if err != nil {
-			return err
-		}
-		t, err := delta.DecodeTree(data)
-		if err != nil {
-			return fmt.Errorf("tree %s in %s: %w", id, upload.PackName(need[id].Pack), err)
+			return fmt.Errorf("%w (in %s)", err, upload.PackName(need[id].Pack))
 		}
 		rep.Trees++
 		for _, en := range t.Entries {

@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/turnsnap/turnsnap/delta"
 )
@@ -25,13 +24,9 @@ func (w *walker) walk(ctx context.Context, root delta.ID) error {
 	if err := w.visit(root, delta.BlobTree); err != nil {
 		return err
 	}
-	data, err := w.loader.LoadBlob(ctx, delta.BlobTree, root)
+	t, err := delta.LoadTree(ctx, w.loader, root)
 	if err != nil {
 		return err
-	}
-	t, err := delta.DecodeTree(data)
-	if err != nil {
-		return fmt.Errorf("tree %s: %w", root, err)
 	}
 	for _, en := range t.Entries {
 		switch en.Type {
