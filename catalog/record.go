@@ -50,6 +50,9 @@ type Stats struct {
 	BytesNew   int64 `json:"bytes_new"` // bytes of new objects written to the store
 	ObjectsNew int64 `json:"objects_new"`
 	DurationNs int64 `json:"duration_ns"`
+	// PauseNs is how long the sandbox's processes were frozen for the cut
+	// (0 when none were paused).
+	PauseNs int64 `json:"pause_ns,omitempty"`
 }
 
 // Checkpoint is the checkpoint record: stored in the object store as an

@@ -120,6 +120,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 		Message: opts.Message, Created: time.Now().UTC(), Stats: stats,
 	}
 	cp.Stats.DurationNs = time.Since(start).Nanoseconds()
+	cp.Stats.PauseNs = pt.paused.Nanoseconds()
 	if err := e.commit(ctx, cp, nil, cp.Roots()); err != nil {
 		return nil, err
 	}

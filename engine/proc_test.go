@@ -22,7 +22,7 @@ import (
 // These tests need root, overlayfs, runc, busybox-static and the CRIU
 // prefix that scripts/deps.d/30-proc.sh installs.
 
-func requireProcs(t *testing.T) {
+func requireProcs(t testing.TB) {
 	t.Helper()
 	testenv.RequireRoot(t)
 	if _, err := exec.LookPath("runc"); err != nil {
@@ -38,7 +38,7 @@ func requireProcs(t *testing.T) {
 
 // busyboxBase is a minimal image a container can run: busybox and its
 // applets, the directories a container mounts over, a web root.
-func busyboxBase(t *testing.T) string {
+func busyboxBase(t testing.TB) string {
 	t.Helper()
 	root := t.TempDir()
 	for _, d := range []string{"bin", "proc", "dev", "sys", "tmp", "root", "www"} {
@@ -59,7 +59,7 @@ func busyboxBase(t *testing.T) string {
 	return root
 }
 
-func sh(t *testing.T, e *Engine, sandbox, script string) string {
+func sh(t testing.TB, e *Engine, sandbox, script string) string {
 	t.Helper()
 	var out, errb bytes.Buffer
 	code, err := e.Exec(context.Background(), sandbox, []string{"sh", "-c", script}, ExecOptions{Stdout: &out, Stderr: &errb})

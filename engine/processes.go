@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
@@ -158,6 +159,7 @@ type procTurn struct {
 	reason  string
 	cur     proc.ProcSet
 	resume  func()
+	paused  time.Duration // how long the cut kept the processes frozen
 }
 
 // beginProcTurn snapshots the container's processes and decides whether
@@ -203,6 +205,7 @@ func (e *Engine) procsChanged(name string, cur proc.ProcSet, head *catalog.Check
 func (e *Engine) pauseTurn(ctx context.Context, name string, pt *procTurn) error {
 	rt, _ := e.runtime(ctx)
 	id := containerID(name)
+	start := time.Now()
 	if err := rt.Pause(ctx, id); err != nil {
 		return fmt.Errorf("sandbox %s: pause for a consistent cut: %w", name, err)
 	}
@@ -210,6 +213,7 @@ func (e *Engine) pauseTurn(ctx context.Context, name string, pt *procTurn) error
 		if err := rt.Resume(context.WithoutCancel(ctx), id); err != nil {
 			e.log.Error("resume after checkpoint failed", "sandbox", name, "err", err)
 		}
+		pt.paused = time.Since(start)
 	}
 	return nil
 }

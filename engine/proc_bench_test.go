@@ -1,0 +1,84 @@
+package engine
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/turnsnap/turnsnap/catalog"
+)
+
+// BenchmarkProcessCheckpoint measures a sandbox holding one large process
+// (proc/testdata/memhog: pseudo-random pages, every page touched) through
+// the product path: pause, CRIU dump, image into the content store, and
+// restore. Baselines in the same run: the second dump's new bytes against
+// the first image's bytes (dedup without soft-dirty tracking), and the pause
+// against the whole checkpoint. TURNSNAP_BENCH_SMALL shrinks the process.
+func BenchmarkProcessCheckpoint(b *testing.B) {
+	requireProcs(b)
+	ctx := context.Background()
+	mib := 200
+	if os.Getenv("TURNSNAP_BENCH_SMALL") != "" {
+		mib = 20
+	}
+	base := busyboxBase(b)
+	build := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(base, "bin/memhog"), "./testdata/memhog")
+	build.Dir = "../proc"
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		b.Fatalf("build memhog: %v: %s", err, out)
+	}
+	e := newEngine(b)
+	cr, err := e.CreateSandbox(ctx, "big", CreateOptions{Base: base})
+	must(b, err)
+	_, err = e.Exec(ctx, "big", []string{"/bin/memhog", strconv.Itoa(mib), "/tmp/ready"}, ExecOptions{Detach: true})
+	must(b, err)
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		if _, err := os.Stat(filepath.Join(cr.Root, "tmp/ready")); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			b.Fatal("memhog never became ready")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	first, err := e.Checkpoint(ctx, "big", CheckpointOptions{})
+	must(b, err)
+	if first.Class != catalog.ClassFull && first.Class != catalog.ClassProcess {
+		b.Fatalf("first checkpoint classed %s", first.Class)
+	}
+	var redumpNew, pauses, restores time.Duration
+	var newBytes int64
+	for b.Loop() {
+		// Wake the process without changing its memory (the Go runtime
+		// handles SIGURG and sleeps again): a process change whose image is
+		// the same bytes, which the content store should mostly recognise.
+		sh(b, e, "big", "kill -URG $(pidof memhog)")
+		r, err := e.Checkpoint(ctx, "big", CheckpointOptions{})
+		must(b, err)
+		if r.Class == catalog.ClassSkip {
+			b.Fatal("the woken process was not dumped again")
+		}
+		redumpNew += r.Duration
+		pauses += time.Duration(r.Stats.PauseNs)
+		newBytes += r.Stats.BytesNew
+		start := time.Now()
+		_, err = e.Rollback(ctx, "big", first.ID.String())
+		must(b, err)
+		restores += time.Since(start)
+	}
+	n := float64(b.N)
+	b.ReportMetric(float64(mib), "rss-MiB")
+	b.ReportMetric(float64(first.Stats.PauseNs)/1e6, "first-pause-ms")
+	b.ReportMetric(float64(first.Stats.BytesNew)/(1<<20), "image-stored-MiB")
+	b.ReportMetric(float64(pauses.Milliseconds())/n, "redump-pause-ms")
+	b.ReportMetric(float64(newBytes)/n/(1<<10), "redump-new-KiB")
+	b.ReportMetric(100*float64(newBytes)/n/float64(first.Stats.BytesNew), "redump-new-%")
+	b.ReportMetric(float64(redumpNew.Milliseconds())/n, "redump-checkpoint-ms")
+	b.ReportMetric(float64(restores.Milliseconds())/n, "rollback-with-processes-ms")
+}
