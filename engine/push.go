@@ -158,6 +158,7 @@ func (e *Engine) Push(ctx context.Context, opts PushOptions) (*PushReport, error
 		}
 	}
 	rep.Duration = time.Since(start)
+	e.saveLastPush(rep, errors.Join(errs...))
 	return rep, errors.Join(errs...)
 }
 

@@ -2,8 +2,12 @@ package engine
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
@@ -127,6 +131,33 @@ type StatusReport struct {
 	QueueDepth   int             `json:"queue_depth"`
 	PendingBytes int64           `json:"pending_bytes"`
 	Sandboxes    []SandboxStatus `json:"sandboxes"`
+	// LastPush is the most recent push's outcome; uploads run only during
+	// `sync` and `checkpoint --wait-remote`, so its rate is the upload rate.
+	LastPush *LastPush `json:"last_push,omitempty"`
+}
+
+// LastPush summarises one push.
+type LastPush struct {
+	Finished    time.Time `json:"finished"`
+	Uploaded    int       `json:"uploaded"`
+	Bytes       int64     `json:"bytes"`
+	BytesPerSec float64   `json:"bytes_per_sec"`
+	Error       string    `json:"error,omitempty"`
+}
+
+func (h home) lastPushFile() string { return filepath.Join(string(h), "last-push.json") }
+
+func (e *Engine) saveLastPush(r *PushReport, err error) {
+	lp := LastPush{Finished: time.Now().UTC(), Uploaded: r.Uploaded, Bytes: r.Bytes}
+	if s := r.Duration.Seconds(); s > 0 {
+		lp.BytesPerSec = float64(r.Bytes) / s
+	}
+	if err != nil {
+		lp.Error = err.Error()
+	}
+	if data, err := json.Marshal(lp); err == nil {
+		os.WriteFile(e.home.lastPushFile(), data, 0o600)
+	}
 }
 
 // Status reports what is still waiting for the remote store, per sandbox.
@@ -135,6 +166,12 @@ func (e *Engine) Status(ctx context.Context) (*StatusReport, error) {
 	rep := &StatusReport{}
 	if e.config.Remote != nil {
 		rep.Remote = e.config.Remote.URL
+	}
+	if data, err := os.ReadFile(e.home.lastPushFile()); err == nil {
+		var lp LastPush
+		if json.Unmarshal(data, &lp) == nil {
+			rep.LastPush = &lp
+		}
 	}
 	err := e.view(ctx, func(tx *catalog.Tx) error {
 		pending, err := tx.PendingUploads("")

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/turnsnap/turnsnap/engine"
@@ -103,6 +104,15 @@ func (a *app) statusCmd() *cobra.Command {
 				return nil
 			}
 			fmt.Fprintf(a.stdout(), "remote %s: %d objects (%s) pending\n", r.Remote, r.QueueDepth, bytesStr(r.PendingBytes))
+			if lp := r.LastPush; lp != nil {
+				outcome := "ok"
+				if lp.Error != "" {
+					outcome = "failed: " + lp.Error
+				}
+				fmt.Fprintf(a.stdout(), "last push %s ago: %d objects, %s at %s/s, %s\n",
+					durStr(time.Since(lp.Finished).Round(time.Second)), lp.Uploaded, bytesStr(lp.Bytes),
+					bytesStr(int64(lp.BytesPerSec)), outcome)
+			}
 			tw := tabwriter.NewWriter(a.stdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "SANDBOX\tPENDING\tCHECKPOINTS\tUPLOADED")
 			for _, s := range r.Sandboxes {

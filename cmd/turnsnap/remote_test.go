@@ -52,9 +52,16 @@ func TestCLIRemote(t *testing.T) {
 	}
 	var sync struct{ Uploaded int }
 	runJSON(t, h1, &sync, "sync")
-	runJSON(t, h1, &st, "status")
-	if st.QueueDepth != 0 {
-		t.Fatalf("queue after sync: %d", st.QueueDepth)
+	var after struct {
+		QueueDepth int `json:"queue_depth"`
+		LastPush   *struct {
+			Bytes       int64   `json:"bytes"`
+			BytesPerSec float64 `json:"bytes_per_sec"`
+		} `json:"last_push"`
+	}
+	runJSON(t, h1, &after, "status")
+	if after.QueueDepth != 0 || after.LastPush == nil || after.LastPush.Bytes == 0 || after.LastPush.BytesPerSec <= 0 {
+		t.Fatalf("status after pushes: %+v", after)
 	}
 
 	runJSON(t, h2, &ini, remote...)
