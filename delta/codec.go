@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"io"
 
-	fastcdc "github.com/jotfs/fastcdc-go"
 	"github.com/klauspost/compress/zstd"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
@@ -22,70 +21,43 @@ const (
 	ChunkMax     = 256 << 10
 )
 
-// ChunkReader cuts r into content-defined chunks (FastCDC) and calls fn with
-// each chunk's bytes, which are valid only during the call. A file shorter
-// than ChunkMin is one chunk; an empty file has none.
+// ChunkReader cuts r into content-defined chunks (FastCDC, see fastcdc.go)
+// and calls fn with each chunk's bytes, which are valid only during the
+// call. A file shorter than ChunkMin is one chunk; an empty file has none.
 func ChunkReader(r io.Reader, fn func(data []byte) error) error {
-	return chunkSized(r, -1, nil, fn)
+	return NewChunker().Chunk(r, -1, fn)
 }
 
-// Chunker cuts many files in a row, reusing its buffer for small ones. It
-// cuts exactly as ChunkReader does. Not safe for concurrent use.
-type Chunker struct{ small []byte }
+// Chunker cuts many files in a row through one buffer. It cuts exactly as
+// ChunkReader does. Not safe for concurrent use; use one per goroutine.
+type Chunker struct{ buf, small []byte }
 
 // NewChunker returns a Chunker.
-func NewChunker() *Chunker { return &Chunker{small: make([]byte, ChunkMin)} }
+func NewChunker() *Chunker { return &Chunker{} }
 
 // Chunk is ChunkReader for a reader of known size (-1 if unknown); knowing
-// the size lets a file shorter than ChunkMin skip the chunker's setup.
+// the size lets a small file skip the large buffer.
 func (c *Chunker) Chunk(r io.Reader, size int64, fn func(data []byte) error) error {
-	return chunkSized(r, size, c.small, fn)
-}
-
-// chunkSized is ChunkReader for a reader whose size is known (-1 if not).
-// The chunker allocates and zeroes its whole buffer per call, which dominated
-// scans of many small files (2,000 files x 1 MiB of memclr), so inputs
-// shorter than ChunkMin, which are one chunk by definition, bypass it and
-// use small, a caller-owned reusable buffer, and the buffer is sized to the
-// input otherwise (the output does not depend on the buffer size).
-func chunkSized(r io.Reader, size int64, small []byte, fn func(data []byte) error) error {
 	if size >= 0 && size < ChunkMin {
-		if cap(small) < ChunkMin {
-			small = make([]byte, ChunkMin)
+		// One chunk by definition. A file that grew while we read it yields
+		// a wrong chunk here; the scanner re-stats after reading and
+		// retries, so it is never kept.
+		if c.small == nil {
+			c.small = make([]byte, ChunkMin)
 		}
-		// A file that grew while we read it yields a wrong chunk here; the
-		// scanner re-stats after reading and retries, so it is never kept.
-		n, err := io.ReadFull(r, small[:ChunkMin])
+		n, err := io.ReadFull(r, c.small)
 		if err != nil && err != io.ErrUnexpectedEOF && err != io.EOF {
 			return err
 		}
 		if n == 0 {
 			return nil
 		}
-		return fn(small[:n])
+		return fn(c.small[:n])
 	}
-	bufSize := 4 * ChunkMax // measured fastest for large inputs
-	if size >= 0 && size < 4*ChunkMax {
-		bufSize = ChunkMax + 4096 // just above the chunker's minimum (it must exceed MaxSize)
+	if c.buf == nil {
+		c.buf = make([]byte, 2*ChunkMax)
 	}
-	c, err := fastcdc.NewChunker(r, fastcdc.Options{
-		MinSize: ChunkMin, AverageSize: ChunkAverage, MaxSize: ChunkMax, BufSize: bufSize,
-	})
-	if err != nil {
-		return fmt.Errorf("chunker: %w", err)
-	}
-	for {
-		ch, err := c.Next()
-		if err == io.EOF {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		if err := fn(ch.Data); err != nil {
-			return err
-		}
-	}
+	return cutStream(r, c.buf, fn)
 }
 
 // Codec compresses and decompresses blobs with zstd. One Codec is safe for

@@ -317,7 +317,7 @@ func TestChunkFastPathMatchesChunker(t *testing.T) {
 		rng.Read(data)
 		var viaChunker, viaSized []ID
 		must(t, ChunkReader(bytes.NewReader(data), func(c []byte) error { viaChunker = append(viaChunker, Hash(c)); return nil }))
-		must(t, chunkSized(bytes.NewReader(data), int64(size), make([]byte, ChunkMin), func(c []byte) error {
+		must(t, NewChunker().Chunk(bytes.NewReader(data), int64(size), func(c []byte) error {
 			viaSized = append(viaSized, Hash(c))
 			return nil
 		}))
