@@ -140,7 +140,8 @@ func (s *scanner) dir(ctx context.Context, rel string) (ID, ID, error) {
 		}
 		t.Entries = append(t.Entries, e)
 		if e.Type == TypeDir {
-			if s.opts.Residue != nil && s.opts.Residue(crel, &e) && key == emptyTreeID {
+			// The cheap test first: Residue looks at the lower layer on disk.
+			if key == emptyTreeID && s.opts.Residue != nil && s.opts.Residue(crel, &e) {
 				continue
 			}
 			e.MtimeNs = 0

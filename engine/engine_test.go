@@ -163,6 +163,9 @@ func TestSecondSandboxOnSameBaseAddsNoBytes(t *testing.T) {
 	before := countObjects(t, e.store)
 	r, err := e.CreateSandbox(ctx, "two", CreateOptions{Base: base})
 	must(t, err)
+	if c, err := e.Checkpoint(ctx, "two", CheckpointOptions{}); err != nil || c.Class != catalog.ClassSkip {
+		t.Fatalf("first turn of an untouched sandbox: %v, class %v", err, c)
+	}
 	if r.Checkpoint.Stats.BlobsNew != 0 || r.Checkpoint.Stats.ObjectsNew != 0 {
 		t.Fatalf("second import stored %d blobs in %d packs", r.Checkpoint.Stats.BlobsNew, r.Checkpoint.Stats.ObjectsNew)
 	}

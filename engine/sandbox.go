@@ -80,24 +80,20 @@ func (e *Engine) CreateSandbox(ctx context.Context, name string, opts CreateOpti
 	if err != nil {
 		return nil, err
 	}
-	scan, err := root.Scan(ctx, nil)
-	if err != nil {
-		return nil, err
-	}
 	sb := &catalog.Sandbox{Name: name, Backend: opts.Backend, BaseTree: res.Root, Created: time.Now().UTC(), Config: opts.Config}
 	cp := &catalog.Checkpoint{
 		Version: catalog.RecordVersion, Sandbox: name, Turn: 0, Class: catalog.ClassFS,
-		Backend: opts.Backend, BaseTree: res.Root, FSTree: empty, StateKey: scan.StateKey,
-		Message: "sandbox created from " + base, Created: time.Now().UTC(),
+		Backend: opts.Backend, BaseTree: res.Root, FSTree: empty,
+		// An empty layer's state key is the empty tree's (Create leaves the
+		// root scanned and its cache written, as Branch relies on too).
+		StateKey: empty,
+		Message:  "sandbox created from " + base, Created: time.Now().UTC(),
 		Stats: e.repo.stats,
 	}
 	cp.Stats.Entries, cp.Stats.FilesRead, cp.Stats.BytesRead = res.Stats.Entries, res.Stats.FilesRead, res.Stats.BytesRead
 	cp.Stats.DurationNs = time.Since(start).Nanoseconds()
-	if err := e.commit(ctx, cp, sb, []delta.ID{res.Root, empty}); err != nil {
+	if err := e.commit(ctx, cp, sb, cp.Roots()); err != nil {
 		root.Remove(context.WithoutCancel(ctx))
-		return nil, err
-	}
-	if err := root.Committed(scan); err != nil {
 		return nil, err
 	}
 	return &CreateResult{Sandbox: sb, Checkpoint: cp, Root: root.Path(), BaseStats: res.Stats, Duration: time.Since(start)}, nil
