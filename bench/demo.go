@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/turnsnap/turnsnap/catalog"
+	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/engine"
 	"github.com/turnsnap/turnsnap/proc"
 )
@@ -225,7 +226,7 @@ func turn(ctx context.Context, e *engine.Engine, rep *DemoReport, name, root str
 	return nil
 }
 
-func printDemo(w io.Writer, rep *DemoReport, changes []deltaChange) {
+func printDemo(w io.Writer, rep *DemoReport, changes []delta.Change) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "sandbox\tturn\t action\tclass\tnew bytes\tobjects\tfiles read\ttime\t")
 	var bytes, objects int64
@@ -274,7 +275,7 @@ func expectFile(root, rel, substr string) error {
 	if err != nil {
 		return err
 	}
-	if !containsString(string(b), substr) {
+	if !strings.Contains(string(b), substr) {
 		return fmt.Errorf("%s lacks %q", rel, substr)
 	}
 	return nil

@@ -9,10 +9,7 @@ import (
 	"time"
 
 	"github.com/dustin/go-humanize"
-	"github.com/turnsnap/turnsnap/delta"
 )
-
-type deltaChange = delta.Change
 
 // WriteProject writes a small source project, the demo's base image: source
 // files, tests, docs, a data file the agent deletes, a binary asset and an
@@ -90,8 +87,6 @@ func textLike(rng *rand.Rand, n int) []byte {
 	}
 	return []byte(b.String()[:n])
 }
-
-func containsString(s, sub string) bool { return strings.Contains(s, sub) }
 
 func humanBytes(n int64) string { return humanize.IBytes(uint64(max(n, 0))) }
 

@@ -28,6 +28,9 @@ type CheckpointResult struct {
 	Parent   delta.ID
 	Stats    catalog.Stats
 	Duration time.Duration
+	// ProcessChange says why the turn counted as a process change ("" if
+	// it did not): a process appeared, ended, used CPU, did I/O...
+	ProcessChange string
 }
 
 // Checkpoint closes a turn: scan the writable layer (reading only what
@@ -133,8 +136,12 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 		// The checkpoint is committed; a stale cache only costs a re-read.
 		e.log.Warn("scan cache not saved", "sandbox", name, "err", err)
 	}
-	return &CheckpointResult{ID: cp.ID, Sandbox: name, Class: cp.Class, Turn: turn, Parent: cp.Parent,
-		Stats: cp.Stats, Duration: time.Since(start)}, nil
+	out := &CheckpointResult{ID: cp.ID, Sandbox: name, Class: cp.Class, Turn: turn, Parent: cp.Parent,
+		Stats: cp.Stats, Duration: time.Since(start)}
+	if pt.changed {
+		out.ProcessChange = pt.reason
+	}
+	return out, nil
 }
 
 // classify names a turn by what changed (DESIGN.md, "The turn classes").

@@ -15,25 +15,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// agentTurn changes the sandbox in every way the format must capture.
-func agentTurn(t *testing.T, root string) {
-	t.Helper()
-	write(t, filepath.Join(root, "src/main.go"), "package main\n\nfunc main() { println(1) }\n")
-	write(t, filepath.Join(root, "src/new/deep/file.txt"), strings.Repeat("new content\n", 5000))
-	must(t, os.Remove(filepath.Join(root, "src/lib/b.go")))                              // whiteout
-	must(t, os.RemoveAll(filepath.Join(root, "doomed")))                                 // whiteout of a dir
-	must(t, os.Mkdir(filepath.Join(root, "doomed"), 0o700))                              // ... recreated: opaque
-	write(t, filepath.Join(root, "doomed/only"), "fresh\n")                              //
-	must(t, os.Chmod(filepath.Join(root, "etc/config"), 0o600))                          // mode of a base file
-	must(t, os.Lchown(filepath.Join(root, "src/lib/a.go"), 1001, 1002))                  // ownership
-	must(t, unix.Setxattr(filepath.Join(root, "src/main.go"), "user.k", []byte("v"), 0)) // xattr
-	must(t, os.Symlink("/etc/passwd", filepath.Join(root, "src/abs-link")))              // symlink out of root
-	must(t, os.Link(filepath.Join(root, "src/main.go"), filepath.Join(root, "src/hard.go")))
-	old := time.Date(2021, 5, 6, 7, 8, 9, 123456789, time.UTC)
-	must(t, os.Chtimes(filepath.Join(root, "src/new/deep"), old, old)) // directory mtime
-	must(t, os.Chtimes(filepath.Join(root, "src/new/deep/file.txt"), old, old))
-}
-
 func TestRollbackAndBranchGiveIdenticalTrees(t *testing.T) {
 	ctx := context.Background()
 	e := newEngine(t)

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
@@ -73,15 +72,11 @@ func lockHome(ctx context.Context, h home, wait time.Duration) (*homeLock, error
 	return &homeLock{f: f}, nil
 }
 
+// describeHolder reads what the holder wrote into the lock file ("pid N:
+// command"); it may be empty if the holder has not written it yet.
 func describeHolder(s string) string {
-	s = strings.TrimSpace(s)
-	if s == "" {
-		return "holder unknown"
-	}
-	if pid, _, ok := strings.Cut(strings.TrimPrefix(s, "pid "), ":"); ok {
-		if _, err := strconv.Atoi(pid); err == nil {
-			return s
-		}
+	if s = strings.TrimSpace(s); s != "" {
+		return s
 	}
 	return "holder unknown"
 }

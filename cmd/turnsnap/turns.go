@@ -38,8 +38,8 @@ func (a *app) checkpointCmd() *cobra.Command {
 		}
 		if a.json {
 			return printJSON(a.stdout(), map[string]any{
-				"remote_durable": remote,
-				"id":             r.ID, "sandbox": r.Sandbox, "class": r.Class, "turn": r.Turn, "parent": r.Parent,
+				"remote_durable": remote, "process_change": r.ProcessChange,
+				"id": r.ID, "sandbox": r.Sandbox, "class": r.Class, "turn": r.Turn, "parent": r.Parent,
 				"bytes_new": r.Stats.BytesNew, "objects_new": r.Stats.ObjectsNew, "blobs_new": r.Stats.BlobsNew,
 				"files_read": r.Stats.FilesRead, "bytes_read": r.Stats.BytesRead, "entries": r.Stats.Entries,
 				"duration_ms": float64(r.Duration.Microseconds()) / 1000,
