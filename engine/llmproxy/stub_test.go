@@ -214,7 +214,10 @@ func newProxy(t testing.TB, opts Options) (*Proxy, string) {
 // tWriter sends log lines to the test's log.
 type tWriter struct{ t testing.TB }
 
-func (w tWriter) Write(b []byte) (int, error) { w.t.Log(strings.TrimSpace(string(b))); return len(b), nil }
+func (w tWriter) Write(b []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(b)))
+	return len(b), nil
+}
 
 func newJournal(t testing.TB) *StoreJournal {
 	t.Helper()
