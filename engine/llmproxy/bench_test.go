@@ -254,3 +254,15 @@ func BenchmarkParseRequest(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkParseReference is the baseline for BenchmarkParseRequest: the
+// same work by decoding into any and re-encoding.
+func BenchmarkParseReference(b *testing.B) {
+	body := realisticChat(false)
+	b.SetBytes(int64(len(body)))
+	for i := 0; i < b.N; i++ {
+		if _, err := parseReference(ShapeChat, body); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -2,11 +2,7 @@ package llmproxy
 
 import (
 	"bytes"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
-	"sort"
 	"strings"
 
 	"github.com/turnsnap/turnsnap/delta"
@@ -75,7 +71,7 @@ type Request struct {
 }
 
 // ParseRequest reads a model call's JSON body. The caller bounds the body's
-// size; nesting is bounded by encoding/json. A body that is not a JSON
+// size; nesting is bounded as in encoding/json. A body that is not a JSON
 // object is ErrInvalid: the proxy forwards it untouched and the upstream
 // answers it.
 func ParseRequest(shape Shape, body []byte) (Request, error) {
@@ -84,52 +80,63 @@ func ParseRequest(shape Shape, body []byte) (Request, error) {
 	if !ok {
 		return req, fmt.Errorf("request shape %q: %w", shape, errdefs.ErrInvalid)
 	}
-	top, err := decodeObject(body)
+	top, err := parseTop(body, wantFields[shape], conversationArrays)
 	if err != nil {
 		return req, fmt.Errorf("%s request body: %w: %v", shape, errdefs.ErrInvalid, err)
 	}
-	if s, ok := top["stream"].(bool); ok {
-		req.Stream = s
-	}
-	c := &canon{}
-	c.out.WriteString(convDomain)
-	c.out.WriteString(string(shape))
+	req.Stream = top["stream"].kind == 't'
+	var c bytes.Buffer
+	c.WriteString(convDomain)
+	c.WriteString(string(shape))
 	for _, f := range fields {
-		v, ok := top[f]
-		if !ok || v == nil {
+		m, ok := top[f]
+		if !ok || m.kind == 'n' {
 			continue
 		}
-		c.out.WriteString("\x00" + f + "\x00")
-		if err := c.value(v); err != nil {
-			return req, fmt.Errorf("%s request field %s: %w: %v", shape, f, errdefs.ErrInvalid, err)
-		}
+		c.WriteString("\x00" + f + "\x00")
+		c.Write(m.canon)
 	}
-	req.Conv = delta.Hash(c.out.Bytes())
+	req.Conv = delta.Hash(c.Bytes())
 	req.Turn = position(shape, top)
 	return req, nil
 }
 
+// wantFields are, per shape, the top-level members ParseRequest keeps.
+var wantFields = func() map[Shape]map[string]bool {
+	m := map[Shape]map[string]bool{}
+	for sh, fs := range convFields {
+		m[sh] = map[string]bool{"stream": true, "previous_response_id": true}
+		for _, f := range fs {
+			m[sh][f] = true
+		}
+	}
+	return m
+}()
+
+// conversationArrays are the members whose elements the turn rule reads.
+var conversationArrays = map[string]bool{"messages": true, "input": true}
+
 // position counts the assistant turns a request already holds.
-func position(shape Shape, top map[string]any) int {
+func position(shape Shape, top map[string]topMember) int {
 	switch shape {
 	case ShapeChat, ShapeMessages:
-		msgs, _ := top["messages"].([]any)
+		m := top["messages"]
 		n := 0
-		for _, m := range msgs {
-			if obj, ok := m.(map[string]any); ok && obj["role"] == "assistant" {
+		for _, it := range m.items {
+			if it.obj && it.roleString && it.role == "assistant" {
 				n++
 			}
 		}
 		return n
 	case ShapeResponses:
-		if _, chained := top["previous_response_id"].(string); chained {
+		if top["previous_response_id"].kind == '"' {
 			return -1
 		}
-		items, ok := top["input"].([]any)
-		if !ok {
+		in := top["input"]
+		if in.kind != '[' {
 			return 0 // a string input: the first call
 		}
-		return responsesTurns(items)
+		return responsesTurns(in.items)
 	}
 	return -1
 }
@@ -137,15 +144,13 @@ func position(shape Shape, top map[string]any) int {
 // responsesTurns counts runs of model-produced items in a Responses input:
 // one model turn can emit several items (reasoning, a message, function
 // calls), and a run ends at the next user message or tool output.
-func responsesTurns(items []any) int {
+func responsesTurns(items []item) int {
 	n, inRun := 0, false
 	for _, it := range items {
-		obj, ok := it.(map[string]any)
-		if !ok {
+		if !it.obj {
 			continue
 		}
-		typ, _ := obj["type"].(string)
-		role, _ := obj["role"].(string)
+		typ, role := it.typ, it.role
 		model := false
 		switch {
 		case typ == "message" || typ == "":
@@ -165,117 +170,3 @@ func responsesTurns(items []any) int {
 	return n
 }
 
-// decodeObject decodes a JSON object keeping numbers as their literal text,
-// so the canonical form never rounds them.
-func decodeObject(body []byte) (map[string]any, error) {
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.UseNumber()
-	var top map[string]any
-	if err := dec.Decode(&top); err != nil {
-		return nil, err
-	}
-	if top == nil {
-		return nil, errors.New("not a JSON object")
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return nil, errors.New("trailing data after the JSON object")
-	}
-	return top, nil
-}
-
-// canon writes JSON values in canonical form: compact, object keys sorted,
-// null members dropped (SDKs differ on whether an absent field is written
-// as null), strings escaped as encoding/json does without HTML escaping.
-type canon struct {
-	out bytes.Buffer
-	tmp bytes.Buffer
-}
-
-func (c *canon) value(v any) error {
-	switch x := v.(type) {
-	case nil:
-		c.out.WriteString("null")
-	case bool:
-		if x {
-			c.out.WriteString("true")
-		} else {
-			c.out.WriteString("false")
-		}
-	case json.Number:
-		c.out.WriteString(x.String())
-	case string:
-		return c.str(x)
-	case []any:
-		c.out.WriteByte('[')
-		for i, e := range x {
-			if i > 0 {
-				c.out.WriteByte(',')
-			}
-			if err := c.value(e); err != nil {
-				return err
-			}
-		}
-		c.out.WriteByte(']')
-	case map[string]any:
-		keys := make([]string, 0, len(x))
-		for k, e := range x {
-			if e != nil {
-				keys = append(keys, k)
-			}
-		}
-		sort.Strings(keys)
-		c.out.WriteByte('{')
-		for i, k := range keys {
-			if i > 0 {
-				c.out.WriteByte(',')
-			}
-			if err := c.str(k); err != nil {
-				return err
-			}
-			c.out.WriteByte(':')
-			if err := c.value(x[k]); err != nil {
-				return err
-			}
-		}
-		c.out.WriteByte('}')
-	default:
-		return fmt.Errorf("unexpected JSON value %T", v)
-	}
-	return nil
-}
-
-func (c *canon) str(s string) error {
-	if plain(s) {
-		c.out.WriteByte('"')
-		c.out.WriteString(s)
-		c.out.WriteByte('"')
-		return nil
-	}
-	c.tmp.Reset()
-	enc := json.NewEncoder(&c.tmp)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(s); err != nil {
-		return err
-	}
-	c.out.Write(bytes.TrimSuffix(c.tmp.Bytes(), []byte("\n")))
-	return nil
-}
-
-// plain says s is printable ASCII needing no escape: the common case, and
-// encoding/json would write it unchanged between quotes.
-func plain(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if b := s[i]; b < 0x20 || b >= 0x7f || b == '"' || b == '\\' {
-			return false
-		}
-	}
-	return true
-}
-
-// Canonical returns v's canonical JSON (for tests and tools that want to see
-// what a conversation hash covers).
-func canonical(v any) ([]byte, error) {
-	c := &canon{}
-	err := c.value(v)
-	return c.out.Bytes(), err
-}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"io"
 	"slices"
 	"strings"
 	"testing"
@@ -206,4 +207,57 @@ func TestAgentEnvRoutesReachTheProxy(t *testing.T) {
 	if n := len(turns.seen()); n != 2 {
 		t.Fatalf("%d turns, want 2", n)
 	}
+}
+
+// FuzzCanonMatchesReference holds the single-pass parser to the reference
+// (decode into any, re-encode): the same verdict on every body, and for
+// accepted ones the same hash, position and stream flag; on any JSON value,
+// the same canonical bytes.
+func FuzzCanonMatchesReference(f *testing.F) {
+	for _, s := range []string{chat(true, "a", "b"), `{"a":1,"a":null}`, `{"model":"m","messages":[{"role":"assistant","role":"user"},{"role":null}]}`,
+		`{"input":[{"type":"reasoning"},{"type":1},[],{"role":"assistant","type":"message"}],"model":"\u00e9\ud800"}`,
+		"{\"messages\":[\"\xff\xfe\"],\"model\":\"\xe2\x80\xa8\"}", `{"stream":true,"stream":1}`, `[1, 2.5e-3, -0, "x"]`, `{"x":{"b":[],"a":{}}}  `} {
+		f.Add(0, []byte(s))
+		f.Add(1, []byte(s))
+		f.Add(3, []byte(s))
+	}
+	shapes := []Shape{ShapeChat, ShapeResponses, ShapeCompletions, ShapeMessages}
+	f.Fuzz(func(t *testing.T, s int, body []byte) {
+		shape := shapes[uint(s)%uint(len(shapes))]
+		fast, ferr := ParseRequest(shape, body)
+		ref, rerr := parseReference(shape, body)
+		if (ferr == nil) != (rerr == nil) {
+			t.Fatalf("fast parser error %v, reference error %v", ferr, rerr)
+		}
+		if ferr == nil && fast != ref {
+			t.Fatalf("fast parser %+v, reference %+v", fast, ref)
+		}
+		// Any JSON value, not only objects.
+		p := &canonParser{b: body}
+		perr := p.value()
+		if perr == nil {
+			p.ws()
+			if p.i != len(body) {
+				perr = errSyntax
+			}
+		}
+		dec := json.NewDecoder(bytes.NewReader(body))
+		dec.UseNumber()
+		var v any
+		derr := dec.Decode(&v)
+		if derr == nil {
+			if _, err := dec.Token(); err != io.EOF {
+				derr = errSyntax
+			}
+		}
+		if (perr == nil) != (derr == nil) {
+			t.Fatalf("canonical parser error %v, encoding/json error %v", perr, derr)
+		}
+		if perr == nil {
+			want, err := canonical(v)
+			if err != nil || !bytes.Equal(p.out, want) {
+				t.Fatalf("canonical form %q, reference %q", p.out, want)
+			}
+		}
+	})
 }
