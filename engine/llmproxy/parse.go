@@ -169,4 +169,3 @@ func responsesTurns(items []item) int {
 	}
 	return n
 }
-
