@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
 
 // Every test here runs real HTTP on 127.0.0.1: the agent's client, the
@@ -421,5 +422,82 @@ func TestSecretsNeverLogged(t *testing.T) {
 	}
 	if strings.Contains(logs.String(), secret) {
 		t.Fatalf("a credential reached the log:\n%s", logs.String())
+	}
+}
+
+// An agent that hangs up while its reply is held gets nothing, and its
+// turn's checkpoint still completes: the checkpoint does not run under the
+// agent's request.
+func TestAgentHangsUpWhileHeld(t *testing.T) {
+	up := newStub(t)
+	turns := &fakeTurns{block: make(chan struct{}), started: make(chan Turn, 1)}
+	reg := prometheus.NewRegistry()
+	p, base := newProxy(t, Options{Upstream: up.srv.URL, Turns: turns, Registerer: reg})
+	released := make(chan gateEvent, 1)
+	p.onGate = func(e gateEvent) { released <- e }
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "POST", base+"/llm/agent1/v1/chat/completions", strings.NewReader(chat(false)))
+	errc := make(chan error, 1)
+	go func() {
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		errc <- err
+	}()
+	tr := <-turns.started
+	<-tr.Urgent
+	cancel()
+	if err := <-errc; err == nil {
+		t.Fatal("the agent got a reply after hanging up")
+	}
+	if ev := <-released; ev.Outcome != "client_gone" {
+		t.Fatalf("gate outcome %q, want client_gone", ev.Outcome)
+	}
+	close(turns.block)
+	waitIdle(p)
+	mfs, _ := reg.Gather()
+	ok := false
+	for _, mf := range mfs {
+		if mf.GetName() == "turnsnap_llm_checkpoint_seconds" {
+			for _, m := range mf.Metric {
+				if m.Label[0].GetValue() == "ok" && m.GetHistogram().GetSampleCount() == 1 {
+					ok = true
+				}
+			}
+		}
+	}
+	if !ok {
+		t.Fatal("the checkpoint did not complete after the agent hung up")
+	}
+}
+
+// A body larger than MaxBody is streamed through unchanged and still ends a
+// turn, with an unknown position.
+func TestOversizedBodyStillATurn(t *testing.T) {
+	up := newStub(t)
+	turns := &fakeTurns{}
+	_, base := newProxy(t, Options{Upstream: up.srv.URL, Turns: turns, MaxBody: 1024, Journal: newJournal(t)})
+	big := realisticChat(false)
+	status, _, _ := post(t, base+"/llm/agent1/v1/chat/completions", string(big), nil)
+	if status != 200 {
+		t.Fatalf("status %d", status)
+	}
+	if got := up.requests()[0].Body; !bytes.Equal(got, big) {
+		t.Fatalf("upstream got %d bytes, want the %d sent", len(got), len(big))
+	}
+	tr := turns.seen()
+	if len(tr) != 1 || tr[0].Number != -1 {
+		t.Fatalf("checkpoints %+v, want one with turn -1", tr)
+	}
+}
+
+func TestUnknownSandboxUpstream(t *testing.T) {
+	_, base := newProxy(t, Options{UpstreamFor: func(_ context.Context, sb string) (string, error) {
+		return "", fmt.Errorf("sandbox %s: %w", sb, errdefs.ErrNotFound)
+	}})
+	status, h, body := post(t, base+"/llm/ghost/v1/chat/completions", chat(false), nil)
+	if status != 404 || h.Get("Content-Type") != "application/problem+json" || !strings.Contains(body, "ghost") {
+		t.Fatalf("unknown sandbox: %d %s %s", status, h.Get("Content-Type"), body)
 	}
 }
