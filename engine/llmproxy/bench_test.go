@@ -108,6 +108,9 @@ type engineTurns struct {
 
 func (et engineTurns) Checkpoint(ctx context.Context, t Turn) (Committed, error) {
 	opts := engine.CheckpointOptions{Message: "llm call " + t.Conv.Short()}
+	if t.Number >= 0 {
+		opts.Turn = &t.Number
+	}
 	r, err := et.e.Checkpoint(ctx, t.Sandbox, opts)
 	if err != nil {
 		return Committed{}, err
@@ -125,7 +128,7 @@ func (engineTurns) WaitRemote(context.Context, Turn, Committed) error { return n
 // fsTurnEngine opens a real engine home with one overlay sandbox and
 // returns it with a function that makes one agent turn: 10 new files of
 // 64 KiB random bytes.
-func fsTurnEngine(b *testing.B) (*engine.Engine, func(i int)) {
+func fsTurnEngine(b testing.TB) (*engine.Engine, func(i int)) {
 	testenv.RequireRoot(b)
 	ctx := context.Background()
 	dir := b.TempDir()
@@ -147,7 +150,7 @@ func fsTurnEngine(b *testing.B) (*engine.Engine, func(i int)) {
 	b.Cleanup(func() { e.RemoveSandbox(context.Background(), "bench"); e.Close() })
 	buf := make([]byte, 64<<10)
 	return e, func(i int) {
-		d := filepath.Join(res.Root, "work", fmt.Sprint(i))
+		d := filepath.Join(res.Root, "work", fmt.Sprintf("turn%d", i))
 		must(os.MkdirAll(d, 0o755))
 		for f := range 10 {
 			rand.Read(buf)
