@@ -7,6 +7,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -72,30 +75,46 @@ func realisticChat(stream bool) []byte {
 }
 
 // BenchmarkProxyOverhead: a model call through the proxy without a
-// checkpoint against the same call sent straight to the stub, alternating
-// in one loop. overhead = proxy - direct at each percentile.
+// checkpoint against the same call sent straight to the stub, and through a
+// bare httputil.ReverseProxy (the cost of any extra loopback hop),
+// alternating in one loop. overhead = proxy - direct; logic = proxy - bare,
+// the proxy's own work (body read, parse, hash, routing).
 func BenchmarkProxyOverhead(b *testing.B) {
 	up := newStub(b)
+	up.forget = true
 	_, base := newProxy(b, Options{Upstream: up.srv.URL})
+	target, _ := url.Parse(up.srv.URL)
+	bare := httptest.NewServer(httputil.NewSingleHostReverseProxy(target))
+	b.Cleanup(bare.Close)
 	c := benchClient()
 	body := realisticChat(false)
-	direct, proxied := make([]time.Duration, 0, b.N), make([]time.Duration, 0, b.N)
-	for range 20 { // warm both keep-alive pools
-		do(b, c, up.srv.URL+"/v1/chat/completions", body)
-		do(b, c, base+"/llm/agent1/v1/chat/completions", body)
+	legs := []string{up.srv.URL + "/v1/chat/completions", bare.URL + "/v1/chat/completions", base + "/llm/agent1/v1/chat/completions"}
+	times := make([][]time.Duration, len(legs))
+	for range 20 { // warm the keep-alive pools
+		for _, u := range legs {
+			do(b, c, u, body)
+		}
 	}
 	b.SetBytes(int64(len(body)))
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		_, d := do(b, c, up.srv.URL+"/v1/chat/completions", body)
-		_, p := do(b, c, base+"/llm/agent1/v1/chat/completions", body)
-		direct, proxied = append(direct, d), append(proxied, p)
+		for l, u := range legs {
+			_, d := do(b, c, u, body)
+			times[l] = append(times[l], d)
+		}
 	}
 	b.StopTimer()
+	direct, bareT, proxied := times[0], times[1], times[2]
 	reportPct(b, "direct", direct)
+	reportPct(b, "bare-hop", bareT)
 	reportPct(b, "proxy", proxied)
-	b.ReportMetric(float64((pct(proxied, 0.5) - pct(direct, 0.5)).Microseconds()), "overhead-p50-us")
-	b.ReportMetric(float64((pct(proxied, 0.99) - pct(direct, 0.99)).Microseconds()), "overhead-p99-us")
+	for _, q := range []struct {
+		name string
+		p    float64
+	}{{"p50", 0.5}, {"p99", 0.99}} {
+		b.ReportMetric(float64((pct(proxied, q.p) - pct(direct, q.p)).Microseconds()), "overhead-"+q.name+"-us")
+		b.ReportMetric(float64((pct(proxied, q.p) - pct(bareT, q.p)).Microseconds()), "logic-"+q.name+"-us")
+	}
 }
 
 // engineTurns is the seam implemented over a real engine, as the daemon
@@ -223,6 +242,7 @@ func BenchmarkGateModel20ms(b *testing.B) {
 // the same stream from the stub directly, alternating in one loop.
 func BenchmarkStreamFirstByte(b *testing.B) {
 	up := newStub(b)
+	up.forget = true
 	turns := &fakeTurns{} // returns at once: the checkpoint finishes first
 	p, base := newProxy(b, Options{Upstream: up.srv.URL, Turns: turns})
 	up.before = func() { waitIdle(p) }

@@ -28,6 +28,7 @@ type stub struct {
 	seen   []seenReq
 	delay  time.Duration // before the reply head
 	before func()        // if set, runs before each reply
+	forget bool          // keep no requests (benchmarks)
 	events chan struct{} // if set, each SSE event after the first waits for a receive
 }
 
@@ -52,9 +53,11 @@ func (s *stub) requests() []seenReq {
 
 func (s *stub) serve(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
-	s.mu.Lock()
-	s.seen = append(s.seen, seenReq{r.Method, r.URL.Path, r.URL.RawQuery, r.Header.Clone(), body})
-	s.mu.Unlock()
+	if !s.forget {
+		s.mu.Lock()
+		s.seen = append(s.seen, seenReq{r.Method, r.URL.Path, r.URL.RawQuery, r.Header.Clone(), body})
+		s.mu.Unlock()
+	}
 	if s.before != nil {
 		s.before()
 	}
