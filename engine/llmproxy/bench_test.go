@@ -246,6 +246,13 @@ func BenchmarkStreamFirstByte(b *testing.B) {
 	turns := &fakeTurns{} // returns at once: the checkpoint finishes first
 	p, base := newProxy(b, Options{Upstream: up.srv.URL, Turns: turns})
 	up.before = func() { waitIdle(p) }
+	var mu sync.Mutex
+	var held []time.Duration
+	p.onGate = func(ev gateEvent) {
+		mu.Lock()
+		held = append(held, ev.Released.Sub(ev.Ready))
+		mu.Unlock()
+	}
 	c := benchClient()
 	body := realisticChat(true)
 	direct, gated := make([]time.Duration, 0, b.N), make([]time.Duration, 0, b.N)
@@ -262,6 +269,7 @@ func BenchmarkStreamFirstByte(b *testing.B) {
 	b.StopTimer()
 	reportPct(b, "direct-first-byte", direct)
 	reportPct(b, "gated-first-byte", gated)
+	reportPct(b, "gate-held", held[len(held)-b.N:])
 	b.ReportMetric(float64((pct(gated, 0.5) - pct(direct, 0.5)).Microseconds()), "added-p50-us")
 	b.ReportMetric(float64((pct(gated, 0.99) - pct(direct, 0.99)).Microseconds()), "added-p99-us")
 }
