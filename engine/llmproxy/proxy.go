@@ -223,6 +223,13 @@ func splitRoute(escaped string) (sandbox, path string, ok bool) {
 	if !ok || !catalog.ValidName(sandbox) {
 		return "", "", false
 	}
+	// No dot segments: a per-sandbox upstream with a path prefix must not be
+	// escaped by /llm/a1/../other.
+	for _, seg := range strings.Split(path, "/") {
+		if u, err := url.PathUnescape(seg); err != nil || u == "." || u == ".." {
+			return "", "", false
+		}
+	}
 	return sandbox, "/" + path, true
 }
 

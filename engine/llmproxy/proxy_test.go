@@ -317,14 +317,17 @@ func TestUpstreamErrorsPassThrough(t *testing.T) {
 		t.Fatalf("unreachable upstream: %d %s", status, h.Get("Content-Type"))
 	}
 	// Routes that are not sandbox routes.
-	for _, p := range []string{"/llm/", "/llm/agent1", "/other/agent1/v1/models", "/llm/bad%2Fname/v1/models"} {
-		resp, err := http.Get(base + p)
+	for _, p := range []string{"/llm/", "/llm/agent1", "/other/agent1/v1/models", "/llm/bad%2Fname/v1/models",
+		"/llm/agent1/v1/../../admin", "/llm/agent1/v1/%2e%2e/admin", "/llm/agent1/./v1/models"} {
+		req, _ := http.NewRequest("GET", base, nil)
+		req.URL.Opaque = p // sent as written, dot segments and all
+		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
 		resp.Body.Close()
-		if resp.StatusCode != 404 {
-			t.Errorf("%s: status %d, want 404", p, resp.StatusCode)
+		if resp.StatusCode != 404 || resp.Header.Get("Content-Type") != "application/problem+json" {
+			t.Errorf("%s: status %d (%s), want the proxy's own 404", p, resp.StatusCode, resp.Header.Get("Content-Type"))
 		}
 	}
 }
