@@ -12,6 +12,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
@@ -239,5 +240,60 @@ func TestDecodeEntryBounds(t *testing.T) {
 	}
 	if _, err := encodeEntry(&Entry{Shape: ShapeChat, Status: 200, Response: make([]byte, MaxEntry)}); !errors.Is(err, errdefs.ErrInvalid) {
 		t.Fatalf("oversized entry: %v", err)
+	}
+}
+
+// brokenObjects fails every write and serves garbage for every read.
+type brokenObjects struct{ memObjects }
+
+func (b *brokenObjects) Put(context.Context, string, io.Reader, int64) error {
+	return fmt.Errorf("disk full: %w", errdefs.ErrUnavailable)
+}
+
+// A journal that cannot be written or read never costs the agent its reply:
+// the failure is counted and the model answers live.
+func TestJournalFailuresNeverBreakReplies(t *testing.T) {
+	up := newStub(t)
+	st := &brokenObjects{memObjects{m: map[string][]byte{}}}
+	j, err := NewStoreJournal(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	_, base := newProxy(t, Options{Upstream: up.srv.URL, Turns: &fakeTurns{}, Journal: j, Registerer: reg})
+	url := base + "/llm/agent1/v1/chat/completions"
+	if s, _, b := post(t, url, chat(false), nil); s != 200 || !strings.Contains(b, "live #1") {
+		t.Fatalf("reply with an unwritable journal: %d %s", s, b)
+	}
+	if n := counter(t, reg, "turnsnap_llm_journal_errors_total", "put"); n != 1 {
+		t.Fatalf("%v journal write errors counted, want 1", n)
+	}
+	// An index entry whose object is garbage: the read fails, the model answers.
+	r, _ := ParseRequest(ShapeChat, []byte(chat(false, "x")))
+	id := delta.Hash([]byte("entry"))
+	st.m[JournalName(id)] = []byte("garbage")
+	j.idx["agent1"] = map[delta.ID]journalRef{r.Conv: {obj: id}}
+	if s, h, b := post(t, url, chat(false, "x"), nil); s != 200 || h.Get("X-Turnsnap-Journal") != "" || !strings.Contains(b, "live #2") {
+		t.Fatalf("reply with a corrupt journal entry: %d %s", s, b)
+	}
+	if n := counter(t, reg, "turnsnap_llm_journal_errors_total", "get"); n != 1 {
+		t.Fatalf("%v journal read errors counted, want 1", n)
+	}
+}
+
+// A reply larger than MaxJournal reaches the agent whole and is not
+// journaled.
+func TestOversizedReplyNotJournaled(t *testing.T) {
+	up := newStub(t)
+	j := newJournal(t)
+	_, base := newProxy(t, Options{Upstream: up.srv.URL, Turns: &fakeTurns{}, Journal: j, MaxJournal: 100})
+	for _, stream := range []bool{false, true} {
+		s, _, b := post(t, base+"/llm/agent1/v1/chat/completions", chat(stream), nil)
+		if s != 200 || !strings.Contains(b, "#") || len(b) <= 100 {
+			t.Fatalf("stream=%v: %d %q", stream, s, b)
+		}
+	}
+	if refs := j.Refs("agent1"); len(refs) != 0 {
+		t.Fatalf("%d oversized replies journaled", len(refs))
 	}
 }
