@@ -504,3 +504,17 @@ func TestUnknownSandboxUpstream(t *testing.T) {
 		t.Fatalf("unknown sandbox: %d %s %s", status, h.Get("Content-Type"), body)
 	}
 }
+
+// Calls from many sandboxes share kept-alive connections to the upstream.
+func TestUpstreamKeepAlive(t *testing.T) {
+	up := newStub(t)
+	_, base := newProxy(t, Options{Upstream: up.srv.URL, Turns: &fakeTurns{}})
+	for i := 0; i < 20; i++ {
+		sb := fmt.Sprintf("sb%d", i%5)
+		post(t, base+"/llm/"+sb+"/v1/chat/completions", chat(i%2 == 0), map[string]string{"Authorization": "Bearer k" + sb})
+		post(t, base+"/llm/"+sb+"/v1/models", "", nil)
+	}
+	if n := up.conns.Load(); n != 1 {
+		t.Fatalf("40 sequential calls opened %d upstream connections, want 1", n)
+	}
+}

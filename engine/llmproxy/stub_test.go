@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -24,6 +25,7 @@ import (
 type stub struct {
 	srv    *httptest.Server
 	calls  atomic.Int64 // model calls answered
+	conns  atomic.Int64 // TCP connections accepted
 	mu     sync.Mutex
 	seen   []seenReq
 	delay  time.Duration // before the reply head
@@ -40,7 +42,13 @@ type seenReq struct {
 
 func newStub(t testing.TB) *stub {
 	s := &stub{}
-	s.srv = httptest.NewServer(http.HandlerFunc(s.serve))
+	s.srv = httptest.NewUnstartedServer(http.HandlerFunc(s.serve))
+	s.srv.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+		if st == http.StateNew {
+			s.conns.Add(1)
+		}
+	}
+	s.srv.Start()
 	t.Cleanup(s.srv.Close)
 	return s
 }
