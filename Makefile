@@ -39,7 +39,7 @@ bench: deps
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzDecodeTree -fuzztime 60s ./delta
-	$(GO) test -run '^$$' -fuzz FuzzParsePackHeader -fuzztime 60s ./upload
+	$(GO) test -run '^$$' -fuzz FuzzParsePackHeader -fuzztime 60s ./delta
 
 clean:
 	rm -rf bin

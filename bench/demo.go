@@ -15,7 +15,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/engine"
 	"github.com/turnsnap/turnsnap/proc"
@@ -35,7 +34,7 @@ type DemoTurn struct {
 	Sandbox  string        `json:"sandbox"`
 	Turn     int           `json:"turn"`
 	Action   string        `json:"action"`
-	Class    catalog.Class `json:"class"`
+	Class    delta.Class   `json:"class"`
 	ID       string        `json:"id"`
 	BytesNew int64         `json:"bytes_new"`
 	Objects  int64         `json:"objects_new"`
@@ -188,7 +187,7 @@ func RunDemo(ctx context.Context, opts DemoOptions) (*DemoReport, error) {
 		return nil, err
 	}
 	for _, t := range rep.Turns {
-		if t.Class == catalog.ClassSkip {
+		if t.Class == delta.ClassSkip {
 			continue
 		}
 		if _, err := e.Verify(ctx, t.ID); err != nil {
@@ -230,7 +229,7 @@ func printDemo(w io.Writer, rep *DemoReport, changes []delta.Change) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "sandbox\tturn\t action\tclass\tnew bytes\tobjects\tfiles read\ttime\t")
 	var bytes, objects int64
-	classes := map[catalog.Class]int{}
+	classes := map[delta.Class]int{}
 	for _, t := range rep.Turns {
 		fmt.Fprintf(tw, "%s\t%d\t %-52s\t%s\t%s\t%d\t%d\t%s\t\n", t.Sandbox, t.Turn, t.Action, t.Class,
 			humanBytes(t.BytesNew), t.Objects, t.Read, humanDur(t.Duration))
@@ -240,8 +239,8 @@ func printDemo(w io.Writer, rep *DemoReport, changes []delta.Change) {
 	}
 	tw.Flush()
 	fmt.Fprintf(w, "\n%d turn boundaries: %d skip (no bytes written), %d fs, %d process, %d full; %s stored in %d objects\n",
-		len(rep.Turns), classes[catalog.ClassSkip], classes[catalog.ClassFS], classes[catalog.ClassProcess],
-		classes[catalog.ClassFull], humanBytes(bytes), objects)
+		len(rep.Turns), classes[delta.ClassSkip], classes[delta.ClassFS], classes[delta.ClassProcess],
+		classes[delta.ClassFull], humanBytes(bytes), objects)
 	fmt.Fprintf(w, "rollback agent -> turn 6 after the failed edit: %s (restored layer re-hashed and matched)\n", humanDur(rep.Rollback))
 	if rep.ServerAnswers != "" {
 		fmt.Fprintf(w, "dev server from turn 4 restored from its CRIU image; it answers: %q\n", rep.ServerAnswers)

@@ -8,7 +8,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/turnsnap/turnsnap/catalog"
+	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/btrfstest"
 )
 
@@ -90,7 +90,7 @@ func BenchmarkBtrfsVsOverlay(b *testing.B) {
 						for b.Loop() {
 							r, err := e.Checkpoint(ctx, s.name, CheckpointOptions{})
 							must(b, err)
-							if r.Class != catalog.ClassSkip {
+							if r.Class != delta.ClassSkip {
 								b.Fatalf("no-op turn classed %s", r.Class)
 							}
 							entries += r.Stats.Entries
@@ -115,7 +115,7 @@ func BenchmarkBtrfsVsOverlay(b *testing.B) {
 							b.StartTimer()
 							r, err := e.Checkpoint(ctx, s.name, CheckpointOptions{})
 							must(b, err)
-							if r.Class != catalog.ClassFS {
+							if r.Class != delta.ClassFS {
 								b.Fatalf("10-file turn classed %s", r.Class)
 							}
 							entries += r.Stats.Entries

@@ -23,10 +23,10 @@ type CheckpointResult struct {
 	// this state.
 	ID       delta.ID
 	Sandbox  string
-	Class    catalog.Class
+	Class    delta.Class
 	Turn     int
 	Parent   delta.ID
-	Stats    catalog.Stats
+	Stats    delta.Stats
 	Duration time.Duration
 	// ProcessChange says why the turn counted as a process change ("" if
 	// it did not): a process appeared, ended, used CPU, did I/O...
@@ -80,7 +80,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	if opts.Turn != nil {
 		turn = *opts.Turn
 	}
-	stats := catalog.Stats{
+	stats := delta.Stats{
 		Entries: res.Stats.Entries, FilesRead: res.Stats.FilesRead, BytesRead: res.Stats.BytesRead,
 	}
 	fsChanged := res.StateKey != st.head.StateKey
@@ -95,7 +95,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 			}
 		}
 		stats.DurationNs = time.Since(start).Nanoseconds()
-		return &CheckpointResult{ID: st.head.ID, Sandbox: name, Class: catalog.ClassSkip, Turn: turn,
+		return &CheckpointResult{ID: st.head.ID, Sandbox: name, Class: delta.ClassSkip, Turn: turn,
 			Parent: st.head.ID, Stats: stats, Duration: time.Since(start)}, nil
 	}
 	// Unchanged processes keep the image they were last dumped with.
@@ -116,8 +116,8 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 		}
 	}
 	resume()
-	cp := &catalog.Checkpoint{
-		Version: catalog.RecordVersion, Sandbox: name, Parent: st.head.ID, Turn: turn,
+	cp := &delta.Checkpoint{
+		Version: delta.RecordVersion, Sandbox: name, Parent: st.head.ID, Turn: turn,
 		Class: classify(fsChanged, pt.changed), Backend: st.sb.Backend, BaseTree: st.head.BaseTree,
 		FSTree: res.Root, StateKey: res.StateKey, ProcTree: procTree, Host: host,
 		Message: opts.Message, Created: time.Now().UTC(), Stats: stats,
@@ -144,23 +144,23 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	return out, nil
 }
 
-// classify names a turn by what changed (DESIGN.md, "The turn classes").
-func classify(fs, procs bool) catalog.Class {
+// classify names a turn by what changed (docs/FORMAT.md, "Record": class).
+func classify(fs, procs bool) delta.Class {
 	switch {
 	case fs && procs:
-		return catalog.ClassFull
+		return delta.ClassFull
 	case procs:
-		return catalog.ClassProcess
+		return delta.ClassProcess
 	case fs:
-		return catalog.ClassFS
+		return delta.ClassFS
 	}
-	return catalog.ClassSkip
+	return delta.ClassSkip
 }
 
 // resolve turns a user's checkpoint reference (full id, unique prefix, tag)
 // into a checkpoint.
-func (e *Engine) resolve(ctx context.Context, ref string) (*catalog.Checkpoint, error) {
-	var cp *catalog.Checkpoint
+func (e *Engine) resolve(ctx context.Context, ref string) (*delta.Checkpoint, error) {
+	var cp *delta.Checkpoint
 	err := e.view(ctx, func(tx *catalog.Tx) error {
 		id, err := tx.ResolveCheckpoint(ref)
 		if err != nil {
@@ -176,6 +176,6 @@ func (e *Engine) resolve(ctx context.Context, ref string) (*catalog.Checkpoint, 
 }
 
 // Resolve is resolve for callers outside the engine.
-func (e *Engine) Resolve(ctx context.Context, ref string) (*catalog.Checkpoint, error) {
+func (e *Engine) Resolve(ctx context.Context, ref string) (*delta.Checkpoint, error) {
 	return e.resolve(ctx, ref)
 }

@@ -2,12 +2,14 @@ package engine
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"testing"
 
 	"github.com/turnsnap/turnsnap/btrfs"
 	"github.com/turnsnap/turnsnap/catalog"
+	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/btrfstest"
 	"github.com/turnsnap/turnsnap/internal/roottest"
 	"github.com/turnsnap/turnsnap/overlay"
@@ -18,7 +20,7 @@ import (
 // restores into a sandbox of either backend with an identical merged tree.
 
 func btrfsOpts(pool, base string) CreateOptions {
-	return CreateOptions{Base: base, Backend: btrfs.Name, Config: map[string]string{btrfs.ConfigPool: pool}}
+	return CreateOptions{Base: base, Backend: btrfs.Name, Btrfs: btrfs.Options{Pool: pool}}
 }
 
 func TestBtrfsCheckpointRestoresIntoOverlay(t *testing.T) {
@@ -32,7 +34,7 @@ func TestBtrfsCheckpointRestoresIntoOverlay(t *testing.T) {
 	want := mergedState(t, cr.Root)
 	c1, err := e.Checkpoint(ctx, "b", CheckpointOptions{})
 	must(t, err)
-	if c1.Class != catalog.ClassFS {
+	if c1.Class != delta.ClassFS {
 		t.Fatalf("turn with edits classed %s", c1.Class)
 	}
 	// Branch into overlay: a btrfs checkpoint on a host without btrfs.
@@ -44,7 +46,7 @@ func TestBtrfsCheckpointRestoresIntoOverlay(t *testing.T) {
 	settle()
 	noop, err := e.Checkpoint(ctx, "o", CheckpointOptions{})
 	must(t, err)
-	if noop.Class != catalog.ClassSkip {
+	if noop.Class != delta.ClassSkip {
 		t.Fatalf("first turn of the overlay branch, unchanged, classed %s", noop.Class)
 	}
 	// Rollback of an overlay sandbox on the same base to the btrfs checkpoint.
@@ -60,7 +62,7 @@ func TestBtrfsCheckpointRestoresIntoOverlay(t *testing.T) {
 	want2 := mergedState(t, br.Root)
 	c2, err := e.Checkpoint(ctx, "o", CheckpointOptions{})
 	must(t, err)
-	back, err := e.Branch(ctx, c2.ID.String(), "b2", BranchOptions{Backend: btrfs.Name, Config: map[string]string{btrfs.ConfigPool: pool}})
+	back, err := e.Branch(ctx, c2.ID.String(), "b2", BranchOptions{Backend: btrfs.Name, Btrfs: btrfs.Options{Pool: pool}})
 	must(t, err)
 	if got := mergedState(t, back.Root); got != want2 {
 		t.Fatalf("btrfs branch of the overlay checkpoint hashes to %s, want %s", got.Short(), want2.Short())
@@ -78,7 +80,7 @@ func TestOverlayCheckpointRestoresIntoBtrfs(t *testing.T) {
 	want := mergedState(t, cr.Root)
 	c1, err := e.Checkpoint(ctx, "o", CheckpointOptions{})
 	must(t, err)
-	br, err := e.Branch(ctx, c1.ID.String(), "b", BranchOptions{Backend: btrfs.Name, Config: map[string]string{btrfs.ConfigPool: pool}})
+	br, err := e.Branch(ctx, c1.ID.String(), "b", BranchOptions{Backend: btrfs.Name, Btrfs: btrfs.Options{Pool: pool}})
 	must(t, err)
 	if got := mergedState(t, br.Root); got != want {
 		t.Fatalf("btrfs branch of an overlay checkpoint hashes to %s, want %s", got.Short(), want.Short())
@@ -93,7 +95,7 @@ func TestOverlayCheckpointRestoresIntoBtrfs(t *testing.T) {
 	}
 	noop, err := e.Checkpoint(ctx, "b", CheckpointOptions{})
 	must(t, err)
-	if noop.Class != catalog.ClassSkip {
+	if noop.Class != delta.ClassSkip {
 		t.Fatalf("unchanged turn of the btrfs branch classed %s", noop.Class)
 	}
 	// A sandbox of the other backend on the same base rolls back to it.
@@ -115,7 +117,7 @@ func TestBtrfsSandboxLifecycle(t *testing.T) {
 	e := newEngine(t)
 	cr, err := e.CreateSandbox(ctx, "s", btrfsOpts(pool, richBase(t)))
 	must(t, err)
-	if cr.Sandbox.Config[btrfs.ConfigPool] != pool {
+	if poolOf(cr.Sandbox.Config) != pool {
 		t.Fatalf("sandbox config %v does not keep the pool", cr.Sandbox.Config)
 	}
 	h0 := mergedState(t, cr.Root)
@@ -127,7 +129,7 @@ func TestBtrfsSandboxLifecycle(t *testing.T) {
 	for i := range 3 {
 		r, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 		must(t, err)
-		if r.Class != catalog.ClassSkip || r.Stats.BytesNew != 0 || r.Stats.FilesRead != 0 {
+		if r.Class != delta.ClassSkip || r.Stats.BytesNew != 0 || r.Stats.FilesRead != 0 {
 			t.Fatalf("unchanged turn %d: class %s, %d bytes new, %d files read", i, r.Class, r.Stats.BytesNew, r.Stats.FilesRead)
 		}
 	}
@@ -152,7 +154,7 @@ func TestBtrfsSandboxLifecycle(t *testing.T) {
 		t.Fatalf("branch gives %s, want %s", got.Short(), h2.Short())
 	}
 	sb := e.mustSandbox(t, "b")
-	if sb.Backend != btrfs.Name || sb.Config[btrfs.ConfigPool] != pool {
+	if sb.Backend != btrfs.Name || poolOf(sb.Config) != pool {
 		t.Fatalf("branch inherits backend %s config %v", sb.Backend, sb.Config)
 	}
 
@@ -176,7 +178,7 @@ func TestBtrfsSandboxLifecycle(t *testing.T) {
 	}
 	r, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
-	if r.Class != catalog.ClassSkip || r.Stats.FilesRead != 0 {
+	if r.Class != delta.ClassSkip || r.Stats.FilesRead != 0 {
 		t.Fatalf("turn after rollback from the store: class %s, %d files read", r.Class, r.Stats.FilesRead)
 	}
 	log, err := e.Log(ctx, "s")
@@ -197,13 +199,22 @@ func TestBtrfsSandboxLifecycle(t *testing.T) {
 	}
 }
 
-func (e *Engine) mustSandbox(t *testing.T, name string) *catalog.Sandbox {
+func (e *Engine) mustSandbox(t *testing.T, name string) *delta.Sandbox {
 	t.Helper()
-	var sb *catalog.Sandbox
+	var sb *delta.Sandbox
 	must(t, e.view(context.Background(), func(tx *catalog.Tx) error {
 		var err error
 		sb, err = tx.Sandbox(name)
 		return err
 	}))
 	return sb
+}
+
+// poolOf returns the btrfs pool a sandbox's stored options name.
+func poolOf(cfg json.RawMessage) string {
+	var o btrfs.Options
+	if json.Unmarshal(cfg, &o) != nil {
+		return ""
+	}
+	return o.Pool
 }

@@ -1,6 +1,6 @@
 // Package engine composes turnsnap's parts into turns: classify what changed
-// since a sandbox's last checkpoint, commit checkpoints in the order of
-// DESIGN.md (objects, then the record, then the catalog), and restore,
+// since a sandbox's last checkpoint, commit checkpoints in the write order
+// of docs/FORMAT.md (objects, then the record, then the catalog), and restore,
 // branch, diff, verify and rebuild. The CLI is a thin shell over Engine.
 package engine
 
@@ -14,6 +14,7 @@ import (
 
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/internal/rootfs"
 	"github.com/turnsnap/turnsnap/overlay"
 	"github.com/turnsnap/turnsnap/proc"
 	"github.com/turnsnap/turnsnap/upload"
@@ -52,7 +53,7 @@ type Engine struct {
 	repo   *repo
 	log    *slog.Logger
 	// backends by name; the engine composes them, each owns its roots.
-	backends map[string]Backend
+	backends map[string]rootfs.Backend
 	rt       *proc.Runtime // process runtime, made on first use
 	procCRIU string        // CRIU binary; "" means proc's default
 }
@@ -112,8 +113,8 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	if opts.Progress != nil {
 		e.repo.meter = newMeter(opts.Progress)
 	}
-	e.backends = map[string]Backend{
-		overlay.Name: overlayBackend{overlay.NewBackend(h.basesDir())},
+	e.backends = map[string]rootfs.Backend{
+		overlay.Name: overlay.NewBackend(h.basesDir()),
 	}
 	ok = true
 	return e, nil

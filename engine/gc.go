@@ -63,12 +63,12 @@ func (e *Engine) GC(ctx context.Context, opts GCOptions) (*GCReport, error) {
 	// Every pack's header: where each blob lives, on this host or not.
 	type packInfo struct {
 		info    upload.ObjectInfo
-		entries []upload.PackEntry
+		entries []delta.PackEntry
 	}
 	packs := map[delta.ID]*packInfo{}
 	locs := map[delta.ID]catalog.BlobLocation{}
-	err := e.store.List(ctx, upload.PackPrefix, func(oi upload.ObjectInfo) error {
-		id, ok := upload.ParsePackName(oi.Name)
+	err := e.store.List(ctx, delta.PackPrefix, func(oi upload.ObjectInfo) error {
+		id, ok := delta.ParsePackName(oi.Name)
 		if !ok {
 			return nil
 		}
@@ -89,8 +89,8 @@ func (e *Engine) GC(ctx context.Context, opts GCOptions) (*GCReport, error) {
 	// Mark.
 	live := map[delta.ID]bool{}
 	w := &walker{loader: e.loaderFor(locs), seen: live, visit: func(delta.ID, delta.BlobType) error { return nil }}
-	err = e.store.List(ctx, recordPrefix, func(oi upload.ObjectInfo) error {
-		id, err := delta.ParseID(strings.TrimPrefix(oi.Name, recordPrefix))
+	err = e.store.List(ctx, delta.RecordPrefix, func(oi upload.ObjectInfo) error {
+		id, err := delta.ParseID(strings.TrimPrefix(oi.Name, delta.RecordPrefix))
 		if err != nil {
 			return nil
 		}
@@ -101,7 +101,7 @@ func (e *Engine) GC(ctx context.Context, opts GCOptions) (*GCReport, error) {
 		if err != nil {
 			return err
 		}
-		cp, err := catalog.DecodeRecord(id, data)
+		cp, err := delta.DecodeRecord(id, data)
 		if err != nil {
 			return fmt.Errorf("object %s: %w", oi.Name, err)
 		}
@@ -161,8 +161,8 @@ func (e *Engine) GC(ctx context.Context, opts GCOptions) (*GCReport, error) {
 // deletePack removes a pack from the bucket first, then locally, then from
 // the catalog's blob index (only entries that point at this pack: another
 // copy of a blob may live elsewhere).
-func (e *Engine) deletePack(ctx context.Context, id delta.ID, entries []upload.PackEntry) error {
-	name := upload.PackName(id)
+func (e *Engine) deletePack(ctx context.Context, id delta.ID, entries []delta.PackEntry) error {
+	name := delta.PackName(id)
 	if e.remote != nil {
 		if err := e.remote.Delete(ctx, name); err != nil {
 			return fmt.Errorf("gc: delete %s: %w", name, err)

@@ -221,7 +221,7 @@ func hostLoop(ctx context.Context, e *Engine, name, root string, seed int64) err
 	}
 	// Every checkpoint this host kept still verifies against what exists.
 	return e.view(ctx, func(tx *catalog.Tx) error {
-		return tx.ForEachCheckpoint(func(cp *catalog.Checkpoint) error {
+		return tx.ForEachCheckpoint(func(cp *delta.Checkpoint) error {
 			if _, err := e.Verify(ctx, cp.ID.String()); err != nil {
 				return fmt.Errorf("%s: kept checkpoint %s: %w", name, cp.ID.Short(), err)
 			}

@@ -15,7 +15,7 @@ import (
 
 // LogEntry is one checkpoint in a sandbox's log.
 type LogEntry struct {
-	*catalog.Checkpoint
+	*delta.Checkpoint
 	Head bool // the sandbox's current head
 	// OnHead is true for the head and its ancestors; false for checkpoints
 	// abandoned by a rollback (they stay restorable).
@@ -31,13 +31,13 @@ func (e *Engine) Log(ctx context.Context, name string) ([]LogEntry, error) {
 		if _, err := tx.Sandbox(name); err != nil {
 			return fmt.Errorf("sandbox %s: %w", name, err)
 		}
-		head, err := tx.GetRef(catalog.RefHead, name)
+		head, err := tx.GetRef(delta.RefHead, name)
 		if err != nil {
 			return fmt.Errorf("sandbox %s: head: %w", name, err)
 		}
 		// Walk parents by hand: prune removes ancestors (no checkpoint needs
 		// them), and the line simply ends at the first one pruned.
-		var line []*catalog.Checkpoint
+		var line []*delta.Checkpoint
 		for cur := head; !cur.IsZero(); {
 			cp, err := tx.Checkpoint(cur)
 			if errors.Is(err, errdefs.ErrNotFound) && len(line) > 0 {

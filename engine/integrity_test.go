@@ -209,8 +209,8 @@ func allBlobIDs(t *testing.T, e *Engine) []delta.ID {
 	t.Helper()
 	ctx := context.Background()
 	var out []delta.ID
-	must(t, e.store.List(ctx, upload.PackPrefix, func(oi upload.ObjectInfo) error {
-		entries, err := upload.ReadPackHeader(ctx, e.store, oi.Name)
+	must(t, e.store.List(ctx, delta.PackPrefix, func(oi upload.ObjectInfo) error {
+		entries, err := delta.ReadPackHeader(ctx, upload.Ranges(e.store), oi.Name)
 		for _, en := range entries {
 			out = append(out, en.ID)
 		}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/turnsnap/turnsnap/catalog"
+	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/internal/testenv"
 	"github.com/turnsnap/turnsnap/proc"
@@ -93,7 +94,7 @@ func TestCounterContinuesAfterRollbackAndBranch(t *testing.T) {
 	time.Sleep(1500 * time.Millisecond)
 	c1, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
-	if c1.Class != catalog.ClassFull && c1.Class != catalog.ClassProcess {
+	if c1.Class != delta.ClassFull && c1.Class != delta.ClassProcess {
 		t.Fatalf("turn that started a process classed %s", c1.Class)
 	}
 	// Read just after the cut: at least the cut's value (later on a loaded
@@ -140,7 +141,7 @@ func TestHTTPServerFromTurn3AnswersAfterRestore(t *testing.T) {
 	sh(t, e, "web", "echo one > /tmp/turn1")
 	c, err := e.Checkpoint(ctx, "web", CheckpointOptions{})
 	must(t, err)
-	if c.Class != catalog.ClassFS {
+	if c.Class != delta.ClassFS {
 		t.Fatalf("turn 1 (a command that exited) classed %s", c.Class)
 	}
 	write(t, filepath.Join(cr.Root, "turn2"), "two")
@@ -151,13 +152,13 @@ func TestHTTPServerFromTurn3AnswersAfterRestore(t *testing.T) {
 	time.Sleep(300 * time.Millisecond)
 	c3, err := e.Checkpoint(ctx, "web", CheckpointOptions{})
 	must(t, err)
-	if c3.Class != catalog.ClassProcess && c3.Class != catalog.ClassFull {
+	if c3.Class != delta.ClassProcess && c3.Class != delta.ClassFull {
 		t.Fatalf("turn 3 started a server, classed %s", c3.Class)
 	}
 	sh(t, e, "web", "killall httpd; rm /turn2")
 	c4, err := e.Checkpoint(ctx, "web", CheckpointOptions{})
 	must(t, err)
-	if c4.Class != catalog.ClassFull {
+	if c4.Class != delta.ClassFull {
 		t.Fatalf("turn 4 stopped the server and deleted a file, classed %s", c4.Class)
 	}
 	_, err = e.Rollback(ctx, "web", c3.ID.String())
@@ -177,21 +178,21 @@ func TestCommandsThatExitAreNotProcessChanges(t *testing.T) {
 	must(t, err)
 	first, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
-	if first.Class != catalog.ClassProcess && first.Class != catalog.ClassFull {
+	if first.Class != delta.ClassProcess && first.Class != delta.ClassFull {
 		t.Fatalf("a new long-lived process classed %s", first.Class)
 	}
 	for _, cmd := range []string{"ls -la /bin >/dev/null", "cat /www/index.html", "ls /; cat /bin/busybox > /dev/null"} {
 		sh(t, e, "s", cmd)
 		r, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 		must(t, err)
-		if r.Class != catalog.ClassSkip && r.Class != catalog.ClassFS {
+		if r.Class != delta.ClassSkip && r.Class != delta.ClassFS {
 			t.Fatalf("a turn that only ran %q classed %s", cmd, r.Class)
 		}
 	}
 	// And an idle turn right after a process checkpoint is a skip.
 	r, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
-	if r.Class != catalog.ClassSkip {
+	if r.Class != delta.ClassSkip {
 		t.Fatalf("idle turn classed %s", r.Class)
 	}
 }

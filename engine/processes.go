@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/proc"
@@ -167,7 +166,7 @@ type procTurn struct {
 // paused at once, so the scan and the dump are one instant. Unchanged ones
 // are left running: freezing would itself look like activity next turn,
 // and confirmIdle checks after the scan that they stayed idle throughout.
-func (e *Engine) beginProcTurn(ctx context.Context, name string, head *catalog.Checkpoint) (*procTurn, error) {
+func (e *Engine) beginProcTurn(ctx context.Context, name string, head *delta.Checkpoint) (*procTurn, error) {
 	pt := &procTurn{resume: func() {}}
 	running, err := e.containerRunning(ctx, name)
 	if err != nil {
@@ -191,7 +190,7 @@ func (e *Engine) beginProcTurn(ctx context.Context, name string, head *catalog.C
 	return pt, nil
 }
 
-func (e *Engine) procsChanged(name string, cur proc.ProcSet, head *catalog.Checkpoint) (bool, string) {
+func (e *Engine) procsChanged(name string, cur proc.ProcSet, head *delta.Checkpoint) (bool, string) {
 	if len(cur.Procs) == 0 {
 		return head.ProcTree != nil, "long-lived processes ended"
 	}
@@ -222,7 +221,7 @@ func (e *Engine) pauseTurn(ctx context.Context, name string, pt *procTurn) error
 // unchanged and left running. If they did anything meanwhile, the files just
 // scanned may be theirs mid-change: it pauses them and reports that the turn
 // must rescan and dump (the cut is then taken properly).
-func (e *Engine) confirmIdle(ctx context.Context, name string, pt *procTurn, head *catalog.Checkpoint) (bool, error) {
+func (e *Engine) confirmIdle(ctx context.Context, name string, pt *procTurn, head *delta.Checkpoint) (bool, error) {
 	if !pt.running || pt.changed {
 		return false, nil
 	}
@@ -293,7 +292,7 @@ func (e *Engine) loadBaseline(name string) proc.ProcSet {
 }
 
 // checkHost refuses a process restore the recorded host facts rule out.
-func (e *Engine) checkHost(ctx context.Context, cp *catalog.Checkpoint) error {
+func (e *Engine) checkHost(ctx context.Context, cp *delta.Checkpoint) error {
 	if cp.ProcTree == nil {
 		return nil
 	}
@@ -329,7 +328,7 @@ func (e *Engine) stopProcesses(ctx context.Context, name string) error {
 
 // restoreProcesses brings a checkpoint's processes back in the sandbox's
 // container, on its (already restored) root.
-func (e *Engine) restoreProcesses(ctx context.Context, name, root string, cp *catalog.Checkpoint) error {
+func (e *Engine) restoreProcesses(ctx context.Context, name, root string, cp *delta.Checkpoint) error {
 	rt, err := e.runtime(ctx)
 	if err != nil {
 		return err

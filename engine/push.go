@@ -97,7 +97,7 @@ func (e *Engine) Push(ctx context.Context, opts PushOptions) (*PushReport, error
 		// are rewritten in place. Nothing else writes the store while this
 		// process holds the home lock.
 		info, err := e.local.Stat(ctx, name)
-		if errors.Is(err, errdefs.ErrNotFound) && strings.HasPrefix(name, upload.PackPrefix) {
+		if errors.Is(err, errdefs.ErrNotFound) && strings.HasPrefix(name, delta.PackPrefix) {
 			// Collected since it was queued (its checkpoint was pruned before
 			// upload). A record that still needed it would have kept it live,
 			// and preflight checked every record of this push.
@@ -170,7 +170,7 @@ func (e *Engine) Push(ctx context.Context, opts PushOptions) (*PushReport, error
 func (e *Engine) preflight(ctx context.Context, todo []job) ([]job, error) {
 	inPush := map[string]bool{}
 	for _, j := range todo {
-		if strings.HasPrefix(j.Name, upload.PackPrefix) {
+		if strings.HasPrefix(j.Name, delta.PackPrefix) {
 			// Only a pack this host still has will really go up.
 			if _, err := e.local.Stat(ctx, j.Name); err != nil {
 				continue
@@ -179,17 +179,17 @@ func (e *Engine) preflight(ctx context.Context, todo []job) ([]job, error) {
 		inPush[j.Name] = true
 	}
 	remote := map[string]bool{}
-	err := e.remote.List(ctx, upload.PackPrefix, func(oi upload.ObjectInfo) error { remote[oi.Name] = true; return nil })
+	err := e.remote.List(ctx, delta.PackPrefix, func(oi upload.ObjectInfo) error { remote[oi.Name] = true; return nil })
 	if err != nil {
 		return nil, fmt.Errorf("list remote packs: %w", err)
 	}
 	var extra []job
 	w := &walker{loader: e.repo, seen: map[delta.ID]bool{}}
 	for i, j := range todo {
-		if j.Delete || !strings.HasPrefix(j.Name, recordPrefix) {
+		if j.Delete || !strings.HasPrefix(j.Name, delta.RecordPrefix) {
 			continue
 		}
-		id, err := delta.ParseID(strings.TrimPrefix(j.Name, recordPrefix))
+		id, err := delta.ParseID(strings.TrimPrefix(j.Name, delta.RecordPrefix))
 		if err != nil {
 			return nil, err
 		}
@@ -197,7 +197,7 @@ func (e *Engine) preflight(ctx context.Context, todo []job) ([]job, error) {
 		if err != nil {
 			return nil, err
 		}
-		cp, err := catalog.DecodeRecord(id, data)
+		cp, err := delta.DecodeRecord(id, data)
 		if err != nil {
 			return nil, err
 		}
@@ -209,7 +209,7 @@ func (e *Engine) preflight(ctx context.Context, todo []job) ([]job, error) {
 			if err != nil || !ok {
 				return fmt.Errorf("checkpoint %s: blob %s has no known pack: %w", id.Short(), b.Short(), errdefs.ErrNotFound)
 			}
-			name := upload.PackName(loc.Pack)
+			name := delta.PackName(loc.Pack)
 			if !inPush[name] && !remote[name] {
 				inPush[name] = true
 				missing = append(missing, name)

@@ -6,7 +6,6 @@ import (
 
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
-	"github.com/turnsnap/turnsnap/upload"
 )
 
 // Remote durability. The local store is the write-ahead stage: a checkpoint
@@ -25,7 +24,7 @@ const backfillSandbox = "_backfill"
 // its record (after those packs, the still-pending packs it reuses blobs
 // from, and its parent's record if that is pending), then its sandbox
 // description and head ref (after the record).
-func (e *Engine) queueCommit(tx *catalog.Tx, cp *catalog.Checkpoint, newSandbox *catalog.Sandbox) error {
+func (e *Engine) queueCommit(tx *catalog.Tx, cp *delta.Checkpoint, newSandbox *delta.Sandbox) error {
 	if e.remote == nil {
 		return nil
 	}
@@ -40,26 +39,26 @@ func (e *Engine) queueCommit(tx *catalog.Tx, cp *catalog.Checkpoint, newSandbox 
 		after = append(after, w.Name)
 	}
 	for pack := range e.repo.reused {
-		if name := upload.PackName(pack); pending[name] {
+		if name := delta.PackName(pack); pending[name] {
 			after = append(after, name)
 		}
 	}
-	if !cp.Parent.IsZero() && pending[recordName(cp.Parent)] {
-		after = append(after, recordName(cp.Parent))
+	if !cp.Parent.IsZero() && pending[delta.RecordName(cp.Parent)] {
+		after = append(after, delta.RecordName(cp.Parent))
 	}
 	slices.Sort(after)
-	rec := recordName(cp.ID)
+	rec := delta.RecordName(cp.ID)
 	items = append(items, catalog.PendingUpload{Sandbox: cp.Sandbox, Checkpoint: cp.ID, Name: rec, After: after})
 	if newSandbox != nil {
-		items = append(items, catalog.PendingUpload{Sandbox: cp.Sandbox, Checkpoint: cp.ID, Name: sandboxName(cp.Sandbox), After: []string{rec}})
+		items = append(items, catalog.PendingUpload{Sandbox: cp.Sandbox, Checkpoint: cp.ID, Name: delta.SandboxName(cp.Sandbox), After: []string{rec}})
 	}
-	items = append(items, catalog.PendingUpload{Sandbox: cp.Sandbox, Checkpoint: cp.ID, Name: refName(catalog.RefHead, cp.Sandbox), After: []string{rec}})
+	items = append(items, catalog.PendingUpload{Sandbox: cp.Sandbox, Checkpoint: cp.ID, Name: delta.RefName(delta.RefHead, cp.Sandbox), After: []string{rec}})
 	return tx.EnqueueUploads(items)
 }
 
 // queueRef queues a ref object (and, for a new sandbox, its description)
 // after the record it points at, if that record is itself still pending.
-func (e *Engine) queueRef(tx *catalog.Tx, sandbox string, kind catalog.RefKind, name string, target delta.ID, newSandbox bool) error {
+func (e *Engine) queueRef(tx *catalog.Tx, sandbox string, kind delta.RefKind, name string, target delta.ID, newSandbox bool) error {
 	if e.remote == nil {
 		return nil
 	}
@@ -68,14 +67,14 @@ func (e *Engine) queueRef(tx *catalog.Tx, sandbox string, kind catalog.RefKind, 
 		return err
 	}
 	var after []string
-	if rec := recordName(target); pending[rec] {
+	if rec := delta.RecordName(target); pending[rec] {
 		after = []string{rec}
 	}
 	var items []catalog.PendingUpload
 	if newSandbox {
-		items = append(items, catalog.PendingUpload{Sandbox: sandbox, Checkpoint: target, Name: sandboxName(sandbox), After: after})
+		items = append(items, catalog.PendingUpload{Sandbox: sandbox, Checkpoint: target, Name: delta.SandboxName(sandbox), After: after})
 	}
-	items = append(items, catalog.PendingUpload{Sandbox: sandbox, Checkpoint: target, Name: refName(kind, name), After: after})
+	items = append(items, catalog.PendingUpload{Sandbox: sandbox, Checkpoint: target, Name: delta.RefName(kind, name), After: after})
 	return tx.EnqueueUploads(items)
 }
 

@@ -99,7 +99,7 @@ func finishRebuild(h home) error {
 func (e *Engine) fillCatalog(ctx context.Context, cat *catalog.Catalog, rep *RebuildReport) error {
 	blobs := map[delta.ID]catalog.BlobLocation{}
 	err := e.store.List(ctx, "packs/", func(oi upload.ObjectInfo) error {
-		id, ok := upload.ParsePackName(oi.Name)
+		id, ok := delta.ParsePackName(oi.Name)
 		if !ok {
 			return nil // not ours; leave it
 		}
@@ -120,9 +120,9 @@ func (e *Engine) fillCatalog(ctx context.Context, cat *catalog.Catalog, rep *Reb
 	if err := cat.PutBlobs(ctx, blobs); err != nil {
 		return err
 	}
-	var cps []*catalog.Checkpoint
-	err = e.store.List(ctx, recordPrefix, func(oi upload.ObjectInfo) error {
-		id, err := delta.ParseID(strings.TrimPrefix(oi.Name, recordPrefix))
+	var cps []*delta.Checkpoint
+	err = e.store.List(ctx, delta.RecordPrefix, func(oi upload.ObjectInfo) error {
+		id, err := delta.ParseID(strings.TrimPrefix(oi.Name, delta.RecordPrefix))
 		if err != nil {
 			return nil
 		}
@@ -130,7 +130,7 @@ func (e *Engine) fillCatalog(ctx context.Context, cat *catalog.Catalog, rep *Reb
 		if err != nil {
 			return err
 		}
-		cp, err := catalog.DecodeRecord(id, data)
+		cp, err := delta.DecodeRecord(id, data)
 		if err != nil {
 			return fmt.Errorf("object %s: %w", oi.Name, err)
 		}
@@ -148,13 +148,13 @@ func (e *Engine) fillCatalog(ctx context.Context, cat *catalog.Catalog, rep *Reb
 	if err := cat.AddRefCounts(ctx, refcounts); err != nil {
 		return err
 	}
-	var sbs []*catalog.Sandbox
-	err = e.store.List(ctx, sandboxPrefix, func(oi upload.ObjectInfo) error {
+	var sbs []*delta.Sandbox
+	err = e.store.List(ctx, delta.SandboxPrefix, func(oi upload.ObjectInfo) error {
 		data, err := upload.ReadAll(ctx, e.store, oi.Name)
 		if err != nil {
 			return err
 		}
-		var sb catalog.Sandbox
+		var sb delta.Sandbox
 		if err := json.Unmarshal(data, &sb); err != nil {
 			return fmt.Errorf("object %s: %v: %w", oi.Name, err, errdefs.ErrCorrupt)
 		}
@@ -165,21 +165,21 @@ func (e *Engine) fillCatalog(ctx context.Context, cat *catalog.Catalog, rep *Reb
 		return fmt.Errorf("rebuild: sandboxes: %w", err)
 	}
 	rep.Sandboxes = len(sbs)
-	var refs []catalog.Ref
+	var refs []delta.Ref
 	for _, k := range []struct {
-		kind   catalog.RefKind
+		kind   delta.RefKind
 		prefix string
-	}{{catalog.RefHead, headPrefix}, {catalog.RefTag, tagPrefix}} {
+	}{{delta.RefHead, delta.HeadPrefix}, {delta.RefTag, delta.TagPrefix}} {
 		err = e.store.List(ctx, k.prefix, func(oi upload.ObjectInfo) error {
 			data, err := upload.ReadAll(ctx, e.store, oi.Name)
 			if err != nil {
 				return err
 			}
-			id, err := parseRefObject(data)
+			id, err := delta.ParseRef(data)
 			if err != nil {
 				return fmt.Errorf("object %s: %w", oi.Name, err)
 			}
-			refs = append(refs, catalog.Ref{Kind: k.kind, Name: strings.TrimPrefix(oi.Name, k.prefix), Target: id})
+			refs = append(refs, delta.Ref{Kind: k.kind, Name: strings.TrimPrefix(oi.Name, k.prefix), Target: id})
 			return nil
 		})
 		if err != nil {
@@ -212,10 +212,10 @@ func (e *Engine) fillCatalog(ctx context.Context, cat *catalog.Catalog, rep *Reb
 
 // readPackHeader reads a pack's header from the local copy, or straight from
 // the remote store (a range read, not a download of the whole pack).
-func (e *Engine) readPackHeader(ctx context.Context, name string) ([]upload.PackEntry, error) {
-	entries, err := upload.ReadPackHeader(ctx, e.local, name)
+func (e *Engine) readPackHeader(ctx context.Context, name string) ([]delta.PackEntry, error) {
+	entries, err := delta.ReadPackHeader(ctx, upload.Ranges(e.local), name)
 	if errors.Is(err, errdefs.ErrNotFound) && e.remote != nil {
-		return upload.ReadPackHeader(ctx, e.remote, name)
+		return delta.ReadPackHeader(ctx, upload.Ranges(e.remote), name)
 	}
 	return entries, err
 }
@@ -255,7 +255,7 @@ func (e *Engine) loaderFor(locs map[delta.ID]catalog.BlobLocation) delta.BlobLoa
 
 // countRefs recomputes refcounts as commits maintain them: each checkpoint
 // references its fs and base trees, each distinct tree its children.
-func countRefs(ctx context.Context, loader delta.BlobLoader, cps []*catalog.Checkpoint) (map[delta.ID]int64, error) {
+func countRefs(ctx context.Context, loader delta.BlobLoader, cps []*delta.Checkpoint) (map[delta.ID]int64, error) {
 	counts := map[delta.ID]int64{}
 	seen := map[delta.ID]bool{}
 	var walk func(id delta.ID) error

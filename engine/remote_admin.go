@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/turnsnap/turnsnap/catalog"
+	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/upload"
 )
@@ -84,9 +85,9 @@ func (e *Engine) backfill(ctx context.Context, cat *catalog.Catalog) (int, int64
 		}
 		tier := 2
 		switch {
-		case strings.HasPrefix(oi.Name, upload.PackPrefix):
+		case strings.HasPrefix(oi.Name, delta.PackPrefix):
 			tier = 0
-		case strings.HasPrefix(oi.Name, recordPrefix):
+		case strings.HasPrefix(oi.Name, delta.RecordPrefix):
 			tier = 1
 		}
 		tiers[tier] = append(tiers[tier], catalog.PendingUpload{Sandbox: backfillSandbox, Name: oi.Name, Size: oi.Size})
@@ -206,7 +207,7 @@ func (e *Engine) Status(ctx context.Context) (*StatusReport, error) {
 			s := get(p.Sandbox)
 			s.PendingObjects++
 			s.PendingBytes += p.Size
-			if strings.HasPrefix(p.Name, recordPrefix) {
+			if strings.HasPrefix(p.Name, delta.RecordPrefix) {
 				s.PendingCheckpoints++
 			}
 			rep.QueueDepth++

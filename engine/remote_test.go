@@ -36,8 +36,8 @@ func remoteCfg(endpoint, bucket string) RemoteConfig {
 func remoteRecords(t *testing.T, e *Engine) map[string]bool {
 	t.Helper()
 	out := map[string]bool{}
-	must(t, e.remote.List(context.Background(), recordPrefix, func(oi upload.ObjectInfo) error {
-		out[strings.TrimPrefix(oi.Name, recordPrefix)] = true
+	must(t, e.remote.List(context.Background(), delta.RecordPrefix, func(oi upload.ObjectInfo) error {
+		out[strings.TrimPrefix(oi.Name, delta.RecordPrefix)] = true
 		return nil
 	}))
 	return out
@@ -211,7 +211,7 @@ func checkBucket(t *testing.T, srv *miniotest.Server, bucket string) {
 	must(t, err)
 	var ids []delta.ID
 	must(t, f.view(ctx, func(tx *catalog.Tx) error {
-		return tx.ForEachCheckpoint(func(cp *catalog.Checkpoint) error { ids = append(ids, cp.ID); return nil })
+		return tx.ForEachCheckpoint(func(cp *delta.Checkpoint) error { ids = append(ids, cp.ID); return nil })
 	}))
 	if len(ids) == 0 {
 		t.Fatal("bucket holds no records")

@@ -28,12 +28,12 @@ type repo struct {
 	// One open pack per blob type: trees go in packs of their own, so walks
 	// over trees (gc marking, rebuild refcounts, diff) read only small tree
 	// packs and never pull data packs from a remote store.
-	open    map[delta.BlobType]*upload.PackWriter
+	open    map[delta.BlobType]*delta.PackWriter
 	flushed map[delta.ID]catalog.BlobLocation // in packs written this session, not yet in the catalog
 	written []upload.ObjectInfo               // packs written this session, for the upload queue
 	reused  map[delta.ID]bool                 // packs of earlier sessions holding blobs this one reuses
 	refs    map[delta.ID]int64                // refcount increments this session will commit
-	stats   catalog.Stats
+	stats   delta.Stats
 	buf     []byte
 	packs   *packCache
 	meter   *meter // nil: no progress reporting
@@ -46,12 +46,12 @@ func newRepo(store upload.Store, cat *catalog.Catalog, codec *delta.Codec) *repo
 }
 
 func (r *repo) reset() {
-	r.open = map[delta.BlobType]*upload.PackWriter{
-		delta.BlobData: upload.NewPackWriter(), delta.BlobTree: upload.NewPackWriter(),
+	r.open = map[delta.BlobType]*delta.PackWriter{
+		delta.BlobData: delta.NewPackWriter(), delta.BlobTree: delta.NewPackWriter(),
 	}
 	r.flushed = map[delta.ID]catalog.BlobLocation{}
 	r.refs = map[delta.ID]int64{}
-	r.stats = catalog.Stats{}
+	r.stats = delta.Stats{}
 	r.written = nil
 	r.reused = map[delta.ID]bool{}
 }
@@ -102,9 +102,9 @@ func (r *repo) SaveBlob(ctx context.Context, t delta.BlobType, id delta.ID, plai
 	// never alias plain, which belongs to the caller (the chunker's buffer).
 	stored, ok := r.codec.Compress(r.buf[:0], plain)
 	r.buf = stored[:0]
-	comp := upload.CompressionZstd
+	comp := delta.CompressionZstd
 	if !ok {
-		stored, comp = plain, upload.CompressionNone
+		stored, comp = plain, delta.CompressionNone
 	}
 	r.open[t].Add(t, id, stored, len(plain), comp)
 	r.stats.BlobsNew++
@@ -131,7 +131,7 @@ func (r *repo) flushPack(ctx context.Context, t delta.BlobType) error {
 	if err != nil {
 		return fmt.Errorf("pack: %w", err)
 	}
-	name := upload.PackName(id)
+	name := delta.PackName(id)
 	if err := upload.PutBytes(ctx, r.store, name, data); err != nil {
 		return fmt.Errorf("write pack %s: %w", name, err)
 	}
@@ -141,11 +141,11 @@ func (r *repo) flushPack(ctx context.Context, t delta.BlobType) error {
 	r.written = append(r.written, upload.ObjectInfo{Name: name, Size: int64(len(data))})
 	r.stats.ObjectsNew++
 	r.stats.BytesNew += int64(len(data))
-	r.open[t] = upload.NewPackWriter()
+	r.open[t] = delta.NewPackWriter()
 	return nil
 }
 
-func locationOf(pack delta.ID, e upload.PackEntry) catalog.BlobLocation {
+func locationOf(pack delta.ID, e delta.PackEntry) catalog.BlobLocation {
 	return catalog.BlobLocation{
 		Pack: pack, Type: e.Type, Offset: e.Offset, Length: e.Length,
 		RawLength: e.RawLength, Compression: uint8(e.Compression),
@@ -198,7 +198,7 @@ func (r *repo) LoadBlob(ctx context.Context, t delta.BlobType, id delta.ID) ([]b
 	if loc.Type != t {
 		return nil, fmt.Errorf("blob %s: stored as %s, wanted %s: %w", id, loc.Type, t, errdefs.ErrCorrupt)
 	}
-	name := upload.PackName(loc.Pack)
+	name := delta.PackName(loc.Pack)
 	pack, ok := r.packs.get(loc.Pack)
 	if !ok && r.packs.wantWhole(loc.Pack) {
 		data, err := upload.ReadAll(ctx, r.store, name)
@@ -234,7 +234,7 @@ func (r *repo) decode(id delta.ID, object string, loc catalog.BlobLocation, stor
 		return nil, fmt.Errorf("blob %s in %s: read %d bytes, want %d: %w", id, object, len(stored), loc.Length, errdefs.ErrCorrupt)
 	}
 	plain := stored
-	if upload.Compression(loc.Compression) == upload.CompressionZstd {
+	if delta.Compression(loc.Compression) == delta.CompressionZstd {
 		var err error
 		if plain, err = r.codec.Decompress(stored, int(loc.RawLength)); err != nil {
 			return nil, fmt.Errorf("blob %s in %s: %w", id, object, err)

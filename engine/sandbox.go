@@ -8,9 +8,11 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/turnsnap/turnsnap/btrfs"
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
+	"github.com/turnsnap/turnsnap/internal/rootfs"
 	"github.com/turnsnap/turnsnap/overlay"
 )
 
@@ -18,15 +20,15 @@ import (
 type CreateOptions struct {
 	Base    string // directory imported as the read-only base
 	Backend string // "overlay" (default) or "btrfs"
-	// Config holds the backend's settings, kept with the sandbox: btrfs
-	// needs {"pool": DIR}, a directory on a mounted btrfs filesystem.
-	Config map[string]string
+	// Btrfs holds the btrfs backend's settings, kept with the sandbox: its
+	// Pool is a directory on a mounted btrfs filesystem.
+	Btrfs btrfs.Options
 }
 
 // CreateResult reports a new sandbox.
 type CreateResult struct {
-	Sandbox    *catalog.Sandbox
-	Checkpoint *catalog.Checkpoint // turn 0: the base, unchanged
+	Sandbox    *delta.Sandbox
+	Checkpoint *delta.Checkpoint // turn 0: the base, unchanged
 	Root       string
 	BaseStats  delta.ScanStats
 	Duration   time.Duration
@@ -37,13 +39,17 @@ type CreateResult struct {
 // host as the overlay lower dir, mounts the sandbox, and commits turn 0.
 func (e *Engine) CreateSandbox(ctx context.Context, name string, opts CreateOptions) (*CreateResult, error) {
 	start := time.Now()
-	if !catalog.ValidName(name) {
+	if !delta.ValidRefName(name) {
 		return nil, fmt.Errorf("sandbox name %q: use 1-64 of [A-Za-z0-9._-], not starting with '.' or '-': %w", name, errdefs.ErrInvalid)
 	}
 	if opts.Backend == "" {
 		opts.Backend = overlay.Name
 	}
-	be, err := e.backend(opts.Backend, opts.Config)
+	cfg, err := backendConfig(opts.Backend, opts.Btrfs)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", name, err)
+	}
+	be, err := e.backend(opts.Backend, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", name, err)
 	}
@@ -80,9 +86,9 @@ func (e *Engine) CreateSandbox(ctx context.Context, name string, opts CreateOpti
 	if err != nil {
 		return nil, err
 	}
-	sb := &catalog.Sandbox{Name: name, Backend: opts.Backend, BaseTree: res.Root, Created: time.Now().UTC(), Config: opts.Config}
-	cp := &catalog.Checkpoint{
-		Version: catalog.RecordVersion, Sandbox: name, Turn: 0, Class: catalog.ClassFS,
+	sb := &delta.Sandbox{Name: name, Backend: opts.Backend, BaseTree: res.Root, Created: time.Now().UTC(), Config: cfg}
+	cp := &delta.Checkpoint{
+		Version: delta.RecordVersion, Sandbox: name, Turn: 0, Class: delta.ClassFS,
 		Backend: opts.Backend, BaseTree: res.Root, FSTree: empty,
 		// An empty layer's state key is the empty tree's (Create leaves the
 		// root scanned and its cache written, as Branch relies on too).
@@ -117,10 +123,10 @@ func (e *Engine) checkNewSandbox(ctx context.Context, name string) error {
 	return nil
 }
 
-// commit publishes a checkpoint in DESIGN.md's order: packs and blob index,
+// commit publishes a checkpoint in the write order of docs/FORMAT.md: packs and blob index,
 // the record, the sandbox description (if new) and head ref objects, and
 // last the catalog transaction that makes it visible.
-func (e *Engine) commit(ctx context.Context, cp *catalog.Checkpoint, newSandbox *catalog.Sandbox, roots []delta.ID) error {
+func (e *Engine) commit(ctx context.Context, cp *delta.Checkpoint, newSandbox *delta.Sandbox, roots []delta.ID) error {
 	if err := e.repo.publishBlobs(ctx, roots...); err != nil {
 		return fmt.Errorf("sandbox %s: %w", cp.Sandbox, err)
 	}
@@ -133,7 +139,7 @@ func (e *Engine) commit(ctx context.Context, cp *catalog.Checkpoint, newSandbox 
 			return err
 		}
 	}
-	if err := e.putRefObject(ctx, catalog.RefHead, cp.Sandbox, cp.ID); err != nil {
+	if err := e.putRefObject(ctx, delta.RefHead, cp.Sandbox, cp.ID); err != nil {
 		return err
 	}
 	err := e.cat.Update(ctx, func(tx *catalog.Tx) error {
@@ -148,7 +154,7 @@ func (e *Engine) commit(ctx context.Context, cp *catalog.Checkpoint, newSandbox 
 		if err := e.queueCommit(tx, cp, newSandbox); err != nil {
 			return err
 		}
-		return tx.SetRef(catalog.Ref{Kind: catalog.RefHead, Name: cp.Sandbox, Target: cp.ID})
+		return tx.SetRef(delta.Ref{Kind: delta.RefHead, Name: cp.Sandbox, Target: cp.ID})
 	})
 	if err != nil {
 		return fmt.Errorf("checkpoint %s of sandbox %s: catalog: %w", cp.ID.Short(), cp.Sandbox, err)
@@ -159,8 +165,8 @@ func (e *Engine) commit(ctx context.Context, cp *catalog.Checkpoint, newSandbox 
 
 // SandboxInfo is one sandbox with its head.
 type SandboxInfo struct {
-	Sandbox *catalog.Sandbox
-	Head    *catalog.Checkpoint
+	Sandbox *delta.Sandbox
+	Head    *delta.Checkpoint
 	Root    string
 }
 
@@ -177,7 +183,7 @@ func (e *Engine) ListSandboxes(ctx context.Context) ([]SandboxInfo, error) {
 			if be, err := e.backend(sb.Backend, sb.Config); err == nil {
 				info.Root = be.Open(e.home.sandboxDir(sb.Name), "").Path()
 			}
-			if id, err := tx.GetRef(catalog.RefHead, sb.Name); err == nil {
+			if id, err := tx.GetRef(delta.RefHead, sb.Name); err == nil {
 				info.Head, _ = tx.Checkpoint(id)
 			}
 			out = append(out, info)
@@ -189,9 +195,9 @@ func (e *Engine) ListSandboxes(ctx context.Context) ([]SandboxInfo, error) {
 
 // sandboxState is what most operations need about a sandbox.
 type sandboxState struct {
-	sb   *catalog.Sandbox
-	head *catalog.Checkpoint
-	root Root
+	sb   *delta.Sandbox
+	head *delta.Checkpoint
+	root rootfs.Root
 }
 
 func (e *Engine) loadSandbox(ctx context.Context, name string) (*sandboxState, error) {
@@ -201,7 +207,7 @@ func (e *Engine) loadSandbox(ctx context.Context, name string) (*sandboxState, e
 		if st.sb, err = tx.Sandbox(name); err != nil {
 			return fmt.Errorf("sandbox %s: %w", name, err)
 		}
-		id, err := tx.GetRef(catalog.RefHead, name)
+		id, err := tx.GetRef(delta.RefHead, name)
 		if err != nil {
 			return fmt.Errorf("sandbox %s: head: %w", name, err)
 		}
@@ -249,7 +255,7 @@ func (e *Engine) SandboxPath(ctx context.Context, name string) (string, error) {
 // Its checkpoints stay: other sandboxes may have branched from them, and
 // they remain restorable until pruned.
 func (e *Engine) RemoveSandbox(ctx context.Context, name string) error {
-	var sb *catalog.Sandbox
+	var sb *delta.Sandbox
 	if err := e.view(ctx, func(tx *catalog.Tx) error {
 		var err error
 		sb, err = tx.Sandbox(name)
@@ -272,17 +278,17 @@ func (e *Engine) RemoveSandbox(ctx context.Context, name string) error {
 	}
 	// Local copies only: with a remote, the deletions below are queued and
 	// reach the bucket in order at the next push.
-	if err := e.local.Delete(ctx, refName(catalog.RefHead, name)); err != nil {
+	if err := e.local.Delete(ctx, delta.RefName(delta.RefHead, name)); err != nil {
 		return err
 	}
-	if err := e.local.Delete(ctx, sandboxName(sb.Name)); err != nil {
+	if err := e.local.Delete(ctx, delta.SandboxName(sb.Name)); err != nil {
 		return err
 	}
 	return e.cat.Update(ctx, func(tx *catalog.Tx) error {
-		if err := tx.DeleteRef(catalog.RefHead, name); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		if err := tx.DeleteRef(delta.RefHead, name); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 			return err
 		}
-		if err := e.queueDelete(tx, name, refName(catalog.RefHead, name), sandboxName(name)); err != nil {
+		if err := e.queueDelete(tx, name, delta.RefName(delta.RefHead, name), delta.SandboxName(name)); err != nil {
 			return err
 		}
 		return tx.DeleteSandbox(name)

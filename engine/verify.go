@@ -31,13 +31,13 @@ func (e *Engine) Verify(ctx context.Context, ref string) (*VerifyReport, error) 
 		return nil, err
 	}
 	rep := &VerifyReport{Checkpoint: cp.ID}
-	recData, err := upload.ReadAll(ctx, e.store, recordName(cp.ID))
+	recData, err := upload.ReadAll(ctx, e.store, delta.RecordName(cp.ID))
 	if err != nil {
 		return rep, fmt.Errorf("checkpoint %s: %w", cp.ID.Short(), err)
 	}
-	rep.Objects = append(rep.Objects, recordName(cp.ID))
-	if _, err := catalog.DecodeRecord(cp.ID, recData); err != nil {
-		return rep, fmt.Errorf("object %s: %w", recordName(cp.ID), err)
+	rep.Objects = append(rep.Objects, delta.RecordName(cp.ID))
+	if _, err := delta.DecodeRecord(cp.ID, recData); err != nil {
+		return rep, fmt.Errorf("object %s: %w", delta.RecordName(cp.ID), err)
 	}
 	// Pass 1: walk the trees to learn every blob and where it lives.
 	need := map[delta.ID]catalog.BlobLocation{}
@@ -51,7 +51,7 @@ func (e *Engine) Verify(ctx context.Context, ref string) (*VerifyReport, error) 
 		}
 		t, err := delta.LoadTree(ctx, e.repo, id)
 		if err != nil {
-			return fmt.Errorf("%w (in %s)", err, upload.PackName(need[id].Pack))
+			return fmt.Errorf("%w (in %s)", err, delta.PackName(need[id].Pack))
 		}
 		rep.Trees++
 		for _, en := range t.Entries {
@@ -107,7 +107,7 @@ func (e *Engine) locate(ctx context.Context, id delta.ID, need map[delta.ID]cata
 }
 
 func (e *Engine) verifyPack(ctx context.Context, pack delta.ID, blobs []delta.ID, need map[delta.ID]catalog.BlobLocation, rep *VerifyReport) error {
-	name := upload.PackName(pack)
+	name := delta.PackName(pack)
 	rep.Objects = append(rep.Objects, name)
 	data, err := upload.ReadAll(ctx, e.store, name)
 	if err != nil {
@@ -116,11 +116,11 @@ func (e *Engine) verifyPack(ctx context.Context, pack delta.ID, blobs []delta.ID
 	if got := delta.Hash(data); got != pack {
 		return fmt.Errorf("object %s: content hashes to %s: %w", name, got.Short(), errdefs.ErrCorrupt)
 	}
-	entries, err := upload.ParsePackHeader(data)
+	entries, err := delta.ParsePackHeader(data)
 	if err != nil {
 		return fmt.Errorf("object %s: %w", name, err)
 	}
-	inHeader := make(map[delta.ID]upload.PackEntry, len(entries))
+	inHeader := make(map[delta.ID]delta.PackEntry, len(entries))
 	for _, en := range entries {
 		inHeader[en.ID] = en
 	}
