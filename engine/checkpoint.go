@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/turnsnap/turnsnap/catalog"
@@ -41,6 +40,11 @@ type CheckpointResult struct {
 // state key leaves out directory mtimes and overlay copy-up residue, so a
 // temp file created and deleted within the turn is a skip.
 func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOptions) (*CheckpointResult, error) {
+	done, err := e.op(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
 	start := time.Now()
 	st, err := e.loadSandbox(ctx, name)
 	if err != nil {
@@ -49,8 +53,9 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	if err := st.root.Mount(ctx); err != nil {
 		return nil, err
 	}
-	e.repo.reset()
-	defer e.repo.reset() // a failed or skipped turn leaves nothing pending
+	// The turn's pending writes live in op: a failed or skipped turn just
+	// drops it.
+	op := e.repo.Begin()
 	// Processes first: decide whether they changed and pause them, so the
 	// scan and any dump below are one instant (DESIGN rule 2).
 	pt, err := e.beginProcTurn(ctx, name, st.head)
@@ -65,14 +70,14 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 		}
 	}
 	defer resume()
-	res, err := st.root.Scan(ctx, e.repo)
+	res, err := st.root.Scan(ctx, op)
 	if err != nil {
 		return nil, err
 	}
 	if rescan, err := e.confirmIdle(ctx, name, pt, st.head); err != nil {
 		return nil, err
 	} else if rescan {
-		if res, err = st.root.Scan(ctx, e.repo); err != nil {
+		if res, err = st.root.Scan(ctx, op); err != nil {
 			return nil, err
 		}
 	}
@@ -103,7 +108,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	if pt.changed {
 		procTree, host = nil, nil
 		if pt.running && len(pt.cur.Procs) > 0 {
-			storeImage, err := e.dump(ctx, name)
+			storeImage, err := e.dump(ctx, name, op)
 			if err != nil {
 				return nil, err
 			}
@@ -124,7 +129,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	}
 	cp.Stats.DurationNs = time.Since(start).Nanoseconds()
 	cp.Stats.PauseNs = pt.paused.Nanoseconds()
-	if err := e.commit(ctx, cp, nil, cp.Roots()); err != nil {
+	if err := e.commit(ctx, op, cp, nil, cp.Roots()); err != nil {
 		return nil, err
 	}
 	if pt.changed && pt.running {
@@ -170,7 +175,7 @@ func (e *Engine) resolve(ctx context.Context, ref string) (*delta.Checkpoint, er
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("checkpoint %q: %w", ref, err)
+		return nil, err // the catalog names the reference
 	}
 	return cp, nil
 }

@@ -10,15 +10,20 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/engine/content"
 	"github.com/turnsnap/turnsnap/internal/rootfs"
 	"github.com/turnsnap/turnsnap/overlay"
 	"github.com/turnsnap/turnsnap/proc"
 	"github.com/turnsnap/turnsnap/upload"
 )
+
+// Progress is a snapshot of a long operation's work so far (content.Progress).
+type Progress = content.Progress
 
 // Options configures Open.
 type Options struct {
@@ -50,12 +55,19 @@ type Engine struct {
 	config *Config
 	cat    *catalog.Catalog
 	codec  *delta.Codec
-	repo   *repo
+	repo   *content.Repo
+	meter  *content.Meter // nil: no progress reporting
 	log    *slog.Logger
 	// backends by name; the engine composes them, each owns its roots.
 	backends map[string]rootfs.Backend
+	rtMu     sync.Mutex
 	rt       *proc.Runtime // process runtime, made on first use
-	procCRIU string        // CRIU binary; "" means proc's default
+	// maint, sandboxes, baseMu and commitMu are the engine's locks (locks.go).
+	maint     sync.RWMutex
+	sandboxes sandboxLocks
+	baseMu    sync.Mutex
+	commitMu  sync.Mutex
+	procCRIU  string // CRIU binary; "" means proc's default
 }
 
 // Open locks and opens the home, creating it on first use.
@@ -109,10 +121,10 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	if e.codec, err = delta.NewCodec(); err != nil {
 		return nil, err
 	}
-	e.repo = newRepo(e.store, e.cat, e.codec)
 	if opts.Progress != nil {
-		e.repo.meter = newMeter(opts.Progress)
+		e.meter = content.NewMeter(opts.Progress)
 	}
+	e.repo = content.New(e.store, e.cat, e.codec, e.meter)
 	e.backends = map[string]rootfs.Backend{
 		overlay.Name: overlay.NewBackend(h.basesDir()),
 	}

@@ -47,7 +47,7 @@ func TestRollbackAndBranchGiveIdenticalTrees(t *testing.T) {
 	write(t, filepath.Join(root, "etc/config"), "clobbered")
 	_, err = e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
-	if _, err := e.Rollback(ctx, "s", c1.ID.String()); err != nil {
+	if _, err := e.Rollback(ctx, "s", c1.ID.String(), RollbackOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if got := mergedState(t, root); got != want {
@@ -64,7 +64,7 @@ func TestRollbackAndBranchGiveIdenticalTrees(t *testing.T) {
 	if st.Nlink != 2 {
 		t.Fatalf("hardlink count after rollback: %d", st.Nlink)
 	}
-	br, err := e.Branch(ctx, c1.ID.Short(), "b")
+	br, err := e.Branch(ctx, c1.ID.Short(), "b", BranchOptions{})
 	must(t, err)
 	if got := mergedState(t, br.Root); got != want {
 		t.Fatalf("branch root hashes to %s, want %s", got.Short(), want.Short())

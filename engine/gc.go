@@ -10,6 +10,7 @@ import (
 
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/engine/content"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/upload"
 )
@@ -47,6 +48,7 @@ type GCReport struct {
 // blobs are kept whole (their dead bytes are reported; repacking is future
 // work).
 func (e *Engine) GC(ctx context.Context, opts GCOptions) (*GCReport, error) {
+	defer e.exclusive()()
 	start := time.Now()
 	grace := opts.Grace
 	if grace == 0 {
@@ -54,11 +56,11 @@ func (e *Engine) GC(ctx context.Context, opts GCOptions) (*GCReport, error) {
 	}
 	rep := &GCReport{DryRun: opts.DryRun}
 	if e.remote != nil {
-		lock, err := e.lockRemote(ctx, "gc")
+		lock, err := e.syncer().Lock(ctx, "gc")
 		if err != nil {
 			return nil, err
 		}
-		defer lock.release(ctx)
+		defer lock.Release(ctx)
 	}
 	// Every pack's header: where each blob lives, on this host or not.
 	type packInfo struct {
@@ -78,7 +80,7 @@ func (e *Engine) GC(ctx context.Context, opts GCOptions) (*GCReport, error) {
 		}
 		packs[id] = &packInfo{info: oi, entries: entries}
 		for _, en := range entries {
-			locs[en.ID] = locationOf(id, en)
+			locs[en.ID] = content.LocationOf(id, en)
 		}
 		return nil
 	})
@@ -88,7 +90,7 @@ func (e *Engine) GC(ctx context.Context, opts GCOptions) (*GCReport, error) {
 	rep.Packs = len(packs)
 	// Mark.
 	live := map[delta.ID]bool{}
-	w := &walker{loader: e.loaderFor(locs), seen: live, visit: func(delta.ID, delta.BlobType) error { return nil }}
+	w := &content.Walker{Loader: e.loaderFor(locs), Seen: live, Visit: func(delta.ID, delta.BlobType) error { return nil }}
 	err = e.store.List(ctx, delta.RecordPrefix, func(oi upload.ObjectInfo) error {
 		id, err := delta.ParseID(strings.TrimPrefix(oi.Name, delta.RecordPrefix))
 		if err != nil {
@@ -107,7 +109,7 @@ func (e *Engine) GC(ctx context.Context, opts GCOptions) (*GCReport, error) {
 		}
 		rep.Records++
 		for _, root := range cp.Roots() {
-			if err := w.walk(ctx, root); err != nil {
+			if err := w.Walk(ctx, root); err != nil {
 				return fmt.Errorf("checkpoint %s: %w", id.Short(), err)
 			}
 		}

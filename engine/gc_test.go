@@ -64,7 +64,7 @@ func TestPruneThenGCReclaimsOnlyDeadPacks(t *testing.T) {
 			t.Fatalf("kept checkpoint %s after gc: %v", id.Short(), err)
 		}
 	}
-	if _, err := e.Rollback(ctx, "s", "keeper"); err != nil {
+	if _, err := e.Rollback(ctx, "s", "keeper", RollbackOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(filepath.Join(cr.Root, "blob1")); err != nil {

@@ -26,6 +26,7 @@ type LogEntry struct {
 // (across the branch point, for a branched sandbox), plus the sandbox's own
 // checkpoints that a rollback left off the head's line.
 func (e *Engine) Log(ctx context.Context, name string) ([]LogEntry, error) {
+	defer e.shared()()
 	var out []LogEntry
 	err := e.view(ctx, func(tx *catalog.Tx) error {
 		if _, err := tx.Sandbox(name); err != nil {
@@ -86,6 +87,11 @@ type DiffResult struct {
 // empty from means the head, an empty to means the live root as it is now
 // (hashed, not stored).
 func (e *Engine) Diff(ctx context.Context, name, from, to string) (*DiffResult, error) {
+	done, err := e.op(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
 	st, err := e.loadSandbox(ctx, name)
 	if err != nil {
 		return nil, err

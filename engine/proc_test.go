@@ -105,7 +105,7 @@ func TestCounterContinuesAfterRollbackAndBranch(t *testing.T) {
 		t.Fatalf("counter only at %d", atCut)
 	}
 	time.Sleep(500 * time.Millisecond)
-	_, err = e.Rollback(ctx, "s", c1.ID.String())
+	_, err = e.Rollback(ctx, "s", c1.ID.String(), RollbackOptions{})
 	must(t, err)
 	time.Sleep(300 * time.Millisecond)
 	if n := counter(t, e, "s"); n < atCut/2 || n > atCut+40 {
@@ -113,7 +113,7 @@ func TestCounterContinuesAfterRollbackAndBranch(t *testing.T) {
 	}
 	// Two branches of one checkpoint run side by side, each from the cut.
 	for _, b := range []string{"b1", "b2"} {
-		r, err := e.Branch(ctx, c1.ID.String(), b)
+		r, err := e.Branch(ctx, c1.ID.String(), b, BranchOptions{})
 		must(t, err)
 		if !r.Processes {
 			t.Fatalf("branch %s did not restore processes", b)
@@ -161,7 +161,7 @@ func TestHTTPServerFromTurn3AnswersAfterRestore(t *testing.T) {
 	if c4.Class != delta.ClassFull {
 		t.Fatalf("turn 4 stopped the server and deleted a file, classed %s", c4.Class)
 	}
-	_, err = e.Rollback(ctx, "web", c3.ID.String())
+	_, err = e.Rollback(ctx, "web", c3.ID.String(), RollbackOptions{})
 	must(t, err)
 	if got := sh(t, e, "web", "wget -q -O - http://127.0.0.1:8080/index.html"); got != "hello from turn 3" {
 		t.Fatalf("server after restore answered %q", got)
@@ -222,7 +222,7 @@ func TestRestoreRefusesAHostWithoutTheRecordedCPUFlags(t *testing.T) {
 	must(t, e.putRecord(ctx, &forged))
 	must(t, e.cat.Update(ctx, func(tx *catalog.Tx) error { return tx.PutCheckpoint(&forged) }))
 
-	_, err = e.Branch(ctx, forged.ID.String(), "elsewhere")
+	_, err = e.Branch(ctx, forged.ID.String(), "elsewhere", BranchOptions{})
 	if !errors.Is(err, errdefs.ErrPrecondition) || !strings.Contains(err.Error(), "turnsnap_imaginary_flag") ||
 		!strings.Contains(err.Error(), "--fs-only") {
 		t.Fatalf("restore on a host without the flag: %v", err)

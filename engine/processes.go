@@ -42,6 +42,8 @@ func (h home) baselineFile(sandbox string) string {
 // runtime returns the process runtime, probing runc and CRIU on first use:
 // sandboxes that never run processes never need either.
 func (e *Engine) runtime(ctx context.Context) (*proc.Runtime, error) {
+	e.rtMu.Lock()
+	defer e.rtMu.Unlock()
 	if e.rt != nil {
 		return e.rt, nil
 	}
@@ -243,7 +245,7 @@ func (e *Engine) confirmIdle(ctx context.Context, name string, pt *procTurn, hea
 // returns, so the caller resumes the container before storing it: chunking
 // and compressing a 200 MB image takes about a second that the sandbox's
 // processes should not spend frozen.
-func (e *Engine) dump(ctx context.Context, name string) (store func() (delta.ID, json.RawMessage, error), err error) {
+func (e *Engine) dump(ctx context.Context, name string, saver delta.BlobSaver) (store func() (delta.ID, json.RawMessage, error), err error) {
 	rt, _ := e.runtime(ctx)
 	dir, err := os.MkdirTemp("", "turnsnap-image-")
 	if err != nil {
@@ -256,7 +258,7 @@ func (e *Engine) dump(ctx context.Context, name string) (store func() (delta.ID,
 	}
 	return func() (delta.ID, json.RawMessage, error) {
 		defer os.RemoveAll(dir)
-		res, err := delta.Scan(ctx, filepath.Join(dir, "img"), delta.ScanOptions{Saver: e.repo, Quiescent: true})
+		res, err := delta.Scan(ctx, filepath.Join(dir, "img"), delta.ScanOptions{Saver: saver, Quiescent: true})
 		if err != nil {
 			return delta.ID{}, nil, fmt.Errorf("sandbox %s: store process image: %w", name, err)
 		}

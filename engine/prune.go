@@ -30,6 +30,7 @@ type PruneReport struct {
 // the log. Records go from the bucket, the local store and the catalog;
 // run gc afterwards to reclaim the packs nothing references any more.
 func (e *Engine) Prune(ctx context.Context, opts PruneOptions) (*PruneReport, error) {
+	defer e.exclusive()()
 	if opts.KeepLast < 1 {
 		return nil, fmt.Errorf("prune: --keep-last must be at least 1: %w", errdefs.ErrInvalid)
 	}

@@ -94,7 +94,7 @@ func TestRestoreAnywhereFromTheBucket(t *testing.T) {
 	if n := countObjects(t, b.local); n > 8 {
 		t.Fatalf("rebuild downloaded %d objects; it should read pack headers remotely", n)
 	}
-	br, err := b.Branch(ctx, c2.ID.String(), "copy")
+	br, err := b.Branch(ctx, c2.ID.String(), "copy", BranchOptions{})
 	must(t, err)
 	if got := mergedState(t, br.Root); got != want {
 		t.Fatalf("branch on the second host hashes to %s, want %s", got.Short(), want.Short())

@@ -31,12 +31,13 @@ type RestoreResult struct {
 // the restored root (files first, then processes), unless FSOnly. A host
 // that cannot restore them (CPU flags, kernel, CRIU) is refused before the
 // sandbox is touched.
-func (e *Engine) Rollback(ctx context.Context, name, ref string, opts ...RollbackOptions) (*RestoreResult, error) {
-	start := time.Now()
-	var o RollbackOptions
-	if len(opts) > 0 {
-		o = opts[0]
+func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptions) (*RestoreResult, error) {
+	done, err := e.op(ctx, name)
+	if err != nil {
+		return nil, err
 	}
+	defer done()
+	start := time.Now()
 	cp, err := e.resolve(ctx, ref)
 	if err != nil {
 		return nil, err
@@ -103,9 +104,13 @@ type BranchOptions struct {
 
 // Branch creates sandbox newName whose root equals checkpoint ref. Its head
 // is ref itself, so its first checkpoint records ref as parent: lineage
-// crosses sandboxes the way git commits cross branches. At most one
-// BranchOptions may be given.
-func (e *Engine) Branch(ctx context.Context, ref, newName string, opts ...BranchOptions) (*RestoreResult, error) {
+// crosses sandboxes the way git commits cross branches.
+func (e *Engine) Branch(ctx context.Context, ref, newName string, o BranchOptions) (*RestoreResult, error) {
+	done, err := e.op(ctx, newName)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
 	start := time.Now()
 	if !delta.ValidRefName(newName) {
 		return nil, fmt.Errorf("sandbox name %q: use 1-64 of [A-Za-z0-9._-], not starting with '.' or '-': %w", newName, errdefs.ErrInvalid)
@@ -116,10 +121,6 @@ func (e *Engine) Branch(ctx context.Context, ref, newName string, opts ...Branch
 	}
 	if err := e.checkNewSandbox(ctx, newName); err != nil {
 		return nil, err
-	}
-	var o BranchOptions
-	if len(opts) > 0 {
-		o = opts[0]
 	}
 	var cfg json.RawMessage
 	if o.Backend == "" {
@@ -142,7 +143,7 @@ func (e *Engine) Branch(ctx context.Context, ref, newName string, opts ...Branch
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", newName, err)
 	}
-	lower, err := be.PrepareBase(ctx, cp.BaseTree, e.repo)
+	lower, err := e.prepareBase(ctx, be, cp.BaseTree, e.repo)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", newName, err)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/turnsnap/turnsnap/btrfs"
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/engine/content"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/internal/rootfs"
 	"github.com/turnsnap/turnsnap/overlay"
@@ -38,6 +39,11 @@ type CreateResult struct {
 // second sandbox on the same base adds no bytes), materialises it once per
 // host as the overlay lower dir, mounts the sandbox, and commits turn 0.
 func (e *Engine) CreateSandbox(ctx context.Context, name string, opts CreateOptions) (*CreateResult, error) {
+	done, err := e.op(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
 	start := time.Now()
 	if !delta.ValidRefName(name) {
 		return nil, fmt.Errorf("sandbox name %q: use 1-64 of [A-Za-z0-9._-], not starting with '.' or '-': %w", name, errdefs.ErrInvalid)
@@ -63,19 +69,19 @@ func (e *Engine) CreateSandbox(ctx context.Context, name string, opts CreateOpti
 	if fi, err := os.Stat(base); err != nil || !fi.IsDir() {
 		return nil, fmt.Errorf("sandbox %s: base %s is not a readable directory: %w", name, opts.Base, errdefs.ErrInvalid)
 	}
-	e.repo.reset()
-	res, err := delta.Scan(ctx, base, delta.ScanOptions{Saver: e.repo})
+	op := e.repo.Begin()
+	res, err := delta.Scan(ctx, base, delta.ScanOptions{Saver: op})
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: import base: %w", name, err)
 	}
 	empty := delta.EmptyTree()
-	if _, err := e.repo.SaveBlob(ctx, delta.BlobTree, empty, (&delta.Tree{}).Encode()); err != nil {
+	if _, err := op.SaveBlob(ctx, delta.BlobTree, empty, (&delta.Tree{}).Encode()); err != nil {
 		return nil, err
 	}
-	if err := e.repo.publishBlobs(ctx); err != nil {
+	if err := op.Publish(ctx); err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", name, err)
 	}
-	lower, err := be.PrepareBase(ctx, res.Root, e.repo)
+	lower, err := e.prepareBase(ctx, be, res.Root, op)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", name, err)
 	}
@@ -94,11 +100,11 @@ func (e *Engine) CreateSandbox(ctx context.Context, name string, opts CreateOpti
 		// root scanned and its cache written, as Branch relies on too).
 		StateKey: empty,
 		Message:  "sandbox created from " + base, Created: time.Now().UTC(),
-		Stats: e.repo.stats,
+		Stats: op.Stats(),
 	}
 	cp.Stats.Entries, cp.Stats.FilesRead, cp.Stats.BytesRead = res.Stats.Entries, res.Stats.FilesRead, res.Stats.BytesRead
 	cp.Stats.DurationNs = time.Since(start).Nanoseconds()
-	if err := e.commit(ctx, cp, sb, cp.Roots()); err != nil {
+	if err := e.commit(ctx, op, cp, sb, cp.Roots()); err != nil {
 		root.Remove(context.WithoutCancel(ctx))
 		return nil, err
 	}
@@ -126,11 +132,12 @@ func (e *Engine) checkNewSandbox(ctx context.Context, name string) error {
 // commit publishes a checkpoint in the write order of docs/FORMAT.md: packs and blob index,
 // the record, the sandbox description (if new) and head ref objects, and
 // last the catalog transaction that makes it visible.
-func (e *Engine) commit(ctx context.Context, cp *delta.Checkpoint, newSandbox *delta.Sandbox, roots []delta.ID) error {
-	if err := e.repo.publishBlobs(ctx, roots...); err != nil {
+func (e *Engine) commit(ctx context.Context, op *content.Op, cp *delta.Checkpoint, newSandbox *delta.Sandbox, roots []delta.ID) error {
+	if err := op.Publish(ctx, roots...); err != nil {
 		return fmt.Errorf("sandbox %s: %w", cp.Sandbox, err)
 	}
-	cp.Stats.BlobsNew, cp.Stats.BytesNew, cp.Stats.ObjectsNew = e.repo.stats.BlobsNew, e.repo.stats.BytesNew, e.repo.stats.ObjectsNew
+	st := op.Stats()
+	cp.Stats.BlobsNew, cp.Stats.BytesNew, cp.Stats.ObjectsNew = st.BlobsNew, st.BytesNew, st.ObjectsNew
 	if err := e.putRecord(ctx, cp); err != nil {
 		return err
 	}
@@ -142,6 +149,10 @@ func (e *Engine) commit(ctx context.Context, cp *delta.Checkpoint, newSandbox *d
 	if err := e.putRefObject(ctx, delta.RefHead, cp.Sandbox, cp.ID); err != nil {
 		return err
 	}
+	// One commit transaction at a time: with a remote, each reads the
+	// whole upload queue and bumps its sequence, so concurrent ones would
+	// conflict and retry.
+	e.commitMu.Lock()
 	err := e.cat.Update(ctx, func(tx *catalog.Tx) error {
 		if newSandbox != nil {
 			if err := tx.PutSandbox(newSandbox); err != nil {
@@ -151,15 +162,15 @@ func (e *Engine) commit(ctx context.Context, cp *delta.Checkpoint, newSandbox *d
 		if err := tx.PutCheckpoint(cp); err != nil {
 			return err
 		}
-		if err := e.queueCommit(tx, cp, newSandbox); err != nil {
+		if err := e.queueCommit(tx, op, cp, newSandbox); err != nil {
 			return err
 		}
 		return tx.SetRef(delta.Ref{Kind: delta.RefHead, Name: cp.Sandbox, Target: cp.ID})
 	})
+	e.commitMu.Unlock()
 	if err != nil {
 		return fmt.Errorf("checkpoint %s of sandbox %s: catalog: %w", cp.ID.Short(), cp.Sandbox, err)
 	}
-	e.repo.reset()
 	return nil
 }
 
@@ -172,6 +183,7 @@ type SandboxInfo struct {
 
 // ListSandboxes returns every sandbox with its head checkpoint.
 func (e *Engine) ListSandboxes(ctx context.Context) ([]SandboxInfo, error) {
+	defer e.shared()()
 	var out []SandboxInfo
 	err := e.view(ctx, func(tx *catalog.Tx) error {
 		sbs, err := tx.Sandboxes()
@@ -205,7 +217,7 @@ func (e *Engine) loadSandbox(ctx context.Context, name string) (*sandboxState, e
 	err := e.view(ctx, func(tx *catalog.Tx) error {
 		var err error
 		if st.sb, err = tx.Sandbox(name); err != nil {
-			return fmt.Errorf("sandbox %s: %w", name, err)
+			return err // names the sandbox
 		}
 		id, err := tx.GetRef(delta.RefHead, name)
 		if err != nil {
@@ -221,7 +233,7 @@ func (e *Engine) loadSandbox(ctx context.Context, name string) (*sandboxState, e
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", name, err)
 	}
-	lower, err := be.PrepareBase(ctx, st.head.BaseTree, e.repo)
+	lower, err := e.prepareBase(ctx, be, st.head.BaseTree, e.repo)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", name, err)
 	}
@@ -241,6 +253,11 @@ func (e *Engine) loadSandbox(ctx context.Context, name string) (*sandboxState, e
 
 // SandboxPath returns the sandbox's mounted root, mounting it if needed.
 func (e *Engine) SandboxPath(ctx context.Context, name string) (string, error) {
+	done, err := e.op(ctx, name)
+	if err != nil {
+		return "", err
+	}
+	defer done()
 	st, err := e.loadSandbox(ctx, name)
 	if err != nil {
 		return "", err
@@ -255,6 +272,11 @@ func (e *Engine) SandboxPath(ctx context.Context, name string) (string, error) {
 // Its checkpoints stay: other sandboxes may have branched from them, and
 // they remain restorable until pruned.
 func (e *Engine) RemoveSandbox(ctx context.Context, name string) error {
+	done, err := e.op(ctx, name)
+	if err != nil {
+		return err
+	}
+	defer done()
 	var sb *delta.Sandbox
 	if err := e.view(ctx, func(tx *catalog.Tx) error {
 		var err error

@@ -27,6 +27,7 @@ func validTagName(name string) bool {
 // (so a rebuild keeps them) and indexed in the catalog. A tag can be used
 // wherever a checkpoint is expected.
 func (e *Engine) Tag(ctx context.Context, name, ref string) (*delta.Checkpoint, error) {
+	defer e.shared()()
 	if !validTagName(name) {
 		return nil, fmt.Errorf("tag name %q: use 1-64 of [A-Za-z0-9._-], not starting with '.' or '-', and not only hex digits: %w",
 			name, errdefs.ErrInvalid)
@@ -59,6 +60,7 @@ func (e *Engine) Tag(ctx context.Context, name, ref string) (*delta.Checkpoint, 
 
 // Untag deletes a tag (the checkpoint stays).
 func (e *Engine) Untag(ctx context.Context, name string) error {
+	defer e.shared()()
 	err := e.view(ctx, func(tx *catalog.Tx) error {
 		_, err := tx.GetRef(delta.RefTag, name)
 		return err
@@ -79,6 +81,7 @@ func (e *Engine) Untag(ctx context.Context, name string) error {
 
 // Tags lists every tag.
 func (e *Engine) Tags(ctx context.Context) ([]delta.Ref, error) {
+	defer e.shared()()
 	var refs []delta.Ref
 	err := e.view(ctx, func(tx *catalog.Tx) error {
 		var err error

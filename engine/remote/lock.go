@@ -1,4 +1,4 @@
-package engine
+package remote
 
 import (
 	"context"
@@ -43,27 +43,27 @@ type lockBody struct {
 	Created time.Time `json:"created"`
 }
 
-// remoteLock is a held lock object; release deletes it.
-type remoteLock struct {
+// Lock is a held lock object; Release deletes it.
+type Lock struct {
 	name    string
 	stop    chan struct{}
 	stopped chan struct{}
 	store   upload.Store
 }
 
-// lockRemote takes a lock of kind "push" or "gc".
-func (e *Engine) lockRemote(ctx context.Context, kind string) (*remoteLock, error) {
+// Lock takes a lock of kind "push" or "gc" in the remote store.
+func (e *Syncer) Lock(ctx context.Context, kind string) (*Lock, error) {
 	host, _ := os.Hostname()
 	nonce := make([]byte, 6)
 	rand.Read(nonce)
 	name := fmt.Sprintf("%s%s-%s-%s", lockPrefix, kind, sanitizeHost(host), hex.EncodeToString(nonce))
 	body, _ := json.Marshal(lockBody{Kind: kind, Host: host, PID: os.Getpid(), Created: time.Now().UTC()})
-	write := func(ctx context.Context) error { return upload.PutBytes(ctx, e.remote, name, body) }
+	write := func(ctx context.Context) error { return upload.PutBytes(ctx, e.Remote, name, body) }
 	if err := write(ctx); err != nil {
 		return nil, fmt.Errorf("remote lock: %w", err)
 	}
 	var conflict string
-	err := e.remote.List(ctx, lockPrefix, func(oi upload.ObjectInfo) error {
+	err := e.Remote.List(ctx, lockPrefix, func(oi upload.ObjectInfo) error {
 		if oi.Name == name || time.Since(oi.ModTime) > lockTTL {
 			return nil
 		}
@@ -79,10 +79,10 @@ func (e *Engine) lockRemote(ctx context.Context, kind string) (*remoteLock, erro
 			errdefs.ErrUnavailable)
 	}
 	if err != nil {
-		e.remote.Delete(context.WithoutCancel(ctx), name)
+		e.Remote.Delete(context.WithoutCancel(ctx), name)
 		return nil, err
 	}
-	l := &remoteLock{name: name, stop: make(chan struct{}), stopped: make(chan struct{}), store: e.remote}
+	l := &Lock{name: name, stop: make(chan struct{}), stopped: make(chan struct{}), store: e.Remote}
 	go func() { // keep the lock live while its holder works
 		defer close(l.stopped)
 		t := time.NewTicker(lockTTL / 3)
@@ -93,7 +93,7 @@ func (e *Engine) lockRemote(ctx context.Context, kind string) (*remoteLock, erro
 				return
 			case <-t.C:
 				if err := write(context.Background()); err != nil {
-					e.log.Warn("remote lock refresh failed", "lock", name, "err", err)
+					e.Log.Warn("remote lock refresh failed", "lock", name, "err", err)
 				}
 			}
 		}
@@ -101,7 +101,8 @@ func (e *Engine) lockRemote(ctx context.Context, kind string) (*remoteLock, erro
 	return l, nil
 }
 
-func (l *remoteLock) release(ctx context.Context) {
+// Release stops refreshing the lock and deletes it.
+func (l *Lock) Release(ctx context.Context) {
 	close(l.stop)
 	<-l.stopped
 	l.store.Delete(context.WithoutCancel(ctx), l.name)

@@ -1,4 +1,4 @@
-package bench
+package demo
 
 import (
 	"context"
@@ -17,7 +17,7 @@ func TestDemo(t *testing.T) {
 		testenv.Missing(t, "runc, CRIU and busybox", "the demo's dev-server turn needs them")
 	}
 	var out strings.Builder
-	rep, err := RunDemo(context.Background(), DemoOptions{Dir: t.TempDir(), Out: &out})
+	rep, err := Run(context.Background(), Options{Dir: t.TempDir(), Out: &out})
 	if err != nil {
 		t.Fatalf("demo: %v\n%s", err, out.String())
 	}
