@@ -57,7 +57,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	// drops it.
 	op := e.repo.Begin()
 	// Processes first: decide whether they changed and pause them, so the
-	// scan and any dump below are one instant (DESIGN rule 2).
+	// scan and any dump below are one instant.
 	pt, err := e.beginProcTurn(ctx, name, st.head)
 	if err != nil {
 		return nil, err

@@ -84,6 +84,7 @@ func TestRollbackAndBranchGiveIdenticalTrees(t *testing.T) {
 	if len(kids) != 2 {
 		t.Fatalf("checkpoint %s has %d children, want 2 (the trashed turn and the branch's)", c1.ID.Short(), len(kids))
 	}
+	checkAll(t, e)
 }
 
 func TestUnchangedTurnsWriteNothing(t *testing.T) {

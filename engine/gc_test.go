@@ -83,6 +83,7 @@ func TestPruneThenGCReclaimsOnlyDeadPacks(t *testing.T) {
 	if got := refcounts(t, e, blobs); fmt.Sprint(got) != fmt.Sprint(maintained) {
 		t.Fatal("refcounts after prune differ from a rebuild's")
 	}
+	checkAll(t, e)
 }
 
 // Two homes share a bucket; each checkpoints, pushes, prunes and collects at

@@ -30,7 +30,7 @@ func (e *Engine) Log(ctx context.Context, name string) ([]LogEntry, error) {
 	var out []LogEntry
 	err := e.view(ctx, func(tx *catalog.Tx) error {
 		if _, err := tx.Sandbox(name); err != nil {
-			return fmt.Errorf("sandbox %s: %w", name, err)
+			return err // names the sandbox
 		}
 		head, err := tx.GetRef(delta.RefHead, name)
 		if err != nil {

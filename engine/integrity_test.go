@@ -153,6 +153,7 @@ func TestCatalogRebuildKeepsLineage(t *testing.T) {
 	if _, err := e.Verify(ctx, c1.ID.String()); err != nil {
 		t.Fatal(err)
 	}
+	checkAll(t, e)
 }
 
 func TestFreshHomeRestoresFromStoreAlone(t *testing.T) {

@@ -283,7 +283,7 @@ func (e *Engine) RemoveSandbox(ctx context.Context, name string) error {
 		sb, err = tx.Sandbox(name)
 		return err
 	}); err != nil {
-		return fmt.Errorf("sandbox %s: %w", name, err)
+		return err // names the sandbox
 	}
 	if err := e.stopProcesses(ctx, name); err != nil {
 		return err
