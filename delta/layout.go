@@ -15,7 +15,18 @@ const (
 	SandboxPrefix = "sandboxes/"
 	HeadPrefix    = "refs/heads/"
 	TagPrefix     = "refs/tags/"
+	// LockPrefix starts lock objects: LockPrefix || kind || "-" || host ||
+	// "-" || nonce, holding a Lock (docs/STORAGE.md, "Sharing a bucket").
+	LockPrefix = "locks/"
 )
+
+// Lock is the JSON content of a lock object: a push or gc in progress.
+type Lock struct {
+	Kind    string    `json:"kind"` // "push" or "gc"
+	Host    string    `json:"host"`
+	PID     int       `json:"pid"`
+	Created time.Time `json:"created"`
+}
 
 // RecordName is the store name of the record whose hash is id.
 func RecordName(id ID) string { return RecordPrefix + id.String() }

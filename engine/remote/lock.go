@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/upload"
 )
@@ -31,17 +32,7 @@ import (
 // With uploads and gc mutually excluded, a push can check that every pack
 // a record needs is in the bucket just before the record goes up, and gc
 // sees every record that was uploaded before it started.
-const (
-	lockPrefix = "locks/"
-	lockTTL    = 10 * time.Minute
-)
-
-type lockBody struct {
-	Kind    string    `json:"kind"`
-	Host    string    `json:"host"`
-	PID     int       `json:"pid"`
-	Created time.Time `json:"created"`
-}
+const lockTTL = 10 * time.Minute
 
 // Lock is a held lock object; Release deletes it.
 type Lock struct {
@@ -56,18 +47,18 @@ func (e *Syncer) Lock(ctx context.Context, kind string) (*Lock, error) {
 	host, _ := os.Hostname()
 	nonce := make([]byte, 6)
 	rand.Read(nonce)
-	name := fmt.Sprintf("%s%s-%s-%s", lockPrefix, kind, sanitizeHost(host), hex.EncodeToString(nonce))
-	body, _ := json.Marshal(lockBody{Kind: kind, Host: host, PID: os.Getpid(), Created: time.Now().UTC()})
+	name := fmt.Sprintf("%s%s-%s-%s", delta.LockPrefix, kind, sanitizeHost(host), hex.EncodeToString(nonce))
+	body, _ := json.Marshal(delta.Lock{Kind: kind, Host: host, PID: os.Getpid(), Created: time.Now().UTC()})
 	write := func(ctx context.Context) error { return upload.PutBytes(ctx, e.Remote, name, body) }
 	if err := write(ctx); err != nil {
 		return nil, fmt.Errorf("remote lock: %w", err)
 	}
 	var conflict string
-	err := e.Remote.List(ctx, lockPrefix, func(oi upload.ObjectInfo) error {
+	err := e.Remote.List(ctx, delta.LockPrefix, func(oi upload.ObjectInfo) error {
 		if oi.Name == name || time.Since(oi.ModTime) > lockTTL {
 			return nil
 		}
-		other := strings.TrimPrefix(oi.Name, lockPrefix)
+		other := strings.TrimPrefix(oi.Name, delta.LockPrefix)
 		if kind == "gc" || strings.HasPrefix(other, "gc-") {
 			conflict = oi.Name
 		}
@@ -75,7 +66,7 @@ func (e *Syncer) Lock(ctx context.Context, kind string) (*Lock, error) {
 	})
 	if err == nil && conflict != "" {
 		err = fmt.Errorf("the bucket is locked by %s (a %s on another host or process); retry later: %w",
-			conflict, map[bool]string{true: "garbage collection", false: "push"}[strings.HasPrefix(strings.TrimPrefix(conflict, lockPrefix), "gc-")],
+			conflict, map[bool]string{true: "garbage collection", false: "push"}[strings.HasPrefix(strings.TrimPrefix(conflict, delta.LockPrefix), "gc-")],
 			errdefs.ErrUnavailable)
 	}
 	if err != nil {
