@@ -5,7 +5,7 @@ import (
 	"net/url"
 	"strings"
 
-	"github.com/turnsnap/turnsnap/catalog"
+	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
 
@@ -16,7 +16,7 @@ func RouteURL(base, sandbox string) (string, error) {
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return "", fmt.Errorf("llm proxy address %q: want http://HOST:PORT: %w", base, errdefs.ErrInvalid)
 	}
-	if !catalog.ValidName(sandbox) {
+	if !delta.ValidRefName(sandbox) {
 		return "", fmt.Errorf("sandbox name %q: %w", sandbox, errdefs.ErrInvalid)
 	}
 	return strings.TrimSuffix(u.String(), "/") + "/llm/" + sandbox, nil

@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/turnsnap/turnsnap/catalog"
+	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
 
@@ -220,7 +220,7 @@ func splitRoute(escaped string) (sandbox, path string, ok bool) {
 		return "", "", false
 	}
 	sandbox, path, ok = strings.Cut(rest, "/")
-	if !ok || !catalog.ValidName(sandbox) {
+	if !ok || !delta.ValidRefName(sandbox) {
 		return "", "", false
 	}
 	// No dot segments: a per-sandbox upstream with a path prefix must not be
