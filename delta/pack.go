@@ -98,6 +98,13 @@ func (c Compression) String() string {
 
 func (c Compression) known() bool { return c == CompressionNone || c == CompressionZstd }
 
+func (k *Keys) packMagic() string {
+	if k != nil {
+		return sealedMagic
+	}
+	return packMagic
+}
+
 func knownBlobType(t BlobType) bool { return t == BlobData || t == BlobTree }
 
 // PackEntry locates one blob in a pack.
@@ -137,22 +144,26 @@ func ParsePackName(name string) (ID, bool) {
 // ParsePackHeader decodes and validates the header of a whole pack. Errors
 // wrap errdefs.ErrCorrupt and name the pack by the hash of data, which is
 // its ID if the caller checked it first, as readers of a whole pack should.
-func ParsePackHeader(data []byte) ([]PackEntry, error) {
-	entries, err := parsePack(data)
+func ParsePackHeader(data []byte) ([]PackEntry, error) { return (*Keys)(nil).ParsePackHeader(data) }
+
+// ParsePackHeader is the package-level ParsePackHeader for a store sealed
+// by k: the header is opened, then checked like a plaintext one.
+func (k *Keys) ParsePackHeader(data []byte) ([]PackEntry, error) {
+	entries, err := k.parsePack(data)
 	if err != nil {
 		return nil, fmt.Errorf("pack %s: %w", Hash(data), err)
 	}
 	return entries, nil
 }
 
-func parsePack(data []byte) ([]PackEntry, error) {
+func (k *Keys) parsePack(data []byte) ([]PackEntry, error) {
 	size := int64(len(data))
-	hlen, err := parseFooter(data[max(0, size-packFooterSize):], size)
+	hlen, err := k.parseFooter(data[max(0, size-packFooterSize):], size)
 	if err != nil {
 		return nil, err
 	}
 	start := size - packFooterSize - hlen
-	return parseHeader(data[start:size-packFooterSize], uint64(start))
+	return k.parseHeader(data[start:size-packFooterSize], uint64(start))
 }
 
 // RangeReader is what ReadPackHeader needs of a store: an object's size and
@@ -166,19 +177,24 @@ type RangeReader interface {
 // name, fetching only the end of the object. Malformed headers are errors
 // wrapping errdefs.ErrCorrupt; store errors pass through as they are.
 func ReadPackHeader(ctx context.Context, s RangeReader, name string) ([]PackEntry, error) {
+	return (*Keys)(nil).ReadPackHeader(ctx, s, name)
+}
+
+// ReadPackHeader is the package-level ReadPackHeader for a store sealed by k.
+func (k *Keys) ReadPackHeader(ctx context.Context, s RangeReader, name string) ([]PackEntry, error) {
 	size, err := s.ObjectSize(ctx, name)
 	if err != nil {
 		return nil, err
 	}
 	if size < packFooterSize {
-		_, err := parseFooter(nil, size)
+		_, err := k.parseFooter(nil, size)
 		return nil, fmt.Errorf("pack %s: %w", name, err)
 	}
 	tail, err := readRange(ctx, s, name, size-min(size, packTailRead), min(size, packTailRead))
 	if err != nil {
 		return nil, err
 	}
-	hlen, err := parseFooter(tail[len(tail)-packFooterSize:], size)
+	hlen, err := k.parseFooter(tail[len(tail)-packFooterSize:], size)
 	if err != nil {
 		return nil, fmt.Errorf("pack %s: %w", name, err)
 	}
@@ -191,7 +207,7 @@ func ReadPackHeader(ctx context.Context, s RangeReader, name string) ([]PackEntr
 		tail = append(more, tail...)
 	}
 	header := tail[int64(len(tail))-need : len(tail)-packFooterSize]
-	entries, err := parseHeader(header, uint64(size-need))
+	entries, err := k.parseHeader(header, uint64(size-need))
 	if err != nil {
 		return nil, fmt.Errorf("pack %s: %w", name, err)
 	}
@@ -223,12 +239,17 @@ func corrupt(format string, args ...any) error {
 
 // parseFooter checks the footer of a pack of size bytes and returns the
 // header length it gives.
-func parseFooter(footer []byte, size int64) (int64, error) {
+func (k *Keys) parseFooter(footer []byte, size int64) (int64, error) {
 	if size < packFooterSize || len(footer) != packFooterSize {
 		return 0, corrupt("%d bytes is too short for a pack", size)
 	}
-	if magic := string(footer[4:]); magic != packMagic {
-		return 0, corrupt("bad magic %q, want %q", magic, packMagic)
+	switch magic := string(footer[4:]); {
+	case magic == sealedMagic && k == nil:
+		return 0, keyError("the pack is encrypted and no key was given")
+	case magic == packMagic && k != nil:
+		return 0, corrupt("a plaintext pack in an encrypted store")
+	case magic != packMagic && magic != sealedMagic:
+		return 0, corrupt("bad magic %q, want %q", magic, k.packMagic())
 	}
 	hlen := int64(binary.LittleEndian.Uint32(footer))
 	if hlen > size-packFooterSize {
@@ -239,7 +260,15 @@ func parseFooter(footer []byte, size int64) (int64, error) {
 
 // parseHeader decodes a header that starts at offset start in its pack, and
 // checks every rule of the format.
-func parseHeader(header []byte, start uint64) ([]PackEntry, error) {
+func (keys *Keys) parseHeader(header []byte, start uint64) ([]PackEntry, error) {
+	var overhead uint64
+	if keys != nil {
+		var err error
+		if header, err = keys.open(header, []byte(adHeader)); err != nil {
+			return nil, keyError("header: %v: the store's data key does not open it (a wrong key, or tampering)", err)
+		}
+		overhead = SealOverhead
+	}
 	n, k := binary.Uvarint(header)
 	if k <= 0 {
 		return nil, corrupt("header: bad blob count")
@@ -270,7 +299,7 @@ func parseHeader(header []byte, start uint64) ([]PackEntry, error) {
 		}
 		e.Compression = Compression(b[0])
 		b = b[1:]
-		if why := checkEntry(e, next, start, seen); why != "" {
+		if why := checkEntry(e, next, start, overhead, seen); why != "" {
 			return nil, corrupt("header: entry %d (blob %s): %s", i, e.ID, why)
 		}
 		seen[e.ID] = true
@@ -288,8 +317,10 @@ func parseHeader(header []byte, start uint64) ([]PackEntry, error) {
 
 // checkEntry returns why e breaks the format, given that it must start at
 // next and end by start, or "".
-func checkEntry(e PackEntry, next, start uint64, seen map[ID]bool) string {
+func checkEntry(e PackEntry, next, start, overhead uint64, seen map[ID]bool) string {
 	switch {
+	case e.Length < overhead:
+		return fmt.Sprintf("length %d is shorter than sealing adds", e.Length)
 	case !knownBlobType(e.Type):
 		return fmt.Sprintf("unknown type %d", uint8(e.Type))
 	case !e.Compression.known():
@@ -300,8 +331,8 @@ func checkEntry(e PackEntry, next, start uint64, seen map[ID]bool) string {
 		return fmt.Sprintf("offset %d leaves a gap after the previous blob, which ends at %d", e.Offset, next)
 	case e.Length > start-e.Offset:
 		return fmt.Sprintf("length %d at offset %d runs past the header at %d", e.Length, e.Offset, start)
-	case e.Compression == CompressionNone && e.RawLength != e.Length:
-		return fmt.Sprintf("uncompressed but raw length %d differs from stored length %d", e.RawLength, e.Length)
+	case e.Compression == CompressionNone && e.RawLength != e.Length-overhead:
+		return fmt.Sprintf("uncompressed but raw length %d differs from stored length %d", e.RawLength, e.Length-overhead)
 	case seen[e.ID]:
 		return "blob appears twice"
 	}

@@ -166,15 +166,15 @@ func TestPackWriterMisuse(t *testing.T) {
 // anything but what was meant is an error.
 func TestVerifyPack(t *testing.T) {
 	data, id, entries := buildPack(t, testBlobs(5))
-	if err := verifyPack(data, id, entries); err != nil {
+	if err := (*Keys)(nil).verifyPack(data, id, entries); err != nil {
 		t.Fatal(err)
 	}
 	bad := slices.Clone(entries)
 	bad[3].RawLength++
-	if err := verifyPack(data, id, bad); !errors.Is(err, errdefs.ErrCorrupt) {
+	if err := (*Keys)(nil).verifyPack(data, id, bad); !errors.Is(err, errdefs.ErrCorrupt) {
 		t.Errorf("verifyPack with other entries: got error %v, want ErrCorrupt", err)
 	}
-	if err := verifyPack(data[:len(data)-1], id, entries); !errors.Is(err, errdefs.ErrCorrupt) {
+	if err := (*Keys)(nil).verifyPack(data[:len(data)-1], id, entries); !errors.Is(err, errdefs.ErrCorrupt) {
 		t.Errorf("verifyPack of a truncated pack: got error %v, want ErrCorrupt", err)
 	}
 }

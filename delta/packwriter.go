@@ -1,6 +1,7 @@
 package delta
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"math"
@@ -26,11 +27,21 @@ type PackWriter struct {
 	ids     map[ID]bool
 	err     error
 	done    bool
+	keys    *Keys // nil: a plaintext pack
 }
 
 // NewPackWriter returns an empty PackWriter.
 func NewPackWriter() *PackWriter {
 	return &PackWriter{ids: map[ID]bool{}}
+}
+
+// NewPackWriter returns an empty PackWriter for a store sealed by k: each
+// blob's stored bytes are sealed on Add, the header on Finish. With nil k
+// it is the package-level NewPackWriter.
+func (k *Keys) NewPackWriter() *PackWriter {
+	w := NewPackWriter()
+	w.keys = k
+	return w
 }
 
 // Add appends a blob: its type, its ID (the hash of its plaintext), its
@@ -59,16 +70,21 @@ func (w *PackWriter) Add(t BlobType, id ID, stored []byte, rawLen int, c Compres
 		w.err = fmt.Errorf("pack writer: blob %s: %s: %w", id, why, errdefs.ErrInvalid)
 		return
 	}
+	start := len(w.data)
+	if w.keys != nil {
+		w.data = w.keys.seal(w.data, stored, blobAD(t, id))
+	} else {
+		w.data = append(w.data, stored...)
+	}
 	w.entries = append(w.entries, PackEntry{
 		Type:        t,
 		ID:          id,
-		Offset:      uint64(len(w.data)),
-		Length:      uint64(len(stored)),
+		Offset:      uint64(start),
+		Length:      uint64(len(w.data) - start),
 		RawLength:   uint64(rawLen),
 		Compression: c,
 	})
 	w.ids[id] = true
-	w.data = append(w.data, stored...)
 }
 
 // Len returns the number of blob bytes added so far. The header and footer
@@ -100,13 +116,17 @@ func (w *PackWriter) Finish() (data []byte, id ID, entries []PackEntry, err erro
 	w.data, w.entries = nil, nil
 	hstart := len(data)
 	data = appendHeader(data, entries)
+	if w.keys != nil {
+		header := bytes.Clone(data[hstart:])
+		data = w.keys.seal(data[:hstart], header, []byte(adHeader))
+	}
 	hlen := len(data) - hstart
 	if hlen > math.MaxUint32 {
 		return nil, id, nil, fmt.Errorf("pack writer: %d-byte header exceeds the format's 4 GiB limit: %w", hlen, errdefs.ErrInvalid)
 	}
-	data = appendFooter(data, hlen)
+	data = w.keys.appendFooter(data, hlen)
 	id = Hash(data)
-	if err := verifyPack(data, id, entries); err != nil {
+	if err := w.keys.verifyPack(data, id, entries); err != nil {
 		return nil, ID{}, nil, err
 	}
 	return data, id, entries, nil
@@ -128,16 +148,19 @@ func appendHeader(b []byte, entries []PackEntry) []byte {
 }
 
 // appendFooter appends the footer for a header of hlen bytes.
-func appendFooter(b []byte, hlen int) []byte {
+func (k *Keys) appendFooter(b []byte, hlen int) []byte {
 	b = binary.LittleEndian.AppendUint32(b, uint32(hlen))
+	if k != nil {
+		return append(b, sealedMagic...)
+	}
 	return append(b, packMagic...)
 }
 
 // verifyPack decodes the header of a pack just built and checks that it
 // says what was meant, so an encoder bug stops the checkpoint that hit it
 // instead of surfacing at restore time.
-func verifyPack(data []byte, id ID, want []PackEntry) error {
-	got, err := parsePack(data)
+func (k *Keys) verifyPack(data []byte, id ID, want []PackEntry) error {
+	got, err := k.parsePack(data)
 	if err != nil {
 		return fmt.Errorf("pack %s: new pack does not parse: %w", id, err)
 	}

@@ -17,6 +17,8 @@ import (
 // the AWS credentials file (see upload.S3Config).
 type Config struct {
 	Remote *RemoteConfig `json:"remote,omitempty"`
+	// Encryption, if set, names the master key of an encrypted store.
+	Encryption *EncryptionConfig `json:"encryption,omitempty"`
 }
 
 // RemoteConfig names an S3-compatible bucket and how uploads to it are paced.

@@ -52,7 +52,11 @@ type Engine struct {
 	store  upload.Store
 	local  upload.Store
 	remote upload.Store // nil without a remote
-	config *Config
+	// rawLocal and rawRemote are the stores beneath the sealing wrappers
+	// (crypt.go); keys is nil for a plaintext home.
+	rawLocal, rawRemote upload.Store
+	keys                *delta.Keys
+	config              *Config
 	cat    *catalog.Catalog
 	codec  *delta.Codec
 	repo   *content.Repo
@@ -91,15 +95,14 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 			e.Close()
 		}
 	}()
-	if e.local, err = upload.NewLocal(h.storeDir()); err != nil {
+	if e.rawLocal, err = upload.NewLocal(h.storeDir()); err != nil {
 		return nil, fmt.Errorf("home %s: store: %w", h, err)
 	}
 	if e.config, err = loadConfig(h); err != nil {
 		return nil, err
 	}
-	e.store = e.local
 	if rc := e.config.Remote; rc != nil {
-		e.remote = &lazyStore{connect: func(ctx context.Context) (upload.Store, error) {
+		e.rawRemote = &lazyStore{connect: func(ctx context.Context) (upload.Store, error) {
 			cfg, err := rc.s3Config()
 			if err != nil {
 				return nil, err
@@ -110,12 +113,16 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 			}
 			return upload.WithRetry(s, upload.RetryPolicy{Logger: log}), nil
 		}}
-		e.store = upload.NewTiered(e.local, e.remote)
 	}
+	e.local, e.remote = e.rawLocal, e.rawRemote
+	if err := e.loadKeys(ctx); err != nil {
+		return nil, err
+	}
+	e.wireStores(e.rawLocal, e.rawRemote)
 	if err := finishRebuild(h); err != nil {
 		return nil, err
 	}
-	if e.cat, err = catalog.Open(ctx, h.catalogDir(), catalog.Options{Logger: log}); err != nil {
+	if e.cat, err = catalog.Open(ctx, h.catalogDir(), e.catalogOptions()); err != nil {
 		return nil, err
 	}
 	if e.codec, err = delta.NewCodec(); err != nil {
@@ -124,7 +131,7 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	if opts.Progress != nil {
 		e.meter = content.NewMeter(opts.Progress)
 	}
-	e.repo = content.New(e.store, e.cat, e.codec, e.meter)
+	e.repo = content.NewSealed(e.store, e.cat, e.codec, e.meter, e.keys)
 	e.backends = map[string]rootfs.Backend{
 		overlay.Name: overlay.NewBackend(h.basesDir()),
 	}

@@ -43,13 +43,16 @@ func (h home) retiredDir() string { return h.catalogDir() + ".old" }
 // crash midway leaves the old catalog in place.
 func (e *Engine) RebuildCatalog(ctx context.Context) (*RebuildReport, error) {
 	defer e.exclusive()()
+	if err := e.refuseIfEncrypted(ctx); err != nil {
+		return nil, err
+	}
 	start := time.Now()
 	rep := &RebuildReport{}
 	dir := e.home.rebuildDir()
 	if err := os.RemoveAll(dir); err != nil {
 		return nil, err
 	}
-	cat, err := catalog.Open(ctx, dir, catalog.Options{Logger: e.log})
+	cat, err := catalog.Open(ctx, dir, e.catalogOptions())
 	if err != nil {
 		return nil, err
 	}
@@ -71,10 +74,10 @@ func (e *Engine) RebuildCatalog(ctx context.Context) (*RebuildReport, error) {
 	if err := finishRebuild(e.home); err != nil {
 		return nil, err
 	}
-	if e.cat, err = catalog.Open(ctx, e.home.catalogDir(), catalog.Options{Logger: e.log}); err != nil {
+	if e.cat, err = catalog.Open(ctx, e.home.catalogDir(), e.catalogOptions()); err != nil {
 		return nil, err
 	}
-	e.repo = content.New(e.store, e.cat, e.codec, e.meter)
+	e.repo = content.NewSealed(e.store, e.cat, e.codec, e.meter, e.keys)
 	rep.Duration = time.Since(start)
 	return rep, nil
 }
@@ -214,9 +217,9 @@ func (e *Engine) fillCatalog(ctx context.Context, cat *catalog.Catalog, rep *Reb
 // readPackHeader reads a pack's header from the local copy, or straight from
 // the remote store (a range read, not a download of the whole pack).
 func (e *Engine) readPackHeader(ctx context.Context, name string) ([]delta.PackEntry, error) {
-	entries, err := delta.ReadPackHeader(ctx, upload.Ranges(e.local), name)
+	entries, err := e.keys.ReadPackHeader(ctx, upload.Ranges(e.local), name)
 	if errors.Is(err, errdefs.ErrNotFound) && e.remote != nil {
-		return delta.ReadPackHeader(ctx, upload.Ranges(e.remote), name)
+		return e.keys.ReadPackHeader(ctx, upload.Ranges(e.remote), name)
 	}
 	return entries, err
 }

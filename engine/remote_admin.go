@@ -30,33 +30,64 @@ type InitReport struct {
 // remotely durable at the next push. Running it again with the same remote
 // is harmless; switching to another remote is refused.
 func (e *Engine) Init(ctx context.Context, rc RemoteConfig) (*InitReport, error) {
+	return e.Setup(ctx, SetupOptions{Remote: &rc})
+}
+
+// SetupOptions says what Setup configures; either may be left out.
+type SetupOptions struct {
+	Remote *RemoteConfig
+	// KeyFile, if set, encrypts the store with this master key (crypt.go):
+	// a new store gets a new data key; a store (local or remote) already
+	// encrypted must be opened by it.
+	KeyFile string
+}
+
+// Setup is Init with encryption: the remote store first (so a second
+// host finds the data key there), then the key, then the backfill, which
+// queues what the bucket lacks through the sealing wrappers.
+func (e *Engine) Setup(ctx context.Context, opts SetupOptions) (*InitReport, error) {
 	defer e.exclusive()()
-	if old := e.config.Remote; old != nil && (old.URL != rc.URL || old.Endpoint != rc.Endpoint) {
-		return nil, fmt.Errorf("home %s already uses remote %s at %s; a home has one remote: %w",
-			e.home, old.URL, old.Endpoint, errdefs.ErrPrecondition)
+	rep := &InitReport{}
+	if rc := opts.Remote; rc != nil {
+		if old := e.config.Remote; old != nil && (old.URL != rc.URL || old.Endpoint != rc.Endpoint) {
+			return nil, fmt.Errorf("home %s already uses remote %s at %s; a home has one remote: %w",
+				e.home, old.URL, old.Endpoint, errdefs.ErrPrecondition)
+		}
+		cfg, err := rc.s3Config()
+		if err != nil {
+			return nil, err
+		}
+		cfg.CreateBucket = true
+		s3, err := upload.NewS3(ctx, cfg)
+		if err != nil {
+			return nil, fmt.Errorf("remote %s: %w", rc.URL, err)
+		}
+		e.rawRemote = upload.WithRetry(s3, upload.RetryPolicy{Logger: e.log})
+		e.wireStores(e.rawLocal, e.rawRemote)
+		rep.Remote = rc.URL
 	}
-	cfg, err := rc.s3Config()
-	if err != nil {
+	if opts.KeyFile != "" {
+		if err := e.setUpEncryption(ctx, opts.KeyFile); err != nil {
+			return nil, err
+		}
+	} else if err := e.refuseIfEncrypted(ctx); err != nil {
 		return nil, err
 	}
-	cfg.CreateBucket = true
-	s3, err := upload.NewS3(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("remote %s: %w", rc.URL, err)
+	if rc := opts.Remote; rc != nil {
+		c := *e.config
+		c.Remote = rc
+		if err := saveConfig(e.home, &c); err != nil {
+			return nil, err
+		}
+		e.config = &c
 	}
-	remote := upload.WithRetry(s3, upload.RetryPolicy{Logger: e.log})
-	c := *e.config
-	c.Remote = &rc
-	if err := saveConfig(e.home, &c); err != nil {
-		return nil, err
-	}
-	e.config, e.remote = &c, remote
-	e.store = upload.NewTiered(e.local, e.remote)
-	e.repo = content.New(e.store, e.cat, e.codec, e.meter)
-	rep := &InitReport{Remote: rc.URL}
-	rep.Queued, rep.QueuedBytes, err = e.syncer().Backfill(ctx, e.cat)
-	if err != nil {
-		return nil, err
+	e.repo = content.NewSealed(e.store, e.cat, e.codec, e.meter, e.keys)
+	if e.remote != nil {
+		var err error
+		rep.Queued, rep.QueuedBytes, err = e.syncer().Backfill(ctx, e.cat)
+		if err != nil {
+			return nil, err
+		}
 	}
 	return rep, nil
 }

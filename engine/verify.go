@@ -25,5 +25,5 @@ func (e *Engine) Verify(ctx context.Context, ref string) (*VerifyReport, error) 
 
 // checker checks this home's store against its catalog.
 func (e *Engine) checker() *check.Checker {
-	return &check.Checker{Store: e.store, Blobs: e.repo, Locator: check.CatalogLocator(e.cat)}
+	return &check.Checker{Store: e.store, Blobs: e.repo, Locator: check.CatalogLocator(e.cat), Keys: e.keys}
 }

@@ -27,10 +27,15 @@ const (
 	exitPrecondition = 5
 	exitUnavailable  = 6
 	exitCorrupt      = 7
+	exitKey          = 8
 )
 
 func exitCode(err error) int {
 	switch {
+	case errors.Is(err, errdefs.ErrKey):
+		// First: a sealed object that does not open is a key problem even
+		// where it surfaces as a corrupt read.
+		return exitKey
 	case errors.Is(err, errdefs.ErrInvalid):
 		return exitUsage
 	case errors.Is(err, errdefs.ErrNotFound):
@@ -114,7 +119,7 @@ branch one checkpoint into many sandboxes, and verify what is stored.`,
 	pf.BoolVarP(&a.verbose, "verbose", "v", false, "log debug detail to stderr")
 	root.AddCommand(a.sandboxCmd(), a.checkpointCmd(), a.logCmd(), a.diffCmd(), a.rollbackCmd(),
 		a.branchCmd(), a.tagCmd(), a.verifyCmd(), a.catalogCmd(), a.initCmd(), a.syncCmd(),
-		a.statusCmd(), a.gcCmd(), a.pruneCmd(), a.execCmd(), a.demoCmd())
+		a.statusCmd(), a.gcCmd(), a.pruneCmd(), a.execCmd(), a.demoCmd(), a.keyCmd())
 	return root
 }
 

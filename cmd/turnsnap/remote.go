@@ -9,23 +9,46 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/turnsnap/turnsnap/engine"
+	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/upload/sched"
 )
 
 func (a *app) initCmd() *cobra.Command {
 	var rc engine.RemoteConfig
-	var bw string
+	var bw, keyFile string
+	var encryptLocal bool
 	c := &cobra.Command{
-		Use:   "init --remote s3://BUCKET[/PREFIX] --endpoint HOST:PORT",
-		Short: "Give this home a remote store (S3-compatible) and queue what it lacks",
+		Use:   "init [--remote s3://BUCKET[/PREFIX] --endpoint HOST:PORT] [--key-file PATH]",
+		Short: "Give this home a remote store (S3-compatible) and/or an encryption key",
 		Long: `init checks that the bucket is reachable (creating it if needed), saves the
 remote in HOME/config.json and queues every local object the bucket lacks.
 Credentials come from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or the AWS
 credentials file; they are never written to the config. Uploads then happen
-on 'turnsnap sync' and 'turnsnap checkpoint --wait-remote'.`,
+on 'turnsnap sync' and 'turnsnap checkpoint --wait-remote'.
+
+--key-file PATH (a file from 'turnsnap key generate') encrypts the store:
+every object, local and remote, is sealed with XChaCha20-Poly1305 under a
+data key that PATH's master key wraps (docs/FORMAT.md, docs/SECURITY.md),
+and the local catalog is encrypted too. A new store gets a new data key; a
+bucket that is already encrypted must be opened by its key, so a second
+host runs the same init with the same key file, then 'catalog rebuild'.
+Without the key, an encrypted store fails with exit code 8.`,
 		Args: cobra.NoArgs,
 	}
 	c.RunE = a.withEngine(func(ctx context.Context, e *engine.Engine, _ []string) error {
+		if rc.URL == "" && keyFile == "" {
+			return fmt.Errorf("init: give --remote and --endpoint, --key-file, or both: %w", errdefs.ErrInvalid)
+		}
+		if (rc.URL == "") != (rc.Endpoint == "") {
+			return fmt.Errorf("init: --remote and --endpoint go together: %w", errdefs.ErrInvalid)
+		}
+		if keyFile != "" && !encryptLocal {
+			// The local store is the write-ahead stage: its packs are
+			// uploaded byte for byte, and a pack is sealed blob by blob
+			// when it is written, so it cannot be plaintext here and
+			// sealed there without rewriting every pack on upload.
+			return fmt.Errorf("init: --encrypt-local=false: the local store holds the very packs that are uploaded, sealed when written; it is encrypted whenever the remote is: %w", errdefs.ErrInvalid)
+		}
 		if bw != "" {
 			n, err := parseBytes(bw)
 			if err != nil {
@@ -33,27 +56,37 @@ on 'turnsnap sync' and 'turnsnap checkpoint --wait-remote'.`,
 			}
 			rc.BandwidthBytes = n
 		}
-		r, err := e.Init(ctx, rc)
+		opts := engine.SetupOptions{KeyFile: keyFile}
+		if rc.URL != "" {
+			opts.Remote = &rc
+		}
+		r, err := e.Setup(ctx, opts)
 		if err != nil {
 			return err
 		}
 		if a.json {
-			return printJSON(a.stdout(), map[string]any{"remote": r.Remote, "queued": r.Queued, "queued_bytes": r.QueuedBytes})
+			return printJSON(a.stdout(), map[string]any{"remote": r.Remote, "queued": r.Queued, "queued_bytes": r.QueuedBytes,
+				"key_id": e.KeyID()})
 		}
-		fmt.Fprintf(a.stdout(), "remote %s ready; %d local objects (%s) queued for upload; run `turnsnap sync`\n",
-			r.Remote, r.Queued, bytesStr(r.QueuedBytes))
+		if id := e.KeyID(); id != "" {
+			fmt.Fprintf(a.stdout(), "store encrypted with key %s\n", id)
+		}
+		if r.Remote != "" {
+			fmt.Fprintf(a.stdout(), "remote %s ready; %d local objects (%s) queued for upload; run `turnsnap sync`\n",
+				r.Remote, r.Queued, bytesStr(r.QueuedBytes))
+		}
 		return nil
 	})
 	f := c.Flags()
-	f.StringVar(&rc.URL, "remote", "", "bucket and optional prefix, s3://BUCKET[/PREFIX] (required)")
-	f.StringVar(&rc.Endpoint, "endpoint", "", "S3 endpoint HOST:PORT (required)")
+	f.StringVar(&rc.URL, "remote", "", "bucket and optional prefix, s3://BUCKET[/PREFIX]")
+	f.StringVar(&rc.Endpoint, "endpoint", "", "S3 endpoint HOST:PORT")
 	f.StringVar(&rc.Region, "region", "", "bucket region (default: ask the service)")
 	f.BoolVar(&rc.Insecure, "insecure", false, "plain HTTP instead of TLS (loopback or trusted networks only)")
 	f.StringVar(&rc.CAFile, "ca-file", "", "PEM bundle of extra CAs to trust")
 	f.StringVar(&bw, "bwlimit", "", "upload bandwidth cap per host, e.g. 20MiB (default: none)")
 	f.IntVar(&rc.Concurrency, "concurrency", 0, fmt.Sprintf("uploads in flight (default %d)", engine.DefaultUploadConcurrency))
-	c.MarkFlagRequired("remote")
-	c.MarkFlagRequired("endpoint")
+	f.StringVar(&keyFile, "key-file", "", "master key file (turnsnap key generate) that encrypts the store")
+	f.BoolVar(&encryptLocal, "encrypt-local", true, "encrypt the local store and catalog too (with --key-file; cannot be turned off, see --help)")
 	return c
 }
 

@@ -37,6 +37,8 @@ type Checker struct {
 	// Locator says where blobs live; CatalogLocator(cat) for the catalog's
 	// index.
 	Locator Locator
+	// Keys open the packs of an encrypted store; nil for a plaintext one.
+	Keys *delta.Keys
 }
 
 // CatalogLocator locates blobs through the catalog's index.
@@ -154,7 +156,7 @@ func (c *Checker) verifyPack(ctx context.Context, pack delta.ID, blobs []delta.I
 	if got := delta.Hash(data); got != pack {
 		return fmt.Errorf("object %s: content hashes to %s: %w", name, got.Short(), errdefs.ErrCorrupt)
 	}
-	entries, err := delta.ParsePackHeader(data)
+	entries, err := c.Keys.ParsePackHeader(data)
 	if err != nil {
 		return fmt.Errorf("object %s: %w", name, err)
 	}

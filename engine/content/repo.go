@@ -34,6 +34,7 @@ type Repo struct {
 	codec *delta.Codec
 	packs *packCache
 	meter *Meter // nil: no progress reporting
+	keys  *delta.Keys // nil: a plaintext store
 	dups  atomic.Int64
 	// indexMu serialises this process's writes of the blob index and
 	// refcounts (Publish): the same hot keys (a shared base's trees, common
@@ -67,8 +68,17 @@ type Op struct {
 
 // New returns a repository over store, indexed by cat. meter may be nil.
 func New(store upload.Store, cat *catalog.Catalog, codec *delta.Codec, meter *Meter) *Repo {
-	return &Repo{store: store, cat: cat, codec: codec, packs: newPackCache(), meter: meter}
+	return NewSealed(store, cat, codec, meter, nil)
 }
+
+// NewSealed is New for a store encrypted by keys (nil: plaintext): packs
+// are written sealed blob by blob, and blobs opened as they are read.
+func NewSealed(store upload.Store, cat *catalog.Catalog, codec *delta.Codec, meter *Meter, keys *delta.Keys) *Repo {
+	return &Repo{store: store, cat: cat, codec: codec, packs: newPackCache(), meter: meter, keys: keys}
+}
+
+// Keys returns the store's keys, nil for a plaintext store.
+func (r *Repo) Keys() *delta.Keys { return r.keys }
 
 // Store returns the store the repository reads and writes.
 func (r *Repo) Store() upload.Store { return r.store }
@@ -78,7 +88,7 @@ func (r *Repo) Begin() *Op {
 	return &Op{
 		r: r,
 		open: map[delta.BlobType]*delta.PackWriter{
-			delta.BlobData: delta.NewPackWriter(), delta.BlobTree: delta.NewPackWriter(),
+			delta.BlobData: r.keys.NewPackWriter(), delta.BlobTree: r.keys.NewPackWriter(),
 		},
 		flushed:  map[delta.ID]catalog.BlobLocation{},
 		reused:   map[delta.ID]bool{},
@@ -188,7 +198,7 @@ func (o *Op) flushPack(ctx context.Context, t delta.BlobType) error {
 	o.written = append(o.written, upload.ObjectInfo{Name: name, Size: int64(len(data))})
 	o.stats.ObjectsNew++
 	o.stats.BytesNew += int64(len(data))
-	o.open[t] = delta.NewPackWriter()
+	o.open[t] = o.r.keys.NewPackWriter()
 	return nil
 }
 
@@ -270,10 +280,12 @@ func (r *Repo) Decode(id delta.ID, object string, loc catalog.BlobLocation, stor
 	if uint64(len(stored)) != loc.Length {
 		return nil, fmt.Errorf("blob %s in %s: read %d bytes, want %d: %w", id, object, len(stored), loc.Length, errdefs.ErrCorrupt)
 	}
-	plain := stored
+	plain, err := r.keys.OpenBlob(loc.Type, id, stored)
+	if err != nil {
+		return nil, fmt.Errorf("in %s: %w", object, err)
+	}
 	if delta.Compression(loc.Compression) == delta.CompressionZstd {
-		var err error
-		if plain, err = r.codec.Decompress(stored, int(loc.RawLength)); err != nil {
+		if plain, err = r.codec.Decompress(plain, int(loc.RawLength)); err != nil {
 			return nil, fmt.Errorf("blob %s in %s: %w", id, object, err)
 		}
 	}

@@ -23,4 +23,7 @@ var (
 	// ErrCorrupt: stored data does not match its hash or cannot be decoded.
 	// Never retried, never ignored.
 	ErrCorrupt = errors.New("corrupt data")
+	// ErrKey: the store is encrypted and no key, or not its key, was given
+	// (or an object does not open with the store's key).
+	ErrKey = errors.New("missing or wrong key")
 )
