@@ -57,11 +57,11 @@ type Engine struct {
 	rawLocal, rawRemote upload.Store
 	keys                *delta.Keys
 	config              *Config
-	cat    *catalog.Catalog
-	codec  *delta.Codec
-	repo   *content.Repo
-	meter  *content.Meter // nil: no progress reporting
-	log    *slog.Logger
+	cat                 *catalog.Catalog
+	codec               *delta.Codec
+	repo                *content.Repo
+	meter               *content.Meter // nil: no progress reporting
+	log                 *slog.Logger
 	// backends by name; the engine composes them, each owns its roots.
 	backends map[string]rootfs.Backend
 	rtMu     sync.Mutex

@@ -33,7 +33,7 @@ type Repo struct {
 	cat   *catalog.Catalog
 	codec *delta.Codec
 	packs *packCache
-	meter *Meter // nil: no progress reporting
+	meter *Meter      // nil: no progress reporting
 	keys  *delta.Keys // nil: a plaintext store
 	dups  atomic.Int64
 	// indexMu serialises this process's writes of the blob index and
