@@ -34,6 +34,8 @@ vet:
 # turns any "part missing" skip into a failure. Benchmarks run once each
 # (-benchtime=1x) so they cannot rot; real measurements use `make bench`.
 test: deps vet
+	$(GO) mod verify
+	./scripts/vulncheck.sh
 	TURNSNAP_REQUIRE_ALL=1 $(GO) test -count=1 -timeout 30m $(PKGS)
 	$(GO) test -race -count=1 -timeout 10m $(RACE_PKGS)
 	TURNSNAP_REQUIRE_ALL=1 $(GO) test -race -count=1 -timeout 10m -run '^TestConcurrentOperations$$' ./engine
