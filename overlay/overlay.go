@@ -78,17 +78,6 @@ func (r *Root) gen() (string, error) {
 	return filepath.Join(r.dir, target), nil
 }
 
-// MountOptions returns the overlay mount data for the given directories.
-// Kept pure so option strings are testable without root.
-func MountOptions(lower, upper, work string) (string, error) {
-	for _, p := range []string{lower, upper, work} {
-		if err := checkOptionPath(p); err != nil {
-			return "", err
-		}
-	}
-	return fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", lower, upper, work), nil
-}
-
 // checkOptionPath refuses paths that overlay's option parser would split.
 func checkOptionPath(p string) error {
 	if !filepath.IsAbs(p) || strings.ContainsAny(p, ",:\\\n") {
@@ -116,12 +105,10 @@ func (r *Root) Mount(ctx context.Context) error {
 		return err
 	}
 	r.removeStale(g)
-	// overlay refuses a workdir that holds a previous mount's leftovers.
+	// The workdir's index ties the upper's inodes to their lower origins
+	// (index=on): keep it. Its scratch area work/ is the kernel's to clean.
 	work := filepath.Join(g, "work")
-	if err := os.RemoveAll(work); err != nil {
-		return fmt.Errorf("sandbox %s: reset workdir: %w", r.dir, err)
-	}
-	if err := os.Mkdir(work, 0o700); err != nil {
+	if err := os.MkdirAll(work, 0o700); err != nil {
 		return fmt.Errorf("sandbox %s: workdir: %w", r.dir, err)
 	}
 	opts, err := MountOptions(r.lower, filepath.Join(g, "upper"), work)
@@ -132,7 +119,18 @@ func (r *Root) Mount(ctx context.Context) error {
 		return fmt.Errorf("sandbox %s: lower dir: %w", r.dir, err)
 	}
 	if err := unix.Mount("overlay", r.Path(), "overlay", 0, opts); err != nil {
+		if errors.Is(err, unix.ESTALE) {
+			// uuid=on,index=on: the upper remembers the lower it was made
+			// on, and this lower is another copy of the base (re-imported,
+			// or moved with its inodes renumbered).
+			return fmt.Errorf("sandbox %s: mount overlay: the writable layer was made on another copy of base %s (overlay's origin check); restore the sandbox's head to rebuild the layer: %w",
+				r.dir, r.lower, errdefs.ErrPrecondition)
+		}
 		return fmt.Errorf("sandbox %s: mount overlay (%s): %w", r.dir, opts, err)
+	}
+	if err := checkMounted(r.Path()); err != nil {
+		unix.Unmount(r.Path(), 0)
+		return fmt.Errorf("sandbox %s: %w", r.dir, err)
 	}
 	return nil
 }

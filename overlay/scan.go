@@ -2,12 +2,10 @@ package overlay
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 
 	"github.com/turnsnap/turnsnap/delta"
@@ -18,20 +16,40 @@ import (
 // overlayXattrPrefix marks overlayfs's own bookkeeping on upper entries.
 const overlayXattrPrefix = "trusted.overlay."
 
+// RedirectXattr marks an upper directory that was renamed from a lower
+// one (redirect_dir=on): its value is the lower path, and the upper holds
+// only what changed below it.
+const RedirectXattr = "trusted.overlay.redirect"
+
+const (
+	metacopyXattr = "trusted.overlay.metacopy"
+	originXattr   = "trusted.overlay.origin"
+)
+
 // Scan derives the tree of the upper layer, reading only what changed since
-// the last committed checkpoint. saver may be nil (hash only).
+// the last committed checkpoint. saver may be nil (hash only). The root
+// must be mounted: renamed base directories are read through the mount.
 func (r *Root) Scan(ctx context.Context, saver delta.BlobSaver) (*delta.ScanResult, error) {
 	g, err := r.gen()
 	if err != nil {
 		return nil, err
 	}
-	return r.scanUpper(ctx, filepath.Join(g, "upper"), saver, readCache(filepath.Join(g, "scan.cache")))
+	upper := filepath.Join(g, "upper")
+	if err := r.linkUp(upper); err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", r.dir, err)
+	}
+	return r.scanUpper(ctx, upper, saver, readCache(filepath.Join(g, "scan.cache")), delta.ScanOptions{})
 }
 
-func (r *Root) scanUpper(ctx context.Context, upper string, saver delta.BlobSaver, prev *delta.ScanCache) (*delta.ScanResult, error) {
-	res, err := delta.Scan(ctx, upper, delta.ScanOptions{
-		Saver: saver, Prev: prev, Translate: Translate, Residue: r.residue,
-	})
+// scanUpper scans an upper directory; opts may set Quiescent.
+func (r *Root) scanUpper(ctx context.Context, upper string, saver delta.BlobSaver, prev *delta.ScanCache, opts delta.ScanOptions) (*delta.ScanResult, error) {
+	u, err := r.newUpperScan()
+	if err != nil {
+		return nil, err
+	}
+	defer u.close()
+	opts.Saver, opts.Prev, opts.Translate, opts.Residue, opts.Redirect = saver, prev, Translate, u.residue, u.redirect
+	res, err := delta.Scan(ctx, upper, opts)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", r.dir, err)
 	}
@@ -73,20 +91,25 @@ func readCache(p string) *delta.ScanCache {
 // Translate maps an upper-dir entry to its meaning in the tree format: a
 // 0:0 character device is a whiteout, trusted.overlay.opaque=y makes an
 // opaque directory, and overlay's other trusted.overlay.* attributes (origin,
-// impure, ...) are kernel bookkeeping and dropped. It is idempotent, as
-// delta.ScanOptions requires.
-func Translate(_ string, _ *unix.Stat_t, e *delta.Entry) (bool, error) {
+// impure, redirect, ...) are kernel bookkeeping and dropped. A metacopy
+// stub (data still in the lower file) is refused: roots mount with
+// metacopy=off, so one means the layer was written under other options. It
+// is idempotent, as delta.ScanOptions requires.
+func Translate(rel string, _ *unix.Stat_t, e *delta.Entry) (bool, error) {
 	if e.Type == delta.TypeCharDev && e.Rdev == 0 {
 		*e = delta.Entry{Name: e.Name, Type: delta.TypeWhiteout}
 		return true, nil
 	}
 	kept := e.Xattrs[:0]
 	for _, x := range e.Xattrs {
-		if x.Name == delta.OpaqueXattr {
+		switch {
+		case x.Name == delta.OpaqueXattr:
 			e.Opaque = e.Type == delta.TypeDir && string(x.Value) == "y"
 			continue
-		}
-		if strings.HasPrefix(x.Name, overlayXattrPrefix) {
+		case x.Name == metacopyXattr || (x.Name == RedirectXattr && e.Type != delta.TypeDir):
+			return false, fmt.Errorf("upper entry %s is a metacopy stub (%s), which a root mounted with metacopy=off never writes: %w",
+				rel, x.Name, errdefs.ErrPrecondition)
+		case strings.HasPrefix(x.Name, overlayXattrPrefix):
 			continue
 		}
 		kept = append(kept, x)
@@ -96,45 +119,6 @@ func Translate(_ string, _ *unix.Stat_t, e *delta.Entry) (bool, error) {
 		e.Xattrs = nil
 	}
 	return true, nil
-}
-
-// residue reports an upper directory that is only a copy-up of the lower
-// directory of the same path with identical metadata: what a temp file
-// created and deleted under a base directory leaves behind.
-func (r *Root) residue(rel string, e *delta.Entry) bool {
-	if e.Opaque {
-		return false
-	}
-	p := filepath.Join(r.lower, rel)
-	var st unix.Stat_t
-	if err := unix.Lstat(p, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFDIR {
-		return false
-	}
-	if st.Mode&07777 != e.Mode || st.Uid != e.UID || st.Gid != e.GID {
-		return false
-	}
-	lx, err := lowerXattrs(p)
-	if err != nil {
-		return false
-	}
-	return slices.EqualFunc(lx, e.Xattrs, func(a, b delta.Xattr) bool {
-		return a.Name == b.Name && bytes.Equal(a.Value, b.Value)
-	})
-}
-
-// lowerXattrs reads a lower entry's xattrs as Translate would leave them.
-func lowerXattrs(p string) ([]delta.Xattr, error) {
-	all, err := delta.ReadXattrs(p)
-	if err != nil {
-		return nil, err
-	}
-	var out []delta.Xattr
-	for _, x := range all {
-		if !strings.HasPrefix(x.Name, overlayXattrPrefix) {
-			out = append(out, x)
-		}
-	}
-	return out, nil
 }
 
 // Restore replaces the writable layer by tree: unmount, build a complete new
@@ -177,7 +161,7 @@ func (r *Root) install(ctx context.Context, tree delta.ID, loader delta.BlobLoad
 	// DESIGN rule 4: what was written must hash back to what was asked for.
 	// The scan doubles as the new generation's cache, so the first checkpoint
 	// after a restore reads nothing it does not have to.
-	res, err := delta.Scan(ctx, upper, delta.ScanOptions{Translate: Translate, Residue: r.residue, Quiescent: true})
+	res, err := r.scanUpper(ctx, upper, nil, nil, delta.ScanOptions{Quiescent: true})
 	if err != nil {
 		return err
 	}
