@@ -2,6 +2,7 @@ package overlay
 
 import (
 	"bufio"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,7 +10,7 @@ import (
 	"path"
 	"path/filepath"
 	"slices"
-	"strconv"
+	"strings"
 
 	"github.com/moby/sys/mountinfo"
 	"github.com/turnsnap/turnsnap/internal/fsat"
@@ -96,13 +97,15 @@ func walkLinks(dirFD int, rel string, byIno map[uint64][]string) error {
 }
 
 // linkUp makes every name of a copied-up base hardlink present in the
-// upper. With index=on, copying up one name of a lower hardlink makes all
-// its names show the upper inode (the index entry ties them), yet only the
-// copied name is in the upper: the others would read as unchanged lower
-// files to a scan of the upper. A no-op chown of each such name through the
-// mount makes overlay link it up (its only effect is a ctime, which the
-// format does not record), so the upper holds the link the sandbox sees.
-func (r *Root) linkUp(upper string) error {
+// upper of generation g. With index=on, copying up one name of a lower
+// hardlink makes all its names show the upper inode (the index entry in
+// the workdir, named by the lower inode's file handle, ties them), yet only
+// the name written through is in the upper, and after it is deleted none
+// is: the others would read as unchanged lower files to a scan of the
+// upper. A no-op chown of each such name through the mount makes overlay
+// link it up (its only effect is a ctime, which the format does not
+// record), so the upper holds what the sandbox sees.
+func (r *Root) linkUp(g string) error {
 	mounted, err := mountinfo.Mounted(r.Path())
 	if err != nil || !mounted {
 		return err // nothing can have been copied up
@@ -111,46 +114,38 @@ func (r *Root) linkUp(upper string) error {
 	if err != nil || len(groups) == 0 {
 		return err
 	}
-	upFD, err := fsat.OpenDir(upper)
+	indexed, err := indexedFiles(filepath.Join(g, "work", "index"))
+	if err != nil || len(indexed) == 0 {
+		return err
+	}
+	lowerFD, err := fsat.OpenDir(r.lower)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(lowerFD)
+	upFD, err := fsat.OpenDir(filepath.Join(g, "upper"))
 	if err != nil {
 		return err
 	}
 	defer unix.Close(upFD)
-	mountFD := -1
-	defer func() {
-		if mountFD >= 0 {
-			unix.Close(mountFD)
+	mountFD, err := fsat.OpenDir(r.Path())
+	if err != nil {
+		return err
+	}
+	defer unix.Close(mountFD)
+	for _, grp := range groups {
+		fid, err := lowerHandle(lowerFD, grp[0])
+		if err != nil {
+			return err
 		}
-	}()
-	buf := make([]byte, fsat.XattrBufSize)
-	for _, g := range groups {
-		var absent []string
-		copied := false
-		for _, name := range g {
-			fd, err := fsat.Open(upFD, name, unix.O_PATH)
-			if errors.Is(err, unix.ENOENT) {
-				absent = append(absent, name)
-				continue
-			}
-			if err != nil {
-				continue // an ancestor is a whiteout or replaced: the name is gone
-			}
+		if !indexed[fid] {
+			continue // not copied up: every name still shows the lower inode
+		}
+		for _, name := range grp {
 			var st unix.Stat_t
-			if unix.Fstat(fd, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFREG {
-				_, xerr := unix.Getxattr("/proc/self/fd/"+strconv.Itoa(fd), originXattr, buf)
-				copied = copied || xerr == nil
+			if err := fsat.Lstat(upFD, name, &st); !errors.Is(err, unix.ENOENT) {
+				continue // in the upper already, or a parent is whited out or replaced
 			}
-			unix.Close(fd)
-		}
-		if !copied || len(absent) == 0 {
-			continue
-		}
-		if mountFD < 0 {
-			if mountFD, err = fsat.OpenDir(r.Path()); err != nil {
-				return err
-			}
-		}
-		for _, name := range absent {
 			pfd, base, err := fsat.OpenParent(mountFD, name)
 			if err != nil {
 				continue // the name's directory is gone or renamed in the sandbox
@@ -163,4 +158,50 @@ func (r *Root) linkUp(upper string) error {
 		}
 	}
 	return nil
+}
+
+// indexedFiles returns the lower file handles (type and bytes, hex) that
+// have a regular-file index entry. An entry's name is the hex of overlay's
+// origin record: version, magic, length, flags, handle type, the lower
+// filesystem's UUID (16 bytes), then the handle.
+func indexedFiles(dir string) (map[string]bool, error) {
+	fd, err := fsat.OpenDir(dir)
+	if errors.Is(err, unix.ENOENT) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	names, err := fsat.ReadDirNames(fd)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]bool{}
+	for _, n := range names {
+		if len(n) <= 2*21 || !strings.HasPrefix(n, "00fb") {
+			continue
+		}
+		var st unix.Stat_t
+		if unix.Fstatat(fd, n, &st, unix.AT_SYMLINK_NOFOLLOW) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+			continue // a directory's entry, or a whiteout of a removed one
+		}
+		out[n[8:10]+":"+n[2*21:]] = true
+	}
+	return out, nil
+}
+
+// lowerHandle returns the file handle of rel in the lower in the form
+// indexedFiles keys it.
+func lowerHandle(lowerFD int, rel string) (string, error) {
+	pfd, base, err := fsat.OpenParent(lowerFD, rel)
+	if err != nil {
+		return "", err
+	}
+	defer unix.Close(pfd)
+	h, _, err := unix.NameToHandleAt(pfd, base, 0)
+	if err != nil {
+		return "", fmt.Errorf("file handle of lower %s: %w", rel, err)
+	}
+	return fmt.Sprintf("%02x:%s", h.Type(), hex.EncodeToString(h.Bytes())), nil
 }

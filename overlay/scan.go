@@ -34,11 +34,10 @@ func (r *Root) Scan(ctx context.Context, saver delta.BlobSaver) (*delta.ScanResu
 	if err != nil {
 		return nil, err
 	}
-	upper := filepath.Join(g, "upper")
-	if err := r.linkUp(upper); err != nil {
+	if err := r.linkUp(g); err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", r.dir, err)
 	}
-	return r.scanUpper(ctx, upper, saver, readCache(filepath.Join(g, "scan.cache")), delta.ScanOptions{})
+	return r.scanUpper(ctx, filepath.Join(g, "upper"), saver, readCache(filepath.Join(g, "scan.cache")), delta.ScanOptions{})
 }
 
 // scanUpper scans an upper directory; opts may set Quiescent.
