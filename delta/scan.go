@@ -41,6 +41,12 @@ type ScanOptions struct {
 	// Entries below a redirected directory are already merged: they are not
 	// passed to Translate, Residue or Redirect.
 	Redirect func(dirFD int, name, rel string, e *Entry) (int, error)
+	// LinkID, when set, gives the identity by which a multiply-linked file
+	// outside redirected directories is matched to its other names (default:
+	// its device and inode). Overlay sets it when a redirect was listed, so
+	// that files of the upper and files seen through the mount compare by
+	// the mount's inode numbers.
+	LinkID func(dirFD int, name, rel string, st *unix.Stat_t) ([2]uint64, error)
 	// Quiescent says nothing else writes below root during the scan (a layer
 	// just restored and not yet mounted), so entries stamped moments ago can be
 	// trusted next time instead of being treated as racy.
@@ -130,7 +136,7 @@ func Scan(ctx context.Context, root string, opts ScanOptions) (*ScanResult, erro
 	if opts.Quiescent {
 		s.racyAfter = math.MaxInt64
 	}
-	id, key, err := s.dir(ctx, fd, "", false)
+	id, key, err := s.dir(ctx, fd, "", dirFlags{})
 	if err != nil {
 		return nil, err
 	}
@@ -140,10 +146,15 @@ func Scan(ctx context.Context, root string, opts ScanOptions) (*ScanResult, erro
 // where names rel for errors: the root, then the in-sandbox path.
 func (s *scanner) where(rel string) string { return s.root + ":/" + rel }
 
-// dir builds and saves the tree of directory rel, open as fd; merged says
-// it is listed through the merged view (no backend translation). It
-// returns the tree's ID and its state key.
-func (s *scanner) dir(ctx context.Context, fd int, rel string, merged bool) (ID, ID, error) {
+// dirFlags says how a directory's entries are interpreted.
+type dirFlags struct {
+	merged bool // listed through a merged view: no backend translation
+	opaque bool // below an opaque directory: nothing of the lower shows, so no residue
+}
+
+// dir builds and saves the tree of directory rel, open as fd. It returns
+// the tree's ID and its state key.
+func (s *scanner) dir(ctx context.Context, fd int, rel string, fl dirFlags) (ID, ID, error) {
 	if err := ctx.Err(); err != nil {
 		return ID{}, ID{}, err
 	}
@@ -161,7 +172,7 @@ func (s *scanner) dir(ctx context.Context, fd int, rel string, merged bool) (ID,
 		var key ID
 		var keep bool
 		for attempt := 0; ; attempt++ {
-			e, key, keep, err = s.entry(ctx, fd, crel, name, merged)
+			e, key, keep, err = s.entry(ctx, fd, crel, name, fl)
 			if !errors.Is(err, errRaced) {
 				break
 			}
@@ -178,7 +189,7 @@ func (s *scanner) dir(ctx context.Context, fd int, rel string, merged bool) (ID,
 		t.Entries = append(t.Entries, e)
 		if e.Type == TypeDir {
 			// The cheap test first: Residue looks at the lower layer on disk.
-			if !merged && key == emptyTreeID && s.opts.Residue != nil && s.opts.Residue(crel, &e) {
+			if !fl.merged && !fl.opaque && key == emptyTreeID && s.opts.Residue != nil && s.opts.Residue(crel, &e) {
 				continue
 			}
 			e.MtimeNs = 0
@@ -206,7 +217,7 @@ func EmptyTree() ID { return emptyTreeID }
 
 // entry looks at name in the directory open as dirFD. errRaced means the
 // name changed under it and is to be looked at again.
-func (s *scanner) entry(ctx context.Context, dirFD int, rel, name string, merged bool) (Entry, ID, bool, error) {
+func (s *scanner) entry(ctx context.Context, dirFD int, rel, name string, fl dirFlags) (Entry, ID, bool, error) {
 	var st unix.Stat_t
 	if err := unix.Fstatat(dirFD, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		if errors.Is(err, unix.ENOENT) {
@@ -245,6 +256,12 @@ func (s *scanner) entry(ctx context.Context, dirFD int, rel, name string, merged
 	// whiteout of its own.
 	if e.Type == TypeFile && st.Nlink > 1 {
 		ino := [2]uint64{st.Dev, st.Ino}
+		if s.opts.LinkID != nil && !fl.merged {
+			var err error
+			if ino, err = s.opts.LinkID(dirFD, name, rel, &st); err != nil {
+				return Entry{}, ID{}, false, fmt.Errorf("scan %s: %w", s.where(rel), err)
+			}
+		}
 		if primary, ok := s.links[ino]; ok && primary != rel {
 			link := Entry{Name: name, Type: TypeHardlink, Target: primary}
 			return link, ID{}, true, nil
@@ -275,7 +292,7 @@ func (s *scanner) entry(ctx context.Context, dirFD int, rel, name string, merged
 			return Entry{}, ID{}, false, err
 		}
 	}
-	if s.opts.Translate != nil && !merged {
+	if s.opts.Translate != nil && !fl.merged {
 		keep, err := s.opts.Translate(rel, &st, &e)
 		if err != nil {
 			return Entry{}, ID{}, false, fmt.Errorf("scan %s: %w", s.where(rel), err)
@@ -286,7 +303,7 @@ func (s *scanner) entry(ctx context.Context, dirFD int, rel, name string, merged
 	}
 	var key ID
 	if e.Type == TypeDir {
-		if e.Subtree, key, err = s.subdir(ctx, dirFD, rel, &st, &e, merged); err != nil {
+		if e.Subtree, key, err = s.subdir(ctx, dirFD, rel, &st, &e, fl); err != nil {
 			return Entry{}, ID{}, false, err
 		}
 	}
@@ -308,15 +325,16 @@ func (s *scanner) raced(rel string, err error) error {
 
 // subdir opens directory e (stat st) below dirFD, checks it is still the
 // inode that was stat-ed, and scans it.
-func (s *scanner) subdir(ctx context.Context, dirFD int, rel string, st *unix.Stat_t, e *Entry, merged bool) (ID, ID, error) {
+func (s *scanner) subdir(ctx context.Context, dirFD int, rel string, st *unix.Stat_t, e *Entry, fl dirFlags) (ID, ID, error) {
 	fd := -1
-	if s.opts.Redirect != nil && !merged {
+	if s.opts.Redirect != nil && !fl.merged {
 		var err error
 		if fd, err = s.opts.Redirect(dirFD, e.Name, rel, e); err != nil {
 			return ID{}, ID{}, fmt.Errorf("scan %s: %w", s.where(rel), err)
 		}
-		merged = fd >= 0
+		fl.merged = fd >= 0
 	}
+	fl.opaque = fl.opaque || e.Opaque
 	if fd < 0 {
 		var err error
 		if fd, err = fsat.Open(dirFD, e.Name, unix.O_RDONLY|unix.O_DIRECTORY); err != nil {
@@ -329,7 +347,7 @@ func (s *scanner) subdir(ctx context.Context, dirFD int, rel string, st *unix.St
 		}
 	}
 	defer unix.Close(fd)
-	return s.dir(ctx, fd, rel, merged)
+	return s.dir(ctx, fd, rel, fl)
 }
 
 // file reads, chunks and saves a regular file's content. It returns the

@@ -49,6 +49,19 @@ func (r *Root) scanUpper(ctx context.Context, upper string, saver delta.BlobSave
 	defer u.close()
 	opts.Saver, opts.Prev, opts.Translate, opts.Residue, opts.Redirect = saver, prev, Translate, u.residue, u.redirect
 	res, err := delta.Scan(ctx, upper, opts)
+	if err == nil && u.mountFD >= 0 {
+		// A renamed directory was listed through the mount, where inode
+		// numbers are the mount's: walk again (from the cache: nothing is
+		// read twice) matching hardlinks by those numbers everywhere, so a
+		// file linked across the renamed directory's edge stays linked.
+		first := res
+		opts.LinkID, opts.Prev = u.linkID, first.Cache
+		if res, err = delta.Scan(ctx, upper, opts); err == nil {
+			res.Stats.FilesRead += first.Stats.FilesRead
+			res.Stats.BytesRead += first.Stats.BytesRead
+			res.Stats.Chunks += first.Stats.Chunks
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", r.dir, err)
 	}

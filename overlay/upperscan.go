@@ -73,6 +73,15 @@ func (u *upperScan) redirect(dirFD int, name, rel string, e *delta.Entry) (int, 
 	return fd, nil
 }
 
+// linkID is a multiply-linked upper file's identity in the mount.
+func (u *upperScan) linkID(dirFD int, name, rel string, _ *unix.Stat_t) ([2]uint64, error) {
+	var st unix.Stat_t
+	if err := fsat.Lstat(u.mountFD, rel, &st); err != nil {
+		return [2]uint64{}, fmt.Errorf("in the mount: %w", err)
+	}
+	return [2]uint64{st.Dev, st.Ino}, nil
+}
+
 // residue reports an upper directory that is only a copy-up of the lower
 // directory of the same path with identical metadata: what a temp file
 // created and deleted under a base directory leaves behind.
