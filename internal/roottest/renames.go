@@ -38,14 +38,14 @@ func testDirRenames(t *testing.T, s Setup) {
 	f := newFixture(t, s)
 	r, dir := f.create("sb", delta.EmptyTree())
 	p := func(rel string) string { return filepath.Join(r.Path(), rel) }
-	must(t, os.Rename(p("src"), p("source")))              // a base dir with subdirs
+	must(t, os.Rename(p("src"), p("source")))                // a base dir with subdirs
 	Write(t, p("source/lib/new.go"), "package lib // new\n") // a change below it
 	must(t, os.Remove(p("source/lib/b.go")))                 // a deletion below it
 	must(t, os.Rename(p("deep/a/b"), p("etc/b")))            // into another base dir
 	must(t, os.Rename(p("etc/b/c"), p("etc/c2")))            // out of a renamed dir
-	must(t, os.Mkdir(p("deep/a/b"), 0o755))                   // a new dir at the old name
-	must(t, os.Rename(p("links"), p("l1")))                   // renamed twice
-	must(t, os.Rename(p("l1"), p("l2")))                      //
+	must(t, os.Mkdir(p("deep/a/b"), 0o755))                  // a new dir at the old name
+	must(t, os.Rename(p("links"), p("l1")))                  // renamed twice
+	must(t, os.Rename(p("l1"), p("l2")))                     //
 	must(t, os.Rename(p("doomed"), p("tmp/doomed")))         // into a sticky dir
 	must(t, os.Rename(p("tmp/doomed"), p("doomed")))         // and back
 	want := Merged(t, r.Path())
