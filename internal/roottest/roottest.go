@@ -61,6 +61,7 @@ func Run(t *testing.T, newSetup func(t *testing.T) Setup) {
 		{"RemoveCleansEverything", testRemoveCleans},
 		{"DirectoryRenames", testDirRenames},
 		{"LongPaths", testLongPaths},
+		{"ScanRacingSymlinkSwap", testScanRacingSymlinkSwap},
 		{"RandomEditsWithRenames", testRandomEdits},
 	}
 	for _, tc := range tests {

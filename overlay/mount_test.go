@@ -1,0 +1,125 @@
+package overlay
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/moby/sys/mountinfo"
+	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/internal/errdefs"
+	"github.com/turnsnap/turnsnap/internal/roottest"
+	"github.com/turnsnap/turnsnap/internal/testenv"
+)
+
+func must(t testing.TB, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// newRoot makes a root on a lower directory built by fill.
+func newRoot(t *testing.T, fill func(lower string)) (*Root, string, string) {
+	t.Helper()
+	testenv.RequireRoot(t)
+	lower := filepath.Join(t.TempDir(), "lower")
+	must(t, os.Mkdir(lower, 0o755))
+	fill(lower)
+	dir := filepath.Join(t.TempDir(), "sb")
+	r, err := Create(context.Background(), dir, lower, delta.EmptyTree(), roottest.NewMemStore())
+	must(t, err)
+	t.Cleanup(func() { r.Remove(context.Background()) })
+	return r, dir, lower
+}
+
+// TestMountPinsEveryOption checks the kernel really runs the root with
+// every pinned feature (mountinfo lists the super options it got).
+func TestMountPinsEveryOption(t *testing.T) {
+	r, _, _ := newRoot(t, func(string) {})
+	ms, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(r.Path()))
+	must(t, err)
+	if len(ms) != 1 {
+		t.Fatalf("%d mounts on the root", len(ms))
+	}
+	for _, o := range []string{"redirect_dir=on", "index=on", "nfs_export=on", "uuid=on"} {
+		if !strings.Contains(","+ms[0].VFSOptions+",", ","+o+",") {
+			t.Errorf("mounted without %s: %s", o, ms[0].VFSOptions)
+		}
+	}
+	for _, o := range []string{"metacopy=on", "xino=on", "xino=auto"} {
+		if strings.Contains(ms[0].VFSOptions, o) {
+			t.Errorf("mounted with %s: %s", o, ms[0].VFSOptions)
+		}
+	}
+}
+
+// TestToolsRenameBaseDirectories runs the tools that broke with EXDEV
+// before redirect_dir was pinned: git mv and Python's os.rename of a
+// directory that comes from the base.
+func TestToolsRenameBaseDirectories(t *testing.T) {
+	for _, tool := range []string{"git", "python3"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			testenv.Missing(t, tool, "the rename tests run it inside a sandbox root")
+		}
+	}
+	run := func(dir string, args ...string) {
+		t.Helper()
+		cmd := exec.Command(args[0], args[1:]...)
+		cmd.Dir = dir
+		cmd.Env = append(os.Environ(), "GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@t", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@t")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("%v: %v\n%s", args, err, out)
+		}
+	}
+	r, _, _ := newRoot(t, func(lower string) {
+		roottest.Write(t, filepath.Join(lower, "pkg/a/one.go"), "package a\n")
+		roottest.Write(t, filepath.Join(lower, "pkg/b/two.go"), "package b\n")
+		run(lower, "git", "init", "-q")
+		run(lower, "git", "add", ".")
+		run(lower, "git", "commit", "-qm", "base")
+	})
+	root := r.Path()
+	run(root, "git", "mv", "pkg/a", "pkg/renamed")
+	run(root, "python3", "-c", "import os; os.rename('pkg/b', 'moved')")
+	for _, p := range []string{"pkg/renamed/one.go", "moved/two.go"} {
+		if _, err := os.Stat(filepath.Join(root, p)); err != nil {
+			t.Fatalf("after the renames: %v", err)
+		}
+	}
+	store := roottest.NewMemStore()
+	res, err := r.Scan(context.Background(), store)
+	must(t, err)
+	want := roottest.Merged(t, root)
+	dir2 := filepath.Join(t.TempDir(), "copy")
+	c, err := Create(context.Background(), dir2, r.lower, res.Root, store)
+	must(t, err)
+	defer c.Remove(context.Background())
+	if got := roottest.Merged(t, c.Path()); got != want {
+		t.Fatalf("a root made from the layer hashes to %s, the live one to %s", got.Short(), want.Short())
+	}
+	run(c.Path(), "git", "status", "--short") // the index and objects came along
+}
+
+// TestMountOnAnotherBaseCopyIsRefused replaces the lower by a copy with
+// the same content and new inodes: index=on,uuid=on make overlay refuse
+// the old upper (ESTALE), which must be a clear precondition error.
+func TestMountOnAnotherBaseCopyIsRefused(t *testing.T) {
+	r, dir, lower := newRoot(t, func(lower string) {
+		roottest.Write(t, filepath.Join(lower, "f"), "base\n")
+	})
+	roottest.Write(t, filepath.Join(r.Path(), "f"), "changed\n")
+	must(t, r.Unmount(context.Background()))
+	must(t, os.Rename(lower, lower+".old"))
+	if out, err := exec.Command("cp", "-a", lower+".old", lower).CombinedOutput(); err != nil {
+		t.Fatalf("cp: %v: %s", err, out)
+	}
+	err := Open(dir, lower).Mount(context.Background())
+	if !errors.Is(err, errdefs.ErrPrecondition) || !strings.Contains(err.Error(), "another copy of base") {
+		t.Fatalf("mount on a copied base: %v, want a precondition error naming the cause", err)
+	}
+}
