@@ -8,8 +8,12 @@
 //	D/root/             the overlay mount point: the sandbox's root
 //	D/current           symlink to the live generation, e.g. "gen-123456"
 //	D/gen-N/upper/      overlay upperdir
-//	D/gen-N/work/       overlay workdir
+//	D/gen-N/work/       overlay workdir; work/index/ ties upper inodes to their
+//	                    lower origins (index=on) and is kept across mounts
 //	D/gen-N/scan.cache  what upper/ looked like at the last committed checkpoint
+//	D/lower.links       the lower's hardlink groups (computed once, see linkUp)
+//
+// Mounts pin every overlayfs feature option (options.go).
 //
 // A restore builds a whole new generation beside the live one and switches
 // "current" with one rename, so a crash leaves either the old state or the
