@@ -254,6 +254,7 @@ func (s *scanner) entry(ctx context.Context, dirFD int, rel, name string, fl dir
 	// inodes are recorded name by name: overlayfs (since Linux 5.8) links
 	// every whiteout to one shared 0:0 device, and each of those names is a
 	// whiteout of its own.
+	var linkKey *[2]uint64 // set: the first name of a multiply-linked file
 	if e.Type == TypeFile && st.Nlink > 1 {
 		ino := [2]uint64{st.Dev, st.Ino}
 		if s.opts.LinkID != nil && !fl.merged {
@@ -262,11 +263,11 @@ func (s *scanner) entry(ctx context.Context, dirFD int, rel, name string, fl dir
 				return Entry{}, ID{}, false, fmt.Errorf("scan %s: %w", s.where(rel), err)
 			}
 		}
-		if primary, ok := s.links[ino]; ok && primary != rel {
+		if primary, ok := s.links[ino]; ok {
 			link := Entry{Name: name, Type: TypeHardlink, Target: primary}
 			return link, ID{}, true, nil
 		}
-		s.links[ino] = rel
+		linkKey = &ino
 	}
 	var err error
 	if hit {
@@ -306,6 +307,11 @@ func (s *scanner) entry(ctx context.Context, dirFD int, rel, name string, fl dir
 		if e.Subtree, key, err = s.subdir(ctx, dirFD, rel, &st, &e, fl); err != nil {
 			return Entry{}, ID{}, false, err
 		}
+	}
+	if linkKey != nil {
+		// Only now: a name that turned out to be gone or raced must not
+		// become the target of later names.
+		s.links[*linkKey] = rel
 	}
 	ce := CacheEntry{Key: fresh, Entry: e, Racy: fresh.CtimeNs >= s.racyAfter}
 	ce.Entry.Name = ""
