@@ -21,12 +21,19 @@ import (
 // directory: the lower never changes, and finding them walks all of it.
 const lowerLinksFile = "lower.links"
 
+// linkGroup is the names of one multiply-linked regular file of the lower
+// and its file handle, as indexedFiles keys it.
+type linkGroup struct {
+	Handle string   `json:"handle"`
+	Names  []string `json:"names"`
+}
+
 // lowerLinks returns every group of names that share one regular-file
-// inode in the lower directory, each sorted, computed once per sandbox.
-func (r *Root) lowerLinks() ([][]string, error) {
+// inode in the lower directory, computed once per sandbox.
+func (r *Root) lowerLinks() ([]linkGroup, error) {
 	p := filepath.Join(r.dir, lowerLinksFile)
 	if data, err := os.ReadFile(p); err == nil {
-		var groups [][]string
+		var groups []linkGroup
 		if json.Unmarshal(data, &groups) == nil {
 			return groups, nil
 		}
@@ -40,29 +47,24 @@ func (r *Root) lowerLinks() ([][]string, error) {
 	if err := walkLinks(fd, "", byIno); err != nil {
 		return nil, fmt.Errorf("lower dir %s: %w", r.lower, err)
 	}
-	groups := [][]string{}
+	groups := []linkGroup{}
 	for _, names := range byIno {
-		if len(names) > 1 {
-			slices.Sort(names)
-			groups = append(groups, names)
+		if len(names) < 2 {
+			continue // its other names are outside the lower
 		}
+		slices.Sort(names)
+		h, err := lowerHandle(fd, names[0])
+		if err != nil {
+			return nil, err
+		}
+		groups = append(groups, linkGroup{Handle: h, Names: names})
 	}
-	slices.SortFunc(groups, func(a, b []string) int { return cmpStr(a[0], b[0]) })
+	slices.SortFunc(groups, func(a, b linkGroup) int { return strings.Compare(a.Names[0], b.Names[0]) })
 	data, _ := json.Marshal(groups)
 	if err := writeCacheFile(p, func(w *bufio.Writer) error { _, err := w.Write(data); return err }); err != nil {
 		return nil, err
 	}
 	return groups, nil
-}
-
-func cmpStr(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 func walkLinks(dirFD int, rel string, byIno map[uint64][]string) error {
@@ -114,15 +116,14 @@ func (r *Root) linkUp(g string) error {
 	if err != nil || len(groups) == 0 {
 		return err
 	}
-	indexed, err := indexedFiles(filepath.Join(g, "work", "index"))
+	want := map[string]bool{}
+	for _, grp := range groups {
+		want[grp.Handle] = true
+	}
+	indexed, err := indexedFiles(filepath.Join(g, "work", "index"), want)
 	if err != nil || len(indexed) == 0 {
 		return err
 	}
-	lowerFD, err := fsat.OpenDir(r.lower)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(lowerFD)
 	upFD, err := fsat.OpenDir(filepath.Join(g, "upper"))
 	if err != nil {
 		return err
@@ -134,14 +135,10 @@ func (r *Root) linkUp(g string) error {
 	}
 	defer unix.Close(mountFD)
 	for _, grp := range groups {
-		fid, err := lowerHandle(lowerFD, grp[0])
-		if err != nil {
-			return err
-		}
-		if !indexed[fid] {
+		if !indexed[grp.Handle] {
 			continue // not copied up: every name still shows the lower inode
 		}
-		for _, name := range grp {
+		for _, name := range grp.Names {
 			var st unix.Stat_t
 			if err := fsat.Lstat(upFD, name, &st); !errors.Is(err, unix.ENOENT) {
 				continue // in the upper already, or a parent is whited out or replaced
@@ -160,11 +157,11 @@ func (r *Root) linkUp(g string) error {
 	return nil
 }
 
-// indexedFiles returns the lower file handles (type and bytes, hex) that
-// have a regular-file index entry. An entry's name is the hex of overlay's
-// origin record: version, magic, length, flags, handle type, the lower
-// filesystem's UUID (16 bytes), then the handle.
-func indexedFiles(dir string) (map[string]bool, error) {
+// indexedFiles returns which of the lower file handles want (type and
+// bytes, hex) have a regular-file index entry. An entry's name is the hex
+// of overlay's origin record: version, magic, length, flags, handle type,
+// the lower filesystem's UUID (16 bytes), then the handle.
+func indexedFiles(dir string, want map[string]bool) (map[string]bool, error) {
 	fd, err := fsat.OpenDir(dir)
 	if errors.Is(err, unix.ENOENT) {
 		return nil, nil
@@ -182,11 +179,15 @@ func indexedFiles(dir string) (map[string]bool, error) {
 		if len(n) <= 2*21 || !strings.HasPrefix(n, "00fb") {
 			continue
 		}
+		key := n[8:10] + ":" + n[2*21:]
+		if !want[key] {
+			continue
+		}
 		var st unix.Stat_t
 		if unix.Fstatat(fd, n, &st, unix.AT_SYMLINK_NOFOLLOW) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
 			continue // a directory's entry, or a whiteout of a removed one
 		}
-		out[n[8:10]+":"+n[2*21:]] = true
+		out[key] = true
 	}
 	return out, nil
 }
