@@ -123,3 +123,49 @@ func TestMountOnAnotherBaseCopyIsRefused(t *testing.T) {
 		t.Fatalf("mount on a copied base: %v, want a precondition error naming the cause", err)
 	}
 }
+
+// TestIndexedBaseHardlinksAreRecorded writes through one name of a base
+// hardlink. With index=on every name then shows the new content, though
+// only the written name is in the upper; the layer must say so for each
+// name, also after the written name is deleted.
+func TestIndexedBaseHardlinksAreRecorded(t *testing.T) {
+	r, _, _ := newRoot(t, func(lower string) {
+		roottest.Write(t, filepath.Join(lower, "a/one"), "base\n")
+		must(t, os.MkdirAll(filepath.Join(lower, "b"), 0o755))
+		must(t, os.Link(filepath.Join(lower, "a/one"), filepath.Join(lower, "b/two")))
+	})
+	f, err := os.OpenFile(filepath.Join(r.Path(), "a/one"), os.O_WRONLY|os.O_APPEND, 0)
+	must(t, err)
+	f.WriteString("appended\n")
+	f.Close()
+	if data, _ := os.ReadFile(filepath.Join(r.Path(), "b/two")); string(data) != "base\nappended\n" {
+		t.Fatalf("the other name shows %q: this kernel does not index hardlinks as expected", data)
+	}
+	store := roottest.NewMemStore()
+	check := func(step string) {
+		t.Helper()
+		want := roottest.Merged(t, r.Path())
+		res, err := r.Scan(context.Background(), store)
+		must(t, err)
+		c, err := Create(context.Background(), filepath.Join(t.TempDir(), "copy"), r.lower, res.Root, store)
+		must(t, err)
+		defer c.Remove(context.Background())
+		if got := roottest.Merged(t, c.Path()); got != want {
+			t.Fatalf("%s: a root made from the layer hashes to %s, the live one to %s", step, got.Short(), want.Short())
+		}
+	}
+	check("after the write")
+	must(t, os.Remove(filepath.Join(r.Path(), "a/one")))
+	check("after deleting the written name")
+	// Written and deleted before any scan: no name of the file is left in
+	// the upper, only its index entry.
+	r2, _, _ := newRoot(t, func(lower string) {
+		roottest.Write(t, filepath.Join(lower, "a/one"), "base\n")
+		must(t, os.MkdirAll(filepath.Join(lower, "b"), 0o755))
+		must(t, os.Link(filepath.Join(lower, "a/one"), filepath.Join(lower, "b/two")))
+	})
+	roottest.Write(t, filepath.Join(r2.Path(), "a/one"), "rewritten in place\n")
+	must(t, os.Remove(filepath.Join(r2.Path(), "a/one")))
+	r = r2
+	check("after a write and a delete in one turn")
+}
