@@ -2,6 +2,7 @@ package overlay
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -47,20 +48,30 @@ func (r *Root) scanUpper(ctx context.Context, upper string, saver delta.BlobSave
 		return nil, err
 	}
 	defer u.close()
-	opts.Saver, opts.Prev, opts.Translate, opts.Residue, opts.Redirect = saver, prev, Translate, u.residue, u.redirect
+	opts.Prev, opts.Translate, opts.Residue, opts.Redirect = prev, Translate, u.residue, u.redirect
+	var trees *treeBuffer
+	if saver != nil {
+		trees = &treeBuffer{next: saver}
+		opts.Saver = trees
+	}
 	res, err := delta.Scan(ctx, upper, opts)
 	if err == nil && u.mountFD >= 0 {
 		// A renamed directory was listed through the mount, where inode
 		// numbers are the mount's: walk again (from the cache: nothing is
 		// read twice) matching hardlinks by those numbers everywhere, so a
 		// file linked across the renamed directory's edge stays linked.
+		// The first walk's trees are dropped unsaved.
 		first := res
-		opts.LinkID, opts.Prev = u.linkID, first.Cache
+		opts.LinkID, opts.Prev, opts.Saver = u.linkID, first.Cache, saver
+		trees = nil
 		if res, err = delta.Scan(ctx, upper, opts); err == nil {
 			res.Stats.FilesRead += first.Stats.FilesRead
 			res.Stats.BytesRead += first.Stats.BytesRead
 			res.Stats.Chunks += first.Stats.Chunks
 		}
+	}
+	if err == nil && trees != nil {
+		err = trees.flush(ctx)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", r.dir, err)
@@ -212,4 +223,33 @@ func syncFS(dir string) error {
 	}
 	defer f.Close()
 	return unix.Syncfs(int(f.Fd()))
+}
+
+// treeBuffer passes data blobs on and holds tree blobs until flush, so a
+// walk whose trees turn out not to be the result stores none of them.
+// Trees are small (tens of bytes per entry) and a scan writes each once.
+type treeBuffer struct {
+	next  delta.BlobSaver
+	ids   []delta.ID
+	trees [][]byte
+}
+
+func (b *treeBuffer) SaveBlob(ctx context.Context, t delta.BlobType, id delta.ID, data []byte) (bool, error) {
+	if t != delta.BlobTree {
+		return b.next.SaveBlob(ctx, t, id, data)
+	}
+	b.ids = append(b.ids, id)
+	b.trees = append(b.trees, bytes.Clone(data))
+	return true, nil
+}
+
+// flush saves the held trees in the order the walk made them (children
+// before parents, as the write order wants).
+func (b *treeBuffer) flush(ctx context.Context) error {
+	for i, id := range b.ids {
+		if _, err := b.next.SaveBlob(ctx, delta.BlobTree, id, b.trees[i]); err != nil {
+			return fmt.Errorf("save tree %s: %w", id.Short(), err)
+		}
+	}
+	return nil
 }
