@@ -28,26 +28,37 @@ type linkGroup struct {
 	Names  []string `json:"names"`
 }
 
+// lowerLinksState is the lowerLinksFile: the groups of one lower copy,
+// named by the file handle of its root (a re-imported base has another).
+type lowerLinksState struct {
+	Lower  string      `json:"lower"`
+	Groups []linkGroup `json:"groups"`
+}
+
 // lowerLinks returns every group of names that share one regular-file
-// inode in the lower directory, computed once per sandbox.
+// inode in the lower directory, computed once per sandbox and lower copy.
 func (r *Root) lowerLinks() ([]linkGroup, error) {
-	p := filepath.Join(r.dir, lowerLinksFile)
-	if data, err := os.ReadFile(p); err == nil {
-		var groups []linkGroup
-		if json.Unmarshal(data, &groups) == nil {
-			return groups, nil
-		}
-	}
 	fd, err := fsat.OpenDir(r.lower)
 	if err != nil {
 		return nil, err
 	}
 	defer unix.Close(fd)
+	id, err := lowerHandle(fd, "")
+	if err != nil {
+		return nil, err
+	}
+	p := filepath.Join(r.dir, lowerLinksFile)
+	if data, err := os.ReadFile(p); err == nil {
+		var st lowerLinksState
+		if json.Unmarshal(data, &st) == nil && st.Lower == id {
+			return st.Groups, nil
+		}
+	}
 	byIno := map[uint64][]string{}
 	if err := walkLinks(fd, "", byIno); err != nil {
 		return nil, fmt.Errorf("lower dir %s: %w", r.lower, err)
 	}
-	groups := []linkGroup{}
+	st := lowerLinksState{Lower: id, Groups: []linkGroup{}}
 	for _, names := range byIno {
 		if len(names) < 2 {
 			continue // its other names are outside the lower
@@ -57,14 +68,14 @@ func (r *Root) lowerLinks() ([]linkGroup, error) {
 		if err != nil {
 			return nil, err
 		}
-		groups = append(groups, linkGroup{Handle: h, Names: names})
+		st.Groups = append(st.Groups, linkGroup{Handle: h, Names: names})
 	}
-	slices.SortFunc(groups, func(a, b linkGroup) int { return strings.Compare(a.Names[0], b.Names[0]) })
-	data, _ := json.Marshal(groups)
+	slices.SortFunc(st.Groups, func(a, b linkGroup) int { return strings.Compare(a.Names[0], b.Names[0]) })
+	data, _ := json.Marshal(st)
 	if err := writeCacheFile(p, func(w *bufio.Writer) error { _, err := w.Write(data); return err }); err != nil {
 		return nil, err
 	}
-	return groups, nil
+	return st.Groups, nil
 }
 
 func walkLinks(dirFD int, rel string, byIno map[uint64][]string) error {
@@ -195,12 +206,18 @@ func indexedFiles(dir string, want map[string]bool) (map[string]bool, error) {
 // lowerHandle returns the file handle of rel in the lower in the form
 // indexedFiles keys it.
 func lowerHandle(lowerFD int, rel string) (string, error) {
-	pfd, base, err := fsat.OpenParent(lowerFD, rel)
-	if err != nil {
-		return "", err
+	var h unix.FileHandle
+	var err error
+	if rel == "" {
+		h, _, err = unix.NameToHandleAt(lowerFD, "", unix.AT_EMPTY_PATH)
+	} else {
+		pfd, base, oerr := fsat.OpenParent(lowerFD, rel)
+		if oerr != nil {
+			return "", oerr
+		}
+		defer unix.Close(pfd)
+		h, _, err = unix.NameToHandleAt(pfd, base, 0)
 	}
-	defer unix.Close(pfd)
-	h, _, err := unix.NameToHandleAt(pfd, base, 0)
 	if err != nil {
 		return "", fmt.Errorf("file handle of lower %s: %w", rel, err)
 	}

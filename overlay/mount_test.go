@@ -113,14 +113,22 @@ func TestMountOnAnotherBaseCopyIsRefused(t *testing.T) {
 		roottest.Write(t, filepath.Join(lower, "f"), "base\n")
 	})
 	roottest.Write(t, filepath.Join(r.Path(), "f"), "changed\n")
+	store := roottest.NewMemStore()
+	head, err := r.Scan(context.Background(), store)
+	must(t, err)
 	must(t, r.Unmount(context.Background()))
 	must(t, os.Rename(lower, lower+".old"))
 	if out, err := exec.Command("cp", "-a", lower+".old", lower).CombinedOutput(); err != nil {
 		t.Fatalf("cp: %v: %s", err, out)
 	}
-	err := Open(dir, lower).Mount(context.Background())
+	err = Open(dir, lower).Mount(context.Background())
 	if !errors.Is(err, errdefs.ErrPrecondition) || !strings.Contains(err.Error(), "another copy of base") {
 		t.Fatalf("mount on a copied base: %v, want a precondition error naming the cause", err)
+	}
+	// The remedy the error names: restoring the head builds a new layer.
+	must(t, Open(dir, lower).Restore(context.Background(), head.Root, store))
+	if data, err := os.ReadFile(filepath.Join(r.Path(), "f")); err != nil || string(data) != "changed\n" {
+		t.Fatalf("after restoring the head: %q, %v", data, err)
 	}
 }
 
