@@ -53,10 +53,10 @@ func ApplyLayer(ctx context.Context, tree ID, dst string, opts ApplyOptions) (Ap
 
 // apply is the one directory applier behind every restore.
 //
-// Safety (docs/FORMAT.md, "Safe apply"): dst may hold anything, symlinks
-// included, and none is ever followed: every directory is opened from its
-// parent's descriptor with openat2 RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS,
-// every name is created (O_EXCL, mkdirat, mknodat, symlinkat) or removed
+// Safety (docs/FORMAT.md, "Safe apply and safe scan"): dst may hold
+// anything, symlinks included, and none is ever followed: every directory
+// is opened from its parent's descriptor with openat2
+// RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS, every name is created (O_EXCL, mkdirat, mknodat, symlinkat) or removed
 // relative to that descriptor, and hardlinks may only point at files this
 // call created. No host path is built from a tree's names, so paths of any
 // length work. Chunks are verified by the loader as they are read. The
