@@ -6,8 +6,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/moby/sys/mountinfo"
 	"github.com/turnsnap/turnsnap/delta"
@@ -176,4 +178,63 @@ func TestIndexedBaseHardlinksAreRecorded(t *testing.T) {
 	must(t, os.Remove(filepath.Join(r2.Path(), "a/one")))
 	r = r2
 	check("after a write and a delete in one turn")
+}
+
+// holdCopy starts a process in a new mount namespace made while r is
+// mounted, so the namespace keeps a copy of r's overlay; it returns once
+// the copy exists.
+func holdCopy(t *testing.T, r *Root) *exec.Cmd {
+	t.Helper()
+	if _, err := exec.LookPath("unshare"); err != nil {
+		testenv.Missing(t, "unshare", "the test holds a mount in another namespace")
+	}
+	cmd := exec.Command("unshare", "--mount", "--propagation", "private", "sleep", "60")
+	must(t, cmd.Start())
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	g, err := r.gen()
+	must(t, err)
+	want := "upperdir=" + filepath.Join(g, "upper") + ","
+	self, _ := os.Readlink("/proc/self/ns/mnt")
+	for i := 0; ; i++ {
+		ns, _ := os.Readlink(filepath.Join("/proc", strconv.Itoa(cmd.Process.Pid), "ns/mnt"))
+		data, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(cmd.Process.Pid), "mountinfo"))
+		if ns != self && strings.Contains(string(data), want) {
+			return cmd
+		}
+		if i == 1000 {
+			t.Fatal("the holder never got its own namespace with the root in it")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestMountWhileAnotherNamespaceHoldsTheUpper: index=on refuses to mount an
+// upper that a copy of the previous mount in another namespace still uses.
+// The refusal names the holder; once the holder is gone, the retry mounts.
+func TestMountWhileAnotherNamespaceHoldsTheUpper(t *testing.T) {
+	r, dir, lower := newRoot(t, func(lower string) {
+		roottest.Write(t, filepath.Join(lower, "f"), "base\n")
+	})
+	holder := holdCopy(t, r)
+	must(t, r.Unmount(context.Background()))
+	err := Open(dir, lower).Mount(context.Background())
+	if !errors.Is(err, errdefs.ErrPrecondition) || !strings.Contains(err.Error(), "pid "+strconv.Itoa(holder.Process.Pid)) {
+		t.Fatalf("mount while another namespace holds the upper: %v, want a precondition error naming pid %d", err, holder.Process.Pid)
+	}
+	// The holder goes away while Mount retries: the retry succeeds.
+	r2 := Open(dir, lower)
+	busy := 0
+	r2.onBusy = func() {
+		if busy++; busy == 1 {
+			holder.Process.Kill()
+			holder.Wait()
+		}
+	}
+	must(t, r2.Mount(context.Background()))
+	if busy == 0 {
+		t.Fatal("the mount was never refused: the test did not hold the upper")
+	}
+	if data, err := os.ReadFile(filepath.Join(r2.Path(), "f")); err != nil || string(data) != "base\n" {
+		t.Fatalf("after the retried mount: %q, %v", data, err)
+	}
 }

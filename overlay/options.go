@@ -19,7 +19,12 @@ import (
 //   - index=on: a copied-up base hardlink stays one inode under every name
 //     (the index in the workdir ties the upper inode to its lower origin),
 //     and it is a prerequisite of nfs_export. The scan links up the other
-//     names before it reads the upper, so the layer records the link.
+//     names before it reads the upper, so the layer records the link. Its
+//     cost: overlay refuses (EBUSY) to mount an upper that a copy of the
+//     previous mount still uses, which a process that made a mount
+//     namespace while the root was mounted keeps until it exits; Mount
+//     retries briefly and then names the holder (docker's overlay2 mounts
+//     index=off for this reason; we need the index for nfs_export).
 //   - nfs_export=on: file handles of the mount decode, which fanotify's
 //     FID-reporting marks need to watch the sandbox for changes.
 //   - metacopy=off: a metadata change copies the data up too; with

@@ -28,6 +28,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/moby/sys/mountinfo"
 	"github.com/turnsnap/turnsnap/delta"
@@ -43,6 +44,8 @@ const Name = "overlay"
 type Root struct {
 	dir   string
 	lower string
+	// onBusy, for tests, runs each time a mount is refused with EBUSY.
+	onBusy func()
 }
 
 // Open returns the overlay root kept in dir on top of the read-only lower
@@ -122,7 +125,11 @@ func (r *Root) Mount(ctx context.Context) error {
 	if _, err := os.Stat(r.lower); err != nil {
 		return fmt.Errorf("sandbox %s: lower dir: %w", r.dir, err)
 	}
-	if err := unix.Mount("overlay", r.Path(), "overlay", 0, opts); err != nil {
+	if err := r.mount(ctx, opts); err != nil {
+		if errors.Is(err, unix.EBUSY) {
+			return fmt.Errorf("sandbox %s: mount overlay: its upper layer is still mounted in another mount namespace (%s): a process that made its namespace while the root was mounted keeps a copy, and index=on refuses to share an upper; stop it and retry: %w",
+				r.dir, inUseBy(filepath.Join(g, "upper")), errdefs.ErrPrecondition)
+		}
 		if errors.Is(err, unix.ESTALE) {
 			// uuid=on,index=on: the upper remembers the lower it was made
 			// on, and this lower is another copy of the base (re-imported,
@@ -137,6 +144,61 @@ func (r *Root) Mount(ctx context.Context) error {
 		return fmt.Errorf("sandbox %s: %w", r.dir, err)
 	}
 	return nil
+}
+
+// mountBusyWait is how long a mount refused with EBUSY is retried: a
+// container runtime that copied the mount table while the root was mounted
+// (runc before its pivot_root) lets go of its copy within milliseconds; a
+// long-lived namespace does not, and waiting longer would not help.
+const mountBusyWait = 3 * time.Second
+
+// mount mounts the overlay, retrying while its upper is held by a
+// transient copy of the previous mount in another namespace.
+func (r *Root) mount(ctx context.Context, opts string) error {
+	deadline := time.Now().Add(mountBusyWait)
+	for {
+		err := unix.Mount("overlay", r.Path(), "overlay", 0, opts)
+		if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
+			return err
+		}
+		if r.onBusy != nil {
+			r.onBusy()
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// inUseBy names processes whose mount namespace still holds an overlay on
+// upper, for the error that says why a mount was refused.
+func inUseBy(upper string) string {
+	pids, _ := filepath.Glob("/proc/[0-9]*/mountinfo")
+	seen := map[string]bool{}
+	var out []string
+	for _, p := range pids {
+		dir := filepath.Dir(p)
+		ns, err := os.Readlink(filepath.Join(dir, "ns", "mnt"))
+		if err != nil || seen[ns] {
+			continue
+		}
+		data, err := os.ReadFile(p)
+		if err != nil || !strings.Contains(string(data), "upperdir="+upper+",") {
+			continue
+		}
+		seen[ns] = true
+		comm, _ := os.ReadFile(filepath.Join(dir, "comm"))
+		out = append(out, fmt.Sprintf("pid %s (%s)", filepath.Base(dir), strings.TrimSpace(string(comm))))
+		if len(out) == 3 {
+			break
+		}
+	}
+	if len(out) == 0 {
+		return "no process found holding it"
+	}
+	return "held by " + strings.Join(out, ", ")
 }
 
 // Unmount unmounts the root if it is mounted. A busy root is an error: the
