@@ -319,10 +319,12 @@ func (s *scanner) entry(ctx context.Context, dirFD int, rel, name string, fl dir
 }
 
 // raced maps the errors of an entry that is no longer what its stat said
-// (now a symlink, now a directory, gone) to errRaced.
+// (now a symlink, now a directory, gone) to errRaced. EXDEV is openat2's
+// RESOLVE_BENEATH answer when a rename races the lookup.
 func (s *scanner) raced(rel string, err error) error {
 	if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ENOENT) ||
-		errors.Is(err, unix.EINVAL) || errors.Is(err, unix.EISDIR) || errors.Is(err, unix.ENXIO) {
+		errors.Is(err, unix.EINVAL) || errors.Is(err, unix.EISDIR) || errors.Is(err, unix.ENXIO) ||
+		errors.Is(err, unix.EXDEV) {
 		return errRaced
 	}
 	return fmt.Errorf("scan %s: %w", s.where(rel), err)
