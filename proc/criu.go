@@ -92,25 +92,25 @@ network-lock nftables
 
 // probeCRIU asks CRIU for its version and features through go-criu and runs
 // `criu check`, quoting CRIU on failure.
-func (r *Runtime) probeCRIU(ctx context.Context) error {
+func (r *Runtime) probeCRIU(ctx context.Context) (Version, Features, error) {
 	c := criu.MakeCriu()
 	c.SetCriuPath(r.cfg.CRIU)
 	v, err := c.GetCriuVersion()
 	if err != nil {
-		return fmt.Errorf("proc: CRIU %s: version: %v: %w", r.cfg.CRIU, err, errdefs.ErrUnavailable)
+		return 0, Features{}, fmt.Errorf("proc: CRIU %s: version: %v: %w", r.cfg.CRIU, err, errdefs.ErrUnavailable)
 	}
-	r.criuVer = Version(v)
-	if r.features, err = featureCheck(ctx, r.cfg.CRIU); err != nil {
-		return fmt.Errorf("proc: CRIU %s: feature check: %v: %w", r.cfg.CRIU, err, errdefs.ErrUnavailable)
+	feat, err := featureCheck(ctx, r.cfg.CRIU)
+	if err != nil {
+		return 0, Features{}, fmt.Errorf("proc: CRIU %s: feature check: %v: %w", r.cfg.CRIU, err, errdefs.ErrUnavailable)
 	}
 
 	cmd := exec.CommandContext(ctx, r.cfg.CRIU, "check")
 	cmd.Env = r.criuEnv()
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		return fmt.Errorf("proc: `%s check` failed: %s: %w", r.cfg.CRIU, quoteLines(criuErrorLines(string(out))), errdefs.ErrUnavailable)
+		return 0, Features{}, fmt.Errorf("proc: `%s check` failed: %s: %w", r.cfg.CRIU, quoteLines(criuErrorLines(string(out))), errdefs.ErrUnavailable)
 	}
-	return nil
+	return Version(v), feat, nil
 }
 
 // featureCheck sends CRIU's FEATURE_CHECK request with go-criu's RPC types
