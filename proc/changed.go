@@ -55,15 +55,15 @@ func Changed(prev, cur ProcSet) (bool, string) {
 			}
 		}
 	}
-	for _, why := range refChanges(prev.Keeper, cur.Keeper) {
-		reasons = append(reasons, "the container's init "+why)
-	}
-	reasons = append(reasons, tmpfsChanges(prev.Tmpfs, cur.Tmpfs)...)
 	for _, p := range prev.Procs {
 		if !seen[p.PID] {
 			reasons = append(reasons, fmt.Sprintf("process %s exited", p))
 		}
 	}
+	for _, why := range refChanges(prev.Keeper, cur.Keeper) {
+		reasons = append(reasons, "the container's init "+why)
+	}
+	reasons = append(reasons, tmpfsChanges(prev.Tmpfs, cur.Tmpfs)...)
 	if len(reasons) == 0 {
 		return false, ""
 	}

@@ -242,12 +242,24 @@ func mapRefs(pid, rootFD, room int) []Ref {
 		seen[path] = true
 		r := Ref{Kind: "map", Path: path, AtPath: statInRoot(rootFD, path)}
 		var st unix.Stat_t
-		if unix.Stat(fmt.Sprintf("/proc/%d/map_files/%s", pid, f[0]), &st) == nil {
+		if unix.Stat(fmt.Sprintf("/proc/%d/map_files/%s", pid, mapFilesName(f[0])), &st) == nil {
 			r.Held = fileID(&st)
 		}
 		refs = append(refs, r)
 	}
 	return refs
+}
+
+// mapFilesName turns a maps range ("00400000-00600000") into its
+// map_files entry name, which has no leading zeros ("400000-600000").
+func mapFilesName(rng string) string {
+	a, b, _ := strings.Cut(rng, "-")
+	x, err1 := strconv.ParseUint(a, 16, 64)
+	y, err2 := strconv.ParseUint(b, 16, 64)
+	if err1 != nil || err2 != nil {
+		return rng
+	}
+	return fmt.Sprintf("%x-%x", x, y)
 }
 
 // refChanges describes how the references of one process differ between

@@ -86,7 +86,11 @@ func tmpfsMounts(mountinfo []byte) []string {
 		if !ok || len(f) < 5 || len(g) < 1 || g[0] != "tmpfs" {
 			continue
 		}
-		out = append(out, unescapeMount(f[4]))
+		// runc masks /proc and /sys paths with read-only tmpfs mounts and
+		// binds of /dev/null (which mountinfo shows as tmpfs): not state.
+		if mp := unescapeMount(f[4]); !pseudoFS(mp) {
+			out = append(out, mp)
+		}
 	}
 	slices.Sort(out)
 	return slices.Compact(out)
