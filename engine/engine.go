@@ -30,6 +30,10 @@ type Options struct {
 	// Progress, if set, is called from time to time during long operations
 	// with the work done so far.
 	Progress func(Progress)
+	// AtPhase, if set, is called as a checkpoint reaches each phase
+	// (PhaseFreeze ... PhaseCommit): tests stop turnsnap there to kill it
+	// at a known point.
+	AtPhase func(phase string)
 }
 
 // DefaultLockWait lets short commands queue behind each other (a checkpoint
@@ -55,6 +59,7 @@ type Engine struct {
 	backends map[string]Backend
 	rt       *proc.Runtime // process runtime, made on first use
 	procCRIU string        // CRIU binary; "" means proc's default
+	atPhase  func(string)  // Options.AtPhase
 }
 
 // Open locks and opens the home, creating it on first use.
@@ -71,7 +76,7 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &Engine{home: h, lock: lock, log: log}
+	e := &Engine{home: h, lock: lock, log: log, atPhase: opts.AtPhase}
 	ok := false
 	defer func() {
 		if !ok {

@@ -27,8 +27,10 @@ type RestoreResult struct {
 //
 // A checkpoint with processes gets them back too, in a fresh container on
 // the restored root (files first, then processes), unless FSOnly. A host
-// that cannot restore them (CPU flags, kernel, CRIU) is refused before the
-// sandbox is touched.
+// that cannot restore them (CPU flags, kernel, CRIU), an unreadable process
+// image and a device node the files may not hold are all refused before
+// the sandbox is touched: its running processes are stopped only once
+// everything that can be checked beforehand has been.
 func (e *Engine) Rollback(ctx context.Context, name, ref string, opts ...RollbackOptions) (*RestoreResult, error) {
 	start := time.Now()
 	var o RollbackOptions
@@ -52,6 +54,19 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, opts ...Rollbac
 		return nil, fmt.Errorf("sandbox %s: checkpoint %s was taken on another base (%s, sandbox has %s); use `turnsnap branch` instead: %w",
 			name, cp.ID.Short(), cp.BaseTree.Short(), st.head.BaseTree.Short(), errdefs.ErrPrecondition)
 	}
+	// Everything that can fail is checked before the running processes are
+	// stopped: the host, the base, the files' device nodes, and the process
+	// image, read and verified into a work directory.
+	if err := checkDevices(ctx, e.repo, cp.FSTree); err != nil {
+		return nil, fmt.Errorf("checkpoint %s: %w", cp.ID.Short(), err)
+	}
+	img, done := "", func() {}
+	if cp.ProcTree != nil && !o.FSOnly {
+		if img, done, err = e.processImage(ctx, cp); err != nil {
+			return nil, err
+		}
+	}
+	defer done()
 	if err := e.stopProcesses(ctx, name); err != nil {
 		return nil, err
 	}
@@ -72,7 +87,7 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, opts ...Rollbac
 	}
 	res := &RestoreResult{Sandbox: name, Checkpoint: cp, Root: st.root.Path()}
 	if cp.ProcTree != nil && !o.FSOnly {
-		if err := e.restoreProcesses(ctx, name, st.root.Path(), cp); err != nil {
+		if err := e.restoreProcesses(ctx, name, st.root.Path(), img, cp); err != nil {
 			return nil, fmt.Errorf("files restored, processes not: %w", err)
 		}
 		res.Processes = true
@@ -137,6 +152,16 @@ func (e *Engine) Branch(ctx context.Context, ref, newName string, opts ...Branch
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", newName, err)
 	}
+	if err := checkDevices(ctx, e.repo, cp.FSTree); err != nil {
+		return nil, fmt.Errorf("checkpoint %s: %w", cp.ID.Short(), err)
+	}
+	img, done := "", func() {}
+	if cp.ProcTree != nil && !o.FSOnly {
+		if img, done, err = e.processImage(ctx, cp); err != nil {
+			return nil, err
+		}
+	}
+	defer done()
 	lower, err := be.PrepareBase(ctx, cp.BaseTree, e.repo)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", newName, err)
@@ -157,7 +182,7 @@ func (e *Engine) Branch(ctx context.Context, ref, newName string, opts ...Branch
 	}
 	res := &RestoreResult{Sandbox: newName, Checkpoint: cp, Root: root.Path()}
 	if cp.ProcTree != nil && !o.FSOnly {
-		if err := e.restoreProcesses(ctx, newName, root.Path(), cp); err != nil {
+		if err := e.restoreProcesses(ctx, newName, root.Path(), img, cp); err != nil {
 			return nil, fmt.Errorf("sandbox %s created with the files of %s, processes not: %w", newName, cp.ID.Short(), err)
 		}
 		res.Processes = true

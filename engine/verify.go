@@ -88,6 +88,10 @@ func (e *Engine) Verify(ctx context.Context, ref string) (*VerifyReport, error) 
 			return rep, fmt.Errorf("checkpoint %s: %w", cp.ID.Short(), err)
 		}
 	}
+	// The files must also be restorable: the device-node rule restore applies.
+	if err := checkDevices(ctx, e.repo, cp.FSTree); err != nil {
+		return rep, fmt.Errorf("checkpoint %s: files not restorable: %w", cp.ID.Short(), err)
+	}
 	slices.Sort(rep.Objects)
 	return rep, nil
 }
