@@ -81,6 +81,13 @@ type Features struct {
 //     dump. Its default method runs iptables-restore, which Debian 12 does
 //     not install by default; nftables goes through libnftables inside CRIU
 //     (shipped in the private prefix), so no host tool is needed.
+//   - ghost-limit 512M: a process may hold a file that no longer has a name
+//     (an executable or library replaced by `go build -o`, `cp` + rename,
+//     `pip install --upgrade`, a log deleted while open). CRIU keeps such a
+//     file's contents in the image as a "ghost file", by default only up to
+//     1 MiB ("Can't dump ghost file ... increase limit"): far below a
+//     rebuilt dev server. 512 MiB admits any such binary; the image grows
+//     by what the process really holds.
 //
 // It is not passed as runc's org.criu.config annotation: CRIU 4.1.1 crashes
 // (SIGSEGV) parsing network-lock in an RPC configuration file (fixed
@@ -88,6 +95,7 @@ type Features struct {
 // CRIU_CONFIG_FILE is parsed at CRIU's start like a command line by both.
 const criuConf = `# Written by turnsnap (package proc); see docs/PROCESSES.md.
 network-lock nftables
+ghost-limit 512M
 `
 
 // probeCRIU asks CRIU for its version and features through go-criu and runs

@@ -187,6 +187,17 @@ func fdRefs(pid, rootFD int) []Ref {
 				continue
 			}
 			r.FD = n
+			if k := r.Held.Mode & unix.S_IFMT; k == unix.S_IFIFO || k == unix.S_IFSOCK {
+				// A named pipe: its bytes live in the pipe, not the file.
+				if pidfd < 0 {
+					if pidfd, err = unix.PidfdOpen(pid, 0); err != nil {
+						pidfd = -1
+					}
+				}
+				if pidfd >= 0 {
+					r.Queued = queued(pidfd, n)
+				}
+			}
 			refs = append(refs, r)
 		case strings.HasPrefix(target, "pipe:"), strings.HasPrefix(target, "socket:"):
 			if pidfd < 0 {

@@ -1,0 +1,278 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/turnsnap/turnsnap/catalog"
+	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/internal/errdefs"
+	"github.com/turnsnap/turnsnap/proc"
+)
+
+// Tests of the process state a checkpoint must capture (issue 8): homes
+// isolated from each other, files processes reference, tmpfs contents,
+// bytes queued in pipes, device nodes. They need root, runc, CRIU and
+// busybox (requireProcs).
+
+// procCheckpoint checkpoints and fails unless the turn is classed want.
+func procCheckpoint(t *testing.T, e *Engine, name string, want ...catalog.Class) *CheckpointResult {
+	t.Helper()
+	r, err := e.Checkpoint(context.Background(), name, CheckpointOptions{})
+	must(t, err)
+	for _, w := range want {
+		if r.Class == w {
+			return r
+		}
+	}
+	t.Fatalf("sandbox %s: turn classed %s (%q), want %v", name, r.Class, r.ProcessChange, want)
+	return nil
+}
+
+func detach(t *testing.T, e *Engine, name, script string) {
+	t.Helper()
+	_, err := e.Exec(context.Background(), name, []string{"sh", "-c", script}, ExecOptions{Detach: true})
+	must(t, err)
+}
+
+// pidsOf lists the container pids of the sandbox's long-lived processes.
+func pidsOf(t *testing.T, e *Engine, name string) []int {
+	t.Helper()
+	rt, err := e.runtime(context.Background())
+	must(t, err)
+	set, err := rt.Snapshot(context.Background(), e.home.containerID(name))
+	must(t, err)
+	var pids []int
+	for _, p := range set.Procs {
+		pids = append(pids, p.PID)
+	}
+	return pids
+}
+
+func TestHomesWithTheSameSandboxNameShareNothing(t *testing.T) {
+	requireProcs(t)
+	ctx := context.Background()
+	base := busyboxBase(t)
+	homes := []*Engine{newEngine(t), newEngine(t)}
+	for _, e := range homes {
+		_, err := e.CreateSandbox(ctx, "agent", CreateOptions{Base: base})
+		must(t, err)
+		detach(t, e, "agent", "while true; do sleep 3600; done")
+	}
+	// Both homes checkpoint their "agent" at the same time, twice.
+	for round := range 2 {
+		var wg sync.WaitGroup
+		errs := make([]error, len(homes))
+		for i, e := range homes {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				sh(t, e, "agent", fmt.Sprintf("echo %d > /tmp/round; sleep 0", round))
+				detach(t, e, "agent", "sleep 1000")
+				r, err := e.Checkpoint(ctx, "agent", CheckpointOptions{})
+				if err == nil && r.Class != catalog.ClassFull {
+					err = fmt.Errorf("home %d round %d: classed %s", i, round, r.Class)
+				}
+				errs[i] = err
+			}()
+		}
+		wg.Wait()
+		must(t, errors.Join(errs...))
+	}
+	// Every controller's cgroup carries the home's identity, and a pause of
+	// one home's container leaves the other's running.
+	var paths [2]string
+	for i, e := range homes {
+		rt, err := e.runtime(ctx)
+		must(t, err)
+		st, err := rt.State(ctx, e.home.containerID("agent"))
+		must(t, err)
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", st.InitPID))
+		must(t, err)
+		for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+			if !strings.Contains(line, e.home.scope()) {
+				t.Fatalf("home %d: cgroup line %q lacks the home's scope %s", i, line, e.home.scope())
+			}
+		}
+		paths[i] = string(b)
+	}
+	if paths[0] == paths[1] {
+		t.Fatal("two homes' containers share cgroups")
+	}
+	rt0, _ := homes[0].runtime(ctx)
+	rt1, _ := homes[1].runtime(ctx)
+	must(t, rt0.Pause(ctx, homes[0].home.containerID("agent")))
+	st, err := rt1.Status(homes[1].home.containerID("agent"))
+	must(t, err)
+	must(t, rt0.Resume(ctx, homes[0].home.containerID("agent")))
+	if st != proc.Running {
+		t.Fatalf("pausing home 0's agent left home 1's %s", st)
+	}
+}
+
+// A turn that changes a file a long-lived process holds open, or the binary
+// it runs, dumps the processes again: the image carried forward would not
+// fit the files. Rollback to that checkpoint restores files and processes.
+func TestChangedReferencedFilesDumpProcesses(t *testing.T) {
+	requireProcs(t)
+	ctx := context.Background()
+	e := newEngine(t)
+	base := busyboxBase(t)
+	steps := []struct{ what, script, path, want string }{
+		{"open file appended", "echo more >> /data/log", "/data/log", "short\nmore"},
+		{"open file replaced", "rm /data/log; echo 'longer new content' > /data/log", "/data/log", "longer new content"},
+		{"binary replaced by rename (cp + mv)", "cp /bin/busybox /opt/bb.new && mv /opt/bb.new /opt/busybox", "/opt/busybox", "short"},
+		{"binary rebuilt (rm + write, as go build -o)", "rm /opt/busybox && cp /bin/busybox /opt/busybox", "/opt/busybox", "short"},
+	}
+	for i, s := range steps {
+		name := fmt.Sprintf("s%d", i)
+		cr, err := e.CreateSandbox(ctx, name, CreateOptions{Base: base})
+		must(t, err)
+		sh(t, e, name, "mkdir -p /data /opt && echo short > /data/log && cp /bin/busybox /opt/busybox")
+		detach(t, e, name, "exec 3</data/log; while true; do sleep 3600; done")
+		detach(t, e, name, "exec /opt/busybox sh -c 'while true; do /opt/busybox sleep 3600; done'")
+		procCheckpoint(t, e, name, catalog.ClassFull, catalog.ClassProcess)
+		procCheckpoint(t, e, name, catalog.ClassSkip)
+		pids := pidsOf(t, e, name)
+		// Made from the host, as an agent's editor would: no process of the
+		// container runs, so only the references can tell.
+		must(t, os.WriteFile(filepath.Join(cr.Root, "step.sh"), []byte(s.script+"\n"), 0o755))
+		must(t, exec.Command("chroot", cr.Root, "/bin/sh", "/step.sh").Run())
+		must(t, os.Remove(filepath.Join(cr.Root, "step.sh")))
+		r := procCheckpoint(t, e, name, catalog.ClassFull)
+		if !strings.Contains(r.ProcessChange, s.path) {
+			t.Fatalf("%s: the process change %q does not name %s", s.what, r.ProcessChange, s.path)
+		}
+		procCheckpoint(t, e, name, catalog.ClassSkip)
+		sh(t, e, name, "echo later > /data/later")
+		procCheckpoint(t, e, name, catalog.ClassFS)
+		res, err := e.Rollback(ctx, name, r.ID.String())
+		if err != nil {
+			t.Fatalf("%s: rollback to %s: %v", s.what, r.ID.Short(), err)
+		}
+		if !res.Processes {
+			t.Fatalf("%s: rollback did not restore processes", s.what)
+		}
+		if got := pidsOf(t, e, name); fmt.Sprint(got) != fmt.Sprint(pids) {
+			t.Fatalf("%s: after rollback processes %v, want %v", s.what, got, pids)
+		}
+		if got := sh(t, e, name, "cat /data/log; ls /data"); got != s.want+"\nlog" {
+			t.Fatalf("%s: files after the rollback: %q", s.what, got)
+		}
+	}
+}
+
+// /dev/shm written by a command that exited is state: the turn is a process
+// change even with no long-lived process, and a branch has the file.
+// Bytes an exited command left in a pipe a process holds are state too.
+func TestTmpfsAndQueuedBytesAreProcessState(t *testing.T) {
+	requireProcs(t)
+	ctx := context.Background()
+	e := newEngine(t)
+	_, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: busyboxBase(t)})
+	must(t, err)
+	sh(t, e, "s", "echo in-shm > /dev/shm/note")
+	r := procCheckpoint(t, e, "s", catalog.ClassProcess)
+	if !strings.Contains(r.ProcessChange, "tmpfs") {
+		t.Fatalf("shm turn: reason %q", r.ProcessChange)
+	}
+	procCheckpoint(t, e, "s", catalog.ClassSkip)
+	b, err := e.Branch(ctx, r.ID.String(), "shm-branch")
+	must(t, err)
+	if !b.Processes {
+		t.Fatal("branch of a checkpoint with /dev/shm contents restored no container")
+	}
+	if got := sh(t, e, "shm-branch", "cat /dev/shm/note"); got != "in-shm" {
+		t.Fatalf("branch's /dev/shm/note: %q", got)
+	}
+
+	sh(t, e, "s", "mkfifo /tmp/pipe")
+	detach(t, e, "s", "exec 3<>/tmp/pipe; while true; do sleep 3600; done")
+	procCheckpoint(t, e, "s", catalog.ClassFull, catalog.ClassProcess)
+	procCheckpoint(t, e, "s", catalog.ClassSkip)
+	sh(t, e, "s", "echo msg > /tmp/pipe")
+	q := procCheckpoint(t, e, "s", catalog.ClassFull, catalog.ClassProcess)
+	if !strings.Contains(q.ProcessChange, "bytes waiting") {
+		t.Fatalf("queued bytes turn: reason %q", q.ProcessChange)
+	}
+	sh(t, e, "s", "dd if=/tmp/pipe bs=4 count=1 2>/dev/null >/dev/null") // drain
+	procCheckpoint(t, e, "s", catalog.ClassFull, catalog.ClassProcess)
+	_, err = e.Rollback(ctx, "s", q.ID.String())
+	must(t, err)
+	if got := sh(t, e, "s", "dd if=/tmp/pipe bs=4 count=1 2>/dev/null"); got != "msg" {
+		t.Fatalf("after rollback the pipe holds %q, want the queued msg", got)
+	}
+}
+
+// One rule for device nodes, the same at checkpoint, verify and restore; and
+// a restore that cannot succeed is refused before it stops anything.
+func TestDeviceNodesAndSafeRestore(t *testing.T) {
+	requireProcs(t)
+	ctx := context.Background()
+	e := newEngine(t)
+	cr, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: busyboxBase(t)})
+	must(t, err)
+	sh(t, e, "s", "mknod /tmp/null c 1 3 && mknod /tmp/sda b 8 0")
+	_, err = e.Checkpoint(ctx, "s", CheckpointOptions{})
+	if !errors.Is(err, errdefs.ErrPrecondition) || !strings.Contains(err.Error(), "sda") {
+		t.Fatalf("checkpoint of a root holding a block device: %v", err)
+	}
+	sh(t, e, "s", "rm /tmp/sda")
+	detach(t, e, "s", "while true; do sleep 3600; done")
+	good := procCheckpoint(t, e, "s", catalog.ClassFull)
+	if _, err := e.Verify(ctx, good.ID.String()); err != nil {
+		t.Fatalf("verify of a checkpoint with /tmp/null: %v", err)
+	}
+	pids := pidsOf(t, e, "s")
+
+	// A checkpoint whose files hold a block device (made elsewhere, or by an
+	// older turnsnap): verify and rollback refuse it, and the running
+	// processes survive the refused rollback.
+	head, err := e.Resolve(ctx, good.ID.String())
+	must(t, err)
+	tree, err := delta.LoadTree(ctx, e.repo, head.FSTree)
+	must(t, err)
+	tree.Entries = append(tree.Entries, delta.Entry{Name: "zz-sda", Type: delta.TypeBlockDev, Mode: 0o600, Rdev: 8 << 8})
+	data := tree.Encode()
+	e.repo.reset()
+	_, err = e.repo.SaveBlob(ctx, delta.BlobTree, delta.Hash(data), data)
+	must(t, err)
+	must(t, e.repo.publishBlobs(ctx))
+	forged := *head
+	forged.FSTree, forged.ID, forged.Message = delta.Hash(data), [32]byte{}, "forged device"
+	must(t, e.putRecord(ctx, &forged))
+	must(t, e.cat.Update(ctx, func(tx *catalog.Tx) error { return tx.PutCheckpoint(&forged) }))
+	if _, err := e.Verify(ctx, forged.ID.String()); err == nil || !strings.Contains(err.Error(), "zz-sda") {
+		t.Fatalf("verify of a checkpoint holding a block device: %v", err)
+	}
+	missing := *head
+	bogus := delta.Hash([]byte("no such image"))
+	missing.ProcTree, missing.ID, missing.Message = &bogus, [32]byte{}, "image lost"
+	must(t, e.putRecord(ctx, &missing))
+	must(t, e.cat.Update(ctx, func(tx *catalog.Tx) error { return tx.PutCheckpoint(&missing) }))
+	write(t, filepath.Join(cr.Root, "tmp/after"), "kept")
+	for _, bad := range []*catalog.Checkpoint{&forged, &missing} {
+		if _, err := e.Rollback(ctx, "s", bad.ID.String()); err == nil {
+			t.Fatalf("rollback to %q succeeded", bad.Message)
+		}
+		if got := pidsOf(t, e, "s"); fmt.Sprint(got) != fmt.Sprint(pids) {
+			t.Fatalf("a refused rollback to %q left processes %v, want %v running", bad.Message, got, pids)
+		}
+		if b, err := os.ReadFile(filepath.Join(cr.Root, "tmp/after")); err != nil || string(b) != "kept" {
+			t.Fatalf("a refused rollback to %q changed the files: %q %v", bad.Message, b, err)
+		}
+	}
+	// The pseudo device comes back with the good checkpoint.
+	_, err = e.Rollback(ctx, "s", good.ID.String())
+	must(t, err)
+	if got := sh(t, e, "s", "stat -c %t:%T:%F /tmp/null"); got != "1:3:character special file" {
+		t.Fatalf("/tmp/null after rollback: %q", got)
+	}
+}
