@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
@@ -274,5 +275,59 @@ func TestDeviceNodesAndSafeRestore(t *testing.T) {
 	must(t, err)
 	if got := sh(t, e, "s", "stat -c %t:%T:%F /tmp/null"); got != "1:3:character special file" {
 		t.Fatalf("/tmp/null after rollback: %q", got)
+	}
+}
+
+// A library a process has mapped, replaced the way pip install --upgrade
+// replaces it (write a new file, rename it over), is a process change.
+func TestReplacedMappedLibraryDumpsProcesses(t *testing.T) {
+	requireProcs(t)
+	ctx := context.Background()
+	base := busyboxBase(t)
+	build := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(base, "bin/mapper"), "./testdata/mapper")
+	build.Dir = "../proc"
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build mapper: %v: %s", err, out)
+	}
+	must(t, os.MkdirAll(filepath.Join(base, "lib"), 0o755))
+	must(t, os.WriteFile(filepath.Join(base, "lib/libdemo.so"), []byte(strings.Repeat("v1 library\n", 1000)), 0o644))
+	e := newEngine(t)
+	cr, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: base})
+	must(t, err)
+	_, err = e.Exec(ctx, "s", []string{"/bin/mapper", "/lib/libdemo.so", "/tmp/ready"}, ExecOptions{Detach: true})
+	must(t, err)
+	waitFile(t, filepath.Join(cr.Root, "tmp/ready"))
+	procCheckpoint(t, e, "s", catalog.ClassFull, catalog.ClassProcess)
+	pids := pidsOf(t, e, "s")
+	write(t, filepath.Join(cr.Root, "lib/libdemo.so.new"), strings.Repeat("v2 library, longer\n", 1000))
+	must(t, os.Rename(filepath.Join(cr.Root, "lib/libdemo.so.new"), filepath.Join(cr.Root, "lib/libdemo.so")))
+	r := procCheckpoint(t, e, "s", catalog.ClassFull)
+	if !strings.Contains(r.ProcessChange, "mapped /lib/libdemo.so") {
+		t.Fatalf("process change %q does not name the mapped library", r.ProcessChange)
+	}
+	sh(t, e, "s", "rm /lib/libdemo.so")
+	procCheckpoint(t, e, "s", catalog.ClassFS)
+	res, err := e.Rollback(ctx, "s", r.ID.String())
+	must(t, err)
+	if !res.Processes || fmt.Sprint(pidsOf(t, e, "s")) != fmt.Sprint(pids) {
+		t.Fatalf("rollback: processes %v %v, want %v", res.Processes, pidsOf(t, e, "s"), pids)
+	}
+	if got := sh(t, e, "s", "head -1 /lib/libdemo.so"); got != "v2 library, longer" {
+		t.Fatalf("library after rollback: %q", got)
+	}
+}
+
+func waitFile(t *testing.T, p string) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		if _, err := os.Stat(p); err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never appeared", p)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -88,6 +88,15 @@ type Features struct {
 //     1 MiB ("Can't dump ghost file ... increase limit"): far below a
 //     rebuilt dev server. 512 MiB admits any such binary; the image grows
 //     by what the process really holds.
+//   - link-remap: a file of the base (the overlay's lower layer) replaced in
+//     the sandbox, e.g. a shared library `pip install --upgrade` renamed
+//     over, still has a link in the lower layer, so CRIU wants to link it
+//     back ("Can't create link remap ... Use link-remap option"). With the
+//     option on, the link fails on overlayfs and CRIU keeps the file as a
+//     ghost file instead (CRIU's files-reg.c, since 3.17). Only a file
+//     deleted while another hard link to it remains visible is linked back
+//     into the sandbox root as link_remap.N, which the next turn sees as a
+//     new file (docs/PROCESSES.md, limits).
 //
 // It is not passed as runc's org.criu.config annotation: CRIU 4.1.1 crashes
 // (SIGSEGV) parsing network-lock in an RPC configuration file (fixed
@@ -96,6 +105,7 @@ type Features struct {
 const criuConf = `# Written by turnsnap (package proc); see docs/PROCESSES.md.
 network-lock nftables
 ghost-limit 512M
+link-remap
 `
 
 // probeCRIU asks CRIU for its version and features through go-criu and runs
