@@ -120,6 +120,7 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	e.backends = map[string]Backend{
 		overlay.Name: overlayBackend{overlay.NewBackend(h.basesDir())},
 	}
+	e.cleanProcWork() // process images a killed turnsnap left (procrecover.go)
 	ok = true
 	return e, nil
 }

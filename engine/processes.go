@@ -146,6 +146,12 @@ func (e *Engine) PrepareExec(ctx context.Context, name string) (ExecFunc, error)
 		return nil, err
 	}
 	id := e.home.containerID(name)
+	if running {
+		if fs, err := rt.Freeze(id); err == nil && fs.Frozen {
+			return nil, fmt.Errorf("sandbox %s: its container is frozen by %s (a checkpoint in progress?); wait, or thaw it with `turnsnap sandbox resume %s`: %w",
+				name, freezeHolder(fs), name, errdefs.ErrPrecondition)
+		}
+	}
 	if !running {
 		rt.Delete(ctx, id) // a stopped leftover, if any
 		if err := rt.Start(ctx, id, st.root.Path(), proc.StartOptions{}); err != nil {
