@@ -98,6 +98,12 @@ func loadProbe(path string, key []string) (probeResult, bool) {
 	if err != nil || len(b) > 1<<20 {
 		return probeResult{}, false
 	}
+	return decodeProbe(b, key)
+}
+
+// decodeProbe decodes a cache file's bytes; anything but a well-formed file
+// of this format with this key is a miss.
+func decodeProbe(b []byte, key []string) (probeResult, bool) {
 	var c probeCache
 	if json.Unmarshal(b, &c) != nil || c.Format != probeCacheFormat || !equalStrings(c.Key, key) {
 		return probeResult{}, false

@@ -150,3 +150,29 @@ func TestStaleFreeze(t *testing.T) {
 		t.Fatalf("status after resume: %s", st)
 	}
 }
+
+// FuzzProcText feeds hostile text to every parser of files proc reads:
+// /proc/PID/stat, mountinfo, maps ranges, holder names, the probe cache.
+func FuzzProcText(f *testing.F) {
+	f.Add([]byte("42 (a b) S 1 42 42 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 53967 1000 200 0 0"))
+	f.Add([]byte("23 22 0:21 / /dev rw,nosuid - tmpfs tmpfs rw\n27 22 0:24 / /a\\040b rw - tmpfs t rw\n"))
+	f.Add([]byte("4242.53967"))
+	f.Add([]byte(`{"format":1,"key":["a"],"result":{"runc":"1.1.5","criu":"4.2.1"}}`))
+	f.Add([]byte("00400000-00600000"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		parseStat(b)
+		for _, m := range tmpfsMounts(b) {
+			if pseudoFS(m) {
+				t.Fatalf("masked path %q kept", m)
+			}
+		}
+		if h, ok := ParseHolder(string(b)); ok {
+			if back, ok2 := ParseHolder(h.String()); !ok2 || back != h {
+				t.Fatalf("holder %q does not round-trip", b)
+			}
+		}
+		decodeProbe(b, []string{"a"})
+		mapFilesName(string(b))
+		unescapeMount(string(b))
+	})
+}

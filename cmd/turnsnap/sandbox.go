@@ -13,7 +13,7 @@ import (
 )
 
 func (a *app) sandboxCmd() *cobra.Command {
-	c := &cobra.Command{Use: "sandbox", Short: "Create, list, locate and remove sandboxes"}
+	c := &cobra.Command{Use: "sandbox", Short: "Create, list, locate, resume and remove sandboxes"}
 	var base, backend, pool string
 	create := &cobra.Command{
 		Use:   "create NAME --base DIR [--backend btrfs --btrfs-pool PATH]",
