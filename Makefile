@@ -41,6 +41,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzDecodeTree -fuzztime 60s ./delta
 	$(GO) test -run '^$$' -fuzz FuzzParsePackHeader -fuzztime 60s ./upload
 	$(GO) test -run '^$$' -fuzz FuzzProcText -fuzztime 60s ./proc
+	$(GO) test -run '^$$' -fuzz FuzzImageFiles -fuzztime 60s ./proc
 
 clean:
 	rm -rf bin

@@ -331,3 +331,43 @@ func waitFile(t *testing.T, p string) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// A checkpoint an older turnsnap took (files changed, processes idle, the
+// parent's image carried forward although a process held a changed file) is
+// refused before the running processes are stopped; --fs-only restores it.
+func TestRollbackRefusesAnImageThatDoesNotFitItsFiles(t *testing.T) {
+	requireProcs(t)
+	ctx := context.Background()
+	e := newEngine(t)
+	_, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: busyboxBase(t)})
+	must(t, err)
+	sh(t, e, "s", "mkdir /data && echo short > /data/log")
+	detach(t, e, "s", "exec 3</data/log; while true; do sleep 3600; done")
+	a := procCheckpoint(t, e, "s", catalog.ClassFull)
+	sh(t, e, "s", "echo 'longer new content' > /data/log")
+	b := procCheckpoint(t, e, "s", catalog.ClassFull)
+	ca, err := e.Resolve(ctx, a.ID.String())
+	must(t, err)
+	cb, err := e.Resolve(ctx, b.ID.String())
+	must(t, err)
+	old := *cb
+	old.ProcTree, old.Host, old.Class, old.ID, old.Message = ca.ProcTree, ca.Host, catalog.ClassFS, [32]byte{}, "as an older turnsnap classed it"
+	must(t, e.putRecord(ctx, &old))
+	must(t, e.cat.Update(ctx, func(tx *catalog.Tx) error { return tx.PutCheckpoint(&old) }))
+	pids := pidsOf(t, e, "s")
+	_, err = e.Rollback(ctx, "s", old.ID.String())
+	if !errors.Is(err, errdefs.ErrPrecondition) || !strings.Contains(err.Error(), "/data/log") || !strings.Contains(err.Error(), "--fs-only") {
+		t.Fatalf("rollback to a checkpoint whose image does not fit: %v", err)
+	}
+	if got := pidsOf(t, e, "s"); fmt.Sprint(got) != fmt.Sprint(pids) {
+		t.Fatalf("the refused rollback left processes %v, want %v", got, pids)
+	}
+	r, err := e.Rollback(ctx, "s", old.ID.String(), RollbackOptions{FSOnly: true})
+	must(t, err)
+	if r.Processes {
+		t.Fatal("--fs-only restored processes")
+	}
+	if got := sh(t, e, "s", "cat /data/log"); got != "longer new content" {
+		t.Fatalf("files after --fs-only: %q", got)
+	}
+}

@@ -65,6 +65,10 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, opts ...Rollbac
 		if img, done, err = e.processImage(ctx, cp); err != nil {
 			return nil, err
 		}
+		if err := checkImageFiles(ctx, e.repo, cp, img); err != nil {
+			done()
+			return nil, err
+		}
 	}
 	defer done()
 	if err := e.stopProcesses(ctx, name); err != nil {
@@ -158,6 +162,10 @@ func (e *Engine) Branch(ctx context.Context, ref, newName string, opts ...Branch
 	img, done := "", func() {}
 	if cp.ProcTree != nil && !o.FSOnly {
 		if img, done, err = e.processImage(ctx, cp); err != nil {
+			return nil, err
+		}
+		if err := checkImageFiles(ctx, e.repo, cp, img); err != nil {
+			done()
 			return nil, err
 		}
 	}
