@@ -2,6 +2,9 @@
 GO      ?= go
 BIN     := bin/turnsnap
 PKGS    := ./...
+# Packages whose tests need no root, run again under the race detector in
+# `make test` (cheap: seconds each), plus the engine's concurrency test.
+RACE_PKGS := ./delta/... ./catalog/... ./engine/content/... ./engine/check/...
 # Tools that are not Debian packages (CRIU prefix, MinIO server) live here;
 # scripts/deps.sh fills it and tests find them through this variable.
 export TURNSNAP_CACHE ?= /var/cache/turnsnap
@@ -32,6 +35,8 @@ vet:
 # (-benchtime=1x) so they cannot rot; real measurements use `make bench`.
 test: deps vet
 	TURNSNAP_REQUIRE_ALL=1 $(GO) test -count=1 -timeout 30m $(PKGS)
+	$(GO) test -race -count=1 -timeout 10m $(RACE_PKGS)
+	TURNSNAP_REQUIRE_ALL=1 $(GO) test -race -count=1 -timeout 10m -run '^TestConcurrentOperations$$' ./engine
 	TURNSNAP_REQUIRE_ALL=1 TURNSNAP_BENCH_SMALL=1 $(GO) test -count=1 -run '^$$' -bench . -benchtime 1x $(PKGS)
 
 bench: deps
@@ -39,7 +44,7 @@ bench: deps
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzDecodeTree -fuzztime 60s ./delta
-	$(GO) test -run '^$$' -fuzz FuzzParsePackHeader -fuzztime 60s ./upload
+	$(GO) test -run '^$$' -fuzz FuzzParsePackHeader -fuzztime 60s ./delta
 	$(GO) test -run '^$$' -fuzz FuzzProcText -fuzztime 60s ./proc
 	$(GO) test -run '^$$' -fuzz FuzzImageFiles -fuzztime 60s ./proc
 

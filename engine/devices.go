@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/proc"
@@ -70,7 +69,7 @@ func checkDevices(ctx context.Context, loader delta.BlobLoader, root delta.ID) e
 // carried forward past a change of a file its processes use, by a turnsnap
 // that did not yet dump on such changes. Rollback and branch call it before
 // they stop anything.
-func checkImageFiles(ctx context.Context, loader delta.BlobLoader, cp *catalog.Checkpoint, img string) error {
+func checkImageFiles(ctx context.Context, loader delta.BlobLoader, cp *delta.Checkpoint, img string) error {
 	files, err := proc.ImageFiles(img)
 	if err != nil {
 		return fmt.Errorf("checkpoint %s: process image: %w", cp.ID.Short(), err)

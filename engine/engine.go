@@ -1,6 +1,6 @@
 // Package engine composes turnsnap's parts into turns: classify what changed
-// since a sandbox's last checkpoint, commit checkpoints in the order of
-// DESIGN.md (objects, then the record, then the catalog), and restore,
+// since a sandbox's last checkpoint, commit checkpoints in the write order
+// of docs/FORMAT.md (objects, then the record, then the catalog), and restore,
 // branch, diff, verify and rebuild. The CLI is a thin shell over Engine.
 package engine
 
@@ -10,14 +10,20 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/engine/content"
+	"github.com/turnsnap/turnsnap/internal/rootfs"
 	"github.com/turnsnap/turnsnap/overlay"
 	"github.com/turnsnap/turnsnap/proc"
 	"github.com/turnsnap/turnsnap/upload"
 )
+
+// Progress is a snapshot of a long operation's work so far (content.Progress).
+type Progress = content.Progress
 
 // Options configures Open.
 type Options struct {
@@ -53,13 +59,20 @@ type Engine struct {
 	config *Config
 	cat    *catalog.Catalog
 	codec  *delta.Codec
-	repo   *repo
+	repo   *content.Repo
+	meter  *content.Meter // nil: no progress reporting
 	log    *slog.Logger
 	// backends by name; the engine composes them, each owns its roots.
-	backends map[string]Backend
+	backends map[string]rootfs.Backend
+	rtMu     sync.Mutex
 	rt       *proc.Runtime // process runtime, made on first use
-	procCRIU string        // CRIU binary; "" means proc's default
-	atPhase  func(string)  // Options.AtPhase
+	// maint, sandboxes, baseMu and commitMu are the engine's locks (locks.go).
+	maint     sync.RWMutex
+	sandboxes sandboxLocks
+	baseMu    sync.Mutex
+	commitMu  sync.Mutex
+	procCRIU  string       // CRIU binary; "" means proc's default
+	atPhase   func(string) // Options.AtPhase
 }
 
 // Open locks and opens the home, creating it on first use.
@@ -113,12 +126,12 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	if e.codec, err = delta.NewCodec(); err != nil {
 		return nil, err
 	}
-	e.repo = newRepo(e.store, e.cat, e.codec)
 	if opts.Progress != nil {
-		e.repo.meter = newMeter(opts.Progress)
+		e.meter = content.NewMeter(opts.Progress)
 	}
-	e.backends = map[string]Backend{
-		overlay.Name: overlayBackend{overlay.NewBackend(h.basesDir())},
+	e.repo = content.New(e.store, e.cat, e.codec, e.meter)
+	e.backends = map[string]rootfs.Backend{
+		overlay.Name: overlay.NewBackend(h.basesDir()),
 	}
 	e.cleanProcWork() // process images a killed turnsnap left (procrecover.go)
 	ok = true

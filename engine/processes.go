@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/proc"
@@ -59,6 +58,8 @@ func (h home) baselineFile(sandbox string) string {
 // the home (proc.Config.ProbeCache), so a turn pays for it only after runc,
 // CRIU or the kernel changed.
 func (e *Engine) runtime(ctx context.Context) (*proc.Runtime, error) {
+	e.rtMu.Lock()
+	defer e.rtMu.Unlock()
 	if e.rt != nil {
 		return e.rt, nil
 	}
@@ -202,7 +203,7 @@ type procTurn struct {
 // paused at once, so the scan and the dump are one instant. Unchanged ones
 // are left running: freezing would itself look like activity next turn,
 // and confirmIdle checks after the scan that they stayed idle throughout.
-func (e *Engine) beginProcTurn(ctx context.Context, name string, head *catalog.Checkpoint) (*procTurn, error) {
+func (e *Engine) beginProcTurn(ctx context.Context, name string, head *delta.Checkpoint) (*procTurn, error) {
 	pt := &procTurn{resume: func() {}}
 	running, err := e.containerRunning(ctx, name)
 	if err != nil {
@@ -226,7 +227,7 @@ func (e *Engine) beginProcTurn(ctx context.Context, name string, head *catalog.C
 	return pt, nil
 }
 
-func (e *Engine) procsChanged(name string, cur proc.ProcSet, head *catalog.Checkpoint) (bool, string) {
+func (e *Engine) procsChanged(name string, cur proc.ProcSet, head *delta.Checkpoint) (bool, string) {
 	if !cur.NeedsImage() {
 		return head.ProcTree != nil, "long-lived processes ended"
 	}
@@ -261,7 +262,7 @@ func (e *Engine) pauseTurn(ctx context.Context, name string, pt *procTurn) error
 // unchanged and left running. If they did anything meanwhile, the files just
 // scanned may be theirs mid-change: it pauses them and reports that the turn
 // must rescan and dump (the cut is then taken properly).
-func (e *Engine) confirmIdle(ctx context.Context, name string, pt *procTurn, head *catalog.Checkpoint) (bool, error) {
+func (e *Engine) confirmIdle(ctx context.Context, name string, pt *procTurn, head *delta.Checkpoint) (bool, error) {
 	if !pt.running || pt.changed {
 		return false, nil
 	}
@@ -283,7 +284,7 @@ func (e *Engine) confirmIdle(ctx context.Context, name string, pt *procTurn, hea
 // returns, so the caller resumes the container before storing it: chunking
 // and compressing a 200 MB image takes about a second that the sandbox's
 // processes should not spend frozen.
-func (e *Engine) dump(ctx context.Context, name string) (store func() (delta.ID, json.RawMessage, error), err error) {
+func (e *Engine) dump(ctx context.Context, name string, saver delta.BlobSaver) (store func() (delta.ID, json.RawMessage, error), err error) {
 	rt, _ := e.runtime(ctx)
 	dir, err := e.procWork("image")
 	if err != nil {
@@ -298,7 +299,7 @@ func (e *Engine) dump(ctx context.Context, name string) (store func() (delta.ID,
 	return func() (delta.ID, json.RawMessage, error) {
 		defer os.RemoveAll(dir)
 		e.phase(PhaseStore)
-		res, err := delta.Scan(ctx, filepath.Join(dir, "img"), delta.ScanOptions{Saver: e.repo, Quiescent: true})
+		res, err := delta.Scan(ctx, filepath.Join(dir, "img"), delta.ScanOptions{Saver: saver, Quiescent: true})
 		if err != nil {
 			return delta.ID{}, nil, fmt.Errorf("sandbox %s: store process image: %w", name, err)
 		}
@@ -334,7 +335,7 @@ func (e *Engine) loadBaseline(name string) proc.ProcSet {
 }
 
 // checkHost refuses a process restore the recorded host facts rule out.
-func (e *Engine) checkHost(ctx context.Context, cp *catalog.Checkpoint) error {
+func (e *Engine) checkHost(ctx context.Context, cp *delta.Checkpoint) error {
 	if cp.ProcTree == nil {
 		return nil
 	}
@@ -372,7 +373,7 @@ func (e *Engine) stopProcesses(ctx context.Context, name string) error {
 // directory, verifying every chunk, and returns it with a function that
 // removes it. Rollback and branch call it before they touch the sandbox:
 // an image that cannot be read must not cost the running processes.
-func (e *Engine) processImage(ctx context.Context, cp *catalog.Checkpoint) (string, func(), error) {
+func (e *Engine) processImage(ctx context.Context, cp *delta.Checkpoint) (string, func(), error) {
 	dir, err := e.procWork("restore")
 	if err != nil {
 		return "", nil, fmt.Errorf("checkpoint %s: %w", cp.ID.Short(), err)
@@ -393,7 +394,7 @@ func (e *Engine) processImage(ctx context.Context, cp *catalog.Checkpoint) (stri
 // restoreProcesses brings a checkpoint's processes back in the sandbox's
 // container, on its (already restored) root, from an image processImage
 // prepared.
-func (e *Engine) restoreProcesses(ctx context.Context, name, root, img string, cp *catalog.Checkpoint) error {
+func (e *Engine) restoreProcesses(ctx context.Context, name, root, img string, cp *delta.Checkpoint) error {
 	rt, err := e.runtime(ctx)
 	if err != nil {
 		return err

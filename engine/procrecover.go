@@ -119,6 +119,11 @@ type ResumeResult struct {
 // operator's way out when a container stays paused. A sandbox without a
 // running container is ErrPrecondition.
 func (e *Engine) ResumeSandbox(ctx context.Context, name string) (*ResumeResult, error) {
+	done, err := e.op(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
 	if _, err := e.loadSandbox(ctx, name); err != nil {
 		return nil, err
 	}

@@ -24,7 +24,7 @@ import (
 // busybox (requireProcs).
 
 // procCheckpoint checkpoints and fails unless the turn is classed want.
-func procCheckpoint(t *testing.T, e *Engine, name string, want ...catalog.Class) *CheckpointResult {
+func procCheckpoint(t *testing.T, e *Engine, name string, want ...delta.Class) *CheckpointResult {
 	t.Helper()
 	r, err := e.Checkpoint(context.Background(), name, CheckpointOptions{})
 	must(t, err)
@@ -78,7 +78,7 @@ func TestHomesWithTheSameSandboxNameShareNothing(t *testing.T) {
 				sh(t, e, "agent", fmt.Sprintf("echo %d > /tmp/round; sleep 0", round))
 				detach(t, e, "agent", "sleep 1000")
 				r, err := e.Checkpoint(ctx, "agent", CheckpointOptions{})
-				if err == nil && r.Class != catalog.ClassFull {
+				if err == nil && r.Class != delta.ClassFull {
 					err = fmt.Errorf("home %d round %d: classed %s", i, round, r.Class)
 				}
 				errs[i] = err
@@ -139,22 +139,22 @@ func TestChangedReferencedFilesDumpProcesses(t *testing.T) {
 		sh(t, e, name, "mkdir -p /data /opt && echo short > /data/log && cp /bin/busybox /opt/busybox")
 		detach(t, e, name, "exec 3</data/log; while true; do sleep 3600; done")
 		detach(t, e, name, "exec /opt/busybox sh -c 'while true; do /opt/busybox sleep 3600; done'")
-		procCheckpoint(t, e, name, catalog.ClassFull, catalog.ClassProcess)
-		procCheckpoint(t, e, name, catalog.ClassSkip)
+		procCheckpoint(t, e, name, delta.ClassFull, delta.ClassProcess)
+		procCheckpoint(t, e, name, delta.ClassSkip)
 		pids := pidsOf(t, e, name)
 		// Made from the host, as an agent's editor would: no process of the
 		// container runs, so only the references can tell.
 		must(t, os.WriteFile(filepath.Join(cr.Root, "step.sh"), []byte(s.script+"\n"), 0o755))
 		must(t, exec.Command("chroot", cr.Root, "/bin/sh", "/step.sh").Run())
 		must(t, os.Remove(filepath.Join(cr.Root, "step.sh")))
-		r := procCheckpoint(t, e, name, catalog.ClassFull)
+		r := procCheckpoint(t, e, name, delta.ClassFull)
 		if !strings.Contains(r.ProcessChange, s.path) {
 			t.Fatalf("%s: the process change %q does not name %s", s.what, r.ProcessChange, s.path)
 		}
-		procCheckpoint(t, e, name, catalog.ClassSkip)
+		procCheckpoint(t, e, name, delta.ClassSkip)
 		sh(t, e, name, "echo later > /data/later")
-		procCheckpoint(t, e, name, catalog.ClassFS)
-		res, err := e.Rollback(ctx, name, r.ID.String())
+		procCheckpoint(t, e, name, delta.ClassFS)
+		res, err := e.Rollback(ctx, name, r.ID.String(), RollbackOptions{})
 		if err != nil {
 			t.Fatalf("%s: rollback to %s: %v", s.what, r.ID.Short(), err)
 		}
@@ -180,12 +180,12 @@ func TestTmpfsAndQueuedBytesAreProcessState(t *testing.T) {
 	_, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: busyboxBase(t)})
 	must(t, err)
 	sh(t, e, "s", "echo in-shm > /dev/shm/note")
-	r := procCheckpoint(t, e, "s", catalog.ClassProcess)
+	r := procCheckpoint(t, e, "s", delta.ClassProcess)
 	if !strings.Contains(r.ProcessChange, "tmpfs") {
 		t.Fatalf("shm turn: reason %q", r.ProcessChange)
 	}
-	procCheckpoint(t, e, "s", catalog.ClassSkip)
-	b, err := e.Branch(ctx, r.ID.String(), "shm-branch")
+	procCheckpoint(t, e, "s", delta.ClassSkip)
+	b, err := e.Branch(ctx, r.ID.String(), "shm-branch", BranchOptions{})
 	must(t, err)
 	if !b.Processes {
 		t.Fatal("branch of a checkpoint with /dev/shm contents restored no container")
@@ -196,16 +196,16 @@ func TestTmpfsAndQueuedBytesAreProcessState(t *testing.T) {
 
 	sh(t, e, "s", "mkfifo /tmp/pipe")
 	detach(t, e, "s", "exec 3<>/tmp/pipe; while true; do sleep 3600; done")
-	procCheckpoint(t, e, "s", catalog.ClassFull, catalog.ClassProcess)
-	procCheckpoint(t, e, "s", catalog.ClassSkip)
+	procCheckpoint(t, e, "s", delta.ClassFull, delta.ClassProcess)
+	procCheckpoint(t, e, "s", delta.ClassSkip)
 	sh(t, e, "s", "echo msg > /tmp/pipe")
-	q := procCheckpoint(t, e, "s", catalog.ClassFull, catalog.ClassProcess)
+	q := procCheckpoint(t, e, "s", delta.ClassFull, delta.ClassProcess)
 	if !strings.Contains(q.ProcessChange, "bytes waiting") {
 		t.Fatalf("queued bytes turn: reason %q", q.ProcessChange)
 	}
 	sh(t, e, "s", "dd if=/tmp/pipe bs=4 count=1 2>/dev/null >/dev/null") // drain
-	procCheckpoint(t, e, "s", catalog.ClassFull, catalog.ClassProcess)
-	_, err = e.Rollback(ctx, "s", q.ID.String())
+	procCheckpoint(t, e, "s", delta.ClassFull, delta.ClassProcess)
+	_, err = e.Rollback(ctx, "s", q.ID.String(), RollbackOptions{})
 	must(t, err)
 	if got := sh(t, e, "s", "dd if=/tmp/pipe bs=4 count=1 2>/dev/null"); got != "msg" {
 		t.Fatalf("after rollback the pipe holds %q, want the queued msg", got)
@@ -227,7 +227,7 @@ func TestDeviceNodesAndSafeRestore(t *testing.T) {
 	}
 	sh(t, e, "s", "rm /tmp/sda")
 	detach(t, e, "s", "while true; do sleep 3600; done")
-	good := procCheckpoint(t, e, "s", catalog.ClassFull)
+	good := procCheckpoint(t, e, "s", delta.ClassFull)
 	if _, err := e.Verify(ctx, good.ID.String()); err != nil {
 		t.Fatalf("verify of a checkpoint with /tmp/null: %v", err)
 	}
@@ -242,10 +242,10 @@ func TestDeviceNodesAndSafeRestore(t *testing.T) {
 	must(t, err)
 	tree.Entries = append(tree.Entries, delta.Entry{Name: "zz-sda", Type: delta.TypeBlockDev, Mode: 0o600, Rdev: 8 << 8})
 	data := tree.Encode()
-	e.repo.reset()
-	_, err = e.repo.SaveBlob(ctx, delta.BlobTree, delta.Hash(data), data)
+	op := e.repo.Begin()
+	_, err = op.SaveBlob(ctx, delta.BlobTree, delta.Hash(data), data)
 	must(t, err)
-	must(t, e.repo.publishBlobs(ctx))
+	must(t, op.Publish(ctx))
 	forged := *head
 	forged.FSTree, forged.ID, forged.Message = delta.Hash(data), [32]byte{}, "forged device"
 	must(t, e.putRecord(ctx, &forged))
@@ -259,8 +259,8 @@ func TestDeviceNodesAndSafeRestore(t *testing.T) {
 	must(t, e.putRecord(ctx, &missing))
 	must(t, e.cat.Update(ctx, func(tx *catalog.Tx) error { return tx.PutCheckpoint(&missing) }))
 	write(t, filepath.Join(cr.Root, "tmp/after"), "kept")
-	for _, bad := range []*catalog.Checkpoint{&forged, &missing} {
-		if _, err := e.Rollback(ctx, "s", bad.ID.String()); err == nil {
+	for _, bad := range []*delta.Checkpoint{&forged, &missing} {
+		if _, err := e.Rollback(ctx, "s", bad.ID.String(), RollbackOptions{}); err == nil {
 			t.Fatalf("rollback to %q succeeded", bad.Message)
 		}
 		if got := pidsOf(t, e, "s"); fmt.Sprint(got) != fmt.Sprint(pids) {
@@ -271,7 +271,7 @@ func TestDeviceNodesAndSafeRestore(t *testing.T) {
 		}
 	}
 	// The pseudo device comes back with the good checkpoint.
-	_, err = e.Rollback(ctx, "s", good.ID.String())
+	_, err = e.Rollback(ctx, "s", good.ID.String(), RollbackOptions{})
 	must(t, err)
 	if got := sh(t, e, "s", "stat -c %t:%T:%F /tmp/null"); got != "1:3:character special file" {
 		t.Fatalf("/tmp/null after rollback: %q", got)
@@ -298,17 +298,17 @@ func TestReplacedMappedLibraryDumpsProcesses(t *testing.T) {
 	_, err = e.Exec(ctx, "s", []string{"/bin/mapper", "/lib/libdemo.so", "/tmp/ready"}, ExecOptions{Detach: true})
 	must(t, err)
 	waitFile(t, filepath.Join(cr.Root, "tmp/ready"))
-	procCheckpoint(t, e, "s", catalog.ClassFull, catalog.ClassProcess)
+	procCheckpoint(t, e, "s", delta.ClassFull, delta.ClassProcess)
 	pids := pidsOf(t, e, "s")
 	write(t, filepath.Join(cr.Root, "lib/libdemo.so.new"), strings.Repeat("v2 library, longer\n", 1000))
 	must(t, os.Rename(filepath.Join(cr.Root, "lib/libdemo.so.new"), filepath.Join(cr.Root, "lib/libdemo.so")))
-	r := procCheckpoint(t, e, "s", catalog.ClassFull)
+	r := procCheckpoint(t, e, "s", delta.ClassFull)
 	if !strings.Contains(r.ProcessChange, "mapped /lib/libdemo.so") {
 		t.Fatalf("process change %q does not name the mapped library", r.ProcessChange)
 	}
 	sh(t, e, "s", "rm /lib/libdemo.so")
-	procCheckpoint(t, e, "s", catalog.ClassFS)
-	res, err := e.Rollback(ctx, "s", r.ID.String())
+	procCheckpoint(t, e, "s", delta.ClassFS)
+	res, err := e.Rollback(ctx, "s", r.ID.String(), RollbackOptions{})
 	must(t, err)
 	if !res.Processes || fmt.Sprint(pidsOf(t, e, "s")) != fmt.Sprint(pids) {
 		t.Fatalf("rollback: processes %v %v, want %v", res.Processes, pidsOf(t, e, "s"), pids)
@@ -343,19 +343,19 @@ func TestRollbackRefusesAnImageThatDoesNotFitItsFiles(t *testing.T) {
 	must(t, err)
 	sh(t, e, "s", "mkdir /data && echo short > /data/log")
 	detach(t, e, "s", "exec 3</data/log; while true; do sleep 3600; done")
-	a := procCheckpoint(t, e, "s", catalog.ClassFull)
+	a := procCheckpoint(t, e, "s", delta.ClassFull)
 	sh(t, e, "s", "echo 'longer new content' > /data/log")
-	b := procCheckpoint(t, e, "s", catalog.ClassFull)
+	b := procCheckpoint(t, e, "s", delta.ClassFull)
 	ca, err := e.Resolve(ctx, a.ID.String())
 	must(t, err)
 	cb, err := e.Resolve(ctx, b.ID.String())
 	must(t, err)
 	old := *cb
-	old.ProcTree, old.Host, old.Class, old.ID, old.Message = ca.ProcTree, ca.Host, catalog.ClassFS, [32]byte{}, "as an older turnsnap classed it"
+	old.ProcTree, old.Host, old.Class, old.ID, old.Message = ca.ProcTree, ca.Host, delta.ClassFS, [32]byte{}, "as an older turnsnap classed it"
 	must(t, e.putRecord(ctx, &old))
 	must(t, e.cat.Update(ctx, func(tx *catalog.Tx) error { return tx.PutCheckpoint(&old) }))
 	pids := pidsOf(t, e, "s")
-	_, err = e.Rollback(ctx, "s", old.ID.String())
+	_, err = e.Rollback(ctx, "s", old.ID.String(), RollbackOptions{})
 	if !errors.Is(err, errdefs.ErrPrecondition) || !strings.Contains(err.Error(), "/data/log") || !strings.Contains(err.Error(), "--fs-only") {
 		t.Fatalf("rollback to a checkpoint whose image does not fit: %v", err)
 	}

@@ -2,10 +2,12 @@ package engine
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"path/filepath"
 	"time"
 
+	"github.com/turnsnap/turnsnap/btrfs"
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
@@ -14,7 +16,7 @@ import (
 // RestoreResult reports a rollback or branch.
 type RestoreResult struct {
 	Sandbox    string
-	Checkpoint *catalog.Checkpoint
+	Checkpoint *delta.Checkpoint
 	Root       string
 	Processes  bool // the checkpoint's processes run again
 	Duration   time.Duration
@@ -28,15 +30,17 @@ type RestoreResult struct {
 // A checkpoint with processes gets them back too, in a fresh container on
 // the restored root (files first, then processes), unless FSOnly. A host
 // that cannot restore them (CPU flags, kernel, CRIU), an unreadable process
-// image and a device node the files may not hold are all refused before
-// the sandbox is touched: its running processes are stopped only once
-// everything that can be checked beforehand has been.
-func (e *Engine) Rollback(ctx context.Context, name, ref string, opts ...RollbackOptions) (*RestoreResult, error) {
-	start := time.Now()
-	var o RollbackOptions
-	if len(opts) > 0 {
-		o = opts[0]
+// image, an image that does not fit the files, and a device node the files
+// may not hold are all refused before the sandbox is touched: its running
+// processes are stopped only once everything that can be checked
+// beforehand has been.
+func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptions) (*RestoreResult, error) {
+	done, err := e.op(ctx, name)
+	if err != nil {
+		return nil, err
 	}
+	defer done()
+	start := time.Now()
 	cp, err := e.resolve(ctx, ref)
 	if err != nil {
 		return nil, err
@@ -60,31 +64,31 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, opts ...Rollbac
 	if err := checkDevices(ctx, e.repo, cp.FSTree); err != nil {
 		return nil, fmt.Errorf("checkpoint %s: %w", cp.ID.Short(), err)
 	}
-	img, done := "", func() {}
+	img, cleanImg := "", func() {}
 	if cp.ProcTree != nil && !o.FSOnly {
-		if img, done, err = e.processImage(ctx, cp); err != nil {
+		if img, cleanImg, err = e.processImage(ctx, cp); err != nil {
 			return nil, err
 		}
 		if err := checkImageFiles(ctx, e.repo, cp, img); err != nil {
-			done()
+			cleanImg()
 			return nil, err
 		}
 	}
-	defer done()
+	defer cleanImg()
 	if err := e.stopProcesses(ctx, name); err != nil {
 		return nil, err
 	}
 	if err := st.root.Restore(ctx, cp.FSTree, e.repo); err != nil {
 		return nil, err
 	}
-	if err := e.putRefObject(ctx, catalog.RefHead, name, cp.ID); err != nil {
+	if err := e.putRefObject(ctx, delta.RefHead, name, cp.ID); err != nil {
 		return nil, err
 	}
 	err = e.cat.Update(ctx, func(tx *catalog.Tx) error {
-		if err := e.queueRef(tx, name, catalog.RefHead, name, cp.ID, false); err != nil {
+		if err := e.queueRef(tx, name, delta.RefHead, name, cp.ID, false); err != nil {
 			return err
 		}
-		return tx.SetRef(catalog.Ref{Kind: catalog.RefHead, Name: name, Target: cp.ID})
+		return tx.SetRef(delta.Ref{Kind: delta.RefHead, Name: name, Target: cp.ID})
 	})
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: move head to %s: %w", name, cp.ID.Short(), err)
@@ -113,18 +117,22 @@ type BranchOptions struct {
 	// without settings if that sandbox is gone. Any backend restores any
 	// checkpoint, so a branch may change backend.
 	Backend string
-	Config  map[string]string // the backend's settings (btrfs: {"pool": DIR})
+	Btrfs   btrfs.Options // the btrfs backend's settings (its Pool)
 	// FSOnly restores the checkpoint's files and leaves its processes out.
 	FSOnly bool
 }
 
 // Branch creates sandbox newName whose root equals checkpoint ref. Its head
 // is ref itself, so its first checkpoint records ref as parent: lineage
-// crosses sandboxes the way git commits cross branches. At most one
-// BranchOptions may be given.
-func (e *Engine) Branch(ctx context.Context, ref, newName string, opts ...BranchOptions) (*RestoreResult, error) {
+// crosses sandboxes the way git commits cross branches.
+func (e *Engine) Branch(ctx context.Context, ref, newName string, o BranchOptions) (*RestoreResult, error) {
+	done, err := e.op(ctx, newName)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
 	start := time.Now()
-	if !catalog.ValidName(newName) {
+	if !delta.ValidRefName(newName) {
 		return nil, fmt.Errorf("sandbox name %q: use 1-64 of [A-Za-z0-9._-], not starting with '.' or '-': %w", newName, errdefs.ErrInvalid)
 	}
 	cp, err := e.resolve(ctx, ref)
@@ -134,43 +142,42 @@ func (e *Engine) Branch(ctx context.Context, ref, newName string, opts ...Branch
 	if err := e.checkNewSandbox(ctx, newName); err != nil {
 		return nil, err
 	}
-	var o BranchOptions
-	if len(opts) > 0 {
-		o = opts[0]
-	}
+	var cfg json.RawMessage
 	if o.Backend == "" {
 		o.Backend = cp.Backend
 		e.view(ctx, func(tx *catalog.Tx) error {
 			if src, err := tx.Sandbox(cp.Sandbox); err == nil && src.Backend == cp.Backend {
-				o.Config = src.Config
+				cfg = src.Config
 			}
 			return nil
 		})
+	} else if cfg, err = backendConfig(o.Backend, o.Btrfs); err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", newName, err)
 	}
 	if !o.FSOnly {
 		if err := e.checkHost(ctx, cp); err != nil {
 			return nil, err
 		}
 	}
-	be, err := e.backend(o.Backend, o.Config)
+	be, err := e.backend(o.Backend, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", newName, err)
 	}
 	if err := checkDevices(ctx, e.repo, cp.FSTree); err != nil {
 		return nil, fmt.Errorf("checkpoint %s: %w", cp.ID.Short(), err)
 	}
-	img, done := "", func() {}
+	img, cleanImg := "", func() {}
 	if cp.ProcTree != nil && !o.FSOnly {
-		if img, done, err = e.processImage(ctx, cp); err != nil {
+		if img, cleanImg, err = e.processImage(ctx, cp); err != nil {
 			return nil, err
 		}
 		if err := checkImageFiles(ctx, e.repo, cp, img); err != nil {
-			done()
+			cleanImg()
 			return nil, err
 		}
 	}
-	defer done()
-	lower, err := be.PrepareBase(ctx, cp.BaseTree, e.repo)
+	defer cleanImg()
+	lower, err := e.prepareBase(ctx, be, cp.BaseTree, e.repo)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", newName, err)
 	}
@@ -182,7 +189,7 @@ func (e *Engine) Branch(ctx context.Context, ref, newName string, opts ...Branch
 	if err != nil {
 		return nil, err
 	}
-	sb := &catalog.Sandbox{Name: newName, Backend: o.Backend, Config: o.Config, BaseTree: cp.BaseTree, Origin: cp.ID, Created: time.Now().UTC()}
+	sb := &delta.Sandbox{Name: newName, Backend: o.Backend, Config: cfg, BaseTree: cp.BaseTree, Origin: cp.ID, Created: time.Now().UTC()}
 	err = e.publishSandbox(ctx, sb, cp.ID)
 	if err != nil {
 		root.Remove(context.WithoutCancel(ctx))
@@ -201,20 +208,20 @@ func (e *Engine) Branch(ctx context.Context, ref, newName string, opts ...Branch
 
 // publishSandbox records a sandbox whose head is an existing checkpoint:
 // store objects first, then the catalog.
-func (e *Engine) publishSandbox(ctx context.Context, sb *catalog.Sandbox, head delta.ID) error {
+func (e *Engine) publishSandbox(ctx context.Context, sb *delta.Sandbox, head delta.ID) error {
 	if err := e.putSandboxObject(ctx, sb); err != nil {
 		return err
 	}
-	if err := e.putRefObject(ctx, catalog.RefHead, sb.Name, head); err != nil {
+	if err := e.putRefObject(ctx, delta.RefHead, sb.Name, head); err != nil {
 		return err
 	}
 	return e.cat.Update(ctx, func(tx *catalog.Tx) error {
 		if err := tx.PutSandbox(sb); err != nil {
 			return err
 		}
-		if err := e.queueRef(tx, sb.Name, catalog.RefHead, sb.Name, head, true); err != nil {
+		if err := e.queueRef(tx, sb.Name, delta.RefHead, sb.Name, head, true); err != nil {
 			return err
 		}
-		return tx.SetRef(catalog.Ref{Kind: catalog.RefHead, Name: sb.Name, Target: head})
+		return tx.SetRef(delta.Ref{Kind: delta.RefHead, Name: sb.Name, Target: head})
 	})
 }

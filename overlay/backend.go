@@ -8,6 +8,7 @@ import (
 
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
+	"github.com/turnsnap/turnsnap/internal/rootfs"
 )
 
 // Backend creates overlay roots. Bases are materialised once per host under
@@ -57,3 +58,18 @@ func (b *Backend) PrepareBase(ctx context.Context, tree delta.ID, loader delta.B
 	}
 	return dst, nil
 }
+
+// Create lays out and mounts a new root in dir on lower dir base (see
+// rootfs.Backend).
+func (b *Backend) Create(ctx context.Context, dir, base string, tree delta.ID, loader delta.BlobLoader) (rootfs.Root, error) {
+	r, err := Create(ctx, dir, base, tree, loader)
+	if err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// Open returns the root kept in dir without touching it.
+func (b *Backend) Open(dir, base string) rootfs.Root { return Open(dir, base) }
+
+var _ rootfs.Backend = (*Backend)(nil)

@@ -174,7 +174,7 @@ func (r *Root) install(ctx context.Context, tree delta.ID, loader delta.BlobLoad
 	if err := syncFS(upper); err != nil {
 		return fmt.Errorf("sandbox %s: sync: %w", r.dir, err)
 	}
-	// DESIGN rule 4: what was written must hash back to what was asked for.
+	// What was written must hash back to what was asked for.
 	// The scan doubles as the new generation's cache, so the first checkpoint
 	// after a restore reads nothing it does not have to.
 	res, err := delta.Scan(ctx, upper, delta.ScanOptions{Translate: Translate, Residue: r.residue, Quiescent: true})
