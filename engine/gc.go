@@ -21,7 +21,9 @@ const DefaultGCGrace = time.Hour
 
 // GCOptions configures GC.
 type GCOptions struct {
-	Grace  time.Duration // 0 means DefaultGCGrace; negative means none (tests)
+	// Grace keeps packs younger than this. 0 (or negative) keeps none: the
+	// caller asks for DefaultGCGrace explicitly (the CLI's default).
+	Grace  time.Duration
 	DryRun bool
 }
 
@@ -49,9 +51,6 @@ type GCReport struct {
 func (e *Engine) GC(ctx context.Context, opts GCOptions) (*GCReport, error) {
 	start := time.Now()
 	grace := opts.Grace
-	if grace == 0 {
-		grace = DefaultGCGrace
-	}
 	rep := &GCReport{DryRun: opts.DryRun}
 	if e.remote != nil {
 		lock, err := e.lockRemote(ctx, "gc")

@@ -343,7 +343,7 @@ func (e *Engine) restoreProcesses(ctx context.Context, name, root string, cp *ca
 	if err := os.Mkdir(img, 0o700); err != nil {
 		return err
 	}
-	if _, err := delta.Materialise(ctx, *cp.ProcTree, img, delta.ApplyOptions{Loader: e.repo}); err != nil {
+	if _, err := delta.Materialise(ctx, *cp.ProcTree, img, delta.ApplyOptions{Loader: e.repo, Plain: true}); err != nil {
 		return fmt.Errorf("checkpoint %s: process image: %w", cp.ID.Short(), err)
 	}
 	rt.Delete(ctx, containerID(name))

@@ -80,6 +80,10 @@ func (r *repo) SaveBlob(ctx context.Context, t delta.BlobType, id delta.ID, plai
 	if known {
 		return false, nil
 	}
+	if uint64(len(plain)) > delta.MaxRawLength(t) {
+		return false, fmt.Errorf("%s blob %s: %d bytes, more than the format allows (%d; a directory with too many entries?): %w",
+			t, id.Short(), len(plain), delta.MaxRawLength(t), errdefs.ErrInvalid)
+	}
 	if t == delta.BlobTree {
 		// A new tree references its children once, whatever else does:
 		// counting at tree creation keeps refcount upkeep O(change).
@@ -199,6 +203,12 @@ func (r *repo) LoadBlob(ctx context.Context, t delta.BlobType, id delta.ID) ([]b
 		return nil, fmt.Errorf("blob %s: stored as %s, wanted %s: %w", id, loc.Type, t, errdefs.ErrCorrupt)
 	}
 	name := upload.PackName(loc.Pack)
+	// Bound what the index declares before it sizes any read or buffer: a
+	// stored blob is never much larger than its plaintext.
+	if most := delta.MaxRawLength(t); loc.RawLength > most || loc.Length > 2*most {
+		return nil, fmt.Errorf("blob %s in %s: declares %d stored and %d plain bytes, over the %s limit %d: %w",
+			id, name, loc.Length, loc.RawLength, t, most, errdefs.ErrCorrupt)
+	}
 	pack, ok := r.packs.get(loc.Pack)
 	if !ok && r.packs.wantWhole(loc.Pack) {
 		data, err := upload.ReadAll(ctx, r.store, name)
@@ -233,15 +243,13 @@ func (r *repo) decode(id delta.ID, object string, loc catalog.BlobLocation, stor
 	if uint64(len(stored)) != loc.Length {
 		return nil, fmt.Errorf("blob %s in %s: read %d bytes, want %d: %w", id, object, len(stored), loc.Length, errdefs.ErrCorrupt)
 	}
-	plain := stored
-	if upload.Compression(loc.Compression) == upload.CompressionZstd {
-		var err error
-		if plain, err = r.codec.Decompress(stored, int(loc.RawLength)); err != nil {
-			return nil, fmt.Errorf("blob %s in %s: %w", id, object, err)
-		}
+	comp := upload.Compression(loc.Compression)
+	if comp != upload.CompressionNone && comp != upload.CompressionZstd {
+		return nil, fmt.Errorf("blob %s in %s: unknown compression %d: %w", id, object, loc.Compression, errdefs.ErrCorrupt)
 	}
-	if got := delta.Hash(plain); got != id {
-		return nil, fmt.Errorf("blob %s in %s: content hashes to %s: %w", id, object, got.Short(), errdefs.ErrCorrupt)
+	plain, err := r.codec.DecodeBlob(loc.Type, id, comp == upload.CompressionZstd, loc.RawLength, stored)
+	if err != nil {
+		return nil, fmt.Errorf("%w (in %s)", err, object)
 	}
 	r.meter.add(len(plain))
 	return plain, nil

@@ -52,6 +52,16 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, opts ...Rollbac
 		return nil, fmt.Errorf("sandbox %s: checkpoint %s was taken on another base (%s, sandbox has %s); use `turnsnap branch` instead: %w",
 			name, cp.ID.Short(), cp.BaseTree.Short(), st.head.BaseTree.Short(), errdefs.ErrPrecondition)
 	}
+	// Refuse a checkpoint that cannot be restored before its sandbox is
+	// touched (processes stopped, root unmounted).
+	if _, err := delta.CheckState(ctx, e.repo, cp.FSTree, delta.StateRules{}); err != nil {
+		return nil, fmt.Errorf("checkpoint %s: tree %s: %w", cp.ID.Short(), cp.FSTree.Short(), err)
+	}
+	// The base is shared by every sandbox on it: a damaged one is refused,
+	// not restored onto.
+	if _, err := e.checkBase(ctx, name, st.sb.Backend, cp.BaseTree, false); err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", name, err)
+	}
 	if err := e.stopProcesses(ctx, name); err != nil {
 		return nil, err
 	}
@@ -139,6 +149,9 @@ func (e *Engine) Branch(ctx context.Context, ref, newName string, opts ...Branch
 	}
 	lower, err := be.PrepareBase(ctx, cp.BaseTree, e.repo)
 	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", newName, err)
+	}
+	if _, err := checkBaseOn(ctx, be, cp.BaseTree, false); err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", newName, err)
 	}
 	dir := e.home.sandboxDir(newName)

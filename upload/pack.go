@@ -42,6 +42,8 @@ package upload
 //   - A pack holds a blob ID at most once.
 //   - Unknown types and compressions are corruption, not extensions: a new
 //     one needs a new magic.
+//   - raw_length is at most delta.MaxRawLength(type): a chunk's maximum for
+//     data, delta.MaxTreeSize for trees.
 //
 // A pack's ID is delta.Hash of all its bytes, and it is stored under
 // PackName(ID) = "packs/" || first two hex digits of ID || "/" || hex ID.
@@ -295,6 +297,8 @@ func checkEntry(e PackEntry, next, start uint64, seen map[delta.ID]bool) string 
 		return fmt.Sprintf("offset %d leaves a gap after the previous blob, which ends at %d", e.Offset, next)
 	case e.Length > start-e.Offset:
 		return fmt.Sprintf("length %d at offset %d runs past the header at %d", e.Length, e.Offset, start)
+	case e.RawLength > delta.MaxRawLength(e.Type):
+		return fmt.Sprintf("raw length %d is over the %s limit %d", e.RawLength, e.Type, delta.MaxRawLength(e.Type))
 	case e.Compression == CompressionNone && e.RawLength != e.Length:
 		return fmt.Sprintf("uncompressed but raw length %d differs from stored length %d", e.RawLength, e.Length)
 	case seen[e.ID]:

@@ -27,6 +27,7 @@ const (
 	exitPrecondition = 5
 	exitUnavailable  = 6
 	exitCorrupt      = 7
+	exitNoSpace      = 8
 )
 
 func exitCode(err error) int {
@@ -43,6 +44,8 @@ func exitCode(err error) int {
 		return exitUnavailable
 	case errors.Is(err, errdefs.ErrCorrupt):
 		return exitCorrupt
+	case errors.Is(err, errdefs.ErrNoSpace), errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
+		return exitNoSpace
 	}
 	return exitError
 }
