@@ -16,6 +16,10 @@ import (
 // encoding is a new version, never an edit of version 1.
 const RecordVersion = 1
 
+// MaxRecordSize is the largest record a reader accepts (docs/FORMAT.md,
+// "Limits"); a record is a few hundred bytes plus its message.
+const MaxRecordSize = 1 << 20
+
 // Class says what a checkpoint captured.
 type Class string
 
@@ -131,6 +135,9 @@ func EncodeRecord(cp *Checkpoint) ([]byte, delta.ID, error) {
 // the record is fetched from the store or the catalog by that name, and a
 // mismatch means the bytes are not the checkpoint the caller asked for.
 func DecodeRecord(id delta.ID, data []byte) (*Checkpoint, error) {
+	if len(data) > MaxRecordSize {
+		return nil, fmt.Errorf("checkpoint %s: record of %d bytes, more than the limit %d: %w", id, len(data), MaxRecordSize, errdefs.ErrCorrupt)
+	}
 	if got := delta.Hash(data); got != id {
 		return nil, fmt.Errorf("checkpoint %s: record hashes to %s: %w", id, got, errdefs.ErrCorrupt)
 	}

@@ -55,8 +55,8 @@ func Materialise(ctx context.Context, tree ID, dst string, opts ApplyOptions) (A
 }
 
 type applier struct {
-	opts  ApplyOptions
-	root  string
+	opts   ApplyOptions
+	root   string
 	files  map[string]bool // root-relative paths of regular files created, for hardlinks
 	stats  ApplyStats
 	budget Footprint // what CheckState found; a restore never writes more

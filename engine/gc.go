@@ -93,7 +93,7 @@ func (e *Engine) GC(ctx context.Context, opts GCOptions) (*GCReport, error) {
 		if err != nil {
 			return nil
 		}
-		data, err := upload.ReadAll(ctx, e.store, oi.Name)
+		data, err := upload.ReadAllMax(ctx, e.store, oi.Name, catalog.MaxRecordSize)
 		if errors.Is(err, errdefs.ErrNotFound) {
 			return nil // pruned since the listing: it protects nothing any more
 		}

@@ -21,6 +21,10 @@ const (
 	tagPrefix     = "refs/tags/"
 )
 
+// maxSmallObject bounds what a reader accepts for a ref or a sandbox
+// description (docs/FORMAT.md, "Limits").
+const maxSmallObject = 64 << 10
+
 func recordName(id delta.ID) string  { return recordPrefix + id.String() }
 func sandboxName(name string) string { return sandboxPrefix + name }
 func refName(r catalog.RefKind, name string) string {

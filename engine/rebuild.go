@@ -126,7 +126,7 @@ func (e *Engine) fillCatalog(ctx context.Context, cat *catalog.Catalog, rep *Reb
 		if err != nil {
 			return nil
 		}
-		data, err := upload.ReadAll(ctx, e.store, oi.Name)
+		data, err := upload.ReadAllMax(ctx, e.store, oi.Name, catalog.MaxRecordSize)
 		if err != nil {
 			return err
 		}
@@ -150,7 +150,7 @@ func (e *Engine) fillCatalog(ctx context.Context, cat *catalog.Catalog, rep *Reb
 	}
 	var sbs []*catalog.Sandbox
 	err = e.store.List(ctx, sandboxPrefix, func(oi upload.ObjectInfo) error {
-		data, err := upload.ReadAll(ctx, e.store, oi.Name)
+		data, err := upload.ReadAllMax(ctx, e.store, oi.Name, maxSmallObject)
 		if err != nil {
 			return err
 		}
@@ -171,7 +171,7 @@ func (e *Engine) fillCatalog(ctx context.Context, cat *catalog.Catalog, rep *Reb
 		prefix string
 	}{{catalog.RefHead, headPrefix}, {catalog.RefTag, tagPrefix}} {
 		err = e.store.List(ctx, k.prefix, func(oi upload.ObjectInfo) error {
-			data, err := upload.ReadAll(ctx, e.store, oi.Name)
+			data, err := upload.ReadAllMax(ctx, e.store, oi.Name, maxSmallObject)
 			if err != nil {
 				return err
 			}

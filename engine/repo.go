@@ -211,7 +211,7 @@ func (r *repo) LoadBlob(ctx context.Context, t delta.BlobType, id delta.ID) ([]b
 	}
 	pack, ok := r.packs.get(loc.Pack)
 	if !ok && r.packs.wantWhole(loc.Pack) {
-		data, err := upload.ReadAll(ctx, r.store, name)
+		data, err := upload.ReadAllMax(ctx, r.store, name, upload.MaxPackSize)
 		if err != nil {
 			return nil, fmt.Errorf("blob %s in %s: %w", id.Short(), name, err)
 		}

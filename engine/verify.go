@@ -65,7 +65,7 @@ func (e *Engine) Verify(ctx context.Context, ref string) (*VerifyReport, error) 
 // locating blobs with locate and reading trees through loader.
 func (e *Engine) verifyCheckpoint(ctx context.Context, id delta.ID, locate locator, loader delta.BlobLoader) (*VerifyReport, error) {
 	rep := &VerifyReport{Checkpoint: id}
-	recData, err := upload.ReadAll(ctx, e.store, recordName(id))
+	recData, err := upload.ReadAllMax(ctx, e.store, recordName(id), catalog.MaxRecordSize)
 	if err != nil {
 		return rep, fmt.Errorf("checkpoint %s: %w", id.Short(), err)
 	}
@@ -152,7 +152,7 @@ func (l *locatingLoader) LoadBlob(ctx context.Context, t delta.BlobType, id delt
 func (e *Engine) verifyPack(ctx context.Context, pack delta.ID, blobs []delta.ID, need map[delta.ID]catalog.BlobLocation, rep *VerifyReport) error {
 	name := upload.PackName(pack)
 	rep.Objects = append(rep.Objects, name)
-	data, err := upload.ReadAll(ctx, e.store, name)
+	data, err := upload.ReadAllMax(ctx, e.store, name, upload.MaxPackSize)
 	if err != nil {
 		return err
 	}

@@ -91,7 +91,7 @@ func (e *Engine) VerifyStore(ctx context.Context, ref string) (*StoreReport, err
 func (e *Engine) checkRefObjects(ctx context.Context, records []delta.ID, rep *StoreReport) error {
 	for _, prefix := range []string{headPrefix, tagPrefix} {
 		err := e.store.List(ctx, prefix, func(oi upload.ObjectInfo) error {
-			data, err := upload.ReadAll(ctx, e.store, oi.Name)
+			data, err := upload.ReadAllMax(ctx, e.store, oi.Name, maxSmallObject)
 			if err != nil {
 				return err
 			}
@@ -116,7 +116,7 @@ func (e *Engine) checkRefObjects(ctx context.Context, records []delta.ID, rep *S
 // unique ID prefix of at least 4 digits.
 func (e *Engine) resolveInStore(ctx context.Context, ref string, records []delta.ID) (delta.ID, error) {
 	if catalog.ValidName(ref) {
-		if data, err := upload.ReadAll(ctx, e.store, tagPrefix+ref); err == nil {
+		if data, err := upload.ReadAllMax(ctx, e.store, tagPrefix+ref, maxSmallObject); err == nil {
 			return parseRefObject(data)
 		}
 	}

@@ -60,6 +60,10 @@ import (
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
 
+// MaxPackSize is the largest pack a reader accepts. Writers close a pack
+// once it passes 16 MiB, so a pack is at most that plus one blob.
+const MaxPackSize = 256 << 20
+
 // PackPrefix starts the name of every pack; List(ctx, PackPrefix, fn) visits
 // them all.
 const PackPrefix = "packs/"
@@ -167,6 +171,9 @@ func ReadPackHeader(ctx context.Context, s Store, name string) ([]PackEntry, err
 		return nil, err
 	}
 	size := info.Size
+	if size > MaxPackSize {
+		return nil, fmt.Errorf("pack %s: %d bytes, more than the limit %d: %w", name, size, MaxPackSize, errdefs.ErrCorrupt)
+	}
 	if size < packFooterSize {
 		_, err := parseFooter(nil, size)
 		return nil, fmt.Errorf("pack %s: %w", name, err)
