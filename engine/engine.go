@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/turnsnap/turnsnap/catalog"
@@ -30,6 +31,10 @@ type Options struct {
 	// Progress, if set, is called from time to time during long operations
 	// with the work done so far.
 	Progress func(Progress)
+	// ReadOnly opens the home for commands that only read (log, status,
+	// sandbox list, verify): nothing in the home is written, so they work on
+	// a full or read-only filesystem. Anything that writes fails.
+	ReadOnly bool
 }
 
 // DefaultLockWait lets short commands queue behind each other (a checkpoint
@@ -67,7 +72,10 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 		log = slog.Default()
 	}
 	h := home(opts.Home)
-	lock, err := lockHome(ctx, h, opts.LockWait)
+	if _, err := os.Stat(filepath.Join(h.catalogDir(), "MANIFEST")); err != nil {
+		opts.ReadOnly = false // a new home: reading it means creating it
+	}
+	lock, err := lockHome(ctx, h, opts.LockWait, opts.ReadOnly)
 	if err != nil {
 		return nil, err
 	}
@@ -99,16 +107,24 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 		}}
 		e.store = upload.NewTiered(e.local, e.remote)
 	}
-	if err := finishRebuild(h); err != nil {
-		return nil, err
+	if !opts.ReadOnly {
+		// Before Badger writes anything: on a full filesystem its mmapped
+		// writes would kill the process instead of failing.
+		if err := e.checkRoom(0); err != nil {
+			return nil, err
+		}
+		if err := finishRebuild(h); err != nil {
+			return nil, err
+		}
 	}
-	if e.cat, err = catalog.Open(ctx, h.catalogDir(), catalog.Options{Logger: log}); err != nil {
+	if e.cat, err = catalog.Open(ctx, h.catalogDir(), catalog.Options{Logger: log, ReadOnly: opts.ReadOnly}); err != nil {
 		return nil, err
 	}
 	if e.codec, err = delta.NewCodec(); err != nil {
 		return nil, err
 	}
 	e.repo = newRepo(e.store, e.cat, e.codec)
+	e.repo.room = func() error { return e.checkRoom(0) }
 	if opts.Progress != nil {
 		e.repo.meter = newMeter(opts.Progress)
 	}

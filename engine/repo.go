@@ -2,8 +2,10 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
@@ -31,6 +33,13 @@ type repo struct {
 	open    map[delta.BlobType]*upload.PackWriter
 	flushed map[delta.ID]catalog.BlobLocation // in packs written this session, not yet in the catalog
 	written []upload.ObjectInfo               // packs written this session, for the upload queue
+	// unindexed are packs written this session that the catalog does not
+	// index yet: a session that fails before indexing them deletes them
+	// (reset), so a checkpoint that ran out of space leaves nothing behind.
+	unindexed []string
+	// room, if set, is asked before the catalog is written, after the packs
+	// are (Engine.checkRoom).
+	room func() error
 	reused  map[delta.ID]bool                 // packs of earlier sessions holding blobs this one reuses
 	refs    map[delta.ID]int64                // refcount increments this session will commit
 	stats   catalog.Stats
@@ -46,6 +55,14 @@ func newRepo(store upload.Store, cat *catalog.Catalog, codec *delta.Codec) *repo
 }
 
 func (r *repo) reset() {
+	for _, name := range r.unindexed {
+		// Best effort: an unreferenced pack left behind is garbage gc
+		// collects; only the space matters now.
+		if err := r.store.Delete(context.Background(), name); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+			slog.Default().Warn("failed session: pack not removed", "pack", name, "err", err)
+		}
+	}
+	r.unindexed = nil
 	r.open = map[delta.BlobType]*upload.PackWriter{
 		delta.BlobData: upload.NewPackWriter(), delta.BlobTree: upload.NewPackWriter(),
 	}
@@ -143,6 +160,7 @@ func (r *repo) flushPack(ctx context.Context, t delta.BlobType) error {
 		r.flushed[e.ID] = locationOf(id, e)
 	}
 	r.written = append(r.written, upload.ObjectInfo{Name: name, Size: int64(len(data))})
+	r.unindexed = append(r.unindexed, name)
 	r.stats.ObjectsNew++
 	r.stats.BytesNew += int64(len(data))
 	r.open[t] = upload.NewPackWriter()
@@ -170,9 +188,15 @@ func (r *repo) publishBlobs(ctx context.Context, extraRefs ...delta.ID) error {
 	for _, id := range extraRefs {
 		r.refs[id]++
 	}
+	if r.room != nil {
+		if err := r.room(); err != nil {
+			return err
+		}
+	}
 	if err := r.cat.PutBlobs(ctx, r.flushed); err != nil {
 		return fmt.Errorf("index blobs: %w", err)
 	}
+	r.unindexed = nil
 	if err := r.cat.AddRefCounts(ctx, r.refs); err != nil {
 		return fmt.Errorf("refcounts: %w", err)
 	}

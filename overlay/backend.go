@@ -101,7 +101,7 @@ func (b *Backend) CheckBase(ctx context.Context, tree delta.ID, full bool) (bool
 		return true, fmt.Errorf("base %s: materialised copy hashes to %s, not its tree (move it away to restore it from the store): %w",
 			dst, res.Root.Short(), errdefs.ErrCorrupt)
 	}
-	if prev == nil {
+	if prev == nil && !full {
 		return true, b.saveBaseCache(tree, res.Cache)
 	}
 	return true, nil

@@ -70,9 +70,21 @@ func defaultHome() string {
 // withEngine runs fn with the home opened and closed around it, showing
 // progress on a terminal while fn works.
 func (a *app) withEngine(fn func(ctx context.Context, e *engine.Engine, args []string) error) func(*cobra.Command, []string) error {
+	return a.withEngineIf(nil, fn)
+}
+
+// readOnly is withEngine for a command that only reads: it works on a full
+// or read-only home.
+func (a *app) readOnly(fn func(ctx context.Context, e *engine.Engine, args []string) error) func(*cobra.Command, []string) error {
+	return a.withEngineIf(func([]string) bool { return true }, fn)
+}
+
+// withEngineIf opens the home read-only when ro says the invocation only
+// reads (ro nil: never).
+func (a *app) withEngineIf(ro func(args []string) bool, fn func(ctx context.Context, e *engine.Engine, args []string) error) func(*cobra.Command, []string) error {
 	return func(cmd *cobra.Command, args []string) error {
 		ctx := cmd.Context()
-		opts := engine.Options{Home: a.home, LockWait: a.lockWait, Logger: a.log}
+		opts := engine.Options{Home: a.home, LockWait: a.lockWait, Logger: a.log, ReadOnly: ro != nil && ro(args)}
 		pr := a.newProgress(ctx)
 		if pr != nil {
 			opts.Progress = pr.update

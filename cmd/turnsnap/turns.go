@@ -169,7 +169,7 @@ given (or every checkpoint in the store).`,
 			return cobra.ExactArgs(1)(cmd, args)
 		},
 	}
-	c.RunE = a.withEngine(func(ctx context.Context, e *engine.Engine, args []string) error {
+	c.RunE = a.readOnly(func(ctx context.Context, e *engine.Engine, args []string) error {
 		if storeOnly {
 			ref := ""
 			if len(args) == 1 {
