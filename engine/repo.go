@@ -39,13 +39,13 @@ type repo struct {
 	unindexed []string
 	// room, if set, is asked before the catalog is written, after the packs
 	// are (Engine.checkRoom).
-	room func() error
-	reused  map[delta.ID]bool                 // packs of earlier sessions holding blobs this one reuses
-	refs    map[delta.ID]int64                // refcount increments this session will commit
-	stats   catalog.Stats
-	buf     []byte
-	packs   *packCache
-	meter   *meter // nil: no progress reporting
+	room   func() error
+	reused map[delta.ID]bool  // packs of earlier sessions holding blobs this one reuses
+	refs   map[delta.ID]int64 // refcount increments this session will commit
+	stats  catalog.Stats
+	buf    []byte
+	packs  *packCache
+	meter  *meter // nil: no progress reporting
 }
 
 func newRepo(store upload.Store, cat *catalog.Catalog, codec *delta.Codec) *repo {
