@@ -148,8 +148,14 @@ func (e *Engine) fillCatalog(ctx context.Context, cat *catalog.Catalog, rep *Reb
 	if err := cat.AddRefCounts(ctx, refcounts); err != nil {
 		return err
 	}
+	// A sandbox removed here whose removal has not reached the bucket yet
+	// is still there remotely: the old catalog's queue says it is gone.
+	deleting := e.pendingDeletes(ctx)
 	var sbs []*catalog.Sandbox
 	err = e.store.List(ctx, sandboxPrefix, func(oi upload.ObjectInfo) error {
+		if deleting[oi.Name] {
+			return nil
+		}
 		data, err := upload.ReadAllMax(ctx, e.store, oi.Name, maxSmallObject)
 		if err != nil {
 			return err
@@ -171,6 +177,9 @@ func (e *Engine) fillCatalog(ctx context.Context, cat *catalog.Catalog, rep *Reb
 		prefix string
 	}{{catalog.RefHead, headPrefix}, {catalog.RefTag, tagPrefix}} {
 		err = e.store.List(ctx, k.prefix, func(oi upload.ObjectInfo) error {
+			if deleting[oi.Name] {
+				return nil
+			}
 			data, err := upload.ReadAllMax(ctx, e.store, oi.Name, maxSmallObject)
 			if err != nil {
 				return err
@@ -208,6 +217,26 @@ func (e *Engine) fillCatalog(ctx context.Context, cat *catalog.Catalog, rep *Reb
 		}
 		return nil
 	})
+}
+
+// pendingDeletes names the objects the old catalog's upload queue still has
+// to delete remotely. An unreadable old catalog gives none: the bucket is
+// then all there is to go by.
+func (e *Engine) pendingDeletes(ctx context.Context) map[string]bool {
+	out := map[string]bool{}
+	if e.cat == nil || e.remote == nil {
+		return out
+	}
+	e.cat.View(ctx, func(tx *catalog.Tx) error {
+		all, err := tx.PendingUploads("")
+		for _, p := range all {
+			if p.Delete {
+				out[p.Name] = true
+			}
+		}
+		return err
+	})
+	return out
 }
 
 // readPackHeader reads a pack's header from the local copy, or straight from

@@ -7,7 +7,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/internal/hostile"
 	"github.com/turnsnap/turnsnap/internal/testenv"
+	"github.com/turnsnap/turnsnap/upload"
 	"golang.org/x/sys/unix"
 )
 
@@ -148,5 +151,36 @@ func TestCLIReadOnlyHome(t *testing.T) {
 	}
 	if out, code := run(t, ro, "tag", "x", c1.ID); code == 0 {
 		t.Errorf("tag on a read-only home succeeded: %s", out)
+	}
+}
+
+// gc --grace 0 means no grace: a pack no checkpoint references goes at
+// once, while the default grace keeps a young one.
+func TestCLIGCGraceZero(t *testing.T) {
+	testenv.RequireRoot(t)
+	ctx := t.Context()
+	home := filepath.Join(t.TempDir(), "home")
+	base := t.TempDir()
+	os.WriteFile(filepath.Join(base, "a.txt"), []byte("base\n"), 0o644)
+	t.Cleanup(func() { run(t, home, "sandbox", "rm", "s") })
+	runJSON(t, home, &struct{}{}, "sandbox", "create", "s", "--base", base)
+	store, err := upload.NewLocal(filepath.Join(home, "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	orphan, err := hostile.WritePack(ctx, store, []hostile.Blob{hostile.Plain(delta.BlobData, []byte("nobody's"))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var g struct {
+		Deleted int `json:"deleted_packs"`
+	}
+	runJSON(t, home, &g, "gc")
+	if _, err := store.Stat(ctx, orphan); g.Deleted != 0 || err != nil {
+		t.Fatalf("gc with the default grace deleted a young pack (%d deleted, %v)", g.Deleted, err)
+	}
+	runJSON(t, home, &g, "gc", "--grace", "0")
+	if _, err := store.Stat(ctx, orphan); g.Deleted != 1 || err == nil {
+		t.Fatalf("gc --grace 0 kept the unreferenced pack (%d deleted)", g.Deleted)
 	}
 }
