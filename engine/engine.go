@@ -60,6 +60,15 @@ type Engine struct {
 	backends map[string]Backend
 	rt       *proc.Runtime // process runtime, made on first use
 	procCRIU string        // CRIU binary; "" means proc's default
+	// onPhase, if set (tests only), is called at the named points of
+	// multi-step operations, so a test can kill the process there.
+	onPhase func(phase string)
+}
+
+func (e *Engine) phase(name string) {
+	if e.onPhase != nil {
+		e.onPhase(name)
+	}
 }
 
 // Open locks and opens the home, creating it on first use.

@@ -9,6 +9,7 @@ import (
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
+	"github.com/turnsnap/turnsnap/overlay"
 )
 
 // RestoreResult reports a rollback or branch.
@@ -54,8 +55,16 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, opts ...Rollbac
 	}
 	// Refuse a checkpoint that cannot be restored before its sandbox is
 	// touched (processes stopped, root unmounted).
-	if _, err := delta.CheckState(ctx, e.repo, cp.FSTree, delta.StateRules{}); err != nil {
+	fp, err := delta.CheckState(ctx, e.repo, cp.FSTree, delta.StateRules{})
+	if err != nil {
 		return nil, fmt.Errorf("checkpoint %s: tree %s: %w", cp.ID.Short(), cp.FSTree.Short(), err)
+	}
+	if st.sb.Backend == overlay.Name {
+		// The new layer is built in the home beside the live one, and the
+		// catalog must still be writable once it is.
+		if err := e.checkRoom(fp.Bytes); err != nil {
+			return nil, fmt.Errorf("sandbox %s: rollback to %s: %w", name, cp.ID.Short(), err)
+		}
 	}
 	// The base is shared by every sandbox on it: a damaged one is refused,
 	// not restored onto.
@@ -65,20 +74,24 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, opts ...Rollbac
 	if err := e.stopProcesses(ctx, name); err != nil {
 		return nil, err
 	}
+	// Root and head change in two steps; the intent makes them one for
+	// anyone who finds it (intent.go).
+	if err := e.writeIntent(name, cp.ID); err != nil {
+		return nil, err
+	}
+	e.phase("rollback: intent written")
 	if err := st.root.Restore(ctx, cp.FSTree, e.repo); err != nil {
+		// The live root is as it was (Root.Restore): nothing to finish.
+		e.clearIntent(name)
 		return nil, err
 	}
-	if err := e.putRefObject(ctx, catalog.RefHead, name, cp.ID); err != nil {
-		return nil, err
+	e.phase("rollback: root switched")
+	if err := e.moveHead(ctx, name, cp.ID); err != nil {
+		return nil, err // the intent stays: the next load finishes the move
 	}
-	err = e.cat.Update(ctx, func(tx *catalog.Tx) error {
-		if err := e.queueRef(tx, name, catalog.RefHead, name, cp.ID, false); err != nil {
-			return err
-		}
-		return tx.SetRef(catalog.Ref{Kind: catalog.RefHead, Name: name, Target: cp.ID})
-	})
-	if err != nil {
-		return nil, fmt.Errorf("sandbox %s: move head to %s: %w", name, cp.ID.Short(), err)
+	e.phase("rollback: head moved")
+	if err := e.clearIntent(name); err != nil {
+		return nil, err
 	}
 	res := &RestoreResult{Sandbox: name, Checkpoint: cp, Root: st.root.Path()}
 	if cp.ProcTree != nil && !o.FSOnly {

@@ -230,6 +230,11 @@ func (e *Engine) loadSandbox(ctx context.Context, name string) (*sandboxState, e
 			return nil, err
 		}
 	}
+	if id, ok := e.pendingRollback(name); ok {
+		if err := e.finishRollback(ctx, name, st, id); err != nil {
+			return nil, err
+		}
+	}
 	return st, nil
 }
 
