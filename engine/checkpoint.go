@@ -52,7 +52,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	e.repo.reset()
 	defer e.repo.reset() // a failed or skipped turn leaves nothing pending
 	// Processes first: decide whether they changed and pause them, so the
-	// scan and any dump below are one instant (DESIGN rule 2).
+	// scan and any dump below are one instant (docs/PROCESSES.md, "The consistent cut").
 	pt, err := e.beginProcTurn(ctx, name, st.head)
 	if err != nil {
 		return nil, err
@@ -144,7 +144,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	return out, nil
 }
 
-// classify names a turn by what changed (DESIGN.md, "The turn classes").
+// classify names a turn by what changed (README, the turn classes).
 func classify(fs, procs bool) catalog.Class {
 	switch {
 	case fs && procs:

@@ -1,6 +1,6 @@
 // Package engine composes turnsnap's parts into turns: classify what changed
 // since a sandbox's last checkpoint, commit checkpoints in the order of
-// DESIGN.md (objects, then the record, then the catalog), and restore,
+// docs/FORMAT.md (objects, then the record, then the catalog), and restore,
 // branch, diff, verify and rebuild. The CLI is a thin shell over Engine.
 package engine
 

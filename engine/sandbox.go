@@ -117,7 +117,7 @@ func (e *Engine) checkNewSandbox(ctx context.Context, name string) error {
 	return nil
 }
 
-// commit publishes a checkpoint in DESIGN.md's order: packs and blob index,
+// commit publishes a checkpoint in the write order of docs/FORMAT.md: packs and blob index,
 // the record, the sandbox description (if new) and head ref objects, and
 // last the catalog transaction that makes it visible.
 func (e *Engine) commit(ctx context.Context, cp *catalog.Checkpoint, newSandbox *catalog.Sandbox, roots []delta.ID) error {
