@@ -19,10 +19,10 @@ import (
 
 // hostileHome is a home with one sandbox "s" whose head c1 holds one file
 // over a one-file base.
-func hostileHome(t *testing.T) (*Engine, *CreateResult, *catalog.Checkpoint) {
+func hostileHome(t *testing.T, oracle bool) (*Engine, *CreateResult, *catalog.Checkpoint) {
 	t.Helper()
 	ctx := context.Background()
-	e := newEngine(t)
+	e := openEngineOracle(t, filepath.Join(t.TempDir(), "home"), oracle)
 	base := t.TempDir()
 	write(t, filepath.Join(base, "a.txt"), "base\n")
 	cr, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: base})
@@ -58,7 +58,7 @@ func TestHostileLayersAreRefusedEverywhere(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.Name, func(t *testing.T) {
 			ctx := context.Background()
-			e, cr, c1 := hostileHome(t)
+			e, cr, c1 := hostileHome(t, false) // the store stays hostile
 			pack, err := hostile.WritePack(ctx, e.local, c.Blobs)
 			must(t, err)
 			id, err := hostile.WriteRecord(ctx, e.local, c1, c.Root)
@@ -105,7 +105,7 @@ func TestHostileLayersAreRefusedEverywhere(t *testing.T) {
 func TestLyingRawLengthIsCorruptNotAPanic(t *testing.T) {
 	ctx := context.Background()
 	for _, blobs := range hostile.LyingHeaders() {
-		e, _, c1 := hostileHome(t)
+		e, _, c1 := hostileHome(t, true)
 		pack, err := hostile.WritePack(ctx, e.local, blobs)
 		must(t, err)
 		_, err = e.RebuildCatalog(ctx)
@@ -133,7 +133,7 @@ func TestLyingRawLengthIsCorruptNotAPanic(t *testing.T) {
 // by verify and refused by rollback and branch, which would spread it.
 func TestDamagedMaterialisedBaseIsRefused(t *testing.T) {
 	ctx := context.Background()
-	e, cr, c1 := hostileHome(t)
+	e, cr, c1 := hostileHome(t, true)
 	rep, err := e.Verify(ctx, c1.ID.String())
 	must(t, err)
 	if !rep.BaseChecked {
@@ -154,7 +154,7 @@ func TestDamagedMaterialisedBaseIsRefused(t *testing.T) {
 // reported as such.
 func TestVerifyReportsWhatARestoreWrites(t *testing.T) {
 	ctx := context.Background()
-	e, _, c1 := hostileHome(t)
+	e, _, c1 := hostileHome(t, true)
 	blobs, root := hostile.DAGBomb(16, 4) // 16^4 files, 16+256+4096+65536 dirs
 	_, err := hostile.WritePack(ctx, e.local, blobs)
 	must(t, err)

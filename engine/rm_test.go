@@ -15,7 +15,7 @@ func TestSandboxRmCompletesAKilledRm(t *testing.T) {
 	ctx := context.Background()
 	for _, phase := range []string{"unmounted", "root-dir-gone", "half-deleted", "dir-gone", "objects-gone"} {
 		t.Run(phase, func(t *testing.T) {
-			e, cr, _ := hostileHome(t)
+			e, cr, _ := hostileHome(t, true)
 			dir := e.home.sandboxDir("s")
 			must(t, unix.Unmount(cr.Root, 0))
 			switch phase {
@@ -56,7 +56,7 @@ func TestSandboxRmCompletesAKilledRm(t *testing.T) {
 func TestRemovedSandboxStaysRemovedAcrossRebuild(t *testing.T) {
 	ctx := context.Background()
 	srv := startMinIO(t)
-	e, _, _ := hostileHome(t)
+	e, _, _ := hostileHome(t, true)
 	_, err := e.Init(ctx, remoteCfg(srv.Endpoint, "rmrebuild"))
 	must(t, err)
 	_, err = e.Push(ctx, PushOptions{})
