@@ -2,6 +2,9 @@
 GO      ?= go
 BIN     := bin/turnsnap
 PKGS    := ./...
+# Packages whose tests need no root, run again under the race detector in
+# `make test` (cheap: seconds each), plus the engine's concurrency test.
+RACE_PKGS := ./delta/... ./catalog/... ./engine/content/... ./engine/check/...
 # Tools that are not Debian packages (CRIU prefix, MinIO server) live here;
 # scripts/deps.sh fills it and tests find them through this variable.
 export TURNSNAP_CACHE ?= /var/cache/turnsnap
@@ -32,6 +35,8 @@ vet:
 # (-benchtime=1x) so they cannot rot; real measurements use `make bench`.
 test: deps vet
 	TURNSNAP_REQUIRE_ALL=1 $(GO) test -count=1 -timeout 30m $(PKGS)
+	$(GO) test -race -count=1 -timeout 10m $(RACE_PKGS)
+	TURNSNAP_REQUIRE_ALL=1 $(GO) test -race -count=1 -timeout 10m -run '^TestConcurrentOperations$$' ./engine
 	TURNSNAP_REQUIRE_ALL=1 TURNSNAP_BENCH_SMALL=1 $(GO) test -count=1 -run '^$$' -bench . -benchtime 1x $(PKGS)
 
 bench: deps
@@ -42,8 +47,8 @@ bench: deps
 FUZZTIME ?= 60s
 FUZZ_TARGETS := \
 	./delta:FuzzDecodeTree ./delta:FuzzDecodeBlob ./delta:FuzzCheckState \
-	./upload:FuzzParsePackHeader ./upload:FuzzReadPackBlobs \
-	./catalog:FuzzDecodeRecord
+	./delta:FuzzParsePackHeader ./delta:FuzzReadPackBlobs \
+	./delta:FuzzDecodeRecord
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 	  echo "== $${t#*:} ($${t%%:*}, $(FUZZTIME))"; \

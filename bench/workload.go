@@ -1,3 +1,6 @@
+// Package bench holds turnsnap's benchmark workloads: generators that build
+// sandboxes of a given shape (a source project, text that compresses like
+// code), for the benchmark harness and the demo.
 package bench
 
 import (
@@ -6,9 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"time"
-
-	"github.com/dustin/go-humanize"
 )
 
 // WriteProject writes a small source project, the demo's base image: source
@@ -25,7 +25,7 @@ func WriteProject(dir string, seed int64) error {
 		"tests/main_test.go": "package main\n",
 	}
 	for i := range 20 {
-		files[fmt.Sprintf("src/pkg%02d/code.go", i)] = string(textLike(rng, 4096))
+		files[fmt.Sprintf("src/pkg%02d/code.go", i)] = string(TextLike(rng, 4096))
 	}
 	for rel, content := range files {
 		p := filepath.Join(dir, rel)
@@ -74,8 +74,8 @@ func addBusybox(dir string) error {
 	return os.WriteFile(filepath.Join(dir, "www/index.html"), []byte("dev server: all tests green\n"), 0o644)
 }
 
-// textLike returns n bytes that compress roughly like source code.
-func textLike(rng *rand.Rand, n int) []byte {
+// TextLike returns n bytes that compress roughly like source code.
+func TextLike(rng *rand.Rand, n int) []byte {
 	words := []string{"func", "return", "if", "err", "nil", "for", "range", "ctx", "string", "int", ":=", "{", "}", "(", ")", "\n", "\t"}
 	var b strings.Builder
 	for b.Len() < n {
@@ -86,13 +86,4 @@ func textLike(rng *rand.Rand, n int) []byte {
 		}
 	}
 	return []byte(b.String()[:n])
-}
-
-func humanBytes(n int64) string { return humanize.IBytes(uint64(max(n, 0))) }
-
-func humanDur(d time.Duration) string {
-	if d < time.Second {
-		return fmt.Sprintf("%.1fms", float64(d.Microseconds())/1000)
-	}
-	return d.Round(10 * time.Millisecond).String()
 }

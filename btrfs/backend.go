@@ -11,15 +11,12 @@ import (
 
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
+	"github.com/turnsnap/turnsnap/internal/rootfs"
 	"golang.org/x/sys/unix"
 )
 
 // Name is the backend's name in records and on the command line.
 const Name = "btrfs"
-
-// ConfigPool is the sandbox setting (catalog.Sandbox.Config) naming the
-// pool directory.
-const ConfigPool = "pool"
 
 // DefaultKeep is how many restore points a sandbox keeps. Each costs only
 // the metadata blocks its turn changed, but btrfs slows down with many
@@ -27,12 +24,17 @@ const ConfigPool = "pool"
 // (the last few turns), and older checkpoints restore from the store.
 const DefaultKeep = 32
 
-// Options configures a Backend.
+// Options configures a Backend. Pool is the one setting kept with each
+// sandbox: its JSON form, {"pool": DIR}, is the sandbox object's "config"
+// (docs/FORMAT.md), the same bytes the earlier string map wrote.
 type Options struct {
+	// Pool is a directory on a mounted btrfs filesystem where the
+	// backend keeps its subvolumes.
+	Pool string `json:"pool"`
 	// Keep is how many restore points each sandbox keeps; zero means
 	// DefaultKeep.
-	Keep   int
-	Logger *slog.Logger
+	Keep   int          `json:"-"`
+	Logger *slog.Logger `json:"-"`
 }
 
 // Backend creates btrfs roots in one pool directory.
@@ -41,9 +43,9 @@ type Backend struct {
 	opts Options
 }
 
-// NewBackend returns a backend whose subvolumes live under pool, a directory
-// on a mounted btrfs filesystem.
-func NewBackend(pool string, opts Options) (*Backend, error) {
+// NewBackend returns a backend whose subvolumes live under opts.Pool.
+func NewBackend(opts Options) (*Backend, error) {
+	pool := opts.Pool
 	if pool == "" {
 		return nil, fmt.Errorf("btrfs backend needs a pool directory (--btrfs-pool): %w", errdefs.ErrInvalid)
 	}
@@ -183,7 +185,16 @@ func writeJSON(p string, v any) error {
 // prepared in base, with tree as its writable layer, and mounts it. A local
 // restore point of tree on the same base, in this sandbox pool, is
 // snapshotted (no data copied); otherwise tree is applied from the store.
-func (b *Backend) Create(ctx context.Context, dir, base string, tree delta.ID, loader delta.BlobLoader) (*Root, error) {
+func (b *Backend) Create(ctx context.Context, dir, base string, tree delta.ID, loader delta.BlobLoader) (rootfs.Root, error) {
+	r, err := b.CreateRoot(ctx, dir, base, tree, loader)
+	if err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// CreateRoot is Create returning the concrete root.
+func (b *Backend) CreateRoot(ctx context.Context, dir, base string, tree delta.ID, loader delta.BlobLoader) (*Root, error) {
 	bi, err := readBaseInfo(base)
 	if err != nil {
 		return nil, err
@@ -197,7 +208,7 @@ func (b *Backend) Create(ctx context.Context, dir, base string, tree delta.ID, l
 		}
 		return nil, fmt.Errorf("sandbox dir: %w", err)
 	}
-	r := b.Open(dir, base)
+	r := b.OpenRoot(dir, base)
 	ok := false
 	defer func() {
 		if !ok {
@@ -238,6 +249,11 @@ type sandboxInfo struct {
 
 // Open returns the root kept in dir on base without touching it; base may be
 // empty for operations that do not need it (Path, Remove).
-func (b *Backend) Open(dir, base string) *Root {
+func (b *Backend) Open(dir, base string) rootfs.Root { return b.OpenRoot(dir, base) }
+
+// OpenRoot is Open returning the concrete root.
+func (b *Backend) OpenRoot(dir, base string) *Root {
 	return &Root{b: b, dir: dir, base: base, staged: map[*delta.ScanResult]*stagedScan{}}
 }
+
+var _ rootfs.Backend = (*Backend)(nil)

@@ -23,7 +23,7 @@ func BenchmarkScanScaling(b *testing.B) {
 		sizes = []int{500, 5000}
 	}
 	pool := btrfstest.Pool(b)
-	be, err := NewBackend(pool, Options{})
+	be, err := NewBackend(Options{Pool: pool})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -47,7 +47,7 @@ func BenchmarkScanScaling(b *testing.B) {
 		must(b, err)
 		lower, err := be.PrepareBase(ctx, res.Root, store)
 		must(b, err)
-		r, err := be.Create(ctx, filepath.Join(b.TempDir(), "sb"), lower, delta.EmptyTree(), store)
+		r, err := be.CreateRoot(ctx, filepath.Join(b.TempDir(), "sb"), lower, delta.EmptyTree(), store)
 		must(b, err)
 		b.Cleanup(func() { r.Remove(context.Background()) })
 		edit := 0

@@ -25,7 +25,7 @@ import (
 // must hash as it did when that checkpoint was taken.
 func TestRandomEditsMatchFullWalk(t *testing.T) {
 	pool := btrfstest.Pool(t)
-	b, err := NewBackend(pool, Options{Keep: 3})
+	b, err := NewBackend(Options{Pool: pool, Keep: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +52,7 @@ func runSequence(t *testing.T, b *Backend, seed int64, steps int) {
 	lower, err := b.PrepareBase(ctx, res.Root, store)
 	must(t, err)
 	dir := filepath.Join(t.TempDir(), "sb")
-	r, err := b.Create(ctx, dir, lower, delta.EmptyTree(), store)
+	r, err := b.CreateRoot(ctx, dir, lower, delta.EmptyTree(), store)
 	must(t, err)
 	t.Cleanup(func() { r.Remove(context.Background()) })
 	var history []taken

@@ -31,7 +31,8 @@ type sandbox struct {
 func newSandbox(t *testing.T, opts Options) *sandbox {
 	t.Helper()
 	pool := btrfstest.Pool(t)
-	b, err := NewBackend(pool, opts)
+	opts.Pool = pool
+	b, err := NewBackend(opts)
 	must(t, err)
 	s := &sandbox{t: t, ctx: context.Background(), b: b, store: roottest.NewMemStore()}
 	res, err := delta.Scan(s.ctx, roottest.RichBase(t), delta.ScanOptions{Saver: s.store})
@@ -45,7 +46,7 @@ func newSandbox(t *testing.T, opts Options) *sandbox {
 func (s *sandbox) create(name string, tree delta.ID) *Root {
 	s.t.Helper()
 	dir := filepath.Join(s.t.TempDir(), name)
-	r, err := s.b.Create(s.ctx, dir, s.lower, tree, s.store)
+	r, err := s.b.CreateRoot(s.ctx, dir, s.lower, tree, s.store)
 	must(s.t, err)
 	s.t.Cleanup(func() { r.Remove(context.Background()) })
 	return r

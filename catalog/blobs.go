@@ -175,3 +175,19 @@ func (c *Catalog) AddRefCounts(ctx context.Context, deltas map[delta.ID]int64) e
 	}
 	return nil
 }
+
+// ForEachRefCount calls fn for every object with a non-zero reference
+// count, in ID order: the checker compares them with a recount.
+func (tx *Tx) ForEachRefCount(fn func(id delta.ID, n int64) error) error {
+	return tx.scan([]byte{prefixRefCount}, true, func(key, val []byte) error {
+		id, ok := idFromSuffix(key)
+		if !ok {
+			return fmt.Errorf("refcount key %x: %w", key, errdefs.ErrCorrupt)
+		}
+		var n int64
+		if err := unmarshal(val, &n); err != nil {
+			return fmt.Errorf("refcount of %s: %w", id, err)
+		}
+		return fn(id, n)
+	})
+}

@@ -66,8 +66,8 @@ func TestReopenPersists(t *testing.T) {
 		t.Fatal(err)
 	}
 	cp := testRecord("s1", delta.ID{}, 0, t0)
-	sb := &Sandbox{Name: "s1", Backend: "btrfs", BaseTree: cp.BaseTree, Created: t0,
-		Config: map[string]string{"pool": "/var/lib/turnsnap"}}
+	sb := &delta.Sandbox{Name: "s1", Backend: "btrfs", BaseTree: cp.BaseTree, Created: t0,
+		Config: json.RawMessage(`{"pool":"/var/lib/turnsnap"}`)}
 	blob := delta.Hash([]byte("blob"))
 	loc := BlobLocation{Pack: delta.Hash([]byte("pack")), Type: delta.BlobTree, Offset: 7, Length: 9, RawLength: 20, Compression: 1}
 	update(t, c, func(tx *Tx) error {
@@ -77,7 +77,7 @@ func TestReopenPersists(t *testing.T) {
 		if err := tx.PutCheckpoint(cp); err != nil {
 			return err
 		}
-		if err := tx.SetRef(Ref{Kind: RefHead, Name: "s1", Target: cp.ID}); err != nil {
+		if err := tx.SetRef(delta.Ref{Kind: delta.RefHead, Name: "s1", Target: cp.ID}); err != nil {
 			return err
 		}
 		if err := tx.PutBlob(blob, loc); err != nil {
@@ -103,10 +103,10 @@ func TestReopenPersists(t *testing.T) {
 			t.Errorf("checkpoint after reopen: %+v, %v", got, err)
 		}
 		gsb, err := tx.Sandbox("s1")
-		if err != nil || gsb.Config["pool"] != "/var/lib/turnsnap" || gsb.BaseTree != sb.BaseTree || !gsb.Created.Equal(t0) {
+		if err != nil || string(gsb.Config) != `{"pool":"/var/lib/turnsnap"}` || gsb.BaseTree != sb.BaseTree || !gsb.Created.Equal(t0) {
 			t.Errorf("sandbox after reopen: %+v, %v", gsb, err)
 		}
-		if head, err := tx.GetRef(RefHead, "s1"); err != nil || head != cp.ID {
+		if head, err := tx.GetRef(delta.RefHead, "s1"); err != nil || head != cp.ID {
 			t.Errorf("head after reopen: %s, %v", head, err)
 		}
 		if l, ok, err := tx.Blob(blob); err != nil || !ok || l != loc {
@@ -185,7 +185,7 @@ func TestOpenCanceled(t *testing.T) {
 func TestViewIsReadOnly(t *testing.T) {
 	c := openTest(t)
 	err := c.View(context.Background(), func(tx *Tx) error {
-		return tx.PutSandbox(&Sandbox{Name: "s", Backend: "overlay", BaseTree: delta.ID{1}})
+		return tx.PutSandbox(&delta.Sandbox{Name: "s", Backend: "overlay", BaseTree: delta.ID{1}})
 	})
 	if err == nil {
 		t.Fatal("write in View succeeded")

@@ -110,11 +110,11 @@ func idFromSuffix(key []byte) (delta.ID, bool) {
 
 func sandboxKey(name string) []byte { return append([]byte{prefixSandbox}, name...) }
 
-func refPrefix(kind RefKind) []byte {
+func refPrefix(kind delta.RefKind) []byte {
 	k := make([]byte, 0, 2+len(kind)+64)
 	k = append(k, prefixRef)
 	k = append(k, kind...)
 	return append(k, 0)
 }
 
-func refKey(kind RefKind, name string) []byte { return append(refPrefix(kind), name...) }
+func refKey(kind delta.RefKind, name string) []byte { return append(refPrefix(kind), name...) }

@@ -14,13 +14,13 @@ import (
 )
 
 // put adds a checkpoint and returns its ID.
-func put(t *testing.T, c *Catalog, cp *Checkpoint) delta.ID {
+func put(t *testing.T, c *Catalog, cp *delta.Checkpoint) delta.ID {
 	t.Helper()
 	update(t, c, func(tx *Tx) error { return tx.PutCheckpoint(cp) })
 	return cp.ID
 }
 
-func ids(cps []*Checkpoint) []delta.ID {
+func ids(cps []*delta.Checkpoint) []delta.ID {
 	out := make([]delta.ID, len(cps))
 	for i, cp := range cps {
 		out[i] = cp.ID
@@ -95,7 +95,7 @@ func TestPutCheckpoint(t *testing.T) {
 	c := openTest(t)
 	cp := testRecord("s", delta.ID{}, 0, t0)
 	id := put(t, c, cp)
-	if _, want, _ := EncodeRecord(cp); id != want {
+	if _, want, _ := delta.EncodeRecord(cp); id != want {
 		t.Fatalf("PutCheckpoint set ID %s, want %s", id, want)
 	}
 	err := c.Update(t.Context(), func(tx *Tx) error { return tx.PutCheckpoint(testRecord("s", delta.ID{}, 0, t0)) })
@@ -108,7 +108,7 @@ func TestPutCheckpoint(t *testing.T) {
 		t.Fatalf("wrong ID: %v", err)
 	}
 	// A record altered in the catalog is caught on read.
-	data, _, _ := EncodeRecord(testRecord("s", delta.ID{}, 9, t0))
+	data, _, _ := delta.EncodeRecord(testRecord("s", delta.ID{}, 9, t0))
 	if err := c.db.Update(func(txn *badger.Txn) error { return txn.Set(checkpointKey(id), data) }); err != nil {
 		t.Fatal(err)
 	}
@@ -116,7 +116,7 @@ func TestPutCheckpoint(t *testing.T) {
 	if !errors.Is(err, errdefs.ErrCorrupt) || !strings.Contains(err.Error(), id.String()) {
 		t.Fatalf("tampered record: %v", err)
 	}
-	err = c.View(t.Context(), func(tx *Tx) error { return tx.ForEachCheckpoint(func(*Checkpoint) error { return nil }) })
+	err = c.View(t.Context(), func(tx *Tx) error { return tx.ForEachCheckpoint(func(*delta.Checkpoint) error { return nil }) })
 	if !errors.Is(err, errdefs.ErrCorrupt) {
 		t.Fatalf("ForEachCheckpoint over a tampered record: %v", err)
 	}
@@ -128,14 +128,14 @@ func TestSandboxCheckpointsOrder(t *testing.T) {
 	// one before 1970; a neighbouring sandbox whose name extends this one's
 	// must not leak in.
 	times := []time.Time{t0.Add(time.Hour), t0, t0.Add(-time.Hour), t0, time.Unix(-5, 0), t0.Add(time.Nanosecond)}
-	var all []*Checkpoint
+	var all []*delta.Checkpoint
 	for i, tm := range times {
 		cp := testRecord("s", delta.ID{}, i, tm)
 		put(t, c, cp)
 		all = append(all, cp)
 		put(t, c, testRecord("s2", delta.ID{}, i, tm))
 	}
-	slices.SortFunc(all, func(a, b *Checkpoint) int {
+	slices.SortFunc(all, func(a, b *delta.Checkpoint) int {
 		if d := a.Created.Compare(b.Created); d != 0 {
 			return d
 		}
@@ -150,7 +150,7 @@ func TestSandboxCheckpointsOrder(t *testing.T) {
 			t.Errorf("unknown sandbox: %v %v", none, err)
 		}
 		n := 0
-		if err := tx.ForEachCheckpoint(func(*Checkpoint) error { n++; return nil }); err != nil || n != 2*len(times) {
+		if err := tx.ForEachCheckpoint(func(*delta.Checkpoint) error { n++; return nil }); err != nil || n != 2*len(times) {
 			t.Errorf("ForEachCheckpoint saw %d, %v", n, err)
 		}
 		return nil
@@ -172,7 +172,7 @@ func TestForEachCheckpointPaging(t *testing.T) {
 	})
 	seen := make(map[delta.ID]bool)
 	update(t, c, func(tx *Tx) error {
-		return tx.ForEachCheckpoint(func(cp *Checkpoint) error {
+		return tx.ForEachCheckpoint(func(cp *delta.Checkpoint) error {
 			if seen[cp.ID] {
 				return fmt.Errorf("%s seen twice", cp.ID)
 			}

@@ -13,11 +13,11 @@ import (
 // collidingRecords finds two records whose IDs share their first 4 hex
 // digits, by encoding (not storing) records until two collide; the records
 // are deterministic, so so is the pair.
-func collidingRecords(t *testing.T) (a, b *Checkpoint) {
-	seen := make(map[string]*Checkpoint)
+func collidingRecords(t *testing.T) (a, b *delta.Checkpoint) {
+	seen := make(map[string]*delta.Checkpoint)
 	for turn := 0; turn < 100000; turn++ {
 		cp := testRecord("s", delta.ID{}, turn, t0)
-		_, id, err := EncodeRecord(cp)
+		_, id, err := delta.EncodeRecord(cp)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -37,11 +37,11 @@ func TestResolveCheckpoint(t *testing.T) {
 	idA, idB := put(t, c, a), put(t, c, b)
 	other := put(t, c, testRecord("s", delta.ID{}, 200000, t0))
 	update(t, c, func(tx *Tx) error {
-		if err := tx.SetRef(Ref{Kind: RefTag, Name: "v1", Target: other}); err != nil {
+		if err := tx.SetRef(delta.Ref{Kind: delta.RefTag, Name: "v1", Target: other}); err != nil {
 			return err
 		}
 		// A hex-looking tag that matches no checkpoint prefix.
-		return tx.SetRef(Ref{Kind: RefTag, Name: "ffffffff", Target: idA})
+		return tx.SetRef(delta.Ref{Kind: delta.RefTag, Name: "ffffffff", Target: idA})
 	})
 	if strings.HasPrefix(idA.String(), "ffffffff") || strings.HasPrefix(idB.String(), "ffffffff") || strings.HasPrefix(other.String(), "ffffffff") {
 		t.Skip("unlucky IDs")
@@ -104,11 +104,11 @@ func TestRefs(t *testing.T) {
 	x := put(t, c, testRecord("s", delta.ID{}, 0, t0))
 	y := put(t, c, testRecord("s", x, 1, t0))
 	update(t, c, func(tx *Tx) error {
-		for _, r := range []Ref{
-			{Kind: RefHead, Name: "s", Target: x},
-			{Kind: RefHead, Name: "s", Target: y}, // moves the head
-			{Kind: RefTag, Name: "b", Target: x},
-			{Kind: RefTag, Name: "a", Target: y},
+		for _, r := range []delta.Ref{
+			{Kind: delta.RefHead, Name: "s", Target: x},
+			{Kind: delta.RefHead, Name: "s", Target: y}, // moves the head
+			{Kind: delta.RefTag, Name: "b", Target: x},
+			{Kind: delta.RefTag, Name: "a", Target: y},
 		} {
 			if err := tx.SetRef(r); err != nil {
 				return err
@@ -117,35 +117,35 @@ func TestRefs(t *testing.T) {
 		return nil
 	})
 	view(t, c, func(tx *Tx) error {
-		if head, err := tx.GetRef(RefHead, "s"); err != nil || head != y {
+		if head, err := tx.GetRef(delta.RefHead, "s"); err != nil || head != y {
 			t.Errorf("head: %s %v", head, err)
 		}
-		tags, err := tx.Refs(RefTag)
-		want := []Ref{{RefTag, "a", y}, {RefTag, "b", x}}
+		tags, err := tx.Refs(delta.RefTag)
+		want := []delta.Ref{{Kind: delta.RefTag, Name: "a", Target: y}, {Kind: delta.RefTag, Name: "b", Target: x}}
 		if err != nil || !slices.Equal(tags, want) {
 			t.Errorf("tags: %v %v", tags, err)
 		}
-		if heads, _ := tx.Refs(RefHead); len(heads) != 1 {
+		if heads, _ := tx.Refs(delta.RefHead); len(heads) != 1 {
 			t.Errorf("heads: %v", heads)
 		}
-		if _, err := tx.GetRef(RefTag, "s"); !errors.Is(err, errdefs.ErrNotFound) || !strings.Contains(err.Error(), "tag/s") {
+		if _, err := tx.GetRef(delta.RefTag, "s"); !errors.Is(err, errdefs.ErrNotFound) || !strings.Contains(err.Error(), "tag/s") {
 			t.Errorf("kinds are separate namespaces: %v", err)
 		}
 		return nil
 	})
 	for name, fn := range map[string]func(tx *Tx) error{
-		"dangling":  func(tx *Tx) error { return tx.SetRef(Ref{Kind: RefTag, Name: "z", Target: delta.ID{9}}) },
-		"bad name":  func(tx *Tx) error { return tx.SetRef(Ref{Kind: RefTag, Name: ".z", Target: x}) },
-		"bad kind":  func(tx *Tx) error { return tx.SetRef(Ref{Kind: "branch", Name: "z", Target: x}) },
-		"del again": func(tx *Tx) error { return tx.DeleteRef(RefTag, "gone") },
+		"dangling":  func(tx *Tx) error { return tx.SetRef(delta.Ref{Kind: delta.RefTag, Name: "z", Target: delta.ID{9}}) },
+		"bad name":  func(tx *Tx) error { return tx.SetRef(delta.Ref{Kind: delta.RefTag, Name: ".z", Target: x}) },
+		"bad kind":  func(tx *Tx) error { return tx.SetRef(delta.Ref{Kind: "branch", Name: "z", Target: x}) },
+		"del again": func(tx *Tx) error { return tx.DeleteRef(delta.RefTag, "gone") },
 	} {
 		if err := c.Update(t.Context(), fn); err == nil {
 			t.Errorf("%s: no error", name)
 		}
 	}
-	update(t, c, func(tx *Tx) error { return tx.DeleteRef(RefTag, "a") })
+	update(t, c, func(tx *Tx) error { return tx.DeleteRef(delta.RefTag, "a") })
 	view(t, c, func(tx *Tx) error {
-		if _, err := tx.GetRef(RefTag, "a"); !errors.Is(err, errdefs.ErrNotFound) {
+		if _, err := tx.GetRef(delta.RefTag, "a"); !errors.Is(err, errdefs.ErrNotFound) {
 			t.Errorf("deleted tag: %v", err)
 		}
 		return nil
@@ -157,7 +157,7 @@ func TestSandboxes(t *testing.T) {
 	base := delta.Hash([]byte("base"))
 	update(t, c, func(tx *Tx) error {
 		for _, n := range []string{"zeta", "alpha", "mid"} {
-			if err := tx.PutSandbox(&Sandbox{Name: n, Backend: "overlay", BaseTree: base, Created: t0}); err != nil {
+			if err := tx.PutSandbox(&delta.Sandbox{Name: n, Backend: "overlay", BaseTree: base, Created: t0}); err != nil {
 				return err
 			}
 		}
@@ -182,7 +182,7 @@ func TestSandboxes(t *testing.T) {
 	if !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("second delete: %v", err)
 	}
-	err = c.Update(t.Context(), func(tx *Tx) error { return tx.PutSandbox(&Sandbox{Name: "x", Backend: "overlay"}) })
+	err = c.Update(t.Context(), func(tx *Tx) error { return tx.PutSandbox(&delta.Sandbox{Name: "x", Backend: "overlay"}) })
 	if !errors.Is(err, errdefs.ErrInvalid) {
 		t.Errorf("sandbox without base: %v", err)
 	}

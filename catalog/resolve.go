@@ -41,8 +41,8 @@ func (tx *Tx) ResolveCheckpoint(s string) (delta.ID, error) {
 			return delta.ID{}, tx.ambiguous(s, matches)
 		}
 	}
-	if ValidName(s) {
-		id, err := tx.GetRef(RefTag, s)
+	if delta.ValidRefName(s) {
+		id, err := tx.GetRef(delta.RefTag, s)
 		if err == nil {
 			return id, nil
 		}

@@ -142,8 +142,8 @@ func (tx *Tx) del(key []byte, what string) error {
 // cp.ID set to its hash; a non-zero cp.ID that differs is ErrInvalid. The
 // parent need not be in the catalog, so a rebuild may add records in any
 // order; Ancestors reports a missing one.
-func (tx *Tx) PutCheckpoint(cp *Checkpoint) error {
-	data, id, err := EncodeRecord(cp)
+func (tx *Tx) PutCheckpoint(cp *delta.Checkpoint) error {
+	data, id, err := delta.EncodeRecord(cp)
 	if err != nil {
 		return err
 	}
@@ -172,7 +172,7 @@ func (tx *Tx) PutCheckpoint(cp *Checkpoint) error {
 }
 
 // Checkpoint returns the record of id, verified against its hash.
-func (tx *Tx) Checkpoint(id delta.ID) (*Checkpoint, error) {
+func (tx *Tx) Checkpoint(id delta.ID) (*delta.Checkpoint, error) {
 	data, found, err := tx.get(checkpointKey(id))
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint %s: %w", id, err)
@@ -180,7 +180,7 @@ func (tx *Tx) Checkpoint(id delta.ID) (*Checkpoint, error) {
 	if !found {
 		return nil, fmt.Errorf("checkpoint %s: %w", id, errdefs.ErrNotFound)
 	}
-	return DecodeRecord(id, data)
+	return delta.DecodeRecord(id, data)
 }
 
 // Children returns the checkpoints whose parent is id, in ID order. The zero
@@ -201,8 +201,8 @@ func (tx *Tx) Children(id delta.ID) ([]delta.ID, error) {
 // Ancestors returns id's record followed by its parent's, grandparent's and so
 // on to the root, at most limit records (limit <= 0: all). A parent missing
 // from the catalog is ErrNotFound naming both checkpoints.
-func (tx *Tx) Ancestors(id delta.ID, limit int) ([]*Checkpoint, error) {
-	var out []*Checkpoint
+func (tx *Tx) Ancestors(id delta.ID, limit int) ([]*delta.Checkpoint, error) {
+	var out []*delta.Checkpoint
 	seen := make(map[delta.ID]bool)
 	var child delta.ID // the record whose Parent cur is; zero for id itself
 	for cur := id; !cur.IsZero() && (limit <= 0 || len(out) < limit); {
@@ -230,8 +230,8 @@ func (tx *Tx) Ancestors(id delta.ID, limit int) ([]*Checkpoint, error) {
 
 // SandboxCheckpoints returns the sandbox's checkpoints in creation order (ties
 // broken by ID). A sandbox with none, or unknown to the catalog, gives none.
-func (tx *Tx) SandboxCheckpoints(sandbox string) ([]*Checkpoint, error) {
-	if !ValidName(sandbox) {
+func (tx *Tx) SandboxCheckpoints(sandbox string) ([]*delta.Checkpoint, error) {
+	if !delta.ValidRefName(sandbox) {
 		return nil, fmt.Errorf("sandbox %q: name is not valid: %w", sandbox, errdefs.ErrInvalid)
 	}
 	var ids []delta.ID
@@ -243,7 +243,7 @@ func (tx *Tx) SandboxCheckpoints(sandbox string) ([]*Checkpoint, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: checkpoints: %w", sandbox, err)
 	}
-	out := make([]*Checkpoint, 0, len(ids))
+	out := make([]*delta.Checkpoint, 0, len(ids))
 	for _, id := range ids {
 		cp, err := tx.Checkpoint(id)
 		if err != nil {
@@ -256,10 +256,10 @@ func (tx *Tx) SandboxCheckpoints(sandbox string) ([]*Checkpoint, error) {
 
 // ForEachCheckpoint calls fn with every checkpoint, in ID order, stopping at
 // the first error. fn may use the Tx, including writing through it.
-func (tx *Tx) ForEachCheckpoint(fn func(*Checkpoint) error) error {
+func (tx *Tx) ForEachCheckpoint(fn func(*delta.Checkpoint) error) error {
 	return tx.scan([]byte{prefixCheckpoint}, true, func(key, val []byte) error {
 		id, _ := idFromSuffix(key)
-		cp, err := DecodeRecord(id, val)
+		cp, err := delta.DecodeRecord(id, val)
 		if err != nil {
 			return err
 		}

@@ -10,11 +10,11 @@ import (
 // PutSandbox creates or replaces the sandbox's entry. Created is stored in
 // UTC. To create exclusively, check Sandbox first in the same Update: the
 // transaction conflicts if another writer creates it in between.
-func (tx *Tx) PutSandbox(sb *Sandbox) error {
+func (tx *Tx) PutSandbox(sb *delta.Sandbox) error {
 	if sb == nil {
 		return fmt.Errorf("put sandbox: nil sandbox: %w", errdefs.ErrInvalid)
 	}
-	if err := sb.validate(); err != nil {
+	if err := sb.Validate(); err != nil {
 		return fmt.Errorf("put sandbox: %v: %w", err, errdefs.ErrInvalid)
 	}
 	s := *sb
@@ -23,11 +23,11 @@ func (tx *Tx) PutSandbox(sb *Sandbox) error {
 }
 
 // Sandbox returns the named sandbox's entry.
-func (tx *Tx) Sandbox(name string) (*Sandbox, error) {
-	if !ValidName(name) {
+func (tx *Tx) Sandbox(name string) (*delta.Sandbox, error) {
+	if !delta.ValidRefName(name) {
 		return nil, fmt.Errorf("sandbox %q: name is not valid: %w", name, errdefs.ErrInvalid)
 	}
-	sb := new(Sandbox)
+	sb := new(delta.Sandbox)
 	found, err := tx.getJSON(sandboxKey(name), sb, "sandbox "+name)
 	if err != nil {
 		return nil, err
@@ -39,10 +39,10 @@ func (tx *Tx) Sandbox(name string) (*Sandbox, error) {
 }
 
 // Sandboxes returns every sandbox, in name order.
-func (tx *Tx) Sandboxes() ([]*Sandbox, error) {
-	var out []*Sandbox
+func (tx *Tx) Sandboxes() ([]*delta.Sandbox, error) {
+	var out []*delta.Sandbox
 	err := tx.scan([]byte{prefixSandbox}, true, func(key, val []byte) error {
-		sb := new(Sandbox)
+		sb := new(delta.Sandbox)
 		if err := unmarshal(val, sb); err != nil {
 			return fmt.Errorf("sandbox %s: %w", key[1:], err)
 		}
@@ -67,7 +67,7 @@ func (tx *Tx) DeleteSandbox(name string) error {
 // SetRef points a ref at a checkpoint, replacing any previous target. The
 // target must be in the catalog, so resolving a ref never yields an ID that
 // Checkpoint cannot find.
-func (tx *Tx) SetRef(r Ref) error {
+func (tx *Tx) SetRef(r delta.Ref) error {
 	if err := checkRefName(r.Kind, r.Name); err != nil {
 		return err
 	}
@@ -82,12 +82,12 @@ func (tx *Tx) SetRef(r Ref) error {
 }
 
 // GetRef returns the checkpoint a ref points at.
-func (tx *Tx) GetRef(kind RefKind, name string) (delta.ID, error) {
+func (tx *Tx) GetRef(kind delta.RefKind, name string) (delta.ID, error) {
 	if err := checkRefName(kind, name); err != nil {
 		return delta.ID{}, err
 	}
 	var v refValue
-	what := "ref " + Ref{Kind: kind, Name: name}.String()
+	what := "ref " + delta.Ref{Kind: kind, Name: name}.String()
 	found, err := tx.getJSON(refKey(kind, name), &v, what)
 	if err != nil {
 		return delta.ID{}, err
@@ -99,14 +99,14 @@ func (tx *Tx) GetRef(kind RefKind, name string) (delta.ID, error) {
 }
 
 // Refs returns every ref of kind, in name order.
-func (tx *Tx) Refs(kind RefKind) ([]Ref, error) {
-	if !kind.known() {
+func (tx *Tx) Refs(kind delta.RefKind) ([]delta.Ref, error) {
+	if !kind.Known() {
 		return nil, fmt.Errorf("ref kind %q: %w", kind, errdefs.ErrInvalid)
 	}
 	prefix := refPrefix(kind)
-	var out []Ref
+	var out []delta.Ref
 	err := tx.scan(prefix, true, func(key, val []byte) error {
-		r := Ref{Kind: kind, Name: string(key[len(prefix):])}
+		r := delta.Ref{Kind: kind, Name: string(key[len(prefix):])}
 		var v refValue
 		if err := unmarshal(val, &v); err != nil {
 			return fmt.Errorf("ref %s: %w", r, err)
@@ -122,9 +122,9 @@ func (tx *Tx) Refs(kind RefKind) ([]Ref, error) {
 }
 
 // DeleteRef removes a ref; the checkpoint it pointed at is untouched.
-func (tx *Tx) DeleteRef(kind RefKind, name string) error {
+func (tx *Tx) DeleteRef(kind delta.RefKind, name string) error {
 	if _, err := tx.GetRef(kind, name); err != nil {
 		return err
 	}
-	return tx.del(refKey(kind, name), "ref "+Ref{Kind: kind, Name: name}.String())
+	return tx.del(refKey(kind, name), "ref "+delta.Ref{Kind: kind, Name: name}.String())
 }

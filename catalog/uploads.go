@@ -68,7 +68,7 @@ func (tx *Tx) EnqueueUploads(items []PendingUpload) error {
 		}
 	}
 	for _, it := range items {
-		if !ValidName(it.Sandbox) || it.Name == "" {
+		if !delta.ValidRefName(it.Sandbox) || it.Name == "" {
 			return fmt.Errorf("queue upload %q of sandbox %q: %w", it.Name, it.Sandbox, errdefs.ErrInvalid)
 		}
 		seq++

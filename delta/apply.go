@@ -38,7 +38,7 @@ type ApplyStats struct {
 // existing empty directory. Whiteouts and opaque directories are written in
 // overlayfs's on-disk form, so the result can serve as an upper directory.
 //
-// Safety (docs/FORMAT.md, "Safe apply"): every name was validated when its
+// Safety: every name was validated when its
 // tree was decoded, every object is created fresh with O_EXCL/mkdir/mknod
 // semantics and never opened through a symlink, and hardlinks may only point
 // at files this call created, so nothing is written outside dst. Chunks are

@@ -23,7 +23,7 @@ import (
 // Metadata is set exactly, xattrs included (xattrs the entry does not list
 // are removed, except overlay's own trusted.overlay.* bookkeeping).
 //
-// Safety (docs/FORMAT.md, "Safe apply"): dst may hold anything, symlinks
+// Safety: dst may hold anything, symlinks
 // included, and none is ever followed: every directory is opened from its
 // parent's descriptor with openat2 RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS, every
 // name is created or removed relative to that descriptor, and hardlinks may

@@ -8,7 +8,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/turnsnap/turnsnap/catalog"
+	"github.com/turnsnap/turnsnap/delta"
 )
 
 // Benchmark sandbox shape: the issue asks for at least 20,000 base files and
@@ -83,7 +83,7 @@ func BenchmarkCheckpoint(b *testing.B) {
 		for b.Loop() {
 			r, err := e.Checkpoint(ctx, "bench", CheckpointOptions{})
 			must(b, err)
-			if r.Class != catalog.ClassSkip {
+			if r.Class != delta.ClassSkip {
 				b.Fatalf("no-op classed %s", r.Class)
 			}
 			read += r.Stats.FilesRead
@@ -100,7 +100,7 @@ func BenchmarkCheckpoint(b *testing.B) {
 			b.StartTimer()
 			r, err := e.Checkpoint(ctx, "bench", CheckpointOptions{})
 			must(b, err)
-			if r.Class != catalog.ClassSkip {
+			if r.Class != delta.ClassSkip {
 				b.Fatalf("baseline classed %s", r.Class)
 			}
 		}
@@ -119,7 +119,7 @@ func BenchmarkCheckpoint(b *testing.B) {
 			b.StartTimer()
 			r, err := e.Checkpoint(ctx, "bench", CheckpointOptions{})
 			must(b, err)
-			if r.Class != catalog.ClassFS {
+			if r.Class != delta.ClassFS {
 				b.Fatalf("10-file turn classed %s", r.Class)
 			}
 			newBytes += r.Stats.BytesNew
@@ -131,7 +131,7 @@ func BenchmarkCheckpoint(b *testing.B) {
 		must(b, err)
 		target := log[len(log)-2].ID.String() // the checkpoint with all changed files
 		for b.Loop() {
-			if _, err := e.Rollback(ctx, "bench", target); err != nil {
+			if _, err := e.Rollback(ctx, "bench", target, RollbackOptions{}); err != nil {
 				b.Fatal(err)
 			}
 		}

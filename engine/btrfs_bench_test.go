@@ -8,7 +8,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/turnsnap/turnsnap/catalog"
+	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/btrfstest"
 )
 
@@ -90,7 +90,7 @@ func BenchmarkBtrfsVsOverlay(b *testing.B) {
 						for b.Loop() {
 							r, err := e.Checkpoint(ctx, s.name, CheckpointOptions{})
 							must(b, err)
-							if r.Class != catalog.ClassSkip {
+							if r.Class != delta.ClassSkip {
 								b.Fatalf("no-op turn classed %s", r.Class)
 							}
 							entries += r.Stats.Entries
@@ -115,7 +115,7 @@ func BenchmarkBtrfsVsOverlay(b *testing.B) {
 							b.StartTimer()
 							r, err := e.Checkpoint(ctx, s.name, CheckpointOptions{})
 							must(b, err)
-							if r.Class != catalog.ClassFS {
+							if r.Class != delta.ClassFS {
 								b.Fatalf("10-file turn classed %s", r.Class)
 							}
 							entries += r.Stats.Entries
@@ -134,14 +134,14 @@ func BenchmarkBtrfsVsOverlay(b *testing.B) {
 						alt := [2]string{targets[s.name], log[0].ID.String()}
 						n := 0
 						for b.Loop() {
-							if _, err := e.Rollback(ctx, s.name, alt[n%2]); err != nil {
+							if _, err := e.Rollback(ctx, s.name, alt[n%2], RollbackOptions{}); err != nil {
 								b.Fatal(err)
 							}
 							n++
 						}
 						// Leave the sandbox at its newest state for the next round.
 						if n%2 == 1 {
-							_, err := e.Rollback(ctx, s.name, alt[1])
+							_, err := e.Rollback(ctx, s.name, alt[1], RollbackOptions{})
 							must(b, err)
 						}
 					})

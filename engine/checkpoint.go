@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/turnsnap/turnsnap/catalog"
@@ -23,10 +22,10 @@ type CheckpointResult struct {
 	// this state.
 	ID       delta.ID
 	Sandbox  string
-	Class    catalog.Class
+	Class    delta.Class
 	Turn     int
 	Parent   delta.ID
-	Stats    catalog.Stats
+	Stats    delta.Stats
 	Duration time.Duration
 	// ProcessChange says why the turn counted as a process change ("" if
 	// it did not): a process appeared, ended, used CPU, did I/O...
@@ -41,6 +40,11 @@ type CheckpointResult struct {
 // state key leaves out directory mtimes and overlay copy-up residue, so a
 // temp file created and deleted within the turn is a skip.
 func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOptions) (*CheckpointResult, error) {
+	done, err := e.op(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
 	start := time.Now()
 	st, err := e.loadSandbox(ctx, name)
 	if err != nil {
@@ -49,10 +53,13 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	if err := st.root.Mount(ctx); err != nil {
 		return nil, err
 	}
-	e.repo.reset()
-	defer e.repo.reset() // a failed or skipped turn leaves nothing pending
+	// The turn's pending writes live in op: a failed or skipped turn drops
+	// it and deletes the packs it wrote (Op.Discard keeps any that got
+	// indexed), so a turn that ran out of space leaves nothing behind.
+	op := e.repo.Begin()
+	defer op.Discard(context.WithoutCancel(ctx))
 	// Processes first: decide whether they changed and pause them, so the
-	// scan and any dump below are one instant (docs/PROCESSES.md, "The consistent cut").
+	// scan and any dump below are one instant.
 	pt, err := e.beginProcTurn(ctx, name, st.head)
 	if err != nil {
 		return nil, err
@@ -65,14 +72,14 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 		}
 	}
 	defer resume()
-	res, err := st.root.Scan(ctx, e.repo)
+	res, err := st.root.Scan(ctx, op)
 	if err != nil {
 		return nil, err
 	}
 	if rescan, err := e.confirmIdle(ctx, name, pt, st.head); err != nil {
 		return nil, err
 	} else if rescan {
-		if res, err = st.root.Scan(ctx, e.repo); err != nil {
+		if res, err = st.root.Scan(ctx, op); err != nil {
 			return nil, err
 		}
 	}
@@ -80,7 +87,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	if opts.Turn != nil {
 		turn = *opts.Turn
 	}
-	stats := catalog.Stats{
+	stats := delta.Stats{
 		Entries: res.Stats.Entries, FilesRead: res.Stats.FilesRead, BytesRead: res.Stats.BytesRead,
 	}
 	fsChanged := res.StateKey != st.head.StateKey
@@ -95,7 +102,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 			}
 		}
 		stats.DurationNs = time.Since(start).Nanoseconds()
-		return &CheckpointResult{ID: st.head.ID, Sandbox: name, Class: catalog.ClassSkip, Turn: turn,
+		return &CheckpointResult{ID: st.head.ID, Sandbox: name, Class: delta.ClassSkip, Turn: turn,
 			Parent: st.head.ID, Stats: stats, Duration: time.Since(start)}, nil
 	}
 	// Unchanged processes keep the image they were last dumped with.
@@ -103,7 +110,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	if pt.changed {
 		procTree, host = nil, nil
 		if pt.running && len(pt.cur.Procs) > 0 {
-			storeImage, err := e.dump(ctx, name)
+			storeImage, err := e.dump(ctx, name, op)
 			if err != nil {
 				return nil, err
 			}
@@ -116,15 +123,15 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 		}
 	}
 	resume()
-	cp := &catalog.Checkpoint{
-		Version: catalog.RecordVersion, Sandbox: name, Parent: st.head.ID, Turn: turn,
+	cp := &delta.Checkpoint{
+		Version: delta.RecordVersion, Sandbox: name, Parent: st.head.ID, Turn: turn,
 		Class: classify(fsChanged, pt.changed), Backend: st.sb.Backend, BaseTree: st.head.BaseTree,
 		FSTree: res.Root, StateKey: res.StateKey, ProcTree: procTree, Host: host,
 		Message: opts.Message, Created: time.Now().UTC(), Stats: stats,
 	}
 	cp.Stats.DurationNs = time.Since(start).Nanoseconds()
 	cp.Stats.PauseNs = pt.paused.Nanoseconds()
-	if err := e.commit(ctx, cp, nil, cp.Roots()); err != nil {
+	if err := e.commit(ctx, op, cp, nil, cp.Roots()); err != nil {
 		return nil, err
 	}
 	if pt.changed && pt.running {
@@ -144,23 +151,23 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	return out, nil
 }
 
-// classify names a turn by what changed (README, the turn classes).
-func classify(fs, procs bool) catalog.Class {
+// classify names a turn by what changed (docs/FORMAT.md, "Record": class).
+func classify(fs, procs bool) delta.Class {
 	switch {
 	case fs && procs:
-		return catalog.ClassFull
+		return delta.ClassFull
 	case procs:
-		return catalog.ClassProcess
+		return delta.ClassProcess
 	case fs:
-		return catalog.ClassFS
+		return delta.ClassFS
 	}
-	return catalog.ClassSkip
+	return delta.ClassSkip
 }
 
 // resolve turns a user's checkpoint reference (full id, unique prefix, tag)
 // into a checkpoint.
-func (e *Engine) resolve(ctx context.Context, ref string) (*catalog.Checkpoint, error) {
-	var cp *catalog.Checkpoint
+func (e *Engine) resolve(ctx context.Context, ref string) (*delta.Checkpoint, error) {
+	var cp *delta.Checkpoint
 	err := e.view(ctx, func(tx *catalog.Tx) error {
 		id, err := tx.ResolveCheckpoint(ref)
 		if err != nil {
@@ -170,12 +177,12 @@ func (e *Engine) resolve(ctx context.Context, ref string) (*catalog.Checkpoint, 
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("checkpoint %q: %w", ref, err)
+		return nil, err // the catalog names the reference
 	}
 	return cp, nil
 }
 
 // Resolve is resolve for callers outside the engine.
-func (e *Engine) Resolve(ctx context.Context, ref string) (*catalog.Checkpoint, error) {
+func (e *Engine) Resolve(ctx context.Context, ref string) (*delta.Checkpoint, error) {
 	return e.resolve(ctx, ref)
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/turnsnap/turnsnap/engine/remote"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/upload"
 )
@@ -31,9 +32,8 @@ type RemoteConfig struct {
 	Concurrency int `json:"concurrency,omitempty"`
 }
 
-// DefaultUploadConcurrency keeps a few PUTs in flight so one slow request
-// does not idle the link, without letting a 2-core host spend itself on TLS.
-const DefaultUploadConcurrency = 4
+// DefaultUploadConcurrency is how many uploads run at once by default.
+const DefaultUploadConcurrency = remote.DefaultConcurrency
 
 func (h home) configFile() string { return filepath.Join(string(h), "config.json") }
 

@@ -2,12 +2,14 @@ package engine
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"testing"
 
 	"github.com/turnsnap/turnsnap/btrfs"
 	"github.com/turnsnap/turnsnap/catalog"
+	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/btrfstest"
 	"github.com/turnsnap/turnsnap/internal/roottest"
 	"github.com/turnsnap/turnsnap/overlay"
@@ -18,7 +20,7 @@ import (
 // restores into a sandbox of either backend with an identical merged tree.
 
 func btrfsOpts(pool, base string) CreateOptions {
-	return CreateOptions{Base: base, Backend: btrfs.Name, Config: map[string]string{btrfs.ConfigPool: pool}}
+	return CreateOptions{Base: base, Backend: btrfs.Name, Btrfs: btrfs.Options{Pool: pool}}
 }
 
 func TestBtrfsCheckpointRestoresIntoOverlay(t *testing.T) {
@@ -32,7 +34,7 @@ func TestBtrfsCheckpointRestoresIntoOverlay(t *testing.T) {
 	want := mergedState(t, cr.Root)
 	c1, err := e.Checkpoint(ctx, "b", CheckpointOptions{})
 	must(t, err)
-	if c1.Class != catalog.ClassFS {
+	if c1.Class != delta.ClassFS {
 		t.Fatalf("turn with edits classed %s", c1.Class)
 	}
 	// Branch into overlay: a btrfs checkpoint on a host without btrfs.
@@ -44,13 +46,13 @@ func TestBtrfsCheckpointRestoresIntoOverlay(t *testing.T) {
 	settle()
 	noop, err := e.Checkpoint(ctx, "o", CheckpointOptions{})
 	must(t, err)
-	if noop.Class != catalog.ClassSkip {
+	if noop.Class != delta.ClassSkip {
 		t.Fatalf("first turn of the overlay branch, unchanged, classed %s", noop.Class)
 	}
 	// Rollback of an overlay sandbox on the same base to the btrfs checkpoint.
 	_, err = e.CreateSandbox(ctx, "o2", CreateOptions{Base: base})
 	must(t, err)
-	rb, err := e.Rollback(ctx, "o2", c1.ID.String())
+	rb, err := e.Rollback(ctx, "o2", c1.ID.String(), RollbackOptions{})
 	must(t, err)
 	if got := mergedState(t, rb.Root); got != want {
 		t.Fatalf("overlay rollback to a btrfs checkpoint hashes to %s, want %s", got.Short(), want.Short())
@@ -60,7 +62,7 @@ func TestBtrfsCheckpointRestoresIntoOverlay(t *testing.T) {
 	want2 := mergedState(t, br.Root)
 	c2, err := e.Checkpoint(ctx, "o", CheckpointOptions{})
 	must(t, err)
-	back, err := e.Branch(ctx, c2.ID.String(), "b2", BranchOptions{Backend: btrfs.Name, Config: map[string]string{btrfs.ConfigPool: pool}})
+	back, err := e.Branch(ctx, c2.ID.String(), "b2", BranchOptions{Backend: btrfs.Name, Btrfs: btrfs.Options{Pool: pool}})
 	must(t, err)
 	if got := mergedState(t, back.Root); got != want2 {
 		t.Fatalf("btrfs branch of the overlay checkpoint hashes to %s, want %s", got.Short(), want2.Short())
@@ -78,7 +80,7 @@ func TestOverlayCheckpointRestoresIntoBtrfs(t *testing.T) {
 	want := mergedState(t, cr.Root)
 	c1, err := e.Checkpoint(ctx, "o", CheckpointOptions{})
 	must(t, err)
-	br, err := e.Branch(ctx, c1.ID.String(), "b", BranchOptions{Backend: btrfs.Name, Config: map[string]string{btrfs.ConfigPool: pool}})
+	br, err := e.Branch(ctx, c1.ID.String(), "b", BranchOptions{Backend: btrfs.Name, Btrfs: btrfs.Options{Pool: pool}})
 	must(t, err)
 	if got := mergedState(t, br.Root); got != want {
 		t.Fatalf("btrfs branch of an overlay checkpoint hashes to %s, want %s", got.Short(), want.Short())
@@ -93,13 +95,13 @@ func TestOverlayCheckpointRestoresIntoBtrfs(t *testing.T) {
 	}
 	noop, err := e.Checkpoint(ctx, "b", CheckpointOptions{})
 	must(t, err)
-	if noop.Class != catalog.ClassSkip {
+	if noop.Class != delta.ClassSkip {
 		t.Fatalf("unchanged turn of the btrfs branch classed %s", noop.Class)
 	}
 	// A sandbox of the other backend on the same base rolls back to it.
 	_, err = e.CreateSandbox(ctx, "b2", btrfsOpts(pool, base))
 	must(t, err)
-	rb, err := e.Rollback(ctx, "b2", c1.ID.String())
+	rb, err := e.Rollback(ctx, "b2", c1.ID.String(), RollbackOptions{})
 	must(t, err)
 	if got := mergedState(t, rb.Root); got != want {
 		t.Fatalf("btrfs rollback to an overlay checkpoint hashes to %s, want %s", got.Short(), want.Short())
@@ -115,7 +117,7 @@ func TestBtrfsSandboxLifecycle(t *testing.T) {
 	e := newEngine(t)
 	cr, err := e.CreateSandbox(ctx, "s", btrfsOpts(pool, richBase(t)))
 	must(t, err)
-	if cr.Sandbox.Config[btrfs.ConfigPool] != pool {
+	if poolOf(cr.Sandbox.Config) != pool {
 		t.Fatalf("sandbox config %v does not keep the pool", cr.Sandbox.Config)
 	}
 	h0 := mergedState(t, cr.Root)
@@ -127,7 +129,7 @@ func TestBtrfsSandboxLifecycle(t *testing.T) {
 	for i := range 3 {
 		r, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 		must(t, err)
-		if r.Class != catalog.ClassSkip || r.Stats.BytesNew != 0 || r.Stats.FilesRead != 0 {
+		if r.Class != delta.ClassSkip || r.Stats.BytesNew != 0 || r.Stats.FilesRead != 0 {
 			t.Fatalf("unchanged turn %d: class %s, %d bytes new, %d files read", i, r.Class, r.Stats.BytesNew, r.Stats.FilesRead)
 		}
 	}
@@ -140,19 +142,19 @@ func TestBtrfsSandboxLifecycle(t *testing.T) {
 	h2 := mergedState(t, cr.Root)
 
 	// Local rollback (restore point), branch (another sandbox's point).
-	if _, err := e.Rollback(ctx, "s", c1.ID.String()); err != nil {
+	if _, err := e.Rollback(ctx, "s", c1.ID.String(), RollbackOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if got := mergedState(t, cr.Root); got != h1 {
 		t.Fatalf("rollback gives %s, want %s", got.Short(), h1.Short())
 	}
-	br, err := e.Branch(ctx, c2.ID.String(), "b")
+	br, err := e.Branch(ctx, c2.ID.String(), "b", BranchOptions{})
 	must(t, err)
 	if got := mergedState(t, br.Root); got != h2 {
 		t.Fatalf("branch gives %s, want %s", got.Short(), h2.Short())
 	}
 	sb := e.mustSandbox(t, "b")
-	if sb.Backend != btrfs.Name || sb.Config[btrfs.ConfigPool] != pool {
+	if sb.Backend != btrfs.Name || poolOf(sb.Config) != pool {
 		t.Fatalf("branch inherits backend %s config %v", sb.Backend, sb.Config)
 	}
 
@@ -162,13 +164,13 @@ func TestBtrfsSandboxLifecycle(t *testing.T) {
 		must(t, err)
 		must(t, st.root.(*btrfs.Root).PruneRestorePoints(ctx, 0))
 	}
-	if _, err := e.Rollback(ctx, "s", c2.ID.String()); err != nil {
+	if _, err := e.Rollback(ctx, "s", c2.ID.String(), RollbackOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if got := mergedState(t, cr.Root); got != h2 {
 		t.Fatalf("rollback from the store gives %s, want %s", got.Short(), h2.Short())
 	}
-	if _, err := e.Rollback(ctx, "s", c1.ID.String()); err != nil {
+	if _, err := e.Rollback(ctx, "s", c1.ID.String(), RollbackOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if got := mergedState(t, cr.Root); got != h1 {
@@ -176,12 +178,12 @@ func TestBtrfsSandboxLifecycle(t *testing.T) {
 	}
 	r, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
-	if r.Class != catalog.ClassSkip || r.Stats.FilesRead != 0 {
+	if r.Class != delta.ClassSkip || r.Stats.FilesRead != 0 {
 		t.Fatalf("turn after rollback from the store: class %s, %d files read", r.Class, r.Stats.FilesRead)
 	}
 	log, err := e.Log(ctx, "s")
 	must(t, err)
-	if _, err := e.Rollback(ctx, "s", log[len(log)-1].ID.String()); err != nil { // turn 0: the base
+	if _, err := e.Rollback(ctx, "s", log[len(log)-1].ID.String(), RollbackOptions{}); err != nil { // turn 0: the base
 		t.Fatal(err)
 	}
 	if got := mergedState(t, cr.Root); got != h0 {
@@ -197,13 +199,22 @@ func TestBtrfsSandboxLifecycle(t *testing.T) {
 	}
 }
 
-func (e *Engine) mustSandbox(t *testing.T, name string) *catalog.Sandbox {
+func (e *Engine) mustSandbox(t *testing.T, name string) *delta.Sandbox {
 	t.Helper()
-	var sb *catalog.Sandbox
+	var sb *delta.Sandbox
 	must(t, e.view(context.Background(), func(tx *catalog.Tx) error {
 		var err error
 		sb, err = tx.Sandbox(name)
 		return err
 	}))
 	return sb
+}
+
+// poolOf returns the btrfs pool a sandbox's stored options name.
+func poolOf(cfg json.RawMessage) string {
+	var o btrfs.Options
+	if json.Unmarshal(cfg, &o) != nil {
+		return ""
+	}
+	return o.Pool
 }

@@ -1,6 +1,6 @@
 // Package engine composes turnsnap's parts into turns: classify what changed
-// since a sandbox's last checkpoint, commit checkpoints in the order of
-// docs/FORMAT.md (objects, then the record, then the catalog), and restore,
+// since a sandbox's last checkpoint, commit checkpoints in the write order
+// of docs/FORMAT.md (objects, then the record, then the catalog), and restore,
 // branch, diff, verify and rebuild. The CLI is a thin shell over Engine.
 package engine
 
@@ -11,14 +11,20 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/engine/content"
+	"github.com/turnsnap/turnsnap/internal/rootfs"
 	"github.com/turnsnap/turnsnap/overlay"
 	"github.com/turnsnap/turnsnap/proc"
 	"github.com/turnsnap/turnsnap/upload"
 )
+
+// Progress is a snapshot of a long operation's work so far (content.Progress).
+type Progress = content.Progress
 
 // Options configures Open.
 type Options struct {
@@ -54,12 +60,19 @@ type Engine struct {
 	config *Config
 	cat    *catalog.Catalog
 	codec  *delta.Codec
-	repo   *repo
+	repo   *content.Repo
+	meter  *content.Meter // nil: no progress reporting
 	log    *slog.Logger
 	// backends by name; the engine composes them, each owns its roots.
-	backends map[string]Backend
+	backends map[string]rootfs.Backend
+	rtMu     sync.Mutex
 	rt       *proc.Runtime // process runtime, made on first use
-	procCRIU string        // CRIU binary; "" means proc's default
+	// maint, sandboxes, baseMu and commitMu are the engine's locks (locks.go).
+	maint     sync.RWMutex
+	sandboxes sandboxLocks
+	baseMu    sync.Mutex
+	commitMu  sync.Mutex
+	procCRIU  string // CRIU binary; "" means proc's default
 	// onPhase, if set (tests only), is called at the named points of
 	// multi-step operations, so a test can kill the process there.
 	onPhase func(phase string)
@@ -132,13 +145,13 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	if e.codec, err = delta.NewCodec(); err != nil {
 		return nil, err
 	}
-	e.repo = newRepo(e.store, e.cat, e.codec)
-	e.repo.room = func() error { return e.checkRoom(0) }
 	if opts.Progress != nil {
-		e.repo.meter = newMeter(opts.Progress)
+		e.meter = content.NewMeter(opts.Progress)
 	}
-	e.backends = map[string]Backend{
-		overlay.Name: overlayBackend{overlay.NewBackend(h.basesDir())},
+	e.repo = content.New(e.store, e.cat, e.codec, e.meter)
+	e.repo.SetRoomCheck(func() error { return e.checkRoom(0) })
+	e.backends = map[string]rootfs.Backend{
+		overlay.Name: overlay.NewBackend(h.basesDir()),
 	}
 	ok = true
 	return e, nil

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -25,7 +26,7 @@ func TestRollbackAndBranchGiveIdenticalTrees(t *testing.T) {
 	want := mergedState(t, root)
 	c1, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
-	if c1.Class != catalog.ClassFS {
+	if c1.Class != delta.ClassFS {
 		t.Fatalf("turn with edits classed %s", c1.Class)
 	}
 	// Overlay markers really are in the upper layer.
@@ -46,7 +47,7 @@ func TestRollbackAndBranchGiveIdenticalTrees(t *testing.T) {
 	write(t, filepath.Join(root, "etc/config"), "clobbered")
 	_, err = e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
-	if _, err := e.Rollback(ctx, "s", c1.ID.String()); err != nil {
+	if _, err := e.Rollback(ctx, "s", c1.ID.String(), RollbackOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if got := mergedState(t, root); got != want {
@@ -63,7 +64,7 @@ func TestRollbackAndBranchGiveIdenticalTrees(t *testing.T) {
 	if st.Nlink != 2 {
 		t.Fatalf("hardlink count after rollback: %d", st.Nlink)
 	}
-	br, err := e.Branch(ctx, c1.ID.Short(), "b")
+	br, err := e.Branch(ctx, c1.ID.Short(), "b", BranchOptions{})
 	must(t, err)
 	if got := mergedState(t, br.Root); got != want {
 		t.Fatalf("branch root hashes to %s, want %s", got.Short(), want.Short())
@@ -83,6 +84,7 @@ func TestRollbackAndBranchGiveIdenticalTrees(t *testing.T) {
 	if len(kids) != 2 {
 		t.Fatalf("checkpoint %s has %d children, want 2 (the trashed turn and the branch's)", c1.ID.Short(), len(kids))
 	}
+	checkAll(t, e)
 }
 
 func TestUnchangedTurnsWriteNothing(t *testing.T) {
@@ -104,7 +106,7 @@ func TestUnchangedTurnsWriteNothing(t *testing.T) {
 	noop2, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
 	for _, r := range []*CheckpointResult{noop, noop2} {
-		if r.Class != catalog.ClassSkip || r.Stats.BytesNew != 0 || r.ID != c1.ID {
+		if r.Class != delta.ClassSkip || r.Stats.BytesNew != 0 || r.ID != c1.ID {
 			t.Fatalf("no-op turn: class %s, %d new bytes, id %s (head %s)", r.Class, r.Stats.BytesNew, r.ID.Short(), c1.ID.Short())
 		}
 	}
@@ -119,7 +121,7 @@ func TestUnchangedTurnsWriteNothing(t *testing.T) {
 	must(t, os.Remove(filepath.Join(cr.Root, "work/scratch")))
 	tmp, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
-	if tmp.Class != catalog.ClassSkip || tmp.Stats.BytesNew != 0 || tmp.Stats.FilesRead != 0 {
+	if tmp.Class != delta.ClassSkip || tmp.Stats.BytesNew != 0 || tmp.Stats.FilesRead != 0 {
 		t.Fatalf("temp-file turn: class %s, %d new bytes, %d files read", tmp.Class, tmp.Stats.BytesNew, tmp.Stats.FilesRead)
 	}
 	if n := countObjects(t, e.store); n != objects {
@@ -130,7 +132,7 @@ func TestUnchangedTurnsWriteNothing(t *testing.T) {
 	write(t, filepath.Join(cr.Root, "work/a"), "changed")
 	c2, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
-	if c2.Class != catalog.ClassFS || c2.Stats.FilesRead != 1 || c2.Parent != c1.ID {
+	if c2.Class != delta.ClassFS || c2.Stats.FilesRead != 1 || c2.Parent != c1.ID {
 		t.Fatalf("one-file turn: class %s, %d files read, parent %s", c2.Class, c2.Stats.FilesRead, c2.Parent.Short())
 	}
 }
@@ -144,7 +146,7 @@ func TestSecondSandboxOnSameBaseAddsNoBytes(t *testing.T) {
 	before := countObjects(t, e.store)
 	r, err := e.CreateSandbox(ctx, "two", CreateOptions{Base: base})
 	must(t, err)
-	if c, err := e.Checkpoint(ctx, "two", CheckpointOptions{}); err != nil || c.Class != catalog.ClassSkip {
+	if c, err := e.Checkpoint(ctx, "two", CheckpointOptions{}); err != nil || c.Class != delta.ClassSkip {
 		t.Fatalf("first turn of an untouched sandbox: %v, class %v", err, c)
 	}
 	if r.Checkpoint.Stats.BlobsNew != 0 || r.Checkpoint.Stats.ObjectsNew != 0 {
@@ -182,7 +184,7 @@ func TestRemountAfterReboot(t *testing.T) {
 	must(t, unix.Unmount(cr.Root, 0))
 	r, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
-	if r.Class != catalog.ClassSkip {
+	if r.Class != delta.ClassSkip {
 		t.Fatalf("checkpoint after remount classed %s", r.Class)
 	}
 }
@@ -236,8 +238,8 @@ func TestRemoveSandboxWithUnreachableRoot(t *testing.T) {
 	cr, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: richBase(t)})
 	must(t, err)
 	must(t, e.cat.Update(ctx, func(tx *catalog.Tx) error {
-		return tx.PutSandbox(&catalog.Sandbox{Name: "elsewhere", Backend: "btrfs", BaseTree: cr.Sandbox.BaseTree,
-			Config: map[string]string{"pool": "/nonexistent/pool"}, Created: time.Now().UTC()})
+		return tx.PutSandbox(&delta.Sandbox{Name: "elsewhere", Backend: "btrfs", BaseTree: cr.Sandbox.BaseTree,
+			Config: json.RawMessage(`{"pool":"/nonexistent/pool"}`), Created: time.Now().UTC()})
 	}))
 	if err := e.RemoveSandbox(ctx, "elsewhere"); err != nil {
 		t.Fatalf("remove: %v", err)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/engine/content"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/upload"
 )
@@ -49,25 +50,26 @@ type GCReport struct {
 // blobs are kept whole (their dead bytes are reported; repacking is future
 // work).
 func (e *Engine) GC(ctx context.Context, opts GCOptions) (*GCReport, error) {
+	defer e.exclusive()()
 	start := time.Now()
 	grace := opts.Grace
 	rep := &GCReport{DryRun: opts.DryRun}
 	if e.remote != nil {
-		lock, err := e.lockRemote(ctx, "gc")
+		lock, err := e.syncer().Lock(ctx, "gc")
 		if err != nil {
 			return nil, err
 		}
-		defer lock.release(ctx)
+		defer lock.Release(ctx)
 	}
 	// Every pack's header: where each blob lives, on this host or not.
 	type packInfo struct {
 		info    upload.ObjectInfo
-		entries []upload.PackEntry
+		entries []delta.PackEntry
 	}
 	packs := map[delta.ID]*packInfo{}
 	locs := map[delta.ID]catalog.BlobLocation{}
-	err := e.store.List(ctx, upload.PackPrefix, func(oi upload.ObjectInfo) error {
-		id, ok := upload.ParsePackName(oi.Name)
+	err := e.store.List(ctx, delta.PackPrefix, func(oi upload.ObjectInfo) error {
+		id, ok := delta.ParsePackName(oi.Name)
 		if !ok {
 			return nil
 		}
@@ -77,7 +79,7 @@ func (e *Engine) GC(ctx context.Context, opts GCOptions) (*GCReport, error) {
 		}
 		packs[id] = &packInfo{info: oi, entries: entries}
 		for _, en := range entries {
-			locs[en.ID] = locationOf(id, en)
+			locs[en.ID] = content.LocationOf(id, en)
 		}
 		return nil
 	})
@@ -87,26 +89,26 @@ func (e *Engine) GC(ctx context.Context, opts GCOptions) (*GCReport, error) {
 	rep.Packs = len(packs)
 	// Mark.
 	live := map[delta.ID]bool{}
-	w := &walker{loader: e.loaderFor(locs), seen: live, visit: func(delta.ID, delta.BlobType) error { return nil }}
-	err = e.store.List(ctx, recordPrefix, func(oi upload.ObjectInfo) error {
-		id, err := delta.ParseID(strings.TrimPrefix(oi.Name, recordPrefix))
+	w := &content.Walker{Loader: e.loaderFor(locs), Seen: live, Visit: func(delta.ID, delta.BlobType) error { return nil }}
+	err = e.store.List(ctx, delta.RecordPrefix, func(oi upload.ObjectInfo) error {
+		id, err := delta.ParseID(strings.TrimPrefix(oi.Name, delta.RecordPrefix))
 		if err != nil {
 			return nil
 		}
-		data, err := upload.ReadAllMax(ctx, e.store, oi.Name, catalog.MaxRecordSize)
+		data, err := upload.ReadAllMax(ctx, e.store, oi.Name, delta.MaxRecordSize)
 		if errors.Is(err, errdefs.ErrNotFound) {
 			return nil // pruned since the listing: it protects nothing any more
 		}
 		if err != nil {
 			return err
 		}
-		cp, err := catalog.DecodeRecord(id, data)
+		cp, err := delta.DecodeRecord(id, data)
 		if err != nil {
 			return fmt.Errorf("object %s: %w", oi.Name, err)
 		}
 		rep.Records++
 		for _, root := range cp.Roots() {
-			if err := w.walk(ctx, root); err != nil {
+			if err := w.Walk(ctx, root); err != nil {
 				return fmt.Errorf("checkpoint %s: %w", id.Short(), err)
 			}
 		}
@@ -160,8 +162,8 @@ func (e *Engine) GC(ctx context.Context, opts GCOptions) (*GCReport, error) {
 // deletePack removes a pack from the bucket first, then locally, then from
 // the catalog's blob index (only entries that point at this pack: another
 // copy of a blob may live elsewhere).
-func (e *Engine) deletePack(ctx context.Context, id delta.ID, entries []upload.PackEntry) error {
-	name := upload.PackName(id)
+func (e *Engine) deletePack(ctx context.Context, id delta.ID, entries []delta.PackEntry) error {
+	name := delta.PackName(id)
 	if e.remote != nil {
 		if err := e.remote.Delete(ctx, name); err != nil {
 			return fmt.Errorf("gc: delete %s: %w", name, err)

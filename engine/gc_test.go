@@ -64,7 +64,7 @@ func TestPruneThenGCReclaimsOnlyDeadPacks(t *testing.T) {
 			t.Fatalf("kept checkpoint %s after gc: %v", id.Short(), err)
 		}
 	}
-	if _, err := e.Rollback(ctx, "s", "keeper"); err != nil {
+	if _, err := e.Rollback(ctx, "s", "keeper", RollbackOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(filepath.Join(cr.Root, "blob1")); err != nil {
@@ -83,6 +83,7 @@ func TestPruneThenGCReclaimsOnlyDeadPacks(t *testing.T) {
 	if got := refcounts(t, e, blobs); fmt.Sprint(got) != fmt.Sprint(maintained) {
 		t.Fatal("refcounts after prune differ from a rebuild's")
 	}
+	checkAll(t, e)
 }
 
 // Two homes share a bucket; each checkpoints, pushes, prunes and collects at
@@ -221,7 +222,7 @@ func hostLoop(ctx context.Context, e *Engine, name, root string, seed int64) err
 	}
 	// Every checkpoint this host kept still verifies against what exists.
 	return e.view(ctx, func(tx *catalog.Tx) error {
-		return tx.ForEachCheckpoint(func(cp *catalog.Checkpoint) error {
+		return tx.ForEachCheckpoint(func(cp *delta.Checkpoint) error {
 			if _, err := e.Verify(ctx, cp.ID.String()); err != nil {
 				return fmt.Errorf("%s: kept checkpoint %s: %w", name, cp.ID.Short(), err)
 			}

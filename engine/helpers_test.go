@@ -73,3 +73,12 @@ func countObjects(t testing.TB, s upload.Store) int {
 	must(t, s.List(context.Background(), "", func(upload.ObjectInfo) error { n++; return nil }))
 	return n
 }
+
+// checkAll is the engine tests' final oracle: every checkpoint in the
+// catalog verifies, and the refcounts equal a recount.
+func checkAll(t testing.TB, e *Engine) {
+	t.Helper()
+	if err := e.checker().All(context.Background(), e.cat); err != nil {
+		t.Fatalf("checker: %v", err)
+	}
+}

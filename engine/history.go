@@ -15,7 +15,7 @@ import (
 
 // LogEntry is one checkpoint in a sandbox's log.
 type LogEntry struct {
-	*catalog.Checkpoint
+	*delta.Checkpoint
 	Head bool // the sandbox's current head
 	// OnHead is true for the head and its ancestors; false for checkpoints
 	// abandoned by a rollback (they stay restorable).
@@ -26,18 +26,19 @@ type LogEntry struct {
 // (across the branch point, for a branched sandbox), plus the sandbox's own
 // checkpoints that a rollback left off the head's line.
 func (e *Engine) Log(ctx context.Context, name string) ([]LogEntry, error) {
+	defer e.shared()()
 	var out []LogEntry
 	err := e.view(ctx, func(tx *catalog.Tx) error {
 		if _, err := tx.Sandbox(name); err != nil {
-			return fmt.Errorf("sandbox %s: %w", name, err)
+			return err // names the sandbox
 		}
-		head, err := tx.GetRef(catalog.RefHead, name)
+		head, err := tx.GetRef(delta.RefHead, name)
 		if err != nil {
 			return fmt.Errorf("sandbox %s: head: %w", name, err)
 		}
 		// Walk parents by hand: prune removes ancestors (no checkpoint needs
 		// them), and the line simply ends at the first one pruned.
-		var line []*catalog.Checkpoint
+		var line []*delta.Checkpoint
 		for cur := head; !cur.IsZero(); {
 			cp, err := tx.Checkpoint(cur)
 			if errors.Is(err, errdefs.ErrNotFound) && len(line) > 0 {
@@ -86,6 +87,11 @@ type DiffResult struct {
 // empty from means the head, an empty to means the live root as it is now
 // (hashed, not stored).
 func (e *Engine) Diff(ctx context.Context, name, from, to string) (*DiffResult, error) {
+	done, err := e.op(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
 	st, err := e.loadSandbox(ctx, name)
 	if err != nil {
 		return nil, err

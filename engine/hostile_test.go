@@ -14,12 +14,11 @@ import (
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/internal/hostile"
-	"github.com/turnsnap/turnsnap/upload"
 )
 
 // hostileHome is a home with one sandbox "s" whose head c1 holds one file
 // over a one-file base.
-func hostileHome(t *testing.T, oracle bool) (*Engine, *CreateResult, *catalog.Checkpoint) {
+func hostileHome(t *testing.T, oracle bool) (*Engine, *CreateResult, *delta.Checkpoint) {
 	t.Helper()
 	ctx := context.Background()
 	e := openEngineOracle(t, filepath.Join(t.TempDir(), "home"), oracle)
@@ -78,7 +77,7 @@ func TestHostileLayersAreRefusedEverywhere(t *testing.T) {
 			}
 			_, err = e.VerifyStore(ctx, "")
 			wantCorrupt(t, "verify --store-only", err, c.Want)
-			_, err = e.Rollback(ctx, "s", id.String())
+			_, err = e.Rollback(ctx, "s", id.String(), RollbackOptions{})
 			wantCorrupt(t, "rollback", err, c.Want)
 			if ok, _ := mountinfo.Mounted(cr.Root); !ok {
 				t.Error("a refused rollback left the root unmounted")
@@ -86,7 +85,7 @@ func TestHostileLayersAreRefusedEverywhere(t *testing.T) {
 			if after := mergedState(t, cr.Root); after != before {
 				t.Error("a refused rollback changed the live root")
 			}
-			_, err = e.Branch(ctx, id.String(), "b")
+			_, err = e.Branch(ctx, id.String(), "b", BranchOptions{})
 			wantCorrupt(t, "branch", err, c.Want)
 			if _, err := os.Stat(e.home.sandboxDir("b")); err == nil {
 				t.Error("a refused branch left its sandbox directory")
@@ -117,14 +116,14 @@ func TestLyingRawLengthIsCorruptNotAPanic(t *testing.T) {
 		// The same lie in the catalog, for the layer tree and for a chunk.
 		var loc catalog.BlobLocation
 		must(t, e.cat.View(ctx, func(tx *catalog.Tx) error { loc, _, err = tx.Blob(c1.FSTree); return err }))
-		loc.RawLength, loc.Compression = blobs[0].RawLength, uint8(upload.CompressionZstd)
+		loc.RawLength, loc.Compression = blobs[0].RawLength, uint8(delta.CompressionZstd)
 		must(t, e.cat.PutBlobs(ctx, map[delta.ID]catalog.BlobLocation{c1.FSTree: loc}))
-		name := upload.PackName(loc.Pack)
+		name := delta.PackName(loc.Pack)
 		_, err = e.Verify(ctx, c1.ID.String())
 		wantCorrupt(t, "verify", err, c1.FSTree.String(), name)
-		_, err = e.Rollback(ctx, "s", c1.ID.String())
+		_, err = e.Rollback(ctx, "s", c1.ID.String(), RollbackOptions{})
 		wantCorrupt(t, "rollback", err, c1.FSTree.String(), name)
-		_, err = e.Branch(ctx, c1.ID.String(), "b")
+		_, err = e.Branch(ctx, c1.ID.String(), "b", BranchOptions{})
 		wantCorrupt(t, "branch", err, c1.FSTree.String(), name)
 	}
 }
@@ -143,9 +142,9 @@ func TestDamagedMaterialisedBaseIsRefused(t *testing.T) {
 	must(t, os.WriteFile(p, []byte("damaged\n"), 0o644))
 	_, err = e.Verify(ctx, c1.ID.String())
 	wantCorrupt(t, "verify", err, "bases/"+cr.Sandbox.BaseTree.String())
-	_, err = e.Branch(ctx, c1.ID.String(), "b")
+	_, err = e.Branch(ctx, c1.ID.String(), "b", BranchOptions{})
 	wantCorrupt(t, "branch", err, "bases/"+cr.Sandbox.BaseTree.String())
-	_, err = e.Rollback(ctx, "s", cr.Checkpoint.ID.String())
+	_, err = e.Rollback(ctx, "s", cr.Checkpoint.ID.String(), RollbackOptions{})
 	wantCorrupt(t, "rollback", err, "bases/"+cr.Sandbox.BaseTree.String())
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/engine/content"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/upload"
 )
@@ -61,7 +62,7 @@ func TestVerifyNamesEveryCorruptObject(t *testing.T) {
 			bad[i] ^= 0xff
 		}
 		must(t, os.WriteFile(p, bad, 0o600))
-		_, err := e.Branch(ctx, c.ID.String(), "from-corrupt")
+		_, err := e.Branch(ctx, c.ID.String(), "from-corrupt", BranchOptions{})
 		if err == nil {
 			t.Fatal("branch from a corrupt pack succeeded")
 		}
@@ -118,12 +119,12 @@ func TestCatalogRebuildKeepsLineage(t *testing.T) {
 	write(t, filepath.Join(cr.Root, "second"), "2")
 	_, err = e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
-	_, err = e.Rollback(ctx, "s", c1.ID.String())
+	_, err = e.Rollback(ctx, "s", c1.ID.String(), RollbackOptions{})
 	must(t, err)
 	write(t, filepath.Join(cr.Root, "third"), "3")
 	_, err = e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
-	br, err := e.Branch(ctx, c1.ID.String(), "b")
+	br, err := e.Branch(ctx, c1.ID.String(), "b", BranchOptions{})
 	must(t, err)
 	write(t, filepath.Join(br.Root, "in-b"), "b")
 	_, err = e.Checkpoint(ctx, "b", CheckpointOptions{Turn: new(int)})
@@ -137,7 +138,7 @@ func TestCatalogRebuildKeepsLineage(t *testing.T) {
 	must(t, os.RemoveAll(e.home.catalogDir()))
 	e.cat, err = catalog.Open(ctx, e.home.catalogDir(), catalog.Options{})
 	must(t, err)
-	e.repo = newRepo(e.store, e.cat, e.codec)
+	e.repo = content.New(e.store, e.cat, e.codec, nil)
 	rep, err := e.RebuildCatalog(ctx)
 	must(t, err)
 	if rep.Checkpoints != 5 || rep.Sandboxes != 2 {
@@ -152,6 +153,7 @@ func TestCatalogRebuildKeepsLineage(t *testing.T) {
 	if _, err := e.Verify(ctx, c1.ID.String()); err != nil {
 		t.Fatal(err)
 	}
+	checkAll(t, e)
 }
 
 func TestFreshHomeRestoresFromStoreAlone(t *testing.T) {
@@ -173,7 +175,7 @@ func TestFreshHomeRestoresFromStoreAlone(t *testing.T) {
 	e2 := openEngine(t, home2)
 	_, err = e2.RebuildCatalog(ctx)
 	must(t, err)
-	br, err := e2.Branch(ctx, c.ID.String(), "copy")
+	br, err := e2.Branch(ctx, c.ID.String(), "copy", BranchOptions{})
 	must(t, err)
 	if got := mergedState(t, br.Root); got != want {
 		t.Fatalf("branch on a fresh home hashes to %s, want %s", got.Short(), want.Short())
@@ -209,8 +211,8 @@ func allBlobIDs(t *testing.T, e *Engine) []delta.ID {
 	t.Helper()
 	ctx := context.Background()
 	var out []delta.ID
-	must(t, e.store.List(ctx, upload.PackPrefix, func(oi upload.ObjectInfo) error {
-		entries, err := upload.ReadPackHeader(ctx, e.store, oi.Name)
+	must(t, e.store.List(ctx, delta.PackPrefix, func(oi upload.ObjectInfo) error {
+		entries, err := delta.ReadPackHeader(ctx, upload.Ranges(e.store), oi.Name)
 		for _, en := range entries {
 			out = append(out, en.ID)
 		}

@@ -85,7 +85,7 @@ func (e *Engine) pendingRollback(sandbox string) (delta.ID, bool) {
 // root restored to it (again, if it already was) and head moved there.
 func (e *Engine) finishRollback(ctx context.Context, name string, st *sandboxState, id delta.ID) error {
 	e.log.Warn("finishing an interrupted rollback", "sandbox", name, "checkpoint", id.Short())
-	var cp *catalog.Checkpoint
+	var cp *delta.Checkpoint
 	err := e.view(ctx, func(tx *catalog.Tx) (err error) { cp, err = tx.Checkpoint(id); return err })
 	if err != nil {
 		// The target is unknown here (a rebuilt catalog without it): the
@@ -105,14 +105,14 @@ func (e *Engine) finishRollback(ctx context.Context, name string, st *sandboxSta
 
 // moveHead points the sandbox's head at id: the ref object, then the catalog.
 func (e *Engine) moveHead(ctx context.Context, name string, id delta.ID) error {
-	if err := e.putRefObject(ctx, catalog.RefHead, name, id); err != nil {
+	if err := e.putRefObject(ctx, delta.RefHead, name, id); err != nil {
 		return err
 	}
 	err := e.cat.Update(ctx, func(tx *catalog.Tx) error {
-		if err := e.queueRef(tx, name, catalog.RefHead, name, id, false); err != nil {
+		if err := e.queueRef(tx, name, delta.RefHead, name, id, false); err != nil {
 			return err
 		}
-		return tx.SetRef(catalog.Ref{Kind: catalog.RefHead, Name: name, Target: id})
+		return tx.SetRef(delta.Ref{Kind: delta.RefHead, Name: name, Target: id})
 	})
 	if err != nil {
 		return fmt.Errorf("sandbox %s: move head to %s: %w", name, id.Short(), err)

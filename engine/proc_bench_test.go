@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/turnsnap/turnsnap/catalog"
+	"github.com/turnsnap/turnsnap/delta"
 )
 
 // BenchmarkProcessCheckpoint measures a sandbox holding one large process
@@ -49,7 +49,7 @@ func BenchmarkProcessCheckpoint(b *testing.B) {
 	}
 	first, err := e.Checkpoint(ctx, "big", CheckpointOptions{})
 	must(b, err)
-	if first.Class != catalog.ClassFull && first.Class != catalog.ClassProcess {
+	if first.Class != delta.ClassFull && first.Class != delta.ClassProcess {
 		b.Fatalf("first checkpoint classed %s", first.Class)
 	}
 	var redumpNew, pauses, restores time.Duration
@@ -61,14 +61,14 @@ func BenchmarkProcessCheckpoint(b *testing.B) {
 		sh(b, e, "big", "kill -URG $(pidof memhog)")
 		r, err := e.Checkpoint(ctx, "big", CheckpointOptions{})
 		must(b, err)
-		if r.Class == catalog.ClassSkip {
+		if r.Class == delta.ClassSkip {
 			b.Fatal("the woken process was not dumped again")
 		}
 		redumpNew += r.Duration
 		pauses += time.Duration(r.Stats.PauseNs)
 		newBytes += r.Stats.BytesNew
 		start := time.Now()
-		_, err = e.Rollback(ctx, "big", first.ID.String())
+		_, err = e.Rollback(ctx, "big", first.ID.String(), RollbackOptions{})
 		must(b, err)
 		restores += time.Since(start)
 	}

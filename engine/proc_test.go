@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/turnsnap/turnsnap/catalog"
+	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/internal/testenv"
 	"github.com/turnsnap/turnsnap/proc"
@@ -93,7 +94,7 @@ func TestCounterContinuesAfterRollbackAndBranch(t *testing.T) {
 	time.Sleep(1500 * time.Millisecond)
 	c1, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
-	if c1.Class != catalog.ClassFull && c1.Class != catalog.ClassProcess {
+	if c1.Class != delta.ClassFull && c1.Class != delta.ClassProcess {
 		t.Fatalf("turn that started a process classed %s", c1.Class)
 	}
 	// Read just after the cut: at least the cut's value (later on a loaded
@@ -104,7 +105,7 @@ func TestCounterContinuesAfterRollbackAndBranch(t *testing.T) {
 		t.Fatalf("counter only at %d", atCut)
 	}
 	time.Sleep(500 * time.Millisecond)
-	_, err = e.Rollback(ctx, "s", c1.ID.String())
+	_, err = e.Rollback(ctx, "s", c1.ID.String(), RollbackOptions{})
 	must(t, err)
 	time.Sleep(300 * time.Millisecond)
 	if n := counter(t, e, "s"); n < atCut/2 || n > atCut+40 {
@@ -112,7 +113,7 @@ func TestCounterContinuesAfterRollbackAndBranch(t *testing.T) {
 	}
 	// Two branches of one checkpoint run side by side, each from the cut.
 	for _, b := range []string{"b1", "b2"} {
-		r, err := e.Branch(ctx, c1.ID.String(), b)
+		r, err := e.Branch(ctx, c1.ID.String(), b, BranchOptions{})
 		must(t, err)
 		if !r.Processes {
 			t.Fatalf("branch %s did not restore processes", b)
@@ -140,7 +141,7 @@ func TestHTTPServerFromTurn3AnswersAfterRestore(t *testing.T) {
 	sh(t, e, "web", "echo one > /tmp/turn1")
 	c, err := e.Checkpoint(ctx, "web", CheckpointOptions{})
 	must(t, err)
-	if c.Class != catalog.ClassFS {
+	if c.Class != delta.ClassFS {
 		t.Fatalf("turn 1 (a command that exited) classed %s", c.Class)
 	}
 	write(t, filepath.Join(cr.Root, "turn2"), "two")
@@ -151,16 +152,16 @@ func TestHTTPServerFromTurn3AnswersAfterRestore(t *testing.T) {
 	time.Sleep(300 * time.Millisecond)
 	c3, err := e.Checkpoint(ctx, "web", CheckpointOptions{})
 	must(t, err)
-	if c3.Class != catalog.ClassProcess && c3.Class != catalog.ClassFull {
+	if c3.Class != delta.ClassProcess && c3.Class != delta.ClassFull {
 		t.Fatalf("turn 3 started a server, classed %s", c3.Class)
 	}
 	sh(t, e, "web", "killall httpd; rm /turn2")
 	c4, err := e.Checkpoint(ctx, "web", CheckpointOptions{})
 	must(t, err)
-	if c4.Class != catalog.ClassFull {
+	if c4.Class != delta.ClassFull {
 		t.Fatalf("turn 4 stopped the server and deleted a file, classed %s", c4.Class)
 	}
-	_, err = e.Rollback(ctx, "web", c3.ID.String())
+	_, err = e.Rollback(ctx, "web", c3.ID.String(), RollbackOptions{})
 	must(t, err)
 	if got := sh(t, e, "web", "wget -q -O - http://127.0.0.1:8080/index.html"); got != "hello from turn 3" {
 		t.Fatalf("server after restore answered %q", got)
@@ -177,21 +178,21 @@ func TestCommandsThatExitAreNotProcessChanges(t *testing.T) {
 	must(t, err)
 	first, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
-	if first.Class != catalog.ClassProcess && first.Class != catalog.ClassFull {
+	if first.Class != delta.ClassProcess && first.Class != delta.ClassFull {
 		t.Fatalf("a new long-lived process classed %s", first.Class)
 	}
 	for _, cmd := range []string{"ls -la /bin >/dev/null", "cat /www/index.html", "ls /; cat /bin/busybox > /dev/null"} {
 		sh(t, e, "s", cmd)
 		r, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 		must(t, err)
-		if r.Class != catalog.ClassSkip && r.Class != catalog.ClassFS {
+		if r.Class != delta.ClassSkip && r.Class != delta.ClassFS {
 			t.Fatalf("a turn that only ran %q classed %s", cmd, r.Class)
 		}
 	}
 	// And an idle turn right after a process checkpoint is a skip.
 	r, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
-	if r.Class != catalog.ClassSkip {
+	if r.Class != delta.ClassSkip {
 		t.Fatalf("idle turn classed %s", r.Class)
 	}
 }
@@ -221,7 +222,7 @@ func TestRestoreRefusesAHostWithoutTheRecordedCPUFlags(t *testing.T) {
 	must(t, e.putRecord(ctx, &forged))
 	must(t, e.cat.Update(ctx, func(tx *catalog.Tx) error { return tx.PutCheckpoint(&forged) }))
 
-	_, err = e.Branch(ctx, forged.ID.String(), "elsewhere")
+	_, err = e.Branch(ctx, forged.ID.String(), "elsewhere", BranchOptions{})
 	if !errors.Is(err, errdefs.ErrPrecondition) || !strings.Contains(err.Error(), "turnsnap_imaginary_flag") ||
 		!strings.Contains(err.Error(), "--fs-only") {
 		t.Fatalf("restore on a host without the flag: %v", err)

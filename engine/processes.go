@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/proc"
@@ -43,6 +42,8 @@ func (h home) baselineFile(sandbox string) string {
 // runtime returns the process runtime, probing runc and CRIU on first use:
 // sandboxes that never run processes never need either.
 func (e *Engine) runtime(ctx context.Context) (*proc.Runtime, error) {
+	e.rtMu.Lock()
+	defer e.rtMu.Unlock()
 	if e.rt != nil {
 		return e.rt, nil
 	}
@@ -167,7 +168,7 @@ type procTurn struct {
 // paused at once, so the scan and the dump are one instant. Unchanged ones
 // are left running: freezing would itself look like activity next turn,
 // and confirmIdle checks after the scan that they stayed idle throughout.
-func (e *Engine) beginProcTurn(ctx context.Context, name string, head *catalog.Checkpoint) (*procTurn, error) {
+func (e *Engine) beginProcTurn(ctx context.Context, name string, head *delta.Checkpoint) (*procTurn, error) {
 	pt := &procTurn{resume: func() {}}
 	running, err := e.containerRunning(ctx, name)
 	if err != nil {
@@ -191,7 +192,7 @@ func (e *Engine) beginProcTurn(ctx context.Context, name string, head *catalog.C
 	return pt, nil
 }
 
-func (e *Engine) procsChanged(name string, cur proc.ProcSet, head *catalog.Checkpoint) (bool, string) {
+func (e *Engine) procsChanged(name string, cur proc.ProcSet, head *delta.Checkpoint) (bool, string) {
 	if len(cur.Procs) == 0 {
 		return head.ProcTree != nil, "long-lived processes ended"
 	}
@@ -222,7 +223,7 @@ func (e *Engine) pauseTurn(ctx context.Context, name string, pt *procTurn) error
 // unchanged and left running. If they did anything meanwhile, the files just
 // scanned may be theirs mid-change: it pauses them and reports that the turn
 // must rescan and dump (the cut is then taken properly).
-func (e *Engine) confirmIdle(ctx context.Context, name string, pt *procTurn, head *catalog.Checkpoint) (bool, error) {
+func (e *Engine) confirmIdle(ctx context.Context, name string, pt *procTurn, head *delta.Checkpoint) (bool, error) {
 	if !pt.running || pt.changed {
 		return false, nil
 	}
@@ -244,7 +245,7 @@ func (e *Engine) confirmIdle(ctx context.Context, name string, pt *procTurn, hea
 // returns, so the caller resumes the container before storing it: chunking
 // and compressing a 200 MB image takes about a second that the sandbox's
 // processes should not spend frozen.
-func (e *Engine) dump(ctx context.Context, name string) (store func() (delta.ID, json.RawMessage, error), err error) {
+func (e *Engine) dump(ctx context.Context, name string, saver delta.BlobSaver) (store func() (delta.ID, json.RawMessage, error), err error) {
 	rt, _ := e.runtime(ctx)
 	dir, err := os.MkdirTemp("", "turnsnap-image-")
 	if err != nil {
@@ -257,7 +258,7 @@ func (e *Engine) dump(ctx context.Context, name string) (store func() (delta.ID,
 	}
 	return func() (delta.ID, json.RawMessage, error) {
 		defer os.RemoveAll(dir)
-		res, err := delta.Scan(ctx, filepath.Join(dir, "img"), delta.ScanOptions{Saver: e.repo, Quiescent: true})
+		res, err := delta.Scan(ctx, filepath.Join(dir, "img"), delta.ScanOptions{Saver: saver, Quiescent: true})
 		if err != nil {
 			return delta.ID{}, nil, fmt.Errorf("sandbox %s: store process image: %w", name, err)
 		}
@@ -293,7 +294,7 @@ func (e *Engine) loadBaseline(name string) proc.ProcSet {
 }
 
 // checkHost refuses a process restore the recorded host facts rule out.
-func (e *Engine) checkHost(ctx context.Context, cp *catalog.Checkpoint) error {
+func (e *Engine) checkHost(ctx context.Context, cp *delta.Checkpoint) error {
 	if cp.ProcTree == nil {
 		return nil
 	}
@@ -329,7 +330,7 @@ func (e *Engine) stopProcesses(ctx context.Context, name string) error {
 
 // restoreProcesses brings a checkpoint's processes back in the sandbox's
 // container, on its (already restored) root.
-func (e *Engine) restoreProcesses(ctx context.Context, name, root string, cp *catalog.Checkpoint) error {
+func (e *Engine) restoreProcesses(ctx context.Context, name, root string, cp *delta.Checkpoint) error {
 	rt, err := e.runtime(ctx)
 	if err != nil {
 		return err

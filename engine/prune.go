@@ -30,13 +30,14 @@ type PruneReport struct {
 // the log. Records go from the bucket, the local store and the catalog;
 // run gc afterwards to reclaim the packs nothing references any more.
 func (e *Engine) Prune(ctx context.Context, opts PruneOptions) (*PruneReport, error) {
+	defer e.exclusive()()
 	if opts.KeepLast < 1 {
 		return nil, fmt.Errorf("prune: --keep-last must be at least 1: %w", errdefs.ErrInvalid)
 	}
 	keep := map[delta.ID]bool{}
-	bySandbox := map[string][]*catalog.Checkpoint{}
+	bySandbox := map[string][]*delta.Checkpoint{}
 	err := e.view(ctx, func(tx *catalog.Tx) error {
-		for _, kind := range []catalog.RefKind{catalog.RefHead, catalog.RefTag} {
+		for _, kind := range []delta.RefKind{delta.RefHead, delta.RefTag} {
 			refs, err := tx.Refs(kind)
 			if err != nil {
 				return err
@@ -45,7 +46,7 @@ func (e *Engine) Prune(ctx context.Context, opts PruneOptions) (*PruneReport, er
 				keep[r.Target] = true
 			}
 		}
-		return tx.ForEachCheckpoint(func(cp *catalog.Checkpoint) error {
+		return tx.ForEachCheckpoint(func(cp *delta.Checkpoint) error {
 			bySandbox[cp.Sandbox] = append(bySandbox[cp.Sandbox], cp)
 			return nil
 		})
@@ -54,9 +55,9 @@ func (e *Engine) Prune(ctx context.Context, opts PruneOptions) (*PruneReport, er
 		return nil, err
 	}
 	rep := &PruneReport{}
-	var drop []*catalog.Checkpoint
+	var drop []*delta.Checkpoint
 	for _, cps := range bySandbox {
-		slices.SortFunc(cps, func(a, b *catalog.Checkpoint) int { return b.Created.Compare(a.Created) })
+		slices.SortFunc(cps, func(a, b *delta.Checkpoint) int { return b.Created.Compare(a.Created) })
 		for i, cp := range cps {
 			if i < opts.KeepLast || keep[cp.ID] {
 				rep.Kept++
@@ -80,8 +81,8 @@ func (e *Engine) Prune(ctx context.Context, opts PruneOptions) (*PruneReport, er
 // deleteCheckpoint removes one record everywhere and releases its
 // references: bucket first (so another host's gc cannot keep seeing it),
 // then the local store, then the catalog with its refcounts.
-func (e *Engine) deleteCheckpoint(ctx context.Context, cp *catalog.Checkpoint) error {
-	name := recordName(cp.ID)
+func (e *Engine) deleteCheckpoint(ctx context.Context, cp *delta.Checkpoint) error {
+	name := delta.RecordName(cp.ID)
 	if e.remote != nil {
 		if err := e.remote.Delete(ctx, name); err != nil {
 			return fmt.Errorf("checkpoint %s: delete remote record: %w", cp.ID.Short(), err)

@@ -13,6 +13,8 @@ import (
 
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/engine/check"
+	"github.com/turnsnap/turnsnap/engine/content"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/upload"
 )
@@ -40,6 +42,7 @@ func (h home) retiredDir() string { return h.catalogDir() + ".old" }
 // builds beside the live catalog and swaps directories at the end, so a
 // crash midway leaves the old catalog in place.
 func (e *Engine) RebuildCatalog(ctx context.Context) (*RebuildReport, error) {
+	defer e.exclusive()()
 	start := time.Now()
 	rep := &RebuildReport{}
 	dir := e.home.rebuildDir()
@@ -71,9 +74,7 @@ func (e *Engine) RebuildCatalog(ctx context.Context) (*RebuildReport, error) {
 	if e.cat, err = catalog.Open(ctx, e.home.catalogDir(), catalog.Options{Logger: e.log}); err != nil {
 		return nil, err
 	}
-	meter := e.repo.meter
-	e.repo = newRepo(e.store, e.cat, e.codec)
-	e.repo.meter = meter
+	e.repo = content.New(e.store, e.cat, e.codec, e.meter)
 	rep.Duration = time.Since(start)
 	return rep, nil
 }
@@ -99,7 +100,7 @@ func finishRebuild(h home) error {
 func (e *Engine) fillCatalog(ctx context.Context, cat *catalog.Catalog, rep *RebuildReport) error {
 	blobs := map[delta.ID]catalog.BlobLocation{}
 	err := e.store.List(ctx, "packs/", func(oi upload.ObjectInfo) error {
-		id, ok := upload.ParsePackName(oi.Name)
+		id, ok := delta.ParsePackName(oi.Name)
 		if !ok {
 			return nil // not ours; leave it
 		}
@@ -109,7 +110,7 @@ func (e *Engine) fillCatalog(ctx context.Context, cat *catalog.Catalog, rep *Reb
 		}
 		rep.Packs++
 		for _, en := range entries {
-			blobs[en.ID] = locationOf(id, en)
+			blobs[en.ID] = content.LocationOf(id, en)
 		}
 		return nil
 	})
@@ -120,17 +121,17 @@ func (e *Engine) fillCatalog(ctx context.Context, cat *catalog.Catalog, rep *Reb
 	if err := cat.PutBlobs(ctx, blobs); err != nil {
 		return err
 	}
-	var cps []*catalog.Checkpoint
-	err = e.store.List(ctx, recordPrefix, func(oi upload.ObjectInfo) error {
-		id, err := delta.ParseID(strings.TrimPrefix(oi.Name, recordPrefix))
+	var cps []*delta.Checkpoint
+	err = e.store.List(ctx, delta.RecordPrefix, func(oi upload.ObjectInfo) error {
+		id, err := delta.ParseID(strings.TrimPrefix(oi.Name, delta.RecordPrefix))
 		if err != nil {
 			return nil
 		}
-		data, err := upload.ReadAllMax(ctx, e.store, oi.Name, catalog.MaxRecordSize)
+		data, err := upload.ReadAllMax(ctx, e.store, oi.Name, delta.MaxRecordSize)
 		if err != nil {
 			return err
 		}
-		cp, err := catalog.DecodeRecord(id, data)
+		cp, err := delta.DecodeRecord(id, data)
 		if err != nil {
 			return fmt.Errorf("object %s: %w", oi.Name, err)
 		}
@@ -141,7 +142,7 @@ func (e *Engine) fillCatalog(ctx context.Context, cat *catalog.Catalog, rep *Reb
 		return fmt.Errorf("rebuild: records: %w", err)
 	}
 	rep.Checkpoints = len(cps)
-	refcounts, err := countRefs(ctx, e.loaderFor(blobs), cps)
+	refcounts, err := check.CountRefs(ctx, e.loaderFor(blobs), cps)
 	if err != nil {
 		return fmt.Errorf("rebuild: refcounts: %w", err)
 	}
@@ -151,16 +152,16 @@ func (e *Engine) fillCatalog(ctx context.Context, cat *catalog.Catalog, rep *Reb
 	// A sandbox removed here whose removal has not reached the bucket yet
 	// is still there remotely: the old catalog's queue says it is gone.
 	deleting := e.pendingDeletes(ctx)
-	var sbs []*catalog.Sandbox
-	err = e.store.List(ctx, sandboxPrefix, func(oi upload.ObjectInfo) error {
+	var sbs []*delta.Sandbox
+	err = e.store.List(ctx, delta.SandboxPrefix, func(oi upload.ObjectInfo) error {
 		if deleting[oi.Name] {
 			return nil
 		}
-		data, err := upload.ReadAllMax(ctx, e.store, oi.Name, maxSmallObject)
+		data, err := upload.ReadAllMax(ctx, e.store, oi.Name, delta.MaxSmallObject)
 		if err != nil {
 			return err
 		}
-		var sb catalog.Sandbox
+		var sb delta.Sandbox
 		if err := json.Unmarshal(data, &sb); err != nil {
 			return fmt.Errorf("object %s: %v: %w", oi.Name, err, errdefs.ErrCorrupt)
 		}
@@ -171,24 +172,24 @@ func (e *Engine) fillCatalog(ctx context.Context, cat *catalog.Catalog, rep *Reb
 		return fmt.Errorf("rebuild: sandboxes: %w", err)
 	}
 	rep.Sandboxes = len(sbs)
-	var refs []catalog.Ref
+	var refs []delta.Ref
 	for _, k := range []struct {
-		kind   catalog.RefKind
+		kind   delta.RefKind
 		prefix string
-	}{{catalog.RefHead, headPrefix}, {catalog.RefTag, tagPrefix}} {
+	}{{delta.RefHead, delta.HeadPrefix}, {delta.RefTag, delta.TagPrefix}} {
 		err = e.store.List(ctx, k.prefix, func(oi upload.ObjectInfo) error {
 			if deleting[oi.Name] {
 				return nil
 			}
-			data, err := upload.ReadAllMax(ctx, e.store, oi.Name, maxSmallObject)
+			data, err := upload.ReadAllMax(ctx, e.store, oi.Name, delta.MaxSmallObject)
 			if err != nil {
 				return err
 			}
-			id, err := parseRefObject(data)
+			id, err := delta.ParseRef(data)
 			if err != nil {
 				return fmt.Errorf("object %s: %w", oi.Name, err)
 			}
-			refs = append(refs, catalog.Ref{Kind: k.kind, Name: strings.TrimPrefix(oi.Name, k.prefix), Target: id})
+			refs = append(refs, delta.Ref{Kind: k.kind, Name: strings.TrimPrefix(oi.Name, k.prefix), Target: id})
 			return nil
 		})
 		if err != nil {
@@ -241,10 +242,10 @@ func (e *Engine) pendingDeletes(ctx context.Context) map[string]bool {
 
 // readPackHeader reads a pack's header from the local copy, or straight from
 // the remote store (a range read, not a download of the whole pack).
-func (e *Engine) readPackHeader(ctx context.Context, name string) ([]upload.PackEntry, error) {
-	entries, err := upload.ReadPackHeader(ctx, e.local, name)
+func (e *Engine) readPackHeader(ctx context.Context, name string) ([]delta.PackEntry, error) {
+	entries, err := delta.ReadPackHeader(ctx, upload.Ranges(e.local), name)
 	if errors.Is(err, errdefs.ErrNotFound) && e.remote != nil {
-		return upload.ReadPackHeader(ctx, e.remote, name)
+		return delta.ReadPackHeader(ctx, upload.Ranges(e.remote), name)
 	}
 	return entries, err
 }
@@ -266,7 +267,7 @@ func (e *Engine) carryUploads(ctx context.Context, cat *catalog.Catalog) error {
 	if err := cat.Update(ctx, func(tx *catalog.Tx) error { return tx.EnqueueUploads(old) }); err != nil {
 		return err
 	}
-	if _, _, err := e.backfill(ctx, cat); err != nil {
+	if _, _, err := e.syncer().Backfill(ctx, cat); err != nil {
 		if len(old) == 0 {
 			return fmt.Errorf("rebuild: cannot tell what the remote store lacks: %w", err)
 		}
@@ -277,48 +278,5 @@ func (e *Engine) carryUploads(ctx context.Context, cat *catalog.Catalog) error {
 
 // loaderFor reads blobs using a location map instead of the catalog.
 func (e *Engine) loaderFor(locs map[delta.ID]catalog.BlobLocation) delta.BlobLoader {
-	r := newRepo(e.store, e.cat, e.codec)
-	r.flushed = locs
-	return r
-}
-
-// countRefs recomputes refcounts as commits maintain them: each checkpoint
-// references its fs and base trees, each distinct tree its children.
-func countRefs(ctx context.Context, loader delta.BlobLoader, cps []*catalog.Checkpoint) (map[delta.ID]int64, error) {
-	counts := map[delta.ID]int64{}
-	seen := map[delta.ID]bool{}
-	var walk func(id delta.ID) error
-	walk = func(id delta.ID) error {
-		if seen[id] {
-			return nil
-		}
-		seen[id] = true
-		t, err := delta.LoadTree(ctx, loader, id)
-		if err != nil {
-			return err
-		}
-		for _, en := range t.Entries {
-			switch en.Type {
-			case delta.TypeDir:
-				counts[en.Subtree]++
-				if err := walk(en.Subtree); err != nil {
-					return err
-				}
-			case delta.TypeFile:
-				for _, c := range en.Chunks {
-					counts[c]++
-				}
-			}
-		}
-		return nil
-	}
-	for _, cp := range cps {
-		for _, root := range cp.Roots() {
-			counts[root]++
-			if err := walk(root); err != nil {
-				return nil, fmt.Errorf("checkpoint %s: %w", cp.ID.Short(), err)
-			}
-		}
-	}
-	return counts, nil
+	return e.repo.LoaderFor(locs)
 }

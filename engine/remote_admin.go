@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/turnsnap/turnsnap/catalog"
+	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/engine/content"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/upload"
 )
@@ -28,6 +30,7 @@ type InitReport struct {
 // remotely durable at the next push. Running it again with the same remote
 // is harmless; switching to another remote is refused.
 func (e *Engine) Init(ctx context.Context, rc RemoteConfig) (*InitReport, error) {
+	defer e.exclusive()()
 	if old := e.config.Remote; old != nil && (old.URL != rc.URL || old.Endpoint != rc.Endpoint) {
 		return nil, fmt.Errorf("home %s already uses remote %s at %s; a home has one remote: %w",
 			e.home, old.URL, old.Endpoint, errdefs.ErrPrecondition)
@@ -49,68 +52,13 @@ func (e *Engine) Init(ctx context.Context, rc RemoteConfig) (*InitReport, error)
 	}
 	e.config, e.remote = &c, remote
 	e.store = upload.NewTiered(e.local, e.remote)
-	e.repo.store = e.store
+	e.repo = content.New(e.store, e.cat, e.codec, e.meter)
 	rep := &InitReport{Remote: rc.URL}
-	rep.Queued, rep.QueuedBytes, err = e.backfill(ctx, e.cat)
+	rep.Queued, rep.QueuedBytes, err = e.syncer().Backfill(ctx, e.cat)
 	if err != nil {
 		return nil, err
 	}
 	return rep, nil
-}
-
-// backfill queues, in cat, every local object the remote store lacks and
-// cat does not already queue, in dependency tiers: every pack, then every
-// record, then the mutable objects naming records.
-func (e *Engine) backfill(ctx context.Context, cat *catalog.Catalog) (int, int64, error) {
-	have := map[string]bool{}
-	if err := e.remote.List(ctx, "", func(oi upload.ObjectInfo) error { have[oi.Name] = true; return nil }); err != nil {
-		return 0, 0, fmt.Errorf("remote %s: %w", e.config.Remote.URL, err)
-	}
-	var queued map[string]bool
-	err := cat.View(ctx, func(tx *catalog.Tx) error {
-		var err error
-		queued, err = pendingNames(tx)
-		return err
-	})
-	if err != nil {
-		return 0, 0, err
-	}
-	var tiers [3][]catalog.PendingUpload
-	var n int
-	var bytes int64
-	err = e.local.List(ctx, "", func(oi upload.ObjectInfo) error {
-		if have[oi.Name] || queued[oi.Name] {
-			return nil
-		}
-		tier := 2
-		switch {
-		case strings.HasPrefix(oi.Name, upload.PackPrefix):
-			tier = 0
-		case strings.HasPrefix(oi.Name, recordPrefix):
-			tier = 1
-		}
-		tiers[tier] = append(tiers[tier], catalog.PendingUpload{Sandbox: backfillSandbox, Name: oi.Name, Size: oi.Size})
-		n++
-		bytes += oi.Size
-		return nil
-	})
-	if err != nil {
-		return 0, 0, err
-	}
-	var items []catalog.PendingUpload
-	for i := range tiers {
-		var after []string
-		if i > 0 {
-			for _, p := range tiers[i-1] {
-				after = append(after, p.Name)
-			}
-		}
-		for _, p := range tiers[i] {
-			p.After = after
-			items = append(items, p)
-		}
-	}
-	return n, bytes, cat.Update(ctx, func(tx *catalog.Tx) error { return tx.EnqueueUploads(items) })
 }
 
 // SandboxStatus is one sandbox's share of the upload queue.
@@ -163,6 +111,7 @@ func (e *Engine) saveLastPush(r *PushReport, err error) {
 // Status reports what is still waiting for the remote store, per sandbox.
 // It reads only the catalog: no network.
 func (e *Engine) Status(ctx context.Context) (*StatusReport, error) {
+	defer e.shared()()
 	rep := &StatusReport{}
 	if e.config.Remote != nil {
 		rep.Remote = e.config.Remote.URL
@@ -206,7 +155,7 @@ func (e *Engine) Status(ctx context.Context) (*StatusReport, error) {
 			s := get(p.Sandbox)
 			s.PendingObjects++
 			s.PendingBytes += p.Size
-			if strings.HasPrefix(p.Name, recordPrefix) {
+			if strings.HasPrefix(p.Name, delta.RecordPrefix) {
 				s.PendingCheckpoints++
 			}
 			rep.QueueDepth++

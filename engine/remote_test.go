@@ -36,8 +36,8 @@ func remoteCfg(endpoint, bucket string) RemoteConfig {
 func remoteRecords(t *testing.T, e *Engine) map[string]bool {
 	t.Helper()
 	out := map[string]bool{}
-	must(t, e.remote.List(context.Background(), recordPrefix, func(oi upload.ObjectInfo) error {
-		out[strings.TrimPrefix(oi.Name, recordPrefix)] = true
+	must(t, e.remote.List(context.Background(), delta.RecordPrefix, func(oi upload.ObjectInfo) error {
+		out[strings.TrimPrefix(oi.Name, delta.RecordPrefix)] = true
 		return nil
 	}))
 	return out
@@ -94,7 +94,7 @@ func TestRestoreAnywhereFromTheBucket(t *testing.T) {
 	if n := countObjects(t, b.local); n > 8 {
 		t.Fatalf("rebuild downloaded %d objects; it should read pack headers remotely", n)
 	}
-	br, err := b.Branch(ctx, c2.ID.String(), "copy")
+	br, err := b.Branch(ctx, c2.ID.String(), "copy", BranchOptions{})
 	must(t, err)
 	if got := mergedState(t, br.Root); got != want {
 		t.Fatalf("branch on the second host hashes to %s, want %s", got.Short(), want.Short())
@@ -211,7 +211,7 @@ func checkBucket(t *testing.T, srv *miniotest.Server, bucket string) {
 	must(t, err)
 	var ids []delta.ID
 	must(t, f.view(ctx, func(tx *catalog.Tx) error {
-		return tx.ForEachCheckpoint(func(cp *catalog.Checkpoint) error { ids = append(ids, cp.ID); return nil })
+		return tx.ForEachCheckpoint(func(cp *delta.Checkpoint) error { ids = append(ids, cp.ID); return nil })
 	}))
 	if len(ids) == 0 {
 		t.Fatal("bucket holds no records")

@@ -2,10 +2,12 @@ package engine
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"path/filepath"
 	"time"
 
+	"github.com/turnsnap/turnsnap/btrfs"
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
@@ -15,7 +17,7 @@ import (
 // RestoreResult reports a rollback or branch.
 type RestoreResult struct {
 	Sandbox    string
-	Checkpoint *catalog.Checkpoint
+	Checkpoint *delta.Checkpoint
 	Root       string
 	Processes  bool // the checkpoint's processes run again
 	Duration   time.Duration
@@ -30,12 +32,13 @@ type RestoreResult struct {
 // the restored root (files first, then processes), unless FSOnly. A host
 // that cannot restore them (CPU flags, kernel, CRIU) is refused before the
 // sandbox is touched.
-func (e *Engine) Rollback(ctx context.Context, name, ref string, opts ...RollbackOptions) (*RestoreResult, error) {
-	start := time.Now()
-	var o RollbackOptions
-	if len(opts) > 0 {
-		o = opts[0]
+func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptions) (*RestoreResult, error) {
+	done, err := e.op(ctx, name)
+	if err != nil {
+		return nil, err
 	}
+	defer done()
+	start := time.Now()
 	cp, err := e.resolve(ctx, ref)
 	if err != nil {
 		return nil, err
@@ -117,18 +120,22 @@ type BranchOptions struct {
 	// without settings if that sandbox is gone. Any backend restores any
 	// checkpoint, so a branch may change backend.
 	Backend string
-	Config  map[string]string // the backend's settings (btrfs: {"pool": DIR})
+	Btrfs   btrfs.Options // the btrfs backend's settings (its Pool)
 	// FSOnly restores the checkpoint's files and leaves its processes out.
 	FSOnly bool
 }
 
 // Branch creates sandbox newName whose root equals checkpoint ref. Its head
 // is ref itself, so its first checkpoint records ref as parent: lineage
-// crosses sandboxes the way git commits cross branches. At most one
-// BranchOptions may be given.
-func (e *Engine) Branch(ctx context.Context, ref, newName string, opts ...BranchOptions) (*RestoreResult, error) {
+// crosses sandboxes the way git commits cross branches.
+func (e *Engine) Branch(ctx context.Context, ref, newName string, o BranchOptions) (*RestoreResult, error) {
+	done, err := e.op(ctx, newName)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
 	start := time.Now()
-	if !catalog.ValidName(newName) {
+	if !delta.ValidRefName(newName) {
 		return nil, fmt.Errorf("sandbox name %q: use 1-64 of [A-Za-z0-9._-], not starting with '.' or '-': %w", newName, errdefs.ErrInvalid)
 	}
 	cp, err := e.resolve(ctx, ref)
@@ -138,29 +145,28 @@ func (e *Engine) Branch(ctx context.Context, ref, newName string, opts ...Branch
 	if err := e.checkNewSandbox(ctx, newName); err != nil {
 		return nil, err
 	}
-	var o BranchOptions
-	if len(opts) > 0 {
-		o = opts[0]
-	}
+	var cfg json.RawMessage
 	if o.Backend == "" {
 		o.Backend = cp.Backend
 		e.view(ctx, func(tx *catalog.Tx) error {
 			if src, err := tx.Sandbox(cp.Sandbox); err == nil && src.Backend == cp.Backend {
-				o.Config = src.Config
+				cfg = src.Config
 			}
 			return nil
 		})
+	} else if cfg, err = backendConfig(o.Backend, o.Btrfs); err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", newName, err)
 	}
 	if !o.FSOnly {
 		if err := e.checkHost(ctx, cp); err != nil {
 			return nil, err
 		}
 	}
-	be, err := e.backend(o.Backend, o.Config)
+	be, err := e.backend(o.Backend, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", newName, err)
 	}
-	lower, err := be.PrepareBase(ctx, cp.BaseTree, e.repo)
+	lower, err := e.prepareBase(ctx, be, cp.BaseTree, e.repo)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", newName, err)
 	}
@@ -175,7 +181,7 @@ func (e *Engine) Branch(ctx context.Context, ref, newName string, opts ...Branch
 	if err != nil {
 		return nil, err
 	}
-	sb := &catalog.Sandbox{Name: newName, Backend: o.Backend, Config: o.Config, BaseTree: cp.BaseTree, Origin: cp.ID, Created: time.Now().UTC()}
+	sb := &delta.Sandbox{Name: newName, Backend: o.Backend, Config: cfg, BaseTree: cp.BaseTree, Origin: cp.ID, Created: time.Now().UTC()}
 	err = e.publishSandbox(ctx, sb, cp.ID)
 	if err != nil {
 		root.Remove(context.WithoutCancel(ctx))
@@ -194,20 +200,20 @@ func (e *Engine) Branch(ctx context.Context, ref, newName string, opts ...Branch
 
 // publishSandbox records a sandbox whose head is an existing checkpoint:
 // store objects first, then the catalog.
-func (e *Engine) publishSandbox(ctx context.Context, sb *catalog.Sandbox, head delta.ID) error {
+func (e *Engine) publishSandbox(ctx context.Context, sb *delta.Sandbox, head delta.ID) error {
 	if err := e.putSandboxObject(ctx, sb); err != nil {
 		return err
 	}
-	if err := e.putRefObject(ctx, catalog.RefHead, sb.Name, head); err != nil {
+	if err := e.putRefObject(ctx, delta.RefHead, sb.Name, head); err != nil {
 		return err
 	}
 	return e.cat.Update(ctx, func(tx *catalog.Tx) error {
 		if err := tx.PutSandbox(sb); err != nil {
 			return err
 		}
-		if err := e.queueRef(tx, sb.Name, catalog.RefHead, sb.Name, head, true); err != nil {
+		if err := e.queueRef(tx, sb.Name, delta.RefHead, sb.Name, head, true); err != nil {
 			return err
 		}
-		return tx.SetRef(catalog.Ref{Kind: catalog.RefHead, Name: sb.Name, Target: head})
+		return tx.SetRef(delta.Ref{Kind: delta.RefHead, Name: sb.Name, Target: head})
 	})
 }

@@ -28,7 +28,7 @@ func TestKilledRollbackHelper(t *testing.T) {
 			syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		}
 	}
-	e.Rollback(context.Background(), "s", target)
+	e.Rollback(context.Background(), "s", target, RollbackOptions{})
 	t.Fatal("not killed")
 }
 
@@ -65,7 +65,7 @@ func TestKilledRollbackKeepsRootAndHead(t *testing.T) {
 			root, err := e.SandboxPath(ctx, "s") // the next use of the sandbox
 			must(t, err)
 			var head delta.ID
-			must(t, e.view(ctx, func(tx *catalog.Tx) (err error) { head, err = tx.GetRef(catalog.RefHead, "s"); return err }))
+			must(t, e.view(ctx, func(tx *catalog.Tx) (err error) { head, err = tx.GetRef(delta.RefHead, "s"); return err }))
 			if ok, _ := mountinfo.Mounted(root); !ok {
 				t.Fatal("root not mounted after the killed rollback")
 			}

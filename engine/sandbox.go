@@ -8,9 +8,12 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/turnsnap/turnsnap/btrfs"
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/engine/content"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
+	"github.com/turnsnap/turnsnap/internal/rootfs"
 	"github.com/turnsnap/turnsnap/overlay"
 )
 
@@ -18,15 +21,15 @@ import (
 type CreateOptions struct {
 	Base    string // directory imported as the read-only base
 	Backend string // "overlay" (default) or "btrfs"
-	// Config holds the backend's settings, kept with the sandbox: btrfs
-	// needs {"pool": DIR}, a directory on a mounted btrfs filesystem.
-	Config map[string]string
+	// Btrfs holds the btrfs backend's settings, kept with the sandbox: its
+	// Pool is a directory on a mounted btrfs filesystem.
+	Btrfs btrfs.Options
 }
 
 // CreateResult reports a new sandbox.
 type CreateResult struct {
-	Sandbox    *catalog.Sandbox
-	Checkpoint *catalog.Checkpoint // turn 0: the base, unchanged
+	Sandbox    *delta.Sandbox
+	Checkpoint *delta.Checkpoint // turn 0: the base, unchanged
 	Root       string
 	BaseStats  delta.ScanStats
 	Duration   time.Duration
@@ -36,14 +39,23 @@ type CreateResult struct {
 // second sandbox on the same base adds no bytes), materialises it once per
 // host as the overlay lower dir, mounts the sandbox, and commits turn 0.
 func (e *Engine) CreateSandbox(ctx context.Context, name string, opts CreateOptions) (*CreateResult, error) {
+	done, err := e.op(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
 	start := time.Now()
-	if !catalog.ValidName(name) {
+	if !delta.ValidRefName(name) {
 		return nil, fmt.Errorf("sandbox name %q: use 1-64 of [A-Za-z0-9._-], not starting with '.' or '-': %w", name, errdefs.ErrInvalid)
 	}
 	if opts.Backend == "" {
 		opts.Backend = overlay.Name
 	}
-	be, err := e.backend(opts.Backend, opts.Config)
+	cfg, err := backendConfig(opts.Backend, opts.Btrfs)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", name, err)
+	}
+	be, err := e.backend(opts.Backend, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", name, err)
 	}
@@ -57,19 +69,20 @@ func (e *Engine) CreateSandbox(ctx context.Context, name string, opts CreateOpti
 	if fi, err := os.Stat(base); err != nil || !fi.IsDir() {
 		return nil, fmt.Errorf("sandbox %s: base %s is not a readable directory: %w", name, opts.Base, errdefs.ErrInvalid)
 	}
-	e.repo.reset()
-	res, err := delta.Scan(ctx, base, delta.ScanOptions{Saver: e.repo})
+	op := e.repo.Begin()
+	defer op.Discard(context.WithoutCancel(ctx)) // only what a failed import wrote
+	res, err := delta.Scan(ctx, base, delta.ScanOptions{Saver: op})
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: import base: %w", name, err)
 	}
 	empty := delta.EmptyTree()
-	if _, err := e.repo.SaveBlob(ctx, delta.BlobTree, empty, (&delta.Tree{}).Encode()); err != nil {
+	if _, err := op.SaveBlob(ctx, delta.BlobTree, empty, (&delta.Tree{}).Encode()); err != nil {
 		return nil, err
 	}
-	if err := e.repo.publishBlobs(ctx); err != nil {
+	if err := op.Publish(ctx); err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", name, err)
 	}
-	lower, err := be.PrepareBase(ctx, res.Root, e.repo)
+	lower, err := e.prepareBase(ctx, be, res.Root, op)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", name, err)
 	}
@@ -80,19 +93,19 @@ func (e *Engine) CreateSandbox(ctx context.Context, name string, opts CreateOpti
 	if err != nil {
 		return nil, err
 	}
-	sb := &catalog.Sandbox{Name: name, Backend: opts.Backend, BaseTree: res.Root, Created: time.Now().UTC(), Config: opts.Config}
-	cp := &catalog.Checkpoint{
-		Version: catalog.RecordVersion, Sandbox: name, Turn: 0, Class: catalog.ClassFS,
+	sb := &delta.Sandbox{Name: name, Backend: opts.Backend, BaseTree: res.Root, Created: time.Now().UTC(), Config: cfg}
+	cp := &delta.Checkpoint{
+		Version: delta.RecordVersion, Sandbox: name, Turn: 0, Class: delta.ClassFS,
 		Backend: opts.Backend, BaseTree: res.Root, FSTree: empty,
 		// An empty layer's state key is the empty tree's (Create leaves the
 		// root scanned and its cache written, as Branch relies on too).
 		StateKey: empty,
 		Message:  "sandbox created from " + base, Created: time.Now().UTC(),
-		Stats: e.repo.stats,
+		Stats: op.Stats(),
 	}
 	cp.Stats.Entries, cp.Stats.FilesRead, cp.Stats.BytesRead = res.Stats.Entries, res.Stats.FilesRead, res.Stats.BytesRead
 	cp.Stats.DurationNs = time.Since(start).Nanoseconds()
-	if err := e.commit(ctx, cp, sb, cp.Roots()); err != nil {
+	if err := e.commit(ctx, op, cp, sb, cp.Roots()); err != nil {
 		root.Remove(context.WithoutCancel(ctx))
 		return nil, err
 	}
@@ -120,11 +133,12 @@ func (e *Engine) checkNewSandbox(ctx context.Context, name string) error {
 // commit publishes a checkpoint in the write order of docs/FORMAT.md: packs and blob index,
 // the record, the sandbox description (if new) and head ref objects, and
 // last the catalog transaction that makes it visible.
-func (e *Engine) commit(ctx context.Context, cp *catalog.Checkpoint, newSandbox *catalog.Sandbox, roots []delta.ID) error {
-	if err := e.repo.publishBlobs(ctx, roots...); err != nil {
+func (e *Engine) commit(ctx context.Context, op *content.Op, cp *delta.Checkpoint, newSandbox *delta.Sandbox, roots []delta.ID) error {
+	if err := op.Publish(ctx, roots...); err != nil {
 		return fmt.Errorf("sandbox %s: %w", cp.Sandbox, err)
 	}
-	cp.Stats.BlobsNew, cp.Stats.BytesNew, cp.Stats.ObjectsNew = e.repo.stats.BlobsNew, e.repo.stats.BytesNew, e.repo.stats.ObjectsNew
+	st := op.Stats()
+	cp.Stats.BlobsNew, cp.Stats.BytesNew, cp.Stats.ObjectsNew = st.BlobsNew, st.BytesNew, st.ObjectsNew
 	if err := e.putRecord(ctx, cp); err != nil {
 		return err
 	}
@@ -133,9 +147,13 @@ func (e *Engine) commit(ctx context.Context, cp *catalog.Checkpoint, newSandbox 
 			return err
 		}
 	}
-	if err := e.putRefObject(ctx, catalog.RefHead, cp.Sandbox, cp.ID); err != nil {
+	if err := e.putRefObject(ctx, delta.RefHead, cp.Sandbox, cp.ID); err != nil {
 		return err
 	}
+	// One commit transaction at a time: with a remote, each reads the
+	// whole upload queue and bumps its sequence, so concurrent ones would
+	// conflict and retry.
+	e.commitMu.Lock()
 	err := e.cat.Update(ctx, func(tx *catalog.Tx) error {
 		if newSandbox != nil {
 			if err := tx.PutSandbox(newSandbox); err != nil {
@@ -145,27 +163,28 @@ func (e *Engine) commit(ctx context.Context, cp *catalog.Checkpoint, newSandbox 
 		if err := tx.PutCheckpoint(cp); err != nil {
 			return err
 		}
-		if err := e.queueCommit(tx, cp, newSandbox); err != nil {
+		if err := e.queueCommit(tx, op, cp, newSandbox); err != nil {
 			return err
 		}
-		return tx.SetRef(catalog.Ref{Kind: catalog.RefHead, Name: cp.Sandbox, Target: cp.ID})
+		return tx.SetRef(delta.Ref{Kind: delta.RefHead, Name: cp.Sandbox, Target: cp.ID})
 	})
+	e.commitMu.Unlock()
 	if err != nil {
 		return fmt.Errorf("checkpoint %s of sandbox %s: catalog: %w", cp.ID.Short(), cp.Sandbox, err)
 	}
-	e.repo.reset()
 	return nil
 }
 
 // SandboxInfo is one sandbox with its head.
 type SandboxInfo struct {
-	Sandbox *catalog.Sandbox
-	Head    *catalog.Checkpoint
+	Sandbox *delta.Sandbox
+	Head    *delta.Checkpoint
 	Root    string
 }
 
 // ListSandboxes returns every sandbox with its head checkpoint.
 func (e *Engine) ListSandboxes(ctx context.Context) ([]SandboxInfo, error) {
+	defer e.shared()()
 	var out []SandboxInfo
 	err := e.view(ctx, func(tx *catalog.Tx) error {
 		sbs, err := tx.Sandboxes()
@@ -177,7 +196,7 @@ func (e *Engine) ListSandboxes(ctx context.Context) ([]SandboxInfo, error) {
 			if be, err := e.backend(sb.Backend, sb.Config); err == nil {
 				info.Root = be.Open(e.home.sandboxDir(sb.Name), "").Path()
 			}
-			if id, err := tx.GetRef(catalog.RefHead, sb.Name); err == nil {
+			if id, err := tx.GetRef(delta.RefHead, sb.Name); err == nil {
 				info.Head, _ = tx.Checkpoint(id)
 			}
 			out = append(out, info)
@@ -189,9 +208,9 @@ func (e *Engine) ListSandboxes(ctx context.Context) ([]SandboxInfo, error) {
 
 // sandboxState is what most operations need about a sandbox.
 type sandboxState struct {
-	sb   *catalog.Sandbox
-	head *catalog.Checkpoint
-	root Root
+	sb   *delta.Sandbox
+	head *delta.Checkpoint
+	root rootfs.Root
 }
 
 func (e *Engine) loadSandbox(ctx context.Context, name string) (*sandboxState, error) {
@@ -199,9 +218,9 @@ func (e *Engine) loadSandbox(ctx context.Context, name string) (*sandboxState, e
 	err := e.view(ctx, func(tx *catalog.Tx) error {
 		var err error
 		if st.sb, err = tx.Sandbox(name); err != nil {
-			return fmt.Errorf("sandbox %s: %w", name, err)
+			return err // names the sandbox
 		}
-		id, err := tx.GetRef(catalog.RefHead, name)
+		id, err := tx.GetRef(delta.RefHead, name)
 		if err != nil {
 			return fmt.Errorf("sandbox %s: head: %w", name, err)
 		}
@@ -215,7 +234,7 @@ func (e *Engine) loadSandbox(ctx context.Context, name string) (*sandboxState, e
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", name, err)
 	}
-	lower, err := be.PrepareBase(ctx, st.head.BaseTree, e.repo)
+	lower, err := e.prepareBase(ctx, be, st.head.BaseTree, e.repo)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", name, err)
 	}
@@ -240,6 +259,11 @@ func (e *Engine) loadSandbox(ctx context.Context, name string) (*sandboxState, e
 
 // SandboxPath returns the sandbox's mounted root, mounting it if needed.
 func (e *Engine) SandboxPath(ctx context.Context, name string) (string, error) {
+	done, err := e.op(ctx, name)
+	if err != nil {
+		return "", err
+	}
+	defer done()
 	st, err := e.loadSandbox(ctx, name)
 	if err != nil {
 		return "", err
@@ -254,13 +278,18 @@ func (e *Engine) SandboxPath(ctx context.Context, name string) (string, error) {
 // Its checkpoints stay: other sandboxes may have branched from them, and
 // they remain restorable until pruned.
 func (e *Engine) RemoveSandbox(ctx context.Context, name string) error {
-	var sb *catalog.Sandbox
+	done, err := e.op(ctx, name)
+	if err != nil {
+		return err
+	}
+	defer done()
+	var sb *delta.Sandbox
 	if err := e.view(ctx, func(tx *catalog.Tx) error {
 		var err error
 		sb, err = tx.Sandbox(name)
 		return err
 	}); err != nil {
-		return fmt.Errorf("sandbox %s: %w", name, err)
+		return err // names the sandbox
 	}
 	if err := e.stopProcesses(ctx, name); err != nil {
 		return err
@@ -277,17 +306,17 @@ func (e *Engine) RemoveSandbox(ctx context.Context, name string) error {
 	}
 	// Local copies only: with a remote, the deletions below are queued and
 	// reach the bucket in order at the next push.
-	if err := e.local.Delete(ctx, refName(catalog.RefHead, name)); err != nil {
+	if err := e.local.Delete(ctx, delta.RefName(delta.RefHead, name)); err != nil {
 		return err
 	}
-	if err := e.local.Delete(ctx, sandboxName(sb.Name)); err != nil {
+	if err := e.local.Delete(ctx, delta.SandboxName(sb.Name)); err != nil {
 		return err
 	}
 	return e.cat.Update(ctx, func(tx *catalog.Tx) error {
-		if err := tx.DeleteRef(catalog.RefHead, name); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		if err := tx.DeleteRef(delta.RefHead, name); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 			return err
 		}
-		if err := e.queueDelete(tx, name, refName(catalog.RefHead, name), sandboxName(name)); err != nil {
+		if err := e.queueDelete(tx, name, delta.RefName(delta.RefHead, name), delta.SandboxName(name)); err != nil {
 			return err
 		}
 		return tx.DeleteSandbox(name)

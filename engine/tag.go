@@ -5,13 +5,14 @@ import (
 	"fmt"
 
 	"github.com/turnsnap/turnsnap/catalog"
+	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
 
 // validTagName refuses names that look like checkpoint id prefixes: those
 // resolve as ids first, so such a tag could become unreachable.
 func validTagName(name string) bool {
-	if !catalog.ValidName(name) {
+	if !delta.ValidRefName(name) {
 		return false
 	}
 	for _, c := range name {
@@ -25,7 +26,8 @@ func validTagName(name string) bool {
 // Tag names checkpoint ref. Tags are refs like heads: stored as objects
 // (so a rebuild keeps them) and indexed in the catalog. A tag can be used
 // wherever a checkpoint is expected.
-func (e *Engine) Tag(ctx context.Context, name, ref string) (*catalog.Checkpoint, error) {
+func (e *Engine) Tag(ctx context.Context, name, ref string) (*delta.Checkpoint, error) {
+	defer e.shared()()
 	if !validTagName(name) {
 		return nil, fmt.Errorf("tag name %q: use 1-64 of [A-Za-z0-9._-], not starting with '.' or '-', and not only hex digits: %w",
 			name, errdefs.ErrInvalid)
@@ -35,20 +37,20 @@ func (e *Engine) Tag(ctx context.Context, name, ref string) (*catalog.Checkpoint
 		return nil, err
 	}
 	err = e.view(ctx, func(tx *catalog.Tx) error {
-		_, err := tx.GetRef(catalog.RefTag, name)
+		_, err := tx.GetRef(delta.RefTag, name)
 		return err
 	})
 	if err == nil {
 		return nil, fmt.Errorf("tag %s: %w", name, errdefs.ErrExists)
 	}
-	if err := e.putRefObject(ctx, catalog.RefTag, name, cp.ID); err != nil {
+	if err := e.putRefObject(ctx, delta.RefTag, name, cp.ID); err != nil {
 		return nil, err
 	}
 	err = e.cat.Update(ctx, func(tx *catalog.Tx) error {
-		if err := e.queueRef(tx, cp.Sandbox, catalog.RefTag, name, cp.ID, false); err != nil {
+		if err := e.queueRef(tx, cp.Sandbox, delta.RefTag, name, cp.ID, false); err != nil {
 			return err
 		}
-		return tx.SetRef(catalog.Ref{Kind: catalog.RefTag, Name: name, Target: cp.ID})
+		return tx.SetRef(delta.Ref{Kind: delta.RefTag, Name: name, Target: cp.ID})
 	})
 	if err != nil {
 		return nil, fmt.Errorf("tag %s: %w", name, err)
@@ -58,30 +60,32 @@ func (e *Engine) Tag(ctx context.Context, name, ref string) (*catalog.Checkpoint
 
 // Untag deletes a tag (the checkpoint stays).
 func (e *Engine) Untag(ctx context.Context, name string) error {
+	defer e.shared()()
 	err := e.view(ctx, func(tx *catalog.Tx) error {
-		_, err := tx.GetRef(catalog.RefTag, name)
+		_, err := tx.GetRef(delta.RefTag, name)
 		return err
 	})
 	if err != nil {
 		return fmt.Errorf("tag %s: %w", name, err)
 	}
-	if err := e.local.Delete(ctx, refName(catalog.RefTag, name)); err != nil {
+	if err := e.local.Delete(ctx, delta.RefName(delta.RefTag, name)); err != nil {
 		return fmt.Errorf("tag %s: %w", name, err)
 	}
 	return e.cat.Update(ctx, func(tx *catalog.Tx) error {
-		if err := e.queueDelete(tx, backfillSandbox, refName(catalog.RefTag, name)); err != nil {
+		if err := e.queueDelete(tx, backfillSandbox, delta.RefName(delta.RefTag, name)); err != nil {
 			return err
 		}
-		return tx.DeleteRef(catalog.RefTag, name)
+		return tx.DeleteRef(delta.RefTag, name)
 	})
 }
 
 // Tags lists every tag.
-func (e *Engine) Tags(ctx context.Context) ([]catalog.Ref, error) {
-	var refs []catalog.Ref
+func (e *Engine) Tags(ctx context.Context) ([]delta.Ref, error) {
+	defer e.shared()()
+	var refs []delta.Ref
 	err := e.view(ctx, func(tx *catalog.Tx) error {
 		var err error
-		refs, err = tx.Refs(catalog.RefTag)
+		refs, err = tx.Refs(delta.RefTag)
 		return err
 	})
 	return refs, err

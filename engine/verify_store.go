@@ -8,6 +8,8 @@ import (
 
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/engine/check"
+	"github.com/turnsnap/turnsnap/engine/content"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/upload"
 )
@@ -29,18 +31,18 @@ type StoreReport struct {
 func (e *Engine) VerifyStore(ctx context.Context, ref string) (*StoreReport, error) {
 	rep := &StoreReport{}
 	index := map[delta.ID]catalog.BlobLocation{}
-	err := e.store.List(ctx, upload.PackPrefix, func(oi upload.ObjectInfo) error {
-		id, ok := upload.ParsePackName(oi.Name)
+	err := e.store.List(ctx, delta.PackPrefix, func(oi upload.ObjectInfo) error {
+		id, ok := delta.ParsePackName(oi.Name)
 		if !ok {
 			return nil // not ours; leave it
 		}
-		entries, err := upload.ReadPackHeader(ctx, e.store, oi.Name)
+		entries, err := delta.ReadPackHeader(ctx, upload.Ranges(e.store), oi.Name)
 		if err != nil {
 			return err
 		}
 		rep.Packs++
 		for _, en := range entries {
-			index[en.ID] = locationOf(id, en) // any copy is valid
+			index[en.ID] = content.LocationOf(id, en) // any copy is valid
 		}
 		return nil
 	})
@@ -49,9 +51,9 @@ func (e *Engine) VerifyStore(ctx context.Context, ref string) (*StoreReport, err
 	}
 	rep.Blobs = len(index)
 	var records []delta.ID
-	err = e.store.List(ctx, recordPrefix, func(oi upload.ObjectInfo) error {
-		id, err := delta.ParseID(strings.TrimPrefix(oi.Name, recordPrefix))
-		if err != nil || recordName(id) != oi.Name {
+	err = e.store.List(ctx, delta.RecordPrefix, func(oi upload.ObjectInfo) error {
+		id, err := delta.ParseID(strings.TrimPrefix(oi.Name, delta.RecordPrefix))
+		if err != nil || delta.RecordName(id) != oi.Name {
 			return fmt.Errorf("object %s: not a record name: %w", oi.Name, errdefs.ErrCorrupt)
 		}
 		records = append(records, id)
@@ -72,13 +74,17 @@ func (e *Engine) VerifyStore(ctx context.Context, ref string) (*StoreReport, err
 		}
 		todo = []delta.ID{id}
 	}
-	locate := func(id delta.ID) (catalog.BlobLocation, bool, error) {
-		loc, ok := index[id]
-		return loc, ok, nil
-	}
-	loader := e.loaderFor(index)
+	ck := &check.Checker{Store: e.store, Blobs: indexBlobs{e.repo.LoaderFor(index), e.repo}, Locator: check.MapLocator(index)}
 	for _, id := range todo {
-		r, err := e.verifyCheckpoint(ctx, id, locate, loader)
+		data, err := upload.ReadAllMax(ctx, e.store, delta.RecordName(id), delta.MaxRecordSize)
+		if err != nil {
+			return rep, fmt.Errorf("checkpoint %s: %w", id.Short(), err)
+		}
+		cp, err := delta.DecodeRecord(id, data)
+		if err != nil {
+			return rep, fmt.Errorf("object %s: %w", delta.RecordName(id), err)
+		}
+		r, err := ck.Verify(ctx, cp)
 		if err != nil {
 			return rep, err
 		}
@@ -87,15 +93,25 @@ func (e *Engine) VerifyStore(ctx context.Context, ref string) (*StoreReport, err
 	return rep, nil
 }
 
+// indexBlobs reads blobs located by a pack-header index, never the catalog.
+type indexBlobs struct {
+	delta.BlobLoader
+	repo *content.Repo
+}
+
+func (b indexBlobs) Decode(id delta.ID, object string, loc catalog.BlobLocation, stored []byte) ([]byte, error) {
+	return b.repo.Decode(id, object, loc, stored)
+}
+
 // checkRefObjects checks that every head and tag object names a record.
 func (e *Engine) checkRefObjects(ctx context.Context, records []delta.ID, rep *StoreReport) error {
-	for _, prefix := range []string{headPrefix, tagPrefix} {
+	for _, prefix := range []string{delta.HeadPrefix, delta.TagPrefix} {
 		err := e.store.List(ctx, prefix, func(oi upload.ObjectInfo) error {
-			data, err := upload.ReadAllMax(ctx, e.store, oi.Name, maxSmallObject)
+			data, err := upload.ReadAllMax(ctx, e.store, oi.Name, delta.MaxSmallObject)
 			if err != nil {
 				return err
 			}
-			id, err := parseRefObject(data)
+			id, err := delta.ParseRef(data)
 			if err != nil {
 				return fmt.Errorf("object %s: %v: %w", oi.Name, err, errdefs.ErrCorrupt)
 			}
@@ -115,9 +131,9 @@ func (e *Engine) checkRefObjects(ctx context.Context, records []delta.ID, rep *S
 // resolveInStore finds ref among the store's records: a tag object, or a
 // unique ID prefix of at least 4 digits.
 func (e *Engine) resolveInStore(ctx context.Context, ref string, records []delta.ID) (delta.ID, error) {
-	if catalog.ValidName(ref) {
-		if data, err := upload.ReadAllMax(ctx, e.store, tagPrefix+ref, maxSmallObject); err == nil {
-			return parseRefObject(data)
+	if delta.ValidName(ref) {
+		if data, err := upload.ReadAllMax(ctx, e.store, delta.TagPrefix+ref, delta.MaxSmallObject); err == nil {
+			return delta.ParseRef(data)
 		}
 	}
 	var found []delta.ID

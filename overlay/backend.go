@@ -10,6 +10,7 @@ import (
 
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
+	"github.com/turnsnap/turnsnap/internal/rootfs"
 )
 
 // Backend creates overlay roots. Bases are materialised once per host under
@@ -106,3 +107,18 @@ func (b *Backend) CheckBase(ctx context.Context, tree delta.ID, full bool) (bool
 	}
 	return true, nil
 }
+
+// Create lays out and mounts a new root in dir on lower dir base (see
+// rootfs.Backend).
+func (b *Backend) Create(ctx context.Context, dir, base string, tree delta.ID, loader delta.BlobLoader) (rootfs.Root, error) {
+	r, err := Create(ctx, dir, base, tree, loader)
+	if err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// Open returns the root kept in dir without touching it.
+func (b *Backend) Open(dir, base string) rootfs.Root { return Open(dir, base) }
+
+var _ rootfs.Backend = (*Backend)(nil)

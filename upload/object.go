@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
 
@@ -75,4 +76,19 @@ func PutBytes(ctx context.Context, s Store, name string, b []byte) error {
 type readCloser struct {
 	io.Reader
 	io.Closer
+}
+
+// Ranges adapts s to the delta.RangeReader that delta.ReadPackHeader reads
+// pack headers through.
+func Ranges(s Store) delta.RangeReader { return ranges{s} }
+
+type ranges struct{ s Store }
+
+func (r ranges) ObjectSize(ctx context.Context, name string) (int64, error) {
+	info, err := r.s.Stat(ctx, name)
+	return info.Size, err
+}
+
+func (r ranges) ReadRange(ctx context.Context, name string, off, n int64) (io.ReadCloser, error) {
+	return GetRange(ctx, r.s, name, off, n)
 }

@@ -1,7 +1,8 @@
-// Package upload owns where checkpoint objects live: the Store interface and
-// its implementations (a local directory now, S3-compatible buckets later),
-// the pack format that groups many blobs into one object, and the wrappers
-// that add retries, throttling and scheduling around a Store.
+// Package upload owns where checkpoint objects live and how they get there:
+// the Store interface and its implementations (a local directory, an
+// S3-compatible bucket), and the wrappers that add retries, tiering, fault
+// injection and scheduling around a Store. It moves bytes only; what the
+// bytes mean (packs, records, names) is package delta's.
 package upload
 
 import (

@@ -2,7 +2,7 @@ package main
 
 import (
 	"github.com/spf13/cobra"
-	"github.com/turnsnap/turnsnap/bench"
+	"github.com/turnsnap/turnsnap/internal/demo"
 )
 
 func (a *app) demoCmd() *cobra.Command {
@@ -19,11 +19,11 @@ branches, verifies every checkpoint, and prints a per-turn table. Needs root
 (overlay mounts). --home is not used: the demo never touches a real home.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			opts := bench.DemoOptions{Dir: dir, Keep: keep, Out: a.stdout()}
+			opts := demo.Options{Dir: dir, Keep: keep, Out: a.stdout()}
 			if a.json {
 				opts.Out = nil
 			}
-			rep, err := bench.RunDemo(cmd.Context(), opts)
+			rep, err := demo.Run(cmd.Context(), opts)
 			if err != nil {
 				return err
 			}

@@ -27,7 +27,7 @@ func (a *app) sandboxCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			r, err := e.CreateSandbox(ctx, args[0], engine.CreateOptions{Base: base, Backend: backend, Config: cfg})
+			r, err := e.CreateSandbox(ctx, args[0], engine.CreateOptions{Base: base, Backend: backend, Btrfs: cfg})
 			if err != nil {
 				return err
 			}
@@ -126,18 +126,18 @@ func (a *app) printSandboxes(sbs []engine.SandboxInfo) error {
 }
 
 // backendConfig turns the backend flags into a sandbox's settings.
-func backendConfig(backend, pool string) (map[string]string, error) {
+func backendConfig(backend, pool string) (btrfs.Options, error) {
 	switch {
 	case backend == btrfs.Name && pool == "":
-		return nil, fmt.Errorf("--backend btrfs needs --btrfs-pool PATH: %w", errdefs.ErrInvalid)
+		return btrfs.Options{}, fmt.Errorf("--backend btrfs needs --btrfs-pool PATH: %w", errdefs.ErrInvalid)
 	case backend == btrfs.Name:
 		abs, err := filepath.Abs(pool)
 		if err != nil {
-			return nil, err
+			return btrfs.Options{}, err
 		}
-		return map[string]string{btrfs.ConfigPool: abs}, nil
+		return btrfs.Options{Pool: abs}, nil
 	case pool != "":
-		return nil, fmt.Errorf("--btrfs-pool is for --backend btrfs, not %q: %w", backend, errdefs.ErrInvalid)
+		return btrfs.Options{}, fmt.Errorf("--btrfs-pool is for --backend btrfs, not %q: %w", backend, errdefs.ErrInvalid)
 	}
-	return nil, nil
+	return btrfs.Options{}, nil
 }

@@ -91,7 +91,7 @@ func (a *app) branchCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			r, err := e.Branch(ctx, args[0], args[1], engine.BranchOptions{Backend: backend, Config: cfg, FSOnly: fsOnly})
+			r, err := e.Branch(ctx, args[0], args[1], engine.BranchOptions{Backend: backend, Btrfs: cfg, FSOnly: fsOnly})
 			if err != nil {
 				return err
 			}

@@ -141,7 +141,7 @@ touch -d @1700000100 a.txt opq/n newdir/f newdir/empty`)
 	if _, err := e.Tag(ctx, "good", c1.ID.String()); err != nil {
 		t.Fatal(err)
 	}
-	br, err := e.Branch(ctx, c1.ID.String(), "copy")
+	br, err := e.Branch(ctx, c1.ID.String(), "copy", engine.BranchOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

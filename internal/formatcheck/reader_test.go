@@ -497,12 +497,12 @@ func TestFixtureStoreReadsFromTheDocument(t *testing.T) {
 			}
 		case strings.HasPrefix(name, "sandboxes/"):
 			var sb struct {
-				Name     string            `json:"name"`
-				Backend  string            `json:"backend"`
-				BaseTree string            `json:"base_tree"`
-				Origin   string            `json:"origin"`
-				Created  string            `json:"created"`
-				Config   map[string]string `json:"config,omitempty"`
+				Name     string          `json:"name"`
+				Backend  string          `json:"backend"`
+				BaseTree string          `json:"base_tree"`
+				Origin   string          `json:"origin"`
+				Created  string          `json:"created"`
+				Config   json.RawMessage `json:"config,omitempty"`
 			}
 			strictJSON(t, name, data, &sb)
 			checkTime(t, name, sb.Created)

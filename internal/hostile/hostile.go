@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/klauspost/compress/zstd"
-	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/upload"
 )
@@ -27,7 +26,7 @@ type Blob struct {
 	ID          delta.ID
 	Stored      []byte
 	RawLength   uint64
-	Compression upload.Compression
+	Compression delta.Compression
 }
 
 // Plain is an uncompressed blob named by its content.
@@ -61,7 +60,7 @@ func EncodePack(blobs []Blob) ([]byte, delta.ID) {
 // WritePack stores blobs as one pack under its proper name.
 func WritePack(ctx context.Context, s upload.Store, blobs []Blob) (string, error) {
 	data, id := EncodePack(blobs)
-	name := upload.PackName(id)
+	name := delta.PackName(id)
 	return name, upload.PutBytes(ctx, s, name, data)
 }
 
@@ -69,13 +68,13 @@ func WritePack(ctx context.Context, s upload.Store, blobs []Blob) (string, error
 // parent (same sandbox, backend and base), as a later turn would. The
 // catalog learns it at the next rebuild, as it would learn a record
 // another host uploaded; the sandbox's head stays where it is.
-func WriteRecord(ctx context.Context, s upload.Store, parent *catalog.Checkpoint, fsTree delta.ID) (delta.ID, error) {
-	cp := &catalog.Checkpoint{
-		Version: catalog.RecordVersion, Sandbox: parent.Sandbox, Parent: parent.ID, Turn: parent.Turn + 1,
-		Class: catalog.ClassFS, Backend: parent.Backend, BaseTree: parent.BaseTree, FSTree: fsTree,
+func WriteRecord(ctx context.Context, s upload.Store, parent *delta.Checkpoint, fsTree delta.ID) (delta.ID, error) {
+	cp := &delta.Checkpoint{
+		Version: delta.RecordVersion, Sandbox: parent.Sandbox, Parent: parent.ID, Turn: parent.Turn + 1,
+		Class: delta.ClassFS, Backend: parent.Backend, BaseTree: parent.BaseTree, FSTree: fsTree,
 		StateKey: fsTree, Created: time.Now().UTC(),
 	}
-	data, id, err := catalog.EncodeRecord(cp)
+	data, id, err := delta.EncodeRecord(cp)
 	if err != nil {
 		return id, err
 	}
@@ -116,7 +115,7 @@ func ZstdBomb(inflated int64) (Blob, error) {
 		return Blob{}, err
 	}
 	return Blob{Type: delta.BlobData, ID: delta.Hash(make([]byte, delta.ChunkAverage)), Stored: frame.Bytes(),
-		RawLength: delta.ChunkAverage, Compression: upload.CompressionZstd}, nil
+		RawLength: delta.ChunkAverage, Compression: delta.CompressionZstd}, nil
 }
 
 type zeros struct{}
@@ -192,7 +191,7 @@ func LyingHeaders() [][]Blob {
 	var out [][]Blob
 	for _, raw := range []uint64{1 << 36, 1 << 62, 1<<64 - 1} {
 		t := Tree(&delta.Tree{})
-		t.RawLength, t.Compression = raw, upload.CompressionZstd
+		t.RawLength, t.Compression = raw, delta.CompressionZstd
 		out = append(out, []Blob{t})
 	}
 	return out

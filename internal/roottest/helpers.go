@@ -11,6 +11,7 @@ import (
 
 	"github.com/moby/sys/mountinfo"
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/internal/rootfs"
 	"golang.org/x/sys/unix"
 )
 
@@ -44,7 +45,7 @@ func newFixture(t *testing.T, s Setup) *fixture {
 }
 
 // create makes a root named name with layer tree, removed at cleanup.
-func (f *fixture) create(name string, tree delta.ID) (Root, string) {
+func (f *fixture) create(name string, tree delta.ID) (rootfs.Root, string) {
 	f.t.Helper()
 	dir := filepath.Join(f.t.TempDir(), name)
 	r, err := f.s.Backend.Create(f.ctx, dir, f.lower, tree, f.store)
@@ -54,7 +55,7 @@ func (f *fixture) create(name string, tree delta.ID) (Root, string) {
 }
 
 // checkpoint scans r into the store and commits the scan.
-func (f *fixture) checkpoint(r Root) *delta.ScanResult {
+func (f *fixture) checkpoint(r rootfs.Root) *delta.ScanResult {
 	f.t.Helper()
 	res, err := r.Scan(f.ctx, f.store)
 	must(f.t, err)

@@ -3,40 +3,18 @@
 // runs Run once per backend (overlay, btrfs), so every behaviour the engine
 // relies on is checked against each of them with the same tests.
 //
-// The interfaces below are structurally identical to engine.Root and
-// engine.Backend; the package imports nothing from engine, so a backend
-// under test needs only a small adapter converting its Root type.
+// Backends implement rootfs.Backend directly; the suite needs nothing else.
 package roottest
 
 import (
-	"context"
 	"testing"
 
-	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/internal/rootfs"
 )
-
-// Root is one sandbox's root filesystem (see engine.Root for the contract).
-type Root interface {
-	Path() string
-	Mount(ctx context.Context) error
-	Unmount(ctx context.Context) error
-	Remove(ctx context.Context) error
-	Scan(ctx context.Context, saver delta.BlobSaver) (*delta.ScanResult, error)
-	Committed(res *delta.ScanResult) error
-	Restore(ctx context.Context, tree delta.ID, loader delta.BlobLoader) error
-}
-
-// Backend makes roots of one kind (see engine.Backend).
-type Backend interface {
-	Name() string
-	PrepareBase(ctx context.Context, tree delta.ID, loader delta.BlobLoader) (string, error)
-	Create(ctx context.Context, dir, base string, tree delta.ID, loader delta.BlobLoader) (Root, error)
-	Open(dir, base string) Root
-}
 
 // Setup is one backend under test, made fresh for each test.
 type Setup struct {
-	Backend Backend
+	Backend rootfs.Backend
 	// Leftovers lists what removed roots left on the host outside their
 	// directories (subvolumes, restore points); nil skips that check.
 	Leftovers func() ([]string, error)

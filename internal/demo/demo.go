@@ -1,7 +1,7 @@
-// Package bench holds turnsnap's workloads: the scripted agent session the
-// demo runs, and the generators benchmarks use to build sandboxes of a given
-// shape.
-package bench
+// Package demo is the scripted agent session `turnsnap demo` runs: a
+// multi-turn session on a temporary home that prints what each turn cost.
+// It is a walkthrough, not a benchmark (package bench holds those).
+package demo
 
 import (
 	"context"
@@ -15,14 +15,15 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/turnsnap/turnsnap/catalog"
+	"github.com/dustin/go-humanize"
+	"github.com/turnsnap/turnsnap/bench"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/engine"
 	"github.com/turnsnap/turnsnap/proc"
 )
 
-// DemoOptions configures RunDemo.
-type DemoOptions struct {
+// Options configures Run.
+type Options struct {
 	// Dir holds the demo's home and base; empty means a new temporary
 	// directory, removed afterwards unless Keep is set.
 	Dir  string
@@ -30,12 +31,12 @@ type DemoOptions struct {
 	Out  io.Writer
 }
 
-// DemoTurn is one row of the demo's table.
-type DemoTurn struct {
+// Turn is one row of the demo's table.
+type Turn struct {
 	Sandbox  string        `json:"sandbox"`
 	Turn     int           `json:"turn"`
 	Action   string        `json:"action"`
-	Class    catalog.Class `json:"class"`
+	Class    delta.Class   `json:"class"`
 	ID       string        `json:"id"`
 	BytesNew int64         `json:"bytes_new"`
 	Objects  int64         `json:"objects_new"`
@@ -43,10 +44,10 @@ type DemoTurn struct {
 	Duration time.Duration `json:"duration_ns"`
 }
 
-// DemoReport is what the demo did and measured.
-type DemoReport struct {
+// Report is what the demo did and measured.
+type Report struct {
 	Home        string        `json:"home"`
-	Turns       []DemoTurn    `json:"turns"`
+	Turns       []Turn        `json:"turns"`
 	Rollback    time.Duration `json:"rollback_ns"`
 	Branch      time.Duration `json:"branch_ns"`
 	Verified    int           `json:"verified_checkpoints"`
@@ -63,12 +64,12 @@ type step struct {
 	exec []string
 }
 
-// RunDemo runs a scripted multi-turn agent session in an overlay sandbox:
+// Run runs a scripted multi-turn agent session in an overlay sandbox:
 // edits, a no-op turn, a temp file, deleting a base file, installing many
 // small files, a failed destructive edit that is rolled back, a branch, and
 // a verify of every checkpoint. It checks its own results and fails loudly
 // if a rollback or branch does not give back the expected files.
-func RunDemo(ctx context.Context, opts DemoOptions) (*DemoReport, error) {
+func Run(ctx context.Context, opts Options) (*Report, error) {
 	out := opts.Out
 	if out == nil {
 		out = io.Discard
@@ -80,9 +81,9 @@ func RunDemo(ctx context.Context, opts DemoOptions) (*DemoReport, error) {
 			return nil, err
 		}
 	}
-	rep := &DemoReport{Home: filepath.Join(dir, "home")}
+	rep := &Report{Home: filepath.Join(dir, "home")}
 	base := filepath.Join(dir, "base")
-	if err := WriteProject(base, 7); err != nil {
+	if err := bench.WriteProject(base, 7); err != nil {
 		return nil, err
 	}
 	e, err := engine.Open(ctx, engine.Options{Home: rep.Home})
@@ -105,7 +106,7 @@ func RunDemo(ctx context.Context, opts DemoOptions) (*DemoReport, error) {
 	if err != nil {
 		return nil, err
 	}
-	rep.Turns = append(rep.Turns, DemoTurn{Sandbox: "agent", Turn: 0, Action: fmt.Sprintf("create sandbox from base (%d entries)", cr.BaseStats.Entries),
+	rep.Turns = append(rep.Turns, Turn{Sandbox: "agent", Turn: 0, Action: fmt.Sprintf("create sandbox from base (%d entries)", cr.BaseStats.Entries),
 		Class: cr.Checkpoint.Class, ID: cr.Checkpoint.ID.Short(), BytesNew: cr.Checkpoint.Stats.BytesNew,
 		Objects: cr.Checkpoint.Stats.ObjectsNew, Read: cr.BaseStats.FilesRead, Duration: cr.Duration})
 	root := cr.Root
@@ -155,7 +156,7 @@ func RunDemo(ctx context.Context, opts DemoOptions) (*DemoReport, error) {
 		}
 	}
 	// The agent's tests fail after turn 7: roll back to turn 6.
-	rb, err := e.Rollback(ctx, "agent", byTurn[6])
+	rb, err := e.Rollback(ctx, "agent", byTurn[6], engine.RollbackOptions{})
 	if err != nil {
 		return nil, err
 	}
@@ -174,7 +175,7 @@ func RunDemo(ctx context.Context, opts DemoOptions) (*DemoReport, error) {
 	}}, byTurn); err != nil {
 		return nil, err
 	}
-	br, err := e.Branch(ctx, byTurn[5], "agent-alt")
+	br, err := e.Branch(ctx, byTurn[5], "agent-alt", engine.BranchOptions{})
 	if err != nil {
 		return nil, err
 	}
@@ -188,7 +189,7 @@ func RunDemo(ctx context.Context, opts DemoOptions) (*DemoReport, error) {
 		return nil, err
 	}
 	for _, t := range rep.Turns {
-		if t.Class == catalog.ClassSkip {
+		if t.Class == delta.ClassSkip {
 			continue
 		}
 		if _, err := e.Verify(ctx, t.ID); err != nil {
@@ -205,7 +206,7 @@ func RunDemo(ctx context.Context, opts DemoOptions) (*DemoReport, error) {
 	return rep, nil
 }
 
-func turn(ctx context.Context, e *engine.Engine, rep *DemoReport, name, root string, n int, s step, byTurn map[int]string) error {
+func turn(ctx context.Context, e *engine.Engine, rep *Report, name, root string, n int, s step, byTurn map[int]string) error {
 	var err error
 	if s.exec != nil {
 		_, err = e.Exec(ctx, name, s.exec, engine.ExecOptions{Detach: true})
@@ -221,16 +222,16 @@ func turn(ctx context.Context, e *engine.Engine, rep *DemoReport, name, root str
 		return err
 	}
 	byTurn[n] = r.ID.String()
-	rep.Turns = append(rep.Turns, DemoTurn{Sandbox: name, Turn: n, Action: s.action, Class: r.Class, ID: r.ID.Short(),
+	rep.Turns = append(rep.Turns, Turn{Sandbox: name, Turn: n, Action: s.action, Class: r.Class, ID: r.ID.Short(),
 		BytesNew: r.Stats.BytesNew, Objects: r.Stats.ObjectsNew, Read: r.Stats.FilesRead, Duration: r.Duration})
 	return nil
 }
 
-func printDemo(w io.Writer, rep *DemoReport, changes []delta.Change) {
+func printDemo(w io.Writer, rep *Report, changes []delta.Change) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "sandbox\tturn\t action\tclass\tnew bytes\tobjects\tfiles read\ttime\t")
 	var bytes, objects int64
-	classes := map[catalog.Class]int{}
+	classes := map[delta.Class]int{}
 	for _, t := range rep.Turns {
 		fmt.Fprintf(tw, "%s\t%d\t %-52s\t%s\t%s\t%d\t%d\t%s\t\n", t.Sandbox, t.Turn, t.Action, t.Class,
 			humanBytes(t.BytesNew), t.Objects, t.Read, humanDur(t.Duration))
@@ -240,8 +241,8 @@ func printDemo(w io.Writer, rep *DemoReport, changes []delta.Change) {
 	}
 	tw.Flush()
 	fmt.Fprintf(w, "\n%d turn boundaries: %d skip (no bytes written), %d fs, %d process, %d full; %s stored in %d objects\n",
-		len(rep.Turns), classes[catalog.ClassSkip], classes[catalog.ClassFS], classes[catalog.ClassProcess],
-		classes[catalog.ClassFull], humanBytes(bytes), objects)
+		len(rep.Turns), classes[delta.ClassSkip], classes[delta.ClassFS], classes[delta.ClassProcess],
+		classes[delta.ClassFull], humanBytes(bytes), objects)
 	fmt.Fprintf(w, "rollback agent -> turn 6 after the failed edit: %s (restored layer re-hashed and matched)\n", humanDur(rep.Rollback))
 	if rep.ServerAnswers != "" {
 		fmt.Fprintf(w, "dev server from turn 4 restored from its CRIU image; it answers: %q\n", rep.ServerAnswers)
@@ -290,7 +291,7 @@ func writeFiles(dir string, n, size int, seed int64) error {
 		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 			return err
 		}
-		if err := os.WriteFile(p, textLike(rng, size), 0o644); err != nil {
+		if err := os.WriteFile(p, bench.TextLike(rng, size), 0o644); err != nil {
 			return err
 		}
 	}
@@ -321,4 +322,13 @@ func serverAnswers(ctx context.Context, e *engine.Engine, sandbox string) (strin
 		return "", fmt.Errorf("wget exited %d", code)
 	}
 	return strings.TrimSpace(out.String()), nil
+}
+
+func humanBytes(n int64) string { return humanize.IBytes(uint64(max(n, 0))) }
+
+func humanDur(d time.Duration) string {
+	if d < time.Second {
+		return fmt.Sprintf("%.1fms", float64(d.Microseconds())/1000)
+	}
+	return d.Round(10 * time.Millisecond).String()
 }

@@ -1,6 +1,9 @@
-package engine
+package content
 
-import "time"
+import (
+	"sync"
+	"time"
+)
 
 // Progress is a snapshot of a long operation's work so far: every blob
 // stored or read back counts (imports, checkpoints, restores, verifies).
@@ -14,20 +17,25 @@ type Progress struct {
 // cost nothing next to the work.
 const progressEvery = 200 * time.Millisecond
 
-// meter counts work and reports it to fn at most every progressEvery.
-type meter struct {
+// Meter counts work and reports it to fn at most every progressEvery. It is
+// safe for concurrent use: concurrent operations add to one total.
+type Meter struct {
+	mu    sync.Mutex
 	fn    func(Progress)
 	start time.Time
 	last  time.Time
 	p     Progress
 }
 
-func newMeter(fn func(Progress)) *meter { return &meter{fn: fn, start: time.Now()} }
+// NewMeter returns a meter reporting to fn; nil fn reports nothing.
+func NewMeter(fn func(Progress)) *Meter { return &Meter{fn: fn, start: time.Now()} }
 
-func (m *meter) add(bytes int) {
+func (m *Meter) add(bytes int) {
 	if m == nil || m.fn == nil {
 		return
 	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	m.p.Blobs++
 	m.p.Bytes += int64(bytes)
 	if now := time.Now(); now.Sub(m.last) >= progressEvery {

@@ -1,4 +1,4 @@
-package engine
+package remote
 
 import (
 	"cmp"
@@ -17,74 +17,72 @@ import (
 // never holds a record whose data is missing. A checkpoint is remotely
 // durable once its record is uploaded.
 
-// backfillSandbox attributes uploads that belong to no sandbox in
+// BackfillSandbox attributes uploads that belong to no sandbox in
 // particular (the history a home had before `init` gave it a remote).
-const backfillSandbox = "_backfill"
+const BackfillSandbox = "_backfill"
 
-// queueCommit queues a committed checkpoint's objects: its new packs, then
+// Written is what QueueCommit needs of a commit's content operation
+// (content.Op): the packs it wrote, and the packs of others it reuses.
+type Written interface {
+	Written() []upload.ObjectInfo
+	Reused() []delta.ID
+}
+
+// QueueCommit queues a committed checkpoint's objects: its new packs, then
 // its record (after those packs, the still-pending packs it reuses blobs
 // from, and its parent's record if that is pending), then its sandbox
 // description and head ref (after the record).
-func (e *Engine) queueCommit(tx *catalog.Tx, cp *catalog.Checkpoint, newSandbox *catalog.Sandbox) error {
-	if e.remote == nil {
-		return nil
-	}
-	pending, err := pendingNames(tx)
+func QueueCommit(tx *catalog.Tx, op Written, cp *delta.Checkpoint, newSandbox *delta.Sandbox) error {
+	pending, err := PendingNames(tx)
 	if err != nil {
 		return err
 	}
 	var items []catalog.PendingUpload
 	var after []string
-	for _, w := range e.repo.written {
+	for _, w := range op.Written() {
 		items = append(items, catalog.PendingUpload{Sandbox: cp.Sandbox, Checkpoint: cp.ID, Name: w.Name, Size: w.Size})
 		after = append(after, w.Name)
 	}
-	for pack := range e.repo.reused {
-		if name := upload.PackName(pack); pending[name] {
+	for _, pack := range op.Reused() {
+		if name := delta.PackName(pack); pending[name] {
 			after = append(after, name)
 		}
 	}
-	if !cp.Parent.IsZero() && pending[recordName(cp.Parent)] {
-		after = append(after, recordName(cp.Parent))
+	if !cp.Parent.IsZero() && pending[delta.RecordName(cp.Parent)] {
+		after = append(after, delta.RecordName(cp.Parent))
 	}
 	slices.Sort(after)
-	rec := recordName(cp.ID)
+	rec := delta.RecordName(cp.ID)
 	items = append(items, catalog.PendingUpload{Sandbox: cp.Sandbox, Checkpoint: cp.ID, Name: rec, After: after})
 	if newSandbox != nil {
-		items = append(items, catalog.PendingUpload{Sandbox: cp.Sandbox, Checkpoint: cp.ID, Name: sandboxName(cp.Sandbox), After: []string{rec}})
+		items = append(items, catalog.PendingUpload{Sandbox: cp.Sandbox, Checkpoint: cp.ID, Name: delta.SandboxName(cp.Sandbox), After: []string{rec}})
 	}
-	items = append(items, catalog.PendingUpload{Sandbox: cp.Sandbox, Checkpoint: cp.ID, Name: refName(catalog.RefHead, cp.Sandbox), After: []string{rec}})
+	items = append(items, catalog.PendingUpload{Sandbox: cp.Sandbox, Checkpoint: cp.ID, Name: delta.RefName(delta.RefHead, cp.Sandbox), After: []string{rec}})
 	return tx.EnqueueUploads(items)
 }
 
-// queueRef queues a ref object (and, for a new sandbox, its description)
+// QueueRef queues a ref object (and, for a new sandbox, its description)
 // after the record it points at, if that record is itself still pending.
-func (e *Engine) queueRef(tx *catalog.Tx, sandbox string, kind catalog.RefKind, name string, target delta.ID, newSandbox bool) error {
-	if e.remote == nil {
-		return nil
-	}
-	pending, err := pendingNames(tx)
+func QueueRef(tx *catalog.Tx, sandbox string, kind delta.RefKind, name string, target delta.ID, newSandbox bool) error {
+	pending, err := PendingNames(tx)
 	if err != nil {
 		return err
 	}
 	var after []string
-	if rec := recordName(target); pending[rec] {
+	if rec := delta.RecordName(target); pending[rec] {
 		after = []string{rec}
 	}
 	var items []catalog.PendingUpload
 	if newSandbox {
-		items = append(items, catalog.PendingUpload{Sandbox: sandbox, Checkpoint: target, Name: sandboxName(sandbox), After: after})
+		items = append(items, catalog.PendingUpload{Sandbox: sandbox, Checkpoint: target, Name: delta.SandboxName(sandbox), After: after})
 	}
-	items = append(items, catalog.PendingUpload{Sandbox: sandbox, Checkpoint: target, Name: refName(kind, name), After: after})
+	items = append(items, catalog.PendingUpload{Sandbox: sandbox, Checkpoint: target, Name: delta.RefName(kind, name), After: after})
 	return tx.EnqueueUploads(items)
 }
 
-// queueDelete queues remote deletions of mutable objects (a removed
+// QueueDelete queues remote deletions of mutable objects (a removed
 // sandbox's description and head, a deleted tag).
-func (e *Engine) queueDelete(tx *catalog.Tx, sandbox string, names ...string) error {
-	if e.remote == nil {
-		return nil
-	}
+func QueueDelete(tx *catalog.Tx, sandbox string, names ...string) error {
 	var items []catalog.PendingUpload
 	for _, n := range names {
 		items = append(items, catalog.PendingUpload{Sandbox: sandbox, Name: n, Delete: true})
@@ -92,7 +90,8 @@ func (e *Engine) queueDelete(tx *catalog.Tx, sandbox string, names ...string) er
 	return tx.EnqueueUploads(items)
 }
 
-func pendingNames(tx *catalog.Tx) (map[string]bool, error) {
+// PendingNames is the set of names queued for upload.
+func PendingNames(tx *catalog.Tx) (map[string]bool, error) {
 	all, err := tx.PendingUploads("")
 	if err != nil {
 		return nil, err
@@ -154,7 +153,8 @@ func selectUploads(all []catalog.PendingUpload, sandbox string) []job {
 	return out
 }
 
-func doneAll(tx *catalog.Tx, ps []catalog.PendingUpload) error {
+// DoneAll marks every entry of ps uploaded.
+func DoneAll(tx *catalog.Tx, ps []catalog.PendingUpload) error {
 	for _, p := range ps {
 		if err := tx.UploadDone(p); err != nil {
 			return err

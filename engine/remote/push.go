@@ -1,16 +1,24 @@
-package engine
+// Package remote keeps a home's remote store in step with its local one:
+// the upload queue (what each commit must send, in dependency order), the
+// push that drains it through the scheduler, the bucket's lock objects that
+// keep pushes and gc apart, and the backfill of a home's earlier history.
+// It owns no turn logic; the engine queues in its commit transactions and
+// calls Push.
+package remote
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/engine/content"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/upload"
 	"github.com/turnsnap/turnsnap/upload/sched"
@@ -37,20 +45,42 @@ type PushReport struct {
 }
 
 // ErrNoRemote is returned by remote operations on a home without a remote.
-var errNoRemote = fmt.Errorf("this home has no remote store (run `turnsnap init --remote s3://BUCKET/PREFIX --endpoint HOST:PORT`): %w", errdefs.ErrPrecondition)
+var ErrNoRemote = fmt.Errorf("this home has no remote store (run `turnsnap init --remote s3://BUCKET/PREFIX --endpoint HOST:PORT`): %w", errdefs.ErrPrecondition)
+
+// Syncer pushes one home's queued objects to its remote store. It is made
+// per call from the engine's state and holds nothing between calls.
+type Syncer struct {
+	Local  upload.Store // where queued objects are read from
+	Remote upload.Store // nil: the home has no remote
+	Cat    *catalog.Catalog
+	// Blobs reads trees, for preflight's walk of each pushed record.
+	Blobs          delta.BlobLoader
+	Concurrency    int   // uploads at once; 0 = DefaultConcurrency
+	BandwidthBytes int64 // bytes/s cap; 0 = none
+	// URL names the remote in errors.
+	URL string
+	Log *slog.Logger
+	// Done, if set, is told how every push that reached the scheduler
+	// ended (the engine keeps the last one for status).
+	Done func(*PushReport, error)
+}
+
+// DefaultConcurrency keeps a few PUTs in flight so one slow request does
+// not idle the link, without letting a 2-core host spend itself on TLS.
+const DefaultConcurrency = 4
 
 // Push uploads queued objects through the host-wide scheduler: fair shares
 // between sandboxes, the configured bandwidth cap and concurrency, each
 // object after the objects it depends on. An object leaves the queue only
 // once its PUT succeeded. On error, what was uploaded stays done and the
 // rest stays queued for the next push.
-func (e *Engine) Push(ctx context.Context, opts PushOptions) (*PushReport, error) {
+func (e *Syncer) Push(ctx context.Context, opts PushOptions) (*PushReport, error) {
 	start := time.Now()
-	if e.remote == nil {
-		return nil, errNoRemote
+	if e.Remote == nil {
+		return nil, ErrNoRemote
 	}
 	var all []catalog.PendingUpload
-	if err := e.view(ctx, func(tx *catalog.Tx) (err error) { all, err = tx.PendingUploads(""); return err }); err != nil {
+	if err := e.Cat.View(ctx, func(tx *catalog.Tx) (err error) { all, err = tx.PendingUploads(""); return err }); err != nil {
 		return nil, err
 	}
 	todo := selectUploads(all, opts.Sandbox)
@@ -59,17 +89,16 @@ func (e *Engine) Push(ctx context.Context, opts PushOptions) (*PushReport, error
 		rep.Duration = time.Since(start)
 		return rep, nil
 	}
-	lock, err := e.lockRemote(ctx, "push")
+	lock, err := e.Lock(ctx, "push")
 	if err != nil {
 		return nil, err
 	}
-	defer lock.release(ctx)
+	defer lock.Release(ctx)
 	if todo, err = e.preflight(ctx, todo); err != nil {
 		return nil, err
 	}
-	rc := e.config.Remote
-	s, err := sched.New(sched.Config{Store: e.remote, Concurrency: cmpOr(rc.Concurrency, DefaultUploadConcurrency),
-		BytesPerSec: rc.BandwidthBytes, Logger: e.log})
+	s, err := sched.New(sched.Config{Store: e.Remote, Concurrency: cmpOr(e.Concurrency, DefaultConcurrency),
+		BytesPerSec: e.BandwidthBytes, Logger: e.Log})
 	if err != nil {
 		return nil, err
 	}
@@ -96,12 +125,12 @@ func (e *Engine) Push(ctx context.Context, opts PushOptions) (*PushReport, error
 		// Sizes are read now, not when queued: refs and sandbox descriptions
 		// are rewritten in place. Nothing else writes the store while this
 		// process holds the home lock.
-		info, err := e.local.Stat(ctx, name)
-		if errors.Is(err, errdefs.ErrNotFound) && strings.HasPrefix(name, upload.PackPrefix) {
+		info, err := e.Local.Stat(ctx, name)
+		if errors.Is(err, errdefs.ErrNotFound) && strings.HasPrefix(name, delta.PackPrefix) {
 			// Collected since it was queued (its checkpoint was pruned before
 			// upload). A record that still needed it would have kept it live,
 			// and preflight checked every record of this push.
-			if err := e.cat.Update(ctx, func(tx *catalog.Tx) error { return doneAll(tx, p.covers) }); err != nil {
+			if err := e.Cat.Update(ctx, func(tx *catalog.Tx) error { return DoneAll(tx, p.covers) }); err != nil {
 				errs = append(errs, err)
 				break
 			}
@@ -113,7 +142,7 @@ func (e *Engine) Push(ctx context.Context, opts PushOptions) (*PushReport, error
 		}
 		p.Size = info.Size
 		t, err := s.Submit(ctx, sched.Upload{Sandbox: p.Sandbox, Name: name, Size: info.Size, Urgent: opts.Urgent, After: deps,
-			Open: func() (io.ReadCloser, error) { return e.local.Get(ctx, name) }})
+			Open: func() (io.ReadCloser, error) { return e.Local.Get(ctx, name) }})
 		if err != nil {
 			errs = append(errs, err)
 			break
@@ -129,7 +158,7 @@ func (e *Engine) Push(ctx context.Context, opts PushOptions) (*PushReport, error
 				return
 			}
 			// The PUT succeeded: only now does the object leave the queue.
-			err := e.cat.Update(context.WithoutCancel(ctx), func(tx *catalog.Tx) error { return doneAll(tx, p.covers) })
+			err := e.Cat.Update(context.WithoutCancel(ctx), func(tx *catalog.Tx) error { return DoneAll(tx, p.covers) })
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -146,11 +175,11 @@ func (e *Engine) Push(ctx context.Context, opts PushOptions) (*PushReport, error
 	}
 	if len(errs) == 0 {
 		for _, p := range deletes {
-			if err := e.remote.Delete(ctx, p.Name); err != nil {
+			if err := e.Remote.Delete(ctx, p.Name); err != nil {
 				errs = append(errs, fmt.Errorf("remote delete %s: %w", p.Name, err))
 				break
 			}
-			if err := e.cat.Update(ctx, func(tx *catalog.Tx) error { return doneAll(tx, p.covers) }); err != nil {
+			if err := e.Cat.Update(ctx, func(tx *catalog.Tx) error { return DoneAll(tx, p.covers) }); err != nil {
 				errs = append(errs, err)
 				break
 			}
@@ -158,7 +187,9 @@ func (e *Engine) Push(ctx context.Context, opts PushOptions) (*PushReport, error
 		}
 	}
 	rep.Duration = time.Since(start)
-	e.saveLastPush(rep, errors.Join(errs...))
+	if e.Done != nil {
+		e.Done(rep, errors.Join(errs...))
+	}
 	return rep, errors.Join(errs...)
 }
 
@@ -167,49 +198,49 @@ func (e *Engine) Push(ctx context.Context, opts PushOptions) (*PushReport, error
 // has, and otherwise packs re-uploaded from the local store (another host's
 // gc may have collected a pack this host still reuses). It runs under the
 // push lock, so no gc can delete a pack between this check and the record.
-func (e *Engine) preflight(ctx context.Context, todo []job) ([]job, error) {
+func (e *Syncer) preflight(ctx context.Context, todo []job) ([]job, error) {
 	inPush := map[string]bool{}
 	for _, j := range todo {
-		if strings.HasPrefix(j.Name, upload.PackPrefix) {
+		if strings.HasPrefix(j.Name, delta.PackPrefix) {
 			// Only a pack this host still has will really go up.
-			if _, err := e.local.Stat(ctx, j.Name); err != nil {
+			if _, err := e.Local.Stat(ctx, j.Name); err != nil {
 				continue
 			}
 		}
 		inPush[j.Name] = true
 	}
 	remote := map[string]bool{}
-	err := e.remote.List(ctx, upload.PackPrefix, func(oi upload.ObjectInfo) error { remote[oi.Name] = true; return nil })
+	err := e.Remote.List(ctx, delta.PackPrefix, func(oi upload.ObjectInfo) error { remote[oi.Name] = true; return nil })
 	if err != nil {
 		return nil, fmt.Errorf("list remote packs: %w", err)
 	}
 	var extra []job
-	w := &walker{loader: e.repo, seen: map[delta.ID]bool{}}
+	w := &content.Walker{Loader: e.Blobs, Seen: map[delta.ID]bool{}}
 	for i, j := range todo {
-		if j.Delete || !strings.HasPrefix(j.Name, recordPrefix) {
+		if j.Delete || !strings.HasPrefix(j.Name, delta.RecordPrefix) {
 			continue
 		}
-		id, err := delta.ParseID(strings.TrimPrefix(j.Name, recordPrefix))
+		id, err := delta.ParseID(strings.TrimPrefix(j.Name, delta.RecordPrefix))
 		if err != nil {
 			return nil, err
 		}
-		data, err := upload.ReadAll(ctx, e.local, j.Name)
+		data, err := upload.ReadAll(ctx, e.Local, j.Name)
 		if err != nil {
 			return nil, err
 		}
-		cp, err := catalog.DecodeRecord(id, data)
+		cp, err := delta.DecodeRecord(id, data)
 		if err != nil {
 			return nil, err
 		}
 		var missing []string
-		w.visit = func(b delta.ID, _ delta.BlobType) error {
+		w.Visit = func(b delta.ID, _ delta.BlobType) error {
 			var loc catalog.BlobLocation
 			var ok bool
-			err := e.view(ctx, func(tx *catalog.Tx) (err error) { loc, ok, err = tx.Blob(b); return err })
+			err := e.Cat.View(ctx, func(tx *catalog.Tx) (err error) { loc, ok, err = tx.Blob(b); return err })
 			if err != nil || !ok {
 				return fmt.Errorf("checkpoint %s: blob %s has no known pack: %w", id.Short(), b.Short(), errdefs.ErrNotFound)
 			}
-			name := upload.PackName(loc.Pack)
+			name := delta.PackName(loc.Pack)
 			if !inPush[name] && !remote[name] {
 				inPush[name] = true
 				missing = append(missing, name)
@@ -217,17 +248,17 @@ func (e *Engine) preflight(ctx context.Context, todo []job) ([]job, error) {
 			return nil
 		}
 		for _, root := range cp.Roots() {
-			if err := w.walk(ctx, root); err != nil {
+			if err := w.Walk(ctx, root); err != nil {
 				return nil, err
 			}
 		}
 		for _, name := range missing {
-			info, err := e.local.Stat(ctx, name)
+			info, err := e.Local.Stat(ctx, name)
 			if err != nil {
 				return nil, fmt.Errorf("checkpoint %s needs %s, which neither the bucket nor this host has: %w",
 					id.Short(), name, errdefs.ErrCorrupt)
 			}
-			e.log.Warn("re-uploading a pack the bucket lost (collected by another host?)", "pack", name, "checkpoint", id.Short())
+			e.Log.Warn("re-uploading a pack the bucket lost (collected by another host?)", "pack", name, "checkpoint", id.Short())
 			extra = append(extra, job{PendingUpload: catalog.PendingUpload{Sandbox: j.Sandbox, Name: name, Size: info.Size}})
 			todo[i].After = append(todo[i].After, name)
 		}
@@ -235,13 +266,13 @@ func (e *Engine) preflight(ctx context.Context, todo []job) ([]job, error) {
 	return append(extra, todo...), nil
 }
 
-func (e *Engine) watchScheduler(s *sched.Scheduler, fn func(sched.Stats)) (stop func()) {
+func (e *Syncer) watchScheduler(s *sched.Scheduler, fn func(sched.Stats)) (stop func()) {
 	if fn == nil {
 		return func() {}
 	}
 	done := make(chan struct{})
 	go func() {
-		t := time.NewTicker(progressEvery)
+		t := time.NewTicker(200 * time.Millisecond)
 		defer t.Stop()
 		for {
 			select {

@@ -1,4 +1,4 @@
-package upload
+package delta
 
 // Pack format, version 1.
 //
@@ -20,8 +20,8 @@ package upload
 // "TSP1" (54 53 50 31) names the format and its version; a reader rejects
 // any other.
 //
-//   - type is the delta.BlobType of the blob's plaintext: 1 data, 2 tree.
-//   - ID is the blob's delta.ID: the BLAKE3-256 hash of its plaintext, not
+//   - type is the BlobType of the blob's plaintext: 1 data, 2 tree.
+//   - ID is the blob's ID: the BLAKE3-256 hash of its plaintext, not
 //     of its stored bytes.
 //   - offset and length locate the blob's stored bytes in the pack, counted
 //     from the pack's first byte.
@@ -42,10 +42,10 @@ package upload
 //   - A pack holds a blob ID at most once.
 //   - Unknown types and compressions are corruption, not extensions: a new
 //     one needs a new magic.
-//   - raw_length is at most delta.MaxRawLength(type): a chunk's maximum for
-//     data, delta.MaxTreeSize for trees.
+//   - raw_length is at most MaxRawLength(type): a chunk's maximum for
+//     data, MaxTreeSize for trees.
 //
-// A pack's ID is delta.Hash of all its bytes, and it is stored under
+// A pack's ID is Hash of all its bytes, and it is stored under
 // PackName(ID) = "packs/" || first two hex digits of ID || "/" || hex ID.
 
 import (
@@ -56,7 +56,6 @@ import (
 	"io"
 	"strings"
 
-	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
 
@@ -74,7 +73,7 @@ const (
 	// minEntrySize is the smallest encoded header entry (one-byte varints).
 	// It bounds the blob count a header can claim, so a corrupt count cannot
 	// make a reader allocate gigabytes.
-	minEntrySize = 1 + len(delta.ID{}) + 1 + 1 + 1 + 1
+	minEntrySize = 1 + len(ID{}) + 1 + 1 + 1 + 1
 	// packTailRead is how much ReadPackHeader reads from the end of a pack
 	// at first. Entries are 37 to about 60 bytes, so this holds the header
 	// of a pack of a few hundred blobs: one round trip for most packs, two
@@ -105,12 +104,12 @@ func (c Compression) String() string {
 
 func (c Compression) known() bool { return c == CompressionNone || c == CompressionZstd }
 
-func knownBlobType(t delta.BlobType) bool { return t == delta.BlobData || t == delta.BlobTree }
+func knownBlobType(t BlobType) bool { return t == BlobData || t == BlobTree }
 
 // PackEntry locates one blob in a pack.
 type PackEntry struct {
-	Type delta.BlobType
-	ID   delta.ID
+	Type BlobType
+	ID   ID
 	// Offset and Length locate the stored (possibly compressed) bytes.
 	Offset, Length uint64
 	// RawLength is the plaintext length, so a reader can size its buffer
@@ -122,21 +121,21 @@ type PackEntry struct {
 // PackName returns the object name of the pack with the given ID. The
 // two-digit directory keeps any one directory of a local store, or listing
 // of a bucket, to a few hundred entries.
-func PackName(id delta.ID) string {
+func PackName(id ID) string {
 	h := id.String()
 	return PackPrefix + h[:2] + "/" + h
 }
 
 // ParsePackName returns the ID of the pack stored under name, or false if
 // name is not exactly what PackName would give for some ID.
-func ParsePackName(name string) (delta.ID, bool) {
+func ParsePackName(name string) (ID, bool) {
 	rest, ok := strings.CutPrefix(name, PackPrefix)
-	if !ok || len(rest) != 3+2*len(delta.ID{}) {
-		return delta.ID{}, false
+	if !ok || len(rest) != 3+2*len(ID{}) {
+		return ID{}, false
 	}
-	id, err := delta.ParseID(rest[3:])
+	id, err := ParseID(rest[3:])
 	if err != nil || PackName(id) != name {
-		return delta.ID{}, false
+		return ID{}, false
 	}
 	return id, true
 }
@@ -147,7 +146,7 @@ func ParsePackName(name string) (delta.ID, bool) {
 func ParsePackHeader(data []byte) ([]PackEntry, error) {
 	entries, err := parsePack(data)
 	if err != nil {
-		return nil, fmt.Errorf("pack %s: %w", delta.Hash(data), err)
+		return nil, fmt.Errorf("pack %s: %w", Hash(data), err)
 	}
 	return entries, nil
 }
@@ -162,15 +161,21 @@ func parsePack(data []byte) ([]PackEntry, error) {
 	return parseHeader(data[start:size-packFooterSize], uint64(start))
 }
 
+// RangeReader is what ReadPackHeader needs of a store: an object's size and
+// a read of part of it. upload.Ranges adapts any upload.Store.
+type RangeReader interface {
+	ObjectSize(ctx context.Context, name string) (int64, error)
+	ReadRange(ctx context.Context, name string, off, n int64) (io.ReadCloser, error)
+}
+
 // ReadPackHeader reads and validates the header of the pack stored under
 // name, fetching only the end of the object. Malformed headers are errors
 // wrapping errdefs.ErrCorrupt; store errors pass through as they are.
-func ReadPackHeader(ctx context.Context, s Store, name string) ([]PackEntry, error) {
-	info, err := s.Stat(ctx, name)
+func ReadPackHeader(ctx context.Context, s RangeReader, name string) ([]PackEntry, error) {
+	size, err := s.ObjectSize(ctx, name)
 	if err != nil {
 		return nil, err
 	}
-	size := info.Size
 	if size > MaxPackSize {
 		return nil, fmt.Errorf("pack %s: %d bytes, more than the limit %d: %w", name, size, MaxPackSize, errdefs.ErrCorrupt)
 	}
@@ -204,8 +209,8 @@ func ReadPackHeader(ctx context.Context, s Store, name string) ([]PackEntry, err
 
 // readRange reads exactly n bytes of name at off. Packs never change, so an
 // object shorter than its Stat said is corrupt, not a race.
-func readRange(ctx context.Context, s Store, name string, off, n int64) ([]byte, error) {
-	rc, err := GetRange(ctx, s, name, off, n)
+func readRange(ctx context.Context, s RangeReader, name string, off, n int64) ([]byte, error) {
+	rc, err := s.ReadRange(ctx, name, off, n)
 	if err != nil {
 		return nil, err
 	}
@@ -253,14 +258,14 @@ func parseHeader(header []byte, start uint64) ([]PackEntry, error) {
 		return nil, corrupt("header: %d blobs claimed, room for at most %d", n, most)
 	}
 	entries := make([]PackEntry, 0, n)
-	seen := make(map[delta.ID]bool, n)
+	seen := make(map[ID]bool, n)
 	var next uint64 // where the next blob must start
 	for i := range n {
 		var e PackEntry
 		if len(b) < 1+len(e.ID) {
 			return nil, corrupt("header: entry %d: truncated", i)
 		}
-		e.Type = delta.BlobType(b[0])
+		e.Type = BlobType(b[0])
 		copy(e.ID[:], b[1:])
 		b = b[1+len(e.ID):]
 		var ok bool
@@ -292,7 +297,7 @@ func parseHeader(header []byte, start uint64) ([]PackEntry, error) {
 
 // checkEntry returns why e breaks the format, given that it must start at
 // next and end by start, or "".
-func checkEntry(e PackEntry, next, start uint64, seen map[delta.ID]bool) string {
+func checkEntry(e PackEntry, next, start uint64, seen map[ID]bool) string {
 	switch {
 	case !knownBlobType(e.Type):
 		return fmt.Sprintf("unknown type %d", uint8(e.Type))
@@ -304,8 +309,8 @@ func checkEntry(e PackEntry, next, start uint64, seen map[delta.ID]bool) string 
 		return fmt.Sprintf("offset %d leaves a gap after the previous blob, which ends at %d", e.Offset, next)
 	case e.Length > start-e.Offset:
 		return fmt.Sprintf("length %d at offset %d runs past the header at %d", e.Length, e.Offset, start)
-	case e.RawLength > delta.MaxRawLength(e.Type):
-		return fmt.Sprintf("raw length %d is over the %s limit %d", e.RawLength, e.Type, delta.MaxRawLength(e.Type))
+	case e.RawLength > MaxRawLength(e.Type):
+		return fmt.Sprintf("raw length %d is over the %s limit %d", e.RawLength, e.Type, MaxRawLength(e.Type))
 	case e.Compression == CompressionNone && e.RawLength != e.Length:
 		return fmt.Sprintf("uncompressed but raw length %d differs from stored length %d", e.RawLength, e.Length)
 	case seen[e.ID]:

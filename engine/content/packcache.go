@@ -1,6 +1,10 @@
-package engine
+package content
 
-import "github.com/turnsnap/turnsnap/delta"
+import (
+	"sync"
+
+	"github.com/turnsnap/turnsnap/delta"
+)
 
 // packCacheBytes bounds the memory held by whole cached packs: four
 // full-size packs.
@@ -12,8 +16,9 @@ const packCacheBytes = 4 * packTarget
 // (and of GETs, on a remote store). A pack read once stays a range read:
 // a diff touching one file should not pull a 16 MiB pack. Packs are
 // immutable, so a cached copy never goes stale; blobs read from it are
-// still hash-checked.
+// still hash-checked. It is safe for concurrent use.
 type packCache struct {
+	mu    sync.Mutex
 	seen  map[delta.ID]bool
 	packs map[delta.ID][]byte
 	order []delta.ID // insertion order, oldest first, for eviction
@@ -26,6 +31,8 @@ func newPackCache() *packCache {
 
 // get returns the cached pack, if any.
 func (c *packCache) get(id delta.ID) ([]byte, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	p, ok := c.packs[id]
 	return p, ok
 }
@@ -33,6 +40,8 @@ func (c *packCache) get(id delta.ID) ([]byte, bool) {
 // wantWhole reports whether the pack has been read before and should now
 // be fetched whole.
 func (c *packCache) wantWhole(id delta.ID) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	if c.seen[id] {
 		return true
 	}
@@ -41,6 +50,8 @@ func (c *packCache) wantWhole(id delta.ID) bool {
 }
 
 func (c *packCache) put(id delta.ID, data []byte) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	if len(data) > packCacheBytes {
 		return
 	}

@@ -1,4 +1,4 @@
-package catalog
+package delta
 
 import (
 	"bytes"
@@ -7,7 +7,6 @@ import (
 	"io"
 	"time"
 
-	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
 
@@ -24,8 +23,8 @@ const MaxRecordSize = 1 << 20
 type Class string
 
 const (
-	// ClassSkip: nothing changed since the parent; the record exists so the
-	// turn is still addressable.
+	// ClassSkip: nothing changed since the parent. No record is written
+	// for a skip turn; the class is what Checkpoint reports for it.
 	ClassSkip Class = "skip"
 	// ClassFS: the filesystem changed; no process state was captured.
 	ClassFS Class = "fs"
@@ -62,20 +61,20 @@ type Stats struct {
 // Checkpoint is the checkpoint record: stored in the object store as an
 // object named by its hash, and indexed in the catalog by the same bytes.
 type Checkpoint struct {
-	ID       delta.ID `json:"-"`         // delta.Hash of the encoded record; never inside it
-	Version  int      `json:"version"`   // record format version, RecordVersion
-	Sandbox  string   `json:"sandbox"`   // a ValidName
-	Parent   delta.ID `json:"parent"`    // zero for a sandbox's first checkpoint created from a base
-	Turn     int      `json:"turn"`      // agent turn number, >= 0
-	Class    Class    `json:"class"`     // what was captured
-	Backend  string   `json:"backend"`   // "overlay" or "btrfs"
-	BaseTree delta.ID `json:"base_tree"` // tree of the read-only base (sandbox identity)
-	FSTree   delta.ID `json:"fs_tree"`   // tree of the writable layer (overlay upper) at this checkpoint
-	StateKey delta.ID `json:"state_key"` // hash used to decide "no change" (see engine); not a stored object
+	ID       ID     `json:"-"`         // Hash of the encoded record; never inside it
+	Version  int    `json:"version"`   // record format version, RecordVersion
+	Sandbox  string `json:"sandbox"`   // a ValidRefName
+	Parent   ID     `json:"parent"`    // zero for a sandbox's first checkpoint created from a base
+	Turn     int    `json:"turn"`      // agent turn number, >= 0
+	Class    Class  `json:"class"`     // what was captured
+	Backend  string `json:"backend"`   // "overlay" or "btrfs"
+	BaseTree ID     `json:"base_tree"` // tree of the read-only base (sandbox identity)
+	FSTree   ID     `json:"fs_tree"`   // tree of the writable layer (overlay upper) at this checkpoint
+	StateKey ID     `json:"state_key"` // hash used to decide "no change" (see engine); not a stored object
 	// ProcTree is the tree of the CRIU image of the sandbox's long-lived
 	// processes at this checkpoint, nil when it had none. A checkpoint whose
 	// processes did not change carries its parent's image forward.
-	ProcTree *delta.ID `json:"proc_tree,omitempty"`
+	ProcTree *ID `json:"proc_tree,omitempty"`
 	// Host holds the facts of the host that dumped ProcTree (kernel, CPU
 	// flags, CRIU version), checked before processes are restored; kept as
 	// raw JSON so the catalog need not know the process layer's types.
@@ -92,7 +91,7 @@ func (cp *Checkpoint) validate() error {
 	switch {
 	case cp.Version != RecordVersion:
 		return fmt.Errorf("record version %d, want %d", cp.Version, RecordVersion)
-	case !ValidName(cp.Sandbox):
+	case !ValidRefName(cp.Sandbox):
 		return fmt.Errorf("sandbox name %q is not valid", cp.Sandbox)
 	case !cp.Class.known():
 		return fmt.Errorf("unknown class %q", cp.Class)
@@ -114,31 +113,31 @@ func (cp *Checkpoint) validate() error {
 // checkpoint's ID. The encoding is encoding/json of the struct with Created
 // converted to UTC, so equal records always hash to the same ID regardless of
 // the caller's time zone or monotonic clock reading. cp.ID is ignored.
-func EncodeRecord(cp *Checkpoint) ([]byte, delta.ID, error) {
+func EncodeRecord(cp *Checkpoint) ([]byte, ID, error) {
 	if cp == nil {
-		return nil, delta.ID{}, fmt.Errorf("encode checkpoint record: nil record: %w", errdefs.ErrInvalid)
+		return nil, ID{}, fmt.Errorf("encode checkpoint record: nil record: %w", errdefs.ErrInvalid)
 	}
 	c := *cp
 	c.Created = c.Created.UTC()
 	if err := c.validate(); err != nil {
-		return nil, delta.ID{}, fmt.Errorf("encode checkpoint record of sandbox %q turn %d: %v: %w",
+		return nil, ID{}, fmt.Errorf("encode checkpoint record of sandbox %q turn %d: %v: %w",
 			cp.Sandbox, cp.Turn, err, errdefs.ErrInvalid)
 	}
 	data, err := json.Marshal(&c)
 	if err != nil {
-		return nil, delta.ID{}, fmt.Errorf("encode checkpoint record of sandbox %q turn %d: %w", cp.Sandbox, cp.Turn, err)
+		return nil, ID{}, fmt.Errorf("encode checkpoint record of sandbox %q turn %d: %w", cp.Sandbox, cp.Turn, err)
 	}
-	return data, delta.Hash(data), nil
+	return data, Hash(data), nil
 }
 
 // DecodeRecord parses the record stored under id. The bytes must hash to id:
 // the record is fetched from the store or the catalog by that name, and a
 // mismatch means the bytes are not the checkpoint the caller asked for.
-func DecodeRecord(id delta.ID, data []byte) (*Checkpoint, error) {
+func DecodeRecord(id ID, data []byte) (*Checkpoint, error) {
 	if len(data) > MaxRecordSize {
 		return nil, fmt.Errorf("checkpoint %s: record of %d bytes, more than the limit %d: %w", id, len(data), MaxRecordSize, errdefs.ErrCorrupt)
 	}
-	if got := delta.Hash(data); got != id {
+	if got := Hash(data); got != id {
 		return nil, fmt.Errorf("checkpoint %s: record hashes to %s: %w", id, got, errdefs.ErrCorrupt)
 	}
 	// Look at the version before decoding strictly, so a record from a newer
@@ -173,10 +172,10 @@ func DecodeRecord(id delta.ID, data []byte) (*Checkpoint, error) {
 // mount options and keys; 64 keeps all of those comfortably short.
 const MaxNameLen = 64
 
-// ValidName reports whether name may name a sandbox or tag: 1..MaxNameLen
+// ValidRefName reports whether name may name a sandbox or tag: 1..MaxNameLen
 // characters of [A-Za-z0-9._-], not starting with '.' (hidden files, "..")
 // or '-' (would parse as a flag).
-func ValidName(name string) bool {
+func ValidRefName(name string) bool {
 	if len(name) == 0 || len(name) > MaxNameLen || name[0] == '.' || name[0] == '-' {
 		return false
 	}
@@ -193,8 +192,8 @@ func ValidName(name string) bool {
 
 // Roots lists the trees a checkpoint references: its base, its writable
 // layer and, if it has one, its process image.
-func (cp *Checkpoint) Roots() []delta.ID {
-	r := []delta.ID{cp.BaseTree, cp.FSTree}
+func (cp *Checkpoint) Roots() []ID {
+	r := []ID{cp.BaseTree, cp.FSTree}
 	if cp.ProcTree != nil {
 		r = append(r, *cp.ProcTree)
 	}

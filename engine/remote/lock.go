@@ -1,4 +1,4 @@
-package engine
+package remote
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/upload"
 )
@@ -31,43 +32,33 @@ import (
 // With uploads and gc mutually excluded, a push can check that every pack
 // a record needs is in the bucket just before the record goes up, and gc
 // sees every record that was uploaded before it started.
-const (
-	lockPrefix = "locks/"
-	lockTTL    = 10 * time.Minute
-)
+const lockTTL = 10 * time.Minute
 
-type lockBody struct {
-	Kind    string    `json:"kind"`
-	Host    string    `json:"host"`
-	PID     int       `json:"pid"`
-	Created time.Time `json:"created"`
-}
-
-// remoteLock is a held lock object; release deletes it.
-type remoteLock struct {
+// Lock is a held lock object; Release deletes it.
+type Lock struct {
 	name    string
 	stop    chan struct{}
 	stopped chan struct{}
 	store   upload.Store
 }
 
-// lockRemote takes a lock of kind "push" or "gc".
-func (e *Engine) lockRemote(ctx context.Context, kind string) (*remoteLock, error) {
+// Lock takes a lock of kind "push" or "gc" in the remote store.
+func (e *Syncer) Lock(ctx context.Context, kind string) (*Lock, error) {
 	host, _ := os.Hostname()
 	nonce := make([]byte, 6)
 	rand.Read(nonce)
-	name := fmt.Sprintf("%s%s-%s-%s", lockPrefix, kind, sanitizeHost(host), hex.EncodeToString(nonce))
-	body, _ := json.Marshal(lockBody{Kind: kind, Host: host, PID: os.Getpid(), Created: time.Now().UTC()})
-	write := func(ctx context.Context) error { return upload.PutBytes(ctx, e.remote, name, body) }
+	name := fmt.Sprintf("%s%s-%s-%s", delta.LockPrefix, kind, sanitizeHost(host), hex.EncodeToString(nonce))
+	body, _ := json.Marshal(delta.Lock{Kind: kind, Host: host, PID: os.Getpid(), Created: time.Now().UTC()})
+	write := func(ctx context.Context) error { return upload.PutBytes(ctx, e.Remote, name, body) }
 	if err := write(ctx); err != nil {
 		return nil, fmt.Errorf("remote lock: %w", err)
 	}
 	var conflict string
-	err := e.remote.List(ctx, lockPrefix, func(oi upload.ObjectInfo) error {
+	err := e.Remote.List(ctx, delta.LockPrefix, func(oi upload.ObjectInfo) error {
 		if oi.Name == name || time.Since(oi.ModTime) > lockTTL {
 			return nil
 		}
-		other := strings.TrimPrefix(oi.Name, lockPrefix)
+		other := strings.TrimPrefix(oi.Name, delta.LockPrefix)
 		if kind == "gc" || strings.HasPrefix(other, "gc-") {
 			conflict = oi.Name
 		}
@@ -75,14 +66,14 @@ func (e *Engine) lockRemote(ctx context.Context, kind string) (*remoteLock, erro
 	})
 	if err == nil && conflict != "" {
 		err = fmt.Errorf("the bucket is locked by %s (a %s on another host or process); retry later: %w",
-			conflict, map[bool]string{true: "garbage collection", false: "push"}[strings.HasPrefix(strings.TrimPrefix(conflict, lockPrefix), "gc-")],
+			conflict, map[bool]string{true: "garbage collection", false: "push"}[strings.HasPrefix(strings.TrimPrefix(conflict, delta.LockPrefix), "gc-")],
 			errdefs.ErrUnavailable)
 	}
 	if err != nil {
-		e.remote.Delete(context.WithoutCancel(ctx), name)
+		e.Remote.Delete(context.WithoutCancel(ctx), name)
 		return nil, err
 	}
-	l := &remoteLock{name: name, stop: make(chan struct{}), stopped: make(chan struct{}), store: e.remote}
+	l := &Lock{name: name, stop: make(chan struct{}), stopped: make(chan struct{}), store: e.Remote}
 	go func() { // keep the lock live while its holder works
 		defer close(l.stopped)
 		t := time.NewTicker(lockTTL / 3)
@@ -93,7 +84,7 @@ func (e *Engine) lockRemote(ctx context.Context, kind string) (*remoteLock, erro
 				return
 			case <-t.C:
 				if err := write(context.Background()); err != nil {
-					e.log.Warn("remote lock refresh failed", "lock", name, "err", err)
+					e.Log.Warn("remote lock refresh failed", "lock", name, "err", err)
 				}
 			}
 		}
@@ -101,7 +92,8 @@ func (e *Engine) lockRemote(ctx context.Context, kind string) (*remoteLock, erro
 	return l, nil
 }
 
-func (l *remoteLock) release(ctx context.Context) {
+// Release stops refreshing the lock and deletes it.
+func (l *Lock) Release(ctx context.Context) {
 	close(l.stop)
 	<-l.stopped
 	l.store.Delete(context.WithoutCancel(ctx), l.name)

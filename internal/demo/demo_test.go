@@ -1,11 +1,11 @@
-package bench
+package demo
 
 import (
 	"context"
 	"strings"
 	"testing"
 
-	"github.com/turnsnap/turnsnap/catalog"
+	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/testenv"
 )
 
@@ -17,17 +17,17 @@ func TestDemo(t *testing.T) {
 		testenv.Missing(t, "runc, CRIU and busybox", "the demo's dev-server turn needs them")
 	}
 	var out strings.Builder
-	rep, err := RunDemo(context.Background(), DemoOptions{Dir: t.TempDir(), Out: &out})
+	rep, err := Run(context.Background(), Options{Dir: t.TempDir(), Out: &out})
 	if err != nil {
 		t.Fatalf("demo: %v\n%s", err, out.String())
 	}
-	want := map[int]catalog.Class{0: catalog.ClassFS, 1: catalog.ClassFS, 2: catalog.ClassSkip, 3: catalog.ClassSkip,
-		4: catalog.ClassProcess, 5: catalog.ClassFS}
+	want := map[int]delta.Class{0: delta.ClassFS, 1: delta.ClassFS, 2: delta.ClassSkip, 3: delta.ClassSkip,
+		4: delta.ClassProcess, 5: delta.ClassFS}
 	for _, turn := range rep.Turns {
 		if c, ok := want[turn.Turn]; ok && turn.Sandbox == "agent" && turn.Class != c {
 			t.Errorf("turn %d (%s) classed %s, want %s", turn.Turn, turn.Action, turn.Class, c)
 		}
-		if turn.Class == catalog.ClassSkip && turn.BytesNew != 0 {
+		if turn.Class == delta.ClassSkip && turn.BytesNew != 0 {
 			t.Errorf("skip turn %d wrote %d bytes", turn.Turn, turn.BytesNew)
 		}
 	}

@@ -1,4 +1,4 @@
-package catalog
+package delta
 
 import (
 	"bytes"
@@ -9,12 +9,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
 
 // testRecord returns a valid record; turn and created vary it.
-func testRecord(sandbox string, parent delta.ID, turn int, created time.Time) *Checkpoint {
+func testRecord(sandbox string, parent ID, turn int, created time.Time) *Checkpoint {
 	return &Checkpoint{
 		Version:  RecordVersion,
 		Sandbox:  sandbox,
@@ -22,9 +21,9 @@ func testRecord(sandbox string, parent delta.ID, turn int, created time.Time) *C
 		Turn:     turn,
 		Class:    ClassFS,
 		Backend:  "overlay",
-		BaseTree: delta.Hash([]byte("base " + sandbox)),
-		FSTree:   delta.Hash([]byte{byte(turn), byte(turn >> 8), byte(turn >> 16)}),
-		StateKey: delta.Hash([]byte("state")),
+		BaseTree: Hash([]byte("base " + sandbox)),
+		FSTree:   Hash([]byte{byte(turn), byte(turn >> 8), byte(turn >> 16)}),
+		StateKey: Hash([]byte("state")),
 		Message:  "turn <&> message",
 		Created:  created,
 		Stats:    Stats{Entries: 10, FilesRead: 2, BytesRead: 300, BlobsNew: 1, BytesNew: 90, ObjectsNew: 2, DurationNs: 12345},
@@ -34,12 +33,12 @@ func testRecord(sandbox string, parent delta.ID, turn int, created time.Time) *C
 var t0 = time.Date(2025, 3, 1, 12, 0, 0, 123456789, time.UTC)
 
 func TestRecordRoundTrip(t *testing.T) {
-	cp := testRecord("agent-1", delta.Hash([]byte("parent")), 3, t0)
+	cp := testRecord("agent-1", Hash([]byte("parent")), 3, t0)
 	data, id, err := EncodeRecord(cp)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if id != delta.Hash(data) {
+	if id != Hash(data) {
 		t.Fatalf("id %s is not the hash of the bytes", id)
 	}
 	if bytes.Contains(data, []byte(id.String())) {
@@ -66,23 +65,23 @@ func TestRecordRoundTrip(t *testing.T) {
 }
 
 func TestRecordDeterministic(t *testing.T) {
-	a := testRecord("s", delta.ID{}, 0, t0)
+	a := testRecord("s", ID{}, 0, t0)
 	_, idA, err := EncodeRecord(a)
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Same instant in another zone and with a monotonic reading: same ID.
-	b := testRecord("s", delta.ID{}, 0, t0.In(time.FixedZone("X", 5*3600)))
+	b := testRecord("s", ID{}, 0, t0.In(time.FixedZone("X", 5*3600)))
 	_, idB, _ := EncodeRecord(b)
 	now := time.Now()
-	c1, c2 := testRecord("s", delta.ID{}, 0, now), testRecord("s", delta.ID{}, 0, now.Round(0))
+	c1, c2 := testRecord("s", ID{}, 0, now), testRecord("s", ID{}, 0, now.Round(0))
 	_, idC1, _ := EncodeRecord(c1)
 	_, idC2, _ := EncodeRecord(c2)
 	if idA != idB || idC1 != idC2 {
 		t.Fatalf("encoding depends on zone or monotonic clock: %s %s / %s %s", idA, idB, idC1, idC2)
 	}
 	// The ID field is not part of the record.
-	a.ID = delta.Hash([]byte("x"))
+	a.ID = Hash([]byte("x"))
 	if _, id, _ := EncodeRecord(a); id != idA {
 		t.Fatalf("cp.ID changed the encoding")
 	}
@@ -99,11 +98,11 @@ func TestEncodeRecordValidates(t *testing.T) {
 		"future":    func(cp *Checkpoint) { cp.Version = 2 },
 		"sandbox":   func(cp *Checkpoint) { cp.Sandbox = "-x" },
 		"class":     func(cp *Checkpoint) { cp.Class = "partial" },
-		"fs tree":   func(cp *Checkpoint) { cp.FSTree = delta.ID{} },
-		"base tree": func(cp *Checkpoint) { cp.BaseTree = delta.ID{} },
+		"fs tree":   func(cp *Checkpoint) { cp.FSTree = ID{} },
+		"base tree": func(cp *Checkpoint) { cp.BaseTree = ID{} },
 		"created":   func(cp *Checkpoint) { cp.Created = time.Time{} },
 	} {
-		cp := testRecord("s", delta.ID{}, 1, t0)
+		cp := testRecord("s", ID{}, 1, t0)
 		mut(cp)
 		if _, _, err := EncodeRecord(cp); !errors.Is(err, errdefs.ErrInvalid) {
 			t.Errorf("%s: err %v, want ErrInvalid", name, err)
@@ -112,7 +111,7 @@ func TestEncodeRecordValidates(t *testing.T) {
 }
 
 func TestDecodeRecordCorrupt(t *testing.T) {
-	data, id, err := EncodeRecord(testRecord("s", delta.ID{}, 1, t0))
+	data, id, err := EncodeRecord(testRecord("s", ID{}, 1, t0))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,7 +136,7 @@ func TestDecodeRecordCorrupt(t *testing.T) {
 		}
 		mut(c)
 		b, _ := json.Marshal(c)
-		if _, err := DecodeRecord(delta.Hash(b), b); !errors.Is(err, errdefs.ErrCorrupt) {
+		if _, err := DecodeRecord(Hash(b), b); !errors.Is(err, errdefs.ErrCorrupt) {
 			t.Errorf("%s: err %v, want ErrCorrupt", name, err)
 		}
 	}
@@ -149,8 +148,8 @@ func TestValidName(t *testing.T) {
 		"": false, ".hidden": false, "-flag": false, "a/b": false, "a b": false, "é": false,
 		strings.Repeat("x", 65): false, "a\x00": false, "..": false,
 	} {
-		if got := ValidName(name); got != want {
-			t.Errorf("ValidName(%q) = %v, want %v", name, got, want)
+		if got := ValidRefName(name); got != want {
+			t.Errorf("ValidRefName(%q) = %v, want %v", name, got, want)
 		}
 	}
 }

@@ -1,4 +1,4 @@
-package upload
+package delta
 
 import (
 	"encoding/binary"
@@ -6,7 +6,6 @@ import (
 	"math"
 	"slices"
 
-	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
 
@@ -24,20 +23,20 @@ import (
 type PackWriter struct {
 	data    []byte
 	entries []PackEntry
-	ids     map[delta.ID]bool
+	ids     map[ID]bool
 	err     error
 	done    bool
 }
 
 // NewPackWriter returns an empty PackWriter.
 func NewPackWriter() *PackWriter {
-	return &PackWriter{ids: map[delta.ID]bool{}}
+	return &PackWriter{ids: map[ID]bool{}}
 }
 
 // Add appends a blob: its type, its ID (the hash of its plaintext), its
 // stored bytes, its plaintext length and how the stored bytes encode the
 // plaintext. Add copies stored, so the caller may reuse it.
-func (w *PackWriter) Add(t delta.BlobType, id delta.ID, stored []byte, rawLen int, c Compression) {
+func (w *PackWriter) Add(t BlobType, id ID, stored []byte, rawLen int, c Compression) {
 	if w.err != nil {
 		return
 	}
@@ -80,13 +79,13 @@ func (w *PackWriter) Len() int { return len(w.data) }
 func (w *PackWriter) Count() int { return len(w.entries) }
 
 // Has reports whether a blob with this ID is already in the pack.
-func (w *PackWriter) Has(id delta.ID) bool { return w.ids[id] }
+func (w *PackWriter) Has(id ID) bool { return w.ids[id] }
 
 // Finish appends the header and footer and returns the pack's bytes, its ID
 // and its entries. Before returning it decodes the header it wrote and
 // checks it against the entries, as restic does. An empty pack is an error:
 // a caller flushing one has lost track of what it holds.
-func (w *PackWriter) Finish() (data []byte, id delta.ID, entries []PackEntry, err error) {
+func (w *PackWriter) Finish() (data []byte, id ID, entries []PackEntry, err error) {
 	switch {
 	case w.err != nil:
 		return nil, id, nil, w.err
@@ -106,9 +105,9 @@ func (w *PackWriter) Finish() (data []byte, id delta.ID, entries []PackEntry, er
 		return nil, id, nil, fmt.Errorf("pack writer: %d-byte header exceeds the format's 4 GiB limit: %w", hlen, errdefs.ErrInvalid)
 	}
 	data = appendFooter(data, hlen)
-	id = delta.Hash(data)
+	id = Hash(data)
 	if err := verifyPack(data, id, entries); err != nil {
-		return nil, delta.ID{}, nil, err
+		return nil, ID{}, nil, err
 	}
 	return data, id, entries, nil
 }
@@ -137,7 +136,7 @@ func appendFooter(b []byte, hlen int) []byte {
 // verifyPack decodes the header of a pack just built and checks that it
 // says what was meant, so an encoder bug stops the checkpoint that hit it
 // instead of surfacing at restore time.
-func verifyPack(data []byte, id delta.ID, want []PackEntry) error {
+func verifyPack(data []byte, id ID, want []PackEntry) error {
 	got, err := parsePack(data)
 	if err != nil {
 		return fmt.Errorf("pack %s: new pack does not parse: %w", id, err)

@@ -1,16 +1,15 @@
-package engine
+// Package rootfs defines a sandbox's root filesystem as the engine drives it:
+// the Root and Backend interfaces that package overlay and package btrfs
+// implement and internal/roottest checks. It imports only the format.
+package rootfs
 
 import (
 	"context"
-	"fmt"
 
-	"github.com/turnsnap/turnsnap/btrfs"
 	"github.com/turnsnap/turnsnap/delta"
-	"github.com/turnsnap/turnsnap/internal/errdefs"
-	"github.com/turnsnap/turnsnap/overlay"
 )
 
-// Root is one sandbox's root filesystem as the engine drives it. Every
+// Root is one sandbox's root filesystem. Every
 // backend's roots behave alike (one conformance suite runs against each):
 //
 //   - The state of a root is its base plus a writable layer. Scan returns the
@@ -34,7 +33,8 @@ type Root interface {
 }
 
 // Backend makes roots of one kind. A backend that needs settings (the btrfs
-// pool) is made per sandbox from catalog.Sandbox.Config; see Engine.backend.
+// pool) is made per sandbox from its typed options, which the sandbox object
+// keeps as JSON (delta.Sandbox.Config).
 type Backend interface {
 	Name() string
 	// PrepareBase makes base tree available to roots on this host (once per
@@ -45,34 +45,4 @@ type Backend interface {
 	Create(ctx context.Context, dir, base string, tree delta.ID, loader delta.BlobLoader) (Root, error)
 	// Open returns the root kept in dir without touching it.
 	Open(dir, base string) Root
-}
-
-// overlayBackend adapts package overlay's concrete types to Backend.
-type overlayBackend struct{ *overlay.Backend }
-
-func (b overlayBackend) Create(ctx context.Context, dir, base string, tree delta.ID, loader delta.BlobLoader) (Root, error) {
-	r, err := overlay.Create(ctx, dir, base, tree, loader)
-	if err != nil {
-		return nil, err
-	}
-	return r, nil
-}
-
-func (b overlayBackend) Open(dir, base string) Root { return overlay.Open(dir, base) }
-
-// backend returns the backend called name configured by a sandbox's
-// settings cfg (nil for none). Backends without settings are made once, at
-// Open; the others are made here, which also checks their settings.
-func (e *Engine) backend(name string, cfg map[string]string) (Backend, error) {
-	if b, ok := e.backends[name]; ok {
-		return b, nil
-	}
-	if name == btrfs.Name {
-		return e.btrfsBackend(cfg)
-	}
-	have := []string{btrfs.Name}
-	for n := range e.backends {
-		have = append(have, n)
-	}
-	return nil, fmt.Errorf("backend %q is not available (have: %v): %w", name, have, errdefs.ErrInvalid)
 }

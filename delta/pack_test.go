@@ -1,4 +1,4 @@
-package upload
+package delta
 
 import (
 	"bytes"
@@ -9,15 +9,14 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
 
 // TestPackGolden pins the byte layout documented at the top of pack.go.
 func TestPackGolden(t *testing.T) {
 	w := NewPackWriter()
-	id := delta.Hash([]byte("hi"))
-	w.Add(delta.BlobData, id, []byte("hi"), 2, CompressionNone)
+	id := Hash([]byte("hi"))
+	w.Add(BlobData, id, []byte("hi"), 2, CompressionNone)
 	data, packID, _, err := w.Finish()
 	if err != nil {
 		t.Fatal(err)
@@ -33,13 +32,13 @@ func TestPackGolden(t *testing.T) {
 	if !bytes.Equal(data, want) {
 		t.Fatalf("pack bytes:\n got %x\nwant %x", data, want)
 	}
-	if packID != delta.Hash(want) {
+	if packID != Hash(want) {
 		t.Errorf("pack ID %s is not the hash of the pack", packID)
 	}
 }
 
 type testBlob struct {
-	t      delta.BlobType
+	t      BlobType
 	stored []byte
 	raw    int
 	c      Compression
@@ -48,11 +47,11 @@ type testBlob struct {
 func testBlobs(n int) []testBlob {
 	var blobs []testBlob
 	for i := range n {
-		b := testBlob{t: delta.BlobData, stored: []byte(strings.Repeat(fmt.Sprint(i), i%300)), c: CompressionNone}
+		b := testBlob{t: BlobData, stored: []byte(strings.Repeat(fmt.Sprint(i), i%300)), c: CompressionNone}
 		b.raw = len(b.stored)
 		switch i % 3 {
 		case 1:
-			b.t = delta.BlobTree
+			b.t = BlobTree
 		case 2:
 			b.c, b.raw = CompressionZstd, 1000+i // as if the stored bytes were a zstd frame
 		}
@@ -62,9 +61,9 @@ func testBlobs(n int) []testBlob {
 }
 
 // blobID gives each test blob a distinct ID, even when contents repeat.
-func blobID(i int) delta.ID { return delta.Hash(fmt.Appendf(nil, "blob %d", i)) }
+func blobID(i int) ID { return Hash(fmt.Appendf(nil, "blob %d", i)) }
 
-func buildPack(t testing.TB, blobs []testBlob) ([]byte, delta.ID, []PackEntry) {
+func buildPack(t testing.TB, blobs []testBlob) ([]byte, ID, []PackEntry) {
 	t.Helper()
 	w := NewPackWriter()
 	for i, b := range blobs {
@@ -95,7 +94,7 @@ func TestPackRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if id != delta.Hash(data) {
+	if id != Hash(data) {
 		t.Errorf("Finish: ID %s is not the hash of the pack", id)
 	}
 	got, err := ParsePackHeader(data)
@@ -118,7 +117,7 @@ func TestPackRoundTrip(t *testing.T) {
 }
 
 func TestParsePackName(t *testing.T) {
-	id := delta.Hash([]byte("x"))
+	id := Hash([]byte("x"))
 	h := id.String()
 	if got := PackName(id); got != "packs/"+h[:2]+"/"+h {
 		t.Errorf("PackName = %s", got)
@@ -139,12 +138,12 @@ func TestPackWriterMisuse(t *testing.T) {
 	}{
 		{"empty", func(w *PackWriter) {}},
 		{"unknown type", func(w *PackWriter) { w.Add(7, id, []byte("x"), 1, CompressionNone) }},
-		{"unknown compression", func(w *PackWriter) { w.Add(delta.BlobData, id, []byte("x"), 1, 9) }},
-		{"raw length", func(w *PackWriter) { w.Add(delta.BlobData, id, []byte("x"), 2, CompressionNone) }},
-		{"negative raw length", func(w *PackWriter) { w.Add(delta.BlobData, id, []byte("x"), -1, CompressionZstd) }},
+		{"unknown compression", func(w *PackWriter) { w.Add(BlobData, id, []byte("x"), 1, 9) }},
+		{"raw length", func(w *PackWriter) { w.Add(BlobData, id, []byte("x"), 2, CompressionNone) }},
+		{"negative raw length", func(w *PackWriter) { w.Add(BlobData, id, []byte("x"), -1, CompressionZstd) }},
 		{"duplicate", func(w *PackWriter) {
-			w.Add(delta.BlobData, id, []byte("x"), 1, CompressionNone)
-			w.Add(delta.BlobData, id, []byte("x"), 1, CompressionNone)
+			w.Add(BlobData, id, []byte("x"), 1, CompressionNone)
+			w.Add(BlobData, id, []byte("x"), 1, CompressionNone)
 		}},
 	} {
 		w := NewPackWriter()
@@ -154,7 +153,7 @@ func TestPackWriterMisuse(t *testing.T) {
 		}
 	}
 	w := NewPackWriter()
-	w.Add(delta.BlobData, id, []byte("x"), 1, CompressionNone)
+	w.Add(BlobData, id, []byte("x"), 1, CompressionNone)
 	if _, _, _, err := w.Finish(); err != nil {
 		t.Fatal(err)
 	}
@@ -188,13 +187,13 @@ func rawPack(blobs, header []byte, hlen int, magic string) []byte {
 	return append(p, magic...)
 }
 
-func entry(typ delta.BlobType, i int, off, n, raw uint64, c Compression) PackEntry {
+func entry(typ BlobType, i int, off, n, raw uint64, c Compression) PackEntry {
 	return PackEntry{Type: typ, ID: blobID(i), Offset: off, Length: n, RawLength: raw, Compression: c}
 }
 
 func TestParsePackHeaderCorrupt(t *testing.T) {
 	blobs := []byte("01234567")
-	good := []PackEntry{entry(delta.BlobData, 0, 0, 4, 4, CompressionNone), entry(delta.BlobTree, 1, 4, 4, 9, CompressionZstd)}
+	good := []PackEntry{entry(BlobData, 0, 0, 4, 4, CompressionNone), entry(BlobTree, 1, 4, 4, 9, CompressionZstd)}
 	withHeader := func(es ...PackEntry) []byte {
 		h := appendHeader(nil, es)
 		return rawPack(blobs, h, len(h), packMagic)
@@ -203,7 +202,7 @@ func TestParsePackHeaderCorrupt(t *testing.T) {
 		t.Fatalf("the well-formed base case: %v", err)
 	}
 	goodHeader := appendHeader(nil, good)
-	badVarint := append([]byte{1, byte(delta.BlobData)}, blobID(0).String()[:32]...)
+	badVarint := append([]byte{1, byte(BlobData)}, blobID(0).String()[:32]...)
 	badVarint = append(badVarint, bytes.Repeat([]byte{0xff}, 11)...)
 	for _, tc := range []struct {
 		name string
@@ -220,15 +219,15 @@ func TestParsePackHeaderCorrupt(t *testing.T) {
 		{"bad varint", rawPack(nil, badVarint, len(badVarint), packMagic)},
 		{"trailing header bytes", rawPack(blobs, append(slices.Clone(goodHeader), 0), len(goodHeader)+1, packMagic)},
 		{"unknown type", withHeader(good[0], entry(3, 1, 4, 4, 4, CompressionNone))},
-		{"unknown compression", withHeader(good[0], entry(delta.BlobTree, 1, 4, 4, 4, 2))},
-		{"overlap", withHeader(good[0], entry(delta.BlobTree, 1, 2, 4, 4, CompressionNone))},
-		{"gap", withHeader(entry(delta.BlobData, 0, 0, 2, 2, CompressionNone), good[1])},
-		{"first blob not at 0", withHeader(entry(delta.BlobData, 0, 1, 7, 7, CompressionNone))},
-		{"out of range", withHeader(good[0], entry(delta.BlobTree, 1, 4, 100, 100, CompressionNone))},
-		{"length overflows", withHeader(good[0], entry(delta.BlobTree, 1, 4, 1<<64-1, 1, CompressionZstd))},
+		{"unknown compression", withHeader(good[0], entry(BlobTree, 1, 4, 4, 4, 2))},
+		{"overlap", withHeader(good[0], entry(BlobTree, 1, 2, 4, 4, CompressionNone))},
+		{"gap", withHeader(entry(BlobData, 0, 0, 2, 2, CompressionNone), good[1])},
+		{"first blob not at 0", withHeader(entry(BlobData, 0, 1, 7, 7, CompressionNone))},
+		{"out of range", withHeader(good[0], entry(BlobTree, 1, 4, 100, 100, CompressionNone))},
+		{"length overflows", withHeader(good[0], entry(BlobTree, 1, 4, 1<<64-1, 1, CompressionZstd))},
 		{"blobs end early", withHeader(good[0])},
-		{"raw length of uncompressed", withHeader(good[0], entry(delta.BlobTree, 1, 4, 4, 5, CompressionNone))},
-		{"duplicate", withHeader(good[0], entry(delta.BlobTree, 0, 4, 4, 4, CompressionNone))},
+		{"raw length of uncompressed", withHeader(good[0], entry(BlobTree, 1, 4, 4, 5, CompressionNone))},
+		{"duplicate", withHeader(good[0], entry(BlobTree, 0, 4, 4, 4, CompressionNone))},
 	} {
 		_, err := ParsePackHeader(tc.pack)
 		if !errors.Is(err, errdefs.ErrCorrupt) || !strings.Contains(err.Error(), "pack ") {
@@ -286,7 +285,7 @@ func FuzzParsePackHeader(f *testing.F) {
 // decoded through the blob decoder readers use, so a pack's declared
 // lengths, compressions and frames meet the same bounds a restore does.
 func FuzzReadPackBlobs(f *testing.F) {
-	codec, err := delta.NewCodec()
+	codec, err := NewCodec()
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -296,7 +295,7 @@ func FuzzReadPackBlobs(f *testing.F) {
 	plain := bytes.Repeat([]byte("compressible "), 100)
 	frame, _ := codec.Compress(nil, plain)
 	w := NewPackWriter()
-	w.Add(delta.BlobData, delta.Hash(plain), frame, len(plain), CompressionZstd)
+	w.Add(BlobData, Hash(plain), frame, len(plain), CompressionZstd)
 	zdata, _, _, err := w.Finish()
 	if err != nil {
 		f.Fatal(err)
@@ -316,7 +315,7 @@ func FuzzReadPackBlobs(f *testing.F) {
 				}
 				continue
 			}
-			if uint64(len(out)) != e.RawLength || delta.Hash(out) != e.ID {
+			if uint64(len(out)) != e.RawLength || Hash(out) != e.ID {
 				t.Fatalf("blob %s: accepted a plaintext that is not the blob", e.ID)
 			}
 		}

@@ -1,0 +1,100 @@
+package content
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/turnsnap/turnsnap/catalog"
+	"github.com/turnsnap/turnsnap/delta"
+)
+
+// publishChunk is how many blobs one publish transaction indexes: far below
+// Badger's per-transaction limit, large enough that a big checkpoint costs
+// few fsyncs.
+const publishChunk = 2000
+
+// Publish makes every blob of this Op durable and indexed: packs first,
+// then the catalog's blob index and refcount increments, with one more
+// reference for each of extraRefs (a record's roots). Both index writes are
+// safe before the record exists: the blobs are really stored, and an
+// increment without its checkpoint can only delay garbage collection.
+//
+// Concurrent Ops may both find a blob new and both store it. Dedup is
+// settled here, in the catalog transaction that indexes the blob: the
+// first Op to index it wins; a later one keeps the winner's location,
+// leaves its own copy as garbage for gc, and, for a tree, does not count
+// the tree's children again (the winner counted them). So the catalog ends
+// with one location per blob and refcounts equal to a rebuild's. Within
+// one process the index writes are serialised (indexMu), so they never
+// conflict; between processes the home's flock serialises whole commands.
+func (o *Op) Publish(ctx context.Context, extraRefs ...delta.ID) error {
+	// Data before trees: a tree is never stored before the blobs it names.
+	for _, t := range []delta.BlobType{delta.BlobData, delta.BlobTree} {
+		if err := o.flushPack(ctx, t); err != nil {
+			return err
+		}
+	}
+	if o.r.room != nil {
+		if err := o.r.room(); err != nil {
+			return err
+		}
+	}
+	ids := make([]delta.ID, 0, len(o.flushed))
+	for id := range o.flushed {
+		ids = append(ids, id)
+	}
+	refs := map[delta.ID]int64{}
+	for _, id := range extraRefs {
+		refs[id]++
+	}
+	for start := 0; start < len(ids); start += publishChunk {
+		chunk := ids[start:min(start+publishChunk, len(ids))]
+		var won []delta.ID
+		var lostTo []delta.ID
+		o.r.indexMu.Lock()
+		err := o.r.cat.Update(ctx, func(tx *catalog.Tx) error {
+			// fn may run again after a conflict: start afresh each time.
+			won, lostTo = won[:0], lostTo[:0]
+			for _, id := range chunk {
+				loc, ok, err := tx.Blob(id)
+				if err != nil {
+					return err
+				}
+				if ok {
+					lostTo = append(lostTo, loc.Pack)
+					continue
+				}
+				if err := tx.PutBlob(id, o.flushed[id]); err != nil {
+					return err
+				}
+				won = append(won, id)
+			}
+			return nil
+		})
+		o.r.indexMu.Unlock()
+		if err != nil {
+			return fmt.Errorf("index blobs: %w", err)
+		}
+		o.unindexed = nil // indexed blobs are in these packs now: never discard them
+		o.r.dups.Add(int64(len(lostTo)))
+		for _, p := range lostTo {
+			o.reused[p] = true
+		}
+		for _, id := range won {
+			for _, c := range o.children[id] {
+				refs[c]++
+			}
+		}
+	}
+	o.r.indexMu.Lock()
+	err := o.r.cat.AddRefCounts(ctx, refs)
+	o.r.indexMu.Unlock()
+	if err != nil {
+		return fmt.Errorf("refcounts: %w", err)
+	}
+	// Published: the catalog now locates these blobs, and a second publish in
+	// the same session must not count the same references twice.
+	o.flushed = map[delta.ID]catalog.BlobLocation{}
+	o.children = map[delta.ID][]delta.ID{}
+	return nil
+}

@@ -1,0 +1,358 @@
+// Package content is the content repository: blobs deduplicated against
+// the catalog, compressed and written into packs, located, read back and
+// verified, and reference-counted. It owns no turn logic; the engine runs
+// one Op per operation.
+package content
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+
+	"github.com/turnsnap/turnsnap/catalog"
+	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/internal/errdefs"
+	"github.com/turnsnap/turnsnap/upload"
+)
+
+// packTarget is the size at which an open pack is written out. 16 MiB keeps
+// a 5,000-small-file checkpoint to one or two objects and a large one to few
+// PUTs, while one pack stays small enough to buffer in memory and to retry
+// whole on a flaky link.
+const packTarget = 16 << 20
+
+// Repo is the content repository as delta sees it: blobs saved into packs
+// in the object store, located through the catalog. A Repo is safe for
+// concurrent use. It loads blobs itself (a delta.BlobLoader for restores,
+// branches, walks); writes go through an Op, one per operation, which
+// carries that operation's pending writes until Publish.
+type Repo struct {
+	store upload.Store
+	cat   *catalog.Catalog
+	codec *delta.Codec
+	packs *packCache
+	meter *Meter // nil: no progress reporting
+	dups  atomic.Int64
+	// indexMu serialises this process's writes of the blob index and
+	// refcounts (Publish): the same hot keys (a shared base's trees, common
+	// chunks) would otherwise make concurrent transactions conflict and
+	// retry. The transactions it guards are short, one chunk each.
+	indexMu sync.Mutex
+	// room, if set, is asked after an Op's packs are written and before the
+	// catalog is (SetRoomCheck).
+	room func() error
+}
+
+// SetRoomCheck makes Publish call room after writing an Op's packs and
+// before writing the catalog; an error stops the Op there, and Discard then
+// removes its packs (the engine's "home filesystem is full" check).
+func (r *Repo) SetRoomCheck(room func() error) { r.room = room }
+
+// Duplicates is how many blobs Ops of this Repo stored that another Op had
+// indexed first (see Publish); their copies are garbage for gc.
+func (r *Repo) Duplicates() int64 { return r.dups.Load() }
+
+// Op is one write session (a checkpoint, an import, a process image): the
+// blobs it saved, the packs it wrote and the references it will count. It
+// is used by one goroutine; different Ops of one Repo run concurrently.
+type Op struct {
+	r *Repo
+	// One open pack per blob type: trees go in packs of their own, so walks
+	// over trees (gc marking, rebuild refcounts, diff) read only small tree
+	// packs and never pull data packs from a remote store.
+	open    map[delta.BlobType]*delta.PackWriter
+	flushed map[delta.ID]catalog.BlobLocation // in packs written by this Op, not yet in the catalog
+	written []upload.ObjectInfo               // packs written by this Op, for the upload queue
+	reused  map[delta.ID]bool                 // packs of earlier sessions holding blobs this one reuses
+	// children lists, for each new tree this Op stored, the blobs it
+	// references: Publish counts them only for trees it is first to index.
+	children map[delta.ID][]delta.ID
+	stats    delta.Stats
+	buf      []byte
+	// unindexed are the packs this Op wrote (name -> blobs) while none of
+	// its blobs is indexed yet: Discard may delete them.
+	unindexed map[string][]delta.ID
+}
+
+// New returns a repository over store, indexed by cat. meter may be nil.
+func New(store upload.Store, cat *catalog.Catalog, codec *delta.Codec, meter *Meter) *Repo {
+	return &Repo{store: store, cat: cat, codec: codec, packs: newPackCache(), meter: meter}
+}
+
+// Store returns the store the repository reads and writes.
+func (r *Repo) Store() upload.Store { return r.store }
+
+// Begin starts a write session.
+func (r *Repo) Begin() *Op {
+	return &Op{
+		r: r,
+		open: map[delta.BlobType]*delta.PackWriter{
+			delta.BlobData: delta.NewPackWriter(), delta.BlobTree: delta.NewPackWriter(),
+		},
+		flushed:   map[delta.ID]catalog.BlobLocation{},
+		reused:    map[delta.ID]bool{},
+		children:  map[delta.ID][]delta.ID{},
+		unindexed: map[string][]delta.ID{},
+	}
+}
+
+// Discard deletes the packs of an Op that failed before Publish indexed any
+// of its blobs, so a checkpoint that ran out of space leaves nothing
+// behind. A pack whose name some indexed blob points at is kept: another Op
+// may have written the same bytes and indexed them. Best effort: a pack
+// left behind is garbage that gc collects.
+func (o *Op) Discard(ctx context.Context) {
+	if len(o.unindexed) == 0 {
+		return
+	}
+	o.r.indexMu.Lock()
+	defer o.r.indexMu.Unlock()
+	for name, ids := range o.unindexed {
+		pack, _ := delta.ParsePackName(name)
+		used := false
+		o.r.cat.View(ctx, func(tx *catalog.Tx) error {
+			for _, id := range ids {
+				if loc, ok, err := tx.Blob(id); err != nil || ok && loc.Pack == pack {
+					used = true // or unknown: keep it
+					return err
+				}
+			}
+			return nil
+		})
+		if !used {
+			o.r.store.Delete(ctx, name)
+		}
+	}
+	o.unindexed = map[string][]delta.ID{}
+}
+
+// Stats returns what the Op stored so far: BlobsNew, BytesNew, ObjectsNew.
+func (o *Op) Stats() delta.Stats { return o.stats }
+
+// Written lists the packs the Op wrote, in order.
+func (o *Op) Written() []upload.ObjectInfo { return o.written }
+
+// Reused lists the packs of other sessions holding blobs the Op's trees
+// name: its record must not reach a remote store before they do.
+func (o *Op) Reused() []delta.ID {
+	out := make([]delta.ID, 0, len(o.reused))
+	for p := range o.reused {
+		out = append(out, p)
+	}
+	return out
+}
+
+// SaveBlob implements delta.BlobSaver: deduplicate against the catalog and
+// this session, compress, append to the open pack.
+func (o *Op) SaveBlob(ctx context.Context, t delta.BlobType, id delta.ID, plain []byte) (bool, error) {
+	r := o.r
+	r.meter.add(len(plain))
+	if _, ok := o.flushed[id]; ok || o.open[t].Has(id) {
+		return false, nil
+	}
+	var known bool
+	err := r.cat.View(ctx, func(tx *catalog.Tx) error {
+		loc, ok, err := tx.Blob(id)
+		if ok {
+			// A checkpoint that reuses a blob must not reach the remote
+			// store before the pack holding it does.
+			o.reused[loc.Pack] = true
+		}
+		known = ok
+		return err
+	})
+	if err != nil {
+		return false, fmt.Errorf("blob %s: %w", id.Short(), err)
+	}
+	if known {
+		return false, nil
+	}
+	if uint64(len(plain)) > delta.MaxRawLength(t) {
+		return false, fmt.Errorf("%s blob %s: %d bytes, more than the format allows (%d; a directory with too many entries?): %w",
+			t, id.Short(), len(plain), delta.MaxRawLength(t), errdefs.ErrInvalid)
+	}
+	if t == delta.BlobTree {
+		// A new tree references its children once, whatever else does:
+		// counting at tree creation keeps refcount upkeep O(change).
+		tr, err := delta.DecodeTree(plain)
+		if err != nil {
+			return false, fmt.Errorf("tree %s: %w", id.Short(), err)
+		}
+		var kids []delta.ID
+		for _, e := range tr.Entries {
+			switch e.Type {
+			case delta.TypeDir:
+				kids = append(kids, e.Subtree)
+			case delta.TypeFile:
+				kids = append(kids, e.Chunks...)
+			}
+		}
+		o.children[id] = kids
+	}
+	// PackWriter.Add copies, so one scratch buffer serves every blob. It must
+	// never alias plain, which belongs to the caller (the chunker's buffer).
+	stored, ok := r.codec.Compress(o.buf[:0], plain)
+	o.buf = stored[:0]
+	comp := delta.CompressionZstd
+	if !ok {
+		stored, comp = plain, delta.CompressionNone
+	}
+	o.open[t].Add(t, id, stored, len(plain), comp)
+	o.stats.BlobsNew++
+	if o.open[t].Len() >= packTarget {
+		if err := o.flushPack(ctx, t); err != nil {
+			return false, err
+		}
+	}
+	return true, nil
+}
+
+// flushPack writes the open pack of blob type t to the store.
+func (o *Op) flushPack(ctx context.Context, t delta.BlobType) error {
+	if o.open[t].Count() == 0 {
+		return nil
+	}
+	if t == delta.BlobTree {
+		// The trees may name chunks still in the open data pack.
+		if err := o.flushPack(ctx, delta.BlobData); err != nil {
+			return err
+		}
+	}
+	data, id, entries, err := o.open[t].Finish()
+	if err != nil {
+		return fmt.Errorf("pack: %w", err)
+	}
+	name := delta.PackName(id)
+	if err := upload.PutBytes(ctx, o.r.store, name, data); err != nil {
+		return fmt.Errorf("write pack %s: %w", name, err)
+	}
+	for _, e := range entries {
+		o.flushed[e.ID] = LocationOf(id, e)
+	}
+	o.written = append(o.written, upload.ObjectInfo{Name: name, Size: int64(len(data))})
+	if o.unindexed != nil {
+		for _, e := range entries {
+			o.unindexed[name] = append(o.unindexed[name], e.ID)
+		}
+	}
+	o.stats.ObjectsNew++
+	o.stats.BytesNew += int64(len(data))
+	o.open[t] = delta.NewPackWriter()
+	return nil
+}
+
+// LocationOf is where entry e of pack pack lives, as the catalog indexes it.
+func LocationOf(pack delta.ID, e delta.PackEntry) catalog.BlobLocation {
+	return catalog.BlobLocation{
+		Pack: pack, Type: e.Type, Offset: e.Offset, Length: e.Length,
+		RawLength: e.RawLength, Compression: uint8(e.Compression),
+	}
+}
+
+// LoadBlob implements delta.BlobLoader for the Op: its own unpublished
+// blobs, then the repository's.
+func (o *Op) LoadBlob(ctx context.Context, t delta.BlobType, id delta.ID) ([]byte, error) {
+	if loc, ok := o.flushed[id]; ok {
+		return o.r.load(ctx, t, id, loc)
+	}
+	return o.r.LoadBlob(ctx, t, id)
+}
+
+// LoadBlob implements delta.BlobLoader: locate, read, decompress, verify.
+func (r *Repo) LoadBlob(ctx context.Context, t delta.BlobType, id delta.ID) ([]byte, error) {
+	var loc catalog.BlobLocation
+	var ok bool
+	{
+		err := r.cat.View(ctx, func(tx *catalog.Tx) error {
+			var err error
+			loc, ok, err = tx.Blob(id)
+			return err
+		})
+		if err != nil {
+			return nil, fmt.Errorf("blob %s: %w", id.Short(), err)
+		}
+	}
+	if !ok {
+		return nil, fmt.Errorf("blob %s (%s): not in any pack the catalog knows: %w", id, t, errdefs.ErrNotFound)
+	}
+	return r.load(ctx, t, id, loc)
+}
+
+// load reads blob id of type t from where loc says it is.
+func (r *Repo) load(ctx context.Context, t delta.BlobType, id delta.ID, loc catalog.BlobLocation) ([]byte, error) {
+	if loc.Type != t {
+		return nil, fmt.Errorf("blob %s: stored as %s, wanted %s: %w", id, loc.Type, t, errdefs.ErrCorrupt)
+	}
+	name := delta.PackName(loc.Pack)
+	// Bound what the index declares before it sizes any read or buffer: a
+	// stored blob is never much larger than its plaintext.
+	if most := delta.MaxRawLength(t); loc.RawLength > most || loc.Length > 2*most {
+		return nil, fmt.Errorf("blob %s in %s: declares %d stored and %d plain bytes, over the %s limit %d: %w",
+			id, name, loc.Length, loc.RawLength, t, most, errdefs.ErrCorrupt)
+	}
+	pack, ok := r.packs.get(loc.Pack)
+	if !ok && r.packs.wantWhole(loc.Pack) {
+		data, err := upload.ReadAllMax(ctx, r.store, name, delta.MaxPackSize)
+		if err != nil {
+			return nil, fmt.Errorf("blob %s in %s: %w", id.Short(), name, err)
+		}
+		r.packs.put(loc.Pack, data)
+		pack, ok = data, true
+	}
+	if ok {
+		end := loc.Offset + loc.Length
+		if end < loc.Offset || end > uint64(len(pack)) {
+			return nil, fmt.Errorf("blob %s in %s: range %d+%d beyond the pack's %d bytes: %w",
+				id, name, loc.Offset, loc.Length, len(pack), errdefs.ErrCorrupt)
+		}
+		return r.Decode(id, name, loc, pack[loc.Offset:end])
+	}
+	rc, err := upload.GetRange(ctx, r.store, name, int64(loc.Offset), int64(loc.Length))
+	if err != nil {
+		return nil, fmt.Errorf("blob %s in %s: %w", id.Short(), name, err)
+	}
+	stored, err := io.ReadAll(rc)
+	rc.Close()
+	if err != nil {
+		return nil, fmt.Errorf("blob %s in %s: %w", id.Short(), name, err)
+	}
+	return r.Decode(id, name, loc, stored)
+}
+
+// Decode turns a blob's stored bytes, read from object, back into verified
+// plaintext (delta.Codec.DecodeBlob: bounded, hash-checked).
+func (r *Repo) Decode(id delta.ID, object string, loc catalog.BlobLocation, stored []byte) ([]byte, error) {
+	if uint64(len(stored)) != loc.Length {
+		return nil, fmt.Errorf("blob %s in %s: read %d bytes, want %d: %w", id, object, len(stored), loc.Length, errdefs.ErrCorrupt)
+	}
+	comp := delta.Compression(loc.Compression)
+	if comp != delta.CompressionNone && comp != delta.CompressionZstd {
+		return nil, fmt.Errorf("blob %s in %s: unknown compression %d: %w", id, object, loc.Compression, errdefs.ErrCorrupt)
+	}
+	plain, err := r.codec.DecodeBlob(loc.Type, id, comp == delta.CompressionZstd, loc.RawLength, stored)
+	if err != nil {
+		return nil, fmt.Errorf("%w (in %s)", err, object)
+	}
+	r.meter.add(len(plain))
+	return plain, nil
+}
+
+// LoaderFor returns a loader that finds blobs in locs before asking the
+// catalog: rebuild reads a store whose index it is still making.
+func (r *Repo) LoaderFor(locs map[delta.ID]catalog.BlobLocation) delta.BlobLoader {
+	return locLoader{r, locs}
+}
+
+type locLoader struct {
+	r    *Repo
+	locs map[delta.ID]catalog.BlobLocation
+}
+
+func (l locLoader) LoadBlob(ctx context.Context, t delta.BlobType, id delta.ID) ([]byte, error) {
+	if loc, ok := l.locs[id]; ok {
+		return l.r.load(ctx, t, id, loc)
+	}
+	return l.r.LoadBlob(ctx, t, id)
+}

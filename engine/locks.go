@@ -1,0 +1,125 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/internal/rootfs"
+)
+
+// Concurrency (docs/ARCHITECTURE.md, "Concurrency"). An Engine serves
+// concurrent operations:
+//
+//   - Operations on one sandbox (checkpoint, rollback, create, branch into
+//     it, remove, diff of its live root) hold that sandbox's lock, so they
+//     run one at a time, in the order they arrived.
+//   - Operations on different sandboxes run side by side. Each carries its
+//     own pending writes (a content.Op); shared state is the catalog (short
+//     transactions), the content repository (safe for concurrent use) and
+//     the host's bases (prepared under baseMu).
+//   - Home-wide maintenance (gc, prune, catalog rebuild, init) holds the
+//     engine's exclusive lock: no turn runs during it. Every other operation
+//     holds it shared.
+//
+// Between processes the home's flock still serialises whole commands.
+
+// sandboxLocks hands out one FIFO lock per sandbox name.
+type sandboxLocks struct {
+	mu sync.Mutex
+	m  map[string]*fifoLock
+}
+
+// fifoLock is held or not; waiters are served in arrival order.
+type fifoLock struct {
+	held    bool
+	waiters []chan struct{}
+}
+
+// lock waits for sandbox name's lock; unlock releases it.
+func (l *sandboxLocks) lock(ctx context.Context, name string) (unlock func(), err error) {
+	l.mu.Lock()
+	if l.m == nil {
+		l.m = map[string]*fifoLock{}
+	}
+	f := l.m[name]
+	if f == nil {
+		f = &fifoLock{}
+		l.m[name] = f
+	}
+	if !f.held {
+		f.held = true
+		l.mu.Unlock()
+		return func() { l.unlock(name) }, nil
+	}
+	ch := make(chan struct{})
+	f.waiters = append(f.waiters, ch)
+	l.mu.Unlock()
+	select {
+	case <-ch: // handed over by unlock
+		return func() { l.unlock(name) }, nil
+	case <-ctx.Done():
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		for i, w := range f.waiters {
+			if w == ch {
+				f.waiters = append(f.waiters[:i], f.waiters[i+1:]...)
+				return nil, fmt.Errorf("waiting for another operation on sandbox %s: %w", name, ctx.Err())
+			}
+		}
+		// unlock handed the lock over just as ctx ended: pass it on.
+		l.mu.Unlock()
+		l.unlock(name)
+		l.mu.Lock()
+		return nil, fmt.Errorf("waiting for another operation on sandbox %s: %w", name, ctx.Err())
+	}
+}
+
+func (l *sandboxLocks) unlock(name string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	f := l.m[name]
+	if len(f.waiters) > 0 {
+		next := f.waiters[0]
+		f.waiters = f.waiters[1:]
+		close(next) // the lock stays held, by next
+		return
+	}
+	f.held = false
+	delete(l.m, name)
+}
+
+// op begins an operation on sandbox name: the engine's shared lock, then
+// the sandbox's. done releases both.
+func (e *Engine) op(ctx context.Context, name string) (done func(), err error) {
+	e.maint.RLock()
+	unlock, err := e.sandboxes.lock(ctx, name)
+	if err != nil {
+		e.maint.RUnlock()
+		return nil, err
+	}
+	return func() { unlock(); e.maint.RUnlock() }, nil
+}
+
+// shared begins an operation that touches no one sandbox's root (verify,
+// log, tags, push): it only keeps maintenance out.
+func (e *Engine) shared() (done func()) {
+	e.maint.RLock()
+	return e.maint.RUnlock
+}
+
+// exclusive begins home-wide maintenance: it waits for every operation in
+// flight and keeps new ones out until done.
+func (e *Engine) exclusive() (done func()) {
+	e.maint.Lock()
+	return e.maint.Unlock
+}
+
+// prepareBase makes base tree available through be. Concurrent operations
+// on new sandboxes of one base would otherwise race to publish it.
+func (e *Engine) prepareBase(ctx context.Context, be rootfs.Backend, tree delta.ID, loader delta.BlobLoader) (string, error) {
+	e.baseMu.Lock()
+	defer e.baseMu.Unlock()
+	return be.PrepareBase(ctx, tree, loader)
+}

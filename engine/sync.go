@@ -1,0 +1,62 @@
+package engine
+
+import (
+	"context"
+
+	"github.com/turnsnap/turnsnap/catalog"
+	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/engine/content"
+	"github.com/turnsnap/turnsnap/engine/remote"
+)
+
+// PushOptions configures Push.
+type PushOptions = remote.PushOptions
+
+// PushReport says what a push did.
+type PushReport = remote.PushReport
+
+// errNoRemote is returned by remote operations on a home without a remote.
+var errNoRemote = remote.ErrNoRemote
+
+// backfillSandbox attributes uploads that belong to no sandbox in particular.
+const backfillSandbox = remote.BackfillSandbox
+
+// Push uploads queued objects through the host-wide scheduler (see
+// remote.Syncer.Push).
+func (e *Engine) Push(ctx context.Context, opts PushOptions) (*PushReport, error) {
+	defer e.shared()()
+	return e.syncer().Push(ctx, opts)
+}
+
+// syncer is the remote side of this home as it is now.
+func (e *Engine) syncer() *remote.Syncer {
+	s := &remote.Syncer{Local: e.local, Remote: e.remote, Cat: e.cat, Blobs: e.repo, Log: e.log, Done: e.saveLastPush}
+	if rc := e.config.Remote; rc != nil {
+		s.Concurrency, s.BandwidthBytes, s.URL = rc.Concurrency, rc.BandwidthBytes, rc.URL
+	}
+	return s
+}
+
+// The queue functions below do nothing without a remote: a home without
+// one has nothing to send.
+
+func (e *Engine) queueCommit(tx *catalog.Tx, op *content.Op, cp *delta.Checkpoint, newSandbox *delta.Sandbox) error {
+	if e.remote == nil {
+		return nil
+	}
+	return remote.QueueCommit(tx, op, cp, newSandbox)
+}
+
+func (e *Engine) queueRef(tx *catalog.Tx, sandbox string, kind delta.RefKind, name string, target delta.ID, newSandbox bool) error {
+	if e.remote == nil {
+		return nil
+	}
+	return remote.QueueRef(tx, sandbox, kind, name, target, newSandbox)
+}
+
+func (e *Engine) queueDelete(tx *catalog.Tx, sandbox string, names ...string) error {
+	if e.remote == nil {
+		return nil
+	}
+	return remote.QueueDelete(tx, sandbox, names...)
+}
