@@ -34,7 +34,9 @@ func openEngineOracle(t testing.TB, home string, oracle bool) *Engine {
 	e, err := Open(context.Background(), Options{Home: home})
 	must(t, err)
 	t.Cleanup(func() {
-		if e.cat != nil && oracle && !t.Failed() {
+		// With a bucket shared by several hosts, records in it may name packs
+		// this host never had: the catalog-based checkAll is the oracle there.
+		if e.cat != nil && e.remote == nil && oracle && !t.Failed() {
 			if _, err := e.VerifyStore(context.Background(), ""); err != nil {
 				t.Errorf("final oracle: store-only verify of %s: %v", home, err)
 			}
