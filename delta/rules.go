@@ -30,6 +30,9 @@ const (
 	// XATTR_SIZE_MAX.
 	MaxXattrName  = 255
 	MaxXattrValue = 64 << 10
+	// MaxDepth bounds directory nesting: a path of PATH_MAX bytes holds at
+	// most 2,048 components.
+	MaxDepth = 2048
 )
 
 // overlayXattrPrefix names overlayfs's own attributes, which are never
@@ -87,7 +90,7 @@ type treeInfo struct {
 // errdefs.ErrCorrupt and name the path.
 func CheckState(ctx context.Context, loader BlobLoader, root ID, rules StateRules) (Footprint, error) {
 	c := &stateChecker{loader: loader, rules: rules, root: root, info: map[ID]*treeInfo{}, chunks: map[ID]bool{}, trees: map[ID]*Tree{}}
-	ti, err := c.visit(ctx, root, "")
+	ti, err := c.visit(ctx, root, "", 0)
 	if err != nil {
 		return Footprint{}, err
 	}
@@ -122,9 +125,12 @@ func addCapped(a, b, limit uint64) uint64 {
 	return a + b
 }
 
-func (c *stateChecker) visit(ctx context.Context, id ID, rel string) (*treeInfo, error) {
+func (c *stateChecker) visit(ctx context.Context, id ID, rel string, depth int) (*treeInfo, error) {
 	if ti, ok := c.info[id]; ok {
 		return ti, nil
+	}
+	if depth > MaxDepth {
+		return nil, corruptAt(rel, "directories nested more than %d deep", MaxDepth)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -146,7 +152,7 @@ func (c *stateChecker) visit(ctx context.Context, id ID, rel string) (*treeInfo,
 		ti.entries = addCapped(ti.entries, 1, MaxStateEntries)
 		switch e.Type {
 		case TypeDir:
-			sub, err := c.visit(ctx, e.Subtree, p)
+			sub, err := c.visit(ctx, e.Subtree, p, depth+1)
 			if err != nil {
 				return nil, err
 			}
