@@ -48,7 +48,9 @@ FUZZTIME ?= 60s
 FUZZ_TARGETS := \
 	./delta:FuzzDecodeTree ./delta:FuzzDecodeBlob ./delta:FuzzCheckState \
 	./delta:FuzzParsePackHeader ./delta:FuzzReadPackBlobs \
-	./delta:FuzzDecodeRecord
+	./delta:FuzzDecodeRecord \
+	./engine/llmproxy:FuzzParseRequest ./engine/llmproxy:FuzzCanonMatchesReference \
+	./engine/llmproxy:FuzzDecodeEntry
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 	  echo "== $${t#*:} ($${t%%:*}, $(FUZZTIME))"; \
