@@ -23,6 +23,9 @@ type ApplyOptions struct {
 	// default: a checkpoint is data from storage, and a device node restored
 	// into a sandbox is a way out of it. Whiteouts (0:0) are always allowed.
 	AllowDevices bool
+	// Plain says the tree is a complete state (a base, a process image)
+	// rather than a writable layer (StateRules.Plain).
+	Plain bool
 }
 
 // ApplyStats counts what Materialise wrote.
@@ -43,16 +46,21 @@ type ApplyStats struct {
 // verified by the loader as they are read. The caller syncs the filesystem
 // and re-derives the tree to confirm the result.
 func Materialise(ctx context.Context, tree ID, dst string, opts ApplyOptions) (ApplyStats, error) {
-	a := &applier{opts: opts, root: dst, files: map[string]bool{}}
-	err := a.dir(ctx, tree, "")
+	fp, err := checkBeforeApply(ctx, tree, dst, opts)
+	if err != nil {
+		return ApplyStats{}, err
+	}
+	a := &applier{opts: opts, root: dst, files: map[string]bool{}, budget: fp}
+	err = a.dir(ctx, tree, "")
 	return a.stats, err
 }
 
 type applier struct {
-	opts  ApplyOptions
-	root  string
-	files map[string]bool // root-relative paths of regular files created, for hardlinks
-	stats ApplyStats
+	opts   ApplyOptions
+	root   string
+	files  map[string]bool // root-relative paths of regular files created, for hardlinks
+	stats  ApplyStats
+	budget Footprint // what CheckState found; a restore never writes more
 }
 
 func (a *applier) dir(ctx context.Context, id ID, rel string) error {
@@ -74,6 +82,9 @@ func (a *applier) dir(ctx context.Context, id ID, rel string) error {
 func (a *applier) entry(ctx context.Context, rel string, e *Entry) error {
 	p := filepath.Join(a.root, rel)
 	a.stats.Entries++
+	if uint64(a.stats.Entries) > a.budget.Entries {
+		return fmt.Errorf("restore %s: more entries than the checked tree holds: %w", p, errdefs.ErrCorrupt)
+	}
 	fail := func(err error) error { return fmt.Errorf("restore %s: %w", p, err) }
 	switch e.Type {
 	case TypeDir:
@@ -160,6 +171,9 @@ func (a *applier) file(ctx context.Context, p string, e *Entry) error {
 func writeChunks(ctx context.Context, loader BlobLoader, w io.Writer, e *Entry) (uint64, error) {
 	var n uint64
 	for _, c := range e.Chunks {
+		if n > e.Size {
+			break // already more than declared: CheckFileSize says so
+		}
 		data, err := loader.LoadBlob(ctx, BlobData, c)
 		if err != nil {
 			return n, fmt.Errorf("chunk %s: %w", c.Short(), err)
@@ -169,10 +183,7 @@ func writeChunks(ctx context.Context, loader BlobLoader, w io.Writer, e *Entry) 
 		}
 		n += uint64(len(data))
 	}
-	if n != e.Size {
-		return n, fmt.Errorf("chunks hold %d bytes, entry says %d: %w", n, e.Size, errdefs.ErrCorrupt)
-	}
-	return n, nil
+	return n, CheckFileSize(e, n)
 }
 
 // setMeta applies ownership, mode, xattrs and mtime in the order that keeps

@@ -30,6 +30,9 @@ import (
 // only point at files this call created. Chunks are verified by the loader.
 // The caller re-derives the result to confirm it.
 func ApplyLayer(ctx context.Context, tree ID, dst string, opts ApplyOptions) (ApplyStats, error) {
+	if _, err := checkBeforeApply(ctx, tree, dst, opts); err != nil {
+		return ApplyStats{}, err
+	}
 	fd, err := unix.Open(dst, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return ApplyStats{}, fmt.Errorf("apply onto %s: %w", dst, err)
