@@ -18,10 +18,14 @@ const OpaqueXattr = "trusted.overlay.opaque"
 // ApplyOptions configures Materialise and ApplyLayer.
 type ApplyOptions struct {
 	Loader BlobLoader
-	// AllowDevices permits creating character and block device nodes. Off by
-	// default: a checkpoint is data from storage, and a device node restored
-	// into a sandbox is a way out of it. Whiteouts (0:0) are always allowed.
+	// AllowDevices permits creating any character and block device node;
+	// without it only those CheckDevice passes are made. Off by default: a
+	// checkpoint is data from storage, and a device node restored into a
+	// sandbox is a way out of it. Whiteouts (0:0) are always allowed.
 	AllowDevices bool
+	// Plain says the tree is a complete state (a base, a process image)
+	// rather than a writable layer (StateRules.Plain).
+	Plain bool
 }
 
 // ApplyStats counts what an apply wrote.
@@ -62,12 +66,16 @@ func ApplyLayer(ctx context.Context, tree ID, dst string, opts ApplyOptions) (Ap
 // length work. Chunks are verified by the loader as they are read. The
 // caller syncs the filesystem and re-derives the tree to confirm the result.
 func apply(ctx context.Context, tree ID, dst string, opts ApplyOptions, merge bool) (ApplyStats, error) {
+	fp, err := checkBeforeApply(ctx, tree, dst, opts)
+	if err != nil {
+		return ApplyStats{}, err
+	}
 	fd, err := fsat.OpenDir(dst)
 	if err != nil {
 		return ApplyStats{}, fmt.Errorf("apply onto %s: %w", dst, err)
 	}
 	defer unix.Close(fd)
-	a := &applier{opts: opts, root: dst, rootFD: fd, merge: merge, files: map[string]bool{}}
+	a := &applier{opts: opts, root: dst, rootFD: fd, merge: merge, files: map[string]bool{}, budget: fp}
 	err = a.dir(ctx, fd, tree, "")
 	return a.stats, err
 }
@@ -79,6 +87,7 @@ type applier struct {
 	merge  bool            // onto existing contents (ApplyLayer), else upper form
 	files  map[string]bool // root-relative paths of regular files created, for hardlinks
 	stats  ApplyStats
+	budget Footprint // what CheckState found; a restore never writes more
 }
 
 func (a *applier) dir(ctx context.Context, dirFD int, id ID, rel string) error {
@@ -101,6 +110,9 @@ func (a *applier) dir(ctx context.Context, dirFD int, id ID, rel string) error {
 
 func (a *applier) entry(ctx context.Context, dirFD int, rel string, e *Entry) error {
 	a.stats.Entries++
+	if uint64(a.stats.Entries) > a.budget.Entries {
+		return fmt.Errorf("more entries than the checked tree holds: %w", errdefs.ErrCorrupt)
+	}
 	if a.merge {
 		var st unix.Stat_t
 		exists := unix.Fstatat(dirFD, e.Name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil
@@ -134,9 +146,10 @@ func (a *applier) entry(ctx context.Context, dirFD int, rel string, e *Entry) er
 		}
 	case TypeFIFO, TypeSocket, TypeCharDev, TypeBlockDev:
 		kind := map[Type]uint32{TypeFIFO: unix.S_IFIFO, TypeSocket: unix.S_IFSOCK, TypeCharDev: unix.S_IFCHR, TypeBlockDev: unix.S_IFBLK}[e.Type]
-		if (e.Type == TypeCharDev || e.Type == TypeBlockDev) && !a.opts.AllowDevices {
-			return fmt.Errorf("device node %d:%d refused (devices are not allowed): %w",
-				unix.Major(e.Rdev), unix.Minor(e.Rdev), errdefs.ErrPrecondition)
+		if !a.opts.AllowDevices {
+			if err := CheckDevice(*e); err != nil {
+				return err
+			}
 		}
 		if err := unix.Mknodat(dirFD, e.Name, kind|0o600, int(e.Rdev)); err != nil {
 			return err
@@ -208,6 +221,9 @@ func (a *applier) file(ctx context.Context, dirFD int, rel string, e *Entry) err
 func writeChunks(ctx context.Context, loader BlobLoader, w io.Writer, e *Entry) (uint64, error) {
 	var n uint64
 	for _, c := range e.Chunks {
+		if n > e.Size {
+			break // already more than declared: CheckFileSize says so
+		}
 		data, err := loader.LoadBlob(ctx, BlobData, c)
 		if err != nil {
 			return n, fmt.Errorf("chunk %s: %w", c.Short(), err)
@@ -217,8 +233,5 @@ func writeChunks(ctx context.Context, loader BlobLoader, w io.Writer, e *Entry) 
 		}
 		n += uint64(len(data))
 	}
-	if n != e.Size {
-		return n, fmt.Errorf("chunks hold %d bytes, entry says %d: %w", n, e.Size, errdefs.ErrCorrupt)
-	}
-	return n, nil
+	return n, CheckFileSize(e, n)
 }

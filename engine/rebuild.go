@@ -127,7 +127,7 @@ func (e *Engine) fillCatalog(ctx context.Context, cat *catalog.Catalog, rep *Reb
 		if err != nil {
 			return nil
 		}
-		data, err := upload.ReadAll(ctx, e.store, oi.Name)
+		data, err := upload.ReadAllMax(ctx, e.store, oi.Name, delta.MaxRecordSize)
 		if err != nil {
 			return err
 		}
@@ -149,9 +149,15 @@ func (e *Engine) fillCatalog(ctx context.Context, cat *catalog.Catalog, rep *Reb
 	if err := cat.AddRefCounts(ctx, refcounts); err != nil {
 		return err
 	}
+	// A sandbox removed here whose removal has not reached the bucket yet
+	// is still there remotely: the old catalog's queue says it is gone.
+	deleting := e.pendingDeletes(ctx)
 	var sbs []*delta.Sandbox
 	err = e.store.List(ctx, delta.SandboxPrefix, func(oi upload.ObjectInfo) error {
-		data, err := upload.ReadAll(ctx, e.store, oi.Name)
+		if deleting[oi.Name] {
+			return nil
+		}
+		data, err := upload.ReadAllMax(ctx, e.store, oi.Name, delta.MaxSmallObject)
 		if err != nil {
 			return err
 		}
@@ -172,7 +178,10 @@ func (e *Engine) fillCatalog(ctx context.Context, cat *catalog.Catalog, rep *Reb
 		prefix string
 	}{{delta.RefHead, delta.HeadPrefix}, {delta.RefTag, delta.TagPrefix}} {
 		err = e.store.List(ctx, k.prefix, func(oi upload.ObjectInfo) error {
-			data, err := upload.ReadAll(ctx, e.store, oi.Name)
+			if deleting[oi.Name] {
+				return nil
+			}
+			data, err := upload.ReadAllMax(ctx, e.store, oi.Name, delta.MaxSmallObject)
 			if err != nil {
 				return err
 			}
@@ -209,6 +218,26 @@ func (e *Engine) fillCatalog(ctx context.Context, cat *catalog.Catalog, rep *Reb
 		}
 		return nil
 	})
+}
+
+// pendingDeletes names the objects the old catalog's upload queue still has
+// to delete remotely. An unreadable old catalog gives none: the bucket is
+// then all there is to go by.
+func (e *Engine) pendingDeletes(ctx context.Context) map[string]bool {
+	out := map[string]bool{}
+	if e.cat == nil || e.remote == nil {
+		return out
+	}
+	e.cat.View(ctx, func(tx *catalog.Tx) error {
+		all, err := tx.PendingUploads("")
+		for _, p := range all {
+			if p.Delete {
+				out[p.Name] = true
+			}
+		}
+		return err
+	})
+	return out
 }
 
 // readPackHeader reads a pack's header from the local copy, or straight from

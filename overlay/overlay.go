@@ -69,9 +69,14 @@ func Create(ctx context.Context, dir, lower string, tree delta.ID, loader delta.
 	}
 	r := Open(dir, lower)
 	if err := r.install(ctx, tree, loader); err != nil {
+		os.RemoveAll(dir) // nothing is mounted yet: a failed create leaves nothing
 		return nil, err
 	}
-	return r, r.Mount(ctx)
+	if err := r.Mount(ctx); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	return r, nil
 }
 
 // Path is the sandbox's root as processes see it.

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -144,13 +145,26 @@ func Translate(rel string, _ *unix.Stat_t, e *delta.Entry) (bool, error) {
 	return true, nil
 }
 
-// Restore replaces the writable layer by tree: unmount, build a complete new
-// generation, verify it by re-deriving its tree, switch, remount.
+// Restore replaces the writable layer by tree. The new layer is built and
+// verified beside the live one while the root stays mounted and untouched;
+// only then is the root unmounted, switched with one rename and mounted
+// again, so a failed restore (a full disk, a corrupt object) leaves the
+// live root exactly as it was, and a killed one leaves the old layer or the
+// new one, never a mix.
 func (r *Root) Restore(ctx context.Context, tree delta.ID, loader delta.BlobLoader) error {
-	if err := r.Unmount(ctx); err != nil {
+	g, err := r.build(ctx, tree, loader)
+	if err != nil {
 		return err
 	}
-	if err := r.install(ctx, tree, loader); err != nil {
+	if err := r.Unmount(ctx); err != nil {
+		os.RemoveAll(g)
+		return err
+	}
+	if err := r.switchTo(g); err != nil {
+		os.RemoveAll(g)
+		if merr := r.Mount(ctx); merr != nil {
+			return errors.Join(err, merr)
+		}
 		return err
 	}
 	return r.Mount(ctx)
@@ -158,9 +172,23 @@ func (r *Root) Restore(ctx context.Context, tree delta.ID, loader delta.BlobLoad
 
 // install materialises tree as a new generation and makes it current.
 func (r *Root) install(ctx context.Context, tree delta.ID, loader delta.BlobLoader) error {
+	g, err := r.build(ctx, tree, loader)
+	if err != nil {
+		return err
+	}
+	if err := r.switchTo(g); err != nil {
+		os.RemoveAll(g)
+		return err
+	}
+	return nil
+}
+
+// build materialises tree as a new, verified generation that is not yet
+// current, and returns its directory.
+func (r *Root) build(ctx context.Context, tree delta.ID, loader delta.BlobLoader) (string, error) {
 	g, err := os.MkdirTemp(r.dir, "gen-")
 	if err != nil {
-		return fmt.Errorf("sandbox %s: %w", r.dir, err)
+		return "", fmt.Errorf("sandbox %s: %w", r.dir, err)
 	}
 	ok := false
 	defer func() {
@@ -170,33 +198,39 @@ func (r *Root) install(ctx context.Context, tree delta.ID, loader delta.BlobLoad
 	}()
 	upper := filepath.Join(g, "upper")
 	if err := os.Mkdir(upper, 0o755); err != nil {
-		return fmt.Errorf("sandbox %s: %w", r.dir, err)
+		return "", fmt.Errorf("sandbox %s: %w", r.dir, err)
 	}
 	if err := os.Mkdir(filepath.Join(g, "work"), 0o700); err != nil {
-		return fmt.Errorf("sandbox %s: %w", r.dir, err)
+		return "", fmt.Errorf("sandbox %s: %w", r.dir, err)
 	}
 	if _, err := delta.Materialise(ctx, tree, upper, delta.ApplyOptions{Loader: loader}); err != nil {
-		return fmt.Errorf("sandbox %s: restore tree %s: %w", r.dir, tree.Short(), err)
+		return "", fmt.Errorf("sandbox %s: restore tree %s: %w", r.dir, tree.Short(), err)
 	}
 	if err := syncFS(upper); err != nil {
-		return fmt.Errorf("sandbox %s: sync: %w", r.dir, err)
+		return "", fmt.Errorf("sandbox %s: sync: %w", r.dir, err)
 	}
-	// What was written must hash back to what was asked for.
-	// The scan doubles as the new generation's cache, so the first checkpoint
-	// after a restore reads nothing it does not have to.
+	// What was written must hash back to what was asked for. The scan
+	// doubles as the new generation's cache, so the first checkpoint after a
+	// restore reads nothing it does not have to.
 	res, err := r.scanUpper(ctx, upper, nil, nil, delta.ScanOptions{Quiescent: true})
 	if err != nil {
-		return err
+		return "", err
 	}
 	if res.Root != tree {
-		return fmt.Errorf("sandbox %s: restored layer hashes to %s, checkpoint tree is %s: %w",
+		return "", fmt.Errorf("sandbox %s: restored layer hashes to %s, checkpoint tree is %s: %w",
 			r.dir, res.Root.Short(), tree.Short(), errdefs.ErrCorrupt)
 	}
 	if err := writeCacheFile(filepath.Join(g, "scan.cache"), func(w *bufio.Writer) error {
 		return delta.WriteCache(w, res.Cache)
 	}); err != nil {
-		return fmt.Errorf("sandbox %s: save scan cache: %w", r.dir, err)
+		return "", fmt.Errorf("sandbox %s: save scan cache: %w", r.dir, err)
 	}
+	ok = true
+	return g, nil
+}
+
+// switchTo makes generation g current with one rename and removes the old.
+func (r *Root) switchTo(g string) error {
 	old, _ := r.gen()
 	tmp := filepath.Join(r.dir, "current.new")
 	os.Remove(tmp)
@@ -206,7 +240,6 @@ func (r *Root) install(ctx context.Context, tree delta.ID, loader delta.BlobLoad
 	if err := os.Rename(tmp, filepath.Join(r.dir, "current")); err != nil {
 		return fmt.Errorf("sandbox %s: switch layer: %w", r.dir, err)
 	}
-	ok = true
 	if err := syncDir(r.dir); err != nil {
 		return fmt.Errorf("sandbox %s: sync: %w", r.dir, err)
 	}
