@@ -28,6 +28,10 @@ type Lock struct {
 	Created time.Time `json:"created"`
 }
 
+// MaxSmallObject bounds what a reader accepts for a ref, a sandbox object
+// or a lock (docs/FORMAT.md, "Limits").
+const MaxSmallObject = 64 << 10
+
 // RecordName is the store name of the record whose hash is id.
 func RecordName(id ID) string { return RecordPrefix + id.String() }
 

@@ -66,8 +66,8 @@ func GenerateKeyFile(path string) (string, error) {
 	return m.ID(), f.Close()
 }
 
-func (e *Engine) catalogOptions() catalog.Options {
-	return catalog.Options{Logger: e.log, EncryptionKey: e.keys.CatalogKey()}
+func (e *Engine) catalogOptions(readOnly bool) catalog.Options {
+	return catalog.Options{Logger: e.log, EncryptionKey: e.keys.CatalogKey(), ReadOnly: readOnly}
 }
 
 // loadKeys opens the data key named by the configuration, from the local
@@ -244,7 +244,7 @@ func (e *Engine) setUpEncryption(ctx context.Context, keyFile string) error {
 		return err
 	}
 	e.keys = k
-	if e.cat, err = catalog.Open(ctx, e.home.catalogDir(), e.catalogOptions()); err != nil {
+	if e.cat, err = catalog.Open(ctx, e.home.catalogDir(), e.catalogOptions(false)); err != nil {
 		return err
 	}
 	c := *e.config

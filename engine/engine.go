@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -36,6 +37,14 @@ type Options struct {
 	// Progress, if set, is called from time to time during long operations
 	// with the work done so far.
 	Progress func(Progress)
+	// AtPhase, if set, is called as a checkpoint reaches each phase
+	// (PhaseFreeze ... PhaseCommit): tests stop turnsnap there to kill it
+	// at a known point.
+	AtPhase func(phase string)
+	// ReadOnly opens the home for commands that only read (log, status,
+	// sandbox list, verify): nothing in the home is written, so they work on
+	// a full or read-only filesystem. Anything that writes fails.
+	ReadOnly bool
 }
 
 // DefaultLockWait lets short commands queue behind each other (a checkpoint
@@ -71,7 +80,8 @@ type Engine struct {
 	sandboxes sandboxLocks
 	baseMu    sync.Mutex
 	commitMu  sync.Mutex
-	procCRIU  string // CRIU binary; "" means proc's default
+	procCRIU  string       // CRIU binary; "" means proc's default
+	atPhase   func(string) // Options.AtPhase
 }
 
 // Open locks and opens the home, creating it on first use.
@@ -84,11 +94,14 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 		log = slog.Default()
 	}
 	h := home(opts.Home)
-	lock, err := lockHome(ctx, h, opts.LockWait)
+	if _, err := os.Stat(filepath.Join(h.catalogDir(), "MANIFEST")); err != nil {
+		opts.ReadOnly = false // a new home: reading it means creating it
+	}
+	lock, err := lockHome(ctx, h, opts.LockWait, opts.ReadOnly)
 	if err != nil {
 		return nil, err
 	}
-	e := &Engine{home: h, lock: lock, log: log}
+	e := &Engine{home: h, lock: lock, log: log, atPhase: opts.AtPhase}
 	ok := false
 	defer func() {
 		if !ok {
@@ -119,10 +132,17 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 		return nil, err
 	}
 	e.wireStores(e.rawLocal, e.rawRemote)
-	if err := finishRebuild(h); err != nil {
-		return nil, err
+	if !opts.ReadOnly {
+		// Before Badger writes anything: on a full filesystem its mmapped
+		// writes would kill the process instead of failing.
+		if err := e.checkRoom(0); err != nil {
+			return nil, err
+		}
+		if err := finishRebuild(h); err != nil {
+			return nil, err
+		}
 	}
-	if e.cat, err = catalog.Open(ctx, h.catalogDir(), e.catalogOptions()); err != nil {
+	if e.cat, err = catalog.Open(ctx, h.catalogDir(), e.catalogOptions(opts.ReadOnly)); err != nil {
 		return nil, err
 	}
 	if e.codec, err = delta.NewCodec(); err != nil {
@@ -132,9 +152,11 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 		e.meter = content.NewMeter(opts.Progress)
 	}
 	e.repo = content.NewSealed(e.store, e.cat, e.codec, e.meter, e.keys)
+	e.repo.SetRoomCheck(func() error { return e.checkRoom(0) })
 	e.backends = map[string]rootfs.Backend{
 		overlay.Name: overlay.NewBackend(h.basesDir()),
 	}
+	e.cleanProcWork() // process images a killed turnsnap left (procrecover.go)
 	ok = true
 	return e, nil
 }

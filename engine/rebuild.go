@@ -52,7 +52,7 @@ func (e *Engine) RebuildCatalog(ctx context.Context) (*RebuildReport, error) {
 	if err := os.RemoveAll(dir); err != nil {
 		return nil, err
 	}
-	cat, err := catalog.Open(ctx, dir, e.catalogOptions())
+	cat, err := catalog.Open(ctx, dir, e.catalogOptions(false))
 	if err != nil {
 		return nil, err
 	}
@@ -74,7 +74,7 @@ func (e *Engine) RebuildCatalog(ctx context.Context) (*RebuildReport, error) {
 	if err := finishRebuild(e.home); err != nil {
 		return nil, err
 	}
-	if e.cat, err = catalog.Open(ctx, e.home.catalogDir(), e.catalogOptions()); err != nil {
+	if e.cat, err = catalog.Open(ctx, e.home.catalogDir(), e.catalogOptions(false)); err != nil {
 		return nil, err
 	}
 	e.repo = content.NewSealed(e.store, e.cat, e.codec, e.meter, e.keys)
@@ -130,7 +130,7 @@ func (e *Engine) fillCatalog(ctx context.Context, cat *catalog.Catalog, rep *Reb
 		if err != nil {
 			return nil
 		}
-		data, err := upload.ReadAll(ctx, e.store, oi.Name)
+		data, err := upload.ReadAllMax(ctx, e.store, oi.Name, delta.MaxRecordSize)
 		if err != nil {
 			return err
 		}
@@ -152,9 +152,15 @@ func (e *Engine) fillCatalog(ctx context.Context, cat *catalog.Catalog, rep *Reb
 	if err := cat.AddRefCounts(ctx, refcounts); err != nil {
 		return err
 	}
+	// A sandbox removed here whose removal has not reached the bucket yet
+	// is still there remotely: the old catalog's queue says it is gone.
+	deleting := e.pendingDeletes(ctx)
 	var sbs []*delta.Sandbox
 	err = e.store.List(ctx, delta.SandboxPrefix, func(oi upload.ObjectInfo) error {
-		data, err := upload.ReadAll(ctx, e.store, oi.Name)
+		if deleting[oi.Name] {
+			return nil
+		}
+		data, err := upload.ReadAllMax(ctx, e.store, oi.Name, delta.MaxSmallObject)
 		if err != nil {
 			return err
 		}
@@ -175,7 +181,10 @@ func (e *Engine) fillCatalog(ctx context.Context, cat *catalog.Catalog, rep *Reb
 		prefix string
 	}{{delta.RefHead, delta.HeadPrefix}, {delta.RefTag, delta.TagPrefix}} {
 		err = e.store.List(ctx, k.prefix, func(oi upload.ObjectInfo) error {
-			data, err := upload.ReadAll(ctx, e.store, oi.Name)
+			if deleting[oi.Name] {
+				return nil
+			}
+			data, err := upload.ReadAllMax(ctx, e.store, oi.Name, delta.MaxSmallObject)
 			if err != nil {
 				return err
 			}
@@ -212,6 +221,26 @@ func (e *Engine) fillCatalog(ctx context.Context, cat *catalog.Catalog, rep *Reb
 		}
 		return nil
 	})
+}
+
+// pendingDeletes names the objects the old catalog's upload queue still has
+// to delete remotely. An unreadable old catalog gives none: the bucket is
+// then all there is to go by.
+func (e *Engine) pendingDeletes(ctx context.Context) map[string]bool {
+	out := map[string]bool{}
+	if e.cat == nil || e.remote == nil {
+		return out
+	}
+	e.cat.View(ctx, func(tx *catalog.Tx) error {
+		all, err := tx.PendingUploads("")
+		for _, p := range all {
+			if p.Delete {
+				out[p.Name] = true
+			}
+		}
+		return err
+	})
+	return out
 }
 
 // readPackHeader reads a pack's header from the local copy, or straight from

@@ -11,6 +11,7 @@ import (
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
+	"github.com/turnsnap/turnsnap/overlay"
 )
 
 // RestoreResult reports a rollback or branch.
@@ -29,8 +30,11 @@ type RestoreResult struct {
 //
 // A checkpoint with processes gets them back too, in a fresh container on
 // the restored root (files first, then processes), unless FSOnly. A host
-// that cannot restore them (CPU flags, kernel, CRIU) is refused before the
-// sandbox is touched.
+// that cannot restore them (CPU flags, kernel, CRIU), an unreadable process
+// image, an image that does not fit the files, and a device node the files
+// may not hold are all refused before the sandbox is touched: its running
+// processes are stopped only once everything that can be checked
+// beforehand has been.
 func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptions) (*RestoreResult, error) {
 	done, err := e.op(ctx, name)
 	if err != nil {
@@ -55,27 +59,62 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 		return nil, fmt.Errorf("sandbox %s: checkpoint %s was taken on another base (%s, sandbox has %s); use `turnsnap branch` instead: %w",
 			name, cp.ID.Short(), cp.BaseTree.Short(), st.head.BaseTree.Short(), errdefs.ErrPrecondition)
 	}
+	fp, err := delta.CheckState(ctx, e.repo, cp.FSTree, delta.StateRules{})
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint %s: tree %s: %w", cp.ID.Short(), cp.FSTree.Short(), err)
+	}
+	if st.sb.Backend == overlay.Name {
+		// The new layer is built in the home beside the live one, and the
+		// catalog must still be writable once it is.
+		if err := e.checkRoom(fp.Bytes); err != nil {
+			return nil, fmt.Errorf("sandbox %s: rollback to %s: %w", name, cp.ID.Short(), err)
+		}
+	}
+	// The base is shared by every sandbox on it: a damaged one is refused,
+	// not restored onto.
+	if _, err := e.checkBase(ctx, name, st.sb.Backend, cp.BaseTree, false); err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", name, err)
+	}
+	// Everything that can fail is checked before the running processes are
+	// stopped: every rule a restore applies (device nodes included), room
+	// for the new layer, the base, and the process image, read and verified
+	// into a work directory.
+	img, cleanImg := "", func() {}
+	if cp.ProcTree != nil && !o.FSOnly {
+		if img, cleanImg, err = e.processImage(ctx, cp); err != nil {
+			return nil, err
+		}
+		if err := checkImageFiles(ctx, e.repo, cp, img); err != nil {
+			cleanImg()
+			return nil, err
+		}
+	}
+	defer cleanImg()
 	if err := e.stopProcesses(ctx, name); err != nil {
 		return nil, err
 	}
+	// Root and head change in two steps; the intent makes them one for
+	// anyone who finds it (intent.go).
+	if err := e.writeIntent(name, cp.ID); err != nil {
+		return nil, err
+	}
+	e.phase("rollback: intent written")
 	if err := st.root.Restore(ctx, cp.FSTree, e.repo); err != nil {
+		// The live root is as it was (Root.Restore): nothing to finish.
+		e.clearIntent(name)
 		return nil, err
 	}
-	if err := e.putRefObject(ctx, delta.RefHead, name, cp.ID); err != nil {
-		return nil, err
+	e.phase("rollback: root switched")
+	if err := e.moveHead(ctx, name, cp.ID); err != nil {
+		return nil, err // the intent stays: the next load finishes the move
 	}
-	err = e.cat.Update(ctx, func(tx *catalog.Tx) error {
-		if err := e.queueRef(tx, name, delta.RefHead, name, cp.ID, false); err != nil {
-			return err
-		}
-		return tx.SetRef(delta.Ref{Kind: delta.RefHead, Name: name, Target: cp.ID})
-	})
-	if err != nil {
-		return nil, fmt.Errorf("sandbox %s: move head to %s: %w", name, cp.ID.Short(), err)
+	e.phase("rollback: head moved")
+	if err := e.clearIntent(name); err != nil {
+		return nil, err
 	}
 	res := &RestoreResult{Sandbox: name, Checkpoint: cp, Root: st.root.Path()}
 	if cp.ProcTree != nil && !o.FSOnly {
-		if err := e.restoreProcesses(ctx, name, st.root.Path(), cp); err != nil {
+		if err := e.restoreProcesses(ctx, name, st.root.Path(), img, cp); err != nil {
 			return nil, fmt.Errorf("files restored, processes not: %w", err)
 		}
 		res.Processes = true
@@ -143,8 +182,25 @@ func (e *Engine) Branch(ctx context.Context, ref, newName string, o BranchOption
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", newName, err)
 	}
+	if _, err := delta.CheckState(ctx, e.repo, cp.FSTree, delta.StateRules{}); err != nil {
+		return nil, fmt.Errorf("checkpoint %s: tree %s: %w", cp.ID.Short(), cp.FSTree.Short(), err)
+	}
+	img, cleanImg := "", func() {}
+	if cp.ProcTree != nil && !o.FSOnly {
+		if img, cleanImg, err = e.processImage(ctx, cp); err != nil {
+			return nil, err
+		}
+		if err := checkImageFiles(ctx, e.repo, cp, img); err != nil {
+			cleanImg()
+			return nil, err
+		}
+	}
+	defer cleanImg()
 	lower, err := e.prepareBase(ctx, be, cp.BaseTree, e.repo)
 	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", newName, err)
+	}
+	if _, err := checkBaseOn(ctx, be, cp.BaseTree, false); err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", newName, err)
 	}
 	dir := e.home.sandboxDir(newName)
@@ -163,7 +219,7 @@ func (e *Engine) Branch(ctx context.Context, ref, newName string, o BranchOption
 	}
 	res := &RestoreResult{Sandbox: newName, Checkpoint: cp, Root: root.Path()}
 	if cp.ProcTree != nil && !o.FSOnly {
-		if err := e.restoreProcesses(ctx, newName, root.Path(), cp); err != nil {
+		if err := e.restoreProcesses(ctx, newName, root.Path(), img, cp); err != nil {
 			return nil, fmt.Errorf("sandbox %s created with the files of %s, processes not: %w", newName, cp.ID.Short(), err)
 		}
 		res.Processes = true

@@ -10,6 +10,8 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -27,7 +29,8 @@ const (
 	exitPrecondition = 5
 	exitUnavailable  = 6
 	exitCorrupt      = 7
-	exitKey          = 8
+	exitNoSpace      = 8
+	exitKey          = 9
 )
 
 func exitCode(err error) int {
@@ -48,6 +51,8 @@ func exitCode(err error) int {
 		return exitUnavailable
 	case errors.Is(err, errdefs.ErrCorrupt):
 		return exitCorrupt
+	case errors.Is(err, errdefs.ErrNoSpace), errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
+		return exitNoSpace
 	}
 	return exitError
 }
@@ -72,9 +77,22 @@ func defaultHome() string {
 // withEngine runs fn with the home opened and closed around it, showing
 // progress on a terminal while fn works.
 func (a *app) withEngine(fn func(ctx context.Context, e *engine.Engine, args []string) error) func(*cobra.Command, []string) error {
+	return a.withEngineIf(nil, fn)
+}
+
+// readOnly is withEngine for a command that only reads: it works on a full
+// or read-only home.
+func (a *app) readOnly(fn func(ctx context.Context, e *engine.Engine, args []string) error) func(*cobra.Command, []string) error {
+	return a.withEngineIf(func([]string) bool { return true }, fn)
+}
+
+// withEngineIf opens the home read-only when ro says the invocation only
+// reads (ro nil: never).
+func (a *app) withEngineIf(ro func(args []string) bool, fn func(ctx context.Context, e *engine.Engine, args []string) error) func(*cobra.Command, []string) error {
 	return func(cmd *cobra.Command, args []string) error {
 		ctx := cmd.Context()
-		opts := engine.Options{Home: a.home, LockWait: a.lockWait, Logger: a.log}
+		opts := engine.Options{Home: a.home, LockWait: a.lockWait, Logger: a.log, AtPhase: blockAtPhase(),
+			ReadOnly: ro != nil && ro(args)}
 		pr := a.newProgress(ctx)
 		if pr != nil {
 			opts.Progress = pr.update
@@ -92,6 +110,28 @@ func (a *app) withEngine(fn func(ctx context.Context, e *engine.Engine, args []s
 }
 
 func (a *app) stdout() io.Writer { return a.w }
+
+// blockAtPhaseEnv is a test hook: TURNSNAP_TEST_BLOCK_AT=PHASE:FILE makes a
+// checkpoint create FILE and then block for ever when it reaches PHASE
+// (engine.PhaseFreeze ... engine.PhaseCommit), so a test can SIGKILL
+// turnsnap at exactly that point.
+const blockAtPhaseEnv = "TURNSNAP_TEST_BLOCK_AT"
+
+func blockAtPhase() func(string) {
+	phase, file, ok := strings.Cut(os.Getenv(blockAtPhaseEnv), ":")
+	if !ok || file == "" {
+		return nil
+	}
+	return func(p string) {
+		if p != phase {
+			return
+		}
+		os.WriteFile(file, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o600)
+		for {
+			time.Sleep(time.Hour)
+		}
+	}
+}
 
 func newRoot() *cobra.Command {
 	a := &app{}

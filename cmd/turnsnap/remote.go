@@ -32,7 +32,7 @@ data key that PATH's master key wraps (docs/FORMAT.md, docs/SECURITY.md),
 and the local catalog is encrypted too. A new store gets a new data key; a
 bucket that is already encrypted must be opened by its key, so a second
 host runs the same init with the same key file, then 'catalog rebuild'.
-Without the key, an encrypted store fails with exit code 8.`,
+Without the key, an encrypted store fails with exit code 9.`,
 		Args: cobra.NoArgs,
 	}
 	c.RunE = a.withEngine(func(ctx context.Context, e *engine.Engine, _ []string) error {
@@ -124,7 +124,7 @@ func (a *app) statusCmd() *cobra.Command {
 		Use:   "status",
 		Short: "Show what is still waiting for the remote store, per sandbox",
 		Args:  cobra.NoArgs,
-		RunE: a.withEngine(func(ctx context.Context, e *engine.Engine, _ []string) error {
+		RunE: a.readOnly(func(ctx context.Context, e *engine.Engine, _ []string) error {
 			r, err := e.Status(ctx)
 			if err != nil {
 				return err

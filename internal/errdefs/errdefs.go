@@ -23,6 +23,10 @@ var (
 	// ErrCorrupt: stored data does not match its hash or cannot be decoded.
 	// Never retried, never ignored.
 	ErrCorrupt = errors.New("corrupt data")
+	// ErrNoSpace: a filesystem turnsnap writes to (the home, a sandbox's
+	// root) is full or out of inodes. Nothing half-written is kept; the
+	// same command succeeds once space is freed.
+	ErrNoSpace = errors.New("no space left")
 	// ErrKey: the store is encrypted and no key, or not its key, was given
 	// (or an object does not open with the store's key).
 	ErrKey = errors.New("missing or wrong key")
