@@ -61,6 +61,11 @@ func (e *Engine) GC(ctx context.Context, opts GCOptions) (*GCReport, error) {
 			return nil, err
 		}
 		defer lock.Release(ctx)
+		// Deleting under a lock that others may take for stale would
+		// race their uploads: a lost lock cancels the gc.
+		var cancel context.CancelFunc
+		ctx, cancel = lock.Context(ctx)
+		defer cancel()
 	}
 	// Every pack's header: where each blob lives, on this host or not.
 	type packInfo struct {
@@ -175,7 +180,7 @@ func (e *Engine) deletePack(ctx context.Context, id delta.ID, entries []delta.Pa
 	}
 	return e.cat.Update(ctx, func(tx *catalog.Tx) error {
 		// A pruned checkpoint's packs may still be queued for upload.
-		if err := dequeue(tx, "", name); err != nil {
+		if _, err := tx.DequeueNames(map[string]bool{name: true}); err != nil {
 			return err
 		}
 		for _, en := range entries {
@@ -191,21 +196,4 @@ func (e *Engine) deletePack(ctx context.Context, id delta.ID, entries []delta.Pa
 		}
 		return nil
 	})
-}
-
-// dequeue drops queued uploads of an object that no longer needs uploading
-// (sandbox "" searches every sandbox's queue).
-func dequeue(tx *catalog.Tx, sandbox, name string) error {
-	pending, err := tx.PendingUploads(sandbox)
-	if err != nil {
-		return err
-	}
-	for _, p := range pending {
-		if p.Name == name {
-			if err := tx.UploadDone(p); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
 }

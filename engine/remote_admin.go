@@ -12,6 +12,7 @@ import (
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/engine/content"
+	"github.com/turnsnap/turnsnap/engine/remote"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/upload"
 )
@@ -45,6 +46,17 @@ func (e *Engine) Init(ctx context.Context, rc RemoteConfig) (*InitReport, error)
 		return nil, fmt.Errorf("remote %s: %w", rc.URL, err)
 	}
 	remote := upload.WithRetry(s3, upload.RetryPolicy{Logger: e.log})
+	// Queue first, configure after: a home whose config names a remote
+	// must have its whole history queued, or `status` would report as sent
+	// what was never queued. An init that fails midway leaves no remote and
+	// a partial queue, which the next init completes.
+	s := e.syncer()
+	s.Remote, s.URL = remote, rc.URL
+	rep := &InitReport{Remote: rc.URL}
+	rep.Queued, rep.QueuedBytes, err = s.Backfill(ctx, e.cat)
+	if err != nil {
+		return nil, err
+	}
 	c := *e.config
 	c.Remote = &rc
 	if err := saveConfig(e.home, &c); err != nil {
@@ -53,11 +65,6 @@ func (e *Engine) Init(ctx context.Context, rc RemoteConfig) (*InitReport, error)
 	e.config, e.remote = &c, remote
 	e.store = upload.NewTiered(e.local, e.remote)
 	e.repo = content.New(e.store, e.cat, e.codec, e.meter)
-	rep := &InitReport{Remote: rc.URL}
-	rep.Queued, rep.QueuedBytes, err = e.syncer().Backfill(ctx, e.cat)
-	if err != nil {
-		return nil, err
-	}
 	return rep, nil
 }
 
@@ -167,4 +174,28 @@ func (e *Engine) Status(ctx context.Context) (*StatusReport, error) {
 		return nil
 	})
 	return rep, err
+}
+
+// LockInfo is one lock object of the bucket (see remote.LockInfo).
+type LockInfo = remote.LockInfo
+
+// Unlock removes the bucket's stale lock objects, or with all every lock
+// object (only when no push or gc runs on any host).
+func (e *Engine) Unlock(ctx context.Context, all bool) ([]LockInfo, error) {
+	defer e.shared()()
+	if e.remote == nil {
+		return nil, errNoRemote
+	}
+	return e.syncer().Unlock(ctx, all)
+}
+
+// Locks lists the bucket's lock objects.
+func (e *Engine) Locks(ctx context.Context) ([]LockInfo, error) {
+	defer e.shared()()
+	if e.remote == nil {
+		return nil, errNoRemote
+	}
+	var out []LockInfo
+	err := e.syncer().ListLocks(ctx, func(li LockInfo) error { out = append(out, li); return nil })
+	return out, err
 }
