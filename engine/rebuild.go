@@ -131,7 +131,7 @@ func (rb *rebuilder) bad(name string, err error) error {
 	if !errors.Is(err, errdefs.ErrCorrupt) {
 		err = fmt.Errorf("%w: %w", err, errdefs.ErrCorrupt)
 	}
-	if !strings.Contains(err.Error(), name) {
+	if _, base, _ := strings.Cut(name, "/"); !strings.Contains(err.Error(), base) {
 		err = fmt.Errorf("object %s: %w", name, err)
 	}
 	if !rb.opts.SkipCorrupt {
