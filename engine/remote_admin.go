@@ -76,8 +76,11 @@ type SandboxStatus struct {
 	// StoredBytes is what the sandbox's checkpoints added to the store in
 	// all, the scale against which PendingBytes is progress.
 	StoredBytes int64 `json:"stored_bytes"`
-	// Checkpoints not yet remotely durable (their record is queued).
+	// Checkpoints not yet remotely durable (their record is queued), of
+	// Checkpoints in all: the share that is durable is the upload progress
+	// that matters (a checkpoint is remotely durable once its record is).
 	PendingCheckpoints int `json:"pending_checkpoints"`
+	Checkpoints        int `json:"checkpoints"`
 }
 
 // StatusReport is the state of this home's remote durability.
@@ -154,6 +157,7 @@ func (e *Engine) Status(ctx context.Context) (*StatusReport, error) {
 			if err != nil {
 				return err
 			}
+			s.Checkpoints += len(cps)
 			for _, cp := range cps {
 				s.StoredBytes += cp.Stats.BytesNew
 			}
