@@ -45,6 +45,11 @@ bench: deps
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzDecodeTree -fuzztime 60s ./delta
 	$(GO) test -run '^$$' -fuzz FuzzParsePackHeader -fuzztime 60s ./delta
+	$(GO) test -run '^$$' -fuzz FuzzParseRequest -fuzztime 60s ./engine/llmproxy
+	$(GO) test -run '^$$' -fuzz FuzzCanonMatchesReference -fuzztime 60s ./engine/llmproxy
+	$(GO) test -run '^$$' -fuzz FuzzDecodeEntry -fuzztime 60s ./engine/llmproxy
+	$(GO) test -run '^$$' -fuzz FuzzProcText -fuzztime 60s ./proc
+	$(GO) test -run '^$$' -fuzz FuzzImageFiles -fuzztime 60s ./proc
 
 clean:
 	rm -rf bin

@@ -18,7 +18,8 @@ const OpaqueXattr = "trusted.overlay.opaque"
 // ApplyOptions configures Materialise.
 type ApplyOptions struct {
 	Loader BlobLoader
-	// AllowDevices permits creating character and block device nodes. Off by
+	// AllowDevices permits creating any character and block device node; without
+	// it only those CheckDevice passes are made. Off by
 	// default: a checkpoint is data from storage, and a device node restored
 	// into a sandbox is a way out of it. Whiteouts (0:0) are always allowed.
 	AllowDevices bool
@@ -119,8 +120,9 @@ func (a *applier) entry(ctx context.Context, rel string, e *Entry) error {
 		}
 	case TypeCharDev, TypeBlockDev:
 		if !a.opts.AllowDevices {
-			return fail(fmt.Errorf("device node %d:%d refused (devices are not allowed): %w",
-				unix.Major(e.Rdev), unix.Minor(e.Rdev), errdefs.ErrPrecondition))
+			if err := CheckDevice(*e); err != nil {
+				return fail(err)
+			}
 		}
 		kind := uint32(unix.S_IFCHR)
 		if e.Type == TypeBlockDev {

@@ -207,7 +207,7 @@ func TestMaterialiseRefusesDevicesAndCorruption(t *testing.T) {
 	requireRoot(t)
 	ctx := context.Background()
 	mem := newMem()
-	dev := &Tree{Entries: []Entry{{Name: "null", Type: TypeCharDev, Mode: 0o666, Rdev: unix.Mkdev(1, 3)}}}
+	dev := &Tree{Entries: []Entry{{Name: "sda", Type: TypeBlockDev, Mode: 0o660, Rdev: unix.Mkdev(8, 0)}}}
 	data := dev.Encode()
 	id := Hash(data)
 	mem.SaveBlob(ctx, BlobTree, id, data)

@@ -113,9 +113,10 @@ func (l *layerApplier) entry(ctx context.Context, dirFD int, rel string, e *Entr
 		}
 	case TypeFIFO, TypeSocket, TypeCharDev, TypeBlockDev:
 		kind := map[Type]uint32{TypeFIFO: unix.S_IFIFO, TypeSocket: unix.S_IFSOCK, TypeCharDev: unix.S_IFCHR, TypeBlockDev: unix.S_IFBLK}[e.Type]
-		if (e.Type == TypeCharDev || e.Type == TypeBlockDev) && !l.opts.AllowDevices {
-			return fmt.Errorf("device node %d:%d refused (devices are not allowed): %w",
-				unix.Major(e.Rdev), unix.Minor(e.Rdev), errdefs.ErrPrecondition)
+		if !l.opts.AllowDevices {
+			if err := CheckDevice(*e); err != nil {
+				return err
+			}
 		}
 		if err := unix.Mknodat(dirFD, e.Name, kind|0o600, int(e.Rdev)); err != nil {
 			return err

@@ -144,7 +144,7 @@ func TestApplyLayerRefusesDevicesAndCorruption(t *testing.T) {
 	tmp := t.TempDir()
 	src := filepath.Join(tmp, "src")
 	must(t, os.Mkdir(src, 0o755))
-	must(t, unix.Mknod(filepath.Join(src, "tty"), unix.S_IFCHR|0o600, int(unix.Mkdev(5, 0))))
+	must(t, unix.Mknod(filepath.Join(src, "sda"), unix.S_IFBLK|0o600, int(unix.Mkdev(8, 0))))
 	store := newMem()
 	res, err := Scan(ctx, src, ScanOptions{Saver: store})
 	must(t, err)
@@ -154,7 +154,7 @@ func TestApplyLayerRefusesDevicesAndCorruption(t *testing.T) {
 		t.Fatalf("device node applied without AllowDevices: %v", err)
 	}
 
-	must(t, os.Remove(filepath.Join(src, "tty")))
+	must(t, os.Remove(filepath.Join(src, "sda")))
 	must(t, os.WriteFile(filepath.Join(src, "f"), []byte("content"), 0o644))
 	res, err = Scan(ctx, src, ScanOptions{Saver: store})
 	must(t, err)

@@ -70,17 +70,18 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 		}
 	}
 	defer resume()
-	res, err := st.root.Scan(ctx, op)
+	res, err := st.root.Scan(ctx, deviceGuard{op})
 	if err != nil {
 		return nil, err
 	}
 	if rescan, err := e.confirmIdle(ctx, name, pt, st.head); err != nil {
 		return nil, err
 	} else if rescan {
-		if res, err = st.root.Scan(ctx, op); err != nil {
+		if res, err = st.root.Scan(ctx, deviceGuard{op}); err != nil {
 			return nil, err
 		}
 	}
+	e.phase(PhaseScan)
 	turn := st.head.Turn + 1
 	if opts.Turn != nil {
 		turn = *opts.Turn
@@ -107,7 +108,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	procTree, host := st.head.ProcTree, st.head.Host
 	if pt.changed {
 		procTree, host = nil, nil
-		if pt.running && len(pt.cur.Procs) > 0 {
+		if pt.running && pt.cur.NeedsImage() {
 			storeImage, err := e.dump(ctx, name, op)
 			if err != nil {
 				return nil, err
@@ -129,6 +130,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	}
 	cp.Stats.DurationNs = time.Since(start).Nanoseconds()
 	cp.Stats.PauseNs = pt.paused.Nanoseconds()
+	e.phase(PhaseCommit)
 	if err := e.commit(ctx, op, cp, nil, cp.Roots()); err != nil {
 		return nil, err
 	}

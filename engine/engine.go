@@ -36,6 +36,10 @@ type Options struct {
 	// Progress, if set, is called from time to time during long operations
 	// with the work done so far.
 	Progress func(Progress)
+	// AtPhase, if set, is called as a checkpoint reaches each phase
+	// (PhaseFreeze ... PhaseCommit): tests stop turnsnap there to kill it
+	// at a known point.
+	AtPhase func(phase string)
 }
 
 // DefaultLockWait lets short commands queue behind each other (a checkpoint
@@ -67,7 +71,8 @@ type Engine struct {
 	sandboxes sandboxLocks
 	baseMu    sync.Mutex
 	commitMu  sync.Mutex
-	procCRIU  string // CRIU binary; "" means proc's default
+	procCRIU  string       // CRIU binary; "" means proc's default
+	atPhase   func(string) // Options.AtPhase
 }
 
 // Open locks and opens the home, creating it on first use.
@@ -84,7 +89,7 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &Engine{home: h, lock: lock, log: log}
+	e := &Engine{home: h, lock: lock, log: log, atPhase: opts.AtPhase}
 	ok := false
 	defer func() {
 		if !ok {
@@ -138,6 +143,7 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	e.backends = map[string]rootfs.Backend{
 		overlay.Name: overlay.NewBackend(h.basesDir()),
 	}
+	e.cleanProcWork() // process images a killed turnsnap left (procrecover.go)
 	ok = true
 	return e, nil
 }

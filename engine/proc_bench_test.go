@@ -82,3 +82,64 @@ func BenchmarkProcessCheckpoint(b *testing.B) {
 	b.ReportMetric(float64(redumpNew.Milliseconds())/n, "redump-checkpoint-ms")
 	b.ReportMetric(float64(restores.Milliseconds())/n, "rollback-with-processes-ms")
 }
+
+// BenchmarkSkipTurnWithContainer measures a turn that changed nothing, as
+// the CLI runs it: open the home, checkpoint (class skip), close. With a
+// container running, every fresh Engine needs the process runtime; the
+// host probe of runc and CRIU is cached in the home, keyed by the binaries'
+// identity. Baselines in the same run: the same turn with the cache removed
+// before each turn (the probe runs every time, as before the cache), and a
+// sandbox without a container.
+func BenchmarkSkipTurnWithContainer(b *testing.B) {
+	requireProcs(b)
+	ctx := context.Background()
+	base := busyboxBase(b)
+	setup := func(b *testing.B, container bool) string {
+		home := filepath.Join(b.TempDir(), "home")
+		e, err := Open(ctx, Options{Home: home})
+		must(b, err)
+		_, err = e.CreateSandbox(ctx, "s", CreateOptions{Base: base})
+		must(b, err)
+		if container {
+			_, err = e.Exec(ctx, "s", []string{"sh", "-c", "while true; do sleep 3600; done"}, ExecOptions{Detach: true})
+			must(b, err)
+		}
+		_, err = e.Checkpoint(ctx, "s", CheckpointOptions{})
+		must(b, err)
+		must(b, e.Close())
+		b.Cleanup(func() {
+			e, err := Open(ctx, Options{Home: home})
+			if err == nil {
+				e.RemoveSandbox(ctx, "s")
+				e.Close()
+			}
+		})
+		return home
+	}
+	turn := func(b *testing.B, home string) {
+		e, err := Open(ctx, Options{Home: home})
+		must(b, err)
+		r, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
+		must(b, err)
+		if r.Class != delta.ClassSkip {
+			b.Fatalf("idle turn classed %s (%s)", r.Class, r.ProcessChange)
+		}
+		must(b, e.Close())
+	}
+	for _, c := range []struct {
+		name      string
+		container bool
+		cached    bool
+	}{{"no-container", false, true}, {"container-uncached-probe", true, false}, {"container-cached-probe", true, true}} {
+		b.Run(c.name, func(b *testing.B) {
+			home := setup(b, c.container)
+			cache := filepath.Join(home, "proc", "host-probe.json")
+			for b.Loop() {
+				if !c.cached {
+					os.Remove(cache)
+				}
+				turn(b, home)
+			}
+		})
+	}
+}

@@ -25,54 +25,83 @@ import (
 // checkpoint are one instant. The image directory is stored like any
 // directory: chunked, deduplicated, packed, a tree (the record's proc_tree).
 
-func containerID(sandbox string) string { return "turnsnap-" + sandbox }
+// scope names the home on this host: a short hash of its path. It goes into
+// container ids and, through the runtime's state root, cgroup paths, so two
+// homes with a sandbox of the same name never share a container, a cgroup
+// or a freeze.
+func (h home) scope() string {
+	sum := sha256.Sum256([]byte(h))
+	return hex.EncodeToString(sum[:6])
+}
+
+// containerID is the runc id of a sandbox's container: ts-SCOPE-NAME.
+func (h home) containerID(sandbox string) string { return "ts-" + h.scope() + "-" + sandbox }
 
 // procStateRoot keeps runc's state on tmpfs (it does not survive a reboot
 // anyway), one directory per home so homes never see each other's
 // containers.
-func (h home) procStateRoot() string {
-	sum := sha256.Sum256([]byte(h))
-	return filepath.Join("/run/turnsnap", hex.EncodeToString(sum[:6]))
-}
+func (h home) procStateRoot() string { return filepath.Join("/run/turnsnap", h.scope()) }
+
+// procDir holds the home's process bookkeeping: baselines, the cached host
+// probe, and work/ for process images on their way to or from the store
+// (process memory, so secrets: 0700, and leftovers of a killed turnsnap are
+// removed by the next command, see cleanProcWork).
+func (h home) procDir() string     { return filepath.Join(string(h), "proc") }
+func (h home) procWorkDir() string { return filepath.Join(h.procDir(), "work") }
 
 func (h home) baselineFile(sandbox string) string {
-	return filepath.Join(string(h), "proc", sandbox+".baseline.json")
+	return filepath.Join(h.procDir(), sandbox+".baseline.json")
 }
 
-// runtime returns the process runtime, probing runc and CRIU on first use:
-// sandboxes that never run processes never need either.
+// runtime returns the process runtime, made on first use: sandboxes that
+// never run processes never need runc or CRIU. The host probe is cached in
+// the home (proc.Config.ProbeCache), so a turn pays for it only after runc,
+// CRIU or the kernel changed.
 func (e *Engine) runtime(ctx context.Context) (*proc.Runtime, error) {
 	e.rtMu.Lock()
 	defer e.rtMu.Unlock()
 	if e.rt != nil {
 		return e.rt, nil
 	}
-	rt, err := proc.New(ctx, proc.Config{StateRoot: e.home.procStateRoot(), CRIU: e.procCRIU, Logger: e.log})
+	if err := ensurePrivateDir(e.home.procWorkDir()); err != nil {
+		return nil, fmt.Errorf("home %s: %w", e.home, err)
+	}
+	rt, err := proc.New(ctx, proc.Config{StateRoot: e.home.procStateRoot(), CRIU: e.procCRIU, Logger: e.log,
+		ProbeCache: filepath.Join(e.home.procDir(), "host-probe.json")})
 	if err != nil {
 		return nil, fmt.Errorf("process runtime: %w", err)
 	}
 	e.rt = rt
+	e.cleanProcWork()
 	return rt, nil
 }
 
 // containerRunning reports whether the sandbox's container exists and runs
-// (or is paused). It needs no runtime when no container was ever started.
+// (or is paused). It needs no runtime when no container was ever started,
+// and spawns nothing. A container left frozen by a turnsnap that died is
+// resumed here (recoverFreeze), so every command on the sandbox heals it.
 func (e *Engine) containerRunning(ctx context.Context, sandbox string) (bool, error) {
-	if _, err := os.Stat(filepath.Join(e.home.procStateRoot(), "runc", containerID(sandbox))); err != nil {
+	id := e.home.containerID(sandbox)
+	if _, err := os.Stat(filepath.Join(e.home.procStateRoot(), "runc", id)); err != nil {
 		return false, nil
 	}
 	rt, err := e.runtime(ctx)
 	if err != nil {
 		return false, err
 	}
-	st, err := rt.State(ctx, containerID(sandbox))
+	st, err := rt.Status(id)
 	if errors.Is(err, errdefs.ErrNotFound) {
 		return false, nil
 	}
 	if err != nil {
-		return false, err
+		return false, fmt.Errorf("sandbox %s: %w", sandbox, err)
 	}
-	return st.Status == proc.Running || st.Status == proc.Paused, nil
+	if st == proc.Paused {
+		if _, err := e.recoverFreeze(ctx, sandbox); err != nil {
+			return false, err
+		}
+	}
+	return st == proc.Running || st == proc.Paused, nil
 }
 
 // ExecOptions configures Exec.
@@ -117,7 +146,13 @@ func (e *Engine) PrepareExec(ctx context.Context, name string) (ExecFunc, error)
 	if err != nil {
 		return nil, err
 	}
-	id := containerID(name)
+	id := e.home.containerID(name)
+	if running {
+		if fs, err := rt.Freeze(id); err == nil && fs.Frozen {
+			return nil, fmt.Errorf("sandbox %s: its container is frozen by %s (a checkpoint in progress?); wait, or thaw it with `turnsnap sandbox resume %s`: %w",
+				name, freezeHolder(fs), name, errdefs.ErrPrecondition)
+		}
+	}
 	if !running {
 		rt.Delete(ctx, id) // a stopped leftover, if any
 		if err := rt.Start(ctx, id, st.root.Path(), proc.StartOptions{}); err != nil {
@@ -182,7 +217,7 @@ func (e *Engine) beginProcTurn(ctx context.Context, name string, head *delta.Che
 	}
 	rt, _ := e.runtime(ctx)
 	pt.running = true
-	if pt.cur, err = rt.Snapshot(ctx, containerID(name)); err != nil {
+	if pt.cur, err = rt.Snapshot(ctx, e.home.containerID(name)); err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", name, err)
 	}
 	pt.changed, pt.reason = e.procsChanged(name, pt.cur, head)
@@ -193,10 +228,13 @@ func (e *Engine) beginProcTurn(ctx context.Context, name string, head *delta.Che
 }
 
 func (e *Engine) procsChanged(name string, cur proc.ProcSet, head *delta.Checkpoint) (bool, string) {
-	if len(cur.Procs) == 0 {
+	if !cur.NeedsImage() {
 		return head.ProcTree != nil, "long-lived processes ended"
 	}
 	if head.ProcTree == nil {
+		if len(cur.Procs) == 0 {
+			return true, "files in the container's tmpfs (/dev, /dev/shm) not yet in any checkpoint"
+		}
 		return true, "processes not yet in any checkpoint"
 	}
 	return proc.Changed(e.loadBaseline(name), cur)
@@ -205,11 +243,12 @@ func (e *Engine) procsChanged(name string, cur proc.ProcSet, head *delta.Checkpo
 // pauseTurn freezes the container for the cut; pt.resume thaws it.
 func (e *Engine) pauseTurn(ctx context.Context, name string, pt *procTurn) error {
 	rt, _ := e.runtime(ctx)
-	id := containerID(name)
+	id := e.home.containerID(name)
 	start := time.Now()
 	if err := rt.Pause(ctx, id); err != nil {
 		return fmt.Errorf("sandbox %s: pause for a consistent cut: %w", name, err)
 	}
+	e.phase(PhaseFreeze)
 	pt.resume = func() {
 		if err := rt.Resume(context.WithoutCancel(ctx), id); err != nil {
 			e.log.Error("resume after checkpoint failed", "sandbox", name, "err", err)
@@ -228,7 +267,7 @@ func (e *Engine) confirmIdle(ctx context.Context, name string, pt *procTurn, hea
 		return false, nil
 	}
 	rt, _ := e.runtime(ctx)
-	cur, err := rt.Snapshot(ctx, containerID(name))
+	cur, err := rt.Snapshot(ctx, e.home.containerID(name))
 	if err != nil {
 		return false, fmt.Errorf("sandbox %s: %w", name, err)
 	}
@@ -247,17 +286,19 @@ func (e *Engine) confirmIdle(ctx context.Context, name string, pt *procTurn, hea
 // processes should not spend frozen.
 func (e *Engine) dump(ctx context.Context, name string, saver delta.BlobSaver) (store func() (delta.ID, json.RawMessage, error), err error) {
 	rt, _ := e.runtime(ctx)
-	dir, err := os.MkdirTemp("", "turnsnap-image-")
+	dir, err := e.procWork("image")
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("sandbox %s: %w", name, err)
 	}
-	meta, err := rt.Checkpoint(ctx, containerID(name), filepath.Join(dir, "img"), proc.DumpOptions{})
+	meta, err := rt.Checkpoint(ctx, e.home.containerID(name), filepath.Join(dir, "img"), proc.DumpOptions{})
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("sandbox %s: %w", name, err)
 	}
+	e.phase(PhaseDump)
 	return func() (delta.ID, json.RawMessage, error) {
 		defer os.RemoveAll(dir)
+		e.phase(PhaseStore)
 		res, err := delta.Scan(ctx, filepath.Join(dir, "img"), delta.ScanOptions{Saver: saver, Quiescent: true})
 		if err != nil {
 			return delta.ID{}, nil, fmt.Errorf("sandbox %s: store process image: %w", name, err)
@@ -273,7 +314,7 @@ func (e *Engine) settle(ctx context.Context, name string) {
 	if err != nil {
 		return
 	}
-	set, err := rt.Baseline(ctx, containerID(name))
+	set, err := rt.Baseline(ctx, e.home.containerID(name))
 	if err != nil {
 		e.log.Warn("process baseline", "sandbox", name, "err", err)
 		return
@@ -321,34 +362,45 @@ func (e *Engine) stopProcesses(ctx context.Context, name string) error {
 		return err
 	}
 	rt, _ := e.runtime(ctx)
-	if err := rt.Delete(ctx, containerID(name)); err != nil {
+	if err := rt.Delete(ctx, e.home.containerID(name)); err != nil {
 		return fmt.Errorf("sandbox %s: stop processes: %w", name, err)
 	}
 	os.Remove(e.home.baselineFile(name))
 	return nil
 }
 
+// processImage materialises checkpoint cp's process image into a work
+// directory, verifying every chunk, and returns it with a function that
+// removes it. Rollback and branch call it before they touch the sandbox:
+// an image that cannot be read must not cost the running processes.
+func (e *Engine) processImage(ctx context.Context, cp *delta.Checkpoint) (string, func(), error) {
+	dir, err := e.procWork("restore")
+	if err != nil {
+		return "", nil, fmt.Errorf("checkpoint %s: %w", cp.ID.Short(), err)
+	}
+	done := func() { os.RemoveAll(dir) }
+	img := filepath.Join(dir, "img")
+	if err := os.Mkdir(img, 0o700); err != nil {
+		done()
+		return "", nil, err
+	}
+	if _, err := delta.Materialise(ctx, *cp.ProcTree, img, delta.ApplyOptions{Loader: e.repo}); err != nil {
+		done()
+		return "", nil, fmt.Errorf("checkpoint %s: process image: %w", cp.ID.Short(), err)
+	}
+	return img, done, nil
+}
+
 // restoreProcesses brings a checkpoint's processes back in the sandbox's
-// container, on its (already restored) root.
-func (e *Engine) restoreProcesses(ctx context.Context, name, root string, cp *delta.Checkpoint) error {
+// container, on its (already restored) root, from an image processImage
+// prepared.
+func (e *Engine) restoreProcesses(ctx context.Context, name, root, img string, cp *delta.Checkpoint) error {
 	rt, err := e.runtime(ctx)
 	if err != nil {
 		return err
 	}
-	dir, err := os.MkdirTemp("", "turnsnap-image-")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(dir)
-	img := filepath.Join(dir, "img")
-	if err := os.Mkdir(img, 0o700); err != nil {
-		return err
-	}
-	if _, err := delta.Materialise(ctx, *cp.ProcTree, img, delta.ApplyOptions{Loader: e.repo}); err != nil {
-		return fmt.Errorf("checkpoint %s: process image: %w", cp.ID.Short(), err)
-	}
-	rt.Delete(ctx, containerID(name))
-	if _, err := rt.Restore(ctx, containerID(name), root, img, proc.RestoreOptions{}); err != nil {
+	rt.Delete(ctx, e.home.containerID(name))
+	if _, err := rt.Restore(ctx, e.home.containerID(name), root, img, proc.RestoreOptions{}); err != nil {
 		return fmt.Errorf("sandbox %s: restore processes of %s: %w", name, cp.ID.Short(), err)
 	}
 	e.settle(ctx, name)

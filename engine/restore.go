@@ -29,8 +29,11 @@ type RestoreResult struct {
 //
 // A checkpoint with processes gets them back too, in a fresh container on
 // the restored root (files first, then processes), unless FSOnly. A host
-// that cannot restore them (CPU flags, kernel, CRIU) is refused before the
-// sandbox is touched.
+// that cannot restore them (CPU flags, kernel, CRIU), an unreadable process
+// image, an image that does not fit the files, and a device node the files
+// may not hold are all refused before the sandbox is touched: its running
+// processes are stopped only once everything that can be checked
+// beforehand has been.
 func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptions) (*RestoreResult, error) {
 	done, err := e.op(ctx, name)
 	if err != nil {
@@ -55,6 +58,23 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 		return nil, fmt.Errorf("sandbox %s: checkpoint %s was taken on another base (%s, sandbox has %s); use `turnsnap branch` instead: %w",
 			name, cp.ID.Short(), cp.BaseTree.Short(), st.head.BaseTree.Short(), errdefs.ErrPrecondition)
 	}
+	// Everything that can fail is checked before the running processes are
+	// stopped: the host, the base, the files' device nodes, and the process
+	// image, read and verified into a work directory.
+	if err := checkDevices(ctx, e.repo, cp.FSTree); err != nil {
+		return nil, fmt.Errorf("checkpoint %s: %w", cp.ID.Short(), err)
+	}
+	img, cleanImg := "", func() {}
+	if cp.ProcTree != nil && !o.FSOnly {
+		if img, cleanImg, err = e.processImage(ctx, cp); err != nil {
+			return nil, err
+		}
+		if err := checkImageFiles(ctx, e.repo, cp, img); err != nil {
+			cleanImg()
+			return nil, err
+		}
+	}
+	defer cleanImg()
 	if err := e.stopProcesses(ctx, name); err != nil {
 		return nil, err
 	}
@@ -75,7 +95,7 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 	}
 	res := &RestoreResult{Sandbox: name, Checkpoint: cp, Root: st.root.Path()}
 	if cp.ProcTree != nil && !o.FSOnly {
-		if err := e.restoreProcesses(ctx, name, st.root.Path(), cp); err != nil {
+		if err := e.restoreProcesses(ctx, name, st.root.Path(), img, cp); err != nil {
 			return nil, fmt.Errorf("files restored, processes not: %w", err)
 		}
 		res.Processes = true
@@ -143,6 +163,20 @@ func (e *Engine) Branch(ctx context.Context, ref, newName string, o BranchOption
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", newName, err)
 	}
+	if err := checkDevices(ctx, e.repo, cp.FSTree); err != nil {
+		return nil, fmt.Errorf("checkpoint %s: %w", cp.ID.Short(), err)
+	}
+	img, cleanImg := "", func() {}
+	if cp.ProcTree != nil && !o.FSOnly {
+		if img, cleanImg, err = e.processImage(ctx, cp); err != nil {
+			return nil, err
+		}
+		if err := checkImageFiles(ctx, e.repo, cp, img); err != nil {
+			cleanImg()
+			return nil, err
+		}
+	}
+	defer cleanImg()
 	lower, err := e.prepareBase(ctx, be, cp.BaseTree, e.repo)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", newName, err)
@@ -163,7 +197,7 @@ func (e *Engine) Branch(ctx context.Context, ref, newName string, o BranchOption
 	}
 	res := &RestoreResult{Sandbox: newName, Checkpoint: cp, Root: root.Path()}
 	if cp.ProcTree != nil && !o.FSOnly {
-		if err := e.restoreProcesses(ctx, newName, root.Path(), cp); err != nil {
+		if err := e.restoreProcesses(ctx, newName, root.Path(), img, cp); err != nil {
 			return nil, fmt.Errorf("sandbox %s created with the files of %s, processes not: %w", newName, cp.ID.Short(), err)
 		}
 		res.Processes = true

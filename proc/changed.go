@@ -11,14 +11,19 @@ import (
 // of prev (the set taken at the last checkpoint, by Baseline), and why.
 //
 // Not a change: commands that ran and exited in between (they are in
-// neither set), and processes that existed in both and did not run at all.
+// neither set), and processes that existed in both and did not run at all,
+// while nothing they reference changed.
 // A change: a process appeared, exited, was replaced by a later one with the
 // same pid, exec'd another program, or ran: any CPU time, scheduling,
 // context switch, read or write, page fault or thread count difference.
 // Running is taken to mean its memory may differ, because without
 // soft-dirty tracking nothing cheaper can tell. Counters that went down
 // cannot happen to one process, so they too count as a change: when unsure,
-// changed.
+// changed. Also a change, although no process ran: a file a process holds
+// open, maps, or uses as cwd, root or executable was replaced, deleted,
+// resized, rewritten or chmod'ed (the image records it as it was); the
+// bytes waiting in a pipe or socket a process holds differ; a tmpfs of the
+// container (/dev/shm) differs; the keeper's references changed.
 //
 // The reason names up to three processes, e.g. `process 7 (httpd -f -p
 // 8080) ran: 1.2ms on CPU, 3 context switches, 1.4 KiB written`.
@@ -40,6 +45,11 @@ func Changed(prev, cur ProcSet) (bool, string) {
 		case !slices.Equal(p.Cmdline, c.Cmdline):
 			reasons = append(reasons, fmt.Sprintf("process %s now runs %q", p, strings.Join(c.Cmdline, " ")))
 		default:
+			// References first: they name the file that makes a carried
+			// image unusable, which is what a user needs to read.
+			for _, why := range refChanges(p.Refs, c.Refs) {
+				reasons = append(reasons, fmt.Sprintf("process %s %s", c, why))
+			}
 			if why := activity(p, c); why != "" {
 				reasons = append(reasons, fmt.Sprintf("process %s %s", c, why))
 			}
@@ -50,6 +60,10 @@ func Changed(prev, cur ProcSet) (bool, string) {
 			reasons = append(reasons, fmt.Sprintf("process %s exited", p))
 		}
 	}
+	for _, why := range refChanges(prev.Keeper, cur.Keeper) {
+		reasons = append(reasons, "the container's init "+why)
+	}
+	reasons = append(reasons, tmpfsChanges(prev.Tmpfs, cur.Tmpfs)...)
 	if len(reasons) == 0 {
 		return false, ""
 	}

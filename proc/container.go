@@ -111,17 +111,25 @@ func (r *Runtime) Delete(ctx context.Context, id string) error {
 // stay frozen, in the middle of whatever they did, until Resume. This is
 // the consistent cut: files scanned while paused and a Checkpoint taken
 // while paused describe one instant.
+//
+// Pause first records the calling process as the freeze's holder (in the
+// bundle, see Freeze), so a freeze whose holder died (a turnsnap killed
+// mid-checkpoint) can be told from one in progress and undone.
 func (r *Runtime) Pause(ctx context.Context, id string) error {
 	if err := checkID(id); err != nil {
 		return err
 	}
+	if err := os.WriteFile(r.freezeFile(id), []byte(Self().String()+"\n"), 0o600); err != nil {
+		return fmt.Errorf("container %s: freeze holder: %w", id, err)
+	}
 	if _, err := r.runc(ctx, nil, "pause", id); err != nil {
+		os.Remove(r.freezeFile(id))
 		return fmt.Errorf("container %s: %w", id, err)
 	}
 	return nil
 }
 
-// Resume thaws a paused container.
+// Resume thaws a paused container and forgets the freeze's holder.
 func (r *Runtime) Resume(ctx context.Context, id string) error {
 	if err := checkID(id); err != nil {
 		return err
@@ -129,7 +137,60 @@ func (r *Runtime) Resume(ctx context.Context, id string) error {
 	if _, err := r.runc(ctx, nil, "resume", id); err != nil {
 		return fmt.Errorf("container %s: %w", id, err)
 	}
+	os.Remove(r.freezeFile(id))
 	return nil
+}
+
+// FreezeState says whether a container is frozen and by whom.
+type FreezeState struct {
+	Frozen bool
+	// Holder is the process whose Pause froze it, when it is known (Pause
+	// records it; a freeze made by `runc pause` by hand has none).
+	Holder      Holder
+	HolderKnown bool
+}
+
+// Stale reports a freeze no live process holds: its holder is unknown or
+// dead. Nothing will ever resume such a container by itself.
+func (f FreezeState) Stale() bool { return f.Frozen && !(f.HolderKnown && f.Holder.Alive()) }
+
+// Freeze returns container id's freeze state. It reads runc's state file
+// and the freezer cgroup and spawns nothing.
+func (r *Runtime) Freeze(id string) (FreezeState, error) {
+	if err := checkID(id); err != nil {
+		return FreezeState{}, err
+	}
+	ci, err := r.info(id)
+	if err != nil {
+		return FreezeState{}, err
+	}
+	fs := FreezeState{Frozen: ci.alive() && ci.frozen()}
+	if b, err := os.ReadFile(r.freezeFile(id)); err == nil {
+		fs.Holder, fs.HolderKnown = ParseHolder(string(b))
+	}
+	return fs, nil
+}
+
+func (r *Runtime) freezeFile(id string) string { return filepath.Join(r.bundle(id), "frozen-by") }
+
+// Status returns container id's status from runc's state file and the
+// freezer cgroup, spawning nothing (a `runc state` costs a process start
+// on every turn). An unknown id is ErrNotFound.
+func (r *Runtime) Status(id string) (Status, error) {
+	if err := checkID(id); err != nil {
+		return "", err
+	}
+	ci, err := r.info(id)
+	if err != nil {
+		return "", err
+	}
+	switch {
+	case !ci.alive():
+		return Stopped, nil
+	case ci.frozen():
+		return Paused, nil
+	}
+	return Running, nil
 }
 
 // State returns container id's state; an unknown id is ErrNotFound.

@@ -81,6 +81,22 @@ type Features struct {
 //     dump. Its default method runs iptables-restore, which Debian 12 does
 //     not install by default; nftables goes through libnftables inside CRIU
 //     (shipped in the private prefix), so no host tool is needed.
+//   - ghost-limit 512M: a process may hold a file that no longer has a name
+//     (an executable or library replaced by `go build -o`, `cp` + rename,
+//     `pip install --upgrade`, a log deleted while open). CRIU keeps such a
+//     file's contents in the image as a "ghost file", by default only up to
+//     1 MiB ("Can't dump ghost file ... increase limit"): far below a
+//     rebuilt dev server. 512 MiB admits any such binary; the image grows
+//     by what the process really holds.
+//   - link-remap: a file of the base (the overlay's lower layer) replaced in
+//     the sandbox, e.g. a shared library `pip install --upgrade` renamed
+//     over, still has a link in the lower layer, so CRIU wants to link it
+//     back ("Can't create link remap ... Use link-remap option"). With the
+//     option on, the link fails on overlayfs and CRIU keeps the file as a
+//     ghost file instead (CRIU's files-reg.c, since 3.17). Only a file
+//     deleted while another hard link to it remains visible is linked back
+//     into the sandbox root as link_remap.N, which the next turn sees as a
+//     new file (docs/PROCESSES.md, limits).
 //
 // It is not passed as runc's org.criu.config annotation: CRIU 4.1.1 crashes
 // (SIGSEGV) parsing network-lock in an RPC configuration file (fixed
@@ -88,29 +104,31 @@ type Features struct {
 // CRIU_CONFIG_FILE is parsed at CRIU's start like a command line by both.
 const criuConf = `# Written by turnsnap (package proc); see docs/PROCESSES.md.
 network-lock nftables
+ghost-limit 512M
+link-remap
 `
 
 // probeCRIU asks CRIU for its version and features through go-criu and runs
 // `criu check`, quoting CRIU on failure.
-func (r *Runtime) probeCRIU(ctx context.Context) error {
+func (r *Runtime) probeCRIU(ctx context.Context) (Version, Features, error) {
 	c := criu.MakeCriu()
 	c.SetCriuPath(r.cfg.CRIU)
 	v, err := c.GetCriuVersion()
 	if err != nil {
-		return fmt.Errorf("proc: CRIU %s: version: %v: %w", r.cfg.CRIU, err, errdefs.ErrUnavailable)
+		return 0, Features{}, fmt.Errorf("proc: CRIU %s: version: %v: %w", r.cfg.CRIU, err, errdefs.ErrUnavailable)
 	}
-	r.criuVer = Version(v)
-	if r.features, err = featureCheck(ctx, r.cfg.CRIU); err != nil {
-		return fmt.Errorf("proc: CRIU %s: feature check: %v: %w", r.cfg.CRIU, err, errdefs.ErrUnavailable)
+	feat, err := featureCheck(ctx, r.cfg.CRIU)
+	if err != nil {
+		return 0, Features{}, fmt.Errorf("proc: CRIU %s: feature check: %v: %w", r.cfg.CRIU, err, errdefs.ErrUnavailable)
 	}
 
 	cmd := exec.CommandContext(ctx, r.cfg.CRIU, "check")
 	cmd.Env = r.criuEnv()
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		return fmt.Errorf("proc: `%s check` failed: %s: %w", r.cfg.CRIU, quoteLines(criuErrorLines(string(out))), errdefs.ErrUnavailable)
+		return 0, Features{}, fmt.Errorf("proc: `%s check` failed: %s: %w", r.cfg.CRIU, quoteLines(criuErrorLines(string(out))), errdefs.ErrUnavailable)
 	}
-	return nil
+	return Version(v), feat, nil
 }
 
 // featureCheck sends CRIU's FEATURE_CHECK request with go-criu's RPC types

@@ -43,6 +43,16 @@
 // take a new Baseline: the restored processes have new host pids and fresh
 // CPU counters.
 //
+// What Changed compares besides process activity: each process's
+// references (open files, mappings, cwd, root, executable, bytes queued in
+// its pipes and sockets; refs.go) and the container's tmpfs mounts
+// (tmpfs.go), because a CRIU image carried forward is only valid while they
+// are as it recorded them. Pause records its caller (Holder) so that a
+// freeze whose holder died can be found (Freeze, FreezeState.Stale) and
+// undone. Containers of different state roots never share a cgroup
+// (Runtime.cgroupsPath), and Config.ProbeCache spares a new Runtime the
+// host probe (probe.go).
+//
 // runc does the container work, CRIU the dumps (runc drives CRIU for
 // containers; see docs/PROCESSES.md for why), and go-criu probes CRIU's
 // version and features at New.

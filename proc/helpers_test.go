@@ -17,41 +17,50 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/turnsnap/turnsnap/internal/testenv"
 )
 
-// testStateRoot is fixed (not a per-run temp dir) so that TestMain can
-// delete containers a crashed or timed-out earlier run left behind.
-const testStateRoot = "/run/turnsnap-proc-test"
+// Every test run has its own state root, /run/turnsnap-proc-test/PID, so
+// runs in parallel (other worktrees, other packages) never touch each
+// other's containers; cgroup paths carry the state root's identity too
+// (Runtime.cgroupsPath). TestMain sweeps the roots of runs that died.
+const testStateParent = "/run/turnsnap-proc-test"
+
+func testStateRoot() string { return filepath.Join(testStateParent, strconv.Itoa(os.Getpid())) }
 
 func TestMain(m *testing.M) {
-	sweep()
+	if os.Geteuid() == 0 {
+		dirs, _ := os.ReadDir(testStateParent)
+		for _, d := range dirs {
+			pid, err := strconv.Atoi(d.Name())
+			if err != nil || pid == os.Getpid() || unix.Kill(pid, 0) != nil {
+				sweep(filepath.Join(testStateParent, d.Name()))
+			}
+		}
+	}
 	code := m.Run()
-	sweep()
-	os.RemoveAll(testStateRoot)
+	sweep(testStateRoot())
 	os.Exit(code)
 }
 
-// sweep force-deletes every container under the test state root.
-func sweep() {
-	root := filepath.Join(testStateRoot, "runc")
+// sweep force-deletes every container under a test state root, and the root.
+func sweep(stateRoot string) {
 	if os.Geteuid() != 0 {
 		return
 	}
-	if _, err := os.Stat(root); err != nil {
-		return
+	root := filepath.Join(stateRoot, "runc")
+	if out, err := exec.Command("runc", "--root", root, "list", "-q").Output(); err == nil {
+		for _, id := range strings.Fields(string(out)) {
+			_ = exec.Command("runc", "--root", root, "delete", "-f", id).Run()
+		}
 	}
-	out, err := exec.Command("runc", "--root", root, "list", "-q").Output()
-	if err != nil {
-		return
-	}
-	for _, id := range strings.Fields(string(out)) {
-		_ = exec.Command("runc", "--root", root, "delete", "-f", id).Run()
-	}
-	pinned, _ := filepath.Glob(filepath.Join(netnsDir(testStateRoot), "*"))
+	pinned, _ := filepath.Glob(filepath.Join(netnsDir(stateRoot), "*"))
 	for _, p := range pinned {
 		_ = removeNetns(p)
 	}
+	os.RemoveAll(stateRoot)
 }
 
 // needParts stops t unless root, runc, CRIU and busybox are all present.
@@ -73,7 +82,7 @@ func needParts(t testing.TB) {
 func newRuntime(t testing.TB) *Runtime {
 	t.Helper()
 	needParts(t)
-	rt, err := New(context.Background(), Config{StateRoot: testStateRoot})
+	rt, err := New(context.Background(), Config{StateRoot: testStateRoot()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -73,7 +73,7 @@ func TestCRIULogQuoting(t *testing.T) {
 }
 
 func TestSpecHoldsNoHostPaths(t *testing.T) {
-	s := makeSpec("/srv/sandbox/root", "/run/ts/netns/a", StartOptions{})
+	s := makeSpec("/srv/sandbox/root", "/run/ts/netns/a", "/turnsnap/abc-a", StartOptions{})
 	if s.Root.Path != "/srv/sandbox/root" || s.Root.Readonly || s.Process.Terminal {
 		t.Errorf("root %+v terminal %v", s.Root, s.Process.Terminal)
 	}

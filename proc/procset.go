@@ -58,6 +58,9 @@ type Process struct {
 	MajorFaults   uint64 `json:"majflt"`
 	// RSS is the resident set in bytes (what a dump will write, roughly).
 	RSS int64 `json:"rss"`
+	// Refs are the files, pipes and sockets the process references (see
+	// refs.go); Changed compares them.
+	Refs []Ref `json:"refs,omitempty"`
 	// Outside marks a process that is not a descendant of the container's
 	// init (its parent lives outside the container). CRIU leaves such a
 	// process out of a dump, so Checkpoint refuses while one exists.
@@ -83,7 +86,20 @@ type ProcSet struct {
 	Container string    `json:"container"`
 	Taken     time.Time `json:"taken"`
 	Procs     []Process `json:"procs"`
+	// Keeper are the keeper's references (its executable, cwd, stdio): the
+	// keeper is in every image, so a replaced /bin/sh invalidates an image
+	// as a replaced server binary does.
+	Keeper []Ref `json:"keeper,omitempty"`
+	// Tmpfs digests the container's tmpfs mounts (/dev, /dev/shm).
+	Tmpfs []TmpfsState `json:"tmpfs,omitempty"`
+	// TmpfsPristine: the tmpfs mounts hold only what a new container's do.
+	TmpfsPristine bool `json:"tmpfs_pristine,omitempty"`
 }
+
+// NeedsImage reports whether the container holds state that only a CRIU
+// image keeps: a long-lived process, or files in its tmpfs mounts. A
+// container with neither is recreated afresh on restore.
+func (s ProcSet) NeedsImage() bool { return len(s.Procs) > 0 || !s.TmpfsPristine }
 
 // Snapshot reads the processes alive in container id now (zombies are not
 // alive). It reads /proc and the container's cgroup and spawns nothing: a
@@ -121,6 +137,7 @@ func (r *Runtime) Snapshot(ctx context.Context, id string) (ProcSet, error) {
 		}
 		byHost[pid] = &entry{p: p, st: st, host: pid}
 	}
+	var keeperRefs []Ref
 	init := byHost[ci.InitPID]
 	keeper := init != nil && slices.ContainsFunc(init.p.Cmdline, func(a string) bool {
 		return strings.Contains(a, keeperMarker)
@@ -137,12 +154,25 @@ func (r *Runtime) Snapshot(ctx context.Context, id string) (ProcSet, error) {
 			return x.st.ppid, true
 		})
 		if keeper && (e.host == ci.InitPID || isKeeperSleep(e.st, init.st, ci.InitPID)) {
+			keeperRefs = append(keeperRefs, readRefs(e.host)...)
 			continue
 		}
+		e.p.Refs = readRefs(e.host)
 		set.Procs = append(set.Procs, e.p)
 	}
 	slices.SortFunc(set.Procs, func(a, b Process) int { return a.PID - b.PID })
+	set.Keeper = dedupeRefs(keeperRefs)
+	if set.Tmpfs, set.TmpfsPristine, err = readTmpfs(ci.InitPID); err != nil {
+		return set, fmt.Errorf("container %s: %w", id, err)
+	}
 	return set, nil
+}
+
+// dedupeRefs keeps one reference per key, sorted, for a set gathered from
+// several processes (the keeper and its sleep).
+func dedupeRefs(refs []Ref) []Ref {
+	slices.SortStableFunc(refs, func(a, b Ref) int { return strings.Compare(a.key(), b.key()) })
+	return slices.CompactFunc(refs, func(a, b Ref) bool { return a.key() == b.key() })
 }
 
 // isKeeperSleep recognises the keeper's own `sleep 3600`: a child of the

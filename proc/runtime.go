@@ -3,6 +3,8 @@ package proc
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"log/slog"
@@ -53,6 +55,11 @@ type Config struct {
 	// CRIUFault is passed to CRIU as the CRIU_FAULT environment variable;
 	// "" means DefaultCRIUFault, CRIUFaultNone leaves it unset.
 	CRIUFault string
+	// ProbeCache is a file that keeps the host probe's answers (runc and
+	// CRIU versions, CRIU's features and check, the host facts) between
+	// Runtimes, keyed by the binaries' identity and the kernel (see
+	// probe.go); "" probes every time. A turnsnap home keeps one.
+	ProbeCache string
 	// Logger receives debug lines about every runc and CRIU call; default
 	// slog.Default().
 	Logger *slog.Logger
@@ -76,6 +83,7 @@ func DefaultCRIUPath() string {
 // sandbox's turns).
 type Runtime struct {
 	cfg      Config
+	scope    string // identity of the state root in cgroup paths
 	log      *slog.Logger
 	runcVer  string
 	criuVer  Version
@@ -86,7 +94,8 @@ type Runtime struct {
 // New checks that runc and CRIU work and returns a Runtime. It runs
 // `runc --version`, asks CRIU for its version (go-criu) and its features
 // (CRIU's FEATURE_CHECK request), and runs `criu check`; a failure quotes
-// the tool's own words.
+// the tool's own words. With Config.ProbeCache, a cached answer for the
+// same binaries and kernel replaces all of that.
 func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	if cfg.StateRoot == "" {
 		return nil, fmt.Errorf("proc: Config.StateRoot is required: %w", errdefs.ErrInvalid)
@@ -113,27 +122,49 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 			return nil, fmt.Errorf("proc: state root: %w", err)
 		}
 	}
-	r := &Runtime{cfg: cfg, log: cfg.Logger.With("component", "proc")}
-	out, err := r.runc(ctx, nil, "--version")
-	if err != nil {
-		return nil, fmt.Errorf("proc: runc %s does not run: %w", cfg.Runc, err)
+	sum := sha256.Sum256([]byte(root))
+	r := &Runtime{cfg: cfg, scope: hex.EncodeToString(sum[:6]), log: cfg.Logger.With("component", "proc")}
+	key := probeKey(cfg)
+	res, cached := probeResult{}, false
+	if cfg.ProbeCache != "" {
+		res, cached = loadProbe(cfg.ProbeCache, key)
 	}
-	r.runcVer = strings.TrimPrefix(firstLine(out), "runc version ")
-	if err := r.probeCRIU(ctx); err != nil {
-		return nil, err
+	if !cached {
+		if res, err = r.probe(ctx); err != nil {
+			return nil, err
+		}
+		if cfg.ProbeCache != "" {
+			if err := saveProbe(cfg.ProbeCache, key, res); err != nil {
+				r.log.Warn("host probe not cached", "file", cfg.ProbeCache, "err", err)
+			}
+		}
 	}
-	if err := os.WriteFile(criuConfPath(root), []byte(criuConf), 0o600); err != nil {
-		return nil, fmt.Errorf("proc: CRIU configuration: %w", err)
+	r.runcVer, r.criuVer, r.features, r.host = res.Runc, res.CRIU, res.Features, res.Host
+	if b, err := os.ReadFile(criuConfPath(root)); err != nil || string(b) != criuConf {
+		if err := os.WriteFile(criuConfPath(root), []byte(criuConf), 0o600); err != nil {
+			return nil, fmt.Errorf("proc: CRIU configuration: %w", err)
+		}
 	}
-	host, err := CurrentHost()
-	if err != nil {
-		return nil, err
-	}
-	host.CRIUVersion = r.criuVer
-	r.host = host
 	r.log.Debug("runtime ready", "runc", r.runcVer, "criu", r.criuVer.String(),
 		"mem_track", r.features.MemTrack, "lazy_pages", r.features.LazyPages)
 	return r, nil
+}
+
+// probe asks runc and CRIU what they are and can do (see New).
+func (r *Runtime) probe(ctx context.Context) (probeResult, error) {
+	out, err := r.runc(ctx, nil, "--version")
+	if err != nil {
+		return probeResult{}, fmt.Errorf("proc: runc %s does not run: %w", r.cfg.Runc, err)
+	}
+	res := probeResult{Runc: strings.TrimPrefix(firstLine(out), "runc version ")}
+	if res.CRIU, res.Features, err = r.probeCRIU(ctx); err != nil {
+		return res, err
+	}
+	if res.Host, err = CurrentHost(); err != nil {
+		return res, err
+	}
+	res.Host.CRIUVersion = res.CRIU
+	return res, nil
 }
 
 // RuncVersion is what `runc --version` reported, e.g. "1.1.5+ds1".
@@ -154,6 +185,14 @@ func bundlesDir(root string) string        { return filepath.Join(root, "bundles
 func workRoot(root string) string          { return filepath.Join(root, "work") }
 func criuConfPath(root string) string      { return filepath.Join(root, "criu.conf") }
 func (r *Runtime) bundle(id string) string { return filepath.Join(bundlesDir(r.cfg.StateRoot), id) }
+
+// cgroupsPath is container id's cgroup, the same path under every
+// controller: /turnsnap/SCOPE-ID, SCOPE naming the state root. Two state
+// roots (two turnsnap homes) with a container of the same id thus never
+// share a cgroup, so a pause of one never freezes the other and a dump of
+// one never meets the other's processes. It is flat, one directory per
+// container that runc removes with the container.
+func (r *Runtime) cgroupsPath(id string) string { return "/turnsnap/" + r.scope + "-" + id }
 
 // criuEnv is the environment runc passes on to CRIU: CRIU_FAULT (see
 // DefaultCRIUFault) and CRIU_CONFIG_FILE (see criuConf).

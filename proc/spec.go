@@ -95,6 +95,7 @@ type ociMount struct {
 }
 
 type ociLinux struct {
+	CgroupsPath   string         `json:"cgroupsPath,omitempty"`
 	Namespaces    []ociNamespace `json:"namespaces"`
 	Resources     ociResources   `json:"resources"`
 	MaskedPaths   []string       `json:"maskedPaths"`
@@ -131,7 +132,11 @@ var sandboxCaps = []string{
 // from inside only, two restores of one image can listen on the same port
 // side by side, and CRIU has no host interface to lock or recreate. There is no /tmp tmpfs on purpose: /tmp
 // belongs to the sandbox root, which turnsnap checkpoints as files.
-func makeSpec(rootfs, netns string, o StartOptions) ociSpec {
+//
+// cgroups is the container's cgroup path on every controller (see
+// Runtime.cgroupsPath): runc's default, the bare id, would put the
+// containers of two state roots with the same id into one cgroup.
+func makeSpec(rootfs, netns, cgroups string, o StartOptions) ociSpec {
 	o = o.withDefaults()
 	return ociSpec{
 		OCIVersion: "1.0.2",
@@ -156,6 +161,7 @@ func makeSpec(rootfs, netns string, o StartOptions) ociSpec {
 				Options: []string{"nosuid", "noexec", "nodev", "ro"}},
 		},
 		Linux: ociLinux{
+			CgroupsPath: cgroups,
 			Namespaces: []ociNamespace{{Type: "pid"}, {Type: "network", Path: netns},
 				{Type: "ipc"}, {Type: "uts"}, {Type: "mount"}},
 			// Deny every device, then runc allows its defaults (null, zero,
@@ -185,7 +191,7 @@ func (r *Runtime) writeBundle(id, rootfs string, o StartOptions) (string, error)
 	if err := newNetns(r.netnsPath(id)); err != nil {
 		return "", fmt.Errorf("container %s: %w", id, err)
 	}
-	b, err := json.MarshalIndent(makeSpec(abs, r.netnsPath(id), o), "", "\t")
+	b, err := json.MarshalIndent(makeSpec(abs, r.netnsPath(id), r.cgroupsPath(id), o), "", "\t")
 	if err != nil {
 		return "", fmt.Errorf("container %s: config: %w", id, err)
 	}

@@ -10,6 +10,8 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -69,7 +71,7 @@ func defaultHome() string {
 func (a *app) withEngine(fn func(ctx context.Context, e *engine.Engine, args []string) error) func(*cobra.Command, []string) error {
 	return func(cmd *cobra.Command, args []string) error {
 		ctx := cmd.Context()
-		opts := engine.Options{Home: a.home, LockWait: a.lockWait, Logger: a.log}
+		opts := engine.Options{Home: a.home, LockWait: a.lockWait, Logger: a.log, AtPhase: blockAtPhase()}
 		pr := a.newProgress(ctx)
 		if pr != nil {
 			opts.Progress = pr.update
@@ -87,6 +89,28 @@ func (a *app) withEngine(fn func(ctx context.Context, e *engine.Engine, args []s
 }
 
 func (a *app) stdout() io.Writer { return a.w }
+
+// blockAtPhaseEnv is a test hook: TURNSNAP_TEST_BLOCK_AT=PHASE:FILE makes a
+// checkpoint create FILE and then block for ever when it reaches PHASE
+// (engine.PhaseFreeze ... engine.PhaseCommit), so a test can SIGKILL
+// turnsnap at exactly that point.
+const blockAtPhaseEnv = "TURNSNAP_TEST_BLOCK_AT"
+
+func blockAtPhase() func(string) {
+	phase, file, ok := strings.Cut(os.Getenv(blockAtPhaseEnv), ":")
+	if !ok || file == "" {
+		return nil
+	}
+	return func(p string) {
+		if p != phase {
+			return
+		}
+		os.WriteFile(file, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o600)
+		for {
+			time.Sleep(time.Hour)
+		}
+	}
+}
 
 func newRoot() *cobra.Command {
 	a := &app{}

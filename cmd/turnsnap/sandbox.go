@@ -13,7 +13,7 @@ import (
 )
 
 func (a *app) sandboxCmd() *cobra.Command {
-	c := &cobra.Command{Use: "sandbox", Short: "Create, list, locate and remove sandboxes"}
+	c := &cobra.Command{Use: "sandbox", Short: "Create, list, locate, resume and remove sandboxes"}
 	var base, backend, pool string
 	create := &cobra.Command{
 		Use:   "create NAME --base DIR [--backend btrfs --btrfs-pool PATH]",
@@ -95,7 +95,31 @@ func (a *app) sandboxCmd() *cobra.Command {
 			return nil
 		}),
 	}
-	c.AddCommand(create, path, list, rm)
+	resume := &cobra.Command{
+		Use:   "resume NAME",
+		Short: "Thaw the sandbox's container if it is frozen (a turnsnap killed mid-checkpoint leaves it paused)",
+		Long: `Thaw the sandbox's container if it is frozen. A checkpoint freezes the
+container for its cut; a turnsnap killed meanwhile leaves it paused. The next
+exec, checkpoint or rollback on the sandbox resumes such a container by itself
+(and says so); resume is the operator's way to do it now, whoever froze it.`,
+		Args: cobra.ExactArgs(1),
+		RunE: a.withEngine(func(ctx context.Context, e *engine.Engine, args []string) error {
+			r, err := e.ResumeSandbox(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			if a.json {
+				return printJSON(a.stdout(), map[string]any{"name": r.Sandbox, "was_frozen": r.WasFrozen, "frozen_by": r.FrozenBy})
+			}
+			if !r.WasFrozen {
+				fmt.Fprintf(a.stdout(), "sandbox %s: container was not frozen\n", r.Sandbox)
+				return nil
+			}
+			fmt.Fprintf(a.stdout(), "sandbox %s: container resumed (it was frozen by %s)\n", r.Sandbox, r.FrozenBy)
+			return nil
+		}),
+	}
+	c.AddCommand(create, path, list, rm, resume)
 	return c
 }
 

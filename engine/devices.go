@@ -1,0 +1,95 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/internal/errdefs"
+	"github.com/turnsnap/turnsnap/proc"
+)
+
+// Device nodes made inside a sandbox follow one rule, delta.CheckDevice,
+// at every step: a checkpoint refuses a root holding a device it would not
+// restore (deviceGuard), verify reports one (Verify), rollback and branch
+// check the whole tree before they stop anything (checkDevices), and the
+// restore itself applies the same rule.
+
+// deviceGuard passes a scan's blobs on to the repository and refuses every
+// new tree holding a device node CheckDevice refuses, so the checkpoint
+// fails before anything is committed.
+type deviceGuard struct{ delta.BlobSaver }
+
+func (g deviceGuard) SaveBlob(ctx context.Context, t delta.BlobType, id delta.ID, plain []byte) (bool, error) {
+	if t == delta.BlobTree {
+		tree, err := delta.DecodeTree(plain)
+		if err != nil {
+			return false, fmt.Errorf("tree %s: %w", id.Short(), err)
+		}
+		for _, en := range tree.Entries {
+			if err := delta.CheckDevice(en); err != nil {
+				return false, err
+			}
+		}
+	}
+	return g.BlobSaver.SaveBlob(ctx, t, id, plain)
+}
+
+// checkDevices walks a sandbox layer tree and returns CheckDevice's refusal
+// for the first device node it finds, with the node's path.
+func checkDevices(ctx context.Context, loader delta.BlobLoader, root delta.ID) error {
+	seen := map[delta.ID]bool{}
+	var walk func(id delta.ID, dir string) error
+	walk = func(id delta.ID, dir string) error {
+		if seen[id] {
+			return nil
+		}
+		seen[id] = true
+		t, err := delta.LoadTree(ctx, loader, id)
+		if err != nil {
+			return err
+		}
+		for _, en := range t.Entries {
+			if err := delta.CheckDevice(en); err != nil {
+				return fmt.Errorf("%s/%w", dir, err)
+			}
+			if en.Type == delta.TypeDir {
+				if err := walk(en.Subtree, dir+"/"+en.Name); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	return walk(root, "")
+}
+
+// checkImageFiles refuses a process image whose processes expect files the
+// checkpoint's files do not have (a size CRIU would reject): an image
+// carried forward past a change of a file its processes use, by a turnsnap
+// that did not yet dump on such changes. Rollback and branch call it before
+// they stop anything.
+func checkImageFiles(ctx context.Context, loader delta.BlobLoader, cp *delta.Checkpoint, img string) error {
+	files, err := proc.ImageFiles(img)
+	if err != nil {
+		return fmt.Errorf("checkpoint %s: process image: %w", cp.ID.Short(), err)
+	}
+	for _, f := range files {
+		e, ok, err := delta.Lookup(ctx, loader, delta.Layers{cp.BaseTree, cp.FSTree}, f.Path)
+		if err != nil {
+			return fmt.Errorf("checkpoint %s: %w", cp.ID.Short(), err)
+		}
+		have := "no such file"
+		switch {
+		case ok && e.Type == delta.TypeFile && int64(e.Size) == f.Size:
+			continue
+		case ok && e.Type == delta.TypeFile:
+			have = fmt.Sprintf("%d bytes", e.Size)
+		case ok:
+			have = "not a regular file"
+		}
+		return fmt.Errorf("checkpoint %s: its processes expect %s to be a file of %d bytes, its files have %s (the image does not fit the files; restore the files only with --fs-only): %w",
+			cp.ID.Short(), f.Path, f.Size, have, errdefs.ErrPrecondition)
+	}
+	return nil
+}
