@@ -32,8 +32,8 @@ type PruneReport struct {
 // references any more.
 //
 // Only what this home owns is pruned: the checkpoints of sandboxes created
-// here (Sandbox.Home), and of legacy sandboxes and records that carry no
-// owner. Another home's sandboxes, seen here after a catalog rebuild of a
+// here (Sandbox.Home, including those removed since), and of legacy
+// sandboxes and records that carry no owner. Another home's sandboxes, seen here after a catalog rebuild of a
 // shared bucket, and records of an id'd sandbox this catalog does not know,
 // are left alone.
 func (e *Engine) Prune(ctx context.Context, opts PruneOptions) (*PruneReport, error) {
@@ -62,6 +62,13 @@ func (e *Engine) Prune(ctx context.Context, opts PruneOptions) (*PruneReport, er
 		for _, sb := range sbs {
 			known[sb.Key()] = true
 			owned[sb.Key()] = sb.Home == "" || sb.Home == e.config.HomeID
+		}
+		removed, err := tx.RemovedOwnSandboxes()
+		for _, k := range removed {
+			owned[k] = true
+		}
+		if err != nil {
+			return err
 		}
 		return tx.ForEachCheckpoint(func(cp *delta.Checkpoint) error {
 			bySandbox[cp.SandboxKey()] = append(bySandbox[cp.SandboxKey()], cp)

@@ -14,6 +14,7 @@ import (
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/engine/check"
 	"github.com/turnsnap/turnsnap/engine/content"
+	"github.com/turnsnap/turnsnap/engine/remote"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/upload"
 )
@@ -264,10 +265,18 @@ func (e *Engine) carryUploads(ctx context.Context, cat *catalog.Catalog) error {
 		}
 	}
 	slices.SortFunc(old, func(a, b catalog.PendingUpload) int { return cmp.Compare(a.Seq, b.Seq) })
-	if err := cat.Update(ctx, func(tx *catalog.Tx) error { return tx.EnqueueUploads(old) }); err != nil {
-		return err
+	for rest := old; len(rest) > 0; {
+		n := min(len(rest), remote.BackfillBatch)
+		if err := cat.Update(ctx, func(tx *catalog.Tx) error { return tx.EnqueueUploads(rest[:n]) }); err != nil {
+			return err
+		}
+		rest = rest[n:]
 	}
-	if _, _, err := e.syncer().Backfill(ctx, cat); err != nil {
+	// Trees are read through the new catalog's blob index: the old one may
+	// be what was lost.
+	s := e.syncer()
+	s.Blobs = content.New(e.store, cat, e.codec, e.meter)
+	if _, _, err := s.Backfill(ctx, cat); err != nil {
 		if len(old) == 0 {
 			return fmt.Errorf("rebuild: cannot tell what the remote store lacks: %w", err)
 		}

@@ -314,6 +314,12 @@ func (e *Engine) RemoveSandbox(ctx context.Context, name string) error {
 		if err := e.queueDelete(tx, name, delta.RefName(delta.RefHead, sb.Key()), delta.SandboxName(sb.Key())); err != nil {
 			return err
 		}
+		if sb.ID != "" && sb.Home == e.config.HomeID {
+			// Its checkpoints stay, and stay this home's to prune.
+			if err := tx.NoteRemovedOwnSandbox(sb.Key()); err != nil {
+				return err
+			}
+		}
 		return tx.DeleteSandbox(name)
 	})
 }

@@ -226,3 +226,24 @@ func sameIDs(got []delta.ID, want map[delta.ID]bool) bool {
 	}
 	return true
 }
+
+// The checkpoints of a sandbox this home created and then removed stay
+// this home's to prune (ownership is noted at removal).
+func TestPruneReclaimsARemovedOwnSandbox(t *testing.T) {
+	ctx := context.Background()
+	e := newEngine(t)
+	cr, err := e.CreateSandbox(ctx, "gone", CreateOptions{Base: richBase(t)})
+	must(t, err)
+	for i := range 3 {
+		write(t, filepath.Join(cr.Root, "turn"), fmt.Sprint(i))
+		_, err := e.Checkpoint(ctx, "gone", CheckpointOptions{})
+		must(t, err)
+	}
+	must(t, e.RemoveSandbox(ctx, "gone"))
+	pr, err := e.Prune(ctx, PruneOptions{KeepLast: 1})
+	must(t, err)
+	if len(pr.Deleted) != 3 || pr.Kept != 1 {
+		t.Fatalf("prune of a removed own sandbox: deleted %d, kept %d; want 3, 1", len(pr.Deleted), pr.Kept)
+	}
+	checkAll(t, e)
+}
