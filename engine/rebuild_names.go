@@ -17,8 +17,9 @@ import (
 // each sandbox its label on this home. Sandboxes are identified by their
 // key (id, or a legacy sandbox's name), never by name: sandboxes of one
 // name on two homes stay two sandboxes. A label is the sandbox's name
-// unless a sandbox ranked earlier holds it (this home's sandboxes first,
-// then legacy ones, then other homes', each oldest first); then it is the
+// unless a sandbox ranked earlier holds it (legacy sandboxes first, whose
+// name is their key, then this home's, then other homes', each oldest
+// first); then it is the
 // name with ".ID8" appended. A head names its sandbox by key and takes
 // that sandbox's label.
 func (rb *rebuilder) names(ctx context.Context) ([]*delta.Sandbox, []delta.Ref, error) {
@@ -41,9 +42,9 @@ func (rb *rebuilder) names(ctx context.Context) ([]*delta.Sandbox, []delta.Ref, 
 	}
 	rank := func(sb *delta.Sandbox) int {
 		switch {
-		case sb.Home != "" && sb.Home == e.config.HomeID:
-			return 0
 		case sb.ID == "":
+			return 0 // a legacy sandbox's name is its key: it cannot move
+		case sb.Home != "" && sb.Home == e.config.HomeID:
 			return 1
 		}
 		return 2
@@ -86,6 +87,12 @@ func (rb *rebuilder) names(ctx context.Context) ([]*delta.Sandbox, []delta.Ref, 
 					name = sb.Name
 				case delta.ValidSandboxID(name):
 					return nil // the head of a sandbox removed on its home
+				case taken[name]:
+					// A legacy head without its description, whose name
+					// another sandbox's label holds: it must not move
+					// that sandbox's head.
+					e.log.Warn("rebuild: ignoring a head whose sandbox is gone", "object", oi.Name)
+					return nil
 				}
 			}
 			refs = append(refs, delta.Ref{Kind: k.kind, Name: name, Target: id})
