@@ -45,6 +45,7 @@ bench: deps
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzDecodeTree -fuzztime 60s ./delta
 	$(GO) test -run '^$$' -fuzz FuzzParsePackHeader -fuzztime 60s ./delta
+	$(GO) test -run '^$$' -fuzz FuzzDecodeSandbox -fuzztime 60s ./delta
 	$(GO) test -run '^$$' -fuzz FuzzParseRequest -fuzztime 60s ./engine/llmproxy
 	$(GO) test -run '^$$' -fuzz FuzzCanonMatchesReference -fuzztime 60s ./engine/llmproxy
 	$(GO) test -run '^$$' -fuzz FuzzDecodeEntry -fuzztime 60s ./engine/llmproxy

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
 
 // Object names in the store besides packs (docs/FORMAT.md, "Store layout").
@@ -182,3 +184,29 @@ type Ref struct {
 
 // String prints the ref as "kind/name", the form used in error messages.
 func (r Ref) String() string { return string(r.Kind) + "/" + r.Name }
+
+// MaxSandboxObject bounds the size of a sandbox description a reader
+// accepts (real ones are a few hundred bytes).
+const MaxSandboxObject = 64 << 10
+
+// DecodeSandbox decodes the description stored under the object name,
+// which must be the one its content claims (docs/FORMAT.md, "Sandbox
+// identity"): a description under one name that claims another sandbox
+// would graft that sandbox's history onto another. Errors are ErrCorrupt
+// and name the object.
+func DecodeSandbox(name string, data []byte) (*Sandbox, error) {
+	if len(data) > MaxSandboxObject {
+		return nil, fmt.Errorf("object %s: %d bytes, more than %d: %w", name, len(data), MaxSandboxObject, errdefs.ErrCorrupt)
+	}
+	var sb Sandbox
+	if err := json.Unmarshal(data, &sb); err != nil {
+		return nil, fmt.Errorf("object %s: %v: %w", name, err, errdefs.ErrCorrupt)
+	}
+	if err := sb.Validate(); err != nil {
+		return nil, fmt.Errorf("object %s: %v: %w", name, err, errdefs.ErrCorrupt)
+	}
+	if want := SandboxName(sb.Key()); name != want {
+		return nil, fmt.Errorf("object %s: describes sandbox %s, which is stored as %s: %w", name, sb.Name, want, errdefs.ErrCorrupt)
+	}
+	return &sb, nil
+}

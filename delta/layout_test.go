@@ -1,8 +1,11 @@
 package delta
 
 import (
+	"errors"
 	"testing"
 	"time"
+
+	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
 
 func TestLockStale(t *testing.T) {
@@ -48,4 +51,23 @@ func TestSandboxIdentity(t *testing.T) {
 			t.Errorf("a description with id %q validates", bad)
 		}
 	}
+}
+
+func FuzzDecodeSandbox(f *testing.F) {
+	id := "0123456789abcdef0123456789abcdef"
+	f.Add("sandboxes/"+id, []byte(`{"id":"`+id+`","name":"s","backend":"overlay","base_tree":"`+Hash(nil).String()+`","origin":"","created":"2026-12-01T00:00:00Z"}`))
+	f.Add("sandboxes/s", []byte(`{"name":"s","backend":"btrfs","base_tree":"`+Hash(nil).String()+`","config":{"pool":"/p"}}`))
+	f.Add("sandboxes/x", []byte(`{"name":"s"`))
+	f.Fuzz(func(t *testing.T, name string, data []byte) {
+		sb, err := DecodeSandbox(name, data)
+		if err != nil {
+			if !errors.Is(err, errdefs.ErrCorrupt) {
+				t.Fatalf("error not ErrCorrupt: %v", err)
+			}
+			return
+		}
+		if sb.Validate() != nil || SandboxName(sb.Key()) != name {
+			t.Fatalf("accepted %+v under %s", sb, name)
+		}
+	})
 }

@@ -3,13 +3,11 @@ package engine
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
 
 	"github.com/turnsnap/turnsnap/delta"
-	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/upload"
 )
 
@@ -105,19 +103,6 @@ func (rb *rebuilder) names(ctx context.Context) ([]*delta.Sandbox, []delta.Ref, 
 	return sbs, refs, nil
 }
 
-// decodeSandboxObject decodes the description stored under name, which must
-// be the one its content claims: a description under one object name that
-// claims another sandbox would graft that sandbox's history onto it.
 func decodeSandboxObject(name string, data []byte) (*delta.Sandbox, error) {
-	var sb delta.Sandbox
-	if err := json.Unmarshal(data, &sb); err != nil {
-		return nil, fmt.Errorf("object %s: %v: %w", name, err, errdefs.ErrCorrupt)
-	}
-	if err := sb.Validate(); err != nil {
-		return nil, fmt.Errorf("object %s: %v: %w", name, err, errdefs.ErrCorrupt)
-	}
-	if want := delta.SandboxName(sb.Key()); name != want {
-		return nil, fmt.Errorf("object %s: describes sandbox %s, which is stored as %s: %w", name, sb.Name, want, errdefs.ErrCorrupt)
-	}
-	return &sb, nil
+	return delta.DecodeSandbox(name, data)
 }
