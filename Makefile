@@ -42,15 +42,21 @@ test: deps vet
 bench: deps
 	$(GO) test -run '^$$' -bench . -benchmem -count 5 -timeout 60m $(PKGS)
 
+# Every decoder of stored or cached bytes has a fuzz target; each runs for
+# FUZZTIME (go test -fuzz takes one target per run).
+FUZZTIME ?= 60s
+FUZZ_TARGETS := \
+	./delta:FuzzDecodeTree ./delta:FuzzDecodeBlob ./delta:FuzzCheckState \
+	./delta:FuzzParsePackHeader ./delta:FuzzReadPackBlobs \
+	./delta:FuzzDecodeRecord ./delta:FuzzDecodeSandbox \
+	./engine/llmproxy:FuzzParseRequest ./engine/llmproxy:FuzzCanonMatchesReference \
+	./engine/llmproxy:FuzzDecodeEntry \
+	./proc:FuzzProcText ./proc:FuzzImageFiles
 fuzz:
-	$(GO) test -run '^$$' -fuzz FuzzDecodeTree -fuzztime 60s ./delta
-	$(GO) test -run '^$$' -fuzz FuzzParsePackHeader -fuzztime 60s ./delta
-	$(GO) test -run '^$$' -fuzz FuzzDecodeSandbox -fuzztime 60s ./delta
-	$(GO) test -run '^$$' -fuzz FuzzParseRequest -fuzztime 60s ./engine/llmproxy
-	$(GO) test -run '^$$' -fuzz FuzzCanonMatchesReference -fuzztime 60s ./engine/llmproxy
-	$(GO) test -run '^$$' -fuzz FuzzDecodeEntry -fuzztime 60s ./engine/llmproxy
-	$(GO) test -run '^$$' -fuzz FuzzProcText -fuzztime 60s ./proc
-	$(GO) test -run '^$$' -fuzz FuzzImageFiles -fuzztime 60s ./proc
+	@set -e; for t in $(FUZZ_TARGETS); do \
+	  echo "== $${t#*:} ($${t%%:*}, $(FUZZTIME))"; \
+	  $(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZTIME) "$${t%%:*}"; \
+	done
 
 clean:
 	rm -rf bin

@@ -108,7 +108,7 @@ func (b *Backend) PrepareBase(ctx context.Context, tree delta.ID, loader delta.B
 		return "", fmt.Errorf("base %s: %w", tree.Short(), err)
 	}
 	// The base is the operator's own image, so its device nodes are allowed.
-	if _, err := delta.Materialise(ctx, tree, root, delta.ApplyOptions{Loader: loader, AllowDevices: true}); err != nil {
+	if _, err := delta.Materialise(ctx, tree, root, delta.ApplyOptions{Loader: loader, AllowDevices: true, Plain: true}); err != nil {
 		return "", fmt.Errorf("base %s: %w", tree.Short(), err)
 	}
 	res, err := delta.Scan(ctx, root, delta.ScanOptions{})

@@ -2,14 +2,13 @@ package btrfs
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
-	"slices"
 	"strings"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/internal/fsat"
 	"golang.org/x/sys/unix"
 )
 
@@ -19,7 +18,7 @@ import (
 const overlayXattrPrefix = "trusted.overlay."
 
 // xattrBufSize bounds one xattr list or value read: the kernel's own limit.
-const xattrBufSize = 64 << 10
+const xattrBufSize = fsat.XattrBufSize
 
 // statEntry fills the fields of an entry that lstat gives.
 func statEntry(name string, st *unix.Stat_t) (delta.Entry, error) {
@@ -48,33 +47,14 @@ func statEntry(name string, st *unix.Stat_t) (delta.Entry, error) {
 	return e, nil
 }
 
-// readXattrs returns p's extended attributes sorted by name, without
-// overlay's bookkeeping.
-func readXattrs(p string, buf []byte) ([]delta.Xattr, error) {
-	n, err := unix.Llistxattr(p, buf)
+// readXattrs returns the extended attributes of entry name of dirFD (not
+// followed) sorted by name, without overlay's bookkeeping.
+func readXattrs(dirFD int, name string, buf []byte) ([]delta.Xattr, error) {
+	x, err := fsat.Xattrs(dirFD, name, buf, func(n string) bool { return strings.HasPrefix(n, overlayXattrPrefix) })
 	if err != nil {
-		if errors.Is(err, unix.ENOTSUP) {
-			return nil, nil
-		}
-		return nil, fmt.Errorf("list xattrs of %s: %w", p, err)
+		return nil, fmt.Errorf("%s: %w", name, err)
 	}
-	var out []delta.Xattr
-	for _, name := range strings.Split(string(buf[:n]), "\x00") {
-		if name == "" || strings.HasPrefix(name, overlayXattrPrefix) {
-			continue
-		}
-		v := make([]byte, xattrBufSize)
-		vn, err := unix.Lgetxattr(p, name, v)
-		if errors.Is(err, unix.ENODATA) {
-			continue
-		}
-		if err != nil {
-			return nil, fmt.Errorf("xattr %s of %s: %w", name, p, err)
-		}
-		out = append(out, delta.Xattr{Name: name, Value: slices.Clone(v[:vn])})
-	}
-	slices.SortFunc(out, func(a, b delta.Xattr) int { return strings.Compare(a.Name, b.Name) })
-	return out, nil
+	return x, nil
 }
 
 // content is a file's chunk list.
@@ -83,13 +63,14 @@ type content struct {
 	Chunks []delta.ID
 }
 
-// readContent chunks and hashes a file of a read-only snapshot, saving each
-// chunk when saver is set.
-func readContent(ctx context.Context, p string, size int64, chunker *delta.Chunker, saver delta.BlobSaver, stats *delta.ScanStats) (content, error) {
-	f, err := os.OpenFile(p, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NOATIME, 0)
+// readContent chunks and hashes file name of dirFD in a read-only
+// snapshot, saving each chunk when saver is set.
+func readContent(ctx context.Context, dirFD int, name string, size int64, chunker *delta.Chunker, saver delta.BlobSaver, stats *delta.ScanStats) (content, error) {
+	fd, err := unix.Openat(dirFD, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NOATIME|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return content{}, err
 	}
+	f := os.NewFile(uintptr(fd), name)
 	defer f.Close()
 	var c content
 	stats.FilesRead++
@@ -111,12 +92,22 @@ func readContent(ctx context.Context, p string, size int64, chunker *delta.Chunk
 	})
 	stats.BytesRead += int64(c.Size)
 	if err != nil {
-		return content{}, fmt.Errorf("read %s: %w", p, err)
+		return content{}, fmt.Errorf("read %s: %w", name, err)
 	}
 	return c, nil
 }
 
-// readNames lists a directory without stat-ing its entries.
+// listAt lists directory rel beneath rootFD without following symlinks.
+func listAt(rootFD int, rel string) ([]string, error) {
+	fd, err := fsat.Open(rootFD, rel, unix.O_RDONLY|unix.O_DIRECTORY)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	return fsat.ReadDirNames(fd)
+}
+
+// readNames lists a host directory of the pool without stat-ing its entries.
 func readNames(p string) ([]string, error) {
 	f, err := os.OpenFile(p, os.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_NOATIME, 0)
 	if err != nil {

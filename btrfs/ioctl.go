@@ -222,44 +222,40 @@ func syncFS(p string) error {
 	})
 }
 
-// inoPaths returns every path of inode ino inside the subvolume open as fd,
-// relative to the subvolume's root.
+// inoPaths returns every path of inode ino in the subvolume open as fd.
+// BTRFS_IOC_INO_PATHS answers into at most 4 KiB (the kernel caps the
+// buffer), so an inode whose names do not fit (a path of about 4 KiB, or
+// many links) is resolved from its back references instead.
 func inoPaths(fd int, ino uint64) ([]string, error) {
-	size := 4096
-	for {
-		buf := make([]byte, size)
-		var args [56]byte
-		ne := binary.NativeEndian
-		ne.PutUint64(args[0:], ino)
-		ne.PutUint64(args[8:], uint64(size))
-		ne.PutUint64(args[48:], uint64(uintptr(unsafe.Pointer(&buf[0]))))
-		err := ioctl(fd, iocInoPaths, unsafe.Pointer(&args[0]))
-		runtime.KeepAlive(buf)
-		if err != nil {
-			return nil, fmt.Errorf("paths of inode %d: %w", ino, err)
-		}
-		missing, n := ne.Uint32(buf[4:]), int(ne.Uint32(buf[8:]))
-		if missing > 0 || ne.Uint32(buf[12:]) > 0 {
-			if size >= 16<<20 {
-				return nil, fmt.Errorf("paths of inode %d: more than %d bytes", ino, size)
-			}
-			size = max(size*4, size+int(missing))
-			continue
-		}
-		out := make([]string, 0, n)
-		vals := buf[16:]
-		for i := range n {
-			off := int(ne.Uint64(vals[8*i:]))
-			if off < 0 || off >= len(vals) {
-				return nil, fmt.Errorf("paths of inode %d: bad offset %d", ino, off)
-			}
-			s := vals[off:]
-			end := 0
-			for end < len(s) && s[end] != 0 {
-				end++
-			}
-			out = append(out, string(s[:end]))
-		}
-		return out, nil
+	const size = 4096
+	buf := make([]byte, size)
+	var args [56]byte
+	ne := binary.NativeEndian
+	ne.PutUint64(args[0:], ino)
+	ne.PutUint64(args[8:], uint64(size))
+	ne.PutUint64(args[48:], uint64(uintptr(unsafe.Pointer(&buf[0]))))
+	err := ioctl(fd, iocInoPaths, unsafe.Pointer(&args[0]))
+	runtime.KeepAlive(buf)
+	if err != nil {
+		return nil, fmt.Errorf("paths of inode %d: %w", ino, err)
 	}
+	missing, n := ne.Uint32(buf[4:]), int(ne.Uint32(buf[8:]))
+	if missing > 0 || ne.Uint32(buf[12:]) > 0 {
+		return refPaths(fd, ino, map[uint64]string{}, 0)
+	}
+	out := make([]string, 0, n)
+	vals := buf[16:]
+	for i := range n {
+		off := int(ne.Uint64(vals[8*i:]))
+		if off < 0 || off >= len(vals) {
+			return nil, fmt.Errorf("paths of inode %d: bad offset %d", ino, off)
+		}
+		s := vals[off:]
+		end := 0
+		for end < len(s) && s[end] != 0 {
+			end++
+		}
+		out = append(out, string(s[:end]))
+	}
+	return out, nil
 }

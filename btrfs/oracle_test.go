@@ -125,7 +125,7 @@ func (o *fullWalk) dir(rel string, full bool) (delta.ID, delta.ID, bool) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if e.Xattrs, err = readXattrs(p, o.xbuf); err != nil {
+		if e.Xattrs, err = pathXattrs(o.t, p, o.xbuf); err != nil {
 			t.Fatal(err)
 		}
 		if e.Type == delta.TypeDir {
@@ -163,7 +163,7 @@ func (o *fullWalk) dir(rel string, full bool) (delta.ID, delta.ID, bool) {
 		switch e.Type {
 		case delta.TypeFile:
 			var stats delta.ScanStats
-			c, err := readContent(context.Background(), p, s.Size, delta.NewChunker(), nil, &stats)
+			c, err := pathContent(o.t, p, s.Size, &stats)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -190,9 +190,29 @@ func (o *fullWalk) baseDirMeta(rel string, e *delta.Entry) bool {
 	if unix.Lstat(p, &st) != nil || st.Mode&07777 != e.Mode || st.Uid != e.UID || st.Gid != e.GID {
 		return false
 	}
-	x, err := readXattrs(p, o.xbuf)
+	x, err := pathXattrs(o.t, p, o.xbuf)
 	if err != nil {
 		o.t.Fatal(err)
 	}
 	return slices.EqualFunc(x, e.Xattrs, func(a, b delta.Xattr) bool { return a.Name == b.Name && bytes.Equal(a.Value, b.Value) })
+}
+
+// pathXattrs and pathContent are the oracle's path-based views of the
+// walker's descriptor-based helpers (the oracle's paths are short).
+func pathXattrs(t testing.TB, p string, buf []byte) ([]delta.Xattr, error) {
+	fd, err := openDir(filepath.Dir(p))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	return readXattrs(fd, filepath.Base(p), buf)
+}
+
+func pathContent(t testing.TB, p string, size int64, stats *delta.ScanStats) (content, error) {
+	fd, err := openDir(filepath.Dir(p))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	return readContent(context.Background(), fd, filepath.Base(p), size, delta.NewChunker(), nil, stats)
 }

@@ -163,3 +163,88 @@ func lookupInode(fd int, ino uint64) (inodeItem, error) {
 	}
 	return it, nil
 }
+
+// Back-reference item types (linux/btrfs_tree.h): an inode's names, keyed
+// by parent directory (INODE_REF) or by a hash of parent and name
+// (INODE_EXTREF, for names beyond what one ref item holds).
+const (
+	inodeRefKey    = 12
+	inodeExtrefKey = 13
+)
+
+// maxRefDepth bounds the directory depth refPaths climbs: a name is at
+// least 2 bytes of path, so no real path is deeper than this.
+const maxRefDepth = 1 << 16
+
+// refPaths returns every path of inode ino, built from the back references
+// of it and of the directories above it; dirs memoises directory paths.
+func refPaths(fd int, ino uint64, dirs map[uint64]string, depth int) ([]string, error) {
+	if ino == firstFreeObjectID {
+		return []string{""}, nil
+	}
+	if depth > maxRefDepth {
+		return nil, fmt.Errorf("paths of inode %d: deeper than %d directories", ino, maxRefDepth)
+	}
+	type ref struct {
+		parent uint64
+		name   string
+	}
+	var refs []ref
+	ne := binary.LittleEndian
+	k := searchKey{minObjectID: ino, maxObjectID: ino, minType: inodeRefKey, maxType: inodeExtrefKey, maxOffset: math.MaxUint64}
+	err := treeSearch(fd, k, searchBufSize, func(_ uint64, typ uint32, off uint64, b []byte) error {
+		for len(b) > 0 {
+			var r ref
+			var hdr int
+			switch typ {
+			case inodeRefKey: // u64 index, u16 name_len, name
+				if len(b) < 10 {
+					return fmt.Errorf("inode %d: short ref item", ino)
+				}
+				r.parent, hdr = off, 10
+			case inodeExtrefKey: // u64 parent, u64 index, u16 name_len, name
+				if len(b) < 18 {
+					return fmt.Errorf("inode %d: short extref item", ino)
+				}
+				r.parent, hdr = ne.Uint64(b[0:]), 18
+			default:
+				return nil
+			}
+			l := int(ne.Uint16(b[hdr-2:]))
+			if len(b) < hdr+l {
+				return fmt.Errorf("inode %d: truncated ref item", ino)
+			}
+			r.name = string(b[hdr : hdr+l])
+			refs = append(refs, r)
+			b = b[hdr+l:]
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("paths of inode %d: %w", ino, err)
+	}
+	if len(refs) == 0 {
+		return nil, fmt.Errorf("paths of inode %d: %w", ino, unix.ENOENT)
+	}
+	var out []string
+	for _, r := range refs {
+		pp, ok := dirs[r.parent]
+		if !ok {
+			ps, err := refPaths(fd, r.parent, dirs, depth+1)
+			if err != nil {
+				return nil, err
+			}
+			if len(ps) != 1 {
+				return nil, fmt.Errorf("directory inode %d has %d names", r.parent, len(ps))
+			}
+			pp = ps[0]
+			dirs[r.parent] = pp
+		}
+		if pp == "" {
+			out = append(out, r.name)
+		} else {
+			out = append(out, pp+"/"+r.name)
+		}
+	}
+	return out, nil
+}

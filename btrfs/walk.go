@@ -46,6 +46,7 @@ type walker struct {
 	snapFD  int
 	snapDev uint64
 	base    string // the base subvolume's root
+	baseFD  int
 	baseGen uint64
 	saver   delta.BlobSaver
 	meta    metaDir // records of the previous state (nil: none)
@@ -106,8 +107,13 @@ func newWalker(ctx context.Context, snap, base string, baseGen uint64, saver del
 		unix.Close(fd)
 		return nil, err
 	}
+	baseFD, err := openDir(base)
+	if err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
 	return &walker{
-		ctx: ctx, snap: snap, snapFD: fd, snapDev: st.Dev, base: base, baseGen: baseGen,
+		ctx: ctx, snap: snap, snapFD: fd, snapDev: st.Dev, base: base, baseFD: baseFD, baseGen: baseGen,
 		saver: saver, meta: meta, prev: prev,
 		changed: map[uint64]inodeItem{}, items: map[uint64]inodeItem{}, paths: map[uint64][]string{},
 		dirty: map[string]bool{}, onPath: map[string]bool{}, kids: map[string]map[string]bool{},
@@ -115,7 +121,10 @@ func newWalker(ctx context.Context, snap, base string, baseGen uint64, saver del
 	}, nil
 }
 
-func (w *walker) close() { unix.Close(w.snapFD) }
+func (w *walker) close() {
+	unix.Close(w.snapFD)
+	unix.Close(w.baseFD)
+}
 
 // run finds the inodes changed since the previous state and walks.
 func (w *walker) run() (*walkResult, error) {

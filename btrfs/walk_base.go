@@ -5,15 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"path"
-	"path/filepath"
 	"slices"
+	"strings"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/internal/fsat"
 	"golang.org/x/sys/unix"
 )
 
 // content returns a file's chunks, reading it only if it may have changed.
-func (w *walker) content(p string, st *unix.Stat_t, pe *delta.Entry) (content, error) {
+func (w *walker) content(dirFD int, name string, st *unix.Stat_t, pe *delta.Entry) (content, error) {
 	ctime := unix.TimespecToNsec(st.Ctim)
 	if r, ok := w.reads[st.Ino]; ok && r.ctime == ctime {
 		return r.c, nil
@@ -25,7 +26,7 @@ func (w *walker) content(p string, st *unix.Stat_t, pe *delta.Entry) (content, e
 	if w.chunker == nil {
 		w.chunker = delta.NewChunker()
 	}
-	c, err := readContent(w.ctx, p, st.Size, w.chunker, w.saver, &w.stats)
+	c, err := readContent(w.ctx, dirFD, name, st.Size, w.chunker, w.saver, &w.stats)
 	if err != nil {
 		return content{}, err
 	}
@@ -37,8 +38,10 @@ func (w *walker) content(p string, st *unix.Stat_t, pe *delta.Entry) (content, e
 // whether the base has anything at rel (exists).
 func (w *walker) baseSame(rel string, ino uint64, it inodeItem) (same, exists bool, err error) {
 	var bst unix.Stat_t
-	if err := unix.Lstat(filepath.Join(w.base, rel), &bst); err != nil {
-		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {
+	if err := fsat.Lstat(w.baseFD, rel, &bst); err != nil {
+		// A symlink above rel in the base (ELOOP) means the base has no
+		// directory chain to rel: overlay would not merge through it either.
+		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ELOOP) {
 			return false, false, nil
 		}
 		return false, false, fmt.Errorf("base %s: %w", rel, err)
@@ -79,8 +82,8 @@ func (w *walker) merged(rel string) (bool, error) {
 		return m, nil
 	}
 	var st unix.Stat_t
-	if err := unix.Lstat(w.abs(rel), &st); err != nil {
-		return false, fmt.Errorf("scan %s: %w", w.abs(rel), err)
+	if err := fsat.Lstat(w.snapFD, rel, &st); err != nil {
+		return false, fmt.Errorf("scan %s: %w", w.where(rel), err)
 	}
 	it, err := w.item(st.Ino)
 	if err != nil {
@@ -103,17 +106,21 @@ func (w *walker) merged(rel string) (bool, error) {
 // sameAsBaseDir reports whether the base's directory rel has e's mode,
 // ownership and xattrs.
 func (w *walker) sameAsBaseDir(rel string, e *delta.Entry) (bool, error) {
-	p := filepath.Join(w.base, rel)
-	var st unix.Stat_t
-	if err := unix.Lstat(p, &st); err != nil {
-		return false, nil
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFDIR || st.Mode&07777 != e.Mode || st.Uid != e.UID || st.Gid != e.GID {
-		return false, nil
-	}
-	x, err := readXattrs(p, w.xbuf)
+	fd, err := fsat.Open(w.baseFD, rel, unix.O_RDONLY|unix.O_DIRECTORY)
 	if err != nil {
-		return false, err
+		return false, nil
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return false, nil
+	}
+	if st.Mode&07777 != e.Mode || st.Uid != e.UID || st.Gid != e.GID {
+		return false, nil
+	}
+	x, err := fsat.XattrsFD(fd, w.xbuf, func(n string) bool { return strings.HasPrefix(n, overlayXattrPrefix) })
+	if err != nil {
+		return false, fmt.Errorf("base %s: %w", rel, err)
 	}
 	return slices.EqualFunc(x, e.Xattrs, func(a, b delta.Xattr) bool {
 		return a.Name == b.Name && bytes.Equal(a.Value, b.Value)

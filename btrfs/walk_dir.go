@@ -4,12 +4,11 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"os"
 	"path"
-	"path/filepath"
 	"slices"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/internal/fsat"
 	"golang.org/x/sys/unix"
 )
 
@@ -47,18 +46,18 @@ func (w *walker) dir(rel string, full bool, ino uint64, it inodeItem, prev *reco
 	var names []string
 	inSnap := map[string]bool{}
 	if relist {
-		ns, err := readNames(w.abs(rel))
+		ns, err := listAt(w.snapFD, rel)
 		if err != nil {
-			return dirResult{}, err
+			return dirResult{}, fmt.Errorf("scan %s: %w", w.where(rel), err)
 		}
 		for _, n := range ns {
 			inSnap[n] = true
 		}
 		names = ns
 		if !full {
-			bs, err := readNames(filepath.Join(w.base, rel))
-			if err != nil && !errors.Is(err, os.ErrNotExist) && !errors.Is(err, unix.ENOTDIR) {
-				return dirResult{}, err
+			bs, err := listAt(w.baseFD, rel)
+			if err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENOTDIR) && !errors.Is(err, unix.ELOOP) {
+				return dirResult{}, fmt.Errorf("base %s: %w", rel, err)
 			}
 			names = append(names, bs...)
 		}
@@ -113,13 +112,13 @@ func (w *walker) dir(rel string, full bool, ino uint64, it inodeItem, prev *reco
 		st.Entries = append(st.Entries, se)
 	}
 	if err := t.Check(); err != nil {
-		return dirResult{}, fmt.Errorf("scan %s: %w", w.abs(rel), err)
+		return dirResult{}, fmt.Errorf("scan %s: %w", w.where(rel), err)
 	}
 	data := t.Encode()
 	res := dirResult{id: delta.Hash(data), key: delta.Hash(st.Encode()), empty: len(t.Entries) == 0}
 	if w.saver != nil && (prev == nil || !bytes.Equal(prev.Tree, data)) {
 		if _, err := w.saver.SaveBlob(w.ctx, delta.BlobTree, res.id, data); err != nil {
-			return dirResult{}, fmt.Errorf("save tree of %s: %w", w.abs(rel), err)
+			return dirResult{}, fmt.Errorf("save tree of %s: %w", w.where(rel), err)
 		}
 	}
 	rec := &record{Ino: ino, Gen: it.Gen, Path: rel, Full: full, Tree: data, Kids: kids, decoded: t}
@@ -136,14 +135,23 @@ func (w *walker) dir(rel string, full bool, ino uint64, it inodeItem, prev *reco
 	return res, nil
 }
 
-func (w *walker) abs(rel string) string { return filepath.Join(w.snap, rel) }
+// where names rel for errors; it is never opened as a host path.
+func (w *walker) where(rel string) string { return w.snap + ":/" + rel }
 
 // child looks at one name of a directory: parentFull says the directory is
 // listed in full; pe is the name's entry in the directory's previous record.
 func (w *walker) child(rel, name string, parentFull bool, pe *delta.Entry, parentPrev *record) (*delta.Entry, kid, error) {
-	p := w.abs(rel)
+	p := w.where(rel)
+	// The snapshot is read-only, so nothing changes under the walk, but its
+	// paths may be longer than a host path may be: everything below goes
+	// through the parent's descriptor.
+	dirFD, _, err := fsat.OpenParent(w.snapFD, rel)
+	if err != nil {
+		return nil, kid{}, fmt.Errorf("%w: parent of %s: %v", errStale, rel, err)
+	}
+	defer unix.Close(dirFD)
 	var st unix.Stat_t
-	if err := unix.Lstat(p, &st); err != nil {
+	if err := unix.Fstatat(dirFD, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		if errors.Is(err, unix.ENOENT) {
 			return nil, kid{}, fmt.Errorf("%w: %s is gone", errStale, rel)
 		}
@@ -191,8 +199,8 @@ func (w *walker) child(rel, name string, parentFull bool, pe *delta.Entry, paren
 	if !include && !isDir {
 		return nil, kid{}, nil
 	}
-	if e.Xattrs, err = readXattrs(p, w.xbuf); err != nil {
-		return nil, kid{}, err
+	if e.Xattrs, err = readXattrs(dirFD, name, w.xbuf); err != nil {
+		return nil, kid{}, fmt.Errorf("scan %s: %w", p, err)
 	}
 	if isDir {
 		return w.subdir(rel, &e, st.Ino, it, childFull, opaque, include, pe, parentPrev)
@@ -210,11 +218,11 @@ func (w *walker) child(rel, name string, parentFull bool, pe *delta.Entry, paren
 	}
 	switch e.Type {
 	case delta.TypeSymlink:
-		if e.Target, err = os.Readlink(p); err != nil {
+		if e.Target, err = fsat.Readlink(dirFD, name); err != nil {
 			return nil, kid{}, fmt.Errorf("scan %s: %w", p, err)
 		}
 	case delta.TypeFile:
-		c, err := w.content(p, &st, pe)
+		c, err := w.content(dirFD, name, &st, pe)
 		if err != nil {
 			return nil, kid{}, err
 		}

@@ -7,10 +7,13 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/dgraph-io/badger/v4"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
+	"golang.org/x/sys/unix"
 )
 
 // Options configures Open. The zero value works.
@@ -18,15 +21,20 @@ type Options struct {
 	// Logger receives the catalog's log lines, and Badger's at Warn and
 	// above. Nil means slog.Default().
 	Logger *slog.Logger
+	// ReadOnly opens the catalog without writing anything to its directory
+	// (Badger's read-only mode: no new memtable, no compaction), so reads
+	// work on a full or read-only filesystem. Update fails.
+	ReadOnly bool
 }
 
 // Catalog is an open catalog directory. It is safe for concurrent use by the
 // goroutines of one process; only one process may have a directory open.
 type Catalog struct {
-	dir  string
-	db   *badger.DB
-	lock *dirLock
-	log  *slog.Logger
+	dir      string
+	db       *badger.DB
+	lock     *dirLock
+	log      *slog.Logger
+	readOnly bool
 }
 
 // badgerOptions tunes Badger for a CLI: each command opens the catalog, does a
@@ -77,27 +85,94 @@ func Open(ctx context.Context, dir string, opts Options) (*Catalog, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("open catalog %s: %w", dir, err)
+	if !opts.ReadOnly {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, fmt.Errorf("open catalog %s: %w", dir, err)
+		}
+	} else if _, err := os.Stat(filepath.Join(dir, "MANIFEST")); err != nil {
+		return nil, fmt.Errorf("open catalog %s read-only: %w", dir, err)
 	}
-	lock, err := lockDir(dir)
+	lock, err := lockDir(dir, opts.ReadOnly)
 	if err != nil {
 		return nil, err
 	}
-	db, err := badger.Open(badgerOptions(dir, log))
+	db, err := badger.Open(badgerOptions(dir, log).WithReadOnly(opts.ReadOnly))
 	if err != nil {
 		_ = lock.unlock()
 		if isBadgerLockErr(err) {
 			return nil, inUse(dir, err)
 		}
+		return nil, fmt.Errorf("open catalog %s: %w", dir, noSpace(err))
+	}
+	c := &Catalog{dir: dir, db: db, lock: lock, log: log, readOnly: opts.ReadOnly}
+	if opts.ReadOnly {
+		return c, c.checkSchemaRO(ctx)
+	}
+	// Badger writes its write-ahead log through a sparse mmapped file; on a
+	// full filesystem the page fault is a SIGBUS that kills the process.
+	// Allocating the file's blocks now turns that into ENOSPC, here.
+	if err := preallocateMemtables(dir); err != nil {
+		_ = c.Close()
 		return nil, fmt.Errorf("open catalog %s: %w", dir, err)
 	}
-	c := &Catalog{dir: dir, db: db, lock: lock, log: log}
 	if err := c.checkSchema(ctx); err != nil {
 		_ = c.Close()
 		return nil, err
 	}
 	return c, nil
+}
+
+// preallocateMemtables allocates every block of Badger's memtable files.
+func preallocateMemtables(dir string) error {
+	mems, _ := filepath.Glob(filepath.Join(dir, "*.mem"))
+	for _, m := range mems {
+		f, err := os.OpenFile(m, os.O_RDWR, 0)
+		if err != nil {
+			return err
+		}
+		st, err := f.Stat()
+		if err == nil {
+			err = unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_KEEP_SIZE, 0, st.Size())
+		}
+		f.Close()
+		if err != nil && !errors.Is(err, unix.EOPNOTSUPP) {
+			return fmt.Errorf("allocate %s: %w", m, noSpace(err))
+		}
+	}
+	return nil
+}
+
+// noSpace classes a full filesystem as errdefs.ErrNoSpace.
+func noSpace(err error) error {
+	if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) ||
+		strings.Contains(err.Error(), "no space left on device") { // Badger's y.Wrapf drops the errno
+		return fmt.Errorf("%v: %w", err, errdefs.ErrNoSpace)
+	}
+	return err
+}
+
+// checkSchemaRO is checkSchema for a read-only catalog: it can refuse a
+// schema it does not know but cannot write one.
+func (c *Catalog) checkSchemaRO(ctx context.Context) error {
+	err := c.View(ctx, func(tx *Tx) error {
+		item, err := tx.txn.Get(schemaKey())
+		if err != nil {
+			return fmt.Errorf("catalog %s: read schema version: %w", c.dir, err)
+		}
+		var version int
+		if err := item.Value(func(v []byte) error { return json.Unmarshal(v, &version) }); err != nil {
+			return fmt.Errorf("catalog %s: schema version: %v: %w", c.dir, err, errdefs.ErrCorrupt)
+		}
+		if version != SchemaVersion {
+			return fmt.Errorf("catalog %s has schema version %d, this turnsnap reads version %d: %w",
+				c.dir, version, SchemaVersion, errdefs.ErrPrecondition)
+		}
+		return nil
+	})
+	if err != nil {
+		_ = c.Close()
+	}
+	return err
 }
 
 // checkSchema writes the schema version into a new catalog and refuses one
@@ -183,6 +258,9 @@ const maxUpdateAttempts = 5
 // concurrent Update, fn runs again on a fresh snapshot, so fn must have no
 // effects outside tx, or ones that are safe to repeat.
 func (c *Catalog) Update(ctx context.Context, fn func(tx *Tx) error) error {
+	if c.readOnly {
+		return fmt.Errorf("catalog %s is open read-only: %w", c.dir, errdefs.ErrPrecondition)
+	}
 	var err error
 	for attempt := 0; attempt < maxUpdateAttempts; attempt++ {
 		if err := c.ready(ctx); err != nil {
@@ -211,5 +289,5 @@ func (c *Catalog) Update(ctx context.Context, fn func(tx *Tx) error) error {
 	case errors.Is(err, badger.ErrTxnTooBig):
 		return fmt.Errorf("catalog %s: transaction too big (use PutBlobs/AddRefCounts for bulk writes): %w", c.dir, err)
 	}
-	return err
+	return noSpace(err)
 }

@@ -25,8 +25,15 @@ const lockFileName = "turnsnap.lock"
 // lock when the process dies, so a crash never leaves a stale lock behind.
 type dirLock struct{ f *os.File }
 
-func lockDir(dir string) (*dirLock, error) {
+func lockDir(dir string, readOnly bool) (*dirLock, error) {
 	f, err := os.OpenFile(filepath.Join(dir, lockFileName), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil && readOnly {
+		// A read-only filesystem: flock works on a descriptor opened for
+		// reading, and an absent lock file means no writer can be there.
+		if f, err = os.Open(filepath.Join(dir, lockFileName)); errors.Is(err, os.ErrNotExist) {
+			return &dirLock{}, nil
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("catalog %s: lock: %w", dir, err)
 	}
@@ -47,6 +54,9 @@ func lockDir(dir string) (*dirLock, error) {
 }
 
 func (l *dirLock) unlock() error {
+	if l.f == nil {
+		return nil
+	}
 	// Closing the only descriptor releases the flock. The file stays: removing
 	// it would race with another process that has opened but not yet locked it.
 	return l.f.Close()

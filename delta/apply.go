@@ -6,26 +6,29 @@ import (
 	"io"
 	"os"
 	"path"
-	"path/filepath"
 
 	"github.com/turnsnap/turnsnap/internal/errdefs"
+	"github.com/turnsnap/turnsnap/internal/fsat"
 	"golang.org/x/sys/unix"
 )
 
 // OpaqueXattr is how overlayfs marks an opaque directory on disk.
 const OpaqueXattr = "trusted.overlay.opaque"
 
-// ApplyOptions configures Materialise.
+// ApplyOptions configures Materialise and ApplyLayer.
 type ApplyOptions struct {
 	Loader BlobLoader
-	// AllowDevices permits creating any character and block device node; without
-	// it only those CheckDevice passes are made. Off by
-	// default: a checkpoint is data from storage, and a device node restored
-	// into a sandbox is a way out of it. Whiteouts (0:0) are always allowed.
+	// AllowDevices permits creating any character and block device node;
+	// without it only those CheckDevice passes are made. Off by default: a
+	// checkpoint is data from storage, and a device node restored into a
+	// sandbox is a way out of it. Whiteouts (0:0) are always allowed.
 	AllowDevices bool
+	// Plain says the tree is a complete state (a base, a process image)
+	// rather than a writable layer (StateRules.Plain).
+	Plain bool
 }
 
-// ApplyStats counts what Materialise wrote.
+// ApplyStats counts what an apply wrote.
 type ApplyStats struct {
 	Entries int64
 	Files   int64
@@ -34,28 +37,60 @@ type ApplyStats struct {
 
 // Materialise writes the state named by tree into dst, which must be an
 // existing empty directory. Whiteouts and opaque directories are written in
-// overlayfs's on-disk form, so the result can serve as an upper directory.
-//
-// Safety: every name was validated when its
-// tree was decoded, every object is created fresh with O_EXCL/mkdir/mknod
-// semantics and never opened through a symlink, and hardlinks may only point
-// at files this call created, so nothing is written outside dst. Chunks are
-// verified by the loader as they are read. The caller syncs the filesystem
-// and re-derives the tree to confirm the result.
+// overlayfs's on-disk form (0:0 character devices, trusted.overlay.opaque=y),
+// so the result can serve as an upper directory.
 func Materialise(ctx context.Context, tree ID, dst string, opts ApplyOptions) (ApplyStats, error) {
-	a := &applier{opts: opts, root: dst, files: map[string]bool{}}
-	err := a.dir(ctx, tree, "")
+	return apply(ctx, tree, dst, opts, false)
+}
+
+// ApplyLayer writes tree, a writable layer in overlay upper form, onto the
+// existing directory tree dst, so that dst becomes its old contents merged
+// with tree the way overlayfs would merge them: a whiteout deletes the name,
+// an opaque directory replaces whatever was there (its old contents are
+// gone), any other directory is merged into an existing directory of the
+// same name, and every other entry replaces the name with a new inode.
+// Metadata is set exactly, xattrs included (xattrs the entry does not list
+// are removed, except overlay's own trusted.overlay.* bookkeeping).
+func ApplyLayer(ctx context.Context, tree ID, dst string, opts ApplyOptions) (ApplyStats, error) {
+	return apply(ctx, tree, dst, opts, true)
+}
+
+// apply is the one directory applier behind every restore.
+//
+// Safety (docs/FORMAT.md, "Safe apply and safe scan"): dst may hold
+// anything, symlinks included, and none is ever followed: every directory
+// is opened from its parent's descriptor with openat2
+// RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS, every name is created (O_EXCL, mkdirat, mknodat, symlinkat) or removed
+// relative to that descriptor, and hardlinks may only point at files this
+// call created. No host path is built from a tree's names, so paths of any
+// length work. Chunks are verified by the loader as they are read. The
+// caller syncs the filesystem and re-derives the tree to confirm the result.
+func apply(ctx context.Context, tree ID, dst string, opts ApplyOptions, merge bool) (ApplyStats, error) {
+	fp, err := checkBeforeApply(ctx, tree, dst, opts)
+	if err != nil {
+		return ApplyStats{}, err
+	}
+	fd, err := fsat.OpenDir(dst)
+	if err != nil {
+		return ApplyStats{}, fmt.Errorf("apply onto %s: %w", dst, err)
+	}
+	defer unix.Close(fd)
+	a := &applier{opts: opts, root: dst, rootFD: fd, merge: merge, files: map[string]bool{}, budget: fp}
+	err = a.dir(ctx, fd, tree, "")
 	return a.stats, err
 }
 
 type applier struct {
-	opts  ApplyOptions
-	root  string
-	files map[string]bool // root-relative paths of regular files created, for hardlinks
-	stats ApplyStats
+	opts   ApplyOptions
+	root   string
+	rootFD int
+	merge  bool            // onto existing contents (ApplyLayer), else upper form
+	files  map[string]bool // root-relative paths of regular files created, for hardlinks
+	stats  ApplyStats
+	budget Footprint // what CheckState found; a restore never writes more
 }
 
-func (a *applier) dir(ctx context.Context, id ID, rel string) error {
+func (a *applier) dir(ctx context.Context, dirFD int, id ID, rel string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -64,94 +99,120 @@ func (a *applier) dir(ctx context.Context, id ID, rel string) error {
 		return fmt.Errorf("/%s: %w", rel, err)
 	}
 	for i := range t.Entries {
-		if err := a.entry(ctx, path.Join(rel, t.Entries[i].Name), &t.Entries[i]); err != nil {
-			return err
+		e := &t.Entries[i]
+		p := path.Join(rel, e.Name)
+		if err := a.entry(ctx, dirFD, p, e); err != nil {
+			return fmt.Errorf("restore %s:/%s: %w", a.root, p, err)
 		}
 	}
 	return nil
 }
 
-func (a *applier) entry(ctx context.Context, rel string, e *Entry) error {
-	p := filepath.Join(a.root, rel)
+func (a *applier) entry(ctx context.Context, dirFD int, rel string, e *Entry) error {
 	a.stats.Entries++
-	fail := func(err error) error { return fmt.Errorf("restore %s: %w", p, err) }
+	if uint64(a.stats.Entries) > a.budget.Entries {
+		return fmt.Errorf("more entries than the checked tree holds: %w", errdefs.ErrCorrupt)
+	}
+	if a.merge {
+		var st unix.Stat_t
+		exists := unix.Fstatat(dirFD, e.Name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil
+		if e.Type == TypeDir && !e.Opaque && exists && st.Mode&unix.S_IFMT == unix.S_IFDIR {
+			return a.subdir(ctx, dirFD, rel, e) // merge into the existing directory
+		}
+		if exists {
+			if err := removeAt(dirFD, e.Name); err != nil {
+				return err
+			}
+		}
+		if e.Type == TypeWhiteout {
+			return nil
+		}
+	}
 	switch e.Type {
 	case TypeDir:
-		if err := unix.Mkdir(p, 0o700); err != nil {
-			return fail(err)
-		}
-		if err := a.dir(ctx, e.Subtree, rel); err != nil {
+		if err := unix.Mkdirat(dirFD, e.Name, 0o700); err != nil {
 			return err
 		}
-		if e.Opaque {
-			if err := unix.Lsetxattr(p, OpaqueXattr, []byte("y"), 0); err != nil {
-				return fail(fmt.Errorf("mark opaque: %w", err))
-			}
-		}
+		return a.subdir(ctx, dirFD, rel, e)
 	case TypeFile:
-		if err := a.file(ctx, p, e); err != nil {
-			return fail(err)
-		}
-		a.files[rel] = true
+		return a.file(ctx, dirFD, rel, e)
 	case TypeHardlink:
-		if !a.files[e.Target] {
-			return fail(fmt.Errorf("hardlink to %q, which is not a file restored before it: %w", e.Target, errdefs.ErrCorrupt))
-		}
-		if err := unix.Linkat(unix.AT_FDCWD, filepath.Join(a.root, e.Target), unix.AT_FDCWD, p, 0); err != nil {
-			return fail(err)
-		}
-		return nil // a second name carries no metadata of its own
-	case TypeSymlink:
-		if err := unix.Symlink(e.Target, p); err != nil {
-			return fail(err)
-		}
+		return a.hardlink(dirFD, e)
 	case TypeWhiteout:
-		if err := unix.Mknod(p, unix.S_IFCHR, 0); err != nil {
-			return fail(err)
+		return unix.Mknodat(dirFD, e.Name, unix.S_IFCHR, 0) // overlay's own form
+	case TypeSymlink:
+		if err := unix.Symlinkat(e.Target, dirFD, e.Name); err != nil {
+			return err
 		}
-		return nil
-	case TypeFIFO:
-		if err := unix.Mknod(p, unix.S_IFIFO|0o600, 0); err != nil {
-			return fail(err)
-		}
-	case TypeSocket:
-		if err := unix.Mknod(p, unix.S_IFSOCK|0o600, 0); err != nil {
-			return fail(err)
-		}
-	case TypeCharDev, TypeBlockDev:
+	case TypeFIFO, TypeSocket, TypeCharDev, TypeBlockDev:
+		kind := map[Type]uint32{TypeFIFO: unix.S_IFIFO, TypeSocket: unix.S_IFSOCK, TypeCharDev: unix.S_IFCHR, TypeBlockDev: unix.S_IFBLK}[e.Type]
 		if !a.opts.AllowDevices {
 			if err := CheckDevice(*e); err != nil {
-				return fail(err)
+				return err
 			}
 		}
-		kind := uint32(unix.S_IFCHR)
-		if e.Type == TypeBlockDev {
-			kind = unix.S_IFBLK
-		}
-		if err := unix.Mknod(p, kind|0o600, int(e.Rdev)); err != nil {
-			return fail(err)
+		if err := unix.Mknodat(dirFD, e.Name, kind|0o600, int(e.Rdev)); err != nil {
+			return err
 		}
 	default:
-		return fail(fmt.Errorf("unknown entry type %d: %w", e.Type, errdefs.ErrCorrupt))
+		return fmt.Errorf("unknown entry type %d: %w", e.Type, errdefs.ErrCorrupt)
 	}
-	if err := setMeta(p, e); err != nil {
-		return fail(err)
-	}
-	return nil
+	return setMeta(metaTarget{dirFD: dirFD, name: e.Name, fd: -1}, e)
 }
 
-func (a *applier) file(ctx context.Context, p string, e *Entry) error {
-	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o600)
+func (a *applier) hardlink(dirFD int, e *Entry) error {
+	if !a.files[e.Target] {
+		return fmt.Errorf("hardlink to %q, which is not a file restored before it: %w", e.Target, errdefs.ErrCorrupt)
+	}
+	tfd, err := fsat.Open(a.rootFD, e.Target, unix.O_PATH)
+	if err != nil {
+		return fmt.Errorf("hardlink target %s: %w", e.Target, err)
+	}
+	defer unix.Close(tfd)
+	var st unix.Stat_t
+	if err := unix.Fstat(tfd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return fmt.Errorf("hardlink target %s is no longer the file restored: %w", e.Target, errdefs.ErrPrecondition)
+	}
+	// A second name carries no metadata of its own.
+	return unix.Linkat(tfd, "", dirFD, e.Name, unix.AT_EMPTY_PATH)
+}
+
+func (a *applier) subdir(ctx context.Context, dirFD int, rel string, e *Entry) error {
+	fd, err := fsat.Open(dirFD, e.Name, unix.O_RDONLY|unix.O_DIRECTORY)
 	if err != nil {
 		return err
 	}
+	defer unix.Close(fd)
+	if err := a.dir(ctx, fd, e.Subtree, rel); err != nil {
+		return err
+	}
+	// Merged, an opaque directory was created fresh above and simply holds
+	// nothing else; in upper form it carries overlay's marker.
+	if e.Opaque && !a.merge {
+		if err := unix.Fsetxattr(fd, OpaqueXattr, []byte("y"), 0); err != nil {
+			return fmt.Errorf("mark opaque: %w", err)
+		}
+	}
+	return setMeta(metaTarget{fd: fd}, e)
+}
+
+func (a *applier) file(ctx context.Context, dirFD int, rel string, e *Entry) error {
+	fd, err := unix.Openat(dirFD, e.Name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return err
+	}
+	f := os.NewFile(uintptr(fd), e.Name)
 	defer f.Close()
 	n, err := writeChunks(ctx, a.opts.Loader, f, e)
 	if err != nil {
 		return err
 	}
+	a.files[rel] = true
 	a.stats.Files++
 	a.stats.Bytes += int64(n)
+	if err := setMeta(metaTarget{fd: fd}, e); err != nil {
+		return err
+	}
 	return f.Close()
 }
 
@@ -160,6 +221,9 @@ func (a *applier) file(ctx context.Context, p string, e *Entry) error {
 func writeChunks(ctx context.Context, loader BlobLoader, w io.Writer, e *Entry) (uint64, error) {
 	var n uint64
 	for _, c := range e.Chunks {
+		if n > e.Size {
+			break // already more than declared: CheckFileSize says so
+		}
 		data, err := loader.LoadBlob(ctx, BlobData, c)
 		if err != nil {
 			return n, fmt.Errorf("chunk %s: %w", c.Short(), err)
@@ -169,32 +233,5 @@ func writeChunks(ctx context.Context, loader BlobLoader, w io.Writer, e *Entry) 
 		}
 		n += uint64(len(data))
 	}
-	if n != e.Size {
-		return n, fmt.Errorf("chunks hold %d bytes, entry says %d: %w", n, e.Size, errdefs.ErrCorrupt)
-	}
-	return n, nil
-}
-
-// setMeta applies ownership, mode, xattrs and mtime in the order that keeps
-// each one: chown clears setuid bits and file capabilities, so it goes first;
-// the mtime goes last because every other change would move it.
-func setMeta(p string, e *Entry) error {
-	if err := unix.Lchown(p, int(e.UID), int(e.GID)); err != nil {
-		return fmt.Errorf("chown: %w", err)
-	}
-	if e.Type != TypeSymlink {
-		if err := unix.Chmod(p, e.Mode); err != nil {
-			return fmt.Errorf("chmod: %w", err)
-		}
-	}
-	for _, x := range e.Xattrs {
-		if err := unix.Lsetxattr(p, x.Name, x.Value, 0); err != nil {
-			return fmt.Errorf("xattr %s: %w", x.Name, err)
-		}
-	}
-	ts := []unix.Timespec{unix.NsecToTimespec(e.MtimeNs), unix.NsecToTimespec(e.MtimeNs)}
-	if err := unix.UtimesNanoAt(unix.AT_FDCWD, p, ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-		return fmt.Errorf("set mtime: %w", err)
-	}
-	return nil
+	return n, CheckFileSize(e, n)
 }

@@ -8,12 +8,15 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-const cacheVersion = 1
+// Version 2 added Dev: a directory listed through a merged view (overlay's
+// redirects) has other device numbers than the upper.
+const cacheVersion = 2
 
 // CacheKey is what must be unchanged for a file's content to be trusted
 // without reading it. ctime is the heart of it: user space cannot set it, and
 // every content, mode, owner, xattr or link-count change moves it.
 type CacheKey struct {
+	Dev     uint64
 	Ino     uint64
 	Size    int64
 	MtimeNs int64
@@ -23,7 +26,7 @@ type CacheKey struct {
 
 func cacheKeyOf(st *unix.Stat_t) CacheKey {
 	return CacheKey{
-		Ino: st.Ino, Size: st.Size, Mode: st.Mode,
+		Dev: st.Dev, Ino: st.Ino, Size: st.Size, Mode: st.Mode,
 		MtimeNs: unix.TimespecToNsec(st.Mtim), CtimeNs: unix.TimespecToNsec(st.Ctim),
 	}
 }

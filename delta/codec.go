@@ -76,7 +76,12 @@ func NewCodec() (*Codec, error) {
 	if err != nil {
 		return nil, fmt.Errorf("zstd encoder: %w", err)
 	}
-	dec, err := zstd.NewReader(nil, zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxMemory(1<<30))
+	// DecodeAll stops at the capacity of the buffer it is given
+	// (Decompress sizes it to the declared length + 1), so a small frame
+	// that inflates to gigabytes costs one blob's worth of memory. The
+	// memory bound also caps the window a frame may ask for.
+	dec, err := zstd.NewReader(nil, zstd.WithDecoderConcurrency(1),
+		zstd.WithDecoderMaxMemory(2*MaxTreeSize), zstd.WithDecodeAllCapLimit(true))
 	if err != nil {
 		return nil, fmt.Errorf("zstd decoder: %w", err)
 	}
@@ -96,9 +101,16 @@ func (c *Codec) Compress(dst, plain []byte) (out []byte, ok bool) {
 }
 
 // Decompress returns the plaintext of a zstd frame whose plaintext is
-// rawLen bytes long; any other length is corruption.
+// rawLen bytes long; any other length is corruption. It never produces
+// more than rawLen+1 bytes, and rawLen must already be bounded (DecodeBlob,
+// MaxRawLength).
 func (c *Codec) Decompress(frame []byte, rawLen int) ([]byte, error) {
-	out, err := c.dec.DecodeAll(frame, make([]byte, 0, rawLen))
+	if rawLen < 0 || rawLen > MaxTreeSize {
+		return nil, fmt.Errorf("zstd: declared plaintext of %d bytes is over the limit %d: %w", rawLen, MaxTreeSize, errdefs.ErrCorrupt)
+	}
+	// One byte of room beyond the declared length tells "exactly rawLen"
+	// from "more than rawLen" without decoding the rest.
+	out, err := c.dec.DecodeAll(frame, make([]byte, 0, rawLen+1))
 	if err != nil {
 		return nil, fmt.Errorf("zstd: %v: %w", err, errdefs.ErrCorrupt)
 	}
@@ -106,6 +118,29 @@ func (c *Codec) Decompress(frame []byte, rawLen int) ([]byte, error) {
 		return nil, fmt.Errorf("zstd: plaintext is %d bytes, want %d: %w", len(out), rawLen, errdefs.ErrCorrupt)
 	}
 	return out, nil
+}
+
+// DecodeBlob turns a blob's stored bytes back into its plaintext and checks
+// it hashes to id: the one blob decoder every reader uses. rawLen is the
+// declared plaintext length, bounded by MaxRawLength(t) before anything is
+// allocated. Errors wrap errdefs.ErrCorrupt; the caller names the object.
+func (c *Codec) DecodeBlob(t BlobType, id ID, compressed bool, rawLen uint64, stored []byte) ([]byte, error) {
+	if most := MaxRawLength(t); rawLen > most {
+		return nil, fmt.Errorf("blob %s: %s blob declares %d bytes, more than the limit %d: %w", id, t, rawLen, most, errdefs.ErrCorrupt)
+	}
+	plain := stored
+	if compressed {
+		var err error
+		if plain, err = c.Decompress(stored, int(rawLen)); err != nil {
+			return nil, fmt.Errorf("blob %s: %w", id, err)
+		}
+	} else if uint64(len(stored)) != rawLen {
+		return nil, fmt.Errorf("blob %s: %d stored bytes, declared %d: %w", id, len(stored), rawLen, errdefs.ErrCorrupt)
+	}
+	if got := Hash(plain); got != id {
+		return nil, fmt.Errorf("blob %s: content hashes to %s: %w", id, got.Short(), errdefs.ErrCorrupt)
+	}
+	return plain, nil
 }
 
 // Close releases the codec's resources.

@@ -61,6 +61,10 @@ func (l *Lock) Stale(modTime, now time.Time) bool {
 	return now.Sub(last) > window
 }
 
+// MaxSmallObject bounds what a reader accepts for a ref, a sandbox object
+// or a lock (docs/FORMAT.md, "Limits").
+const MaxSmallObject = 64 << 10
+
 // RecordName is the store name of the record whose hash is id.
 func RecordName(id ID) string { return RecordPrefix + id.String() }
 

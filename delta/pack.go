@@ -42,6 +42,8 @@ package delta
 //   - A pack holds a blob ID at most once.
 //   - Unknown types and compressions are corruption, not extensions: a new
 //     one needs a new magic.
+//   - raw_length is at most MaxRawLength(type): a chunk's maximum for
+//     data, MaxTreeSize for trees.
 //
 // A pack's ID is Hash of all its bytes, and it is stored under
 // PackName(ID) = "packs/" || first two hex digits of ID || "/" || hex ID.
@@ -56,6 +58,10 @@ import (
 
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
+
+// MaxPackSize is the largest pack a reader accepts. Writers close a pack
+// once it passes 16 MiB, so a pack is at most that plus one blob.
+const MaxPackSize = 256 << 20
 
 // PackPrefix starts the name of every pack; List(ctx, PackPrefix, fn) visits
 // them all.
@@ -169,6 +175,9 @@ func ReadPackHeader(ctx context.Context, s RangeReader, name string) ([]PackEntr
 	size, err := s.ObjectSize(ctx, name)
 	if err != nil {
 		return nil, err
+	}
+	if size > MaxPackSize {
+		return nil, fmt.Errorf("pack %s: %d bytes, more than the limit %d: %w", name, size, MaxPackSize, errdefs.ErrCorrupt)
 	}
 	if size < packFooterSize {
 		_, err := parseFooter(nil, size)
@@ -300,6 +309,8 @@ func checkEntry(e PackEntry, next, start uint64, seen map[ID]bool) string {
 		return fmt.Sprintf("offset %d leaves a gap after the previous blob, which ends at %d", e.Offset, next)
 	case e.Length > start-e.Offset:
 		return fmt.Sprintf("length %d at offset %d runs past the header at %d", e.Length, e.Offset, start)
+	case e.RawLength > MaxRawLength(e.Type):
+		return fmt.Sprintf("raw length %d is over the %s limit %d", e.RawLength, e.Type, MaxRawLength(e.Type))
 	case e.Compression == CompressionNone && e.RawLength != e.Length:
 		return fmt.Sprintf("uncompressed but raw length %d differs from stored length %d", e.RawLength, e.Length)
 	case seen[e.ID]:

@@ -20,6 +20,10 @@ const RecordVersion = 2
 // name labels in the store that holds them (docs/FORMAT.md, "Sandbox identity").
 const MinRecordVersion = 1
 
+// MaxRecordSize is the largest record a reader accepts (docs/FORMAT.md,
+// "Limits"); a record is a few hundred bytes plus its message.
+const MaxRecordSize = 1 << 20
+
 // Class says what a checkpoint captured.
 type Class string
 
@@ -143,6 +147,9 @@ func EncodeRecord(cp *Checkpoint) ([]byte, ID, error) {
 // the record is fetched from the store or the catalog by that name, and a
 // mismatch means the bytes are not the checkpoint the caller asked for.
 func DecodeRecord(id ID, data []byte) (*Checkpoint, error) {
+	if len(data) > MaxRecordSize {
+		return nil, fmt.Errorf("checkpoint %s: record of %d bytes, more than the limit %d: %w", id, len(data), MaxRecordSize, errdefs.ErrCorrupt)
+	}
 	if got := Hash(data); got != id {
 		return nil, fmt.Errorf("checkpoint %s: record hashes to %s: %w", id, got, errdefs.ErrCorrupt)
 	}

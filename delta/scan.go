@@ -4,15 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"math"
-	"os"
 	"path"
-	"path/filepath"
 	"slices"
-	"strings"
 	"time"
 
+	"github.com/turnsnap/turnsnap/internal/fsat"
 	"golang.org/x/sys/unix"
 )
 
@@ -34,10 +31,29 @@ type ScanOptions struct {
 	// copy-up left behind by a change that was later undone. They stay in the
 	// tree but are left out of the state key, so such a turn classifies as skip.
 	Residue func(rel string, e *Entry) bool
+	// Redirect lets a backend list a directory from somewhere else: overlay
+	// lists a renamed base directory (trusted.overlay.redirect), whose upper
+	// holds only what changed, through the mount, so its merged contents are
+	// recorded (as an opaque directory: Redirect sets e.Opaque). dirFD and
+	// name locate the directory's entry. It returns an open directory
+	// descriptor, which the scan closes, or -1 to list the directory itself.
+	// Entries below a redirected directory are already merged: they are not
+	// passed to Translate, Residue or Redirect.
+	Redirect func(dirFD int, name, rel string, e *Entry) (int, error)
+	// LinkID, when set, gives the identity by which a multiply-linked file
+	// outside redirected directories is matched to its other names (default:
+	// its device and inode). Overlay sets it when a redirect was listed, so
+	// that files of the upper and files seen through the mount compare by
+	// the mount's inode numbers.
+	LinkID func(dirFD int, name, rel string, st *unix.Stat_t) ([2]uint64, error)
 	// Quiescent says nothing else writes below root during the scan (a layer
 	// just restored and not yet mounted), so entries stamped moments ago can be
 	// trusted next time instead of being treated as racy.
 	Quiescent bool
+
+	// beforeOpen, for tests, runs between the stat of an entry and the
+	// open of it: the window a racing writer swaps a name in.
+	beforeOpen func(rel string)
 }
 
 // ScanStats counts a scan's work; FilesRead is how tests prove that unchanged
@@ -70,7 +86,11 @@ type ScanResult struct {
 const racyWindow = 50 * time.Millisecond
 
 // xattrBufSize bounds one xattr list or value read; the kernel's own limit is 64 KiB.
-const xattrBufSize = 64 << 10
+const xattrBufSize = fsat.XattrBufSize
+
+// raceRetries bounds how often one entry is looked at again after it
+// changed kind or identity between its stat and its open.
+const raceRetries = 8
 
 type scanner struct {
 	opts      ScanOptions
@@ -83,12 +103,26 @@ type scanner struct {
 	racyAfter int64
 }
 
+// errRaced reports an entry that changed between its stat and its open.
+var errRaced = errors.New("entry changed while it was scanned")
+
 // Scan walks the directory root and returns the tree of its contents. The
 // walk is depth-first in byte order of names, the canonical order of
 // docs/FORMAT.md: the first name of a hardlinked file in that order holds
 // its content, later names are TypeHardlink entries pointing at it.
-// Scan never follows symlinks. The root's own metadata is not captured.
+//
+// Scan never follows a symlink and never builds a path below root: every
+// directory is opened from its parent's descriptor (openat2
+// RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS, O_NOFOLLOW), so a writer that swaps
+// a directory for a symlink mid-scan gets the symlink recorded, never what
+// it points to, and paths of any length inside root work. The root's own
+// metadata is not captured.
 func Scan(ctx context.Context, root string, opts ScanOptions) (*ScanResult, error) {
+	fd, err := fsat.OpenDir(root)
+	if err != nil {
+		return nil, fmt.Errorf("scan: %w", err)
+	}
+	defer unix.Close(fd)
 	s := &scanner{
 		opts:      opts,
 		root:      root,
@@ -101,37 +135,50 @@ func Scan(ctx context.Context, root string, opts ScanOptions) (*ScanResult, erro
 	if opts.Quiescent {
 		s.racyAfter = math.MaxInt64
 	}
-	id, key, err := s.dir(ctx, "")
+	id, key, err := s.dir(ctx, fd, "", dirFlags{})
 	if err != nil {
 		return nil, err
 	}
 	return &ScanResult{Root: id, StateKey: key, Cache: s.next, Stats: s.stats}, nil
 }
 
-func (s *scanner) abs(rel string) string {
-	if rel == "" {
-		return s.root
-	}
-	return filepath.Join(s.root, rel)
+// where names rel for errors: the root, then the in-sandbox path.
+func (s *scanner) where(rel string) string { return s.root + ":/" + rel }
+
+// dirFlags says how a directory's entries are interpreted.
+type dirFlags struct {
+	merged bool // listed through a merged view: no backend translation
+	opaque bool // below an opaque directory: nothing of the lower shows, so no residue
 }
 
-// dir builds and saves the tree of directory rel; it returns the tree's ID
-// and its state key.
-func (s *scanner) dir(ctx context.Context, rel string) (ID, ID, error) {
+// dir builds and saves the tree of directory rel, open as fd. It returns
+// the tree's ID and its state key.
+func (s *scanner) dir(ctx context.Context, fd int, rel string, fl dirFlags) (ID, ID, error) {
 	if err := ctx.Err(); err != nil {
 		return ID{}, ID{}, err
 	}
 	s.stats.Dirs++
-	names, err := readNames(s.abs(rel))
+	names, err := fsat.ReadDirNames(fd)
 	if err != nil {
-		return ID{}, ID{}, err
+		return ID{}, ID{}, fmt.Errorf("scan %s: %w", s.where(rel), err)
 	}
 	slices.Sort(names)
 	t := &Tree{Entries: make([]Entry, 0, len(names))}
 	st := &Tree{Entries: make([]Entry, 0, len(names))}
 	for _, name := range names {
 		crel := path.Join(rel, name)
-		e, key, keep, err := s.entry(ctx, crel, name)
+		var e Entry
+		var key ID
+		var keep bool
+		for attempt := 0; ; attempt++ {
+			e, key, keep, err = s.entry(ctx, fd, crel, name, fl)
+			if !errors.Is(err, errRaced) {
+				break
+			}
+			if attempt == raceRetries {
+				return ID{}, ID{}, fmt.Errorf("scan %s: kept changing while it was scanned", s.where(crel))
+			}
+		}
 		if err != nil {
 			return ID{}, ID{}, err
 		}
@@ -141,7 +188,7 @@ func (s *scanner) dir(ctx context.Context, rel string) (ID, ID, error) {
 		t.Entries = append(t.Entries, e)
 		if e.Type == TypeDir {
 			// The cheap test first: Residue looks at the lower layer on disk.
-			if key == emptyTreeID && s.opts.Residue != nil && s.opts.Residue(crel, &e) {
+			if !fl.merged && !fl.opaque && key == emptyTreeID && s.opts.Residue != nil && s.opts.Residue(crel, &e) {
 				continue
 			}
 			e.MtimeNs = 0
@@ -150,13 +197,13 @@ func (s *scanner) dir(ctx context.Context, rel string) (ID, ID, error) {
 		st.Entries = append(st.Entries, e)
 	}
 	if err := t.Check(); err != nil {
-		return ID{}, ID{}, fmt.Errorf("scan %s: %w", s.abs(rel), err)
+		return ID{}, ID{}, fmt.Errorf("scan %s: %w", s.where(rel), err)
 	}
 	data := t.Encode()
 	id := Hash(data)
 	if s.opts.Saver != nil {
 		if _, err := s.opts.Saver.SaveBlob(ctx, BlobTree, id, data); err != nil {
-			return ID{}, ID{}, fmt.Errorf("save tree of %s: %w", s.abs(rel), err)
+			return ID{}, ID{}, fmt.Errorf("save tree of %s: %w", s.where(rel), err)
 		}
 	}
 	return id, Hash(st.Encode()), nil
@@ -167,14 +214,15 @@ var emptyTreeID = Hash((&Tree{}).Encode())
 // EmptyTree returns the ID of the tree with no entries.
 func EmptyTree() ID { return emptyTreeID }
 
-func (s *scanner) entry(ctx context.Context, rel, name string) (Entry, ID, bool, error) {
-	p := s.abs(rel)
+// entry looks at name in the directory open as dirFD. errRaced means the
+// name changed under it and is to be looked at again.
+func (s *scanner) entry(ctx context.Context, dirFD int, rel, name string, fl dirFlags) (Entry, ID, bool, error) {
 	var st unix.Stat_t
-	if err := unix.Lstat(p, &st); err != nil {
+	if err := unix.Fstatat(dirFD, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		if errors.Is(err, unix.ENOENT) {
 			return Entry{}, ID{}, false, nil // deleted while we walked: not part of this state
 		}
-		return Entry{}, ID{}, false, fmt.Errorf("scan %s: %w", p, err)
+		return Entry{}, ID{}, false, fmt.Errorf("scan %s: %w", s.where(rel), err)
 	}
 	s.stats.Entries++
 	fresh := cacheKeyOf(&st)
@@ -199,52 +247,70 @@ func (s *scanner) entry(ctx context.Context, rel, name string) (Entry, ID, bool,
 	case unix.S_IFSOCK:
 		e.Type = TypeSocket
 	default:
-		return Entry{}, ID{}, false, fmt.Errorf("scan %s: unknown file type %#o", p, st.Mode&unix.S_IFMT)
+		return Entry{}, ID{}, false, fmt.Errorf("scan %s: unknown file type %#o", s.where(rel), st.Mode&unix.S_IFMT)
 	}
 	// Only regular files are hardlinks in the format. Other multiply-linked
 	// inodes are recorded name by name: overlayfs (since Linux 5.8) links
 	// every whiteout to one shared 0:0 device, and each of those names is a
 	// whiteout of its own.
+	var linkKey *[2]uint64 // set: the first name of a multiply-linked file
 	if e.Type == TypeFile && st.Nlink > 1 {
 		ino := [2]uint64{st.Dev, st.Ino}
+		if s.opts.LinkID != nil && !fl.merged {
+			var err error
+			if ino, err = s.opts.LinkID(dirFD, name, rel, &st); err != nil {
+				return Entry{}, ID{}, false, fmt.Errorf("scan %s: %w", s.where(rel), err)
+			}
+		}
 		if primary, ok := s.links[ino]; ok {
 			link := Entry{Name: name, Type: TypeHardlink, Target: primary}
 			return link, ID{}, true, nil
 		}
-		s.links[ino] = rel
+		linkKey = &ino
 	}
 	var err error
 	if hit {
 		// The cached entry is already translated, so Translate must be
 		// idempotent: it sees the opaque flag here, not the raw xattr.
 		e.Xattrs, e.Opaque = prev.Entry.Xattrs, prev.Entry.Opaque
-	} else if e.Xattrs, err = s.xattrs(p); err != nil {
-		return Entry{}, ID{}, false, err
+	} else if e.Xattrs, err = fsat.Xattrs(dirFD, name, s.xbuf, nil); err != nil {
+		return Entry{}, ID{}, false, fmt.Errorf("scan %s: %w", s.where(rel), err)
+	}
+	if s.opts.beforeOpen != nil {
+		s.opts.beforeOpen(rel)
 	}
 	switch e.Type {
 	case TypeSymlink:
-		if e.Target, err = os.Readlink(p); err != nil {
-			return Entry{}, ID{}, false, fmt.Errorf("scan %s: %w", p, err)
+		if e.Target, err = fsat.Readlink(dirFD, name); err != nil {
+			return Entry{}, ID{}, false, s.raced(rel, err)
 		}
 	case TypeFile:
 		if hit {
 			e.Size, e.Chunks = prev.Entry.Size, prev.Entry.Chunks
 			s.stats.CacheHits++
-		} else if fresh, err = s.file(ctx, p, &e); err != nil {
+		} else if fresh, err = s.file(ctx, dirFD, rel, &st, &e); err != nil {
 			return Entry{}, ID{}, false, err
 		}
 	}
-	if s.opts.Translate != nil {
+	if s.opts.Translate != nil && !fl.merged {
 		keep, err := s.opts.Translate(rel, &st, &e)
-		if err != nil || !keep {
-			return Entry{}, ID{}, keep, err
+		if err != nil {
+			return Entry{}, ID{}, false, fmt.Errorf("scan %s: %w", s.where(rel), err)
+		}
+		if !keep {
+			return Entry{}, ID{}, false, nil
 		}
 	}
 	var key ID
 	if e.Type == TypeDir {
-		if e.Subtree, key, err = s.dir(ctx, rel); err != nil {
+		if e.Subtree, key, err = s.subdir(ctx, dirFD, rel, &st, &e, fl); err != nil {
 			return Entry{}, ID{}, false, err
 		}
+	}
+	if linkKey != nil {
+		// Only now: a name that turned out to be gone or raced must not
+		// become the target of later names.
+		s.links[*linkKey] = rel
 	}
 	ce := CacheEntry{Key: fresh, Entry: e, Racy: fresh.CtimeNs >= s.racyAfter}
 	ce.Entry.Name = ""
@@ -252,114 +318,41 @@ func (s *scanner) entry(ctx context.Context, rel, name string) (Entry, ID, bool,
 	return e, key, true, nil
 }
 
-// file reads, chunks and saves a regular file's content. It returns the
-// file's identity as of the read: stat of the open descriptor, checked again
-// after the read so a file changed mid-read is never cached as consistent.
-func (s *scanner) file(ctx context.Context, p string, e *Entry) (CacheKey, error) {
-	for attempt := 0; ; attempt++ {
-		key, changed, err := s.readFile(ctx, p, e)
-		if err != nil || !changed {
-			return key, err
-		}
-		if attempt == 3 {
-			return key, fmt.Errorf("scan %s: file kept changing while it was read", p)
-		}
+// raced maps the errors of an entry that is no longer what its stat said
+// (now a symlink, now a directory, gone) to errRaced. EXDEV is openat2's
+// RESOLVE_BENEATH answer when a rename races the lookup.
+func (s *scanner) raced(rel string, err error) error {
+	if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ENOENT) ||
+		errors.Is(err, unix.EINVAL) || errors.Is(err, unix.EISDIR) || errors.Is(err, unix.ENXIO) ||
+		errors.Is(err, unix.EXDEV) {
+		return errRaced
 	}
+	return fmt.Errorf("scan %s: %w", s.where(rel), err)
 }
 
-func (s *scanner) readFile(ctx context.Context, p string, e *Entry) (CacheKey, bool, error) {
-	f, err := os.OpenFile(p, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NOATIME, 0)
-	if err != nil {
-		return CacheKey{}, false, fmt.Errorf("scan %s: %w", p, err)
-	}
-	defer f.Close()
-	var before, after unix.Stat_t
-	if err := unix.Fstat(int(f.Fd()), &before); err != nil {
-		return CacheKey{}, false, fmt.Errorf("scan %s: %w", p, err)
-	}
-	s.stats.FilesRead++
-	e.Chunks, e.Size = e.Chunks[:0], 0
-	err = s.chunker.Chunk(f, before.Size, func(data []byte) error {
-		if err := ctx.Err(); err != nil {
-			return err
+// subdir opens directory e (stat st) below dirFD, checks it is still the
+// inode that was stat-ed, and scans it.
+func (s *scanner) subdir(ctx context.Context, dirFD int, rel string, st *unix.Stat_t, e *Entry, fl dirFlags) (ID, ID, error) {
+	fd := -1
+	if s.opts.Redirect != nil && !fl.merged {
+		var err error
+		if fd, err = s.opts.Redirect(dirFD, e.Name, rel, e); err != nil {
+			return ID{}, ID{}, fmt.Errorf("scan %s: %w", s.where(rel), err)
 		}
-		id := Hash(data)
-		if s.opts.Saver != nil {
-			if _, err := s.opts.Saver.SaveBlob(ctx, BlobData, id, data); err != nil {
-				return err
-			}
+		fl.merged = fd >= 0
+	}
+	fl.opaque = fl.opaque || e.Opaque
+	if fd < 0 {
+		var err error
+		if fd, err = fsat.Open(dirFD, e.Name, unix.O_RDONLY|unix.O_DIRECTORY); err != nil {
+			return ID{}, ID{}, s.raced(rel, err)
 		}
-		e.Chunks = append(e.Chunks, id)
-		e.Size += uint64(len(data))
-		s.stats.Chunks++
-		return nil
-	})
-	s.stats.BytesRead += int64(e.Size)
-	if err != nil {
-		return CacheKey{}, false, fmt.Errorf("scan %s: %w", p, err)
-	}
-	if len(e.Chunks) == 0 {
-		e.Chunks = nil
-	}
-	if err := unix.Fstat(int(f.Fd()), &after); err != nil {
-		return CacheKey{}, false, fmt.Errorf("scan %s: %w", p, err)
-	}
-	k := cacheKeyOf(&after)
-	return k, k != cacheKeyOf(&before) || uint64(after.Size) != e.Size, nil
-}
-
-// readNames lists a directory without stat-ing its entries.
-func readNames(p string) ([]string, error) {
-	f, err := os.Open(p)
-	if err != nil {
-		return nil, fmt.Errorf("scan %s: %w", p, err)
-	}
-	defer f.Close()
-	names, err := f.Readdirnames(-1)
-	if err != nil && err != io.EOF {
-		return nil, fmt.Errorf("scan %s: %w", p, err)
-	}
-	return names, nil
-}
-
-// xattrs returns all extended attributes of p, sorted by name.
-func (s *scanner) xattrs(p string) ([]Xattr, error) {
-	x, err := readXattrs(p, s.xbuf)
-	if err != nil {
-		return nil, fmt.Errorf("scan %s: %w", p, err)
-	}
-	return x, nil
-}
-
-// ReadXattrs returns all extended attributes of p (not following a
-// symlink), sorted by name, as a scan would record them.
-func ReadXattrs(p string) ([]Xattr, error) {
-	return readXattrs(p, make([]byte, xattrBufSize))
-}
-
-func readXattrs(p string, listBuf []byte) ([]Xattr, error) {
-	n, err := unix.Llistxattr(p, listBuf)
-	if err != nil {
-		if errors.Is(err, unix.ENOTSUP) {
-			return nil, nil
+		var now unix.Stat_t
+		if err := unix.Fstat(fd, &now); err != nil || !fsat.SameFile(&now, st) {
+			unix.Close(fd)
+			return ID{}, ID{}, errRaced
 		}
-		return nil, fmt.Errorf("list xattrs: %w", err)
 	}
-	var out []Xattr
-	for _, name := range strings.Split(string(listBuf[:n]), "\x00") {
-		if name == "" {
-			continue
-		}
-		vbuf := make([]byte, xattrBufSize)
-		vn, err := unix.Lgetxattr(p, name, vbuf)
-		if errors.Is(err, unix.ENODATA) {
-			continue // removed between list and get
-		}
-		if err != nil {
-			return nil, fmt.Errorf("xattr %s: %w", name, err)
-		}
-		out = append(out, Xattr{Name: name, Value: slices.Clone(vbuf[:vn])})
-	}
-	slices.SortFunc(out, func(a, b Xattr) int { return strings.Compare(a.Name, b.Name) })
-	return out, nil
+	defer unix.Close(fd)
+	return s.dir(ctx, fd, rel, fl)
 }

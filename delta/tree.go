@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/turnsnap/turnsnap/internal/errdefs"
+	"github.com/turnsnap/turnsnap/internal/fsat"
 )
 
 // Type is an entry's kind. The values are part of the tree encoding.
@@ -40,10 +41,7 @@ func (t Type) String() string {
 // Xattr is one extended attribute. Overlay's own trusted.overlay.* attributes
 // never appear here: the opaque marker is Entry.Opaque, the rest are the
 // kernel's bookkeeping and are not state.
-type Xattr struct {
-	Name  string
-	Value []byte
-}
+type Xattr = fsat.Xattr
 
 // Entry is one name in a directory. Fields that do not apply to the entry's
 // Type must be zero (the encoding rejects anything else), so that equal

@@ -11,6 +11,9 @@ import (
 // DecodeTree parses an encoded tree and rejects anything that is not the
 // canonical encoding of a valid tree, so one state has exactly one ID.
 func DecodeTree(data []byte) (*Tree, error) {
+	if len(data) > MaxTreeSize {
+		return nil, fmt.Errorf("tree: %d bytes, more than the limit %d: %w", len(data), MaxTreeSize, errdefs.ErrCorrupt)
+	}
 	d := decoder{b: data}
 	if len(data) < len(treeMagic) || !bytes.HasPrefix(data, treeMagic[:3]) {
 		return nil, fmt.Errorf("tree: bad magic: %w", errdefs.ErrCorrupt)
@@ -20,8 +23,8 @@ func DecodeTree(data []byte) (*Tree, error) {
 	}
 	d.b = d.b[len(treeMagic):]
 	n := d.uvarint()
-	if n > uint64(len(data)) { // every entry takes at least one byte
-		return nil, fmt.Errorf("tree: entry count %d exceeds size: %w", n, errdefs.ErrCorrupt)
+	if n > uint64(len(data)) || n > MaxTreeEntries { // every entry takes at least one byte
+		return nil, fmt.Errorf("tree: entry count %d exceeds size or the limit %d: %w", n, MaxTreeEntries, errdefs.ErrCorrupt)
 	}
 	t := &Tree{Entries: make([]Entry, n)}
 	for i := range t.Entries {

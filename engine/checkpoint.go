@@ -53,9 +53,11 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	if err := st.root.Mount(ctx); err != nil {
 		return nil, err
 	}
-	// The turn's pending writes live in op: a failed or skipped turn just
-	// drops it.
+	// The turn's pending writes live in op: a failed or skipped turn drops
+	// it and deletes the packs it wrote (Op.Discard keeps any that got
+	// indexed), so a turn that ran out of space leaves nothing behind.
 	op := e.repo.Begin()
+	defer op.Discard(context.WithoutCancel(ctx))
 	// Processes first: decide whether they changed and pause them, so the
 	// scan and any dump below are one instant.
 	pt, err := e.beginProcTurn(ctx, name, st.head)

@@ -11,8 +11,8 @@ import (
 
 // Device nodes made inside a sandbox follow one rule, delta.CheckDevice,
 // at every step: a checkpoint refuses a root holding a device it would not
-// restore (deviceGuard), verify reports one (Verify), rollback and branch
-// check the whole tree before they stop anything (checkDevices), and the
+// restore (deviceGuard), verify, rollback and branch apply it to the whole
+// layer through delta.CheckState before they stop anything, and the
 // restore itself applies the same rule.
 
 // deviceGuard passes a scan's blobs on to the repository and refuses every
@@ -33,35 +33,6 @@ func (g deviceGuard) SaveBlob(ctx context.Context, t delta.BlobType, id delta.ID
 		}
 	}
 	return g.BlobSaver.SaveBlob(ctx, t, id, plain)
-}
-
-// checkDevices walks a sandbox layer tree and returns CheckDevice's refusal
-// for the first device node it finds, with the node's path.
-func checkDevices(ctx context.Context, loader delta.BlobLoader, root delta.ID) error {
-	seen := map[delta.ID]bool{}
-	var walk func(id delta.ID, dir string) error
-	walk = func(id delta.ID, dir string) error {
-		if seen[id] {
-			return nil
-		}
-		seen[id] = true
-		t, err := delta.LoadTree(ctx, loader, id)
-		if err != nil {
-			return err
-		}
-		for _, en := range t.Entries {
-			if err := delta.CheckDevice(en); err != nil {
-				return fmt.Errorf("%s/%w", dir, err)
-			}
-			if en.Type == delta.TypeDir {
-				if err := walk(en.Subtree, dir+"/"+en.Name); err != nil {
-					return err
-				}
-			}
-		}
-		return nil
-	}
-	return walk(root, "")
 }
 
 // checkImageFiles refuses a process image whose processes expect files the

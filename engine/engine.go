@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -40,6 +41,10 @@ type Options struct {
 	// (PhaseFreeze ... PhaseCommit): tests stop turnsnap there to kill it
 	// at a known point.
 	AtPhase func(phase string)
+	// ReadOnly opens the home for commands that only read (log, status,
+	// sandbox list, verify): nothing in the home is written, so they work on
+	// a full or read-only filesystem. Anything that writes fails.
+	ReadOnly bool
 }
 
 // DefaultLockWait lets short commands queue behind each other (a checkpoint
@@ -85,7 +90,10 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 		log = slog.Default()
 	}
 	h := home(opts.Home)
-	lock, err := lockHome(ctx, h, opts.LockWait)
+	if _, err := os.Stat(filepath.Join(h.catalogDir(), "MANIFEST")); err != nil {
+		opts.ReadOnly = false // a new home: reading it means creating it
+	}
+	lock, err := lockHome(ctx, h, opts.LockWait, opts.ReadOnly)
 	if err != nil {
 		return nil, err
 	}
@@ -127,10 +135,17 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 		}}
 		e.store = upload.NewTiered(e.local, e.remote)
 	}
-	if err := finishRebuild(h); err != nil {
-		return nil, err
+	if !opts.ReadOnly {
+		// Before Badger writes anything: on a full filesystem its mmapped
+		// writes would kill the process instead of failing.
+		if err := e.checkRoom(0); err != nil {
+			return nil, err
+		}
+		if err := finishRebuild(h); err != nil {
+			return nil, err
+		}
 	}
-	if e.cat, err = catalog.Open(ctx, h.catalogDir(), catalog.Options{Logger: log}); err != nil {
+	if e.cat, err = catalog.Open(ctx, h.catalogDir(), catalog.Options{Logger: log, ReadOnly: opts.ReadOnly}); err != nil {
 		return nil, err
 	}
 	if e.codec, err = delta.NewCodec(); err != nil {
@@ -140,6 +155,7 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 		e.meter = content.NewMeter(opts.Progress)
 	}
 	e.repo = content.New(e.store, e.cat, e.codec, e.meter)
+	e.repo.SetRoomCheck(func() error { return e.checkRoom(0) })
 	e.backends = map[string]rootfs.Backend{
 		overlay.Name: overlay.NewBackend(h.basesDir()),
 	}

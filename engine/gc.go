@@ -22,7 +22,9 @@ const DefaultGCGrace = time.Hour
 
 // GCOptions configures GC.
 type GCOptions struct {
-	Grace  time.Duration // 0 means DefaultGCGrace; negative means none (tests)
+	// Grace keeps packs younger than this. 0 (or negative) keeps none: the
+	// caller asks for DefaultGCGrace explicitly (the CLI's default).
+	Grace  time.Duration
 	DryRun bool
 }
 
@@ -51,9 +53,6 @@ func (e *Engine) GC(ctx context.Context, opts GCOptions) (*GCReport, error) {
 	defer e.exclusive()()
 	start := time.Now()
 	grace := opts.Grace
-	if grace == 0 {
-		grace = DefaultGCGrace
-	}
 	rep := &GCReport{DryRun: opts.DryRun}
 	if e.remote != nil {
 		lock, err := e.syncer().Lock(ctx, "gc")
@@ -101,7 +100,7 @@ func (e *Engine) GC(ctx context.Context, opts GCOptions) (*GCReport, error) {
 		if err != nil {
 			return nil
 		}
-		data, err := upload.ReadAll(ctx, e.store, oi.Name)
+		data, err := upload.ReadAllMax(ctx, e.store, oi.Name, delta.MaxRecordSize)
 		if errors.Is(err, errdefs.ErrNotFound) {
 			return nil // pruned since the listing: it protects nothing any more
 		}

@@ -36,11 +36,15 @@ type homeLock struct{ f *os.File }
 // lockHome takes the home's lock, waiting up to wait for another turnsnap
 // process to finish. The lock file holds the holder's pid and command, so
 // the error can say who is in the way.
-func lockHome(ctx context.Context, h home, wait time.Duration) (*homeLock, error) {
-	if err := os.MkdirAll(string(h), 0o700); err != nil {
+func lockHome(ctx context.Context, h home, wait time.Duration, readOnly bool) (*homeLock, error) {
+	if err := os.MkdirAll(string(h), 0o700); err != nil && !readOnly {
 		return nil, fmt.Errorf("home %s: %w", h, err)
 	}
 	f, err := os.OpenFile(h.lockFile(), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil && readOnly {
+		// A read-only home: flock works on a descriptor opened for reading.
+		f, err = os.Open(h.lockFile())
+	}
 	if err != nil {
 		return nil, fmt.Errorf("home %s: %w", h, err)
 	}

@@ -384,7 +384,7 @@ func (e *Engine) processImage(ctx context.Context, cp *delta.Checkpoint) (string
 		done()
 		return "", nil, err
 	}
-	if _, err := delta.Materialise(ctx, *cp.ProcTree, img, delta.ApplyOptions{Loader: e.repo}); err != nil {
+	if _, err := delta.Materialise(ctx, *cp.ProcTree, img, delta.ApplyOptions{Loader: e.repo, Plain: true}); err != nil {
 		done()
 		return "", nil, fmt.Errorf("checkpoint %s: process image: %w", cp.ID.Short(), err)
 	}

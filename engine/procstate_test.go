@@ -217,7 +217,9 @@ func TestTmpfsAndQueuedBytesAreProcessState(t *testing.T) {
 func TestDeviceNodesAndSafeRestore(t *testing.T) {
 	requireProcs(t)
 	ctx := context.Background()
-	e := newEngine(t)
+	// The test forges a record holding a refused device: its store is
+	// hostile on purpose, so the store-only oracle would report the forgery.
+	e := openEngineOracle(t, filepath.Join(t.TempDir(), "home"), false)
 	cr, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: busyboxBase(t)})
 	must(t, err)
 	sh(t, e, "s", "mknod /tmp/null c 1 3 && mknod /tmp/sda b 8 0")

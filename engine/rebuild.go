@@ -181,7 +181,7 @@ func (rb *rebuilder) fill(ctx context.Context, cat *catalog.Catalog) error {
 		if err != nil {
 			return nil
 		}
-		data, err := upload.ReadAll(ctx, e.store, oi.Name)
+		data, err := upload.ReadAllMax(ctx, e.store, oi.Name, delta.MaxRecordSize)
 		if err != nil {
 			return err
 		}
@@ -239,6 +239,26 @@ func (rb *rebuilder) fill(ctx context.Context, cat *catalog.Catalog) error {
 		}
 		return nil
 	})
+}
+
+// pendingDeletes names the objects the old catalog's upload queue still has
+// to delete remotely. An unreadable old catalog gives none: the bucket is
+// then all there is to go by.
+func (e *Engine) pendingDeletes(ctx context.Context) map[string]bool {
+	out := map[string]bool{}
+	if e.cat == nil || e.remote == nil {
+		return out
+	}
+	e.cat.View(ctx, func(tx *catalog.Tx) error {
+		all, err := tx.PendingUploads("")
+		for _, p := range all {
+			if p.Delete {
+				out[p.Name] = true
+			}
+		}
+		return err
+	})
+	return out
 }
 
 // readPackHeader reads a pack's header from the local copy, or straight from

@@ -22,9 +22,15 @@ import (
 // that sandbox's label.
 func (rb *rebuilder) names(ctx context.Context) ([]*delta.Sandbox, []delta.Ref, error) {
 	e := rb.e
+	// A sandbox removed here whose removal has not reached the bucket yet
+	// is still there remotely: the old catalog's queue says it is gone.
+	deleting := e.pendingDeletes(ctx)
 	var sbs []*delta.Sandbox
 	err := e.store.List(ctx, delta.SandboxPrefix, func(oi upload.ObjectInfo) error {
-		data, err := upload.ReadAll(ctx, e.store, oi.Name)
+		if deleting[oi.Name] {
+			return nil
+		}
+		data, err := upload.ReadAllMax(ctx, e.store, oi.Name, delta.MaxSmallObject)
 		if err != nil {
 			return err
 		}
@@ -69,7 +75,10 @@ func (rb *rebuilder) names(ctx context.Context) ([]*delta.Sandbox, []delta.Ref, 
 		prefix string
 	}{{delta.RefHead, delta.HeadPrefix}, {delta.RefTag, delta.TagPrefix}} {
 		err = e.store.List(ctx, k.prefix, func(oi upload.ObjectInfo) error {
-			data, err := upload.ReadAll(ctx, e.store, oi.Name)
+			if deleting[oi.Name] {
+				return nil
+			}
+			data, err := upload.ReadAllMax(ctx, e.store, oi.Name, delta.MaxSmallObject)
 			if err != nil {
 				return err
 			}

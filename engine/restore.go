@@ -11,6 +11,7 @@ import (
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
+	"github.com/turnsnap/turnsnap/overlay"
 )
 
 // RestoreResult reports a rollback or branch.
@@ -58,12 +59,26 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 		return nil, fmt.Errorf("sandbox %s: checkpoint %s was taken on another base (%s, sandbox has %s); use `turnsnap branch` instead: %w",
 			name, cp.ID.Short(), cp.BaseTree.Short(), st.head.BaseTree.Short(), errdefs.ErrPrecondition)
 	}
-	// Everything that can fail is checked before the running processes are
-	// stopped: the host, the base, the files' device nodes, and the process
-	// image, read and verified into a work directory.
-	if err := checkDevices(ctx, e.repo, cp.FSTree); err != nil {
-		return nil, fmt.Errorf("checkpoint %s: %w", cp.ID.Short(), err)
+	fp, err := delta.CheckState(ctx, e.repo, cp.FSTree, delta.StateRules{})
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint %s: tree %s: %w", cp.ID.Short(), cp.FSTree.Short(), err)
 	}
+	if st.sb.Backend == overlay.Name {
+		// The new layer is built in the home beside the live one, and the
+		// catalog must still be writable once it is.
+		if err := e.checkRoom(fp.Bytes); err != nil {
+			return nil, fmt.Errorf("sandbox %s: rollback to %s: %w", name, cp.ID.Short(), err)
+		}
+	}
+	// The base is shared by every sandbox on it: a damaged one is refused,
+	// not restored onto.
+	if _, err := e.checkBase(ctx, name, st.sb.Backend, cp.BaseTree, false); err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", name, err)
+	}
+	// Everything that can fail is checked before the running processes are
+	// stopped: every rule a restore applies (device nodes included), room
+	// for the new layer, the base, and the process image, read and verified
+	// into a work directory.
 	img, cleanImg := "", func() {}
 	if cp.ProcTree != nil && !o.FSOnly {
 		if img, cleanImg, err = e.processImage(ctx, cp); err != nil {
@@ -78,20 +93,24 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 	if err := e.stopProcesses(ctx, name); err != nil {
 		return nil, err
 	}
+	// Root and head change in two steps; the intent makes them one for
+	// anyone who finds it (intent.go).
+	if err := e.writeIntent(name, cp.ID); err != nil {
+		return nil, err
+	}
+	e.phase("rollback: intent written")
 	if err := st.root.Restore(ctx, cp.FSTree, e.repo); err != nil {
+		// The live root is as it was (Root.Restore): nothing to finish.
+		e.clearIntent(name)
 		return nil, err
 	}
-	if err := e.putRefObject(ctx, delta.RefHead, st.sb.Key(), cp.ID); err != nil {
-		return nil, err
+	e.phase("rollback: root switched")
+	if err := e.moveHead(ctx, name, st.sb, cp.ID); err != nil {
+		return nil, err // the intent stays: the next load finishes the move
 	}
-	err = e.cat.Update(ctx, func(tx *catalog.Tx) error {
-		if err := e.queueRef(tx, name, delta.RefName(delta.RefHead, st.sb.Key()), cp.ID, ""); err != nil {
-			return err
-		}
-		return tx.SetRef(delta.Ref{Kind: delta.RefHead, Name: name, Target: cp.ID})
-	})
-	if err != nil {
-		return nil, fmt.Errorf("sandbox %s: move head to %s: %w", name, cp.ID.Short(), err)
+	e.phase("rollback: head moved")
+	if err := e.clearIntent(name); err != nil {
+		return nil, err
 	}
 	res := &RestoreResult{Sandbox: name, Checkpoint: cp, Root: st.root.Path()}
 	if cp.ProcTree != nil && !o.FSOnly {
@@ -163,8 +182,8 @@ func (e *Engine) Branch(ctx context.Context, ref, newName string, o BranchOption
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", newName, err)
 	}
-	if err := checkDevices(ctx, e.repo, cp.FSTree); err != nil {
-		return nil, fmt.Errorf("checkpoint %s: %w", cp.ID.Short(), err)
+	if _, err := delta.CheckState(ctx, e.repo, cp.FSTree, delta.StateRules{}); err != nil {
+		return nil, fmt.Errorf("checkpoint %s: tree %s: %w", cp.ID.Short(), cp.FSTree.Short(), err)
 	}
 	img, cleanImg := "", func() {}
 	if cp.ProcTree != nil && !o.FSOnly {
@@ -179,6 +198,9 @@ func (e *Engine) Branch(ctx context.Context, ref, newName string, o BranchOption
 	defer cleanImg()
 	lower, err := e.prepareBase(ctx, be, cp.BaseTree, e.repo)
 	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", newName, err)
+	}
+	if _, err := checkBaseOn(ctx, be, cp.BaseTree, false); err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", newName, err)
 	}
 	dir := e.home.sandboxDir(newName)

@@ -70,6 +70,7 @@ func (e *Engine) CreateSandbox(ctx context.Context, name string, opts CreateOpti
 		return nil, fmt.Errorf("sandbox %s: base %s is not a readable directory: %w", name, opts.Base, errdefs.ErrInvalid)
 	}
 	op := e.repo.Begin()
+	defer op.Discard(context.WithoutCancel(ctx)) // only what a failed import wrote
 	res, err := delta.Scan(ctx, base, delta.ScanOptions{Saver: op})
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: import base: %w", name, err)
@@ -246,6 +247,11 @@ func (e *Engine) loadSandbox(ctx context.Context, name string) (*sandboxState, e
 			return nil, err
 		}
 		if st.root, err = be.Create(ctx, e.home.sandboxDir(name), lower, st.head.FSTree, e.repo); err != nil {
+			return nil, err
+		}
+	}
+	if id, ok := e.pendingRollback(name); ok {
+		if err := e.finishRollback(ctx, name, st, id); err != nil {
 			return nil, err
 		}
 	}

@@ -1,7 +1,9 @@
 package overlay
 
 import (
+	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -40,15 +42,19 @@ func (b *Backend) PrepareBase(ctx context.Context, tree delta.ID, loader delta.B
 	}
 	defer os.RemoveAll(tmp)
 	// The base is the operator's own image, so its device nodes are allowed.
-	if _, err := delta.Materialise(ctx, tree, tmp, delta.ApplyOptions{Loader: loader, AllowDevices: true}); err != nil {
+	if _, err := delta.Materialise(ctx, tree, tmp, delta.ApplyOptions{Loader: loader, AllowDevices: true, Plain: true}); err != nil {
 		return "", fmt.Errorf("base %s: %w", tree.Short(), err)
 	}
-	res, err := delta.Scan(ctx, tmp, delta.ScanOptions{})
+	res, err := delta.Scan(ctx, tmp, delta.ScanOptions{Quiescent: true})
 	if err != nil {
 		return "", err
 	}
 	if res.Root != tree {
 		return "", fmt.Errorf("base %s: materialised copy hashes to %s: %w", tree.Short(), res.Root.Short(), errdefs.ErrCorrupt)
+	}
+	// The scan cache lets CheckBase re-hash only what changed since.
+	if err := b.saveBaseCache(tree, res.Cache); err != nil {
+		return "", err
 	}
 	if err := os.Chmod(tmp, 0o755); err != nil {
 		return "", err
@@ -57,6 +63,49 @@ func (b *Backend) PrepareBase(ctx context.Context, tree delta.ID, loader delta.B
 		return "", fmt.Errorf("base %s: %w", tree.Short(), err)
 	}
 	return dst, nil
+}
+
+func (b *Backend) baseCache(tree delta.ID) string {
+	return filepath.Join(b.bases, "."+tree.String()+".scan")
+}
+
+func (b *Backend) saveBaseCache(tree delta.ID, c *delta.ScanCache) error {
+	return writeCacheFile(b.baseCache(tree), func(w *bufio.Writer) error { return delta.WriteCache(w, c) })
+}
+
+// CheckBase re-hashes the base tree materialised on this host, if any, and
+// reports whether there was one. A base is shared read-only by every
+// sandbox on it, so a damaged one would spread into every branch. full
+// re-reads every file (verify); otherwise files whose inode, size, mtime
+// and ctime match the scan made when the base was materialised are trusted,
+// which costs one stat per entry (restores).
+func (b *Backend) CheckBase(ctx context.Context, tree delta.ID, full bool) (bool, error) {
+	dst := filepath.Join(b.bases, tree.String())
+	if _, err := os.Stat(dst); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return false, nil
+		}
+		return false, err
+	}
+	var prev *delta.ScanCache
+	if !full {
+		if f, err := os.Open(b.baseCache(tree)); err == nil {
+			prev, _ = delta.ReadCache(bufio.NewReader(f)) // unreadable: a full scan
+			f.Close()
+		}
+	}
+	res, err := delta.Scan(ctx, dst, delta.ScanOptions{Prev: prev, Quiescent: true})
+	if err != nil {
+		return true, fmt.Errorf("base %s: %w", dst, err)
+	}
+	if res.Root != tree {
+		return true, fmt.Errorf("base %s: materialised copy hashes to %s, not its tree (move it away to restore it from the store): %w",
+			dst, res.Root.Short(), errdefs.ErrCorrupt)
+	}
+	if prev == nil && !full {
+		return true, b.saveBaseCache(tree, res.Cache)
+	}
+	return true, nil
 }
 
 // Create lays out and mounts a new root in dir on lower dir base (see

@@ -8,8 +8,12 @@
 //	D/root/             the overlay mount point: the sandbox's root
 //	D/current           symlink to the live generation, e.g. "gen-123456"
 //	D/gen-N/upper/      overlay upperdir
-//	D/gen-N/work/       overlay workdir
+//	D/gen-N/work/       overlay workdir; work/index/ ties upper inodes to their
+//	                    lower origins (index=on) and is kept across mounts
 //	D/gen-N/scan.cache  what upper/ looked like at the last committed checkpoint
+//	D/lower.links       the lower's hardlink groups (computed once, see linkUp)
+//
+// Mounts pin every overlayfs feature option (options.go).
 //
 // A restore builds a whole new generation beside the live one and switches
 // "current" with one rename, so a crash leaves either the old state or the
@@ -24,6 +28,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/moby/sys/mountinfo"
 	"github.com/turnsnap/turnsnap/delta"
@@ -39,6 +44,8 @@ const Name = "overlay"
 type Root struct {
 	dir   string
 	lower string
+	// onBusy, for tests, runs each time a mount is refused with EBUSY.
+	onBusy func()
 }
 
 // Open returns the overlay root kept in dir on top of the read-only lower
@@ -62,9 +69,14 @@ func Create(ctx context.Context, dir, lower string, tree delta.ID, loader delta.
 	}
 	r := Open(dir, lower)
 	if err := r.install(ctx, tree, loader); err != nil {
+		os.RemoveAll(dir) // nothing is mounted yet: a failed create leaves nothing
 		return nil, err
 	}
-	return r, r.Mount(ctx)
+	if err := r.Mount(ctx); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	return r, nil
 }
 
 // Path is the sandbox's root as processes see it.
@@ -76,17 +88,6 @@ func (r *Root) gen() (string, error) {
 		return "", fmt.Errorf("sandbox %s: no live layer: %w", r.dir, err)
 	}
 	return filepath.Join(r.dir, target), nil
-}
-
-// MountOptions returns the overlay mount data for the given directories.
-// Kept pure so option strings are testable without root.
-func MountOptions(lower, upper, work string) (string, error) {
-	for _, p := range []string{lower, upper, work} {
-		if err := checkOptionPath(p); err != nil {
-			return "", err
-		}
-	}
-	return fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", lower, upper, work), nil
 }
 
 // checkOptionPath refuses paths that overlay's option parser would split.
@@ -116,12 +117,10 @@ func (r *Root) Mount(ctx context.Context) error {
 		return err
 	}
 	r.removeStale(g)
-	// overlay refuses a workdir that holds a previous mount's leftovers.
+	// The workdir's index ties the upper's inodes to their lower origins
+	// (index=on): keep it. Its scratch area work/ is the kernel's to clean.
 	work := filepath.Join(g, "work")
-	if err := os.RemoveAll(work); err != nil {
-		return fmt.Errorf("sandbox %s: reset workdir: %w", r.dir, err)
-	}
-	if err := os.Mkdir(work, 0o700); err != nil {
+	if err := os.MkdirAll(work, 0o700); err != nil {
 		return fmt.Errorf("sandbox %s: workdir: %w", r.dir, err)
 	}
 	opts, err := MountOptions(r.lower, filepath.Join(g, "upper"), work)
@@ -131,10 +130,80 @@ func (r *Root) Mount(ctx context.Context) error {
 	if _, err := os.Stat(r.lower); err != nil {
 		return fmt.Errorf("sandbox %s: lower dir: %w", r.dir, err)
 	}
-	if err := unix.Mount("overlay", r.Path(), "overlay", 0, opts); err != nil {
+	if err := r.mount(ctx, opts); err != nil {
+		if errors.Is(err, unix.EBUSY) {
+			return fmt.Errorf("sandbox %s: mount overlay: its upper layer is still mounted in another mount namespace (%s): a process that made its namespace while the root was mounted keeps a copy, and index=on refuses to share an upper; stop it and retry: %w",
+				r.dir, inUseBy(filepath.Join(g, "upper")), errdefs.ErrPrecondition)
+		}
+		if errors.Is(err, unix.ESTALE) {
+			// uuid=on,index=on: the upper remembers the lower it was made
+			// on, and this lower is another copy of the base (re-imported,
+			// or moved with its inodes renumbered).
+			return fmt.Errorf("sandbox %s: mount overlay: the writable layer was made on another copy of base %s (overlay's origin check); restore the sandbox's head to rebuild the layer: %w",
+				r.dir, r.lower, errdefs.ErrPrecondition)
+		}
 		return fmt.Errorf("sandbox %s: mount overlay (%s): %w", r.dir, opts, err)
 	}
+	if err := checkMounted(r.Path()); err != nil {
+		unix.Unmount(r.Path(), 0)
+		return fmt.Errorf("sandbox %s: %w", r.dir, err)
+	}
 	return nil
+}
+
+// mountBusyWait is how long a mount refused with EBUSY is retried: a
+// container runtime that copied the mount table while the root was mounted
+// (runc before its pivot_root) lets go of its copy within milliseconds; a
+// long-lived namespace does not, and waiting longer would not help.
+const mountBusyWait = 3 * time.Second
+
+// mount mounts the overlay, retrying while its upper is held by a
+// transient copy of the previous mount in another namespace.
+func (r *Root) mount(ctx context.Context, opts string) error {
+	deadline := time.Now().Add(mountBusyWait)
+	for {
+		err := unix.Mount("overlay", r.Path(), "overlay", 0, opts)
+		if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
+			return err
+		}
+		if r.onBusy != nil {
+			r.onBusy()
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// inUseBy names processes whose mount namespace still holds an overlay on
+// upper, for the error that says why a mount was refused.
+func inUseBy(upper string) string {
+	pids, _ := filepath.Glob("/proc/[0-9]*/mountinfo")
+	seen := map[string]bool{}
+	var out []string
+	for _, p := range pids {
+		dir := filepath.Dir(p)
+		ns, err := os.Readlink(filepath.Join(dir, "ns", "mnt"))
+		if err != nil || seen[ns] {
+			continue
+		}
+		data, err := os.ReadFile(p)
+		if err != nil || !strings.Contains(string(data), "upperdir="+upper+",") {
+			continue
+		}
+		seen[ns] = true
+		comm, _ := os.ReadFile(filepath.Join(dir, "comm"))
+		out = append(out, fmt.Sprintf("pid %s (%s)", filepath.Base(dir), strings.TrimSpace(string(comm))))
+		if len(out) == 3 {
+			break
+		}
+	}
+	if len(out) == 0 {
+		return "no process found holding it"
+	}
+	return "held by " + strings.Join(out, ", ")
 }
 
 // Unmount unmounts the root if it is mounted. A busy root is an error: the

@@ -11,12 +11,33 @@ import (
 
 func TestMountOptions(t *testing.T) {
 	got, err := MountOptions("/h/bases/b", "/h/s/gen-1/upper", "/h/s/gen-1/work")
-	if err != nil || got != "lowerdir=/h/bases/b,upperdir=/h/s/gen-1/upper,workdir=/h/s/gen-1/work" {
+	if err != nil || got != "lowerdir=/h/bases/b,upperdir=/h/s/gen-1/upper,workdir=/h/s/gen-1/work,"+
+		"redirect_dir=on,index=on,nfs_export=on,metacopy=off,xino=off,uuid=on" {
 		t.Fatalf("MountOptions = %q, %v", got, err)
 	}
 	for _, bad := range []string{"relative", "/a,b", "/a:b", `/a\b`} {
 		if _, err := MountOptions(bad, "/u", "/w"); !errors.Is(err, errdefs.ErrInvalid) {
 			t.Errorf("lower %q accepted: %v", bad, err)
+		}
+	}
+}
+
+// TestCheckSuperOptions checks the options a mount really got, as the
+// kernel lists them (defaults that are off are not listed).
+func TestCheckSuperOptions(t *testing.T) {
+	good := "rw,lowerdir=/l,upperdir=/u,workdir=/w,redirect_dir=on,index=on,uuid=on,nfs_export=on"
+	if err := checkSuperOptions(good); err != nil {
+		t.Fatalf("the options this kernel reports were refused: %v", err)
+	}
+	for _, bad := range []string{
+		"rw,lowerdir=/l,upperdir=/u,workdir=/w,redirect_dir=on,uuid=on,nfs_export=on",                      // index fell back to off
+		"rw,lowerdir=/l,upperdir=/u,workdir=/w,redirect_dir=on,index=on,uuid=on,nfs_export=on,metacopy=on", // metacopy on
+		"rw,lowerdir=/l,upperdir=/u,workdir=/w,redirect_dir=follow,index=on,uuid=on,nfs_export=on",
+		"rw,lowerdir=/l,upperdir=/u,workdir=/w,redirect_dir=on,index=on,uuid=on,nfs_export=on,xino=auto",
+		"ro,lowerdir=/l,upperdir=/u,workdir=/w,redirect_dir=on,index=on,uuid=on,nfs_export=on", // workdir unusable
+	} {
+		if err := checkSuperOptions(bad); !errors.Is(err, errdefs.ErrPrecondition) {
+			t.Errorf("options %q accepted: %v", bad, err)
 		}
 	}
 }
@@ -40,6 +61,10 @@ func TestTranslate(t *testing.T) {
 	Translate("d", &unix.Stat_t{}, &dir)
 	if !dir.Opaque || len(dir.Xattrs) != 1 || dir.Xattrs[0].Name != "user.keep" {
 		t.Fatalf("opaque dir translation: %+v", dir)
+	}
+	stub := delta.Entry{Name: "big", Type: delta.TypeFile, Xattrs: []delta.Xattr{{Name: "trusted.overlay.metacopy"}}}
+	if _, err := Translate("big", &unix.Stat_t{}, &stub); !errors.Is(err, errdefs.ErrPrecondition) {
+		t.Fatalf("a metacopy stub was accepted: %v", err)
 	}
 	again := dir
 	Translate("d", &unix.Stat_t{}, &again) // entries from the scan cache arrive translated

@@ -4,10 +4,10 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 
 	"github.com/turnsnap/turnsnap/delta"
@@ -18,20 +18,62 @@ import (
 // overlayXattrPrefix marks overlayfs's own bookkeeping on upper entries.
 const overlayXattrPrefix = "trusted.overlay."
 
+// RedirectXattr marks an upper directory that was renamed from a lower
+// one (redirect_dir=on): its value is the lower path, and the upper holds
+// only what changed below it.
+const RedirectXattr = "trusted.overlay.redirect"
+
+const (
+	metacopyXattr = "trusted.overlay.metacopy"
+	originXattr   = "trusted.overlay.origin"
+)
+
 // Scan derives the tree of the upper layer, reading only what changed since
-// the last committed checkpoint. saver may be nil (hash only).
+// the last committed checkpoint. saver may be nil (hash only). The root
+// must be mounted: renamed base directories are read through the mount.
 func (r *Root) Scan(ctx context.Context, saver delta.BlobSaver) (*delta.ScanResult, error) {
 	g, err := r.gen()
 	if err != nil {
 		return nil, err
 	}
-	return r.scanUpper(ctx, filepath.Join(g, "upper"), saver, readCache(filepath.Join(g, "scan.cache")))
+	if err := r.linkUp(g); err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", r.dir, err)
+	}
+	return r.scanUpper(ctx, filepath.Join(g, "upper"), saver, readCache(filepath.Join(g, "scan.cache")), delta.ScanOptions{})
 }
 
-func (r *Root) scanUpper(ctx context.Context, upper string, saver delta.BlobSaver, prev *delta.ScanCache) (*delta.ScanResult, error) {
-	res, err := delta.Scan(ctx, upper, delta.ScanOptions{
-		Saver: saver, Prev: prev, Translate: Translate, Residue: r.residue,
-	})
+// scanUpper scans an upper directory; opts may set Quiescent.
+func (r *Root) scanUpper(ctx context.Context, upper string, saver delta.BlobSaver, prev *delta.ScanCache, opts delta.ScanOptions) (*delta.ScanResult, error) {
+	u, err := r.newUpperScan()
+	if err != nil {
+		return nil, err
+	}
+	defer u.close()
+	opts.Prev, opts.Translate, opts.Residue, opts.Redirect = prev, Translate, u.residue, u.redirect
+	var trees *treeBuffer
+	if saver != nil {
+		trees = &treeBuffer{next: saver}
+		opts.Saver = trees
+	}
+	res, err := delta.Scan(ctx, upper, opts)
+	if err == nil && u.mountFD >= 0 {
+		// A renamed directory was listed through the mount, where inode
+		// numbers are the mount's: walk again (from the cache: nothing is
+		// read twice) matching hardlinks by those numbers everywhere, so a
+		// file linked across the renamed directory's edge stays linked.
+		// The first walk's trees are dropped unsaved.
+		first := res
+		opts.LinkID, opts.Prev, opts.Saver = u.linkID, first.Cache, saver
+		trees = nil
+		if res, err = delta.Scan(ctx, upper, opts); err == nil {
+			res.Stats.FilesRead += first.Stats.FilesRead
+			res.Stats.BytesRead += first.Stats.BytesRead
+			res.Stats.Chunks += first.Stats.Chunks
+		}
+	}
+	if err == nil && trees != nil {
+		err = trees.flush(ctx)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", r.dir, err)
 	}
@@ -73,20 +115,25 @@ func readCache(p string) *delta.ScanCache {
 // Translate maps an upper-dir entry to its meaning in the tree format: a
 // 0:0 character device is a whiteout, trusted.overlay.opaque=y makes an
 // opaque directory, and overlay's other trusted.overlay.* attributes (origin,
-// impure, ...) are kernel bookkeeping and dropped. It is idempotent, as
-// delta.ScanOptions requires.
-func Translate(_ string, _ *unix.Stat_t, e *delta.Entry) (bool, error) {
+// impure, redirect, ...) are kernel bookkeeping and dropped. A metacopy
+// stub (data still in the lower file) is refused: roots mount with
+// metacopy=off, so one means the layer was written under other options. It
+// is idempotent, as delta.ScanOptions requires.
+func Translate(rel string, _ *unix.Stat_t, e *delta.Entry) (bool, error) {
 	if e.Type == delta.TypeCharDev && e.Rdev == 0 {
 		*e = delta.Entry{Name: e.Name, Type: delta.TypeWhiteout}
 		return true, nil
 	}
 	kept := e.Xattrs[:0]
 	for _, x := range e.Xattrs {
-		if x.Name == delta.OpaqueXattr {
+		switch {
+		case x.Name == delta.OpaqueXattr:
 			e.Opaque = e.Type == delta.TypeDir && string(x.Value) == "y"
 			continue
-		}
-		if strings.HasPrefix(x.Name, overlayXattrPrefix) {
+		case x.Name == metacopyXattr || (x.Name == RedirectXattr && e.Type != delta.TypeDir):
+			return false, fmt.Errorf("upper entry %s is a metacopy stub (%s), which a root mounted with metacopy=off never writes: %w",
+				rel, x.Name, errdefs.ErrPrecondition)
+		case strings.HasPrefix(x.Name, overlayXattrPrefix):
 			continue
 		}
 		kept = append(kept, x)
@@ -98,52 +145,26 @@ func Translate(_ string, _ *unix.Stat_t, e *delta.Entry) (bool, error) {
 	return true, nil
 }
 
-// residue reports an upper directory that is only a copy-up of the lower
-// directory of the same path with identical metadata: what a temp file
-// created and deleted under a base directory leaves behind.
-func (r *Root) residue(rel string, e *delta.Entry) bool {
-	if e.Opaque {
-		return false
-	}
-	p := filepath.Join(r.lower, rel)
-	var st unix.Stat_t
-	if err := unix.Lstat(p, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFDIR {
-		return false
-	}
-	if st.Mode&07777 != e.Mode || st.Uid != e.UID || st.Gid != e.GID {
-		return false
-	}
-	lx, err := lowerXattrs(p)
-	if err != nil {
-		return false
-	}
-	return slices.EqualFunc(lx, e.Xattrs, func(a, b delta.Xattr) bool {
-		return a.Name == b.Name && bytes.Equal(a.Value, b.Value)
-	})
-}
-
-// lowerXattrs reads a lower entry's xattrs as Translate would leave them.
-func lowerXattrs(p string) ([]delta.Xattr, error) {
-	all, err := delta.ReadXattrs(p)
-	if err != nil {
-		return nil, err
-	}
-	var out []delta.Xattr
-	for _, x := range all {
-		if !strings.HasPrefix(x.Name, overlayXattrPrefix) {
-			out = append(out, x)
-		}
-	}
-	return out, nil
-}
-
-// Restore replaces the writable layer by tree: unmount, build a complete new
-// generation, verify it by re-deriving its tree, switch, remount.
+// Restore replaces the writable layer by tree. The new layer is built and
+// verified beside the live one while the root stays mounted and untouched;
+// only then is the root unmounted, switched with one rename and mounted
+// again, so a failed restore (a full disk, a corrupt object) leaves the
+// live root exactly as it was, and a killed one leaves the old layer or the
+// new one, never a mix.
 func (r *Root) Restore(ctx context.Context, tree delta.ID, loader delta.BlobLoader) error {
-	if err := r.Unmount(ctx); err != nil {
+	g, err := r.build(ctx, tree, loader)
+	if err != nil {
 		return err
 	}
-	if err := r.install(ctx, tree, loader); err != nil {
+	if err := r.Unmount(ctx); err != nil {
+		os.RemoveAll(g)
+		return err
+	}
+	if err := r.switchTo(g); err != nil {
+		os.RemoveAll(g)
+		if merr := r.Mount(ctx); merr != nil {
+			return errors.Join(err, merr)
+		}
 		return err
 	}
 	return r.Mount(ctx)
@@ -151,9 +172,23 @@ func (r *Root) Restore(ctx context.Context, tree delta.ID, loader delta.BlobLoad
 
 // install materialises tree as a new generation and makes it current.
 func (r *Root) install(ctx context.Context, tree delta.ID, loader delta.BlobLoader) error {
+	g, err := r.build(ctx, tree, loader)
+	if err != nil {
+		return err
+	}
+	if err := r.switchTo(g); err != nil {
+		os.RemoveAll(g)
+		return err
+	}
+	return nil
+}
+
+// build materialises tree as a new, verified generation that is not yet
+// current, and returns its directory.
+func (r *Root) build(ctx context.Context, tree delta.ID, loader delta.BlobLoader) (string, error) {
 	g, err := os.MkdirTemp(r.dir, "gen-")
 	if err != nil {
-		return fmt.Errorf("sandbox %s: %w", r.dir, err)
+		return "", fmt.Errorf("sandbox %s: %w", r.dir, err)
 	}
 	ok := false
 	defer func() {
@@ -163,33 +198,39 @@ func (r *Root) install(ctx context.Context, tree delta.ID, loader delta.BlobLoad
 	}()
 	upper := filepath.Join(g, "upper")
 	if err := os.Mkdir(upper, 0o755); err != nil {
-		return fmt.Errorf("sandbox %s: %w", r.dir, err)
+		return "", fmt.Errorf("sandbox %s: %w", r.dir, err)
 	}
 	if err := os.Mkdir(filepath.Join(g, "work"), 0o700); err != nil {
-		return fmt.Errorf("sandbox %s: %w", r.dir, err)
+		return "", fmt.Errorf("sandbox %s: %w", r.dir, err)
 	}
 	if _, err := delta.Materialise(ctx, tree, upper, delta.ApplyOptions{Loader: loader}); err != nil {
-		return fmt.Errorf("sandbox %s: restore tree %s: %w", r.dir, tree.Short(), err)
+		return "", fmt.Errorf("sandbox %s: restore tree %s: %w", r.dir, tree.Short(), err)
 	}
 	if err := syncFS(upper); err != nil {
-		return fmt.Errorf("sandbox %s: sync: %w", r.dir, err)
+		return "", fmt.Errorf("sandbox %s: sync: %w", r.dir, err)
 	}
-	// What was written must hash back to what was asked for.
-	// The scan doubles as the new generation's cache, so the first checkpoint
-	// after a restore reads nothing it does not have to.
-	res, err := delta.Scan(ctx, upper, delta.ScanOptions{Translate: Translate, Residue: r.residue, Quiescent: true})
+	// What was written must hash back to what was asked for. The scan
+	// doubles as the new generation's cache, so the first checkpoint after a
+	// restore reads nothing it does not have to.
+	res, err := r.scanUpper(ctx, upper, nil, nil, delta.ScanOptions{Quiescent: true})
 	if err != nil {
-		return err
+		return "", err
 	}
 	if res.Root != tree {
-		return fmt.Errorf("sandbox %s: restored layer hashes to %s, checkpoint tree is %s: %w",
+		return "", fmt.Errorf("sandbox %s: restored layer hashes to %s, checkpoint tree is %s: %w",
 			r.dir, res.Root.Short(), tree.Short(), errdefs.ErrCorrupt)
 	}
 	if err := writeCacheFile(filepath.Join(g, "scan.cache"), func(w *bufio.Writer) error {
 		return delta.WriteCache(w, res.Cache)
 	}); err != nil {
-		return fmt.Errorf("sandbox %s: save scan cache: %w", r.dir, err)
+		return "", fmt.Errorf("sandbox %s: save scan cache: %w", r.dir, err)
 	}
+	ok = true
+	return g, nil
+}
+
+// switchTo makes generation g current with one rename and removes the old.
+func (r *Root) switchTo(g string) error {
 	old, _ := r.gen()
 	tmp := filepath.Join(r.dir, "current.new")
 	os.Remove(tmp)
@@ -199,7 +240,6 @@ func (r *Root) install(ctx context.Context, tree delta.ID, loader delta.BlobLoad
 	if err := os.Rename(tmp, filepath.Join(r.dir, "current")); err != nil {
 		return fmt.Errorf("sandbox %s: switch layer: %w", r.dir, err)
 	}
-	ok = true
 	if err := syncDir(r.dir); err != nil {
 		return fmt.Errorf("sandbox %s: sync: %w", r.dir, err)
 	}
@@ -216,4 +256,33 @@ func syncFS(dir string) error {
 	}
 	defer f.Close()
 	return unix.Syncfs(int(f.Fd()))
+}
+
+// treeBuffer passes data blobs on and holds tree blobs until flush, so a
+// walk whose trees turn out not to be the result stores none of them.
+// Trees are small (tens of bytes per entry) and a scan writes each once.
+type treeBuffer struct {
+	next  delta.BlobSaver
+	ids   []delta.ID
+	trees [][]byte
+}
+
+func (b *treeBuffer) SaveBlob(ctx context.Context, t delta.BlobType, id delta.ID, data []byte) (bool, error) {
+	if t != delta.BlobTree {
+		return b.next.SaveBlob(ctx, t, id, data)
+	}
+	b.ids = append(b.ids, id)
+	b.trees = append(b.trees, bytes.Clone(data))
+	return true, nil
+}
+
+// flush saves the held trees in the order the walk made them (children
+// before parents, as the write order wants).
+func (b *treeBuffer) flush(ctx context.Context) error {
+	for i, id := range b.ids {
+		if _, err := b.next.SaveBlob(ctx, delta.BlobTree, id, b.trees[i]); err != nil {
+			return fmt.Errorf("save tree %s: %w", id.Short(), err)
+		}
+	}
+	return nil
 }

@@ -47,6 +47,25 @@ func ReadAll(ctx context.Context, s Store, name string) ([]byte, error) {
 	return b, nil
 }
 
+// ReadAllMax is ReadAll for an object that may hold at most max bytes (a
+// pack, a record, a ref): a larger one is corruption, found after reading
+// max+1 bytes rather than after filling memory.
+func ReadAllMax(ctx context.Context, s Store, name string, max int64) ([]byte, error) {
+	rc, err := s.Get(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	defer rc.Close()
+	b, err := io.ReadAll(io.LimitReader(rc, max+1))
+	if err != nil {
+		return nil, fmt.Errorf("object %s: %w", name, err)
+	}
+	if int64(len(b)) > max {
+		return nil, fmt.Errorf("object %s: more than the %d bytes such an object may hold: %w", name, max, errdefs.ErrCorrupt)
+	}
+	return b, nil
+}
+
 // PutBytes stores b as object name.
 func PutBytes(ctx context.Context, s Store, name string, b []byte) error {
 	return s.Put(ctx, name, bytes.NewReader(b), int64(len(b)))

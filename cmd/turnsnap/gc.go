@@ -59,7 +59,7 @@ afterwards to reclaim the space.`,
 		}
 		var g *engine.GCReport
 		if gc && !opts.DryRun {
-			if g, err = e.GC(ctx, engine.GCOptions{}); err != nil {
+			if g, err = e.GC(ctx, engine.GCOptions{Grace: engine.DefaultGCGrace}); err != nil {
 				return err
 			}
 		}

@@ -18,7 +18,7 @@ func (a *app) logCmd() *cobra.Command {
 		Short: "Show a sandbox's checkpoints, newest first",
 		Args:  cobra.ExactArgs(1),
 	}
-	c.RunE = a.withEngine(func(ctx context.Context, e *engine.Engine, args []string) error {
+	c.RunE = a.readOnly(func(ctx context.Context, e *engine.Engine, args []string) error {
 		entries, err := e.Log(ctx, args[0])
 		if err != nil {
 			return err

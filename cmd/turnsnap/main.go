@@ -29,6 +29,7 @@ const (
 	exitPrecondition = 5
 	exitUnavailable  = 6
 	exitCorrupt      = 7
+	exitNoSpace      = 8
 )
 
 func exitCode(err error) int {
@@ -45,6 +46,8 @@ func exitCode(err error) int {
 		return exitUnavailable
 	case errors.Is(err, errdefs.ErrCorrupt):
 		return exitCorrupt
+	case errors.Is(err, errdefs.ErrNoSpace), errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
+		return exitNoSpace
 	}
 	return exitError
 }
@@ -69,9 +72,22 @@ func defaultHome() string {
 // withEngine runs fn with the home opened and closed around it, showing
 // progress on a terminal while fn works.
 func (a *app) withEngine(fn func(ctx context.Context, e *engine.Engine, args []string) error) func(*cobra.Command, []string) error {
+	return a.withEngineIf(nil, fn)
+}
+
+// readOnly is withEngine for a command that only reads: it works on a full
+// or read-only home.
+func (a *app) readOnly(fn func(ctx context.Context, e *engine.Engine, args []string) error) func(*cobra.Command, []string) error {
+	return a.withEngineIf(func([]string) bool { return true }, fn)
+}
+
+// withEngineIf opens the home read-only when ro says the invocation only
+// reads (ro nil: never).
+func (a *app) withEngineIf(ro func(args []string) bool, fn func(ctx context.Context, e *engine.Engine, args []string) error) func(*cobra.Command, []string) error {
 	return func(cmd *cobra.Command, args []string) error {
 		ctx := cmd.Context()
-		opts := engine.Options{Home: a.home, LockWait: a.lockWait, Logger: a.log, AtPhase: blockAtPhase()}
+		opts := engine.Options{Home: a.home, LockWait: a.lockWait, Logger: a.log, AtPhase: blockAtPhase(),
+			ReadOnly: ro != nil && ro(args)}
 		pr := a.newProgress(ctx)
 		if pr != nil {
 			opts.Progress = pr.update

@@ -91,7 +91,7 @@ func (a *app) statusCmd() *cobra.Command {
 		Use:   "status",
 		Short: "Show what is still waiting for the remote store, per sandbox",
 		Args:  cobra.NoArgs,
-		RunE: a.withEngine(func(ctx context.Context, e *engine.Engine, _ []string) error {
+		RunE: a.readOnly(func(ctx context.Context, e *engine.Engine, _ []string) error {
 			r, err := e.Status(ctx)
 			if err != nil {
 				return err

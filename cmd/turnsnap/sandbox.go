@@ -71,7 +71,7 @@ func (a *app) sandboxCmd() *cobra.Command {
 		Use:   "list",
 		Short: "List sandboxes with their heads",
 		Args:  cobra.NoArgs,
-		RunE: a.withEngine(func(ctx context.Context, e *engine.Engine, _ []string) error {
+		RunE: a.readOnly(func(ctx context.Context, e *engine.Engine, _ []string) error {
 			sbs, err := e.ListSandboxes(ctx)
 			if err != nil {
 				return err

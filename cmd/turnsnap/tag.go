@@ -17,7 +17,7 @@ func (a *app) tagCmd() *cobra.Command {
 		Short: "Name a checkpoint (no arguments: list tags; --delete NAME: remove one)",
 		Args:  cobra.MaximumNArgs(2),
 	}
-	c.RunE = a.withEngine(func(ctx context.Context, e *engine.Engine, args []string) error {
+	c.RunE = a.withEngineIf(func(args []string) bool { return len(args) == 0 && !del }, func(ctx context.Context, e *engine.Engine, args []string) error {
 		switch {
 		case del && len(args) == 1:
 			if err := e.Untag(ctx, args[0]); err != nil {

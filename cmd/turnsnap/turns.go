@@ -153,24 +153,56 @@ func (a *app) diffCmd() *cobra.Command {
 }
 
 func (a *app) verifyCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:   "verify CHECKPOINT",
-		Short: "Read every object a checkpoint needs and check every hash",
-		Args:  cobra.ExactArgs(1),
-		RunE: a.withEngine(func(ctx context.Context, e *engine.Engine, args []string) error {
-			r, err := e.Verify(ctx, args[0])
+	var storeOnly bool
+	c := &cobra.Command{
+		Use:   "verify CHECKPOINT | verify --store-only [CHECKPOINT]",
+		Short: "Read every object a checkpoint needs and check every hash and every rule a restore checks",
+		Long: `verify reads the checkpoint's record, every tree and chunk it needs and every
+pack holding them, checks every hash and every rule a restore applies, and
+re-hashes the base materialised on this host. --store-only does not use the
+catalog: it locates blobs by reading every pack header in the store, checks
+that every head and tag names a stored record, and verifies the checkpoint
+given (or every checkpoint in the store).`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if storeOnly {
+				return cobra.MaximumNArgs(1)(cmd, args)
+			}
+			return cobra.ExactArgs(1)(cmd, args)
+		},
+	}
+	c.RunE = a.readOnly(func(ctx context.Context, e *engine.Engine, args []string) error {
+		if storeOnly {
+			ref := ""
+			if len(args) == 1 {
+				ref = args[0]
+			}
+			r, err := e.VerifyStore(ctx, ref)
 			if err != nil {
 				return err
 			}
 			if a.json {
-				return printJSON(a.stdout(), map[string]any{"checkpoint": r.Checkpoint, "ok": true,
-					"objects": r.Objects, "trees": r.Trees, "chunks": r.Chunks, "bytes": r.Bytes})
+				return printJSON(a.stdout(), map[string]any{"ok": true, "packs": r.Packs, "blobs": r.Blobs,
+					"refs": r.Refs, "checkpoints": len(r.Checkpoints)})
 			}
-			fmt.Fprintf(a.stdout(), "checkpoint %s ok: %d objects, %d trees, %d chunks, %s verified\n",
-				r.Checkpoint.Short(), len(r.Objects), r.Trees, r.Chunks, bytesStr(r.Bytes))
+			fmt.Fprintf(a.stdout(), "store ok: %d packs, %d blobs, %d refs, %d checkpoints verified\n",
+				r.Packs, r.Blobs, r.Refs, len(r.Checkpoints))
 			return nil
-		}),
-	}
+		}
+		r, err := e.Verify(ctx, args[0])
+		if err != nil {
+			return err
+		}
+		if a.json {
+			return printJSON(a.stdout(), map[string]any{"checkpoint": r.Checkpoint, "ok": true,
+				"objects": r.Objects, "trees": r.Trees, "chunks": r.Chunks, "bytes": r.Bytes,
+				"entries": r.Entries, "state_bytes": r.StateBytes, "base_checked": r.BaseChecked})
+		}
+		fmt.Fprintf(a.stdout(), "checkpoint %s ok: %d objects, %d trees, %d chunks, %s verified; restores %d entries, %s\n",
+			r.Checkpoint.Short(), len(r.Objects), r.Trees, r.Chunks, bytesStr(r.Bytes), r.Entries, bytesStr(int64(r.StateBytes)))
+		return nil
+	})
+	c.Flags().BoolVar(&storeOnly, "store-only", false, "do not use the catalog: index blobs from pack headers (all checkpoints if none is named)")
+	return c
 }
 
 func (a *app) catalogCmd() *cobra.Command {

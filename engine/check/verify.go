@@ -58,6 +58,20 @@ func (l catLocator) Locate(ctx context.Context, id delta.ID) (catalog.BlobLocati
 	return loc, err
 }
 
+// MapLocator locates blobs through an index read from pack headers: the
+// store-only mode, which needs no catalog.
+func MapLocator(index map[delta.ID]catalog.BlobLocation) Locator { return mapLocator(index) }
+
+type mapLocator map[delta.ID]catalog.BlobLocation
+
+func (m mapLocator) Locate(_ context.Context, id delta.ID) (catalog.BlobLocation, error) {
+	loc, ok := m[id]
+	if !ok {
+		return loc, fmt.Errorf("blob %s: in no pack of the store: %w", id, errdefs.ErrNotFound)
+	}
+	return loc, nil
+}
+
 // Report says what Verify read.
 type Report struct {
 	Checkpoint delta.ID
@@ -65,16 +79,26 @@ type Report struct {
 	Trees      int64
 	Chunks     int64
 	Bytes      int64 // plaintext bytes checked
+	// Entries and StateBytes are what restoring the checkpoint's trees
+	// writes (shared subtrees counted each time they appear).
+	Entries    uint64
+	StateBytes uint64
+	// BaseChecked says the base materialised on this host was re-hashed
+	// (set by the engine, which knows the backends).
+	BaseChecked bool
 }
 
 // Verify reads every object checkpoint cp needs and checks every hash: the
 // record against its id, each pack against its name, each pack header
-// against the catalog's index, each blob's plaintext against its id, and each
-// tree's canonical encoding (so the tree hashes are recomputed bottom up).
-// The first problem is returned as an error naming the object.
+// against the locator's index, each blob's plaintext against its id, and
+// each tree's canonical encoding (so the tree hashes are recomputed bottom
+// up). It applies every rule a restore applies, through delta.CheckState
+// (the same code), with each file's size checked against its chunks'
+// lengths from the index. The first problem is returned as an error naming
+// the object.
 func (c *Checker) Verify(ctx context.Context, cp *delta.Checkpoint) (*Report, error) {
 	rep := &Report{Checkpoint: cp.ID}
-	recData, err := upload.ReadAll(ctx, c.Store, delta.RecordName(cp.ID))
+	recData, err := upload.ReadAllMax(ctx, c.Store, delta.RecordName(cp.ID), delta.MaxRecordSize)
 	if err != nil {
 		return rep, fmt.Errorf("checkpoint %s: %w", cp.ID.Short(), err)
 	}
@@ -82,43 +106,43 @@ func (c *Checker) Verify(ctx context.Context, cp *delta.Checkpoint) (*Report, er
 	if _, err := delta.DecodeRecord(cp.ID, recData); err != nil {
 		return rep, fmt.Errorf("object %s: %w", delta.RecordName(cp.ID), err)
 	}
-	// Pass 1: walk the trees to learn every blob and where it lives.
+	// Pass 1: the restore rules over every tree, learning where each blob
+	// lives on the way.
 	need := map[delta.ID]catalog.BlobLocation{}
-	var walk func(id delta.ID) error
-	walk = func(id delta.ID) error {
-		if _, ok := need[id]; ok {
-			return nil
+	find := func(id delta.ID, t delta.BlobType) (catalog.BlobLocation, error) {
+		if loc, ok := need[id]; ok {
+			return loc, nil
 		}
-		if err := c.locate(ctx, id, need); err != nil {
-			return err
-		}
-		t, err := delta.LoadTree(ctx, c.Blobs, id)
+		loc, err := c.Locator.Locate(ctx, id)
 		if err != nil {
-			return fmt.Errorf("%w (in %s)", err, delta.PackName(need[id].Pack))
+			return loc, err
 		}
-		rep.Trees++
-		for _, en := range t.Entries {
-			switch en.Type {
-			case delta.TypeDir:
-				if err := walk(en.Subtree); err != nil {
-					return err
-				}
-			case delta.TypeFile:
-				for _, ch := range en.Chunks {
-					if _, ok := need[ch]; !ok {
-						if err := c.locate(ctx, ch, need); err != nil {
-							return err
-						}
-						rep.Chunks++
-					}
-				}
-			}
+		if loc.Type != t {
+			return loc, fmt.Errorf("blob %s: stored as %s, needed as %s: %w", id, loc.Type, t, errdefs.ErrCorrupt)
 		}
-		return nil
+		need[id] = loc
+		return loc, nil
 	}
-	for _, root := range cp.Roots() {
-		if err := walk(root); err != nil {
-			return rep, fmt.Errorf("checkpoint %s: %w", cp.ID.Short(), err)
+	tl := &locatingLoader{inner: c.Blobs, find: find}
+	rules := delta.StateRules{ChunkSize: func(id delta.ID) (uint64, error) {
+		loc, err := find(id, delta.BlobData)
+		return loc.RawLength, err
+	}}
+	for i, root := range cp.Roots() {
+		r := rules
+		r.Plain = i != 1 // Roots: base, writable layer, process image
+		fp, err := delta.CheckState(ctx, tl, root, r)
+		if err != nil {
+			return rep, fmt.Errorf("checkpoint %s: tree %s: %w", cp.ID.Short(), root.Short(), err)
+		}
+		rep.Entries += fp.Entries
+		rep.StateBytes += fp.Bytes
+	}
+	for _, loc := range need {
+		if loc.Type == delta.BlobTree {
+			rep.Trees++
+		} else {
+			rep.Chunks++
 		}
 	}
 	// Pass 2: read each pack whole, once, and check everything in it.
@@ -135,19 +159,29 @@ func (c *Checker) Verify(ctx context.Context, cp *delta.Checkpoint) (*Report, er
 	return rep, nil
 }
 
-func (c *Checker) locate(ctx context.Context, id delta.ID, need map[delta.ID]catalog.BlobLocation) error {
-	loc, err := c.Locator.Locate(ctx, id)
+// locatingLoader locates each tree before loading it, so Verify learns
+// every tree's pack, and names that pack when a load fails.
+type locatingLoader struct {
+	inner delta.BlobLoader
+	find  func(id delta.ID, t delta.BlobType) (catalog.BlobLocation, error)
+}
+
+func (l *locatingLoader) LoadBlob(ctx context.Context, t delta.BlobType, id delta.ID) ([]byte, error) {
+	loc, err := l.find(id, t)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	need[id] = loc
-	return nil
+	b, err := l.inner.LoadBlob(ctx, t, id)
+	if err != nil {
+		return nil, fmt.Errorf("%w (in %s)", err, delta.PackName(loc.Pack))
+	}
+	return b, nil
 }
 
 func (c *Checker) verifyPack(ctx context.Context, pack delta.ID, blobs []delta.ID, need map[delta.ID]catalog.BlobLocation, rep *Report) error {
 	name := delta.PackName(pack)
 	rep.Objects = append(rep.Objects, name)
-	data, err := upload.ReadAll(ctx, c.Store, name)
+	data, err := upload.ReadAllMax(ctx, c.Store, name, delta.MaxPackSize)
 	if err != nil {
 		return err
 	}
@@ -166,7 +200,7 @@ func (c *Checker) verifyPack(ctx context.Context, pack delta.ID, blobs []delta.I
 		loc := need[id]
 		en, ok := inHeader[id]
 		if !ok || locationOf(pack, en) != loc {
-			return fmt.Errorf("object %s: header does not list blob %s where the catalog says: %w", name, id.Short(), errdefs.ErrCorrupt)
+			return fmt.Errorf("object %s: header does not list blob %s where the index says: %w", name, id.Short(), errdefs.ErrCorrupt)
 		}
 		plain, err := c.Blobs.Decode(id, name, loc, data[loc.Offset:loc.Offset+loc.Length])
 		if err != nil {

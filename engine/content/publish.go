@@ -34,6 +34,11 @@ func (o *Op) Publish(ctx context.Context, extraRefs ...delta.ID) error {
 			return err
 		}
 	}
+	if o.r.room != nil {
+		if err := o.r.room(); err != nil {
+			return err
+		}
+	}
 	ids := make([]delta.ID, 0, len(o.flushed))
 	for id := range o.flushed {
 		ids = append(ids, id)
@@ -70,6 +75,7 @@ func (o *Op) Publish(ctx context.Context, extraRefs ...delta.ID) error {
 		if err != nil {
 			return fmt.Errorf("index blobs: %w", err)
 		}
+		o.unindexed = nil // indexed blobs are in these packs now: never discard them
 		o.r.dups.Add(int64(len(lostTo)))
 		for _, p := range lostTo {
 			o.reused[p] = true

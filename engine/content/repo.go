@@ -40,7 +40,15 @@ type Repo struct {
 	// chunks) would otherwise make concurrent transactions conflict and
 	// retry. The transactions it guards are short, one chunk each.
 	indexMu sync.Mutex
+	// room, if set, is asked after an Op's packs are written and before the
+	// catalog is (SetRoomCheck).
+	room func() error
 }
+
+// SetRoomCheck makes Publish call room after writing an Op's packs and
+// before writing the catalog; an error stops the Op there, and Discard then
+// removes its packs (the engine's "home filesystem is full" check).
+func (r *Repo) SetRoomCheck(room func() error) { r.room = room }
 
 // Duplicates is how many blobs Ops of this Repo stored that another Op had
 // indexed first (see Publish); their copies are garbage for gc.
@@ -63,6 +71,9 @@ type Op struct {
 	children map[delta.ID][]delta.ID
 	stats    delta.Stats
 	buf      []byte
+	// unindexed are the packs this Op wrote (name -> blobs) while none of
+	// its blobs is indexed yet: Discard may delete them.
+	unindexed map[string][]delta.ID
 }
 
 // New returns a repository over store, indexed by cat. meter may be nil.
@@ -80,10 +91,41 @@ func (r *Repo) Begin() *Op {
 		open: map[delta.BlobType]*delta.PackWriter{
 			delta.BlobData: delta.NewPackWriter(), delta.BlobTree: delta.NewPackWriter(),
 		},
-		flushed:  map[delta.ID]catalog.BlobLocation{},
-		reused:   map[delta.ID]bool{},
-		children: map[delta.ID][]delta.ID{},
+		flushed:   map[delta.ID]catalog.BlobLocation{},
+		reused:    map[delta.ID]bool{},
+		children:  map[delta.ID][]delta.ID{},
+		unindexed: map[string][]delta.ID{},
 	}
+}
+
+// Discard deletes the packs of an Op that failed before Publish indexed any
+// of its blobs, so a checkpoint that ran out of space leaves nothing
+// behind. A pack whose name some indexed blob points at is kept: another Op
+// may have written the same bytes and indexed them. Best effort: a pack
+// left behind is garbage that gc collects.
+func (o *Op) Discard(ctx context.Context) {
+	if len(o.unindexed) == 0 {
+		return
+	}
+	o.r.indexMu.Lock()
+	defer o.r.indexMu.Unlock()
+	for name, ids := range o.unindexed {
+		pack, _ := delta.ParsePackName(name)
+		used := false
+		o.r.cat.View(ctx, func(tx *catalog.Tx) error {
+			for _, id := range ids {
+				if loc, ok, err := tx.Blob(id); err != nil || ok && loc.Pack == pack {
+					used = true // or unknown: keep it
+					return err
+				}
+			}
+			return nil
+		})
+		if !used {
+			o.r.store.Delete(ctx, name)
+		}
+	}
+	o.unindexed = map[string][]delta.ID{}
 }
 
 // Stats returns what the Op stored so far: BlobsNew, BytesNew, ObjectsNew.
@@ -126,6 +168,10 @@ func (o *Op) SaveBlob(ctx context.Context, t delta.BlobType, id delta.ID, plain 
 	}
 	if known {
 		return false, nil
+	}
+	if uint64(len(plain)) > delta.MaxRawLength(t) {
+		return false, fmt.Errorf("%s blob %s: %d bytes, more than the format allows (%d; a directory with too many entries?): %w",
+			t, id.Short(), len(plain), delta.MaxRawLength(t), errdefs.ErrInvalid)
 	}
 	if t == delta.BlobTree {
 		// A new tree references its children once, whatever else does:
@@ -186,6 +232,11 @@ func (o *Op) flushPack(ctx context.Context, t delta.BlobType) error {
 		o.flushed[e.ID] = LocationOf(id, e)
 	}
 	o.written = append(o.written, upload.ObjectInfo{Name: name, Size: int64(len(data))})
+	if o.unindexed != nil {
+		for _, e := range entries {
+			o.unindexed[name] = append(o.unindexed[name], e.ID)
+		}
+	}
 	o.stats.ObjectsNew++
 	o.stats.BytesNew += int64(len(data))
 	o.open[t] = delta.NewPackWriter()
@@ -235,9 +286,15 @@ func (r *Repo) load(ctx context.Context, t delta.BlobType, id delta.ID, loc cata
 		return nil, fmt.Errorf("blob %s: stored as %s, wanted %s: %w", id, loc.Type, t, errdefs.ErrCorrupt)
 	}
 	name := delta.PackName(loc.Pack)
+	// Bound what the index declares before it sizes any read or buffer: a
+	// stored blob is never much larger than its plaintext.
+	if most := delta.MaxRawLength(t); loc.RawLength > most || loc.Length > 2*most {
+		return nil, fmt.Errorf("blob %s in %s: declares %d stored and %d plain bytes, over the %s limit %d: %w",
+			id, name, loc.Length, loc.RawLength, t, most, errdefs.ErrCorrupt)
+	}
 	pack, ok := r.packs.get(loc.Pack)
 	if !ok && r.packs.wantWhole(loc.Pack) {
-		data, err := upload.ReadAll(ctx, r.store, name)
+		data, err := upload.ReadAllMax(ctx, r.store, name, delta.MaxPackSize)
 		if err != nil {
 			return nil, fmt.Errorf("blob %s in %s: %w", id.Short(), name, err)
 		}
@@ -265,20 +322,18 @@ func (r *Repo) load(ctx context.Context, t delta.BlobType, id delta.ID, loc cata
 }
 
 // Decode turns a blob's stored bytes, read from object, back into verified
-// plaintext.
+// plaintext (delta.Codec.DecodeBlob: bounded, hash-checked).
 func (r *Repo) Decode(id delta.ID, object string, loc catalog.BlobLocation, stored []byte) ([]byte, error) {
 	if uint64(len(stored)) != loc.Length {
 		return nil, fmt.Errorf("blob %s in %s: read %d bytes, want %d: %w", id, object, len(stored), loc.Length, errdefs.ErrCorrupt)
 	}
-	plain := stored
-	if delta.Compression(loc.Compression) == delta.CompressionZstd {
-		var err error
-		if plain, err = r.codec.Decompress(stored, int(loc.RawLength)); err != nil {
-			return nil, fmt.Errorf("blob %s in %s: %w", id, object, err)
-		}
+	comp := delta.Compression(loc.Compression)
+	if comp != delta.CompressionNone && comp != delta.CompressionZstd {
+		return nil, fmt.Errorf("blob %s in %s: unknown compression %d: %w", id, object, loc.Compression, errdefs.ErrCorrupt)
 	}
-	if got := delta.Hash(plain); got != id {
-		return nil, fmt.Errorf("blob %s in %s: content hashes to %s: %w", id, object, got.Short(), errdefs.ErrCorrupt)
+	plain, err := r.codec.DecodeBlob(loc.Type, id, comp == delta.CompressionZstd, loc.RawLength, stored)
+	if err != nil {
+		return nil, fmt.Errorf("%w (in %s)", err, object)
 	}
 	r.meter.add(len(plain))
 	return plain, nil

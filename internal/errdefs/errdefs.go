@@ -23,4 +23,8 @@ var (
 	// ErrCorrupt: stored data does not match its hash or cannot be decoded.
 	// Never retried, never ignored.
 	ErrCorrupt = errors.New("corrupt data")
+	// ErrNoSpace: a filesystem turnsnap writes to (the home, a sandbox's
+	// root) is full or out of inodes. Nothing half-written is kept; the
+	// same command succeeds once space is freed.
+	ErrNoSpace = errors.New("no space left")
 )

@@ -21,6 +21,9 @@ func Unmount(ctx context.Context, path, who string) error {
 		return err
 	}
 	mounted, err := mountinfo.Mounted(path)
+	if errors.Is(err, unix.ENOENT) {
+		return nil // a root already deleted (a removal killed midway) is not mounted
+	}
 	if err != nil {
 		return fmt.Errorf("sandbox %s: mount table: %w", who, err)
 	}

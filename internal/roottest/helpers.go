@@ -128,8 +128,8 @@ func AgentTurn(t testing.TB, root string) {
 	must(t, os.Chtimes(p("tmp"), old, old)) // a base directory's mtime alone
 }
 
-// Move renames src to dst the way mv does: overlayfs refuses to rename a
-// directory of the lower layer (EXDEV), and mv then copies it.
+// Move renames src to dst the way mv does (rename(2), which overlay roots
+// allow for base directories too: they mount with redirect_dir=on).
 func Move(t testing.TB, src, dst string) {
 	t.Helper()
 	if out, err := exec.Command("mv", "-T", src, dst).CombinedOutput(); err != nil {

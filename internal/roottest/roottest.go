@@ -37,6 +37,10 @@ func Run(t *testing.T, newSetup func(t *testing.T) Setup) {
 		{"RestoreIntoNewRoot", testRestoreIntoNewRoot},
 		{"RestoreCorruptTreeKeepsState", testRestoreCorrupt},
 		{"RemoveCleansEverything", testRemoveCleans},
+		{"DirectoryRenames", testDirRenames},
+		{"LongPaths", testLongPaths},
+		{"ScanRacingSymlinkSwap", testScanRacingSymlinkSwap},
+		{"RandomEditsWithRenames", testRandomEdits},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -66,3 +66,15 @@ func (m *MemStore) Len() int {
 	defer m.mu.Unlock()
 	return len(m.blobs)
 }
+
+// Holds reports whether any stored blob contains needle.
+func (m *MemStore) Holds(needle []byte) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, d := range m.blobs {
+		if bytes.Contains(d, needle) {
+			return true
+		}
+	}
+	return false
+}

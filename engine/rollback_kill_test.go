@@ -1,0 +1,84 @@
+package engine
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+
+	"github.com/moby/sys/mountinfo"
+	"github.com/turnsnap/turnsnap/catalog"
+	"github.com/turnsnap/turnsnap/delta"
+)
+
+// TestKilledRollbackHelper is the process TestKilledRollbackKeepsRootAndHead
+// kills: with its environment set, it rolls back and SIGKILLs itself at the
+// named phase.
+func TestKilledRollbackHelper(t *testing.T) {
+	home, phase, target := os.Getenv("TS_KILL_HOME"), os.Getenv("TS_KILL_PHASE"), os.Getenv("TS_KILL_TARGET")
+	if home == "" {
+		t.Skip("helper process only")
+	}
+	e, err := Open(context.Background(), Options{Home: home})
+	must(t, err)
+	e.atPhase = func(p string) {
+		if p == phase {
+			syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		}
+	}
+	e.Rollback(context.Background(), "s", target, RollbackOptions{})
+	t.Fatal("not killed")
+}
+
+// A rollback SIGKILLed at each phase leaves root and head agreeing once the
+// sandbox is next used, and the root mounted.
+func TestKilledRollbackKeepsRootAndHead(t *testing.T) {
+	ctx := context.Background()
+	for _, phase := range []string{"rollback: intent written", "rollback: root switched", "rollback: head moved"} {
+		t.Run(phase, func(t *testing.T) {
+			home := filepath.Join(t.TempDir(), "home")
+			e := openEngine(t, home)
+			base := t.TempDir()
+			write(t, filepath.Join(base, "a.txt"), "base\n")
+			cr, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: base})
+			must(t, err)
+			write(t, filepath.Join(cr.Root, "one.txt"), "turn 1\n")
+			c1, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
+			must(t, err)
+			state1 := mergedState(t, cr.Root)
+			write(t, filepath.Join(cr.Root, "two.txt"), "turn 2\n")
+			_, err = e.Checkpoint(ctx, "s", CheckpointOptions{})
+			must(t, err)
+			state2 := mergedState(t, cr.Root)
+			must(t, e.Close())
+
+			cmd := exec.Command(os.Args[0], "-test.run=^TestKilledRollbackHelper$", "-test.count=1")
+			cmd.Env = append(os.Environ(), "TS_KILL_HOME="+home, "TS_KILL_PHASE="+phase, "TS_KILL_TARGET="+c1.ID.String())
+			out, err := cmd.CombinedOutput()
+			if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+				t.Fatalf("helper was not killed at %q: %v\n%s", phase, err, out)
+			}
+
+			e = openEngine(t, home)
+			root, err := e.SandboxPath(ctx, "s") // the next use of the sandbox
+			must(t, err)
+			var head delta.ID
+			must(t, e.view(ctx, func(tx *catalog.Tx) (err error) { head, err = tx.GetRef(delta.RefHead, "s"); return err }))
+			if ok, _ := mountinfo.Mounted(root); !ok {
+				t.Fatal("root not mounted after the killed rollback")
+			}
+			got := mergedState(t, root)
+			switch {
+			case head == c1.ID && got == state1:
+			case head != c1.ID && got == state2:
+			default:
+				t.Fatalf("after a kill at %q: head is c1: %v, root is state1: %v, state2: %v", phase, head == c1.ID, got == state1, got == state2)
+			}
+			if _, ok := e.pendingRollback("s"); ok {
+				t.Fatal("the intent outlived its rollback")
+			}
+		})
+	}
+}
