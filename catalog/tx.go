@@ -164,7 +164,7 @@ func (tx *Tx) PutCheckpoint(cp *delta.Checkpoint) error {
 	if err := tx.set(childKey(cp.Parent, id), nil, what); err != nil {
 		return err
 	}
-	if err := tx.set(sandboxCPKey(cp.Sandbox, cp.Created, id), nil, what); err != nil {
+	if err := tx.set(sandboxCPKey(cp.SandboxKey(), cp.Created, id), nil, what); err != nil {
 		return err
 	}
 	cp.ID = id
@@ -230,12 +230,32 @@ func (tx *Tx) Ancestors(id delta.ID, limit int) ([]*delta.Checkpoint, error) {
 
 // SandboxCheckpoints returns the sandbox's checkpoints in creation order (ties
 // broken by ID). A sandbox with none, or unknown to the catalog, gives none.
+// Checkpoints are indexed by their sandbox's key (its id; a legacy sandbox's
+// name), so the label sandbox is resolved through the sandbox's entry; a
+// label with no entry (a removed sandbox) is taken as a legacy key.
 func (tx *Tx) SandboxCheckpoints(sandbox string) ([]*delta.Checkpoint, error) {
 	if !delta.ValidRefName(sandbox) {
 		return nil, fmt.Errorf("sandbox %q: name is not valid: %w", sandbox, errdefs.ErrInvalid)
 	}
+	key := sandbox
+	sb := new(delta.Sandbox)
+	if found, err := tx.getJSON(sandboxKey(sandbox), sb, "sandbox "+sandbox); err != nil {
+		return nil, err
+	} else if found {
+		key = sb.Key()
+	}
+	return tx.checkpointsByKey(sandbox, key)
+}
+
+// SandboxKeyCheckpoints returns the checkpoints of the sandbox whose key
+// (id, or legacy name) is key, in creation order.
+func (tx *Tx) SandboxKeyCheckpoints(key string) ([]*delta.Checkpoint, error) {
+	return tx.checkpointsByKey(key, key)
+}
+
+func (tx *Tx) checkpointsByKey(sandbox, key string) ([]*delta.Checkpoint, error) {
 	var ids []delta.ID
-	err := tx.scan(sandboxCPPrefix(sandbox), false, func(key, _ []byte) error {
+	err := tx.scan(sandboxCPPrefix(key), false, func(key, _ []byte) error {
 		id, _ := idFromSuffix(key)
 		ids = append(ids, id)
 		return nil
@@ -276,7 +296,7 @@ func (tx *Tx) DeleteCheckpoint(id delta.ID) error {
 		return err
 	}
 	what := "checkpoint " + id.String()
-	for _, k := range [][]byte{checkpointKey(id), childKey(cp.Parent, id), sandboxCPKey(cp.Sandbox, cp.Created, id)} {
+	for _, k := range [][]byte{checkpointKey(id), childKey(cp.Parent, id), sandboxCPKey(cp.SandboxKey(), cp.Created, id)} {
 		if err := tx.del(k, what); err != nil {
 			return err
 		}

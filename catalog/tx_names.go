@@ -128,3 +128,29 @@ func (tx *Tx) DeleteRef(kind delta.RefKind, name string) error {
 	}
 	return tx.del(refKey(kind, name), "ref "+delta.Ref{Kind: kind, Name: name}.String())
 }
+
+// removedOwnKey keeps the key of a sandbox this home created and removed:
+// its checkpoints stay (branches may need them) and remain this home's to
+// prune. A rebuild forgets these notes, which only makes prune keep more.
+//
+//	0x00 "removed-own/" key → empty
+func removedOwnKey(key string) []byte {
+	return append([]byte{prefixMeta}, "removed-own/"+key...)
+}
+
+// NoteRemovedOwnSandbox records that the sandbox with key (id, or legacy
+// name) was created on this home and removed.
+func (tx *Tx) NoteRemovedOwnSandbox(key string) error {
+	return tx.set(removedOwnKey(key), nil, "removed sandbox "+key)
+}
+
+// RemovedOwnSandboxes lists the keys noted by NoteRemovedOwnSandbox.
+func (tx *Tx) RemovedOwnSandboxes() ([]string, error) {
+	prefix := removedOwnKey("")
+	var out []string
+	err := tx.scan(prefix, false, func(key, _ []byte) error {
+		out = append(out, string(key[len(prefix):]))
+		return nil
+	})
+	return out, err
+}

@@ -99,3 +99,33 @@ func (tx *Tx) PendingUploads(sandbox string) ([]PendingUpload, error) {
 func (tx *Tx) UploadDone(p PendingUpload) error {
 	return tx.del(uploadKey(p.Sandbox, p.Seq), "upload "+p.Name)
 }
+
+// DequeueNames removes every queued upload of the named objects, in any
+// sandbox's queue (objects that need no upload any more: a pruned record, a
+// collected pack), in one scan of the queue. It returns how many entries
+// it removed.
+func (tx *Tx) DequeueNames(names map[string]bool) (int, error) {
+	if len(names) == 0 {
+		return 0, nil
+	}
+	var drop []PendingUpload
+	err := tx.scan(uploadPrefix(""), true, func(_, val []byte) error {
+		var p PendingUpload
+		if err := json.Unmarshal(val, &p); err != nil {
+			return fmt.Errorf("queued upload: %v: %w", err, errdefs.ErrCorrupt)
+		}
+		if names[p.Name] {
+			drop = append(drop, p)
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	for _, p := range drop {
+		if err := tx.UploadDone(p); err != nil {
+			return 0, err
+		}
+	}
+	return len(drop), nil
+}

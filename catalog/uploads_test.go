@@ -46,3 +46,23 @@ func TestUploadQueueOrderAndPersistence(t *testing.T) {
 		return nil
 	})
 }
+
+func TestDequeueNamesAcrossSandboxes(t *testing.T) {
+	c := openTest(t)
+	update(t, c, func(tx *Tx) error {
+		return tx.EnqueueUploads([]PendingUpload{
+			{Sandbox: "_backfill", Name: "records/a"}, {Sandbox: "s", Name: "records/a"},
+			{Sandbox: "s", Name: "records/b"}, {Sandbox: "t", Name: "packs/x"},
+		})
+	})
+	var n int
+	update(t, c, func(tx *Tx) (err error) {
+		n, err = tx.DequeueNames(map[string]bool{"records/a": true, "packs/x": true})
+		return err
+	})
+	var left []PendingUpload
+	update(t, c, func(tx *Tx) (err error) { left, err = tx.PendingUploads(""); return err })
+	if n != 3 || len(left) != 1 || left[0].Name != "records/b" {
+		t.Fatalf("dequeued %d, left %+v", n, left)
+	}
+}

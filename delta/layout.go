@@ -1,10 +1,14 @@
 package delta
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
 
 // Object names in the store besides packs (docs/FORMAT.md, "Store layout").
@@ -20,12 +24,41 @@ const (
 	LockPrefix = "locks/"
 )
 
-// Lock is the JSON content of a lock object: a push or gc in progress.
+// Lock is the JSON content of a lock object: a push or gc in progress. A
+// lock carries its own clock: its holder rewrites it (Refreshed) at least
+// every StaleAfter/3, and a lock whose Refreshed (or, if later, the store's
+// modification time) is more than StaleAfter old is stale: its holder
+// stopped, and readers ignore it. A holder that cannot refresh in time
+// cancels its own operation before its lock could be judged stale.
 type Lock struct {
 	Kind    string    `json:"kind"` // "push" or "gc"
 	Host    string    `json:"host"`
 	PID     int       `json:"pid"`
+	Home    string    `json:"home,omitempty"` // the holder's home id
 	Created time.Time `json:"created"`
+	// Refreshed is when the holder last wrote the lock (UTC); zero in locks
+	// written before it existed, which are judged by modification time.
+	Refreshed time.Time `json:"refreshed,omitempty"`
+	// StaleAfterNs is the holder's promise: it refreshes well within this
+	// window. Zero means DefaultLockStaleAfter.
+	StaleAfterNs int64 `json:"stale_after_ns,omitempty"`
+}
+
+// DefaultLockStaleAfter is the stale window of a lock that states none.
+const DefaultLockStaleAfter = 10 * time.Minute
+
+// Stale reports whether the lock's holder has stopped refreshing it, judged
+// at now; modTime is the store's modification time of the object.
+func (l *Lock) Stale(modTime, now time.Time) bool {
+	last := l.Refreshed
+	if modTime.After(last) {
+		last = modTime
+	}
+	window := time.Duration(l.StaleAfterNs)
+	if window <= 0 {
+		window = DefaultLockStaleAfter
+	}
+	return now.Sub(last) > window
 }
 
 // MaxSmallObject bounds what a reader accepts for a ref, a sandbox object
@@ -35,10 +68,13 @@ const MaxSmallObject = 64 << 10
 // RecordName is the store name of the record whose hash is id.
 func RecordName(id ID) string { return RecordPrefix + id.String() }
 
-// SandboxName is the store name of sandbox name's description.
-func SandboxName(name string) string { return SandboxPrefix + name }
+// SandboxName is the store name of a sandbox's description; key is the
+// sandbox's Key (its id, or a legacy sandbox's name).
+func SandboxName(key string) string { return SandboxPrefix + key }
 
-// RefName is the store name of the ref kind/name.
+// RefName is the store name of the ref kind/name. A head's name is its
+// sandbox's Key, so two homes' sandboxes of one name keep separate heads;
+// tags are named by the user and shared by every home of the bucket.
 func RefName(kind RefKind, name string) string {
 	if kind == RefTag {
 		return TagPrefix + name
@@ -59,7 +95,15 @@ func ParseRef(data []byte) (ID, error) {
 // its checkpoints and head are kept separately (records, RefHead) so that
 // checkpointing never rewrites it.
 type Sandbox struct {
-	Name     string    `json:"name"`
+	// ID is the sandbox's identity (32 lowercase hex digits, random), so
+	// that sandboxes of one name on two homes sharing a bucket never merge.
+	// Empty in descriptions written before it existed (legacy, identified
+	// by Name).
+	ID string `json:"id,omitempty"`
+	// Home is the id of the home that created the sandbox, the only home
+	// whose prune may delete its checkpoints. Empty in legacy descriptions.
+	Home     string    `json:"home,omitempty"`
+	Name     string    `json:"name"` // label on its home (a ValidRefName)
 	Backend  string    `json:"backend"`
 	BaseTree ID        `json:"base_tree"`
 	Origin   ID        `json:"origin"` // checkpoint it was branched from; zero if created from a base
@@ -81,8 +125,44 @@ func (sb *Sandbox) Validate() error {
 		return fmt.Errorf("sandbox %s: backend is empty", sb.Name)
 	case sb.BaseTree.IsZero():
 		return fmt.Errorf("sandbox %s: base tree is zero", sb.Name)
+	case sb.ID != "" && !ValidSandboxID(sb.ID):
+		return fmt.Errorf("sandbox %s: id %q is not valid", sb.Name, sb.ID)
+	case sb.Home != "" && !ValidSandboxID(sb.Home):
+		return fmt.Errorf("sandbox %s: home id %q is not valid", sb.Name, sb.Home)
 	}
 	return nil
+}
+
+// Key is what names the sandbox's description and head in the store: its
+// ID, or a legacy sandbox's Name.
+func (sb *Sandbox) Key() string {
+	if sb.ID != "" {
+		return sb.ID
+	}
+	return sb.Name
+}
+
+// NewSandboxID returns a fresh random id, for a sandbox or a home.
+func NewSandboxID() string {
+	b := make([]byte, 16)
+	if _, err := rand.Read(b); err != nil {
+		panic("crypto/rand: " + err.Error()) // never fails on Linux
+	}
+	return hex.EncodeToString(b)
+}
+
+// ValidSandboxID reports whether s has the form of a sandbox or home id:
+// 32 lowercase hex digits.
+func ValidSandboxID(s string) bool {
+	if len(s) != 32 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if !(s[i] >= '0' && s[i] <= '9' || s[i] >= 'a' && s[i] <= 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 // RefKind says what namespace a ref name lives in.
@@ -108,3 +188,29 @@ type Ref struct {
 
 // String prints the ref as "kind/name", the form used in error messages.
 func (r Ref) String() string { return string(r.Kind) + "/" + r.Name }
+
+// MaxSandboxObject bounds the size of a sandbox description a reader
+// accepts (real ones are a few hundred bytes).
+const MaxSandboxObject = 64 << 10
+
+// DecodeSandbox decodes the description stored under the object name,
+// which must be the one its content claims (docs/FORMAT.md, "Sandbox
+// identity"): a description under one name that claims another sandbox
+// would graft that sandbox's history onto another. Errors are ErrCorrupt
+// and name the object.
+func DecodeSandbox(name string, data []byte) (*Sandbox, error) {
+	if len(data) > MaxSandboxObject {
+		return nil, fmt.Errorf("object %s: %d bytes, more than %d: %w", name, len(data), MaxSandboxObject, errdefs.ErrCorrupt)
+	}
+	var sb Sandbox
+	if err := json.Unmarshal(data, &sb); err != nil {
+		return nil, fmt.Errorf("object %s: %v: %w", name, err, errdefs.ErrCorrupt)
+	}
+	if err := sb.Validate(); err != nil {
+		return nil, fmt.Errorf("object %s: %v: %w", name, err, errdefs.ErrCorrupt)
+	}
+	if want := SandboxName(sb.Key()); name != want {
+		return nil, fmt.Errorf("object %s: describes sandbox %s, which is stored as %s: %w", name, sb.Name, want, errdefs.ErrCorrupt)
+	}
+	return &sb, nil
+}

@@ -13,7 +13,12 @@ import (
 // RecordVersion is the checkpoint record format this package writes and the
 // only one it reads. A record is addressed by its hash, so any change to its
 // encoding is a new version, never an edit of version 1.
-const RecordVersion = 1
+const RecordVersion = 2
+
+// MinRecordVersion is the oldest record format this package still reads.
+// Version 1 records have no sandbox_id: they belong to the sandbox their
+// name labels in the store that holds them (docs/FORMAT.md, "Sandbox identity").
+const MinRecordVersion = 1
 
 // MaxRecordSize is the largest record a reader accepts (docs/FORMAT.md,
 // "Limits"); a record is a few hundred bytes plus its message.
@@ -61,16 +66,20 @@ type Stats struct {
 // Checkpoint is the checkpoint record: stored in the object store as an
 // object named by its hash, and indexed in the catalog by the same bytes.
 type Checkpoint struct {
-	ID       ID     `json:"-"`         // Hash of the encoded record; never inside it
-	Version  int    `json:"version"`   // record format version, RecordVersion
-	Sandbox  string `json:"sandbox"`   // a ValidRefName
-	Parent   ID     `json:"parent"`    // zero for a sandbox's first checkpoint created from a base
-	Turn     int    `json:"turn"`      // agent turn number, >= 0
-	Class    Class  `json:"class"`     // what was captured
-	Backend  string `json:"backend"`   // "overlay" or "btrfs"
-	BaseTree ID     `json:"base_tree"` // tree of the read-only base (sandbox identity)
-	FSTree   ID     `json:"fs_tree"`   // tree of the writable layer (overlay upper) at this checkpoint
-	StateKey ID     `json:"state_key"` // hash used to decide "no change" (see engine); not a stored object
+	ID      ID     `json:"-"`       // Hash of the encoded record; never inside it
+	Version int    `json:"version"` // record format version, RecordVersion
+	Sandbox string `json:"sandbox"` // a ValidRefName: the sandbox's label on the home that wrote it
+	// SandboxID is the identity of the sandbox (Sandbox.ID), which a label
+	// shared by two homes cannot give. Version 1 records never have one; in
+	// version 2 it is empty only for a legacy sandbox (one without an ID).
+	SandboxID string `json:"sandbox_id,omitempty"`
+	Parent    ID     `json:"parent"`    // zero for a sandbox's first checkpoint created from a base
+	Turn      int    `json:"turn"`      // agent turn number, >= 0
+	Class     Class  `json:"class"`     // what was captured
+	Backend   string `json:"backend"`   // "overlay" or "btrfs"
+	BaseTree  ID     `json:"base_tree"` // tree of the read-only base (sandbox identity)
+	FSTree    ID     `json:"fs_tree"`   // tree of the writable layer (overlay upper) at this checkpoint
+	StateKey  ID     `json:"state_key"` // hash used to decide "no change" (see engine); not a stored object
 	// ProcTree is the tree of the CRIU image of the sandbox's long-lived
 	// processes at this checkpoint, nil when it had none. A checkpoint whose
 	// processes did not change carries its parent's image forward.
@@ -89,8 +98,12 @@ type Checkpoint struct {
 // encoding, ErrCorrupt when decoding).
 func (cp *Checkpoint) validate() error {
 	switch {
-	case cp.Version != RecordVersion:
-		return fmt.Errorf("record version %d, want %d", cp.Version, RecordVersion)
+	case cp.Version < MinRecordVersion || cp.Version > RecordVersion:
+		return fmt.Errorf("record version %d, want %d..%d", cp.Version, MinRecordVersion, RecordVersion)
+	case cp.Version == 1 && cp.SandboxID != "":
+		return fmt.Errorf("version 1 record has a sandbox_id")
+	case cp.SandboxID != "" && !ValidSandboxID(cp.SandboxID):
+		return fmt.Errorf("sandbox id %q is not valid", cp.SandboxID)
 	case !ValidRefName(cp.Sandbox):
 		return fmt.Errorf("sandbox name %q is not valid", cp.Sandbox)
 	case !cp.Class.known():
@@ -148,9 +161,9 @@ func DecodeRecord(id ID, data []byte) (*Checkpoint, error) {
 	if err := json.Unmarshal(data, &v); err != nil {
 		return nil, fmt.Errorf("checkpoint %s: decode record: %v: %w", id, err, errdefs.ErrCorrupt)
 	}
-	if v.Version != RecordVersion {
-		return nil, fmt.Errorf("checkpoint %s: record version %d, this turnsnap reads version %d: %w",
-			id, v.Version, RecordVersion, errdefs.ErrCorrupt)
+	if v.Version < MinRecordVersion || v.Version > RecordVersion {
+		return nil, fmt.Errorf("checkpoint %s: record version %d, this turnsnap reads versions %d..%d: %w",
+			id, v.Version, MinRecordVersion, RecordVersion, errdefs.ErrCorrupt)
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
@@ -166,6 +179,15 @@ func DecodeRecord(id ID, data []byte) (*Checkpoint, error) {
 	}
 	cp.ID = id
 	return cp, nil
+}
+
+// SandboxKey is what identifies the checkpoint's sandbox across homes: its
+// sandbox id, or for a version 1 record its name.
+func (cp *Checkpoint) SandboxKey() string {
+	if cp.SandboxID != "" {
+		return cp.SandboxID
+	}
+	return cp.Sandbox
 }
 
 // MaxNameLen is the longest sandbox or tag name. Names appear in paths,

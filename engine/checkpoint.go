@@ -125,7 +125,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	}
 	resume()
 	cp := &delta.Checkpoint{
-		Version: delta.RecordVersion, Sandbox: name, Parent: st.head.ID, Turn: turn,
+		Version: delta.RecordVersion, Sandbox: name, SandboxID: st.sb.ID, Parent: st.head.ID, Turn: turn,
 		Class: classify(fsChanged, pt.changed), Backend: st.sb.Backend, BaseTree: st.head.BaseTree,
 		FSTree: res.Root, StateKey: res.StateKey, ProcTree: procTree, Host: host,
 		Message: opts.Message, Created: time.Now().UTC(), Stats: stats,

@@ -16,6 +16,11 @@ import (
 // Credentials are never written here; they come from the environment or
 // the AWS credentials file (see upload.S3Config).
 type Config struct {
+	// HomeID identifies this home among the homes sharing a bucket: it is
+	// the Home of every sandbox created here, and prune deletes only the
+	// checkpoints of those (docs/FORMAT.md, "Sandbox identity"). Made at
+	// the first open of a home that has none.
+	HomeID string        `json:"home_id,omitempty"`
 	Remote *RemoteConfig `json:"remote,omitempty"`
 	// Encryption, if set, names the master key of an encrypted store.
 	Encryption *EncryptionConfig `json:"encryption,omitempty"`
@@ -32,6 +37,10 @@ type RemoteConfig struct {
 	BandwidthBytes int64 `json:"bandwidth_bytes_per_sec,omitempty"`
 	// Concurrency is how many uploads run at once; 0 = DefaultUploadConcurrency.
 	Concurrency int `json:"concurrency,omitempty"`
+	// LockStaleAfterNs is the stale window this home's bucket locks state
+	// (docs/STORAGE.md): it refreshes them every third of it, and another
+	// host ignores one not refreshed for that long. 0 = 10 minutes.
+	LockStaleAfterNs int64 `json:"lock_stale_after_ns,omitempty"`
 }
 
 // DefaultUploadConcurrency is how many uploads run at once by default.

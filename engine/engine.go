@@ -114,6 +114,16 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	if e.config, err = loadConfig(h); err != nil {
 		return nil, err
 	}
+	if e.config.HomeID == "" {
+		c := *e.config
+		c.HomeID = delta.NewSandboxID()
+		if err := saveConfig(h, &c); err != nil {
+			// A read-only home creates no sandboxes, so an id that does not
+			// survive this process owns nothing.
+			log.Warn("home id not saved", "home", h, "err", err)
+		}
+		e.config = &c
+	}
 	if rc := e.config.Remote; rc != nil {
 		e.rawRemote = &lazyStore{connect: func(ctx context.Context) (upload.Store, error) {
 			cfg, err := rc.s3Config()

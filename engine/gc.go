@@ -60,6 +60,11 @@ func (e *Engine) GC(ctx context.Context, opts GCOptions) (*GCReport, error) {
 			return nil, err
 		}
 		defer lock.Release(ctx)
+		// Deleting under a lock that others may take for stale would
+		// race their uploads: a lost lock cancels the gc.
+		var cancel context.CancelFunc
+		ctx, cancel = lock.Context(ctx)
+		defer cancel()
 	}
 	// Every pack's header: where each blob lives, on this host or not.
 	type packInfo struct {
@@ -124,6 +129,8 @@ func (e *Engine) GC(ctx context.Context, opts GCOptions) (*GCReport, error) {
 		ids = append(ids, id)
 	}
 	slices.SortFunc(ids, func(a, b delta.ID) int { return strings.Compare(a.String(), b.String()) })
+	var doomed []deadPack
+	var doomedEntries int
 	for _, id := range ids {
 		p := packs[id]
 		var liveN int
@@ -151,60 +158,74 @@ func (e *Engine) GC(ctx context.Context, opts GCOptions) (*GCReport, error) {
 		if opts.DryRun {
 			continue
 		}
-		if err := e.deletePack(ctx, id, p.entries); err != nil {
-			return rep, err
+		doomed = append(doomed, deadPack{id, p.entries})
+		doomedEntries += len(p.entries)
+		if len(doomed) == gcBatch || doomedEntries >= gcBatchEntries {
+			doomedEntries = 0
+			if err := e.deletePacks(ctx, doomed); err != nil {
+				return rep, err
+			}
+			doomed = doomed[:0]
 		}
+	}
+	if err := e.deletePacks(ctx, doomed); err != nil {
+		return rep, err
 	}
 	rep.DurationMillis = time.Since(start).Milliseconds()
 	return rep, nil
 }
 
-// deletePack removes a pack from the bucket first, then locally, then from
-// the catalog's blob index (only entries that point at this pack: another
-// copy of a blob may live elsewhere).
-func (e *Engine) deletePack(ctx context.Context, id delta.ID, entries []delta.PackEntry) error {
-	name := delta.PackName(id)
-	if e.remote != nil {
-		if err := e.remote.Delete(ctx, name); err != nil {
+type deadPack struct {
+	id      delta.ID
+	entries []delta.PackEntry
+}
+
+// gcBatch and gcBatchEntries bound the packs, and their blob index
+// entries, that one catalog transaction of gc forgets.
+const (
+	gcBatch        = 200
+	gcBatchEntries = 20000
+)
+
+// deletePacks removes packs from the bucket first, then locally, then from
+// the catalog's blob index (only entries that point at each pack: another
+// copy of a blob may live elsewhere) and the upload queue, in one
+// transaction and one scan of the queue for the batch.
+func (e *Engine) deletePacks(ctx context.Context, packs []deadPack) error {
+	if len(packs) == 0 {
+		return nil
+	}
+	names := map[string]bool{}
+	for _, p := range packs {
+		name := delta.PackName(p.id)
+		if e.remote != nil {
+			if err := e.remote.Delete(ctx, name); err != nil {
+				return fmt.Errorf("gc: delete %s: %w", name, err)
+			}
+		}
+		if err := e.local.Delete(ctx, name); err != nil {
 			return fmt.Errorf("gc: delete %s: %w", name, err)
 		}
-	}
-	if err := e.local.Delete(ctx, name); err != nil {
-		return fmt.Errorf("gc: delete %s: %w", name, err)
+		names[name] = true
 	}
 	return e.cat.Update(ctx, func(tx *catalog.Tx) error {
 		// A pruned checkpoint's packs may still be queued for upload.
-		if err := dequeue(tx, "", name); err != nil {
+		if _, err := tx.DequeueNames(names); err != nil {
 			return err
 		}
-		for _, en := range entries {
-			loc, ok, err := tx.Blob(en.ID)
-			if err != nil {
-				return err
-			}
-			if ok && loc.Pack == id {
-				if err := tx.DeleteBlob(en.ID); err != nil {
+		for _, p := range packs {
+			for _, en := range p.entries {
+				loc, ok, err := tx.Blob(en.ID)
+				if err != nil {
 					return err
+				}
+				if ok && loc.Pack == p.id {
+					if err := tx.DeleteBlob(en.ID); err != nil {
+						return err
+					}
 				}
 			}
 		}
 		return nil
 	})
-}
-
-// dequeue drops queued uploads of an object that no longer needs uploading
-// (sandbox "" searches every sandbox's queue).
-func dequeue(tx *catalog.Tx, sandbox, name string) error {
-	pending, err := tx.PendingUploads(sandbox)
-	if err != nil {
-		return err
-	}
-	for _, p := range pending {
-		if p.Name == name {
-			if err := tx.UploadDone(p); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
 }

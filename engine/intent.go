@@ -96,7 +96,7 @@ func (e *Engine) finishRollback(ctx context.Context, name string, st *sandboxSta
 	if err := st.root.Restore(ctx, cp.FSTree, e.repo); err != nil {
 		return fmt.Errorf("sandbox %s: finish interrupted rollback to %s: %w", name, cp.ID.Short(), err)
 	}
-	if err := e.moveHead(ctx, name, cp.ID); err != nil {
+	if err := e.moveHead(ctx, name, st.sb, cp.ID); err != nil {
 		return err
 	}
 	st.head = cp
@@ -104,12 +104,14 @@ func (e *Engine) finishRollback(ctx context.Context, name string, st *sandboxSta
 }
 
 // moveHead points the sandbox's head at id: the ref object, then the catalog.
-func (e *Engine) moveHead(ctx context.Context, name string, id delta.ID) error {
-	if err := e.putRefObject(ctx, delta.RefHead, name, id); err != nil {
+func (e *Engine) moveHead(ctx context.Context, name string, sb *delta.Sandbox, id delta.ID) error {
+	// The head object is stored under the sandbox's key (its id), so two
+	// homes' sandboxes of one name never share a head (FORMAT.md).
+	if err := e.putRefObject(ctx, delta.RefHead, sb.Key(), id); err != nil {
 		return err
 	}
 	err := e.cat.Update(ctx, func(tx *catalog.Tx) error {
-		if err := e.queueRef(tx, name, delta.RefHead, name, id, false); err != nil {
+		if err := e.queueRef(tx, name, delta.RefName(delta.RefHead, sb.Key()), id, ""); err != nil {
 			return err
 		}
 		return tx.SetRef(delta.Ref{Kind: delta.RefHead, Name: name, Target: id})

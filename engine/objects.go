@@ -27,12 +27,13 @@ func (e *Engine) putSandboxObject(ctx context.Context, sb *delta.Sandbox) error 
 	if err != nil {
 		return err
 	}
-	if err := upload.PutBytes(ctx, e.store, delta.SandboxName(sb.Name), data); err != nil {
+	if err := upload.PutBytes(ctx, e.store, delta.SandboxName(sb.Key()), data); err != nil {
 		return fmt.Errorf("sandbox %s: write description: %w", sb.Name, err)
 	}
 	return nil
 }
 
+// putRefObject writes a ref object; a head's name is its sandbox's Key.
 func (e *Engine) putRefObject(ctx context.Context, kind delta.RefKind, name string, id delta.ID) error {
 	if err := upload.PutBytes(ctx, e.store, delta.RefName(kind, name), delta.EncodeRef(id)); err != nil {
 		return fmt.Errorf("%s %s: write ref: %w", kind, name, err)

@@ -3,7 +3,6 @@ package engine
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -15,6 +14,7 @@ import (
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/engine/check"
 	"github.com/turnsnap/turnsnap/engine/content"
+	"github.com/turnsnap/turnsnap/engine/remote"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/upload"
 )
@@ -27,6 +27,22 @@ type RebuildReport struct {
 	Sandboxes   int
 	Refs        int
 	Duration    time.Duration
+	// Corrupt lists the objects skipped as damaged (RebuildOptions.SkipCorrupt).
+	Corrupt []CorruptObject
+}
+
+// RebuildOptions configures a catalog rebuild.
+type RebuildOptions struct {
+	// SkipCorrupt reports each damaged object (in RebuildReport.Corrupt)
+	// and rebuilds from the rest; without it the first one fails the
+	// rebuild, naming it (ErrCorrupt), and the old catalog stays.
+	SkipCorrupt bool
+}
+
+// CorruptObject is an object a rebuild could not use.
+type CorruptObject struct {
+	Name  string `json:"name"`
+	Error string `json:"error"`
 }
 
 // rebuildMarker is written into a fully built replacement catalog; only a
@@ -42,12 +58,18 @@ func (h home) retiredDir() string { return h.catalogDir() + ".old" }
 // builds beside the live catalog and swaps directories at the end, so a
 // crash midway leaves the old catalog in place.
 func (e *Engine) RebuildCatalog(ctx context.Context) (*RebuildReport, error) {
+	return e.RebuildCatalogWith(ctx, RebuildOptions{})
+}
+
+// RebuildCatalogWith is RebuildCatalog with options.
+func (e *Engine) RebuildCatalogWith(ctx context.Context, opts RebuildOptions) (*RebuildReport, error) {
 	defer e.exclusive()()
 	if err := e.refuseIfEncrypted(ctx); err != nil {
 		return nil, err
 	}
 	start := time.Now()
 	rep := &RebuildReport{}
+	rb := &rebuilder{e: e, opts: opts, rep: rep}
 	dir := e.home.rebuildDir()
 	if err := os.RemoveAll(dir); err != nil {
 		return nil, err
@@ -56,7 +78,7 @@ func (e *Engine) RebuildCatalog(ctx context.Context) (*RebuildReport, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := e.fillCatalog(ctx, cat, rep); err != nil {
+	if err := rb.fill(ctx, cat); err != nil {
 		cat.Close()
 		os.RemoveAll(dir)
 		return nil, err
@@ -100,7 +122,36 @@ func finishRebuild(h home) error {
 	return os.RemoveAll(h.retiredDir())
 }
 
-func (e *Engine) fillCatalog(ctx context.Context, cat *catalog.Catalog, rep *RebuildReport) error {
+// rebuilder is one rebuild's state: its options and what it found.
+type rebuilder struct {
+	e    *Engine
+	opts RebuildOptions
+	rep  *RebuildReport
+}
+
+// bad handles a damaged object: skipped and reported with SkipCorrupt,
+// otherwise the rebuild's error, naming it once.
+func (rb *rebuilder) bad(name string, err error) error {
+	if !errors.Is(err, errdefs.ErrCorrupt) {
+		err = fmt.Errorf("%w: %w", err, errdefs.ErrCorrupt)
+	}
+	if _, base, _ := strings.Cut(name, "/"); !strings.Contains(err.Error(), base) {
+		err = fmt.Errorf("object %s: %w", name, err)
+	}
+	if !rb.opts.SkipCorrupt {
+		return err
+	}
+	rb.e.log.Warn("rebuild: skipping a damaged object", "object", name, "err", err)
+	rb.rep.Corrupt = append(rb.rep.Corrupt, CorruptObject{Name: name, Error: err.Error()})
+	return nil
+}
+
+// rebuildBatch bounds the writes of one catalog transaction in a rebuild
+// (Badger refuses a transaction past its size limit).
+const rebuildBatch = 1000
+
+func (rb *rebuilder) fill(ctx context.Context, cat *catalog.Catalog) error {
+	e := rb.e
 	blobs := map[delta.ID]catalog.BlobLocation{}
 	err := e.store.List(ctx, "packs/", func(oi upload.ObjectInfo) error {
 		id, ok := delta.ParsePackName(oi.Name)
@@ -108,10 +159,13 @@ func (e *Engine) fillCatalog(ctx context.Context, cat *catalog.Catalog, rep *Reb
 			return nil // not ours; leave it
 		}
 		entries, err := e.readPackHeader(ctx, oi.Name)
+		if errors.Is(err, errdefs.ErrCorrupt) {
+			return rb.bad(oi.Name, err)
+		}
 		if err != nil {
 			return err
 		}
-		rep.Packs++
+		rb.rep.Packs++
 		for _, en := range entries {
 			blobs[en.ID] = content.LocationOf(id, en)
 		}
@@ -120,7 +174,7 @@ func (e *Engine) fillCatalog(ctx context.Context, cat *catalog.Catalog, rep *Reb
 	if err != nil {
 		return fmt.Errorf("rebuild: packs: %w", err)
 	}
-	rep.Blobs = len(blobs)
+	rb.rep.Blobs = len(blobs)
 	if err := cat.PutBlobs(ctx, blobs); err != nil {
 		return err
 	}
@@ -136,7 +190,7 @@ func (e *Engine) fillCatalog(ctx context.Context, cat *catalog.Catalog, rep *Reb
 		}
 		cp, err := delta.DecodeRecord(id, data)
 		if err != nil {
-			return fmt.Errorf("object %s: %w", oi.Name, err)
+			return rb.bad(oi.Name, err)
 		}
 		cps = append(cps, cp)
 		return nil
@@ -144,7 +198,7 @@ func (e *Engine) fillCatalog(ctx context.Context, cat *catalog.Catalog, rep *Reb
 	if err != nil {
 		return fmt.Errorf("rebuild: records: %w", err)
 	}
-	rep.Checkpoints = len(cps)
+	rb.rep.Checkpoints = len(cps)
 	refcounts, err := check.CountRefs(ctx, e.loaderFor(blobs), cps)
 	if err != nil {
 		return fmt.Errorf("rebuild: refcounts: %w", err)
@@ -152,63 +206,30 @@ func (e *Engine) fillCatalog(ctx context.Context, cat *catalog.Catalog, rep *Reb
 	if err := cat.AddRefCounts(ctx, refcounts); err != nil {
 		return err
 	}
-	// A sandbox removed here whose removal has not reached the bucket yet
-	// is still there remotely: the old catalog's queue says it is gone.
-	deleting := e.pendingDeletes(ctx)
-	var sbs []*delta.Sandbox
-	err = e.store.List(ctx, delta.SandboxPrefix, func(oi upload.ObjectInfo) error {
-		if deleting[oi.Name] {
-			return nil
-		}
-		data, err := upload.ReadAllMax(ctx, e.store, oi.Name, delta.MaxSmallObject)
-		if err != nil {
-			return err
-		}
-		var sb delta.Sandbox
-		if err := json.Unmarshal(data, &sb); err != nil {
-			return fmt.Errorf("object %s: %v: %w", oi.Name, err, errdefs.ErrCorrupt)
-		}
-		sbs = append(sbs, &sb)
-		return nil
-	})
+	sbs, refs, err := rb.names(ctx)
 	if err != nil {
-		return fmt.Errorf("rebuild: sandboxes: %w", err)
+		return err
 	}
-	rep.Sandboxes = len(sbs)
-	var refs []delta.Ref
-	for _, k := range []struct {
-		kind   delta.RefKind
-		prefix string
-	}{{delta.RefHead, delta.HeadPrefix}, {delta.RefTag, delta.TagPrefix}} {
-		err = e.store.List(ctx, k.prefix, func(oi upload.ObjectInfo) error {
-			if deleting[oi.Name] {
-				return nil
-			}
-			data, err := upload.ReadAllMax(ctx, e.store, oi.Name, delta.MaxSmallObject)
-			if err != nil {
-				return err
-			}
-			id, err := delta.ParseRef(data)
-			if err != nil {
-				return fmt.Errorf("object %s: %w", oi.Name, err)
-			}
-			refs = append(refs, delta.Ref{Kind: k.kind, Name: strings.TrimPrefix(oi.Name, k.prefix), Target: id})
-			return nil
-		})
-		if err != nil {
-			return fmt.Errorf("rebuild: refs: %w", err)
-		}
-	}
-	rep.Refs = len(refs)
+	rb.rep.Sandboxes, rb.rep.Refs = len(sbs), len(refs)
 	if err := e.carryUploads(ctx, cat); err != nil {
 		return err
 	}
-	return cat.Update(ctx, func(tx *catalog.Tx) error {
-		for _, cp := range cps {
-			if err := tx.PutCheckpoint(cp); err != nil {
-				return err
+	for len(cps) > 0 {
+		n := min(len(cps), rebuildBatch)
+		err := cat.Update(ctx, func(tx *catalog.Tx) error {
+			for _, cp := range cps[:n] {
+				if err := tx.PutCheckpoint(cp); err != nil {
+					return err
+				}
 			}
+			return nil
+		})
+		if err != nil {
+			return err
 		}
+		cps = cps[n:]
+	}
+	return cat.Update(ctx, func(tx *catalog.Tx) error {
 		for _, sb := range sbs {
 			if err := tx.PutSandbox(sb); err != nil {
 				return err
@@ -267,10 +288,18 @@ func (e *Engine) carryUploads(ctx context.Context, cat *catalog.Catalog) error {
 		}
 	}
 	slices.SortFunc(old, func(a, b catalog.PendingUpload) int { return cmp.Compare(a.Seq, b.Seq) })
-	if err := cat.Update(ctx, func(tx *catalog.Tx) error { return tx.EnqueueUploads(old) }); err != nil {
-		return err
+	for rest := old; len(rest) > 0; {
+		n := min(len(rest), remote.BackfillBatch)
+		if err := cat.Update(ctx, func(tx *catalog.Tx) error { return tx.EnqueueUploads(rest[:n]) }); err != nil {
+			return err
+		}
+		rest = rest[n:]
 	}
-	if _, _, err := e.syncer().Backfill(ctx, cat); err != nil {
+	// Trees are read through the new catalog's blob index: the old one may
+	// be what was lost.
+	s := e.syncer()
+	s.Blobs = content.New(e.store, cat, e.codec, e.meter)
+	if _, _, err := s.Backfill(ctx, cat); err != nil {
 		if len(old) == 0 {
 			return fmt.Errorf("rebuild: cannot tell what the remote store lacks: %w", err)
 		}

@@ -12,6 +12,7 @@ import (
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/engine/content"
+	"github.com/turnsnap/turnsnap/engine/remote"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/upload"
 )
@@ -82,10 +83,26 @@ func (e *Engine) Setup(ctx context.Context, opts SetupOptions) (*InitReport, err
 		e.config = &c
 	}
 	e.repo = content.NewSealed(e.store, e.cat, e.codec, e.meter, e.keys)
-	if e.remote != nil {
+	if rc := opts.Remote; rc != nil {
+		// Queue first, configure after: a home whose config names a remote
+		// must have its whole history queued, or `status` would report as
+		// sent what was never queued. An init that fails midway leaves no
+		// remote and a partial queue, which the next init completes.
+		s := e.syncer()
+		s.Remote, s.URL = e.remote, rc.URL
 		var err error
-		rep.Queued, rep.QueuedBytes, err = e.syncer().Backfill(ctx, e.cat)
-		if err != nil {
+		if rep.Queued, rep.QueuedBytes, err = s.Backfill(ctx, e.cat); err != nil {
+			return nil, err
+		}
+		c := *e.config
+		c.Remote = rc
+		if err := saveConfig(e.home, &c); err != nil {
+			return nil, err
+		}
+		e.config = &c
+	} else if e.remote != nil {
+		var err error
+		if rep.Queued, rep.QueuedBytes, err = e.syncer().Backfill(ctx, e.cat); err != nil {
 			return nil, err
 		}
 	}
@@ -100,8 +117,11 @@ type SandboxStatus struct {
 	// StoredBytes is what the sandbox's checkpoints added to the store in
 	// all, the scale against which PendingBytes is progress.
 	StoredBytes int64 `json:"stored_bytes"`
-	// Checkpoints not yet remotely durable (their record is queued).
+	// Checkpoints not yet remotely durable (their record is queued), of
+	// Checkpoints in all: the share that is durable is the upload progress
+	// that matters (a checkpoint is remotely durable once its record is).
 	PendingCheckpoints int `json:"pending_checkpoints"`
+	Checkpoints        int `json:"checkpoints"`
 }
 
 // StatusReport is the state of this home's remote durability.
@@ -178,6 +198,7 @@ func (e *Engine) Status(ctx context.Context) (*StatusReport, error) {
 			if err != nil {
 				return err
 			}
+			s.Checkpoints += len(cps)
 			for _, cp := range cps {
 				s.StoredBytes += cp.Stats.BytesNew
 			}
@@ -198,4 +219,28 @@ func (e *Engine) Status(ctx context.Context) (*StatusReport, error) {
 		return nil
 	})
 	return rep, err
+}
+
+// LockInfo is one lock object of the bucket (see remote.LockInfo).
+type LockInfo = remote.LockInfo
+
+// Unlock removes the bucket's stale lock objects, or with all every lock
+// object (only when no push or gc runs on any host).
+func (e *Engine) Unlock(ctx context.Context, all bool) ([]LockInfo, error) {
+	defer e.shared()()
+	if e.remote == nil {
+		return nil, errNoRemote
+	}
+	return e.syncer().Unlock(ctx, all)
+}
+
+// Locks lists the bucket's lock objects.
+func (e *Engine) Locks(ctx context.Context) ([]LockInfo, error) {
+	defer e.shared()()
+	if e.remote == nil {
+		return nil, errNoRemote
+	}
+	var out []LockInfo
+	err := e.syncer().ListLocks(ctx, func(li LockInfo) error { out = append(out, li); return nil })
+	return out, err
 }

@@ -20,7 +20,7 @@ import (
 // These tests need root, overlayfs and a real MinIO server on 127.0.0.1
 // (built into $TURNSNAP_CACHE/bin/minio by scripts/deps.d/40-minio.sh).
 
-func startMinIO(t *testing.T) *miniotest.Server {
+func startMinIO(t testing.TB) *miniotest.Server {
 	t.Helper()
 	srv := miniotest.Start(t)
 	t.Setenv("AWS_ACCESS_KEY_ID", srv.AccessKey)

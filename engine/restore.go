@@ -105,7 +105,7 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 		return nil, err
 	}
 	e.phase("rollback: root switched")
-	if err := e.moveHead(ctx, name, cp.ID); err != nil {
+	if err := e.moveHead(ctx, name, st.sb, cp.ID); err != nil {
 		return nil, err // the intent stays: the next load finishes the move
 	}
 	e.phase("rollback: head moved")
@@ -211,7 +211,7 @@ func (e *Engine) Branch(ctx context.Context, ref, newName string, o BranchOption
 	if err != nil {
 		return nil, err
 	}
-	sb := &delta.Sandbox{Name: newName, Backend: o.Backend, Config: cfg, BaseTree: cp.BaseTree, Origin: cp.ID, Created: time.Now().UTC()}
+	sb := &delta.Sandbox{ID: delta.NewSandboxID(), Home: e.config.HomeID, Name: newName, Backend: o.Backend, Config: cfg, BaseTree: cp.BaseTree, Origin: cp.ID, Created: time.Now().UTC()}
 	err = e.publishSandbox(ctx, sb, cp.ID)
 	if err != nil {
 		root.Remove(context.WithoutCancel(ctx))
@@ -234,14 +234,14 @@ func (e *Engine) publishSandbox(ctx context.Context, sb *delta.Sandbox, head del
 	if err := e.putSandboxObject(ctx, sb); err != nil {
 		return err
 	}
-	if err := e.putRefObject(ctx, delta.RefHead, sb.Name, head); err != nil {
+	if err := e.putRefObject(ctx, delta.RefHead, sb.Key(), head); err != nil {
 		return err
 	}
 	return e.cat.Update(ctx, func(tx *catalog.Tx) error {
 		if err := tx.PutSandbox(sb); err != nil {
 			return err
 		}
-		if err := e.queueRef(tx, sb.Name, delta.RefHead, sb.Name, head, true); err != nil {
+		if err := e.queueRef(tx, sb.Name, delta.RefName(delta.RefHead, sb.Key()), head, delta.SandboxName(sb.Key())); err != nil {
 			return err
 		}
 		return tx.SetRef(delta.Ref{Kind: delta.RefHead, Name: sb.Name, Target: head})

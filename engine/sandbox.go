@@ -93,9 +93,10 @@ func (e *Engine) CreateSandbox(ctx context.Context, name string, opts CreateOpti
 	if err != nil {
 		return nil, err
 	}
-	sb := &delta.Sandbox{Name: name, Backend: opts.Backend, BaseTree: res.Root, Created: time.Now().UTC(), Config: cfg}
+	sb := &delta.Sandbox{ID: delta.NewSandboxID(), Home: e.config.HomeID, Name: name, Backend: opts.Backend,
+		BaseTree: res.Root, Created: time.Now().UTC(), Config: cfg}
 	cp := &delta.Checkpoint{
-		Version: delta.RecordVersion, Sandbox: name, Turn: 0, Class: delta.ClassFS,
+		Version: delta.RecordVersion, Sandbox: name, SandboxID: sb.ID, Turn: 0, Class: delta.ClassFS,
 		Backend: opts.Backend, BaseTree: res.Root, FSTree: empty,
 		// An empty layer's state key is the empty tree's (Create leaves the
 		// root scanned and its cache written, as Branch relies on too).
@@ -147,7 +148,7 @@ func (e *Engine) commit(ctx context.Context, op *content.Op, cp *delta.Checkpoin
 			return err
 		}
 	}
-	if err := e.putRefObject(ctx, delta.RefHead, cp.Sandbox, cp.ID); err != nil {
+	if err := e.putRefObject(ctx, delta.RefHead, cp.SandboxKey(), cp.ID); err != nil {
 		return err
 	}
 	// One commit transaction at a time: with a remote, each reads the
@@ -306,18 +307,24 @@ func (e *Engine) RemoveSandbox(ctx context.Context, name string) error {
 	}
 	// Local copies only: with a remote, the deletions below are queued and
 	// reach the bucket in order at the next push.
-	if err := e.local.Delete(ctx, delta.RefName(delta.RefHead, name)); err != nil {
+	if err := e.local.Delete(ctx, delta.RefName(delta.RefHead, sb.Key())); err != nil {
 		return err
 	}
-	if err := e.local.Delete(ctx, delta.SandboxName(sb.Name)); err != nil {
+	if err := e.local.Delete(ctx, delta.SandboxName(sb.Key())); err != nil {
 		return err
 	}
 	return e.cat.Update(ctx, func(tx *catalog.Tx) error {
 		if err := tx.DeleteRef(delta.RefHead, name); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 			return err
 		}
-		if err := e.queueDelete(tx, name, delta.RefName(delta.RefHead, name), delta.SandboxName(name)); err != nil {
+		if err := e.queueDelete(tx, name, delta.RefName(delta.RefHead, sb.Key()), delta.SandboxName(sb.Key())); err != nil {
 			return err
+		}
+		if sb.ID != "" && sb.Home == e.config.HomeID {
+			// Its checkpoints stay, and stay this home's to prune.
+			if err := tx.NoteRemovedOwnSandbox(sb.Key()); err != nil {
+				return err
+			}
 		}
 		return tx.DeleteSandbox(name)
 	})

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"time"
 
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
@@ -33,7 +34,9 @@ func (e *Engine) syncer() *remote.Syncer {
 	s := &remote.Syncer{Local: e.local, Remote: e.remote, Cat: e.cat, Blobs: e.repo, Log: e.log, Done: e.saveLastPush}
 	if rc := e.config.Remote; rc != nil {
 		s.Concurrency, s.BandwidthBytes, s.URL = rc.Concurrency, rc.BandwidthBytes, rc.URL
+		s.LockStaleAfter = time.Duration(rc.LockStaleAfterNs)
 	}
+	s.HomeID = e.config.HomeID
 	return s
 }
 
@@ -47,11 +50,11 @@ func (e *Engine) queueCommit(tx *catalog.Tx, op *content.Op, cp *delta.Checkpoin
 	return remote.QueueCommit(tx, op, cp, newSandbox)
 }
 
-func (e *Engine) queueRef(tx *catalog.Tx, sandbox string, kind delta.RefKind, name string, target delta.ID, newSandbox bool) error {
+func (e *Engine) queueRef(tx *catalog.Tx, sandbox, refObject string, target delta.ID, sandboxObject string) error {
 	if e.remote == nil {
 		return nil
 	}
-	return remote.QueueRef(tx, sandbox, kind, name, target, newSandbox)
+	return remote.QueueRef(tx, sandbox, refObject, target, sandboxObject)
 }
 
 func (e *Engine) queueDelete(tx *catalog.Tx, sandbox string, names ...string) error {

@@ -47,7 +47,7 @@ func (e *Engine) Tag(ctx context.Context, name, ref string) (*delta.Checkpoint, 
 		return nil, err
 	}
 	err = e.cat.Update(ctx, func(tx *catalog.Tx) error {
-		if err := e.queueRef(tx, cp.Sandbox, delta.RefTag, name, cp.ID, false); err != nil {
+		if err := e.queueRef(tx, cp.Sandbox, delta.RefName(delta.RefTag, name), cp.ID, ""); err != nil {
 			return err
 		}
 		return tx.SetRef(delta.Ref{Kind: delta.RefTag, Name: name, Target: cp.ID})

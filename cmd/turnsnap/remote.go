@@ -150,7 +150,7 @@ func (a *app) statusCmd() *cobra.Command {
 			fmt.Fprintln(tw, "SANDBOX\tPENDING\tCHECKPOINTS\tUPLOADED")
 			for _, s := range r.Sandboxes {
 				fmt.Fprintf(tw, "%s\t%d objects, %s\t%d not remote yet\t%s\n", s.Sandbox, s.PendingObjects,
-					bytesStr(s.PendingBytes), s.PendingCheckpoints, bar(s.StoredBytes-s.PendingBytes, s.StoredBytes))
+					bytesStr(s.PendingBytes), s.PendingCheckpoints, bar(int64(s.Checkpoints-s.PendingCheckpoints), int64(s.Checkpoints)))
 			}
 			return tw.Flush()
 		}),

@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/turnsnap/turnsnap/internal/miniotest"
@@ -81,5 +82,31 @@ func TestCLIRemote(t *testing.T) {
 	runJSON(t, h1, &gc, "gc", "--dry-run")
 	if gc.Records != 2 {
 		t.Fatalf("gc --dry-run saw %d records", gc.Records)
+	}
+	var ul struct{ Removed []struct{ Name string } }
+	runJSON(t, h1, &ul, "unlock")
+	if ul.Removed == nil || len(ul.Removed) != 0 {
+		t.Fatalf("unlock with no locks: %+v", ul)
+	}
+	if _, code := run(t, h1, "unlock", "--all", "--stale-only"); code != exitUsage {
+		t.Fatalf("unlock --all --stale-only: exit %d", code)
+	}
+
+	// A damaged record fails a rebuild naming it (exit 7); --skip-corrupt
+	// reports it and rebuilds from the rest.
+	bad := filepath.Join(h2, "store", "records", strings.Repeat("ab", 32))
+	if err := os.WriteFile(bad, []byte("{garbage"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, code := run(t, h2, "catalog", "rebuild"); code != 7 || !strings.Contains(out, strings.Repeat("ab", 32)) {
+		t.Fatalf("rebuild over a damaged record: exit %d: %s", code, out)
+	}
+	var skip struct {
+		Checkpoints int
+		Corrupt     []struct{ Name string }
+	}
+	runJSON(t, h2, &skip, "catalog", "rebuild", "--skip-corrupt")
+	if skip.Checkpoints != 2 || len(skip.Corrupt) != 1 || !strings.HasSuffix(skip.Corrupt[0].Name, strings.Repeat("ab", 32)) {
+		t.Fatalf("rebuild --skip-corrupt: %+v", skip)
 	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
@@ -206,24 +207,38 @@ given (or every checkpoint in the store).`,
 
 func (a *app) catalogCmd() *cobra.Command {
 	c := &cobra.Command{Use: "catalog", Short: "Maintain the catalog (an index of the store)"}
-	c.AddCommand(&cobra.Command{
-		Use:   "rebuild",
+	var opts engine.RebuildOptions
+	rb := &cobra.Command{
+		Use:   "rebuild [--skip-corrupt]",
 		Short: "Recreate the catalog from the object store alone",
-		Args:  cobra.NoArgs,
+		Long: `rebuild recreates the catalog from the object store alone (the local store
+and the bucket). A damaged object fails the rebuild, naming it (exit 7), and
+the old catalog stays; with --skip-corrupt each damaged object is reported
+and the rebuild goes on from the rest.`,
+		Args: cobra.NoArgs,
 		RunE: a.withEngine(func(ctx context.Context, e *engine.Engine, _ []string) error {
-			r, err := e.RebuildCatalog(ctx)
+			r, err := e.RebuildCatalogWith(ctx, opts)
 			if err != nil {
 				return err
 			}
 			if a.json {
+				corrupt := r.Corrupt
+				if corrupt == nil {
+					corrupt = []engine.CorruptObject{}
+				}
 				return printJSON(a.stdout(), map[string]any{"packs": r.Packs, "blobs": r.Blobs, "checkpoints": r.Checkpoints,
-					"sandboxes": r.Sandboxes, "refs": r.Refs, "duration_ms": r.Duration.Milliseconds()})
+					"sandboxes": r.Sandboxes, "refs": r.Refs, "duration_ms": r.Duration.Milliseconds(), "corrupt": corrupt})
+			}
+			for _, c := range r.Corrupt {
+				fmt.Fprintf(os.Stderr, "skipped damaged object %s: %s\n", c.Name, c.Error)
 			}
 			tw := tabwriter.NewWriter(a.stdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintf(tw, "catalog rebuilt in %s\npacks\t%d\nblobs\t%d\ncheckpoints\t%d\nsandboxes\t%d\nrefs\t%d\n",
-				durStr(r.Duration), r.Packs, r.Blobs, r.Checkpoints, r.Sandboxes, r.Refs)
+			fmt.Fprintf(tw, "catalog rebuilt in %s\npacks\t%d\nblobs\t%d\ncheckpoints\t%d\nsandboxes\t%d\nrefs\t%d\nskipped (damaged)\t%d\n",
+				durStr(r.Duration), r.Packs, r.Blobs, r.Checkpoints, r.Sandboxes, r.Refs, len(r.Corrupt))
 			return tw.Flush()
 		}),
-	})
+	}
+	rb.Flags().BoolVar(&opts.SkipCorrupt, "skip-corrupt", false, "report each damaged object and rebuild from the rest")
+	c.AddCommand(rb)
 	return c
 }

@@ -12,13 +12,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
-	"github.com/turnsnap/turnsnap/engine/content"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/upload"
 	"github.com/turnsnap/turnsnap/upload/sched"
@@ -59,7 +60,12 @@ type Syncer struct {
 	BandwidthBytes int64 // bytes/s cap; 0 = none
 	// URL names the remote in errors.
 	URL string
-	Log *slog.Logger
+	// HomeID names this home in its lock objects.
+	HomeID string
+	// LockStaleAfter is the stale window this home's locks promise; 0 =
+	// delta.DefaultLockStaleAfter.
+	LockStaleAfter time.Duration
+	Log            *slog.Logger
 	// Done, if set, is told how every push that reached the scheduler
 	// ended (the engine keeps the last one for status).
 	Done func(*PushReport, error)
@@ -85,6 +91,10 @@ func (e *Syncer) Push(ctx context.Context, opts PushOptions) (*PushReport, error
 	}
 	todo := selectUploads(all, opts.Sandbox)
 	rep := &PushReport{}
+	todo, err := e.dropVanished(ctx, todo)
+	if err != nil {
+		return nil, err
+	}
 	if len(todo) == 0 {
 		rep.Duration = time.Since(start)
 		return rep, nil
@@ -94,6 +104,10 @@ func (e *Syncer) Push(ctx context.Context, opts PushOptions) (*PushReport, error
 		return nil, err
 	}
 	defer lock.Release(ctx)
+	// Work under the lock's context: if the lock cannot be refreshed, other
+	// hosts will soon take it for stale, so the push stops first.
+	ctx, cancel := lock.Context(ctx)
+	defer cancel()
 	if todo, err = e.preflight(ctx, todo); err != nil {
 		return nil, err
 	}
@@ -193,6 +207,60 @@ func (e *Syncer) Push(ctx context.Context, opts PushOptions) (*PushReport, error
 	return rep, errors.Join(errs...)
 }
 
+// dropVanished removes from the queue, and from todo, uploads of objects
+// this host no longer has: a record pruned or a pack collected after it was
+// queued, a ref or description removed since. None of them may block the
+// queue: the bucket does not need them. A record the catalog still indexes
+// is different: the local store lost a committed checkpoint, which is
+// reported, not forgotten.
+func (e *Syncer) dropVanished(ctx context.Context, todo []job) ([]job, error) {
+	var gone []job
+	out := todo[:0:0]
+	for _, j := range todo {
+		if j.Delete {
+			out = append(out, j)
+			continue
+		}
+		_, err := e.Local.Stat(ctx, j.Name)
+		if err == nil {
+			out = append(out, j)
+			continue
+		}
+		if !errors.Is(err, errdefs.ErrNotFound) {
+			return nil, fmt.Errorf("queued upload %s: %w", j.Name, err)
+		}
+		if id, ok := strings.CutPrefix(j.Name, delta.RecordPrefix); ok {
+			if cid, perr := delta.ParseID(id); perr == nil {
+				var indexed bool
+				if err := e.Cat.View(ctx, func(tx *catalog.Tx) error {
+					_, err := tx.Checkpoint(cid)
+					indexed = err == nil
+					return nil
+				}); err != nil {
+					return nil, err
+				}
+				if indexed {
+					return nil, fmt.Errorf("checkpoint %s: its record is missing from the local store: %w", cid.Short(), errdefs.ErrCorrupt)
+				}
+			}
+		}
+		e.Log.Info("dropping a queued upload of an object removed since", "object", j.Name, "sandbox", j.Sandbox)
+		gone = append(gone, j)
+	}
+	if len(gone) == 0 {
+		return out, nil
+	}
+	err := e.Cat.Update(ctx, func(tx *catalog.Tx) error {
+		for _, j := range gone {
+			if err := DoneAll(tx, j.covers); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return out, err
+}
+
 // preflight makes sure every pack the records of this push need will be in
 // the bucket when they land: packs queued in this push, packs the bucket
 // has, and otherwise packs re-uploaded from the local store (another host's
@@ -215,7 +283,7 @@ func (e *Syncer) preflight(ctx context.Context, todo []job) ([]job, error) {
 		return nil, fmt.Errorf("list remote packs: %w", err)
 	}
 	var extra []job
-	w := &content.Walker{Loader: e.Blobs, Seen: map[delta.ID]bool{}}
+	n := newNeeds(e.Cat, e.Blobs)
 	for i, j := range todo {
 		if j.Delete || !strings.HasPrefix(j.Name, delta.RecordPrefix) {
 			continue
@@ -232,25 +300,26 @@ func (e *Syncer) preflight(ctx context.Context, todo []job) ([]job, error) {
 		if err != nil {
 			return nil, err
 		}
+		// The record waits for every pack of this push it needs, whatever
+		// was queued with it: the queue's dependencies were computed when
+		// the entry was made and may name objects since removed.
+		after := map[string]bool{}
+		for _, a := range todo[i].After {
+			after[a] = true
+		}
 		var missing []string
-		w.Visit = func(b delta.ID, _ delta.BlobType) error {
-			var loc catalog.BlobLocation
-			var ok bool
-			err := e.Cat.View(ctx, func(tx *catalog.Tx) (err error) { loc, ok, err = tx.Blob(b); return err })
-			if err != nil || !ok {
-				return fmt.Errorf("checkpoint %s: blob %s has no known pack: %w", id.Short(), b.Short(), errdefs.ErrNotFound)
-			}
-			name := delta.PackName(loc.Pack)
-			if !inPush[name] && !remote[name] {
+		err = n.record(ctx, cp, func(name string) {
+			switch {
+			case inPush[name]:
+				after[name] = true
+			case !remote[name]:
 				inPush[name] = true
+				after[name] = true
 				missing = append(missing, name)
 			}
-			return nil
-		}
-		for _, root := range cp.Roots() {
-			if err := w.Walk(ctx, root); err != nil {
-				return nil, err
-			}
+		}, func(other string) { after[other] = true })
+		if err != nil {
+			return nil, err
 		}
 		for _, name := range missing {
 			info, err := e.Local.Stat(ctx, name)
@@ -260,8 +329,8 @@ func (e *Syncer) preflight(ctx context.Context, todo []job) ([]job, error) {
 			}
 			e.Log.Warn("re-uploading a pack the bucket lost (collected by another host?)", "pack", name, "checkpoint", id.Short())
 			extra = append(extra, job{PendingUpload: catalog.PendingUpload{Sandbox: j.Sandbox, Name: name, Size: info.Size}})
-			todo[i].After = append(todo[i].After, name)
 		}
+		todo[i].After = slices.Sorted(maps.Keys(after))
 	}
 	return append(extra, todo...), nil
 }

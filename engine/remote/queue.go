@@ -55,15 +55,16 @@ func QueueCommit(tx *catalog.Tx, op Written, cp *delta.Checkpoint, newSandbox *d
 	rec := delta.RecordName(cp.ID)
 	items = append(items, catalog.PendingUpload{Sandbox: cp.Sandbox, Checkpoint: cp.ID, Name: rec, After: after})
 	if newSandbox != nil {
-		items = append(items, catalog.PendingUpload{Sandbox: cp.Sandbox, Checkpoint: cp.ID, Name: delta.SandboxName(cp.Sandbox), After: []string{rec}})
+		items = append(items, catalog.PendingUpload{Sandbox: cp.Sandbox, Checkpoint: cp.ID, Name: delta.SandboxName(cp.SandboxKey()), After: []string{rec}})
 	}
-	items = append(items, catalog.PendingUpload{Sandbox: cp.Sandbox, Checkpoint: cp.ID, Name: delta.RefName(delta.RefHead, cp.Sandbox), After: []string{rec}})
+	items = append(items, catalog.PendingUpload{Sandbox: cp.Sandbox, Checkpoint: cp.ID, Name: delta.RefName(delta.RefHead, cp.SandboxKey()), After: []string{rec}})
 	return tx.EnqueueUploads(items)
 }
 
-// QueueRef queues a ref object (and, for a new sandbox, its description)
-// after the record it points at, if that record is itself still pending.
-func QueueRef(tx *catalog.Tx, sandbox string, kind delta.RefKind, name string, target delta.ID, newSandbox bool) error {
+// QueueRef queues the ref object refObject (and, for a new sandbox, its
+// description sandboxObject) after the record it points at, if that record
+// is itself still pending. sandbox is the label the queue is accounted to.
+func QueueRef(tx *catalog.Tx, sandbox, refObject string, target delta.ID, sandboxObject string) error {
 	pending, err := PendingNames(tx)
 	if err != nil {
 		return err
@@ -73,10 +74,10 @@ func QueueRef(tx *catalog.Tx, sandbox string, kind delta.RefKind, name string, t
 		after = []string{rec}
 	}
 	var items []catalog.PendingUpload
-	if newSandbox {
-		items = append(items, catalog.PendingUpload{Sandbox: sandbox, Checkpoint: target, Name: delta.SandboxName(sandbox), After: after})
+	if sandboxObject != "" {
+		items = append(items, catalog.PendingUpload{Sandbox: sandbox, Checkpoint: target, Name: sandboxObject, After: after})
 	}
-	items = append(items, catalog.PendingUpload{Sandbox: sandbox, Checkpoint: target, Name: delta.RefName(kind, name), After: after})
+	items = append(items, catalog.PendingUpload{Sandbox: sandbox, Checkpoint: target, Name: refObject, After: after})
 	return tx.EnqueueUploads(items)
 }
 
