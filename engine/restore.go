@@ -79,15 +79,9 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 	// stopped: every rule a restore applies (device nodes included), room
 	// for the new layer, the base, and the process image, read and verified
 	// into a work directory.
-	img, cleanImg := "", func() {}
-	if cp.ProcTree != nil && !o.FSOnly {
-		if img, cleanImg, err = e.processImage(ctx, cp); err != nil {
-			return nil, err
-		}
-		if err := checkImageFiles(ctx, e.repo, cp, img); err != nil {
-			cleanImg()
-			return nil, err
-		}
+	img, cleanImg, err := e.readyImage(ctx, cp, o.FSOnly)
+	if err != nil {
+		return nil, err
 	}
 	defer cleanImg()
 	if err := e.stopProcesses(ctx, name); err != nil {
@@ -185,15 +179,9 @@ func (e *Engine) Branch(ctx context.Context, ref, newName string, o BranchOption
 	if _, err := delta.CheckState(ctx, e.repo, cp.FSTree, delta.StateRules{}); err != nil {
 		return nil, fmt.Errorf("checkpoint %s: tree %s: %w", cp.ID.Short(), cp.FSTree.Short(), err)
 	}
-	img, cleanImg := "", func() {}
-	if cp.ProcTree != nil && !o.FSOnly {
-		if img, cleanImg, err = e.processImage(ctx, cp); err != nil {
-			return nil, err
-		}
-		if err := checkImageFiles(ctx, e.repo, cp, img); err != nil {
-			cleanImg()
-			return nil, err
-		}
+	img, cleanImg, err := e.readyImage(ctx, cp, o.FSOnly)
+	if err != nil {
+		return nil, err
 	}
 	defer cleanImg()
 	lower, err := e.prepareBase(ctx, be, cp.BaseTree, e.repo)
@@ -246,4 +234,23 @@ func (e *Engine) publishSandbox(ctx context.Context, sb *delta.Sandbox, head del
 		}
 		return tx.SetRef(delta.Ref{Kind: delta.RefHead, Name: sb.Name, Target: head})
 	})
+}
+
+// readyImage reads and verifies cp's process image into a work directory
+// and checks that it fits cp's files, so a restore can refuse before it
+// stops anything. Without processes to restore (none recorded, or fsOnly)
+// it returns "" and a no-op cleanup.
+func (e *Engine) readyImage(ctx context.Context, cp *delta.Checkpoint, fsOnly bool) (string, func(), error) {
+	if cp.ProcTree == nil || fsOnly {
+		return "", func() {}, nil
+	}
+	img, clean, err := e.processImage(ctx, cp)
+	if err != nil {
+		return "", nil, err
+	}
+	if err := checkImageFiles(ctx, e.repo, cp, img); err != nil {
+		clean()
+		return "", nil, err
+	}
+	return img, clean, nil
 }
