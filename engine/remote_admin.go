@@ -46,8 +46,18 @@ type SetupOptions struct {
 // Setup is Init with encryption: the remote store first (so a second
 // host finds the data key there), then the key, then the backfill, which
 // queues what the bucket lacks through the sealing wrappers.
-func (e *Engine) Setup(ctx context.Context, opts SetupOptions) (*InitReport, error) {
+func (e *Engine) Setup(ctx context.Context, opts SetupOptions) (_ *InitReport, err error) {
 	defer e.exclusive()()
+	// A setup that fails leaves the engine on the stores it had: the remote
+	// is the home's only once its queue and config are saved.
+	prevRaw, prevKeys := e.rawRemote, e.keys
+	defer func() {
+		if err != nil {
+			e.rawRemote, e.keys = prevRaw, prevKeys
+			e.wireStores(e.rawLocal, e.rawRemote)
+			e.repo = content.NewSealed(e.store, e.cat, e.codec, e.meter, e.keys)
+		}
+	}()
 	rep := &InitReport{}
 	if rc := opts.Remote; rc != nil {
 		if old := e.config.Remote; old != nil && (old.URL != rc.URL || old.Endpoint != rc.Endpoint) {
