@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/turnsnap/turnsnap/internal/fsat"
 	"os"
 	"path/filepath"
 
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
-	"golang.org/x/sys/unix"
 )
 
 // Restore makes the root exactly base + tree and leaves it mounted. A local
@@ -60,7 +60,7 @@ func (r *Root) install(ctx context.Context, sbDir string, tree delta.ID, loader 
 		return fmt.Errorf("sandbox %s: switch generation: %w", r.dir, err)
 	}
 	ok = true
-	if err := syncDir(sbDir); err != nil {
+	if err := fsat.SyncDir(sbDir); err != nil {
 		return fmt.Errorf("sandbox %s: sync: %w", r.dir, err)
 	}
 	if old != "" {
@@ -69,15 +69,6 @@ func (r *Root) install(ctx context.Context, sbDir string, tree delta.ID, loader 
 		}
 	}
 	return nil
-}
-
-func syncDir(dir string) error {
-	fd, err := openDir(dir)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(fd)
-	return unix.Fsync(fd)
 }
 
 // build makes g/live and g/meta hold tree.

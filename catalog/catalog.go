@@ -166,19 +166,14 @@ func noSpace(err error) error {
 // schema it does not know but cannot write one.
 func (c *Catalog) checkSchemaRO(ctx context.Context) error {
 	err := c.View(ctx, func(tx *Tx) error {
-		item, err := tx.txn.Get(schemaKey())
+		version, found, err := c.readSchema(tx)
+		if err == nil && !found {
+			err = fmt.Errorf("catalog %s: read schema version: %w", c.dir, badger.ErrKeyNotFound)
+		}
 		if err != nil {
-			return fmt.Errorf("catalog %s: read schema version: %w", c.dir, err)
+			return err
 		}
-		var version int
-		if err := item.Value(func(v []byte) error { return json.Unmarshal(v, &version) }); err != nil {
-			return fmt.Errorf("catalog %s: schema version: %v: %w", c.dir, err, errdefs.ErrCorrupt)
-		}
-		if version != SchemaVersion {
-			return fmt.Errorf("catalog %s has schema version %d, this turnsnap reads version %d: %w",
-				c.dir, version, SchemaVersion, errdefs.ErrPrecondition)
-		}
-		return nil
+		return c.knownSchema(version)
 	})
 	if err != nil {
 		_ = c.Close()
@@ -191,8 +186,11 @@ func (c *Catalog) checkSchemaRO(ctx context.Context) error {
 // would return wrong answers, and a rebuild from the store is always possible.
 func (c *Catalog) checkSchema(ctx context.Context) error {
 	return c.Update(ctx, func(tx *Tx) error {
-		item, err := tx.txn.Get(schemaKey())
-		if errors.Is(err, badger.ErrKeyNotFound) {
+		version, found, err := c.readSchema(tx)
+		if err != nil {
+			return err
+		}
+		if !found {
 			if !tx.isEmpty() {
 				return fmt.Errorf("catalog %s has data but no schema version (not a turnsnap catalog?): %w",
 					c.dir, errdefs.ErrPrecondition)
@@ -200,20 +198,34 @@ func (c *Catalog) checkSchema(ctx context.Context) error {
 			v, _ := json.Marshal(SchemaVersion)
 			return tx.set(schemaKey(), v, "schema version")
 		}
-		if err != nil {
-			return fmt.Errorf("catalog %s: read schema version: %w", c.dir, err)
-		}
-		var version int
-		if err := item.Value(func(v []byte) error { return json.Unmarshal(v, &version) }); err != nil {
-			return fmt.Errorf("catalog %s: schema version: %v: %w", c.dir, err, errdefs.ErrCorrupt)
-		}
-		if version != SchemaVersion {
-			return fmt.Errorf("catalog %s has schema version %d, this turnsnap reads version %d "+
-				"(upgrade turnsnap, or move the directory aside and rebuild it from the store): %w",
-				c.dir, version, SchemaVersion, errdefs.ErrPrecondition)
-		}
-		return nil
+		return c.knownSchema(version)
 	})
+}
+
+// readSchema reads the catalog's schema version; found is false when the
+// catalog has none (a new one).
+func (c *Catalog) readSchema(tx *Tx) (version int, found bool, err error) {
+	item, err := tx.txn.Get(schemaKey())
+	if errors.Is(err, badger.ErrKeyNotFound) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("catalog %s: read schema version: %w", c.dir, err)
+	}
+	if err := item.Value(func(v []byte) error { return json.Unmarshal(v, &version) }); err != nil {
+		return 0, false, fmt.Errorf("catalog %s: schema version: %v: %w", c.dir, err, errdefs.ErrCorrupt)
+	}
+	return version, true, nil
+}
+
+// knownSchema refuses a schema version this code does not read.
+func (c *Catalog) knownSchema(version int) error {
+	if version != SchemaVersion {
+		return fmt.Errorf("catalog %s has schema version %d, this turnsnap reads version %d "+
+			"(upgrade turnsnap, or move the directory aside and rebuild it from the store): %w",
+			c.dir, version, SchemaVersion, errdefs.ErrPrecondition)
+	}
+	return nil
 }
 
 // Dir returns the directory the catalog was opened in.

@@ -85,6 +85,23 @@ func (t *Tree) Find(name string) *Entry {
 	return &t.Entries[i]
 }
 
+// Refs lists the blobs t references, once per reference: each directory's
+// subtree and each file's chunks (a chunk a file names twice is listed
+// twice). Refcounts count exactly these (docs/FORMAT.md), so every place
+// that adds, recounts or releases references takes them from here.
+func (t *Tree) Refs() []ID {
+	var out []ID
+	for _, e := range t.Entries {
+		switch e.Type {
+		case TypeDir:
+			out = append(out, e.Subtree)
+		case TypeFile:
+			out = append(out, e.Chunks...)
+		}
+	}
+	return out
+}
+
 // Sort puts entries (and each entry's xattrs) in canonical order.
 func (t *Tree) Sort() {
 	slices.SortFunc(t.Entries, func(a, b Entry) int { return strings.Compare(a.Name, b.Name) })

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/turnsnap/turnsnap/internal/fsat"
 	"os"
 	"path/filepath"
 	"strings"
@@ -47,7 +48,7 @@ func (e *Engine) writeIntent(sandbox string, id delta.ID) error {
 		err = os.Rename(tmp, p)
 	}
 	if err == nil {
-		err = syncPath(filepath.Dir(p))
+		err = fsat.SyncDir(filepath.Dir(p))
 	}
 	if err != nil {
 		os.Remove(tmp)
@@ -60,7 +61,7 @@ func (e *Engine) clearIntent(sandbox string) error {
 	if err := os.Remove(e.home.intentFile(sandbox)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("sandbox %s: rollback intent: %w", sandbox, err)
 	}
-	return syncPath(filepath.Dir(e.home.intentFile(sandbox)))
+	return fsat.SyncDir(filepath.Dir(e.home.intentFile(sandbox)))
 }
 
 // pendingRollback returns the checkpoint an interrupted rollback of sandbox
@@ -120,13 +121,4 @@ func (e *Engine) moveHead(ctx context.Context, name string, sb *delta.Sandbox, i
 		return fmt.Errorf("sandbox %s: move head to %s: %w", name, id.Short(), err)
 	}
 	return nil
-}
-
-func syncPath(dir string) error {
-	f, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	return f.Sync()
 }

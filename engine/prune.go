@@ -187,14 +187,7 @@ func (e *Engine) releaseRefs(ctx context.Context, roots []delta.ID) error {
 			if err != nil {
 				continue // a chunk, or a tree we cannot read: nothing to cascade
 			}
-			for _, en := range t.Entries {
-				switch en.Type {
-				case delta.TypeDir:
-					roots = append(roots, en.Subtree)
-				case delta.TypeFile:
-					roots = append(roots, en.Chunks...)
-				}
-			}
+			roots = append(roots, t.Refs()...)
 		}
 	}
 	return nil

@@ -233,16 +233,6 @@ func (r *Root) removeStale(live string) {
 	}
 }
 
-// syncDir makes a directory's entries (a rename, a new symlink) durable.
-func syncDir(dir string) error {
-	f, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	return f.Sync()
-}
-
 // writeCacheFile replaces a scan cache through a temp file and a rename. It
 // does not fsync: the cache is an accelerator, any committed version of it is
 // valid, and a torn one fails to decode and costs one full read.

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/turnsnap/turnsnap/internal/fsat"
 	"os"
 	"path/filepath"
 	"strings"
@@ -240,7 +241,7 @@ func (r *Root) switchTo(g string) error {
 	if err := os.Rename(tmp, filepath.Join(r.dir, "current")); err != nil {
 		return fmt.Errorf("sandbox %s: switch layer: %w", r.dir, err)
 	}
-	if err := syncDir(r.dir); err != nil {
+	if err := fsat.SyncDir(r.dir); err != nil {
 		return fmt.Errorf("sandbox %s: sync: %w", r.dir, err)
 	}
 	if old != "" {

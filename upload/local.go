@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/turnsnap/turnsnap/internal/fsat"
 	"io"
 	"io/fs"
 	"os"
@@ -71,7 +72,7 @@ func NewLocal(dir string) (Store, error) {
 		syncs = append(syncs, filepath.Dir(abs))
 	}
 	for _, d := range syncs {
-		if err := syncDir(d); err != nil {
+		if err := fsat.SyncDir(d); err != nil {
 			return nil, fmt.Errorf("local store %s: %w", abs, err)
 		}
 	}
@@ -212,7 +213,7 @@ func (s *localStore) Delete(ctx context.Context, name string) error {
 		}
 		return fmt.Errorf("object %s: %w", name, err)
 	}
-	if err := syncDir(filepath.Dir(path)); err != nil {
+	if err := fsat.SyncDir(filepath.Dir(path)); err != nil {
 		return fmt.Errorf("object %s: deleted but maybe not durably: %w", name, err)
 	}
 	return nil

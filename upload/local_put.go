@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/turnsnap/turnsnap/internal/fsat"
 	"io"
 	"os"
 	"path/filepath"
@@ -93,7 +94,7 @@ func copyExactly(ctx context.Context, w io.Writer, r io.Reader, size int64) erro
 // syncParents makes the rename into parent durable, and the entries of any
 // directories between parent and the store root not yet known to be.
 func (s *localStore) syncParents(parent string) error {
-	if err := syncDir(parent); err != nil {
+	if err := fsat.SyncDir(parent); err != nil {
 		return err
 	}
 	for d := parent; d != s.dir && d != filepath.Dir(d); d = filepath.Dir(d) {
@@ -103,7 +104,7 @@ func (s *localStore) syncParents(parent string) error {
 		if known {
 			return nil
 		}
-		if err := syncDir(filepath.Dir(d)); err != nil {
+		if err := fsat.SyncDir(filepath.Dir(d)); err != nil {
 			return err
 		}
 		s.mu.Lock()
@@ -111,13 +112,4 @@ func (s *localStore) syncParents(parent string) error {
 		s.mu.Unlock()
 	}
 	return nil
-}
-
-func syncDir(dir string) error {
-	f, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	return f.Sync()
 }

@@ -24,16 +24,13 @@ func CountRefs(ctx context.Context, loader delta.BlobLoader, cps []*delta.Checkp
 		if err != nil {
 			return err
 		}
+		for _, r := range t.Refs() {
+			counts[r]++
+		}
 		for _, en := range t.Entries {
-			switch en.Type {
-			case delta.TypeDir:
-				counts[en.Subtree]++
+			if en.Type == delta.TypeDir {
 				if err := walk(en.Subtree); err != nil {
 					return err
-				}
-			case delta.TypeFile:
-				for _, c := range en.Chunks {
-					counts[c]++
 				}
 			}
 		}

@@ -190,16 +190,7 @@ func (o *Op) SaveBlob(ctx context.Context, t delta.BlobType, id delta.ID, plain 
 		if err != nil {
 			return false, fmt.Errorf("tree %s: %w", id.Short(), err)
 		}
-		var kids []delta.ID
-		for _, e := range tr.Entries {
-			switch e.Type {
-			case delta.TypeDir:
-				kids = append(kids, e.Subtree)
-			case delta.TypeFile:
-				kids = append(kids, e.Chunks...)
-			}
-		}
-		o.children[id] = kids
+		o.children[id] = tr.Refs()
 	}
 	// PackWriter.Add copies, so one scratch buffer serves every blob. It must
 	// never alias plain, which belongs to the caller (the chunker's buffer).

@@ -201,3 +201,15 @@ func Readlink(dirFD int, name string) (string, error) {
 
 // SameFile reports whether two stats name the same inode.
 func SameFile(a, b *unix.Stat_t) bool { return a.Dev == b.Dev && a.Ino == b.Ino }
+
+// SyncDir makes a directory's entries durable (a rename into it, a new
+// name or symlink): POSIX needs an fsync of the directory itself, not only
+// of the files.
+func SyncDir(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
+}
