@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -11,7 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/turnsnap/turnsnap/internal/btrfstest"
 	"github.com/turnsnap/turnsnap/internal/testenv"
+	"github.com/turnsnap/turnsnap/proc"
 	"golang.org/x/sys/unix"
 )
 
@@ -568,4 +571,100 @@ func TestCLIClassMatchesDiff(t *testing.T) {
 func base64Decode(s string) (string, error) {
 	b, err := base64.StdEncoding.DecodeString(s)
 	return string(b), err
+}
+
+// On a btrfs root restore writes into the subvolume the same way, and the
+// next checkpoint (btrfs finds changes by generation) records it as fs;
+// class and diff agree there too.
+func TestCLIRestorePathsBtrfs(t *testing.T) {
+	testenv.RequireRoot(t)
+	pool := btrfstest.Pool(t)
+	home := filepath.Join(t.TempDir(), "home")
+	base := t.TempDir()
+	write(t, filepath.Join(base, "a.txt"), "base a\n", 0o644)
+	write(t, filepath.Join(base, "dir", "x"), "x0\n", 0o644)
+	t.Cleanup(func() { run(t, home, "sandbox", "rm", "s") })
+	var created struct{ Root string }
+	runJSON(t, home, &created, "sandbox", "create", "s", "--base", base, "--backend", "btrfs", "--btrfs-pool", pool)
+	root := created.Root
+	write(t, filepath.Join(root, "dir", "x"), "x1\n", 0o600)
+	c1 := checkpoint(t, home)
+	write(t, filepath.Join(root, "dir", "x"), "x2\n", 0o644)
+	write(t, filepath.Join(root, "dir", "y"), "y\n", 0o644)
+	write(t, filepath.Join(root, "a.txt"), "a2\n", 0o644)
+	c2 := checkpoint(t, home)
+	var r struct {
+		Paths []struct{ Path, Action string }
+	}
+	runJSON(t, home, &r, "restore", "s", c1.ID, "/dir")
+	if len(r.Paths) != 1 || r.Paths[0].Action != "restored" {
+		t.Fatalf("restore: %+v", r)
+	}
+	c3 := checkpoint(t, home)
+	var d diffOut
+	runJSON(t, home, &d, "diff", "s", c2.ID, c3.ID)
+	if c3.Class != "fs" || !slices.Equal(d.paths(), []string{"m /dir/x", "d /dir/y"}) {
+		t.Fatalf("after restore on btrfs: class %s, diff %v", c3.Class, d.paths())
+	}
+	runJSON(t, home, &d, "diff", "s", c1.ID, c3.ID)
+	if !slices.Equal(d.paths(), []string{"m /a.txt"}) {
+		t.Fatalf("diff c1 c3: %v", d.paths())
+	}
+	// touch -a: no visible change, a skip; a real chmod is fs.
+	later := []unix.Timespec{unix.NsecToTimespec(time.Now().Add(time.Hour).UnixNano()), {Nsec: unix.UTIME_OMIT}}
+	unix.UtimesNanoAt(unix.AT_FDCWD, filepath.Join(root, "a.txt"), later, 0)
+	if c := checkpoint(t, home); c.Class != "skip" {
+		t.Errorf("touch -a on btrfs: class %s", c.Class)
+	}
+	os.Chmod(filepath.Join(root, "a.txt"), 0o600)
+	runJSON(t, home, &d, "diff", "s")
+	if c := checkpoint(t, home); c.Class != "fs" || !slices.Equal(d.paths(), []string{"m /a.txt"}) {
+		t.Errorf("chmod on btrfs: class %s, diff %v", c.Class, d.paths())
+	}
+}
+
+// A restore leaves the sandbox's processes running: the next checkpoint
+// is fs (files changed, processes did not), not process or full.
+func TestCLIRestoreKeepsProcessesRunning(t *testing.T) {
+	testenv.RequireRoot(t)
+	if _, err := exec.LookPath("runc"); err != nil {
+		testenv.Missing(t, "runc", "apt package runc")
+	}
+	if _, err := os.Stat(proc.DefaultCRIUPath()); err != nil {
+		testenv.Missing(t, "CRIU", proc.DefaultCRIUPath())
+	}
+	bb, err := os.ReadFile("/bin/busybox")
+	if err != nil {
+		testenv.Missing(t, "busybox", "apt package busybox-static")
+	}
+	home, root := newSandbox(t, func(base string) {
+		for _, d := range []string{"bin", "proc", "dev", "sys", "tmp"} {
+			os.MkdirAll(filepath.Join(base, d), 0o755)
+		}
+		os.WriteFile(filepath.Join(base, "bin/busybox"), bb, 0o755)
+		for _, a := range []string{"sh", "sleep"} {
+			os.Symlink("busybox", filepath.Join(base, "bin", a))
+		}
+		write(t, filepath.Join(base, "etc", "app.conf"), "good\n", 0o644)
+	})
+	c0 := checkpoint(t, home)
+	if out, code := run(t, home, "exec", "s", "--detach", "--", "sleep", "1000"); code != 0 {
+		t.Fatalf("exec --detach: %d %s", code, out)
+	}
+	if c := checkpoint(t, home); c.Class != "process" {
+		t.Fatalf("turn that started sleep: class %s", c.Class)
+	}
+	write(t, filepath.Join(root, "etc", "app.conf"), "broken\n", 0o644)
+	if c := checkpoint(t, home); c.Class != "fs" {
+		t.Fatalf("turn that broke app.conf: class %s", c.Class)
+	}
+	if out, code := run(t, home, "restore", "s", c0.ID, "/etc/app.conf"); code != 0 {
+		t.Fatalf("restore: exit %d: %s", code, out)
+	}
+	if got := readFile(t, filepath.Join(root, "etc", "app.conf")); got != "good\n" {
+		t.Fatalf("app.conf: %q", got)
+	}
+	if c := checkpoint(t, home); c.Class != "fs" {
+		t.Fatalf("turn after restore with a process running: class %s, want fs", c.Class)
+	}
 }
