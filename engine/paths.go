@@ -317,7 +317,7 @@ func (e *Engine) RestorePaths(ctx context.Context, name, ref string, paths []str
 	res.Duration = time.Since(start)
 	res.DurationMS = float64(res.Duration.Microseconds()) / 1000
 	if o.To == "" {
-		e.log.Info("paths restored", "sandbox", name, "checkpoint", cp.ID.Short(), "paths", len(res.Paths))
+		e.log.Debug("paths restored", "sandbox", name, "checkpoint", cp.ID.Short(), "paths", len(res.Paths))
 	}
 	return res, nil
 }
