@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
 	"path"
 	"slices"
 	"strings"
@@ -24,7 +25,8 @@ type PathRestore struct {
 	// removed from the target (Existed says whether there was anything).
 	Removed bool
 	Existed bool
-	Stats   ApplyStats
+	Stats   ApplyStats // what was written
+	Kept    int64      // entries that already were as in the state, left alone
 }
 
 // CleanPath turns a user's in-sandbox path ("/etc/app.conf", "src/") into
@@ -50,19 +52,23 @@ func CleanPath(p string) (string, error) {
 // exactly what it is in the state l (base first, overlay semantics), and
 // leaves everything else alone. A path absent in l is removed from dst.
 // Directories are restored whole: what dst holds below them and l does not
-// is gone. Missing parent directories are created with l's metadata.
+// is removed. Missing parent directories are created with l's metadata.
+//
+// What already equals the state (type, metadata, xattrs and, for files,
+// every chunk's hash) is left as it is, and a directory that exists on both
+// sides is synchronised in place; everything else is built under a
+// temporary name beside it (chunks verified as they are read) and renamed
+// over the old name when complete, so a damaged chunk leaves that entry as
+// it was and no entry is ever half written.
 //
 // Safety is the applier's (apply.go): every name is reached from dstFD with
 // openat2 RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS, so a symlink in dst on the
 // way to a path is an error (ErrPrecondition), never followed, and a
 // symlink at the path itself is replaced, not written through. Device
-// nodes follow CheckDevice unless opts.AllowDevices. Each path is built
-// under a temporary name beside it (chunks verified as they are read) and
-// renamed into place only when complete, so a corrupt chunk leaves that
-// path as it was. A hardlink whose primary is in an earlier restored path
-// stays a hardlink; one whose primary is elsewhere becomes a copy of it.
-// paths must be clean (CleanPath) and not empty; nested ones are covered
-// by their ancestor.
+// nodes follow CheckDevice unless opts.AllowDevices. A hardlink whose
+// primary this call restored (or found equal) stays a hardlink; one whose
+// primary is elsewhere becomes a copy of it. paths must be clean
+// (CleanPath) and not empty; nested ones are covered by their ancestor.
 func RestorePaths(ctx context.Context, l Layers, dstFD int, paths []string, opts ApplyOptions) ([]PathRestore, error) {
 	paths = coverPaths(paths)
 	r := &pathRestorer{
@@ -75,12 +81,12 @@ func RestorePaths(ctx context.Context, l Layers, dstFD int, paths []string, opts
 		if p == "" {
 			return out, fmt.Errorf("restore of the whole root: use rollback: %w", errdefs.ErrInvalid)
 		}
-		r.stats = ApplyStats{}
+		r.stats, r.kept = ApplyStats{}, 0
 		res, err := r.one(ctx, p)
 		if err != nil {
 			return out, fmt.Errorf("restore /%s: %w", p, err)
 		}
-		res.Stats = r.stats
+		res.Stats, res.Kept = r.stats, r.kept
 		out = append(out, res)
 	}
 	return out, nil
@@ -107,6 +113,8 @@ func coverPaths(paths []string) []string {
 type pathRestorer struct {
 	applier
 	state Layers
+	kept  int64 // entries already as in the state, left alone
+	xbuf  []byte
 	// loc maps each restored top path to where it is now relative to
 	// rootFD (its temporary name until renamed), for hardlinks into it.
 	loc map[string]string
@@ -134,30 +142,9 @@ func (r *pathRestorer) one(ctx context.Context, p string) (PathRestore, error) {
 		}
 		return res, err
 	}
-	if err := CheckEntry(&e, true); err != nil {
+	if err := r.put(ctx, parentFD, p, &e, sub, res.Existed, &st); err != nil {
 		return res, err
 	}
-	tmp := ".turnsnap-restore-" + randomHex()
-	r.loc[p] = path.Join(dir, tmp)
-	built := e
-	built.Name = tmp
-	if err := r.build(ctx, parentFD, p, &built, sub); err != nil {
-		removeAt(parentFD, tmp)
-		return res, err
-	}
-	// Only a directory, or a name that is one, needs the old name gone
-	// first: rename replaces anything else atomically.
-	if res.Existed && (e.Type == TypeDir || st.Mode&unix.S_IFMT == unix.S_IFDIR) {
-		if err := removeAt(parentFD, name); err != nil {
-			removeAt(parentFD, tmp)
-			return res, err
-		}
-	}
-	if err := unix.Renameat(parentFD, tmp, parentFD, name); err != nil {
-		removeAt(parentFD, tmp)
-		return res, fmt.Errorf("rename into place: %w", err)
-	}
-	r.loc[p] = p
 	// Directories this call made on the way get their own metadata last,
 	// deepest first, so their mtimes are the state's.
 	for i := len(made) - 1; i >= 0; i-- {
@@ -166,6 +153,155 @@ func (r *pathRestorer) one(ctx context.Context, p string) (PathRestore, error) {
 		}
 	}
 	return res, nil
+}
+
+// put makes the name e.Name in dirFD (path rel) what e is. A directory
+// that is a directory on both sides is synchronised in place (sync); an
+// entry already equal to e (same) is left alone, so processes holding it
+// and file watchers see only what really changes, and an overlay root does
+// not copy up what it need not. Anything else is built under a temporary
+// name and renamed over the old one.
+func (r *pathRestorer) put(ctx context.Context, dirFD int, rel string, e *Entry, sub Layers, exists bool, st *unix.Stat_t) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := CheckEntry(e, true); err != nil {
+		return err
+	}
+	isDir := exists && st.Mode&unix.S_IFMT == unix.S_IFDIR
+	if e.Type == TypeDir && isDir {
+		fd, err := fsat.Open(dirFD, e.Name, unix.O_RDONLY|unix.O_DIRECTORY)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		return r.sync(ctx, fd, rel, e, sub)
+	}
+	if exists {
+		same, err := r.same(ctx, dirFD, e, st)
+		if err != nil {
+			return err
+		}
+		if same {
+			r.kept++
+			if e.Type == TypeFile {
+				r.files[rel] = true
+			}
+			return nil
+		}
+	}
+	tmp := ".turnsnap-restore-" + randomHex()
+	r.loc[rel] = path.Join(path.Dir(rel), tmp)
+	defer delete(r.loc, rel)
+	built := *e
+	built.Name = tmp
+	if err := r.build(ctx, dirFD, rel, &built, sub); err != nil {
+		removeAt(dirFD, tmp)
+		return err
+	}
+	// Only a directory (old or new) needs the old name gone first: rename
+	// replaces anything else atomically.
+	if exists && (isDir || e.Type == TypeDir) {
+		if err := removeAt(dirFD, e.Name); err != nil {
+			removeAt(dirFD, tmp)
+			return err
+		}
+	}
+	if err := unix.Renameat(dirFD, tmp, dirFD, e.Name); err != nil {
+		removeAt(dirFD, tmp)
+		return fmt.Errorf("rename into place: %w", err)
+	}
+	return nil
+}
+
+// sync makes the existing directory fd (path rel) hold exactly the merged
+// entries of sub: names it has beyond them are removed, the others put.
+func (r *pathRestorer) sync(ctx context.Context, fd int, rel string, e *Entry, sub Layers) error {
+	entries, subs, err := ListDir(ctx, r.opts.Loader, sub)
+	if err != nil {
+		return err
+	}
+	names, err := fsat.ReadDirNames(fd)
+	if err != nil {
+		return err
+	}
+	want := make(map[string]bool, len(entries))
+	for i := range entries {
+		want[entries[i].Name] = true
+	}
+	for _, n := range names {
+		if !want[n] {
+			if err := removeAt(fd, n); err != nil {
+				return fmt.Errorf("remove /%s: %w", path.Join(rel, n), err)
+			}
+		}
+	}
+	for i := range entries {
+		c := &entries[i]
+		crel := path.Join(rel, c.Name)
+		var st unix.Stat_t
+		exists := unix.Fstatat(fd, c.Name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil
+		if err := r.put(ctx, fd, crel, c, subs[i], exists, &st); err != nil {
+			return fmt.Errorf("/%s: %w", crel, err)
+		}
+	}
+	return setMeta(metaTarget{fd: fd}, e)
+}
+
+// errDiffers stops comparing a file's content at its first differing chunk.
+var errDiffers = errors.New("content differs")
+
+// same reports whether the existing name e.Name in dirFD (stat st) is
+// already exactly e: type, mode, owner, mtime, xattrs, target, device
+// number and, for a file, every chunk's hash (the file is read). A
+// multiply-linked file is never the same: its other names would change
+// with it. Hardlink entries are always made anew.
+func (r *pathRestorer) same(ctx context.Context, dirFD int, e *Entry, st *unix.Stat_t) (bool, error) {
+	kinds := map[Type]uint32{TypeFile: unix.S_IFREG, TypeSymlink: unix.S_IFLNK, TypeFIFO: unix.S_IFIFO,
+		TypeSocket: unix.S_IFSOCK, TypeCharDev: unix.S_IFCHR, TypeBlockDev: unix.S_IFBLK}
+	kind, ok := kinds[e.Type]
+	if !ok || st.Mode&unix.S_IFMT != kind || st.Mode&modeMask != e.Mode || st.Uid != e.UID || st.Gid != e.GID ||
+		unix.TimespecToNsec(st.Mtim) != e.MtimeNs || (e.Type == TypeFile && (st.Nlink != 1 || uint64(st.Size) != e.Size)) {
+		return false, nil
+	}
+	if (e.Type == TypeCharDev || e.Type == TypeBlockDev) && st.Rdev != e.Rdev {
+		return false, nil
+	}
+	if r.xbuf == nil {
+		r.xbuf = make([]byte, xattrBufSize)
+	}
+	xs, err := fsat.Xattrs(dirFD, e.Name, r.xbuf, func(n string) bool { return strings.HasPrefix(n, overlayXattrPrefix) })
+	if err != nil || !slices.EqualFunc(xs, e.Xattrs, func(a, b Xattr) bool { return a.Name == b.Name && string(a.Value) == string(b.Value) }) {
+		return false, nil
+	}
+	switch e.Type {
+	case TypeSymlink:
+		t, err := fsat.Readlink(dirFD, e.Name)
+		return err == nil && t == e.Target, nil
+	case TypeFile:
+		fd, err := unix.Openat(dirFD, e.Name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return false, nil
+		}
+		f := os.NewFile(uintptr(fd), e.Name)
+		defer f.Close()
+		i := 0
+		err = NewChunker().Chunk(f, st.Size, func(data []byte) error {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			if i >= len(e.Chunks) || Hash(data) != e.Chunks[i] {
+				return errDiffers
+			}
+			i++
+			return nil
+		})
+		if ctx.Err() != nil {
+			return false, ctx.Err()
+		}
+		return err == nil && i == len(e.Chunks), nil
+	}
+	return true, nil
 }
 
 // parent opens directory rel below rootFD. A component that is missing is

@@ -229,10 +229,13 @@ type RestoredPath struct {
 	PathB64 string `json:"path_b64,omitempty"`
 	// Action is "restored", "removed" (absent in the checkpoint, so
 	// removed from the target) or "absent" (in neither).
-	Action  string `json:"action"`
-	Entries int64  `json:"entries"`
-	Files   int64  `json:"files"`
-	Bytes   int64  `json:"bytes"`
+	Action string `json:"action"`
+	// Entries, Files and Bytes count what was written; Unchanged the
+	// entries that already were as in the checkpoint and were left alone.
+	Entries   int64 `json:"entries"`
+	Files     int64 `json:"files"`
+	Bytes     int64 `json:"bytes"`
+	Unchanged int64 `json:"unchanged"`
 }
 
 // RestorePaths puts paths back into sandbox name's live root as they are
@@ -312,7 +315,7 @@ func (e *Engine) RestorePaths(ctx context.Context, name, ref string, paths []str
 		}
 		p := "/" + d.Path
 		res.Paths = append(res.Paths, RestoredPath{Path: p, PathB64: b64(p), Action: action,
-			Entries: d.Stats.Entries, Files: d.Stats.Files, Bytes: d.Stats.Bytes})
+			Entries: d.Stats.Entries, Files: d.Stats.Files, Bytes: d.Stats.Bytes, Unchanged: d.Kept})
 	}
 	res.Duration = time.Since(start)
 	res.DurationMS = float64(res.Duration.Microseconds()) / 1000

@@ -115,9 +115,10 @@ removed. A PATH the checkpoint does not have is removed from the sandbox
 (reported as "removed"). Missing parent directories are created as they
 were in the checkpoint; a parent that is now a file or a symlink is refused
 (restore that parent instead), and nothing is ever written through a
-symlink or outside the root. Each path is written under a temporary name and
-renamed into place once complete, so a damaged checkpoint (exit 7) leaves it
-as it was.
+symlink or outside the root. What is already as in the checkpoint (content
+hashes and metadata equal) is left alone; every other entry is written under
+a temporary name and renamed into place once complete, so a damaged
+checkpoint (exit 7) leaves it as it was.
 
 The sandbox's processes keep running; restore waits for any checkpoint of
 the sandbox in progress and the next checkpoint records the restored paths
@@ -136,7 +137,7 @@ directory DIR (created if missing) instead, and the sandbox is not touched.`,
 			for _, p := range r.Paths {
 				switch p.Action {
 				case "restored":
-					fmt.Fprintf(a.stdout(), "restored %s (%d entries, %s)\n", displayName(p.Path), p.Entries, bytesStr(p.Bytes))
+					fmt.Fprintf(a.stdout(), "restored %s (%d entries written, %s; %d unchanged)\n", displayName(p.Path), p.Entries, bytesStr(p.Bytes), p.Unchanged)
 				case "removed":
 					fmt.Fprintf(a.stdout(), "removed  %s (not in checkpoint %s)\n", displayName(p.Path), r.Checkpoint.Short())
 				default:

@@ -247,9 +247,11 @@ func TestCLIRestorePaths(t *testing.T) {
 		write(t, filepath.Join(base, "keep.txt"), "keep\n", 0o644)
 		write(t, filepath.Join(base, "dir", "x"), "x0\n", 0o644)
 		write(t, filepath.Join(base, "dir", "sub", "y"), "y0\n", 0o644)
+		write(t, filepath.Join(base, "dir", "same"), "never touched\n", 0o644)
 		os.Symlink("x", filepath.Join(base, "dir", "link"))
 	})
 	live := func(p string) string { return filepath.Join(root, p) }
+	upper := filepath.Join(home, "sandboxes", "s", "current", "upper")
 	// Turn 1: the state to come back to.
 	write(t, live("a.txt"), "a1\n", 0o640)
 	write(t, live("dir/x"), "x1\n", 0o600)
@@ -283,10 +285,12 @@ func TestCLIRestorePaths(t *testing.T) {
 	var r struct {
 		Checkpoint string
 		Paths      []struct {
-			Path, Action string
-			Files        int64
+			Path, Action     string
+			Files, Unchanged int64
 		}
 	}
+	var sameBefore unix.Stat_t
+	unix.Stat(live("dir/same"), &sameBefore)
 	runJSON(t, home, &r, "restore", "s", c1.ID[:8], "/a.txt", "dir/", "/late.txt", "/dir/x", "/never")
 	var actions []string
 	for _, p := range r.Paths {
@@ -299,6 +303,15 @@ func TestCLIRestorePaths(t *testing.T) {
 		if got := metaOf(t, live(p)); got != m {
 			t.Errorf("%s after restore: %+v, want %+v", p, got, m)
 		}
+	}
+	// What was already as in c1 is left alone: same inode, not copied up.
+	var sameAfter unix.Stat_t
+	unix.Stat(live("dir/same"), &sameAfter)
+	if sameAfter.Ino != sameBefore.Ino || r.Paths[1].Unchanged == 0 {
+		t.Errorf("dir/same was rewritten (inode %d -> %d, %d unchanged)", sameBefore.Ino, sameAfter.Ino, r.Paths[1].Unchanged)
+	}
+	if _, err := os.Lstat(filepath.Join(upper, "dir", "same")); !os.IsNotExist(err) {
+		t.Errorf("restore copied the unchanged base file dir/same up: %v", err)
 	}
 	var s1, s2 unix.Stat_t
 	unix.Stat(live("dir/h1"), &s1)
