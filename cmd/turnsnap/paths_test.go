@@ -410,6 +410,19 @@ func TestCLIRestoreHostile(t *testing.T) {
 			t.Errorf("turnsnap %q: exit %d, want %d: %s", args, code, exitUsage, out)
 		}
 	}
+	for _, tc := range []struct {
+		args []string
+		code int
+	}{
+		{[]string{"restore", "s", "ffffffff", "/a.txt"}, exitNotFound},
+		{[]string{"restore", "nosuch", c0.ID, "/a.txt"}, exitNotFound},
+		{[]string{"restore", "nosuch", c0.ID, "/a.txt", "--to", t.TempDir()}, exitNotFound},
+		{[]string{"restore", "s", c0.ID}, exitUsage},
+	} {
+		if out, code := run(t, home, tc.args...); code != tc.code {
+			t.Errorf("turnsnap %q: exit %d, want %d: %s", tc.args, code, tc.code, out)
+		}
+	}
 	// The target is a symlink out of the root: it is replaced, not followed.
 	os.Remove(filepath.Join(root, "a.txt"))
 	os.Symlink(victim, filepath.Join(root, "a.txt"))
