@@ -11,6 +11,7 @@ import (
 	"os"
 	"path"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/turnsnap/turnsnap/internal/errdefs"
@@ -279,11 +280,21 @@ func (r *pathRestorer) same(ctx context.Context, dirFD int, e *Entry, st *unix.S
 		t, err := fsat.Readlink(dirFD, e.Name)
 		return err == nil && t == e.Target, nil
 	case TypeFile:
-		fd, err := unix.Openat(dirFD, e.Name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+		// O_PATH, then the very inode that was stat-ed reopened: whatever
+		// the sandbox swaps in meanwhile (a fifo, a device) is not opened.
+		pfd, err := unix.Openat(dirFD, e.Name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 		if err != nil {
 			return false, nil
 		}
-		f := os.NewFile(uintptr(fd), e.Name)
+		defer unix.Close(pfd)
+		var now unix.Stat_t
+		if err := unix.Fstat(pfd, &now); err != nil || !fsat.SameFile(&now, st) || now.Mode&unix.S_IFMT != unix.S_IFREG {
+			return false, nil
+		}
+		f, err := os.Open("/proc/self/fd/" + strconv.Itoa(pfd))
+		if err != nil {
+			return false, nil
+		}
 		defer f.Close()
 		i := 0
 		err = NewChunker().Chunk(f, st.Size, func(data []byte) error {

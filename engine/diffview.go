@@ -78,7 +78,7 @@ type describer struct {
 }
 
 func (d *describer) close() {
-	if d.liveFD > 0 {
+	if d.liveFD >= 0 {
 		unix.Close(d.liveFD)
 	}
 }
@@ -238,21 +238,32 @@ func (d *describer) newContent(ctx context.Context, rel string, e *delta.Entry, 
 		_, err := delta.WriteContent(ctx, d.loader, &buf, e)
 		return buf.Bytes(), err
 	}
-	if d.liveFD <= 0 {
+	if d.liveFD < 0 {
 		fd, err := fsat.OpenDir(d.live)
 		if err != nil {
 			return nil, err
 		}
 		d.liveFD = fd
 	}
-	fd, err := fsat.Open(d.liveFD, rel, unix.O_RDONLY|unix.O_NONBLOCK)
+	// O_PATH first, then reopen that very inode once it is known to be a
+	// regular file: a device or fifo the sandbox swapped in since the scan
+	// is never opened for reading.
+	pfd, err := fsat.Open(d.liveFD, rel, unix.O_PATH)
 	if err != nil {
 		if errors.Is(err, unix.ENOENT) {
 			return nil, nil // gone since the scan
 		}
 		return nil, err
 	}
-	f := os.NewFile(uintptr(fd), rel)
+	defer unix.Close(pfd)
+	var st unix.Stat_t
+	if err := unix.Fstat(pfd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return nil, err // no longer a file: nothing to read
+	}
+	f, err := os.Open("/proc/self/fd/" + strconv.Itoa(pfd))
+	if err != nil {
+		return nil, err
+	}
 	defer f.Close()
 	return io.ReadAll(io.LimitReader(f, limit))
 }

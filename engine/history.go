@@ -141,7 +141,7 @@ func (e *Engine) DiffWith(ctx context.Context, name, from, to string, o DiffOpti
 		return nil, fmt.Errorf("sandbox %s: diff: %w", name, err)
 	}
 	r := &DiffResult{Sandbox: name, From: aName, To: bName, Changes: changes}
-	d := &describer{loader: loader, from: a, to: b, live: live, o: o}
+	d := &describer{loader: loader, from: a, to: b, live: live, liveFD: -1, o: o}
 	defer d.close()
 	if r.Paths, err = d.describe(ctx, changes); err != nil {
 		return nil, fmt.Errorf("sandbox %s: diff: %w", name, err)
