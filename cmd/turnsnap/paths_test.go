@@ -358,6 +358,16 @@ func TestCLIRestorePaths(t *testing.T) {
 		t.Errorf("second checkpoint after restore: class %s", c.Class)
 	}
 
+	// A missing parent is made as it was in the checkpoint.
+	subMeta := metaOf(t, live("dir/sub"))
+	os.RemoveAll(live("dir/sub"))
+	if out, code := run(t, home, "restore", "s", c1.ID, "/dir/sub/y"); code != 0 {
+		t.Fatalf("restore below a missing parent: exit %d: %s", code, out)
+	}
+	if got := metaOf(t, live("dir/sub")); got != subMeta || metaOf(t, live("dir/sub/y")) != want["dir/sub/y"] {
+		t.Errorf("recreated parent dir/sub: %+v, want %+v", got, subMeta)
+	}
+
 	// --to writes below a host directory and leaves the sandbox alone.
 	out := filepath.Join(t.TempDir(), "out")
 	write(t, live("keep.txt"), "keep3\n", 0o644)
