@@ -50,7 +50,7 @@ FUZZTIME ?= 60s
 FUZZ_TARGETS := \
 	./delta:FuzzDecodeTree ./delta:FuzzDecodeBlob ./delta:FuzzCheckState \
 	./delta:FuzzParsePackHeader ./delta:FuzzReadPackBlobs \
-	./delta:FuzzDecodeRecord ./delta:FuzzDecodeSandbox ./delta:FuzzSealedPackHeader ./delta:FuzzOpenObject ./delta:FuzzKeyFiles \
+	./delta:FuzzDecodeRecord ./delta:FuzzDecodeSandbox ./delta:FuzzSealedPackHeader ./delta:FuzzOpenObject ./delta:FuzzKeyFiles ./delta:FuzzCleanPath \
 	./engine/llmproxy:FuzzParseRequest ./engine/llmproxy:FuzzCanonMatchesReference \
 	./engine/llmproxy:FuzzDecodeEntry \
 	./proc:FuzzProcText ./proc:FuzzImageFiles

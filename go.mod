@@ -3,6 +3,7 @@ module github.com/turnsnap/turnsnap
 go 1.26.8
 
 require (
+	github.com/aymanbagabas/go-udiff v0.4.2
 	github.com/checkpoint-restore/go-criu/v7 v7.2.0
 	github.com/dgraph-io/badger/v4 v4.9.6
 	github.com/dustin/go-humanize v1.0.1

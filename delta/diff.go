@@ -2,6 +2,7 @@ package delta
 
 import (
 	"context"
+	"errors"
 	"path"
 	"slices"
 )
@@ -38,6 +39,11 @@ type Change struct {
 	Kind ChangeKind
 	Path string // root-relative
 	Type Type   // the entry's type in the newer state (the older one for deletions)
+	// Old and New are the entry in each state (zero Name where it is
+	// absent: New of a deletion, Old of an addition), so a caller can say
+	// what changed (mode, owner, mtime, xattrs, target, content). A
+	// hardlink's entry is the link; Lookup finds its primary.
+	Old, New Entry
 }
 
 // merged is one name of a merged directory: its topmost entry and, for a
@@ -85,11 +91,27 @@ func listMerged(ctx context.Context, loader BlobLoader, l Layers) (map[string]me
 // is reported on its own).
 func Diff(ctx context.Context, loader BlobLoader, from, to Layers) ([]Change, error) {
 	var out []Change
-	err := diffDir(ctx, loader, "", from, to, &out)
+	err := diffDir(ctx, loader, "", from, to, func(c Change) error {
+		out = append(out, c)
+		return nil
+	})
 	return out, err
 }
 
-func diffDir(ctx context.Context, loader BlobLoader, rel string, from, to Layers, out *[]Change) error {
+// Changed reports whether Diff would list anything, stopping at the first
+// difference. It is how a turn is classified on the merged state, so that
+// a turn is class fs exactly when its diff is not empty.
+func Changed(ctx context.Context, loader BlobLoader, from, to Layers) (bool, error) {
+	err := diffDir(ctx, loader, "", from, to, func(Change) error { return errStopDiff })
+	if errors.Is(err, errStopDiff) {
+		return true, nil
+	}
+	return false, err
+}
+
+var errStopDiff = errors.New("stop diff")
+
+func diffDir(ctx context.Context, loader BlobLoader, rel string, from, to Layers, out func(Change) error) error {
 	if slices.Equal(from, to) {
 		return nil
 	}
@@ -126,7 +148,9 @@ func diffDir(ctx context.Context, loader BlobLoader, rel string, from, to Layers
 			}
 		case x.e.Type == TypeDir && y.e.Type == TypeDir:
 			if !sameMeta(&x.e, &y.e, false) {
-				*out = append(*out, Change{Kind: Modified, Path: p, Type: TypeDir})
+				if err := out(Change{Kind: Modified, Path: p, Type: TypeDir, Old: x.e, New: y.e}); err != nil {
+					return err
+				}
 			}
 			if err := diffDir(ctx, loader, p, x.sub, y.sub, out); err != nil {
 				return err
@@ -141,15 +165,25 @@ func diffDir(ctx context.Context, loader BlobLoader, rel string, from, to Layers
 				return err
 			}
 		case !sameMeta(&x.e, &y.e, true):
-			*out = append(*out, Change{Kind: Modified, Path: p, Type: y.e.Type})
+			if err := out(Change{Kind: Modified, Path: p, Type: y.e.Type, Old: x.e, New: y.e}); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
 }
 
 // walkAll reports m and, for a directory, everything below it as kind.
-func walkAll(ctx context.Context, loader BlobLoader, p string, m merged, kind ChangeKind, out *[]Change) error {
-	*out = append(*out, Change{Kind: kind, Path: p, Type: m.e.Type})
+func walkAll(ctx context.Context, loader BlobLoader, p string, m merged, kind ChangeKind, out func(Change) error) error {
+	c := Change{Kind: kind, Path: p, Type: m.e.Type}
+	if kind == Deleted {
+		c.Old = m.e
+	} else {
+		c.New = m.e
+	}
+	if err := out(c); err != nil {
+		return err
+	}
 	if m.e.Type != TypeDir {
 		return nil
 	}

@@ -38,7 +38,12 @@ type CheckpointResult struct {
 // A turn whose state key equals the head's is class skip: nothing is written
 // to the store or the catalog, and the head already names the state. The
 // state key leaves out directory mtimes and overlay copy-up residue, so a
-// temp file created and deleted within the turn is a skip.
+// temp file created and deleted within the turn is a skip. A turn whose
+// state key differs is still a skip when its merged state (base plus
+// layer, what the sandbox sees and `diff` compares) equals the head's: a
+// copy-up that changed nothing visible (`touch -a`, a chmod to the same
+// mode of a base file). So a turn is class fs exactly when its diff is
+// not empty.
 func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOptions) (*CheckpointResult, error) {
 	done, err := e.op(ctx, name)
 	if err != nil {
@@ -72,14 +77,18 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 		}
 	}
 	defer resume()
-	res, err := st.root.Scan(ctx, deviceGuard{op})
+	// The scan's trees are also kept in memory, so the merged state can be
+	// compared with the head's before anything is committed.
+	trees := &treeMemo{next: e.repo, trees: map[delta.ID][]byte{}}
+	saver := teeTrees{memo: trees, next: deviceGuard{op}}
+	res, err := st.root.Scan(ctx, saver)
 	if err != nil {
 		return nil, err
 	}
 	if rescan, err := e.confirmIdle(ctx, name, pt, st.head); err != nil {
 		return nil, err
 	} else if rescan {
-		if res, err = st.root.Scan(ctx, deviceGuard{op}); err != nil {
+		if res, err = st.root.Scan(ctx, saver); err != nil {
 			return nil, err
 		}
 	}
@@ -92,6 +101,11 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 		Entries: res.Stats.Entries, FilesRead: res.Stats.FilesRead, BytesRead: res.Stats.BytesRead,
 	}
 	fsChanged := res.StateKey != st.head.StateKey
+	if fsChanged {
+		if fsChanged, err = e.mergedChanged(ctx, name, st.head, res.Root, trees); err != nil {
+			return nil, err
+		}
+	}
 	if !fsChanged && !pt.changed {
 		// Nothing recovery-relevant changed. The scan's cache only names
 		// chunks the head already references, so keeping it is safe; it is
@@ -187,4 +201,33 @@ func (e *Engine) resolve(ctx context.Context, ref string) (*delta.Checkpoint, er
 // Resolve is resolve for callers outside the engine.
 func (e *Engine) Resolve(ctx context.Context, ref string) (*delta.Checkpoint, error) {
 	return e.resolve(ctx, ref)
+}
+
+// mergedChanged reports whether the merged state base+tree differs from
+// the head's, stopping at the first difference (delta.Changed, the test
+// delta.Diff applies). A tree that cannot be read makes it a change, the
+// safe answer (a false skip would lose the turn).
+func (e *Engine) mergedChanged(ctx context.Context, name string, head *delta.Checkpoint, tree delta.ID, trees delta.BlobLoader) (bool, error) {
+	changed, err := delta.Changed(ctx, trees, delta.Layers{head.BaseTree, head.FSTree}, delta.Layers{head.BaseTree, tree})
+	if err != nil {
+		if ctx.Err() != nil {
+			return false, ctx.Err()
+		}
+		e.log.Warn("merged-state comparison failed; checkpointing", "sandbox", name, "err", err)
+		return true, nil
+	}
+	return changed, nil
+}
+
+// teeTrees saves every blob through next and also keeps the trees in memo.
+type teeTrees struct {
+	memo *treeMemo
+	next delta.BlobSaver
+}
+
+func (t teeTrees) SaveBlob(ctx context.Context, bt delta.BlobType, id delta.ID, data []byte) (bool, error) {
+	if bt == delta.BlobTree {
+		t.memo.SaveBlob(ctx, bt, id, data)
+	}
+	return t.next.SaveBlob(ctx, bt, id, data)
 }

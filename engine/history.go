@@ -77,16 +77,24 @@ func (e *Engine) Log(ctx context.Context, name string) ([]LogEntry, error) {
 
 // DiffResult lists what differs between two states of a sandbox.
 type DiffResult struct {
-	Sandbox string
-	From    string // checkpoint id, or "working" for the live root
-	To      string
-	Changes []delta.Change
+	Sandbox string `json:"sandbox"`
+	From    string `json:"from"` // checkpoint id, or "working" for the live root
+	To      string `json:"to"`
+	// Changes is the raw list; Paths says the same for people and scripts
+	// (what each change did, sizes, patches), one entry per change.
+	Changes []delta.Change `json:"-"`
+	Paths   []PathChange   `json:"changes"`
 }
 
 // Diff compares two states of a sandbox: from and to name checkpoints; an
 // empty from means the head, an empty to means the live root as it is now
 // (hashed, not stored).
 func (e *Engine) Diff(ctx context.Context, name, from, to string) (*DiffResult, error) {
+	return e.DiffWith(ctx, name, from, to, DiffOptions{})
+}
+
+// DiffWith is Diff with options (patches).
+func (e *Engine) DiffWith(ctx context.Context, name, from, to string, o DiffOptions) (*DiffResult, error) {
 	done, err := e.op(ctx, name)
 	if err != nil {
 		return nil, err
@@ -112,6 +120,7 @@ func (e *Engine) Diff(ctx context.Context, name, from, to string) (*DiffResult, 
 	loader := delta.BlobLoader(e.repo)
 	var b delta.Layers
 	bName := "working"
+	live := ""
 	if to != "" {
 		if b, bName, err = layers(to); err != nil {
 			return nil, err
@@ -125,13 +134,19 @@ func (e *Engine) Diff(ctx context.Context, name, from, to string) (*DiffResult, 
 		if err != nil {
 			return nil, err
 		}
-		b, loader = delta.Layers{st.head.BaseTree, res.Root}, trees
+		b, loader, live = delta.Layers{st.head.BaseTree, res.Root}, trees, st.root.Path()
 	}
 	changes, err := delta.Diff(ctx, loader, a, b)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: diff: %w", name, err)
 	}
-	return &DiffResult{Sandbox: name, From: aName, To: bName, Changes: changes}, nil
+	r := &DiffResult{Sandbox: name, From: aName, To: bName, Changes: changes}
+	d := &describer{loader: loader, from: a, to: b, live: live, liveFD: -1, o: o}
+	defer d.close()
+	if r.Paths, err = d.describe(ctx, changes); err != nil {
+		return nil, fmt.Errorf("sandbox %s: diff: %w", name, err)
+	}
+	return r, nil
 }
 
 // treeMemo keeps the trees of a live scan in memory so they can be diffed

@@ -13,8 +13,8 @@ import (
 // concurrent operations:
 //
 //   - Operations on one sandbox (checkpoint, rollback, create, branch into
-//     it, remove, diff of its live root) hold that sandbox's lock, so they
-//     run one at a time, in the order they arrived.
+//     it, remove, diff of its live root, restore of paths) hold that
+//     sandbox's lock, so they run one at a time, in the order they arrived.
 //   - Operations on different sandboxes run side by side. Each carries its
 //     own pending writes (a content.Op); shared state is the catalog (short
 //     transactions), the content repository (safe for concurrent use) and

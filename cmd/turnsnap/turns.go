@@ -120,38 +120,6 @@ func (a *app) printRestore(verb string, r *engine.RestoreResult) error {
 	return nil
 }
 
-func (a *app) diffCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:   "diff NAME [FROM [TO]]",
-		Short: "List added, modified and deleted paths (default: head against the live root)",
-		Args:  cobra.RangeArgs(1, 3),
-		RunE: a.withEngine(func(ctx context.Context, e *engine.Engine, args []string) error {
-			var from, to string
-			if len(args) > 1 {
-				from = args[1]
-			}
-			if len(args) > 2 {
-				to = args[2]
-			}
-			r, err := e.Diff(ctx, args[0], from, to)
-			if err != nil {
-				return err
-			}
-			if a.json {
-				rows := []map[string]string{}
-				for _, c := range r.Changes {
-					rows = append(rows, map[string]string{"change": c.Kind.String(), "path": "/" + c.Path, "type": c.Type.String()})
-				}
-				return printJSON(a.stdout(), map[string]any{"sandbox": r.Sandbox, "from": r.From, "to": r.To, "changes": rows})
-			}
-			for _, c := range r.Changes {
-				fmt.Fprintf(a.stdout(), "%c /%s\n", c.Kind, c.Path)
-			}
-			return nil
-		}),
-	}
-}
-
 func (a *app) verifyCmd() *cobra.Command {
 	var storeOnly bool
 	c := &cobra.Command{

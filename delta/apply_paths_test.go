@@ -1,0 +1,106 @@
+package delta
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/turnsnap/turnsnap/internal/errdefs"
+	"github.com/turnsnap/turnsnap/internal/fsat"
+	"golang.org/x/sys/unix"
+)
+
+func TestCleanPath(t *testing.T) {
+	for in, want := range map[string]string{
+		"/etc/app.conf": "etc/app.conf", "etc//app.conf/": "etc/app.conf", "/": "", "": "", "a": "a",
+	} {
+		if got, err := CleanPath(in); err != nil || got != want {
+			t.Errorf("CleanPath(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"..", "/../etc", "a/../../b", "./a", "a/.", "a\x00b", strings.Repeat("n", 256)} {
+		if got, err := CleanPath(bad); !errors.Is(err, errdefs.ErrInvalid) {
+			t.Errorf("CleanPath(%q) = %q, %v; want ErrInvalid", bad, got, err)
+		}
+	}
+}
+
+func FuzzCleanPath(f *testing.F) {
+	for _, s := range []string{"/a/b", "../x", "a//b/", "\x00", "./."} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, p string) {
+		rel, err := CleanPath(p)
+		if err != nil {
+			return
+		}
+		if rel != "" && !ValidPath(rel) {
+			t.Fatalf("CleanPath(%q) = %q, not a valid path", p, rel)
+		}
+		for _, c := range strings.Split(rel, "/") {
+			if c == ".." || c == "." {
+				t.Fatalf("CleanPath(%q) = %q keeps %q", p, rel, c)
+			}
+		}
+	})
+}
+
+// RestorePaths refuses device nodes outside the device rule, leaves a
+// path as it was when a chunk is damaged, and copies a hardlink whose
+// primary it does not restore.
+func TestRestorePathsRules(t *testing.T) {
+	requireRoot(t)
+	ctx := context.Background()
+	mem := newMem()
+	put := func(tr *Tree) ID {
+		data := tr.Encode()
+		id := Hash(data)
+		mem.SaveBlob(ctx, BlobTree, id, data)
+		return id
+	}
+	chunk := func(s string) ID {
+		id := Hash([]byte(s))
+		mem.SaveBlob(ctx, BlobData, id, []byte(s))
+		return id
+	}
+	good, bad := chunk("good\n"), chunk("bad!\n")
+	mem.m[bad][0] ^= 1
+	sub := put(&Tree{Entries: []Entry{{Name: "f", Type: TypeFile, Mode: 0o600, MtimeNs: 1e18, Size: 5, Chunks: []ID{good}}}})
+	root := put(&Tree{Entries: []Entry{
+		{Name: "broken", Type: TypeFile, Mode: 0o644, Size: 5, Chunks: []ID{bad}},
+		{Name: "d", Type: TypeDir, Mode: 0o755, Subtree: sub},
+		{Name: "link", Type: TypeHardlink, Target: "d/f"},
+		{Name: "sda", Type: TypeBlockDev, Mode: 0o660, Rdev: unix.Mkdev(8, 0)},
+	}})
+	dst := t.TempDir()
+	os.WriteFile(filepath.Join(dst, "broken"), []byte("old\n"), 0o644)
+	fd, err := fsat.OpenDir(dst)
+	must(t, err)
+	defer unix.Close(fd)
+	l := Layers{root}
+	_, err = RestorePaths(ctx, l, fd, []string{"sda"}, ApplyOptions{Loader: mem})
+	if !errors.Is(err, errdefs.ErrPrecondition) {
+		t.Fatalf("block device: %v, want ErrPrecondition", err)
+	}
+	_, err = RestorePaths(ctx, l, fd, []string{"broken"}, ApplyOptions{Loader: mem})
+	if !errors.Is(err, errdefs.ErrCorrupt) {
+		t.Fatalf("damaged chunk: %v, want ErrCorrupt", err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dst, "broken")); string(b) != "old\n" {
+		t.Fatalf("a failed restore changed the path: %q", b)
+	}
+	res, err := RestorePaths(ctx, l, fd, []string{"link"}, ApplyOptions{Loader: mem})
+	must(t, err)
+	var st unix.Stat_t
+	must(t, unix.Lstat(filepath.Join(dst, "link"), &st))
+	if b, _ := os.ReadFile(filepath.Join(dst, "link")); string(b) != "good\n" || st.Mode&07777 != 0o600 || st.Nlink != 1 || res[0].Stats.Files != 1 {
+		t.Fatalf("hardlink outside the set: %q mode %o nlink %d %+v", b, st.Mode&07777, st.Nlink, res)
+	}
+	names, _ := os.ReadDir(dst)
+	if len(names) != 2 {
+		t.Fatalf("left behind: %v", names)
+	}
+}
