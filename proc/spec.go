@@ -135,7 +135,14 @@ var sandboxCaps = []string{
 //
 // cgroups is the container's cgroup path on every controller (see
 // Runtime.cgroupsPath): runc's default, the bare id, would put the
-// containers of two state roots with the same id into one cgroup.
+// containers of two state roots with the same id into one cgroup. The
+// container has its own cgroup namespace, rooted there, so its
+// /proc/self/cgroup reads "/" instead of naming the host's hierarchy, the
+// home's scope and the sandbox (CRIU dumps and restores the namespace).
+//
+// What the sandbox can and cannot see of the host is in docs/SECURITY.md
+// ("The sandbox and the host"); engine.TestSandboxSeesNothingOfTheHost
+// probes it from inside a container.
 func makeSpec(rootfs, netns, cgroups string, o StartOptions) ociSpec {
 	o = o.withDefaults()
 	return ociSpec{
@@ -162,7 +169,7 @@ func makeSpec(rootfs, netns, cgroups string, o StartOptions) ociSpec {
 		},
 		Linux: ociLinux{
 			CgroupsPath: cgroups,
-			Namespaces: []ociNamespace{{Type: "pid"}, {Type: "network", Path: netns},
+			Namespaces: []ociNamespace{{Type: "pid"}, {Type: "network", Path: netns}, {Type: "cgroup"},
 				{Type: "ipc"}, {Type: "uts"}, {Type: "mount"}},
 			// Deny every device, then runc allows its defaults (null, zero,
 			// full, random, urandom, tty, ptmx), which it also creates in /dev.
