@@ -1,0 +1,193 @@
+package engine
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+)
+
+// buildProbe builds testdata/isoprobe static into the test's temp dir.
+func buildProbe(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "isoprobe")
+	cmd := exec.Command("go", "build", "-o", bin, "./testdata/isoprobe")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build the probe: %v\n%s", err, out)
+	}
+	return bin
+}
+
+type probeResult struct {
+	Probe   string `json:"probe"`
+	Reached bool   `json:"reached"`
+	Detail  string `json:"detail"`
+}
+
+func parseProbe(t *testing.T, out []byte) map[string]probeResult {
+	t.Helper()
+	res := map[string]probeResult{}
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		var r probeResult
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			t.Fatalf("probe output %q: %v", sc.Text(), err)
+		}
+		res[r.Probe] = r
+	}
+	return res
+}
+
+// countingListener accepts connections on l and counts them.
+func countingListener(t *testing.T, network, addr string) (net.Listener, *atomic.Int64) {
+	t.Helper()
+	l, err := net.Listen(network, addr)
+	must(t, err)
+	t.Cleanup(func() { l.Close() })
+	var n atomic.Int64
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			n.Add(1)
+			c.Close()
+		}
+	}()
+	return l, &n
+}
+
+// hostAddrs are the host's global unicast addresses other than loopback
+// (the test listens on each, and the sandbox must reach none).
+func hostAddrs(t *testing.T) []string {
+	t.Helper()
+	addrs, err := net.InterfaceAddrs()
+	must(t, err)
+	var out []string
+	for _, a := range addrs {
+		ipn, ok := a.(*net.IPNet)
+		if ok && ipn.IP.IsGlobalUnicast() && !ipn.IP.IsLoopback() {
+			out = append(out, ipn.IP.String())
+		}
+	}
+	return out
+}
+
+// TestSandboxSeesNothingOfTheHost runs a probe inside a real sandbox
+// container that tries every way out this design closes: the home, the
+// daemon's socket in it, another sandbox's root (by its host path, through
+// the roots of processes in /proc, by climbing with ..), a host process,
+// the host paths in the mount table, an abstract unix socket the host
+// listens on, TCP to listeners on the host's loopback and on every other
+// host address, and the host's network interfaces. Every attempt must
+// fail and no host listener may see a connection. The same probe run on
+// the host must succeed at each, which proves each attempt can detect the
+// access it looks for.
+func TestSandboxSeesNothingOfTheHost(t *testing.T) {
+	requireProcs(t)
+	ctx := context.Background()
+	e := newEngine(t)
+	home := e.Home()
+	base := busyboxBase(t)
+	a, err := e.CreateSandbox(ctx, "a", CreateOptions{Base: base})
+	must(t, err)
+	b, err := e.CreateSandbox(ctx, "b", CreateOptions{Base: base})
+	must(t, err)
+	other := filepath.Join(b.Root, "b-secret")
+	write(t, other, "sandbox b's file\n")
+	_, err = e.Exec(ctx, "b", []string{"sleep", "100000"}, ExecOptions{Detach: true})
+	must(t, err)
+
+	// The daemon's socket is HOME/turnsnap.sock; this test listens there
+	// itself.
+	sock := filepath.Join(home, "turnsnap.sock")
+	_, sockN := countingListener(t, "unix", sock)
+	abstract := fmt.Sprintf("turnsnap-isolation-%d", os.Getpid())
+	_, abstractN := countingListener(t, "unix", "@"+abstract)
+	tcp := map[string]*atomic.Int64{}
+	for _, ip := range append([]string{"127.0.0.1", "::1"}, hostAddrs(t)...) {
+		l, n := countingListener(t, "tcp", net.JoinHostPort(ip, "0"))
+		tcp[l.Addr().String()] = n
+	}
+	if len(tcp) < 3 {
+		t.Logf("no host address beyond loopback: only %v are probed", tcp)
+	}
+
+	probe := buildProbe(t)
+	bin, err := os.ReadFile(probe)
+	must(t, err)
+	must(t, os.WriteFile(filepath.Join(a.Root, "isoprobe"), bin, 0o755))
+	args := []string{"-home", home, "-other", other, "-sock", sock, "-abstract", abstract,
+		"-hostpid", strconv.Itoa(os.Getpid())}
+	for addr := range tcp {
+		args = append(args, "-tcp", addr)
+	}
+	want := []string{"open-home", "open-other-root", "proc-hostpid-root", "proc-any-root", "dotdot-escape",
+		"host-process", "mountinfo-home", "unix-socket", "abstract-socket", "interfaces"}
+	for addr := range tcp {
+		want = append(want, "tcp "+addr)
+	}
+
+	// Inside sandbox a: every attempt fails.
+	var out, errb bytes.Buffer
+	code, err := e.Exec(ctx, "a", append([]string{"/isoprobe"}, args...), ExecOptions{Stdout: &out, Stderr: &errb})
+	if err != nil || code != 0 {
+		t.Fatalf("probe in the sandbox: code %d, %v: %s", code, err, errb.String())
+	}
+	inside := parseProbe(t, out.Bytes())
+	for _, p := range want {
+		r, ok := inside[p]
+		switch {
+		case !ok:
+			t.Errorf("inside: probe %q did not run", p)
+		case r.Reached:
+			t.Errorf("inside: the sandbox reached %s: %s", p, r.Detail)
+		default:
+			t.Logf("inside: %s refused: %s", p, r.Detail)
+		}
+	}
+	// The sandbox's own root mount names no layer by its host path.
+	if d := inside["mountinfo-home"].Detail; !strings.Contains(d, "lowerdir+=/,upperdir=/upper,workdir=/work") {
+		t.Errorf("inside: the root mount does not show hidden layers: %s", d)
+	}
+	counts := func() map[string]int64 {
+		m := map[string]int64{"unix-socket": sockN.Load(), "abstract-socket": abstractN.Load()}
+		for addr, n := range tcp {
+			m["tcp "+addr] = n.Load()
+		}
+		return m
+	}
+	for p, n := range counts() {
+		if n != 0 {
+			t.Errorf("inside: the host listener of %s saw %d connections from the sandbox", p, n)
+		}
+	}
+
+	// On the host: every attempt succeeds, so each can detect access.
+	cmd := exec.Command(probe, args...)
+	cmd.Dir = "/"
+	hostOut, err := cmd.Output()
+	must(t, err)
+	host := parseProbe(t, hostOut)
+	for _, p := range want {
+		if r, ok := host[p]; !ok || !r.Reached {
+			t.Errorf("on the host, probe %q failed (%+v): it cannot tell access from no access", p, r)
+		}
+	}
+	for p, n := range counts() {
+		if n == 0 {
+			t.Errorf("on the host, the listener of %s saw no connection", p)
+		}
+	}
+}

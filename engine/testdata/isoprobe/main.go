@@ -1,0 +1,146 @@
+// Command isoprobe tries, from wherever it runs, each way a sandbox could
+// reach the host it should not, and prints one JSON line per attempt:
+// {"probe": NAME, "reached": BOOL, "detail": TEXT}. The isolation tests
+// (engine/isolation_test.go) run it inside a sandbox's container, where
+// every attempt must fail, and on the host, where every attempt must
+// succeed, which proves each attempt can detect the access it looks for.
+//
+// It is built static (CGO_ENABLED=0) by the test and copied into the
+// sandbox root; it uses only the standard library.
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+type result struct {
+	Probe   string `json:"probe"`
+	Reached bool   `json:"reached"`
+	Detail  string `json:"detail"`
+}
+
+type multi []string
+
+func (m *multi) String() string     { return strings.Join(*m, ",") }
+func (m *multi) Set(s string) error { *m = append(*m, s); return nil }
+
+func main() {
+	home := flag.String("home", "", "the turnsnap home (a directory)")
+	other := flag.String("other", "", "a file inside another sandbox's root, by its host path")
+	sock := flag.String("sock", "", "a unix socket on the host (the daemon's)")
+	abstract := flag.String("abstract", "", "an abstract unix socket name the host listens on")
+	hostPID := flag.Int("hostpid", 0, "a host process (the test binary: its command line holds -test.)")
+	var tcp multi
+	flag.Var(&tcp, "tcp", "a TCP address the host listens on (repeatable)")
+	flag.Parse()
+
+	out := json.NewEncoder(os.Stdout)
+	emit := func(probe string, err error, detail string) {
+		r := result{Probe: probe, Reached: err == nil, Detail: detail}
+		if err != nil {
+			r.Detail = err.Error()
+		}
+		out.Encode(r)
+	}
+
+	ents, err := os.ReadDir(*home)
+	emit("open-home", err, fmt.Sprintf("%d entries", len(ents)))
+	_, err = os.ReadFile(*other)
+	emit("open-other-root", err, "read")
+	_, err = os.ReadFile(fmt.Sprintf("/proc/%d/root%s", *hostPID, *other))
+	emit("proc-hostpid-root", err, "read")
+	emit(anyProcRoot(*other))
+	// A relative path climbing far above the cwd: ".." at / stays at /.
+	_, err = os.ReadFile(strings.Repeat("../", 64) + strings.TrimPrefix(*other, "/"))
+	emit("dotdot-escape", err, "read")
+	emit(hostProcess(*hostPID))
+	emit(mountinfoLeak(*home))
+
+	c, err := net.DialTimeout("unix", *sock, 2*time.Second)
+	if err == nil {
+		c.Close()
+	}
+	emit("unix-socket", err, "connected")
+	c, err = net.DialTimeout("unix", "@"+*abstract, 2*time.Second)
+	if err == nil {
+		c.Close()
+	}
+	emit("abstract-socket", err, "connected")
+	for _, a := range tcp {
+		c, err := net.DialTimeout("tcp", a, 2*time.Second)
+		if err == nil {
+			c.Close()
+		}
+		emit("tcp "+a, err, "connected")
+	}
+	emit(interfaces())
+}
+
+// anyProcRoot tries the other sandbox's file through the root of every
+// process this one can see.
+func anyProcRoot(other string) (string, error, string) {
+	roots, _ := filepath.Glob("/proc/[0-9]*/root")
+	for _, r := range roots {
+		if _, err := os.ReadFile(r + other); err == nil {
+			return "proc-any-root", nil, "through " + r
+		}
+	}
+	return "proc-any-root", fmt.Errorf("not through any of %d process roots", len(roots)), ""
+}
+
+// hostProcess looks for a host process (the test binary) in /proc.
+func hostProcess(pid int) (string, error, string) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		return "host-process", err, ""
+	}
+	if !strings.Contains(string(b), "-test.") {
+		return "host-process", fmt.Errorf("pid %d is not the host's test binary", pid), ""
+	}
+	return "host-process", nil, "pid visible"
+}
+
+// mountinfoLeak reads the mount table for the home's path; it prints the
+// root mount's line either way.
+func mountinfoLeak(home string) (string, error, string) {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return "mountinfo-home", err, ""
+	}
+	var root string
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) > 4 && f[4] == "/" {
+			root = l
+		}
+	}
+	if !strings.Contains(string(b), home) {
+		return "mountinfo-home", fmt.Errorf("no mention of the home; root mount: %s", root), ""
+	}
+	return "mountinfo-home", nil, "root mount: " + root
+}
+
+// interfaces lists the network interfaces other than loopback.
+func interfaces() (string, error, string) {
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return "interfaces", err, ""
+	}
+	var all, others []string
+	for _, i := range ifs {
+		all = append(all, i.Name)
+		if i.Flags&net.FlagLoopback == 0 {
+			others = append(others, i.Name)
+		}
+	}
+	if len(others) == 0 {
+		return "interfaces", fmt.Errorf("only %v", all), ""
+	}
+	return "interfaces", nil, strings.Join(others, ",")
+}
