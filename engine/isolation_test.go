@@ -14,6 +14,9 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+
+	"github.com/turnsnap/turnsnap/btrfs"
+	"github.com/turnsnap/turnsnap/internal/btrfstest"
 )
 
 // buildProbe builds testdata/isoprobe static into the test's temp dir.
@@ -96,13 +99,40 @@ func hostAddrs(t *testing.T) []string {
 // access it looks for.
 func TestSandboxSeesNothingOfTheHost(t *testing.T) {
 	requireProcs(t)
+	t.Run("overlay", func(t *testing.T) {
+		probeIsolation(t, CreateOptions{}, nil, func(root string) {
+			// The layers are descriptors: no host path (overlay/fsmount.go).
+			if !strings.Contains(root, " - overlay turnsnap-") || !strings.Contains(root, "lowerdir+=/,upperdir=/upper,workdir=/work,") {
+				t.Errorf("inside: the root mount does not show hidden layers: %s", root)
+			}
+		})
+	})
+	t.Run("btrfs", func(t *testing.T) {
+		pool := filepath.Join(btrfstest.Pool(t), "pool")
+		must(t, os.Mkdir(pool, 0o700))
+		probeIsolation(t, CreateOptions{Backend: btrfs.Name, Btrfs: btrfs.Options{Pool: pool}}, []string{pool}, func(root string) {
+			// A bind of a subvolume shows the subvolume's path inside its
+			// filesystem (mountinfo's root field, btrfs's subvol= option)
+			// and the block device, never where the filesystem is mounted
+			// on the host; docs/SECURITY.md says so.
+			if !strings.Contains(root, " - btrfs /dev/") || !strings.Contains(root, "subvol=/pool/sandboxes/a-") {
+				t.Errorf("inside: the btrfs root mount is not what docs/SECURITY.md describes: %s", root)
+			}
+		})
+	})
+}
+
+// probeIsolation runs the probe in sandbox a of a new home, with sandbox
+// b beside it, both made with opts; paths are more host directories the
+// sandbox must not see; checkRoot checks the root mount's mountinfo line.
+func probeIsolation(t *testing.T, opts CreateOptions, paths []string, checkRoot func(line string)) {
 	ctx := context.Background()
 	e := newEngine(t)
 	home := e.Home()
-	base := busyboxBase(t)
-	a, err := e.CreateSandbox(ctx, "a", CreateOptions{Base: base})
+	opts.Base = busyboxBase(t)
+	a, err := e.CreateSandbox(ctx, "a", opts)
 	must(t, err)
-	b, err := e.CreateSandbox(ctx, "b", CreateOptions{Base: base})
+	b, err := e.CreateSandbox(ctx, "b", opts)
 	must(t, err)
 	other := filepath.Join(b.Root, "b-secret")
 	write(t, other, "sandbox b's file\n")
@@ -133,10 +163,16 @@ func TestSandboxSeesNothingOfTheHost(t *testing.T) {
 	for addr := range tcp {
 		args = append(args, "-tcp", addr)
 	}
+	for _, p := range paths {
+		args = append(args, "-path", p)
+	}
 	want := []string{"open-home", "open-other-root", "proc-hostpid-root", "proc-any-root", "dotdot-escape",
 		"host-process", "mountinfo-home", "unix-socket", "abstract-socket", "interfaces"}
 	for addr := range tcp {
 		want = append(want, "tcp "+addr)
+	}
+	for _, p := range paths {
+		want = append(want, "open "+p)
 	}
 
 	// Inside sandbox a: every attempt fails.
@@ -157,10 +193,8 @@ func TestSandboxSeesNothingOfTheHost(t *testing.T) {
 			t.Logf("inside: %s refused: %s", p, r.Detail)
 		}
 	}
-	// The sandbox's own root mount names no layer by its host path.
-	if d := inside["mountinfo-home"].Detail; !strings.Contains(d, "lowerdir+=/,upperdir=/upper,workdir=/work") {
-		t.Errorf("inside: the root mount does not show hidden layers: %s", d)
-	}
+	_, root, _ := strings.Cut(inside["mountinfo-home"].Detail, "root mount: ")
+	checkRoot(root)
 	counts := func() map[string]int64 {
 		m := map[string]int64{"unix-socket": sockN.Load(), "abstract-socket": abstractN.Load()}
 		for addr, n := range tcp {

@@ -37,8 +37,9 @@ func main() {
 	sock := flag.String("sock", "", "a unix socket on the host (the daemon's)")
 	abstract := flag.String("abstract", "", "an abstract unix socket name the host listens on")
 	hostPID := flag.Int("hostpid", 0, "a host process (the test binary: its command line holds -test.)")
-	var tcp multi
+	var tcp, paths multi
 	flag.Var(&tcp, "tcp", "a TCP address the host listens on (repeatable)")
+	flag.Var(&paths, "path", "another host directory the sandbox must not see, e.g. a btrfs pool (repeatable)")
 	flag.Parse()
 
 	out := json.NewEncoder(os.Stdout)
@@ -52,6 +53,10 @@ func main() {
 
 	ents, err := os.ReadDir(*home)
 	emit("open-home", err, fmt.Sprintf("%d entries", len(ents)))
+	for _, p := range paths {
+		ents, err := os.ReadDir(p)
+		emit("open "+p, err, fmt.Sprintf("%d entries", len(ents)))
+	}
 	_, err = os.ReadFile(*other)
 	emit("open-other-root", err, "read")
 	_, err = os.ReadFile(fmt.Sprintf("/proc/%d/root%s", *hostPID, *other))
@@ -61,7 +66,7 @@ func main() {
 	_, err = os.ReadFile(strings.Repeat("../", 64) + strings.TrimPrefix(*other, "/"))
 	emit("dotdot-escape", err, "read")
 	emit(hostProcess(*hostPID))
-	emit(mountinfoLeak(*home))
+	emit(mountinfoLeak(append([]string{*home}, paths...)))
 
 	c, err := net.DialTimeout("unix", *sock, 2*time.Second)
 	if err == nil {
@@ -107,9 +112,9 @@ func hostProcess(pid int) (string, error, string) {
 	return "host-process", nil, "pid visible"
 }
 
-// mountinfoLeak reads the mount table for the home's path; it prints the
-// root mount's line either way.
-func mountinfoLeak(home string) (string, error, string) {
+// mountinfoLeak reads the mount table for any of the host paths; it
+// prints the root mount's line either way.
+func mountinfoLeak(hostPaths []string) (string, error, string) {
 	b, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
 		return "mountinfo-home", err, ""
@@ -120,10 +125,12 @@ func mountinfoLeak(home string) (string, error, string) {
 			root = l
 		}
 	}
-	if !strings.Contains(string(b), home) {
-		return "mountinfo-home", fmt.Errorf("no mention of the home; root mount: %s", root), ""
+	for _, p := range hostPaths {
+		if strings.Contains(string(b), p) {
+			return "mountinfo-home", nil, p + " in the mount table; root mount: " + root
+		}
 	}
-	return "mountinfo-home", nil, "root mount: " + root
+	return "mountinfo-home", fmt.Errorf("no host path in the mount table; root mount: %s", root), ""
 }
 
 // interfaces lists the network interfaces other than loopback.
