@@ -93,7 +93,7 @@ func TestSpecHoldsNoHostPaths(t *testing.T) {
 		}
 	}
 	slices.Sort(ns)
-	if !slices.Equal(ns, []string{"ipc", "mount", "network", "pid", "uts"}) {
+	if !slices.Equal(ns, []string{"cgroup", "ipc", "mount", "network", "pid", "uts"}) {
 		t.Errorf("namespaces %v", ns)
 	}
 	if !strings.Contains(strings.Join(s.Process.Args, " "), keeperMarker) || s.Hostname != "sandbox" {
