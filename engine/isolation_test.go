@@ -15,8 +15,10 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/moby/sys/mountinfo"
 	"github.com/turnsnap/turnsnap/btrfs"
 	"github.com/turnsnap/turnsnap/internal/btrfstest"
+	"golang.org/x/sys/unix"
 )
 
 // buildProbe builds testdata/isoprobe static into the test's temp dir.
@@ -87,20 +89,36 @@ func hostAddrs(t *testing.T) []string {
 	return out
 }
 
+// poolDisk returns MAJOR:MINOR of the block device of the btrfs mounted
+// at mnt (a loop device: btrfstest).
+func poolDisk(t *testing.T, mnt string) string {
+	t.Helper()
+	ms, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(mnt))
+	must(t, err)
+	if len(ms) != 1 {
+		t.Fatalf("%d mounts on %s", len(ms), mnt)
+	}
+	var st unix.Stat_t
+	must(t, unix.Stat(ms[0].Source, &st))
+	return fmt.Sprintf("%d:%d", unix.Major(st.Rdev), unix.Minor(st.Rdev))
+}
+
 // TestSandboxSeesNothingOfTheHost runs a probe inside a real sandbox
 // container that tries every way out this design closes: the home, the
 // daemon's socket in it, another sandbox's root (by its host path, through
 // the roots of processes in /proc, by climbing with ..), a host process,
 // the host paths in the mount table, an abstract unix socket the host
 // listens on, TCP to listeners on the host's loopback and on every other
-// host address, and the host's network interfaces. Every attempt must
+// host address, the host's network interfaces, and (btrfs) the raw disk
+// of the pool through a device node it makes (CAP_MKNOD is granted, the
+// device cgroup refuses the open). Every attempt must
 // fail and no host listener may see a connection. The same probe run on
 // the host must succeed at each, which proves each attempt can detect the
 // access it looks for.
 func TestSandboxSeesNothingOfTheHost(t *testing.T) {
 	requireProcs(t)
 	t.Run("overlay", func(t *testing.T) {
-		probeIsolation(t, CreateOptions{}, nil, func(root string) {
+		probeIsolation(t, CreateOptions{}, nil, "", func(root string) {
 			// The layers are descriptors: no host path (overlay/fsmount.go).
 			if !strings.Contains(root, " - overlay turnsnap-") || !strings.Contains(root, "lowerdir+=/,upperdir=/upper,workdir=/work,") {
 				t.Errorf("inside: the root mount does not show hidden layers: %s", root)
@@ -108,9 +126,15 @@ func TestSandboxSeesNothingOfTheHost(t *testing.T) {
 		})
 	})
 	t.Run("btrfs", func(t *testing.T) {
-		pool := filepath.Join(btrfstest.Pool(t), "pool")
+		mnt := btrfstest.Pool(t)
+		pool := filepath.Join(mnt, "pool")
 		must(t, os.Mkdir(pool, 0o700))
-		probeIsolation(t, CreateOptions{Backend: btrfs.Name, Btrfs: btrfs.Options{Pool: pool}}, []string{pool}, func(root string) {
+		// The pool's disk holds every sandbox on it: CAP_MKNOD lets the
+		// sandbox make a node for it, the device cgroup must refuse it.
+		// (The host's own disk is no test here: this VM refuses even
+		// root on the host to open it.)
+		opts := CreateOptions{Backend: btrfs.Name, Btrfs: btrfs.Options{Pool: pool}}
+		probeIsolation(t, opts, []string{pool}, poolDisk(t, mnt), func(root string) {
 			// A bind of a subvolume shows the subvolume's path inside its
 			// filesystem (mountinfo's root field, btrfs's subvol= option)
 			// and the block device, never where the filesystem is mounted
@@ -124,8 +148,9 @@ func TestSandboxSeesNothingOfTheHost(t *testing.T) {
 
 // probeIsolation runs the probe in sandbox a of a new home, with sandbox
 // b beside it, both made with opts; paths are more host directories the
-// sandbox must not see; checkRoot checks the root mount's mountinfo line.
-func probeIsolation(t *testing.T, opts CreateOptions, paths []string, checkRoot func(line string)) {
+// sandbox must not see, blockdev ("" for none) a host disk it must not
+// read; checkRoot checks the root mount's mountinfo line.
+func probeIsolation(t *testing.T, opts CreateOptions, paths []string, blockdev string, checkRoot func(line string)) {
 	ctx := context.Background()
 	e := newEngine(t)
 	home := e.Home()
@@ -174,10 +199,14 @@ func probeIsolation(t *testing.T, opts CreateOptions, paths []string, checkRoot 
 	for _, p := range paths {
 		want = append(want, "open "+p)
 	}
+	if blockdev != "" {
+		args = append(args, "-blockdev", blockdev)
+		want = append(want, "raw-disk")
+	}
 
 	// Inside sandbox a: every attempt fails.
 	var out, errb bytes.Buffer
-	code, err := e.Exec(ctx, "a", append([]string{"/isoprobe"}, args...), ExecOptions{Stdout: &out, Stderr: &errb})
+	code, err := e.Exec(ctx, "a", append([]string{"/isoprobe", "-scratch", "/tmp"}, args...), ExecOptions{Stdout: &out, Stderr: &errb})
 	if err != nil || code != 0 {
 		t.Fatalf("probe in the sandbox: code %d, %v: %s", code, err, errb.String())
 	}
@@ -209,7 +238,7 @@ func probeIsolation(t *testing.T, opts CreateOptions, paths []string, checkRoot 
 	}
 
 	// On the host: every attempt succeeds, so each can detect access.
-	cmd := exec.Command(probe, args...)
+	cmd := exec.Command(probe, append([]string{"-scratch", t.TempDir()}, args...)...)
 	cmd.Dir = "/"
 	hostOut, err := cmd.Output()
 	must(t, err)

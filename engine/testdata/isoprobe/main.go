@@ -17,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -37,6 +38,8 @@ func main() {
 	sock := flag.String("sock", "", "a unix socket on the host (the daemon's)")
 	abstract := flag.String("abstract", "", "an abstract unix socket name the host listens on")
 	hostPID := flag.Int("hostpid", 0, "a host process (the test binary: its command line holds -test.)")
+	blockdev := flag.String("blockdev", "", "MAJOR:MINOR of a host block device to read through a node made here (the disk of a btrfs pool)")
+	scratch := flag.String("scratch", "", "a directory this run may create a device node in")
 	var tcp, paths multi
 	flag.Var(&tcp, "tcp", "a TCP address the host listens on (repeatable)")
 	flag.Var(&paths, "path", "another host directory the sandbox must not see, e.g. a btrfs pool (repeatable)")
@@ -86,6 +89,31 @@ func main() {
 		emit("tcp "+a, err, "connected")
 	}
 	emit(interfaces())
+	if *blockdev != "" {
+		emit(rawDisk(*blockdev, *scratch))
+	}
+}
+
+// rawDisk makes a node for a host disk and reads its first block:
+// whoever reads the disk reads every sandbox on it.
+func rawDisk(dev, scratch string) (string, error, string) {
+	var major, minor uint32
+	if _, err := fmt.Sscanf(dev, "%d:%d", &major, &minor); err != nil {
+		return "raw-disk", fmt.Errorf("-blockdev %q: %v", dev, err), ""
+	}
+	node := filepath.Join(scratch, "isoprobe-disk")
+	os.Remove(node)
+	if err := syscall.Mknod(node, syscall.S_IFBLK|0o600, int(major<<8|minor&0xff|(minor&^0xff)<<12)); err != nil {
+		return "raw-disk", fmt.Errorf("mknod: %w", err), ""
+	}
+	defer os.Remove(node)
+	f, err := os.Open(node)
+	if err != nil {
+		return "raw-disk", err, ""
+	}
+	defer f.Close()
+	n, err := f.Read(make([]byte, 4096))
+	return "raw-disk", err, fmt.Sprintf("read %d bytes of %s", n, dev)
 }
 
 // anyProcRoot tries the other sandbox's file through the root of every
