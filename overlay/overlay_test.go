@@ -2,6 +2,8 @@ package overlay
 
 import (
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/turnsnap/turnsnap/delta"
@@ -83,4 +85,39 @@ func TestTranslate(t *testing.T) {
 	if !again.Opaque || len(again.Xattrs) != 1 {
 		t.Fatalf("Translate is not idempotent: %+v", again)
 	}
+}
+
+// escapeMountinfo escapes a value as the kernel's mountinfo does
+// (seq_escape of " \t\n\\").
+func escapeMountinfo(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; c {
+		case ' ', '\t', '\n', '\\':
+			fmt.Fprintf(&b, "\\%03o", c)
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return b.String()
+}
+
+// FuzzSuperOptions: the option checker takes any mountinfo text without
+// panicking, and a mount(2) mount's layers read back as the paths given,
+// whatever mountinfo escaped in them.
+func FuzzSuperOptions(f *testing.F) {
+	f.Add("rw,"+hiddenLayers+",redirect_dir=on,index=on,uuid=on,nfs_export=on", "/h/bases/b")
+	f.Add(`rw,lowerdir=/a\040b,upperdir=/u,workdir=/w`, "/a b")
+	f.Add(`\\\1,=,,lowerdir+=`, `/x\y`)
+	f.Fuzz(func(t *testing.T, vfs, lower string) {
+		checkSuperOptions(vfs, hiddenLayers)
+		checkSuperOptions(vfs, pathLayers(lower, "/u", "/w"))
+		if checkOptionPath(lower) != nil {
+			return
+		}
+		got := "rw," + pathLayers(escapeMountinfo(lower), "/u", "/w") + ",redirect_dir=on,index=on,uuid=on,nfs_export=on"
+		if err := checkSuperOptions(got, pathLayers(lower, "/u", "/w")); err != nil {
+			t.Fatalf("lower %q listed as %q: %v", lower, got, err)
+		}
+	})
 }
