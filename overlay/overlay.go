@@ -13,7 +13,9 @@
 //	D/gen-N/scan.cache  what upper/ looked like at the last committed checkpoint
 //	D/lower.links       the lower's hardlink groups (computed once, see linkUp)
 //
-// Mounts pin every overlayfs feature option (options.go).
+// Mounts pin every overlayfs feature option (options.go) and pass the
+// layers as file descriptors, so the mount table names no host path
+// (fsmount.go; mount(2) with paths on kernels before 6.15).
 //
 // A restore builds a whole new generation beside the live one and switches
 // "current" with one rename, so a crash leaves either the old state or the
