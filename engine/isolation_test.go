@@ -192,7 +192,8 @@ func probeIsolation(t *testing.T, opts CreateOptions, paths []string, blockdev s
 		args = append(args, "-path", p)
 	}
 	want := []string{"open-home", "open-other-root", "proc-hostpid-root", "proc-any-root", "dotdot-escape",
-		"host-process", "mountinfo-home", "unix-socket", "abstract-socket", "interfaces"}
+		"host-process", "mountinfo-home", "unix-socket", "abstract-socket", "interfaces",
+		"user-namespace", "net-namespace"}
 	for addr := range tcp {
 		want = append(want, "tcp "+addr)
 	}
@@ -221,6 +222,11 @@ func probeIsolation(t *testing.T, opts CreateOptions, paths []string, blockdev s
 		default:
 			t.Logf("inside: %s refused: %s", p, r.Detail)
 		}
+	}
+	// The filter that refuses new namespaces leaves process creation
+	// alone (clone3 says ENOSYS, and Go, like libc, falls back to clone).
+	if r := inside["exec-plain"]; !r.Reached {
+		t.Errorf("inside: the sandbox cannot start a child: %s", r.Detail)
 	}
 	_, root, _ := strings.Cut(inside["mountinfo-home"].Detail, "root mount: ")
 	checkRoot(root)

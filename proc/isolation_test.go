@@ -54,7 +54,8 @@ func inContainer(t *testing.T, rt *Runtime, id, script string) string {
 
 // checkNamespaces: the container's init has its own pid, mount, network,
 // ipc, uts and cgroup namespaces, sees only loopback and no cgroup path of
-// the host (a cgroup namespace rooted at its own cgroup).
+// the host (a cgroup namespace rooted at its own cgroup), and runs under
+// the seccomp filter.
 func checkNamespaces(t *testing.T, rt *Runtime, id string) {
 	t.Helper()
 	st, err := rt.State(testCtx(t), id)
@@ -81,6 +82,15 @@ func checkNamespaces(t *testing.T, rt *Runtime, id string) {
 	}
 	if got := inContainer(t, rt, id, "ls /sys/class/net"); got != "lo" {
 		t.Errorf("container %s has interfaces %q, want only lo", id, got)
+	}
+	// The seccomp filter (seccomp.go) holds for the init (restored by
+	// CRIU after a restore) and for every command: a user namespace,
+	// which needs no capability, is refused.
+	if got := inContainer(t, rt, id, "grep Seccomp: /proc/1/status /proc/self/status | tr -s '\t ' ' '"); got != "/proc/1/status:Seccomp: 2\n/proc/self/status:Seccomp: 2" {
+		t.Errorf("container %s: seccomp modes %q, want filter mode (2) for init and command", id, got)
+	}
+	if got := inContainer(t, rt, id, "unshare -U true 2>&1 && echo made || echo refused"); !strings.HasSuffix(got, "refused") {
+		t.Errorf("container %s made a user namespace: %q", id, got)
 	}
 }
 

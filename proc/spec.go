@@ -100,6 +100,7 @@ type ociLinux struct {
 	Resources     ociResources   `json:"resources"`
 	MaskedPaths   []string       `json:"maskedPaths"`
 	ReadonlyPaths []string       `json:"readonlyPaths"`
+	Seccomp       *ociSeccomp    `json:"seccomp,omitempty"`
 }
 
 type ociNamespace struct {
@@ -178,6 +179,7 @@ func makeSpec(rootfs, netns, cgroups string, o StartOptions) ociSpec {
 				"/proc/latency_stats", "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug",
 				"/sys/firmware", "/proc/scsi"},
 			ReadonlyPaths: []string{"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"},
+			Seccomp:       sandboxSeccomp(),
 		},
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -43,7 +44,11 @@ func main() {
 	var tcp, paths multi
 	flag.Var(&tcp, "tcp", "a TCP address the host listens on (repeatable)")
 	flag.Var(&paths, "path", "another host directory the sandbox must not see, e.g. a btrfs pool (repeatable)")
+	noop := flag.Bool("noop", false, "exit at once (the child of the namespace probes)")
 	flag.Parse()
+	if *noop {
+		return
+	}
 
 	out := json.NewEncoder(os.Stdout)
 	emit := func(probe string, err error, detail string) {
@@ -89,9 +94,21 @@ func main() {
 		emit("tcp "+a, err, "connected")
 	}
 	emit(interfaces())
+	emit("exec-plain", child(0), "a child ran")
+	emit("user-namespace", child(syscall.CLONE_NEWUSER), "a child ran in a new user namespace")
+	emit("net-namespace", child(syscall.CLONE_NEWNET), "a child ran in a new network namespace")
 	if *blockdev != "" {
 		emit(rawDisk(*blockdev, *scratch))
 	}
+}
+
+// child runs this program again with -noop, in new namespaces if flags
+// says so. A new user namespace needs no capability: only the seccomp
+// filter stops it.
+func child(flags uintptr) error {
+	cmd := exec.Command("/proc/self/exe", "-noop")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: flags}
+	return cmd.Run()
 }
 
 // rawDisk makes a node for a host disk and reads its first block:
