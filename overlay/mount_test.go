@@ -193,7 +193,7 @@ func holdCopy(t *testing.T, r *Root) *exec.Cmd {
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 	g, err := r.gen()
 	must(t, err)
-	want := "upperdir=" + filepath.Join(g, "upper") + ","
+	want := " overlay " + mountSource(filepath.Join(g, "upper")) + " "
 	self, _ := os.Readlink("/proc/self/ns/mnt")
 	for i := 0; ; i++ {
 		ns, _ := os.Readlink(filepath.Join("/proc", strconv.Itoa(cmd.Process.Pid), "ns/mnt"))

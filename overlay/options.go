@@ -48,11 +48,18 @@ func MountOptions(lower, upper, work string) (string, error) {
 	return fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,%s", lower, upper, work, FeatureOptions), nil
 }
 
+// pathLayers is what mountinfo lists for the layers of a mount(2) mount.
+func pathLayers(lower, upper, work string) string {
+	return "lowerdir=" + lower + ",upperdir=" + upper + ",workdir=" + work
+}
+
 // checkMounted fails unless the overlay at path runs with every pinned
-// feature: overlay can fall back quietly (index=off when the upper cannot
-// encode file handles, read-only when the workdir is unusable), and the
-// scan would then record a state the mount does not have.
-func checkMounted(path string) error {
+// feature and exactly the layers it was given (layers: hiddenLayers or
+// pathLayers): overlay can fall back quietly (index=off when the upper
+// cannot encode file handles, read-only when the workdir is unusable), and
+// the scan would then record a state the mount does not have; and a mount
+// meant to hide the host paths must not list one.
+func checkMounted(path, layers string) error {
 	ms, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(path))
 	if err != nil {
 		return fmt.Errorf("mount table: %w", err)
@@ -60,16 +67,28 @@ func checkMounted(path string) error {
 	if len(ms) == 0 {
 		return fmt.Errorf("overlay on %s is not mounted: %w", path, errdefs.ErrPrecondition)
 	}
-	return checkSuperOptions(ms[len(ms)-1].VFSOptions)
+	return checkSuperOptions(ms[len(ms)-1].VFSOptions, layers)
 }
 
+// layerKeys are the overlay options that name layers.
+var layerKeys = map[string]bool{"lowerdir": true, "lowerdir+": true, "upperdir": true, "workdir": true, "datadir+": true}
+
 // checkSuperOptions checks an overlay's super options as mountinfo shows
-// them: options at their default ("off") are not listed.
-func checkSuperOptions(vfs string) error {
+// them: options at their default ("off") are not listed, and the layers
+// come first, in the order given.
+func checkSuperOptions(vfs, layers string) error {
 	have := map[string]string{}
+	var gotLayers []string
 	for _, o := range strings.Split(vfs, ",") {
 		k, v, _ := strings.Cut(o, "=")
+		if layerKeys[k] {
+			gotLayers = append(gotLayers, k+"="+unescapeMountinfo(v))
+			continue
+		}
 		have[k] = v
+	}
+	if got := strings.Join(gotLayers, ","); got != layers {
+		return fmt.Errorf("overlay lists layers %q, want %q (options %q): %w", got, layers, vfs, errdefs.ErrPrecondition)
 	}
 	if _, ro := have["ro"]; ro {
 		return fmt.Errorf("overlay mounted read-only (its workdir is unusable): %w", errdefs.ErrPrecondition)
@@ -85,4 +104,35 @@ func checkSuperOptions(vfs string) error {
 		}
 	}
 	return nil
+}
+
+// unescapeMountinfo undoes mountinfo's octal escapes (\040 for a space,
+// \011, \012, \134) in an option value.
+func unescapeMountinfo(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+4 <= len(s) && isOctal(s[i+1:i+4]) {
+			n := (s[i+1]-'0')<<6 | (s[i+2]-'0')<<3 | (s[i+3] - '0')
+			b.WriteByte(n)
+			i += 3
+			continue
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+func isOctal(s string) bool {
+	if len(s) != 3 {
+		return false
+	}
+	for i := range 3 {
+		if s[i] < '0' || s[i] > '7' {
+			return false
+		}
+	}
+	return true
 }

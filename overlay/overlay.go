@@ -13,7 +13,9 @@
 //	D/gen-N/scan.cache  what upper/ looked like at the last committed checkpoint
 //	D/lower.links       the lower's hardlink groups (computed once, see linkUp)
 //
-// Mounts pin every overlayfs feature option (options.go).
+// Mounts pin every overlayfs feature option (options.go) and pass the
+// layers as file descriptors, so the mount table names no host path
+// (fsmount.go; mount(2) with paths on kernels before 6.15).
 //
 // A restore builds a whole new generation beside the live one and switches
 // "current" with one rename, so a crash leaves either the old state or the
@@ -46,6 +48,9 @@ type Root struct {
 	lower string
 	// onBusy, for tests, runs each time a mount is refused with EBUSY.
 	onBusy func()
+	// mountFD, for tests, replaces the descriptor mount (fsmount.go), to
+	// take the mount(2) fallback of older kernels.
+	mountFD func(lower, gen, target string) error
 }
 
 // Open returns the overlay root kept in dir on top of the read-only lower
@@ -130,7 +135,8 @@ func (r *Root) Mount(ctx context.Context) error {
 	if _, err := os.Stat(r.lower); err != nil {
 		return fmt.Errorf("sandbox %s: lower dir: %w", r.dir, err)
 	}
-	if err := r.mount(ctx, opts); err != nil {
+	layers, err := r.mount(ctx, g, opts)
+	if err != nil {
 		if errors.Is(err, unix.EBUSY) {
 			return fmt.Errorf("sandbox %s: mount overlay: its upper layer is still mounted in another mount namespace (%s): a process that made its namespace while the root was mounted keeps a copy, and index=on refuses to share an upper; stop it and retry: %w",
 				r.dir, inUseBy(filepath.Join(g, "upper")), errdefs.ErrPrecondition)
@@ -144,7 +150,7 @@ func (r *Root) Mount(ctx context.Context) error {
 		}
 		return fmt.Errorf("sandbox %s: mount overlay (%s): %w", r.dir, opts, err)
 	}
-	if err := checkMounted(r.Path()); err != nil {
+	if err := checkMounted(r.Path(), layers); err != nil {
 		unix.Unmount(r.Path(), 0)
 		return fmt.Errorf("sandbox %s: %w", r.dir, err)
 	}
@@ -157,24 +163,46 @@ func (r *Root) Mount(ctx context.Context) error {
 // long-lived namespace does not, and waiting longer would not help.
 const mountBusyWait = 3 * time.Second
 
-// mount mounts the overlay, retrying while its upper is held by a
-// transient copy of the previous mount in another namespace.
-func (r *Root) mount(ctx context.Context, opts string) error {
+// mount mounts the overlay of generation gen, retrying while its upper is
+// held by a transient copy of the previous mount in another namespace. It
+// returns the layer options mountinfo must list (see checkMounted).
+func (r *Root) mount(ctx context.Context, gen, opts string) (string, error) {
 	deadline := time.Now().Add(mountBusyWait)
 	for {
-		err := unix.Mount("overlay", r.Path(), "overlay", 0, opts)
+		layers, err := r.mountOnce(gen, opts)
 		if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
-			return err
+			return layers, err
 		}
 		if r.onBusy != nil {
 			r.onBusy()
 		}
 		select {
 		case <-ctx.Done():
-			return err
+			return "", err
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// mountOnce mounts with the layers as descriptors, so that mountinfo shows
+// no host path (fsmount.go), or with mount(2) where the kernel cannot.
+func (r *Root) mountOnce(gen, opts string) (string, error) {
+	fd := mountFD
+	if r.mountFD != nil {
+		fd = r.mountFD
+	}
+	fdErr := fd(r.lower, gen, r.Path())
+	if fdErr == nil {
+		return hiddenLayers, nil
+	}
+	if !fdMountUnsupported(fdErr) {
+		return "", fdErr
+	}
+	upper := filepath.Join(gen, "upper")
+	if err := unix.Mount(mountSource(upper), r.Path(), "overlay", 0, opts); err != nil {
+		return "", fmt.Errorf("%w (and with layer descriptors: %v)", err, fdErr)
+	}
+	return pathLayers(r.lower, upper, filepath.Join(gen, "work")), nil
 }
 
 // inUseBy names processes whose mount namespace still holds an overlay on
@@ -190,7 +218,10 @@ func inUseBy(upper string) string {
 			continue
 		}
 		data, err := os.ReadFile(p)
-		if err != nil || !strings.Contains(string(data), "upperdir="+upper+",") {
+		// Mounts of this version carry the source name; older ones (and
+		// the mount(2) fallback) list the upper's path.
+		if err != nil || !(strings.Contains(string(data), " overlay "+mountSource(upper)+" ") ||
+			strings.Contains(string(data), "upperdir="+upper+",")) {
 			continue
 		}
 		seen[ns] = true

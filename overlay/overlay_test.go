@@ -2,6 +2,8 @@ package overlay
 
 import (
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/turnsnap/turnsnap/delta"
@@ -23,11 +25,17 @@ func TestMountOptions(t *testing.T) {
 }
 
 // TestCheckSuperOptions checks the options a mount really got, as the
-// kernel lists them (defaults that are off are not listed).
+// kernel lists them (defaults that are off are not listed), layers first.
 func TestCheckSuperOptions(t *testing.T) {
-	good := "rw,lowerdir=/l,upperdir=/u,workdir=/w,redirect_dir=on,index=on,uuid=on,nfs_export=on"
-	if err := checkSuperOptions(good); err != nil {
-		t.Fatalf("the options this kernel reports were refused: %v", err)
+	const feats = ",redirect_dir=on,index=on,uuid=on,nfs_export=on"
+	for _, good := range []struct{ vfs, layers string }{
+		{"rw," + hiddenLayers + feats, hiddenLayers},
+		{"rw,lowerdir=/l,upperdir=/u,workdir=/w" + feats, pathLayers("/l", "/u", "/w")},
+		{`rw,lowerdir=/a\040b,upperdir=/u,workdir=/w` + feats, pathLayers("/a b", "/u", "/w")},
+	} {
+		if err := checkSuperOptions(good.vfs, good.layers); err != nil {
+			t.Errorf("the options this kernel reports were refused: %v", err)
+		}
 	}
 	for _, bad := range []string{
 		"rw,lowerdir=/l,upperdir=/u,workdir=/w,redirect_dir=on,uuid=on,nfs_export=on",                      // index fell back to off
@@ -35,10 +43,16 @@ func TestCheckSuperOptions(t *testing.T) {
 		"rw,lowerdir=/l,upperdir=/u,workdir=/w,redirect_dir=follow,index=on,uuid=on,nfs_export=on",
 		"rw,lowerdir=/l,upperdir=/u,workdir=/w,redirect_dir=on,index=on,uuid=on,nfs_export=on,xino=auto",
 		"ro,lowerdir=/l,upperdir=/u,workdir=/w,redirect_dir=on,index=on,uuid=on,nfs_export=on", // workdir unusable
+		"rw,lowerdir=/other,upperdir=/u,workdir=/w" + feats,                                    // another lower
+		"rw,lowerdir=/l,lowerdir+=/x,upperdir=/u,workdir=/w" + feats,                           // an extra layer
 	} {
-		if err := checkSuperOptions(bad); !errors.Is(err, errdefs.ErrPrecondition) {
+		if err := checkSuperOptions(bad, pathLayers("/l", "/u", "/w")); !errors.Is(err, errdefs.ErrPrecondition) {
 			t.Errorf("options %q accepted: %v", bad, err)
 		}
+	}
+	// A mount meant to hide the host paths must not list them.
+	if err := checkSuperOptions("rw,lowerdir=/l,upperdir=/u,workdir=/w"+feats, hiddenLayers); !errors.Is(err, errdefs.ErrPrecondition) {
+		t.Errorf("host paths accepted for a descriptor mount: %v", err)
 	}
 }
 
@@ -71,4 +85,39 @@ func TestTranslate(t *testing.T) {
 	if !again.Opaque || len(again.Xattrs) != 1 {
 		t.Fatalf("Translate is not idempotent: %+v", again)
 	}
+}
+
+// escapeMountinfo escapes a value as the kernel's mountinfo does
+// (seq_escape of " \t\n\\").
+func escapeMountinfo(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; c {
+		case ' ', '\t', '\n', '\\':
+			fmt.Fprintf(&b, "\\%03o", c)
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return b.String()
+}
+
+// FuzzSuperOptions: the option checker takes any mountinfo text without
+// panicking, and a mount(2) mount's layers read back as the paths given,
+// whatever mountinfo escaped in them.
+func FuzzSuperOptions(f *testing.F) {
+	f.Add("rw,"+hiddenLayers+",redirect_dir=on,index=on,uuid=on,nfs_export=on", "/h/bases/b")
+	f.Add(`rw,lowerdir=/a\040b,upperdir=/u,workdir=/w`, "/a b")
+	f.Add(`\\\1,=,,lowerdir+=`, `/x\y`)
+	f.Fuzz(func(t *testing.T, vfs, lower string) {
+		checkSuperOptions(vfs, hiddenLayers)
+		checkSuperOptions(vfs, pathLayers(lower, "/u", "/w"))
+		if checkOptionPath(lower) != nil {
+			return
+		}
+		got := "rw," + pathLayers(escapeMountinfo(lower), "/u", "/w") + ",redirect_dir=on,index=on,uuid=on,nfs_export=on"
+		if err := checkSuperOptions(got, pathLayers(lower, "/u", "/w")); err != nil {
+			t.Fatalf("lower %q listed as %q: %v", lower, got, err)
+		}
+	})
 }

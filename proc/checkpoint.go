@@ -107,15 +107,18 @@ func (r *Runtime) Checkpoint(ctx context.Context, id, imageDir string, opts Dump
 	start := time.Now()
 	_, err = r.runc(ctx, r.criuEnv(), append(args, id)...)
 	meta.DumpTime = time.Since(start)
+	privatise(imageDir) // CRIU writes its files 0644 (private.go)
 	log := filepath.Join(work, "dump.log")
 	if err != nil {
-		return meta, fmt.Errorf("container %s: checkpoint: %v; %s (work dir %s kept)", id, err, criuLogErrors(log), work)
+		msg := criuLogErrors(log)
+		return meta, fmt.Errorf("container %s: checkpoint: %v; %s (work dir %s kept)", id, err, msg, r.keepFailed(work))
 	}
 	// CRIU only warns about a process in the cgroup but outside the tree;
 	// one that appeared after the check above would be silently missing.
 	if b, _ := os.ReadFile(log); strings.Contains(string(b), "Unexpected process") {
+		msg := criuLogErrors(log)
 		return meta, fmt.Errorf("container %s: checkpoint left out a process outside the container's tree: %s (work dir %s kept): %w",
-			id, criuLogErrors(log), work, errdefs.ErrPrecondition)
+			id, msg, r.keepFailed(work), errdefs.ErrPrecondition)
 	}
 	os.RemoveAll(work)
 	if opts.Stop {
@@ -162,6 +165,7 @@ func (r *Runtime) Restore(ctx context.Context, newID, rootfs, imageDir string, o
 	if imageDir, err = filepath.Abs(imageDir); err != nil {
 		return meta, fmt.Errorf("container %s: image dir: %w", newID, err)
 	}
+	privatise(imageDir) // an image stored before images were made 0600
 	bundle, err := r.writeBundle(newID, rootfs, meta.Options)
 	if err != nil {
 		_ = r.Delete(context.WithoutCancel(ctx), newID)
@@ -176,7 +180,7 @@ func (r *Runtime) Restore(ctx context.Context, newID, rootfs, imageDir string, o
 	if _, err := r.runc(ctx, r.criuEnv(), append(args, newID)...); err != nil {
 		msg := criuLogErrors(filepath.Join(work, "restore.log"))
 		_ = r.Delete(context.WithoutCancel(ctx), newID)
-		return meta, fmt.Errorf("container %s: restore from %s: %v; %s (work dir %s kept)", newID, imageDir, err, msg, work)
+		return meta, fmt.Errorf("container %s: restore from %s: %v; %s (work dir %s kept)", newID, imageDir, err, msg, r.keepFailed(work))
 	}
 	os.RemoveAll(work)
 	return meta, nil

@@ -3,9 +3,9 @@
 //
 // Vocabulary:
 //
-//   - A container is one sandbox's process side: its own pid, mount, ipc, uts
-//     and network namespaces (loopback only), with the sandbox root as its
-//     rootfs. It is named by an id (runc's rules: letters, digits, "_.-").
+//   - A container is one sandbox's process side: its own pid, mount, ipc,
+//     uts, cgroup and network namespaces (loopback only), with the sandbox
+//     root as its rootfs. It is named by an id (runc's rules: letters, digits, "_.-").
 //   - The keeper is the container's init: a tiny shell loop that only sleeps
 //     and reaps orphans, so the sandbox can host commands between turns. It
 //     is not a long-lived process of the sandbox and Snapshot leaves it out.

@@ -35,14 +35,31 @@ func newNetns(path string) error {
 	f.Close()
 	errc := make(chan error, 1)
 	go func() {
-		// The thread enters the new namespace and is never unlocked: the Go
-		// runtime ends it with this goroutine instead of running other
-		// goroutines on it in the wrong namespace.
+		// The thread enters the new namespace and goes back to its own
+		// once the new one is pinned; only then is it unlocked for other
+		// goroutines. If it cannot go back it stays locked, and the Go
+		// runtime ends it with this goroutine (or, if it is the main
+		// thread, parks it for ever: a thread left in a sandbox's
+		// namespace would keep that namespace alive and make
+		// /proc/PID/ns/net of turnsnap name it).
 		runtime.LockOSThread()
+		orig, err := unix.Open(fmt.Sprintf("/proc/%d/task/%d/ns/net", os.Getpid(), unix.Gettid()), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			errc <- fmt.Errorf("own namespace: %w", err)
+			runtime.UnlockOSThread()
+			return
+		}
+		defer unix.Close(orig)
 		errc <- func() error {
 			if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+				runtime.UnlockOSThread() // still in its own namespace
 				return fmt.Errorf("unshare: %w", err)
 			}
+			defer func() {
+				if unix.Setns(orig, unix.CLONE_NEWNET) == nil {
+					runtime.UnlockOSThread()
+				}
+			}()
 			if err := loopbackUp(); err != nil {
 				return err
 			}

@@ -93,8 +93,12 @@ func TestSpecHoldsNoHostPaths(t *testing.T) {
 		}
 	}
 	slices.Sort(ns)
-	if !slices.Equal(ns, []string{"ipc", "mount", "network", "pid", "uts"}) {
+	if !slices.Equal(ns, []string{"cgroup", "ipc", "mount", "network", "pid", "uts"}) {
 		t.Errorf("namespaces %v", ns)
+	}
+	if sc := s.Linux.Seccomp; sc == nil || sc.DefaultAction != "SCMP_ACT_ALLOW" || !slices.Contains(sc.Syscalls[0].Names, "unshare") ||
+		*sc.Syscalls[0].ErrnoRet != 1 || sc.Syscalls[1].Names[0] != "clone3" || *sc.Syscalls[1].ErrnoRet != 38 {
+		t.Errorf("seccomp %+v: want the deny list, EPERM, and ENOSYS for clone3", sc)
 	}
 	if !strings.Contains(strings.Join(s.Process.Args, " "), keeperMarker) || s.Hostname != "sandbox" {
 		t.Errorf("defaults: args %q hostname %q", s.Process.Args, s.Hostname)

@@ -100,6 +100,7 @@ type ociLinux struct {
 	Resources     ociResources   `json:"resources"`
 	MaskedPaths   []string       `json:"maskedPaths"`
 	ReadonlyPaths []string       `json:"readonlyPaths"`
+	Seccomp       *ociSeccomp    `json:"seccomp,omitempty"`
 }
 
 type ociNamespace struct {
@@ -135,7 +136,14 @@ var sandboxCaps = []string{
 //
 // cgroups is the container's cgroup path on every controller (see
 // Runtime.cgroupsPath): runc's default, the bare id, would put the
-// containers of two state roots with the same id into one cgroup.
+// containers of two state roots with the same id into one cgroup. The
+// container has its own cgroup namespace, rooted there, so its
+// /proc/self/cgroup reads "/" instead of naming the host's hierarchy, the
+// home's scope and the sandbox (CRIU dumps and restores the namespace).
+//
+// What the sandbox can and cannot see of the host is in docs/SECURITY.md
+// ("The sandbox and the host"); engine.TestSandboxSeesNothingOfTheHost
+// probes it from inside a container.
 func makeSpec(rootfs, netns, cgroups string, o StartOptions) ociSpec {
 	o = o.withDefaults()
 	return ociSpec{
@@ -162,7 +170,7 @@ func makeSpec(rootfs, netns, cgroups string, o StartOptions) ociSpec {
 		},
 		Linux: ociLinux{
 			CgroupsPath: cgroups,
-			Namespaces: []ociNamespace{{Type: "pid"}, {Type: "network", Path: netns},
+			Namespaces: []ociNamespace{{Type: "pid"}, {Type: "network", Path: netns}, {Type: "cgroup"},
 				{Type: "ipc"}, {Type: "uts"}, {Type: "mount"}},
 			// Deny every device, then runc allows its defaults (null, zero,
 			// full, random, urandom, tty, ptmx), which it also creates in /dev.
@@ -171,6 +179,7 @@ func makeSpec(rootfs, netns, cgroups string, o StartOptions) ociSpec {
 				"/proc/latency_stats", "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug",
 				"/sys/firmware", "/proc/scsi"},
 			ReadonlyPaths: []string{"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"},
+			Seccomp:       sandboxSeccomp(),
 		},
 	}
 }
