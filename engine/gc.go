@@ -171,6 +171,11 @@ func (e *Engine) GC(ctx context.Context, opts GCOptions) (*GCReport, error) {
 	if err := e.deletePacks(ctx, doomed); err != nil {
 		return rep, err
 	}
+	if !opts.DryRun {
+		if err := e.pruneFrozen(ctx, time.Now()); err != nil {
+			return rep, err
+		}
+	}
 	rep.DurationMillis = time.Since(start).Milliseconds()
 	return rep, nil
 }

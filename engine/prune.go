@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
@@ -108,7 +109,7 @@ func (e *Engine) Prune(ctx context.Context, opts PruneOptions) (*PruneReport, er
 		}
 		drop = drop[n:]
 	}
-	return rep, nil
+	return rep, e.pruneFrozen(ctx, time.Now())
 }
 
 // pruneBatch is how many checkpoints one catalog transaction of a prune

@@ -46,6 +46,9 @@ type Root struct {
 	lower string
 	// onBusy, for tests, runs each time a mount is refused with EBUSY.
 	onBusy func()
+	// loader reads the frozen layer's trees a stacked generation's scan
+	// is composed onto (stack.go); nil for roots made without a backend.
+	loader func() delta.BlobLoader
 }
 
 // Open returns the overlay root kept in dir on top of the read-only lower
@@ -123,12 +126,10 @@ func (r *Root) Mount(ctx context.Context) error {
 	if err := os.MkdirAll(work, 0o700); err != nil {
 		return fmt.Errorf("sandbox %s: workdir: %w", r.dir, err)
 	}
-	opts, err := MountOptions(r.lower, filepath.Join(g, "upper"), work)
+	// A stacked generation mounts its frozen layer above the base.
+	opts, err := r.mountOptions(g, work)
 	if err != nil {
 		return err
-	}
-	if _, err := os.Stat(r.lower); err != nil {
-		return fmt.Errorf("sandbox %s: lower dir: %w", r.dir, err)
 	}
 	if err := r.mount(ctx, opts); err != nil {
 		if errors.Is(err, unix.EBUSY) {
