@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/roottest"
@@ -176,5 +177,99 @@ func TestBranchStacksOnFrozenLayer(t *testing.T) {
 		t.Fatalf("rollback to the branch's own checkpoint: %q", data)
 	}
 	must(t, e.RemoveSandbox(ctx, "stacked"))
+	checkAll(t, e)
+}
+
+func frozenSet(t *testing.T, e *Engine) map[delta.ID]bool {
+	t.Helper()
+	ids, err := e.overlayBackend().FrozenTrees()
+	must(t, err)
+	out := map[delta.ID]bool{}
+	for _, id := range ids {
+		out[id] = true
+	}
+	return out
+}
+
+func TestBranchManyAndFrozenRetention(t *testing.T) {
+	ctx := context.Background()
+	e := newEngine(t)
+	cr, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: richBase(t)})
+	must(t, err)
+	var cps []*delta.Checkpoint
+	turn := func(name, root, content string) *delta.Checkpoint {
+		t.Helper()
+		write(t, filepath.Join(root, "work", content), content)
+		r, err := e.Checkpoint(ctx, name, CheckpointOptions{})
+		must(t, err)
+		cp, err := e.resolve(ctx, r.ID.String())
+		must(t, err)
+		return cp
+	}
+	for _, c := range []string{"one", "two", "three"} {
+		cps = append(cps, turn("s", cr.Root, c))
+	}
+	if got := frozenSet(t, e); len(got) != DefaultFrozenKeep || !got[cps[2].FSTree] || !got[cps[1].FSTree] {
+		t.Fatalf("frozen layers after 3 turns: %v, want the newest %d", got, DefaultFrozenKeep)
+	}
+
+	names, err := BranchNames("b", 8)
+	must(t, err)
+	rs, err := e.BranchMany(ctx, cps[2].ID.String(), names, BranchOptions{})
+	must(t, err)
+	want := mergedState(t, cr.Root)
+	for i, r := range rs {
+		if r.Sandbox != names[i] || overlay.FrozenUser(e.home.sandboxDir(r.Sandbox)) == "" {
+			t.Fatalf("fan-out branch %d (%s) does not stack", i, r.Sandbox)
+		}
+		if got := mergedState(t, r.Root); got != want {
+			t.Fatalf("fan-out branch %s hashes to %s, want %s", r.Sandbox, got.Short(), want.Short())
+		}
+	}
+	// All or none: one taken name fails the whole fan-out, before anything.
+	if _, err := e.BranchMany(ctx, cps[2].ID.String(), []string{"new1", "b-3"}, BranchOptions{}); err == nil {
+		t.Fatal("a fan-out onto an existing sandbox succeeded")
+	}
+	if _, err := e.BranchMany(ctx, cps[2].ID.String(), []string{"x", "x"}, BranchOptions{}); err == nil {
+		t.Fatal("a fan-out with a name twice succeeded")
+	}
+	if _, err := e.SandboxPath(ctx, "new1"); err == nil {
+		t.Fatal("a failed fan-out left a sandbox")
+	}
+	// A checkpoint whose layer is no longer kept materialises as before.
+	old, err := e.Branch(ctx, cps[0].ID.String(), "old", BranchOptions{})
+	must(t, err)
+	if overlay.FrozenUser(e.home.sandboxDir("old")) != "" {
+		t.Fatal("branch of a pruned layer stacks")
+	}
+	if _, err := os.Stat(filepath.Join(old.Root, "work/one")); err != nil {
+		t.Fatal(err)
+	}
+	must(t, e.RemoveSandbox(ctx, "old"))
+
+	// b-1 moves on twice and s twice: cps[2]'s layer is on no line's
+	// newest two any more, but b-1 (and the others) still stack on it.
+	for _, n := range names[1:] {
+		must(t, e.RemoveSandbox(ctx, n))
+	}
+	b1 := rs[0].Root
+	turn("b-1", b1, "b1-a")
+	turn("b-1", b1, "b1-b")
+	turn("s", cr.Root, "four")
+	turn("s", cr.Root, "five")
+	must(t, e.pruneFrozen(ctx, time.Now()))
+	if !frozenSet(t, e)[cps[2].FSTree] {
+		t.Fatal("a layer a live branch stacks on was pruned")
+	}
+	if data, err := os.ReadFile(filepath.Join(b1, "work/three")); err != nil || string(data) != "three" {
+		t.Fatalf("stacked branch after its origin moved on: %q %v", data, err)
+	}
+	must(t, e.RemoveSandbox(ctx, "b-1"))
+	if frozenSet(t, e)[cps[2].FSTree] {
+		t.Fatal("removing the last branch on a layer kept the layer")
+	}
+	if got := frozenSet(t, e); len(got) != DefaultFrozenKeep {
+		t.Fatalf("frozen layers at the end: %d, want %d (s's newest)", len(got), DefaultFrozenKeep)
+	}
 	checkAll(t, e)
 }
