@@ -3,9 +3,11 @@ package engine
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/turnsnap/turnsnap/catalog"
@@ -107,26 +109,32 @@ func (e *Engine) BranchMany(ctx context.Context, ref string, names []string, o B
 	if _, err := checkBaseOn(ctx, be, cp.BaseTree, false); err != nil {
 		return nil, err
 	}
-	roots := make([]rootfs.Root, 0, len(names))
+	if err := ensureDir(filepath.Dir(e.home.sandboxDir(names[0]))); err != nil {
+		return nil, err
+	}
+	// The roots are independent (a mount each, or a copy each): make them
+	// side by side, so their directory syncs share journal commits.
+	roots := make([]rootfs.Root, len(names))
+	errs := make([]error, len(names))
+	parallel(len(names), func(i int) {
+		roots[i], errs[i] = e.branchRoot(ctx, be, e.home.sandboxDir(names[i]), lower, cp, o.Materialise)
+		if errs[i] != nil {
+			errs[i] = fmt.Errorf("sandbox %s: %w", names[i], errs[i])
+		}
+	})
 	undo := func() {
 		for _, r := range roots {
-			r.Remove(context.WithoutCancel(ctx))
+			if r != nil {
+				r.Remove(context.WithoutCancel(ctx))
+			}
 		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		undo()
+		return nil, err
 	}
 	sbs := make([]*delta.Sandbox, len(names))
 	for i, n := range names {
-		dir := e.home.sandboxDir(n)
-		if i == 0 {
-			if err := ensureDir(filepath.Dir(dir)); err != nil {
-				return nil, err
-			}
-		}
-		root, err := e.branchRoot(ctx, be, dir, lower, cp, o.Materialise)
-		if err != nil {
-			undo()
-			return nil, fmt.Errorf("sandbox %s: %w", n, err)
-		}
-		roots = append(roots, root)
 		sbs[i] = &delta.Sandbox{ID: delta.NewSandboxID(), Home: e.config.HomeID, Name: n, Backend: o.Backend, Config: cfg,
 			BaseTree: cp.BaseTree, Origin: cp.ID, Created: time.Now().UTC()}
 	}
@@ -154,13 +162,16 @@ func (e *Engine) BranchMany(ctx context.Context, ref string, names []string, o B
 // publishSandboxes is publishSandbox for many sandboxes on one head: their
 // objects first, then one catalog transaction for all.
 func (e *Engine) publishSandboxes(ctx context.Context, sbs []*delta.Sandbox, head delta.ID) error {
-	for _, sb := range sbs {
-		if err := e.putSandboxObject(ctx, sb); err != nil {
-			return err
+	// Each object put syncs its file and directory; side by side the
+	// syncs share journal commits.
+	errs := make([]error, len(sbs))
+	parallel(len(sbs), func(i int) {
+		if errs[i] = e.putSandboxObject(ctx, sbs[i]); errs[i] == nil {
+			errs[i] = e.putRefObject(ctx, delta.RefHead, sbs[i].Key(), head)
 		}
-		if err := e.putRefObject(ctx, delta.RefHead, sb.Key(), head); err != nil {
-			return err
-		}
+	})
+	if err := errors.Join(errs...); err != nil {
+		return err
 	}
 	return e.cat.Update(ctx, func(tx *catalog.Tx) error {
 		for _, sb := range sbs {
@@ -176,4 +187,28 @@ func (e *Engine) publishSandboxes(ctx context.Context, sbs []*delta.Sandbox, hea
 		}
 		return nil
 	})
+}
+
+// fanOutWorkers bounds the goroutines of one fan-out: the work is syscalls
+// waiting on the disk (syncs, mounts), not CPU, so more than the cores.
+const fanOutWorkers = 8
+
+// parallel runs fn(0) ... fn(n-1) on up to fanOutWorkers goroutines.
+func parallel(n int, fn func(i int)) {
+	var wg sync.WaitGroup
+	next := make(chan int)
+	for range min(n, fanOutWorkers) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				fn(i)
+			}
+		}()
+	}
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
 }

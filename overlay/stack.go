@@ -158,10 +158,10 @@ func (b *Backend) CreateStacked(ctx context.Context, dir, base string, tree, sta
 		return fail(fmt.Errorf("frozen layer of tree %s: %w", tree.Short(), errdefs.ErrNotFound))
 	}
 	err = os.WriteFile(filepath.Join(g, stackFileName), data, 0o600)
+	b.frozen.mu.Unlock()
 	if err == nil {
 		err = r.switchTo(g)
 	}
-	b.frozen.mu.Unlock()
 	if err != nil {
 		return fail(err)
 	}
@@ -171,23 +171,33 @@ func (b *Backend) CreateStacked(ctx context.Context, dir, base string, tree, sta
 	return r, nil
 }
 
-// FrozenUser returns the frozen layer directory the live generation of the
-// root kept in dir stacks on, or "" for none (a plain root, no root).
+// FrozenUser returns the frozen layer directory a generation of the root
+// kept in dir stacks on, or "" for none (a plain root, no root): the live
+// generation's, else one a restore or branch in progress (or a crashed one,
+// until the next mount clears it) is making.
 func FrozenUser(dir string) string {
-	g, err := Open(dir, "").gen()
-	if err != nil {
-		return ""
+	gens, _ := filepath.Glob(filepath.Join(dir, "gen-*"))
+	if g, err := Open(dir, "").gen(); err == nil {
+		gens = append([]string{g}, gens...)
 	}
-	s, err := readStack(g)
-	if err != nil || s == nil {
-		return ""
+	for _, g := range gens {
+		if s, err := readStack(g); err == nil && s != nil {
+			return s.Frozen
+		}
 	}
-	return s.Frozen
+	return ""
 }
 
 // Stacked reports whether the root's live generation stacks on a frozen
 // layer (its upper is relative to that layer, not to the base).
-func (r *Root) Stacked() bool { return FrozenUser(r.dir) != "" }
+func (r *Root) Stacked() bool {
+	g, err := r.gen()
+	if err != nil {
+		return false
+	}
+	s, err := readStack(g)
+	return err == nil && s != nil
+}
 
 // scanStacked scans a stacked generation: the upper's own scan, whose data
 // chunks are saved and whose trees are kept aside, composed onto the
