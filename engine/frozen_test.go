@@ -17,7 +17,7 @@ import (
 // These tests need root and overlayfs: they mount real sandboxes, stacked
 // on frozen layers (lowerdir=FROZEN:BASE) and materialised, side by side.
 
-// layerTurn changes a root in every way a layer records except hardlinks.
+// layerTurn changes a root in every way a layer records.
 func layerTurn(t *testing.T, root string) {
 	t.Helper()
 	p := func(rel string) string { return filepath.Join(root, rel) }
@@ -31,7 +31,9 @@ func layerTurn(t *testing.T, root string) {
 	must(t, os.Chmod(p("etc/config"), 0o600)) // mode of a base file
 	must(t, unix.Setxattr(p("src/main.go"), "user.k", []byte("v"), 0))
 	must(t, os.Symlink("/etc/passwd", p("src/abs-link")))
-	roottest.Move(t, p("deep/a"), p("moved")) // a renamed base directory
+	roottest.Move(t, p("deep/a"), p("moved"))            // a renamed base directory
+	must(t, os.Link(p("src/main.go"), p("src/hard.go"))) // a hardlink in the layer
+	roottest.Move(t, p("links/two"), p("links/three"))   // one name of a base hardlink
 }
 
 // branchTurn changes a branch of layerTurn's state: files of the frozen
@@ -50,11 +52,12 @@ func branchTurn(t *testing.T, root, tag string) {
 	must(t, os.RemoveAll(p("moved")))                       // the renamed directory
 	must(t, os.Chmod(p("src/new/deep/file.txt"), 0o640))    // metadata of a layer file
 	must(t, os.Symlink("main.go", p("src/new/link-"+tag)))  // a new symlink
+	write(t, p("links/one"), "base link written "+tag+"\n") // through a base hardlink
 	must(t, os.Remove(p("etc/config")))                     // a copied-up base file
 	// The same turn twice must give the same state: pin the times it moved.
 	ts := []unix.Timespec{{Sec: 1600000000}, {Sec: 1600000000}}
 	for _, rel := range []string{"src/main.go", "src/new/deep/file.txt", "src/new/deep", "src/new/link-" + tag,
-		"src/new", "src/lib", "src", "doomed/only", "doomed", "fresh/" + tag, "fresh", "etc"} {
+		"src/new", "src/lib", "src", "doomed/only", "doomed", "fresh/" + tag, "fresh", "etc", "links/one"} {
 		must(t, unix.UtimesNanoAt(unix.AT_FDCWD, p(rel), ts, unix.AT_SYMLINK_NOFOLLOW))
 	}
 }

@@ -32,9 +32,9 @@ import (
 
 const frozenDirName = ".frozen"
 
-// ErrNotFreezable marks a tree this host does not keep frozen: hardlinks
-// and device nodes would make a shared lower layer alias or expose inodes
-// (such checkpoints are branched by materialising, as before).
+// ErrNotFreezable marks a tree this host does not keep frozen: a device
+// node in a lower layer shared by many sandboxes would reach past each
+// one's device rules (such checkpoints are branched by materialising).
 var ErrNotFreezable = errors.New("tree cannot be kept as a frozen layer")
 
 // FreezeSource is a frozen layer a new one may share files with.
@@ -114,7 +114,7 @@ func (b *Backend) Freeze(ctx context.Context, tree delta.ID, live string, src *F
 		return stats, err
 	}
 	defer unix.Close(dst)
-	f.liveFD, f.srcFD = -1, -1
+	f.rootFD, f.liveFD, f.srcFD = dst, -1, -1
 	if live != "" {
 		if f.liveFD, err = fsat.OpenDir(live); err != nil {
 			return stats, err
@@ -180,6 +180,7 @@ func (b *Backend) RemoveFrozen(tree delta.ID, inUse func(dir string) bool) (bool
 
 type freezer struct {
 	loader delta.BlobLoader
+	rootFD int // the new layer's top
 	liveFD int // -1: no live root
 	srcFD  int // -1: no source layer
 	stats  *FreezeStats
@@ -252,6 +253,15 @@ func (f *freezer) entry(ctx context.Context, dstFD int, rel string, e, se *delta
 		return f.file(ctx, dstFD, rel, e)
 	case delta.TypeWhiteout:
 		return unix.Mknodat(dstFD, e.Name, unix.S_IFCHR, 0)
+	case delta.TypeHardlink:
+		// The primary comes first in the walk's order; a stacked root links
+		// the group's names up together (linkUp), as over a base.
+		tfd, err := fsat.Open(f.rootFD, e.Target, unix.O_PATH|unix.O_NOFOLLOW)
+		if err != nil {
+			return fmt.Errorf("hardlink target %s: %w", e.Target, err)
+		}
+		defer unix.Close(tfd)
+		return unix.Linkat(tfd, "", dstFD, e.Name, unix.AT_EMPTY_PATH)
 	case delta.TypeSymlink:
 		if err := unix.Symlinkat(e.Target, dstFD, e.Name); err != nil {
 			return err
