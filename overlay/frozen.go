@@ -54,7 +54,8 @@ type FreezeStats struct {
 // frozenState is the backend's lock over its frozen layers: publishing,
 // removing and stacking a root on one are serialised by it.
 type frozenState struct {
-	mu sync.Mutex
+	mu    sync.Mutex
+	swept bool // leftovers of earlier processes cleared
 }
 
 // FrozenDir is where the frozen layer of tree lives (whether or not it
@@ -102,7 +103,14 @@ func (b *Backend) Freeze(ctx context.Context, tree delta.ID, live string, src *F
 	if err := os.MkdirAll(top, 0o700); err != nil {
 		return stats, err
 	}
-	b.clearFrozenLeftovers(top)
+	b.frozen.mu.Lock()
+	if !b.frozen.swept {
+		// Once per process (the home's lock keeps out any other): what a
+		// killed freeze or removal left. Later ones may be in progress.
+		b.frozen.swept = true
+		clearFrozenLeftovers(top)
+	}
+	b.frozen.mu.Unlock()
 	tmp, err := os.MkdirTemp(top, ".tmp-")
 	if err != nil {
 		return stats, err
@@ -150,7 +158,7 @@ func (b *Backend) Freeze(ctx context.Context, tree delta.ID, live string, src *F
 }
 
 // clearFrozenLeftovers removes what a killed freeze or removal left.
-func (b *Backend) clearFrozenLeftovers(top string) {
+func clearFrozenLeftovers(top string) {
 	for _, pat := range []string{".tmp-*", ".rm-*"} {
 		m, _ := filepath.Glob(filepath.Join(top, pat))
 		for _, p := range m {
@@ -169,10 +177,15 @@ func (b *Backend) RemoveFrozen(tree delta.ID, inUse func(dir string) bool) (bool
 		b.frozen.mu.Unlock()
 		return false, nil
 	}
-	gone := filepath.Join(filepath.Dir(dir), ".rm-"+tree.String())
-	err := os.Rename(dir, gone)
+	gone, err := os.MkdirTemp(filepath.Dir(dir), ".rm-")
+	if err == nil {
+		err = os.Rename(dir, filepath.Join(gone, "layer"))
+	}
 	b.frozen.mu.Unlock()
 	if err != nil {
+		if gone != "" {
+			os.Remove(gone)
+		}
 		return false, fmt.Errorf("frozen layer %s: %w", tree.Short(), err)
 	}
 	return true, os.RemoveAll(gone)
