@@ -173,6 +173,9 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 
 // Close releases the catalog and the home lock.
 func (e *Engine) Close() error {
+	if ob := e.overlayBackend(); ob != nil {
+		ob.WaitRemovals() // removed frozen layers' files (frozen.go)
+	}
 	var err error
 	if e.cat != nil {
 		err = e.cat.Close()

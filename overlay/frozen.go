@@ -55,7 +55,8 @@ type FreezeStats struct {
 // removing and stacking a root on one are serialised by it.
 type frozenState struct {
 	mu    sync.Mutex
-	swept bool // leftovers of earlier processes cleared
+	swept    bool           // leftovers of earlier processes cleared
+	removing sync.WaitGroup // deletions of removed layers in progress
 }
 
 // FrozenDir is where the frozen layer of tree lives (whether or not it
@@ -188,8 +189,19 @@ func (b *Backend) RemoveFrozen(tree delta.ID, inUse func(dir string) bool) (bool
 		}
 		return false, fmt.Errorf("frozen layer %s: %w", tree.Short(), err)
 	}
-	return true, os.RemoveAll(gone)
+	// Out of the namespace now: the unlinks (one per file of the layer)
+	// need not hold up the caller. A process that exits first leaves the
+	// .rm- dir to the next one's sweep; WaitRemovals waits for them.
+	b.frozen.removing.Add(1)
+	go func() {
+		defer b.frozen.removing.Done()
+		os.RemoveAll(gone)
+	}()
+	return true, nil
 }
+
+// WaitRemovals waits until the layers RemoveFrozen removed are deleted.
+func (b *Backend) WaitRemovals() { b.frozen.removing.Wait() }
 
 type freezer struct {
 	loader delta.BlobLoader
