@@ -54,7 +54,7 @@ type FreezeStats struct {
 // frozenState is the backend's lock over its frozen layers: publishing,
 // removing and stacking a root on one are serialised by it.
 type frozenState struct {
-	mu    sync.Mutex
+	mu       sync.Mutex
 	swept    bool           // leftovers of earlier processes cleared
 	removing sync.WaitGroup // deletions of removed layers in progress
 }
