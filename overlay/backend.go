@@ -21,6 +21,7 @@ type Backend struct {
 	// (SetLoader); frozen guards the frozen layers (frozen.go).
 	loader func() delta.BlobLoader
 	frozen frozenState
+	keys   keyCache
 }
 
 // NewBackend returns a backend keeping materialised bases in basesDir.
@@ -119,14 +120,14 @@ func (b *Backend) Create(ctx context.Context, dir, base string, tree delta.ID, l
 	if err != nil {
 		return nil, err
 	}
-	r.loader = b.loader
+	r.loader, r.keys = b.loader, &b.keys
 	return r, nil
 }
 
 // Open returns the root kept in dir without touching it.
 func (b *Backend) Open(dir, base string) rootfs.Root {
 	r := Open(dir, base)
-	r.loader = b.loader
+	r.loader, r.keys = b.loader, &b.keys
 	return r
 }
 

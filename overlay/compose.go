@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path"
 	"slices"
+	"sync"
 
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
@@ -37,6 +38,8 @@ type composer struct {
 	saver  delta.BlobSaver     // nil: hash only
 	made   map[delta.ID]*delta.Tree
 	keys   map[keyMemo]delta.ID
+	shared *keyCache // nil: none
+	base   string    // the base dir, shared's key
 	xbuf   []byte
 }
 
@@ -174,6 +177,9 @@ func (c *composer) key(ctx context.Context, rel string, id delta.ID, opaque bool
 	if k, ok := c.keys[m]; ok {
 		return k, nil
 	}
+	if k, ok := c.shared.get(c.base, m); ok {
+		return k, nil
+	}
 	if err := ctx.Err(); err != nil {
 		return delta.ID{}, err
 	}
@@ -204,7 +210,50 @@ func (c *composer) key(ctx context.Context, rel string, id delta.ID, opaque bool
 	}
 	k := delta.Hash(st.Encode())
 	c.keys[m] = k
+	if _, made := c.made[id]; !made {
+		c.shared.put(c.base, m, k) // a stored tree: its key holds for every later scan
+	}
 	return k, nil
+}
+
+// keyCache remembers the state keys of stored trees (the frozen layers'
+// subtrees) across scans of the backend's stacked roots, so a turn that
+// changed little does not reload the whole frozen tree. A key depends on
+// the tree, its place and the base (residue), all immutable.
+type keyCache struct {
+	mu sync.Mutex
+	m  map[string]map[keyMemo]delta.ID // by base dir
+	n  int
+}
+
+// keyCacheMax bounds the cache (about 100 bytes an entry): past it, it
+// starts again empty.
+const keyCacheMax = 1 << 16
+
+func (kc *keyCache) get(base string, m keyMemo) (delta.ID, bool) {
+	if kc == nil {
+		return delta.ID{}, false
+	}
+	kc.mu.Lock()
+	defer kc.mu.Unlock()
+	k, ok := kc.m[base][m]
+	return k, ok
+}
+
+func (kc *keyCache) put(base string, m keyMemo, k delta.ID) {
+	if kc == nil {
+		return
+	}
+	kc.mu.Lock()
+	defer kc.mu.Unlock()
+	if kc.m == nil || kc.n >= keyCacheMax {
+		kc.m, kc.n = map[string]map[keyMemo]delta.ID{}, 0
+	}
+	if kc.m[base] == nil {
+		kc.m[base] = map[keyMemo]delta.ID{}
+	}
+	kc.m[base][m] = k
+	kc.n++
 }
 
 // residue reports a directory entry that only repeats base directory fd's

@@ -49,6 +49,7 @@ type Root struct {
 	// loader reads the frozen layer's trees a stacked generation's scan
 	// is composed onto (stack.go); nil for roots made without a backend.
 	loader func() delta.BlobLoader
+	keys   *keyCache // the backend's, shared by its roots (compose.go)
 }
 
 // Open returns the overlay root kept in dir on top of the read-only lower

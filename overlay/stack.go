@@ -131,7 +131,7 @@ func (b *Backend) CreateStacked(ctx context.Context, dir, base string, tree, sta
 		return nil, fmt.Errorf("sandbox dir: %w", err)
 	}
 	r := Open(dir, base)
-	r.loader = b.loader
+	r.loader, r.keys = b.loader, &b.keys
 	fail := func(err error) (rootfs.Root, error) {
 		r.Unmount(context.WithoutCancel(ctx))
 		os.RemoveAll(dir)
@@ -221,6 +221,7 @@ func (r *Root) scanStacked(ctx context.Context, g string, s *stack, saver delta.
 	}
 	defer unix.Close(baseFD)
 	c := newComposer(r.loader(), col.trees, saver)
+	c.shared, c.base = r.keys, r.lower
 	if res.Root, err = c.dir(ctx, "", res.Root, s.Tree, baseFD); err != nil {
 		return nil, fmt.Errorf("sandbox %s: compose onto frozen layer %s: %w", r.dir, s.Tree.Short(), err)
 	}
