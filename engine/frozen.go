@@ -67,6 +67,9 @@ func (e *Engine) freeze(ctx context.Context, st *sandboxState, cp *delta.Checkpo
 		}
 		return time.Since(start)
 	}
+	if stats.Entries == 0 {
+		return time.Since(start) // kept already (a process-only turn's tree)
+	}
 	e.log.Debug("frozen layer", "checkpoint", cp.ID.Short(), "linked", stats.Linked, "copied", stats.Copied, "from_store", stats.FromStore)
 	if err := e.pruneFrozen(ctx, start); err != nil {
 		e.log.Warn("frozen layers not pruned", "err", err)
@@ -131,7 +134,7 @@ func (e *Engine) pruneFrozen(ctx context.Context, notBefore time.Time) error {
 // frozenInUse reports whether any sandbox root on this host stacks on the
 // frozen layer dir.
 func (e *Engine) frozenInUse(dir string) bool {
-	ents, _ := os.ReadDir(filepath.Dir(e.home.sandboxDir("x")))
+	ents, _ := os.ReadDir(filepath.Join(string(e.home), "sandboxes"))
 	for _, ent := range ents {
 		if overlay.FrozenUser(e.home.sandboxDir(ent.Name())) == dir {
 			return true
