@@ -20,6 +20,10 @@ import (
 // is DefaultFrozenKeep (Config.FrozenKeep): the newest checkpoints on each
 // live sandbox's line, plus any layer a root stacks on.
 
+// PhaseFreezeLayer is reached when a committed checkpoint's frozen layer
+// is built and about to be published (Options.AtPhase).
+const PhaseFreezeLayer = "freeze-layer"
+
 // DefaultFrozenKeep is how many of each sandbox's newest checkpoints (its
 // head and the head's ancestors) keep a frozen layer: the head (what a
 // fan-out branches) and its parent (what a retry after a failed turn
@@ -60,7 +64,7 @@ func (e *Engine) freeze(ctx context.Context, st *sandboxState, cp *delta.Checkpo
 	} else if st.head != nil && ob.HasFrozen(st.head.FSTree) {
 		src = &overlay.FreezeSource{Tree: st.head.FSTree}
 	}
-	stats, err := ob.Freeze(ctx, cp.FSTree, st.root.Path(), src, e.repo)
+	stats, err := ob.Freeze(ctx, cp.FSTree, st.root.Path(), src, e.repo, func() { e.phase(PhaseFreezeLayer) })
 	if err != nil {
 		if !errors.Is(err, overlay.ErrNotFreezable) {
 			e.log.Warn("frozen layer not kept; branches of this checkpoint copy it", "sandbox", st.sb.Name, "checkpoint", cp.ID.Short(), "err", err)

@@ -109,7 +109,7 @@ func BenchmarkBranch8(b *testing.B) {
 		must(b, err)
 		ob.WaitRemovals()
 		b.StartTimer()
-		st, err := ob.Freeze(ctx, cp.FSTree, cr.Root, nil, e.repo)
+		st, err := ob.Freeze(ctx, cp.FSTree, cr.Root, nil, e.repo, nil)
 		must(b, err)
 		if st.Copied != int64(files) {
 			b.Fatalf("freeze copied %d files, want %d", st.Copied, files)

@@ -95,7 +95,9 @@ func (b *Backend) FrozenTrees() ([]delta.ID, error) {
 // (an open sandbox that may have changed since: every chunk is hashed and
 // compared with the tree's), and read from loader (verified) where the
 // copy does not match. live may be "" (everything from src or the store).
-func (b *Backend) Freeze(ctx context.Context, tree delta.ID, live string, src *FreezeSource, loader delta.BlobLoader) (FreezeStats, error) {
+// built, if set, runs once the layer is built and synced, just before it is
+// published (a test's point to kill the process).
+func (b *Backend) Freeze(ctx context.Context, tree delta.ID, live string, src *FreezeSource, loader delta.BlobLoader, built func()) (FreezeStats, error) {
 	var stats FreezeStats
 	if b.HasFrozen(tree) {
 		return stats, nil
@@ -146,6 +148,9 @@ func (b *Backend) Freeze(ctx context.Context, tree delta.ID, live string, src *F
 	}
 	if err := os.Chmod(tmp, 0o755); err != nil {
 		return stats, err
+	}
+	if built != nil {
+		built()
 	}
 	b.frozen.mu.Lock()
 	defer b.frozen.mu.Unlock()

@@ -77,7 +77,7 @@ func TestFreezeVerifiesTheLiveCopy(t *testing.T) {
 	b := NewBackend(t.TempDir())
 	top := filepath.Join(b.bases, frozenDirName)
 	must(os.MkdirAll(filepath.Join(top, ".tmp-killed/x"), 0o700))
-	st, err := b.Freeze(ctx, res1.Root, live, nil, store)
+	st, err := b.Freeze(ctx, res1.Root, live, nil, store, nil)
 	must(err)
 	if st.Copied != 2 || st.FromStore != 0 || st.Linked != 0 {
 		t.Fatalf("first freeze: %+v", st)
@@ -91,7 +91,7 @@ func TestFreezeVerifiesTheLiveCopy(t *testing.T) {
 	// The sandbox moves on before the layer is made: the copy must not
 	// take its bytes.
 	roottest.Write(t, filepath.Join(live, "a/changes"), "changed after the cut\n")
-	st, err = b.Freeze(ctx, res2.Root, live, &FreezeSource{Tree: res1.Root}, store)
+	st, err = b.Freeze(ctx, res2.Root, live, &FreezeSource{Tree: res1.Root}, store, nil)
 	must(err)
 	if st.Linked != 1 || st.FromStore != 1 || st.Copied != 0 {
 		t.Fatalf("second freeze: %+v", st)
@@ -125,7 +125,7 @@ func TestFreezeVerifiesTheLiveCopy(t *testing.T) {
 	must(unix.Mknod(filepath.Join(live, "null"), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))))
 	res3, err := delta.Scan(ctx, live, delta.ScanOptions{Saver: store, Translate: Translate})
 	must(err)
-	if _, err := b.Freeze(ctx, res3.Root, live, nil, store); !errors.Is(err, ErrNotFreezable) {
+	if _, err := b.Freeze(ctx, res3.Root, live, nil, store, nil); !errors.Is(err, ErrNotFreezable) {
 		t.Fatalf("a device node was frozen: %v", err)
 	}
 	if b.HasFrozen(res3.Root) {
