@@ -165,6 +165,24 @@ func TestBranchStacksOnFrozenLayer(t *testing.T) {
 		t.Fatalf("an edit in a branch of a branch classed %s", bbc.Class)
 	}
 
+	// Renames in a stacked root (of a frozen layer's directory, of a base
+	// directory merged with one) record the state a copy restores.
+	bs, err := e.Branch(ctx, sc.ID.String(), "renames", BranchOptions{})
+	must(t, err)
+	roottest.Move(t, filepath.Join(bs.Root, "src/new"), filepath.Join(bs.Root, "renamed-layer-dir"))
+	roottest.Move(t, filepath.Join(bs.Root, "src"), filepath.Join(bs.Root, "renamed-merged-dir"))
+	roottest.Move(t, filepath.Join(bs.Root, "doomed"), filepath.Join(bs.Root, "renamed-opaque-dir"))
+	rc, err := e.Checkpoint(ctx, "renames", CheckpointOptions{})
+	must(t, err)
+	copyOf, err := e.Branch(ctx, rc.ID.String(), "renames-copy", BranchOptions{Materialise: true})
+	must(t, err)
+	if a, b := mergedState(t, bs.Root), mergedState(t, copyOf.Root); a != b {
+		t.Fatalf("renames in a stacked root: checkpoint restores to %s, the root is %s", b.Short(), a.Short())
+	}
+	if res := scanOf(t, e, "renames-copy"); res.StateKey != scanOf(t, e, "renames").StateKey {
+		t.Fatal("renames: the copy's state key differs from the stacked root's")
+	}
+
 	// Rollback of a stacked branch: to a checkpoint of another line, and
 	// back to its own; the root is a plain one afterwards.
 	if _, err := e.Rollback(ctx, "bb", sc.ID.String(), RollbackOptions{}); err != nil {
