@@ -135,6 +135,14 @@ func (e *Engine) pruneFrozen(ctx context.Context, notBefore time.Time) error {
 	return nil
 }
 
+// dropFrozen runs the retention pass after gc, prune and sandbox rm: their
+// own work is done by then, so a failure here is only logged.
+func (e *Engine) dropFrozen(ctx context.Context) {
+	if err := e.pruneFrozen(ctx, time.Now()); err != nil {
+		e.log.Warn("frozen layers not pruned", "err", err)
+	}
+}
+
 // frozenInUse reports whether any sandbox root on this host stacks on the
 // frozen layer dir.
 func (e *Engine) frozenInUse(dir string) bool {

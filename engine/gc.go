@@ -172,9 +172,7 @@ func (e *Engine) GC(ctx context.Context, opts GCOptions) (*GCReport, error) {
 		return rep, err
 	}
 	if !opts.DryRun {
-		if err := e.pruneFrozen(ctx, time.Now()); err != nil {
-			return rep, err
-		}
+		e.dropFrozen(ctx)
 	}
 	rep.DurationMillis = time.Since(start).Milliseconds()
 	return rep, nil

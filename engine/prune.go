@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"time"
 
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
@@ -109,7 +108,8 @@ func (e *Engine) Prune(ctx context.Context, opts PruneOptions) (*PruneReport, er
 		}
 		drop = drop[n:]
 	}
-	return rep, e.pruneFrozen(ctx, time.Now())
+	e.dropFrozen(ctx)
+	return rep, nil
 }
 
 // pruneBatch is how many checkpoints one catalog transaction of a prune

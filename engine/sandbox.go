@@ -331,6 +331,6 @@ func (e *Engine) RemoveSandbox(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	// Its frozen layers are kept for it no longer (frozen.go).
-	return e.pruneFrozen(ctx, time.Now())
+	e.dropFrozen(ctx) // its frozen layers are kept for it no longer
+	return nil
 }
