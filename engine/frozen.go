@@ -56,6 +56,15 @@ func (e *Engine) freeze(ctx context.Context, st *sandboxState, cp *delta.Checkpo
 		return 0
 	}
 	start := time.Now()
+	if ob.HasFrozen(cp.FSTree) {
+		return 0 // a process-only turn's tree, or one frozen before
+	}
+	// What changed this turn is about what the layer gets copied: the home
+	// must keep room for the catalog after it (room.go).
+	if err := e.checkRoom(uint64(max(cp.Stats.BytesRead, 0))); err != nil {
+		e.log.Warn("frozen layer not kept; branches of this checkpoint copy it", "sandbox", st.sb.Name, "checkpoint", cp.ID.Short(), "err", err)
+		return time.Since(start)
+	}
 	var src *overlay.FreezeSource
 	if dir := overlay.FrozenUser(e.home.sandboxDir(st.sb.Name)); dir != "" {
 		if id, err := delta.ParseID(filepath.Base(dir)); err == nil {
@@ -70,9 +79,6 @@ func (e *Engine) freeze(ctx context.Context, st *sandboxState, cp *delta.Checkpo
 			e.log.Warn("frozen layer not kept; branches of this checkpoint copy it", "sandbox", st.sb.Name, "checkpoint", cp.ID.Short(), "err", err)
 		}
 		return time.Since(start)
-	}
-	if stats.Entries == 0 {
-		return time.Since(start) // kept already (a process-only turn's tree)
 	}
 	e.log.Debug("frozen layer", "checkpoint", cp.ID.Short(), "linked", stats.Linked, "copied", stats.Copied, "from_store", stats.FromStore)
 	if err := e.pruneFrozen(ctx, start); err != nil {
