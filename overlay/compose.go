@@ -108,14 +108,22 @@ func (c *composer) dir(ctx context.Context, rel string, u, f delta.ID, base int)
 		if ft, err = delta.LoadTree(ctx, c.loader, f); err != nil {
 			return delta.ID{}, err
 		}
-		out.Entries = slices.Clone(ft.Entries)
+		// F's names U does not touch, as they are (both lists are sorted).
+		j := 0
+		for _, fe := range ft.Entries {
+			for j < len(ut.Entries) && ut.Entries[j].Name < fe.Name {
+				j++
+			}
+			if j == len(ut.Entries) || ut.Entries[j].Name != fe.Name {
+				out.Entries = append(out.Entries, fe)
+			}
+		}
 	}
 	for _, ue := range ut.Entries {
 		var fe *delta.Entry
 		if ft != nil {
 			fe = ft.Find(ue.Name)
 		}
-		out.Entries = slices.DeleteFunc(out.Entries, func(e delta.Entry) bool { return e.Name == ue.Name })
 		ne := ue
 		switch {
 		case ue.Type == delta.TypeWhiteout:
