@@ -66,12 +66,12 @@ func readStack(g string) (*stack, error) {
 	return &s, nil
 }
 
-// mountOptions returns generation g's mount data: its frozen layer, if it
-// stacks on one, above the base.
-func (r *Root) mountOptions(g, work string) (string, error) {
+// lowers returns generation g's lower dirs, topmost first: its frozen
+// layer, if it stacks on one, above the base. Each must exist.
+func (r *Root) lowers(g string) ([]string, error) {
 	s, err := readStack(g)
 	if err != nil {
-		return "", fmt.Errorf("sandbox %s: %w", r.dir, err)
+		return nil, fmt.Errorf("sandbox %s: %w", r.dir, err)
 	}
 	lowers := []string{r.lower}
 	if s != nil {
@@ -79,8 +79,17 @@ func (r *Root) mountOptions(g, work string) (string, error) {
 	}
 	for _, l := range lowers {
 		if _, err := os.Stat(l); err != nil {
-			return "", fmt.Errorf("sandbox %s: lower dir (rollback to the head rebuilds a missing frozen layer): %w", r.dir, err)
+			return nil, fmt.Errorf("sandbox %s: lower dir (rollback to the head rebuilds a missing frozen layer): %w", r.dir, err)
 		}
+	}
+	return lowers, nil
+}
+
+// mountOptions returns generation g's mount data (lowers, upper, work).
+func (r *Root) mountOptions(g, work string) (string, error) {
+	lowers, err := r.lowers(g)
+	if err != nil {
+		return "", err
 	}
 	return StackOptions(lowers, filepath.Join(g, "upper"), work)
 }
