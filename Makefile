@@ -53,7 +53,7 @@ FUZZ_TARGETS := \
 	./delta:FuzzDecodeRecord ./delta:FuzzDecodeSandbox ./delta:FuzzSealedPackHeader ./delta:FuzzOpenObject ./delta:FuzzKeyFiles ./delta:FuzzCleanPath \
 	./engine/llmproxy:FuzzParseRequest ./engine/llmproxy:FuzzCanonMatchesReference \
 	./engine/llmproxy:FuzzDecodeEntry \
-	./proc:FuzzProcText ./proc:FuzzImageFiles ./overlay:FuzzSuperOptions
+	./proc:FuzzProcText ./proc:FuzzImageFiles ./overlay:FuzzSuperOptions ./overlay:FuzzReadStack
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 	  echo "== $${t#*:} ($${t%%:*}, $(FUZZTIME))"; \

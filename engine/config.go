@@ -24,6 +24,10 @@ type Config struct {
 	Remote *RemoteConfig `json:"remote,omitempty"`
 	// Encryption, if set, names the master key of an encrypted store.
 	Encryption *EncryptionConfig `json:"encryption,omitempty"`
+	// FrozenKeep is how many of each sandbox's newest checkpoints keep a
+	// frozen layer on this host for cheap branches (frozen.go); nil means
+	// DefaultFrozenKeep, 0 turns frozen layers off.
+	FrozenKeep *int `json:"frozen_keep,omitempty"`
 }
 
 // RemoteConfig names an S3-compatible bucket and how uploads to it are paced.

@@ -163,9 +163,9 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	}
 	e.repo = content.NewSealed(e.store, e.cat, e.codec, e.meter, e.keys)
 	e.repo.SetRoomCheck(func() error { return e.checkRoom(0) })
-	e.backends = map[string]rootfs.Backend{
-		overlay.Name: overlay.NewBackend(h.basesDir()),
-	}
+	ob := overlay.NewBackend(h.basesDir())
+	ob.SetLoader(func() delta.BlobLoader { return e.repo }) // stacked roots' scans (frozen.go)
+	e.backends = map[string]rootfs.Backend{overlay.Name: ob}
 	e.cleanProcWork() // process images a killed turnsnap left (procrecover.go)
 	ok = true
 	return e, nil
@@ -173,6 +173,9 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 
 // Close releases the catalog and the home lock.
 func (e *Engine) Close() error {
+	if ob := e.overlayBackend(); ob != nil {
+		ob.WaitRemovals() // removed frozen layers' files (frozen.go)
+	}
 	var err error
 	if e.cat != nil {
 		err = e.cat.Close()

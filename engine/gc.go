@@ -171,6 +171,9 @@ func (e *Engine) GC(ctx context.Context, opts GCOptions) (*GCReport, error) {
 	if err := e.deletePacks(ctx, doomed); err != nil {
 		return rep, err
 	}
+	if !opts.DryRun {
+		e.dropFrozen(ctx)
+	}
 	rep.DurationMillis = time.Since(start).Milliseconds()
 	return rep, nil
 }

@@ -108,6 +108,7 @@ func (e *Engine) Prune(ctx context.Context, opts PruneOptions) (*PruneReport, er
 		}
 		drop = drop[n:]
 	}
+	e.dropFrozen(ctx)
 	return rep, nil
 }
 

@@ -133,6 +133,10 @@ type BranchOptions struct {
 	Btrfs   btrfs.Options // the btrfs backend's settings (its Pool)
 	// FSOnly restores the checkpoint's files and leaves its processes out.
 	FSOnly bool
+	// Materialise copies the checkpoint's layer from the store even when
+	// this host keeps it frozen (by default an overlay branch stacks on
+	// the frozen layer and copies nothing: frozen.go).
+	Materialise bool
 }
 
 // Branch creates sandbox newName whose root equals checkpoint ref. Its head
@@ -195,7 +199,7 @@ func (e *Engine) Branch(ctx context.Context, ref, newName string, o BranchOption
 	if err := ensureDir(filepath.Dir(dir)); err != nil {
 		return nil, err
 	}
-	root, err := be.Create(ctx, dir, lower, cp.FSTree, e.repo)
+	root, err := e.branchRoot(ctx, be, dir, lower, cp, o.Materialise)
 	if err != nil {
 		return nil, err
 	}

@@ -313,7 +313,7 @@ func (e *Engine) RemoveSandbox(ctx context.Context, name string) error {
 	if err := e.local.Delete(ctx, delta.SandboxName(sb.Key())); err != nil {
 		return err
 	}
-	return e.cat.Update(ctx, func(tx *catalog.Tx) error {
+	err = e.cat.Update(ctx, func(tx *catalog.Tx) error {
 		if err := tx.DeleteRef(delta.RefHead, name); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 			return err
 		}
@@ -328,4 +328,9 @@ func (e *Engine) RemoveSandbox(ctx context.Context, name string) error {
 		}
 		return tx.DeleteSandbox(name)
 	})
+	if err != nil {
+		return err
+	}
+	e.dropFrozen(ctx) // its frozen layers are kept for it no longer
+	return nil
 }

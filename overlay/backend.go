@@ -17,6 +17,11 @@ import (
 // one directory and shared read-only by every sandbox on them.
 type Backend struct {
 	bases string
+	// loader reads the trees a stacked root composes its scans onto
+	// (SetLoader); frozen guards the frozen layers (frozen.go).
+	loader func() delta.BlobLoader
+	frozen frozenState
+	keys   keyCache
 }
 
 // NewBackend returns a backend keeping materialised bases in basesDir.
@@ -115,10 +120,15 @@ func (b *Backend) Create(ctx context.Context, dir, base string, tree delta.ID, l
 	if err != nil {
 		return nil, err
 	}
+	r.loader, r.keys = b.loader, &b.keys
 	return r, nil
 }
 
 // Open returns the root kept in dir without touching it.
-func (b *Backend) Open(dir, base string) rootfs.Root { return Open(dir, base) }
+func (b *Backend) Open(dir, base string) rootfs.Root {
+	r := Open(dir, base)
+	r.loader, r.keys = b.loader, &b.keys
+	return r
+}
 
 var _ rootfs.Backend = (*Backend)(nil)

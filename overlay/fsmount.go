@@ -30,8 +30,13 @@ import (
 // fill_super refuses a detached mount) or lack the API (ENOSYS); Mount
 // then falls back to mount(2) and the paths show again (docs/SECURITY.md).
 
-// hiddenLayers is what mountinfo lists for the layers of a descriptor mount.
+// hiddenLayers is what mountinfo lists for the layers of a descriptor mount
+// on one lower; hiddenLayersOf gives it for a stack of n lowers.
 const hiddenLayers = "lowerdir+=/,upperdir=/upper,workdir=/work"
+
+func hiddenLayersOf(n int) string {
+	return strings.Repeat("lowerdir+=/,", n) + "upperdir=/upper,workdir=/work"
+}
 
 // mountSource is the overlay's source field in mountinfo: a name derived
 // from the upper's host path, which tells turnsnap's own mounts apart (see
@@ -50,10 +55,10 @@ func fdMountUnsupported(err error) bool {
 		errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.EPERM)
 }
 
-// mountFD mounts an overlay of lower under gen's upper and work dirs on
-// target with the layers passed as descriptors, and every feature option
-// in FeatureOptions.
-func mountFD(lower, gen, target string) (err error) {
+// mountFD mounts an overlay of lowers (topmost first) under gen's upper
+// and work dirs on target with the layers passed as descriptors, and every
+// feature option in FeatureOptions.
+func mountFD(lowers []string, gen, target string) (err error) {
 	var fds []int
 	defer func() {
 		for _, fd := range fds {
@@ -76,9 +81,13 @@ func mountFD(lower, gen, target string) (err error) {
 		fds = append(fds, fd)
 		return fd, nil
 	}
-	lfd, err := clone(lower)
-	if err != nil {
-		return err
+	var lfds []int
+	for _, l := range lowers {
+		lfd, err := clone(l)
+		if err != nil {
+			return err
+		}
+		lfds = append(lfds, lfd)
 	}
 	gfd, err := clone(gen)
 	if err != nil {
@@ -106,10 +115,15 @@ func mountFD(lower, gen, target string) (err error) {
 	if err := set("source", unix.FsconfigSetString(fs, "source", mountSource(filepath.Join(gen, "upper")))); err != nil {
 		return err
 	}
-	for _, l := range []struct {
+	type layer struct {
 		key string
 		fd  int
-	}{{"lowerdir+", lfd}, {"upperdir", ufd}, {"workdir", wfd}} {
+	}
+	var layers []layer
+	for _, lfd := range lfds {
+		layers = append(layers, layer{"lowerdir+", lfd})
+	}
+	for _, l := range append(layers, layer{"upperdir", ufd}, layer{"workdir", wfd}) {
 		if err := set(l.key, unix.FsconfigSetFd(fs, l.key, l.fd)); err != nil {
 			return err
 		}

@@ -76,7 +76,7 @@ func TestMountFallsBackToPaths(t *testing.T) {
 	must(t, r.Unmount(context.Background()))
 	old := Open(dir, lower)
 	calls := 0
-	old.mountFD = func(string, string, string) error { calls++; return unix.EINVAL }
+	old.mountFD = func([]string, string, string) error { calls++; return unix.EINVAL }
 	must(t, old.Mount(context.Background()))
 	if calls == 0 {
 		t.Fatal("the descriptor mount was never tried")
@@ -119,7 +119,7 @@ func BenchmarkMount(b *testing.B) {
 		b.Run(mode, func(b *testing.B) {
 			root := Open(dir, lower)
 			if mode == "paths" {
-				root.mountFD = func(string, string, string) error { return unix.EINVAL }
+				root.mountFD = func([]string, string, string) error { return unix.EINVAL }
 			}
 			for b.Loop() {
 				must(b, root.Unmount(context.Background()))

@@ -21,6 +21,9 @@ import (
 // directory: the lower never changes, and finding them walks all of it.
 const lowerLinksFile = "lower.links"
 
+// frozenLinksFile is the same for a stacked root's frozen layer.
+const frozenLinksFile = "frozen.links"
+
 // linkGroup is the names of one multiply-linked regular file of the lower
 // and its file handle, as indexedFiles keys it.
 type linkGroup struct {
@@ -37,8 +40,12 @@ type lowerLinksState struct {
 
 // lowerLinks returns every group of names that share one regular-file
 // inode in the lower directory, computed once per sandbox and lower copy.
-func (r *Root) lowerLinks() ([]linkGroup, error) {
-	fd, err := fsat.OpenDir(r.lower)
+func (r *Root) lowerLinks() ([]linkGroup, error) { return r.linkGroups(r.lower, lowerLinksFile) }
+
+// linkGroups is lowerLinks for any lower dir, cached in the sandbox
+// directory's file cache.
+func (r *Root) linkGroups(lower, cache string) ([]linkGroup, error) {
+	fd, err := fsat.OpenDir(lower)
 	if err != nil {
 		return nil, err
 	}
@@ -47,7 +54,7 @@ func (r *Root) lowerLinks() ([]linkGroup, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := filepath.Join(r.dir, lowerLinksFile)
+	p := filepath.Join(r.dir, cache)
 	if data, err := os.ReadFile(p); err == nil {
 		var st lowerLinksState
 		if json.Unmarshal(data, &st) == nil && st.Lower == id {
@@ -56,7 +63,7 @@ func (r *Root) lowerLinks() ([]linkGroup, error) {
 	}
 	byIno := map[uint64][]string{}
 	if err := walkLinks(fd, "", byIno); err != nil {
-		return nil, fmt.Errorf("lower dir %s: %w", r.lower, err)
+		return nil, fmt.Errorf("lower dir %s: %w", lower, err)
 	}
 	st := lowerLinksState{Lower: id, Groups: []linkGroup{}}
 	for _, names := range byIno {
@@ -124,8 +131,22 @@ func (r *Root) linkUp(g string) error {
 		return err // nothing can have been copied up
 	}
 	groups, err := r.lowerLinks()
-	if err != nil || len(groups) == 0 {
+	if err != nil {
 		return err
+	}
+	// A stacked generation's frozen layer has link groups of its own
+	// (frozen.go); other layers' names of a shared inode are not in it.
+	if s, err := readStack(g); err != nil {
+		return err
+	} else if s != nil {
+		fg, err := r.linkGroups(s.Frozen, frozenLinksFile)
+		if err != nil {
+			return err
+		}
+		groups = append(groups, fg...)
+	}
+	if len(groups) == 0 {
+		return nil
 	}
 	want := map[string]bool{}
 	for _, grp := range groups {

@@ -50,7 +50,11 @@ type Root struct {
 	onBusy func()
 	// mountFD, for tests, replaces the descriptor mount (fsmount.go), to
 	// take the mount(2) fallback of older kernels.
-	mountFD func(lower, gen, target string) error
+	mountFD func(lowers []string, gen, target string) error
+	// loader reads the frozen layer's trees a stacked generation's scan
+	// is composed onto (stack.go); nil for roots made without a backend.
+	loader func() delta.BlobLoader
+	keys   *keyCache // the backend's, shared by its roots (compose.go)
 }
 
 // Open returns the overlay root kept in dir on top of the read-only lower
@@ -128,14 +132,17 @@ func (r *Root) Mount(ctx context.Context) error {
 	if err := os.MkdirAll(work, 0o700); err != nil {
 		return fmt.Errorf("sandbox %s: workdir: %w", r.dir, err)
 	}
-	opts, err := MountOptions(r.lower, filepath.Join(g, "upper"), work)
+	// A stacked generation mounts its frozen layer above the base; lowers
+	// checks that each exists.
+	lowers, err := r.lowers(g)
 	if err != nil {
 		return err
 	}
-	if _, err := os.Stat(r.lower); err != nil {
-		return fmt.Errorf("sandbox %s: lower dir: %w", r.dir, err)
+	opts, err := StackOptions(lowers, filepath.Join(g, "upper"), work)
+	if err != nil {
+		return err
 	}
-	layers, err := r.mount(ctx, g, opts)
+	layers, err := r.mount(ctx, g, lowers, opts)
 	if err != nil {
 		if errors.Is(err, unix.EBUSY) {
 			return fmt.Errorf("sandbox %s: mount overlay: its upper layer is still mounted in another mount namespace (%s): a process that made its namespace while the root was mounted keeps a copy, and index=on refuses to share an upper; stop it and retry: %w",
@@ -166,10 +173,10 @@ const mountBusyWait = 3 * time.Second
 // mount mounts the overlay of generation gen, retrying while its upper is
 // held by a transient copy of the previous mount in another namespace. It
 // returns the layer options mountinfo must list (see checkMounted).
-func (r *Root) mount(ctx context.Context, gen, opts string) (string, error) {
+func (r *Root) mount(ctx context.Context, gen string, lowers []string, opts string) (string, error) {
 	deadline := time.Now().Add(mountBusyWait)
 	for {
-		layers, err := r.mountOnce(gen, opts)
+		layers, err := r.mountOnce(gen, lowers, opts)
 		if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
 			return layers, err
 		}
@@ -186,14 +193,14 @@ func (r *Root) mount(ctx context.Context, gen, opts string) (string, error) {
 
 // mountOnce mounts with the layers as descriptors, so that mountinfo shows
 // no host path (fsmount.go), or with mount(2) where the kernel cannot.
-func (r *Root) mountOnce(gen, opts string) (string, error) {
+func (r *Root) mountOnce(gen string, lowers []string, opts string) (string, error) {
 	fd := mountFD
 	if r.mountFD != nil {
 		fd = r.mountFD
 	}
-	fdErr := fd(r.lower, gen, r.Path())
+	fdErr := fd(lowers, gen, r.Path())
 	if fdErr == nil {
-		return hiddenLayers, nil
+		return hiddenLayersOf(len(lowers)), nil
 	}
 	if !fdMountUnsupported(fdErr) {
 		return "", fdErr
@@ -202,7 +209,7 @@ func (r *Root) mountOnce(gen, opts string) (string, error) {
 	if err := unix.Mount(mountSource(upper), r.Path(), "overlay", 0, opts); err != nil {
 		return "", fmt.Errorf("%w (and with layer descriptors: %v)", err, fdErr)
 	}
-	return pathLayers(r.lower, upper, filepath.Join(gen, "work")), nil
+	return pathLayers(strings.Join(lowers, ":"), upper, filepath.Join(gen, "work")), nil
 }
 
 // inUseBy names processes whose mount namespace still holds an overlay on

@@ -40,7 +40,14 @@ func (r *Root) Scan(ctx context.Context, saver delta.BlobSaver) (*delta.ScanResu
 	if err := r.linkUp(g); err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", r.dir, err)
 	}
-	return r.scanUpper(ctx, filepath.Join(g, "upper"), saver, readCache(filepath.Join(g, "scan.cache")), delta.ScanOptions{})
+	prev := readCache(filepath.Join(g, "scan.cache"))
+	if s, err := readStack(g); err != nil || s != nil {
+		if err != nil {
+			return nil, fmt.Errorf("sandbox %s: %w", r.dir, err)
+		}
+		return r.scanStacked(ctx, g, s, saver, prev)
+	}
+	return r.scanUpper(ctx, filepath.Join(g, "upper"), saver, prev, delta.ScanOptions{})
 }
 
 // scanUpper scans an upper directory; opts may set Quiescent.

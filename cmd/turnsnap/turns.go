@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/turnsnap/turnsnap/btrfs"
 	"github.com/turnsnap/turnsnap/engine"
+	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
 
 func (a *app) checkpointCmd() *cobra.Command {
@@ -43,7 +44,7 @@ func (a *app) checkpointCmd() *cobra.Command {
 				"id": r.ID, "sandbox": r.Sandbox, "class": r.Class, "turn": r.Turn, "parent": r.Parent,
 				"bytes_new": r.Stats.BytesNew, "objects_new": r.Stats.ObjectsNew, "blobs_new": r.Stats.BlobsNew,
 				"files_read": r.Stats.FilesRead, "bytes_read": r.Stats.BytesRead, "entries": r.Stats.Entries,
-				"duration_ms": float64(r.Duration.Microseconds()) / 1000,
+				"duration_ms": float64(r.Duration.Microseconds()) / 1000, "freeze_ms": float64(r.FreezeDuration.Microseconds()) / 1000,
 			})
 		}
 		where := ""
@@ -79,11 +80,20 @@ func (a *app) rollbackCmd() *cobra.Command {
 
 func (a *app) branchCmd() *cobra.Command {
 	var backend, pool string
-	var fsOnly bool
+	var fsOnly, materialise bool
+	var count int
 	c := &cobra.Command{
-		Use:   "branch CHECKPOINT NEWNAME [--backend overlay|btrfs [--btrfs-pool PATH]]",
-		Short: "Create a new sandbox whose root equals a checkpoint",
-		Args:  cobra.ExactArgs(2),
+		Use:   "branch CHECKPOINT NEWNAME [NEWNAME...] [--count N] [--backend overlay|btrfs [--btrfs-pool PATH]]",
+		Short: "Create new sandboxes whose roots equal a checkpoint",
+		Long: `Create one sandbox per NEWNAME whose root equals CHECKPOINT. With --count N
+and one NEWNAME, N sandboxes NEWNAME-1 ... NEWNAME-N are made. Several at once
+check the checkpoint once and are recorded together: all are made or none.
+
+On overlay, a checkpoint this host keeps as a frozen layer (the newest 2 of
+each sandbox by default, "frozen_keep" in HOME/config.json) is branched by
+mounting that layer under an empty writable layer: no file is copied.
+--materialise copies the layer from the store instead.`,
+		Args: cobra.MinimumNArgs(2),
 		RunE: a.withEngine(func(ctx context.Context, e *engine.Engine, args []string) error {
 			if backend == "" && pool != "" {
 				backend = btrfs.Name
@@ -92,24 +102,59 @@ func (a *app) branchCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			r, err := e.Branch(ctx, args[0], args[1], engine.BranchOptions{Backend: backend, Btrfs: cfg, FSOnly: fsOnly})
+			o := engine.BranchOptions{Backend: backend, Btrfs: cfg, FSOnly: fsOnly, Materialise: materialise}
+			names := args[1:]
+			if count != 0 {
+				if len(names) != 1 {
+					return fmt.Errorf("--count takes one NEWNAME prefix, got %d names: %w", len(names), errdefs.ErrInvalid)
+				}
+				if names, err = engine.BranchNames(names[0], count); err != nil {
+					return err
+				}
+			}
+			if len(names) == 1 && count == 0 {
+				r, err := e.Branch(ctx, args[0], names[0], o)
+				if err != nil {
+					return err
+				}
+				return a.printRestore("branched", r)
+			}
+			rs, err := e.BranchMany(ctx, args[0], names, o)
 			if err != nil {
 				return err
 			}
-			return a.printRestore("branched", r)
+			if a.json {
+				out := make([]map[string]any, len(rs))
+				for i, r := range rs {
+					out[i] = restoreJSON(r)
+				}
+				return printJSON(a.stdout(), out)
+			}
+			for _, r := range rs {
+				if err := a.printRestore("branched", r); err != nil {
+					return err
+				}
+			}
+			return nil
 		}),
 	}
 	c.Flags().StringVar(&backend, "backend", "", "backend of the new sandbox (default: the one the checkpoint was taken on)")
 	c.Flags().StringVar(&pool, "btrfs-pool", "", "btrfs backend: a directory on a mounted btrfs filesystem")
 	c.Flags().BoolVar(&fsOnly, "fs-only", false, "restore the checkpoint's files only, not its processes")
+	c.Flags().IntVar(&count, "count", 0, "make N branches NEWNAME-1 ... NEWNAME-N")
+	c.Flags().BoolVar(&materialise, "materialise", false, "copy the layer from the store even if a frozen layer is kept")
 	return c
+}
+
+func restoreJSON(r *engine.RestoreResult) map[string]any {
+	return map[string]any{"sandbox": r.Sandbox, "checkpoint": r.Checkpoint.ID,
+		"turn": r.Checkpoint.Turn, "root": r.Root, "processes": r.Processes,
+		"duration_ms": float64(r.Duration.Microseconds()) / 1000}
 }
 
 func (a *app) printRestore(verb string, r *engine.RestoreResult) error {
 	if a.json {
-		return printJSON(a.stdout(), map[string]any{"sandbox": r.Sandbox, "checkpoint": r.Checkpoint.ID,
-			"turn": r.Checkpoint.Turn, "root": r.Root, "processes": r.Processes,
-			"duration_ms": float64(r.Duration.Microseconds()) / 1000})
+		return printJSON(a.stdout(), restoreJSON(r))
 	}
 	procs := ""
 	if r.Processes {

@@ -1,0 +1,214 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/turnsnap/turnsnap/catalog"
+	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/internal/errdefs"
+	"github.com/turnsnap/turnsnap/internal/rootfs"
+)
+
+// MaxBranchMany bounds one fan-out: each branch is a mount and a sandbox.
+const MaxBranchMany = 1024
+
+// BranchNames returns the names a fan-out of count branches called prefix
+// gets: prefix-1 ... prefix-count (the CLI's `branch CKPT NAME --count N`).
+func BranchNames(prefix string, count int) ([]string, error) {
+	if count < 1 || count > MaxBranchMany {
+		return nil, fmt.Errorf("branch count %d: want 1 to %d: %w", count, MaxBranchMany, errdefs.ErrInvalid)
+	}
+	out := make([]string, count)
+	for i := range out {
+		out[i] = fmt.Sprintf("%s-%d", prefix, i+1)
+	}
+	return out, nil
+}
+
+// BranchMany creates one sandbox per name, each equal to checkpoint ref,
+// as Branch would one by one, but checks the checkpoint's tree, host,
+// process image and base once, and records every new sandbox in one
+// catalog transaction: all are created or none is. On overlay with the
+// checkpoint's frozen layer kept here, each branch only mounts a stack
+// (frozen.go). The results are in the order of names.
+func (e *Engine) BranchMany(ctx context.Context, ref string, names []string, o BranchOptions) ([]*RestoreResult, error) {
+	if len(names) == 0 || len(names) > MaxBranchMany {
+		return nil, fmt.Errorf("branch into %d sandboxes: want 1 to %d: %w", len(names), MaxBranchMany, errdefs.ErrInvalid)
+	}
+	sorted := slices.Clone(names)
+	slices.Sort(sorted)
+	for i, n := range sorted {
+		if !delta.ValidRefName(n) {
+			return nil, fmt.Errorf("sandbox name %q: use 1-64 of [A-Za-z0-9._-], not starting with '.' or '-': %w", n, errdefs.ErrInvalid)
+		}
+		if i > 0 && sorted[i-1] == n {
+			return nil, fmt.Errorf("sandbox name %q given twice: %w", n, errdefs.ErrInvalid)
+		}
+	}
+	// The engine's shared lock once, then every name's lock in one order,
+	// so two fan-outs sharing names cannot deadlock.
+	e.maint.RLock()
+	defer e.maint.RUnlock()
+	for _, n := range sorted {
+		unlock, err := e.sandboxes.lock(ctx, n)
+		if err != nil {
+			return nil, err
+		}
+		defer unlock()
+	}
+	start := time.Now()
+	cp, err := e.resolve(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	for _, n := range names {
+		if err := e.checkNewSandbox(ctx, n); err != nil {
+			return nil, err
+		}
+	}
+	var cfg json.RawMessage
+	if o.Backend == "" {
+		o.Backend = cp.Backend
+		e.view(ctx, func(tx *catalog.Tx) error {
+			if src, err := tx.Sandbox(cp.Sandbox); err == nil && src.Backend == cp.Backend {
+				cfg = src.Config
+			}
+			return nil
+		})
+	} else if cfg, err = backendConfig(o.Backend, o.Btrfs); err != nil {
+		return nil, err
+	}
+	if !o.FSOnly {
+		if err := e.checkHost(ctx, cp); err != nil {
+			return nil, err
+		}
+	}
+	be, err := e.backend(o.Backend, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := delta.CheckState(ctx, e.repo, cp.FSTree, delta.StateRules{}); err != nil {
+		return nil, fmt.Errorf("checkpoint %s: tree %s: %w", cp.ID.Short(), cp.FSTree.Short(), err)
+	}
+	img, cleanImg, err := e.readyImage(ctx, cp, o.FSOnly)
+	if err != nil {
+		return nil, err
+	}
+	defer cleanImg()
+	lower, err := e.prepareBase(ctx, be, cp.BaseTree, e.repo)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := checkBaseOn(ctx, be, cp.BaseTree, false); err != nil {
+		return nil, err
+	}
+	if err := ensureDir(filepath.Dir(e.home.sandboxDir(names[0]))); err != nil {
+		return nil, err
+	}
+	// The roots are independent (a mount each, or a copy each): make them
+	// side by side, so their directory syncs share journal commits.
+	roots := make([]rootfs.Root, len(names))
+	errs := make([]error, len(names))
+	parallel(len(names), func(i int) {
+		roots[i], errs[i] = e.branchRoot(ctx, be, e.home.sandboxDir(names[i]), lower, cp, o.Materialise)
+		if errs[i] != nil {
+			errs[i] = fmt.Errorf("sandbox %s: %w", names[i], errs[i])
+		}
+	})
+	undo := func() {
+		for _, r := range roots {
+			if r != nil {
+				r.Remove(context.WithoutCancel(ctx))
+			}
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		undo()
+		return nil, err
+	}
+	sbs := make([]*delta.Sandbox, len(names))
+	for i, n := range names {
+		sbs[i] = &delta.Sandbox{ID: delta.NewSandboxID(), Home: e.config.HomeID, Name: n, Backend: o.Backend, Config: cfg,
+			BaseTree: cp.BaseTree, Origin: cp.ID, Created: time.Now().UTC()}
+	}
+	if err := e.publishSandboxes(ctx, sbs, cp.ID); err != nil {
+		undo()
+		return nil, err
+	}
+	out := make([]*RestoreResult, len(names))
+	for i, n := range names {
+		out[i] = &RestoreResult{Sandbox: n, Checkpoint: cp, Root: roots[i].Path()}
+		if cp.ProcTree != nil && !o.FSOnly {
+			if err := e.restoreProcesses(ctx, n, roots[i].Path(), img, cp); err != nil {
+				return out[:i+1], fmt.Errorf("sandbox %s created with the files of %s, processes not: %w", n, cp.ID.Short(), err)
+			}
+			out[i].Processes = true
+		}
+	}
+	d := time.Since(start)
+	for _, r := range out {
+		r.Duration = d
+	}
+	return out, nil
+}
+
+// publishSandboxes is publishSandbox for many sandboxes on one head: their
+// objects first, then one catalog transaction for all.
+func (e *Engine) publishSandboxes(ctx context.Context, sbs []*delta.Sandbox, head delta.ID) error {
+	// Each object put syncs its file and directory; side by side the
+	// syncs share journal commits.
+	errs := make([]error, len(sbs))
+	parallel(len(sbs), func(i int) {
+		if errs[i] = e.putSandboxObject(ctx, sbs[i]); errs[i] == nil {
+			errs[i] = e.putRefObject(ctx, delta.RefHead, sbs[i].Key(), head)
+		}
+	})
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	return e.cat.Update(ctx, func(tx *catalog.Tx) error {
+		for _, sb := range sbs {
+			if err := tx.PutSandbox(sb); err != nil {
+				return err
+			}
+			if err := e.queueRef(tx, sb.Name, delta.RefName(delta.RefHead, sb.Key()), head, delta.SandboxName(sb.Key())); err != nil {
+				return err
+			}
+			if err := tx.SetRef(delta.Ref{Kind: delta.RefHead, Name: sb.Name, Target: head}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// fanOutWorkers bounds the goroutines of one fan-out: the work is syscalls
+// waiting on the disk (syncs, mounts), not CPU, so more than the cores.
+const fanOutWorkers = 8
+
+// parallel runs fn(0) ... fn(n-1) on up to fanOutWorkers goroutines.
+func parallel(n int, fn func(i int)) {
+	var wg sync.WaitGroup
+	next := make(chan int)
+	for range min(n, fanOutWorkers) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				fn(i)
+			}
+		}()
+	}
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+}

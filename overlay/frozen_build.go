@@ -1,0 +1,262 @@
+package overlay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path"
+	"slices"
+
+	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/internal/errdefs"
+	"github.com/turnsnap/turnsnap/internal/fsat"
+	"golang.org/x/sys/unix"
+)
+
+// freezer writes one frozen layer (Freeze): a walk of the checkpoint's
+// tree beside the source layer's, every name made relative to the
+// descriptor of its directory, nothing followed.
+type freezer struct {
+	loader delta.BlobLoader
+	rootFD int // the new layer's top
+	liveFD int // -1: no live root
+	srcFD  int // -1: no source layer
+	stats  *FreezeStats
+	xbuf   []byte
+}
+
+// dir fills the directory dstFD with tree id; srcID is the source layer's
+// tree at the same path (zero: none).
+func (f *freezer) dir(ctx context.Context, dstFD int, rel string, id, srcID delta.ID) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	t, err := delta.LoadTree(ctx, f.loader, id)
+	if err != nil {
+		return err
+	}
+	var src *delta.Tree
+	if !srcID.IsZero() {
+		if src, err = delta.LoadTree(ctx, f.loader, srcID); err != nil {
+			return err
+		}
+	}
+	for i := range t.Entries {
+		e := &t.Entries[i]
+		crel := path.Join(rel, e.Name)
+		var se *delta.Entry
+		if src != nil {
+			se = src.Find(e.Name)
+		}
+		if err := f.entry(ctx, dstFD, crel, e, se); err != nil {
+			return fmt.Errorf("/%s: %w", crel, err)
+		}
+	}
+	return nil
+}
+
+func (f *freezer) entry(ctx context.Context, dstFD int, rel string, e, se *delta.Entry) error {
+	f.stats.Entries++
+	switch e.Type {
+	case delta.TypeDir:
+		if err := unix.Mkdirat(dstFD, e.Name, 0o700); err != nil {
+			return err
+		}
+		fd, err := fsat.Open(dstFD, e.Name, unix.O_RDONLY|unix.O_DIRECTORY)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		var srcSub delta.ID
+		if se != nil && se.Type == delta.TypeDir && f.srcFD >= 0 {
+			srcSub = se.Subtree
+		}
+		if err := f.dir(ctx, fd, rel, e.Subtree, srcSub); err != nil {
+			return err
+		}
+		if e.Opaque {
+			if err := unix.Fsetxattr(fd, delta.OpaqueXattr, []byte("y"), 0); err != nil {
+				return fmt.Errorf("mark opaque: %w", err)
+			}
+		}
+		return setMetaFD(fd, e)
+	case delta.TypeFile:
+		if se != nil && f.srcFD >= 0 && sameFile(e, se) {
+			if err := unix.Linkat(f.srcFD, rel, dstFD, e.Name, 0); err == nil {
+				f.stats.Linked++
+				return nil
+			}
+			// The source lost the file (it is never written): copy instead.
+		}
+		return f.file(ctx, dstFD, rel, e)
+	case delta.TypeWhiteout:
+		return unix.Mknodat(dstFD, e.Name, unix.S_IFCHR, 0)
+	case delta.TypeHardlink:
+		// The primary comes first in the walk's order; a stacked root links
+		// the group's names up together (linkUp), as over a base.
+		tfd, err := fsat.Open(f.rootFD, e.Target, unix.O_PATH|unix.O_NOFOLLOW)
+		if err != nil {
+			return fmt.Errorf("hardlink target %s: %w", e.Target, err)
+		}
+		defer unix.Close(tfd)
+		return unix.Linkat(tfd, "", dstFD, e.Name, unix.AT_EMPTY_PATH)
+	case delta.TypeSymlink:
+		if err := unix.Symlinkat(e.Target, dstFD, e.Name); err != nil {
+			return err
+		}
+		return setMetaAt(dstFD, e)
+	case delta.TypeFIFO, delta.TypeSocket:
+		kind := uint32(unix.S_IFIFO)
+		if e.Type == delta.TypeSocket {
+			kind = unix.S_IFSOCK
+		}
+		if err := unix.Mknodat(dstFD, e.Name, kind|0o600, 0); err != nil {
+			return err
+		}
+		return setMetaAt(dstFD, e)
+	}
+	return fmt.Errorf("%s entry: %w", e.Type, ErrNotFreezable)
+}
+
+// sameFile reports whether two file entries are one inode's worth of
+// state: a hardlink shares content and metadata.
+func sameFile(a, b *delta.Entry) bool {
+	return b.Type == delta.TypeFile && a.Size == b.Size && a.Mode == b.Mode && a.UID == b.UID &&
+		a.GID == b.GID && a.MtimeNs == b.MtimeNs && slices.Equal(a.Chunks, b.Chunks) &&
+		slices.EqualFunc(a.Xattrs, b.Xattrs, func(x, y delta.Xattr) bool {
+			return x.Name == y.Name && string(x.Value) == string(y.Value)
+		})
+}
+
+// file writes file entry e: copied from the live root if its bytes chunk
+// and hash to e's chunks, else from the store.
+func (f *freezer) file(ctx context.Context, dstFD int, rel string, e *delta.Entry) error {
+	fd, err := unix.Openat(dstFD, e.Name, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return err
+	}
+	out := os.NewFile(uintptr(fd), e.Name)
+	defer out.Close()
+	if f.liveFD >= 0 && f.copyLive(ctx, out, rel, e) == nil {
+		f.stats.Copied++
+	} else {
+		if err := resetFile(out); err != nil {
+			return err
+		}
+		if err := f.fromStore(ctx, out, e); err != nil {
+			return err
+		}
+		f.stats.FromStore++
+	}
+	f.stats.Bytes += int64(e.Size)
+	if err := setMetaFD(fd, e); err != nil {
+		return err
+	}
+	return out.Close()
+}
+
+var errLiveChanged = errors.New("live file differs from the checkpoint")
+
+// copyLive copies rel from the live root into out, chunking it the way a
+// scan does and checking each chunk's hash against e's, so the copy holds
+// the checkpoint's bytes or is refused.
+func (f *freezer) copyLive(ctx context.Context, out *os.File, rel string, e *delta.Entry) error {
+	in, err := fsat.Open(f.liveFD, rel, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK)
+	if err != nil {
+		return err
+	}
+	src := os.NewFile(uintptr(in), rel)
+	defer src.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(in, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || uint64(st.Size) != e.Size {
+		return errLiveChanged
+	}
+	i := 0
+	var n uint64
+	err = delta.NewChunker().Chunk(src, st.Size, func(data []byte) error {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if i >= len(e.Chunks) || delta.Hash(data) != e.Chunks[i] {
+			return errLiveChanged
+		}
+		i++
+		n += uint64(len(data))
+		_, err := out.Write(data)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	if i != len(e.Chunks) || n != e.Size {
+		return errLiveChanged
+	}
+	return nil
+}
+
+// fromStore writes e's chunks as the loader returns them (verified).
+func (f *freezer) fromStore(ctx context.Context, out *os.File, e *delta.Entry) error {
+	var n uint64
+	for _, c := range e.Chunks {
+		data, err := f.loader.LoadBlob(ctx, delta.BlobData, c)
+		if err != nil {
+			return fmt.Errorf("chunk %s: %w", c.Short(), err)
+		}
+		if _, err := out.Write(data); err != nil {
+			return err
+		}
+		n += uint64(len(data))
+	}
+	if n != e.Size {
+		return fmt.Errorf("chunks hold %d bytes, entry says %d: %w", n, e.Size, errdefs.ErrCorrupt)
+	}
+	return nil
+}
+
+func resetFile(f *os.File) error {
+	if err := f.Truncate(0); err != nil {
+		return err
+	}
+	_, err := f.Seek(0, 0)
+	return err
+}
+
+// setMetaFD sets an open file's or directory's metadata from e: owner
+// first (chown clears setuid bits), mtime last.
+func setMetaFD(fd int, e *delta.Entry) error {
+	if err := unix.Fchown(fd, int(e.UID), int(e.GID)); err != nil {
+		return fmt.Errorf("chown: %w", err)
+	}
+	if err := unix.Fchmod(fd, e.Mode); err != nil {
+		return fmt.Errorf("chmod: %w", err)
+	}
+	for _, x := range e.Xattrs {
+		if err := unix.Fsetxattr(fd, x.Name, x.Value, 0); err != nil {
+			return fmt.Errorf("xattr %s: %w", x.Name, err)
+		}
+	}
+	ts := []unix.Timespec{unix.NsecToTimespec(e.MtimeNs), unix.NsecToTimespec(e.MtimeNs)}
+	return unix.UtimesNanoAt(fd, "", ts, unix.AT_EMPTY_PATH)
+}
+
+// setMetaAt sets the metadata of a node just made in dirFD (a symlink, a
+// fifo, a socket) without following it.
+func setMetaAt(dirFD int, e *delta.Entry) error {
+	if err := unix.Fchownat(dirFD, e.Name, int(e.UID), int(e.GID), unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return fmt.Errorf("chown: %w", err)
+	}
+	if e.Type != delta.TypeSymlink {
+		if err := unix.Fchmodat(dirFD, e.Name, e.Mode, 0); err != nil {
+			return fmt.Errorf("chmod: %w", err)
+		}
+	}
+	p := fsat.ProcPath(dirFD, e.Name)
+	for _, x := range e.Xattrs {
+		if err := unix.Lsetxattr(p, x.Name, x.Value, 0); err != nil {
+			return fmt.Errorf("xattr %s: %w", x.Name, err)
+		}
+	}
+	ts := []unix.Timespec{unix.NsecToTimespec(e.MtimeNs), unix.NsecToTimespec(e.MtimeNs)}
+	return unix.UtimesNanoAt(dirFD, e.Name, ts, unix.AT_SYMLINK_NOFOLLOW)
+}
