@@ -14,14 +14,24 @@ import (
 func (a *app) checkpointCmd() *cobra.Command {
 	var turn int
 	var message string
-	var waitRemote bool
+	var waitRemote, recordSkips bool
 	c := &cobra.Command{
-		Use:   "checkpoint NAME [--turn N] [--message TEXT] [--wait-remote]",
+		Use:   "checkpoint NAME [--turn N] [--message TEXT] [--record-skips] [--wait-remote]",
 		Short: "Close a turn: checkpoint what changed since the last checkpoint (nothing: skip)",
-		Args:  cobra.ExactArgs(1),
+		Long: `checkpoint closes a turn: it scans what changed since the sandbox's head and
+stores only that. A turn that changed nothing is a skip: it writes nothing
+and prints the head's id. With --record-skips a skip turn writes a record of
+its own (class skip, the head's trees, no new bytes), so the log has one
+line per turn.
+
+--turn N records the agent's own turn number (any N >= 0; numbers need not
+be consecutive or unique): pass it on every call to keep the framework's
+numbering. Without it the turn is the parent's turn plus one, so skip turns
+that write no record leave no gap: the next checkpoint reuses the number.`,
+		Args: cobra.ExactArgs(1),
 	}
 	c.RunE = a.withEngine(func(ctx context.Context, e *engine.Engine, args []string) error {
-		opts := engine.CheckpointOptions{Message: message}
+		opts := engine.CheckpointOptions{Message: message, RecordSkips: recordSkips}
 		if c.Flags().Changed("turn") {
 			opts.Turn = &turn
 		}
@@ -55,6 +65,7 @@ func (a *app) checkpointCmd() *cobra.Command {
 	})
 	c.Flags().IntVar(&turn, "turn", 0, "turn number this checkpoint closes (default: parent's turn + 1)")
 	c.Flags().StringVarP(&message, "message", "m", "", "a note stored with the checkpoint")
+	c.Flags().BoolVar(&recordSkips, "record-skips", false, "write a record (class skip, no new bytes) for a turn that changed nothing")
 	c.Flags().BoolVar(&waitRemote, "wait-remote", false, "return only once the checkpoint is stored in the remote bucket")
 	return c
 }
