@@ -107,12 +107,13 @@ func (a *app) printForget(ctx context.Context, e *engine.Engine, r *engine.Forge
 
 func (a *app) policyCmd() *cobra.Command {
 	c := &cobra.Command{
-		Use:   "policy set|show|clear [NAME]",
+		Use:   "policy set|show|clear [NAME] | policy apply",
 		Short: "Store the retention policy of a sandbox or of the home",
 		Long: `policy stores a retention policy in the home (HOME/retention.json): the
 home's (without NAME) or one sandbox's, which replaces the home's for that
 sandbox. The daemon applies the stored policies on its schedule, as
-'forget' would with the same flags.
+'forget' would with the same flags; 'policy apply' does it now (from cron,
+for a host without the daemon).
 
 ` + retentionRules,
 	}
@@ -160,7 +161,21 @@ sandbox. The daemon applies the stored policies on its schedule, as
 			return a.showPolicies(ctx, e, opts.Sandbox)
 		}),
 	}
-	c.AddCommand(set, show, clear)
+	apply := &cobra.Command{
+		Use:   "apply [--gc]",
+		Short: "Carry out the stored policies now (what the daemon does on its schedule)",
+		Args:  cobra.NoArgs,
+	}
+	var gc bool
+	apply.RunE = a.withEngine(func(ctx context.Context, e *engine.Engine, _ []string) error {
+		r, err := e.ApplyPolicies(ctx)
+		if err != nil {
+			return err
+		}
+		return a.printForget(ctx, e, r, gc)
+	})
+	apply.Flags().BoolVar(&gc, "gc", false, "run gc afterwards")
+	c.AddCommand(set, show, clear, apply)
 	return c
 }
 
