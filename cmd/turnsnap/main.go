@@ -34,6 +34,10 @@ const (
 )
 
 func exitCode(err error) int {
+	var ce *engine.CommandError
+	if errors.As(err, &ce) {
+		return ce.Code // 127 not found, 126 not executable, as a shell
+	}
 	switch {
 	case errors.Is(err, errdefs.ErrKey):
 		// First: a sealed object that does not open is a key problem even
@@ -160,7 +164,7 @@ branch one checkpoint into many sandboxes, and verify what is stored.`,
 	root.AddCommand(a.sandboxCmd(), a.checkpointCmd(), a.logCmd(), a.diffCmd(), a.rollbackCmd(),
 		a.branchCmd(), a.tagCmd(), a.verifyCmd(), a.catalogCmd(), a.initCmd(), a.syncCmd(),
 		a.statusCmd(), a.unlockCmd(), a.gcCmd(), a.pruneCmd(), a.execCmd(), a.demoCmd(), a.keyCmd(),
-		a.forgetCmd(), a.policyCmd())
+		a.forgetCmd(), a.policyCmd(), a.psCmd())
 	return root
 }
 

@@ -107,7 +107,9 @@ func TestCLIForgetAndPolicy(t *testing.T) {
 		t.Fatalf("policy set for a missing sandbox: exit %d %s", code, out)
 	}
 	var view struct {
-		Home      *struct{ KeepLast int `json:"keep_last"` }
+		Home *struct {
+			KeepLast int `json:"keep_last"`
+		}
 		Sandboxes []struct{ Sandbox, Source string }
 	}
 	runJSON(t, home, &view, "policy", "set", "--keep-last", "1")
