@@ -19,7 +19,7 @@ type PruneOptions struct {
 
 // PruneReport lists what Prune removed.
 type PruneReport struct {
-	Kept    int        `json:"kept"`
+	Kept    int        `json:"checkpoints_kept"`
 	Deleted []delta.ID `json:"deleted"`
 	// Checkpoints describes each deleted checkpoint (for the text report).
 	Checkpoints []RetentionEntry `json:"-"`

@@ -66,7 +66,7 @@ For a finer policy (hourly, daily, within a span) see 'turnsnap forget'.`,
 			}
 		}
 		if a.json {
-			return printJSON(a.stdout(), map[string]any{"kept": r.Kept, "deleted": r.Deleted, "gc": g})
+			return printJSON(a.stdout(), map[string]any{"checkpoints_kept": r.Kept, "checkpoints_deleted": len(r.Deleted), "deleted": r.Deleted, "gc": g})
 		}
 		verb := "deleted"
 		if opts.DryRun {

@@ -35,8 +35,8 @@ func (a *app) sandboxCmd() *cobra.Command {
 				return printJSON(a.stdout(), map[string]any{
 					"name": r.Sandbox.Name, "backend": r.Sandbox.Backend, "root": r.Root,
 					"base_tree": r.Sandbox.BaseTree, "checkpoint": r.Checkpoint.ID,
-					"base_files": r.BaseStats.Entries, "bytes_new": r.Checkpoint.Stats.BytesNew,
-					"duration_ms": r.Duration.Milliseconds(),
+					"files_base": r.BaseStats.Entries, "bytes_new": r.Checkpoint.Stats.BytesNew,
+					"duration_ms": float64(r.Duration.Microseconds()) / 1000,
 				})
 			}
 			fmt.Fprintf(a.stdout(), "sandbox %s created at %s\nbase %s: %d entries, %s read, %s new in store; checkpoint %s (turn 0) in %s\n",

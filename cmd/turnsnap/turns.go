@@ -206,7 +206,7 @@ given (or every checkpoint in the store).`,
 		if a.json {
 			return printJSON(a.stdout(), map[string]any{"checkpoint": r.Checkpoint, "ok": true,
 				"objects": r.Objects, "trees": r.Trees, "chunks": r.Chunks, "bytes": r.Bytes,
-				"entries": r.Entries, "state_bytes": r.StateBytes, "base_checked": r.BaseChecked})
+				"entries": r.Entries, "bytes_expanded": r.StateBytes, "base_checked": r.BaseChecked})
 		}
 		fmt.Fprintf(a.stdout(), "checkpoint %s ok: %d objects, %d trees, %d chunks, %s verified; restores %d entries, %s\n",
 			r.Checkpoint.Short(), len(r.Objects), r.Trees, r.Chunks, bytesStr(r.Bytes), r.Entries, bytesStr(int64(r.StateBytes)))
@@ -238,7 +238,7 @@ and the rebuild goes on from the rest.`,
 					corrupt = []engine.CorruptObject{}
 				}
 				return printJSON(a.stdout(), map[string]any{"packs": r.Packs, "blobs": r.Blobs, "checkpoints": r.Checkpoints,
-					"sandboxes": r.Sandboxes, "refs": r.Refs, "duration_ms": r.Duration.Milliseconds(), "corrupt": corrupt})
+					"sandboxes": r.Sandboxes, "refs": r.Refs, "duration_ms": float64(r.Duration.Microseconds()) / 1000, "corrupt": corrupt})
 			}
 			for _, c := range r.Corrupt {
 				fmt.Fprintf(os.Stderr, "skipped damaged object %s: %s\n", c.Name, c.Error)
