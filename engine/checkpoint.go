@@ -77,6 +77,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 		}
 	}
 	defer resume()
+	e.progressPhase("scan", 0)
 	res, err := st.root.Scan(ctx, deviceGuard{op})
 	if err != nil {
 		return nil, err
@@ -140,6 +141,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	}
 	cp.Stats.DurationNs = time.Since(start).Nanoseconds()
 	cp.Stats.PauseNs = pt.paused.Nanoseconds()
+	e.progressPhase("commit", 0)
 	e.phase(PhaseCommit)
 	if err := e.commit(ctx, op, cp, nil, cp.Roots()); err != nil {
 		return nil, err

@@ -319,6 +319,7 @@ func (e *Engine) dump(ctx context.Context, name string, saver delta.BlobSaver) (
 	e.phase(PhaseDump)
 	return func() (delta.ID, json.RawMessage, error) {
 		defer os.RemoveAll(dir)
+		e.progressPhase("store process image", 0)
 		e.phase(PhaseStore)
 		res, err := delta.Scan(ctx, filepath.Join(dir, "img"), delta.ScanOptions{Saver: saver, Quiescent: true})
 		if err != nil {

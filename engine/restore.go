@@ -93,6 +93,7 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 		return nil, err
 	}
 	e.phase("rollback: intent written")
+	e.progressPhase("restore", int64(fp.Bytes))
 	if err := st.root.Restore(ctx, cp.FSTree, e.repo); err != nil {
 		// The live root is as it was (Root.Restore): nothing to finish.
 		e.clearIntent(name)
@@ -176,7 +177,8 @@ func (e *Engine) Branch(ctx context.Context, ref, newName string, o BranchOption
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", newName, err)
 	}
-	if _, err := delta.CheckState(ctx, e.repo, cp.FSTree, delta.StateRules{}); err != nil {
+	fp, err := delta.CheckState(ctx, e.repo, cp.FSTree, delta.StateRules{})
+	if err != nil {
 		return nil, fmt.Errorf("checkpoint %s: tree %s: %w", cp.ID.Short(), cp.FSTree.Short(), err)
 	}
 	img, cleanImg, err := e.readyImage(ctx, cp, o.FSOnly)
@@ -195,6 +197,7 @@ func (e *Engine) Branch(ctx context.Context, ref, newName string, o BranchOption
 	if err := ensureDir(filepath.Dir(dir)); err != nil {
 		return nil, err
 	}
+	e.progressPhase("restore", int64(fp.Bytes))
 	root, err := be.Create(ctx, dir, lower, cp.FSTree, e.repo)
 	if err != nil {
 		return nil, err

@@ -124,10 +124,14 @@ func (a *app) stdout() io.Writer { return a.w }
 const blockAtPhaseEnv = "TURNSNAP_TEST_BLOCK_AT"
 
 func blockAtPhase() func(string) {
-	phase, file, ok := strings.Cut(os.Getenv(blockAtPhaseEnv), ":")
-	if !ok || file == "" {
+	// The file is after the last colon: phase names may hold one
+	// ("rollback: root switched").
+	v := os.Getenv(blockAtPhaseEnv)
+	i := strings.LastIndexByte(v, ':')
+	if i < 0 || i == len(v)-1 {
 		return nil
 	}
+	phase, file := v[:i], v[i+1:]
 	return func(p string) {
 		if p != phase {
 			return

@@ -193,5 +193,6 @@ func bar(done, total int64) string {
 
 // uploads is PushOptions.Progress: bytes sent against bytes still pending.
 func (pr *progress) uploads(st sched.Stats) {
-	pr.update(engine.Progress{Blobs: st.Completed, Bytes: st.SentBytes, Elapsed: progressDelay})
+	pr.update(engine.Progress{Blobs: st.Completed, Bytes: st.SentBytes, Elapsed: progressDelay,
+		Phase: "upload", Total: st.SentBytes + st.PendingBytes, Done: st.SentBytes})
 }
