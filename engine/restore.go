@@ -159,12 +159,9 @@ func (e *Engine) Branch(ctx context.Context, ref, newName string, o BranchOption
 	var cfg json.RawMessage
 	if o.Backend == "" {
 		o.Backend = cp.Backend
-		e.view(ctx, func(tx *catalog.Tx) error {
-			if src, err := tx.Sandbox(cp.Sandbox); err == nil && src.Backend == cp.Backend {
-				cfg = src.Config
-			}
-			return nil
-		})
+		if cfg, err = e.branchConfig(ctx, cp); err != nil {
+			return nil, fmt.Errorf("sandbox %s: %w", newName, err)
+		}
 	} else if cfg, err = backendConfig(o.Backend, o.Btrfs); err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", newName, err)
 	}

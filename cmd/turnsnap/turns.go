@@ -94,7 +94,14 @@ func (a *app) branchCmd() *cobra.Command {
 	c := &cobra.Command{
 		Use:   "branch CHECKPOINT NEWNAME [--backend overlay|btrfs [--btrfs-pool PATH]]",
 		Short: "Create a new sandbox whose root equals a checkpoint",
-		Args:  cobra.ExactArgs(2),
+		Long: `branch creates a sandbox whose root equals the checkpoint, with that
+checkpoint as its head. Without --backend it uses the backend and settings
+of the sandbox that took the checkpoint, if that sandbox's root is on this
+home. A btrfs checkpoint recorded by another home (a catalog rebuilt from a
+shared bucket, a fresh home) never reuses the pool path recorded there: the
+branch uses this home's btrfs pool if it has exactly one, and otherwise
+asks for --btrfs-pool DIR (exit 2).`,
+		Args: cobra.ExactArgs(2),
 		RunE: a.withEngine(func(ctx context.Context, e *engine.Engine, args []string) error {
 			if backend == "" && pool != "" {
 				backend = btrfs.Name
