@@ -51,6 +51,7 @@ type GCReport struct {
 // work).
 func (e *Engine) GC(ctx context.Context, opts GCOptions) (*GCReport, error) {
 	defer e.exclusive()()
+	e.progressPhase("gc", 0)
 	start := time.Now()
 	grace := opts.Grace
 	rep := &GCReport{DryRun: opts.DryRun}

@@ -45,6 +45,7 @@ func (e *Engine) CreateSandbox(ctx context.Context, name string, opts CreateOpti
 	}
 	defer done()
 	start := time.Now()
+	e.progressPhase("import base", 0)
 	if !delta.ValidRefName(name) {
 		return nil, fmt.Errorf("sandbox name %q: use 1-64 of [A-Za-z0-9._-], not starting with '.' or '-': %w", name, errdefs.ErrInvalid)
 	}
