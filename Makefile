@@ -51,8 +51,9 @@ FUZZ_TARGETS := \
 	./delta:FuzzDecodeTree ./delta:FuzzDecodeBlob ./delta:FuzzCheckState \
 	./delta:FuzzParsePackHeader ./delta:FuzzReadPackBlobs \
 	./delta:FuzzDecodeRecord ./delta:FuzzDecodeSandbox ./delta:FuzzSealedPackHeader ./delta:FuzzOpenObject ./delta:FuzzKeyFiles \
+	./engine:FuzzDecodePolicies \
 	./engine/llmproxy:FuzzParseRequest ./engine/llmproxy:FuzzCanonMatchesReference \
-	./engine/llmproxy:FuzzDecodeEntry ./engine:FuzzDecodePolicies \
+	./engine/llmproxy:FuzzDecodeEntry \
 	./proc:FuzzProcText ./proc:FuzzImageFiles
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \

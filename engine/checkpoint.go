@@ -63,6 +63,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	// indexed), so a turn that ran out of space leaves nothing behind.
 	op := e.repo.Begin()
 	defer op.Discard(context.WithoutCancel(ctx))
+	e.progressPhase("scan", 0)
 	// Processes first: decide whether they changed and pause them, so the
 	// scan and any dump below are one instant.
 	pt, err := e.beginProcTurn(ctx, name, st.head)
@@ -77,7 +78,6 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 		}
 	}
 	defer resume()
-	e.progressPhase("scan", 0)
 	res, err := st.root.Scan(ctx, deviceGuard{op})
 	if err != nil {
 		return nil, err

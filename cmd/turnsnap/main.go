@@ -163,6 +163,7 @@ branch one checkpoint into many sandboxes, and verify what is stored.`,
 			return needRoot(cmd)
 		},
 	}
+	root.AddCommand(a.forgetCmd(), a.policyCmd(), a.psCmd()) // retention and processes (issue 16)
 	pf := root.PersistentFlags()
 	pf.StringVar(&a.home, "home", defaultHome(), "turnsnap home directory (env TURNSNAP_HOME)")
 	pf.BoolVar(&a.json, "json", false, "print results as JSON")
@@ -170,8 +171,7 @@ branch one checkpoint into many sandboxes, and verify what is stored.`,
 	pf.BoolVarP(&a.verbose, "verbose", "v", false, "log debug detail to stderr")
 	root.AddCommand(a.sandboxCmd(), a.checkpointCmd(), a.logCmd(), a.diffCmd(), a.rollbackCmd(),
 		a.branchCmd(), a.tagCmd(), a.verifyCmd(), a.catalogCmd(), a.initCmd(), a.syncCmd(),
-		a.statusCmd(), a.unlockCmd(), a.gcCmd(), a.pruneCmd(), a.execCmd(), a.demoCmd(), a.keyCmd(),
-		a.forgetCmd(), a.policyCmd(), a.psCmd())
+		a.statusCmd(), a.unlockCmd(), a.gcCmd(), a.pruneCmd(), a.execCmd(), a.demoCmd(), a.keyCmd())
 	return root
 }
 
