@@ -51,8 +51,8 @@ FUZZ_TARGETS := \
 	./delta:FuzzDecodeTree ./delta:FuzzDecodeBlob ./delta:FuzzCheckState \
 	./delta:FuzzParsePackHeader ./delta:FuzzReadPackBlobs \
 	./delta:FuzzDecodeRecord ./delta:FuzzDecodeSandbox ./delta:FuzzSealedPackHeader ./delta:FuzzOpenObject ./delta:FuzzKeyFiles \
-	./engine:FuzzDecodePolicies \
 	./engine/llmproxy:FuzzParseRequest ./engine/llmproxy:FuzzCanonMatchesReference \
+	./engine:FuzzDecodePolicies \
 	./engine/llmproxy:FuzzDecodeEntry \
 	./proc:FuzzProcText ./proc:FuzzImageFiles
 fuzz:
