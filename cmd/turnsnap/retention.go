@@ -95,7 +95,7 @@ func (a *app) printForget(ctx context.Context, e *engine.Engine, r *engine.Forge
 			fmt.Fprintf(w, "  keep    %s  turn %-3d %s  %s\n", k.ID.Short(), k.Turn, k.Created.Local().Format("2006-01-02 15:04:05"), strings.Join(k.Reasons, ", "))
 		}
 		for _, d := range s.Deleted {
-			fmt.Fprintf(w, "  %-7s %s  turn %-3d %s\n", map[bool]string{true: "would", false: "delete"}[r.DryRun], d.ID.Short(), d.Turn, d.Created.Local().Format("2006-01-02 15:04:05"))
+			fmt.Fprintf(w, "  delete  %s  turn %-3d %s\n", d.ID.Short(), d.Turn, d.Created.Local().Format("2006-01-02 15:04:05"))
 		}
 	}
 	fmt.Fprintf(w, "kept %d checkpoints, %s %d\n", r.CheckpointsKept, verb, r.CheckpointsDeleted)

@@ -68,7 +68,7 @@ func TestCLIForgetAndPolicy(t *testing.T) {
 		t.Fatalf("kept with reasons %v", reasons)
 	}
 	text, code := run(t, home, "forget", "s", "--keep-last", "2", "--dry-run")
-	if code != 0 || !strings.Contains(text, "would") || !strings.Contains(text, ids[1][:12]) {
+	if code != 0 || !strings.Contains(text, "would delete 3") || !strings.Contains(text, "delete  "+ids[1][:12]) {
 		t.Fatalf("forget --dry-run text: %s", text)
 	}
 	var logBefore []struct{ ID string }
