@@ -179,21 +179,25 @@ func (e *Engine) PrepareExec(ctx context.Context, name string) (ExecFunc, error)
 		}
 		if opts.Detach {
 			pid, err := rt.ExecDetached(ctx, id, argv, proc.DetachOptions{Log: opts.Log})
-			if err != nil {
-				return 0, fmt.Errorf("sandbox %s: %w", name, err)
-			}
-			return pid, nil
+			return pid, nameCommandError(name, err)
 		}
 		in := opts.Stdin
 		if in == nil {
 			in = eofReader{}
 		}
 		code, err := rt.Exec(ctx, id, argv, in, orDiscard(opts.Stdout), orDiscard(opts.Stderr))
-		if err != nil {
-			return code, fmt.Errorf("sandbox %s: %w", name, err)
-		}
-		return code, nil
+		return code, nameCommandError(name, err)
 	}, nil
+}
+
+// nameCommandError says which sandbox a command was not found in; the
+// runtime's other errors name the container (ts-SCOPE-NAME) already.
+func nameCommandError(sandbox string, err error) error {
+	var ce *CommandError
+	if errors.As(err, &ce) {
+		return fmt.Errorf("sandbox %s: %w", sandbox, err)
+	}
+	return err
 }
 
 type eofReader struct{}

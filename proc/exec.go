@@ -105,7 +105,8 @@ func (r *Runtime) ExecDetached(ctx context.Context, id string, argv []string, op
 		return 0, err
 	}
 	if code == 3 {
-		return 0, fmt.Errorf("container %s: detach %s: log %s: %s: %w", id, argv[0], log, strings.TrimSpace(string(errOut.Bytes())), errdefs.ErrInvalid)
+		// The shell's message names the log ("can't create /x/y.log: ...").
+		return 0, fmt.Errorf("container %s: detach %s: --log: %s: %w", id, argv[0], strings.TrimSpace(string(errOut.Bytes())), errdefs.ErrInvalid)
 	}
 	if code != 0 {
 		return 0, fmt.Errorf("container %s: detach %s: shell exited %d: %s", id, argv[0], code, strings.TrimSpace(string(errOut.Bytes())))

@@ -99,8 +99,9 @@ func TestCLIExecDetachPs(t *testing.T) {
 		{"--detach", "--log", "/nodir/x.log", "--", "sleep", "1"},
 		{"--log", "/var/log/x", "--", "true"},
 	} {
-		if out, code := run(t, home, append([]string{"exec", "s"}, bad...)...); code != exitUsage {
-			t.Errorf("exec %v: exit %d, want %d: %s", bad, code, exitUsage, out)
+		out, code := run(t, home, append([]string{"exec", "s"}, bad...)...)
+		if code != exitUsage || strings.Count(out, bad[len(bad)-4]) > 1 {
+			t.Errorf("exec %v: exit %d, want %d, naming %s at most once: %s", bad, code, exitUsage, bad[len(bad)-4], out)
 		}
 	}
 	type psJSON struct {
