@@ -86,14 +86,52 @@ func (e *Engine) Lineage(ctx context.Context, _ LineageOptions) (*Lineage, error
 }
 
 // branchMarks fills each entry's Branches: the other sandboxes that
-// continue from it. Log calls it inside its transaction.
+// continue from it. Log calls it inside its transaction; it reads the
+// children index of each entry, not the whole home.
 func branchMarks(tx *catalog.Tx, entries []LogEntry) error {
-	g, err := loadGraph(tx)
+	sbs, err := tx.Sandboxes()
 	if err != nil {
 		return err
 	}
+	names := map[string]string{}
+	at := map[delta.ID][]*delta.Sandbox{} // checkpoint -> sandboxes whose origin or head it is
+	for _, sb := range sbs {
+		names[sb.Key()] = sb.Name
+		at[sb.Origin] = append(at[sb.Origin], sb)
+		if h, err := tx.GetRef(delta.RefHead, sb.Name); err == nil && h != sb.Origin {
+			at[h] = append(at[h], sb)
+		}
+	}
+	label := func(cp *delta.Checkpoint) string {
+		if n, ok := names[cp.SandboxKey()]; ok {
+			return n
+		}
+		return cp.Sandbox
+	}
 	for i := range entries {
-		entries[i].Branches = g.branchesAt(entries[i].Checkpoint)
+		cp := entries[i].Checkpoint
+		var out []string
+		add := func(l string) {
+			if l != label(cp) && !slices.Contains(out, l) {
+				out = append(out, l)
+			}
+		}
+		for _, sb := range at[cp.ID] {
+			if sb.Key() != cp.SandboxKey() {
+				add(sb.Name)
+			}
+		}
+		children, err := tx.Children(cp.ID)
+		if err != nil {
+			return err
+		}
+		for _, id := range children {
+			if child, err := tx.Checkpoint(id); err == nil && child.SandboxKey() != cp.SandboxKey() {
+				add(label(child))
+			}
+		}
+		slices.Sort(out)
+		entries[i].Branches = out
 	}
 	return nil
 }
