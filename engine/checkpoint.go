@@ -2,11 +2,13 @@ package engine
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/engine/content"
+	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
 
 // CheckpointOptions configures Checkpoint.
@@ -50,6 +52,9 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 		return nil, err
 	}
 	defer done()
+	if opts.Turn != nil && *opts.Turn < 0 {
+		return nil, fmt.Errorf("sandbox %s: turn %d: turns are numbered from 0: %w", name, *opts.Turn, errdefs.ErrInvalid)
+	}
 	start := time.Now()
 	st, err := e.loadSandbox(ctx, name)
 	if err != nil {

@@ -107,6 +107,7 @@ func TestCLIErrorClassesAndDurations(t *testing.T) {
 		{"123456789abc", exitNotFound, []string{"branch", "123456789abc", "c"}},
 		{"123456789abc", exitNotFound, []string{"tag", "t1", "123456789abc"}},
 		{"123456789abc", exitNotFound, []string{"verify", "123456789abc"}},
+		{"-1", exitUsage, []string{"checkpoint", "agent", "--turn", "-1"}}, // even on a skip turn
 	} {
 		out, code := run(t, home, tc.args...)
 		if code != tc.code || strings.Count(out, tc.subject) != 1 {
