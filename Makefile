@@ -52,6 +52,7 @@ FUZZ_TARGETS := \
 	./delta:FuzzParsePackHeader ./delta:FuzzReadPackBlobs \
 	./delta:FuzzDecodeRecord ./delta:FuzzDecodeSandbox ./delta:FuzzSealedPackHeader ./delta:FuzzOpenObject ./delta:FuzzKeyFiles ./delta:FuzzCleanPath \
 	./engine/llmproxy:FuzzParseRequest ./engine/llmproxy:FuzzCanonMatchesReference \
+	./engine:FuzzDecodePolicies \
 	./engine/llmproxy:FuzzDecodeEntry \
 	./proc:FuzzProcText ./proc:FuzzImageFiles ./overlay:FuzzSuperOptions ./overlay:FuzzReadStack
 fuzz:

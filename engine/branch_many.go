@@ -76,12 +76,10 @@ func (e *Engine) BranchMany(ctx context.Context, ref string, names []string, o B
 	var cfg json.RawMessage
 	if o.Backend == "" {
 		o.Backend = cp.Backend
-		e.view(ctx, func(tx *catalog.Tx) error {
-			if src, err := tx.Sandbox(cp.Sandbox); err == nil && src.Backend == cp.Backend {
-				cfg = src.Config
-			}
-			return nil
-		})
+		// The same pool rule as Branch (foreign.go): never another home's.
+		if cfg, err = e.branchConfig(ctx, cp); err != nil {
+			return nil, err
+		}
 	} else if cfg, err = backendConfig(o.Backend, o.Btrfs); err != nil {
 		return nil, err
 	}

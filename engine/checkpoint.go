@@ -2,18 +2,25 @@ package engine
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/engine/content"
+	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
 
 // CheckpointOptions configures Checkpoint.
 type CheckpointOptions struct {
 	// Turn is the agent turn this checkpoint closes; nil means the parent's
 	// turn plus one.
-	Turn    *int
-	Message string
+	Turn    *int   `json:"turn,omitempty"`
+	Message string `json:"message,omitempty"`
+	// RecordSkips writes a record for a turn that changed nothing, class
+	// skip, with the head's trees and no new objects, so a framework that
+	// wants one log line per turn gets one (docs/FORMAT.md, "Record").
+	RecordSkips bool `json:"record_skips,omitempty"`
 }
 
 // CheckpointResult reports one turn boundary.
@@ -53,6 +60,9 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 		return nil, err
 	}
 	defer done()
+	if opts.Turn != nil && *opts.Turn < 0 {
+		return nil, fmt.Errorf("sandbox %s: turn %d: turns are numbered from 0: %w", name, *opts.Turn, errdefs.ErrInvalid)
+	}
 	start := time.Now()
 	st, err := e.loadSandbox(ctx, name)
 	if err != nil {
@@ -66,6 +76,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	// indexed), so a turn that ran out of space leaves nothing behind.
 	op := e.repo.Begin()
 	defer op.Discard(context.WithoutCancel(ctx))
+	e.progressPhase("scan", 0)
 	// Processes first: decide whether they changed and pause them, so the
 	// scan and any dump below are one instant.
 	pt, err := e.beginProcTurn(ctx, name, st.head)
@@ -120,6 +131,9 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 			}
 		}
 		stats.DurationNs = time.Since(start).Nanoseconds()
+		if opts.RecordSkips {
+			return e.recordSkip(ctx, op, st, turn, opts.Message, stats, start)
+		}
 		return &CheckpointResult{ID: st.head.ID, Sandbox: name, Class: delta.ClassSkip, Turn: turn,
 			Parent: st.head.ID, Stats: stats, Duration: time.Since(start)}, nil
 	}
@@ -149,6 +163,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	}
 	cp.Stats.DurationNs = time.Since(start).Nanoseconds()
 	cp.Stats.PauseNs = pt.paused.Nanoseconds()
+	e.progressPhase("commit", 0)
 	e.phase(PhaseCommit)
 	if err := e.commit(ctx, op, cp, nil, cp.Roots()); err != nil {
 		return nil, err
@@ -169,6 +184,25 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 		out.ProcessChange = pt.reason
 	}
 	return out, nil
+}
+
+// recordSkip commits a skip turn as a record of its own: the head's trees,
+// state key and process image (so its roots are referenced once more and
+// prune, gc and rebuild count it as any record), and no new objects.
+func (e *Engine) recordSkip(ctx context.Context, op *content.Op, st *sandboxState, turn int, msg string,
+	stats delta.Stats, start time.Time) (*CheckpointResult, error) {
+	h := st.head
+	cp := &delta.Checkpoint{
+		Version: delta.RecordVersion, Sandbox: st.sb.Name, SandboxID: st.sb.ID, Parent: h.ID, Turn: turn,
+		Class: delta.ClassSkip, Backend: st.sb.Backend, BaseTree: h.BaseTree, FSTree: h.FSTree,
+		StateKey: h.StateKey, ProcTree: h.ProcTree, Host: h.Host, Message: msg, Created: time.Now().UTC(), Stats: stats,
+	}
+	e.phase(PhaseCommit)
+	if err := e.commit(ctx, op, cp, nil, cp.Roots()); err != nil {
+		return nil, err
+	}
+	return &CheckpointResult{ID: cp.ID, Sandbox: cp.Sandbox, Class: delta.ClassSkip, Turn: turn, Parent: h.ID,
+		Stats: cp.Stats, Duration: time.Since(start)}, nil
 }
 
 // classify names a turn by what changed (docs/FORMAT.md, "Record": class).

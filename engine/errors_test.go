@@ -34,6 +34,13 @@ func TestErrorsNameSubjectOnce(t *testing.T) {
 			return err
 		}()},
 		{"verify of a missing tag", `"nosuchtag"`, func() error { _, err := e.Verify(ctx, "nosuchtag"); return err }()},
+		{"forget of a missing sandbox", "agnet", func() error {
+			_, err := e.Forget(ctx, ForgetOptions{Sandbox: "agnet", Policy: RetentionPolicy{KeepLast: 1}})
+			return err
+		}()},
+		{"policy of a missing sandbox", "agnet", e.SetPolicy(ctx, PolicyOptions{Sandbox: "agnet", Policy: RetentionPolicy{KeepLast: 1}})},
+		{"policies of a missing sandbox", "agnet", func() error { _, err := e.ShowPolicies(ctx, "agnet"); return err }()},
+		{"processes of a missing sandbox", "agnet", func() error { _, err := e.Processes(ctx, "agnet", ProcessesOptions{}); return err }()},
 	} {
 		if !errors.Is(tc.err, errdefs.ErrNotFound) {
 			t.Errorf("%s: got %v, want ErrNotFound", tc.what, tc.err)

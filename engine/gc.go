@@ -30,16 +30,16 @@ type GCOptions struct {
 
 // GCReport says what GC found and did.
 type GCReport struct {
-	Records        int   `json:"records"`
-	LiveBlobs      int   `json:"live_blobs"`
-	Packs          int   `json:"packs"`
-	Deleted        int   `json:"deleted_packs"`
-	DeletedBytes   int64 `json:"deleted_bytes"`
-	KeptYoung      int   `json:"kept_young_packs"`
-	PartlyLive     int   `json:"partly_live_packs"`
-	DeadBytesKept  int64 `json:"dead_bytes_in_live_packs"`
-	DryRun         bool  `json:"dry_run"`
-	DurationMillis int64 `json:"duration_ms"`
+	Records        int     `json:"records"`
+	LiveBlobs      int     `json:"blobs_live"`
+	Packs          int     `json:"packs"`
+	Deleted        int     `json:"packs_deleted"`
+	DeletedBytes   int64   `json:"bytes_deleted"`
+	KeptYoung      int     `json:"packs_kept_young"`
+	PartlyLive     int     `json:"packs_partly_live"`
+	DeadBytesKept  int64   `json:"bytes_dead_kept"`
+	DryRun         bool    `json:"dry_run"`
+	DurationMillis float64 `json:"duration_ms"` // milliseconds, as every command's duration_ms
 }
 
 // GC deletes packs that no checkpoint references, locally and in the
@@ -51,6 +51,7 @@ type GCReport struct {
 // work).
 func (e *Engine) GC(ctx context.Context, opts GCOptions) (*GCReport, error) {
 	defer e.exclusive()()
+	e.progressPhase("gc", 0)
 	start := time.Now()
 	grace := opts.Grace
 	rep := &GCReport{DryRun: opts.DryRun}
@@ -174,7 +175,7 @@ func (e *Engine) GC(ctx context.Context, opts GCOptions) (*GCReport, error) {
 	if !opts.DryRun {
 		e.dropFrozen(ctx)
 	}
-	rep.DurationMillis = time.Since(start).Milliseconds()
+	rep.DurationMillis = float64(time.Since(start).Microseconds()) / 1000
 	return rep, nil
 }
 

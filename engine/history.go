@@ -20,6 +20,9 @@ type LogEntry struct {
 	// OnHead is true for the head and its ancestors; false for checkpoints
 	// abandoned by a rollback (they stay restorable).
 	OnHead bool
+	// Branches are the other sandboxes that continue from this checkpoint
+	// (branched from it, rolled back to it, or took a child of it).
+	Branches []string
 }
 
 // Log lists a sandbox's history newest first: the head and its ancestors
@@ -64,7 +67,7 @@ func (e *Engine) Log(ctx context.Context, name string) ([]LogEntry, error) {
 				out = append(out, LogEntry{Checkpoint: cp})
 			}
 		}
-		return nil
+		return branchMarks(tx, out)
 	})
 	slices.SortStableFunc(out, func(a, b LogEntry) int {
 		if c := b.Created.Compare(a.Created); c != 0 {

@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/turnsnap/turnsnap/delta"
@@ -106,14 +107,24 @@ func (e *Engine) containerRunning(ctx context.Context, sandbox string) (bool, er
 
 // ExecOptions configures Exec.
 type ExecOptions struct {
-	Detach bool // start a long-lived process and return at once
-	Stdin  io.Reader
-	Stdout io.Writer
-	Stderr io.Writer
+	Detach bool `json:"detach,omitempty"` // start a long-lived process and return at once
+	// Log is an absolute path inside the sandbox that receives a detached
+	// process's stdout and stderr (appended; its directory must exist);
+	// empty means /dev/null.
+	Log    string    `json:"log,omitempty"`
+	Stdin  io.Reader `json:"-"`
+	Stdout io.Writer `json:"-"`
+	Stderr io.Writer `json:"-"`
 }
 
+// CommandError is a command that cannot run in the sandbox: Code 127 when
+// it is not found, 126 when it is not executable (a shell's codes).
+type CommandError = proc.CommandError
+
 // Exec runs argv inside the sandbox's container, starting the container
-// on first use. It returns the command's exit code (0 for Detach).
+// on first use. It returns the command's exit code, or for Detach the
+// process's pid inside the sandbox. A command that cannot run is a
+// *CommandError.
 func (e *Engine) Exec(ctx context.Context, name string, argv []string, opts ExecOptions) (int, error) {
 	run, err := e.PrepareExec(ctx, name)
 	if err != nil {
@@ -163,16 +174,30 @@ func (e *Engine) PrepareExec(ctx context.Context, name string) (ExecFunc, error)
 		if len(argv) == 0 {
 			return 0, fmt.Errorf("sandbox %s: exec needs a command: %w", name, errdefs.ErrInvalid)
 		}
+		if opts.Log != "" && (!filepath.IsAbs(opts.Log) || filepath.Clean(opts.Log) != opts.Log || strings.ContainsRune(opts.Log, 0)) {
+			return 0, fmt.Errorf("sandbox %s: --log %q: want a clean absolute path inside the sandbox: %w", name, opts.Log, errdefs.ErrInvalid)
+		}
 		if opts.Detach {
-			_, err := rt.ExecDetached(ctx, id, argv, proc.DetachOptions{})
-			return 0, err
+			pid, err := rt.ExecDetached(ctx, id, argv, proc.DetachOptions{Log: opts.Log})
+			return pid, nameCommandError(name, err)
 		}
 		in := opts.Stdin
 		if in == nil {
 			in = eofReader{}
 		}
-		return rt.Exec(ctx, id, argv, in, orDiscard(opts.Stdout), orDiscard(opts.Stderr))
+		code, err := rt.Exec(ctx, id, argv, in, orDiscard(opts.Stdout), orDiscard(opts.Stderr))
+		return code, nameCommandError(name, err)
 	}, nil
+}
+
+// nameCommandError says which sandbox a command was not found in; the
+// runtime's other errors name the container (ts-SCOPE-NAME) already.
+func nameCommandError(sandbox string, err error) error {
+	var ce *CommandError
+	if errors.As(err, &ce) {
+		return fmt.Errorf("sandbox %s: %w", sandbox, err)
+	}
+	return err
 }
 
 type eofReader struct{}
@@ -298,6 +323,7 @@ func (e *Engine) dump(ctx context.Context, name string, saver delta.BlobSaver) (
 	e.phase(PhaseDump)
 	return func() (delta.ID, json.RawMessage, error) {
 		defer os.RemoveAll(dir)
+		e.progressPhase("store process image", 0)
 		e.phase(PhaseStore)
 		res, err := delta.Scan(ctx, filepath.Join(dir, "img"), delta.ScanOptions{Saver: saver, Quiescent: true})
 		if err != nil {

@@ -27,6 +27,10 @@ const (
 	PhaseCommit = "commit" // everything is stored; the checkpoint is about to be committed
 )
 
+// progressPhase shows the step under way in the progress report (Options.
+// Progress), with the bytes it will handle when known (0: unknown).
+func (e *Engine) progressPhase(name string, total int64) { e.meter.SetPhase(name, total) }
+
 // phase reports reaching a checkpoint phase to Options.AtPhase.
 func (e *Engine) phase(name string) {
 	if e.atPhase != nil {

@@ -19,8 +19,10 @@ type PruneOptions struct {
 
 // PruneReport lists what Prune removed.
 type PruneReport struct {
-	Kept    int        `json:"kept"`
+	Kept    int        `json:"checkpoints_kept"`
 	Deleted []delta.ID `json:"deleted"`
+	// Checkpoints describes each deleted checkpoint (for the text report).
+	Checkpoints []RetentionEntry `json:"-"`
 }
 
 // Prune deletes checkpoints beyond the newest KeepLast of each sandbox,
@@ -41,53 +43,20 @@ func (e *Engine) Prune(ctx context.Context, opts PruneOptions) (*PruneReport, er
 	if opts.KeepLast < 1 {
 		return nil, fmt.Errorf("prune: --keep-last must be at least 1: %w", errdefs.ErrInvalid)
 	}
-	keep := map[delta.ID]bool{}
-	owned := map[string]bool{} // sandbox keys whose checkpoints this home may delete
-	known := map[string]bool{} // every sandbox key the catalog has
-	bySandbox := map[string][]*delta.Checkpoint{}
-	err := e.view(ctx, func(tx *catalog.Tx) error {
-		for _, kind := range []delta.RefKind{delta.RefHead, delta.RefTag} {
-			refs, err := tx.Refs(kind)
-			if err != nil {
-				return err
-			}
-			for _, r := range refs {
-				keep[r.Target] = true
-			}
-		}
-		sbs, err := tx.Sandboxes()
-		if err != nil {
-			return err
-		}
-		for _, sb := range sbs {
-			known[sb.Key()] = true
-			owned[sb.Key()] = sb.Home == "" || sb.Home == e.config.HomeID
-		}
-		removed, err := tx.RemovedOwnSandboxes()
-		for _, k := range removed {
-			owned[k] = true
-		}
-		if err != nil {
-			return err
-		}
-		return tx.ForEachCheckpoint(func(cp *delta.Checkpoint) error {
-			bySandbox[cp.SandboxKey()] = append(bySandbox[cp.SandboxKey()], cp)
-			return nil
-		})
-	})
+	h, err := e.loadHistory(ctx)
 	if err != nil {
 		return nil, err
 	}
 	rep := &PruneReport{}
 	var drop []*delta.Checkpoint
-	for key, cps := range bySandbox {
-		if !owned[key] && (known[key] || cps[0].SandboxID != "") {
+	for key, cps := range h.bySandbox {
+		if !h.mayPrune(key) {
 			rep.Kept += len(cps)
 			continue
 		}
 		slices.SortFunc(cps, func(a, b *delta.Checkpoint) int { return b.Created.Compare(a.Created) })
 		for i, cp := range cps {
-			if i < opts.KeepLast || keep[cp.ID] {
+			if i < opts.KeepLast || h.pin[cp.ID] != nil {
 				rep.Kept++
 				continue
 			}
@@ -97,6 +66,7 @@ func (e *Engine) Prune(ctx context.Context, opts PruneOptions) (*PruneReport, er
 	slices.SortFunc(drop, func(a, b *delta.Checkpoint) int { return a.Created.Compare(b.Created) })
 	for _, cp := range drop {
 		rep.Deleted = append(rep.Deleted, cp.ID)
+		rep.Checkpoints = append(rep.Checkpoints, RetentionEntry{ID: cp.ID, Sandbox: h.label(cp), Turn: cp.Turn, Created: cp.Created})
 	}
 	if opts.DryRun {
 		return rep, nil

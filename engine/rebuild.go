@@ -64,6 +64,7 @@ func (e *Engine) RebuildCatalog(ctx context.Context) (*RebuildReport, error) {
 // RebuildCatalogWith is RebuildCatalog with options.
 func (e *Engine) RebuildCatalogWith(ctx context.Context, opts RebuildOptions) (*RebuildReport, error) {
 	defer e.exclusive()()
+	e.progressPhase("rebuild", 0)
 	if err := e.refuseIfEncrypted(ctx); err != nil {
 		return nil, err
 	}

@@ -122,23 +122,31 @@ func (e *Engine) Setup(ctx context.Context, opts SetupOptions) (_ *InitReport, e
 // SandboxStatus is one sandbox's share of the upload queue.
 type SandboxStatus struct {
 	Sandbox        string `json:"sandbox"`
-	PendingObjects int    `json:"pending_objects"`
-	PendingBytes   int64  `json:"pending_bytes"`
+	PendingObjects int    `json:"objects_pending"`
+	PendingBytes   int64  `json:"bytes_pending"`
 	// StoredBytes is what the sandbox's checkpoints added to the store in
 	// all, the scale against which PendingBytes is progress.
-	StoredBytes int64 `json:"stored_bytes"`
+	StoredBytes int64 `json:"bytes_stored"`
 	// Checkpoints not yet remotely durable (their record is queued), of
 	// Checkpoints in all: the share that is durable is the upload progress
 	// that matters (a checkpoint is remotely durable once its record is).
-	PendingCheckpoints int `json:"pending_checkpoints"`
+	PendingCheckpoints int `json:"checkpoints_pending"`
 	Checkpoints        int `json:"checkpoints"`
+	// RemoteDurable is true only when nothing the sandbox needs is still
+	// queued: none of its own objects (records, description, head ref) and
+	// not the record its head names, which may be another sandbox's (a
+	// branch, or a rollback to another sandbox's checkpoint).
+	RemoteDurable bool `json:"remote_durable"`
+	// WaitsFor names the other sandboxes whose queued uploads this one's
+	// head needs.
+	WaitsFor []string `json:"waits_for,omitempty"`
 }
 
 // StatusReport is the state of this home's remote durability.
 type StatusReport struct {
 	Remote       string          `json:"remote"` // "" without a remote
-	QueueDepth   int             `json:"queue_depth"`
-	PendingBytes int64           `json:"pending_bytes"`
+	QueueDepth   int             `json:"objects_pending"`
+	PendingBytes int64           `json:"bytes_pending"`
 	Sandboxes    []SandboxStatus `json:"sandboxes"`
 	// LastPush is the most recent push's outcome; uploads run only during
 	// `sync` and `checkpoint --wait-remote`, so its rate is the upload rate.
@@ -148,8 +156,8 @@ type StatusReport struct {
 // LastPush summarises one push.
 type LastPush struct {
 	Finished    time.Time `json:"finished"`
-	Uploaded    int       `json:"uploaded"`
-	Bytes       int64     `json:"bytes"`
+	Uploaded    int       `json:"objects_uploaded"`
+	Bytes       int64     `json:"bytes_uploaded"`
 	BytesPerSec float64   `json:"bytes_per_sec"`
 	Error       string    `json:"error,omitempty"`
 }
@@ -202,8 +210,12 @@ func (e *Engine) Status(ctx context.Context) (*StatusReport, error) {
 		if err != nil {
 			return err
 		}
+		heads := map[string]delta.ID{}
 		for _, sb := range sbs {
 			s := get(sb.Name)
+			if h, err := tx.GetRef(delta.RefHead, sb.Name); err == nil {
+				heads[sb.Name] = h
+			}
 			cps, err := tx.SandboxCheckpoints(sb.Name)
 			if err != nil {
 				return err
@@ -213,7 +225,9 @@ func (e *Engine) Status(ctx context.Context) (*StatusReport, error) {
 				s.StoredBytes += cp.Stats.BytesNew
 			}
 		}
+		queuedBy := map[string]string{} // pending object name -> sandbox that queued it
 		for _, p := range pending {
+			queuedBy[p.Name] = p.Sandbox
 			s := get(p.Sandbox)
 			s.PendingObjects++
 			s.PendingBytes += p.Size
@@ -224,7 +238,17 @@ func (e *Engine) Status(ctx context.Context) (*StatusReport, error) {
 			rep.PendingBytes += p.Size
 		}
 		for _, n := range order {
-			rep.Sandboxes = append(rep.Sandboxes, *by[n])
+			s := by[n]
+			s.RemoteDurable = rep.Remote != "" && s.PendingObjects == 0
+			if h, ok := heads[n]; ok {
+				if other, queued := queuedBy[delta.RecordName(h)]; queued {
+					s.RemoteDurable = false
+					if other != n {
+						s.WaitsFor = append(s.WaitsFor, other)
+					}
+				}
+			}
+			rep.Sandboxes = append(rep.Sandboxes, *s)
 		}
 		return nil
 	})

@@ -93,6 +93,7 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 		return nil, err
 	}
 	e.phase("rollback: intent written")
+	e.progressPhase("restore", int64(fp.Bytes))
 	if err := st.root.Restore(ctx, cp.FSTree, e.repo); err != nil {
 		// The live root is as it was (Root.Restore): nothing to finish.
 		e.clearIntent(name)
@@ -162,12 +163,9 @@ func (e *Engine) Branch(ctx context.Context, ref, newName string, o BranchOption
 	var cfg json.RawMessage
 	if o.Backend == "" {
 		o.Backend = cp.Backend
-		e.view(ctx, func(tx *catalog.Tx) error {
-			if src, err := tx.Sandbox(cp.Sandbox); err == nil && src.Backend == cp.Backend {
-				cfg = src.Config
-			}
-			return nil
-		})
+		if cfg, err = e.branchConfig(ctx, cp); err != nil {
+			return nil, fmt.Errorf("sandbox %s: %w", newName, err)
+		}
 	} else if cfg, err = backendConfig(o.Backend, o.Btrfs); err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", newName, err)
 	}
@@ -180,7 +178,8 @@ func (e *Engine) Branch(ctx context.Context, ref, newName string, o BranchOption
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", newName, err)
 	}
-	if _, err := delta.CheckState(ctx, e.repo, cp.FSTree, delta.StateRules{}); err != nil {
+	fp, err := delta.CheckState(ctx, e.repo, cp.FSTree, delta.StateRules{})
+	if err != nil {
 		return nil, fmt.Errorf("checkpoint %s: tree %s: %w", cp.ID.Short(), cp.FSTree.Short(), err)
 	}
 	img, cleanImg, err := e.readyImage(ctx, cp, o.FSOnly)
@@ -199,6 +198,7 @@ func (e *Engine) Branch(ctx context.Context, ref, newName string, o BranchOption
 	if err := ensureDir(filepath.Dir(dir)); err != nil {
 		return nil, err
 	}
+	e.progressPhase("restore", int64(fp.Bytes))
 	root, err := e.branchRoot(ctx, be, dir, lower, cp, o.Materialise)
 	if err != nil {
 		return nil, err

@@ -45,6 +45,7 @@ func (e *Engine) CreateSandbox(ctx context.Context, name string, opts CreateOpti
 	}
 	defer done()
 	start := time.Now()
+	e.progressPhase("import base", 0)
 	if !delta.ValidRefName(name) {
 		return nil, fmt.Errorf("sandbox name %q: use 1-64 of [A-Za-z0-9._-], not starting with '.' or '-': %w", name, errdefs.ErrInvalid)
 	}
@@ -231,6 +232,9 @@ func (e *Engine) loadSandbox(ctx context.Context, name string) (*sandboxState, e
 	if err != nil {
 		return nil, err
 	}
+	if !e.rootHere(st.sb) {
+		return nil, e.errForeignRoot(st.sb)
+	}
 	be, err := e.backend(st.sb.Backend, st.sb.Config)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", name, err)
@@ -279,6 +283,12 @@ func (e *Engine) SandboxPath(ctx context.Context, name string) (string, error) {
 // Its checkpoints stay: other sandboxes may have branched from them, and
 // they remain restorable until pruned.
 func (e *Engine) RemoveSandbox(ctx context.Context, name string) error {
+	return e.RemoveSandboxWith(ctx, name, RemoveOptions{})
+}
+
+// RemoveSandboxWith is RemoveSandbox with options: CatalogOnly leaves the
+// root and processes alone (a sandbox whose root is on another host).
+func (e *Engine) RemoveSandboxWith(ctx context.Context, name string, o RemoveOptions) error {
 	done, err := e.op(ctx, name)
 	if err != nil {
 		return err
@@ -292,10 +302,17 @@ func (e *Engine) RemoveSandbox(ctx context.Context, name string) error {
 	}); err != nil {
 		return err // names the sandbox
 	}
-	if err := e.stopProcesses(ctx, name); err != nil {
-		return err
+	if !o.CatalogOnly && !e.rootHere(sb) {
+		// Its root is on the host that recorded it: nothing here to
+		// remove, and its recorded pool path must not be touched.
+		e.log.Warn("sandbox root is on another host; forgetting the sandbox only", "sandbox", name)
+		o.CatalogOnly = true
 	}
-	if be, err := e.backend(sb.Backend, sb.Config); err == nil {
+	if o.CatalogOnly {
+		// Nothing on this host is touched.
+	} else if err := e.stopProcesses(ctx, name); err != nil {
+		return err
+	} else if be, err := e.backend(sb.Backend, sb.Config); err == nil {
 		if err := be.Open(e.home.sandboxDir(name), "").Remove(ctx); err != nil {
 			return err
 		}

@@ -23,6 +23,7 @@ type VerifyReport = check.Report
 // error naming the object.
 func (e *Engine) Verify(ctx context.Context, ref string) (*VerifyReport, error) {
 	defer e.shared()()
+	e.progressPhase("verify", 0)
 	cp, err := e.resolve(ctx, ref)
 	if err != nil {
 		return nil, err

@@ -96,11 +96,17 @@ func (r *Runtime) ExecDetached(ctx context.Context, id string, argv []string, op
 		log = "/dev/null"
 	}
 	// $1 is the log; the rest is argv, passed as words, never re-parsed.
-	script := `log=$1; shift; "$@" </dev/null >>"$log" 2>&1 & echo $!`
+	// A log that cannot be opened fails here (exit 3), not silently in
+	// the background child.
+	script := `log=$1; shift; true >>"$log" || exit 3; "$@" </dev/null >>"$log" 2>&1 & echo $!`
 	var out, errOut capped
 	code, err := r.Exec(ctx, id, append([]string{"/bin/sh", "-c", script, "sh", log}, argv...), nil, &out, &errOut)
 	if err != nil {
 		return 0, err
+	}
+	if code == 3 {
+		// The shell's message names the log ("can't create /x/y.log: ...").
+		return 0, fmt.Errorf("container %s: detach %s: --log: %s: %w", id, argv[0], strings.TrimSpace(string(errOut.Bytes())), errdefs.ErrInvalid)
 	}
 	if code != 0 {
 		return 0, fmt.Errorf("container %s: detach %s: shell exited %d: %s", id, argv[0], code, strings.TrimSpace(string(errOut.Bytes())))
@@ -130,6 +136,9 @@ func (r *Runtime) checkExec(ctx context.Context, id string, argv []string) error
 	// A command joining a frozen cgroup would freeze at once and hang.
 	if info.frozen() {
 		return fmt.Errorf("container %s: paused: %w", id, errdefs.ErrPrecondition)
+	}
+	if ce := lookPath(info, argv[0]); ce != nil {
+		return ce
 	}
 	return nil
 }

@@ -46,10 +46,12 @@ func (a *app) pruneCmd() *cobra.Command {
 	c := &cobra.Command{
 		Use:   "prune --keep-last N [--gc]",
 		Short: "Delete all but the newest N checkpoints of each sandbox (heads and tags are kept)",
-		Long: `prune keeps, for each sandbox, its newest N checkpoints, its head, and every
-tagged checkpoint. Every checkpoint names its whole state, so a kept checkpoint
-needs none of its ancestors: pruning them only shortens the log. --gc runs gc
-afterwards to reclaim the space.`,
+		Long: `prune keeps, for each sandbox, its newest N checkpoints, its head, every
+tagged checkpoint, and every checkpoint another sandbox continues from.
+Every checkpoint names its whole state, so a kept checkpoint needs none of
+its ancestors: pruning them only shortens the log. --dry-run lists the
+checkpoints it would delete. --gc runs gc afterwards to reclaim the space.
+For a finer policy (hourly, daily, within a span) see 'turnsnap forget'.`,
 		Args: cobra.NoArgs,
 	}
 	c.RunE = a.withEngine(func(ctx context.Context, e *engine.Engine, _ []string) error {
@@ -64,11 +66,15 @@ afterwards to reclaim the space.`,
 			}
 		}
 		if a.json {
-			return printJSON(a.stdout(), map[string]any{"kept": r.Kept, "deleted": r.Deleted, "gc": g})
+			return printJSON(a.stdout(), map[string]any{"checkpoints_kept": r.Kept, "checkpoints_deleted": len(r.Deleted), "deleted": r.Deleted, "gc": g})
 		}
 		verb := "deleted"
 		if opts.DryRun {
 			verb = "would delete"
+		}
+		for _, d := range r.Checkpoints {
+			fmt.Fprintf(a.stdout(), "%s %s  turn %-3d %s  [%s]\n", verb, d.ID.Short(), d.Turn,
+				d.Created.Local().Format("2006-01-02 15:04:05"), d.Sandbox)
 		}
 		fmt.Fprintf(a.stdout(), "kept %d checkpoints, %s %d\n", r.Kept, verb, len(r.Deleted))
 		if g != nil {

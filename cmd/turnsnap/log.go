@@ -7,18 +7,36 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
-	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/engine"
 )
 
 func (a *app) logCmd() *cobra.Command {
-	var graph bool
+	var graph, all bool
 	c := &cobra.Command{
-		Use:   "log NAME [--graph]",
-		Short: "Show a sandbox's checkpoints, newest first",
-		Args:  cobra.ExactArgs(1),
+		Use:   "log NAME [--graph] | log --all [--graph]",
+		Short: "Show a sandbox's checkpoints (or the whole home's with --all), newest first",
+		Long: `log lists a sandbox's checkpoints newest first: its head and the head's
+ancestors (across the checkpoint it was branched from), and its own
+checkpoints a rollback left behind. "branched: B" marks a checkpoint that
+another sandbox B continues from (branched from it, rolled back to it, or
+took a checkpoint on top of it).
+
+--all lists every checkpoint of the home, every sandbox's, with the same
+marks and "HEAD of A" where sandbox A's head is. The order is newest first,
+except that a checkpoint is always printed after all of its children, so a
+parent never appears above its child even when two hosts' clocks disagree.
+--graph draws the lines of descent.`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if all {
+				return cobra.NoArgs(cmd, args)
+			}
+			return cobra.ExactArgs(1)(cmd, args)
+		},
 	}
 	c.RunE = a.readOnly(func(ctx context.Context, e *engine.Engine, args []string) error {
+		if all {
+			return a.printLineage(ctx, e, graph)
+		}
 		entries, err := e.Log(ctx, args[0])
 		if err != nil {
 			return err
@@ -29,7 +47,7 @@ func (a *app) logCmd() *cobra.Command {
 				rows = append(rows, map[string]any{"id": l.ID, "parent": l.Parent, "class": l.Class,
 					"turn": l.Turn, "sandbox": l.Sandbox, "message": l.Message, "created": l.Created,
 					"head": l.Head, "on_head": l.OnHead, "bytes_new": l.Stats.BytesNew,
-					"fs_tree": l.FSTree, "base_tree": l.BaseTree})
+					"fs_tree": l.FSTree, "base_tree": l.BaseTree, "branches": orEmpty(l.Branches)})
 			}
 			return printJSON(a.stdout(), rows)
 		}
@@ -43,6 +61,7 @@ func (a *app) logCmd() *cobra.Command {
 		return nil
 	})
 	c.Flags().BoolVar(&graph, "graph", false, "draw the lineage as a graph")
+	c.Flags().BoolVar(&all, "all", false, "every sandbox's checkpoints, with where each branched off")
 	return c
 }
 
@@ -59,6 +78,9 @@ func logLine(l engine.LogEntry) string {
 	if l.Sandbox != "" {
 		s += "  [" + l.Sandbox + "]"
 	}
+	if len(l.Branches) > 0 {
+		tags = append(tags, "branched: "+strings.Join(l.Branches, ", "))
+	}
 	if len(tags) > 0 {
 		s += "  (" + strings.Join(tags, ", ") + ")"
 	}
@@ -68,47 +90,11 @@ func logLine(l engine.LogEntry) string {
 	return s
 }
 
-// printGraph draws the lineage the way `git log --graph` draws a history
-// without merges: one column per line of descent still waiting for its
-// parent, newest first.
+// printGraph draws a sandbox's lineage (drawGraph).
 func printGraph(w io.Writer, entries []engine.LogEntry) {
-	var cols []delta.ID // what each column waits for
-	for _, l := range entries {
-		first := -1
-		var mine []int
-		for i, c := range cols {
-			if c == l.ID {
-				mine = append(mine, i)
-				if first < 0 {
-					first = i
-				}
-			}
-		}
-		if first < 0 {
-			cols = append(cols, l.ID)
-			first = len(cols) - 1
-			mine = []int{first}
-		}
-		// Lines of descent that share this checkpoint as parent join its
-		// column first, so the row below them is where they meet.
-		for j := len(mine) - 1; j >= 1; j-- {
-			join := []byte(strings.Repeat("| ", mine[j]))
-			join[2*mine[j]-1] = '/'
-			fmt.Fprintln(w, string(join))
-			cols = append(cols[:mine[j]], cols[mine[j]+1:]...)
-		}
-		var row strings.Builder
-		for i := range cols {
-			if i == first {
-				row.WriteString("* ")
-			} else {
-				row.WriteString("| ")
-			}
-		}
-		fmt.Fprintf(w, "%s%s\n", row.String(), logLine(l))
-		cols[first] = l.Parent
-		if l.Parent.IsZero() {
-			cols = append(cols[:first], cols[first+1:]...)
-		}
+	nodes := make([]graphNode, len(entries))
+	for i, l := range entries {
+		nodes[i] = graphNode{id: l.ID, parent: l.Parent, line: logLine(l)}
 	}
+	drawGraph(w, nodes)
 }

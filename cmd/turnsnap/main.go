@@ -34,11 +34,19 @@ const (
 )
 
 func exitCode(err error) int {
+	var ce *engine.CommandError
+	if errors.As(err, &ce) {
+		return ce.Code // 127 not found, 126 not executable, as a shell
+	}
 	switch {
 	case errors.Is(err, errdefs.ErrKey):
 		// First: a sealed object that does not open is a key problem even
 		// where it surfaces as a corrupt read.
 		return exitKey
+	case errors.Is(err, errdefs.ErrCorrupt):
+		// Before the rest: damaged stored data is the finding even when
+		// decoding it also failed a validity check (a ref that is not an id).
+		return exitCorrupt
 	case errors.Is(err, errdefs.ErrInvalid):
 		return exitUsage
 	case errors.Is(err, errdefs.ErrNotFound):
@@ -49,8 +57,6 @@ func exitCode(err error) int {
 		return exitPrecondition
 	case errors.Is(err, errdefs.ErrUnavailable):
 		return exitUnavailable
-	case errors.Is(err, errdefs.ErrCorrupt):
-		return exitCorrupt
 	case errors.Is(err, errdefs.ErrNoSpace), errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
 		return exitNoSpace
 	}
@@ -118,10 +124,14 @@ func (a *app) stdout() io.Writer { return a.w }
 const blockAtPhaseEnv = "TURNSNAP_TEST_BLOCK_AT"
 
 func blockAtPhase() func(string) {
-	phase, file, ok := strings.Cut(os.Getenv(blockAtPhaseEnv), ":")
-	if !ok || file == "" {
+	// The file is after the last colon: phase names may hold one
+	// ("rollback: root switched").
+	v := os.Getenv(blockAtPhaseEnv)
+	i := strings.LastIndexByte(v, ':')
+	if i < 0 || i == len(v)-1 {
 		return nil
 	}
+	phase, file := v[:i], v[i+1:]
 	return func(p string) {
 		if p != phase {
 			return
@@ -143,15 +153,17 @@ boundary (turns that changed nothing cost nothing), roll back a failed edit,
 branch one checkpoint into many sandboxes, and verify what is stored.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
-		PersistentPreRun: func(cmd *cobra.Command, _ []string) {
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
 			a.w = cmd.OutOrStdout()
 			level := slog.LevelWarn
 			if a.verbose {
 				level = slog.LevelDebug
 			}
 			a.log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+			return needRoot(cmd)
 		},
 	}
+	root.AddCommand(a.forgetCmd(), a.policyCmd(), a.psCmd()) // retention and processes (issue 16)
 	pf := root.PersistentFlags()
 	pf.StringVar(&a.home, "home", defaultHome(), "turnsnap home directory (env TURNSNAP_HOME)")
 	pf.BoolVar(&a.json, "json", false, "print results as JSON")
@@ -164,6 +176,31 @@ branch one checkpoint into many sandboxes, and verify what is stored.`,
 	return root
 }
 
+// errNotRoot is said at once, before a command fails on some file deep
+// inside with "operation not permitted".
+var errNotRoot error = notRoot{}
+
+type notRoot struct{}
+
+func (notRoot) Error() string { return "turnsnap must run as root: overlay mounts, runc, CRIU" }
+func (notRoot) Unwrap() error { return errdefs.ErrPrecondition }
+
+// needRoot refuses every command but the few that touch no sandbox (help,
+// shell completion, generating a key file) when not run as root.
+func needRoot(cmd *cobra.Command) error {
+	if os.Geteuid() == 0 {
+		return nil
+	}
+	switch cmd.CommandPath() {
+	case "turnsnap", "turnsnap help", "turnsnap key generate":
+		return nil
+	}
+	if p := cmd.Parent(); p != nil && p.Name() == "completion" || cmd.Name() == "completion" {
+		return nil
+	}
+	return errNotRoot
+}
+
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -173,7 +210,11 @@ func main() {
 		if errors.As(err, &ce) {
 			os.Exit(ce.code)
 		}
-		fmt.Fprintln(os.Stderr, "turnsnap:", err)
+		if errors.Is(err, errNotRoot) {
+			fmt.Fprintln(os.Stderr, err) // the sentence names turnsnap already
+		} else {
+			fmt.Fprintln(os.Stderr, "turnsnap:", err)
+		}
 		code := exitCode(err)
 		if code == exitError && usageErr(err) {
 			code = exitUsage

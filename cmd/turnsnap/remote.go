@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"strings"
 	"text/tabwriter"
-	"time"
 
+	"github.com/dustin/go-humanize"
 	"github.com/spf13/cobra"
 	"github.com/turnsnap/turnsnap/engine"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
@@ -65,7 +65,7 @@ Without the key, an encrypted store fails with exit code 9.`,
 			return err
 		}
 		if a.json {
-			return printJSON(a.stdout(), map[string]any{"remote": r.Remote, "queued": r.Queued, "queued_bytes": r.QueuedBytes,
+			return printJSON(a.stdout(), map[string]any{"remote": r.Remote, "objects_queued": r.Queued, "bytes_queued": r.QueuedBytes,
 				"key_id": e.KeyID()})
 		}
 		if id := e.KeyID(); id != "" {
@@ -109,8 +109,8 @@ func (a *app) syncCmd() *cobra.Command {
 			return err
 		}
 		if a.json {
-			return printJSON(a.stdout(), map[string]any{"uploaded": r.Uploaded, "bytes": r.Bytes, "deleted": r.Deleted,
-				"duration_ms": r.Duration.Milliseconds()})
+			return printJSON(a.stdout(), map[string]any{"objects_uploaded": r.Uploaded, "bytes_uploaded": r.Bytes, "objects_deleted": r.Deleted,
+				"duration_ms": float64(r.Duration.Microseconds()) / 1000})
 		}
 		fmt.Fprintf(a.stdout(), "uploaded %d objects (%s), deleted %d, in %s\n", r.Uploaded, bytesStr(r.Bytes), r.Deleted, durStr(r.Duration))
 		return nil
@@ -142,19 +142,43 @@ func (a *app) statusCmd() *cobra.Command {
 				if lp.Error != "" {
 					outcome = "failed: " + lp.Error
 				}
-				fmt.Fprintf(a.stdout(), "last push %s ago: %d objects, %s at %s/s, %s\n",
-					durStr(time.Since(lp.Finished).Round(time.Second)), lp.Uploaded, bytesStr(lp.Bytes),
+				fmt.Fprintf(a.stdout(), "last push %s (%s): %d objects, %s at %s/s, %s\n",
+					lp.Finished.Local().Format("2006-01-02 15:04:05 MST"), humanize.Time(lp.Finished), lp.Uploaded, bytesStr(lp.Bytes),
 					bytesStr(int64(lp.BytesPerSec)), outcome)
 			}
 			tw := tabwriter.NewWriter(a.stdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "SANDBOX\tPENDING\tCHECKPOINTS\tUPLOADED")
 			for _, s := range r.Sandboxes {
 				fmt.Fprintf(tw, "%s\t%d objects, %s\t%d not remote yet\t%s\n", s.Sandbox, s.PendingObjects,
-					bytesStr(s.PendingBytes), s.PendingCheckpoints, bar(int64(s.Checkpoints-s.PendingCheckpoints), int64(s.Checkpoints)))
+					bytesStr(s.PendingBytes), s.PendingCheckpoints, uploadedCell(s))
 			}
 			return tw.Flush()
 		}),
 	}
+}
+
+// uploadedCell is the UPLOADED column: a bar of the checkpoints that are
+// remote, never full while anything the sandbox needs is still queued.
+func uploadedCell(s engine.SandboxStatus) string {
+	done, total := int64(s.Checkpoints-s.PendingCheckpoints), int64(s.Checkpoints)
+	if s.RemoteDurable {
+		if total == 0 {
+			return bar(1, 1) + " (its head, no checkpoint of its own)"
+		}
+		return bar(total, total)
+	}
+	if done >= total {
+		// Every record of its own is up, but its head ref or description is
+		// not, or its head is another sandbox's record still queued.
+		done = max(total-1, 0)
+	}
+	cell := bar(done, max(total, 1))
+	if len(s.WaitsFor) > 0 {
+		cell += " (head waits for " + strings.Join(s.WaitsFor, ", ") + ")"
+	} else if s.PendingObjects > 0 && s.PendingCheckpoints == 0 {
+		cell += " (head ref not yet remote)"
+	}
+	return cell
 }
 
 // bar draws done/total as a 20-cell bar with a percentage.
@@ -169,5 +193,6 @@ func bar(done, total int64) string {
 
 // uploads is PushOptions.Progress: bytes sent against bytes still pending.
 func (pr *progress) uploads(st sched.Stats) {
-	pr.update(engine.Progress{Blobs: st.Completed, Bytes: st.SentBytes, Elapsed: progressDelay})
+	pr.update(engine.Progress{Blobs: st.Completed, Bytes: st.SentBytes, Elapsed: progressDelay,
+		Phase: "upload", Total: st.SentBytes + st.PendingBytes, Done: st.SentBytes})
 }

@@ -30,13 +30,15 @@ func TestCLIRemote(t *testing.T) {
 	remote := []string{"init", "--remote", "s3://cli/team", "--endpoint", srv.Endpoint, "--insecure"}
 	var created struct{ Root string }
 	runJSON(t, h1, &created, "sandbox", "create", "s", "--base", base)
-	var ini struct{ Queued int }
+	var ini struct {
+		Queued int `json:"objects_queued"`
+	}
 	runJSON(t, h1, &ini, remote...)
 	if ini.Queued == 0 {
 		t.Fatal("init queued nothing on a home with history")
 	}
 	var st struct {
-		QueueDepth int `json:"queue_depth"`
+		QueueDepth int `json:"objects_pending"`
 	}
 	runJSON(t, h1, &st, "status")
 	if st.QueueDepth != ini.Queued {
@@ -51,12 +53,14 @@ func TestCLIRemote(t *testing.T) {
 	if !ck.Remote {
 		t.Fatalf("checkpoint --wait-remote: %+v", ck)
 	}
-	var sync struct{ Uploaded int }
+	var sync struct {
+		Uploaded int `json:"objects_uploaded"`
+	}
 	runJSON(t, h1, &sync, "sync")
 	var after struct {
-		QueueDepth int `json:"queue_depth"`
+		QueueDepth int `json:"objects_pending"`
 		LastPush   *struct {
-			Bytes       int64   `json:"bytes"`
+			Bytes       int64   `json:"bytes_uploaded"`
 			BytesPerSec float64 `json:"bytes_per_sec"`
 		} `json:"last_push"`
 	}

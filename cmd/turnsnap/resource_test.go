@@ -173,7 +173,7 @@ func TestCLIGCGraceZero(t *testing.T) {
 		t.Fatal(err)
 	}
 	var g struct {
-		Deleted int `json:"deleted_packs"`
+		Deleted int `json:"packs_deleted"`
 	}
 	runJSON(t, home, &g, "gc")
 	if _, err := store.Stat(ctx, orphan); g.Deleted != 0 || err != nil {

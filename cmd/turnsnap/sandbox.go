@@ -35,8 +35,8 @@ func (a *app) sandboxCmd() *cobra.Command {
 				return printJSON(a.stdout(), map[string]any{
 					"name": r.Sandbox.Name, "backend": r.Sandbox.Backend, "root": r.Root,
 					"base_tree": r.Sandbox.BaseTree, "checkpoint": r.Checkpoint.ID,
-					"base_files": r.BaseStats.Entries, "bytes_new": r.Checkpoint.Stats.BytesNew,
-					"duration_ms": r.Duration.Milliseconds(),
+					"files_base": r.BaseStats.Entries, "bytes_new": r.Checkpoint.Stats.BytesNew,
+					"duration_ms": float64(r.Duration.Microseconds()) / 1000,
 				})
 			}
 			fmt.Fprintf(a.stdout(), "sandbox %s created at %s\nbase %s: %d entries, %s read, %s new in store; checkpoint %s (turn 0) in %s\n",
@@ -80,12 +80,19 @@ func (a *app) sandboxCmd() *cobra.Command {
 		}),
 	}
 
+	var catalogOnly bool
 	rm := &cobra.Command{
-		Use:   "rm NAME",
+		Use:   "rm NAME [--catalog-only]",
 		Short: "Unmount and delete a sandbox's root (its checkpoints stay restorable)",
-		Args:  cobra.ExactArgs(1),
+		Long: `rm stops the sandbox's processes, unmounts and deletes its root, and forgets
+its head; its checkpoints stay restorable (branch them) until pruned.
+--catalog-only forgets the sandbox without touching its root or processes:
+for a sandbox whose root is on another host (seen here after a catalog
+rebuild of a shared bucket). A btrfs sandbox recorded by another home whose
+root is not here is always removed that way.`,
+		Args: cobra.ExactArgs(1),
 		RunE: a.withEngine(func(ctx context.Context, e *engine.Engine, args []string) error {
-			if err := e.RemoveSandbox(ctx, args[0]); err != nil {
+			if err := e.RemoveSandboxWith(ctx, args[0], engine.RemoveOptions{CatalogOnly: catalogOnly}); err != nil {
 				return err
 			}
 			if a.json {
@@ -95,6 +102,7 @@ func (a *app) sandboxCmd() *cobra.Command {
 			return nil
 		}),
 	}
+	rm.Flags().BoolVar(&catalogOnly, "catalog-only", false, "forget the sandbox without touching its root or processes (its root is on another host)")
 	resume := &cobra.Command{
 		Use:   "resume NAME",
 		Short: "Thaw the sandbox's container if it is frozen (a turnsnap killed mid-checkpoint leaves it paused)",

@@ -15,14 +15,24 @@ import (
 func (a *app) checkpointCmd() *cobra.Command {
 	var turn int
 	var message string
-	var waitRemote bool
+	var waitRemote, recordSkips bool
 	c := &cobra.Command{
-		Use:   "checkpoint NAME [--turn N] [--message TEXT] [--wait-remote]",
+		Use:   "checkpoint NAME [--turn N] [--message TEXT] [--record-skips] [--wait-remote]",
 		Short: "Close a turn: checkpoint what changed since the last checkpoint (nothing: skip)",
-		Args:  cobra.ExactArgs(1),
+		Long: `checkpoint closes a turn: it scans what changed since the sandbox's head and
+stores only that. A turn that changed nothing is a skip: it writes nothing
+and prints the head's id. With --record-skips a skip turn writes a record of
+its own (class skip, the head's trees, no new bytes), so the log has one
+line per turn.
+
+--turn N records the agent's own turn number (any N >= 0; numbers need not
+be consecutive or unique): pass it on every call to keep the framework's
+numbering. Without it the turn is the parent's turn plus one, so skip turns
+that write no record leave no gap: the next checkpoint reuses the number.`,
+		Args: cobra.ExactArgs(1),
 	}
 	c.RunE = a.withEngine(func(ctx context.Context, e *engine.Engine, args []string) error {
-		opts := engine.CheckpointOptions{Message: message}
+		opts := engine.CheckpointOptions{Message: message, RecordSkips: recordSkips}
 		if c.Flags().Changed("turn") {
 			opts.Turn = &turn
 		}
@@ -56,6 +66,7 @@ func (a *app) checkpointCmd() *cobra.Command {
 	})
 	c.Flags().IntVar(&turn, "turn", 0, "turn number this checkpoint closes (default: parent's turn + 1)")
 	c.Flags().StringVarP(&message, "message", "m", "", "a note stored with the checkpoint")
+	c.Flags().BoolVar(&recordSkips, "record-skips", false, "write a record (class skip, no new bytes) for a turn that changed nothing")
 	c.Flags().BoolVar(&waitRemote, "wait-remote", false, "return only once the checkpoint is stored in the remote bucket")
 	return c
 }
@@ -85,14 +96,22 @@ func (a *app) branchCmd() *cobra.Command {
 	c := &cobra.Command{
 		Use:   "branch CHECKPOINT NEWNAME [NEWNAME...] [--count N] [--backend overlay|btrfs [--btrfs-pool PATH]]",
 		Short: "Create new sandboxes whose roots equal a checkpoint",
-		Long: `Create one sandbox per NEWNAME whose root equals CHECKPOINT. With --count N
-and one NEWNAME, N sandboxes NEWNAME-1 ... NEWNAME-N are made. Several at once
-check the checkpoint once and are recorded together: all are made or none.
+		Long: `Create one sandbox per NEWNAME whose root equals CHECKPOINT, with that
+checkpoint as its head. With --count N and one NEWNAME, N sandboxes
+NEWNAME-1 ... NEWNAME-N are made. Several at once check the checkpoint once
+and are recorded together: all are made or none.
 
 On overlay, a checkpoint this host keeps as a frozen layer (the newest 2 of
 each sandbox by default, "frozen_keep" in HOME/config.json) is branched by
 mounting that layer under an empty writable layer: no file is copied.
---materialise copies the layer from the store instead.`,
+--materialise copies the layer from the store instead.
+
+Without --backend it uses the backend and settings of the sandbox that took
+the checkpoint, if that sandbox's root is on this home. A btrfs checkpoint
+recorded by another home (a catalog rebuilt from a shared bucket, a fresh
+home) never reuses the pool path recorded there: the branch uses this home's
+btrfs pool if it has exactly one, and otherwise asks for --btrfs-pool DIR
+(exit 2).`,
 		Args: cobra.MinimumNArgs(2),
 		RunE: a.withEngine(func(ctx context.Context, e *engine.Engine, args []string) error {
 			if backend == "" && pool != "" {
@@ -208,7 +227,7 @@ given (or every checkpoint in the store).`,
 		if a.json {
 			return printJSON(a.stdout(), map[string]any{"checkpoint": r.Checkpoint, "ok": true,
 				"objects": r.Objects, "trees": r.Trees, "chunks": r.Chunks, "bytes": r.Bytes,
-				"entries": r.Entries, "state_bytes": r.StateBytes, "base_checked": r.BaseChecked})
+				"entries": r.Entries, "bytes_expanded": r.StateBytes, "base_checked": r.BaseChecked})
 		}
 		fmt.Fprintf(a.stdout(), "checkpoint %s ok: %d objects, %d trees, %d chunks, %s verified; restores %d entries, %s\n",
 			r.Checkpoint.Short(), len(r.Objects), r.Trees, r.Chunks, bytesStr(r.Bytes), r.Entries, bytesStr(int64(r.StateBytes)))
@@ -240,7 +259,7 @@ and the rebuild goes on from the rest.`,
 					corrupt = []engine.CorruptObject{}
 				}
 				return printJSON(a.stdout(), map[string]any{"packs": r.Packs, "blobs": r.Blobs, "checkpoints": r.Checkpoints,
-					"sandboxes": r.Sandboxes, "refs": r.Refs, "duration_ms": r.Duration.Milliseconds(), "corrupt": corrupt})
+					"sandboxes": r.Sandboxes, "refs": r.Refs, "duration_ms": float64(r.Duration.Microseconds()) / 1000, "corrupt": corrupt})
 			}
 			for _, c := range r.Corrupt {
 				fmt.Fprintf(os.Stderr, "skipped damaged object %s: %s\n", c.Name, c.Error)

@@ -5,6 +5,7 @@ package demo
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand"
@@ -41,16 +42,16 @@ type Turn struct {
 	BytesNew int64         `json:"bytes_new"`
 	Objects  int64         `json:"objects_new"`
 	Read     int64         `json:"files_read"`
-	Duration time.Duration `json:"duration_ns"`
+	Duration time.Duration `json:"-"` // duration_ms in JSON (MarshalJSON)
 }
 
 // Report is what the demo did and measured.
 type Report struct {
 	Home        string        `json:"home"`
 	Turns       []Turn        `json:"turns"`
-	Rollback    time.Duration `json:"rollback_ns"`
-	Branch      time.Duration `json:"branch_ns"`
-	Verified    int           `json:"verified_checkpoints"`
+	Rollback    time.Duration `json:"-"` // rollback_ms
+	Branch      time.Duration `json:"-"` // branch_ms
+	Verified    int           `json:"-"` // checkpoints_verified
 	DiffChanges int           `json:"diff_changes"`
 	// ServerAnswers is what the dev server said after the rollback ("" when
 	// this host cannot run processes).
@@ -332,3 +333,26 @@ func humanDur(d time.Duration) string {
 	}
 	return d.Round(10 * time.Millisecond).String()
 }
+
+// MarshalJSON writes durations as every turnsnap command does:
+// duration_ms, a float of milliseconds.
+func (t Turn) MarshalJSON() ([]byte, error) {
+	type plain Turn
+	return json.Marshal(struct {
+		plain
+		Duration float64 `json:"duration_ms"`
+	}{plain(t), ms(t.Duration)})
+}
+
+// MarshalJSON writes durations in milliseconds (see Turn.MarshalJSON).
+func (r Report) MarshalJSON() ([]byte, error) {
+	type plain Report
+	return json.Marshal(struct {
+		plain
+		Rollback float64 `json:"rollback_ms"`
+		Branch   float64 `json:"branch_ms"`
+		Verified int     `json:"checkpoints_verified"`
+	}{plain(r), ms(r.Rollback), ms(r.Branch), r.Verified})
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

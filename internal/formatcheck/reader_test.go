@@ -440,7 +440,7 @@ func TestFixtureStoreReadsFromTheDocument(t *testing.T) {
 			}
 		}
 		checkTime(t, name, rec.Created)
-		if rec.Version != 1 || (rec.Class != "fs" && rec.Class != "process" && rec.Class != "full") {
+		if rec.Version != 1 || (rec.Class != "fs" && rec.Class != "process" && rec.Class != "full" && rec.Class != "skip") {
 			t.Fatalf("%s: version %d class %q", name, rec.Version, rec.Class)
 		}
 		records[hexID] = rec

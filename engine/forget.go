@@ -1,0 +1,277 @@
+package engine
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+
+	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/internal/errdefs"
+)
+
+// ForgetOptions configures Forget.
+type ForgetOptions struct {
+	// Sandbox names the one sandbox to apply the policy to; All applies
+	// it to every sandbox this home may prune (including removed ones
+	// whose checkpoints remain). Exactly one of the two is set.
+	Sandbox string          `json:"sandbox,omitempty"`
+	All     bool            `json:"all,omitempty"`
+	Policy  RetentionPolicy `json:"policy"`
+	DryRun  bool            `json:"dry_run,omitempty"`
+}
+
+// ForgetReport lists, per sandbox, what a policy kept and deleted.
+type ForgetReport struct {
+	DryRun             bool            `json:"dry_run"`
+	Sandboxes          []ForgetSandbox `json:"sandboxes"`
+	CheckpointsKept    int             `json:"checkpoints_kept"`
+	CheckpointsDeleted int             `json:"checkpoints_deleted"`
+}
+
+// ForgetSandbox is one sandbox's part of a ForgetReport, newest first.
+type ForgetSandbox struct {
+	Sandbox string           `json:"sandbox"`
+	Policy  RetentionPolicy  `json:"policy"`
+	Kept    []RetentionEntry `json:"kept"`
+	Deleted []RetentionEntry `json:"deleted"`
+}
+
+// Forget deletes the checkpoints a retention policy does not keep (restic's
+// forget): a checkpoint stays when any rule keeps it, and heads, tagged
+// checkpoints and checkpoints another sandbox continues from always stay.
+// Deleting works as Prune's does (records everywhere, then the catalog and
+// refcounts); run gc afterwards to reclaim the packs.
+func (e *Engine) Forget(ctx context.Context, opts ForgetOptions) (*ForgetReport, error) {
+	if (opts.Sandbox == "") == !opts.All {
+		return nil, fmt.Errorf("forget: name one sandbox or --all: %w", errdefs.ErrInvalid)
+	}
+	if err := opts.Policy.Validate(); err != nil {
+		return nil, err
+	}
+	if opts.Policy.IsZero() {
+		return nil, fmt.Errorf("forget: no --keep-* rule given, so nothing would be kept but heads, tags and branch points; give at least one: %w", errdefs.ErrInvalid)
+	}
+	defer e.exclusive()()
+	h, err := e.loadHistory(ctx)
+	if err != nil {
+		return nil, err
+	}
+	plan := map[string]RetentionPolicy{}
+	if opts.All {
+		for key := range h.bySandbox {
+			if h.mayPrune(key) {
+				plan[key] = opts.Policy
+			}
+		}
+	} else {
+		key, err := h.ownedKey(opts.Sandbox)
+		if err != nil {
+			return nil, err
+		}
+		plan[key] = opts.Policy
+	}
+	return e.forget(ctx, h, plan, opts.DryRun)
+}
+
+// ownedKey is the key of the live sandbox name, if this home may prune it.
+func (h *history) ownedKey(name string) (string, error) {
+	key, ok := h.keys[name]
+	if !ok {
+		if !delta.ValidRefName(name) {
+			return "", fmt.Errorf("sandbox %q: name is not valid: %w", name, errdefs.ErrInvalid)
+		}
+		return "", fmt.Errorf("sandbox %s: %w", name, errdefs.ErrNotFound)
+	}
+	if !h.mayPrune(key) {
+		return "", fmt.Errorf("sandbox %s was created by another home sharing the bucket; only that home deletes its checkpoints: %w",
+			name, errdefs.ErrPrecondition)
+	}
+	return key, nil
+}
+
+// forget applies plan (sandbox key -> policy) with the engine's exclusive
+// lock held.
+func (e *Engine) forget(ctx context.Context, h *history, plan map[string]RetentionPolicy, dryRun bool) (*ForgetReport, error) {
+	rep := &ForgetReport{DryRun: dryRun, Sandboxes: []ForgetSandbox{}}
+	var drop []*delta.Checkpoint
+	byID := map[delta.ID]*delta.Checkpoint{}
+	for key, p := range plan {
+		cps := h.bySandbox[key]
+		if len(cps) == 0 {
+			continue
+		}
+		for _, cp := range cps {
+			byID[cp.ID] = cp
+		}
+		label := h.label(cps[0])
+		keep, del := applyPolicy(p, cps, h.pin, h.tags, label)
+		rep.Sandboxes = append(rep.Sandboxes, ForgetSandbox{Sandbox: label, Policy: p,
+			Kept: orNone(keep), Deleted: orNone(del)})
+		rep.CheckpointsKept += len(keep)
+		rep.CheckpointsDeleted += len(del)
+		for _, d := range del {
+			drop = append(drop, byID[d.ID])
+		}
+	}
+	slices.SortFunc(rep.Sandboxes, func(a, b ForgetSandbox) int { return cmp.Compare(a.Sandbox, b.Sandbox) })
+	if dryRun {
+		return rep, nil
+	}
+	slices.SortFunc(drop, func(a, b *delta.Checkpoint) int { return a.Created.Compare(b.Created) })
+	for len(drop) > 0 {
+		n := min(len(drop), pruneBatch)
+		if err := e.deleteCheckpoints(ctx, drop[:n]); err != nil {
+			return rep, err
+		}
+		drop = drop[n:]
+	}
+	return rep, nil
+}
+
+func orNone(l []RetentionEntry) []RetentionEntry {
+	if l == nil {
+		return []RetentionEntry{}
+	}
+	return l
+}
+
+// ApplyPolicies carries out the stored retention policies (SetPolicy):
+// every live sandbox this home may prune is forgotten by its own policy,
+// or the home's if it has none; a sandbox with neither is left alone. The
+// daemon calls it on a schedule; it holds the engine's exclusive lock for
+// its run, as Prune does.
+func (e *Engine) ApplyPolicies(ctx context.Context) (*ForgetReport, error) {
+	defer e.exclusive()()
+	pol, err := e.loadPolicies()
+	if err != nil {
+		return nil, err
+	}
+	h, err := e.loadHistory(ctx)
+	if err != nil {
+		return nil, err
+	}
+	plan := map[string]RetentionPolicy{}
+	for _, key := range h.keys {
+		if !h.mayPrune(key) {
+			continue
+		}
+		if p, ok := pol.Sandboxes[key]; ok {
+			plan[key] = p
+		} else if pol.Home != nil && !pol.Home.IsZero() {
+			plan[key] = *pol.Home
+		}
+	}
+	return e.forget(ctx, h, plan, false)
+}
+
+// PolicyOptions names what SetPolicy and ClearPolicy change: a sandbox's
+// policy, or the home's when Sandbox is empty.
+type PolicyOptions struct {
+	Sandbox string          `json:"sandbox,omitempty"`
+	Policy  RetentionPolicy `json:"policy"` // SetPolicy only
+}
+
+// PolicyView is what ShowPolicies reports.
+type PolicyView struct {
+	Home      *RetentionPolicy `json:"home"`
+	Sandboxes []SandboxPolicy  `json:"sandboxes"`
+}
+
+// SandboxPolicy is the policy that applies to one sandbox and where it
+// comes from: "sandbox" (its own), "home", or "none".
+type SandboxPolicy struct {
+	Sandbox string           `json:"sandbox"`
+	Policy  *RetentionPolicy `json:"policy"`
+	Source  string           `json:"source"`
+}
+
+// SetPolicy stores a retention policy for a sandbox or the home, replacing
+// the one it had. ApplyPolicies carries it out.
+func (e *Engine) SetPolicy(ctx context.Context, opts PolicyOptions) error {
+	if err := opts.Policy.Validate(); err != nil {
+		return err
+	}
+	if opts.Policy.IsZero() {
+		return fmt.Errorf("policy set: no --keep-* rule given (use `policy clear` to remove a policy): %w", errdefs.ErrInvalid)
+	}
+	return e.editPolicies(ctx, opts.Sandbox, func(p *Policies, key string) {
+		if key == "" {
+			rp := opts.Policy
+			p.Home = &rp
+			return
+		}
+		if p.Sandboxes == nil {
+			p.Sandboxes = map[string]RetentionPolicy{}
+		}
+		p.Sandboxes[key] = opts.Policy
+	})
+}
+
+// ClearPolicy removes a sandbox's policy (it then follows the home's) or
+// the home's.
+func (e *Engine) ClearPolicy(ctx context.Context, opts PolicyOptions) error {
+	return e.editPolicies(ctx, opts.Sandbox, func(p *Policies, key string) {
+		if key == "" {
+			p.Home = nil
+		} else {
+			delete(p.Sandboxes, key)
+		}
+	})
+}
+
+func (e *Engine) editPolicies(ctx context.Context, sandbox string, edit func(*Policies, string)) error {
+	defer e.exclusive()()
+	key := ""
+	if sandbox != "" {
+		h, err := e.loadHistory(ctx)
+		if err != nil {
+			return err
+		}
+		if key, err = h.ownedKey(sandbox); err != nil {
+			return err
+		}
+	}
+	p, err := e.loadPolicies()
+	if err != nil {
+		return err
+	}
+	edit(p, key)
+	return e.savePolicies(p)
+}
+
+// ShowPolicies reports the home's policy and, for each live sandbox (or the
+// one named), the policy that applies to it.
+func (e *Engine) ShowPolicies(ctx context.Context, sandbox string) (*PolicyView, error) {
+	defer e.shared()()
+	p, err := e.loadPolicies()
+	if err != nil {
+		return nil, err
+	}
+	h, err := e.loadHistory(ctx)
+	if err != nil {
+		return nil, err
+	}
+	v := &PolicyView{Home: p.Home, Sandboxes: []SandboxPolicy{}}
+	names := make([]string, 0, len(h.keys))
+	for n := range h.keys {
+		names = append(names, n)
+	}
+	if sandbox != "" {
+		if _, ok := h.keys[sandbox]; !ok {
+			return nil, fmt.Errorf("sandbox %s: %w", sandbox, errdefs.ErrNotFound)
+		}
+		names = []string{sandbox}
+	}
+	slices.Sort(names)
+	for _, n := range names {
+		sp := SandboxPolicy{Sandbox: n, Source: "none"}
+		if rp, ok := p.Sandboxes[h.keys[n]]; ok {
+			sp.Policy, sp.Source = &rp, "sandbox"
+		} else if p.Home != nil {
+			sp.Policy, sp.Source = p.Home, "home"
+		}
+		v.Sandboxes = append(v.Sandboxes, sp)
+	}
+	return v, nil
+}

@@ -1,0 +1,84 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/turnsnap/turnsnap/delta"
+)
+
+// ProcessesOptions configures Processes. It has no fields yet; it is a
+// struct so the daemon's route and later filters need no new signature.
+type ProcessesOptions struct{}
+
+// ProcessInfo is one long-lived process of a sandbox.
+type ProcessInfo struct {
+	PID     int       `json:"pid"`  // inside the sandbox (CRIU keeps it across a restore)
+	PPID    int       `json:"ppid"` // 0 when the parent is outside the sandbox's tree
+	Command []string  `json:"command"`
+	Comm    string    `json:"comm"`
+	Started time.Time `json:"started"`
+	State   string    `json:"state"` // the kernel's letter: S sleeping, R running...
+	Threads int       `json:"threads"`
+	// CPUMs is user+system CPU time in milliseconds; RSSBytes the resident set.
+	CPUMs    float64 `json:"cpu_ms"`
+	RSSBytes int64   `json:"rss_bytes"`
+	// InCheckpoint is true when the head checkpoint's process image holds
+	// this process (the same pid started at the same instant was there
+	// when the image was taken), so a rollback to the head brings it back.
+	InCheckpoint bool `json:"in_checkpoint"`
+}
+
+// ProcessList is what Processes reports.
+type ProcessList struct {
+	Sandbox string   `json:"sandbox"`
+	Running bool     `json:"running"` // the sandbox's container runs
+	Head    delta.ID `json:"head"`
+	// HeadHasImage says the head checkpoint has a process image at all.
+	HeadHasImage bool          `json:"head_has_image"`
+	Processes    []ProcessInfo `json:"processes"`
+}
+
+// Processes lists the sandbox's long-lived processes (the container's own
+// keeper left out) and whether the head checkpoint holds each. It reads
+// /proc and runc's state and spawns nothing.
+func (e *Engine) Processes(ctx context.Context, name string, _ ProcessesOptions) (*ProcessList, error) {
+	done, err := e.op(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	st, err := e.loadSandbox(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	out := &ProcessList{Sandbox: name, Head: st.head.ID, HeadHasImage: st.head.ProcTree != nil, Processes: []ProcessInfo{}}
+	running, err := e.containerRunning(ctx, name)
+	if err != nil || !running {
+		return out, err
+	}
+	out.Running = true
+	rt, err := e.runtime(ctx)
+	if err != nil {
+		return nil, err
+	}
+	cur, err := rt.Snapshot(ctx, e.home.containerID(name))
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", name, err)
+	}
+	held := map[[2]uint64]bool{}
+	if out.HeadHasImage {
+		for _, p := range e.loadBaseline(name).Procs {
+			held[[2]uint64{uint64(p.PID), p.Start}] = true
+		}
+	}
+	for _, p := range cur.Procs {
+		out.Processes = append(out.Processes, ProcessInfo{
+			PID: p.PID, PPID: p.PPID, Command: p.Cmdline, Comm: p.Comm, Started: p.StartedAt(), State: p.State,
+			Threads: p.Threads, CPUMs: float64(p.CPU.Microseconds()) / 1000, RSSBytes: p.RSS,
+			InCheckpoint: held[[2]uint64{uint64(p.PID), p.Start}],
+		})
+	}
+	return out, nil
+}
