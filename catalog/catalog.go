@@ -79,6 +79,31 @@ func badgerOptions(dir string, log *slog.Logger) badger.Options {
 		WithLogger(newBadgerLogger(log, dir))
 }
 
+// truncateNeeded reports Badger's "Log truncate required": some of Badger's
+// wrappers format the cause into text, so errors.Is alone misses it.
+func truncateNeeded(err error) bool {
+	return err != nil && (errors.Is(err, badger.ErrTruncateNeeded) ||
+		strings.Contains(err.Error(), badger.ErrTruncateNeeded.Error()))
+}
+
+// recoverThenReadOnly opens the catalog in dir writably, so Badger trims a
+// crashed writer's memtable, closes it, and opens it again read-only (bo).
+func recoverThenReadOnly(dir string, log *slog.Logger, key []byte, bo badger.Options) (*badger.DB, error) {
+	rw := badgerOptions(dir, log)
+	if key != nil {
+		rw = rw.WithEncryptionKey(key).WithIndexCacheSize(16 << 20)
+	}
+	db, err := badger.Open(rw)
+	if err != nil {
+		return nil, fmt.Errorf("the catalog needs crash recovery after a killed writer, which writes to its directory: %w", noSpace(err))
+	}
+	if err := db.Close(); err != nil {
+		return nil, fmt.Errorf("recover the catalog after a killed writer: %w", noSpace(err))
+	}
+	log.Info("catalog recovered after a killed writer", "dir", dir)
+	return badger.Open(bo)
+}
+
 // Open opens (creating if needed) the catalog in dir. A directory held by
 // another process fails with errdefs.ErrUnavailable; a catalog written with a
 // schema this turnsnap does not know fails with errdefs.ErrPrecondition.
@@ -108,6 +133,14 @@ func Open(ctx context.Context, dir string, opts Options) (*Catalog, error) {
 		bo = bo.WithEncryptionKey(opts.EncryptionKey).WithIndexCacheSize(16 << 20)
 	}
 	db, err := badger.Open(bo)
+	if opts.ReadOnly && truncateNeeded(err) {
+		// A writer killed mid-session leaves its write-ahead memtable
+		// longer than its entries (we preallocate it), which only a
+		// writable open may trim. We hold the catalog's exclusive lock, so
+		// no writer can be there: recover once, writably, then read. On a
+		// full or read-only filesystem that fails and says so.
+		db, err = recoverThenReadOnly(dir, log, opts.EncryptionKey, bo)
+	}
 	if err != nil {
 		_ = lock.unlock()
 		if isBadgerLockErr(err) {

@@ -9,9 +9,11 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/dgraph-io/badger/v4"
+	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
 
@@ -38,7 +40,10 @@ func checkInUse(t *testing.T, err error, dir string) {
 	}
 }
 
-const helperEnv = "TURNSNAP_CATALOG_TEST_HOLD"
+const (
+	helperEnv      = "TURNSNAP_CATALOG_TEST_HOLD"
+	helperWriteEnv = "TURNSNAP_CATALOG_TEST_WRITE"
+)
 
 // TestMain doubles as the helper process for TestLockedByOtherProcess: run
 // with helperEnv naming a directory, the test binary holds that catalog open
@@ -49,6 +54,16 @@ func TestMain(m *testing.M) {
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
+		}
+		if os.Getenv(helperWriteEnv) != "" {
+			// Write something, then wait to be SIGKILLed: the catalog is
+			// left as a crashed writer leaves it.
+			if err := c.Update(context.Background(), func(tx *Tx) error {
+				return tx.PutBlob(nthID(7), BlobLocation{Pack: delta.Hash([]byte("pack")), Type: delta.BlobData, Length: 1, RawLength: 1, Compression: 1})
+			}); err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				os.Exit(1)
+			}
 		}
 		os.Stdout.WriteString("ready\n")
 		io.Copy(io.Discard, os.Stdin)
@@ -104,4 +119,46 @@ func TestLockedByForeignBadger(t *testing.T) {
 	defer db.Close()
 	_, err = Open(context.Background(), dir, Options{})
 	checkInUse(t, err, dir)
+}
+
+// A writer SIGKILLed mid-session must not stop read-only commands (log,
+// status) from opening the catalog: before the fix, Badger refused the
+// read-only open with "Log truncate required" until a writing command ran.
+func TestReadOnlyOpenAfterKilledWriter(t *testing.T) {
+	dir := t.TempDir()
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), helperEnv+"="+dir, helperWriteEnv+"=1")
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stdin.Close()
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if line, err := bufio.NewReader(stdout).ReadString('\n'); err != nil || line != "ready\n" {
+		cmd.Process.Kill()
+		cmd.Wait()
+		t.Fatalf("helper: %q %v", line, err)
+	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Wait()
+	c, err := Open(context.Background(), dir, Options{ReadOnly: true, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatalf("read-only open after a killed writer: %v", err)
+	}
+	defer c.Close()
+	view(t, c, func(tx *Tx) error {
+		if _, ok, err := tx.Blob(nthID(7)); !ok || err != nil {
+			t.Errorf("the killed writer's committed blob: found %v, %v", ok, err)
+		}
+		return nil
+	})
 }
