@@ -46,6 +46,9 @@ type Root struct {
 	lower string
 	// onBusy, for tests, runs each time a mount is refused with EBUSY.
 	onBusy func()
+	// lastFallback says why the last Restore rebuilt the layer whole
+	// ("" if it applied a diff), for tests and diagnostics.
+	lastFallback string
 }
 
 // Open returns the overlay root kept in dir on top of the read-only lower
@@ -122,6 +125,9 @@ func (r *Root) Mount(ctx context.Context) error {
 	work := filepath.Join(g, "work")
 	if err := os.MkdirAll(work, 0o700); err != nil {
 		return fmt.Errorf("sandbox %s: workdir: %w", r.dir, err)
+	}
+	if err := dropWhiteoutIndex(filepath.Join(work, "index")); err != nil {
+		return fmt.Errorf("sandbox %s: overlay index: %w", r.dir, err)
 	}
 	opts, err := MountOptions(r.lower, filepath.Join(g, "upper"), work)
 	if err != nil {

@@ -45,9 +45,16 @@ func (r *Root) Scan(ctx context.Context, saver delta.BlobSaver) (*delta.ScanResu
 
 // scanUpper scans an upper directory; opts may set Quiescent.
 func (r *Root) scanUpper(ctx context.Context, upper string, saver delta.BlobSaver, prev *delta.ScanCache, opts delta.ScanOptions) (*delta.ScanResult, error) {
+	res, _, err := r.scanUpperR(ctx, upper, saver, prev, opts)
+	return res, err
+}
+
+// scanUpperR is scanUpper that also reports whether a renamed base
+// directory was listed through the mount.
+func (r *Root) scanUpperR(ctx context.Context, upper string, saver delta.BlobSaver, prev *delta.ScanCache, opts delta.ScanOptions) (*delta.ScanResult, bool, error) {
 	u, err := r.newUpperScan()
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	defer u.close()
 	opts.Prev, opts.Translate, opts.Residue, opts.Redirect = prev, Translate, u.residue, u.redirect
@@ -76,9 +83,9 @@ func (r *Root) scanUpper(ctx context.Context, upper string, saver delta.BlobSave
 		err = trees.flush(ctx)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("sandbox %s: %w", r.dir, err)
+		return nil, false, fmt.Errorf("sandbox %s: %w", r.dir, err)
 	}
-	return res, nil
+	return res, u.mountFD >= 0, nil
 }
 
 // Committed records res as the state of the last committed checkpoint, so
@@ -146,13 +153,13 @@ func Translate(rel string, _ *unix.Stat_t, e *delta.Entry) (bool, error) {
 	return true, nil
 }
 
-// Restore replaces the writable layer by tree. The new layer is built and
-// verified beside the live one while the root stays mounted and untouched;
-// only then is the root unmounted, switched with one rename and mounted
-// again, so a failed restore (a full disk, a corrupt object) leaves the
-// live root exactly as it was, and a killed one leaves the old layer or the
-// new one, never a mix.
-func (r *Root) Restore(ctx context.Context, tree delta.ID, loader delta.BlobLoader) error {
+// rebuild replaces the writable layer by tree, whole (Restore's fallback).
+// The new layer is built and verified beside the live one while the root
+// stays mounted and untouched; only then is the root unmounted, switched
+// with one rename and mounted again, so a failed rebuild (a full disk, a
+// corrupt object) leaves the live root exactly as it was, and a killed one
+// leaves the old layer or the new one, never a mix.
+func (r *Root) rebuild(ctx context.Context, tree delta.ID, loader delta.BlobLoader) error {
 	g, err := r.build(ctx, tree, loader)
 	if err != nil {
 		return err
