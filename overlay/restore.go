@@ -92,7 +92,9 @@ func (r *Root) restoreDiff(ctx context.Context, tree delta.ID, loader delta.Blob
 	xbuf := make([]byte, fsat.XattrBufSize)
 	plan, err := delta.PlanDiff(ctx, upper, live.Root, tree, delta.DiffOptions{
 		Loader: loader, Live: trees, Translate: Translate,
-		Names:    func(dirFD int, name string, st *unix.Stat_t) (uint64, error) { return indexedNames(index, dirFD, name, st, xbuf) },
+		Names: func(dirFD int, name string, st *unix.Stat_t) (uint64, error) {
+			return indexedNames(index, dirFD, name, st, xbuf)
+		},
 		Removing: func(dirFD int, name, _ string) error { return dropIndex(index, dirFD, name, xbuf) },
 		Phase:    func() { rootfs.Phase(ctx, "rollback: layer-rewrite") },
 	})
