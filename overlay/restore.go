@@ -1,15 +1,12 @@
 package overlay
 
 import (
-	"bufio"
 	"context"
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"maps"
 	"os"
 	"path/filepath"
-	"strings"
 
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/fsat"
@@ -79,9 +76,9 @@ func (r *Root) restoreDiff(ctx context.Context, tree delta.ID, loader delta.Blob
 	if err := r.linkUp(g); err != nil {
 		return false, &fallback{"linking up base hardlinks: " + err.Error()}
 	}
-	upper, cacheFile := filepath.Join(g, "upper"), filepath.Join(g, "scan.cache")
+	upper := filepath.Join(g, "upper")
 	trees := memTrees{}
-	live, redirected, err := r.scanUpperR(ctx, upper, trees, readCache(cacheFile), delta.ScanOptions{})
+	live, redirected, err := r.scanUpperR(ctx, upper, trees, readCache(filepath.Join(g, "scan.cache")), delta.ScanOptions{})
 	if err != nil {
 		return false, &fallback{"the live layer does not scan: " + err.Error()}
 	}
@@ -118,48 +115,21 @@ func (r *Root) restoreDiff(ctx context.Context, tree delta.ID, loader delta.Blob
 		}
 		return partial, fmt.Errorf("sandbox %s: %w", r.dir, err)
 	}
-	fresh, err := plan.Verify(ctx, res)
-	if err != nil {
+	if _, err := plan.Verify(ctx, res); err != nil {
 		return true, &fallback{err.Error()}
 	}
 	if err := syncFS(upper); err != nil {
 		return true, fmt.Errorf("%w: sandbox %s: sync: %w", delta.ErrPartial, r.dir, err)
 	}
-	cache := patchCache(live.Cache, res.Removed, fresh)
-	if err := writeCacheFile(cacheFile, func(w *bufio.Writer) error { return delta.WriteCache(w, cache) }); err != nil {
-		os.Remove(cacheFile) // a stale cache must not be trusted: a full read instead
-	}
+	// The scan cache on disk stays as it is: it is keyed by inode, size,
+	// mtime and ctime, and every name the diff wrote has a new ctime (or is
+	// new), so the next scan re-reads exactly those names and trusts the
+	// rest, which nothing touched. Rewriting it would cost more (a 2,000-
+	// entry cache takes milliseconds to encode) than re-reading a few files.
 	if err := r.Mount(ctx); err != nil {
 		return true, &fallback{"the restored layer does not mount: " + err.Error()}
 	}
 	return true, nil
-}
-
-// patchCache is the live scan's cache with removed paths (and what was
-// below them) dropped and the entries Verify read put in. Entries of paths
-// the diff did not touch stay valid: the cache is keyed by inode, size,
-// mtime and ctime, which nothing changed.
-func patchCache(c *delta.ScanCache, removed []string, fresh map[string]delta.CacheEntry) *delta.ScanCache {
-	out := &delta.ScanCache{Version: c.Version, Entries: maps.Clone(c.Entries)}
-	var dirs []string
-	for _, rel := range removed {
-		if e, ok := out.Entries[rel]; ok && e.Entry.Type == delta.TypeDir {
-			dirs = append(dirs, rel+"/")
-		}
-		delete(out.Entries, rel)
-	}
-	if len(dirs) > 0 {
-		for k := range out.Entries {
-			for _, d := range dirs {
-				if strings.HasPrefix(k, d) {
-					delete(out.Entries, k)
-					break
-				}
-			}
-		}
-	}
-	maps.Copy(out.Entries, fresh)
-	return out
 }
 
 // memTrees keeps a scan's trees in memory (its data chunks are dropped:
