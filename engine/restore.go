@@ -118,6 +118,7 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 		if err := e.restoreProcesses(ctx, name, st.root.Path(), img, cp); err != nil {
 			return nil, fmt.Errorf("files restored, processes not: %w", err)
 		}
+		e.acceptRestored(ctx, name, st.root, cp) // restoreturn.go
 		res.Processes = true
 	}
 	res.Duration = time.Since(start)
