@@ -15,9 +15,13 @@
 //
 // Mounts pin every overlayfs feature option (options.go).
 //
-// A restore builds a whole new generation beside the live one and switches
-// "current" with one rename, so a crash leaves either the old state or the
-// new one, never a mix; stale generations are removed on the next mount.
+// A restore rewrites only what differs between the live upper and the
+// target (restore.go), so files in both states keep their inodes; a crash
+// midway leaves a mix that the engine's rollback intent has the next
+// command finish. Where the diff cannot be applied in place, a restore
+// builds a whole new generation beside the live one and switches "current"
+// with one rename, so a crash leaves either the old state or the new one;
+// stale generations are removed on the next mount.
 package overlay
 
 import (
