@@ -112,16 +112,21 @@ func (a *app) withEngineIf(ro func(args []string) bool, fn func(ctx context.Cont
 func (a *app) stdout() io.Writer { return a.w }
 
 // blockAtPhaseEnv is a test hook: TURNSNAP_TEST_BLOCK_AT=PHASE:FILE makes a
-// checkpoint create FILE and then block for ever when it reaches PHASE
-// (engine.PhaseFreeze ... engine.PhaseCommit), so a test can SIGKILL
+// checkpoint or rollback create FILE and then block for ever when it
+// reaches PHASE (engine.PhaseFreeze ... engine.PhaseCommit, or a rollback's
+// "rollback: layer-rewrite"), so a test can SIGKILL
 // turnsnap at exactly that point.
 const blockAtPhaseEnv = "TURNSNAP_TEST_BLOCK_AT"
 
 func blockAtPhase() func(string) {
-	phase, file, ok := strings.Cut(os.Getenv(blockAtPhaseEnv), ":")
-	if !ok || file == "" {
+	// The file is after the last colon: phase names may hold colons
+	// ("rollback: layer-rewrite").
+	v := os.Getenv(blockAtPhaseEnv)
+	i := strings.LastIndexByte(v, ':')
+	if i < 0 || i == len(v)-1 {
 		return nil
 	}
+	phase, file := v[:i], v[i+1:]
 	return func(p string) {
 		if p != phase {
 			return
