@@ -1,12 +1,15 @@
 package overlay
 
 import (
+	"bufio"
 	"context"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/fsat"
@@ -76,9 +79,9 @@ func (r *Root) restoreDiff(ctx context.Context, tree delta.ID, loader delta.Blob
 	if err := r.linkUp(g); err != nil {
 		return false, &fallback{"linking up base hardlinks: " + err.Error()}
 	}
-	upper := filepath.Join(g, "upper")
+	upper, cacheFile := filepath.Join(g, "upper"), filepath.Join(g, "scan.cache")
 	trees := memTrees{}
-	live, redirected, err := r.scanUpperR(ctx, upper, trees, readCache(filepath.Join(g, "scan.cache")), delta.ScanOptions{})
+	live, redirected, err := r.scanUpperR(ctx, upper, trees, readCache(cacheFile), delta.ScanOptions{})
 	if err != nil {
 		return false, &fallback{"the live layer does not scan: " + err.Error()}
 	}
@@ -115,21 +118,52 @@ func (r *Root) restoreDiff(ctx context.Context, tree delta.ID, loader delta.Blob
 		}
 		return partial, fmt.Errorf("sandbox %s: %w", r.dir, err)
 	}
-	if _, err := plan.Verify(ctx, res); err != nil {
+	fresh, err := plan.Verify(ctx, res)
+	if err != nil {
 		return true, &fallback{err.Error()}
 	}
 	if err := syncFS(upper); err != nil {
 		return true, fmt.Errorf("%w: sandbox %s: sync: %w", delta.ErrPartial, r.dir, err)
 	}
-	// The scan cache on disk stays as it is: it is keyed by inode, size,
-	// mtime and ctime, and every name the diff wrote has a new ctime (or is
-	// new), so the next scan re-reads exactly those names and trusts the
-	// rest, which nothing touched. Rewriting it would cost more (a 2,000-
-	// entry cache takes milliseconds to encode) than re-reading a few files.
+	// The new cache is the live scan's, patched where the diff wrote, so the
+	// first checkpoint after the restore reads nothing it does not have to.
+	// A cache must name only stored chunks (Committed): every entry kept
+	// is one the diff left alone, so equal to the target's, and every entry
+	// Verify read is the target's, so all of them are the checkpoint's.
+	// Not written, the old cache still holds (keyed by ctime): a re-read.
+	cache := patchCache(live.Cache, res.Removed, fresh)
+	_ = writeCacheFile(cacheFile, func(w *bufio.Writer) error { return delta.WriteCache(w, cache) })
 	if err := r.Mount(ctx); err != nil {
 		return true, &fallback{"the restored layer does not mount: " + err.Error()}
 	}
 	return true, nil
+}
+
+// patchCache is the live scan's cache with removed paths (and what was
+// below them) dropped and the entries Verify read put in. Entries of paths
+// the diff did not touch stay valid: the cache is keyed by inode, size,
+// mtime and ctime, which nothing changed.
+func patchCache(c *delta.ScanCache, removed []string, fresh map[string]delta.CacheEntry) *delta.ScanCache {
+	out := &delta.ScanCache{Version: c.Version, Entries: maps.Clone(c.Entries)}
+	var dirs []string
+	for _, rel := range removed {
+		if e, ok := out.Entries[rel]; ok && e.Entry.Type == delta.TypeDir {
+			dirs = append(dirs, rel+"/")
+		}
+		delete(out.Entries, rel)
+	}
+	if len(dirs) > 0 {
+		for k := range out.Entries {
+			for _, d := range dirs {
+				if strings.HasPrefix(k, d) {
+					delete(out.Entries, k)
+					break
+				}
+			}
+		}
+	}
+	maps.Copy(out.Entries, fresh)
+	return out
 }
 
 // memTrees keeps a scan's trees in memory (its data chunks are dropped:
