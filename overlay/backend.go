@@ -17,10 +17,11 @@ import (
 // one directory and shared read-only by every sandbox on them.
 type Backend struct {
 	bases string
+	memo  *cacheMemo // decoded scan caches of its roots (cachememo.go)
 }
 
 // NewBackend returns a backend keeping materialised bases in basesDir.
-func NewBackend(basesDir string) *Backend { return &Backend{bases: basesDir} }
+func NewBackend(basesDir string) *Backend { return &Backend{bases: basesDir, memo: newCacheMemo()} }
 
 // Name is "overlay".
 func (b *Backend) Name() string { return Name }
@@ -115,10 +116,15 @@ func (b *Backend) Create(ctx context.Context, dir, base string, tree delta.ID, l
 	if err != nil {
 		return nil, err
 	}
+	r.memo = b.memo
 	return r, nil
 }
 
 // Open returns the root kept in dir without touching it.
-func (b *Backend) Open(dir, base string) rootfs.Root { return Open(dir, base) }
+func (b *Backend) Open(dir, base string) rootfs.Root {
+	r := Open(dir, base)
+	r.memo = b.memo
+	return r
+}
 
 var _ rootfs.Backend = (*Backend)(nil)

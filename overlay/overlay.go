@@ -50,6 +50,8 @@ type Root struct {
 	lower string
 	// onBusy, for tests, runs each time a mount is refused with EBUSY.
 	onBusy func()
+	// memo, if set, is the backend's memo of decoded scan caches.
+	memo *cacheMemo
 	// lastFallback says why the last Restore rebuilt the layer whole
 	// ("" if it applied a diff), for tests and diagnostics.
 	lastFallback string

@@ -81,7 +81,7 @@ func (r *Root) restoreDiff(ctx context.Context, tree delta.ID, loader delta.Blob
 	}
 	upper, cacheFile := filepath.Join(g, "upper"), filepath.Join(g, "scan.cache")
 	trees := memTrees{}
-	live, redirected, err := r.scanUpperR(ctx, upper, trees, readCache(cacheFile), delta.ScanOptions{})
+	live, redirected, err := r.scanUpperR(ctx, upper, trees, r.memo.read(cacheFile), delta.ScanOptions{})
 	if err != nil {
 		return false, &fallback{"the live layer does not scan: " + err.Error()}
 	}
@@ -132,7 +132,9 @@ func (r *Root) restoreDiff(ctx context.Context, tree delta.ID, loader delta.Blob
 	// Verify read is the target's, so all of them are the checkpoint's.
 	// Not written, the old cache still holds (keyed by ctime): a re-read.
 	cache := patchCache(live.Cache, res.Removed, fresh)
-	_ = writeCacheFile(cacheFile, func(w *bufio.Writer) error { return delta.WriteCache(w, cache) })
+	if writeCacheFile(cacheFile, func(w *bufio.Writer) error { return delta.WriteCache(w, cache) }) == nil {
+		r.memo.wrote(cacheFile, cache)
+	}
 	if err := r.Mount(ctx); err != nil {
 		return true, &fallback{"the restored layer does not mount: " + err.Error()}
 	}

@@ -40,7 +40,7 @@ func (r *Root) Scan(ctx context.Context, saver delta.BlobSaver) (*delta.ScanResu
 	if err := r.linkUp(g); err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", r.dir, err)
 	}
-	return r.scanUpper(ctx, filepath.Join(g, "upper"), saver, readCache(filepath.Join(g, "scan.cache")), delta.ScanOptions{})
+	return r.scanUpper(ctx, filepath.Join(g, "upper"), saver, r.memo.read(filepath.Join(g, "scan.cache")), delta.ScanOptions{})
 }
 
 // scanUpper scans an upper directory; opts may set Quiescent.
@@ -97,12 +97,14 @@ func (r *Root) Committed(res *delta.ScanResult) error {
 	if err != nil {
 		return err
 	}
-	err = writeCacheFile(filepath.Join(g, "scan.cache"), func(w *bufio.Writer) error {
+	p := filepath.Join(g, "scan.cache")
+	err = writeCacheFile(p, func(w *bufio.Writer) error {
 		return delta.WriteCache(w, res.Cache)
 	})
 	if err != nil {
 		return fmt.Errorf("sandbox %s: save scan cache: %w", r.dir, err)
 	}
+	r.memo.wrote(p, res.Cache)
 	return nil
 }
 
