@@ -303,3 +303,39 @@ func (p *DiffPlan) verifyOne(ctx context.Context, s *scanner, rootFD int, c *cha
 	}
 	return nil
 }
+
+// Sync makes what Apply wrote durable: an fsync of every file and
+// directory Verify read back (fresh), and of every directory a name was
+// removed from or added to. It replaces a syncfs of the whole filesystem,
+// which would also wait for every other writer's dirty data there.
+func (p *DiffPlan) Sync(res *DiffResult, fresh map[string]CacheEntry) error {
+	rootFD, err := fsat.OpenDir(p.root)
+	if err != nil {
+		return fmt.Errorf("sync %s: %w", p.root, err)
+	}
+	defer unix.Close(rootFD)
+	todo := map[string]bool{"": true}
+	for rel, ce := range fresh {
+		if ce.Entry.Type == TypeFile || ce.Entry.Type == TypeDir {
+			todo[rel] = true
+		}
+		dir, _ := splitRel(rel)
+		todo[dir] = true
+	}
+	for _, rel := range res.Removed {
+		dir, _ := splitRel(rel)
+		todo[dir] = true
+	}
+	for rel := range todo {
+		fd, err := fsat.Open(rootFD, rel, unix.O_RDONLY|unix.O_NONBLOCK)
+		if err != nil {
+			return fmt.Errorf("sync %s:/%s: %w", p.root, rel, err)
+		}
+		err = unix.Fsync(fd)
+		unix.Close(fd)
+		if err != nil {
+			return fmt.Errorf("sync %s:/%s: %w", p.root, rel, err)
+		}
+	}
+	return nil
+}

@@ -110,6 +110,8 @@ func PlanDiff(ctx context.Context, dst string, live, target ID, opts DiffOptions
 	if opts.MaxBytes <= 0 {
 		opts.MaxBytes = DefaultDiffMemory
 	}
+	// CheckState and the walk below read the same target trees: once.
+	opts.Loader = &treeOnce{next: opts.Loader, trees: map[ID][]byte{}}
 	if _, err := CheckState(ctx, opts.Loader, target, StateRules{Plain: opts.Plain}); err != nil {
 		return nil, fmt.Errorf("tree %s: %w", target.Short(), err)
 	}
@@ -343,4 +345,25 @@ func splitRel(rel string) (string, string) {
 		return rel[:i], rel[i+1:]
 	}
 	return "", rel
+}
+
+// treeOnce loads each tree from next once (trees are small: a few KiB per
+// hundred entries); data blobs pass through.
+type treeOnce struct {
+	next  BlobLoader
+	trees map[ID][]byte
+}
+
+func (l *treeOnce) LoadBlob(ctx context.Context, t BlobType, id ID) ([]byte, error) {
+	if t != BlobTree {
+		return l.next.LoadBlob(ctx, t, id)
+	}
+	if data, ok := l.trees[id]; ok {
+		return data, nil
+	}
+	data, err := l.next.LoadBlob(ctx, t, id)
+	if err == nil {
+		l.trees[id] = data
+	}
+	return data, err
 }

@@ -61,6 +61,14 @@ func (r *Root) Restore(ctx context.Context, tree delta.ID, loader delta.BlobLoad
 	return nil
 }
 
+// A diff restore that wrote more than this rewrites the scan cache file;
+// a smaller one leaves re-reading its files to another process's next
+// scan (restoreDiff).
+const (
+	cacheWriteFiles = 64
+	cacheWriteBytes = 8 << 20
+)
+
 // fallback is restoreDiff's answer for a layer it leaves to rebuild.
 type fallback struct{ why string }
 
@@ -122,17 +130,26 @@ func (r *Root) restoreDiff(ctx context.Context, tree delta.ID, loader delta.Blob
 	if err != nil {
 		return true, &fallback{err.Error()}
 	}
-	if err := syncFS(upper); err != nil {
-		return true, fmt.Errorf("%w: sandbox %s: sync: %w", delta.ErrPartial, r.dir, err)
+	if err := plan.Sync(res, fresh); err != nil {
+		return true, fmt.Errorf("%w: sandbox %s: %w", delta.ErrPartial, r.dir, err)
 	}
 	// The new cache is the live scan's, patched where the diff wrote, so the
 	// first checkpoint after the restore reads nothing it does not have to.
 	// A cache must name only stored chunks (Committed): every entry kept
 	// is one the diff left alone, so equal to the target's, and every entry
 	// Verify read is the target's, so all of them are the checkpoint's.
-	// Not written, the old cache still holds (keyed by ctime): a re-read.
+	//
+	// The old cache file stays valid too (keyed by ctime, it only misses
+	// on what the diff wrote). Encoding a 2,000-entry cache costs more than
+	// re-reading a few files, so a small diff only hands the patched cache
+	// to the backend's memo (this process's next turn reads nothing; another
+	// process's re-reads the few files), and a large one writes it.
 	cache := patchCache(live.Cache, res.Removed, fresh)
-	if writeCacheFile(cacheFile, func(w *bufio.Writer) error { return delta.WriteCache(w, cache) }) == nil {
+	if res.Stats.Files > cacheWriteFiles || res.Stats.Bytes > cacheWriteBytes || r.memo == nil {
+		if writeCacheFile(cacheFile, func(w *bufio.Writer) error { return delta.WriteCache(w, cache) }) == nil {
+			r.memo.wrote(cacheFile, cache)
+		}
+	} else {
 		r.memo.wrote(cacheFile, cache)
 	}
 	if err := r.Mount(ctx); err != nil {
