@@ -246,7 +246,8 @@ func dropIndex(index string, dirFD int, name string, buf []byte) error {
 	if errors.Is(err, unix.EISDIR) {
 		err = unix.Rmdir(p)
 	}
-	if err != nil && !errors.Is(err, unix.ENOENT) {
+	// ENAMETOOLONG: an origin no index entry can be named after.
+	if err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENAMETOOLONG) {
 		return fmt.Errorf("drop index entry %s: %w", filepath.Base(p), err)
 	}
 	return nil
