@@ -18,17 +18,11 @@ func inodeOf(t *testing.T, p string) uint64 {
 	return st.Ino
 }
 
-// applyDiff plans and applies live -> target on dir, then verifies.
+// applyDiff turns dir from live into target (plan, apply, verify, sync).
 func applyDiff(t *testing.T, dir string, live, target ID, mem *memBlobs) *DiffResult {
 	t.Helper()
-	ctx := context.Background()
-	plan, err := PlanDiff(ctx, dir, live, target, DiffOptions{Loader: mem, Live: mem, Translate: overlayish})
+	res, err := ApplyDiff(context.Background(), dir, live, target, DiffOptions{Loader: mem, Live: mem, Translate: overlayish})
 	must(t, err)
-	res, err := plan.Apply(ctx)
-	must(t, err)
-	if _, err := plan.Verify(ctx, res); err != nil {
-		t.Fatal(err)
-	}
 	return res
 }
 

@@ -367,3 +367,26 @@ func (l *treeOnce) LoadBlob(ctx context.Context, t BlobType, id ID) ([]byte, err
 	}
 	return data, err
 }
+
+// ApplyDiff turns dst from state live into state target in one call:
+// PlanDiff, then Apply, Verify and Sync. Callers that must do something
+// between the plan and the first write (overlay unmounts the root) call
+// the steps themselves.
+func ApplyDiff(ctx context.Context, dst string, live, target ID, opts DiffOptions) (*DiffResult, error) {
+	plan, err := PlanDiff(ctx, dst, live, target, opts)
+	if err != nil {
+		return nil, err
+	}
+	res, err := plan.Apply(ctx)
+	if err != nil {
+		return res, err
+	}
+	fresh, err := plan.Verify(ctx, res)
+	if err == nil {
+		err = plan.Sync(res, fresh)
+	}
+	if err != nil {
+		return res, fmt.Errorf("%w: %w", ErrPartial, err)
+	}
+	return res, nil
+}
