@@ -88,6 +88,9 @@ type applier struct {
 	files  map[string]bool // root-relative paths of regular files created, for hardlinks
 	stats  ApplyStats
 	budget Footprint // what CheckState found; a restore never writes more
+	// anyLink lets a hardlink point at any regular file beneath the root,
+	// not only one this call created: a diff apply links to files it kept.
+	anyLink bool
 }
 
 func (a *applier) dir(ctx context.Context, dirFD int, id ID, rel string) error {
@@ -161,7 +164,7 @@ func (a *applier) entry(ctx context.Context, dirFD int, rel string, e *Entry) er
 }
 
 func (a *applier) hardlink(dirFD int, e *Entry) error {
-	if !a.files[e.Target] {
+	if !a.files[e.Target] && !a.anyLink {
 		return fmt.Errorf("hardlink to %q, which is not a file restored before it: %w", e.Target, errdefs.ErrCorrupt)
 	}
 	tfd, err := fsat.Open(a.rootFD, e.Target, unix.O_PATH)

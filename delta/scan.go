@@ -101,6 +101,9 @@ type scanner struct {
 	chunker   *Chunker
 	xbuf      []byte
 	racyAfter int64
+	// shallow stops entry at a directory's own entry (a diff's verify
+	// checks the children it wrote one by one).
+	shallow bool
 }
 
 // errRaced reports an entry that changed between its stat and its open.
@@ -302,7 +305,7 @@ func (s *scanner) entry(ctx context.Context, dirFD int, rel, name string, fl dir
 		}
 	}
 	var key ID
-	if e.Type == TypeDir {
+	if e.Type == TypeDir && !s.shallow {
 		if e.Subtree, key, err = s.subdir(ctx, dirFD, rel, &st, &e, fl); err != nil {
 			return Entry{}, ID{}, false, err
 		}

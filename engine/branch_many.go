@@ -147,6 +147,7 @@ func (e *Engine) BranchMany(ctx context.Context, ref string, names []string, o B
 			if err := e.restoreProcesses(ctx, n, roots[i].Path(), img, cp); err != nil {
 				return out[:i+1], fmt.Errorf("sandbox %s created with the files of %s, processes not: %w", n, cp.ID.Short(), err)
 			}
+			e.acceptRestored(ctx, n, roots[i], cp) // restoreturn.go
 			out[i].Processes = true
 		}
 	}

@@ -114,7 +114,9 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	stats := delta.Stats{
 		Entries: res.Stats.Entries, FilesRead: res.Stats.FilesRead, BytesRead: res.Stats.BytesRead,
 	}
-	fsChanged := res.StateKey != st.head.StateKey
+	// A process restore's own marks on the root (restoreturn.go) are not
+	// the agent's: the key accepted right after it counts as the head's.
+	fsChanged := res.StateKey != st.head.StateKey && !e.restoredAs(name, st.head.ID, res.StateKey)
 	if fsChanged {
 		if fsChanged, err = e.mergedChanged(ctx, name, st.head, res.Root, trees); err != nil {
 			return nil, err

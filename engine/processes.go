@@ -392,6 +392,7 @@ func (e *Engine) stopProcesses(ctx context.Context, name string) error {
 		return fmt.Errorf("sandbox %s: stop processes: %w", name, err)
 	}
 	os.Remove(e.home.baselineFile(name))
+	os.Remove(e.home.restoredFile(name))
 	return nil
 }
 

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
+	"github.com/turnsnap/turnsnap/internal/rootfs"
 	"github.com/turnsnap/turnsnap/overlay"
 )
 
@@ -94,7 +96,12 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 	}
 	e.phase("rollback: intent written")
 	e.progressPhase("restore", int64(fp.Bytes))
-	if err := st.root.Restore(ctx, cp.FSTree, e.repo); err != nil {
+	if err := st.root.Restore(rootfs.WithPhase(ctx, e.phase), cp.FSTree, e.repo); err != nil {
+		if errors.Is(err, delta.ErrPartial) {
+			// The root was partly rewritten: the intent stays, and the
+			// next command that loads the sandbox finishes the rollback.
+			return nil, fmt.Errorf("sandbox %s: rollback to %s stopped partway (the next command finishes it): %w", name, cp.ID.Short(), err)
+		}
 		// The live root is as it was (Root.Restore): nothing to finish.
 		e.clearIntent(name)
 		return nil, err
@@ -112,6 +119,7 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 		if err := e.restoreProcesses(ctx, name, st.root.Path(), img, cp); err != nil {
 			return nil, fmt.Errorf("files restored, processes not: %w", err)
 		}
+		e.acceptRestored(ctx, name, st.root, cp) // restoreturn.go
 		res.Processes = true
 	}
 	res.Duration = time.Since(start)
@@ -214,6 +222,7 @@ func (e *Engine) Branch(ctx context.Context, ref, newName string, o BranchOption
 		if err := e.restoreProcesses(ctx, newName, root.Path(), img, cp); err != nil {
 			return nil, fmt.Errorf("sandbox %s created with the files of %s, processes not: %w", newName, cp.ID.Short(), err)
 		}
+		e.acceptRestored(ctx, newName, root, cp) // restoreturn.go
 		res.Processes = true
 	}
 	res.Duration = time.Since(start)

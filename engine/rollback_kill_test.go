@@ -33,10 +33,14 @@ func TestKilledRollbackHelper(t *testing.T) {
 }
 
 // A rollback SIGKILLed at each phase leaves root and head agreeing once the
-// sandbox is next used, and the root mounted.
+// sandbox is next used, and the root mounted. "rollback: layer-rewrite"
+// kills it after the first of the diff's three changes to the unmounted
+// upper (overlay/restore.go): the next use finds the intent and finishes
+// the rollback from the mixed layer, by diff again, so one.txt, rewritten
+// in place, keeps its inode throughout.
 func TestKilledRollbackKeepsRootAndHead(t *testing.T) {
 	ctx := context.Background()
-	for _, phase := range []string{"rollback: intent written", "rollback: root switched", "rollback: head moved"} {
+	for _, phase := range []string{"rollback: intent written", "rollback: layer-rewrite", "rollback: root switched", "rollback: head moved"} {
 		t.Run(phase, func(t *testing.T) {
 			home := filepath.Join(t.TempDir(), "home")
 			e := openEngine(t, home)
@@ -49,9 +53,12 @@ func TestKilledRollbackKeepsRootAndHead(t *testing.T) {
 			must(t, err)
 			state1 := mergedState(t, cr.Root)
 			write(t, filepath.Join(cr.Root, "two.txt"), "turn 2\n")
+			write(t, filepath.Join(cr.Root, "three.txt"), "turn 2\n")
+			rewrite(t, filepath.Join(cr.Root, "one.txt"), "turn 2 rewrote it\n")
 			_, err = e.Checkpoint(ctx, "s", CheckpointOptions{})
 			must(t, err)
 			state2 := mergedState(t, cr.Root)
+			ino := inode(t, filepath.Join(cr.Root, "one.txt"))
 			must(t, e.Close())
 
 			cmd := exec.Command(os.Args[0], "-test.run=^TestKilledRollbackHelper$", "-test.count=1")
@@ -79,6 +86,26 @@ func TestKilledRollbackKeepsRootAndHead(t *testing.T) {
 			if _, ok := e.pendingRollback("s"); ok {
 				t.Fatal("the intent outlived its rollback")
 			}
+			if got := inode(t, filepath.Join(root, "one.txt")); got != ino {
+				t.Fatalf("one.txt has inode %d after the killed rollback, had %d", got, ino)
+			}
 		})
 	}
+}
+
+// rewrite replaces a file's content in place (same inode).
+func rewrite(t testing.TB, p, content string) {
+	t.Helper()
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_TRUNC, 0)
+	must(t, err)
+	_, err = f.WriteString(content)
+	must(t, err)
+	must(t, f.Close())
+}
+
+func inode(t testing.TB, p string) uint64 {
+	t.Helper()
+	var st syscall.Stat_t
+	must(t, syscall.Lstat(p, &st))
+	return st.Ino
 }

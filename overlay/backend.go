@@ -22,10 +22,11 @@ type Backend struct {
 	loader func() delta.BlobLoader
 	frozen frozenState
 	keys   keyCache
+	memo   *cacheMemo // decoded scan caches of its roots (cachememo.go)
 }
 
 // NewBackend returns a backend keeping materialised bases in basesDir.
-func NewBackend(basesDir string) *Backend { return &Backend{bases: basesDir} }
+func NewBackend(basesDir string) *Backend { return &Backend{bases: basesDir, memo: newCacheMemo()} }
 
 // Name is "overlay".
 func (b *Backend) Name() string { return Name }
@@ -121,6 +122,7 @@ func (b *Backend) Create(ctx context.Context, dir, base string, tree delta.ID, l
 		return nil, err
 	}
 	r.loader, r.keys = b.loader, &b.keys
+	r.memo = b.memo
 	return r, nil
 }
 
@@ -128,6 +130,7 @@ func (b *Backend) Create(ctx context.Context, dir, base string, tree delta.ID, l
 func (b *Backend) Open(dir, base string) rootfs.Root {
 	r := Open(dir, base)
 	r.loader, r.keys = b.loader, &b.keys
+	r.memo = b.memo
 	return r
 }
 

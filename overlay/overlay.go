@@ -17,9 +17,13 @@
 // layers as file descriptors, so the mount table names no host path
 // (fsmount.go; mount(2) with paths on kernels before 6.15).
 //
-// A restore builds a whole new generation beside the live one and switches
-// "current" with one rename, so a crash leaves either the old state or the
-// new one, never a mix; stale generations are removed on the next mount.
+// A restore rewrites only what differs between the live upper and the
+// target (restore.go), so files in both states keep their inodes; a crash
+// midway leaves a mix that the engine's rollback intent has the next
+// command finish. Where the diff cannot be applied in place, a restore
+// builds a whole new generation beside the live one and switches "current"
+// with one rename, so a crash leaves either the old state or the new one;
+// stale generations are removed on the next mount.
 package overlay
 
 import (
@@ -55,6 +59,11 @@ type Root struct {
 	// is composed onto (stack.go); nil for roots made without a backend.
 	loader func() delta.BlobLoader
 	keys   *keyCache // the backend's, shared by its roots (compose.go)
+	// memo, if set, is the backend's memo of decoded scan caches.
+	memo *cacheMemo
+	// lastFallback says why the last Restore rebuilt the layer whole
+	// ("" if it applied a diff), for tests and diagnostics.
+	lastFallback string
 }
 
 // Open returns the overlay root kept in dir on top of the read-only lower
@@ -131,6 +140,9 @@ func (r *Root) Mount(ctx context.Context) error {
 	work := filepath.Join(g, "work")
 	if err := os.MkdirAll(work, 0o700); err != nil {
 		return fmt.Errorf("sandbox %s: workdir: %w", r.dir, err)
+	}
+	if err := dropWhiteoutIndex(filepath.Join(work, "index")); err != nil {
+		return fmt.Errorf("sandbox %s: overlay index: %w", r.dir, err)
 	}
 	// A stacked generation mounts its frozen layer above the base; lowers
 	// checks that each exists.

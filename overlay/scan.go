@@ -40,7 +40,7 @@ func (r *Root) Scan(ctx context.Context, saver delta.BlobSaver) (*delta.ScanResu
 	if err := r.linkUp(g); err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", r.dir, err)
 	}
-	prev := readCache(filepath.Join(g, "scan.cache"))
+	prev := r.memo.read(filepath.Join(g, "scan.cache"))
 	if s, err := readStack(g); err != nil || s != nil {
 		if err != nil {
 			return nil, fmt.Errorf("sandbox %s: %w", r.dir, err)
@@ -52,9 +52,16 @@ func (r *Root) Scan(ctx context.Context, saver delta.BlobSaver) (*delta.ScanResu
 
 // scanUpper scans an upper directory; opts may set Quiescent.
 func (r *Root) scanUpper(ctx context.Context, upper string, saver delta.BlobSaver, prev *delta.ScanCache, opts delta.ScanOptions) (*delta.ScanResult, error) {
+	res, _, err := r.scanUpperR(ctx, upper, saver, prev, opts)
+	return res, err
+}
+
+// scanUpperR is scanUpper that also reports whether a renamed base
+// directory was listed through the mount.
+func (r *Root) scanUpperR(ctx context.Context, upper string, saver delta.BlobSaver, prev *delta.ScanCache, opts delta.ScanOptions) (*delta.ScanResult, bool, error) {
 	u, err := r.newUpperScan()
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	defer u.close()
 	opts.Prev, opts.Translate, opts.Residue, opts.Redirect = prev, Translate, u.residue, u.redirect
@@ -83,9 +90,9 @@ func (r *Root) scanUpper(ctx context.Context, upper string, saver delta.BlobSave
 		err = trees.flush(ctx)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("sandbox %s: %w", r.dir, err)
+		return nil, false, fmt.Errorf("sandbox %s: %w", r.dir, err)
 	}
-	return res, nil
+	return res, u.mountFD >= 0, nil
 }
 
 // Committed records res as the state of the last committed checkpoint, so
@@ -97,12 +104,14 @@ func (r *Root) Committed(res *delta.ScanResult) error {
 	if err != nil {
 		return err
 	}
-	err = writeCacheFile(filepath.Join(g, "scan.cache"), func(w *bufio.Writer) error {
+	p := filepath.Join(g, "scan.cache")
+	err = writeCacheFile(p, func(w *bufio.Writer) error {
 		return delta.WriteCache(w, res.Cache)
 	})
 	if err != nil {
 		return fmt.Errorf("sandbox %s: save scan cache: %w", r.dir, err)
 	}
+	r.memo.wrote(p, res.Cache)
 	return nil
 }
 
@@ -153,13 +162,13 @@ func Translate(rel string, _ *unix.Stat_t, e *delta.Entry) (bool, error) {
 	return true, nil
 }
 
-// Restore replaces the writable layer by tree. The new layer is built and
-// verified beside the live one while the root stays mounted and untouched;
-// only then is the root unmounted, switched with one rename and mounted
-// again, so a failed restore (a full disk, a corrupt object) leaves the
-// live root exactly as it was, and a killed one leaves the old layer or the
-// new one, never a mix.
-func (r *Root) Restore(ctx context.Context, tree delta.ID, loader delta.BlobLoader) error {
+// rebuild replaces the writable layer by tree, whole (Restore's fallback).
+// The new layer is built and verified beside the live one while the root
+// stays mounted and untouched; only then is the root unmounted, switched
+// with one rename and mounted again, so a failed rebuild (a full disk, a
+// corrupt object) leaves the live root exactly as it was, and a killed one
+// leaves the old layer or the new one, never a mix.
+func (r *Root) rebuild(ctx context.Context, tree delta.ID, loader delta.BlobLoader) error {
 	g, err := r.build(ctx, tree, loader)
 	if err != nil {
 		return err

@@ -118,14 +118,15 @@ func (a *app) withEngineIf(ro func(args []string) bool, fn func(ctx context.Cont
 func (a *app) stdout() io.Writer { return a.w }
 
 // blockAtPhaseEnv is a test hook: TURNSNAP_TEST_BLOCK_AT=PHASE:FILE makes a
-// checkpoint create FILE and then block for ever when it reaches PHASE
-// (engine.PhaseFreeze ... engine.PhaseCommit), so a test can SIGKILL
+// checkpoint or rollback create FILE and then block for ever when it
+// reaches PHASE (engine.PhaseFreeze ... engine.PhaseCommit, or a rollback's
+// "rollback: layer-rewrite"), so a test can SIGKILL
 // turnsnap at exactly that point.
 const blockAtPhaseEnv = "TURNSNAP_TEST_BLOCK_AT"
 
 func blockAtPhase() func(string) {
-	// The file is after the last colon: phase names may hold one
-	// ("rollback: root switched").
+	// The file is after the last colon: phase names may hold colons
+	// ("rollback: layer-rewrite").
 	v := os.Getenv(blockAtPhaseEnv)
 	i := strings.LastIndexByte(v, ':')
 	if i < 0 || i == len(v)-1 {

@@ -20,7 +20,11 @@ import (
 //   - Scan reads only what changed since the last Committed scan; Committed
 //     is called once the checkpoint holding that scan is durable.
 //   - Restore makes the root exactly base + tree, verifies it, and leaves it
-//     mounted; a crash midway leaves the old state or the new one.
+//     mounted. A crash or an error midway leaves either the old state or
+//     the new one, or (an error wrapping delta.ErrPartial; a crash after
+//     the first write) a state from which Restore of the same tree
+//     finishes the job: callers that must not leave a mix record their
+//     intent first (the engine's rollback intent) and call Restore again.
 //   - Mount is idempotent and brings a root back after a reboot.
 type Root interface {
 	Path() string
@@ -45,4 +49,19 @@ type Backend interface {
 	Create(ctx context.Context, dir, base string, tree delta.ID, loader delta.BlobLoader) (Root, error)
 	// Open returns the root kept in dir without touching it.
 	Open(dir, base string) Root
+}
+
+type phaseKey struct{}
+
+// WithPhase returns ctx carrying f, which Phase calls as a restore reaches
+// a named step (tests kill the process there).
+func WithPhase(ctx context.Context, f func(string)) context.Context {
+	return context.WithValue(ctx, phaseKey{}, f)
+}
+
+// Phase reports reaching step name to the function WithPhase put in ctx.
+func Phase(ctx context.Context, name string) {
+	if f, ok := ctx.Value(phaseKey{}).(func(string)); ok && f != nil {
+		f(name)
+	}
 }

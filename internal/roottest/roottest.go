@@ -36,6 +36,7 @@ func Run(t *testing.T, newSetup func(t *testing.T) Setup) {
 		{"RestoreEarlierTrees", testRestoreEarlierTrees},
 		{"RestoreIntoNewRoot", testRestoreIntoNewRoot},
 		{"RestoreCorruptTreeKeepsState", testRestoreCorrupt},
+		{"RollbackKeepsInodes", testRollbackKeepsInodes},
 		{"RemoveCleansEverything", testRemoveCleans},
 		{"DirectoryRenames", testDirRenames},
 		{"LongPaths", testLongPaths},

@@ -1,0 +1,341 @@
+package delta
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path"
+	"slices"
+	"strconv"
+
+	"github.com/turnsnap/turnsnap/internal/errdefs"
+	"github.com/turnsnap/turnsnap/internal/fsat"
+	"golang.org/x/sys/unix"
+)
+
+// DiffResult reports an applied diff.
+type DiffResult struct {
+	Stats ApplyStats
+	// Removed lists the root-relative paths removed or replaced (a
+	// directory's contents went with it).
+	Removed []string
+	// Written lists the root-relative paths created, rewritten or given
+	// new metadata, in the order they were written.
+	Written []string
+}
+
+// ErrPartial marks an error of Apply after its first write: the directory
+// is neither its old state nor the target, and applying a fresh plan from
+// what it holds now finishes the job.
+var ErrPartial = errors.New("the restore stopped partway")
+
+// Apply makes the changes of the plan in the directory it was planned on.
+// Nothing outside it is touched and no symlink is followed (every name is
+// resolved from its parent's descriptor, as in Materialise). Files that
+// exist in both states are rewritten through O_NOFOLLOW|O_TRUNC after a
+// check that they are still regular files, so they keep their inodes. An
+// error after the first write wraps ErrPartial.
+func (p *DiffPlan) Apply(ctx context.Context) (*DiffResult, error) {
+	rootFD, err := fsat.OpenDir(p.root)
+	if err != nil {
+		return nil, fmt.Errorf("restore onto %s: %w", p.root, err)
+	}
+	defer unix.Close(rootFD)
+	a := &applier{opts: ApplyOptions{Loader: p, AllowDevices: p.opts.AllowDevices, Plain: p.opts.Plain},
+		root: p.root, rootFD: rootFD, files: map[string]bool{}, anyLink: true,
+		budget: Footprint{Entries: MaxStateEntries}}
+	res := &DiffResult{}
+	for i := range p.changes {
+		c := &p.changes[i]
+		if err := p.apply(ctx, a, c, res); err != nil {
+			err = fmt.Errorf("restore %s:/%s: %w", p.root, c.rel, err)
+			if i > 0 || len(res.Removed)+len(res.Written) > 0 {
+				err = fmt.Errorf("%w: %w", ErrPartial, err)
+			}
+			return res, err
+		}
+		if i == 0 && p.opts.Phase != nil {
+			p.opts.Phase()
+		}
+	}
+	res.Stats = a.stats
+	return res, nil
+}
+
+func (p *DiffPlan) apply(ctx context.Context, a *applier, c *change, res *DiffResult) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	dir, name := splitRel(c.rel)
+	dirFD, err := fsat.Open(a.rootFD, dir, unix.O_RDONLY|unix.O_DIRECTORY)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dirFD)
+	if c.remove {
+		if err := p.remove(dirFD, name, c.rel); err != nil {
+			return err
+		}
+		res.Removed = append(res.Removed, c.rel)
+	}
+	if c.target == nil {
+		return nil
+	}
+	res.Written = append(res.Written, c.rel)
+	e := c.target
+	switch c.how {
+	case changeCreate:
+		if e.Type == TypeFile {
+			a.files[c.rel] = true
+		}
+		return a.entry(ctx, dirFD, c.rel, e)
+	case changeRewrite, changeMeta:
+		if e.Type != TypeFile {
+			// A node kept (fifo, socket, device): its kind is checked by
+			// the plan's scan, and metadata is set without following.
+			var st unix.Stat_t
+			if err := unix.Fstatat(dirFD, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+				return err
+			}
+			if st.Mode&unix.S_IFMT == unix.S_IFDIR || st.Mode&unix.S_IFMT == unix.S_IFLNK || st.Mode&unix.S_IFMT == unix.S_IFREG {
+				return fmt.Errorf("is no longer the %s the live state had: %w", e.Type, errdefs.ErrPrecondition)
+			}
+			return setMeta(metaTarget{dirFD: dirFD, name: name, fd: -1}, e)
+		}
+		return p.rewrite(ctx, a, dirFD, name, e, c.how == changeRewrite)
+	case changeDirMeta:
+		fd, err := fsat.Open(dirFD, name, unix.O_RDONLY|unix.O_DIRECTORY)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		if err := setOpaque(fd, e.Opaque); err != nil {
+			return err
+		}
+		return setMeta(metaTarget{fd: fd}, e)
+	}
+	return fmt.Errorf("unknown change %d", c.how)
+}
+
+// rewrite writes a file that exists in both states in place. It is opened
+// O_PATH first and checked to be a regular file (a fifo or a device must
+// never be opened for writing), then reopened for writing through its own
+// descriptor, which follows nothing.
+func (p *DiffPlan) rewrite(ctx context.Context, a *applier, dirFD int, name string, e *Entry, content bool) error {
+	pfd, err := fsat.Open(dirFD, name, unix.O_PATH)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(pfd)
+	var st unix.Stat_t
+	if err := unix.Fstat(pfd, &st); err != nil {
+		return err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return fmt.Errorf("is no longer a regular file: %w", errdefs.ErrPrecondition)
+	}
+	flags := unix.O_RDONLY
+	if content {
+		flags = unix.O_WRONLY | unix.O_TRUNC
+	}
+	// The magic link is our own descriptor of the checked inode: opening it
+	// reaches that inode whatever its name points at now.
+	fd, err := unix.Open("/proc/self/fd/"+strconv.Itoa(pfd), flags|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	f := os.NewFile(uintptr(fd), name)
+	defer f.Close()
+	if content {
+		n, err := writeChunks(ctx, a.opts.Loader, f, e)
+		if err != nil {
+			return err
+		}
+		a.stats.Files++
+		a.stats.Bytes += int64(n)
+	}
+	a.stats.Entries++
+	if err := setMeta(metaTarget{fd: fd}, e); err != nil {
+		return err
+	}
+	return f.Close()
+}
+
+// remove deletes name (a whole tree for a directory), telling
+// Options.Removing about each name first, deepest last.
+func (p *DiffPlan) remove(dirFD int, name, rel string) error {
+	if p.opts.Removing == nil {
+		return removeAt(dirFD, name)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstatat(dirFD, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return ignoreENOENT(err)
+	}
+	if err := p.opts.Removing(dirFD, name, rel); err != nil {
+		return err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		return ignoreENOENT(unix.Unlinkat(dirFD, name, 0))
+	}
+	fd, err := fsat.Open(dirFD, name, unix.O_RDONLY|unix.O_DIRECTORY)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	names, err := fsat.ReadDirNames(fd)
+	if err != nil {
+		return err
+	}
+	for _, n := range names {
+		if err := p.remove(fd, n, path.Join(rel, n)); err != nil {
+			return err
+		}
+	}
+	return ignoreENOENT(unix.Unlinkat(dirFD, name, unix.AT_REMOVEDIR))
+}
+
+// setOpaque sets or clears overlay's opaque marker on a kept directory.
+func setOpaque(fd int, opaque bool) error {
+	if opaque {
+		if err := unix.Fsetxattr(fd, OpaqueXattr, []byte("y"), 0); err != nil {
+			return fmt.Errorf("mark opaque: %w", err)
+		}
+		return nil
+	}
+	if err := unix.Fremovexattr(fd, OpaqueXattr); err != nil && !errors.Is(err, unix.ENODATA) {
+		return fmt.Errorf("clear opaque: %w", err)
+	}
+	return nil
+}
+
+// Verify reads back every name the plan wrote and checks it against the
+// target, and lists every kept directory whose children changed against
+// the target's names. It returns the scan cache entries of what it read,
+// so the caller can update its cache without a full scan.
+//
+// Why this is enough: the live tree came from a scan of the directory, and
+// nothing but Apply wrote to it since (the caller guarantees that: the
+// overlay is unmounted and the sandbox's processes are stopped). Names the
+// plan did not touch were equal in both trees; names it touched are read
+// back here, content hashed, metadata compared; and the names of every
+// directory it changed are listed. So every entry of the result equals the
+// target's, and by induction over the directories the result's tree is
+// the target tree.
+func (p *DiffPlan) Verify(ctx context.Context, res *DiffResult) (map[string]CacheEntry, error) {
+	rootFD, err := fsat.OpenDir(p.root)
+	if err != nil {
+		return nil, fmt.Errorf("verify %s: %w", p.root, err)
+	}
+	defer unix.Close(rootFD)
+	s := &scanner{
+		opts: ScanOptions{Translate: p.opts.Translate, Quiescent: true}, root: p.root,
+		next:  &ScanCache{Version: cacheVersion, Entries: map[string]CacheEntry{}},
+		links: map[[2]uint64]string{}, xbuf: make([]byte, xattrBufSize), chunker: NewChunker(),
+		racyAfter: 1<<63 - 1,
+	}
+	for rel, want := range p.dirs {
+		fd, err := fsat.Open(rootFD, rel, unix.O_RDONLY|unix.O_DIRECTORY)
+		if err != nil {
+			return nil, fmt.Errorf("verify %s:/%s: %w", p.root, rel, err)
+		}
+		names, err := fsat.ReadDirNames(fd)
+		unix.Close(fd)
+		if err != nil {
+			return nil, fmt.Errorf("verify %s:/%s: %w", p.root, rel, err)
+		}
+		slices.Sort(names)
+		if !slices.Equal(names, want) {
+			return nil, fmt.Errorf("verify %s:/%s: holds %d names, the target %d: %w", p.root, rel, len(names), len(want), errdefs.ErrCorrupt)
+		}
+	}
+	for i := range p.changes {
+		c := &p.changes[i]
+		if err := p.verifyOne(ctx, s, rootFD, c); err != nil {
+			return nil, fmt.Errorf("verify %s:/%s: %w", p.root, c.rel, err)
+		}
+	}
+	return s.next.Entries, nil
+}
+
+func (p *DiffPlan) verifyOne(ctx context.Context, s *scanner, rootFD int, c *change) error {
+	dir, name := splitRel(c.rel)
+	dirFD, err := fsat.Open(rootFD, dir, unix.O_RDONLY|unix.O_DIRECTORY)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dirFD)
+	if c.target == nil {
+		var st unix.Stat_t
+		if err := unix.Fstatat(dirFD, name, &st, unix.AT_SYMLINK_NOFOLLOW); !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("still there after its removal: %w", errdefs.ErrCorrupt)
+		}
+		return nil
+	}
+	want := c.target
+	if want.Type == TypeHardlink {
+		var a, b unix.Stat_t
+		if err := fsat.Lstat(dirFD, name, &a); err != nil {
+			return err
+		}
+		if err := fsat.Lstat(rootFD, want.Target, &b); err != nil {
+			return err
+		}
+		if !fsat.SameFile(&a, &b) {
+			return fmt.Errorf("is not a link to %s: %w", want.Target, errdefs.ErrCorrupt)
+		}
+		return nil
+	}
+	s.shallow = c.how == changeDirMeta
+	got, _, keep, err := s.entry(ctx, dirFD, c.rel, name, dirFlags{})
+	if err != nil {
+		return err
+	}
+	if !keep {
+		return fmt.Errorf("vanished: %w", errdefs.ErrCorrupt)
+	}
+	if c.how == changeDirMeta {
+		got.Subtree = want.Subtree // its children are checked one by one
+	}
+	if !sameEntry(&got, want) {
+		return fmt.Errorf("reads back as %s mode %o size %d, the target is %s mode %o size %d: %w",
+			got.Type, got.Mode, got.Size, want.Type, want.Mode, want.Size, errdefs.ErrCorrupt)
+	}
+	return nil
+}
+
+// Sync makes what Apply wrote durable: an fsync of every file and
+// directory Verify read back (fresh), and of every directory a name was
+// removed from or added to. It replaces a syncfs of the whole filesystem,
+// which would also wait for every other writer's dirty data there.
+func (p *DiffPlan) Sync(res *DiffResult, fresh map[string]CacheEntry) error {
+	rootFD, err := fsat.OpenDir(p.root)
+	if err != nil {
+		return fmt.Errorf("sync %s: %w", p.root, err)
+	}
+	defer unix.Close(rootFD)
+	todo := map[string]bool{"": true}
+	for rel, ce := range fresh {
+		if ce.Entry.Type == TypeFile || ce.Entry.Type == TypeDir {
+			todo[rel] = true
+		}
+		dir, _ := splitRel(rel)
+		todo[dir] = true
+	}
+	for _, rel := range res.Removed {
+		dir, _ := splitRel(rel)
+		todo[dir] = true
+	}
+	for rel := range todo {
+		fd, err := fsat.Open(rootFD, rel, unix.O_RDONLY|unix.O_NONBLOCK)
+		if err != nil {
+			return fmt.Errorf("sync %s:/%s: %w", p.root, rel, err)
+		}
+		err = unix.Fsync(fd)
+		unix.Close(fd)
+		if err != nil {
+			return fmt.Errorf("sync %s:/%s: %w", p.root, rel, err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,110 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/internal/rootfs"
+)
+
+// CRIU's restore touches the restored root: it binds each unix socket the
+// processes had bound anew, which gives the socket node a new mtime, and it
+// brings back each deleted-open ("ghost") file by creating it, opening it
+// and unlinking it again, which moves its directory's mtime (and may copy
+// a base directory up, leaving residue). None of that is the agent's work,
+// but the first turn after a process restore would see it and be classed
+// fs or full with nothing done.
+//
+// So right after a process restore the engine scans the root and compares
+// it with the checkpoint just restored (delta.Diff over base + layer, which
+// already ignores directory mtimes and residue). If the only changes are
+// socket nodes whose mtime alone moved (same type, mode, owner, xattrs),
+// the scan's state key is accepted as the checkpoint's own for the next
+// turn: it is recorded beside the checkpoint's id, and a turn whose scan
+// has that key while the head is still that checkpoint is a skip. Anything
+// else (a new, removed or rewritten file, a link_remap.N file CRIU leaves
+// for a deleted file that still has another name, a socket whose mode
+// changed) is not accepted, and the next turn records it as before: when
+// unsure, checkpoint. The scan is committed as the root's scan cache only
+// when accepted (it then names only chunks the checkpoint holds), so the
+// next turn reads only what the agent wrote.
+//
+//	HOME/proc/NAME.restored   "<checkpoint id> <accepted state key>"
+
+func (h home) restoredFile(sandbox string) string {
+	return filepath.Join(h.procDir(), sandbox+".restored")
+}
+
+// acceptRestored runs after cp's processes were restored onto root.
+// Failures only cost the next turn its skip, so they are logged.
+func (e *Engine) acceptRestored(ctx context.Context, name string, root rootfs.Root, cp *delta.Checkpoint) {
+	os.Remove(e.home.restoredFile(name))
+	trees := &treeMemo{next: e.repo, trees: map[delta.ID][]byte{}}
+	res, err := root.Scan(ctx, trees)
+	if err != nil {
+		e.log.Warn("scan after process restore", "sandbox", name, "err", err)
+		return
+	}
+	if res.StateKey != cp.StateKey {
+		ok, why, err := onlyRestoreNoise(ctx, trees, cp, res.Root)
+		if err != nil || !ok {
+			e.log.Info("the restore of processes changed files; the next turn records them", "sandbox", name, "change", why, "err", err)
+			return
+		}
+		data := cp.ID.String() + " " + res.StateKey.String() + "\n"
+		if err := os.WriteFile(e.home.restoredFile(name), []byte(data), 0o600); err != nil {
+			e.log.Warn("record restored state", "sandbox", name, "err", err)
+			return
+		}
+	}
+	if err := root.Committed(res); err != nil {
+		e.log.Warn("scan cache after process restore", "sandbox", name, "err", err)
+	}
+}
+
+// restoredAs reports whether key is the state key accepted for head right
+// after its processes were restored.
+func (e *Engine) restoredAs(name string, head delta.ID, key delta.ID) bool {
+	data, err := os.ReadFile(e.home.restoredFile(name))
+	if err != nil {
+		return false
+	}
+	id, k, ok := strings.Cut(strings.TrimSpace(string(data)), " ")
+	return ok && id == head.String() && k == key.String()
+}
+
+// onlyRestoreNoise reports whether layer (on cp's base) differs from cp
+// only in socket nodes' mtimes; why names the first other change.
+func onlyRestoreNoise(ctx context.Context, loader delta.BlobLoader, cp *delta.Checkpoint, layer delta.ID) (bool, string, error) {
+	from, to := delta.Layers{cp.BaseTree, cp.FSTree}, delta.Layers{cp.BaseTree, layer}
+	changes, err := delta.Diff(ctx, loader, from, to)
+	if err != nil {
+		return false, "", err
+	}
+	for _, c := range changes {
+		why := fmt.Sprintf("%s %s (%s)", c.Kind, c.Path, c.Type)
+		if c.Kind != delta.Modified || c.Type != delta.TypeSocket {
+			return false, why, nil
+		}
+		a, okA, err := delta.Lookup(ctx, loader, from, c.Path)
+		if err != nil {
+			return false, why, err
+		}
+		b, okB, err := delta.Lookup(ctx, loader, to, c.Path)
+		if err != nil {
+			return false, why, err
+		}
+		if !okA || !okB || a.Type != delta.TypeSocket || b.Type != delta.TypeSocket || a.Mode != b.Mode ||
+			a.UID != b.UID || a.GID != b.GID || !slices.EqualFunc(a.Xattrs, b.Xattrs, func(x, y delta.Xattr) bool {
+			return x.Name == y.Name && string(x.Value) == string(y.Value)
+		}) {
+			return false, why, nil
+		}
+	}
+	return true, "", nil
+}

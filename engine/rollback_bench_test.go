@@ -1,0 +1,112 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"math/rand"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"github.com/turnsnap/turnsnap/internal/btrfstest"
+	"github.com/turnsnap/turnsnap/overlay"
+)
+
+// rollbackBenchShape is the issue's layer: 2,000 files of 10 KB (20 MB) in
+// directories of 200, on a small base. TURNSNAP_BENCH_SMALL shrinks it.
+func rollbackBenchShape() (files, size int) {
+	if os.Getenv("TURNSNAP_BENCH_SMALL") != "" {
+		return 200, 4 << 10
+	}
+	return 2000, 10 << 10
+}
+
+// BenchmarkRollbackByDiff rolls a sandbox whose writable layer holds 2,000
+// files (20 MB) back and forth between two checkpoints 4 files apart (2
+// rewritten, 1 added, 1 deleted), in one run:
+//
+//   - overlay/by-diff: the default (overlay/restore.go): only the 4 names
+//     are written, files in both states keep their inodes.
+//   - overlay/materialise: the whole layer rebuilt beside the live one
+//     (TURNSNAP_OVERLAY_RESTORE=rebuild, the path before the diff).
+//   - overlay/cp-a: `cp -a` of the upper directory, the floor of any copy.
+//   - btrfs: a snapshot of the restore point.
+//
+// Compare by-diff's ns/op against materialise's and cp-a's.
+func BenchmarkRollbackByDiff(b *testing.B) {
+	ctx := context.Background()
+	nFiles, size := rollbackBenchShape()
+	base := benchBase(b, 100)
+	pool := btrfstest.Pool(b)
+	e := newEngine(b)
+	rng := rand.New(rand.NewSource(5))
+	targets := map[string][2]string{}
+	for _, s := range []struct {
+		name string
+		opts CreateOptions
+	}{{"overlay", CreateOptions{Base: base}}, {"btrfs", btrfsOpts(pool, base)}} {
+		cr, err := e.CreateSandbox(ctx, s.name, s.opts)
+		must(b, err)
+		for i := range nFiles {
+			p := filepath.Join(cr.Root, fmt.Sprintf("work%02d/f%05d.txt", i/200, i))
+			must(b, os.MkdirAll(filepath.Dir(p), 0o755))
+			must(b, os.WriteFile(p, fileBody(rng, size), 0o644))
+		}
+		settle()
+		c1, err := e.Checkpoint(ctx, s.name, CheckpointOptions{})
+		must(b, err)
+		for _, i := range []int{3, nFiles / 2} {
+			rewrite(b, filepath.Join(cr.Root, fmt.Sprintf("work%02d/f%05d.txt", i/200, i)), string(fileBody(rng, size)))
+		}
+		must(b, os.WriteFile(filepath.Join(cr.Root, "work00/added.txt"), fileBody(rng, size), 0o644))
+		must(b, os.Remove(filepath.Join(cr.Root, fmt.Sprintf("work%02d/f%05d.txt", (nFiles-1)/200, nFiles-1))))
+		settle()
+		c2, err := e.Checkpoint(ctx, s.name, CheckpointOptions{})
+		must(b, err)
+		targets[s.name] = [2]string{c1.ID.String(), c2.ID.String()}
+	}
+	roll := func(b *testing.B, name string) {
+		alt := targets[name]
+		n := 0
+		for b.Loop() {
+			if _, err := e.Rollback(ctx, name, alt[n%2], RollbackOptions{}); err != nil {
+				b.Fatal(err)
+			}
+			n++
+		}
+		if n%2 == 1 { // back to the newest for the next sub-benchmark
+			_, err := e.Rollback(ctx, name, alt[1], RollbackOptions{})
+			must(b, err)
+		}
+	}
+	b.Run("overlay/by-diff", func(b *testing.B) {
+		// The file rewritten between the checkpoints keeps its inode: the
+		// diff path ran, not the rebuild.
+		p := filepath.Join(e.home.sandboxDir("overlay"), "root", "work00/f00003.txt")
+		before := inode(b, p)
+		roll(b, "overlay")
+		if inode(b, p) != before {
+			b.Fatal("the by-diff rollback rebuilt the layer (new inodes)")
+		}
+	})
+	b.Run("overlay/materialise", func(b *testing.B) {
+		b.Setenv(overlay.RestoreModeEnv, "rebuild")
+		roll(b, "overlay")
+	})
+	b.Run("overlay/cp-a", func(b *testing.B) {
+		gen, err := os.Readlink(filepath.Join(e.home.sandboxDir("overlay"), "current"))
+		must(b, err)
+		upper := filepath.Join(e.home.sandboxDir("overlay"), gen, "upper")
+		dst := filepath.Join(b.TempDir(), "copy")
+		for b.Loop() {
+			if out, err := exec.Command("cp", "-a", upper, dst).CombinedOutput(); err != nil {
+				b.Fatalf("cp -a: %v: %s", err, out)
+			}
+			b.StopTimer()
+			must(b, os.RemoveAll(dst))
+			b.StartTimer()
+		}
+	})
+	b.Run("btrfs/snapshot", func(b *testing.B) { roll(b, "btrfs") })
+}

@@ -1,0 +1,294 @@
+package overlay
+
+import (
+	"bufio"
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/internal/fsat"
+	"github.com/turnsnap/turnsnap/internal/rootfs"
+	"golang.org/x/sys/unix"
+)
+
+// RestoreModeEnv, set to "rebuild", makes Restore rebuild the whole layer
+// as it did before restores by diff: the baseline of the rollback
+// benchmarks, and a switch for an operator who suspects the diff path.
+const RestoreModeEnv = "TURNSNAP_OVERLAY_RESTORE"
+
+// Restore makes the writable layer exactly tree, rewriting only what
+// differs from the live layer (delta.PlanDiff): files in both states keep
+// their inodes, and a rollback a few files away costs a few files.
+//
+//  1. The live upper is scanned (incrementally, from the scan cache) with
+//     the root still mounted; its trees are kept in memory.
+//  2. The diff is planned: the target checked, every chunk it needs loaded
+//     and verified, room checked. A failure here changes nothing.
+//  3. The root is unmounted (the engine has stopped the sandbox's
+//     processes), the diff applied to the upper, and every name written is
+//     read back (DiffPlan.Verify explains why that suffices). Index entries
+//     of removed copied-up files are dropped as each is removed, and the
+//     root is mounted again.
+//
+// It falls back to rebuilding the whole layer beside the live one (the
+// old path: new inodes) for a layer with a renamed base directory (overlay
+// redirects), one that does not mount, a diff over the memory bound or
+// touching a multiply-linked file, and a verify mismatch. An error after
+// the first write wraps delta.ErrPartial: the layer is a mix, and running
+// Restore again (the engine's rollback intent) finishes it.
+func (r *Root) Restore(ctx context.Context, tree delta.ID, loader delta.BlobLoader) error {
+	if os.Getenv(RestoreModeEnv) == "rebuild" {
+		return r.rebuild(ctx, tree, loader)
+	}
+	written, err := r.restoreDiff(ctx, tree, loader)
+	var fb *fallback
+	if !errors.As(err, &fb) {
+		return err
+	}
+	r.lastFallback = fb.why
+	if err := r.rebuild(ctx, tree, loader); err != nil {
+		if written {
+			return fmt.Errorf("%w: %w", delta.ErrPartial, err)
+		}
+		return err
+	}
+	return nil
+}
+
+// A diff restore that wrote more than this rewrites the scan cache file;
+// a smaller one leaves re-reading its files to another process's next
+// scan (restoreDiff).
+const (
+	cacheWriteFiles = 64
+	cacheWriteBytes = 8 << 20
+)
+
+// fallback is restoreDiff's answer for a layer it leaves to rebuild.
+type fallback struct{ why string }
+
+func (f *fallback) Error() string { return "restore by rebuild: " + f.why }
+
+// restoreDiff is Restore's diff path; written says whether it changed the
+// layer before it failed.
+func (r *Root) restoreDiff(ctx context.Context, tree delta.ID, loader delta.BlobLoader) (bool, error) {
+	if err := r.Mount(ctx); err != nil {
+		return false, &fallback{"the live layer does not mount: " + err.Error()}
+	}
+	g, err := r.gen()
+	if err != nil {
+		return false, err
+	}
+	// A stacked generation's upper is relative to its frozen layer, not to
+	// the base the diff is planned against: rebuild a plain layer (which
+	// also unstacks the root).
+	if s, err := readStack(g); err != nil || s != nil {
+		return false, &fallback{"the root is stacked on a frozen layer"}
+	}
+	if err := r.linkUp(g); err != nil {
+		return false, &fallback{"linking up base hardlinks: " + err.Error()}
+	}
+	upper, cacheFile := filepath.Join(g, "upper"), filepath.Join(g, "scan.cache")
+	trees := memTrees{}
+	live, redirected, err := r.scanUpperR(ctx, upper, trees, r.memo.read(cacheFile), delta.ScanOptions{})
+	if err != nil {
+		return false, &fallback{"the live layer does not scan: " + err.Error()}
+	}
+	if redirected {
+		return false, &fallback{"the layer holds a renamed base directory"}
+	}
+	index := filepath.Join(g, "work", "index")
+	xbuf := make([]byte, fsat.XattrBufSize)
+	plan, err := delta.PlanDiff(ctx, upper, live.Root, tree, delta.DiffOptions{
+		Loader: loader, Live: trees, Translate: Translate,
+		Names: func(dirFD int, name string, st *unix.Stat_t) (uint64, error) {
+			return indexedNames(index, dirFD, name, st, xbuf)
+		},
+		Removing: func(dirFD int, name, _ string) error { return dropIndex(index, dirFD, name, xbuf) },
+		Phase:    func() { rootfs.Phase(ctx, "rollback: layer-rewrite") },
+	})
+	if errors.Is(err, delta.ErrDiffUnsupported) {
+		return false, &fallback{err.Error()}
+	}
+	if err != nil {
+		return false, fmt.Errorf("sandbox %s: %w", r.dir, err)
+	}
+	if plan.Empty() {
+		return false, nil
+	}
+	if err := r.Unmount(ctx); err != nil {
+		return false, err
+	}
+	res, err := plan.Apply(ctx)
+	if err != nil {
+		partial := errors.Is(err, delta.ErrPartial)
+		if merr := r.Mount(ctx); merr != nil {
+			err = errors.Join(err, merr)
+		}
+		return partial, fmt.Errorf("sandbox %s: %w", r.dir, err)
+	}
+	fresh, err := plan.Verify(ctx, res)
+	if err != nil {
+		return true, &fallback{err.Error()}
+	}
+	if err := plan.Sync(res, fresh); err != nil {
+		return true, fmt.Errorf("%w: sandbox %s: %w", delta.ErrPartial, r.dir, err)
+	}
+	// The new cache is the live scan's, patched where the diff wrote, so the
+	// first checkpoint after the restore reads nothing it does not have to.
+	// A cache must name only stored chunks (Committed): every entry kept
+	// is one the diff left alone, so equal to the target's, and every entry
+	// Verify read is the target's, so all of them are the checkpoint's.
+	//
+	// The old cache file stays valid too (keyed by ctime, it only misses
+	// on what the diff wrote). Encoding a 2,000-entry cache costs more than
+	// re-reading a few files, so a small diff only hands the patched cache
+	// to the backend's memo (this process's next turn reads nothing; another
+	// process's re-reads the few files), and a large one writes it.
+	cache := patchCache(live.Cache, res.Removed, fresh)
+	if res.Stats.Files > cacheWriteFiles || res.Stats.Bytes > cacheWriteBytes || r.memo == nil {
+		if writeCacheFile(cacheFile, func(w *bufio.Writer) error { return delta.WriteCache(w, cache) }) == nil {
+			r.memo.wrote(cacheFile, cache)
+		}
+	} else {
+		r.memo.wrote(cacheFile, cache)
+	}
+	if err := r.Mount(ctx); err != nil {
+		return true, &fallback{"the restored layer does not mount: " + err.Error()}
+	}
+	return true, nil
+}
+
+// patchCache is the live scan's cache with removed paths (and what was
+// below them) dropped and the entries Verify read put in. Entries of paths
+// the diff did not touch stay valid: the cache is keyed by inode, size,
+// mtime and ctime, which nothing changed.
+func patchCache(c *delta.ScanCache, removed []string, fresh map[string]delta.CacheEntry) *delta.ScanCache {
+	out := &delta.ScanCache{Version: c.Version, Entries: maps.Clone(c.Entries)}
+	var dirs []string
+	for _, rel := range removed {
+		if e, ok := out.Entries[rel]; ok && e.Entry.Type == delta.TypeDir {
+			dirs = append(dirs, rel+"/")
+		}
+		delete(out.Entries, rel)
+	}
+	if len(dirs) > 0 {
+		for k := range out.Entries {
+			for _, d := range dirs {
+				if strings.HasPrefix(k, d) {
+					delete(out.Entries, k)
+					break
+				}
+			}
+		}
+	}
+	maps.Copy(out.Entries, fresh)
+	return out
+}
+
+// memTrees keeps a scan's trees in memory (its data chunks are dropped:
+// the live layer's files are not stored) and serves them back to the plan.
+type memTrees map[delta.ID][]byte
+
+func (m memTrees) SaveBlob(_ context.Context, t delta.BlobType, id delta.ID, data []byte) (bool, error) {
+	if t == delta.BlobTree {
+		m[id] = data // treeBuffer hands over its own copy
+	}
+	return true, nil
+}
+
+func (m memTrees) LoadBlob(_ context.Context, t delta.BlobType, id delta.ID) ([]byte, error) {
+	if data, ok := m[id]; ok && t == delta.BlobTree {
+		return data, nil
+	}
+	return nil, fmt.Errorf("live tree %s was not scanned", id.Short())
+}
+
+// originIndex names the index entry of an upper entry copied up from the
+// base: overlay names it by the hex of the origin file handle, which the
+// entry keeps in trusted.overlay.origin. "" if the entry has none.
+func originIndex(index string, dirFD int, name string, buf []byte) (string, error) {
+	n, err := unix.Lgetxattr(fsat.ProcPath(dirFD, name), originXattr, buf)
+	if errors.Is(err, unix.ENODATA) || errors.Is(err, unix.ENOTSUP) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("read origin: %w", err)
+	}
+	return filepath.Join(index, hex.EncodeToString(buf[:n])), nil
+}
+
+// indexedNames is a copied-up file's link count less the link overlay's
+// index keeps to it (nfs_export indexes every copied-up file).
+func indexedNames(index string, dirFD int, name string, st *unix.Stat_t, buf []byte) (uint64, error) {
+	n := uint64(st.Nlink)
+	p, err := originIndex(index, dirFD, name, buf)
+	if err != nil || p == "" {
+		return n, err
+	}
+	var ist unix.Stat_t
+	if unix.Lstat(p, &ist) == nil && fsat.SameFile(&ist, st) {
+		n--
+	}
+	return n, nil
+}
+
+// dropIndex removes the index entry of an upper entry about to be
+// removed. Left behind, it would still tie the base file to the removed
+// upper inode, and the mount would turn it into a whiteout index that
+// makes the base file read as EIO. Removing the index entry first is safe
+// at any crash point: an upper entry whose index is gone reads as before.
+func dropIndex(index string, dirFD int, name string, buf []byte) error {
+	p, err := originIndex(index, dirFD, name, buf)
+	if err != nil || p == "" {
+		return err
+	}
+	err = unix.Unlink(p)
+	if errors.Is(err, unix.EISDIR) {
+		err = unix.Rmdir(p)
+	}
+	// ENAMETOOLONG: an origin no index entry can be named after.
+	if err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENAMETOOLONG) {
+		return fmt.Errorf("drop index entry %s: %w", filepath.Base(p), err)
+	}
+	return nil
+}
+
+// dropWhiteoutIndex removes the whiteout entries of the index before a
+// mount. overlay (nfs_export) leaves one when a copied-up base file is
+// deleted, to make the base file unreachable by handle; once a restore
+// removes the upper whiteout that hid the base file, the whiteout index
+// makes the file read as EIO. While the upper whiteout stays, the name is
+// hidden anyway, so dropping the index whiteout changes nothing visible.
+func dropWhiteoutIndex(index string) error {
+	f, err := os.Open(index)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	ents, err := f.ReadDir(-1)
+	if err != nil {
+		return err
+	}
+	for _, de := range ents {
+		if de.Type()&os.ModeCharDevice == 0 {
+			continue
+		}
+		var st unix.Stat_t
+		p := filepath.Join(index, de.Name())
+		if unix.Lstat(p, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFCHR && st.Rdev == 0 {
+			if err := unix.Unlink(p); err != nil && !errors.Is(err, unix.ENOENT) {
+				return err
+			}
+		}
+	}
+	return nil
+}
