@@ -30,6 +30,17 @@ type CheckpointResult struct {
 	// ProcessChange says why the turn counted as a process change ("" if
 	// it did not): a process appeared, ended, used CPU, did I/O...
 	ProcessChange string
+	// Phases is where Duration went, for metrics (zero for a phase the
+	// turn did not reach).
+	Phases Phases
+}
+
+// Phases splits a checkpoint's time by phase: Freeze is deciding about the
+// processes and pausing them, Scan the filesystem scan(s), Dump the CRIU
+// dump, Store storing the image, Commit publishing and the catalog
+// transaction.
+type Phases struct {
+	Freeze, Scan, Dump, Store, Commit time.Duration
 }
 
 // Checkpoint closes a turn: scan the writable layer (reading only what
@@ -60,10 +71,14 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	defer op.Discard(context.WithoutCancel(ctx))
 	// Processes first: decide whether they changed and pause them, so the
 	// scan and any dump below are one instant.
+	var ph Phases
+	t := time.Now()
 	pt, err := e.beginProcTurn(ctx, name, st.head)
 	if err != nil {
 		return nil, err
 	}
+	ph.Freeze = time.Since(t)
+	t = time.Now()
 	resumed := false
 	resume := func() {
 		if !resumed {
@@ -83,6 +98,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 			return nil, err
 		}
 	}
+	ph.Scan = time.Since(t)
 	e.phase(PhaseScan)
 	turn := st.head.Turn + 1
 	if opts.Turn != nil {
@@ -104,22 +120,26 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 		}
 		stats.DurationNs = time.Since(start).Nanoseconds()
 		return &CheckpointResult{ID: st.head.ID, Sandbox: name, Class: delta.ClassSkip, Turn: turn,
-			Parent: st.head.ID, Stats: stats, Duration: time.Since(start)}, nil
+			Parent: st.head.ID, Stats: stats, Duration: time.Since(start), Phases: ph}, nil
 	}
 	// Unchanged processes keep the image they were last dumped with.
 	procTree, host := st.head.ProcTree, st.head.Host
 	if pt.changed {
 		procTree, host = nil, nil
 		if pt.running && pt.cur.NeedsImage() {
+			t = time.Now()
 			storeImage, err := e.dump(ctx, name, op)
 			if err != nil {
 				return nil, err
 			}
+			ph.Dump = time.Since(t)
 			resume() // the cut is taken; storing the image need not freeze anyone
+			t = time.Now()
 			tree, h, err := storeImage()
 			if err != nil {
 				return nil, err
 			}
+			ph.Store = time.Since(t)
 			procTree, host = &tree, h
 		}
 	}
@@ -133,9 +153,11 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	cp.Stats.DurationNs = time.Since(start).Nanoseconds()
 	cp.Stats.PauseNs = pt.paused.Nanoseconds()
 	e.phase(PhaseCommit)
+	t = time.Now()
 	if err := e.commit(ctx, op, cp, nil, cp.Roots()); err != nil {
 		return nil, err
 	}
+	ph.Commit = time.Since(t)
 	if pt.changed && pt.running {
 		// Only now: a baseline taken before the commit could make the next
 		// turn skip processes no checkpoint holds.
@@ -146,7 +168,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 		e.log.Warn("scan cache not saved", "sandbox", name, "err", err)
 	}
 	out := &CheckpointResult{ID: cp.ID, Sandbox: name, Class: cp.Class, Turn: turn, Parent: cp.Parent,
-		Stats: cp.Stats, Duration: time.Since(start)}
+		Stats: cp.Stats, Duration: time.Since(start), Phases: ph}
 	if pt.changed {
 		out.ProcessChange = pt.reason
 	}

@@ -107,13 +107,17 @@ func (e *Engine) containerRunning(ctx context.Context, sandbox string) (bool, er
 // ExecOptions configures Exec.
 type ExecOptions struct {
 	Detach bool // start a long-lived process and return at once
+	// Log is a file inside the sandbox that a detached process's stdout and
+	// stderr are appended to ("" : /dev/null).
+	Log    string
 	Stdin  io.Reader
 	Stdout io.Writer
 	Stderr io.Writer
 }
 
 // Exec runs argv inside the sandbox's container, starting the container
-// on first use. It returns the command's exit code (0 for Detach).
+// on first use. It returns the command's exit code, or for Detach the
+// process's pid inside the container.
 func (e *Engine) Exec(ctx context.Context, name string, argv []string, opts ExecOptions) (int, error) {
 	run, err := e.PrepareExec(ctx, name)
 	if err != nil {
@@ -164,8 +168,7 @@ func (e *Engine) PrepareExec(ctx context.Context, name string) (ExecFunc, error)
 			return 0, fmt.Errorf("sandbox %s: exec needs a command: %w", name, errdefs.ErrInvalid)
 		}
 		if opts.Detach {
-			_, err := rt.ExecDetached(ctx, id, argv, proc.DetachOptions{})
-			return 0, err
+			return rt.ExecDetached(ctx, id, argv, proc.DetachOptions{Log: opts.Log})
 		}
 		in := opts.Stdin
 		if in == nil {

@@ -8,7 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/turnsnap/turnsnap/delta"
-	"github.com/turnsnap/turnsnap/engine"
+	"github.com/turnsnap/turnsnap/engine/api"
 )
 
 func (a *app) logCmd() *cobra.Command {
@@ -18,20 +18,13 @@ func (a *app) logCmd() *cobra.Command {
 		Short: "Show a sandbox's checkpoints, newest first",
 		Args:  cobra.ExactArgs(1),
 	}
-	c.RunE = a.readOnly(func(ctx context.Context, e *engine.Engine, args []string) error {
-		entries, err := e.Log(ctx, args[0])
+	c.RunE = a.withService(readOnly, func(ctx context.Context, s service, args []string) error {
+		entries, err := s.Log(ctx, args[0])
 		if err != nil {
 			return err
 		}
 		if a.json {
-			rows := []map[string]any{}
-			for _, l := range entries {
-				rows = append(rows, map[string]any{"id": l.ID, "parent": l.Parent, "class": l.Class,
-					"turn": l.Turn, "sandbox": l.Sandbox, "message": l.Message, "created": l.Created,
-					"head": l.Head, "on_head": l.OnHead, "bytes_new": l.Stats.BytesNew,
-					"fs_tree": l.FSTree, "base_tree": l.BaseTree})
-			}
-			return printJSON(a.stdout(), rows)
+			return printJSON(a.stdout(), entries)
 		}
 		if graph {
 			printGraph(a.stdout(), entries)
@@ -46,7 +39,7 @@ func (a *app) logCmd() *cobra.Command {
 	return c
 }
 
-func logLine(l engine.LogEntry) string {
+func logLine(l api.LogEntry) string {
 	var tags []string
 	if l.Head {
 		tags = append(tags, "HEAD")
@@ -54,7 +47,7 @@ func logLine(l engine.LogEntry) string {
 	if !l.OnHead {
 		tags = append(tags, "rolled back")
 	}
-	s := fmt.Sprintf("%s  turn %-3d %-4s %9s  %s", l.ID.Short(), l.Turn, l.Class, bytesStr(l.Stats.BytesNew),
+	s := fmt.Sprintf("%s  turn %-3d %-4s %9s  %s", l.ID.Short(), l.Turn, l.Class, bytesStr(l.BytesNew),
 		l.Created.Local().Format("2006-01-02 15:04:05"))
 	if l.Sandbox != "" {
 		s += "  [" + l.Sandbox + "]"
@@ -71,7 +64,7 @@ func logLine(l engine.LogEntry) string {
 // printGraph draws the lineage the way `git log --graph` draws a history
 // without merges: one column per line of descent still waiting for its
 // parent, newest first.
-func printGraph(w io.Writer, entries []engine.LogEntry) {
+func printGraph(w io.Writer, entries []api.LogEntry) {
 	var cols []delta.ID // what each column waits for
 	for _, l := range entries {
 		first := -1

@@ -5,7 +5,6 @@ package main
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -65,6 +64,8 @@ type app struct {
 	verbose  bool
 	log      *slog.Logger
 	w        io.Writer
+	// daemonURL and daemonTokenFile reach a daemon over TCP (--daemon).
+	daemonURL, daemonTokenFile string
 }
 
 func defaultHome() string {
@@ -157,9 +158,11 @@ branch one checkpoint into many sandboxes, and verify what is stored.`,
 	pf.BoolVar(&a.json, "json", false, "print results as JSON")
 	pf.DurationVar(&a.lockWait, "lock-wait", engine.DefaultLockWait, "how long to wait for another turnsnap process using the same home")
 	pf.BoolVarP(&a.verbose, "verbose", "v", false, "log debug detail to stderr")
+	pf.StringVar(&a.daemonURL, "daemon", os.Getenv("TURNSNAP_DAEMON"), "URL of a TCP daemon to use (env TURNSNAP_DAEMON; default: the home's socket if a daemon answers there, else direct)")
+	pf.StringVar(&a.daemonTokenFile, "daemon-token-file", os.Getenv("TURNSNAP_DAEMON_TOKEN_FILE"), "file holding the bearer token of the --daemon")
 	root.AddCommand(a.sandboxCmd(), a.checkpointCmd(), a.logCmd(), a.diffCmd(), a.rollbackCmd(),
 		a.branchCmd(), a.tagCmd(), a.verifyCmd(), a.catalogCmd(), a.initCmd(), a.syncCmd(),
-		a.statusCmd(), a.unlockCmd(), a.gcCmd(), a.pruneCmd(), a.execCmd(), a.demoCmd(), a.keyCmd())
+		a.statusCmd(), a.unlockCmd(), a.gcCmd(), a.pruneCmd(), a.execCmd(), a.demoCmd(), a.keyCmd(), a.serveCmd())
 	return root
 }
 
@@ -168,15 +171,10 @@ func main() {
 	defer stop()
 	root := newRoot()
 	if err := root.ExecuteContext(ctx); err != nil {
-		var ce commandExit
-		if errors.As(err, &ce) {
-			os.Exit(ce.code)
+		asJSON := false
+		if f := root.PersistentFlags().Lookup("json"); f != nil {
+			asJSON = f.Value.String() == "true"
 		}
-		fmt.Fprintln(os.Stderr, "turnsnap:", err)
-		code := exitCode(err)
-		if code == exitError && usageErr(err) {
-			code = exitUsage
-		}
-		os.Exit(code)
+		os.Exit(reportError(os.Stdout, os.Stderr, asJSON, err))
 	}
 }
