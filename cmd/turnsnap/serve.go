@@ -323,8 +323,8 @@ func chainPhases(hooks ...func(string)) func(string) {
 }
 
 // holdAtPhaseEnv is a test hook of the daemon: TURNSNAP_TEST_HOLD_AT=PHASE:DIR
-// makes a checkpoint reaching PHASE create DIR/held and wait until
-// DIR/release exists, so a test can act while a commit is held (send
+// makes a checkpoint reaching PHASE, while DIR/release does not exist,
+// create DIR/held and wait until DIR/release exists, so a test can act while a commit is held (send
 // SIGTERM, run another sandbox's turn) and then let it go.
 const holdAtPhaseEnv = "TURNSNAP_TEST_HOLD_AT"
 
@@ -334,12 +334,14 @@ func holdAtPhase() func(string) {
 		return nil
 	}
 	return func(p string) {
-		if p != phase {
-			return
+		release := filepath.Join(dir, "release")
+		if _, err := os.Stat(release); p != phase || err == nil {
+			return // not this phase, or not armed
 		}
 		os.WriteFile(filepath.Join(dir, "held"), []byte(strconv.Itoa(os.Getpid())+"\n"), 0o600)
 		for {
-			if _, err := os.Stat(filepath.Join(dir, "release")); err == nil {
+			if _, err := os.Stat(release); err == nil {
+				os.Remove(filepath.Join(dir, "held"))
 				return
 			}
 			time.Sleep(5 * time.Millisecond)

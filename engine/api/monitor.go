@@ -61,6 +61,7 @@ type Monitor struct {
 	uploads     prometheus.Counter
 	upFailed    prometheus.Counter
 	pushes      *prometheus.CounterVec
+	pushing     prometheus.Gauge
 	rate        prometheus.Gauge
 	restores    *prometheus.CounterVec
 	restoreSecs *prometheus.HistogramVec
@@ -90,13 +91,14 @@ func NewMonitor(log *slog.Logger, e *engine.Engine, extra ...prometheus.Collecto
 	m.uploads = prometheus.NewCounter(prometheus.CounterOpts{Name: "turnsnap_uploads_total", Help: "Objects uploaded to the remote store."})
 	m.upFailed = prometheus.NewCounter(prometheus.CounterOpts{Name: "turnsnap_upload_failures_total", Help: "Uploads that failed (each is retried by a later push)."})
 	m.pushes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "turnsnap_pushes_total", Help: "Pushes of the upload queue by outcome (ok, error)."}, []string{"outcome"})
+	m.pushing = prometheus.NewGauge(prometheus.GaugeOpts{Name: "turnsnap_push_running", Help: "1 while a push of the upload queue runs."})
 	m.rate = prometheus.NewGauge(prometheus.GaugeOpts{Name: "turnsnap_upload_rate_bytes_per_second", Help: "Upload rate of the last push."})
 	m.restores = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "turnsnap_restores_total", Help: "Restores by kind (rollback, branch) and outcome."}, []string{"kind", "outcome"})
 	m.restoreSecs = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "turnsnap_restore_seconds", Help: "Restore latency by kind.", Buckets: buckets}, []string{"kind"})
 	m.errs = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "turnsnap_errors_total", Help: "Failed API requests by error class."}, []string{"class"})
 	m.dropped = prometheus.NewCounter(prometheus.CounterOpts{Name: "turnsnap_events_dropped_total", Help: "Events a slow /v1/events reader missed."})
 	cs := []prometheus.Collector{m.turns, m.turnSeconds, m.phases, m.pause, m.bytesRead, m.bytesNew, m.uploaded, m.sent,
-		m.uploads, m.upFailed, m.pushes, m.rate, m.restores, m.restoreSecs, m.errs, m.dropped,
+		m.uploads, m.upFailed, m.pushes, m.pushing, m.rate, m.restores, m.restoreSecs, m.errs, m.dropped,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})}
 	if e != nil {
 		cs = append(cs, queueCollector{e})
@@ -237,12 +239,20 @@ func (m *Monitor) requestFailed(err error) {
 	m.errs.WithLabelValues(Class(err)).Inc()
 }
 
+// pushStarted marks a push running.
+func (m *Monitor) pushStarted() {
+	if m != nil {
+		m.pushing.Set(1)
+	}
+}
+
 // pushed records one push of the upload queue: its report, error and the
 // scheduler's final counters.
 func (m *Monitor) pushed(r *engine.PushReport, err error, st sched.Stats) {
 	if m == nil {
 		return
 	}
+	m.pushing.Set(0)
 	outcome := "ok"
 	if err != nil {
 		outcome = "error"

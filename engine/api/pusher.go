@@ -141,6 +141,7 @@ func (p *Pusher) round(ctx context.Context) error {
 	}
 	var last sched.Stats
 	var mu sync.Mutex
+	p.mon.pushStarted()
 	rep, err := p.e.Push(ctx, engine.PushOptions{Sandbox: scope, Urgent: len(ws) > 0, Progress: func(st sched.Stats) {
 		mu.Lock()
 		last = st
