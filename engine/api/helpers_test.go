@@ -32,12 +32,12 @@ func serve(t testing.TB, hook func(string)) *fixture {
 	t.Helper()
 	testenv.RequireRoot(t)
 	dir := t.TempDir()
-	e, err := engine.Open(context.Background(), engine.Options{Home: filepath.Join(dir, "home"), AtPhase: hook,
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+	e, err := engine.Open(context.Background(), engine.Options{Home: filepath.Join(dir, "home"), AtPhase: hook, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := api.New(e, api.Options{})
+	srv, err := api.New(e, api.Options{Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
