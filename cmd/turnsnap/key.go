@@ -42,7 +42,7 @@ wrapping. No checkpoint is rewritten: it costs a few small writes. Other
 hosts of the same bucket then need the new key file.`,
 		Args: cobra.NoArgs,
 	}
-	rot.RunE = a.ownHome("key rotate", func(ctx context.Context, e *engine.Engine, _ []string) error {
+	rot.RunE = a.withEngine(func(ctx context.Context, e *engine.Engine, _ []string) error {
 		r, err := e.RotateKey(ctx, newKey)
 		if err != nil {
 			return err

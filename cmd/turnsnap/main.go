@@ -88,8 +88,21 @@ func (a *app) readOnly(fn func(ctx context.Context, e *engine.Engine, args []str
 }
 
 // withEngineIf opens the home read-only when ro says the invocation only
-// reads (ro nil: never).
+// reads (ro nil: never). A command written this way needs the home itself:
+// while a daemon serves the home it is refused, naming the daemon (route
+// it through the service interface, service.go, to make it work there).
 func (a *app) withEngineIf(ro func(args []string) bool, fn func(ctx context.Context, e *engine.Engine, args []string) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		if err := a.refuseIfServed(cmd); err != nil {
+			return err
+		}
+		return a.openDirect(ro, fn)(cmd, args)
+	}
+}
+
+// openDirect runs fn with the home opened and closed around it, showing
+// progress on a terminal while fn works.
+func (a *app) openDirect(ro func(args []string) bool, fn func(ctx context.Context, e *engine.Engine, args []string) error) func(*cobra.Command, []string) error {
 	return func(cmd *cobra.Command, args []string) error {
 		ctx := cmd.Context()
 		opts := engine.Options{Home: a.home, LockWait: a.lockWait, Logger: a.log, AtPhase: blockAtPhase(),

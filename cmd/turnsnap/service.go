@@ -103,7 +103,7 @@ func (a *app) withService(ro func(args []string) bool, fn func(ctx context.Conte
 		if c != nil {
 			return fn(ctx, c, args)
 		}
-		return a.withEngineIf(ro, func(ctx context.Context, e *engine.Engine, args []string) error {
+		return a.openDirect(ro, func(ctx context.Context, e *engine.Engine, args []string) error {
 			// The home is free while an exec'd command runs: an agent's test
 			// suite must not block `turnsnap status` from another terminal.
 			svc := &api.Service{E: e, BeforeExec: e.Close}
@@ -116,21 +116,19 @@ func (a *app) withService(ro func(args []string) bool, fn func(ctx context.Conte
 	}
 }
 
-// ownHome is for the commands that must own the home themselves (unlock,
-// key rotate, and any command not yet in the API): with a daemon serving
-// the home they are refused, naming what to do.
-func (a *app) ownHome(name string, fn func(ctx context.Context, e *engine.Engine, args []string) error) func(*cobra.Command, []string) error {
-	return func(cmd *cobra.Command, args []string) error {
-		c, err := a.daemon(cmd.Context())
-		if err != nil {
-			return err
-		}
-		if c != nil {
-			return fmt.Errorf("turnsnap %s must own the home, and a daemon (turnsnap serve) serves %s: stop it first (systemctl stop turnsnap), run the command, start it again: %w",
-				name, a.home, errdefs.ErrUnavailable)
-		}
-		return a.withEngine(fn)(cmd, args)
+// refuseIfServed fails a command that must own the home itself (unlock,
+// key rotate, and any command not yet in the API) while a daemon serves
+// the home, saying what to do.
+func (a *app) refuseIfServed(cmd *cobra.Command) error {
+	c, err := a.daemon(cmd.Context())
+	if err != nil {
+		return err
 	}
+	if c != nil {
+		return fmt.Errorf("%s must own the home, and a daemon (turnsnap serve) serves %s: stop it first (systemctl stop turnsnap), run the command, start it again: %w",
+			cmd.CommandPath(), a.home, errdefs.ErrUnavailable)
+	}
+	return nil
 }
 
 // reportError prints a failed command's error: on stderr, and with --json

@@ -22,7 +22,7 @@ once (the default, --stale-only). --all removes every lock, including those
 of operations still running on some host: use it only when none is.`,
 		Args: cobra.NoArgs,
 	}
-	c.RunE = a.ownHome("unlock", func(ctx context.Context, e *engine.Engine, _ []string) error {
+	c.RunE = a.withEngine(func(ctx context.Context, e *engine.Engine, _ []string) error {
 		if all && staleOnly {
 			return fmt.Errorf("unlock: --all and --stale-only exclude each other: %w", errdefs.ErrInvalid)
 		}
