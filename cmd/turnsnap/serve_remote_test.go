@@ -154,4 +154,34 @@ func TestServeBackgroundUpload(t *testing.T) {
 		t.Fatalf("queue after sync through the daemon: %s", out)
 	}
 	t.Logf("wait-remote behind a 3 MiB push at 1 MiB/s waited %v; sent %v bytes, uploaded %v", waited, sent, uploaded)
+
+	// kill -9 in the middle of a background push: the next daemon resumes
+	// the queue at start, without a sync.
+	rand.Read(big)
+	os.WriteFile(filepath.Join(created.Root, "big"), big, 0o644)
+	mustCLI(t, home, "checkpoint", "s")
+	for deadline := time.Now().Add(30 * time.Second); metric(t, c, "turnsnap_push_running") != 1; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the background push never ran")
+		}
+	}
+	d.cmd.Process.Kill()
+	<-d.exited
+	// (Not `status` here: a read-only open of a catalog whose writer was
+	// killed fails until a writer replays its log; the daemon is that
+	// writer.) The new daemon logs the queue it found, which proves the
+	// killed push left work.
+	d2 := startDaemon(t, home, nil)
+	if !strings.Contains(d2.stderr.String(), "resuming the upload queue") {
+		t.Fatalf("the restarted daemon found no queue to resume (did the killed push finish?):\n%s", d2.stderr.String())
+	}
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		out, _ = mustCLI(t, home, "status", "--json")
+		if json.Unmarshal([]byte(out), &st); st.QueueDepth == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the queue a killed daemon left was not resumed: %s\n%s", out, d2.stderr.String())
+		}
+	}
 }
