@@ -96,6 +96,17 @@ func (d *daemonProc) stop(t *testing.T) int {
 	return d.cmd.ProcessState.ExitCode()
 }
 
+// wait waits for a daemon that was already told to stop; it returns the
+// exit code.
+func (d *daemonProc) wait(t *testing.T) int {
+	select {
+	case <-d.exited:
+	case <-time.After(time.Minute):
+		t.Fatalf("turnsnap serve did not exit:\n%s", d.stderr.String())
+	}
+	return d.cmd.ProcessState.ExitCode()
+}
+
 func (d *daemonProc) client(t *testing.T) *client.Client {
 	c, err := client.New(client.Options{Socket: filepath.Join(d.home, socketName)})
 	if err != nil {

@@ -131,7 +131,7 @@ func TestServeExecAndSIGTERM(t *testing.T) {
 	if err := json.Unmarshal(ckOut.Bytes(), &c); err != nil || c.Class != "fs" {
 		t.Fatalf("checkpoint in flight at SIGTERM: %q (%v)", ckOut.String(), err)
 	}
-	if code := d.stop(t); code != 0 {
+	if code := d.wait(t); code != 0 {
 		t.Fatalf("daemon exit code %d after SIGTERM:\n%s", code, d.stderr.String())
 	}
 	// Direct mode now: the commit is there, and the process still runs.
