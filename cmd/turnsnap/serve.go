@@ -17,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 	"github.com/turnsnap/turnsnap/engine"
 	"github.com/turnsnap/turnsnap/engine/api"
@@ -209,7 +210,7 @@ func (a *app) serve(ctx context.Context, f serveFlags) error {
 	}
 	logRecovery(ctx, log, e, rep)
 
-	mon, err := api.NewMonitor(log, e)
+	mon, err := api.NewMonitor(log, e, extraCollectors(e)...)
 	if err != nil {
 		return err
 	}
@@ -285,6 +286,11 @@ func (a *app) serve(ctx context.Context, f serveFlags) error {
 	log.Info("stopped")
 	return nil
 }
+
+// extraCollectors are Prometheus collectors of parts outside engine/api
+// served on /metrics too: the place to register, say, the change tracker's
+// event overflows and walk fallbacks.
+func extraCollectors(*engine.Engine) []prometheus.Collector { return nil }
 
 func logRecovery(ctx context.Context, log *slog.Logger, e *engine.Engine, rep *engine.RecoverReport) {
 	for _, n := range rep.Resumed {
