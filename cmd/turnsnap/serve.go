@@ -148,6 +148,9 @@ func (a *app) serveLogger(format string) (*slog.Logger, error) {
 // left (this process holds the home's lock, so no daemon uses it).
 func listenSocket(home, group string) (net.Listener, string, error) {
 	sock := filepath.Join(home, socketName)
+	if len(sock) >= 108 { // sizeof(sockaddr_un.sun_path) on Linux, NUL included
+		return nil, "", fmt.Errorf("serve: socket path %s is too long for a unix socket (at most 107 bytes); use a shorter --home: %w", sock, errdefs.ErrInvalid)
+	}
 	gid := -1
 	if group != "" {
 		g, err := user.LookupGroup(group)
