@@ -57,6 +57,17 @@ func BenchmarkConcurrentTurns(b *testing.B) {
 		}
 		slices.Sort(alone)
 		median := alone[len(alone)/2]
+		// Unchanged turns (skips) through the API, end to end.
+		var skips []time.Duration
+		for range 9 {
+			start := time.Now()
+			r, err := f.c.Checkpoint(ctx, "s0", api.CheckpointRequest{})
+			if err != nil || r.Class != "skip" {
+				b.Fatalf("unchanged turn: %+v %v", r, err)
+			}
+			skips = append(skips, time.Since(start))
+		}
+		slices.Sort(skips)
 
 		// Through the API, every client at once.
 		lat := make([][]time.Duration, sandboxes)
@@ -149,6 +160,7 @@ func BenchmarkConcurrentTurns(b *testing.B) {
 		b.ReportMetric(cliRate, "cli_turns/s")
 		b.ReportMetric(apiRate/cliRate, "x_vs_serialised_cli")
 		b.ReportMetric(float64(median.Microseconds())/1000, "uncontended_median_ms")
+		b.ReportMetric(float64(skips[len(skips)/2].Microseconds())/1000, "skip_median_ms")
 		b.ReportMetric(float64(worst.Microseconds())/1000, "worst_contended_ms")
 		b.ReportMetric(float64(worst)/float64(median), "worst_vs_uncontended")
 	}
