@@ -146,7 +146,7 @@ def test_exec_and_agent_loop(daemon):
     else:
         pytest.fail("the detached process's log stayed empty")
     example = os.path.join(os.path.dirname(__file__), "..", "examples", "agent_loop.py")
-    env = dict(os.environ, TURNSNAP_HOME=os.path.dirname(c_socket(c)), PYTHONPATH=os.path.join(os.path.dirname(__file__), ".."))
+    env = dict(os.environ, TURNSNAP_HOME=os.path.dirname(c.socket_path), PYTHONPATH=os.path.join(os.path.dirname(__file__), ".."))
     out = subprocess.run([sys.executable, example, "py"], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
@@ -154,7 +154,3 @@ def test_exec_and_agent_loop(daemon):
     # The failed turn (rm -rf /tmp/*) was undone: turn 1's file is back.
     assert c.exec("py", ["test", "-e", "/tmp/app.py"]).exit_code == 0
 
-
-def c_socket(c):
-    conn = c._new()
-    return conn._path

@@ -108,6 +108,8 @@ class Client:
     def __init__(self, socket=None, url=None, token=None, timeout=None):
         if socket and url:
             raise ValueError("give a socket or a url, not both")
+        #: the unix socket this client uses (None over TCP)
+        self.socket_path = None
         if url:
             u = urllib.parse.urlsplit(url)
             if u.scheme not in ("http", "https") or not u.netloc:
@@ -116,6 +118,7 @@ class Client:
                 u.netloc, timeout=timeout)
         else:
             path = socket or os.path.join(os.environ.get("TURNSNAP_HOME", "/var/lib/turnsnap"), "turnsnap.sock")
+            self.socket_path = path
             self._new = lambda: _UnixConnection(path, timeout)
         self._token = token
 
