@@ -171,6 +171,14 @@ func TestServeKill9ResumesFreeze(t *testing.T) {
 	if !frozen(t, home, "k") {
 		t.Fatal("the killed daemon did not leave the container frozen (the test proves nothing)")
 	}
+	// The killed daemon's socket is left behind; nobody answers there, so
+	// a command opens the home directly (not found: it ran, not exit 6).
+	if _, err := os.Stat(filepath.Join(home, socketName)); err != nil {
+		t.Fatalf("no stale socket after kill -9 (the test proves nothing): %v", err)
+	}
+	if out, errs, code := cliRun(t, home, "--lock-wait", "0s", "tag", "--delete", "nosuch"); code != exitNotFound {
+		t.Fatalf("a command beside a dead daemon's socket: exit %d %s %s", code, out, errs)
+	}
 	d2 := startDaemon(t, home, nil)
 	if frozen(t, home, "k") {
 		t.Fatalf("the new daemon left the container frozen:\n%s", d2.stderr.String())
