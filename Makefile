@@ -40,6 +40,8 @@ test: deps vet
 	$(GO) test -race -count=1 -timeout 10m $(RACE_PKGS)
 	TURNSNAP_REQUIRE_ALL=1 $(GO) test -race -count=1 -timeout 10m -run '^TestConcurrentOperations$$' ./engine
 	TURNSNAP_REQUIRE_ALL=1 TURNSNAP_BENCH_SMALL=1 $(GO) test -count=1 -run '^$$' -bench . -benchtime 1x $(PKGS)
+	$(GO) build -o $(BIN) ./cmd/turnsnap
+	TURNSNAP_REQUIRE_ALL=1 TURNSNAP_BIN=$(CURDIR)/$(BIN) PYTHONDONTWRITEBYTECODE=1 pytest-3 -q -p no:cacheprovider clients/python/tests
 
 bench: deps
 	$(GO) test -run '^$$' -bench . -benchmem -count 5 -timeout 60m $(PKGS)
@@ -53,7 +55,7 @@ FUZZ_TARGETS := \
 	./delta:FuzzDecodeRecord ./delta:FuzzDecodeSandbox ./delta:FuzzSealedPackHeader ./delta:FuzzOpenObject ./delta:FuzzKeyFiles ./delta:FuzzCleanPath \
 	./engine/llmproxy:FuzzParseRequest ./engine/llmproxy:FuzzCanonMatchesReference \
 	./engine:FuzzDecodePolicies \
-	./engine/llmproxy:FuzzDecodeEntry \
+	./engine/llmproxy:FuzzDecodeEntry ./engine/api:FuzzDecodeRequest \
 	./proc:FuzzProcText ./proc:FuzzImageFiles ./overlay:FuzzSuperOptions ./overlay:FuzzReadStack
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \

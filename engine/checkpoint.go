@@ -40,6 +40,17 @@ type CheckpointResult struct {
 	// FreezeDuration is the part of Duration spent keeping the checkpoint's
 	// layer frozen for branches (frozen.go).
 	FreezeDuration time.Duration
+	// Phases is where Duration went, for metrics (zero for a phase the
+	// turn did not reach).
+	Phases Phases
+}
+
+// Phases splits a checkpoint's time by phase: Freeze is deciding about the
+// processes and pausing them, Scan the filesystem scan(s), Dump the CRIU
+// dump, Store storing the image, Commit publishing and the catalog
+// transaction.
+type Phases struct {
+	Freeze, Scan, Dump, Store, Commit time.Duration
 }
 
 // Checkpoint closes a turn: scan the writable layer (reading only what
@@ -79,10 +90,14 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	e.progressPhase("scan", 0)
 	// Processes first: decide whether they changed and pause them, so the
 	// scan and any dump below are one instant.
+	var ph Phases
+	t := time.Now()
 	pt, err := e.beginProcTurn(ctx, name, st.head)
 	if err != nil {
 		return nil, err
 	}
+	ph.Freeze = time.Since(t)
+	t = time.Now()
 	resumed := false
 	resume := func() {
 		if !resumed {
@@ -106,6 +121,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 			return nil, err
 		}
 	}
+	ph.Scan = time.Since(t)
 	e.phase(PhaseScan)
 	turn := st.head.Turn + 1
 	if opts.Turn != nil {
@@ -137,22 +153,26 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 			return e.recordSkip(ctx, op, st, turn, opts.Message, stats, start)
 		}
 		return &CheckpointResult{ID: st.head.ID, Sandbox: name, Class: delta.ClassSkip, Turn: turn,
-			Parent: st.head.ID, Stats: stats, Duration: time.Since(start)}, nil
+			Parent: st.head.ID, Stats: stats, Duration: time.Since(start), Phases: ph}, nil
 	}
 	// Unchanged processes keep the image they were last dumped with.
 	procTree, host := st.head.ProcTree, st.head.Host
 	if pt.changed {
 		procTree, host = nil, nil
 		if pt.running && pt.cur.NeedsImage() {
+			t = time.Now()
 			storeImage, err := e.dump(ctx, name, op)
 			if err != nil {
 				return nil, err
 			}
+			ph.Dump = time.Since(t)
 			resume() // the cut is taken; storing the image need not freeze anyone
+			t = time.Now()
 			tree, h, err := storeImage()
 			if err != nil {
 				return nil, err
 			}
+			ph.Store = time.Since(t)
 			procTree, host = &tree, h
 		}
 	}
@@ -167,9 +187,11 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	cp.Stats.PauseNs = pt.paused.Nanoseconds()
 	e.progressPhase("commit", 0)
 	e.phase(PhaseCommit)
+	t = time.Now()
 	if err := e.commit(ctx, op, cp, nil, cp.Roots()); err != nil {
 		return nil, err
 	}
+	ph.Commit = time.Since(t)
 	if pt.changed && pt.running {
 		// Only now: a baseline taken before the commit could make the next
 		// turn skip processes no checkpoint holds.
@@ -181,7 +203,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	}
 	freeze := e.freeze(ctx, st, cp) // branches of cp share its layer (frozen.go)
 	out := &CheckpointResult{ID: cp.ID, Sandbox: name, Class: cp.Class, Turn: turn, Parent: cp.Parent,
-		Stats: cp.Stats, Duration: time.Since(start), FreezeDuration: freeze}
+		Stats: cp.Stats, Duration: time.Since(start), FreezeDuration: freeze, Phases: ph}
 	if pt.changed {
 		out.ProcessChange = pt.reason
 	}

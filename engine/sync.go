@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"strings"
 	"time"
 
 	"github.com/turnsnap/turnsnap/catalog"
@@ -63,3 +64,27 @@ func (e *Engine) queueDelete(tx *catalog.Tx, sandbox string, names ...string) er
 	}
 	return remote.QueueDelete(tx, sandbox, names...)
 }
+
+// PendingCheckpoints returns the checkpoints that are not yet remotely
+// durable: their records still wait in the upload queue. Without a remote
+// it is empty. It reads only the catalog.
+func (e *Engine) PendingCheckpoints(ctx context.Context) (map[delta.ID]bool, error) {
+	defer e.shared()()
+	out := map[delta.ID]bool{}
+	if e.remote == nil {
+		return out, nil
+	}
+	err := e.view(ctx, func(tx *catalog.Tx) error {
+		ps, err := tx.PendingUploads("")
+		for _, p := range ps {
+			if strings.HasPrefix(p.Name, delta.RecordPrefix) {
+				out[p.Checkpoint] = true
+			}
+		}
+		return err
+	})
+	return out, err
+}
+
+// HasRemote says whether the home has a remote store.
+func (e *Engine) HasRemote() bool { return e.remote != nil }

@@ -9,7 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/turnsnap/turnsnap/engine"
-	"github.com/turnsnap/turnsnap/internal/errdefs"
+	"github.com/turnsnap/turnsnap/engine/api"
 )
 
 // commandExit carries a sandboxed command's exit status out of cobra, so
@@ -38,34 +38,25 @@ checkpointed with CRIU by the next 'turnsnap checkpoint'. The turnsnap home
 is free while CMD runs; a checkpoint taken meanwhile is refused until it ends.`,
 		Args: cobra.MinimumNArgs(2),
 	}
-	c.RunE = a.withEngine(func(ctx context.Context, e *engine.Engine, args []string) error {
-		run, err := e.PrepareExec(ctx, args[0])
-		if err != nil {
-			return err
+	c.RunE = a.withService(nil, func(ctx context.Context, s service, args []string) error {
+		req := api.ExecRequest{Argv: args[1:], Detach: detach, Log: logPath}
+		stdio := api.Stdio{In: os.Stdin, Out: os.Stdout, Err: os.Stderr}
+		if detach {
+			stdio = api.Stdio{}
 		}
-		// Free the home while the command runs: an agent's test suite must
-		// not block `turnsnap status` or `log` from another terminal.
-		if err := e.Close(); err != nil {
-			return err
-		}
-		if logPath != "" && !detach {
-			return fmt.Errorf("exec: --log needs --detach (a command in the foreground streams its output): %w", errdefs.ErrInvalid)
-		}
-		code, err := run(ctx, args[1:], engine.ExecOptions{
-			Detach: detach, Log: logPath, Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr,
-		})
+		r, err := s.Exec(ctx, args[0], req, stdio)
 		if err != nil {
 			return err
 		}
 		if detach {
 			if a.json {
-				return printJSON(a.stdout(), map[string]any{"sandbox": args[0], "started": args[1:], "pid": code, "log": logPath})
+				return printJSON(a.stdout(), r)
 			}
-			fmt.Fprintln(a.stdout(), code)
+			fmt.Fprintln(a.stdout(), r.PID) // the pid alone, for scripts
 			return nil
 		}
-		if code != 0 {
-			return commandExit{code}
+		if r.ExitCode != 0 {
+			return commandExit{r.ExitCode}
 		}
 		return nil
 	})

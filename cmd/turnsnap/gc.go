@@ -6,6 +6,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/turnsnap/turnsnap/engine"
+	"github.com/turnsnap/turnsnap/engine/api"
 )
 
 func (a *app) gcCmd() *cobra.Command {
@@ -19,8 +20,9 @@ With a remote it holds the bucket's gc lock, so no host uploads meanwhile;
 see docs/STORAGE.md for the protocol that keeps shared buckets safe.`,
 		Args: cobra.NoArgs,
 	}
-	c.RunE = a.withEngine(func(ctx context.Context, e *engine.Engine, _ []string) error {
-		r, err := e.GC(ctx, opts)
+	c.RunE = a.withService(nil, func(ctx context.Context, s service, _ []string) error {
+		grace := max(opts.Grace, 0).Milliseconds()
+		r, err := s.GC(ctx, api.GCRequest{GraceMS: &grace, DryRun: opts.DryRun})
 		if err != nil {
 			return err
 		}
@@ -54,19 +56,14 @@ checkpoints it would delete. --gc runs gc afterwards to reclaim the space.
 For a finer policy (hourly, daily, within a span) see 'turnsnap forget'.`,
 		Args: cobra.NoArgs,
 	}
-	c.RunE = a.withEngine(func(ctx context.Context, e *engine.Engine, _ []string) error {
-		r, err := e.Prune(ctx, opts)
+	c.RunE = a.withService(nil, func(ctx context.Context, s service, _ []string) error {
+		r, err := s.Prune(ctx, api.PruneRequest{KeepLast: opts.KeepLast, DryRun: opts.DryRun, GC: gc})
 		if err != nil {
 			return err
 		}
-		var g *engine.GCReport
-		if gc && !opts.DryRun {
-			if g, err = e.GC(ctx, engine.GCOptions{Grace: engine.DefaultGCGrace}); err != nil {
-				return err
-			}
-		}
+		g := r.GC
 		if a.json {
-			return printJSON(a.stdout(), map[string]any{"checkpoints_kept": r.Kept, "checkpoints_deleted": len(r.Deleted), "deleted": r.Deleted, "gc": g})
+			return printJSON(a.stdout(), r)
 		}
 		verb := "deleted"
 		if opts.DryRun {

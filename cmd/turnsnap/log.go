@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/turnsnap/turnsnap/engine"
+	"github.com/turnsnap/turnsnap/engine/api"
 )
 
 func (a *app) logCmd() *cobra.Command {
@@ -33,23 +34,16 @@ parent never appears above its child even when two hosts' clocks disagree.
 			return cobra.ExactArgs(1)(cmd, args)
 		},
 	}
-	c.RunE = a.readOnly(func(ctx context.Context, e *engine.Engine, args []string) error {
-		if all {
-			return a.printLineage(ctx, e, graph)
-		}
-		entries, err := e.Log(ctx, args[0])
+	lineage := a.readOnly(func(ctx context.Context, e *engine.Engine, _ []string) error {
+		return a.printLineage(ctx, e, graph)
+	})
+	logOne := a.withService(readOnly, func(ctx context.Context, s service, args []string) error {
+		entries, err := s.Log(ctx, args[0])
 		if err != nil {
 			return err
 		}
 		if a.json {
-			rows := []map[string]any{}
-			for _, l := range entries {
-				rows = append(rows, map[string]any{"id": l.ID, "parent": l.Parent, "class": l.Class,
-					"turn": l.Turn, "sandbox": l.Sandbox, "message": l.Message, "created": l.Created,
-					"head": l.Head, "on_head": l.OnHead, "bytes_new": l.Stats.BytesNew,
-					"fs_tree": l.FSTree, "base_tree": l.BaseTree, "branches": orEmpty(l.Branches)})
-			}
-			return printJSON(a.stdout(), rows)
+			return printJSON(a.stdout(), entries)
 		}
 		if graph {
 			printGraph(a.stdout(), entries)
@@ -60,12 +54,20 @@ parent never appears above its child even when two hosts' clocks disagree.
 		}
 		return nil
 	})
+	// --all reads the whole home's lineage, which only a direct open
+	// serves today (refused with a clear message under a daemon).
+	c.RunE = func(cmd *cobra.Command, args []string) error {
+		if all {
+			return lineage(cmd, args)
+		}
+		return logOne(cmd, args)
+	}
 	c.Flags().BoolVar(&graph, "graph", false, "draw the lineage as a graph")
 	c.Flags().BoolVar(&all, "all", false, "every sandbox's checkpoints, with where each branched off")
 	return c
 }
 
-func logLine(l engine.LogEntry) string {
+func logLine(l api.LogEntry) string {
 	var tags []string
 	if l.Head {
 		tags = append(tags, "HEAD")
@@ -73,7 +75,7 @@ func logLine(l engine.LogEntry) string {
 	if !l.OnHead {
 		tags = append(tags, "rolled back")
 	}
-	s := fmt.Sprintf("%s  turn %-3d %-4s %9s  %s", l.ID.Short(), l.Turn, l.Class, bytesStr(l.Stats.BytesNew),
+	s := fmt.Sprintf("%s  turn %-3d %-4s %9s  %s", l.ID.Short(), l.Turn, l.Class, bytesStr(l.BytesNew),
 		l.Created.Local().Format("2006-01-02 15:04:05"))
 	if l.Sandbox != "" {
 		s += "  [" + l.Sandbox + "]"
@@ -91,7 +93,7 @@ func logLine(l engine.LogEntry) string {
 }
 
 // printGraph draws a sandbox's lineage (drawGraph).
-func printGraph(w io.Writer, entries []engine.LogEntry) {
+func printGraph(w io.Writer, entries []api.LogEntry) {
 	nodes := make([]graphNode, len(entries))
 	for i, l := range entries {
 		nodes[i] = graphNode{id: l.ID, parent: l.Parent, line: logLine(l)}

@@ -5,7 +5,6 @@ package main
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/turnsnap/turnsnap/engine"
+	"github.com/turnsnap/turnsnap/engine/api"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
 
@@ -37,6 +37,10 @@ func exitCode(err error) int {
 	var ce *engine.CommandError
 	if errors.As(err, &ce) {
 		return ce.Code // 127 not found, 126 not executable, as a shell
+	}
+	var p *api.Problem
+	if errors.As(err, &p) && p.ExitCode != 0 {
+		return p.ExitCode // the same, through the daemon
 	}
 	switch {
 	case errors.Is(err, errdefs.ErrKey):
@@ -71,6 +75,8 @@ type app struct {
 	verbose  bool
 	log      *slog.Logger
 	w        io.Writer
+	// daemonURL and daemonTokenFile reach a daemon over TCP (--daemon).
+	daemonURL, daemonTokenFile string
 }
 
 func defaultHome() string {
@@ -93,8 +99,21 @@ func (a *app) readOnly(fn func(ctx context.Context, e *engine.Engine, args []str
 }
 
 // withEngineIf opens the home read-only when ro says the invocation only
-// reads (ro nil: never).
+// reads (ro nil: never). A command written this way needs the home itself:
+// while a daemon serves the home it is refused, naming the daemon (route
+// it through the service interface, service.go, to make it work there).
 func (a *app) withEngineIf(ro func(args []string) bool, fn func(ctx context.Context, e *engine.Engine, args []string) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		if err := a.refuseIfServed(cmd); err != nil {
+			return err
+		}
+		return a.openDirect(ro, fn)(cmd, args)
+	}
+}
+
+// openDirect runs fn with the home opened and closed around it, showing
+// progress on a terminal while fn works.
+func (a *app) openDirect(ro func(args []string) bool, fn func(ctx context.Context, e *engine.Engine, args []string) error) func(*cobra.Command, []string) error {
 	return func(cmd *cobra.Command, args []string) error {
 		ctx := cmd.Context()
 		opts := engine.Options{Home: a.home, LockWait: a.lockWait, Logger: a.log, AtPhase: blockAtPhase(),
@@ -170,10 +189,12 @@ branch one checkpoint into many sandboxes, and verify what is stored.`,
 	pf.BoolVar(&a.json, "json", false, "print results as JSON")
 	pf.DurationVar(&a.lockWait, "lock-wait", engine.DefaultLockWait, "how long to wait for another turnsnap process using the same home")
 	pf.BoolVarP(&a.verbose, "verbose", "v", false, "log debug detail to stderr")
+	pf.StringVar(&a.daemonURL, "daemon", os.Getenv("TURNSNAP_DAEMON"), "URL of a TCP daemon to use (env TURNSNAP_DAEMON; default: the home's socket if a daemon answers there, else direct)")
+	pf.StringVar(&a.daemonTokenFile, "daemon-token-file", os.Getenv("TURNSNAP_DAEMON_TOKEN_FILE"), "file holding the bearer token of the --daemon")
 	root.AddCommand(a.sandboxCmd(), a.checkpointCmd(), a.logCmd(), a.diffCmd(), a.rollbackCmd(),
 		a.branchCmd(), a.tagCmd(), a.verifyCmd(), a.catalogCmd(), a.initCmd(), a.syncCmd(),
 		a.statusCmd(), a.unlockCmd(), a.gcCmd(), a.pruneCmd(), a.execCmd(), a.demoCmd(), a.keyCmd(),
-		a.catCmd(), a.lsCmd(), a.restoreCmd())
+		a.catCmd(), a.lsCmd(), a.restoreCmd(), a.serveCmd())
 	return root
 }
 
@@ -207,19 +228,10 @@ func main() {
 	defer stop()
 	root := newRoot()
 	if err := root.ExecuteContext(ctx); err != nil {
-		var ce commandExit
-		if errors.As(err, &ce) {
-			os.Exit(ce.code)
+		asJSON := false
+		if f := root.PersistentFlags().Lookup("json"); f != nil {
+			asJSON = f.Value.String() == "true"
 		}
-		if errors.Is(err, errNotRoot) {
-			fmt.Fprintln(os.Stderr, err) // the sentence names turnsnap already
-		} else {
-			fmt.Fprintln(os.Stderr, "turnsnap:", err)
-		}
-		code := exitCode(err)
-		if code == exitError && usageErr(err) {
-			code = exitUsage
-		}
-		os.Exit(code)
+		os.Exit(reportError(os.Stdout, os.Stderr, asJSON, err))
 	}
 }

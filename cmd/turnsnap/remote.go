@@ -3,12 +3,15 @@ package main
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/dustin/go-humanize"
 	"github.com/spf13/cobra"
 	"github.com/turnsnap/turnsnap/engine"
+	"github.com/turnsnap/turnsnap/engine/api"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/upload/sched"
 )
@@ -23,8 +26,10 @@ func (a *app) initCmd() *cobra.Command {
 		Long: `init checks that the bucket is reachable (creating it if needed), saves the
 remote in HOME/config.json and queues every local object the bucket lacks.
 Credentials come from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or the AWS
-credentials file; they are never written to the config. Uploads then happen
-on 'turnsnap sync' and 'turnsnap checkpoint --wait-remote'.
+credentials file (of the process that opens the home: the daemon's, when one
+serves it); they are never written to the config. Uploads then happen on
+'turnsnap sync' and 'turnsnap checkpoint --wait-remote', and continuously in
+the background while 'turnsnap serve' runs.
 
 --key-file PATH (a file from 'turnsnap key generate') encrypts the store:
 every object, local and remote, is sealed with XChaCha20-Poly1305 under a
@@ -35,7 +40,7 @@ host runs the same init with the same key file, then 'catalog rebuild'.
 Without the key, an encrypted store fails with exit code 9.`,
 		Args: cobra.NoArgs,
 	}
-	c.RunE = a.withEngine(func(ctx context.Context, e *engine.Engine, _ []string) error {
+	c.RunE = a.withService(nil, func(ctx context.Context, s service, _ []string) error {
 		if rc.URL == "" && keyFile == "" {
 			return fmt.Errorf("init: give --remote and --endpoint, --key-file, or both: %w", errdefs.ErrInvalid)
 		}
@@ -56,19 +61,32 @@ Without the key, an encrypted store fails with exit code 9.`,
 			}
 			rc.BandwidthBytes = n
 		}
-		opts := engine.SetupOptions{KeyFile: keyFile}
-		if rc.URL != "" {
-			opts.Remote = &rc
+		req := api.InitRequest{KeyFile: keyFile}
+		if req.KeyFile != "" {
+			abs, err := filepath.Abs(req.KeyFile)
+			if err != nil {
+				return err
+			}
+			req.KeyFile = abs
 		}
-		r, err := e.Setup(ctx, opts)
+		if rc.URL != "" {
+			if rc.CAFile != "" {
+				abs, err := filepath.Abs(rc.CAFile)
+				if err != nil {
+					return err
+				}
+				rc.CAFile = abs
+			}
+			req.Remote = &rc
+		}
+		r, err := s.Init(ctx, req)
 		if err != nil {
 			return err
 		}
 		if a.json {
-			return printJSON(a.stdout(), map[string]any{"remote": r.Remote, "objects_queued": r.Queued, "bytes_queued": r.QueuedBytes,
-				"key_id": e.KeyID()})
+			return printJSON(a.stdout(), r)
 		}
-		if id := e.KeyID(); id != "" {
+		if id := r.KeyID; id != "" {
 			fmt.Fprintf(a.stdout(), "store encrypted with key %s\n", id)
 		}
 		if r.Remote != "" {
@@ -97,22 +115,16 @@ func (a *app) syncCmd() *cobra.Command {
 		Short: "Upload everything queued for the remote store (fairly across sandboxes)",
 		Args:  cobra.NoArgs,
 	}
-	c.RunE = a.withEngine(func(ctx context.Context, e *engine.Engine, _ []string) error {
-		pr := a.newProgress(ctx)
-		opts := engine.PushOptions{Sandbox: sandbox}
-		if pr != nil {
-			opts.Progress = pr.uploads
-		}
-		r, err := e.Push(ctx, opts)
-		pr.done()
+	c.RunE = a.withService(nil, func(ctx context.Context, s service, _ []string) error {
+		r, err := s.Sync(ctx, api.SyncRequest{Sandbox: sandbox})
 		if err != nil {
 			return err
 		}
 		if a.json {
-			return printJSON(a.stdout(), map[string]any{"objects_uploaded": r.Uploaded, "bytes_uploaded": r.Bytes, "objects_deleted": r.Deleted,
-				"duration_ms": float64(r.Duration.Microseconds()) / 1000})
+			return printJSON(a.stdout(), r)
 		}
-		fmt.Fprintf(a.stdout(), "uploaded %d objects (%s), deleted %d, in %s\n", r.Uploaded, bytesStr(r.Bytes), r.Deleted, durStr(r.Duration))
+		fmt.Fprintf(a.stdout(), "uploaded %d objects (%s), deleted %d, in %s\n", r.Uploaded, bytesStr(r.Bytes), r.Deleted,
+			durStr(time.Duration(r.DurationMS)*time.Millisecond))
 		return nil
 	})
 	c.Flags().StringVar(&sandbox, "sandbox", "", "only this sandbox's uploads (and what they depend on)")
@@ -124,8 +136,8 @@ func (a *app) statusCmd() *cobra.Command {
 		Use:   "status",
 		Short: "Show what is still waiting for the remote store, per sandbox",
 		Args:  cobra.NoArgs,
-		RunE: a.readOnly(func(ctx context.Context, e *engine.Engine, _ []string) error {
-			r, err := e.Status(ctx)
+		RunE: a.withService(readOnly, func(ctx context.Context, s service, _ []string) error {
+			r, err := s.Status(ctx)
 			if err != nil {
 				return err
 			}

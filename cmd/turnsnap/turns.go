@@ -4,13 +4,17 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
-	"github.com/turnsnap/turnsnap/btrfs"
-	"github.com/turnsnap/turnsnap/engine"
-	"github.com/turnsnap/turnsnap/internal/errdefs"
+	"github.com/turnsnap/turnsnap/engine/api"
 )
+
+// readOnly says an invocation only reads: in direct mode the home is
+// opened read-only, so it works on a full or read-only home.
+func readOnly([]string) bool { return true }
 
 func (a *app) checkpointCmd() *cobra.Command {
 	var turn int
@@ -31,37 +35,23 @@ numbering. Without it the turn is the parent's turn plus one, so skip turns
 that write no record leave no gap: the next checkpoint reuses the number.`,
 		Args: cobra.ExactArgs(1),
 	}
-	c.RunE = a.withEngine(func(ctx context.Context, e *engine.Engine, args []string) error {
-		opts := engine.CheckpointOptions{Message: message, RecordSkips: recordSkips}
+	c.RunE = a.withService(nil, func(ctx context.Context, s service, args []string) error {
+		req := api.CheckpointRequest{Message: message, WaitRemote: waitRemote, RecordSkips: recordSkips}
 		if c.Flags().Changed("turn") {
-			opts.Turn = &turn
+			req.Turn = &turn
 		}
-		r, err := e.Checkpoint(ctx, args[0], opts)
+		r, err := s.Checkpoint(ctx, args[0], req)
 		if err != nil {
 			return err
 		}
-		remote := false
-		if waitRemote {
-			// Only what this checkpoint needs goes first, in the urgent lane.
-			if _, err := e.Push(ctx, engine.PushOptions{Sandbox: args[0], Urgent: true}); err != nil {
-				return fmt.Errorf("checkpoint %s is durable locally, not yet remotely: %w", r.ID.Short(), err)
-			}
-			remote = true
-		}
 		if a.json {
-			return printJSON(a.stdout(), map[string]any{
-				"remote_durable": remote, "process_change": r.ProcessChange,
-				"id": r.ID, "sandbox": r.Sandbox, "class": r.Class, "turn": r.Turn, "parent": r.Parent,
-				"bytes_new": r.Stats.BytesNew, "objects_new": r.Stats.ObjectsNew, "blobs_new": r.Stats.BlobsNew,
-				"files_read": r.Stats.FilesRead, "bytes_read": r.Stats.BytesRead, "entries": r.Stats.Entries,
-				"duration_ms": float64(r.Duration.Microseconds()) / 1000, "freeze_ms": float64(r.FreezeDuration.Microseconds()) / 1000,
-			})
+			return printJSON(a.stdout(), r)
 		}
 		where := ""
-		if remote {
+		if r.RemoteDurable {
 			where = "  remote-durable"
 		}
-		fmt.Fprintf(a.stdout(), "%s  turn %d  %-4s  %s new  %s%s\n", r.ID.Short(), r.Turn, r.Class, bytesStr(r.Stats.BytesNew), durStr(r.Duration), where)
+		fmt.Fprintf(a.stdout(), "%s  turn %d  %-4s  %s new  %s%s\n", r.ID.Short(), r.Turn, r.Class, bytesStr(r.BytesNew), durStr(api.Dur(r.DurationMS)), where)
 		return nil
 	})
 	c.Flags().IntVar(&turn, "turn", 0, "turn number this checkpoint closes (default: parent's turn + 1)")
@@ -77,8 +67,8 @@ func (a *app) rollbackCmd() *cobra.Command {
 		Use:   "rollback NAME CHECKPOINT [--fs-only]",
 		Short: "Make the sandbox's root (and processes) exactly that checkpoint and move its head there",
 		Args:  cobra.ExactArgs(2),
-		RunE: a.withEngine(func(ctx context.Context, e *engine.Engine, args []string) error {
-			r, err := e.Rollback(ctx, args[0], args[1], engine.RollbackOptions{FSOnly: fsOnly})
+		RunE: a.withService(nil, func(ctx context.Context, s service, args []string) error {
+			r, err := s.Rollback(ctx, args[0], api.RollbackRequest{Checkpoint: args[1], FSOnly: fsOnly})
 			if err != nil {
 				return err
 			}
@@ -113,74 +103,51 @@ home) never reuses the pool path recorded there: the branch uses this home's
 btrfs pool if it has exactly one, and otherwise asks for --btrfs-pool DIR
 (exit 2).`,
 		Args: cobra.MinimumNArgs(2),
-		RunE: a.withEngine(func(ctx context.Context, e *engine.Engine, args []string) error {
-			if backend == "" && pool != "" {
-				backend = btrfs.Name
-			}
-			cfg, err := backendConfig(backend, pool)
-			if err != nil {
-				return err
-			}
-			o := engine.BranchOptions{Backend: backend, Btrfs: cfg, FSOnly: fsOnly, Materialise: materialise}
-			names := args[1:]
-			if count != 0 {
-				if len(names) != 1 {
-					return fmt.Errorf("--count takes one NEWNAME prefix, got %d names: %w", len(names), errdefs.ErrInvalid)
-				}
-				if names, err = engine.BranchNames(names[0], count); err != nil {
-					return err
-				}
-			}
-			if len(names) == 1 && count == 0 {
-				r, err := e.Branch(ctx, args[0], names[0], o)
+		RunE: a.withService(nil, func(ctx context.Context, s service, args []string) error {
+			if pool != "" {
+				abs, err := filepath.Abs(pool)
 				if err != nil {
 					return err
 				}
-				return a.printRestore("branched", r)
+				pool = abs
 			}
-			rs, err := e.BranchMany(ctx, args[0], names, o)
+			rs, err := s.Branch(ctx, args[0], api.BranchRequest{Name: args[1], Names: args[2:], Count: count,
+				Materialise: materialise, Backend: backend, BtrfsPool: pool, FSOnly: fsOnly})
 			if err != nil {
 				return err
 			}
-			if a.json {
-				out := make([]map[string]any, len(rs))
-				for i, r := range rs {
-					out[i] = restoreJSON(r)
+			if len(rs) > 1 || count > 0 {
+				if a.json {
+					return printJSON(a.stdout(), rs)
 				}
-				return printJSON(a.stdout(), out)
-			}
-			for _, r := range rs {
-				if err := a.printRestore("branched", r); err != nil {
-					return err
+				for i := range rs {
+					if err := a.printRestore("branched", &rs[i]); err != nil {
+						return err
+					}
 				}
+				return nil
 			}
-			return nil
+			return a.printRestore("branched", &rs[0])
 		}),
 	}
 	c.Flags().StringVar(&backend, "backend", "", "backend of the new sandbox (default: the one the checkpoint was taken on)")
 	c.Flags().StringVar(&pool, "btrfs-pool", "", "btrfs backend: a directory on a mounted btrfs filesystem")
 	c.Flags().BoolVar(&fsOnly, "fs-only", false, "restore the checkpoint's files only, not its processes")
-	c.Flags().IntVar(&count, "count", 0, "make N branches NEWNAME-1 ... NEWNAME-N")
+	c.Flags().IntVar(&count, "count", 0, fmt.Sprintf("fan out: make N sandboxes NEWNAME-1 ... NEWNAME-N (at most %d; --json then prints a list)", api.MaxBranchCount))
 	c.Flags().BoolVar(&materialise, "materialise", false, "copy the layer from the store even if a frozen layer is kept")
 	return c
 }
 
-func restoreJSON(r *engine.RestoreResult) map[string]any {
-	return map[string]any{"sandbox": r.Sandbox, "checkpoint": r.Checkpoint.ID,
-		"turn": r.Checkpoint.Turn, "root": r.Root, "processes": r.Processes,
-		"duration_ms": float64(r.Duration.Microseconds()) / 1000}
-}
-
-func (a *app) printRestore(verb string, r *engine.RestoreResult) error {
+func (a *app) printRestore(verb string, r *api.Restore) error {
 	if a.json {
-		return printJSON(a.stdout(), restoreJSON(r))
+		return printJSON(a.stdout(), r)
 	}
 	procs := ""
 	if r.Processes {
 		procs = " with its processes"
 	}
 	fmt.Fprintf(a.stdout(), "sandbox %s %s to %s (turn %d)%s in %s; root %s\n", r.Sandbox, verb,
-		r.Checkpoint.ID.Short(), r.Checkpoint.Turn, procs, durStr(r.Duration), r.Root)
+		r.Checkpoint.Short(), r.Turn, procs, durStr(api.Dur(r.DurationMS)), r.Root)
 	return nil
 }
 
@@ -202,32 +169,29 @@ given (or every checkpoint in the store).`,
 			return cobra.ExactArgs(1)(cmd, args)
 		},
 	}
-	c.RunE = a.readOnly(func(ctx context.Context, e *engine.Engine, args []string) error {
+	c.RunE = a.withService(readOnly, func(ctx context.Context, s service, args []string) error {
 		if storeOnly {
 			ref := ""
 			if len(args) == 1 {
 				ref = args[0]
 			}
-			r, err := e.VerifyStore(ctx, ref)
+			r, err := s.VerifyStore(ctx, api.StoreVerifyRequest{Checkpoint: ref})
 			if err != nil {
 				return err
 			}
 			if a.json {
-				return printJSON(a.stdout(), map[string]any{"ok": true, "packs": r.Packs, "blobs": r.Blobs,
-					"refs": r.Refs, "checkpoints": len(r.Checkpoints)})
+				return printJSON(a.stdout(), r)
 			}
 			fmt.Fprintf(a.stdout(), "store ok: %d packs, %d blobs, %d refs, %d checkpoints verified\n",
-				r.Packs, r.Blobs, r.Refs, len(r.Checkpoints))
+				r.Packs, r.Blobs, r.Refs, r.Checkpoints)
 			return nil
 		}
-		r, err := e.Verify(ctx, args[0])
+		r, err := s.Verify(ctx, args[0])
 		if err != nil {
 			return err
 		}
 		if a.json {
-			return printJSON(a.stdout(), map[string]any{"checkpoint": r.Checkpoint, "ok": true,
-				"objects": r.Objects, "trees": r.Trees, "chunks": r.Chunks, "bytes": r.Bytes,
-				"entries": r.Entries, "bytes_expanded": r.StateBytes, "base_checked": r.BaseChecked})
+			return printJSON(a.stdout(), r)
 		}
 		fmt.Fprintf(a.stdout(), "checkpoint %s ok: %d objects, %d trees, %d chunks, %s verified; restores %d entries, %s\n",
 			r.Checkpoint.Short(), len(r.Objects), r.Trees, r.Chunks, bytesStr(r.Bytes), r.Entries, bytesStr(int64(r.StateBytes)))
@@ -239,7 +203,7 @@ given (or every checkpoint in the store).`,
 
 func (a *app) catalogCmd() *cobra.Command {
 	c := &cobra.Command{Use: "catalog", Short: "Maintain the catalog (an index of the store)"}
-	var opts engine.RebuildOptions
+	var opts api.RebuildRequest
 	rb := &cobra.Command{
 		Use:   "rebuild [--skip-corrupt]",
 		Short: "Recreate the catalog from the object store alone",
@@ -248,25 +212,20 @@ and the bucket). A damaged object fails the rebuild, naming it (exit 7), and
 the old catalog stays; with --skip-corrupt each damaged object is reported
 and the rebuild goes on from the rest.`,
 		Args: cobra.NoArgs,
-		RunE: a.withEngine(func(ctx context.Context, e *engine.Engine, _ []string) error {
-			r, err := e.RebuildCatalogWith(ctx, opts)
+		RunE: a.withService(nil, func(ctx context.Context, s service, _ []string) error {
+			r, err := s.RebuildCatalog(ctx, opts)
 			if err != nil {
 				return err
 			}
 			if a.json {
-				corrupt := r.Corrupt
-				if corrupt == nil {
-					corrupt = []engine.CorruptObject{}
-				}
-				return printJSON(a.stdout(), map[string]any{"packs": r.Packs, "blobs": r.Blobs, "checkpoints": r.Checkpoints,
-					"sandboxes": r.Sandboxes, "refs": r.Refs, "duration_ms": float64(r.Duration.Microseconds()) / 1000, "corrupt": corrupt})
+				return printJSON(a.stdout(), r)
 			}
 			for _, c := range r.Corrupt {
 				fmt.Fprintf(os.Stderr, "skipped damaged object %s: %s\n", c.Name, c.Error)
 			}
 			tw := tabwriter.NewWriter(a.stdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintf(tw, "catalog rebuilt in %s\npacks\t%d\nblobs\t%d\ncheckpoints\t%d\nsandboxes\t%d\nrefs\t%d\nskipped (damaged)\t%d\n",
-				durStr(r.Duration), r.Packs, r.Blobs, r.Checkpoints, r.Sandboxes, r.Refs, len(r.Corrupt))
+				durStr(time.Duration(r.DurationMS)*time.Millisecond), r.Packs, r.Blobs, r.Checkpoints, r.Sandboxes, r.Refs, len(r.Corrupt))
 			return tw.Flush()
 		}),
 	}

@@ -339,8 +339,9 @@ func (e *Syncer) watchScheduler(s *sched.Scheduler, fn func(sched.Stats)) (stop 
 	if fn == nil {
 		return func() {}
 	}
-	done := make(chan struct{})
+	done, exited := make(chan struct{}), make(chan struct{})
 	go func() {
+		defer close(exited)
 		t := time.NewTicker(200 * time.Millisecond)
 		defer t.Stop()
 		for {
@@ -352,7 +353,9 @@ func (e *Syncer) watchScheduler(s *sched.Scheduler, fn func(sched.Stats)) (stop 
 			}
 		}
 	}()
-	return func() { close(done) }
+	// A last call once the ticker has stopped, so a caller that counts
+	// sees the push's totals.
+	return func() { close(done); <-exited; fn(s.Stats()) }
 }
 
 func cmpOr(v, def int) int {

@@ -1,0 +1,167 @@
+package api_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/turnsnap/turnsnap/engine"
+	"github.com/turnsnap/turnsnap/engine/api"
+)
+
+// editTurn changes n files of root (about 1 KiB each), distinct per turn.
+func editTurn(tb testing.TB, root string, turn, n int) {
+	for i := range n {
+		data := fmt.Appendf(nil, "turn %d file %d\n%0900d\n", turn, i, turn*1000+i)
+		if err := os.WriteFile(filepath.Join(root, fmt.Sprintf("f%02d.txt", i)), data, 0o644); err != nil {
+			tb.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkConcurrentTurns is issue 11's throughput benchmark: S sandboxes,
+// each client closing fs turns of 10 changed files as fast as it can
+// through the API (one daemon, one engine), against the same turns through
+// today's serialised CLI path (each turn opens the home, taking its flock,
+// checkpoints and closes it, as a CLI process does; in-process, so the
+// baseline does not even pay for process start-up), in the same run.
+// Reported: turns/s both ways and their ratio, and the worst contended API
+// turn against the median uncontended one (one client alone).
+func BenchmarkConcurrentTurns(b *testing.B) {
+	sandboxes, turns := 16, 8
+	if os.Getenv("TURNSNAP_BENCH_SMALL") != "" {
+		sandboxes, turns = 4, 2
+	}
+	const files = 10
+	for range b.N {
+		ctx := context.Background()
+		f := serve(b, nil)
+		roots := make([]string, sandboxes)
+		for i := range roots {
+			roots[i] = f.create(b, fmt.Sprintf("s%d", i))
+		}
+		// Uncontended: one client alone, turn after turn.
+		var alone []time.Duration
+		for turn := range max(turns, 5) {
+			editTurn(b, roots[0], 1000+turn, files)
+			start := time.Now()
+			if _, err := f.c.Checkpoint(ctx, "s0", api.CheckpointRequest{}); err != nil {
+				b.Fatal(err)
+			}
+			alone = append(alone, time.Since(start))
+		}
+		slices.Sort(alone)
+		median := alone[len(alone)/2]
+		// Unchanged turns (skips) through the API, end to end.
+		var skips []time.Duration
+		for range 9 {
+			start := time.Now()
+			r, err := f.c.Checkpoint(ctx, "s0", api.CheckpointRequest{})
+			if err != nil || r.Class != "skip" {
+				b.Fatalf("unchanged turn: %+v %v", r, err)
+			}
+			skips = append(skips, time.Since(start))
+		}
+		slices.Sort(skips)
+
+		// Through the API, every client at once.
+		lat := make([][]time.Duration, sandboxes)
+		var wg sync.WaitGroup
+		errs := make(chan error, sandboxes)
+		start := time.Now()
+		for i := range sandboxes {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				name := fmt.Sprintf("s%d", i)
+				for turn := range turns {
+					editTurn(b, roots[i], turn, files)
+					t0 := time.Now()
+					r, err := f.c.Checkpoint(ctx, name, api.CheckpointRequest{})
+					if err != nil || r.Class != "fs" {
+						errs <- fmt.Errorf("%s turn %d: %+v %v", name, turn, r, err)
+						return
+					}
+					lat[i] = append(lat[i], time.Since(t0))
+				}
+			}()
+		}
+		wg.Wait()
+		apiWall := time.Since(start)
+		close(errs)
+		for err := range errs {
+			b.Fatal(err)
+		}
+		var worst time.Duration
+		for _, l := range lat {
+			worst = max(worst, slices.Max(l))
+		}
+
+		// The serialised CLI path on its own home, same sandboxes and turns.
+		home := filepath.Join(b.TempDir(), "cli-home")
+		e, err := engine.Open(ctx, engine.Options{Home: home})
+		if err != nil {
+			b.Fatal(err)
+		}
+		croots := make([]string, sandboxes)
+		for i := range croots {
+			r, err := e.CreateSandbox(ctx, fmt.Sprintf("s%d", i), engine.CreateOptions{Base: f.base})
+			if err != nil {
+				b.Fatal(err)
+			}
+			croots[i] = r.Root
+		}
+		e.Close()
+		b.Cleanup(func() {
+			e, err := engine.Open(ctx, engine.Options{Home: home, LockWait: time.Minute})
+			if err == nil {
+				for i := range croots {
+					e.RemoveSandbox(ctx, fmt.Sprintf("s%d", i))
+				}
+				e.Close()
+			}
+		})
+		start = time.Now()
+		errs = make(chan error, sandboxes)
+		for i := range sandboxes {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for turn := range turns {
+					editTurn(b, croots[i], turn, files)
+					e, err := engine.Open(ctx, engine.Options{Home: home, LockWait: 10 * time.Minute})
+					if err != nil {
+						errs <- err
+						return
+					}
+					_, err = e.Checkpoint(ctx, fmt.Sprintf("s%d", i), engine.CheckpointOptions{})
+					e.Close()
+					if err != nil {
+						errs <- err
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		cliWall := time.Since(start)
+		close(errs)
+		for err := range errs {
+			b.Fatal(err)
+		}
+		n := float64(sandboxes * turns)
+		apiRate, cliRate := n/apiWall.Seconds(), n/cliWall.Seconds()
+		b.ReportMetric(apiRate, "api_turns/s")
+		b.ReportMetric(cliRate, "cli_turns/s")
+		b.ReportMetric(apiRate/cliRate, "x_vs_serialised_cli")
+		b.ReportMetric(float64(median.Microseconds())/1000, "uncontended_median_ms")
+		b.ReportMetric(float64(skips[len(skips)/2].Microseconds())/1000, "skip_median_ms")
+		b.ReportMetric(float64(worst.Microseconds())/1000, "worst_contended_ms")
+		b.ReportMetric(float64(worst)/float64(median), "worst_vs_uncontended")
+	}
+}

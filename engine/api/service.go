@@ -1,0 +1,417 @@
+package api
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/turnsnap/turnsnap/btrfs"
+	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/engine"
+	"github.com/turnsnap/turnsnap/internal/errdefs"
+	"github.com/turnsnap/turnsnap/upload/sched"
+)
+
+// Service is the API over one open engine, in wire types: the HTTP handler
+// serves its methods, and the CLI calls the same methods directly when no
+// daemon serves the home, so both print the same objects.
+type Service struct {
+	E *engine.Engine
+	// Uploads, if set, does the pushes that sync and wait_remote ask for
+	// (the daemon's background pusher); nil: the service pushes itself.
+	Uploads Uploader
+	// Monitor, if set, hears every turn and restore (events, metrics).
+	Monitor *Monitor
+	// PushProgress, if set, sees the scheduler's counters during a push the
+	// service runs itself.
+	PushProgress func(sched.Stats)
+	// BeforeExec, if set, runs once a command's container is ready, just
+	// before the command starts (the CLI frees the home there).
+	BeforeExec func() error
+}
+
+// Uploader is what the service needs of a background pusher.
+type Uploader interface {
+	// Committed says a checkpoint's objects were queued.
+	Committed(sandbox string, id delta.ID)
+	// Wait returns once everything queued for sandbox ("" every sandbox)
+	// before the call is in the remote store.
+	Wait(ctx context.Context, sandbox string) (*engine.PushReport, error)
+}
+
+// Stdio is an exec's standard streams (nil: none).
+type Stdio struct {
+	In       io.Reader
+	Out, Err io.Writer
+}
+
+func backendConfig(backend, pool string) (string, btrfs.Options, error) {
+	if backend == "" && pool != "" {
+		backend = btrfs.Name
+	}
+	switch {
+	case backend == btrfs.Name && pool == "":
+		return "", btrfs.Options{}, invalidf("backend btrfs needs a btrfs pool (--btrfs-pool PATH)")
+	case backend == btrfs.Name:
+		return backend, btrfs.Options{Pool: pool}, nil
+	case pool != "":
+		return "", btrfs.Options{}, invalidf("a btrfs pool is for the btrfs backend, not %q", backend)
+	}
+	return backend, btrfs.Options{}, nil
+}
+
+func (s *Service) CreateSandbox(ctx context.Context, req CreateRequest) (*Created, error) {
+	backend, cfg, err := backendConfig(req.Backend, req.BtrfsPool)
+	if err != nil {
+		return nil, err
+	}
+	if req.Base == "" {
+		return nil, invalidf("sandbox %s: no base directory given", req.Name)
+	}
+	r, err := s.E.CreateSandbox(ctx, req.Name, engine.CreateOptions{Base: req.Base, Backend: backend, Btrfs: cfg})
+	if err != nil {
+		return nil, err
+	}
+	return &Created{Backend: r.Sandbox.Backend, BaseBytesRead: r.BaseStats.BytesRead, BaseFiles: r.BaseStats.Entries,
+		BaseTree: r.Sandbox.BaseTree, BytesNew: r.Checkpoint.Stats.BytesNew, Checkpoint: r.Checkpoint.ID,
+		DurationMS: ms(r.Duration), Name: r.Sandbox.Name, Root: r.Root}, nil
+}
+
+func (s *Service) ListSandboxes(ctx context.Context) ([]Sandbox, error) {
+	sbs, err := s.E.ListSandboxes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rows := []Sandbox{}
+	for _, sb := range sbs {
+		rows = append(rows, sandboxOf(sb))
+	}
+	return rows, nil
+}
+
+func (s *Service) GetSandbox(ctx context.Context, name string) (*Sandbox, error) {
+	rows, err := s.ListSandboxes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range rows {
+		if r.Name == name {
+			return &r, nil
+		}
+	}
+	return nil, fmt.Errorf("sandbox %s: %w", name, errdefs.ErrNotFound)
+}
+
+func (s *Service) SandboxPath(ctx context.Context, name string) (*SandboxPath, error) {
+	p, err := s.E.SandboxPath(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	return &SandboxPath{Name: name, Root: p}, nil
+}
+
+func (s *Service) RemoveSandbox(ctx context.Context, name string, catalogOnly bool) (*Removed, error) {
+	if err := s.E.RemoveSandboxWith(ctx, name, engine.RemoveOptions{CatalogOnly: catalogOnly}); err != nil {
+		return nil, err
+	}
+	return &Removed{Name: name, Removed: true}, nil
+}
+
+func (s *Service) ResumeSandbox(ctx context.Context, name string) (*Resumed, error) {
+	r, err := s.E.ResumeSandbox(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	return &Resumed{FrozenBy: r.FrozenBy, Name: r.Sandbox, WasFrozen: r.WasFrozen}, nil
+}
+
+// Exec runs a command in the sandbox with the given streams. For a
+// detached command it returns at once with the pid.
+func (s *Service) Exec(ctx context.Context, name string, req ExecRequest, stdio Stdio) (*Exited, error) {
+	if len(req.Argv) == 0 || req.Argv[0] == "" {
+		return nil, invalidf("sandbox %s: exec needs a command", name)
+	}
+	if req.Log != "" && !req.Detach {
+		return nil, invalidf("sandbox %s: a log file is for a detached command", name)
+	}
+	run, err := s.E.PrepareExec(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	if s.BeforeExec != nil {
+		if err := s.BeforeExec(); err != nil {
+			return nil, err
+		}
+	}
+	code, err := run(ctx, req.Argv, engine.ExecOptions{Detach: req.Detach, Log: req.Log,
+		Stdin: stdio.In, Stdout: stdio.Out, Stderr: stdio.Err})
+	if err != nil {
+		return nil, err
+	}
+	if req.Detach {
+		return &Exited{Argv: req.Argv, Log: req.Log, PID: code, Sandbox: name}, nil
+	}
+	return &Exited{ExitCode: code, Sandbox: name}, nil
+}
+
+// Checkpoint closes a turn; with WaitRemote it returns once the
+// checkpoint is in the bucket.
+func (s *Service) Checkpoint(ctx context.Context, name string, req CheckpointRequest) (*Checkpoint, error) {
+	s.Monitor.started(name)
+	start := time.Now()
+	r, err := s.E.Checkpoint(ctx, name, engine.CheckpointOptions{Turn: req.Turn, Message: req.Message, RecordSkips: req.RecordSkips})
+	s.Monitor.checkpointed(name, r, err, time.Since(start))
+	if err != nil {
+		return nil, err
+	}
+	if r.Class != delta.ClassSkip && s.Uploads != nil {
+		s.Uploads.Committed(name, r.ID)
+	}
+	out := checkpointOf(r)
+	if req.WaitRemote {
+		if _, err := s.push(ctx, name, true); err != nil {
+			return nil, fmt.Errorf("checkpoint %s is durable locally, not yet remotely: %w", r.ID.Short(), err)
+		}
+		out.RemoteDurable = true
+	}
+	return out, nil
+}
+
+// push uploads what sandbox ("" all) queued: through the background
+// pusher when there is one (never cancelling its push in flight),
+// otherwise here.
+func (s *Service) push(ctx context.Context, sandbox string, urgent bool) (*engine.PushReport, error) {
+	if s.Uploads != nil {
+		return s.Uploads.Wait(ctx, sandbox)
+	}
+	return s.E.Push(ctx, engine.PushOptions{Sandbox: sandbox, Urgent: urgent, Progress: s.PushProgress})
+}
+
+func (s *Service) Log(ctx context.Context, name string) ([]LogEntry, error) {
+	entries, err := s.E.Log(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	rows := []LogEntry{}
+	for _, l := range entries {
+		e := logEntryOf(l.Checkpoint, l.Head, l.OnHead)
+		if len(l.Branches) > 0 {
+			e.Branches = l.Branches
+		}
+		rows = append(rows, e)
+	}
+	return rows, nil
+}
+
+// GetCheckpoint is one checkpoint by reference (id, prefix, tag).
+func (s *Service) GetCheckpoint(ctx context.Context, ref string) (*LogEntry, error) {
+	cp, err := s.E.Resolve(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	if entries, err := s.E.Log(ctx, cp.Sandbox); err == nil {
+		for _, l := range entries {
+			if l.ID == cp.ID {
+				e := logEntryOf(l.Checkpoint, l.Head, l.OnHead)
+				return &e, nil
+			}
+		}
+	}
+	e := logEntryOf(cp, false, false)
+	return &e, nil
+}
+
+func (s *Service) Diff(ctx context.Context, name, from, to string) (*Diff, error) {
+	if from == "" && to != "" {
+		return nil, invalidf("diff of sandbox %s: a 'to' needs a 'from'", name)
+	}
+	r, err := s.E.Diff(ctx, name, from, to)
+	if err != nil {
+		return nil, err
+	}
+	out := &Diff{Changes: []Change{}, From: r.From, Sandbox: r.Sandbox, To: r.To}
+	for _, c := range r.Changes {
+		out.Changes = append(out.Changes, Change{Change: c.Kind.String(), Path: "/" + c.Path, Type: c.Type.String()})
+	}
+	return out, nil
+}
+
+func (s *Service) Rollback(ctx context.Context, name string, req RollbackRequest) (*Restore, error) {
+	if req.Checkpoint == "" {
+		return nil, invalidf("rollback of sandbox %s: no checkpoint given", name)
+	}
+	start := time.Now()
+	r, err := s.E.Rollback(ctx, name, req.Checkpoint, engine.RollbackOptions{FSOnly: req.FSOnly})
+	s.Monitor.restored("rollback", name, err, time.Since(start))
+	if err != nil {
+		return nil, err
+	}
+	return restoreOf(r), nil
+}
+
+// Branch makes one new sandbox from a checkpoint, or Count of them
+// (NAME-1 ... NAME-COUNT), one after another; it stops at the first error.
+func (s *Service) Branch(ctx context.Context, ref string, req BranchRequest) ([]Restore, error) {
+	backend, cfg, err := s.branchBackend(req)
+	if err != nil {
+		return nil, err
+	}
+	names := append([]string{req.Name}, req.Names...)
+	if req.Count < 0 || req.Count > MaxBranchCount {
+		return nil, invalidf("branch of %s: count %d is not between 1 and %d", ref, req.Count, MaxBranchCount)
+	}
+	if req.Count > 0 {
+		if len(req.Names) > 0 {
+			return nil, invalidf("branch of %s: count takes one name prefix, got %d names", ref, len(names))
+		}
+		if names, err = engine.BranchNames(req.Name, req.Count); err != nil {
+			return nil, err
+		}
+	}
+	o := engine.BranchOptions{Backend: backend, Btrfs: cfg, FSOnly: req.FSOnly, Materialise: req.Materialise}
+	start := time.Now()
+	if len(names) == 1 {
+		r, err := s.E.Branch(ctx, ref, names[0], o)
+		s.Monitor.restored("branch", names[0], err, time.Since(start))
+		if err != nil {
+			return nil, err
+		}
+		return []Restore{*restoreOf(r)}, nil
+	}
+	// Several: the checkpoint is checked once and all are recorded in one
+	// transaction, all or none.
+	rs, err := s.E.BranchMany(ctx, ref, names, o)
+	out := []Restore{}
+	for _, r := range rs {
+		s.Monitor.restored("branch", r.Sandbox, nil, time.Since(start))
+		out = append(out, *restoreOf(r))
+	}
+	if err != nil {
+		s.Monitor.restored("branch", req.Name, err, time.Since(start))
+		if len(out) > 0 {
+			return out, fmt.Errorf("after %d of %d branches: %w", len(out), len(names), err)
+		}
+		return nil, err
+	}
+	return out, nil
+}
+
+func (s *Service) branchBackend(req BranchRequest) (string, btrfs.Options, error) {
+	if req.Backend == "" && req.BtrfsPool == "" {
+		return "", btrfs.Options{}, nil
+	}
+	return backendConfig(req.Backend, req.BtrfsPool)
+}
+
+func (s *Service) Verify(ctx context.Context, ref string) (*Verified, error) {
+	r, err := s.E.Verify(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	return &Verified{BaseChecked: r.BaseChecked, Bytes: r.Bytes, Checkpoint: r.Checkpoint, Chunks: r.Chunks,
+		Entries: r.Entries, Objects: r.Objects, OK: true, StateBytes: r.StateBytes, Trees: r.Trees}, nil
+}
+
+func (s *Service) VerifyStore(ctx context.Context, req StoreVerifyRequest) (*StoreVerified, error) {
+	r, err := s.E.VerifyStore(ctx, req.Checkpoint)
+	if err != nil {
+		return nil, err
+	}
+	return &StoreVerified{Blobs: r.Blobs, Checkpoints: len(r.Checkpoints), OK: true, Packs: r.Packs, Refs: r.Refs}, nil
+}
+
+func (s *Service) Tags(ctx context.Context) ([]Tag, error) {
+	tags, err := s.E.Tags(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rows := []Tag{}
+	for _, t := range tags {
+		rows = append(rows, Tag{Checkpoint: t.Target, Tag: t.Name})
+	}
+	return rows, nil
+}
+
+func (s *Service) SetTag(ctx context.Context, name string, req TagRequest) (*Tagged, error) {
+	cp, err := s.E.Tag(ctx, name, req.Checkpoint)
+	if err != nil {
+		return nil, err
+	}
+	return &Tagged{Checkpoint: cp.ID, Sandbox: cp.Sandbox, Tag: name, Turn: cp.Turn}, nil
+}
+
+func (s *Service) DeleteTag(ctx context.Context, name string) (*Untagged, error) {
+	if err := s.E.Untag(ctx, name); err != nil {
+		return nil, err
+	}
+	return &Untagged{Deleted: true, Tag: name}, nil
+}
+
+func (s *Service) Status(ctx context.Context) (*engine.StatusReport, error) { return s.E.Status(ctx) }
+
+// Sync returns once everything queued (for req.Sandbox, or all) is in the
+// remote store.
+func (s *Service) Sync(ctx context.Context, req SyncRequest) (*Synced, error) {
+	r, err := s.push(ctx, req.Sandbox, false)
+	if err != nil {
+		return nil, err
+	}
+	return &Synced{Bytes: r.Bytes, Deleted: r.Deleted, DurationMS: ms(r.Duration), Uploaded: r.Uploaded}, nil
+}
+
+func (s *Service) Prune(ctx context.Context, req PruneRequest) (*Pruned, error) {
+	r, err := s.E.Prune(ctx, engine.PruneOptions{KeepLast: req.KeepLast, DryRun: req.DryRun})
+	if err != nil {
+		return nil, err
+	}
+	out := &Pruned{Deleted: r.Deleted, NDeleted: len(r.Deleted), Kept: r.Kept, Checkpoints: r.Checkpoints}
+	if out.Checkpoints == nil {
+		out.Checkpoints = []engine.RetentionEntry{}
+	}
+	if req.GC && !req.DryRun {
+		if out.GC, err = s.E.GC(ctx, engine.GCOptions{Grace: engine.DefaultGCGrace}); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+func (s *Service) GC(ctx context.Context, req GCRequest) (*engine.GCReport, error) {
+	grace := engine.DefaultGCGrace
+	if req.GraceMS != nil {
+		if *req.GraceMS < 0 {
+			return nil, invalidf("gc: negative grace")
+		}
+		grace = time.Duration(*req.GraceMS) * time.Millisecond
+	}
+	return s.E.GC(ctx, engine.GCOptions{Grace: grace, DryRun: req.DryRun})
+}
+
+// Init gives the home a remote store and/or an encryption key.
+func (s *Service) Init(ctx context.Context, req InitRequest) (*Initialised, error) {
+	if req.Remote == nil && req.KeyFile == "" {
+		return nil, invalidf("init: give --remote and --endpoint, --key-file, or both")
+	}
+	if req.Remote != nil && (req.Remote.URL == "") != (req.Remote.Endpoint == "") {
+		return nil, invalidf("init: --remote and --endpoint go together")
+	}
+	r, err := s.E.Setup(ctx, engine.SetupOptions{Remote: req.Remote, KeyFile: req.KeyFile})
+	if err != nil {
+		return nil, err
+	}
+	return &Initialised{KeyID: s.E.KeyID(), Queued: r.Queued, QueuedBytes: r.QueuedBytes, Remote: r.Remote}, nil
+}
+
+func (s *Service) RebuildCatalog(ctx context.Context, req RebuildRequest) (*Rebuilt, error) {
+	r, err := s.E.RebuildCatalogWith(ctx, engine.RebuildOptions{SkipCorrupt: req.SkipCorrupt})
+	if err != nil {
+		return nil, err
+	}
+	corrupt := r.Corrupt
+	if corrupt == nil {
+		corrupt = []engine.CorruptObject{}
+	}
+	return &Rebuilt{Blobs: r.Blobs, Checkpoints: r.Checkpoints, Corrupt: corrupt, DurationMS: ms(r.Duration),
+		Packs: r.Packs, Refs: r.Refs, Sandboxes: r.Sandboxes}, nil
+}

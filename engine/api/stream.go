@@ -1,0 +1,205 @@
+package api
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+
+	"github.com/turnsnap/turnsnap/delta"
+)
+
+// Streams. An exec's output and the event stream are sent as NDJSON
+// (application/x-ndjson, one JSON object a line) or, when the client's
+// Accept names text/event-stream, as server-sent events. The SSE writer is
+// the few lines below rather than a library: the libraries found
+// (r3labs/sse, gin-contrib/sse, go-libsse) bring their own broadcast hubs
+// and reconnect models, while what is needed here is one request's frames,
+// flushed as written, with a bounded per-subscriber buffer (Monitor).
+
+// frames writes one stream's frames.
+type frames struct {
+	mu   sync.Mutex
+	w    http.ResponseWriter
+	sse  bool
+	sent bool // headers are out
+}
+
+func wantsSSE(r *http.Request) bool {
+	return strings.Contains(r.Header.Get("Accept"), "text/event-stream")
+}
+
+func (f *frames) start() {
+	if f.sent {
+		return
+	}
+	f.sent = true
+	h := f.w.Header()
+	if f.sse {
+		h.Set("Content-Type", "text/event-stream")
+	} else {
+		h.Set("Content-Type", "application/x-ndjson")
+	}
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Content-Type-Options", "nosniff")
+	f.w.WriteHeader(http.StatusOK)
+}
+
+// send writes one frame: for SSE an event named kind whose data is v, for
+// NDJSON v itself (which names its kind).
+func (f *frames) send(kind string, id uint64, v any) error {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.start()
+	if f.sse {
+		if id > 0 {
+			fmt.Fprintf(f.w, "id: %d\n", id)
+		}
+		_, err = fmt.Fprintf(f.w, "event: %s\ndata: %s\n\n", kind, data)
+	} else {
+		_, err = f.w.Write(append(data, '\n'))
+	}
+	if err != nil {
+		return err
+	}
+	return http.NewResponseController(f.w).Flush()
+}
+
+// ExecFrame is one NDJSON line of an exec's output stream: output
+// (Stream stdout or stderr, Data the bytes, base64 in JSON), then exactly
+// one last frame with ExitCode set or Error.
+type ExecFrame struct {
+	Stream   string   `json:"stream,omitempty"`
+	Data     []byte   `json:"data,omitempty"`
+	ExitCode *int     `json:"exit_code,omitempty"`
+	Error    *Problem `json:"error,omitempty"`
+}
+
+// output is an io.Writer of one stream's frames.
+type output struct {
+	f    *frames
+	name string
+}
+
+func (o output) Write(b []byte) (int, error) {
+	fr := ExecFrame{Stream: o.name, Data: b}
+	if o.f.sse {
+		if err := o.f.send(o.name, 0, ExecFrame{Data: b}); err != nil {
+			return 0, err
+		}
+		return len(b), nil
+	}
+	if err := o.f.send(o.name, 0, fr); err != nil {
+		return 0, err
+	}
+	return len(b), nil
+}
+
+func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	if !delta.ValidRefName(name) {
+		writeProblem(w, invalidf("sandbox name %q", name))
+		return
+	}
+	dec := json.NewDecoder(io.LimitReader(r.Body, s.maxBody))
+	dec.DisallowUnknownFields()
+	var req ExecRequest
+	if err := dec.Decode(&req); err != nil {
+		writeProblem(w, invalidf("exec request: %v", err))
+		return
+	}
+	if req.StdinStream && len(req.Stdin) > 0 {
+		writeProblem(w, invalidf("exec request: stdin and stdin_stream exclude each other"))
+		return
+	}
+	var stdio Stdio
+	switch {
+	case req.StdinStream:
+		// The rest of the body is the command's input, read while its
+		// output is written.
+		if err := http.NewResponseController(w).EnableFullDuplex(); err != nil {
+			writeProblem(w, err)
+			return
+		}
+		stdio.In = io.MultiReader(dec.Buffered(), r.Body)
+	case len(req.Stdin) > 0:
+		stdio.In = strings.NewReader(string(req.Stdin))
+	}
+	if req.Detach {
+		res, err := s.svc.Exec(r.Context(), name, req, Stdio{})
+		if err != nil {
+			s.mon.requestFailed(err)
+			writeProblem(w, err)
+			return
+		}
+		s.log.Info("detached process started", "sandbox", name, "pid", res.PID, "argv", req.Argv)
+		writeJSON(w, http.StatusOK, res)
+		return
+	}
+	f := &frames{w: w, sse: wantsSSE(r)}
+	stdio.Out, stdio.Err = output{f, "stdout"}, output{f, "stderr"}
+	res, err := s.svc.Exec(r.Context(), name, req, stdio)
+	if err != nil {
+		s.mon.requestFailed(err)
+		f.mu.Lock()
+		sent := f.sent
+		f.mu.Unlock()
+		if !sent {
+			writeProblem(w, err)
+			return
+		}
+		p := ProblemFor(err)
+		if f.sse {
+			f.send("error", 0, p)
+		} else {
+			f.send("error", 0, ExecFrame{Error: p})
+		}
+		return
+	}
+	code := res.ExitCode
+	if f.sse {
+		f.send("exit", 0, map[string]int{"exit_code": code})
+	} else {
+		f.send("exit", 0, ExecFrame{ExitCode: &code})
+	}
+}
+
+// events streams turn events until the client goes away or the daemon
+// stops. ?sandbox=NAME keeps one sandbox's.
+func (s *Server) events(w http.ResponseWriter, r *http.Request) {
+	only := r.URL.Query().Get("sandbox")
+	ch, cancel := s.mon.Subscribe()
+	defer cancel()
+	f := &frames{w: w, sse: wantsSSE(r)}
+	f.mu.Lock()
+	f.start() // a subscriber knows it is subscribed once the headers come
+	f.mu.Unlock()
+	if err := http.NewResponseController(w).Flush(); err != nil {
+		return
+	}
+	for {
+		select {
+		case <-r.Context().Done():
+			return
+		case ev, ok := <-ch:
+			if !ok {
+				return
+			}
+			if only != "" && ev.Sandbox != only {
+				continue
+			}
+			if err := f.send(ev.Type, ev.Seq, ev); err != nil {
+				if !errors.Is(err, http.ErrHandlerTimeout) {
+					return
+				}
+			}
+		}
+	}
+}

@@ -1,0 +1,90 @@
+package engine
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+
+	"github.com/turnsnap/turnsnap/catalog"
+)
+
+// RecoverReport says what Recover found and repaired.
+type RecoverReport struct {
+	// Running are the sandboxes whose containers run (reattached: later
+	// operations use them as they are).
+	Running []string
+	// Resumed are the sandboxes whose containers a killed turnsnap had left
+	// frozen, now running again.
+	Resumed []string
+	// RollbacksFinished are the sandboxes whose killed rollback was
+	// finished.
+	RollbacksFinished []string
+	// Failed are the sandboxes that could not be checked, with the error.
+	Failed map[string]string
+}
+
+// Recover checks every sandbox of this home after a crash: a rollback a
+// killed turnsnap left half done is finished, a container it left frozen
+// is resumed, and the containers that run are found. Every command on a
+// sandbox does the same for its sandbox; a daemon calls this at start so
+// that nothing waits for the next command. Upload work needs nothing here:
+// the queue is in the catalog, and the next push resumes it.
+func (e *Engine) Recover(ctx context.Context) (*RecoverReport, error) {
+	var names []string
+	err := e.view(ctx, func(tx *catalog.Tx) error {
+		sbs, err := tx.Sandboxes()
+		for _, sb := range sbs {
+			names = append(names, sb.Name)
+		}
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	rep := &RecoverReport{Failed: map[string]string{}}
+	for _, name := range names {
+		if _, err := os.Stat(e.home.sandboxDir(name)); err != nil {
+			continue // not on this host (yet): nothing to repair
+		}
+		if err := e.recoverSandbox(ctx, name, rep); err != nil {
+			rep.Failed[name] = err.Error()
+		}
+	}
+	return rep, nil
+}
+
+func (e *Engine) recoverSandbox(ctx context.Context, name string, rep *RecoverReport) error {
+	done, err := e.op(ctx, name)
+	if err != nil {
+		return err
+	}
+	defer done()
+	if _, ok := e.pendingRollback(name); ok {
+		if _, err := e.loadSandbox(ctx, name); err != nil {
+			return err
+		}
+		rep.RollbacksFinished = append(rep.RollbacksFinished, name)
+	}
+	id := e.home.containerID(name)
+	if _, err := os.Stat(filepath.Join(e.home.procStateRoot(), "runc", id)); err != nil {
+		return nil
+	}
+	rt, err := e.runtime(ctx)
+	if err != nil {
+		return err
+	}
+	if fs, err := rt.Freeze(id); err == nil && fs.Frozen && fs.Stale() {
+		if _, err := e.recoverFreeze(ctx, name); err != nil {
+			return err
+		}
+		rep.Resumed = append(rep.Resumed, name)
+	}
+	running, err := e.containerRunning(ctx, name)
+	if err != nil {
+		return err
+	}
+	if running {
+		rep.Running = append(rep.Running, name)
+	}
+	return nil
+}
