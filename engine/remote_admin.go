@@ -181,7 +181,7 @@ func (e *Engine) saveLastPush(r *PushReport, err error) {
 // It reads only the catalog: no network.
 func (e *Engine) Status(ctx context.Context) (*StatusReport, error) {
 	defer e.shared()()
-	rep := &StatusReport{}
+	rep := &StatusReport{Sandboxes: []SandboxStatus{}} // [] in JSON, never null
 	if e.config.Remote != nil {
 		rep.Remote = e.config.Remote.URL
 	}

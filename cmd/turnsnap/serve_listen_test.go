@@ -99,7 +99,7 @@ func TestServeListenerRules(t *testing.T) {
 	// daemon, not to any home of this process.
 	other := filepath.Join(dir, "unused-home")
 	out, errs, code := cliRun(t, other, "--daemon", "http://"+addr, "--daemon-token-file", tokenFile, "status", "--json")
-	if code != 0 || !strings.Contains(out, "queue_depth") {
+	if code != 0 || !strings.Contains(out, "objects_pending") {
 		t.Fatalf("status over TCP: exit %d %s %s", code, out, errs)
 	}
 	if _, err := os.Stat(other); err == nil {
