@@ -52,6 +52,16 @@ func TestTenantsCannotReachEachOther(t *testing.T) {
 	ca := tcpClient(t, addr, fx.tokens[0])
 	cb := tcpClient(t, addr, fx.tokens[1])
 	ctx := context.Background()
+	// Whatever sandboxes exist at the end (a failing run's too) are removed
+	// before the daemon stops, so no mount outlives the test.
+	t.Cleanup(func() {
+		for _, c := range []*client.Client{ca, cb} {
+			sbs, _ := c.ListSandboxes(context.Background())
+			for _, sb := range sbs {
+				c.RemoveSandbox(context.Background(), sb.Name)
+			}
+		}
+	})
 
 	// bravo: a sandbox with a secret, two turns, a tag.
 	bsb, bsbTag := "bravo-secret-sb", "bravo-tag"
@@ -59,7 +69,6 @@ func TestTenantsCannotReachEachOther(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { cb.RemoveSandbox(context.Background(), bsb) })
 	os.WriteFile(filepath.Join(bc.Root, "secret.txt"), []byte("bravo's secret\n"), 0o600)
 	bcp, err := cb.Checkpoint(ctx, bsb, api.CheckpointRequest{Message: "bravo turn"})
 	if err != nil {
@@ -76,7 +85,6 @@ func TestTenantsCannotReachEachOther(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { ca.RemoveSandbox(context.Background(), asb) })
 	var evs eventLog
 	evCtx, stopEvents := context.WithCancel(ctx)
 	defer stopEvents()
