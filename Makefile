@@ -54,7 +54,7 @@ FUZZ_TARGETS := \
 	./delta:FuzzParsePackHeader ./delta:FuzzReadPackBlobs \
 	./delta:FuzzDecodeRecord ./delta:FuzzDecodeSandbox ./delta:FuzzSealedPackHeader ./delta:FuzzOpenObject ./delta:FuzzKeyFiles \
 	./engine/llmproxy:FuzzParseRequest ./engine/llmproxy:FuzzCanonMatchesReference \
-	./engine/llmproxy:FuzzDecodeEntry ./engine/api:FuzzDecodeRequest \
+	./engine/llmproxy:FuzzDecodeEntry ./engine/api:FuzzDecodeRequest ./engine/api:FuzzDecodeTenants \
 	./proc:FuzzProcText ./proc:FuzzImageFiles
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
