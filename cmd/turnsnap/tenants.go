@@ -201,9 +201,16 @@ func (a *app) serveTenants(ctx context.Context, f serveFlags) error {
 	newServer := func(h http.Handler) *http.Server {
 		return &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	}
+	// A listener is closed here as well as by its server's Close: one whose
+	// Serve has not started yet would be missed by Close alone (and its
+	// socket file left behind).
+	var listeners []net.Listener
 	closeAll := func() {
 		for _, s := range servers {
 			s.Close()
+		}
+		for _, l := range listeners {
+			l.Close()
 		}
 	}
 	for _, th := range ths {
@@ -212,6 +219,7 @@ func (a *app) serveTenants(ctx context.Context, f serveFlags) error {
 			closeAll()
 			return err
 		}
+		listeners = append(listeners, sl)
 		th.unix = newServer(th.srv)
 		th.unix.RegisterOnShutdown(th.mon.CloseSubscribers)
 		servers = append(servers, th.unix)
