@@ -272,6 +272,21 @@ func TestTenantsCannotReachEachOther(t *testing.T) {
 	if len(sbs) != 1 || sbs[0].Name != asb {
 		t.Errorf("alpha's sandboxes after the walk: %+v, want only %s", sbs, asb)
 	}
+	// Branching into bravo's sandbox name makes a sandbox of alpha's own,
+	// in alpha's home; bravo's is untouched.
+	br, err := ca.Branch(ctx, aLast, api.BranchRequest{Name: bsb})
+	if err != nil {
+		t.Fatalf("alpha's branch named like bravo's sandbox: %v", err)
+	}
+	if br[0].Root == bc.Root || !strings.HasPrefix(br[0].Root, alpha.Home+"/") {
+		t.Errorf("alpha's branch %s is at %s, bravo's sandbox at %s", bsb, br[0].Root, bc.Root)
+	}
+	if _, err := ca.RemoveSandbox(ctx, bsb); err != nil {
+		t.Fatal(err)
+	}
+	if after := bState(t, cb, bsb, bc.Root); after != before {
+		t.Errorf("bravo changed when alpha branched into its name:\nbefore %s\nafter  %s", before, after)
+	}
 	evs.mu.Lock()
 	// alpha's own failed requests naming bravo's sandbox show up as
 	// alpha's failures (not found); none of bravo's turns does.
