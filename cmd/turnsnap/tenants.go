@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -39,8 +40,8 @@ func loadTenants(path string) (*api.TenantsFile, [][]byte, error) {
 	}
 	tokens := make([][]byte, len(tf.Tenants))
 	for i, t := range tf.Tenants {
-		if tokens[i], err = readToken(t.TokenFile); err != nil {
-			return nil, nil, fmt.Errorf("tenant %s: %w", t.Name, err)
+		if tokens[i], err = readTenantToken(t.TokenFile); err != nil {
+			return nil, nil, fmt.Errorf("serve: tenant %s: %w", t.Name, err)
 		}
 	}
 	if err := api.CheckTenantTokens(tf.Tenants, tokens); err != nil {
@@ -65,6 +66,27 @@ func loadTenants(path string) (*api.TenantsFile, [][]byte, error) {
 		return nil, nil, fmt.Errorf("serve: %w", err)
 	}
 	return tf, tokens, nil
+}
+
+// maxTokenFile bounds a token file: a token is a line, not a file's worth.
+const maxTokenFile = 4096
+
+// readTenantToken reads a token file (its content, trimmed); its length is
+// checked by api.CheckTenantTokens.
+func readTenantToken(path string) ([]byte, error) {
+	fh, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("token file: %v: %w", err, errdefs.ErrInvalid)
+	}
+	defer fh.Close()
+	b, err := io.ReadAll(io.LimitReader(fh, maxTokenFile+1))
+	if err != nil {
+		return nil, fmt.Errorf("token file %s: %v: %w", path, err, errdefs.ErrInvalid)
+	}
+	if len(b) > maxTokenFile {
+		return nil, fmt.Errorf("token file %s: over %d bytes: %w", path, maxTokenFile, errdefs.ErrInvalid)
+	}
+	return bytes.TrimSpace(b), nil
 }
 
 // homeRemote is the remote a home's config names (nil: none, or no home yet).

@@ -34,6 +34,7 @@ func TestTenantsFileRules(t *testing.T) {
 		{name: "missing token file", edit: func(_ *testing.T, fx *tenantsFixture) { os.Remove(fx.specs[1].TokenFile) }, want: "token file"},
 		{name: "empty token file", edit: func(_ *testing.T, fx *tenantsFixture) { os.WriteFile(fx.specs[1].TokenFile, []byte("\n\n"), 0o600) },
 			want: "at least 16"},
+		{name: "endless token file", edit: func(_ *testing.T, fx *tenantsFixture) { fx.specs[1].TokenFile = "/dev/zero" }, want: "over 4096 bytes"},
 		{name: "no token file named", edit: func(_ *testing.T, fx *tenantsFixture) { fx.specs[0].TokenFile = "" }, want: "no token_file"},
 		{name: "no listen", flags: []string{}, want: "needs --listen"},
 		{name: "token-file as well", flags: append([]string{"--token-file", "/etc/hostname"}, listen...), want: "each tenant has its token_file"},
