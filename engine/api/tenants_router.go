@@ -105,18 +105,27 @@ func NewTenantGuard(next http.Handler, spec TenantSpec, homes []string) *TenantG
 	})
 	g.mux.HandleFunc("POST /v1/sandboxes", func(w http.ResponseWriter, r *http.Request) {
 		var req CreateRequest
-		if !g.peek(w, r, &req) {
+		body, ok := g.peek(w, r, &req)
+		if !ok {
 			return
 		}
-		if err := g.checkBase(req.Base, req.BtrfsPool); err != nil {
+		base, err := g.checkBase(req.Base, req.BtrfsPool)
+		if err != nil {
 			writeProblem(w, err)
 			return
+		}
+		if base != req.Base && strictDecodes(body, &CreateRequest{}) {
+			// The engine gets the path that was checked, resolved, not the
+			// spelling a symlink swapped in later could redirect.
+			req.Base = base
+			body, _ = json.Marshal(req)
+			r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
 		}
 		g.Next.ServeHTTP(w, r)
 	})
 	g.mux.HandleFunc("POST /v1/checkpoints/{ref}/branches", func(w http.ResponseWriter, r *http.Request) {
 		var req BranchRequest
-		if !g.peek(w, r, &req) {
+		if _, ok := g.peek(w, r, &req); !ok {
 			return
 		}
 		if req.BtrfsPool != "" {
@@ -134,28 +143,39 @@ func (g *TenantGuard) ServeHTTP(w http.ResponseWriter, r *http.Request) { g.mux.
 // peek decodes the body as the server will (encoding/json, same struct)
 // and puts it back. A body the server's strict decoder would refuse is
 // passed on for it to refuse; one over the bound is refused here.
-func (g *TenantGuard) peek(w http.ResponseWriter, r *http.Request, v any) bool {
+func (g *TenantGuard) peek(w http.ResponseWriter, r *http.Request, v any) ([]byte, bool) {
 	body, err := io.ReadAll(io.LimitReader(r.Body, g.MaxBody+1))
 	if err != nil {
 		writeProblem(w, invalidf("request body: %v", err))
-		return false
+		return nil, false
 	}
 	if int64(len(body)) > g.MaxBody {
 		writeProblem(w, invalidf("request body over %d bytes", g.MaxBody))
-		return false
+		return nil, false
 	}
 	json.Unmarshal(body, v) // errors: the server refuses the same body
 	r.Body = io.NopCloser(bytes.NewReader(body))
-	return true
+	return body, true
 }
 
-func (g *TenantGuard) checkBase(base, pool string) error {
+// strictDecodes says whether the server's decoder accepts body: only then
+// may the guard rewrite it (re-encoding one it would refuse, say with an
+// unknown field, would make it acceptable).
+func strictDecodes(body []byte, v any) bool {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	return dec.Decode(v) == nil && !dec.More()
+}
+
+// checkBase returns base resolved (absolute, no symlinks), or why the
+// tenant may not create from it.
+func (g *TenantGuard) checkBase(base, pool string) (string, error) {
 	name := g.Spec.Name
 	if pool != "" {
-		return fmt.Errorf("create for tenant %s: a btrfs pool is %w: %w", name, errNotForTenants, errdefs.ErrPrecondition)
+		return "", fmt.Errorf("create for tenant %s: a btrfs pool is %w: %w", name, errNotForTenants, errdefs.ErrPrecondition)
 	}
 	if base == "" {
-		return nil // the service refuses it with its own message
+		return "", nil // the service refuses it with its own message
 	}
 	// One answer for every refusal: a path that does not exist, one outside
 	// the tenant's bases and one in another tenant's home look the same, so
@@ -166,15 +186,15 @@ func (g *TenantGuard) checkBase(base, pool string) error {
 		abs, err = filepath.EvalSymlinks(abs)
 	}
 	if err != nil {
-		return refused
+		return "", refused
 	}
 	if fi, err := os.Stat(abs); err != nil || !fi.IsDir() {
-		return refused
+		return "", refused
 	}
 	if g.Spec.Bases != "" {
 		root, err := filepath.EvalSymlinks(g.Spec.Bases)
 		if err != nil || !within(abs, root) {
-			return refused
+			return "", refused
 		}
 	}
 	for _, h := range g.Homes {
@@ -183,8 +203,8 @@ func (g *TenantGuard) checkBase(base, pool string) error {
 			rh = r
 		}
 		if PathsOverlap(abs, rh) {
-			return refused
+			return "", refused
 		}
 	}
-	return nil
+	return abs, nil
 }

@@ -3,6 +3,7 @@ package api
 import (
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -110,8 +111,16 @@ func TestTenantGuard(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	os.Symlink(homes[1], dir+"/bases/a/to-b")
+	os.Symlink("one", dir+"/bases/a/link")
 	passed := 0
-	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { passed++; w.WriteHeader(299) })
+	var lastBody string
+	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		passed++
+		b, _ := io.ReadAll(r.Body)
+		lastBody = string(b)
+		w.WriteHeader(299)
+	})
 	g := NewTenantGuard(next, TenantSpec{Name: "a", Home: homes[0], Bases: dir + "/bases/a"}, homes)
 	for _, c := range []struct {
 		method, path, body string
@@ -121,6 +130,7 @@ func TestTenantGuard(t *testing.T) {
 		{"POST", "/v1/sandboxes", `{"name":"x","base":"` + dir + `/bases/a/one"}`, 299},
 		{"POST", "/v1/sandboxes", `{"name":"x","base":"` + dir + `/bases/a/one/../../b"}`, http.StatusNotFound},
 		{"POST", "/v1/sandboxes", `{"name":"x","base":"` + dir + `/bases/b"}`, http.StatusNotFound},
+		{"POST", "/v1/sandboxes", `{"name":"x","base":"` + dir + `/bases/a/to-b"}`, http.StatusNotFound},
 		{"POST", "/v1/sandboxes", `{"name":"x","base":"` + homes[1] + `"}`, http.StatusNotFound},
 		{"POST", "/v1/sandboxes", `{"name":"x","base":"` + homes[0] + `"}`, http.StatusNotFound},
 		{"POST", "/v1/sandboxes", `{"name":"x","base":"/"}`, http.StatusNotFound},
@@ -139,5 +149,17 @@ func TestTenantGuard(t *testing.T) {
 	}
 	if passed != 3 {
 		t.Errorf("%d requests passed the guard, want 3", passed)
+	}
+	// The engine gets the path that was checked, resolved; a body the
+	// server would refuse is passed on as it came.
+	for body, want := range map[string]string{
+		`{"name":"x","base":"` + dir + `/bases/a/link"}`:          `"base":"` + dir + `/bases/a/one"`,
+		`{"name":"x","base":"` + dir + `/bases/a/link","evil":1}`: `"evil":1`,
+	} {
+		w := httptest.NewRecorder()
+		g.ServeHTTP(w, httptest.NewRequest("POST", "/v1/sandboxes", strings.NewReader(body)))
+		if w.Code != 299 || !strings.Contains(lastBody, want) {
+			t.Errorf("%s: HTTP %d, passed on %s, want it to hold %s", body, w.Code, lastBody, want)
+		}
 	}
 }
