@@ -57,7 +57,7 @@ exit 0.
 --tenants FILE serves several homes, one per tenant, on one --listen
 address: each request's bearer token picks its tenant's home, and nothing
 of another tenant can be named with it (docs/SECURITY.md, "Tenants").
-Each home also gets its own unix socket.`,
+Each home also gets its own unix socket; --home is not used.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return a.serve(cmd.Context(), f) },
 	}
