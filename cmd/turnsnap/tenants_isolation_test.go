@@ -297,6 +297,21 @@ func TestTenantsCannotReachEachOther(t *testing.T) {
 		}
 	}
 	evs.mu.Unlock()
+	// The CLI over TCP acts for the tenant its token names.
+	other := filepath.Join(dir, "cli-home")
+	viaCLI := func(tenant int, args ...string) (string, int) {
+		out, _, code := cliRun(t, other, append([]string{"--daemon", "http://" + addr, "--daemon-token-file", fx.specs[tenant].TokenFile}, args...)...)
+		return out, code
+	}
+	if out, code := viaCLI(1, "sandbox", "list", "--json"); code != 0 || !strings.Contains(out, bsb) {
+		t.Errorf("bravo's CLI lists: exit %d %s", code, out)
+	}
+	if out, code := viaCLI(0, "log", bsb); code != exitNotFound {
+		t.Errorf("alpha's CLI on bravo's log: exit %d %s, want %d", code, out, exitNotFound)
+	}
+	if out, code := viaCLI(0, "sandbox", "list", "--json"); code != 0 || strings.Contains(out, bsb) {
+		t.Errorf("alpha's CLI lists: exit %d %s", code, out)
+	}
 	// The host's own tools reach each tenant on its home's socket.
 	bSock, err := client.New(client.Options{Socket: filepath.Join(bravo.Home, socketName)})
 	if err != nil {
