@@ -27,6 +27,9 @@ func TestTenantsFileRules(t *testing.T) {
 			fx.specs[1].Home = filepath.Join(fx.specs[0].Home, "inner")
 		}, want: "equal or nested"},
 		{name: "home around another", edit: func(_ *testing.T, fx *tenantsFixture) { fx.specs[0].Home = fx.dir }, want: "equal or nested"},
+		{name: "bases in a home", edit: func(_ *testing.T, fx *tenantsFixture) {
+			fx.specs[0].Bases = filepath.Join(fx.specs[1].Home, "sandboxes")
+		}, want: "lie in tenant b's home"},
 		{name: "shared token", edit: func(t *testing.T, fx *tenantsFixture) {
 			os.WriteFile(fx.specs[1].TokenFile, []byte(fx.tokens[0]+"\n"), 0o600)
 		}, want: "same token"},

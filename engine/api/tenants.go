@@ -118,6 +118,14 @@ func DecodeTenants(data []byte) (*TenantsFile, error) {
 			}
 		}
 	}
+	for _, a := range f.Tenants {
+		for _, b := range f.Tenants {
+			if a.Bases != "" && within(a.Bases, b.Home) {
+				return nil, fmt.Errorf("tenants file: tenant %s: bases %s lie in tenant %s's home (no sandbox may be made from a home): %w",
+					a.Name, a.Bases, b.Name, errdefs.ErrInvalid)
+			}
+		}
+	}
 	remotes := map[string]*engine.RemoteConfig{}
 	for _, t := range f.Tenants {
 		remotes[t.Name] = t.Remote

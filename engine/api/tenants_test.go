@@ -42,6 +42,11 @@ func FuzzDecodeTenants(f *testing.F) {
 				t.Fatalf("accepted %+v", a)
 			}
 			names[a.Name] = true
+			for _, b := range tf.Tenants {
+				if a.Bases != "" && within(a.Bases, b.Home) {
+					t.Fatalf("accepted bases %s in home %s", a.Bases, b.Home)
+				}
+			}
 			for _, b := range tf.Tenants[i+1:] {
 				if PathsOverlap(a.Home, b.Home) {
 					t.Fatalf("accepted nested homes %s and %s", a.Home, b.Home)
