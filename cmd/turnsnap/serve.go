@@ -31,6 +31,7 @@ type serveFlags struct {
 	tlsCert, tlsKey string
 	logFormat       string
 	shutdownTimeout time.Duration
+	tenants         string // tenants.go
 }
 
 func (a *app) serveCmd() *cobra.Command {
@@ -52,7 +53,12 @@ sync and checkpoint --wait-remote wait for it. At start it repairs what a
 killed turnsnap left (frozen containers, half-done rollbacks) and resumes the
 upload queue. SIGTERM or SIGINT: stop accepting, let requests in flight
 finish (a checkpoint commits), leave sandboxes and their processes running,
-exit 0.`,
+exit 0.
+
+--tenants FILE serves several homes, one per tenant, on one --listen
+address: each request's bearer token picks its tenant's home, and nothing
+of another tenant can be named with it (docs/SECURITY.md, "Tenants").
+Each home also gets its own unix socket; --home is not used.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return a.serve(cmd.Context(), f) },
 	}
@@ -63,6 +69,7 @@ exit 0.`,
 	fl.StringVar(&f.tlsCert, "tls-cert", "", "TLS certificate (PEM) for --listen")
 	fl.StringVar(&f.tlsKey, "tls-key", "", "TLS private key (PEM) for --listen")
 	fl.StringVar(&f.logFormat, "log-format", "text", "log lines as text or json (on stderr)")
+	fl.StringVar(&f.tenants, "tenants", "", "serve several homes, one per tenant, as FILE lists them (with --listen; see docs/SECURITY.md)")
 	fl.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 5*time.Minute, "on SIGTERM, how long requests in flight may take to finish")
 	return c
 }
@@ -186,6 +193,9 @@ func listenSocket(home, group string) (net.Listener, string, error) {
 }
 
 func (a *app) serve(ctx context.Context, f serveFlags) error {
+	if f.tenants != "" {
+		return a.serveTenants(ctx, f)
+	}
 	if err := f.checkListen(); err != nil {
 		return err
 	}

@@ -1,0 +1,296 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/turnsnap/turnsnap/engine"
+	"github.com/turnsnap/turnsnap/engine/api"
+	"github.com/turnsnap/turnsnap/internal/errdefs"
+)
+
+// loadTenants reads and checks a tenants file and everything it names
+// before any home is opened: the tokens (present, long enough, unique) and
+// the remotes each home already has (equal to the file's, no two sharing a
+// bucket prefix).
+func loadTenants(path string) (*api.TenantsFile, [][]byte, error) {
+	fh, err := os.Open(path)
+	if err != nil {
+		return nil, nil, fmt.Errorf("serve: --tenants: %v: %w", err, errdefs.ErrInvalid)
+	}
+	data, err := io.ReadAll(io.LimitReader(fh, api.MaxTenantsFileBytes+1))
+	fh.Close()
+	if err != nil {
+		return nil, nil, fmt.Errorf("serve: --tenants %s: %w", path, err)
+	}
+	tf, err := api.DecodeTenants(data)
+	if err != nil {
+		return nil, nil, fmt.Errorf("serve: %s: %w", path, err)
+	}
+	tokens := make([][]byte, len(tf.Tenants))
+	for i, t := range tf.Tenants {
+		if tokens[i], err = readTenantToken(t.TokenFile); err != nil {
+			return nil, nil, fmt.Errorf("serve: tenant %s: %w", t.Name, err)
+		}
+	}
+	if err := api.CheckTenantTokens(tf.Tenants, tokens); err != nil {
+		return nil, nil, fmt.Errorf("serve: %w", err)
+	}
+	remotes := map[string]*engine.RemoteConfig{}
+	for _, t := range tf.Tenants {
+		have, err := homeRemote(t.Home)
+		if err != nil {
+			return nil, nil, fmt.Errorf("serve: tenant %s: %w", t.Name, err)
+		}
+		if have != nil && t.Remote != nil && (have.URL != t.Remote.URL || have.Endpoint != t.Remote.Endpoint) {
+			return nil, nil, fmt.Errorf("serve: tenant %s: home %s uses remote %s at %s, the tenants file says %s at %s: %w",
+				t.Name, t.Home, have.URL, have.Endpoint, t.Remote.URL, t.Remote.Endpoint, errdefs.ErrInvalid)
+		}
+		remotes[t.Name] = t.Remote
+		if have != nil {
+			remotes[t.Name] = have
+		}
+	}
+	if err := api.CheckTenantRemotes(tf.Tenants, remotes); err != nil {
+		return nil, nil, fmt.Errorf("serve: %w", err)
+	}
+	return tf, tokens, nil
+}
+
+// maxTokenFile bounds a token file: a token is a line, not a file's worth.
+const maxTokenFile = 4096
+
+// readTenantToken reads a token file (its content, trimmed); its length is
+// checked by api.CheckTenantTokens.
+func readTenantToken(path string) ([]byte, error) {
+	fh, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("token file: %v: %w", err, errdefs.ErrInvalid)
+	}
+	defer fh.Close()
+	b, err := io.ReadAll(io.LimitReader(fh, maxTokenFile+1))
+	if err != nil {
+		return nil, fmt.Errorf("token file %s: %v: %w", path, err, errdefs.ErrInvalid)
+	}
+	if len(b) > maxTokenFile {
+		return nil, fmt.Errorf("token file %s: over %d bytes: %w", path, maxTokenFile, errdefs.ErrInvalid)
+	}
+	return bytes.TrimSpace(b), nil
+}
+
+// homeRemote is the remote a home's config names (nil: none, or no home yet).
+func homeRemote(home string) (*engine.RemoteConfig, error) {
+	data, err := os.ReadFile(home + "/config.json")
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var c engine.Config
+	if err := json.Unmarshal(data, &c); err != nil {
+		return nil, fmt.Errorf("home %s: config: %v: %w", home, err, errdefs.ErrInvalid)
+	}
+	return c.Remote, nil
+}
+
+// tenantHome is one tenant's open home: its engine, pusher and servers.
+type tenantHome struct {
+	spec   api.TenantSpec
+	e      *engine.Engine
+	mon    *api.Monitor
+	srv    *api.Server
+	unix   *http.Server
+	stop   context.CancelFunc
+	pushWG sync.WaitGroup
+}
+
+func (th *tenantHome) close() {
+	if th.stop != nil {
+		th.stop()
+		th.pushWG.Wait()
+	}
+	th.e.Close()
+}
+
+// openTenant opens a tenant's home, repairs what a killed daemon left,
+// gives it the file's key and remote if it has none yet, and starts its
+// background pusher.
+func (a *app) openTenant(ctx context.Context, log *slog.Logger, spec api.TenantSpec) (*tenantHome, error) {
+	log = log.With("tenant", spec.Name)
+	e, err := engine.Open(context.WithoutCancel(ctx), engine.Options{Home: spec.Home, LockWait: a.lockWait, Logger: log,
+		AtPhase: chainPhases(blockAtPhase(), holdAtPhase())})
+	if err != nil {
+		return nil, fmt.Errorf("tenant %s: %w", spec.Name, err)
+	}
+	th := &tenantHome{spec: spec, e: e}
+	fail := func(err error) (*tenantHome, error) {
+		th.close()
+		return nil, fmt.Errorf("tenant %s: %w", spec.Name, err)
+	}
+	rep, err := e.Recover(ctx)
+	if err != nil {
+		return fail(err)
+	}
+	logRecovery(ctx, log, e, rep)
+	var setup engine.SetupOptions
+	if spec.Remote != nil && !e.HasRemote() {
+		rc := *spec.Remote
+		setup.Remote = &rc
+	}
+	if spec.KeyFile != "" {
+		setup.KeyFile = spec.KeyFile // the engine refuses a key other than the home's
+	}
+	if setup.Remote != nil || setup.KeyFile != "" {
+		if _, err := e.Setup(ctx, setup); err != nil {
+			return fail(err)
+		}
+	}
+	if th.mon, err = api.NewMonitor(log, e); err != nil {
+		return fail(err)
+	}
+	pushCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	th.stop = stop
+	pusher := api.NewPusher(e, th.mon, log)
+	th.pushWG.Add(1)
+	go func() { defer th.pushWG.Done(); pusher.Run(pushCtx) }()
+	if th.srv, err = api.New(e, api.Options{Logger: log, Uploads: pusher, Monitor: th.mon}); err != nil {
+		return fail(err)
+	}
+	return th, nil
+}
+
+// serveTenants is `serve --tenants FILE`: one daemon, several homes. Each
+// home gets its own unix socket (for the host's tools, no token); the TCP
+// listener routes each request by its bearer token to that tenant's
+// engine, so a token reaches nothing of another tenant.
+func (a *app) serveTenants(ctx context.Context, f serveFlags) error {
+	if f.listen == "" {
+		return fmt.Errorf("serve: --tenants needs --listen (tenants are told apart by their tokens on TCP): %w", errdefs.ErrInvalid)
+	}
+	if f.tokenFile != "" {
+		return fmt.Errorf("serve: with --tenants each tenant has its token_file; --token-file is for one home: %w", errdefs.ErrInvalid)
+	}
+	g := f
+	g.tokenFile = f.tenants // checkListen's TLS and address rules
+	if err := g.checkListen(); err != nil {
+		return err
+	}
+	log, err := a.serveLogger(f.logFormat)
+	if err != nil {
+		return err
+	}
+	tf, tokens, err := loadTenants(f.tenants)
+	if err != nil {
+		return err
+	}
+	var homes []string
+	for _, t := range tf.Tenants {
+		homes = append(homes, t.Home)
+	}
+	var ths []*tenantHome
+	defer func() {
+		for _, th := range ths {
+			th.close()
+		}
+	}()
+	var routed []api.Tenant
+	for i, spec := range tf.Tenants {
+		th, err := a.openTenant(ctx, log, spec)
+		if err != nil {
+			return err
+		}
+		ths = append(ths, th)
+		routed = append(routed, api.Tenant{Name: spec.Name, Token: tokens[i], Handler: api.NewTenantGuard(th.srv, spec, homes)})
+	}
+	router, err := api.NewTenantRouter(routed)
+	if err != nil {
+		return err
+	}
+	errc := make(chan error, len(ths)+1)
+	var servers []*http.Server
+	newServer := func(h http.Handler) *http.Server {
+		return &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	}
+	// A listener is closed here as well as by its server's Close: one whose
+	// Serve has not started yet would be missed by Close alone (and its
+	// socket file left behind).
+	var listeners []net.Listener
+	closeAll := func() {
+		for _, s := range servers {
+			s.Close()
+		}
+		for _, l := range listeners {
+			l.Close()
+		}
+	}
+	for _, th := range ths {
+		sl, sock, err := listenSocket(th.spec.Home, f.socketGroup)
+		if err != nil {
+			closeAll()
+			return err
+		}
+		listeners = append(listeners, sl)
+		th.unix = newServer(th.srv)
+		th.unix.RegisterOnShutdown(th.mon.CloseSubscribers)
+		servers = append(servers, th.unix)
+		go func() { errc <- th.unix.Serve(sl) }()
+		log.Info("serving", "tenant", th.spec.Name, "home", th.spec.Home, "socket", sock)
+	}
+	tl, err := net.Listen("tcp", f.listen)
+	if err != nil {
+		closeAll()
+		return fmt.Errorf("serve: %w", err)
+	}
+	tcpSrv := newServer(router)
+	for _, th := range ths {
+		tcpSrv.RegisterOnShutdown(th.mon.CloseSubscribers)
+	}
+	if f.tlsCert != "" {
+		cert, err := tls.LoadX509KeyPair(f.tlsCert, f.tlsKey)
+		if err != nil {
+			closeAll()
+			tl.Close()
+			return fmt.Errorf("serve: TLS: %v: %w", err, errdefs.ErrInvalid)
+		}
+		tcpSrv.TLSConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+		tl = tls.NewListener(tl, tcpSrv.TLSConfig)
+	}
+	servers = append(servers, tcpSrv)
+	go func() { errc <- tcpSrv.Serve(tl) }()
+	log.Info("serving TCP", "addr", tl.Addr().String(), "tls", f.tlsCert != "", "tenants", len(ths))
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		closeAll()
+		return fmt.Errorf("serve: %w", err)
+	}
+	log.Info("stopping: finishing requests in flight")
+	sctx, cancel := context.WithTimeout(context.Background(), f.shutdownTimeout)
+	defer cancel()
+	var wg sync.WaitGroup
+	for _, s := range servers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := s.Shutdown(sctx); err != nil {
+				log.Warn("requests still running at the shutdown timeout were cut", "err", err)
+				s.Close()
+			}
+		}()
+	}
+	wg.Wait()
+	log.Info("stopped")
+	return nil
+}
