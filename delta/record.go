@@ -115,10 +115,10 @@ type Checkpoint struct {
 	// replaying agent is answered from it. It is one of the record's roots,
 	// so everything that follows a checkpoint's trees follows it. Version 3
 	// only.
-	Journal *ID             `json:"journal,omitempty"`
-	Message string          `json:"message,omitempty"`
-	Created time.Time       `json:"created"` // UTC, nanosecond precision
-	Stats   Stats           `json:"stats"`
+	Journal *ID       `json:"journal,omitempty"`
+	Message string    `json:"message,omitempty"`
+	Created time.Time `json:"created"` // UTC, nanosecond precision
+	Stats   Stats     `json:"stats"`
 }
 
 // validate checks what EncodeRecord promises and DecodeRecord re-checks. The
