@@ -29,6 +29,9 @@ type Service struct {
 	// BeforeExec, if set, runs once a command's container is ready, just
 	// before the command starts (the CLI frees the home there).
 	BeforeExec func() error
+	// LLM, if set, is the daemon's LLM proxy (llm.go): restores reset its
+	// journals.
+	LLM *LLM
 }
 
 // Uploader is what the service needs of a background pusher.
@@ -243,6 +246,7 @@ func (s *Service) Rollback(ctx context.Context, name string, req RollbackRequest
 	if err != nil {
 		return nil, err
 	}
+	s.llmRestored(ctx, name)
 	return restoreOf(r), nil
 }
 
@@ -274,6 +278,7 @@ func (s *Service) Branch(ctx context.Context, ref string, req BranchRequest) ([]
 			}
 			return nil, err
 		}
+		s.llmRestored(ctx, n)
 		out = append(out, *restoreOf(r))
 	}
 	return out, nil
@@ -386,6 +391,9 @@ func (s *Service) RebuildCatalog(ctx context.Context, req RebuildRequest) (*Rebu
 	r, err := s.E.RebuildCatalogWith(ctx, engine.RebuildOptions{SkipCorrupt: req.SkipCorrupt})
 	if err != nil {
 		return nil, err
+	}
+	if s.LLM != nil {
+		s.LLM.restoredAll(ctx)
 	}
 	corrupt := r.Corrupt
 	if corrupt == nil {
