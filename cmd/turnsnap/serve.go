@@ -30,6 +30,7 @@ type serveFlags struct {
 	tlsCert, tlsKey string
 	logFormat       string
 	shutdownTimeout time.Duration
+	llm             llmFlags // run.go
 }
 
 func (a *app) serveCmd() *cobra.Command {
@@ -63,6 +64,7 @@ exit 0.`,
 	fl.StringVar(&f.tlsKey, "tls-key", "", "TLS private key (PEM) for --listen")
 	fl.StringVar(&f.logFormat, "log-format", "text", "log lines as text or json (on stderr)")
 	fl.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 5*time.Minute, "on SIGTERM, how long requests in flight may take to finish")
+	f.llm.register(fl)
 	return c
 }
 
@@ -185,6 +187,9 @@ func (a *app) serve(ctx context.Context, f serveFlags) error {
 	if err := f.checkListen(); err != nil {
 		return err
 	}
+	if err := f.llm.check(); err != nil {
+		return err
+	}
 	log, err := a.serveLogger(f.logFormat)
 	if err != nil {
 		return err
@@ -232,7 +237,12 @@ func (a *app) serve(ctx context.Context, f serveFlags) error {
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	unixSrv.RegisterOnShutdown(mon.CloseSubscribers)
 	servers := []*http.Server{unixSrv}
-	errc := make(chan error, 2)
+	errc := make(chan error, 3)
+	stopLLM, err := startLLM(ctx, log, srvAPI, f.llm, errc)
+	if err != nil {
+		unixSrv.Close()
+		return err
+	}
 	go func() { errc <- unixSrv.Serve(sl) }()
 	log.Info("serving", "home", a.home, "socket", sock)
 	if f.listen != "" {
@@ -280,6 +290,7 @@ func (a *app) serve(ctx context.Context, f serveFlags) error {
 		}()
 	}
 	wg.Wait()
+	stopLLM(sctx)
 	stopPush()
 	pushWG.Wait()
 	log.Info("stopped")

@@ -120,21 +120,24 @@ type LogEntry struct {
 	BaseTree delta.ID    `json:"base_tree"`
 	BytesNew int64       `json:"bytes_new"`
 	Class    delta.Class `json:"class"`
-	Created  time.Time   `json:"created"`
-	FSTree   delta.ID    `json:"fs_tree"`
-	Head     bool        `json:"head"`
-	ID       delta.ID    `json:"id"`
-	Message  string      `json:"message"`
-	OnHead   bool        `json:"on_head"`
-	Parent   delta.ID    `json:"parent"`
-	Sandbox  string      `json:"sandbox"`
-	Turn     int         `json:"turn"`
+	// Conv is the conversation hash of the model call that closed the turn
+	// (LLM proxy turns only).
+	Conv    *delta.ID `json:"conv,omitempty"`
+	Created time.Time `json:"created"`
+	FSTree  delta.ID  `json:"fs_tree"`
+	Head    bool      `json:"head"`
+	ID      delta.ID  `json:"id"`
+	Message string    `json:"message"`
+	OnHead  bool      `json:"on_head"`
+	Parent  delta.ID  `json:"parent"`
+	Sandbox string    `json:"sandbox"`
+	Turn    int       `json:"turn"`
 }
 
 func logEntryOf(cp *delta.Checkpoint, head, onHead bool) LogEntry {
 	return LogEntry{BaseTree: cp.BaseTree, BytesNew: cp.Stats.BytesNew, Class: cp.Class, Created: cp.Created,
 		FSTree: cp.FSTree, Head: head, ID: cp.ID, Message: cp.Message, OnHead: onHead, Parent: cp.Parent,
-		Sandbox: cp.Sandbox, Turn: cp.Turn}
+		Sandbox: cp.Sandbox, Turn: cp.Turn, Conv: cp.Conv}
 }
 
 // Change is one path of a diff.
