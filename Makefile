@@ -52,7 +52,7 @@ FUZZ_TARGETS := \
 	./delta:FuzzParsePackHeader ./delta:FuzzReadPackBlobs \
 	./delta:FuzzDecodeRecord ./delta:FuzzDecodeSandbox ./delta:FuzzSealedPackHeader ./delta:FuzzOpenObject ./delta:FuzzKeyFiles \
 	./engine/llmproxy:FuzzParseRequest ./engine/llmproxy:FuzzCanonMatchesReference \
-	./engine/llmproxy:FuzzDecodeEntry \
+	./engine/llmproxy:FuzzDecodeEntry ./engine/llmproxy:FuzzJournalTree \
 	./proc:FuzzProcText ./proc:FuzzImageFiles
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
