@@ -52,7 +52,14 @@ sync and checkpoint --wait-remote wait for it. At start it repairs what a
 killed turnsnap left (frozen containers, half-done rollbacks) and resumes the
 upload queue. SIGTERM or SIGINT: stop accepting, let requests in flight
 finish (a checkpoint commits), leave sandboxes and their processes running,
-exit 0.`,
+exit 0.
+
+--llm-listen 127.0.0.1:PORT also serves the LLM proxy (docs/LLM-PROXY.md) at
+http://ADDR/llm/{sandbox}/: each model call an agent sends there is forwarded
+to the upstream (--llm-upstream, or the sandbox's own) and closes the
+sandbox's turn, checkpointed during the model's latency; the reply waits for
+the checkpoint (--llm-gate). turnsnap run NAME -- AGENT starts an agent
+pointed at it.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return a.serve(cmd.Context(), f) },
 	}
