@@ -169,4 +169,16 @@ func TestLLMProxyDaemon(t *testing.T) {
 		t.Fatalf("verify of a journaled checkpoint after gc: %v", err)
 	}
 	replay("a", agents["a"], 2)
+	// Every record, journal trees included, passes the store-only check.
+	mustCLI(t, home, "verify", "--store-only")
+
+	// A removed sandbox takes its upstream along: a new sandbox of the
+	// name starts on the default.
+	mustCLI(t, home, "sandbox", "rm", "c")
+	mustCLI(t, home, "sandbox", "create", "c", "--base", base)
+	for _, s := range llmStatus(t, d).Sandboxes {
+		if s.Name == "c" && s.Upstream != "" {
+			t.Fatalf("the new sandbox c inherited upstream %q", s.Upstream)
+		}
+	}
 }

@@ -186,6 +186,18 @@ func (l *LLM) restoredAll(ctx context.Context) error {
 	return nil
 }
 
+// llmRemoved forgets a removed sandbox's upstream and journal, so a new
+// sandbox of the same name starts with neither.
+func (s *Service) llmRemoved(ctx context.Context, name string) {
+	ups := NewUpstreams(s.E.Home())
+	if u, err := ups.Get(name); err == nil && u != "" {
+		ups.Set(name, "")
+	}
+	if s.LLM != nil {
+		s.LLM.journal.Reset(ctx, name, nil)
+	}
+}
+
 // llmRestored is the hook the restoring service methods call.
 func (s *Service) llmRestored(ctx context.Context, sandbox string) {
 	if s.LLM != nil {

@@ -118,6 +118,7 @@ func (s *Service) RemoveSandbox(ctx context.Context, name string) (*Removed, err
 	if err := s.E.RemoveSandbox(ctx, name); err != nil {
 		return nil, err
 	}
+	s.llmRemoved(ctx, name)
 	return &Removed{Name: name, Removed: true}, nil
 }
 
