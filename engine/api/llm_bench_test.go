@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/turnsnap/turnsnap/engine/api"
+	"github.com/turnsnap/turnsnap/engine/llmproxy"
 )
 
 // BenchmarkLLMDaemonGate measures the daemon's wiring (api.LLM: the
@@ -27,11 +28,14 @@ import (
 // exposed.
 func BenchmarkLLMDaemonGate(b *testing.B) {
 	for _, lat := range []time.Duration{300 * time.Millisecond, 20 * time.Millisecond} {
-		b.Run(lat.String(), func(b *testing.B) { benchDaemonGate(b, lat) })
+		b.Run(lat.String(), func(b *testing.B) { benchDaemonGate(b, lat, llmproxy.GateLocal) })
 	}
+	// The same 300 ms calls with the gate open: what the proxy, the journal
+	// and the concurrent checkpoint cost without any wait for it.
+	b.Run("300ms-gate-none", func(b *testing.B) { benchDaemonGate(b, 300*time.Millisecond, llmproxy.GateNone) })
 }
 
-func benchDaemonGate(b *testing.B, latency time.Duration) {
+func benchDaemonGate(b *testing.B, latency time.Duration, gate llmproxy.Gate) {
 	f := serve(b, nil)
 	root := f.create(b, "bench")
 	stub := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -41,7 +45,7 @@ func benchDaemonGate(b *testing.B, latency time.Duration) {
 		fmt.Fprint(w, `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}`)
 	}))
 	b.Cleanup(stub.Close)
-	llm, err := api.NewLLM(context.Background(), f.srv.Service(), api.LLMOptions{Upstream: stub.URL})
+	llm, err := api.NewLLM(context.Background(), f.srv.Service(), api.LLMOptions{Upstream: stub.URL, Gate: gate})
 	if err != nil {
 		b.Fatal(err)
 	}
