@@ -81,6 +81,10 @@ func TestLLMRemoteGateFreshHome(t *testing.T) {
 	srv := miniotest.Start(t)
 	t.Setenv("AWS_ACCESS_KEY_ID", srv.AccessKey)
 	t.Setenv("AWS_SECRET_ACCESS_KEY", srv.SecretKey)
+	// Without a remote store, the remote gate is refused at start.
+	if _, errs, code := cliRun(t, home, "serve", "--llm-listen", "127.0.0.1:0", "--llm-gate", "remote"); code != exitPrecondition || !strings.Contains(errs, "remote store") {
+		t.Fatalf("serve --llm-gate remote without a remote: exit %d: %s", code, errs)
+	}
 	remote := []string{"init", "--remote", "s3://llm/team", "--endpoint", srv.Endpoint, "--insecure"}
 	mustCLI(t, home, remote...)
 	up := newLLMStub(t, "up")

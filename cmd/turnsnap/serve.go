@@ -247,7 +247,7 @@ func (a *app) serve(ctx context.Context, f serveFlags) error {
 	errc := make(chan error, 3)
 	stopLLM, err := startLLM(ctx, log, srvAPI, f.llm, errc)
 	if err != nil {
-		unixSrv.Close()
+		sl.Close() // not served yet: closing it removes the socket
 		return err
 	}
 	go func() { errc <- unixSrv.Serve(sl) }()
