@@ -60,6 +60,9 @@ func TestLLMProxyDaemon(t *testing.T) {
 	if !st.Proxy || st.Gate != "local" {
 		t.Fatalf("GET /v1/llm: %+v", st)
 	}
+	if out, _ := mustCLI(t, home, "llm"); !strings.Contains(out, st.URL+"/llm/{sandbox}/") || !strings.Contains(out, up2.srv.URL) {
+		t.Fatalf("turnsnap llm:\n%s", out)
+	}
 	for _, s := range st.Sandboxes {
 		if (s.Name == "c") != (s.Upstream != "") {
 			t.Fatalf("sandbox %s upstream %q", s.Name, s.Upstream)

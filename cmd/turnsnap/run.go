@@ -208,3 +208,46 @@ func (a *app) run(ctx context.Context, name string, argv []string) error {
 	}
 	return nil
 }
+
+func (a *app) llmCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "llm",
+		Short: "Show the daemon's LLM proxy and each sandbox's route and upstream",
+		Long: `llm prints whether the daemon serves the LLM proxy (serve --llm-listen), its
+gate and default upstream, and for each sandbox its route and its own
+upstream if it has one (sandbox create --llm-upstream). URLs are shown
+redacted. Without a daemon it lists the upstreams only.`,
+		Args: cobra.NoArgs,
+		RunE: a.withService(func([]string) bool { return true }, func(ctx context.Context, s service, _ []string) error {
+			ls, ok := s.(llmService)
+			if !ok {
+				return fmt.Errorf("llm: this turnsnap cannot list llm upstreams: %w", errdefs.ErrUnavailable)
+			}
+			st, err := ls.LLMStatus(ctx)
+			if err != nil {
+				return err
+			}
+			if a.json {
+				return printJSON(a.stdout(), st)
+			}
+			w := a.stdout()
+			if st.Proxy {
+				def := st.Default
+				if def == "" {
+					def = "(none: sandboxes need their own)"
+				}
+				fmt.Fprintf(w, "proxy %s/llm/{sandbox}/  gate %s  default upstream %s\n", st.URL, st.Gate, def)
+			} else {
+				fmt.Fprintln(w, "no LLM proxy (turnsnap serve --llm-listen 127.0.0.1:PORT)")
+			}
+			for _, sb := range st.Sandboxes {
+				up := sb.Upstream
+				if up == "" {
+					up = "(default)"
+				}
+				fmt.Fprintf(w, "%-20s %s  %s\n", sb.Name, up, sb.Route)
+			}
+			return nil
+		}),
+	}
+}
