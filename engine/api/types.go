@@ -120,18 +120,16 @@ type LogEntry struct {
 	BaseTree delta.ID    `json:"base_tree"`
 	BytesNew int64       `json:"bytes_new"`
 	Class    delta.Class `json:"class"`
-	// Conv is the conversation hash of the model call that closed the turn
-	// (LLM proxy turns only).
-	Conv    *delta.ID `json:"conv,omitempty"`
-	Created time.Time `json:"created"`
-	FSTree  delta.ID  `json:"fs_tree"`
-	Head    bool      `json:"head"`
-	ID      delta.ID  `json:"id"`
-	Message string    `json:"message"`
-	OnHead  bool      `json:"on_head"`
-	Parent  delta.ID  `json:"parent"`
-	Sandbox string    `json:"sandbox"`
-	Turn    int       `json:"turn"`
+	Conv     *delta.ID   `json:"conv,omitempty"` // the model call that closed the turn (LLM proxy turns)
+	Created  time.Time   `json:"created"`
+	FSTree   delta.ID    `json:"fs_tree"`
+	Head     bool        `json:"head"`
+	ID       delta.ID    `json:"id"`
+	Message  string      `json:"message"`
+	OnHead   bool        `json:"on_head"`
+	Parent   delta.ID    `json:"parent"`
+	Sandbox  string      `json:"sandbox"`
+	Turn     int         `json:"turn"`
 }
 
 func logEntryOf(cp *delta.Checkpoint, head, onHead bool) LogEntry {
