@@ -11,6 +11,7 @@ import (
 
 	"github.com/turnsnap/turnsnap/engine"
 	"github.com/turnsnap/turnsnap/internal/miniotest"
+	"github.com/turnsnap/turnsnap/internal/testenv"
 )
 
 // The gate's timeout and failure paths through a real daemon: a checkpoint
@@ -158,7 +159,7 @@ func TestLLMRun(t *testing.T) {
 	}
 	// The README's agent, exactly as the README shows it.
 	if _, err := exec.LookPath("python3"); err != nil {
-		t.Skip("python3 not installed")
+		testenv.Missing(t, "python3", "apt package python3 (the README's agent)")
 	}
 	script := readmeAgent(t)
 	py := filepath.Join(t.TempDir(), "agent.py")
