@@ -10,10 +10,28 @@ import (
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
 
-// RecordVersion is the checkpoint record format this package writes and the
-// only one it reads. A record is addressed by its hash, so any change to its
-// encoding is a new version, never an edit of version 1.
+// RecordVersion is the checkpoint record format this package writes for a
+// record without model-call fields. A record is addressed by its hash, so
+// any change to its encoding is a new version, never an edit of an old one.
 const RecordVersion = 2
+
+// RecordVersionLLM is the version of a record with a model-call field
+// (conv or journal, docs/FORMAT.md "Record version 3"): records without them
+// stay version 2 byte for byte, and a reader that knows only version 2
+// refuses these as a newer version rather than drop the journal.
+const RecordVersionLLM = 3
+
+// MaxRecordVersion is the newest record format this package reads.
+const MaxRecordVersion = RecordVersionLLM
+
+// VersionFor is the version a writer gives cp: RecordVersionLLM when it has
+// a model-call field, RecordVersion otherwise.
+func VersionFor(cp *Checkpoint) int {
+	if cp.Conv != nil || cp.Journal != nil {
+		return RecordVersionLLM
+	}
+	return RecordVersion
+}
 
 // MinRecordVersion is the oldest record format this package still reads.
 // Version 1 records have no sandbox_id: they belong to the sandbox their
@@ -87,10 +105,20 @@ type Checkpoint struct {
 	// Host holds the facts of the host that dumped ProcTree (kernel, CPU
 	// flags, CRIU version), checked before processes are restored; kept as
 	// raw JSON so the catalog need not know the process layer's types.
-	Host    json.RawMessage `json:"host,omitempty"`
-	Message string          `json:"message,omitempty"`
-	Created time.Time       `json:"created"` // UTC, nanosecond precision
-	Stats   Stats           `json:"stats"`
+	Host json.RawMessage `json:"host,omitempty"`
+	// Conv is the conversation hash of the model call that closed this turn
+	// (the LLM proxy's turns), so `turnsnap log` can say which call the
+	// checkpoint precedes. Version 3 only.
+	Conv *ID `json:"conv,omitempty"`
+	// Journal is the tree of the model exchanges the sandbox's conversation
+	// holds at this checkpoint (one file per exchange), restored with it so a
+	// replaying agent is answered from it. It is one of the record's roots,
+	// so everything that follows a checkpoint's trees follows it. Version 3
+	// only.
+	Journal *ID       `json:"journal,omitempty"`
+	Message string    `json:"message,omitempty"`
+	Created time.Time `json:"created"` // UTC, nanosecond precision
+	Stats   Stats     `json:"stats"`
 }
 
 // validate checks what EncodeRecord promises and DecodeRecord re-checks. The
@@ -98,8 +126,16 @@ type Checkpoint struct {
 // encoding, ErrCorrupt when decoding).
 func (cp *Checkpoint) validate() error {
 	switch {
-	case cp.Version < MinRecordVersion || cp.Version > RecordVersion:
-		return fmt.Errorf("record version %d, want %d..%d", cp.Version, MinRecordVersion, RecordVersion)
+	case cp.Version < MinRecordVersion || cp.Version > MaxRecordVersion:
+		return fmt.Errorf("record version %d, want %d..%d", cp.Version, MinRecordVersion, MaxRecordVersion)
+	case cp.Version < RecordVersionLLM && (cp.Conv != nil || cp.Journal != nil):
+		return fmt.Errorf("version %d record has a model-call field (conv, journal)", cp.Version)
+	case cp.Version == RecordVersionLLM && cp.Conv == nil && cp.Journal == nil:
+		return fmt.Errorf("version %d record has no model-call field", cp.Version)
+	case cp.Conv != nil && cp.Conv.IsZero():
+		return fmt.Errorf("conversation hash is zero")
+	case cp.Journal != nil && cp.Journal.IsZero():
+		return fmt.Errorf("journal tree is zero")
 	case cp.Version == 1 && cp.SandboxID != "":
 		return fmt.Errorf("version 1 record has a sandbox_id")
 	case cp.SandboxID != "" && !ValidSandboxID(cp.SandboxID):
@@ -161,9 +197,9 @@ func DecodeRecord(id ID, data []byte) (*Checkpoint, error) {
 	if err := json.Unmarshal(data, &v); err != nil {
 		return nil, fmt.Errorf("checkpoint %s: decode record: %v: %w", id, err, errdefs.ErrCorrupt)
 	}
-	if v.Version < MinRecordVersion || v.Version > RecordVersion {
-		return nil, fmt.Errorf("checkpoint %s: record version %d, this turnsnap reads versions %d..%d: %w",
-			id, v.Version, MinRecordVersion, RecordVersion, errdefs.ErrCorrupt)
+	if v.Version < MinRecordVersion || v.Version > MaxRecordVersion {
+		return nil, fmt.Errorf("checkpoint %s: record version %d is a newer version than this turnsnap reads (%d..%d): %w",
+			id, v.Version, MinRecordVersion, MaxRecordVersion, errdefs.ErrCorrupt)
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
@@ -213,11 +249,17 @@ func ValidRefName(name string) bool {
 }
 
 // Roots lists the trees a checkpoint references: its base, its writable
-// layer and, if it has one, its process image.
+// layer and, if it has them, its process image and its model-call journal.
+// Everything that follows a checkpoint's trees (refcounts, prune, gc, push,
+// rebuild, verify) takes them from here; only the writable layer (index 1)
+// is an overlay layer, the others are plain states.
 func (cp *Checkpoint) Roots() []ID {
 	r := []ID{cp.BaseTree, cp.FSTree}
 	if cp.ProcTree != nil {
 		r = append(r, *cp.ProcTree)
+	}
+	if cp.Journal != nil {
+		r = append(r, *cp.Journal)
 	}
 	return r
 }

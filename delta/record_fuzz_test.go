@@ -12,12 +12,20 @@ import (
 // exactly those bytes, or are corruption.
 func FuzzDecodeRecord(f *testing.F) {
 	pt := Hash([]byte("proc"))
+	conv, jt := Hash([]byte("conv")), Hash([]byte("journal"))
 	for _, cp := range []*Checkpoint{
 		{Version: RecordVersion, Sandbox: "s", Turn: 1, Class: ClassFS, Backend: "overlay", BaseTree: Hash(nil),
 			FSTree: Hash(nil), StateKey: Hash(nil), Created: time.Unix(1, 2), Stats: Stats{PauseNs: 3}},
 		{Version: RecordVersion, Sandbox: "s", Turn: 2, Class: ClassFull, Backend: "btrfs", BaseTree: Hash(nil),
 			FSTree: Hash(nil), StateKey: Hash(nil), Created: time.Unix(1, 2), ProcTree: &pt,
 			Host: []byte(`{"kernel":"6.1.0","arch":"x86_64","cpu_flags":["sse2"],"criu_version":40201}`), Message: "m"},
+		// Version 3: the model-call fields, alone and together.
+		{Version: RecordVersionLLM, Sandbox: "s", Turn: 3, Class: ClassFS, Backend: "overlay", BaseTree: Hash(nil),
+			FSTree: Hash(nil), StateKey: Hash(nil), Created: time.Unix(1, 2), Conv: &conv, Journal: &jt},
+		{Version: RecordVersionLLM, Sandbox: "s", Turn: 4, Class: ClassFull, Backend: "overlay", BaseTree: Hash(nil),
+			FSTree: Hash(nil), StateKey: Hash(nil), Created: time.Unix(1, 2), ProcTree: &pt, Journal: &jt},
+		{Version: RecordVersionLLM, Sandbox: "s", Turn: 5, Class: ClassFS, Backend: "overlay", BaseTree: Hash(nil),
+			FSTree: Hash(nil), StateKey: Hash(nil), Created: time.Unix(1, 2), Conv: &conv},
 	} {
 		data, _, err := EncodeRecord(cp)
 		if err != nil {

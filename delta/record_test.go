@@ -95,7 +95,7 @@ func TestRecordDeterministic(t *testing.T) {
 func TestEncodeRecordValidates(t *testing.T) {
 	for name, mut := range map[string]func(*Checkpoint){
 		"version":   func(cp *Checkpoint) { cp.Version = 0 },
-		"future":    func(cp *Checkpoint) { cp.Version = RecordVersion + 1 },
+		"future":    func(cp *Checkpoint) { cp.Version = MaxRecordVersion + 1 },
 		"sandbox":   func(cp *Checkpoint) { cp.Sandbox = "-x" },
 		"class":     func(cp *Checkpoint) { cp.Class = "partial" },
 		"fs tree":   func(cp *Checkpoint) { cp.FSTree = ID{} },
@@ -127,7 +127,7 @@ func TestDecodeRecordCorrupt(t *testing.T) {
 	}
 	for name, mut := range map[string]func(map[string]any){
 		"unknown field": func(m map[string]any) { m["extra"] = 1 },
-		"version":       func(m map[string]any) { m["version"] = RecordVersion + 1 },
+		"version":       func(m map[string]any) { m["version"] = MaxRecordVersion + 1 },
 		"version 0":     func(m map[string]any) { m["version"] = 0 },
 		"v1 with id":    func(m map[string]any) { m["version"] = 1; m["sandbox_id"] = strings.Repeat("a", 32) },
 		"bad id":        func(m map[string]any) { m["sandbox_id"] = "ABC" },

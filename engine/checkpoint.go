@@ -21,6 +21,14 @@ type CheckpointOptions struct {
 	// skip, with the head's trees and no new objects, so a framework that
 	// wants one log line per turn gets one (docs/FORMAT.md, "Record").
 	RecordSkips bool `json:"record_skips,omitempty"`
+	// Conv, if set, is the conversation hash of the model call that closes
+	// the turn (the LLM proxy's turns); the record keeps it.
+	Conv *delta.ID
+	// Journal, if set, stores the sandbox's model-call journal tree through
+	// the turn's content operation and returns its root (nil: no journal).
+	// It runs only for a turn that commits. Without it the record carries
+	// its parent's journal forward, as it does an unchanged process image.
+	Journal func(ctx context.Context, s delta.BlobSaver) (*delta.ID, error)
 }
 
 // CheckpointResult reports one turn boundary.
@@ -177,12 +185,19 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 		}
 	}
 	resume()
+	journal := st.head.Journal
+	if opts.Journal != nil {
+		if journal, err = opts.Journal(ctx, op); err != nil {
+			return nil, err
+		}
+	}
 	cp := &delta.Checkpoint{
 		Version: delta.RecordVersion, Sandbox: name, SandboxID: st.sb.ID, Parent: st.head.ID, Turn: turn,
 		Class: classify(fsChanged, pt.changed), Backend: st.sb.Backend, BaseTree: st.head.BaseTree,
 		FSTree: res.Root, StateKey: res.StateKey, ProcTree: procTree, Host: host,
-		Message: opts.Message, Created: time.Now().UTC(), Stats: stats,
+		Conv: opts.Conv, Journal: journal, Message: opts.Message, Created: time.Now().UTC(), Stats: stats,
 	}
+	cp.Version = delta.VersionFor(cp)
 	cp.Stats.DurationNs = time.Since(start).Nanoseconds()
 	cp.Stats.PauseNs = pt.paused.Nanoseconds()
 	e.progressPhase("commit", 0)

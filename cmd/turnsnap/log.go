@@ -86,6 +86,9 @@ func logLine(l api.LogEntry) string {
 	if len(tags) > 0 {
 		s += "  (" + strings.Join(tags, ", ") + ")"
 	}
+	if l.Conv != nil {
+		s += "  model call " + l.Conv.String()[:8]
+	}
 	if l.Message != "" {
 		s += "  " + l.Message
 	}

@@ -13,7 +13,7 @@ import (
 
 func (a *app) sandboxCmd() *cobra.Command {
 	c := &cobra.Command{Use: "sandbox", Short: "Create, list, locate, resume and remove sandboxes"}
-	var base, backend, pool string
+	var base, backend, pool, llmUpstream string
 	create := &cobra.Command{
 		Use:   "create NAME --base DIR [--backend btrfs --btrfs-pool PATH]",
 		Short: "Create a sandbox whose root is an overlay on top of DIR, or a btrfs snapshot of it",
@@ -30,8 +30,16 @@ func (a *app) sandboxCmd() *cobra.Command {
 					return err
 				}
 			}
+			if llmUpstream != "" {
+				if err := api.CheckUpstream(llmUpstream); err != nil {
+					return err
+				}
+			}
 			r, err := s.CreateSandbox(ctx, api.CreateRequest{Name: args[0], Base: absBase, Backend: backend, BtrfsPool: pool})
 			if err != nil {
+				return err
+			}
+			if err := setLLMUpstream(ctx, s, args[0], llmUpstream); err != nil {
 				return err
 			}
 			if a.json {
@@ -46,6 +54,7 @@ func (a *app) sandboxCmd() *cobra.Command {
 	create.Flags().StringVar(&base, "base", "", "directory to import as the sandbox's read-only base (required)")
 	create.Flags().StringVar(&backend, "backend", "", "sandbox root backend: overlay (default) or btrfs")
 	create.Flags().StringVar(&pool, "btrfs-pool", "", "btrfs backend: a directory on a mounted btrfs filesystem for the sandbox's subvolumes")
+	create.Flags().StringVar(&llmUpstream, "llm-upstream", "", "the sandbox's own model upstream for the daemon's LLM proxy (http(s) URL without credentials; default: serve --llm-upstream)")
 	create.MarkFlagRequired("base")
 
 	path := &cobra.Command{

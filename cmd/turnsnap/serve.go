@@ -32,6 +32,7 @@ type serveFlags struct {
 	logFormat       string
 	shutdownTimeout time.Duration
 	tenants         string // tenants.go
+	llm             llmFlags // run.go
 }
 
 func (a *app) serveCmd() *cobra.Command {
@@ -58,7 +59,14 @@ exit 0.
 --tenants FILE serves several homes, one per tenant, on one --listen
 address: each request's bearer token picks its tenant's home, and nothing
 of another tenant can be named with it (docs/SECURITY.md, "Tenants").
-Each home also gets its own unix socket; --home is not used.`,
+Each home also gets its own unix socket; --home is not used.
+
+--llm-listen 127.0.0.1:PORT also serves the LLM proxy (docs/LLM-PROXY.md) at
+http://ADDR/llm/{sandbox}/: each model call an agent sends there is forwarded
+to the upstream (--llm-upstream, or the sandbox's own) and closes the
+sandbox's turn, checkpointed during the model's latency; the reply waits for
+the checkpoint (--llm-gate). turnsnap run NAME -- AGENT starts an agent
+pointed at it.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return a.serve(cmd.Context(), f) },
 	}
@@ -71,6 +79,7 @@ Each home also gets its own unix socket; --home is not used.`,
 	fl.StringVar(&f.logFormat, "log-format", "text", "log lines as text or json (on stderr)")
 	fl.StringVar(&f.tenants, "tenants", "", "serve several homes, one per tenant, as FILE lists them (with --listen; see docs/SECURITY.md)")
 	fl.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 5*time.Minute, "on SIGTERM, how long requests in flight may take to finish")
+	f.llm.register(fl)
 	return c
 }
 
@@ -199,6 +208,9 @@ func (a *app) serve(ctx context.Context, f serveFlags) error {
 	if err := f.checkListen(); err != nil {
 		return err
 	}
+	if err := f.llm.check(); err != nil {
+		return err
+	}
 	log, err := a.serveLogger(f.logFormat)
 	if err != nil {
 		return err
@@ -246,7 +258,12 @@ func (a *app) serve(ctx context.Context, f serveFlags) error {
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	unixSrv.RegisterOnShutdown(mon.CloseSubscribers)
 	servers := []*http.Server{unixSrv}
-	errc := make(chan error, 2)
+	errc := make(chan error, 3)
+	stopLLM, err := startLLM(ctx, log, srvAPI, f.llm, errc)
+	if err != nil {
+		sl.Close() // not served yet: closing it removes the socket
+		return err
+	}
 	go func() { errc <- unixSrv.Serve(sl) }()
 	log.Info("serving", "home", a.home, "socket", sock)
 	if f.listen != "" {
@@ -294,6 +311,7 @@ func (a *app) serve(ctx context.Context, f serveFlags) error {
 		}()
 	}
 	wg.Wait()
+	stopLLM(sctx)
 	stopPush()
 	pushWG.Wait()
 	log.Info("stopped")

@@ -294,6 +294,7 @@ func (s *Server) routes() {
 	route(s, "POST /v1/catalog/rebuild", func(ctx context.Context, _ *http.Request, req RebuildRequest) (*Rebuilt, error) {
 		return sv.RebuildCatalog(ctx, req)
 	})
+	s.llmRoutes()
 	s.handle("GET /v1/events", s.events)
 	s.handle("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "home": sv.E.Home()})

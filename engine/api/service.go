@@ -29,6 +29,9 @@ type Service struct {
 	// BeforeExec, if set, runs once a command's container is ready, just
 	// before the command starts (the CLI frees the home there).
 	BeforeExec func() error
+	// LLM, if set, is the daemon's LLM proxy (llm.go): restores reset its
+	// journals.
+	LLM *LLM
 }
 
 // Uploader is what the service needs of a background pusher.
@@ -115,6 +118,7 @@ func (s *Service) RemoveSandbox(ctx context.Context, name string, catalogOnly bo
 	if err := s.E.RemoveSandboxWith(ctx, name, engine.RemoveOptions{CatalogOnly: catalogOnly}); err != nil {
 		return nil, err
 	}
+	s.llmRemoved(ctx, name)
 	return &Removed{Name: name, Removed: true}, nil
 }
 
@@ -247,11 +251,12 @@ func (s *Service) Rollback(ctx context.Context, name string, req RollbackRequest
 	if err != nil {
 		return nil, err
 	}
+	s.llmRestored(ctx, name)
 	return restoreOf(r), nil
 }
 
-// Branch makes one new sandbox from a checkpoint, or Count of them
-// (NAME-1 ... NAME-COUNT), one after another; it stops at the first error.
+// Branch makes one new sandbox from a checkpoint, or several (Names, or
+// Count of them: NAME-1 ... NAME-COUNT) through engine.BranchMany.
 func (s *Service) Branch(ctx context.Context, ref string, req BranchRequest) ([]Restore, error) {
 	backend, cfg, err := s.branchBackend(req)
 	if err != nil {
@@ -277,6 +282,7 @@ func (s *Service) Branch(ctx context.Context, ref string, req BranchRequest) ([]
 		if err != nil {
 			return nil, err
 		}
+		s.llmRestored(ctx, names[0])
 		return []Restore{*restoreOf(r)}, nil
 	}
 	// Several: the checkpoint is checked once and all are recorded in one
@@ -285,6 +291,7 @@ func (s *Service) Branch(ctx context.Context, ref string, req BranchRequest) ([]
 	out := []Restore{}
 	for _, r := range rs {
 		s.Monitor.restored("branch", r.Sandbox, nil, time.Since(start))
+		s.llmRestored(ctx, r.Sandbox)
 		out = append(out, *restoreOf(r))
 	}
 	if err != nil {
@@ -407,6 +414,9 @@ func (s *Service) RebuildCatalog(ctx context.Context, req RebuildRequest) (*Rebu
 	r, err := s.E.RebuildCatalogWith(ctx, engine.RebuildOptions{SkipCorrupt: req.SkipCorrupt})
 	if err != nil {
 		return nil, err
+	}
+	if s.LLM != nil {
+		s.LLM.restoredAll(ctx)
 	}
 	corrupt := r.Corrupt
 	if corrupt == nil {

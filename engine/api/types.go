@@ -126,6 +126,7 @@ type LogEntry struct {
 	Branches []string    `json:"branches"`
 	BytesNew int64       `json:"bytes_new"`
 	Class    delta.Class `json:"class"`
+	Conv     *delta.ID   `json:"conv,omitempty"` // the model call that closed the turn (LLM proxy turns)
 	Created  time.Time   `json:"created"`
 	FSTree   delta.ID    `json:"fs_tree"`
 	Head     bool        `json:"head"`
@@ -140,7 +141,7 @@ type LogEntry struct {
 func logEntryOf(cp *delta.Checkpoint, head, onHead bool) LogEntry {
 	return LogEntry{BaseTree: cp.BaseTree, Branches: []string{}, BytesNew: cp.Stats.BytesNew, Class: cp.Class, Created: cp.Created,
 		FSTree: cp.FSTree, Head: head, ID: cp.ID, Message: cp.Message, OnHead: onHead, Parent: cp.Parent,
-		Sandbox: cp.Sandbox, Turn: cp.Turn}
+		Sandbox: cp.Sandbox, Turn: cp.Turn, Conv: cp.Conv}
 }
 
 // Change is one path of a diff.

@@ -184,6 +184,11 @@ func fsTurnEngine(b testing.TB) (*engine.Engine, func(i int)) {
 // checkpoint's remaining time when the reply was ready.
 func gateRun(b *testing.B, latency time.Duration) (exposed, remaining []time.Duration) {
 	e, agentTurn := fsTurnEngine(b)
+	return gateRunOn(b, e, agentTurn, latency)
+}
+
+// gateRunOn is gateRun on an engine the caller made (with load, say).
+func gateRunOn(b *testing.B, e *engine.Engine, agentTurn func(int), latency time.Duration) (exposed, remaining []time.Duration) {
 	up := newStub(b)
 	up.delay = latency
 	var mu sync.Mutex

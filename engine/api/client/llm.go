@@ -1,0 +1,20 @@
+package client
+
+import (
+	"context"
+	"net/http"
+
+	"github.com/turnsnap/turnsnap/engine/api"
+)
+
+// SetLLMUpstream sets (or with "" clears) a sandbox's own LLM upstream.
+func (c *Client) SetLLMUpstream(ctx context.Context, name string, req api.LLMUpstreamRequest) (*api.LLMSandbox, error) {
+	var out api.LLMSandbox
+	return &out, c.do(ctx, http.MethodPatch, "/v1/sandboxes/"+esc(name), req, &out)
+}
+
+// LLMStatus is the daemon's LLM proxy and the sandboxes' upstreams.
+func (c *Client) LLMStatus(ctx context.Context) (*api.LLMStatus, error) {
+	var out api.LLMStatus
+	return &out, c.do(ctx, http.MethodGet, "/v1/llm", nil, &out)
+}

@@ -1,0 +1,204 @@
+package api
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/internal/errdefs"
+	"github.com/turnsnap/turnsnap/internal/fsat"
+)
+
+// UpstreamsFile is the home's file of per-sandbox LLM upstreams.
+const UpstreamsFile = "llm-upstreams.json"
+
+// maxUpstreamsFile bounds the file's read: a URL per sandbox is a few
+// hundred bytes, so 1 MiB is thousands of sandboxes.
+const maxUpstreamsFile = 1 << 20
+
+// upstreamsDoc is the file's JSON.
+type upstreamsDoc struct {
+	Version   int               `json:"version"`
+	Upstreams map[string]string `json:"upstreams"`
+}
+
+// Upstreams is the home's sandbox → upstream base URL table
+// (HOME/llm-upstreams.json): read bounded, written atomically (temp file,
+// fsync, rename, fsync of the directory). Safe for concurrent use within one
+// process; the daemon is the one writer while it serves the home.
+type Upstreams struct {
+	path string
+	mu   sync.Mutex
+}
+
+// NewUpstreams is the table of the home at home.
+func NewUpstreams(home string) *Upstreams {
+	return &Upstreams{path: filepath.Join(home, UpstreamsFile)}
+}
+
+// CheckUpstream validates an upstream base URL: http or https, a host, no
+// credentials (they would sit in a file and in logs; the agent's own
+// Authorization header passes through instead), no query or fragment.
+func CheckUpstream(raw string) error {
+	u, err := url.Parse(raw)
+	switch {
+	case err != nil:
+		return invalidf("llm upstream: not a URL")
+	case u.User != nil:
+		return invalidf("llm upstream %s: a URL with credentials (user:pass@) is refused; the agent's own API key header passes through the proxy", RedactURL(raw))
+	case u.Scheme != "http" && u.Scheme != "https":
+		return invalidf("llm upstream %s: want an http or https URL", RedactURL(raw))
+	case u.Host == "":
+		return invalidf("llm upstream %s: no host", RedactURL(raw))
+	case u.RawQuery != "" || u.Fragment != "":
+		return invalidf("llm upstream %s: a base URL has no query or fragment", RedactURL(raw))
+	}
+	return nil
+}
+
+// RedactURL is raw as logs may show it: no credentials, no query.
+func RedactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	if u.User != nil {
+		u.User = url.User("REDACTED")
+	}
+	if u.RawQuery != "" {
+		u.RawQuery = "REDACTED"
+	}
+	u.Fragment = ""
+	return u.String()
+}
+
+func (u *Upstreams) read() (map[string]string, error) {
+	f, err := os.Open(u.path)
+	if os.IsNotExist(err) {
+		return map[string]string{}, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("llm upstreams: %w", err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxUpstreamsFile+1))
+	if err != nil {
+		return nil, fmt.Errorf("llm upstreams %s: %w", u.path, err)
+	}
+	if len(data) > maxUpstreamsFile {
+		return nil, fmt.Errorf("llm upstreams %s: over %d bytes: %w", u.path, maxUpstreamsFile, errdefs.ErrCorrupt)
+	}
+	var doc upstreamsDoc
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&doc); err != nil || doc.Version != 1 {
+		return nil, fmt.Errorf("llm upstreams %s: not a version 1 upstreams file (%v): %w", u.path, err, errdefs.ErrCorrupt)
+	}
+	for name, raw := range doc.Upstreams {
+		if !delta.ValidRefName(name) || CheckUpstream(raw) != nil {
+			return nil, fmt.Errorf("llm upstreams %s: entry %q is not a sandbox and an upstream URL: %w", u.path, name, errdefs.ErrCorrupt)
+		}
+	}
+	if doc.Upstreams == nil {
+		doc.Upstreams = map[string]string{}
+	}
+	return doc.Upstreams, nil
+}
+
+// Get returns sandbox's upstream, "" for the default.
+func (u *Upstreams) Get(sandbox string) (string, error) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	m, err := u.read()
+	if err != nil {
+		return "", err
+	}
+	return m[sandbox], nil
+}
+
+// All returns the table.
+func (u *Upstreams) All() (map[string]string, error) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.read()
+}
+
+// Set makes raw sandbox's upstream ("" clears it, the default applies).
+func (u *Upstreams) Set(sandbox, raw string) error {
+	if !delta.ValidRefName(sandbox) {
+		return invalidf("sandbox name %q", sandbox)
+	}
+	if raw != "" {
+		if err := CheckUpstream(raw); err != nil {
+			return fmt.Errorf("sandbox %s: %w", sandbox, err)
+		}
+	}
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	m, err := u.read()
+	if err != nil {
+		return err
+	}
+	if raw == "" {
+		delete(m, sandbox)
+	} else {
+		m[sandbox] = raw
+	}
+	data, err := json.MarshalIndent(upstreamsDoc{Version: 1, Upstreams: m}, "", "  ")
+	if err != nil {
+		return err
+	}
+	if len(data) > maxUpstreamsFile {
+		return fmt.Errorf("llm upstreams: the table would exceed %d bytes: %w", maxUpstreamsFile, errdefs.ErrNoSpace)
+	}
+	return writeAtomic(u.path, append(data, '\n'))
+}
+
+// writeAtomic replaces path with data so that a crash leaves the old file
+// or the new one, never a part.
+func writeAtomic(path string, data []byte) error {
+	dir := filepath.Dir(path)
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*")
+	if err != nil {
+		return fmt.Errorf("llm upstreams: %w", err)
+	}
+	tmp := f.Name()
+	defer os.Remove(tmp) // after the rename, a no-op
+	if _, err = f.Write(data); err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err == nil {
+		err = fsat.SyncDir(dir)
+	}
+	if err != nil {
+		return fmt.Errorf("llm upstreams %s: %w", path, err)
+	}
+	return nil
+}
+
+// sortedNames lists m's keys in order.
+func sortedNames(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// trimRoute is base without a trailing slash.
+func trimRoute(base string) string { return strings.TrimSuffix(base, "/") }
