@@ -62,7 +62,7 @@ type walker struct {
 	recs    map[recKey]*record
 	links   linkIndex
 	xbuf    []byte
-	chunker *delta.Chunker // made on first use, reused for every file
+	files   *delta.FileReader // made on first use, reused for every file
 	stats   delta.ScanStats
 	p       *pass
 }

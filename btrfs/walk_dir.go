@@ -226,7 +226,7 @@ func (w *walker) child(rel, name string, parentFull bool, pe *delta.Entry, paren
 		if err != nil {
 			return nil, kid{}, err
 		}
-		e.Size, e.Chunks = c.Size, c.Chunks
+		e.Size, e.Chunks, e.Holes = c.Size, c.Chunks, c.Holes
 	}
 	return &e, kid{}, nil
 }

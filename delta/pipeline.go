@@ -1,0 +1,175 @@
+package delta
+
+import (
+	"context"
+	"runtime"
+	"sync"
+)
+
+// The ingest pipeline. The scanning goroutine reads and cuts (FastCDC is
+// sequential by nature: a cut depends on the bytes before it) and submits
+// each chunk; workers hash it and let the saver prepare it (compression,
+// BlobPreparer); one saving goroutine passes the chunks, and the trees
+// submitted between them, to SaveBlob strictly in submission order. So the
+// saver sees exactly the calls a single worker makes, and trees, IDs and
+// packs are byte-identical to the serial path. Memory is bounded: at most
+// inFlight chunks (each at most ChunkMax bytes plus its compressed copy)
+// are between the scanner and the saver; a scanner that gets ahead waits.
+
+// BlobPreparer is an optional interface of a BlobSaver. PrepareBlob does,
+// on any goroutine and ahead of time, the part of saving plain that does
+// not depend on order (compressing it), so that the SaveBlob of the same
+// blob, made later and in order, only appends it. It must be safe for
+// concurrent use and must not keep plain. A saver that wraps another
+// forwards it with Prepare.
+type BlobPreparer interface {
+	PrepareBlob(ctx context.Context, t BlobType, id ID, plain []byte)
+}
+
+// Prepare calls s's PrepareBlob if it has one.
+func Prepare(ctx context.Context, s BlobSaver, t BlobType, id ID, plain []byte) {
+	if p, ok := s.(BlobPreparer); ok {
+		p.PrepareBlob(ctx, t, id, plain)
+	}
+}
+
+// Workers is the number of pipeline workers n asks for: n itself, or
+// GOMAXPROCS for 0.
+func Workers(n int) int {
+	if n <= 0 {
+		return runtime.GOMAXPROCS(0)
+	}
+	return n
+}
+
+// job is one blob on its way through the pipeline.
+type job struct {
+	t      BlobType
+	id     ID
+	data   []byte
+	hashed bool          // id is known at submission (trees)
+	done   chan struct{} // closed when id is set and the blob is prepared
+	pooled bool          // data came from the pipeline's pool
+}
+
+type pipeline struct {
+	saver BlobSaver
+	work  chan *job // to the workers
+	order chan *job // to the saver, in submission order
+	wg    sync.WaitGroup
+	saved chan struct{} // closed when the saving goroutine ends
+	pool  sync.Pool
+	mu    sync.Mutex
+	err   error // the first save error
+}
+
+// inFlightPerWorker bounds the chunks between scanner and saver: enough to
+// keep every worker busy while the saver appends one (a pack write takes a
+// few milliseconds every 16 MiB), at most 8 x 256 KiB x 2 per worker.
+const inFlightPerWorker = 8
+
+// startPipeline starts the workers and the saver; ctx is the scan's, and
+// the saver's SaveBlob calls run under it.
+func startPipeline(ctx context.Context, saver BlobSaver, workers int) *pipeline {
+	n := workers * inFlightPerWorker
+	p := &pipeline{saver: saver, work: make(chan *job, n), order: make(chan *job, n), saved: make(chan struct{})}
+	p.pool.New = func() any { b := make([]byte, 0, ChunkMax); return &b }
+	for range workers {
+		p.wg.Add(1)
+		go p.worker()
+	}
+	go p.save(ctx)
+	return p
+}
+
+func (p *pipeline) copyOf(b []byte) []byte {
+	buf := p.pool.Get().(*[]byte)
+	return append((*buf)[:0], b...)
+}
+
+func (p *pipeline) release(j *job) {
+	if cap(j.data) == ChunkMax {
+		b := j.data[:0]
+		p.pool.Put(&b)
+	}
+	j.data = nil
+}
+
+func (p *pipeline) firstErr() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.err
+}
+
+// submit queues j behind everything submitted before it.
+func (p *pipeline) submit(ctx context.Context, j *job) error {
+	if err := p.firstErr(); err != nil {
+		return err
+	}
+	j.done = make(chan struct{})
+	j.pooled = !j.hashed
+	select {
+	case p.order <- j:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if j.hashed {
+		close(j.done)
+		return nil
+	}
+	select {
+	case p.work <- j:
+	case <-ctx.Done():
+		// j is queued for the saver, which waits for it: finish it here.
+		j.id = Hash(j.data)
+		close(j.done)
+		return ctx.Err()
+	}
+	return nil
+}
+
+// ids waits until the jobs are hashed and returns their IDs.
+func (p *pipeline) ids(ctx context.Context, jobs []*job) ([]ID, error) {
+	out := make([]ID, len(jobs))
+	for i, j := range jobs {
+		<-j.done // workers never block, so this ends even if ctx is done
+		out[i] = j.id
+	}
+	return out, ctx.Err()
+}
+
+func (p *pipeline) worker() {
+	defer p.wg.Done()
+	ctx := context.Background() // preparing is an optimisation: it never fails
+	for j := range p.work {
+		j.id = Hash(j.data)
+		Prepare(ctx, p.saver, j.t, j.id, j.data)
+		close(j.done)
+	}
+}
+
+func (p *pipeline) save(ctx context.Context) {
+	defer close(p.saved)
+	for j := range p.order {
+		<-j.done
+		if p.firstErr() == nil {
+			if _, err := p.saver.SaveBlob(ctx, j.t, j.id, j.data); err != nil {
+				p.mu.Lock()
+				p.err = err
+				p.mu.Unlock()
+			}
+		}
+		if j.pooled {
+			p.release(j)
+		}
+	}
+}
+
+// close waits for every queued job and stops the goroutines.
+func (p *pipeline) close() error {
+	close(p.work)
+	close(p.order)
+	p.wg.Wait()
+	<-p.saved
+	return p.firstErr()
+}
