@@ -103,8 +103,11 @@ func (r *FileReader) Read(ctx context.Context, f *os.File, st *unix.Stat_t) (Fil
 		r.stats.Chunks++
 		if r.pipe != nil {
 			j := &job{t: BlobData, data: r.pipe.copyOf(b)}
+			if err := r.pipe.submit(ctx, j); err != nil {
+				return err
+			}
 			r.pend = append(r.pend, j)
-			return r.pipe.submit(ctx, j)
+			return nil
 		}
 		id := Hash(b)
 		if r.saver != nil {

@@ -101,7 +101,8 @@ func (p *pipeline) firstErr() error {
 	return p.err
 }
 
-// submit queues j behind everything submitted before it.
+// submit queues j behind everything submitted before it. On an error j
+// is not queued (or, queued, is already done) and the caller drops it.
 func (p *pipeline) submit(ctx context.Context, j *job) error {
 	if err := p.firstErr(); err != nil {
 		return err
