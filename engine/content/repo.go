@@ -23,6 +23,10 @@ import (
 // whole on a flaky link.
 const packTarget = 16 << 20
 
+// reserveAfter is the pack size past which a pack's buffer is sized to the
+// whole target at once.
+const reserveAfter = 1 << 20
+
 // Repo is the content repository as delta sees it: blobs saved into packs
 // in the object store, located through the catalog. A Repo is safe for
 // concurrent use. It loads blobs itself (a delta.BlobLoader for restores,
@@ -261,6 +265,12 @@ func (o *Op) SaveBlob(ctx context.Context, t delta.BlobType, id delta.ID, plain 
 		if !ok {
 			stored, comp = plain, delta.CompressionNone
 		}
+	}
+	if w := o.open[t]; w.Len() >= reserveAfter && w.Len() < packTarget {
+		// A large turn: size the pack once (appending would copy it at
+		// every doubling, a sixth of a large turn's CPU); a small turn
+		// never holds a 16 MiB buffer.
+		w.Reserve(packTarget + 2*delta.ChunkMax)
 	}
 	o.open[t].Add(t, id, stored, len(plain), comp)
 	o.stats.BlobsNew++
