@@ -24,8 +24,9 @@ func (w *walker) content(dirFD int, name string, st *unix.Stat_t, pe *delta.Entr
 		return content{Size: pe.Size, Chunks: pe.Chunks, Holes: pe.Holes}, nil
 	}
 	if w.files == nil {
-		// One worker: this walk saves its trees itself, beside the reader.
-		w.files = delta.NewFileReader(w.saver, &w.stats, 1)
+		// Past delta.PipelineThreshold it hashes and compresses on every
+		// core; the walk's trees go through it too (saveTree), in order.
+		w.files = delta.NewFileReader(w.saver, &w.stats, 0)
 	}
 	c, err := readContent(w.ctx, dirFD, name, st, w.files)
 	if err != nil {

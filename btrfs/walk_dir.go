@@ -117,7 +117,7 @@ func (w *walker) dir(rel string, full bool, ino uint64, it inodeItem, prev *reco
 	data := t.Encode()
 	res := dirResult{id: delta.Hash(data), key: delta.Hash(st.Encode()), empty: len(t.Entries) == 0}
 	if w.saver != nil && (prev == nil || !bytes.Equal(prev.Tree, data)) {
-		if _, err := w.saver.SaveBlob(w.ctx, delta.BlobTree, res.id, data); err != nil {
+		if err := w.saveTree(res.id, data); err != nil {
 			return dirResult{}, fmt.Errorf("save tree of %s: %w", w.where(rel), err)
 		}
 	}
