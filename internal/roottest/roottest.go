@@ -42,6 +42,7 @@ func Run(t *testing.T, newSetup func(t *testing.T) Setup) {
 		{"ScanRacingSymlinkSwap", testScanRacingSymlinkSwap},
 		{"RandomEditsWithRenames", testRandomEdits},
 		{"SparseFiles", testSparseFiles},
+		{"LargeTurn", testLargeTurn},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

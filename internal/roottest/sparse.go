@@ -114,3 +114,27 @@ func testSparseFiles(t *testing.T, s Setup) {
 		t.Fatalf("branch hashes to %s, want %s", got.Short(), ha.Short())
 	}
 }
+
+// testLargeTurn: a turn past the ingest pipeline's threshold (several MiB
+// of files in many directories, hashed and compressed on every core) is
+// checkpointed completely: a branch of it holds the same files.
+func testLargeTurn(t *testing.T, s Setup) {
+	f := newFixture(t, s)
+	r, _ := f.create("sb", delta.EmptyTree())
+	root := r.Path()
+	for i := range 24 {
+		data := bytes.Repeat([]byte{byte(i), byte(i * 7), 'x', '\n'}, 64<<10+i*4099) // 256 KiB and more each
+		p := filepath.Join(root, "build", string(rune('a'+i%6)), "obj"+string(rune('a'+i)))
+		must(t, os.MkdirAll(filepath.Dir(p), 0o755))
+		must(t, os.WriteFile(p, data, 0o644))
+	}
+	Settle()
+	a := f.checkpoint(r)
+	if a.Stats.BytesRead < 2*delta.PipelineThreshold {
+		t.Fatalf("read %d bytes: the turn is too small to start the pipeline", a.Stats.BytesRead)
+	}
+	br, _ := f.create("branch", a.Root)
+	if got, want := Merged(t, br.Path()), Merged(t, root); got != want {
+		t.Fatalf("branch of a large turn hashes to %s, the sandbox to %s", got.Short(), want.Short())
+	}
+}
