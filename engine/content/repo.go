@@ -83,6 +83,10 @@ type Op struct {
 	// SaveBlob takes them; the only part of an Op used by other goroutines.
 	prepMu   sync.Mutex
 	prepared map[delta.ID]prepared
+	// prepBufs recycles PrepareBlob's output buffers: SaveBlob returns each
+	// once PackWriter.Add has copied it, so a large turn does not allocate
+	// its whole compressed size anew.
+	prepBufs sync.Pool
 }
 
 // prepared is a blob's stored form, made ahead of its SaveBlob.
@@ -187,13 +191,25 @@ func (o *Op) PrepareBlob(ctx context.Context, t delta.BlobType, id delta.ID, pla
 		return // SaveBlob decides (and reports the error) in order
 	}
 	p := prepared{comp: delta.CompressionZstd}
+	var buf []byte
+	if b, ok := o.prepBufs.Get().(*[]byte); ok {
+		buf = (*b)[:0]
+	}
 	var ok bool
-	if p.stored, ok = o.r.codec.Compress(nil, plain); !ok {
+	if p.stored, ok = o.r.codec.Compress(buf, plain); !ok {
+		o.putBuf(p.stored)
 		p.stored, p.comp = nil, delta.CompressionNone
 	}
 	o.prepMu.Lock()
 	o.prepared[id] = p
 	o.prepMu.Unlock()
+}
+
+func (o *Op) putBuf(b []byte) {
+	if cap(b) > 0 {
+		b = b[:0]
+		o.prepBufs.Put(&b)
+	}
 }
 
 // takePrepared removes and returns what PrepareBlob made for id.
@@ -273,6 +289,9 @@ func (o *Op) SaveBlob(ctx context.Context, t delta.BlobType, id delta.ID, plain 
 		w.Reserve(packTarget + 2*delta.ChunkMax)
 	}
 	o.open[t].Add(t, id, stored, len(plain), comp)
+	if isPrepared {
+		o.putBuf(prep.stored) // Add copied it
+	}
 	o.stats.BlobsNew++
 	if o.open[t].Len() >= packTarget {
 		if err := o.flushPack(ctx, t); err != nil {
