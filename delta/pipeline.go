@@ -4,6 +4,7 @@ import (
 	"context"
 	"runtime"
 	"sync"
+	"sync/atomic"
 )
 
 // The ingest pipeline. The scanning goroutine reads and cuts (FastCDC is
@@ -48,8 +49,22 @@ type job struct {
 	id     ID
 	data   []byte
 	hashed bool          // id is known at submission (trees)
-	done   chan struct{} // closed when id is set and the blob is prepared
+	claim  atomic.Bool   // set by whoever hashes and prepares it: a worker, or the scanner
+	idSet  chan struct{} // closed when id is set
+	done   chan struct{} // closed when the blob is also prepared
 	pooled bool          // data came from the pipeline's pool
+}
+
+// process hashes and prepares j unless someone else already claimed it.
+func (p *pipeline) process(j *job) {
+	if !j.claim.CompareAndSwap(false, true) {
+		return
+	}
+	j.id = Hash(j.data)
+	close(j.idSet)
+	// Preparing is an optimisation that never fails; what it skips, SaveBlob does.
+	Prepare(context.Background(), p.saver, j.t, j.id, j.data)
+	close(j.done)
 }
 
 type pipeline struct {
@@ -107,33 +122,42 @@ func (p *pipeline) submit(ctx context.Context, j *job) error {
 	if err := p.firstErr(); err != nil {
 		return err
 	}
-	j.done = make(chan struct{})
+	j.idSet, j.done = make(chan struct{}), make(chan struct{})
 	j.pooled = !j.hashed
+	if j.hashed {
+		j.claim.Store(true)
+		close(j.idSet)
+		close(j.done)
+	}
 	select {
 	case p.order <- j:
 	case <-ctx.Done():
 		return ctx.Err()
 	}
 	if j.hashed {
-		close(j.done)
 		return nil
 	}
 	select {
 	case p.work <- j:
 	case <-ctx.Done():
 		// j is queued for the saver, which waits for it: finish it here.
-		j.id = Hash(j.data)
-		close(j.done)
+		p.process(j)
 		return ctx.Err()
 	}
 	return nil
 }
 
-// ids waits until the jobs are hashed and returns their IDs.
+// ids returns the jobs' IDs, a file's chunks at its end. Rather than wait
+// idle for the workers to reach the file's last chunks, the scanner
+// processes each job no worker has claimed yet itself: it waits at most
+// for the jobs the workers hold at that moment.
 func (p *pipeline) ids(ctx context.Context, jobs []*job) ([]ID, error) {
 	out := make([]ID, len(jobs))
+	for i := len(jobs) - 1; i >= 0; i-- {
+		p.process(jobs[i]) // the last are the least likely to be claimed
+	}
 	for i, j := range jobs {
-		<-j.done // workers never block, so this ends even if ctx is done
+		<-j.idSet // workers never block, so this ends even if ctx is done
 		out[i] = j.id
 	}
 	return out, ctx.Err()
@@ -141,11 +165,8 @@ func (p *pipeline) ids(ctx context.Context, jobs []*job) ([]ID, error) {
 
 func (p *pipeline) worker() {
 	defer p.wg.Done()
-	ctx := context.Background() // preparing is an optimisation: it never fails
 	for j := range p.work {
-		j.id = Hash(j.data)
-		Prepare(ctx, p.saver, j.t, j.id, j.data)
-		close(j.done)
+		p.process(j)
 	}
 }
 
