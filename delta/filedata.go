@@ -41,7 +41,8 @@ type FileReader struct {
 const PipelineThreshold = 1 << 20
 
 // NewFileReader returns a reader that saves chunks to saver (nil: hash
-// only) and counts into stats. workers bounds the pipeline's goroutines
+// only, as a restore's verifying scan does; large ones hash on the
+// pipeline's workers too) and counts into stats. workers bounds the pipeline's goroutines
 // (0: GOMAXPROCS; 1: no pipeline at all).
 func NewFileReader(saver BlobSaver, stats *ScanStats, workers int) *FileReader {
 	return &FileReader{saver: saver, stats: stats, chunker: NewChunker(), workers: Workers(workers)}
@@ -91,7 +92,7 @@ func (r *FileReader) Read(ctx context.Context, f *os.File, st *unix.Stat_t) (Fil
 	}
 	// Read-ahead: the kernel doubles its window for a sequential reader.
 	unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_SEQUENTIAL)
-	if r.pipe == nil && r.workers > 1 && r.saver != nil && r.read+st.Size > PipelineThreshold {
+	if r.pipe == nil && r.workers > 1 && r.read+st.Size > PipelineThreshold {
 		r.pipe = startPipeline(ctx, r.saver, r.workers)
 	}
 	var data uint64

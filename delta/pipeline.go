@@ -174,7 +174,7 @@ func (p *pipeline) save(ctx context.Context) {
 	defer close(p.saved)
 	for j := range p.order {
 		<-j.done
-		if p.firstErr() == nil {
+		if p.saver != nil && p.firstErr() == nil {
 			if _, err := p.saver.SaveBlob(ctx, j.t, j.id, j.data); err != nil {
 				p.mu.Lock()
 				p.err = err

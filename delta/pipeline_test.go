@@ -106,6 +106,12 @@ func TestPipelineSavesInSerialOrder(t *testing.T) {
 		roots = append(roots, res.Root)
 		calls = append(calls, rec.calls)
 	}
+	// A hash-only scan (a restore's verification) pipelines too.
+	hashOnly, err := Scan(ctx, dir, ScanOptions{Workers: 4})
+	must(t, err)
+	if hashOnly.Root != roots[0] {
+		t.Fatalf("hash-only root %s differs from the serial root %s", hashOnly.Root.Short(), roots[0].Short())
+	}
 	for i := 1; i < len(roots); i++ {
 		if roots[i] != roots[0] {
 			t.Fatalf("root %s differs from the serial root %s", roots[i].Short(), roots[0].Short())
