@@ -105,7 +105,13 @@ func BenchmarkIngestSmall(b *testing.B) {
 	dir := b.TempDir()
 	var total int64
 	for i := range 10 {
-		total += writeIngestData(b, filepath.Join(dir, string(rune('a'+i))), uint64(i), int64(4<<10*(i+1))/2, int64(4<<10*(i+1))/2, 40<<10)
+		// Alternately random and text, 4 KiB to 40 KiB: one file each.
+		size := int64(4 << 10 * (i + 1))
+		random, text := size, int64(0)
+		if i%2 == 1 {
+			random, text = 0, size
+		}
+		total += writeIngestData(b, filepath.Join(dir, string(rune('a'+i))), uint64(i), random, text, 10*size)
 	}
 	r := newRepoTB(b)
 	for _, w := range []struct {
