@@ -78,15 +78,20 @@ type pipeline struct {
 	err   error // the first save error
 }
 
-// inFlightPerWorker bounds the chunks between scanner and saver: enough to
-// keep every worker busy while the saver appends one (a pack write takes a
-// few milliseconds every 16 MiB), at most 8 x 256 KiB x 2 per worker.
-const inFlightPerWorker = 8
+// maxInFlight bounds the chunks between scanner and saver (each holds a
+// ChunkMax buffer and its compressed copy: at most 64 MiB). It must cover
+// a pack write (16 MiB, tens of milliseconds on a busy disk) so that the
+// scanner and the workers go on while the saver writes, and absorb the
+// stalls of a machine whose cores are shared: with a short queue, one
+// stage descheduled stops the others, and the pipeline ran slower than a
+// single goroutine on a loaded 2-core machine (measured).
+const maxInFlight = 128
+
 
 // startPipeline starts the workers and the saver; ctx is the scan's, and
 // the saver's SaveBlob calls run under it.
 func startPipeline(ctx context.Context, saver BlobSaver, workers int) *pipeline {
-	n := workers * inFlightPerWorker
+	n := max(maxInFlight, 4*workers)
 	p := &pipeline{saver: saver, work: make(chan *job, n), order: make(chan *job, n), saved: make(chan struct{})}
 	p.pool.New = func() any { b := make([]byte, 0, ChunkMax); return &b }
 	for range workers {
