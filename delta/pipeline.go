@@ -87,7 +87,6 @@ type pipeline struct {
 // single goroutine on a loaded 2-core machine (measured).
 const maxInFlight = 128
 
-
 // startPipeline starts the workers and the saver; ctx is the scan's, and
 // the saver's SaveBlob calls run under it.
 func startPipeline(ctx context.Context, saver BlobSaver, workers int) *pipeline {
