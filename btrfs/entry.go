@@ -58,39 +58,19 @@ func readXattrs(dirFD int, name string, buf []byte) ([]delta.Xattr, error) {
 }
 
 // content is a file's chunk list.
-type content struct {
-	Size   uint64
-	Chunks []delta.ID
-}
+type content = delta.FileContent
 
-// readContent chunks and hashes file name of dirFD in a read-only
-// snapshot, saving each chunk when saver is set.
-func readContent(ctx context.Context, dirFD int, name string, size int64, chunker *delta.Chunker, saver delta.BlobSaver, stats *delta.ScanStats) (content, error) {
+// readContent chunks and hashes file name (stat st) of dirFD in a
+// read-only snapshot through files, which saves each chunk, skipping holes.
+func readContent(ctx context.Context, dirFD int, name string, st *unix.Stat_t, files *delta.FileReader) (content, error) {
 	fd, err := unix.Openat(dirFD, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NOATIME|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return content{}, err
 	}
 	f := os.NewFile(uintptr(fd), name)
 	defer f.Close()
-	var c content
-	stats.FilesRead++
 	// The snapshot is read-only: the size cannot change under us.
-	err = chunker.Chunk(f, size, func(data []byte) error {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		id := delta.Hash(data)
-		if saver != nil {
-			if _, err := saver.SaveBlob(ctx, delta.BlobData, id, data); err != nil {
-				return err
-			}
-		}
-		c.Chunks = append(c.Chunks, id)
-		c.Size += uint64(len(data))
-		stats.Chunks++
-		return nil
-	})
-	stats.BytesRead += int64(c.Size)
+	c, err := files.Read(ctx, f, st)
 	if err != nil {
 		return content{}, fmt.Errorf("read %s: %w", name, err)
 	}

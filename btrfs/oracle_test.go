@@ -214,5 +214,10 @@ func pathContent(t testing.TB, p string, size int64, stats *delta.ScanStats) (co
 		t.Fatal(err)
 	}
 	defer unix.Close(fd)
-	return readContent(context.Background(), fd, filepath.Base(p), size, delta.NewChunker(), nil, stats)
+	var st unix.Stat_t
+	if err := unix.Fstatat(fd, filepath.Base(p), &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return content{}, err
+	}
+	st.Size = size
+	return readContent(context.Background(), fd, filepath.Base(p), &st, delta.NewFileReader(nil, stats, 1))
 }

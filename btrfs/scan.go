@@ -228,6 +228,9 @@ func (r *Root) scanOne(ctx context.Context, dir, baseRoot string, bi baseInfo, m
 	}
 	defer w.close()
 	res, err := w.run()
+	if cerr := w.closeFiles(); err == nil && cerr != nil {
+		err = fmt.Errorf("scan %s: %w", snap, cerr)
+	}
 	if err != nil {
 		return nil, err
 	}

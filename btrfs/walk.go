@@ -62,7 +62,7 @@ type walker struct {
 	recs    map[recKey]*record
 	links   linkIndex
 	xbuf    []byte
-	chunker *delta.Chunker // made on first use, reused for every file
+	files   *delta.FileReader // made on first use, reused for every file
 	stats   delta.ScanStats
 	p       *pass
 }
@@ -122,8 +122,30 @@ func newWalker(ctx context.Context, snap, base string, baseGen uint64, saver del
 }
 
 func (w *walker) close() {
+	w.closeFiles()
 	unix.Close(w.snapFD)
 	unix.Close(w.baseFD)
+}
+
+// saveTree saves a directory's tree after the chunks read before it: once
+// the file reader exists its pipeline may still be saving them.
+func (w *walker) saveTree(id delta.ID, data []byte) error {
+	if w.files != nil {
+		return w.files.Save(w.ctx, delta.BlobTree, id, data)
+	}
+	_, err := w.saver.SaveBlob(w.ctx, delta.BlobTree, id, data)
+	return err
+}
+
+// closeFiles waits for the file reader's pending saves; after it the
+// walk's stats are final.
+func (w *walker) closeFiles() error {
+	if w.files == nil {
+		return nil
+	}
+	err := w.files.Close()
+	w.files = nil
+	return err
 }
 
 // run finds the inodes changed since the previous state and walks.

@@ -21,12 +21,14 @@ func (w *walker) content(dirFD int, name string, st *unix.Stat_t, pe *delta.Entr
 	}
 	if _, changed := w.changed[st.Ino]; !changed && pe != nil && pe.Type == delta.TypeFile && pe.Size == uint64(st.Size) {
 		// Same name, same unchanged inode: the content is the one recorded.
-		return content{Size: pe.Size, Chunks: pe.Chunks}, nil
+		return content{Size: pe.Size, Chunks: pe.Chunks, Holes: pe.Holes}, nil
 	}
-	if w.chunker == nil {
-		w.chunker = delta.NewChunker()
+	if w.files == nil {
+		// Past delta.PipelineThreshold it hashes and compresses on every
+		// core; the walk's trees go through it too (saveTree), in order.
+		w.files = delta.NewFileReader(w.saver, &w.stats, 0)
 	}
-	c, err := readContent(w.ctx, dirFD, name, st.Size, w.chunker, w.saver, &w.stats)
+	c, err := readContent(w.ctx, dirFD, name, st, w.files)
 	if err != nil {
 		return content{}, err
 	}

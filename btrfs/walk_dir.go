@@ -117,7 +117,7 @@ func (w *walker) dir(rel string, full bool, ino uint64, it inodeItem, prev *reco
 	data := t.Encode()
 	res := dirResult{id: delta.Hash(data), key: delta.Hash(st.Encode()), empty: len(t.Entries) == 0}
 	if w.saver != nil && (prev == nil || !bytes.Equal(prev.Tree, data)) {
-		if _, err := w.saver.SaveBlob(w.ctx, delta.BlobTree, res.id, data); err != nil {
+		if err := w.saveTree(res.id, data); err != nil {
 			return dirResult{}, fmt.Errorf("save tree of %s: %w", w.where(rel), err)
 		}
 	}
@@ -226,7 +226,7 @@ func (w *walker) child(rel, name string, parentFull bool, pe *delta.Entry, paren
 		if err != nil {
 			return nil, kid{}, err
 		}
-		e.Size, e.Chunks = c.Size, c.Chunks
+		e.Size, e.Chunks, e.Holes = c.Size, c.Chunks, c.Holes
 	}
 	return &e, kid{}, nil
 }

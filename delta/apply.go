@@ -3,7 +3,6 @@ package delta
 import (
 	"context"
 	"fmt"
-	"io"
 	"os"
 	"path"
 
@@ -219,22 +218,7 @@ func (a *applier) file(ctx context.Context, dirFD int, rel string, e *Entry) err
 	return f.Close()
 }
 
-// writeChunks writes a file entry's content, each chunk verified by the
-// loader, and checks it adds up to the entry's size.
-func writeChunks(ctx context.Context, loader BlobLoader, w io.Writer, e *Entry) (uint64, error) {
-	var n uint64
-	for _, c := range e.Chunks {
-		if n > e.Size {
-			break // already more than declared: CheckFileSize says so
-		}
-		data, err := loader.LoadBlob(ctx, BlobData, c)
-		if err != nil {
-			return n, fmt.Errorf("chunk %s: %w", c.Short(), err)
-		}
-		if _, err := w.Write(data); err != nil {
-			return n, err
-		}
-		n += uint64(len(data))
-	}
-	return n, CheckFileSize(e, n)
+// writeChunks writes a fresh file's content (WriteContent: holes stay holes).
+func writeChunks(ctx context.Context, loader BlobLoader, f *os.File, e *Entry) (uint64, error) {
+	return WriteContent(ctx, loader, f, e, false)
 }

@@ -265,6 +265,11 @@ func TestDecodeTreeRejectsNonCanonical(t *testing.T) {
 func FuzzDecodeTree(f *testing.F) {
 	f.Add((&Tree{Entries: []Entry{{Name: "a", Type: TypeDir, Mode: 0o755, Subtree: Hash(nil)}}}).Encode())
 	f.Add([]byte("TST")) // once crashed the magic check
+	// Sparse files (version 2): a good hole list, and hostile ones.
+	c := Hash([]byte("x"))
+	for _, holes := range [][]Hole{{{0, 4096}, {8192, 1 << 30}}, {{0, 0}}, {{5, 10}, {0, 3}}, {{0, 10}, {10, 1}}, {{1 << 43, 1 << 43}}} {
+		f.Add((&Tree{Entries: []Entry{{Name: "f", Type: TypeFile, Mode: 0o644, Size: 8193 + 1<<30, Chunks: []ID{c}, Holes: holes}}}).Encode())
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		tr, err := DecodeTree(data)
 		if err == nil && !bytes.Equal(tr.Encode(), data) {

@@ -52,6 +52,13 @@ func FuzzCheckState(f *testing.F) {
 		{Name: "l", Type: TypeSymlink, Target: "b"},
 	}}).Encode(), true)
 	f.Add((&Tree{Entries: []Entry{{Name: "w", Type: TypeWhiteout}}}).Encode(), false)
+	// Sparse files: chunks that fill the data runs, and ones that cannot.
+	f.Add((&Tree{Entries: []Entry{{Name: "s", Type: TypeFile, Size: 1<<30 + 5, Chunks: []ID{hello}, Holes: []Hole{{0, 1 << 30}}}}}).Encode(), true)
+	f.Add((&Tree{Entries: []Entry{{Name: "s", Type: TypeFile, Size: 1 << 40, Holes: []Hole{{0, 1<<40 - 1}}}}}).Encode(), true)
+	f.Add((&Tree{Entries: []Entry{
+		{Name: "d", Type: TypeDir, Subtree: hello},
+		{Name: "s", Type: TypeFile, Size: 1 << 43, Chunks: []ID{hello, hello}, Holes: []Hole{{5, 1<<43 - 10}}},
+	}}).Encode(), false)
 	f.Fuzz(func(t *testing.T, data []byte, plain bool) {
 		root := Hash(data)
 		loader := selfLoader{root: root, data: data}

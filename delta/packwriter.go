@@ -44,6 +44,14 @@ func (k *Keys) NewPackWriter() *PackWriter {
 	return w
 }
 
+// Reserve makes room for a pack of n bytes, so that a writer filling a
+// large pack copies its bytes once instead of at every doubling.
+func (w *PackWriter) Reserve(n int) {
+	if n > cap(w.data) {
+		w.data = slices.Grow(w.data, n-len(w.data))
+	}
+}
+
 // Add appends a blob: its type, its ID (the hash of its plaintext), its
 // stored bytes, its plaintext length and how the stored bytes encode the
 // plaintext. Add copies stored, so the caller may reuse it.

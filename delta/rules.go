@@ -70,7 +70,7 @@ type StateRules struct {
 type Footprint struct {
 	Entries uint64 // names, hardlinks and whiteouts included
 	Files   uint64
-	Bytes   uint64 // file content
+	Bytes   uint64 // file data a restore writes (holes excluded)
 	Trees   int    // distinct trees read
 	Chunks  int    // distinct chunks named
 }
@@ -165,7 +165,8 @@ func (c *stateChecker) visit(ctx context.Context, id ID, rel string, depth int) 
 				return nil, err
 			}
 			ti.files = addCapped(ti.files, 1, MaxStateEntries)
-			ti.bytes = addCapped(ti.bytes, e.Size, MaxStateBytes)
+			// What a restore writes: a sparse file's holes take no space.
+			ti.bytes = addCapped(ti.bytes, e.DataSize(), MaxStateBytes)
 		case TypeHardlink:
 			ti.links = true
 		}
@@ -181,9 +182,11 @@ func (c *stateChecker) visit(ctx context.Context, id ID, rel string, depth int) 
 }
 
 func (c *stateChecker) file(rel string, e *Entry) error {
-	// Every chunk holds 1 to ChunkMax bytes, so an empty file has no chunks.
-	if n := uint64(len(e.Chunks)); n > e.Size || e.Size > n*ChunkMax {
-		return corruptAt(rel, "file of %d bytes cannot be %d chunks of 1 to %d bytes", e.Size, n, ChunkMax)
+	// Every chunk holds 1 to ChunkMax bytes, so a file without data has no
+	// chunks. Holes hold no chunk: the chunks add up to the data runs.
+	if n, data := uint64(len(e.Chunks)), e.DataSize(); n > data || data > n*ChunkMax {
+		return corruptAt(rel, "file of %d data bytes (size %d, %d holes) cannot be %d chunks of 1 to %d bytes",
+			data, e.Size, len(e.Holes), n, ChunkMax)
 	}
 	var sum uint64
 	for _, ch := range e.Chunks {
@@ -205,10 +208,11 @@ func (c *stateChecker) file(rel string, e *Entry) error {
 	return nil
 }
 
-// CheckFileSize is the rule that a file's chunks add up to its size.
+// CheckFileSize is the rule that a file's chunks add up to its size less
+// its holes.
 func CheckFileSize(e *Entry, sum uint64) error {
-	if sum != e.Size {
-		return fmt.Errorf("chunks hold %d bytes, entry says %d: %w", sum, e.Size, errdefs.ErrCorrupt)
+	if want := e.DataSize(); sum != want {
+		return fmt.Errorf("chunks hold %d bytes, entry says %d: %w", sum, want, errdefs.ErrCorrupt)
 	}
 	return nil
 }

@@ -46,6 +46,10 @@ type ScanOptions struct {
 	// that files of the upper and files seen through the mount compare by
 	// the mount's inode numbers.
 	LinkID func(dirFD int, name, rel string, st *unix.Stat_t) ([2]uint64, error)
+	// Workers bounds the goroutines that hash and compress a large scan's
+	// chunks (FileReader): 0 is GOMAXPROCS, 1 reads, hashes and saves on
+	// the calling goroutine only. The result is the same either way.
+	Workers int
 	// Quiescent says nothing else writes below root during the scan (a layer
 	// just restored and not yet mounted), so entries stamped moments ago can be
 	// trusted next time instead of being treated as racy.
@@ -98,7 +102,7 @@ type scanner struct {
 	next      *ScanCache
 	stats     ScanStats
 	links     map[[2]uint64]string // (dev, inode) -> root-relative path of its first name
-	chunker   *Chunker
+	files     *FileReader
 	xbuf      []byte
 	racyAfter int64
 	// shallow stops entry at a directory's own entry (a diff's verify
@@ -132,13 +136,16 @@ func Scan(ctx context.Context, root string, opts ScanOptions) (*ScanResult, erro
 		next:      &ScanCache{Version: cacheVersion, Entries: map[string]CacheEntry{}},
 		links:     map[[2]uint64]string{},
 		xbuf:      make([]byte, xattrBufSize),
-		chunker:   NewChunker(),
 		racyAfter: time.Now().Add(-racyWindow).UnixNano(),
 	}
+	s.files = NewFileReader(opts.Saver, &s.stats, opts.Workers)
 	if opts.Quiescent {
 		s.racyAfter = math.MaxInt64
 	}
 	id, key, err := s.dir(ctx, fd, "", dirFlags{})
+	if cerr := s.files.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("scan %s: %w", root, cerr)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -204,10 +211,8 @@ func (s *scanner) dir(ctx context.Context, fd int, rel string, fl dirFlags) (ID,
 	}
 	data := t.Encode()
 	id := Hash(data)
-	if s.opts.Saver != nil {
-		if _, err := s.opts.Saver.SaveBlob(ctx, BlobTree, id, data); err != nil {
-			return ID{}, ID{}, fmt.Errorf("save tree of %s: %w", s.where(rel), err)
-		}
+	if err := s.files.Save(ctx, BlobTree, id, data); err != nil {
+		return ID{}, ID{}, fmt.Errorf("save tree of %s: %w", s.where(rel), err)
 	}
 	return id, Hash(st.Encode()), nil
 }
@@ -289,7 +294,7 @@ func (s *scanner) entry(ctx context.Context, dirFD int, rel, name string, fl dir
 		}
 	case TypeFile:
 		if hit {
-			e.Size, e.Chunks = prev.Entry.Size, prev.Entry.Chunks
+			e.Size, e.Chunks, e.Holes = prev.Entry.Size, prev.Entry.Chunks, prev.Entry.Holes
 			s.stats.CacheHits++
 		} else if fresh, err = s.file(ctx, dirFD, rel, &st, &e); err != nil {
 			return Entry{}, ID{}, false, err

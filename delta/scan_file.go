@@ -44,30 +44,11 @@ func (s *scanner) readFile(ctx context.Context, dirFD int, rel string, st *unix.
 	if before.Mode&unix.S_IFMT != unix.S_IFREG || !fsat.SameFile(&before, st) {
 		return CacheKey{}, false, errRaced
 	}
-	s.stats.FilesRead++
-	e.Chunks, e.Size = e.Chunks[:0], 0
-	err = s.chunker.Chunk(f, before.Size, func(data []byte) error {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		id := Hash(data)
-		if s.opts.Saver != nil {
-			if _, err := s.opts.Saver.SaveBlob(ctx, BlobData, id, data); err != nil {
-				return err
-			}
-		}
-		e.Chunks = append(e.Chunks, id)
-		e.Size += uint64(len(data))
-		s.stats.Chunks++
-		return nil
-	})
-	s.stats.BytesRead += int64(e.Size)
+	c, err := s.files.Read(ctx, f, &before)
 	if err != nil {
 		return CacheKey{}, false, fmt.Errorf("scan %s: %w", s.where(rel), err)
 	}
-	if len(e.Chunks) == 0 {
-		e.Chunks = nil
-	}
+	e.Size, e.Chunks, e.Holes = c.Size, c.Chunks, c.Holes
 	if err := unix.Fstat(fd, &after); err != nil {
 		return CacheKey{}, false, fmt.Errorf("scan %s: %w", s.where(rel), err)
 	}

@@ -53,13 +53,14 @@ type Entry struct {
 	UID     uint32
 	GID     uint32
 	MtimeNs int64  // modification time, nanoseconds since the Unix epoch
-	Size    uint64 // file: content length, the sum of its chunks' lengths
+	Size    uint64 // file: content length, the sum of its chunks' and holes' lengths
 	Xattrs  []Xattr
 	Target  string // symlink: link text; hardlink: root-relative path of the primary
 	Rdev    uint64 // char/block devices
 	Opaque  bool   // dir: overlay opaque directory (hides the lower dir's entries)
 	Subtree ID     // dir: the tree of its children
 	Chunks  []ID   // file: content chunks in order
+	Holes   []Hole // file: runs without data (sparse files), sorted; nil for most files
 }
 
 // Tree is the listing of one directory, entries sorted by Name bytewise.
@@ -67,8 +68,9 @@ type Tree struct {
 	Entries []Entry
 }
 
-// treeMagic starts every encoded tree; the last byte is the format version.
-var treeMagic = []byte{'T', 'S', 'T', 1}
+// treeMagic starts every encoded tree; the last byte is the format version
+// (treeVersionPlain, or treeVersionSparse for a tree with holes).
+var treeMagic = []byte{'T', 'S', 'T', treeVersionPlain}
 
 const (
 	flagOpaque = 1 << 0
@@ -166,8 +168,14 @@ func (e *Entry) check() error {
 	if e.Type != TypeDir && (e.Opaque || !e.Subtree.IsZero()) {
 		return bad("has directory fields")
 	}
-	if e.Type != TypeFile && (len(e.Chunks) != 0 || e.Size != 0) {
+	if e.Type != TypeFile && (len(e.Chunks) != 0 || e.Size != 0 || len(e.Holes) != 0) {
 		return bad("has file content")
+	}
+	if e.Size > MaxFileSize {
+		return bad(fmt.Sprintf("size %d is over the limit %d", e.Size, uint64(MaxFileSize)))
+	}
+	if err := checkHoles(e); err != nil {
+		return errBadHoles(err)
 	}
 	if e.Type != TypeSymlink && e.Type != TypeHardlink && e.Target != "" {
 		return bad("has a target")
@@ -203,10 +211,12 @@ func (e *Entry) check() error {
 // up in Check instead of being hidden.
 func (t *Tree) Encode() []byte {
 	var b []byte
-	b = append(b, treeMagic...)
+	v := t.treeVersion()
+	b = append(b, treeMagic[:3]...)
+	b = append(b, v)
 	b = binary.AppendUvarint(b, uint64(len(t.Entries)))
 	for i := range t.Entries {
-		b = appendEntry(b, &t.Entries[i])
+		b = appendEntry(b, &t.Entries[i], v)
 	}
 	return b
 }
@@ -216,7 +226,7 @@ func appendString(b []byte, s string) []byte {
 	return append(b, s...)
 }
 
-func appendEntry(b []byte, e *Entry) []byte {
+func appendEntry(b []byte, e *Entry, version byte) []byte {
 	b = appendString(b, e.Name)
 	b = append(b, byte(e.Type))
 	b = binary.AppendUvarint(b, uint64(e.Mode))
@@ -240,6 +250,9 @@ func appendEntry(b []byte, e *Entry) []byte {
 		b = binary.AppendUvarint(b, uint64(len(e.Chunks)))
 		for _, c := range e.Chunks {
 			b = append(b, c[:]...)
+		}
+		if version == treeVersionSparse {
+			b = appendHoles(b, e.Holes)
 		}
 	case TypeDir:
 		b = append(b, e.Subtree[:]...)

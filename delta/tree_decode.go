@@ -18,7 +18,8 @@ func DecodeTree(data []byte) (*Tree, error) {
 	if len(data) < len(treeMagic) || !bytes.HasPrefix(data, treeMagic[:3]) {
 		return nil, fmt.Errorf("tree: bad magic: %w", errdefs.ErrCorrupt)
 	}
-	if data[3] != treeMagic[3] {
+	version := data[3]
+	if version != treeVersionPlain && version != treeVersionSparse {
 		return nil, fmt.Errorf("tree: unsupported format version %d: %w", data[3], errdefs.ErrCorrupt)
 	}
 	d.b = d.b[len(treeMagic):]
@@ -65,6 +66,9 @@ func DecodeTree(data []byte) (*Tree, error) {
 					e.Chunks[j] = d.id()
 				}
 			}
+			if version == treeVersionSparse {
+				e.Holes = d.holes()
+			}
 		case TypeDir:
 			e.Subtree = d.id()
 		case TypeSymlink, TypeHardlink:
@@ -85,7 +89,8 @@ func DecodeTree(data []byte) (*Tree, error) {
 	if err := t.Check(); err != nil {
 		return nil, fmt.Errorf("tree: %v: %w", err, errdefs.ErrCorrupt)
 	}
-	// Varints admit several spellings of one number; only the shortest is canonical.
+	// Varints admit several spellings of one number; only the shortest is
+	// canonical. A version 2 tree without holes re-encodes as version 1.
 	if !bytes.Equal(t.Encode(), data) {
 		return nil, fmt.Errorf("tree: not canonically encoded: %w", errdefs.ErrCorrupt)
 	}

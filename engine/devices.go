@@ -35,6 +35,12 @@ func (g deviceGuard) SaveBlob(ctx context.Context, t delta.BlobType, id delta.ID
 	return g.BlobSaver.SaveBlob(ctx, t, id, plain)
 }
 
+// PrepareBlob forwards the ingest pipeline's compression ahead of time
+// (delta.BlobPreparer); only trees are checked, in SaveBlob.
+func (g deviceGuard) PrepareBlob(ctx context.Context, t delta.BlobType, id delta.ID, plain []byte) {
+	delta.Prepare(ctx, g.BlobSaver, t, id, plain)
+}
+
 // checkImageFiles refuses a process image whose processes expect files the
 // checkpoint's files do not have (a size CRIU would reject): an image
 // carried forward past a change of a file its processes use, by a turnsnap

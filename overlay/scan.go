@@ -293,6 +293,12 @@ func (b *treeBuffer) SaveBlob(ctx context.Context, t delta.BlobType, id delta.ID
 	return true, nil
 }
 
+// PrepareBlob forwards the ingest pipeline's compression ahead of time
+// (delta.BlobPreparer).
+func (b *treeBuffer) PrepareBlob(ctx context.Context, t delta.BlobType, id delta.ID, data []byte) {
+	delta.Prepare(ctx, b.next, t, id, data)
+}
+
 // flush saves the held trees in the order the walk made them (children
 // before parents, as the write order wants).
 func (b *treeBuffer) flush(ctx context.Context) error {

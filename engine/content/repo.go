@@ -23,6 +23,10 @@ import (
 // whole on a flaky link.
 const packTarget = 16 << 20
 
+// reserveAfter is the pack size past which a pack's buffer is sized to the
+// whole target at once.
+const reserveAfter = 1 << 20
+
 // Repo is the content repository as delta sees it: blobs saved into packs
 // in the object store, located through the catalog. A Repo is safe for
 // concurrent use. It loads blobs itself (a delta.BlobLoader for restores,
@@ -75,6 +79,20 @@ type Op struct {
 	// unindexed are the packs this Op wrote (name -> blobs) while none of
 	// its blobs is indexed yet: Discard may delete them.
 	unindexed map[string][]delta.ID
+	// prepared holds data blobs PrepareBlob compressed ahead, by ID, until
+	// SaveBlob takes them; the only part of an Op used by other goroutines.
+	prepMu   sync.Mutex
+	prepared map[delta.ID]prepared
+	// prepBufs recycles PrepareBlob's output buffers: SaveBlob returns each
+	// once PackWriter.Add has copied it, so a large turn does not allocate
+	// its whole compressed size anew.
+	prepBufs sync.Pool
+}
+
+// prepared is a blob's stored form, made ahead of its SaveBlob.
+type prepared struct {
+	stored []byte
+	comp   delta.Compression
 }
 
 // New returns a repository over store, indexed by cat. meter may be nil.
@@ -105,6 +123,7 @@ func (r *Repo) Begin() *Op {
 		reused:    map[delta.ID]bool{},
 		children:  map[delta.ID][]delta.ID{},
 		unindexed: map[string][]delta.ID{},
+		prepared:  map[delta.ID]prepared{},
 	}
 }
 
@@ -154,11 +173,62 @@ func (o *Op) Reused() []delta.ID {
 	return out
 }
 
+// PrepareBlob implements delta.BlobPreparer: it compresses a data blob
+// the catalog does not know yet, on the caller's goroutine (an ingest
+// pipeline worker), for the SaveBlob that follows. Safe for concurrent use
+// with itself and with SaveBlob. The stored bytes are exactly what SaveBlob
+// would make, so packs do not depend on whether blobs were prepared.
+func (o *Op) PrepareBlob(ctx context.Context, t delta.BlobType, id delta.ID, plain []byte) {
+	if t != delta.BlobData || uint64(len(plain)) > delta.MaxRawLength(t) {
+		return
+	}
+	var known bool
+	if err := o.r.cat.View(ctx, func(tx *catalog.Tx) error {
+		_, ok, err := tx.Blob(id)
+		known = ok
+		return err
+	}); err != nil || known {
+		return // SaveBlob decides (and reports the error) in order
+	}
+	p := prepared{comp: delta.CompressionZstd}
+	var buf []byte
+	if b, ok := o.prepBufs.Get().(*[]byte); ok {
+		buf = (*b)[:0]
+	}
+	var ok bool
+	if p.stored, ok = o.r.codec.Compress(buf, plain); !ok {
+		o.putBuf(p.stored)
+		p.stored, p.comp = nil, delta.CompressionNone
+	}
+	o.prepMu.Lock()
+	o.prepared[id] = p
+	o.prepMu.Unlock()
+}
+
+func (o *Op) putBuf(b []byte) {
+	if cap(b) > 0 {
+		b = b[:0]
+		o.prepBufs.Put(&b)
+	}
+}
+
+// takePrepared removes and returns what PrepareBlob made for id.
+func (o *Op) takePrepared(id delta.ID) (prepared, bool) {
+	o.prepMu.Lock()
+	defer o.prepMu.Unlock()
+	p, ok := o.prepared[id]
+	if ok {
+		delete(o.prepared, id)
+	}
+	return p, ok
+}
+
 // SaveBlob implements delta.BlobSaver: deduplicate against the catalog and
-// this session, compress, append to the open pack.
+// this session, compress (unless PrepareBlob did), append to the open pack.
 func (o *Op) SaveBlob(ctx context.Context, t delta.BlobType, id delta.ID, plain []byte) (bool, error) {
 	r := o.r
 	r.meter.add(len(plain))
+	prep, isPrepared := o.takePrepared(id)
 	if _, ok := o.flushed[id]; ok || o.open[t].Has(id) {
 		return false, nil
 	}
@@ -192,15 +262,36 @@ func (o *Op) SaveBlob(ctx context.Context, t delta.BlobType, id delta.ID, plain 
 		}
 		o.children[id] = tr.Refs()
 	}
-	// PackWriter.Add copies, so one scratch buffer serves every blob. It must
-	// never alias plain, which belongs to the caller (the chunker's buffer).
-	stored, ok := r.codec.Compress(o.buf[:0], plain)
-	o.buf = stored[:0]
-	comp := delta.CompressionZstd
-	if !ok {
-		stored, comp = plain, delta.CompressionNone
+	var stored []byte
+	var comp delta.Compression
+	switch {
+	case isPrepared && t == delta.BlobData:
+		stored, comp = prep.stored, prep.comp
+		if comp == delta.CompressionNone {
+			stored = plain
+		}
+	default:
+		// PackWriter.Add copies, so one scratch buffer serves every blob. It
+		// must never alias plain, which belongs to the caller (the chunker's
+		// buffer).
+		var ok bool
+		stored, ok = r.codec.Compress(o.buf[:0], plain)
+		o.buf = stored[:0]
+		comp = delta.CompressionZstd
+		if !ok {
+			stored, comp = plain, delta.CompressionNone
+		}
+	}
+	if w := o.open[t]; w.Len() >= reserveAfter && w.Len() < packTarget {
+		// A large turn: size the pack once (appending would copy it at
+		// every doubling, a sixth of a large turn's CPU); a small turn
+		// never holds a 16 MiB buffer.
+		w.Reserve(packTarget + 2*delta.ChunkMax)
 	}
 	o.open[t].Add(t, id, stored, len(plain), comp)
+	if isPrepared {
+		o.putBuf(prep.stored) // Add copied it
+	}
 	o.stats.BlobsNew++
 	if o.open[t].Len() >= packTarget {
 		if err := o.flushPack(ctx, t); err != nil {

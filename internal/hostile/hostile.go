@@ -182,6 +182,18 @@ func Cases(bomb int64) ([]Case, error) {
 	f.Xattrs = []delta.Xattr{{Name: "user." + strings.Repeat("x", 300), Value: []byte("v")}}
 	b, r = layer([]Blob{hello}, f)
 	add("xattr-name-too-long", "xattr name of 305 bytes", b, r)
+	// Sparse files (tree version 2) whose chunks cannot fill the data runs
+	// their holes leave. (Hole lists that break rule 9 do not decode at
+	// all; delta's tests and fuzz targets cover them.)
+	sparse := func(size uint64, holes ...delta.Hole) delta.Entry {
+		f := file("f", size, hello.ID)
+		f.Holes = holes
+		return f
+	}
+	b, r = layer([]Blob{hello}, sparse(1<<30, delta.Hole{Off: 0, Len: 1<<30 - 7}))
+	add("sparse-chunks-short-of-data", "chunks hold 6 bytes, entry says 7", b, r)
+	b, r = layer([]Blob{hello}, sparse(1<<40, delta.Hole{Off: 0, Len: 1 << 30}))
+	add("sparse-data-beyond-chunks", "cannot be 1 chunks", b, r)
 	return cs, nil
 }
 

@@ -42,6 +42,8 @@ func Run(t *testing.T, newSetup func(t *testing.T) Setup) {
 		{"LongPaths", testLongPaths},
 		{"ScanRacingSymlinkSwap", testScanRacingSymlinkSwap},
 		{"RandomEditsWithRenames", testRandomEdits},
+		{"SparseFiles", testSparseFiles},
+		{"LargeTurn", testLargeTurn},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -1,0 +1,100 @@
+package delta
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+
+	"golang.org/x/sys/unix"
+)
+
+// WriteContent is the one file-content writer of every restore: it writes
+// file entry e's chunks into f, each verified by the loader, and checks
+// they add up to the entry's data size. A sparse entry's file is first
+// given its size (ftruncate) and then only its data runs are written, so
+// holes stay holes. inPlace says f may hold old content (a rewrite rather
+// than a fresh O_EXCL file): then it is cut to e.Size and every hole of e
+// is punched (FALLOC_FL_PUNCH_HOLE; zeros written where the filesystem
+// cannot punch), so no old byte survives. It returns the data bytes written.
+func WriteContent(ctx context.Context, loader BlobLoader, f *os.File, e *Entry, inPlace bool) (uint64, error) {
+	if len(e.Holes) == 0 && !inPlace {
+		return writeStream(ctx, loader, f, e)
+	}
+	if err := f.Truncate(int64(e.Size)); err != nil {
+		return 0, fmt.Errorf("set size: %w", err)
+	}
+	if inPlace {
+		for _, h := range e.Holes {
+			if err := punch(f, h); err != nil {
+				return 0, err
+			}
+		}
+	}
+	runs := dataRuns(e.Size, e.Holes)
+	var n uint64
+	for _, c := range e.Chunks {
+		if n > e.DataSize() {
+			break // already more than declared: CheckFileSize says so
+		}
+		data, err := loader.LoadBlob(ctx, BlobData, c)
+		if err != nil {
+			return n, fmt.Errorf("chunk %s: %w", c.Short(), err)
+		}
+		n += uint64(len(data))
+		// A chunk may span data runs: the stream of chunks is laid into
+		// the runs in order.
+		for len(data) > 0 && len(runs) > 0 {
+			k := min(uint64(len(data)), runs[0].Len)
+			if _, err := f.WriteAt(data[:k], int64(runs[0].Off)); err != nil {
+				return n, err
+			}
+			data = data[k:]
+			runs[0].Off += k
+			if runs[0].Len -= k; runs[0].Len == 0 {
+				runs = runs[1:]
+			}
+		}
+	}
+	return n, CheckFileSize(e, n)
+}
+
+// writeStream writes a file without holes front to back.
+func writeStream(ctx context.Context, loader BlobLoader, f *os.File, e *Entry) (uint64, error) {
+	var n uint64
+	for _, c := range e.Chunks {
+		if n > e.Size {
+			break // already more than declared: CheckFileSize says so
+		}
+		data, err := loader.LoadBlob(ctx, BlobData, c)
+		if err != nil {
+			return n, fmt.Errorf("chunk %s: %w", c.Short(), err)
+		}
+		if _, err := f.Write(data); err != nil {
+			return n, err
+		}
+		n += uint64(len(data))
+	}
+	return n, CheckFileSize(e, n)
+}
+
+// punch deallocates hole h of f, or writes zeros over it where the
+// filesystem cannot punch.
+func punch(f *os.File, h Hole) error {
+	err := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, int64(h.Off), int64(h.Len))
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, unix.EOPNOTSUPP) && !errors.Is(err, unix.ENOSYS) {
+		return fmt.Errorf("punch hole %d+%d: %w", h.Off, h.Len, err)
+	}
+	zeros := make([]byte, min(h.Len, 1<<20))
+	for off := h.Off; off < h.Off+h.Len; {
+		k := min(uint64(len(zeros)), h.Off+h.Len-off)
+		if _, err := f.WriteAt(zeros[:k], int64(off)); err != nil {
+			return err
+		}
+		off += k
+	}
+	return nil
+}
