@@ -468,13 +468,56 @@ func randomHex() string {
 	return hex.EncodeToString(b)
 }
 
-// WriteContent writes a file entry's content to w, each chunk verified by
-// the loader as it is read, and checks it adds up to the entry's size. On
-// an error w may hold a prefix of the content: the caller must not present
-// it as the file.
-func WriteContent(ctx context.Context, loader BlobLoader, w io.Writer, e *Entry) (uint64, error) {
+// StreamContent writes a file entry's content to w front to back (zeros
+// for its holes), each chunk verified by the loader as it is read, and
+// checks the chunks add up to the entry's data size. It returns the bytes
+// written. On an error w may hold a prefix of the content: the caller must
+// not present it as the file. (Restores write files with WriteContent,
+// which keeps holes as holes.)
+func StreamContent(ctx context.Context, loader BlobLoader, w io.Writer, e *Entry) (uint64, error) {
 	if e.Type != TypeFile {
 		return 0, fmt.Errorf("%s is a %s, not a file: %w", e.Name, e.Type, errdefs.ErrInvalid)
 	}
-	return writeChunks(ctx, loader, w, e)
+	var zero [64 << 10]byte
+	var pos, n uint64
+	pad := func(upto uint64) error { // zeros from pos to upto: a hole
+		for pos < upto {
+			k := min(upto-pos, uint64(len(zero)))
+			if _, err := w.Write(zero[:k]); err != nil {
+				return err
+			}
+			pos += k
+		}
+		return nil
+	}
+	runs := dataRuns(e.Size, e.Holes)
+	for _, c := range e.Chunks {
+		if n > e.DataSize() {
+			break // already more than declared: CheckFileSize says so
+		}
+		data, err := loader.LoadBlob(ctx, BlobData, c)
+		if err != nil {
+			return pos, fmt.Errorf("chunk %s: %w", c.Short(), err)
+		}
+		n += uint64(len(data))
+		for len(data) > 0 && len(runs) > 0 {
+			if err := pad(runs[0].Off); err != nil {
+				return pos, err
+			}
+			k := min(uint64(len(data)), runs[0].Len)
+			if _, err := w.Write(data[:k]); err != nil {
+				return pos, err
+			}
+			pos += k
+			data = data[k:]
+			runs[0].Off += k
+			if runs[0].Len -= k; runs[0].Len == 0 {
+				runs = runs[1:]
+			}
+		}
+	}
+	if err := CheckFileSize(e, n); err != nil {
+		return pos, err
+	}
+	return pos, pad(e.Size)
 }

@@ -200,7 +200,7 @@ func (d *describer) patch(ctx context.Context, rel string, old, nw *delta.Entry,
 			return nil
 		}
 		var buf bytes.Buffer
-		if _, err := delta.WriteContent(ctx, d.loader, &buf, old); err != nil {
+		if _, err := delta.StreamContent(ctx, d.loader, &buf, old); err != nil {
 			return err
 		}
 		a = buf.Bytes()
@@ -235,7 +235,7 @@ func (d *describer) patch(ctx context.Context, rel string, old, nw *delta.Entry,
 func (d *describer) newContent(ctx context.Context, rel string, e *delta.Entry, limit int64) ([]byte, error) {
 	if d.live == "" {
 		var buf bytes.Buffer
-		_, err := delta.WriteContent(ctx, d.loader, &buf, e)
+		_, err := delta.StreamContent(ctx, d.loader, &buf, e)
 		return buf.Bytes(), err
 	}
 	if d.liveFD < 0 {

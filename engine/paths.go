@@ -77,7 +77,7 @@ func (e *Engine) Cat(ctx context.Context, ref, path string, w io.Writer) error {
 	default:
 		return fmt.Errorf("%s is a %s, not a file: %w", where, ent.Type, errdefs.ErrInvalid)
 	}
-	if _, err := delta.WriteContent(ctx, e.repo, w, &ent); err != nil {
+	if _, err := delta.StreamContent(ctx, e.repo, w, &ent); err != nil {
 		return fmt.Errorf("%s: %w", where, err)
 	}
 	return nil

@@ -9,7 +9,6 @@ import (
 	"slices"
 
 	"github.com/turnsnap/turnsnap/delta"
-	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/internal/fsat"
 	"golang.org/x/sys/unix"
 )
@@ -123,7 +122,7 @@ func (f *freezer) entry(ctx context.Context, dstFD int, rel string, e, se *delta
 // state: a hardlink shares content and metadata.
 func sameFile(a, b *delta.Entry) bool {
 	return b.Type == delta.TypeFile && a.Size == b.Size && a.Mode == b.Mode && a.UID == b.UID &&
-		a.GID == b.GID && a.MtimeNs == b.MtimeNs && slices.Equal(a.Chunks, b.Chunks) &&
+		a.GID == b.GID && a.MtimeNs == b.MtimeNs && slices.Equal(a.Chunks, b.Chunks) && slices.Equal(a.Holes, b.Holes) &&
 		slices.EqualFunc(a.Xattrs, b.Xattrs, func(x, y delta.Xattr) bool {
 			return x.Name == y.Name && string(x.Value) == string(y.Value)
 		})
@@ -172,6 +171,11 @@ func (f *freezer) copyLive(ctx context.Context, out *os.File, rel string, e *del
 	if err := unix.Fstat(in, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || uint64(st.Size) != e.Size {
 		return errLiveChanged
 	}
+	if len(e.Holes) > 0 {
+		// A sparse file's chunks cover its data runs only: the store's
+		// copy is laid out with its holes (fromStore).
+		return errLiveChanged
+	}
 	i := 0
 	var n uint64
 	err = delta.NewChunker().Chunk(src, st.Size, func(data []byte) error {
@@ -195,23 +199,11 @@ func (f *freezer) copyLive(ctx context.Context, out *os.File, rel string, e *del
 	return nil
 }
 
-// fromStore writes e's chunks as the loader returns them (verified).
+// fromStore writes e's content as the loader returns it (verified), holes
+// kept as holes (delta.WriteContent, the restores' one writer).
 func (f *freezer) fromStore(ctx context.Context, out *os.File, e *delta.Entry) error {
-	var n uint64
-	for _, c := range e.Chunks {
-		data, err := f.loader.LoadBlob(ctx, delta.BlobData, c)
-		if err != nil {
-			return fmt.Errorf("chunk %s: %w", c.Short(), err)
-		}
-		if _, err := out.Write(data); err != nil {
-			return err
-		}
-		n += uint64(len(data))
-	}
-	if n != e.Size {
-		return fmt.Errorf("chunks hold %d bytes, entry says %d: %w", n, e.Size, errdefs.ErrCorrupt)
-	}
-	return nil
+	_, err := delta.WriteContent(ctx, f.loader, out, e, false)
+	return err
 }
 
 func resetFile(f *os.File) error {
