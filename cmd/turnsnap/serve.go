@@ -31,7 +31,7 @@ type serveFlags struct {
 	tlsCert, tlsKey string
 	logFormat       string
 	shutdownTimeout time.Duration
-	tenants         string // tenants.go
+	tenants         string   // tenants.go
 	llm             llmFlags // run.go
 }
 

@@ -179,6 +179,7 @@ func TestTenantsCannotReachEachOther(t *testing.T) {
 		"GET /healthz":             {http.StatusOK},
 		"GET /metrics":             {http.StatusOK},
 		"GET /v1/events":           nil, // a stream: the subscription above
+		"GET /v1/llm":              {http.StatusOK},
 	}
 	call := func(pattern, path string, want []int) {
 		method, _, _ := strings.Cut(pattern, " ")

@@ -230,11 +230,13 @@ type LLMStatus struct {
 
 // SetLLMUpstream sets (or with "" clears) a sandbox's own upstream.
 func (s *Service) SetLLMUpstream(ctx context.Context, name string, req LLMUpstreamRequest) (*LLMSandbox, error) {
-	if req.LLMUpstream == nil {
-		return nil, invalidf("sandbox %s: nothing to change (llm_upstream)", name)
-	}
+	// The sandbox first: a name that is not this home's is not found,
+	// whatever the request says (another tenant learns nothing from it).
 	if _, err := s.GetSandbox(ctx, name); err != nil {
 		return nil, err
+	}
+	if req.LLMUpstream == nil {
+		return nil, invalidf("sandbox %s: nothing to change (llm_upstream)", name)
 	}
 	if err := NewUpstreams(s.E.Home()).Set(name, *req.LLMUpstream); err != nil {
 		return nil, err
