@@ -38,6 +38,12 @@ type CacheEntry struct {
 	// Racy marks entries stamped so close to their scan that a later change
 	// might not have moved ctime; they are never trusted.
 	Racy bool
+	// State and StateFlags, for a directory, are its subtree's state key
+	// and the dirFlags it was scanned with, so a tracked scan can take an
+	// unchanged directory whole (scan_changed.go). A cache written before
+	// they existed decodes with a zero State, which is never taken.
+	State      ID
+	StateFlags uint8
 }
 
 // ScanCache maps root-relative paths to what they were at the last committed

@@ -1,0 +1,133 @@
+package delta
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"path"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// ErrMustWalk says a tracked scan met something the change set cannot
+// vouch for (a multiply-linked file, whose other names may lie in
+// directories it does not list): the caller runs the full walk instead.
+var ErrMustWalk = errors.New("tracked scan cannot decide: walk")
+
+// ChangeSet is the root-relative paths that may have changed since the scan
+// that made a cache, as change events name them. A path stands for its
+// entry and, for a directory, everything below it. Extra paths cost only a
+// look; a missing one would hide a change, so the producer of a set must
+// give up (and walk) whenever it may have missed one.
+type ChangeSet struct {
+	paths map[string]bool // named by an event
+	along map[string]bool // a strict ancestor of a named path
+}
+
+// NewChangeSet returns the set of paths (cleaned; "" or "." is the root).
+func NewChangeSet(paths []string) *ChangeSet {
+	c := &ChangeSet{paths: map[string]bool{}, along: map[string]bool{}}
+	for _, p := range paths {
+		p = path.Clean("/" + p)[1:]
+		c.paths[p] = true
+		for d := p; d != ""; {
+			i := strings.LastIndexByte(d, '/')
+			if i < 0 {
+				d = ""
+			} else {
+				d = d[:i]
+			}
+			if c.along[d] {
+				break
+			}
+			c.along[d] = true
+		}
+	}
+	return c
+}
+
+// Len is the number of named paths.
+func (c *ChangeSet) Len() int { return len(c.paths) }
+
+// touches reports whether rel or anything below it may have changed. A
+// directory is below a named path when one of its ancestors is named.
+func (c *ChangeSet) touches(rel string) bool {
+	if c.paths[""] || c.paths[rel] || c.along[rel] {
+		return true
+	}
+	for d := rel; ; {
+		i := strings.LastIndexByte(d, '/')
+		if i < 0 {
+			return false
+		}
+		d = d[:i]
+		if c.paths[d] {
+			return true
+		}
+	}
+}
+
+// ScanChanged is Scan for a directory of which only the paths in changed
+// may differ from what prev (the cache of the last committed scan, made by
+// Scan or ScanChanged) recorded. It lists the directories on the way to a
+// changed path and stats their entries; a directory off those ways whose
+// stat still matches prev is taken whole from prev, so the cost follows the
+// change, not the tree. The result, Root and StateKey, equals a full
+// Scan's. Its Cache is prev updated in place (prev must not be used
+// again), so a failed turn must drop it. opts.Prev and opts.Changed are set
+// here. ErrMustWalk means: run Scan.
+func ScanChanged(ctx context.Context, root string, prev *ScanCache, changed *ChangeSet, opts ScanOptions) (*ScanResult, error) {
+	if prev == nil || changed == nil {
+		return nil, fmt.Errorf("scan %s: no previous scan to build on: %w", root, ErrMustWalk)
+	}
+	opts.Prev, opts.Changed = prev, changed
+	return Scan(ctx, root, opts)
+}
+
+// bits packs the flags a directory's state key depends on.
+func (fl dirFlags) bits() uint8 {
+	var b uint8
+	if fl.merged {
+		b |= 1
+	}
+	if fl.opaque {
+		b |= 2
+	}
+	return b | 4 // never zero: a zero StateFlags is "unknown"
+}
+
+// reuse is the tracked scan's shortcut for entry rel (stat st): an
+// unchanged directory comes whole from Prev. ok=false: scan the entry.
+func (s *scanner) reuse(dirFD int, rel, name string, st *unix.Stat_t, prev CacheEntry, hit bool, fl dirFlags) (Entry, ID, bool, error) {
+	if st.Mode&unix.S_IFMT == unix.S_IFREG && st.Nlink > 1 {
+		n := uint64(st.Nlink)
+		if s.opts.TreeLinks != nil && !fl.merged {
+			var err error
+			if n, err = s.opts.TreeLinks(dirFD, name, rel, st); err != nil {
+				return Entry{}, ID{}, false, fmt.Errorf("scan %s: %w", s.where(rel), err)
+			}
+		}
+		if n > 1 {
+			return Entry{}, ID{}, false, fmt.Errorf("scan %s: multiply-linked file: %w", s.where(rel), ErrMustWalk)
+		}
+	}
+	if !hit || fl.merged || prev.Entry.Type != TypeDir || prev.State == (ID{}) ||
+		prev.StateFlags != fl.bits() || s.opts.Changed.touches(rel) {
+		return Entry{}, ID{}, false, nil
+	}
+	e := prev.Entry
+	e.Name = name
+	s.next.Entries[rel] = prev
+	return e, prev.State, true, nil
+}
+
+// merge returns c with the entries of a tracked scan laid over it. Entries
+// of paths that are gone stay behind; a cache is looked up only along
+// existing paths, by inode and ctime, so they are never taken, and the
+// next full walk drops them.
+func (c *ScanCache) merge(next *ScanCache) *ScanCache {
+	maps.Copy(c.Entries, next.Entries)
+	return c
+}

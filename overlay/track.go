@@ -1,0 +1,365 @@
+package overlay
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/internal/errdefs"
+	"golang.org/x/sys/unix"
+)
+
+// trackMask is what a tracker listens for: every change to names, data and
+// metadata made through the overlay mount (docs/TRACKING.md).
+const trackMask = unix.FAN_MODIFY | unix.FAN_ATTRIB | unix.FAN_CLOSE_WRITE | unix.FAN_CREATE |
+	unix.FAN_DELETE | unix.FAN_MOVED_FROM | unix.FAN_MOVED_TO | unix.FAN_ONDIR
+
+// maxTracked bounds the paths a tracker remembers; past it the next turn
+// walks, which costs no more than reading that many paths would.
+const maxTracked = 1 << 16
+
+// Walk reasons, as TrackStats and the engine's counters name them.
+const (
+	ReasonStart      = "start"      // no scan yet since the tracker started
+	ReasonOverflow   = "overflow"   // the kernel queue overflowed (FAN_Q_OVERFLOW)
+	ReasonRead       = "read"       // reading or decoding the events failed
+	ReasonUnresolved = "unresolved" // an event's file handle did not map to a path
+	ReasonTooMany    = "too-many"   // more changed paths than maxTracked
+	ReasonLost       = "lost"       // the caller said events may be lost (Lost)
+	ReasonHardlink   = "hardlink"   // the tracked scan met a multiply-linked file
+)
+
+// TrackOptions configures Track.
+type TrackOptions struct {
+	// NoDrain, for tests, leaves events in the kernel queue until Changes,
+	// so a test can overflow it for real.
+	NoDrain bool
+}
+
+// TrackStats counts a tracker's events.
+type TrackStats struct {
+	Events    uint64
+	Overflows uint64
+	Stale     uint64 // events on entries already deleted, dropped
+}
+
+// Tracker records which paths of one mounted overlay root changed, from a
+// fanotify group with a filesystem mark on the overlay's superblock, so a
+// turn can scan only those (Root.ScanTracked). Its record is "since the
+// last Reset": Changes returns it (or why it is unknown), Reset starts the
+// next one once a scan is committed. Safe for concurrent use.
+type Tracker struct {
+	fd      int // the fanotify group, non-blocking
+	mountFD int // the mount's root, for open_by_handle_at
+	prefix  string
+	wake    [2]int // pipe: closing wakes the drain goroutine
+	done    chan struct{}
+
+	mu     sync.Mutex
+	closed bool
+	// taken is what the scan in progress (since the last Reset) builds on;
+	// pending is what arrived after its Changes call.
+	taken, pending        map[string]bool
+	takenWhy, pendingWhy  string // why the record is unknown ("" known)
+	last                  *delta.ScanResult
+	stats                 TrackStats
+	buf                   []byte
+	testInject            func() // for tests: runs in each drain
+}
+
+// Track starts recording changes to the mounted root r. Events made before
+// it returns are not in the record: the first turn walks (ReasonStart).
+func (r *Root) Track(opts TrackOptions) (*Tracker, error) {
+	fd, err := unix.FanotifyInit(unix.FAN_CLASS_NOTIF|unix.FAN_REPORT_DFID_NAME|unix.FAN_REPORT_FID|
+		unix.FAN_CLOEXEC|unix.FAN_NONBLOCK, unix.O_RDONLY|unix.O_LARGEFILE)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: fanotify_init: %w", r.dir, err)
+	}
+	t := &Tracker{fd: fd, mountFD: -1, wake: [2]int{-1, -1}, done: make(chan struct{}),
+		taken: map[string]bool{}, pending: map[string]bool{}, takenWhy: ReasonStart,
+		buf: make([]byte, 64<<10)}
+	if err := checkMounted(r.Path()); err != nil {
+		t.closeFDs()
+		return nil, fmt.Errorf("sandbox %s: track: %w", r.dir, err)
+	}
+	if err := unix.FanotifyMark(fd, unix.FAN_MARK_ADD|unix.FAN_MARK_FILESYSTEM, trackMask, unix.AT_FDCWD, r.Path()); err != nil {
+		t.closeFDs()
+		return nil, fmt.Errorf("sandbox %s: fanotify_mark on %s (needs index=on,nfs_export=on): %w", r.dir, r.Path(), errors.Join(err, errdefs.ErrPrecondition))
+	}
+	if t.mountFD, err = unix.Open(r.Path(), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
+		t.closeFDs()
+		return nil, fmt.Errorf("sandbox %s: track: %w", r.dir, err)
+	}
+	if t.prefix, err = os.Readlink("/proc/self/fd/" + strconv.Itoa(t.mountFD)); err != nil {
+		t.closeFDs()
+		return nil, fmt.Errorf("sandbox %s: track: %w", r.dir, err)
+	}
+	if opts.NoDrain {
+		close(t.done)
+		return t, nil
+	}
+	if err := unix.Pipe2(t.wake[:], unix.O_CLOEXEC); err != nil {
+		t.closeFDs()
+		return nil, fmt.Errorf("sandbox %s: track: %w", r.dir, err)
+	}
+	go t.drainLoop()
+	return t, nil
+}
+
+func (t *Tracker) closeFDs() {
+	for _, fd := range []int{t.fd, t.mountFD, t.wake[0], t.wake[1]} {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+	}
+}
+
+// Close stops the tracker.
+func (t *Tracker) Close() error {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return nil
+	}
+	t.closed = true
+	if t.wake[1] >= 0 {
+		unix.Close(t.wake[1])
+		t.wake[1] = -1
+	}
+	t.mu.Unlock()
+	<-t.done
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.closeFDs()
+	t.fd, t.mountFD, t.wake = -1, -1, [2]int{-1, -1}
+	return nil
+}
+
+// drainLoop moves events from the kernel queue into the record as they
+// come, so the queue overflows only when a burst outruns it.
+func (t *Tracker) drainLoop() {
+	defer close(t.done)
+	fds := []unix.PollFd{{Fd: int32(t.fd), Events: unix.POLLIN}, {Fd: int32(t.wake[0]), Events: unix.POLLIN}}
+	for {
+		_, err := unix.Poll(fds, -1)
+		if err != nil && !errors.Is(err, unix.EINTR) {
+			t.mu.Lock()
+			t.lostLocked(ReasonRead)
+			t.mu.Unlock()
+			return
+		}
+		if fds[1].Revents != 0 {
+			return
+		}
+		if fds[0].Revents != 0 {
+			t.mu.Lock()
+			t.drainLocked()
+			t.mu.Unlock()
+		}
+	}
+}
+
+// drainLocked reads every queued event into pending.
+func (t *Tracker) drainLocked() {
+	if t.testInject != nil {
+		t.testInject()
+	}
+	for t.fd >= 0 {
+		n, err := unix.Read(t.fd, t.buf)
+		if errors.Is(err, unix.EAGAIN) || (err == nil && n == 0) {
+			return
+		}
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			t.lostLocked(ReasonRead)
+			return
+		}
+		if err := decodeEvents(t.buf[:n], t.eventLocked); err != nil {
+			t.lostLocked(ReasonRead)
+		}
+	}
+}
+
+func (t *Tracker) lostLocked(why string) {
+	if t.pendingWhy == "" {
+		t.pendingWhy = why
+	}
+	clear(t.pending)
+}
+
+// eventLocked adds the paths one event names.
+func (t *Tracker) eventLocked(ev rawEvent) error {
+	t.stats.Events++
+	if ev.Mask&unix.FAN_Q_OVERFLOW != 0 {
+		t.stats.Overflows++
+		t.lostLocked(ReasonOverflow)
+		return nil
+	}
+	if t.pendingWhy != "" {
+		return nil // already unknown until the next Reset
+	}
+	named := false
+	for _, rec := range ev.Records {
+		if rec.Kind == infoDFIDName || rec.Kind == infoOldDFIDName || rec.Kind == infoNewDFIDName {
+			named = true
+			dir, ok, err := t.resolve(rec)
+			if err != nil {
+				t.lostLocked(ReasonUnresolved)
+				return nil
+			}
+			if !ok {
+				t.stats.Stale++
+				continue
+			}
+			if rec.Name == "." {
+				t.addLocked(dir)
+			} else {
+				t.addLocked(path.Join(dir, rec.Name))
+			}
+		}
+	}
+	if named {
+		return nil
+	}
+	// An event without a name (a link count change) names the object by
+	// its own handle: map it to one of its names.
+	for _, rec := range ev.Records {
+		if rec.Kind != infoFID && rec.Kind != infoDFID {
+			continue
+		}
+		p, ok, err := t.resolve(rec)
+		if err != nil {
+			t.lostLocked(ReasonUnresolved)
+			return nil
+		}
+		if ok {
+			t.addLocked(p)
+		} else {
+			t.stats.Stale++
+		}
+		return nil
+	}
+	t.lostLocked(ReasonUnresolved) // no record we can place
+	return nil
+}
+
+func (t *Tracker) addLocked(p string) {
+	if len(t.pending) >= maxTracked {
+		t.lostLocked(ReasonTooMany)
+		return
+	}
+	t.pending[p] = true
+}
+
+// resolve maps a file handle of the overlay to its root-relative path now.
+// ok=false: the object no longer exists (ESTALE, or unlinked), so the
+// event is covered by the delete event of its last name, which names the
+// parent. Any other failure is an error: the record becomes unknown.
+func (t *Tracker) resolve(rec fidRecord) (string, bool, error) {
+	fh := unix.NewFileHandle(rec.HandleType, rec.Handle)
+	fd, err := unix.OpenByHandleAt(t.mountFD, fh, unix.O_PATH|unix.O_CLOEXEC)
+	if errors.Is(err, unix.ESTALE) || errors.Is(err, unix.ENOENT) {
+		return "", false, nil
+	}
+	if err != nil {
+		return "", false, fmt.Errorf("open_by_handle_at: %w", err)
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return "", false, err
+	}
+	if st.Nlink == 0 {
+		return "", false, nil
+	}
+	p, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd))
+	if err != nil {
+		return "", false, err
+	}
+	if p == t.prefix {
+		return "", true, nil
+	}
+	rel, ok := strings.CutPrefix(p, t.prefix+"/")
+	if !ok || t.prefix == "/" {
+		return "", false, fmt.Errorf("handle resolved to %q, outside %s", p, t.prefix)
+	}
+	return rel, true, nil
+}
+
+// Changes returns the paths changed since the last Reset, sorted, or the
+// reason the record is unknown (the caller must walk). The paths stay in
+// the record until Reset: a turn that is not committed builds on them.
+func (t *Tracker) Changes() ([]string, string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.drainLocked()
+	if t.takenWhy == "" {
+		t.takenWhy = t.pendingWhy
+	}
+	t.pendingWhy = ""
+	if t.takenWhy != "" {
+		clear(t.taken)
+	} else {
+		for p := range t.pending {
+			if len(t.taken) >= maxTracked {
+				t.takenWhy = ReasonTooMany
+				clear(t.taken)
+				break
+			}
+			t.taken[p] = true
+		}
+	}
+	clear(t.pending)
+	if t.takenWhy != "" {
+		return nil, t.takenWhy
+	}
+	out := make([]string, 0, len(t.taken))
+	for p := range t.taken {
+		out = append(out, p)
+	}
+	slices.Sort(out)
+	return out, ""
+}
+
+// Reset makes res, the scan that followed the last Changes, the new base:
+// it is committed (or equal to the head), and what arrived since that
+// Changes call stays in the record.
+func (t *Tracker) Reset(res *delta.ScanResult) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	clear(t.taken)
+	t.takenWhy = ""
+	t.last = res
+}
+
+// Lost says events may have been missed (a failed turn that may have left
+// the record's base inconsistent, a writer the marks do not see): the
+// next turn walks.
+func (t *Tracker) Lost() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.lostLocked(ReasonLost)
+	t.takenWhy, t.last = ReasonLost, nil
+	clear(t.taken)
+}
+
+// Stats returns the tracker's counters.
+func (t *Tracker) Stats() TrackStats {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.stats
+}
+
+func (t *Tracker) base() *delta.ScanResult {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.last
+}

@@ -1,0 +1,121 @@
+package overlay
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"path/filepath"
+
+	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/internal/fsat"
+	"golang.org/x/sys/unix"
+)
+
+// TrackedScan says how Root.ScanTracked decided.
+type TrackedScan struct {
+	// Walked is set when the full incremental walk ran; Reason says why
+	// (ReasonStart, ReasonOverflow ...).
+	Walked bool
+	Reason string
+	// Paths is how many changed paths the events named.
+	Paths int
+	// Detail is what made a tracked scan walk (for logs).
+	Detail string
+}
+
+// ScanTracked is Scan driven by t's record: with no change since t's base
+// (the last scan passed to Reset) it returns that scan's result without
+// touching the layer; with changes it reads only the paths the events
+// name (delta.ScanChanged); when the record is unknown, or the changed
+// paths are ambiguous, it walks like Scan. The result equals Scan's, state
+// key for state key. Pass it to t.Reset once it is committed (or found
+// equal to the head); after a failed turn call t.Lost.
+func (r *Root) ScanTracked(ctx context.Context, saver delta.BlobSaver, t *Tracker) (*delta.ScanResult, TrackedScan, error) {
+	g, err := r.gen()
+	if err != nil {
+		return nil, TrackedScan{}, err
+	}
+	// Linking up first: the names it adds make events, which belong in
+	// the record this scan takes.
+	if err := r.linkUp(g); err != nil {
+		return nil, TrackedScan{}, fmt.Errorf("sandbox %s: %w", r.dir, err)
+	}
+	paths, why := t.Changes()
+	base := t.base()
+	if why == "" && base == nil {
+		why = ReasonStart
+	}
+	info := TrackedScan{Paths: len(paths)}
+	if why == "" && len(paths) == 0 {
+		return &delta.ScanResult{Root: base.Root, StateKey: base.StateKey, Cache: base.Cache}, info, nil
+	}
+	upper := filepath.Join(g, "upper")
+	if why == "" {
+		res, err := r.scanChanged(ctx, upper, saver, base.Cache, delta.NewChangeSet(paths))
+		if err == nil {
+			return res, info, nil
+		}
+		if !errors.Is(err, delta.ErrMustWalk) {
+			return nil, info, err
+		}
+		why, info.Detail = ReasonHardlink, err.Error()
+	}
+	info.Walked, info.Reason = true, why
+	res, err := r.scanUpper(ctx, upper, saver, readCache(filepath.Join(g, "scan.cache")), delta.ScanOptions{})
+	return res, info, err
+}
+
+// scanChanged is scanUpper for a tracked scan. A tracked scan gives up
+// (ErrMustWalk) at any multiply-linked file, so the second pass that
+// matches hardlinks across renamed directories is never needed.
+func (r *Root) scanChanged(ctx context.Context, upper string, saver delta.BlobSaver, prev *delta.ScanCache, changed *delta.ChangeSet) (*delta.ScanResult, error) {
+	u, err := r.newUpperScan()
+	if err != nil {
+		return nil, err
+	}
+	defer u.close()
+	opts := delta.ScanOptions{Translate: Translate, Residue: u.residue, Redirect: u.redirect}
+	index, err := fsat.OpenDir(filepath.Join(filepath.Dir(upper), "work", "index"))
+	if err == nil {
+		defer unix.Close(index)
+		opts.TreeLinks = u.treeLinks(index)
+	} else if !errors.Is(err, unix.ENOENT) {
+		return nil, fmt.Errorf("sandbox %s: index dir: %w", r.dir, err)
+	}
+	var trees *treeBuffer
+	if saver != nil {
+		trees = &treeBuffer{next: saver}
+		opts.Saver = trees
+	}
+	res, err := delta.ScanChanged(ctx, upper, prev, changed, opts)
+	if err == nil && trees != nil {
+		err = trees.flush(ctx)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", r.dir, err)
+	}
+	return res, nil
+}
+
+// treeLinks counts the names of a multiply-linked upper file that are in
+// the layer: with index=on,nfs_export=on every copied-up file is also
+// linked into the workdir's index, under the hex of its origin record, and
+// that link is no name of the sandbox's.
+func (u *upperScan) treeLinks(indexFD int) func(dirFD int, name, rel string, st *unix.Stat_t) (uint64, error) {
+	return func(dirFD int, name, rel string, st *unix.Stat_t) (uint64, error) {
+		n, err := unix.Lgetxattr(fsat.ProcPath(dirFD, name), originXattr, u.xbuf)
+		if errors.Is(err, unix.ENODATA) || errors.Is(err, unix.ENOTSUP) {
+			return uint64(st.Nlink), nil
+		}
+		if err != nil {
+			return 0, fmt.Errorf("read origin: %w", err)
+		}
+		var ist unix.Stat_t
+		if unix.Fstatat(indexFD, hex.EncodeToString(u.xbuf[:n]), &ist, unix.AT_SYMLINK_NOFOLLOW) == nil &&
+			ist.Dev == st.Dev && ist.Ino == st.Ino {
+			return uint64(st.Nlink) - 1, nil
+		}
+		return uint64(st.Nlink), nil
+	}
+}
