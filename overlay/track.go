@@ -65,12 +65,12 @@ type Tracker struct {
 	closed bool
 	// taken is what the scan in progress (since the last Reset) builds on;
 	// pending is what arrived after its Changes call.
-	taken, pending        map[string]bool
-	takenWhy, pendingWhy  string // why the record is unknown ("" known)
-	last                  *delta.ScanResult
-	stats                 TrackStats
-	buf                   []byte
-	testInject            func() // for tests: runs in each drain
+	taken, pending       map[string]bool
+	takenWhy, pendingWhy string // why the record is unknown ("" known)
+	last                 *delta.ScanResult
+	stats                TrackStats
+	buf                  []byte
+	testInject           func() // for tests: runs in each drain
 }
 
 // Track starts recording changes to the mounted root r. Events made before
