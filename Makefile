@@ -53,7 +53,8 @@ FUZZ_TARGETS := \
 	./delta:FuzzDecodeRecord ./delta:FuzzDecodeSandbox ./delta:FuzzSealedPackHeader ./delta:FuzzOpenObject ./delta:FuzzKeyFiles \
 	./engine/llmproxy:FuzzParseRequest ./engine/llmproxy:FuzzCanonMatchesReference \
 	./engine/llmproxy:FuzzDecodeEntry \
-	./proc:FuzzProcText ./proc:FuzzImageFiles
+	./proc:FuzzProcText ./proc:FuzzImageFiles \
+	./overlay:FuzzDecodeEvents
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 	  echo "== $${t#*:} ($${t%%:*}, $(FUZZTIME))"; \
