@@ -72,7 +72,8 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 		}
 	}
 	defer resume()
-	res, err := st.root.Scan(ctx, deviceGuard{op})
+	res, ts, err := e.scanRoot(ctx, name, st, deviceGuard{op})
+	defer ts.failed() // a turn that returns early leaves the tracker unsure
 	if err != nil {
 		return nil, err
 	}
@@ -102,6 +103,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 				return nil, err
 			}
 		}
+		ts.done(res)
 		stats.DurationNs = time.Since(start).Nanoseconds()
 		return &CheckpointResult{ID: st.head.ID, Sandbox: name, Class: delta.ClassSkip, Turn: turn,
 			Parent: st.head.ID, Stats: stats, Duration: time.Since(start)}, nil
@@ -145,6 +147,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 		// The checkpoint is committed; a stale cache only costs a re-read.
 		e.log.Warn("scan cache not saved", "sandbox", name, "err", err)
 	}
+	ts.done(res)
 	out := &CheckpointResult{ID: cp.ID, Sandbox: name, Class: cp.Class, Turn: turn, Parent: cp.Parent,
 		Stats: cp.Stats, Duration: time.Since(start)}
 	if pt.changed {

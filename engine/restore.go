@@ -93,6 +93,7 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 		return nil, err
 	}
 	e.phase("rollback: intent written")
+	e.untrack(name) // a restore remounts the root; the next turn walks
 	if err := st.root.Restore(ctx, cp.FSTree, e.repo); err != nil {
 		// The live root is as it was (Root.Restore): nothing to finish.
 		e.clearIntent(name)

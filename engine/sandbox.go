@@ -295,6 +295,7 @@ func (e *Engine) RemoveSandbox(ctx context.Context, name string) error {
 	if err := e.stopProcesses(ctx, name); err != nil {
 		return err
 	}
+	e.untrack(name) // its descriptor on the root would keep it mounted
 	if be, err := e.backend(sb.Backend, sb.Config); err == nil {
 		if err := be.Open(e.home.sandboxDir(name), "").Remove(ctx); err != nil {
 			return err

@@ -33,6 +33,7 @@ const (
 	ReasonTooMany    = "too-many"   // more changed paths than maxTracked
 	ReasonLost       = "lost"       // the caller said events may be lost (Lost)
 	ReasonHardlink   = "hardlink"   // the tracked scan met a multiply-linked file
+	ReasonRemount    = "remount"    // the root is no longer the mount the tracker marked
 )
 
 // TrackOptions configures Track.
@@ -58,6 +59,7 @@ type Tracker struct {
 	fd      int // the fanotify group, non-blocking
 	mountFD int // the mount's root, for open_by_handle_at
 	prefix  string
+	mntID   uint64 // the marked mount's unique id (STATX_MNT_ID_UNIQUE)
 	wake    [2]int // pipe: closing wakes the drain goroutine
 	done    chan struct{}
 
@@ -97,6 +99,10 @@ func (r *Root) Track(opts TrackOptions) (*Tracker, error) {
 		return nil, fmt.Errorf("sandbox %s: track: %w", r.dir, err)
 	}
 	if t.prefix, err = os.Readlink("/proc/self/fd/" + strconv.Itoa(t.mountFD)); err != nil {
+		t.closeFDs()
+		return nil, fmt.Errorf("sandbox %s: track: %w", r.dir, err)
+	}
+	if t.mntID, err = mountID(t.mountFD, ""); err != nil {
 		t.closeFDs()
 		return nil, fmt.Errorf("sandbox %s: track: %w", r.dir, err)
 	}
@@ -362,4 +368,31 @@ func (t *Tracker) base() *delta.ScanResult {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.last
+}
+
+// mountID is the never-reused id of the mount holding name below dirFD
+// ("" for dirFD itself).
+func mountID(dirFD int, name string) (uint64, error) {
+	flags := unix.AT_SYMLINK_NOFOLLOW
+	if name == "" {
+		flags |= unix.AT_EMPTY_PATH
+	}
+	var stx unix.Statx_t
+	if err := unix.Statx(dirFD, name, flags, unix.STATX_MNT_ID_UNIQUE, &stx); err != nil {
+		return 0, fmt.Errorf("statx: %w", err)
+	}
+	if stx.Mask&unix.STATX_MNT_ID_UNIQUE == 0 {
+		return 0, fmt.Errorf("statx: no unique mount id: %w", errdefs.ErrPrecondition)
+	}
+	return stx.Mnt_id, nil
+}
+
+// Watches reports whether t still marks the mount at r's root: a root
+// unmounted and mounted again (a restore) is another superblock, whose
+// changes t never sees.
+func (t *Tracker) Watches(r *Root) bool {
+	id, err := mountID(unix.AT_FDCWD, r.Path())
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return err == nil && !t.closed && id == t.mntID
 }

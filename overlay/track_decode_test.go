@@ -49,12 +49,16 @@ func TestDecodeEvents(t *testing.T) {
 	}
 	good := encodeEvent(0x100, fidRecord{Kind: infoDFIDName, Handle: []byte{1}, Name: "x"})
 	for name, bad := range map[string][]byte{
-		"short":          good[:10],
-		"cut record":     good[:len(good)-2],
-		"slash in name":  encodeEvent(0x100, fidRecord{Kind: infoDFIDName, Handle: []byte{1}, Name: "a/b"}),
-		"dotdot":         encodeEvent(0x100, fidRecord{Kind: infoDFIDName, Handle: []byte{1}, Name: ".."}),
-		"huge handle":    encodeEvent(0x100, fidRecord{Kind: infoFID, Handle: make([]byte, maxHandleBytes+1)}),
-		"no terminator":  func() []byte { b := append([]byte(nil), good...); b[len(b)-1], b[len(b)-2], b[len(b)-3] = 'a', 'a', 'a'; return b }(),
+		"short":         good[:10],
+		"cut record":    good[:len(good)-2],
+		"slash in name": encodeEvent(0x100, fidRecord{Kind: infoDFIDName, Handle: []byte{1}, Name: "a/b"}),
+		"dotdot":        encodeEvent(0x100, fidRecord{Kind: infoDFIDName, Handle: []byte{1}, Name: ".."}),
+		"huge handle":   encodeEvent(0x100, fidRecord{Kind: infoFID, Handle: make([]byte, maxHandleBytes+1)}),
+		"no terminator": func() []byte {
+			b := append([]byte(nil), good...)
+			b[len(b)-1], b[len(b)-2], b[len(b)-3] = 'a', 'a', 'a'
+			return b
+		}(),
 		"event too long": func() []byte { b := append([]byte(nil), good...); binary.NativeEndian.PutUint32(b, 1<<20); return b }(),
 		"bad version":    func() []byte { b := append([]byte(nil), good...); b[4] = 2; return b }(),
 	} {

@@ -42,6 +42,9 @@ func (r *Root) ScanTracked(ctx context.Context, saver delta.BlobSaver, t *Tracke
 		return nil, TrackedScan{}, fmt.Errorf("sandbox %s: %w", r.dir, err)
 	}
 	paths, why := t.Changes()
+	if !t.Watches(r) {
+		why = ReasonRemount
+	}
 	base := t.base()
 	if why == "" && base == nil {
 		why = ReasonStart
@@ -118,4 +121,14 @@ func (u *upperScan) treeLinks(indexFD int) func(dirFD int, name, rel string, st 
 		}
 		return uint64(st.Nlink), nil
 	}
+}
+
+// ScanFull reads the whole upper layer with no cache: the oracle a tracked
+// or incremental scan must equal. Nothing is saved.
+func (r *Root) ScanFull(ctx context.Context) (*delta.ScanResult, error) {
+	g, err := r.gen()
+	if err != nil {
+		return nil, err
+	}
+	return r.scanUpper(ctx, filepath.Join(g, "upper"), nil, nil, delta.ScanOptions{})
 }
