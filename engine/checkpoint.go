@@ -143,7 +143,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 		// turn skip processes no checkpoint holds.
 		e.settle(ctx, name)
 	}
-	if err := st.root.Committed(res); err != nil {
+	if err := ts.saveCache(st.root, res); err != nil {
 		// The checkpoint is committed; a stale cache only costs a re-read.
 		e.log.Warn("scan cache not saved", "sandbox", name, "err", err)
 	}

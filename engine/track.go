@@ -41,7 +41,7 @@ type trackers struct {
 	on   bool
 	opts overlay.TrackOptions // tests set NoDrain
 	mu   sync.Mutex
-	m    map[string]*overlay.Tracker
+	m    map[string]*trackEntry
 	// counters of trackers already closed, plus the turn counters
 	tracked, unchanged, paths, startFails atomic.Uint64
 	closedStats                           overlay.TrackStats
@@ -61,8 +61,8 @@ func (e *Engine) TrackingStats() TrackingStats {
 	for k, v := range t.walks {
 		out.Walks[k] = v
 	}
-	for _, tr := range t.m {
-		s := tr.Stats()
+	for _, ent := range t.m {
+		s := ent.tr.Stats()
 		out.Overflows += s.Overflows
 		out.Events += s.Events
 	}
@@ -73,22 +73,62 @@ func (e *Engine) TrackingStats() TrackingStats {
 // tracker afterwards: done(res) once res is committed or equal to the
 // head, and failed otherwise (deferred: a no-op after done).
 type turnScan struct {
-	tr      *overlay.Tracker
+	ent     *trackEntry // nil: not tracked
+	info    overlay.TrackedScan
 	settled bool
 }
 
+// trackEntry is one sandbox's tracker and what its lazily saved scan
+// cache owes.
+type trackEntry struct {
+	tr   *overlay.Tracker
+	root *overlay.Root
+	// unsavedTurns and unsavedPaths count the committed tracked turns
+	// whose scan cache was not written to the sandbox (saveCache).
+	unsavedTurns, unsavedPaths int
+}
+
+// Saving the scan cache costs a few ms per 10,000 entries (gob), more than
+// a tracked turn itself. A tracked engine keeps the current cache in
+// memory and writes it after a walk, every cacheSaveTurns turns or
+// cacheSavePaths changed paths, and when tracking stops. Any committed
+// cache is a valid one (files changed since it are re-read), so a crash in
+// between costs re-reads, never a wrong state.
+const (
+	cacheSaveTurns = 64
+	cacheSavePaths = 4096
+)
+
 func (s *turnScan) done(res *delta.ScanResult) {
-	if s.tr != nil && !s.settled {
+	if s.ent != nil && !s.settled {
 		s.settled = true
-		s.tr.Reset(res)
+		s.ent.tr.Reset(res)
 	}
 }
 
 func (s *turnScan) failed() {
-	if s.tr != nil && !s.settled {
+	if s.ent != nil && !s.settled {
 		s.settled = true
-		s.tr.Lost()
+		s.ent.tr.Lost()
 	}
+}
+
+// saveCache records res as the root's committed scan (Root.Committed),
+// now or, for a tracked turn, lazily.
+func (s *turnScan) saveCache(root interface {
+	Committed(*delta.ScanResult) error
+}, res *delta.ScanResult) error {
+	if s.ent != nil && !s.info.Walked {
+		s.ent.unsavedTurns++
+		s.ent.unsavedPaths += s.info.Paths
+		if s.ent.unsavedTurns < cacheSaveTurns && s.ent.unsavedPaths < cacheSavePaths {
+			return nil
+		}
+	}
+	if s.ent != nil {
+		s.ent.unsavedTurns, s.ent.unsavedPaths = 0, 0
+	}
+	return root.Committed(res)
 }
 
 // scanRoot scans sandbox name's root for a checkpoint: through its change
@@ -99,14 +139,14 @@ func (e *Engine) scanRoot(ctx context.Context, name string, st *sandboxState, sa
 		res, err := st.root.Scan(ctx, saver)
 		return res, &turnScan{}, err
 	}
-	tr := e.tracker(name, r)
-	if tr == nil {
+	ent := e.tracker(name, r)
+	if ent == nil {
 		e.countWalk("start-failed")
 		res, err := st.root.Scan(ctx, saver)
 		return res, &turnScan{}, err
 	}
-	ts := &turnScan{tr: tr}
-	res, info, err := r.ScanTracked(ctx, saver, tr)
+	res, info, err := r.ScanTracked(ctx, saver, ent.tr)
+	ts := &turnScan{ent: ent, info: info}
 	if err != nil {
 		ts.failed()
 		return nil, ts, err
@@ -138,15 +178,15 @@ func (e *Engine) countWalk(reason string) {
 // tracker returns sandbox name's tracker, starting one (before the scan
 // that it is then the base of) if there is none or it no longer marks the
 // mounted root. nil: tracking could not start; the turn walks.
-func (e *Engine) tracker(name string, r *overlay.Root) *overlay.Tracker {
+func (e *Engine) tracker(name string, r *overlay.Root) *trackEntry {
 	t := &e.track
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if tr := t.m[name]; tr != nil {
-		if tr.Watches(r) {
-			return tr
+	if ent := t.m[name]; ent != nil {
+		if ent.tr.Watches(r) {
+			return ent
 		}
-		t.closeLocked(name)
+		e.closeLocked(name, false)
 	}
 	tr, err := r.Track(t.opts)
 	if err != nil {
@@ -155,26 +195,37 @@ func (e *Engine) tracker(name string, r *overlay.Root) *overlay.Tracker {
 		return nil
 	}
 	if t.m == nil {
-		t.m = map[string]*overlay.Tracker{}
+		t.m = map[string]*trackEntry{}
 	}
-	t.m[name] = tr
-	return tr
+	ent := &trackEntry{tr: tr, root: r}
+	t.m[name] = ent
+	return ent
 }
 
 // untrack stops tracking sandbox name: before its root is unmounted
 // (rollback, remove), which the tracker's descriptor on it would block,
-// and because the next turn after any of those must walk.
+// and because the next turn after any of those must walk. Its lazily
+// saved scan cache is not written: the layer is about to be replaced.
 func (e *Engine) untrack(name string) {
 	e.track.mu.Lock()
 	defer e.track.mu.Unlock()
-	e.track.closeLocked(name)
+	e.closeLocked(name, false)
 }
 
-func (t *trackers) closeLocked(name string) {
-	tr := t.m[name]
-	if tr == nil {
+// closeLocked stops sandbox name's tracker; save writes the scan cache
+// its tracked turns left unsaved.
+func (e *Engine) closeLocked(name string, save bool) {
+	t := &e.track
+	ent := t.m[name]
+	if ent == nil {
 		return
 	}
+	if base := ent.tr.Base(); save && base != nil && ent.unsavedTurns > 0 {
+		if err := ent.root.Committed(base); err != nil {
+			e.log.Warn("scan cache not saved", "sandbox", name, "err", err)
+		}
+	}
+	tr := ent.tr
 	s := tr.Stats()
 	t.closedStats.Events += s.Events
 	t.closedStats.Overflows += s.Overflows
@@ -188,6 +239,6 @@ func (e *Engine) closeTrackers() {
 	e.track.mu.Lock()
 	defer e.track.mu.Unlock()
 	for name := range e.track.m {
-		e.track.closeLocked(name)
+		e.closeLocked(name, true)
 	}
 }

@@ -364,6 +364,11 @@ func (t *Tracker) Stats() TrackStats {
 	return t.stats
 }
 
+// Base returns the scan last passed to Reset (nil before the first, and
+// after Lost): a committed state, whose cache a caller that saves scan
+// caches lazily writes when it stops tracking.
+func (t *Tracker) Base() *delta.ScanResult { return t.base() }
+
 func (t *Tracker) base() *delta.ScanResult {
 	t.mu.Lock()
 	defer t.mu.Unlock()

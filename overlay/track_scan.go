@@ -65,7 +65,15 @@ func (r *Root) ScanTracked(ctx context.Context, saver delta.BlobSaver, t *Tracke
 		why, info.Detail = ReasonHardlink, err.Error()
 	}
 	info.Walked, info.Reason = true, why
-	res, err := r.scanUpper(ctx, upper, saver, readCache(filepath.Join(g, "scan.cache")), delta.ScanOptions{})
+	// The walk builds on the newest committed cache: the record's base if
+	// it has one (the file may be older, see Tracker.Base), else the file.
+	var prev *delta.ScanCache
+	if base != nil {
+		prev = base.Cache
+	} else {
+		prev = readCache(filepath.Join(g, "scan.cache"))
+	}
+	res, err := r.scanUpper(ctx, upper, saver, prev, delta.ScanOptions{})
 	return res, info, err
 }
 
