@@ -72,7 +72,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 		}
 	}
 	defer resume()
-	res, ts, err := e.scanRoot(ctx, name, st, deviceGuard{op})
+	res, ts, err := e.scanRoot(ctx, name, st, pt, deviceGuard{op})
 	defer ts.failed() // a turn that returns early leaves the tracker unsure
 	if err != nil {
 		return nil, err

@@ -83,6 +83,9 @@ type turnScan struct {
 type trackEntry struct {
 	tr   *overlay.Tracker
 	root *overlay.Root
+	// sharedMaps: at the last turn a process mapped a file shared and
+	// writable, so stores may have reached files since with no event.
+	sharedMaps bool
 	// unsavedTurns and unsavedPaths count the committed tracked turns
 	// whose scan cache was not written to the sandbox (saveCache).
 	unsavedTurns, unsavedPaths int
@@ -133,7 +136,7 @@ func (s *turnScan) saveCache(root interface {
 
 // scanRoot scans sandbox name's root for a checkpoint: through its change
 // tracker when tracking is on and the root is an overlay, else by walking.
-func (e *Engine) scanRoot(ctx context.Context, name string, st *sandboxState, saver delta.BlobSaver) (*delta.ScanResult, *turnScan, error) {
+func (e *Engine) scanRoot(ctx context.Context, name string, st *sandboxState, pt *procTurn, saver delta.BlobSaver) (*delta.ScanResult, *turnScan, error) {
 	r, ok := st.root.(*overlay.Root)
 	if !e.track.on || !ok {
 		res, err := st.root.Scan(ctx, saver)
@@ -145,6 +148,13 @@ func (e *Engine) scanRoot(ctx context.Context, name string, st *sandboxState, sa
 		res, err := st.root.Scan(ctx, saver)
 		return res, &turnScan{}, err
 	}
+	// A shared writable mapping, now or at the last turn (unmapped since,
+	// after storing through it), changes files without events: walk.
+	shared := pt.running && pt.cur.SharedWritable()
+	if shared || ent.sharedMaps {
+		ent.tr.Unsure(overlay.ReasonSharedMap)
+	}
+	ent.sharedMaps = shared
 	res, info, err := r.ScanTracked(ctx, saver, ent.tr)
 	ts := &turnScan{ent: ent, info: info}
 	if err != nil {

@@ -34,6 +34,7 @@ const (
 	ReasonLost       = "lost"       // the caller said events may be lost (Lost)
 	ReasonHardlink   = "hardlink"   // the tracked scan met a multiply-linked file
 	ReasonRemount    = "remount"    // the root is no longer the mount the tracker marked
+	ReasonSharedMap  = "shared-map" // a process maps a file shared and writable (Unsure)
 )
 
 // TrackOptions configures Track.
@@ -355,6 +356,15 @@ func (t *Tracker) Lost() {
 	t.lostLocked(ReasonLost)
 	t.takenWhy, t.last = ReasonLost, nil
 	clear(t.taken)
+}
+
+// Unsure says the next scan cannot trust the record (a writer the marks
+// do not see, such as a shared writable mapping): it walks, building on
+// the base, and the record is whole again after the Reset that follows.
+func (t *Tracker) Unsure(reason string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.lostLocked(reason)
 }
 
 // Stats returns the tracker's counters.

@@ -276,3 +276,22 @@ func (r *Runtime) Baseline(ctx context.Context, id string) (ProcSet, error) {
 	}
 	return prev, nil
 }
+
+// SharedWritable reports whether a process of the set maps a file shared
+// and writable: its stores change the file with no syscall, which change
+// events cannot see.
+func (s ProcSet) SharedWritable() bool {
+	for _, p := range s.Procs {
+		for _, r := range p.Refs {
+			if r.SharedWrite {
+				return true
+			}
+		}
+	}
+	for _, r := range s.Keeper {
+		if r.SharedWrite {
+			return true
+		}
+	}
+	return false
+}
