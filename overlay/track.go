@@ -49,6 +49,8 @@ type TrackStats struct {
 	Events    uint64
 	Overflows uint64
 	Stale     uint64 // events on entries already deleted, dropped
+	// LastLoss says what last made the record unknown, for logs.
+	LastLoss string
 }
 
 // Tracker records which paths of one mounted overlay root changed, from a
@@ -190,6 +192,7 @@ func (t *Tracker) drainLocked() {
 			return
 		}
 		if err := decodeEvents(t.buf[:n], t.eventLocked); err != nil {
+			t.stats.LastLoss = err.Error()
 			t.lostLocked(ReasonRead)
 		}
 	}
@@ -219,6 +222,7 @@ func (t *Tracker) eventLocked(ev rawEvent) error {
 			named = true
 			dir, ok, err := t.resolve(rec)
 			if err != nil {
+				t.stats.LastLoss = err.Error()
 				t.lostLocked(ReasonUnresolved)
 				return nil
 			}
@@ -244,6 +248,7 @@ func (t *Tracker) eventLocked(ev rawEvent) error {
 		}
 		p, ok, err := t.resolve(rec)
 		if err != nil {
+			t.stats.LastLoss = err.Error()
 			t.lostLocked(ReasonUnresolved)
 			return nil
 		}

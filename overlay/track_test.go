@@ -56,7 +56,7 @@ func TestTrackedScanEqualsWalk(t *testing.T) {
 	if s := os.Getenv("TURNSNAP_TRACK_SEED"); s != "" {
 		seed, _ = strconv.ParseInt(s, 10, 64)
 	}
-	turns, perTurn := 150, 20
+	turns, perTurn := 300, 20
 	if testing.Short() {
 		turns = 40
 	}
@@ -65,7 +65,7 @@ func TestTrackedScanEqualsWalk(t *testing.T) {
 	r, _, _ := newRoot(t, trackBase)
 	tr, err := r.Track(TrackOptions{})
 	must(t, err)
-	defer tr.Close()
+	defer func() { tr.Close() }()
 	ctx := context.Background()
 	reasons := map[string]int{}
 	tracked, ops := 0, 0
@@ -75,6 +75,17 @@ func TestTrackedScanEqualsWalk(t *testing.T) {
 		for range rng.Intn(perTurn + 1) {
 			did = append(did, trackEdit(t, rng, r.Path(), &links))
 			ops++
+		}
+		switch rng.Intn(25) {
+		case 0: // a writer the marks do not see: one walk on the base
+			tr.Unsure("test")
+		case 1: // a remount: a new tracker, whose first turn walks
+			must(t, tr.Close())
+			must(t, r.Unmount(ctx))
+			must(t, r.Mount(ctx))
+			if tr, err = r.Track(TrackOptions{}); err != nil {
+				t.Fatal(err)
+			}
 		}
 		res, info, err := r.ScanTracked(ctx, nil, tr)
 		if err != nil {
@@ -88,7 +99,7 @@ func TestTrackedScanEqualsWalk(t *testing.T) {
 		}
 		if info.Walked {
 			if reasons[info.Reason] < 3 {
-				t.Logf("turn %d walked: %s %s", turn, info.Reason, info.Detail)
+				t.Logf("turn %d walked: %s %s %s", turn, info.Reason, info.Detail, tr.Stats().LastLoss)
 			}
 			reasons[info.Reason]++
 		} else {
