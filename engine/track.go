@@ -163,9 +163,8 @@ func (e *Engine) scanRoot(ctx context.Context, name string, st *sandboxState, pt
 	}
 	if info.Walked {
 		e.countWalk(info.Reason)
-		if info.Detail != "" {
-			e.log.Debug("tracked scan walked", "sandbox", name, "reason", info.Reason, "detail", info.Detail)
-		}
+		e.log.Debug("tracked scan walked", "sandbox", name, "reason", info.Reason, "detail", info.Detail,
+			"last_loss", ent.tr.Stats().LastLoss)
 	} else {
 		e.track.tracked.Add(1)
 		e.track.paths.Add(uint64(info.Paths))
