@@ -54,6 +54,11 @@ type ScanOptions struct {
 	// file's links are names below root (overlay: all but its index entry);
 	// nil counts st.Nlink. A tracked scan walks for a file with two or more.
 	TreeLinks func(dirFD int, name, rel string, st *unix.Stat_t) (uint64, error)
+	// Reread names root-relative paths whose cache entries are not to be
+	// trusted even if their stat matches: files a process maps shared and
+	// writable, whose stores need not move mtime or ctime (a store to an
+	// already dirty page faults no more, so nothing stamps the file).
+	Reread map[string]bool
 	// Changed, when set, makes this a tracked scan (scan_changed.go): a
 	// directory that no changed path lies in or below and whose stat
 	// matches Prev is taken from Prev without being listed.
@@ -242,7 +247,13 @@ func (s *scanner) entry(ctx context.Context, dirFD int, rel, name string, fl dir
 		MtimeNs: unix.TimespecToNsec(st.Mtim),
 	}
 	prev, hit := s.opts.Prev.lookup(rel, fresh)
+	if s.opts.Reread[rel] {
+		prev, hit = CacheEntry{}, false
+	}
 	if s.opts.Changed != nil {
+		if !s.opts.Reread[rel] {
+			prev, hit = s.lookupTracked(rel, fresh, prev, hit)
+		}
 		if e, key, ok, err := s.reuse(dirFD, rel, name, &st, prev, hit, fl); ok || err != nil {
 			return e, key, ok, err
 		}

@@ -71,7 +71,8 @@ func (c *ChangeSet) touches(rel string) bool {
 
 // ScanChanged is Scan for a directory of which only the paths in changed
 // may differ from what prev (the cache of the last committed scan, made by
-// Scan or ScanChanged) recorded. It lists the directories on the way to a
+// Scan or ScanChanged) recorded, counting changes from before that scan
+// read anything (so that a change racing its reads is in changed). It lists the directories on the way to a
 // changed path and stats their entries; a directory off those ways whose
 // stat still matches prev is taken whole from prev, so the cost follows the
 // change, not the tree. The result, Root and StateKey, equals a full
@@ -84,6 +85,23 @@ func ScanChanged(ctx context.Context, root string, prev *ScanCache, changed *Cha
 	}
 	opts.Prev, opts.Changed = prev, changed
 	return Scan(ctx, root, opts)
+}
+
+// lookupTracked lets a tracked scan trust a racy cache entry (one stamped
+// within racyWindow of the scan that made it) off the changed paths. The
+// racy rule guards against a change in the same clock tick as that scan's
+// read, which leaves ctime as it was; but the change record the cache is
+// the base of starts before that read, so any such change is a changed
+// path now. On the changed paths the usual rule stands.
+func (s *scanner) lookupTracked(rel string, k CacheKey, prev CacheEntry, hit bool) (CacheEntry, bool) {
+	if hit || s.opts.Changed.touches(rel) {
+		return prev, hit
+	}
+	e, ok := s.opts.Prev.Entries[rel]
+	if !ok || e.Key != k {
+		return CacheEntry{}, false
+	}
+	return e, true
 }
 
 // bits packs the flags a directory's state key depends on.

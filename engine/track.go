@@ -2,6 +2,8 @@ package engine
 
 import (
 	"context"
+	"path"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -83,9 +85,10 @@ type turnScan struct {
 type trackEntry struct {
 	tr   *overlay.Tracker
 	root *overlay.Root
-	// sharedMaps: at the last turn a process mapped a file shared and
-	// writable, so stores may have reached files since with no event.
-	sharedMaps bool
+	// sharedMaps are the root-relative files a process mapped shared and
+	// writable at the last turn: stores may have reached them since with
+	// no event (and no mtime), so this turn reads them again too.
+	sharedMaps []string
 	// unsavedTurns and unsavedPaths count the committed tracked turns
 	// whose scan cache was not written to the sandbox (saveCache).
 	unsavedTurns, unsavedPaths int
@@ -137,9 +140,26 @@ func (s *turnScan) saveCache(root interface {
 // scanRoot scans sandbox name's root for a checkpoint: through its change
 // tracker when tracking is on and the root is an overlay, else by walking.
 func (e *Engine) scanRoot(ctx context.Context, name string, st *sandboxState, pt *procTurn, saver delta.BlobSaver) (*delta.ScanResult, *turnScan, error) {
+	// A file mapped shared and writable, now or at the last turn (unmapped
+	// since, after storing through it), changes without events, and once
+	// its page is dirty without moving its mtime: it is read again.
+	var shared []string
+	if pt.running {
+		for _, p := range pt.cur.SharedWritable() {
+			if rel := strings.TrimPrefix(path.Clean(p), "/"); rel != "" && !strings.HasSuffix(p, " (deleted)") {
+				shared = append(shared, rel)
+			}
+		}
+	}
 	r, ok := st.root.(*overlay.Root)
 	if !e.track.on || !ok {
-		res, err := st.root.Scan(ctx, saver)
+		var res *delta.ScanResult
+		var err error
+		if ok && len(shared) > 0 {
+			res, err = r.ScanReread(ctx, saver, shared)
+		} else {
+			res, err = st.root.Scan(ctx, saver)
+		}
 		return res, &turnScan{}, err
 	}
 	ent := e.tracker(name, r)
@@ -148,12 +168,7 @@ func (e *Engine) scanRoot(ctx context.Context, name string, st *sandboxState, pt
 		res, err := st.root.Scan(ctx, saver)
 		return res, &turnScan{}, err
 	}
-	// A shared writable mapping, now or at the last turn (unmapped since,
-	// after storing through it), changes files without events: walk.
-	shared := pt.running && pt.cur.SharedWritable()
-	if shared || ent.sharedMaps {
-		ent.tr.Unsure(overlay.ReasonSharedMap)
-	}
+	ent.tr.Reread(append(shared, ent.sharedMaps...))
 	ent.sharedMaps = shared
 	res, info, err := r.ScanTracked(ctx, saver, ent.tr)
 	ts := &turnScan{ent: ent, info: info}

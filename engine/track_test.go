@@ -252,10 +252,18 @@ func main() {
 }
 `
 
-// TestTrackedSharedMappingWalks: a process that keeps a file mapped shared
-// and writable stores into it with no event; every turn while it does (and
-// the turn after) walks, so the head always equals a full read.
-func TestTrackedSharedMappingWalks(t *testing.T) {
+// TestTrackedSharedMappingIsReread: a process that keeps a file mapped
+// shared and writable stores into it with no event, and once its page is
+// dirty without moving the file's mtime either; every turn while it is
+// mapped (and the turn after) reads the file again, so the head always
+// equals a full read. The walk (tracking off) rereads it too while it is
+// mapped.
+func TestTrackedSharedMappingIsReread(t *testing.T) {
+	t.Run("tracked", func(t *testing.T) { testSharedMapping(t, true) })
+	t.Run("walk", func(t *testing.T) { testSharedMapping(t, false) })
+}
+
+func testSharedMapping(t *testing.T, tracked bool) {
 	requireProcs(t)
 	ctx := context.Background()
 	base := busyboxBase(t)
@@ -274,6 +282,7 @@ func TestTrackedSharedMappingWalks(t *testing.T) {
 	}
 	must(t, os.WriteFile(filepath.Join(base, "data.bin"), make([]byte, 4096), 0o644))
 	e := openTracking(t, filepath.Join(t.TempDir(), "home"))
+	e.track.on = tracked
 	_, err = e.CreateSandbox(ctx, "s", CreateOptions{Base: base})
 	must(t, err)
 	_, err = e.Exec(ctx, "s", []string{"/bin/mapper", "/data.bin"}, ExecOptions{Detach: true})
@@ -288,12 +297,15 @@ func TestTrackedSharedMappingWalks(t *testing.T) {
 		res, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 		must(t, err)
 		checkFullRead(t, e, "s", res, fmt.Sprintf("turn that stored %c through the mapping", c), false)
+		if res.Stats.FilesRead == 0 {
+			t.Fatalf("turn that stored %c through the mapping read no file: %+v", c, res.Stats)
+		}
 		root, _ := e.SandboxPath(ctx, "s")
 		if b, _ := os.ReadFile(filepath.Join(root, "data.bin")); len(b) == 0 || rune(b[0]) != c {
 			t.Fatalf("the mapping's store did not reach the file: %q", b[:1])
 		}
 	}
-	if st := e.TrackingStats(); st.Walks[overlay.ReasonSharedMap] < 3 {
-		t.Fatalf("turns with a shared writable mapping did not walk: %+v", st)
+	if st := e.TrackingStats(); tracked && st.TrackedScans < 3 {
+		t.Fatalf("turns with a shared writable mapping were not tracked: %+v", st)
 	}
 }

@@ -3,6 +3,7 @@ package overlay
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path"
 	"slices"
@@ -34,7 +35,6 @@ const (
 	ReasonLost       = "lost"       // the caller said events may be lost (Lost)
 	ReasonHardlink   = "hardlink"   // the tracked scan met a multiply-linked file
 	ReasonRemount    = "remount"    // the root is no longer the mount the tracker marked
-	ReasonSharedMap  = "shared-map" // a process maps a file shared and writable (Unsure)
 )
 
 // TrackOptions configures Track.
@@ -70,12 +70,14 @@ type Tracker struct {
 	closed bool
 	// taken is what the scan in progress (since the last Reset) builds on;
 	// pending is what arrived after its Changes call.
-	taken, pending       map[string]bool
+	taken, pending map[string]bool
+	// forced and forcePending are paths to read again whatever their
+	// stat says (Reread), for the scan in progress and the next one.
+	forced, forcePending map[string]bool
 	takenWhy, pendingWhy string // why the record is unknown ("" known)
 	last                 *delta.ScanResult
 	stats                TrackStats
 	buf                  []byte
-	testInject           func() // for tests: runs in each drain
 }
 
 // Track starts recording changes to the mounted root r. Events made before
@@ -88,6 +90,7 @@ func (r *Root) Track(opts TrackOptions) (*Tracker, error) {
 	}
 	t := &Tracker{fd: fd, mountFD: -1, wake: [2]int{-1, -1}, done: make(chan struct{}),
 		taken: map[string]bool{}, pending: map[string]bool{}, takenWhy: ReasonStart,
+		forced: map[string]bool{}, forcePending: map[string]bool{},
 		buf: make([]byte, 64<<10)}
 	if err := checkMounted(r.Path()); err != nil {
 		t.closeFDs()
@@ -176,9 +179,6 @@ func (t *Tracker) drainLoop() {
 
 // drainLocked reads every queued event into pending.
 func (t *Tracker) drainLocked() {
-	if t.testInject != nil {
-		t.testInject()
-	}
 	for t.fd >= 0 {
 		n, err := unix.Read(t.fd, t.buf)
 		if errors.Is(err, unix.EAGAIN) || (err == nil && n == 0) {
@@ -330,8 +330,15 @@ func (t *Tracker) Changes() ([]string, string) {
 		}
 	}
 	clear(t.pending)
+	for p := range t.forcePending {
+		t.forced[p] = true
+	}
+	clear(t.forcePending)
 	if t.takenWhy != "" {
 		return nil, t.takenWhy
+	}
+	for p := range t.forced {
+		t.taken[p] = true
 	}
 	out := make([]string, 0, len(t.taken))
 	for p := range t.taken {
@@ -348,8 +355,31 @@ func (t *Tracker) Reset(res *delta.ScanResult) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	clear(t.taken)
+	clear(t.forced)
 	t.takenWhy = ""
 	t.last = res
+}
+
+// Reread names files whose changes make no event and need not move their
+// stat (files a process maps shared and writable): the next scan reads
+// them, tracked or walked, whatever the cache says. Paths are
+// root-relative.
+func (t *Tracker) Reread(paths []string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, p := range paths {
+		t.forcePending[p] = true
+	}
+}
+
+// rereadSet is the forced paths of the scan in progress (after Changes).
+func (t *Tracker) rereadSet() map[string]bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.forced) == 0 {
+		return nil
+	}
+	return maps.Clone(t.forced)
 }
 
 // Lost says events may have been missed (a failed turn that may have left

@@ -50,12 +50,13 @@ func (r *Root) ScanTracked(ctx context.Context, saver delta.BlobSaver, t *Tracke
 		why = ReasonStart
 	}
 	info := TrackedScan{Paths: len(paths)}
+	reread := t.rereadSet()
 	if why == "" && len(paths) == 0 {
 		return &delta.ScanResult{Root: base.Root, StateKey: base.StateKey, Cache: base.Cache}, info, nil
 	}
 	upper := filepath.Join(g, "upper")
 	if why == "" {
-		res, err := r.scanChanged(ctx, upper, saver, base.Cache, delta.NewChangeSet(paths))
+		res, err := r.scanChanged(ctx, upper, saver, base.Cache, delta.NewChangeSet(paths), reread)
 		if err == nil {
 			return res, info, nil
 		}
@@ -73,20 +74,20 @@ func (r *Root) ScanTracked(ctx context.Context, saver delta.BlobSaver, t *Tracke
 	} else {
 		prev = readCache(filepath.Join(g, "scan.cache"))
 	}
-	res, err := r.scanUpper(ctx, upper, saver, prev, delta.ScanOptions{})
+	res, err := r.scanUpper(ctx, upper, saver, prev, delta.ScanOptions{Reread: reread})
 	return res, info, err
 }
 
 // scanChanged is scanUpper for a tracked scan. A tracked scan gives up
 // (ErrMustWalk) at any multiply-linked file, so the second pass that
 // matches hardlinks across renamed directories is never needed.
-func (r *Root) scanChanged(ctx context.Context, upper string, saver delta.BlobSaver, prev *delta.ScanCache, changed *delta.ChangeSet) (*delta.ScanResult, error) {
+func (r *Root) scanChanged(ctx context.Context, upper string, saver delta.BlobSaver, prev *delta.ScanCache, changed *delta.ChangeSet, reread map[string]bool) (*delta.ScanResult, error) {
 	u, err := r.newUpperScan()
 	if err != nil {
 		return nil, err
 	}
 	defer u.close()
-	opts := delta.ScanOptions{Translate: Translate, Residue: u.residue, Redirect: u.redirect}
+	opts := delta.ScanOptions{Translate: Translate, Residue: u.residue, Redirect: u.redirect, Reread: reread}
 	index, err := fsat.OpenDir(filepath.Join(filepath.Dir(upper), "work", "index"))
 	if err == nil {
 		defer unix.Close(index)
@@ -139,4 +140,22 @@ func (r *Root) ScanFull(ctx context.Context) (*delta.ScanResult, error) {
 		return nil, err
 	}
 	return r.scanUpper(ctx, filepath.Join(g, "upper"), nil, nil, delta.ScanOptions{})
+}
+
+// ScanReread is Scan that reads the files named by reread (root-relative)
+// whatever the cache says: files a process maps shared and writable, whose
+// stores need not move their stat.
+func (r *Root) ScanReread(ctx context.Context, saver delta.BlobSaver, reread []string) (*delta.ScanResult, error) {
+	g, err := r.gen()
+	if err != nil {
+		return nil, err
+	}
+	if err := r.linkUp(g); err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", r.dir, err)
+	}
+	set := make(map[string]bool, len(reread))
+	for _, p := range reread {
+		set[p] = true
+	}
+	return r.scanUpper(ctx, filepath.Join(g, "upper"), saver, readCache(filepath.Join(g, "scan.cache")), delta.ScanOptions{Reread: set})
 }

@@ -277,21 +277,22 @@ func (r *Runtime) Baseline(ctx context.Context, id string) (ProcSet, error) {
 	return prev, nil
 }
 
-// SharedWritable reports whether a process of the set maps a file shared
-// and writable: its stores change the file with no syscall, which change
-// events cannot see.
-func (s ProcSet) SharedWritable() bool {
-	for _, p := range s.Procs {
-		for _, r := range p.Refs {
-			if r.SharedWrite {
-				return true
+// SharedWritable returns the files (paths inside the container) that a
+// process of the set maps shared and writable: its stores change them
+// with no syscall, which change events cannot see, and without moving
+// their mtime once a page is dirty.
+func (s ProcSet) SharedWritable() []string {
+	var out []string
+	add := func(refs []Ref) {
+		for _, r := range refs {
+			if r.SharedWrite && !slices.Contains(out, r.Path) {
+				out = append(out, r.Path)
 			}
 		}
 	}
-	for _, r := range s.Keeper {
-		if r.SharedWrite {
-			return true
-		}
+	for _, p := range s.Procs {
+		add(p.Refs)
 	}
-	return false
+	add(s.Keeper)
+	return out
 }
