@@ -52,6 +52,12 @@ type CacheEntry struct {
 type ScanCache struct {
 	Version int
 	Entries map[string]CacheEntry
+	// Links maps the later names of each hardlinked file to its first
+	// name (which holds the content), and LinkNames lists every name of
+	// such files, sorted: a tracked scan keeps their roles while no
+	// changed path touches one (scan_changed.go). Walks ignore both.
+	Links     map[string]string
+	LinkNames []string
 }
 
 func (c *ScanCache) lookup(rel string, k CacheKey) (CacheEntry, bool) {

@@ -155,6 +155,7 @@ func Scan(ctx context.Context, root string, opts ScanOptions) (*ScanResult, erro
 	if opts.Changed != nil {
 		return &ScanResult{Root: id, StateKey: key, Cache: opts.Prev.merge(s.next), Stats: s.stats}, nil
 	}
+	s.next.indexLinks()
 	return &ScanResult{Root: id, StateKey: key, Cache: s.next, Stats: s.stats}, nil
 }
 
@@ -291,6 +292,7 @@ func (s *scanner) entry(ctx context.Context, dirFD int, rel, name string, fl dir
 		}
 		if primary, ok := s.links[ino]; ok {
 			link := Entry{Name: name, Type: TypeHardlink, Target: primary}
+			s.next.noteLink(rel, primary)
 			return link, ID{}, true, nil
 		}
 		linkKey = &ino

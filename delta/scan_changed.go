@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"path"
+	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -83,8 +84,54 @@ func ScanChanged(ctx context.Context, root string, prev *ScanCache, changed *Cha
 	if prev == nil || changed == nil {
 		return nil, fmt.Errorf("scan %s: no previous scan to build on: %w", root, ErrMustWalk)
 	}
+	if p, ok := prev.linkTouched(changed); ok {
+		return nil, fmt.Errorf("scan %s: changed path %s holds or is a name of a hardlinked file: %w", root, p, ErrMustWalk)
+	}
 	opts.Prev, opts.Changed = prev, changed
 	return Scan(ctx, root, opts)
+}
+
+// noteLink records that rel is a later name of the file first named
+// primary.
+func (c *ScanCache) noteLink(rel, primary string) {
+	if c.Links == nil {
+		c.Links = map[string]string{}
+	}
+	c.Links[rel] = primary
+}
+
+// indexLinks builds LinkNames from Links once a walk is done.
+func (c *ScanCache) indexLinks() {
+	c.LinkNames = nil
+	for s, p := range c.Links {
+		c.LinkNames = append(c.LinkNames, s, p)
+	}
+	slices.Sort(c.LinkNames)
+	c.LinkNames = slices.Compact(c.LinkNames)
+}
+
+// isLinkName reports whether rel was a name of a hardlinked file.
+func (c *ScanCache) isLinkName(rel string) bool {
+	_, ok := slices.BinarySearch(c.LinkNames, rel)
+	return ok
+}
+
+// linkTouched returns a changed path that is, or lies above, a name of a
+// hardlinked file: a change there may move which name comes first.
+func (c *ScanCache) linkTouched(changed *ChangeSet) (string, bool) {
+	if len(c.LinkNames) == 0 {
+		return "", false
+	}
+	for p := range changed.paths {
+		if p == "" || c.isLinkName(p) {
+			return p, true
+		}
+		i, _ := slices.BinarySearch(c.LinkNames, p+"/")
+		if i < len(c.LinkNames) && strings.HasPrefix(c.LinkNames[i], p+"/") {
+			return p, true
+		}
+	}
+	return "", false
 }
 
 // lookupTracked lets a tracked scan trust a racy cache entry (one stamped
@@ -128,7 +175,19 @@ func (s *scanner) reuse(dirFD int, rel, name string, st *unix.Stat_t, prev Cache
 			}
 		}
 		if n > 1 {
-			return Entry{}, ID{}, false, fmt.Errorf("scan %s: multiply-linked file: %w", s.where(rel), ErrMustWalk)
+			// A name of a hardlinked file no changed path touches keeps
+			// the role it had (ScanChanged walks for any that is
+			// touched): a later name points at the same first name, the
+			// first name is read as any file is.
+			if fl.merged || s.opts.Changed.touches(rel) || !s.opts.Prev.isLinkName(rel) {
+				return Entry{}, ID{}, false, fmt.Errorf("scan %s: multiply-linked file: %w", s.where(rel), ErrMustWalk)
+			}
+			if primary, ok := s.opts.Prev.Links[rel]; ok {
+				return Entry{Name: name, Type: TypeHardlink, Target: primary}, ID{}, true, nil
+			}
+			if !hit {
+				return Entry{}, ID{}, false, fmt.Errorf("scan %s: hardlinked file changed: %w", s.where(rel), ErrMustWalk)
+			}
 		}
 	}
 	if !hit || fl.merged || prev.Entry.Type != TypeDir || prev.State == (ID{}) ||
