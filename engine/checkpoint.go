@@ -73,14 +73,14 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	}
 	defer resume()
 	res, ts, err := e.scanRoot(ctx, name, st, pt, deviceGuard{op})
-	defer ts.failed() // a turn that returns early leaves the tracker unsure
+	defer func() { ts.failed() }() // a turn that returns early leaves the tracker unsure
 	if err != nil {
 		return nil, err
 	}
 	if rescan, err := e.confirmIdle(ctx, name, pt, st.head); err != nil {
 		return nil, err
 	} else if rescan {
-		if res, err = st.root.Scan(ctx, deviceGuard{op}); err != nil {
+		if res, ts, err = e.scanRoot(ctx, name, st, pt, deviceGuard{op}); err != nil {
 			return nil, err
 		}
 	}

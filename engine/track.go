@@ -152,21 +152,21 @@ func (e *Engine) scanRoot(ctx context.Context, name string, st *sandboxState, pt
 		}
 	}
 	r, ok := st.root.(*overlay.Root)
-	if !e.track.on || !ok {
-		var res *delta.ScanResult
-		var err error
+	walk := func() (*delta.ScanResult, *turnScan, error) {
 		if ok && len(shared) > 0 {
-			res, err = r.ScanReread(ctx, saver, shared)
-		} else {
-			res, err = st.root.Scan(ctx, saver)
+			res, err := r.ScanReread(ctx, saver, shared)
+			return res, &turnScan{}, err
 		}
+		res, err := st.root.Scan(ctx, saver)
 		return res, &turnScan{}, err
+	}
+	if !e.track.on || !ok {
+		return walk()
 	}
 	ent := e.tracker(name, r)
 	if ent == nil {
 		e.countWalk("start-failed")
-		res, err := st.root.Scan(ctx, saver)
-		return res, &turnScan{}, err
+		return walk()
 	}
 	ent.tr.Reread(append(shared, ent.sharedMaps...))
 	ent.sharedMaps = shared
