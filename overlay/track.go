@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
@@ -33,6 +34,7 @@ const (
 	ReasonLost       = "lost"       // the caller said events may be lost (Lost)
 	ReasonHardlink   = "hardlink"   // the tracked scan met a multiply-linked file
 	ReasonRemount    = "remount"    // the root is no longer the mount the tracker marked
+	ReasonClosed     = "closed"     // the tracker was closed
 )
 
 // TrackOptions configures Track.
@@ -61,8 +63,10 @@ type Tracker struct {
 	mountFD int // the mount's root, for open_by_handle_at
 	prefix  string
 	mntID   uint64 // the marked mount's unique id (STATX_MNT_ID_UNIQUE)
-	wake    [2]int // pipe: closing wakes the drain goroutine
-	done    chan struct{}
+	// file wraps fd for Go's poller, so a drain goroutine waits for events
+	// without holding an OS thread; it owns (and closes) fd.
+	file *os.File
+	done chan struct{}
 
 	mu     sync.Mutex
 	closed bool
@@ -86,7 +90,7 @@ func (r *Root) Track(opts TrackOptions) (*Tracker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: fanotify_init: %w", r.dir, err)
 	}
-	t := &Tracker{fd: fd, mountFD: -1, wake: [2]int{-1, -1}, done: make(chan struct{}),
+	t := &Tracker{fd: fd, mountFD: -1, file: os.NewFile(uintptr(fd), "fanotify"), done: make(chan struct{}),
 		taken: map[string]bool{}, pending: map[string]bool{}, takenWhy: ReasonStart,
 		forced: map[string]bool{}, forcePending: map[string]bool{},
 		buf: make([]byte, 64<<10)}
@@ -114,19 +118,19 @@ func (r *Root) Track(opts TrackOptions) (*Tracker, error) {
 		close(t.done)
 		return t, nil
 	}
-	if err := unix.Pipe2(t.wake[:], unix.O_CLOEXEC); err != nil {
+	rc, err := t.file.SyscallConn()
+	if err != nil {
 		t.closeFDs()
 		return nil, fmt.Errorf("sandbox %s: track: %w", r.dir, err)
 	}
-	go t.drainLoop()
+	go t.drainLoop(rc)
 	return t, nil
 }
 
 func (t *Tracker) closeFDs() {
-	for _, fd := range []int{t.fd, t.mountFD, t.wake[0], t.wake[1]} {
-		if fd >= 0 {
-			unix.Close(fd)
-		}
+	t.file.Close()
+	if t.mountFD >= 0 {
+		unix.Close(t.mountFD)
 	}
 }
 
@@ -138,46 +142,42 @@ func (t *Tracker) Close() error {
 		return nil
 	}
 	t.closed = true
-	if t.wake[1] >= 0 {
-		unix.Close(t.wake[1])
-		t.wake[1] = -1
-	}
 	t.mu.Unlock()
+	t.file.Close() // wakes the drain goroutine's wait with an error
 	<-t.done
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.closeFDs()
-	t.fd, t.mountFD, t.wake = -1, -1, [2]int{-1, -1}
+	t.fd, t.mountFD = -1, -1
 	return nil
 }
 
 // drainLoop moves events from the kernel queue into the record as they
 // come, so the queue overflows only when a burst outruns it.
-func (t *Tracker) drainLoop() {
+// It reads until EAGAIN each time it wakes, as the poller's
+// edge-triggered wait needs.
+func (t *Tracker) drainLoop(rc syscall.RawConn) {
 	defer close(t.done)
-	fds := []unix.PollFd{{Fd: int32(t.fd), Events: unix.POLLIN}, {Fd: int32(t.wake[0]), Events: unix.POLLIN}}
-	for {
-		_, err := unix.Poll(fds, -1)
-		if err != nil && !errors.Is(err, unix.EINTR) {
-			t.mu.Lock()
-			t.lostLocked(ReasonRead)
-			t.mu.Unlock()
-			return
+	err := rc.Read(func(uintptr) bool {
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		if t.closed {
+			return true
 		}
-		if fds[1].Revents != 0 {
-			return
-		}
-		if fds[0].Revents != 0 {
-			t.mu.Lock()
-			t.drainLocked()
-			t.mu.Unlock()
-		}
+		t.drainLocked()
+		return false
+	})
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err != nil && !t.closed {
+		t.stats.LastLoss = err.Error()
+		t.lostLocked(ReasonRead)
 	}
 }
 
 // drainLocked reads every queued event into pending.
 func (t *Tracker) drainLocked() {
-	for t.fd >= 0 {
+	for !t.closed && t.fd >= 0 {
 		n, err := unix.Read(t.fd, t.buf)
 		if errors.Is(err, unix.EAGAIN) || (err == nil && n == 0) {
 			return

@@ -18,6 +18,9 @@ func (t *Tracker) Changes() ([]string, string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.drainLocked()
+	if t.closed {
+		return nil, ReasonClosed
+	}
 	if t.takenWhy == "" {
 		t.takenWhy = t.pendingWhy
 	}

@@ -364,3 +364,29 @@ func TestMmapStoresMakeNoEvent(t *testing.T) {
 		t.Fatalf("a store through a mapping made events (%v %q): the shared-map guard may be relaxed", got, why)
 	}
 }
+
+// TestTrackerDrainsInBackground: events leave the kernel queue without a
+// Changes call (the drain goroutine, woken by Go's poller), so a turn's
+// burst need not fit the queue all at once; Close stops it.
+func TestTrackerDrainsInBackground(t *testing.T) {
+	r, _, _ := newRoot(t, trackBase)
+	tr, err := r.Track(TrackOptions{})
+	must(t, err)
+	for i := range 100 {
+		must(t, os.WriteFile(filepath.Join(r.Path(), fmt.Sprintf("bg%d", i)), nil, 0o644))
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for tr.Stats().Events < 100 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the drain read %d events of at least 100", tr.Stats().Events)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	tr.Changes()
+	tr.Reset(&delta.ScanResult{})
+	must(t, tr.Close())
+	must(t, tr.Close()) // idempotent
+	if _, why := tr.Changes(); why != ReasonClosed {
+		t.Fatalf("a closed tracker's record: %q", why)
+	}
+}
