@@ -77,9 +77,10 @@ func (c *ChangeSet) touches(rel string) bool {
 // changed path and stats their entries; a directory off those ways whose
 // stat still matches prev is taken whole from prev, so the cost follows the
 // change, not the tree. The result, Root and StateKey, equals a full
-// Scan's. Its Cache is prev updated in place (prev must not be used
-// again), so a failed turn must drop it. opts.Prev and opts.Changed are set
-// here. ErrMustWalk means: run Scan.
+// Scan's. Its Cache is a new one (prev is not changed), which names trees
+// as this scan saved them: it may be built on only once they are stored
+// (the checkpoint holding the result is committed). opts.Prev and
+// opts.Changed are set here. ErrMustWalk means: run Scan.
 func ScanChanged(ctx context.Context, root string, prev *ScanCache, changed *ChangeSet, opts ScanOptions) (*ScanResult, error) {
 	if prev == nil || changed == nil {
 		return nil, fmt.Errorf("scan %s: no previous scan to build on: %w", root, ErrMustWalk)
@@ -200,11 +201,16 @@ func (s *scanner) reuse(dirFD int, rel, name string, st *unix.Stat_t, prev Cache
 	return e, prev.State, true, nil
 }
 
-// merge returns c with the entries of a tracked scan laid over it. Entries
-// of paths that are gone stay behind; a cache is looked up only along
-// existing paths, by inode and ctime, so they are never taken, and the
-// next full walk drops them.
+// merge returns a copy of c with the entries of a tracked scan laid over
+// it; c itself is left as it was, since a turn that is not committed (a
+// skip, a failure) must leave its base untouched: the trees its scan named
+// were never stored. Entries of paths that are gone stay behind; a cache
+// is looked up only along existing paths, by inode and ctime, so they are
+// never taken, and the next full walk drops them.
 func (c *ScanCache) merge(next *ScanCache) *ScanCache {
-	maps.Copy(c.Entries, next.Entries)
-	return c
+	out := &ScanCache{Version: c.Version, Entries: make(map[string]CacheEntry, len(c.Entries)+len(next.Entries)),
+		Links: c.Links, LinkNames: c.LinkNames}
+	maps.Copy(out.Entries, c.Entries)
+	maps.Copy(out.Entries, next.Entries)
+	return out
 }

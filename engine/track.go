@@ -72,8 +72,9 @@ func (e *Engine) TrackingStats() TrackingStats {
 }
 
 // turnScan is one checkpoint's scan with what it needs to settle the
-// tracker afterwards: done(res) once res is committed or equal to the
-// head, and failed otherwise (deferred: a no-op after done).
+// tracker afterwards: done(res) once res is committed, skipped for a turn
+// that committed nothing, failed otherwise (deferred: a no-op after
+// either).
 type turnScan struct {
 	ent     *trackEntry // nil: not tracked
 	info    overlay.TrackedScan
@@ -111,6 +112,11 @@ func (s *turnScan) done(res *delta.ScanResult) {
 		s.ent.tr.Reset(res)
 	}
 }
+
+// skipped leaves the record growing from the last committed scan: a skip
+// turn's scan names trees (directory mtimes moved) that were never stored,
+// so it cannot be a base.
+func (s *turnScan) skipped() { s.settled = true }
 
 func (s *turnScan) failed() {
 	if s.ent != nil && !s.settled {

@@ -163,8 +163,9 @@ func TestTrackedUnchangedTurnReadsNoFile(t *testing.T) {
 	// the kernel queue holds. The next turn must walk and see the change.
 	e.untrack("s")
 	e.track.opts = overlay.TrackOptions{NoDrain: true}
+	write(t, filepath.Join(root, "etc/config"), "port=2.5\n")
 	_, err = e.Checkpoint(ctx, "s", CheckpointOptions{})
-	must(t, err) // starts the non-draining tracker (and walks)
+	must(t, err) // starts the non-draining tracker, walks, commits: its base
 	for i := range 17000 {
 		must(t, os.WriteFile(filepath.Join(root, "tmp", strconv.Itoa(i%300)), nil, 0o644))
 		if i%300 == 299 {
@@ -307,5 +308,41 @@ func testSharedMapping(t *testing.T, tracked bool) {
 	}
 	if st := e.TrackingStats(); tracked && st.TrackedScans < 3 {
 		t.Fatalf("turns with a shared writable mapping were not tracked: %+v", st)
+	}
+}
+
+// TestTrackedCommitAfterSkipVerifies: a skip turn's scan has trees of its
+// own (directory mtimes moved) that are never stored; a later tracked
+// turn must not take them from that scan's cache. Every record verifies.
+func TestTrackedCommitAfterSkipVerifies(t *testing.T) {
+	ctx := context.Background()
+	e := openTracking(t, filepath.Join(t.TempDir(), "home"))
+	_, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: richBase(t)})
+	must(t, err)
+	root, err := e.SandboxPath(ctx, "s")
+	must(t, err)
+	write(t, filepath.Join(root, "src/lib/new.go"), "package lib\n")
+	write(t, filepath.Join(root, "etc/extra"), "x\n")
+	_, err = e.Checkpoint(ctx, "s", CheckpointOptions{})
+	must(t, err)
+	for turn := range 3 {
+		// A temp file made and deleted: directory mtimes move, state does not.
+		write(t, filepath.Join(root, "src/lib/tmp"), "tmp")
+		must(t, os.Remove(filepath.Join(root, "src/lib/tmp")))
+		skip, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
+		must(t, err)
+		if skip.Class != delta.ClassSkip {
+			t.Fatalf("turn %d: a temp file's turn is %s", turn, skip.Class)
+		}
+		write(t, filepath.Join(root, "etc/extra"), fmt.Sprintf("turn %d\n", turn))
+		res, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
+		must(t, err)
+		checkAgainstFullRead(t, e, "s", res, fmt.Sprintf("turn %d after a skip", turn))
+		if _, err := e.Verify(ctx, res.ID.String()); err != nil {
+			t.Fatalf("turn %d after a skip: %v (tracking %+v)", turn, err, e.TrackingStats())
+		}
+	}
+	if e.TrackingStats().TrackedScans < 4 {
+		t.Fatalf("turns were not tracked: %+v", e.TrackingStats())
 	}
 }

@@ -29,8 +29,10 @@ type TrackedScan struct {
 // touching the layer; with changes it reads only the paths the events
 // name (delta.ScanChanged); when the record is unknown, or the changed
 // paths are ambiguous, it walks like Scan. The result equals Scan's, state
-// key for state key. Pass it to t.Reset once it is committed (or found
-// equal to the head); after a failed turn call t.Lost.
+// key for state key. Pass it to t.Reset once the checkpoint holding it is
+// committed, and only then: the directories it takes whole name trees by
+// id, which must be stored. A skipped turn leaves the record as it is (it
+// keeps growing from the last committed scan); a failed one calls t.Lost.
 func (r *Root) ScanTracked(ctx context.Context, saver delta.BlobSaver, t *Tracker) (*delta.ScanResult, TrackedScan, error) {
 	g, err := r.gen()
 	if err != nil {
