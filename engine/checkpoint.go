@@ -103,7 +103,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 				return nil, err
 			}
 		}
-		ts.skipped()
+		ts.skipped(res, st.head.FSTree)
 		stats.DurationNs = time.Since(start).Nanoseconds()
 		return &CheckpointResult{ID: st.head.ID, Sandbox: name, Class: delta.ClassSkip, Turn: turn,
 			Parent: st.head.ID, Stats: stats, Duration: time.Since(start)}, nil

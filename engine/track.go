@@ -113,10 +113,16 @@ func (s *turnScan) done(res *delta.ScanResult) {
 	}
 }
 
-// skipped leaves the record growing from the last committed scan: a skip
-// turn's scan names trees (directory mtimes moved) that were never stored,
-// so it cannot be a base.
-func (s *turnScan) skipped() { s.settled = true }
+// skipped settles a turn that committed nothing. Its scan becomes the
+// base only if its tree is the head's own (so every tree it names is
+// stored); otherwise (directory mtimes moved) it names trees that were
+// never stored, and the record keeps growing from the last base.
+func (s *turnScan) skipped(res *delta.ScanResult, head delta.ID) {
+	if res.Root == head {
+		s.done(res)
+	}
+	s.settled = true
+}
 
 func (s *turnScan) failed() {
 	if s.ent != nil && !s.settled {
