@@ -346,3 +346,24 @@ func TestTrackedCommitAfterSkipVerifies(t *testing.T) {
 		t.Fatalf("turns were not tracked: %+v", e.TrackingStats())
 	}
 }
+
+// TestTrackedQuietStartGetsABase: a tracker whose first turn changes
+// nothing (a restarted daemon, a quiet sandbox) takes that walk, whose
+// tree is the head's, as its base: the next quiet turn reads nothing.
+func TestTrackedQuietStartGetsABase(t *testing.T) {
+	ctx := context.Background()
+	e := openTracking(t, filepath.Join(t.TempDir(), "home"))
+	_, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: richBase(t)})
+	must(t, err)
+	settle()
+	for turn := range 3 {
+		res, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
+		must(t, err)
+		if res.Class != delta.ClassSkip {
+			t.Fatalf("quiet turn %d: %s", turn, res.Class)
+		}
+	}
+	if st := e.TrackingStats(); st.Walks[overlay.ReasonStart] != 1 || st.UnchangedTurns != 2 {
+		t.Fatalf("quiet turns after a start: %+v", st)
+	}
+}
