@@ -35,6 +35,7 @@ const (
 	ReasonHardlink   = "hardlink"   // the tracked scan met a multiply-linked file
 	ReasonRemount    = "remount"    // the root is no longer the mount the tracker marked
 	ReasonClosed     = "closed"     // the tracker was closed
+	ReasonLayout     = "layout"     // the root's layout is one a tracked scan does not read (trackable)
 )
 
 // TrackOptions configures Track.

@@ -47,6 +47,9 @@ func (r *Root) ScanTracked(ctx context.Context, saver delta.BlobSaver, t *Tracke
 	if !t.Watches(r) {
 		why = ReasonRemount
 	}
+	if why == "" && !r.trackable(g) {
+		why = ReasonLayout
+	}
 	base := t.base()
 	if why == "" && base == nil {
 		why = ReasonStart
@@ -73,11 +76,23 @@ func (r *Root) ScanTracked(ctx context.Context, saver delta.BlobSaver, t *Tracke
 	var prev *delta.ScanCache
 	if base != nil {
 		prev = base.Cache
-	} else {
+	}
+	res, err := r.walkLayer(ctx, g, saver, prev, reread)
+	return res, info, err
+}
+
+// trackable reports whether generation g is a layout a tracked scan
+// understands: one upper over the base, scanned as Scan scans it.
+func (r *Root) trackable(g string) bool { return true }
+
+// walkLayer is what Scan does after linkUp, with prev (nil: the cache
+// file) and reread passed through. Keep it Scan's twin: a tracked root
+// that walks must get exactly Scan's result.
+func (r *Root) walkLayer(ctx context.Context, g string, saver delta.BlobSaver, prev *delta.ScanCache, reread map[string]bool) (*delta.ScanResult, error) {
+	if prev == nil {
 		prev = readCache(filepath.Join(g, "scan.cache"))
 	}
-	res, err := r.scanUpper(ctx, upper, saver, prev, delta.ScanOptions{Reread: reread})
-	return res, info, err
+	return r.scanUpper(ctx, filepath.Join(g, "upper"), saver, prev, delta.ScanOptions{Reread: reread})
 }
 
 // scanChanged is scanUpper for a tracked scan. A tracked scan gives up
@@ -159,5 +174,5 @@ func (r *Root) ScanReread(ctx context.Context, saver delta.BlobSaver, reread []s
 	for _, p := range reread {
 		set[p] = true
 	}
-	return r.scanUpper(ctx, filepath.Join(g, "upper"), saver, readCache(filepath.Join(g, "scan.cache")), delta.ScanOptions{Reread: set})
+	return r.walkLayer(ctx, g, saver, nil, set)
 }
