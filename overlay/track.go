@@ -10,6 +10,7 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/moby/sys/mountinfo"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"golang.org/x/sys/unix"
@@ -95,9 +96,11 @@ func (r *Root) Track(opts TrackOptions) (*Tracker, error) {
 		taken: map[string]bool{}, pending: map[string]bool{}, takenWhy: ReasonStart,
 		forced: map[string]bool{}, forcePending: map[string]bool{},
 		buf: make([]byte, 64<<10)}
-	if err := checkMounted(r.Path()); err != nil {
+	// The root's mount options were checked when it was mounted; a mark
+	// on anything else (not mounted, or without nfs_export) fails below.
+	if mounted, err := mountinfo.Mounted(r.Path()); err != nil || !mounted {
 		t.closeFDs()
-		return nil, fmt.Errorf("sandbox %s: track: %w", r.dir, err)
+		return nil, fmt.Errorf("sandbox %s: track: root %s is not mounted (%v): %w", r.dir, r.Path(), err, errdefs.ErrPrecondition)
 	}
 	if err := unix.FanotifyMark(fd, unix.FAN_MARK_ADD|unix.FAN_MARK_FILESYSTEM, trackMask, unix.AT_FDCWD, r.Path()); err != nil {
 		t.closeFDs()
