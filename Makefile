@@ -56,7 +56,8 @@ FUZZ_TARGETS := \
 	./engine/llmproxy:FuzzParseRequest ./engine/llmproxy:FuzzCanonMatchesReference \
 	./engine:FuzzDecodePolicies \
 	./engine/llmproxy:FuzzDecodeEntry ./engine/llmproxy:FuzzJournalTree ./engine/api:FuzzDecodeRequest ./engine/api:FuzzDecodeTenants \
-	./proc:FuzzProcText ./proc:FuzzImageFiles ./overlay:FuzzSuperOptions ./overlay:FuzzReadStack
+	./proc:FuzzProcText ./proc:FuzzImageFiles ./overlay:FuzzSuperOptions ./overlay:FuzzReadStack \
+	./overlay:FuzzDecodeEvents
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 	  echo "== $${t#*:} ($${t%%:*}, $(FUZZTIME))"; \

@@ -38,6 +38,12 @@ type CacheEntry struct {
 	// Racy marks entries stamped so close to their scan that a later change
 	// might not have moved ctime; they are never trusted.
 	Racy bool
+	// State and StateFlags, for a directory, are its subtree's state key
+	// and the dirFlags it was scanned with, so a tracked scan can take an
+	// unchanged directory whole (scan_changed.go). A cache written before
+	// they existed decodes with a zero State, which is never taken.
+	State      ID
+	StateFlags uint8
 }
 
 // ScanCache maps root-relative paths to what they were at the last committed
@@ -46,6 +52,12 @@ type CacheEntry struct {
 type ScanCache struct {
 	Version int
 	Entries map[string]CacheEntry
+	// Links maps the later names of each hardlinked file to its first
+	// name (which holds the content), and LinkNames lists every name of
+	// such files, sorted: a tracked scan keeps their roles while no
+	// changed path touches one (scan_changed.go). Walks ignore both.
+	Links     map[string]string
+	LinkNames []string
 }
 
 func (c *ScanCache) lookup(rel string, k CacheKey) (CacheEntry, bool) {

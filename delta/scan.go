@@ -54,6 +54,19 @@ type ScanOptions struct {
 	// just restored and not yet mounted), so entries stamped moments ago can be
 	// trusted next time instead of being treated as racy.
 	Quiescent bool
+	// TreeLinks, for a tracked scan, says how many of a multiply-linked
+	// file's links are names below root (overlay: all but its index entry);
+	// nil counts st.Nlink. A tracked scan walks for a file with two or more.
+	TreeLinks func(dirFD int, name, rel string, st *unix.Stat_t) (uint64, error)
+	// Reread names root-relative paths whose cache entries are not to be
+	// trusted even if their stat matches: files a process maps shared and
+	// writable, whose stores need not move mtime or ctime (a store to an
+	// already dirty page faults no more, so nothing stamps the file).
+	Reread map[string]bool
+	// Changed, when set, makes this a tracked scan (scan_changed.go): a
+	// directory that no changed path lies in or below and whose stat
+	// matches Prev is taken from Prev without being listed.
+	Changed *ChangeSet
 
 	// beforeOpen, for tests, runs between the stat of an entry and the
 	// open of it: the window a racing writer swaps a name in.
@@ -149,6 +162,10 @@ func Scan(ctx context.Context, root string, opts ScanOptions) (*ScanResult, erro
 	if err != nil {
 		return nil, err
 	}
+	if opts.Changed != nil {
+		return &ScanResult{Root: id, StateKey: key, Cache: opts.Prev.merge(s.next), Stats: s.stats}, nil
+	}
+	s.next.indexLinks()
 	return &ScanResult{Root: id, StateKey: key, Cache: s.next, Stats: s.stats}, nil
 }
 
@@ -239,6 +256,17 @@ func (s *scanner) entry(ctx context.Context, dirFD int, rel, name string, fl dir
 		MtimeNs: unix.TimespecToNsec(st.Mtim),
 	}
 	prev, hit := s.opts.Prev.lookup(rel, fresh)
+	if s.opts.Reread[rel] {
+		prev, hit = CacheEntry{}, false
+	}
+	if s.opts.Changed != nil {
+		if !s.opts.Reread[rel] {
+			prev, hit = s.lookupTracked(rel, fresh, prev, hit)
+		}
+		if e, key, ok, err := s.reuse(dirFD, rel, name, &st, prev, hit, fl); ok || err != nil {
+			return e, key, ok, err
+		}
+	}
 	switch st.Mode & unix.S_IFMT {
 	case unix.S_IFREG:
 		e.Type = TypeFile
@@ -272,6 +300,7 @@ func (s *scanner) entry(ctx context.Context, dirFD int, rel, name string, fl dir
 		}
 		if primary, ok := s.links[ino]; ok {
 			link := Entry{Name: name, Type: TypeHardlink, Target: primary}
+			s.next.noteLink(rel, primary)
 			return link, ID{}, true, nil
 		}
 		linkKey = &ino
@@ -321,6 +350,9 @@ func (s *scanner) entry(ctx context.Context, dirFD int, rel, name string, fl dir
 		s.links[*linkKey] = rel
 	}
 	ce := CacheEntry{Key: fresh, Entry: e, Racy: fresh.CtimeNs >= s.racyAfter}
+	if e.Type == TypeDir {
+		ce.State, ce.StateFlags = key, fl.bits()
+	}
 	ce.Entry.Name = ""
 	s.next.Entries[rel] = ce
 	return e, key, true, nil

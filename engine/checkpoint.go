@@ -118,14 +118,15 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	// compared with the head's before anything is committed.
 	trees := &treeMemo{next: e.repo, trees: map[delta.ID][]byte{}}
 	saver := teeTrees{memo: trees, next: deviceGuard{op}}
-	res, err := st.root.Scan(ctx, saver)
+	res, ts, err := e.scanRoot(ctx, name, st, pt, saver)
+	defer func() { ts.failed() }() // a turn that returns early leaves the tracker unsure
 	if err != nil {
 		return nil, err
 	}
 	if rescan, err := e.confirmIdle(ctx, name, pt, st.head); err != nil {
 		return nil, err
 	} else if rescan {
-		if res, err = st.root.Scan(ctx, saver); err != nil {
+		if res, ts, err = e.scanRoot(ctx, name, st, pt, saver); err != nil {
 			return nil, err
 		}
 	}
@@ -156,6 +157,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 				return nil, err
 			}
 		}
+		ts.skipped(res, st.head.FSTree)
 		stats.DurationNs = time.Since(start).Nanoseconds()
 		if opts.RecordSkips {
 			return e.recordSkip(ctx, op, st, turn, opts.Message, stats, start)
@@ -212,10 +214,11 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 		// turn skip processes no checkpoint holds.
 		e.settle(ctx, name)
 	}
-	if err := st.root.Committed(res); err != nil {
+	if err := ts.saveCache(st.root, res); err != nil {
 		// The checkpoint is committed; a stale cache only costs a re-read.
 		e.log.Warn("scan cache not saved", "sandbox", name, "err", err)
 	}
+	ts.done(res)
 	freeze := e.freeze(ctx, st, cp) // branches of cp share its layer (frozen.go)
 	out := &CheckpointResult{ID: cp.ID, Sandbox: name, Class: cp.Class, Turn: turn, Parent: cp.Parent,
 		Stats: cp.Stats, Duration: time.Since(start), FreezeDuration: freeze, Phases: ph}

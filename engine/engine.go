@@ -45,6 +45,11 @@ type Options struct {
 	// sandbox list, verify): nothing in the home is written, so they work on
 	// a full or read-only filesystem. Anything that writes fails.
 	ReadOnly bool
+	// TrackChanges keeps a change tracker (fanotify) on every overlay
+	// sandbox this engine checkpoints, so a turn reads only what changed
+	// and an unchanged turn reads nothing (docs/TRACKING.md). For a
+	// long-lived engine (the daemon): a tracker's first turn walks.
+	TrackChanges bool
 }
 
 // DefaultLockWait lets short commands queue behind each other (a checkpoint
@@ -82,6 +87,7 @@ type Engine struct {
 	commitMu  sync.Mutex
 	procCRIU  string       // CRIU binary; "" means proc's default
 	atPhase   func(string) // Options.AtPhase
+	track     trackers     // change tracking (track.go)
 }
 
 // Open locks and opens the home, creating it on first use.
@@ -102,6 +108,7 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{home: h, lock: lock, log: log, atPhase: opts.AtPhase}
+	e.track.on = opts.TrackChanges
 	ok := false
 	defer func() {
 		if !ok {
@@ -173,6 +180,7 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 
 // Close releases the catalog and the home lock.
 func (e *Engine) Close() error {
+	e.closeTrackers()
 	if ob := e.overlayBackend(); ob != nil {
 		ob.WaitRemovals() // removed frozen layers' files (frozen.go)
 	}

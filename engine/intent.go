@@ -94,6 +94,7 @@ func (e *Engine) finishRollback(ctx context.Context, name string, st *sandboxSta
 		e.log.Warn("rollback target unknown; restoring the head instead", "sandbox", name, "err", err)
 		cp = st.head
 	}
+	e.untrack(name) // a restore remounts the root; the next turn walks
 	if err := st.root.Restore(ctx, cp.FSTree, e.repo); err != nil {
 		return fmt.Errorf("sandbox %s: finish interrupted rollback to %s: %w", name, cp.ID.Short(), err)
 	}

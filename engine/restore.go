@@ -96,6 +96,7 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 	}
 	e.phase("rollback: intent written")
 	e.progressPhase("restore", int64(fp.Bytes))
+	e.untrack(name) // a restore remounts the root; the next turn walks
 	if err := st.root.Restore(rootfs.WithPhase(ctx, e.phase), cp.FSTree, e.repo); err != nil {
 		if errors.Is(err, delta.ErrPartial) {
 			// The root was partly rewritten: the intent stays, and the

@@ -308,6 +308,7 @@ func (e *Engine) RemoveSandboxWith(ctx context.Context, name string, o RemoveOpt
 		e.log.Warn("sandbox root is on another host; forgetting the sandbox only", "sandbox", name)
 		o.CatalogOnly = true
 	}
+	e.untrack(name) // its descriptor on the root would keep it mounted
 	if o.CatalogOnly {
 		// Nothing on this host is touched.
 	} else if err := e.stopProcesses(ctx, name); err != nil {

@@ -45,7 +45,7 @@ func (r *Root) Scan(ctx context.Context, saver delta.BlobSaver) (*delta.ScanResu
 		if err != nil {
 			return nil, fmt.Errorf("sandbox %s: %w", r.dir, err)
 		}
-		return r.scanStacked(ctx, g, s, saver, prev)
+		return r.scanStacked(ctx, g, s, saver, prev, nil)
 	}
 	return r.scanUpper(ctx, filepath.Join(g, "upper"), saver, prev, delta.ScanOptions{})
 }

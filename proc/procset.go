@@ -276,3 +276,23 @@ func (r *Runtime) Baseline(ctx context.Context, id string) (ProcSet, error) {
 	}
 	return prev, nil
 }
+
+// SharedWritable returns the files (paths inside the container) that a
+// process of the set maps shared and writable: its stores change them
+// with no syscall, which change events cannot see, and without moving
+// their mtime once a page is dirty.
+func (s ProcSet) SharedWritable() []string {
+	var out []string
+	add := func(refs []Ref) {
+		for _, r := range refs {
+			if r.SharedWrite && !slices.Contains(out, r.Path) {
+				out = append(out, r.Path)
+			}
+		}
+	}
+	for _, p := range s.Procs {
+		add(p.Refs)
+	}
+	add(s.Keeper)
+	return out
+}

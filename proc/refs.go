@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -65,6 +66,10 @@ type Ref struct {
 	// Queued is how many bytes wait to be read in a pipe or socket
 	// (FIONREAD on a duplicate of the process's descriptor).
 	Queued int `json:"queued,omitempty"`
+	// SharedWrite marks a map reference with a shared writable mapping:
+	// its stores reach the file with no write(2), so change events never
+	// name them (the engine's change tracking walks while one exists).
+	SharedWrite bool `json:"shared_write,omitempty"`
 }
 
 func (r Ref) key() string {
@@ -247,11 +252,18 @@ func mapRefs(pid, rootFD, room int) []Ref {
 			continue
 		}
 		path := strings.TrimLeft(f[5], " ")
-		if !strings.HasPrefix(path, "/") || pseudoFS(path) || seen[path] {
+		shared := len(f[1]) == 4 && f[1][1] == 'w' && f[1][3] == 's'
+		if !strings.HasPrefix(path, "/") || pseudoFS(path) {
+			continue
+		}
+		if seen[path] {
+			if i := slices.IndexFunc(refs, func(r Ref) bool { return r.Path == path }); shared && i >= 0 {
+				refs[i].SharedWrite = true
+			}
 			continue
 		}
 		seen[path] = true
-		r := Ref{Kind: "map", Path: path, AtPath: statInRoot(rootFD, path)}
+		r := Ref{Kind: "map", Path: path, AtPath: statInRoot(rootFD, path), SharedWrite: shared}
 		var st unix.Stat_t
 		if unix.Stat(fmt.Sprintf("/proc/%d/map_files/%s", pid, mapFilesName(f[0])), &st) == nil {
 			r.Held = fileID(&st)

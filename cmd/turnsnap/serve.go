@@ -224,7 +224,7 @@ func (a *app) serve(ctx context.Context, f serveFlags) error {
 	// The engine's work must outlive ctx (SIGTERM cancels it): requests in
 	// flight finish on their own contexts, the pusher on its own.
 	e, err := engine.Open(context.WithoutCancel(ctx), engine.Options{Home: a.home, LockWait: a.lockWait, Logger: log,
-		AtPhase: chainPhases(blockAtPhase(), holdAtPhase())})
+		AtPhase: chainPhases(blockAtPhase(), holdAtPhase()), TrackChanges: true})
 	if err != nil {
 		return err
 	}
@@ -319,9 +319,11 @@ func (a *app) serve(ctx context.Context, f serveFlags) error {
 }
 
 // extraCollectors are Prometheus collectors of parts outside engine/api
-// served on /metrics too: the place to register, say, the change tracker's
-// event overflows and walk fallbacks.
-func extraCollectors(*engine.Engine) []prometheus.Collector { return nil }
+// served on /metrics too: the change tracker's counters (a long-lived
+// daemon engine tracks every overlay sandbox's changes, docs/TRACKING.md).
+func extraCollectors(e *engine.Engine) []prometheus.Collector {
+	return []prometheus.Collector{api.NewTrackingCollector(e)}
+}
 
 func logRecovery(ctx context.Context, log *slog.Logger, e *engine.Engine, rep *engine.RecoverReport) {
 	for _, n := range rep.Resumed {

@@ -130,7 +130,7 @@ func (th *tenantHome) close() {
 func (a *app) openTenant(ctx context.Context, log *slog.Logger, spec api.TenantSpec) (*tenantHome, error) {
 	log = log.With("tenant", spec.Name)
 	e, err := engine.Open(context.WithoutCancel(ctx), engine.Options{Home: spec.Home, LockWait: a.lockWait, Logger: log,
-		AtPhase: chainPhases(blockAtPhase(), holdAtPhase())})
+		AtPhase: chainPhases(blockAtPhase(), holdAtPhase()), TrackChanges: true})
 	if err != nil {
 		return nil, fmt.Errorf("tenant %s: %w", spec.Name, err)
 	}
@@ -157,7 +157,7 @@ func (a *app) openTenant(ctx context.Context, log *slog.Logger, spec api.TenantS
 			return fail(err)
 		}
 	}
-	if th.mon, err = api.NewMonitor(log, e); err != nil {
+	if th.mon, err = api.NewMonitor(log, e, extraCollectors(e)...); err != nil {
 		return fail(err)
 	}
 	pushCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
