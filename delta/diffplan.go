@@ -297,13 +297,17 @@ func (p *DiffPlan) subtree(ctx context.Context, rel string, id ID, depth int) er
 	return nil
 }
 
-// load reads (and so verifies) a file entry's chunks into the plan.
+// load reads (and so verifies) a file entry's chunks into the plan, and
+// checks they add up to the entry's data size: a file the writes would
+// find short or long is refused here, before anything is written.
 func (p *DiffPlan) load(ctx context.Context, e *Entry) error {
 	if e.Type != TypeFile {
 		return nil
 	}
+	var sum uint64
 	for _, c := range e.Chunks {
-		if _, ok := p.chunks[c]; ok {
+		if data, ok := p.chunks[c]; ok {
+			sum += uint64(len(data))
 			continue
 		}
 		data, err := p.opts.Loader.LoadBlob(ctx, BlobData, c)
@@ -315,8 +319,9 @@ func (p *DiffPlan) load(ctx context.Context, e *Entry) error {
 			return fmt.Errorf("the diff needs more than %d bytes of chunks: %w", p.opts.MaxBytes, ErrDiffUnsupported)
 		}
 		p.chunks[c] = data
+		sum += uint64(len(data))
 	}
-	return nil
+	return CheckFileSize(e, sum)
 }
 
 // LoadBlob serves the plan's chunks and the target's trees, so Apply
