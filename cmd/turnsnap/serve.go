@@ -31,6 +31,7 @@ type serveFlags struct {
 	tlsCert, tlsKey string
 	logFormat       string
 	shutdownTimeout time.Duration
+	forgetInterval  time.Duration
 }
 
 func (a *app) serveCmd() *cobra.Command {
@@ -52,7 +53,12 @@ sync and checkpoint --wait-remote wait for it. At start it repairs what a
 killed turnsnap left (frozen containers, half-done rollbacks) and resumes the
 upload queue. SIGTERM or SIGINT: stop accepting, let requests in flight
 finish (a checkpoint commits), leave sandboxes and their processes running,
-exit 0.`,
+exit 0.
+
+--forget-interval DUR applies the retention policies stored with 'policy
+set' every DUR (as 'policy apply' does; default off), logging what each run
+deleted and counting it in turnsnap_forgotten_checkpoints_total. Run
+'turnsnap gc' to reclaim the space.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return a.serve(cmd.Context(), f) },
 	}
@@ -64,6 +70,7 @@ exit 0.`,
 	fl.StringVar(&f.tlsKey, "tls-key", "", "TLS private key (PEM) for --listen")
 	fl.StringVar(&f.logFormat, "log-format", "text", "log lines as text or json (on stderr)")
 	fl.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 5*time.Minute, "on SIGTERM, how long requests in flight may take to finish")
+	fl.DurationVar(&f.forgetInterval, "forget-interval", 0, "apply the stored retention policies (policy set) this often, as 'policy apply' does (0: never)")
 	return c
 }
 
@@ -189,6 +196,9 @@ func (a *app) serve(ctx context.Context, f serveFlags) error {
 	if err := f.checkListen(); err != nil {
 		return err
 	}
+	if err := checkForgetInterval(f.forgetInterval); err != nil {
+		return err
+	}
 	log, err := a.serveLogger(f.logFormat)
 	if err != nil {
 		return err
@@ -239,6 +249,9 @@ func (a *app) serve(ctx context.Context, f serveFlags) error {
 	errc := make(chan error, 2)
 	go func() { errc <- unixSrv.Serve(sl) }()
 	log.Info("serving", "home", a.home, "socket", sock)
+	forgetCtx, stopForget := context.WithCancel(ctx)
+	waitForget := forgetOnSchedule(forgetCtx, log, srvAPI.Service(), f.forgetInterval)
+	defer func() { stopForget(); waitForget() }()
 	if f.listen != "" {
 		tl, err := net.Listen("tcp", f.listen)
 		if err != nil {
