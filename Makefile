@@ -55,7 +55,7 @@ FUZZ_TARGETS := \
 	./delta:FuzzDecodeRecord ./delta:FuzzDecodeSandbox ./delta:FuzzSealedPackHeader ./delta:FuzzOpenObject ./delta:FuzzKeyFiles ./delta:FuzzCleanPath \
 	./engine/llmproxy:FuzzParseRequest ./engine/llmproxy:FuzzCanonMatchesReference \
 	./engine:FuzzDecodePolicies \
-	./engine/llmproxy:FuzzDecodeEntry ./engine/api:FuzzDecodeRequest \
+	./engine/llmproxy:FuzzDecodeEntry ./engine/api:FuzzDecodeRequest ./engine/api:FuzzCatTrailer \
 	./proc:FuzzProcText ./proc:FuzzImageFiles ./overlay:FuzzSuperOptions ./overlay:FuzzReadStack
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
