@@ -134,7 +134,7 @@ func (a *app) withService(ro func(args []string) bool, fn func(ctx context.Conte
 }
 
 // refuseIfServed fails a command that must own the home itself (unlock,
-// key rotate, and any command not yet in the API) while a daemon serves
+// key rotate) while a daemon serves
 // the home, saying what to do.
 func (a *app) refuseIfServed(cmd *cobra.Command) error {
 	c, err := a.daemon(cmd.Context())
