@@ -51,11 +51,11 @@ bench: deps
 FUZZTIME ?= 60s
 FUZZ_TARGETS := \
 	./delta:FuzzDecodeTree ./delta:FuzzDecodeBlob ./delta:FuzzCheckState \
-	./delta:FuzzParsePackHeader ./delta:FuzzReadPackBlobs \
+	./delta:FuzzParsePackHeader ./delta:FuzzReadPackBlobs ./engine/api:FuzzCatTrailer \
 	./delta:FuzzDecodeRecord ./delta:FuzzDecodeSandbox ./delta:FuzzSealedPackHeader ./delta:FuzzOpenObject ./delta:FuzzKeyFiles ./delta:FuzzCleanPath \
 	./engine/llmproxy:FuzzParseRequest ./engine/llmproxy:FuzzCanonMatchesReference \
 	./engine:FuzzDecodePolicies \
-	./engine/llmproxy:FuzzDecodeEntry ./engine/api:FuzzDecodeRequest ./engine/api:FuzzCatTrailer \
+	./engine/llmproxy:FuzzDecodeEntry ./engine/api:FuzzDecodeRequest \
 	./proc:FuzzProcText ./proc:FuzzImageFiles ./overlay:FuzzSuperOptions ./overlay:FuzzReadStack
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \

@@ -25,13 +25,13 @@ import (
 )
 
 type serveFlags struct {
+	forgetInterval  time.Duration // serve_forget.go
 	socketGroup     string
 	listen          string
 	tokenFile       string
 	tlsCert, tlsKey string
 	logFormat       string
 	shutdownTimeout time.Duration
-	forgetInterval  time.Duration
 }
 
 func (a *app) serveCmd() *cobra.Command {
@@ -48,29 +48,29 @@ for group G). Every turnsnap command on this home then goes through it.
 "Authorization: Bearer TOKEN" with the token in --token-file. A non-loopback
 ADDR is refused without --tls-cert and --tls-key.
 
+--forget-interval DUR applies the retention policies stored with 'policy
+set' every DUR (as 'policy apply' does; default off), logging what each run
+deleted and counting it in turnsnap_forgotten_checkpoints_total. Run
+'turnsnap gc' to reclaim the space.
+
 With a remote store, the queue is uploaded continuously in the background;
 sync and checkpoint --wait-remote wait for it. At start it repairs what a
 killed turnsnap left (frozen containers, half-done rollbacks) and resumes the
 upload queue. SIGTERM or SIGINT: stop accepting, let requests in flight
 finish (a checkpoint commits), leave sandboxes and their processes running,
-exit 0.
-
---forget-interval DUR applies the retention policies stored with 'policy
-set' every DUR (as 'policy apply' does; default off), logging what each run
-deleted and counting it in turnsnap_forgotten_checkpoints_total. Run
-'turnsnap gc' to reclaim the space.`,
+exit 0.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return a.serve(cmd.Context(), f) },
 	}
 	fl := c.Flags()
 	fl.StringVar(&f.socketGroup, "socket-group", "", "make the socket 0660 for this group (name or gid)")
+	fl.DurationVar(&f.forgetInterval, "forget-interval", 0, "apply the stored retention policies (policy set) this often, as 'policy apply' does (0: never)")
 	fl.StringVar(&f.listen, "listen", "", "also serve TCP on ADDR (HOST:PORT), with --token-file")
 	fl.StringVar(&f.tokenFile, "token-file", "", "file holding the bearer token TCP clients must send")
 	fl.StringVar(&f.tlsCert, "tls-cert", "", "TLS certificate (PEM) for --listen")
 	fl.StringVar(&f.tlsKey, "tls-key", "", "TLS private key (PEM) for --listen")
 	fl.StringVar(&f.logFormat, "log-format", "text", "log lines as text or json (on stderr)")
 	fl.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 5*time.Minute, "on SIGTERM, how long requests in flight may take to finish")
-	fl.DurationVar(&f.forgetInterval, "forget-interval", 0, "apply the stored retention policies (policy set) this often, as 'policy apply' does (0: never)")
 	return c
 }
 
@@ -196,11 +196,11 @@ func (a *app) serve(ctx context.Context, f serveFlags) error {
 	if err := f.checkListen(); err != nil {
 		return err
 	}
-	if err := checkForgetInterval(f.forgetInterval); err != nil {
-		return err
-	}
 	log, err := a.serveLogger(f.logFormat)
 	if err != nil {
+		return err
+	}
+	if err := checkForgetInterval(f.forgetInterval); err != nil {
 		return err
 	}
 	var token []byte

@@ -145,7 +145,7 @@ var (
 	normDur  = regexp.MustCompile(`\b\d+(\.\d+)?(µs|ms|s|m)\b`)
 	normTime = regexp.MustCompile(`\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)?`)
 	normSize = regexp.MustCompile(`\b\d+(\.\d+)? (B|KiB|MiB|GiB)\b`)
-	// Sizes, durations (freeze_ms too) and what a scan had to read (files in the scan
+	// Sizes, durations and what a scan had to read (files in the scan
 	// cache's racy window are read again) vary from run to run.
 	normBytes = regexp.MustCompile(`("[a-z_]*(bytes|_ms|files_read)[a-z_]*": )[0-9.e+-]+`)
 )

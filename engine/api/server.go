@@ -248,6 +248,7 @@ func (s *Server) routes() {
 	route(s, "GET /v1/sandboxes/{name}/checkpoints", func(ctx context.Context, r *http.Request, _ none) ([]LogEntry, error) {
 		return sv.Log(ctx, r.PathValue("name"))
 	})
+	s.everydayRoutes() // everyday.go: diff, cat, ls, restore, lineage, ps, forget, policies
 	route(s, "POST /v1/sandboxes/{name}/rollback", func(ctx context.Context, r *http.Request, req RollbackRequest) (*Restore, error) {
 		return sv.Rollback(ctx, r.PathValue("name"), req)
 	})
@@ -290,7 +291,6 @@ func (s *Server) routes() {
 	route(s, "POST /v1/catalog/rebuild", func(ctx context.Context, _ *http.Request, req RebuildRequest) (*Rebuilt, error) {
 		return sv.RebuildCatalog(ctx, req)
 	})
-	s.everydayRoutes() // everyday.go: diff, cat, ls, restore, lineage, ps, forget, policies
 	s.handle("GET /v1/events", s.events)
 	s.handle("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "home": sv.E.Home()})
