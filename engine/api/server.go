@@ -155,9 +155,10 @@ func (s *Server) handle(pattern string, h http.HandlerFunc) {
 // take none) is decoded strictly into Req (at most MaxBody bytes, unknown
 // fields refused, one JSON value), fn's result is the 200 response and its
 // error a problem+json. Path values named "name" must be valid sandbox
-// names. Adding an engine method to the API is one call:
+// names. Adding an engine method to the API is one call (everyday.go has
+// a dozen, a streamed one among them):
 //
-//	route(s, "GET /v1/sandboxes/{name}/ps", func(ctx context.Context, r *http.Request, _ none) ([]Proc, error) {
+//	route(s, "GET /v1/sandboxes/{name}/ps", func(ctx context.Context, r *http.Request, _ none) (*engine.ProcessList, error) {
 //		return s.svc.Processes(ctx, r.PathValue("name"))
 //	})
 //
