@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"time"
 
 	"github.com/turnsnap/turnsnap/engine"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
@@ -224,6 +225,12 @@ func (s *Server) everydayRoutes() {
 	})
 }
 
+// DefaultCatStall is how long a cat waits for a client that stopped
+// reading. The engine holds its home-wide shared lock while it streams, so
+// a stalled reader would otherwise keep maintenance (forget, prune, gc)
+// waiting forever, and every operation queued behind it.
+const DefaultCatStall = 30 * time.Second
+
 // cat streams a file's bytes (application/octet-stream). An error before
 // the first byte is an ordinary problem+json response; one after it (a
 // damaged chunk) can no longer change the status, so it goes in the
@@ -232,8 +239,11 @@ func (s *Server) everydayRoutes() {
 // (the connection cut) is incomplete to the client as well.
 func (s *Server) cat(w http.ResponseWriter, r *http.Request) {
 	path := r.URL.Query().Get("path")
-	cw := &catWriter{w: w}
+	cw := &catWriter{w: w, rc: http.NewResponseController(w), stall: s.catStall}
 	err := s.svc.Cat(r.Context(), r.PathValue("ref"), path, cw)
+	// The deadline was this response's: a next request on the kept-alive
+	// connection (an hour-long exec) must not inherit it.
+	cw.rc.SetWriteDeadline(time.Time{})
 	if err != nil {
 		s.mon.requestFailed(err)
 	}
@@ -254,6 +264,8 @@ func (s *Server) cat(w http.ResponseWriter, r *http.Request) {
 // first byte, so an error before it can still be a problem response.
 type catWriter struct {
 	w       http.ResponseWriter
+	rc      *http.ResponseController
+	stall   time.Duration
 	started bool
 	n       int64
 }
@@ -272,6 +284,9 @@ func (c *catWriter) start() {
 
 func (c *catWriter) Write(b []byte) (int, error) {
 	c.start()
+	// Each write gets its own deadline: a slow reader is fine, one that
+	// stopped reading fails the write and the cat lets the home go.
+	c.rc.SetWriteDeadline(time.Now().Add(c.stall))
 	n, err := c.w.Write(b)
 	c.n += int64(n)
 	return n, err

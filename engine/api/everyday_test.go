@@ -3,14 +3,18 @@ package api_test
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/turnsnap/turnsnap/engine"
 	"github.com/turnsnap/turnsnap/engine/api"
@@ -147,5 +151,53 @@ func TestAPIEverydayRoutes(t *testing.T) {
 	}
 	if v, err := f.c.ShowPolicies(ctx, ""); err != nil || v.Home != nil {
 		t.Fatalf("show policies: %+v, %v", v, err)
+	}
+}
+
+// A client that starts a cat and stops reading does not keep the home's
+// maintenance waiting: after the stall bound the cat gives up, and a
+// forget (which needs the home to itself) goes through. Without the bound
+// the forget below would wait as long as the client liked.
+func TestAPICatStalledReader(t *testing.T) {
+	f := serve(t, nil)
+	ctx := context.Background()
+	dir := t.TempDir()
+	srv, err := api.New(f.e, api.Options{CatStall: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(dir, "stall.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := &http.Server{Handler: srv}
+	go hs.Serve(l)
+	defer hs.Close()
+	root := f.create(t, "s")
+	big := make([]byte, 16<<20) // far more than the socket's buffers hold
+	rand.Read(big)
+	os.WriteFile(filepath.Join(root, "big"), big, 0o644)
+	cp, err := f.c.Checkpoint(ctx, "s", api.CheckpointRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "GET /v1/checkpoints/%s/content?path=/big HTTP/1.1\r\nHost: t\r\n\r\n", cp.ID)
+	head := make([]byte, 64)
+	if _, err := io.ReadFull(conn, head); err != nil || !bytes.HasPrefix(head, []byte("HTTP/1.1 200")) {
+		t.Fatalf("cat response: %q %v", head, err)
+	}
+	// The client reads no more. A forget must still get the home.
+	fctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	start := time.Now()
+	if _, err := f.c.Forget(fctx, api.ForgetRequest{ForgetOptions: engine.ForgetOptions{Sandbox: "s",
+		Policy: engine.RetentionPolicy{KeepLast: 10}, DryRun: true}}); err != nil {
+		t.Fatalf("forget while a cat reader stalls: %v (after %s)", err, time.Since(start))
 	}
 }

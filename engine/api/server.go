@@ -37,6 +37,9 @@ type Options struct {
 	Collectors []prometheus.Collector
 	// MaxBody bounds a request's JSON body (default DefaultMaxBody).
 	MaxBody int64
+	// CatStall bounds how long a cat response may wait for its client to
+	// take the next bytes (default DefaultCatStall; everyday.go).
+	CatStall time.Duration
 }
 
 // DefaultMaxBody is far above any request's JSON (the largest is an exec
@@ -51,6 +54,7 @@ type Server struct {
 	log      *slog.Logger
 	pusher   *Pusher
 	maxBody  int64
+	catStall time.Duration
 	patterns []string
 }
 
@@ -70,6 +74,9 @@ func New(e *engine.Engine, opts Options) (*Server, error) {
 	s := &Server{mux: http.NewServeMux(), mon: mon, log: log, pusher: opts.Uploads, maxBody: opts.MaxBody}
 	if s.maxBody <= 0 {
 		s.maxBody = DefaultMaxBody
+	}
+	if s.catStall = opts.CatStall; s.catStall <= 0 {
+		s.catStall = DefaultCatStall
 	}
 	s.svc = &Service{E: e, Monitor: mon}
 	if opts.Uploads != nil {
