@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/turnsnap/turnsnap/engine"
@@ -233,10 +234,12 @@ const DefaultCatStall = 30 * time.Second
 
 // cat streams a file's bytes (application/octet-stream). An error before
 // the first byte is an ordinary problem+json response; one after it (a
-// damaged chunk) can no longer change the status, so it goes in the
-// Turnsnap-Error trailer, which the client turns back into the error (a
-// corrupt one exits 7). A response without the trailer's final value
-// (the connection cut) is incomplete to the client as well.
+// damaged chunk) can no longer change the status. A client that said it
+// reads trailers (TE: trailers, as package client does) gets the error in
+// the Turnsnap-Error trailer and turns it back into the error (a corrupt
+// one exits 7). Any other client (curl, Python's http.client, which drop
+// trailers) gets the connection aborted before the last chunk, so the
+// body cannot pass for a whole file.
 func (s *Server) cat(w http.ResponseWriter, r *http.Request) {
 	path := r.URL.Query().Get("path")
 	cw := &catWriter{w: w, rc: http.NewResponseController(w), stall: s.catStall}
@@ -251,13 +254,29 @@ func (s *Server) cat(w http.ResponseWriter, r *http.Request) {
 	case err != nil && !cw.started:
 		writeProblem(w, err)
 	case err != nil:
+		s.log.Warn("cat cut off mid-file", "checkpoint", r.PathValue("ref"), "path", path, "bytes_sent", cw.n, "err", err)
+		if !acceptsTrailers(r) {
+			panic(http.ErrAbortHandler) // the server closes the connection mid-body
+		}
 		data, _ := json.Marshal(ProblemFor(err))
 		w.Header().Set(CatErrorTrailer, string(data))
-		s.log.Warn("cat cut off mid-file", "checkpoint", r.PathValue("ref"), "path", path, "bytes_sent", cw.n, "err", err)
 	default:
 		cw.start() // an empty file
 		w.Header().Set(CatErrorTrailer, catComplete)
 	}
+}
+
+// acceptsTrailers says the client will read trailer fields (RFC 9110
+// section 10.1.4).
+func acceptsTrailers(r *http.Request) bool {
+	for _, v := range r.Header.Values("TE") {
+		for _, t := range strings.Split(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(t), "trailers") {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // catWriter sends the headers (200, the trailer's announcement) with the

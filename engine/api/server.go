@@ -104,6 +104,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rec := &statusWriter{ResponseWriter: w, status: http.StatusOK}
 	defer func() {
 		if v := recover(); v != nil {
+			if v == http.ErrAbortHandler {
+				panic(v) // a deliberate abort (cat cut off): net/http drops the connection
+			}
 			// A bug must cost one request, never the daemon and its sandboxes.
 			s.log.Error("panic serving request", "method", r.Method, "path", r.URL.Path, "panic", v)
 			if !rec.wrote {

@@ -44,6 +44,7 @@ func (c *Client) Cat(ctx context.Context, ref, path string, w io.Writer) error {
 		return err
 	}
 	req.Header.Set("Accept", "application/octet-stream")
+	req.Header.Set("TE", "trailers") // a damaged chunk's error comes in the trailer
 	resp, err := c.hc.Do(req)
 	if err != nil {
 		return c.transportErr(err)
