@@ -51,7 +51,7 @@ bench: deps
 FUZZTIME ?= 60s
 FUZZ_TARGETS := \
 	./delta:FuzzDecodeTree ./delta:FuzzDecodeBlob ./delta:FuzzCheckState \
-	./delta:FuzzParsePackHeader ./delta:FuzzReadPackBlobs \
+	./delta:FuzzParsePackHeader ./delta:FuzzReadPackBlobs ./engine/api:FuzzCatTrailer \
 	./delta:FuzzDecodeRecord ./delta:FuzzDecodeSandbox ./delta:FuzzSealedPackHeader ./delta:FuzzOpenObject ./delta:FuzzKeyFiles ./delta:FuzzCleanPath \
 	./engine/llmproxy:FuzzParseRequest ./engine/llmproxy:FuzzCanonMatchesReference \
 	./engine:FuzzDecodePolicies \

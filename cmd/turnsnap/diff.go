@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/turnsnap/turnsnap/engine"
+	"github.com/turnsnap/turnsnap/engine/api"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
 
@@ -37,7 +38,7 @@ forms. --json lists every change with its sizes, metadata changes and (with
 bytes in base64 (README, "For scripts").`,
 		Args: cobra.RangeArgs(1, 3),
 	}
-	c.RunE = a.withEngine(func(ctx context.Context, e *engine.Engine, args []string) error {
+	c.RunE = a.withService(readOnly, func(ctx context.Context, s service, args []string) error {
 		if nul && (stat || patch || a.json) {
 			return fmt.Errorf("diff: -z gives names only; it does not combine with --stat, -p or --json: %w", errdefs.ErrInvalid)
 		}
@@ -48,7 +49,7 @@ bytes in base64 (README, "For scripts").`,
 		if len(args) > 2 {
 			to = args[2]
 		}
-		r, err := e.DiffWith(ctx, args[0], from, to, engine.DiffOptions{Patch: patch})
+		r, err := s.DiffPaths(ctx, args[0], api.DiffRequest{From: from, To: to, Patch: patch})
 		if err != nil {
 			return err
 		}

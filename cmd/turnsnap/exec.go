@@ -8,7 +8,6 @@ import (
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
-	"github.com/turnsnap/turnsnap/engine"
 	"github.com/turnsnap/turnsnap/engine/api"
 )
 
@@ -76,8 +75,8 @@ the head brings it back; no: it started, or was restarted, since, and the
 next checkpoint will dump it).`,
 		Args: cobra.ExactArgs(1),
 	}
-	c.RunE = a.readOnly(func(ctx context.Context, e *engine.Engine, args []string) error {
-		l, err := e.Processes(ctx, args[0], engine.ProcessesOptions{})
+	c.RunE = a.withService(readOnly, func(ctx context.Context, s service, args []string) error {
+		l, err := s.Processes(ctx, args[0])
 		if err != nil {
 			return err
 		}

@@ -12,8 +12,8 @@ import (
 
 // printLineage is `log --all`: every checkpoint of the home, children
 // before parents (engine.Lineage).
-func (a *app) printLineage(ctx context.Context, e *engine.Engine, graph bool) error {
-	l, err := e.Lineage(ctx, engine.LineageOptions{})
+func (a *app) printLineage(ctx context.Context, s service, graph bool) error {
+	l, err := s.Lineage(ctx)
 	if err != nil {
 		return err
 	}

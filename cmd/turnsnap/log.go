@@ -7,7 +7,6 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
-	"github.com/turnsnap/turnsnap/engine"
 	"github.com/turnsnap/turnsnap/engine/api"
 )
 
@@ -34,8 +33,8 @@ parent never appears above its child even when two hosts' clocks disagree.
 			return cobra.ExactArgs(1)(cmd, args)
 		},
 	}
-	lineage := a.readOnly(func(ctx context.Context, e *engine.Engine, _ []string) error {
-		return a.printLineage(ctx, e, graph)
+	lineage := a.withService(readOnly, func(ctx context.Context, s service, _ []string) error {
+		return a.printLineage(ctx, s, graph)
 	})
 	logOne := a.withService(readOnly, func(ctx context.Context, s service, args []string) error {
 		entries, err := s.Log(ctx, args[0])
@@ -54,8 +53,6 @@ parent never appears above its child even when two hosts' clocks disagree.
 		}
 		return nil
 	})
-	// --all reads the whole home's lineage, which only a direct open
-	// serves today (refused with a clear message under a daemon).
 	c.RunE = func(cmd *cobra.Command, args []string) error {
 		if all {
 			return lineage(cmd, args)

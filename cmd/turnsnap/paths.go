@@ -10,7 +10,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/spf13/cobra"
-	"github.com/turnsnap/turnsnap/engine"
+	"github.com/turnsnap/turnsnap/engine/api"
 )
 
 // One path at a time: cat, ls and restore of chosen paths.
@@ -26,9 +26,9 @@ it is read: a damaged one stops the output and exits 7 naming the object,
 so a partial file never exits 0. A directory, symlink or special file is
 exit 2 (list directories with ls), a missing path exit 3.`,
 		Args: cobra.ExactArgs(2),
-		RunE: a.readOnly(func(ctx context.Context, e *engine.Engine, args []string) error {
+		RunE: a.withService(readOnly, func(ctx context.Context, s service, args []string) error {
 			w := &countingWriter{w: a.stdout()}
-			if err := e.Cat(ctx, args[0], args[1], w); err != nil {
+			if err := s.Cat(ctx, args[0], args[1], w); err != nil {
 				if w.n > 0 {
 					return fmt.Errorf("%w (output incomplete: %d bytes written before the error)", err, w.n)
 				}
@@ -60,12 +60,12 @@ symlink's target and a hardlink's primary after "->". A PATH that is not a
 directory lists that one entry. --json gives every field; a name that is not
 valid UTF-8 also comes as name_b64 (its raw bytes, base64).`,
 		Args: cobra.RangeArgs(1, 2),
-		RunE: a.readOnly(func(ctx context.Context, e *engine.Engine, args []string) error {
+		RunE: a.withService(readOnly, func(ctx context.Context, s service, args []string) error {
 			p := ""
 			if len(args) == 2 {
 				p = args[1]
 			}
-			entries, err := e.Ls(ctx, args[0], p)
+			entries, err := s.Ls(ctx, args[0], p)
 			if err != nil {
 				return err
 			}
@@ -124,10 +124,12 @@ The sandbox's processes keep running; restore waits for any checkpoint of
 the sandbox in progress and the next checkpoint records the restored paths
 as an ordinary change (class fs). The head does not move. CHECKPOINT may
 be any sandbox's. With --to DIR the paths are written below the host
-directory DIR (created if missing) instead, and the sandbox is not touched.`,
+directory DIR (created if missing) instead, and the sandbox is not touched;
+while a daemon (turnsnap serve) serves the home, --to is refused (exit 2):
+the daemon does not write into host directories a client names.`,
 		Args: cobra.MinimumNArgs(3),
-		RunE: a.withEngine(func(ctx context.Context, e *engine.Engine, args []string) error {
-			r, err := e.RestorePaths(ctx, args[0], args[1], args[2:], engine.RestorePathsOptions{To: to})
+		RunE: a.withService(nil, func(ctx context.Context, s service, args []string) error {
+			r, err := s.RestorePaths(ctx, args[0], api.RestorePathsRequest{Checkpoint: args[1], Paths: args[2:], To: to})
 			if err != nil {
 				return err
 			}
@@ -145,7 +147,7 @@ directory DIR (created if missing) instead, and the sandbox is not touched.`,
 				}
 			}
 			fmt.Fprintf(a.stdout(), "%d paths from %s into %s in %s\n", len(r.Paths), r.Checkpoint.Short(), r.Target,
-				durStr(r.Duration.Round(time.Microsecond)))
+				durStr(api.Dur(r.DurationMS).Round(time.Microsecond)))
 			return nil
 		}),
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/turnsnap/turnsnap/engine"
+	"github.com/turnsnap/turnsnap/engine/api"
 )
 
 // policyFlags binds the --keep-* flags shared by forget and policy set.
@@ -53,15 +54,15 @@ space.
 			return cobra.ExactArgs(1)(cmd, args)
 		},
 	}
-	c.RunE = a.withEngine(func(ctx context.Context, e *engine.Engine, args []string) error {
+	c.RunE = a.withService(nil, func(ctx context.Context, s service, args []string) error {
 		if len(args) == 1 {
 			opts.Sandbox = args[0]
 		}
-		r, err := e.Forget(ctx, opts)
+		r, err := s.Forget(ctx, api.ForgetRequest{ForgetOptions: opts, GC: gc})
 		if err != nil {
 			return err
 		}
-		return a.printForget(ctx, e, r, gc)
+		return a.printForget(r)
 	})
 	policyFlags(c, &opts.Policy)
 	c.Flags().BoolVar(&opts.All, "all", false, "every sandbox this home created")
@@ -70,20 +71,11 @@ space.
 	return c
 }
 
-func (a *app) printForget(ctx context.Context, e *engine.Engine, r *engine.ForgetReport, gc bool) error {
-	var g *engine.GCReport
-	if gc && !r.DryRun {
-		var err error
-		if g, err = e.GC(ctx, engine.GCOptions{Grace: engine.DefaultGCGrace}); err != nil {
-			return err
-		}
-	}
+func (a *app) printForget(r *api.Forgotten) error {
 	if a.json {
-		return printJSON(a.stdout(), struct {
-			*engine.ForgetReport
-			GC *engine.GCReport `json:"gc"`
-		}{r, g})
+		return printJSON(a.stdout(), r)
 	}
+	g := r.GC
 	w := a.stdout()
 	verb := "deleted"
 	if r.DryRun {
@@ -122,15 +114,16 @@ for a host without the daemon).
 		Use:   "set [NAME] --keep-...",
 		Short: "Set the policy of a sandbox (or of the home, without NAME)",
 		Args:  cobra.MaximumNArgs(1),
-		RunE: a.withEngine(func(ctx context.Context, e *engine.Engine, args []string) error {
+		RunE: a.withService(nil, func(ctx context.Context, s service, args []string) error {
 			opts := engine.PolicyOptions{Policy: p}
 			if len(args) == 1 {
 				opts.Sandbox = args[0]
 			}
-			if err := e.SetPolicy(ctx, opts); err != nil {
+			v, err := s.SetPolicy(ctx, opts)
+			if err != nil {
 				return err
 			}
-			return a.showPolicies(ctx, e, opts.Sandbox)
+			return a.showPolicies(v, opts.Sandbox)
 		}),
 	}
 	policyFlags(set, &p)
@@ -138,27 +131,32 @@ for a host without the daemon).
 		Use:   "show [NAME]",
 		Short: "Show the home's policy and the one each sandbox follows",
 		Args:  cobra.MaximumNArgs(1),
-		RunE: a.readOnly(func(ctx context.Context, e *engine.Engine, args []string) error {
+		RunE: a.withService(readOnly, func(ctx context.Context, s service, args []string) error {
 			name := ""
 			if len(args) == 1 {
 				name = args[0]
 			}
-			return a.showPolicies(ctx, e, name)
+			v, err := s.ShowPolicies(ctx, name)
+			if err != nil {
+				return err
+			}
+			return a.showPolicies(v, name)
 		}),
 	}
 	clear := &cobra.Command{
 		Use:   "clear [NAME]",
 		Short: "Remove the policy of a sandbox (it then follows the home's) or of the home",
 		Args:  cobra.MaximumNArgs(1),
-		RunE: a.withEngine(func(ctx context.Context, e *engine.Engine, args []string) error {
-			opts := engine.PolicyOptions{}
+		RunE: a.withService(nil, func(ctx context.Context, s service, args []string) error {
+			name := ""
 			if len(args) == 1 {
-				opts.Sandbox = args[0]
+				name = args[0]
 			}
-			if err := e.ClearPolicy(ctx, opts); err != nil {
+			v, err := s.ClearPolicy(ctx, name)
+			if err != nil {
 				return err
 			}
-			return a.showPolicies(ctx, e, opts.Sandbox)
+			return a.showPolicies(v, name)
 		}),
 	}
 	apply := &cobra.Command{
@@ -167,23 +165,19 @@ for a host without the daemon).
 		Args:  cobra.NoArgs,
 	}
 	var gc bool
-	apply.RunE = a.withEngine(func(ctx context.Context, e *engine.Engine, _ []string) error {
-		r, err := e.ApplyPolicies(ctx)
+	apply.RunE = a.withService(nil, func(ctx context.Context, s service, _ []string) error {
+		r, err := s.ApplyPolicies(ctx, api.ApplyPoliciesRequest{GC: gc})
 		if err != nil {
 			return err
 		}
-		return a.printForget(ctx, e, r, gc)
+		return a.printForget(r)
 	})
 	apply.Flags().BoolVar(&gc, "gc", false, "run gc afterwards")
 	c.AddCommand(set, show, clear, apply)
 	return c
 }
 
-func (a *app) showPolicies(ctx context.Context, e *engine.Engine, name string) error {
-	v, err := e.ShowPolicies(ctx, name)
-	if err != nil {
-		return err
-	}
+func (a *app) showPolicies(v *engine.PolicyView, name string) error {
 	if a.json {
 		return printJSON(a.stdout(), v)
 	}

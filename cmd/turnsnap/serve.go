@@ -25,6 +25,7 @@ import (
 )
 
 type serveFlags struct {
+	forgetInterval  time.Duration // serve_forget.go
 	socketGroup     string
 	listen          string
 	tokenFile       string
@@ -49,6 +50,11 @@ for group G). Every turnsnap command on this home then goes through it.
 "Authorization: Bearer TOKEN" with the token in --token-file. A non-loopback
 ADDR is refused without --tls-cert and --tls-key.
 
+--forget-interval DUR applies the retention policies stored with 'policy
+set' every DUR (as 'policy apply' does; default off), logging what each run
+deleted and counting it in turnsnap_forgotten_checkpoints_total. Run
+'turnsnap gc' to reclaim the space.
+
 With a remote store, the queue is uploaded continuously in the background;
 sync and checkpoint --wait-remote wait for it. At start it repairs what a
 killed turnsnap left (frozen containers, half-done rollbacks) and resumes the
@@ -72,6 +78,7 @@ pointed at it.`,
 	}
 	fl := c.Flags()
 	fl.StringVar(&f.socketGroup, "socket-group", "", "make the socket 0660 for this group (name or gid)")
+	fl.DurationVar(&f.forgetInterval, "forget-interval", 0, "apply the stored retention policies (policy set) this often, as 'policy apply' does (0: never)")
 	fl.StringVar(&f.listen, "listen", "", "also serve TCP on ADDR (HOST:PORT), with --token-file")
 	fl.StringVar(&f.tokenFile, "token-file", "", "file holding the bearer token TCP clients must send")
 	fl.StringVar(&f.tlsCert, "tls-cert", "", "TLS certificate (PEM) for --listen")
@@ -215,6 +222,9 @@ func (a *app) serve(ctx context.Context, f serveFlags) error {
 	if err != nil {
 		return err
 	}
+	if err := checkForgetInterval(f.forgetInterval); err != nil {
+		return err
+	}
 	var token []byte
 	if f.listen != "" {
 		if token, err = readToken(f.tokenFile); err != nil {
@@ -266,6 +276,9 @@ func (a *app) serve(ctx context.Context, f serveFlags) error {
 	}
 	go func() { errc <- unixSrv.Serve(sl) }()
 	log.Info("serving", "home", a.home, "socket", sock)
+	forgetCtx, stopForget := context.WithCancel(ctx)
+	waitForget := forgetOnSchedule(forgetCtx, log, srvAPI.Service(), f.forgetInterval)
+	defer func() { stopForget(); waitForget() }()
 	if f.listen != "" {
 		tl, err := net.Listen("tcp", f.listen)
 		if err != nil {

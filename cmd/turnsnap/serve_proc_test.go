@@ -75,6 +75,24 @@ func TestServeExecAndSIGTERM(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	mustCLI(t, home, "checkpoint", "s") // the process is now in a checkpoint
+	// ps through the daemon sees it, held by the head checkpoint.
+	out, _ = mustCLI(t, home, "--lock-wait", "0s", "ps", "s", "--json")
+	var ps struct {
+		Running   bool
+		Processes []struct {
+			PID          int
+			InCheckpoint bool `json:"in_checkpoint"`
+		}
+	}
+	if err := json.Unmarshal([]byte(out), &ps); err != nil || !ps.Running || len(ps.Processes) == 0 {
+		t.Fatalf("ps --json through the daemon: %q (%v)", out, err)
+	}
+	if p := ps.Processes[0]; p.PID != det.PID || !p.InCheckpoint {
+		t.Fatalf("ps through the daemon: %+v, want pid %d in the checkpoint", ps.Processes, det.PID)
+	}
+	if out, _ := mustCLI(t, home, "ps", "s"); !strings.Contains(out, "sleep 100000") || !strings.Contains(out, "yes (") {
+		t.Fatalf("ps through the daemon:\n%s", out)
+	}
 
 	// SSE: the same exec stream as server-sent events.
 	hc := &http.Client{Transport: &http.Transport{DialContext: nil, Dial: func(_, _ string) (net.Conn, error) {

@@ -65,6 +65,7 @@ func scenario(t *testing.T, home, base string, extra ...string) []cliStep {
 	do("branch", "t1", "fan", "--count", "2")
 	do("branch", c3, "fan2", "--count", "2", "--json")
 	do("log", "s", "--graph")
+	everydayScenario(do, c1, c3)
 	do("sandbox", "list")
 	do("sandbox", "list", "--json")
 	do("sandbox", "path", "s", "--json")

@@ -46,6 +46,23 @@ type service interface {
 	GC(ctx context.Context, req api.GCRequest) (*engine.GCReport, error)
 	Init(ctx context.Context, req api.InitRequest) (*api.Initialised, error)
 	RebuildCatalog(ctx context.Context, req api.RebuildRequest) (*api.Rebuilt, error)
+	everydayService
+}
+
+// everydayService is the everyday commands' part of service
+// (engine/api/everyday.go).
+type everydayService interface {
+	DiffPaths(ctx context.Context, name string, req api.DiffRequest) (*engine.DiffResult, error)
+	Cat(ctx context.Context, ref, path string, w io.Writer) error
+	Ls(ctx context.Context, ref, path string) ([]engine.LsEntry, error)
+	RestorePaths(ctx context.Context, name string, req api.RestorePathsRequest) (*engine.RestorePathsResult, error)
+	Lineage(ctx context.Context) (*engine.Lineage, error)
+	Processes(ctx context.Context, name string) (*engine.ProcessList, error)
+	Forget(ctx context.Context, req api.ForgetRequest) (*api.Forgotten, error)
+	ApplyPolicies(ctx context.Context, req api.ApplyPoliciesRequest) (*api.Forgotten, error)
+	ShowPolicies(ctx context.Context, sandbox string) (*engine.PolicyView, error)
+	SetPolicy(ctx context.Context, req engine.PolicyOptions) (*engine.PolicyView, error)
+	ClearPolicy(ctx context.Context, sandbox string) (*engine.PolicyView, error)
 }
 
 var (
@@ -117,7 +134,7 @@ func (a *app) withService(ro func(args []string) bool, fn func(ctx context.Conte
 }
 
 // refuseIfServed fails a command that must own the home itself (unlock,
-// key rotate, and any command not yet in the API) while a daemon serves
+// key rotate) while a daemon serves
 // the home, saying what to do.
 func (a *app) refuseIfServed(cmd *cobra.Command) error {
 	c, err := a.daemon(cmd.Context())

@@ -67,6 +67,7 @@ type Monitor struct {
 	restoreSecs *prometheus.HistogramVec
 	errs        *prometheus.CounterVec
 	dropped     prometheus.Counter
+	forgotten   prometheus.Counter
 }
 
 // subBuffer is how many events a slow /v1/events reader may lag behind
@@ -97,8 +98,9 @@ func NewMonitor(log *slog.Logger, e *engine.Engine, extra ...prometheus.Collecto
 	m.restoreSecs = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "turnsnap_restore_seconds", Help: "Restore latency by kind.", Buckets: buckets}, []string{"kind"})
 	m.errs = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "turnsnap_errors_total", Help: "Failed API requests by error class."}, []string{"class"})
 	m.dropped = prometheus.NewCounter(prometheus.CounterOpts{Name: "turnsnap_events_dropped_total", Help: "Events a slow /v1/events reader missed."})
+	m.forgotten = prometheus.NewCounter(prometheus.CounterOpts{Name: "turnsnap_forgotten_checkpoints_total", Help: "Checkpoints deleted by retention policies (forget, policy apply, the --forget-interval schedule)."})
 	cs := []prometheus.Collector{m.turns, m.turnSeconds, m.phases, m.pause, m.bytesRead, m.bytesNew, m.uploaded, m.sent,
-		m.uploads, m.upFailed, m.pushes, m.pushing, m.rate, m.restores, m.restoreSecs, m.errs, m.dropped,
+		m.uploads, m.upFailed, m.pushes, m.pushing, m.rate, m.restores, m.restoreSecs, m.errs, m.dropped, m.forgotten,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})}
 	if e != nil {
 		cs = append(cs, queueCollector{e})

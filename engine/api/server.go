@@ -37,6 +37,9 @@ type Options struct {
 	Collectors []prometheus.Collector
 	// MaxBody bounds a request's JSON body (default DefaultMaxBody).
 	MaxBody int64
+	// CatStall bounds how long a cat response may wait for its client to
+	// take the next bytes (default DefaultCatStall; everyday.go).
+	CatStall time.Duration
 }
 
 // DefaultMaxBody is far above any request's JSON (the largest is an exec
@@ -51,6 +54,7 @@ type Server struct {
 	log      *slog.Logger
 	pusher   *Pusher
 	maxBody  int64
+	catStall time.Duration
 	patterns []string
 }
 
@@ -70,6 +74,9 @@ func New(e *engine.Engine, opts Options) (*Server, error) {
 	s := &Server{mux: http.NewServeMux(), mon: mon, log: log, pusher: opts.Uploads, maxBody: opts.MaxBody}
 	if s.maxBody <= 0 {
 		s.maxBody = DefaultMaxBody
+	}
+	if s.catStall = opts.CatStall; s.catStall <= 0 {
+		s.catStall = DefaultCatStall
 	}
 	s.svc = &Service{E: e, Monitor: mon}
 	if opts.Uploads != nil {
@@ -97,6 +104,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rec := &statusWriter{ResponseWriter: w, status: http.StatusOK}
 	defer func() {
 		if v := recover(); v != nil {
+			if v == http.ErrAbortHandler {
+				panic(v) // a deliberate abort (cat cut off): net/http drops the connection
+			}
 			// A bug must cost one request, never the daemon and its sandboxes.
 			s.log.Error("panic serving request", "method", r.Method, "path", r.URL.Path, "panic", v)
 			if !rec.wrote {
@@ -155,9 +165,10 @@ func (s *Server) handle(pattern string, h http.HandlerFunc) {
 // take none) is decoded strictly into Req (at most MaxBody bytes, unknown
 // fields refused, one JSON value), fn's result is the 200 response and its
 // error a problem+json. Path values named "name" must be valid sandbox
-// names. Adding an engine method to the API is one call:
+// names. Adding an engine method to the API is one call (everyday.go has
+// a dozen, a streamed one among them):
 //
-//	route(s, "GET /v1/sandboxes/{name}/ps", func(ctx context.Context, r *http.Request, _ none) ([]Proc, error) {
+//	route(s, "GET /v1/sandboxes/{name}/ps", func(ctx context.Context, r *http.Request, _ none) (*engine.ProcessList, error) {
 //		return s.svc.Processes(ctx, r.PathValue("name"))
 //	})
 //
@@ -248,10 +259,7 @@ func (s *Server) routes() {
 	route(s, "GET /v1/sandboxes/{name}/checkpoints", func(ctx context.Context, r *http.Request, _ none) ([]LogEntry, error) {
 		return sv.Log(ctx, r.PathValue("name"))
 	})
-	route(s, "GET /v1/sandboxes/{name}/diff", func(ctx context.Context, r *http.Request, _ none) (*Diff, error) {
-		q := r.URL.Query()
-		return sv.Diff(ctx, r.PathValue("name"), q.Get("from"), q.Get("to"))
-	})
+	s.everydayRoutes() // everyday.go: diff, cat, ls, restore, lineage, ps, forget, policies
 	route(s, "POST /v1/sandboxes/{name}/rollback", func(ctx context.Context, r *http.Request, req RollbackRequest) (*Restore, error) {
 		return sv.Rollback(ctx, r.PathValue("name"), req)
 	})

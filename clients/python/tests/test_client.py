@@ -154,3 +154,37 @@ def test_exec_and_agent_loop(daemon):
     # The failed turn (rm -rf /tmp/*) was undone: turn 1's file is back.
     assert c.exec("py", ["test", "-e", "/tmp/app.py"]).exit_code == 0
 
+
+
+def test_paths_lineage_retention(daemon):
+    c, _, _ = daemon
+    root = c.sandbox_path("py")
+    with open(os.path.join(root, "notes.txt"), "w") as f:
+        f.write("first\n")
+    cp1 = c.checkpoint("py", message="one")
+    with open(os.path.join(root, "notes.txt"), "w") as f:
+        f.write("second\n")
+    cp2 = c.checkpoint("py", message="two")
+    assert c.cat(cp1["id"], "/notes.txt") == b"first\n"
+    names = [e["name"] for e in c.ls(cp2["id"])]
+    assert "notes.txt" in names and "README" in names
+    with pytest.raises(turnsnap.NotFound):
+        c.cat(cp1["id"], "/nosuch")
+    with pytest.raises(turnsnap.Invalid):
+        c.cat(cp1["id"], "/")
+    r = c.restore("py", cp1["id"], ["/notes.txt"])
+    assert r["paths"][0]["action"] == "restored"
+    with open(os.path.join(root, "notes.txt")) as f:
+        assert f.read() == "first\n"
+    with pytest.raises(turnsnap.Invalid) as e:
+        c._call("POST", "/v1/sandboxes/py/restore", {"checkpoint": cp1["id"], "paths": ["/notes.txt"], "to": "/tmp/x"})
+    assert "daemon" in e.value.message
+    assert [x["id"] for x in c.lineage()["checkpoints"][:2]] == [cp2["id"], cp1["id"]]
+    assert c.ps("py")["sandbox"] == "py"
+    assert c.set_policy("py", keep_last=1)["sandboxes"][0]["policy"] == {"keep_last": 1}
+    dry = c.forget("py", keep_last=1, dry_run=True)
+    assert dry["dry_run"] and dry["checkpoints_deleted"] >= 1
+    done = c.apply_policies()
+    assert done["checkpoints_deleted"] == dry["checkpoints_deleted"]
+    assert len(c.log("py")) == 1
+    assert c.clear_policy("py")["sandboxes"][0]["source"] == "none"

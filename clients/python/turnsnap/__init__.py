@@ -231,6 +231,62 @@ class Client:
     def sync(self, sandbox=None):
         return self._call("POST", "/v1/sync", {"sandbox": sandbox} if sandbox else {})
 
+    # -- paths, lineage, retention (the everyday commands) -----------------
+
+    def cat(self, ref, path):
+        """The bytes of the file at path as it was in checkpoint ref. A file
+        the daemon could not read whole (a damaged chunk mid-file) raises
+        Unavailable: the daemon cuts the stream off, so a partial file is
+        never returned as a whole one (`turnsnap cat` says which object)."""
+        conn, resp = self._open("GET", "/v1/checkpoints/%s/content?path=%s" % (_q(ref), urllib.parse.quote(path, safe="")),
+                                accept="application/octet-stream")
+        try:
+            return resp.read()
+        except (http.client.IncompleteRead, ConnectionError) as e:
+            raise Unavailable("cat of %s in checkpoint %s: the daemon cut the file off (a damaged chunk?): %r"
+                              % (path, ref, e), klass="unavailable")
+        finally:
+            conn.close()
+
+    def ls(self, ref, path="/"):
+        return self._call("GET", "/v1/checkpoints/%s/entries?path=%s" % (_q(ref), urllib.parse.quote(path, safe="")))
+
+    def restore(self, name, checkpoint, paths):
+        """Put paths back into the sandbox as they were in checkpoint."""
+        return self._call("POST", "/v1/sandboxes/%s/restore" % _q(name), {"checkpoint": checkpoint, "paths": list(paths)})
+
+    def lineage(self):
+        """Every checkpoint of the home, children before parents (log --all)."""
+        return self._call("GET", "/v1/lineage")
+
+    def ps(self, name):
+        return self._call("GET", "/v1/sandboxes/%s/ps" % _q(name))
+
+    def forget(self, sandbox=None, all=False, dry_run=False, gc=False, **policy):
+        """Delete the checkpoints a policy (keep_last=N, keep_daily=N, ...)
+        does not keep, of one sandbox or, with all=True, every one."""
+        body = {"policy": policy, "dry_run": dry_run, "gc": gc}
+        if sandbox:
+            body["sandbox"] = sandbox
+        if all:
+            body["all"] = True
+        return self._call("POST", "/v1/forget", body)
+
+    def policies(self, sandbox=None):
+        return self._call("GET", "/v1/policies" + ("?sandbox=" + _q(sandbox) if sandbox else ""))
+
+    def set_policy(self, sandbox=None, **policy):
+        body = {"policy": policy}
+        if sandbox:
+            body["sandbox"] = sandbox
+        return self._call("PUT", "/v1/policies", body)
+
+    def clear_policy(self, sandbox=None):
+        return self._call("DELETE", "/v1/policies" + ("?sandbox=" + _q(sandbox) if sandbox else ""))
+
+    def apply_policies(self, gc=False):
+        return self._call("POST", "/v1/policies/apply", {"gc": gc})
+
     # -- processes --------------------------------------------------------
 
     def exec(self, name, argv, stdin=None, detach=False, log=None):

@@ -1,0 +1,120 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+
+	"github.com/turnsnap/turnsnap/engine"
+	"github.com/turnsnap/turnsnap/engine/api"
+	"github.com/turnsnap/turnsnap/internal/errdefs"
+)
+
+// The everyday commands' routes (engine/api/everyday.go).
+
+func (c *Client) DiffPaths(ctx context.Context, name string, req api.DiffRequest) (*engine.DiffResult, error) {
+	q := url.Values{}
+	if req.From != "" {
+		q.Set("from", req.From)
+	}
+	if req.To != "" {
+		q.Set("to", req.To)
+	}
+	if req.Patch {
+		q.Set("patch", "true")
+	}
+	p := "/v1/sandboxes/" + esc(name) + "/diff"
+	if len(q) > 0 {
+		p += "?" + q.Encode()
+	}
+	var out engine.DiffResult
+	return &out, c.do(ctx, http.MethodGet, p, nil, &out)
+}
+
+// Cat streams the file at path in checkpoint ref to w as the daemon sends
+// it. As with engine.Cat, an error after w got bytes means the output is
+// incomplete: a chunk that failed its hash on the daemon comes back as the
+// daemon's corrupt error (from the response's trailer), a cut connection
+// as ErrUnavailable.
+func (c *Client) Cat(ctx context.Context, ref, path string, w io.Writer) error {
+	req, err := c.request(ctx, http.MethodGet, "/v1/checkpoints/"+esc(ref)+"/content?path="+url.QueryEscape(path), nil)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Accept", "application/octet-stream")
+	req.Header.Set("TE", "trailers") // a damaged chunk's error comes in the trailer
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return c.transportErr(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return c.problem(resp)
+	}
+	if _, err := io.Copy(w, resp.Body); err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return fmt.Errorf("%s: cat of %s in checkpoint %s: %v: %w", c.where, path, ref, err, errdefs.ErrUnavailable)
+	}
+	// The trailer is read with the body's end.
+	return api.CatTrailerError(resp.Trailer, ref, path)
+}
+
+func (c *Client) Ls(ctx context.Context, ref, path string) ([]engine.LsEntry, error) {
+	p := "/v1/checkpoints/" + esc(ref) + "/entries"
+	if path != "" {
+		p += "?path=" + url.QueryEscape(path)
+	}
+	var out []engine.LsEntry
+	return out, c.do(ctx, http.MethodGet, p, nil, &out)
+}
+
+func (c *Client) RestorePaths(ctx context.Context, name string, req api.RestorePathsRequest) (*engine.RestorePathsResult, error) {
+	var out engine.RestorePathsResult
+	return &out, c.do(ctx, http.MethodPost, "/v1/sandboxes/"+esc(name)+"/restore", req, &out)
+}
+
+func (c *Client) Lineage(ctx context.Context) (*engine.Lineage, error) {
+	var out engine.Lineage
+	return &out, c.do(ctx, http.MethodGet, "/v1/lineage", nil, &out)
+}
+
+func (c *Client) Processes(ctx context.Context, name string) (*engine.ProcessList, error) {
+	var out engine.ProcessList
+	return &out, c.do(ctx, http.MethodGet, "/v1/sandboxes/"+esc(name)+"/ps", nil, &out)
+}
+
+func (c *Client) Forget(ctx context.Context, req api.ForgetRequest) (*api.Forgotten, error) {
+	var out api.Forgotten
+	return &out, c.do(ctx, http.MethodPost, "/v1/forget", req, &out)
+}
+
+func (c *Client) ApplyPolicies(ctx context.Context, req api.ApplyPoliciesRequest) (*api.Forgotten, error) {
+	var out api.Forgotten
+	return &out, c.do(ctx, http.MethodPost, "/v1/policies/apply", req, &out)
+}
+
+func policyQuery(sandbox string) string {
+	if sandbox == "" {
+		return "/v1/policies"
+	}
+	return "/v1/policies?sandbox=" + url.QueryEscape(sandbox)
+}
+
+func (c *Client) ShowPolicies(ctx context.Context, sandbox string) (*engine.PolicyView, error) {
+	var out engine.PolicyView
+	return &out, c.do(ctx, http.MethodGet, policyQuery(sandbox), nil, &out)
+}
+
+func (c *Client) SetPolicy(ctx context.Context, req engine.PolicyOptions) (*engine.PolicyView, error) {
+	var out engine.PolicyView
+	return &out, c.do(ctx, http.MethodPut, "/v1/policies", req, &out)
+}
+
+func (c *Client) ClearPolicy(ctx context.Context, sandbox string) (*engine.PolicyView, error) {
+	var out engine.PolicyView
+	return &out, c.do(ctx, http.MethodDelete, policyQuery(sandbox), nil, &out)
+}

@@ -1,0 +1,342 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/turnsnap/turnsnap/engine"
+	"github.com/turnsnap/turnsnap/internal/errdefs"
+)
+
+// The everyday commands' routes (issue 16): diff with sizes, metadata and
+// patches, cat, ls, restore of chosen paths, the home's lineage, ps,
+// forget and the stored retention policies. Their responses are the
+// engine's report types, which are what the CLI printed with --json
+// before the daemon existed, so the JSON stays the same either way.
+
+// DiffRequest is GET /v1/sandboxes/{name}/diff (as query parameters).
+type DiffRequest struct {
+	From  string `json:"from,omitempty"` // "": the head
+	To    string `json:"to,omitempty"`   // "": the live root; needs From
+	Patch bool   `json:"patch,omitempty"`
+}
+
+// RestorePathsRequest is POST /v1/sandboxes/{name}/restore.
+type RestorePathsRequest struct {
+	Checkpoint string   `json:"checkpoint"`
+	Paths      []string `json:"paths"`
+	// To is a host directory to write into instead of the sandbox. Only a
+	// direct (in-process) service honours it: the daemon refuses it
+	// (ErrRestoreToRefused).
+	To string `json:"to,omitempty"`
+}
+
+// ForgetRequest is POST /v1/forget: engine.ForgetOptions, and GC to run
+// gc afterwards.
+type ForgetRequest struct {
+	engine.ForgetOptions
+	GC bool `json:"gc,omitempty"`
+}
+
+// ApplyPoliciesRequest is POST /v1/policies/apply.
+type ApplyPoliciesRequest struct {
+	GC bool `json:"gc,omitempty"`
+}
+
+// Forgotten is what forget and policy apply did: the engine's report and,
+// with GC, the gc that followed (null otherwise).
+type Forgotten struct {
+	engine.ForgetReport
+	GC *engine.GCReport `json:"gc"`
+}
+
+// MaxRestorePaths bounds one restore request's paths.
+const MaxRestorePaths = 4096
+
+// DiffPaths is a diff described path by path (sizes, metadata, with Patch
+// unified patches): what `turnsnap diff` prints.
+func (s *Service) DiffPaths(ctx context.Context, name string, req DiffRequest) (*engine.DiffResult, error) {
+	if req.From == "" && req.To != "" {
+		return nil, invalidf("diff of sandbox %s: a 'to' needs a 'from'", name)
+	}
+	r, err := s.E.DiffWith(ctx, name, req.From, req.To, engine.DiffOptions{Patch: req.Patch})
+	if err != nil {
+		return nil, err
+	}
+	if r.Paths == nil {
+		r.Paths = []engine.PathChange{}
+	}
+	return r, nil
+}
+
+// Cat writes the file at path as it was in checkpoint ref to w; see
+// engine.Cat (an error after w got bytes means the output is incomplete).
+func (s *Service) Cat(ctx context.Context, ref, path string, w io.Writer) error {
+	return s.E.Cat(ctx, ref, path, w)
+}
+
+func (s *Service) Ls(ctx context.Context, ref, path string) ([]engine.LsEntry, error) {
+	entries, err := s.E.Ls(ctx, ref, path)
+	if err != nil {
+		return nil, err
+	}
+	if entries == nil {
+		entries = []engine.LsEntry{}
+	}
+	return entries, nil
+}
+
+func (s *Service) RestorePaths(ctx context.Context, name string, req RestorePathsRequest) (*engine.RestorePathsResult, error) {
+	if req.Checkpoint == "" {
+		return nil, invalidf("restore into sandbox %s: no checkpoint given", name)
+	}
+	if len(req.Paths) == 0 || len(req.Paths) > MaxRestorePaths {
+		return nil, invalidf("restore into sandbox %s: give between 1 and %d paths, not %d", name, MaxRestorePaths, len(req.Paths))
+	}
+	return s.E.RestorePaths(ctx, name, req.Checkpoint, req.Paths, engine.RestorePathsOptions{To: req.To})
+}
+
+// Lineage is every checkpoint of the home, children before parents.
+func (s *Service) Lineage(ctx context.Context) (*engine.Lineage, error) {
+	return s.E.Lineage(ctx, engine.LineageOptions{})
+}
+
+func (s *Service) Processes(ctx context.Context, name string) (*engine.ProcessList, error) {
+	return s.E.Processes(ctx, name, engine.ProcessesOptions{})
+}
+
+func (s *Service) Forget(ctx context.Context, req ForgetRequest) (*Forgotten, error) {
+	r, err := s.E.Forget(ctx, req.ForgetOptions)
+	if err != nil {
+		return nil, err
+	}
+	return s.forgotten(ctx, r, req.GC)
+}
+
+// ApplyPolicies carries out the stored policies (what the daemon's
+// --forget-interval does on its schedule).
+func (s *Service) ApplyPolicies(ctx context.Context, req ApplyPoliciesRequest) (*Forgotten, error) {
+	r, err := s.E.ApplyPolicies(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return s.forgotten(ctx, r, req.GC)
+}
+
+func (s *Service) forgotten(ctx context.Context, r *engine.ForgetReport, gc bool) (*Forgotten, error) {
+	if r.Sandboxes == nil {
+		r.Sandboxes = []engine.ForgetSandbox{}
+	}
+	if !r.DryRun {
+		s.Monitor.forgot(r)
+	}
+	out := &Forgotten{ForgetReport: *r}
+	if gc && !r.DryRun {
+		g, err := s.E.GC(ctx, engine.GCOptions{Grace: engine.DefaultGCGrace})
+		if err != nil {
+			return nil, fmt.Errorf("forgot %d checkpoints, then gc: %w", r.CheckpointsDeleted, err)
+		}
+		out.GC = g
+	}
+	return out, nil
+}
+
+// ShowPolicies is the home's policy and the one each sandbox (or only
+// sandbox, if set) follows.
+func (s *Service) ShowPolicies(ctx context.Context, sandbox string) (*engine.PolicyView, error) {
+	v, err := s.E.ShowPolicies(ctx, sandbox)
+	if err != nil {
+		return nil, err
+	}
+	if v.Sandboxes == nil {
+		v.Sandboxes = []engine.SandboxPolicy{}
+	}
+	return v, nil
+}
+
+// SetPolicy stores a policy and returns the policies as they now are.
+func (s *Service) SetPolicy(ctx context.Context, req engine.PolicyOptions) (*engine.PolicyView, error) {
+	if err := s.E.SetPolicy(ctx, req); err != nil {
+		return nil, err
+	}
+	return s.ShowPolicies(ctx, req.Sandbox)
+}
+
+// ClearPolicy removes a sandbox's policy (or the home's, for "") and
+// returns the policies as they now are.
+func (s *Service) ClearPolicy(ctx context.Context, sandbox string) (*engine.PolicyView, error) {
+	if err := s.E.ClearPolicy(ctx, engine.PolicyOptions{Sandbox: sandbox}); err != nil {
+		return nil, err
+	}
+	return s.ShowPolicies(ctx, sandbox)
+}
+
+// ErrRestoreToRefused is why the daemon does not restore into a host
+// directory: it usually runs as root, so a client able to reach its socket
+// could have it write wherever the client names.
+var ErrRestoreToRefused = fmt.Errorf("restore --to writes into a host directory, which the daemon (turnsnap serve) does not do for a client: it runs with its own rights and would write wherever the client names; restore into the sandbox and copy the files out of its root, or stop the daemon and run restore --to directly: %w", errdefs.ErrInvalid)
+
+// CatErrorTrailer is the trailer a cat response ends with: "none" when the
+// whole file was sent, else the problem+json of the error that cut it off.
+const CatErrorTrailer = "Turnsnap-Error"
+
+const catComplete = "none"
+
+func (s *Server) everydayRoutes() {
+	sv := s.svc
+	route(s, "GET /v1/sandboxes/{name}/diff", func(ctx context.Context, r *http.Request, _ none) (*engine.DiffResult, error) {
+		q := r.URL.Query()
+		return sv.DiffPaths(ctx, r.PathValue("name"), DiffRequest{From: q.Get("from"), To: q.Get("to"), Patch: q.Get("patch") == "true"})
+	})
+	s.handle("GET /v1/checkpoints/{ref}/content", s.cat)
+	route(s, "GET /v1/checkpoints/{ref}/entries", func(ctx context.Context, r *http.Request, _ none) ([]engine.LsEntry, error) {
+		return sv.Ls(ctx, r.PathValue("ref"), r.URL.Query().Get("path"))
+	})
+	route(s, "POST /v1/sandboxes/{name}/restore", func(ctx context.Context, r *http.Request, req RestorePathsRequest) (*engine.RestorePathsResult, error) {
+		if req.To != "" {
+			return nil, ErrRestoreToRefused
+		}
+		return sv.RestorePaths(ctx, r.PathValue("name"), req)
+	})
+	route(s, "GET /v1/lineage", func(ctx context.Context, _ *http.Request, _ none) (*engine.Lineage, error) {
+		return sv.Lineage(ctx)
+	})
+	route(s, "GET /v1/sandboxes/{name}/ps", func(ctx context.Context, r *http.Request, _ none) (*engine.ProcessList, error) {
+		return sv.Processes(ctx, r.PathValue("name"))
+	})
+	route(s, "POST /v1/forget", func(ctx context.Context, _ *http.Request, req ForgetRequest) (*Forgotten, error) {
+		return sv.Forget(ctx, req)
+	})
+	route(s, "GET /v1/policies", func(ctx context.Context, r *http.Request, _ none) (*engine.PolicyView, error) {
+		return sv.ShowPolicies(ctx, r.URL.Query().Get("sandbox"))
+	})
+	route(s, "PUT /v1/policies", func(ctx context.Context, _ *http.Request, req engine.PolicyOptions) (*engine.PolicyView, error) {
+		return sv.SetPolicy(ctx, req)
+	})
+	route(s, "DELETE /v1/policies", func(ctx context.Context, r *http.Request, _ none) (*engine.PolicyView, error) {
+		return sv.ClearPolicy(ctx, r.URL.Query().Get("sandbox"))
+	})
+	route(s, "POST /v1/policies/apply", func(ctx context.Context, _ *http.Request, req ApplyPoliciesRequest) (*Forgotten, error) {
+		return sv.ApplyPolicies(ctx, req)
+	})
+}
+
+// DefaultCatStall is how long a cat waits for a client that stopped
+// reading. The engine holds its home-wide shared lock while it streams, so
+// a stalled reader would otherwise keep maintenance (forget, prune, gc)
+// waiting forever, and every operation queued behind it.
+const DefaultCatStall = 30 * time.Second
+
+// cat streams a file's bytes (application/octet-stream). An error before
+// the first byte is an ordinary problem+json response; one after it (a
+// damaged chunk) can no longer change the status. A client that said it
+// reads trailers (TE: trailers, as package client does) gets the error in
+// the Turnsnap-Error trailer and turns it back into the error (a corrupt
+// one exits 7). Any other client (curl, Python's http.client, which drop
+// trailers) gets the connection aborted before the last chunk, so the
+// body cannot pass for a whole file.
+func (s *Server) cat(w http.ResponseWriter, r *http.Request) {
+	path := r.URL.Query().Get("path")
+	cw := &catWriter{w: w, rc: http.NewResponseController(w), stall: s.catStall}
+	err := s.svc.Cat(r.Context(), r.PathValue("ref"), path, cw)
+	// The deadline was this response's: a next request on the kept-alive
+	// connection (an hour-long exec) must not inherit it.
+	cw.rc.SetWriteDeadline(time.Time{})
+	if err != nil {
+		s.mon.requestFailed(err)
+	}
+	switch {
+	case err != nil && !cw.started:
+		writeProblem(w, err)
+	case err != nil:
+		s.log.Warn("cat cut off mid-file", "checkpoint", r.PathValue("ref"), "path", path, "bytes_sent", cw.n, "err", err)
+		if !acceptsTrailers(r) {
+			panic(http.ErrAbortHandler) // the server closes the connection mid-body
+		}
+		data, _ := json.Marshal(ProblemFor(err))
+		w.Header().Set(CatErrorTrailer, string(data))
+	default:
+		cw.start() // an empty file
+		w.Header().Set(CatErrorTrailer, catComplete)
+	}
+}
+
+// acceptsTrailers says the client will read trailer fields (RFC 9110
+// section 10.1.4).
+func acceptsTrailers(r *http.Request) bool {
+	for _, v := range r.Header.Values("TE") {
+		for _, t := range strings.Split(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(t), "trailers") {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// catWriter sends the headers (200, the trailer's announcement) with the
+// first byte, so an error before it can still be a problem response.
+type catWriter struct {
+	w       http.ResponseWriter
+	rc      *http.ResponseController
+	stall   time.Duration
+	started bool
+	n       int64
+}
+
+func (c *catWriter) start() {
+	if c.started {
+		return
+	}
+	c.started = true
+	h := c.w.Header()
+	h.Set("Content-Type", "application/octet-stream")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Trailer", CatErrorTrailer)
+	c.w.WriteHeader(http.StatusOK)
+}
+
+func (c *catWriter) Write(b []byte) (int, error) {
+	c.start()
+	// Each write gets its own deadline: a slow reader is fine, one that
+	// stopped reading fails the write and the cat lets the home go.
+	c.rc.SetWriteDeadline(time.Now().Add(c.stall))
+	n, err := c.w.Write(b)
+	c.n += int64(n)
+	return n, err
+}
+
+// CatTrailerError turns a cat response's trailer back into its error: nil
+// for a complete file, the problem for one cut off, and ErrUnavailable
+// when the trailer is missing (the stream did not end as the server ends
+// it). The client uses it; it is here beside the writer of the trailer.
+func CatTrailerError(tr http.Header, ref, path string) error {
+	v, ok := tr[http.CanonicalHeaderKey(CatErrorTrailer)]
+	if !ok {
+		return fmt.Errorf("cat of %s in checkpoint %s: the stream ended without its trailer: %w", path, ref, errdefs.ErrUnavailable)
+	}
+	if len(v) == 0 || v[0] == "" {
+		return fmt.Errorf("cat of %s in checkpoint %s: empty error trailer: %w", path, ref, errdefs.ErrUnavailable)
+	}
+	if v[0] == catComplete {
+		return nil
+	}
+	var p Problem
+	if err := json.Unmarshal([]byte(v[0]), &p); err != nil || p.Detail == "" {
+		return fmt.Errorf("cat of %s in checkpoint %s: bad error trailer %q: %w", path, ref, v[0], errdefs.ErrUnavailable)
+	}
+	return &p
+}
+
+// forgot counts the checkpoints a retention run deleted.
+func (m *Monitor) forgot(r *engine.ForgetReport) {
+	if m == nil || r.CheckpointsDeleted <= 0 {
+		return
+	}
+	m.forgotten.Add(float64(r.CheckpointsDeleted))
+}
