@@ -162,6 +162,12 @@ func TestTenantsCannotReachEachOther(t *testing.T) {
 		"POST /v1/gc":                           `{"grace_ms":0}`,
 		"POST /v1/init":                         `{"remote":{"url":"s3://tenants/bravo","endpoint":"` + srv.Endpoint + `","insecure":true}}`,
 		"POST /v1/catalog/rebuild":              `{}`,
+		"POST /v1/sandboxes/{name}/restore":     `{"checkpoint":"` + bID + `","paths":["/secret.txt"]}`,
+		"GET /v1/checkpoints/{ref}/content":     "?path=/secret.txt",
+		"GET /v1/checkpoints/{ref}/entries":     "?path=/",
+		"PUT /v1/policies":                      `{"sandbox":"` + bsb + `","policy":{"keep_last":1}}`,
+		"DELETE /v1/policies":                   "?sandbox=" + bsb,
+		"POST /v1/forget":                       `{"sandbox":"` + bsb + `","policy":{"keep_last":1}}`,
 	}
 	// Routes that name nothing: they answer for alpha alone (checked
 	// below) or are refused.
@@ -180,6 +186,12 @@ func TestTenantsCannotReachEachOther(t *testing.T) {
 		"GET /metrics":             {http.StatusOK},
 		"GET /v1/events":           nil, // a stream: the subscription above
 		"GET /v1/llm":              {http.StatusOK},
+		"GET /v1/lineage":          {http.StatusOK},
+		"GET /v1/policies":         {http.StatusOK},
+		"PUT /v1/policies":         {http.StatusNotFound},
+		"DELETE /v1/policies":      {http.StatusNotFound},
+		"POST /v1/forget":          {http.StatusNotFound},
+		"POST /v1/policies/apply":  {http.StatusOK},
 	}
 	call := func(pattern, path string, want []int) {
 		method, _, _ := strings.Cut(pattern, " ")
