@@ -171,11 +171,17 @@ func preallocateMemtables(dir string) error {
 	mems, _ := filepath.Glob(filepath.Join(dir, "*.mem"))
 	for _, m := range mems {
 		f, err := os.OpenFile(m, os.O_RDWR, 0)
+		if errors.Is(err, os.ErrNotExist) {
+			continue // flushed and removed by Badger since the Glob
+		}
 		if err != nil {
 			return err
 		}
 		st, err := f.Stat()
-		if err == nil {
+		// Badger retires a flushed memtable by truncating it to 0 and then
+		// removing it, in the background: an empty one is on its way out,
+		// has nothing to allocate, and fallocate of length 0 is EINVAL.
+		if err == nil && st.Size() > 0 {
 			err = unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_KEEP_SIZE, 0, st.Size())
 		}
 		f.Close()
