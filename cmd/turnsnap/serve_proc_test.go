@@ -57,6 +57,19 @@ func TestServeExecAndSIGTERM(t *testing.T) {
 		t.Fatalf("exec through the daemon: exit %d, stdout %q, stderr %q", code, so.String(), se.String())
 	}
 
+	// A command that cannot run exits as a shell would, through the daemon
+	// as directly: 127 not found, 126 not executable, said once.
+	for _, c := range []struct {
+		argv []string
+		code int
+		msg  string
+	}{{[]string{"nosuch"}, 127, "nosuch: command not found"}, {[]string{"/bin"}, 126, "/bin"}} {
+		out, errs, code := cliRun(t, home, append([]string{"--lock-wait", "0s", "exec", "s", "--"}, c.argv...)...)
+		if code != c.code || strings.Count(errs, c.msg) != 1 {
+			t.Errorf("exec %v through the daemon: exit %d (want %d), stdout %q, stderr %q", c.argv, code, c.code, out, errs)
+		}
+	}
+
 	out, _ = mustCLI(t, home, "exec", "s", "--detach", "--log", "/tmp/server.log", "--json", "--", "sh", "-c", "echo serving; exec sleep 100000")
 	var det struct{ PID int }
 	if err := json.Unmarshal([]byte(out), &det); err != nil || det.PID <= 1 {
