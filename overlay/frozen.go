@@ -299,3 +299,15 @@ func (b *Backend) RemoveFrozen(tree delta.ID, inUse func(dir string) bool) (bool
 
 // WaitRemovals waits until the layers RemoveFrozen removed are deleted.
 func (b *Backend) WaitRemovals() { b.frozen.removing.Wait() }
+
+// LiveUpper is the writable layer of the root kept in dir: its live
+// generation's upper. A freeze reads a checkpoint's files from there, not
+// through the mount, so it never keeps the mount busy (an unmount for a
+// rollback or a removal must not fail because of it).
+func LiveUpper(dir string) (string, error) {
+	g, err := Open(dir, "").gen()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(g, "upper"), nil
+}

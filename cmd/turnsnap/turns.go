@@ -54,7 +54,7 @@ that write no record leave no gap: the next checkpoint reuses the number.`,
 				"id": r.ID, "sandbox": r.Sandbox, "class": r.Class, "turn": r.Turn, "parent": r.Parent,
 				"bytes_new": r.Stats.BytesNew, "objects_new": r.Stats.ObjectsNew, "blobs_new": r.Stats.BlobsNew,
 				"files_read": r.Stats.FilesRead, "bytes_read": r.Stats.BytesRead, "entries": r.Stats.Entries,
-				"duration_ms": float64(r.Duration.Microseconds()) / 1000, "freeze_ms": float64(r.FreezeDuration.Microseconds()) / 1000,
+				"duration_ms": float64(r.Duration.Microseconds()) / 1000,
 			})
 		}
 		where := ""
