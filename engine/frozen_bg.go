@@ -135,14 +135,13 @@ func (e *Engine) runFreeze(j *freezeJob) {
 }
 
 // stillWanted reports whether j's layer is worth building when its turn
-// comes: a branch waits for it, or retention would keep it (the sandbox
-// has not moved on past it meanwhile).
+// comes: a branch waits for it, or retention keeps it (not when the
+// sandbox moved on past it meanwhile, or is gone).
 func (e *Engine) stillWanted(ctx context.Context, j *freezeJob) bool {
 	e.freezes.mu.Lock()
 	waited := j.waiters > 0
-	newest := e.freezes.last[j.sandbox] == j
 	e.freezes.mu.Unlock()
-	if waited || newest {
+	if waited {
 		return true
 	}
 	keep, err := e.frozenKeepSet(ctx)

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/fsat"
@@ -180,6 +181,11 @@ func (b *Backend) Freeze(ctx context.Context, tree delta.ID, live string, src *F
 	}
 	if err := os.Chmod(tmp, 0o755); err != nil {
 		return stats, err
+	}
+	// The top's mtime says when the layer was published (a reused one's
+	// may be old): retention leaves layers newer than its pass alone.
+	if now := time.Now(); os.Chtimes(tmp, now, now) != nil {
+		return stats, fmt.Errorf("freeze tree %s: set the layer's time", tree.Short())
 	}
 	if built != nil {
 		built()
