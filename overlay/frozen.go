@@ -160,18 +160,23 @@ func (b *Backend) Freeze(ctx context.Context, tree delta.ID, live string, src *F
 	if err != nil {
 		return stats, err
 	}
-	defer os.RemoveAll(tmp) // a no-op once renamed
-	dst, err := fsat.OpenDir(tmp)
-	if err != nil {
-		return stats, err
-	}
-	defer unix.Close(dst)
-	f.rootFD = dst
+	defer func() { os.RemoveAll(tmp) }() // a no-op once renamed
 	if !old.IsZero() {
 		stats.Reused = old
-		err = f.patch(ctx, dst, "", tree, old, srcTree)
-	} else {
-		err = f.dir(ctx, dst, "", tree, srcTree)
+		err = f.build(ctx, tmp, tree, old, srcTree)
+		if err != nil && ctx.Err() == nil && !errors.Is(err, ErrNotFreezable) {
+			// The old layer cannot be changed into this one (its tree
+			// unreadable, say): it is lost, so build the new one in full.
+			os.RemoveAll(tmp)
+			if tmp, err = os.MkdirTemp(top, ".tmp-"); err != nil {
+				return stats, err
+			}
+			stats = FreezeStats{}
+			old = delta.ID{}
+		}
+	}
+	if old.IsZero() {
+		err = f.build(ctx, tmp, tree, delta.ID{}, srcTree)
 	}
 	if err != nil {
 		return stats, fmt.Errorf("freeze tree %s: %w", tree.Short(), err)
@@ -199,6 +204,21 @@ func (b *Backend) Freeze(ctx context.Context, tree delta.ID, live string, src *F
 		return stats, fmt.Errorf("freeze tree %s: %w", tree.Short(), err)
 	}
 	return stats, fsat.SyncDir(top)
+}
+
+// build fills the directory tmp with tree: changed from tree old (a reused
+// layer's) or, with old zero, made from nothing.
+func (f *freezer) build(ctx context.Context, tmp string, tree, old, srcTree delta.ID) error {
+	dst, err := fsat.OpenDir(tmp)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dst)
+	f.rootFD = dst
+	if !old.IsZero() {
+		return f.patch(ctx, dst, "", tree, old, srcTree)
+	}
+	return f.dir(ctx, dst, "", tree, srcTree)
 }
 
 // takeLayer makes the directory a new layer of tree is built in: one of

@@ -240,3 +240,59 @@ func TestFreezeReusesUnkeptLayer(t *testing.T) {
 		t.Fatal("the layer of a tree with hardlinks does not hash to it")
 	}
 }
+
+// refusing is a store that has lost one blob.
+type refusing struct {
+	delta.BlobLoader
+	lost delta.ID
+}
+
+func (r refusing) LoadBlob(ctx context.Context, t delta.BlobType, id delta.ID) ([]byte, error) {
+	if id == r.lost {
+		return nil, errdefs.ErrNotFound
+	}
+	return r.BlobLoader.LoadBlob(ctx, t, id)
+}
+
+// TestFreezeReuseFallsBack: a reused layer whose tree can no longer be
+// read is given up and the new layer built in full, still exact.
+func TestFreezeReuseFallsBack(t *testing.T) {
+	testenv.RequireRoot(t)
+	ctx := context.Background()
+	store := roottest.NewMemStore()
+	live := t.TempDir()
+	scan := func() delta.ID {
+		t.Helper()
+		res, err := delta.Scan(ctx, live, delta.ScanOptions{Saver: store, Translate: Translate})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.Root
+	}
+	roottest.Write(t, filepath.Join(live, "a/x"), "one\n")
+	t1 := scan()
+	roottest.Write(t, filepath.Join(live, "a/x"), "two\n")
+	t2 := scan()
+	b := NewBackend(t.TempDir())
+	for _, tr := range []delta.ID{t1, t2} {
+		if _, err := b.Freeze(ctx, tr, live, nil, store, nil); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.hasLinks(ctx, store, tr); err != nil {
+			t.Fatal(err)
+		}
+	}
+	roottest.Write(t, filepath.Join(live, "b"), "three\n")
+	t3 := scan()
+	st, err := b.Freeze(ctx, t3, live, &FreezeSource{Tree: t2, Reuse: []delta.ID{t1}, InUse: func(string) bool { return false }}, refusing{store, t1}, nil)
+	if err != nil || !st.Reused.IsZero() || st.Linked != 1 || b.HasFrozen(t1) {
+		t.Fatalf("freeze with an unreadable reused tree: %+v %v (old layer kept: %v, so not taken)", st, err, b.HasFrozen(t1))
+	}
+	got, err := delta.Scan(ctx, b.FrozenDir(t3), delta.ScanOptions{Translate: Translate})
+	if err != nil || got.Root != t3 {
+		t.Fatalf("fallback layer hashes to %v (%v), want %s", got, err, t3.Short())
+	}
+	if left, _ := filepath.Glob(filepath.Join(b.bases, frozenDirName, ".tmp-*")); len(left) != 0 {
+		t.Fatalf("left %v", left)
+	}
+}
