@@ -207,3 +207,52 @@ func TestIncrementalFreezeOnTheLine(t *testing.T) {
 	}
 	checkAll(t, e)
 }
+
+// TestBranchBuildsAQueuedFreeze: a branch of a checkpoint whose freeze is
+// queued (behind the sandbox's earlier one, and with every background slot
+// taken) does not wait for a slot: once the earlier freeze is done it
+// builds the layer itself, from the earlier layer, and stacks on it.
+func TestBranchBuildsAQueuedFreeze(t *testing.T) {
+	ctx := context.Background()
+	e := newEngine(t)
+	cr, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: richBase(t)})
+	must(t, err)
+	write(t, filepath.Join(cr.Root, "one"), "one\n")
+	started, release := holdFreeze(e)
+	_, err = e.Checkpoint(ctx, "s", CheckpointOptions{})
+	must(t, err)
+	<-started // the first freeze holds one slot ...
+	e.freezes.sem <- struct{}{} // ... and this the other: no background freeze can start
+	write(t, filepath.Join(cr.Root, "two"), "two\n")
+	c2, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
+	must(t, err)
+	want := mergedState(t, cr.Root)
+	done := make(chan error, 1)
+	var root string
+	go func() {
+		r, err := e.Branch(ctx, c2.ID.String(), "b", BranchOptions{})
+		if err == nil {
+			root = r.Root
+		}
+		done <- err
+	}()
+	waited := e.freezes.waited.Load()
+	for deadline := time.Now().Add(30 * time.Second); e.freezes.waited.Load() == waited; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the branch never found the freeze pending")
+		}
+	}
+	close(release)
+	must(t, <-done) // with both slots still taken: the branch built the layer
+	cp2, err := e.resolve(ctx, c2.ID.String())
+	must(t, err)
+	if got := overlay.FrozenUser(e.home.sandboxDir("b")); got != e.overlayBackend().FrozenDir(cp2.FSTree) {
+		t.Fatalf("the branch stacks on %q", got)
+	}
+	if mergedState(t, root) != want {
+		t.Fatal("the branch differs from its checkpoint")
+	}
+	<-e.freezes.sem
+	e.WaitFreezes()
+	checkAll(t, e)
+}
