@@ -221,7 +221,7 @@ func TestBranchBuildsAQueuedFreeze(t *testing.T) {
 	started, release := holdFreeze(e)
 	_, err = e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
-	<-started // the first freeze holds one slot ...
+	<-started                   // the first freeze holds one slot ...
 	e.freezes.sem <- struct{}{} // ... and this the other: no background freeze can start
 	write(t, filepath.Join(cr.Root, "two"), "two\n")
 	c2, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
