@@ -45,9 +45,6 @@ type CheckpointResult struct {
 	// ProcessChange says why the turn counted as a process change ("" if
 	// it did not): a process appeared, ended, used CPU, did I/O...
 	ProcessChange string
-	// FreezeDuration is the part of Duration spent keeping the checkpoint's
-	// layer frozen for branches (frozen.go).
-	FreezeDuration time.Duration
 	// Phases is where Duration went, for metrics (zero for a phase the
 	// turn did not reach).
 	Phases Phases
@@ -219,9 +216,11 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 		e.log.Warn("scan cache not saved", "sandbox", name, "err", err)
 	}
 	ts.done(res)
-	freeze := e.freeze(ctx, st, cp) // branches of cp share its layer (frozen.go)
+	// Branches of cp share its layer, frozen after this call returns
+	// (frozen_bg.go): the turn does not wait for it.
+	e.freezeLater(st, cp)
 	out := &CheckpointResult{ID: cp.ID, Sandbox: name, Class: cp.Class, Turn: turn, Parent: cp.Parent,
-		Stats: cp.Stats, Duration: time.Since(start), FreezeDuration: freeze, Phases: ph}
+		Stats: cp.Stats, Duration: time.Since(start), Phases: ph}
 	if pt.changed {
 		out.ProcessChange = pt.reason
 	}

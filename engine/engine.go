@@ -88,6 +88,7 @@ type Engine struct {
 	procCRIU  string       // CRIU binary; "" means proc's default
 	atPhase   func(string) // Options.AtPhase
 	track     trackers     // change tracking (track.go)
+	freezes   freezeJobs   // background freezes (frozen_bg.go)
 }
 
 // Open locks and opens the home, creating it on first use.
@@ -178,9 +179,11 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	return e, nil
 }
 
-// Close releases the catalog and the home lock.
+// Close waits for the background freezes, then releases the catalog and
+// the home lock.
 func (e *Engine) Close() error {
 	e.closeTrackers()
+	e.freezes.wait(true) // a layer half built is never published (frozen_bg.go)
 	if ob := e.overlayBackend(); ob != nil {
 		ob.WaitRemovals() // removed frozen layers' files (frozen.go)
 	}

@@ -44,88 +44,147 @@ func (e *Engine) overlayBackend() *overlay.Backend {
 	return ob
 }
 
-// freeze keeps cp's layer frozen after its commit, from the sandbox's
-// mounted root (verified chunk by chunk against cp's tree), sharing the
+// freeze builds job j's layer, from the live upper the checkpoint was
+// scanned from (verified chunk by chunk against its tree), sharing the
 // files that did not change with the layer the root stacks on or with the
-// parent's layer. It runs before the checkpoint call returns, so the next
-// turn cannot race it into giving up; a failure costs only the
-// accelerator (a branch of cp then materialises) and is logged.
-func (e *Engine) freeze(ctx context.Context, st *sandboxState, cp *delta.Checkpoint) time.Duration {
+// parent's layer, and made from a layer no retention rule keeps any more
+// when there is one (only the names that differ are touched). It runs in
+// the background (frozen_bg.go) or in a branch that needs the layer now;
+// a failure costs only the accelerator (a branch of the checkpoint then
+// materialises) and is logged.
+func (e *Engine) freeze(ctx context.Context, j *freezeJob) {
 	ob := e.overlayBackend()
-	if ob == nil || st.sb.Backend != overlay.Name || e.frozenKeep() == 0 {
-		return 0
+	cp := j.cp
+	if ob == nil || ob.HasFrozen(cp.FSTree) {
+		return // a process-only turn's tree, or one frozen before
 	}
+	e.phase(PhaseFreezeStart)
 	start := time.Now()
-	if ob.HasFrozen(cp.FSTree) {
-		return 0 // a process-only turn's tree, or one frozen before
-	}
 	// What changed this turn is about what the layer gets copied: the home
 	// must keep room for the catalog after it (room.go).
 	if err := e.checkRoom(uint64(max(cp.Stats.BytesRead, 0))); err != nil {
-		e.log.Warn("frozen layer not kept; branches of this checkpoint copy it", "sandbox", st.sb.Name, "checkpoint", cp.ID.Short(), "err", err)
-		return time.Since(start)
+		e.log.Warn("frozen layer not kept; branches of this checkpoint copy it", "sandbox", j.sandbox, "checkpoint", cp.ID.Short(), "err", err)
+		return
 	}
-	var src *overlay.FreezeSource
-	if dir := overlay.FrozenUser(e.home.sandboxDir(st.sb.Name)); dir != "" {
-		if id, err := delta.ParseID(filepath.Base(dir)); err == nil {
-			src = &overlay.FreezeSource{Tree: id}
+	src := &overlay.FreezeSource{InUse: e.frozenInUse}
+	if dir := overlay.FrozenUser(e.home.sandboxDir(j.sandbox)); dir != "" {
+		if id, err := delta.ParseID(filepath.Base(dir)); err == nil && ob.HasFrozen(id) {
+			src.Tree = id
 		}
-	} else if st.head != nil && ob.HasFrozen(st.head.FSTree) {
-		src = &overlay.FreezeSource{Tree: st.head.FSTree}
 	}
-	stats, err := ob.Freeze(ctx, cp.FSTree, st.root.Path(), src, e.repo, func() { e.phase(PhaseFreezeLayer) })
+	if src.Tree.IsZero() && !j.parent.IsZero() && ob.HasFrozen(j.parent) {
+		src.Tree = j.parent
+	}
+	if reuse, err := e.reusableLayers(ctx, cp, start); err != nil {
+		e.log.Debug("frozen layer built in full", "checkpoint", cp.ID.Short(), "err", err)
+	} else {
+		src.Reuse = reuse
+	}
+	stats, err := ob.Freeze(ctx, cp.FSTree, j.live, src, e.repo, func() { e.phase(PhaseFreezeLayer) })
 	if err != nil {
 		if !errors.Is(err, overlay.ErrNotFreezable) {
-			e.log.Warn("frozen layer not kept; branches of this checkpoint copy it", "sandbox", st.sb.Name, "checkpoint", cp.ID.Short(), "err", err)
+			e.log.Warn("frozen layer not kept; branches of this checkpoint copy it", "sandbox", j.sandbox, "checkpoint", cp.ID.Short(), "err", err)
 		}
-		return time.Since(start)
+		return
 	}
-	e.log.Debug("frozen layer", "checkpoint", cp.ID.Short(), "linked", stats.Linked, "copied", stats.Copied, "from_store", stats.FromStore)
-	if err := e.pruneFrozen(ctx, start); err != nil {
-		e.log.Warn("frozen layers not pruned", "err", err)
+	e.log.Debug("frozen layer", "checkpoint", cp.ID.Short(), "linked", stats.Linked, "copied", stats.Copied,
+		"from_store", stats.FromStore, "reused", !stats.Reused.IsZero(), "patched", stats.Patched, "ms", time.Since(start).Milliseconds())
+}
+
+// reusableLayers lists the frozen layers an incremental freeze of cp may
+// be made from: kept by no retention rule (so the retention pass would
+// remove them now), older than notAfter (a layer just published may be
+// about to be stacked on), those of cp's own line first (closest to its
+// tree, so the fewest names differ). Only these: another sandbox's layer
+// may differ in everything.
+func (e *Engine) reusableLayers(ctx context.Context, cp *delta.Checkpoint, notAfter time.Time) ([]delta.ID, error) {
+	ob := e.overlayBackend()
+	trees, err := ob.FrozenTrees()
+	if err != nil || len(trees) == 0 {
+		return nil, err
 	}
-	return time.Since(start)
+	keep, err := e.frozenKeepSet(ctx)
+	if err != nil {
+		return nil, err
+	}
+	have := map[delta.ID]bool{}
+	for _, t := range trees {
+		if fi, err := os.Stat(ob.FrozenDir(t)); err == nil && fi.ModTime().Before(notAfter) && !keep[t] {
+			have[t] = true
+		}
+	}
+	var out []delta.ID
+	err = e.view(ctx, func(tx *catalog.Tx) error {
+		line, err := tx.Ancestors(cp.ID, reuseLine)
+		if err != nil && len(line) == 0 {
+			return err
+		}
+		for _, a := range line {
+			if have[a.FSTree] {
+				out = append(out, a.FSTree)
+				delete(have, a.FSTree)
+			}
+		}
+		return nil
+	})
+	return out, err
+}
+
+// reuseLine is how far back on a checkpoint's line an incremental freeze
+// looks for a layer to make it from.
+const reuseLine = 8
+
+// frozenKeepSet is the trees retention keeps frozen: those of the newest
+// frozenKeep checkpoints on each live sandbox's line.
+func (e *Engine) frozenKeepSet(ctx context.Context) (map[delta.ID]bool, error) {
+	keep := map[delta.ID]bool{}
+	n := e.frozenKeep()
+	if n == 0 {
+		return keep, nil
+	}
+	err := e.view(ctx, func(tx *catalog.Tx) error {
+		sbs, err := tx.Sandboxes()
+		if err != nil {
+			return err
+		}
+		for _, sb := range sbs {
+			head, err := tx.GetRef(delta.RefHead, sb.Name)
+			if err != nil {
+				continue
+			}
+			line, err := tx.Ancestors(head, n)
+			if err != nil && len(line) == 0 {
+				continue
+			}
+			for _, cp := range line {
+				keep[cp.FSTree] = true
+			}
+		}
+		return nil
+	})
+	return keep, err
 }
 
 // pruneFrozen removes the frozen layers no retention rule keeps: not among
 // the newest frozenKeep checkpoints of a live sandbox's line, and not
 // stacked on by any root (asked again for each layer under the backend's
 // lock). Layers made after notBefore are left to the next pass (a
-// concurrent checkpoint's, which this pass's list may predate).
+// concurrent checkpoint's, which this pass's list may predate), and so are
+// those a pending freeze will build. It also sweeps what a killed process
+// left.
 func (e *Engine) pruneFrozen(ctx context.Context, notBefore time.Time) error {
 	ob := e.overlayBackend()
 	if ob == nil {
 		return nil
 	}
+	ob.SweepFrozen()
 	trees, err := ob.FrozenTrees()
 	if err != nil || len(trees) == 0 {
 		return err
 	}
-	keep := map[delta.ID]bool{}
-	if n := e.frozenKeep(); n > 0 {
-		err = e.view(ctx, func(tx *catalog.Tx) error {
-			sbs, err := tx.Sandboxes()
-			if err != nil {
-				return err
-			}
-			for _, sb := range sbs {
-				head, err := tx.GetRef(delta.RefHead, sb.Name)
-				if err != nil {
-					continue
-				}
-				line, err := tx.Ancestors(head, n)
-				if err != nil && len(line) == 0 {
-					continue
-				}
-				for _, cp := range line {
-					keep[cp.FSTree] = true
-				}
-			}
-			return nil
-		})
-		if err != nil {
-			return err
-		}
+	keep, err := e.frozenKeepSet(ctx)
+	if err != nil {
+		return err
 	}
 	for _, t := range trees {
 		if keep[t] {
@@ -162,10 +221,18 @@ func (e *Engine) frozenInUse(dir string) bool {
 }
 
 // branchRoot makes a branch's root of cp in dir: stacked on cp's frozen
-// layer when this host keeps it (no file copied), else materialised from
-// the store.
+// layer when this host keeps it or is freezing it (no file copied), else
+// materialised from the store.
 func (e *Engine) branchRoot(ctx context.Context, be rootfs.Backend, dir, lower string, cp *delta.Checkpoint, materialise bool) (rootfs.Root, error) {
-	if ob, ok := be.(*overlay.Backend); ok && !materialise && e.frozenKeep() > 0 && ob.HasFrozen(cp.FSTree) {
+	ob, ok := be.(*overlay.Backend)
+	if ok && !materialise && e.frozenKeep() > 0 {
+		// A freeze in flight: its layer is moments away, and a stack costs
+		// a mount where a copy costs the layer.
+		if err := e.awaitFreeze(ctx, cp.FSTree); err != nil {
+			return nil, err
+		}
+	}
+	if ok && !materialise && e.frozenKeep() > 0 && ob.HasFrozen(cp.FSTree) {
 		r, err := ob.CreateStacked(ctx, dir, lower, cp.FSTree, cp.StateKey)
 		if !errors.Is(err, errdefs.ErrNotFound) {
 			return r, err

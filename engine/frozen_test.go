@@ -82,6 +82,7 @@ func TestBranchStacksOnFrozenLayer(t *testing.T) {
 	ob := e.overlayBackend()
 	cp1, err := e.resolve(ctx, c1.ID.String())
 	must(t, err)
+	e.WaitFreezes()
 	if !ob.HasFrozen(cp1.FSTree) {
 		t.Fatalf("checkpoint %s left no frozen layer", c1.ID.Short())
 	}
@@ -203,6 +204,7 @@ func TestBranchStacksOnFrozenLayer(t *testing.T) {
 
 func frozenSet(t *testing.T, e *Engine) map[delta.ID]bool {
 	t.Helper()
+	e.WaitFreezes()
 	ids, err := e.overlayBackend().FrozenTrees()
 	must(t, err)
 	out := map[delta.ID]bool{}

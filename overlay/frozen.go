@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/fsat"
@@ -34,9 +35,17 @@ const frozenDirName = ".frozen"
 // one's device rules (such checkpoints are branched by materialising).
 var ErrNotFreezable = errors.New("tree cannot be kept as a frozen layer")
 
-// FreezeSource is a frozen layer a new one may share files with.
+// FreezeSource is a frozen layer a new one may share files with (Tree,
+// zero for none), and the layers it may be made from (Reuse).
 type FreezeSource struct {
 	Tree delta.ID
+	// Reuse lists layers the caller would remove now (no retention rule
+	// keeps them), best first. Freeze takes the first that no root stacks
+	// on (InUse, asked under the backend's lock) and no other freeze reads
+	// out of the namespace and changes it into the new layer name by name
+	// (frozen_patch.go): the cost of the change, not of the layer.
+	Reuse []delta.ID
+	InUse func(dir string) bool
 }
 
 // FreezeStats counts how a frozen layer was made.
@@ -46,14 +55,22 @@ type FreezeStats struct {
 	Copied    int64 // files copied from the live root, verified chunk by chunk
 	FromStore int64 // files whose live copy no longer matched: read from the store
 	Bytes     int64 // bytes written
+	// Reused is the layer an incremental freeze was made from (zero: built
+	// in full); Patched and Removed count the names it changed.
+	Reused           delta.ID
+	Patched, Removed int64
 }
 
 // frozenState is the backend's lock over its frozen layers: publishing,
 // removing and stacking a root on one are serialised by it.
 type frozenState struct {
 	mu       sync.Mutex
-	swept    bool           // leftovers of earlier processes cleared
-	removing sync.WaitGroup // deletions of removed layers in progress
+	swept    bool             // leftovers of earlier processes cleared
+	removing sync.WaitGroup   // deletions of removed layers in progress
+	reading  map[delta.ID]int // layers a freeze links files from: never reused
+	// links memoises hasLinks by tree (frozen_patch.go).
+	memoMu sync.Mutex
+	links  map[delta.ID]bool
 }
 
 // FrozenDir is where the frozen layer of tree lives (whether or not it
@@ -92,6 +109,8 @@ func (b *Backend) FrozenTrees() ([]delta.ID, error) {
 // (an open sandbox that may have changed since: every chunk is hashed and
 // compared with the tree's), and read from loader (verified) where the
 // copy does not match. live may be "" (everything from src or the store).
+// With src.Reuse it may instead change an unkept layer into this one
+// (FreezeSource.Reuse, frozen_patch.go).
 // built, if set, runs once the layer is built and synced, just before it is
 // published (a test's point to kill the process).
 func (b *Backend) Freeze(ctx context.Context, tree delta.ID, live string, src *FreezeSource, loader delta.BlobLoader, built func()) (FreezeStats, error) {
@@ -103,41 +122,63 @@ func (b *Backend) Freeze(ctx context.Context, tree delta.ID, live string, src *F
 	if err := os.MkdirAll(top, 0o700); err != nil {
 		return stats, err
 	}
-	b.frozen.mu.Lock()
-	if !b.frozen.swept {
-		// Once per process (the home's lock keeps out any other): what a
-		// killed freeze or removal left. Later ones may be in progress.
-		b.frozen.swept = true
-		clearFrozenLeftovers(top)
-	}
-	b.frozen.mu.Unlock()
-	tmp, err := os.MkdirTemp(top, ".tmp-")
-	if err != nil {
-		return stats, err
-	}
-	defer os.RemoveAll(tmp) // a no-op once renamed
-	f := &freezer{loader: loader, stats: &stats, xbuf: make([]byte, fsat.XattrBufSize)}
-	dst, err := fsat.OpenDir(tmp)
-	if err != nil {
-		return stats, err
-	}
-	defer unix.Close(dst)
-	f.rootFD, f.liveFD, f.srcFD = dst, -1, -1
+	b.SweepFrozen()
+	f := &freezer{loader: loader, stats: &stats, xbuf: make([]byte, fsat.XattrBufSize), liveFD: -1, srcFD: -1}
 	if live != "" {
-		if f.liveFD, err = fsat.OpenDir(live); err != nil {
+		fd, err := fsat.OpenDir(live)
+		if err != nil {
 			return stats, err
 		}
-		defer unix.Close(f.liveFD)
+		defer unix.Close(fd)
+		f.liveFD = fd
 	}
 	var srcTree delta.ID
-	if src != nil && b.HasFrozen(src.Tree) {
-		if f.srcFD, err = fsat.OpenDir(b.FrozenDir(src.Tree)); err != nil {
-			return stats, err
+	if src != nil && !src.Tree.IsZero() {
+		b.frozen.mu.Lock()
+		if b.HasFrozen(src.Tree) {
+			if fd, err := fsat.OpenDir(b.FrozenDir(src.Tree)); err == nil {
+				f.srcFD, srcTree = fd, src.Tree
+				if b.frozen.reading == nil {
+					b.frozen.reading = map[delta.ID]int{}
+				}
+				b.frozen.reading[srcTree]++
+			}
 		}
-		defer unix.Close(f.srcFD)
-		srcTree = src.Tree
+		b.frozen.mu.Unlock()
+		if f.srcFD >= 0 {
+			defer func() {
+				unix.Close(f.srcFD)
+				b.frozen.mu.Lock()
+				if b.frozen.reading[srcTree]--; b.frozen.reading[srcTree] <= 0 {
+					delete(b.frozen.reading, srcTree)
+				}
+				b.frozen.mu.Unlock()
+			}()
+		}
 	}
-	if err := f.dir(ctx, dst, "", tree, srcTree); err != nil {
+	tmp, old, err := b.takeLayer(ctx, top, tree, src, loader)
+	if err != nil {
+		return stats, err
+	}
+	defer func() { os.RemoveAll(tmp) }() // a no-op once renamed
+	if !old.IsZero() {
+		stats.Reused = old
+		err = f.build(ctx, tmp, tree, old, srcTree)
+		if err != nil && ctx.Err() == nil && !errors.Is(err, ErrNotFreezable) {
+			// The old layer cannot be changed into this one (its tree
+			// unreadable, say): it is lost, so build the new one in full.
+			os.RemoveAll(tmp)
+			if tmp, err = os.MkdirTemp(top, ".tmp-"); err != nil {
+				return stats, err
+			}
+			stats = FreezeStats{}
+			old = delta.ID{}
+		}
+	}
+	if old.IsZero() {
+		err = f.build(ctx, tmp, tree, delta.ID{}, srcTree)
+	}
+	if err != nil {
 		return stats, fmt.Errorf("freeze tree %s: %w", tree.Short(), err)
 	}
 	if err := syncFS(tmp); err != nil {
@@ -145,6 +186,11 @@ func (b *Backend) Freeze(ctx context.Context, tree delta.ID, live string, src *F
 	}
 	if err := os.Chmod(tmp, 0o755); err != nil {
 		return stats, err
+	}
+	// The top's mtime says when the layer was published (a reused one's
+	// may be old): retention leaves layers newer than its pass alone.
+	if now := time.Now(); os.Chtimes(tmp, now, now) != nil {
+		return stats, fmt.Errorf("freeze tree %s: set the layer's time", tree.Short())
 	}
 	if built != nil {
 		built()
@@ -158,6 +204,81 @@ func (b *Backend) Freeze(ctx context.Context, tree delta.ID, live string, src *F
 		return stats, fmt.Errorf("freeze tree %s: %w", tree.Short(), err)
 	}
 	return stats, fsat.SyncDir(top)
+}
+
+// build fills the directory tmp with tree: changed from tree old (a reused
+// layer's) or, with old zero, made from nothing.
+func (f *freezer) build(ctx context.Context, tmp string, tree, old, srcTree delta.ID) error {
+	dst, err := fsat.OpenDir(tmp)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dst)
+	f.rootFD = dst
+	if !old.IsZero() {
+		return f.patch(ctx, dst, "", tree, old, srcTree)
+	}
+	return f.dir(ctx, dst, "", tree, srcTree)
+}
+
+// takeLayer makes the directory a new layer of tree is built in: one of
+// src.Reuse taken out of the namespace (old names its tree), or else a new
+// empty one (old is zero). Either is a .tmp-* the sweep clears after a crash.
+func (b *Backend) takeLayer(ctx context.Context, top string, tree delta.ID, src *FreezeSource, loader delta.BlobLoader) (tmp string, old delta.ID, err error) {
+	if cands := b.reusable(ctx, tree, src, loader); len(cands) > 0 {
+		b.frozen.mu.Lock()
+		defer b.frozen.mu.Unlock()
+		for _, cand := range cands {
+			if b.frozen.reading[cand] > 0 || !b.HasFrozen(cand) || src.InUse(b.FrozenDir(cand)) {
+				continue
+			}
+			if tmp, err = os.MkdirTemp(top, ".tmp-"); err != nil {
+				return "", old, err
+			}
+			// rename(2) replaces the empty directory (os.Rename refuses to).
+			if err := unix.Rename(b.FrozenDir(cand), tmp); err != nil {
+				os.Remove(tmp)
+				continue
+			}
+			return tmp, cand, nil
+		}
+	}
+	tmp, err = os.MkdirTemp(top, ".tmp-")
+	return tmp, delta.ID{}, err
+}
+
+// reusable filters src.Reuse to the layers an incremental freeze of tree
+// may start from: a hardlink group may span unchanged subtrees, so trees
+// holding one (either side) are built in full (frozen_patch.go).
+func (b *Backend) reusable(ctx context.Context, tree delta.ID, src *FreezeSource, loader delta.BlobLoader) []delta.ID {
+	if src == nil || src.InUse == nil || len(src.Reuse) == 0 {
+		return nil
+	}
+	if links, err := b.hasLinks(ctx, loader, tree); err != nil || links {
+		return nil
+	}
+	var out []delta.ID
+	for _, cand := range src.Reuse {
+		if cand == tree || cand == src.Tree {
+			continue
+		}
+		if links, err := b.hasLinks(ctx, loader, cand); err == nil && !links {
+			out = append(out, cand)
+		}
+	}
+	return out
+}
+
+// SweepFrozen removes, once per process, what a killed freeze or removal
+// left (the home's lock keeps out any other process; this one's own
+// builds start after it).
+func (b *Backend) SweepFrozen() {
+	b.frozen.mu.Lock()
+	defer b.frozen.mu.Unlock()
+	if !b.frozen.swept {
+		b.frozen.swept = true
+		clearFrozenLeftovers(filepath.Join(b.bases, frozenDirName))
+	}
 }
 
 // clearFrozenLeftovers removes what a killed freeze or removal left.
@@ -204,3 +325,15 @@ func (b *Backend) RemoveFrozen(tree delta.ID, inUse func(dir string) bool) (bool
 
 // WaitRemovals waits until the layers RemoveFrozen removed are deleted.
 func (b *Backend) WaitRemovals() { b.frozen.removing.Wait() }
+
+// LiveUpper is the writable layer of the root kept in dir: its live
+// generation's upper. A freeze reads a checkpoint's files from there, not
+// through the mount, so it never keeps the mount busy (an unmount for a
+// rollback or a removal must not fail because of it).
+func LiveUpper(dir string) (string, error) {
+	g, err := Open(dir, "").gen()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(g, "upper"), nil
+}

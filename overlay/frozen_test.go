@@ -132,3 +132,167 @@ func TestFreezeVerifiesTheLiveCopy(t *testing.T) {
 		t.Fatal("a failed freeze published a layer")
 	}
 }
+
+// TestFreezeReusesUnkeptLayer: an incremental freeze changes an unkept
+// layer into the new tree name by name (files replaced, never written in
+// place: the layers sharing them keep their bytes), and refuses a layer a
+// root stacks on or a tree with hardlinks.
+func TestFreezeReusesUnkeptLayer(t *testing.T) {
+	testenv.RequireRoot(t)
+	ctx := context.Background()
+	store := roottest.NewMemStore()
+	live := t.TempDir()
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := func(rel string) string { return filepath.Join(live, rel) }
+	scan := func() delta.ID {
+		t.Helper()
+		res, err := delta.Scan(ctx, live, delta.ScanOptions{Saver: store, Translate: Translate})
+		must(err)
+		return res.Root
+	}
+	for i := range 20 {
+		roottest.Write(t, p(filepath.Join("keep", "d", string(rune('a'+i)))), "unchanged\n")
+	}
+	roottest.Write(t, p("a/file"), "one\n")
+	roottest.Write(t, p("a/mode"), "mode\n")
+	roottest.Write(t, p("a/xattr"), "xattr\n")
+	roottest.Write(t, p("todir/x"), "dir\n")
+	roottest.Write(t, p("gone/deep/x"), "gone\n")
+	must(os.Symlink("one", p("a/link")))
+	must(unix.Setxattr(p("a"), "user.dir", []byte("d"), 0))
+	must(unix.Mknod(p("wh1"), unix.S_IFCHR, 0))
+	must(os.Mkdir(p("op"), 0o755))
+	must(unix.Setxattr(p("op"), delta.OpaqueXattr, []byte("y"), 0))
+	t1 := scan()
+	b := NewBackend(t.TempDir())
+	_, err := b.Freeze(ctx, t1, live, nil, store, nil)
+	must(err)
+
+	roottest.Write(t, p("a/file"), "two\n")
+	must(os.Chmod(p("a/mode"), 0o600))
+	t2 := scan()
+	_, err = b.Freeze(ctx, t2, live, &FreezeSource{Tree: t1}, store, nil)
+	must(err)
+
+	roottest.Write(t, p("a/file"), "three\n")
+	must(unix.Setxattr(p("a/xattr"), "user.k", []byte("v"), 0))
+	must(unix.Removexattr(p("a"), "user.dir"))
+	must(os.RemoveAll(p("todir")))
+	must(os.Symlink("elsewhere", p("todir")))
+	must(os.Remove(p("a/link")))
+	must(os.Symlink("two", p("a/link")))
+	must(os.RemoveAll(p("gone")))
+	roottest.Write(t, p("new/deep/y"), "new\n")
+	must(os.Remove(p("wh1")))
+	must(unix.Mknod(p("wh2"), unix.S_IFCHR, 0))
+	must(unix.Removexattr(p("op"), delta.OpaqueXattr))
+	must(os.Mkdir(p("op2"), 0o755))
+	must(unix.Setxattr(p("op2"), delta.OpaqueXattr, []byte("y"), 0))
+	t3 := scan()
+	// The cut is taken; the sandbox moves on before the freeze reads.
+	roottest.Write(t, p("new/deep/y"), "after the cut\n")
+
+	inUse := func(string) bool { return true }
+	st, err := b.Freeze(ctx, t3, live, &FreezeSource{Tree: t2, Reuse: []delta.ID{t1}, InUse: inUse}, store, nil)
+	must(err)
+	if !st.Reused.IsZero() || !b.HasFrozen(t1) {
+		t.Fatalf("a layer a root stacks on was reused: %+v", st)
+	}
+	_, err = b.RemoveFrozen(t3, func(string) bool { return false })
+	must(err)
+	b.WaitRemovals()
+
+	st, err = b.Freeze(ctx, t3, live, &FreezeSource{Tree: t2, Reuse: []delta.ID{t1}, InUse: func(string) bool { return false }}, store, nil)
+	must(err)
+	if st.Reused != t1 || b.HasFrozen(t1) || st.Patched == 0 || st.Removed == 0 || st.FromStore != 1 {
+		t.Fatalf("incremental freeze: %+v (layer of t1 still kept: %v)", st, b.HasFrozen(t1))
+	}
+	if st.Entries > 12 {
+		t.Fatalf("incremental freeze wrote %d entries: it did not skip unchanged subtrees", st.Entries)
+	}
+	for _, c := range []struct{ tree delta.ID }{{t2}, {t3}} {
+		got, err := delta.Scan(ctx, b.FrozenDir(c.tree), delta.ScanOptions{Translate: Translate})
+		must(err)
+		if got.Root != c.tree {
+			t.Fatalf("layer of %s hashes to %s", c.tree.Short(), got.Root.Short())
+		}
+	}
+	if data, _ := os.ReadFile(filepath.Join(b.FrozenDir(t2), "a/file")); string(data) != "two\n" {
+		t.Fatalf("the layer sharing files with the reused one changed: %q", data)
+	}
+
+	// A hardlink group may reach into unchanged subtrees: built in full.
+	must(os.Link(p("a/file"), p("keep/hard")))
+	t4 := scan()
+	st, err = b.Freeze(ctx, t4, live, &FreezeSource{Tree: t3, Reuse: []delta.ID{t2}, InUse: func(string) bool { return false }}, store, nil)
+	must(err)
+	if !st.Reused.IsZero() || !b.HasFrozen(t2) {
+		t.Fatalf("a tree with hardlinks was frozen incrementally: %+v", st)
+	}
+	got, err := delta.Scan(ctx, b.FrozenDir(t4), delta.ScanOptions{Translate: Translate})
+	must(err)
+	if got.Root != t4 {
+		t.Fatal("the layer of a tree with hardlinks does not hash to it")
+	}
+}
+
+// refusing is a store that has lost one blob.
+type refusing struct {
+	delta.BlobLoader
+	lost delta.ID
+}
+
+func (r refusing) LoadBlob(ctx context.Context, t delta.BlobType, id delta.ID) ([]byte, error) {
+	if id == r.lost {
+		return nil, errdefs.ErrNotFound
+	}
+	return r.BlobLoader.LoadBlob(ctx, t, id)
+}
+
+// TestFreezeReuseFallsBack: a reused layer whose tree can no longer be
+// read is given up and the new layer built in full, still exact.
+func TestFreezeReuseFallsBack(t *testing.T) {
+	testenv.RequireRoot(t)
+	ctx := context.Background()
+	store := roottest.NewMemStore()
+	live := t.TempDir()
+	scan := func() delta.ID {
+		t.Helper()
+		res, err := delta.Scan(ctx, live, delta.ScanOptions{Saver: store, Translate: Translate})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.Root
+	}
+	roottest.Write(t, filepath.Join(live, "a/x"), "one\n")
+	t1 := scan()
+	roottest.Write(t, filepath.Join(live, "a/x"), "two\n")
+	t2 := scan()
+	b := NewBackend(t.TempDir())
+	for _, tr := range []delta.ID{t1, t2} {
+		if _, err := b.Freeze(ctx, tr, live, nil, store, nil); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.hasLinks(ctx, store, tr); err != nil {
+			t.Fatal(err)
+		}
+	}
+	roottest.Write(t, filepath.Join(live, "b"), "three\n")
+	t3 := scan()
+	st, err := b.Freeze(ctx, t3, live, &FreezeSource{Tree: t2, Reuse: []delta.ID{t1}, InUse: func(string) bool { return false }}, refusing{store, t1}, nil)
+	if err != nil || !st.Reused.IsZero() || st.Linked != 1 || b.HasFrozen(t1) {
+		t.Fatalf("freeze with an unreadable reused tree: %+v %v (old layer kept: %v, so not taken)", st, err, b.HasFrozen(t1))
+	}
+	got, err := delta.Scan(ctx, b.FrozenDir(t3), delta.ScanOptions{Translate: Translate})
+	if err != nil || got.Root != t3 {
+		t.Fatalf("fallback layer hashes to %v (%v), want %s", got, err, t3.Short())
+	}
+	if left, _ := filepath.Glob(filepath.Join(b.bases, frozenDirName, ".tmp-*")); len(left) != 0 {
+		t.Fatalf("left %v", left)
+	}
+}

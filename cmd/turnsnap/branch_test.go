@@ -53,11 +53,12 @@ func TestCLIBranchFanOut(t *testing.T) {
 	}
 }
 
-// TestCheckpointKilledWhileFreezing: a turnsnap killed (SIGKILL) once a
-// committed checkpoint's frozen layer is built but not published leaves the
-// checkpoint whole and no layer: its branch materialises, and the next
-// checkpoint sweeps the unpublished build and publishes its own layer,
-// which the next branch stacks on.
+// TestCheckpointKilledWhileFreezing: the checkpoint prints its result
+// before its layer is frozen (in the background; the process exits once
+// the freeze is done). A turnsnap killed (SIGKILL) once the layer is built
+// but not published leaves the checkpoint whole and no layer: its branch
+// materialises, and the next checkpoint sweeps the unpublished build and
+// publishes its own layer, which the next branch stacks on.
 func TestCheckpointKilledWhileFreezing(t *testing.T) {
 	testenv.RequireRoot(t)
 	home := filepath.Join(t.TempDir(), "home")
@@ -76,13 +77,21 @@ func TestCheckpointKilledWhileFreezing(t *testing.T) {
 	}
 	os.WriteFile(filepath.Join(created.Root, "turn1.txt"), []byte("one\n"), 0o644)
 	flag := filepath.Join(t.TempDir(), "reached")
-	cmd := cli(home, []string{blockAtPhaseEnv + "=" + engine.PhaseFreezeLayer + ":" + flag}, "checkpoint", "s")
+	cmd := cli(home, []string{blockAtPhaseEnv + "=" + engine.PhaseFreezeLayer + ":" + flag}, "checkpoint", "s", "--json")
+	stdout, err := os.Create(filepath.Join(t.TempDir(), "stdout"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stdout.Close()
+	cmd.Stdout = stdout
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	var printed struct{ ID, Class string }
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
-		if _, err := os.Stat(flag); err == nil {
-			break
+		out, _ := os.ReadFile(stdout.Name())
+		if _, err := os.Stat(flag); err == nil && json.Unmarshal(out, &printed) == nil {
+			break // the result is out while the freeze is still blocked
 		}
 		if time.Now().After(deadline) {
 			cmd.Process.Kill()
@@ -109,7 +118,7 @@ func TestCheckpointKilledWhileFreezing(t *testing.T) {
 	}
 	var log []struct{ ID string }
 	out, _ = mustCLI(t, home, "log", "s", "--json")
-	if err := json.Unmarshal([]byte(out), &log); err != nil || len(log) != 2 || log[0].ID != c1.ID {
+	if err := json.Unmarshal([]byte(out), &log); err != nil || len(log) != 2 || log[0].ID != c1.ID || printed.ID != c1.ID || printed.Class != "fs" {
 		t.Fatalf("log after the kill: %s (%v): the checkpoint commits before its layer is frozen", out, err)
 	}
 	var br struct{ Root string }

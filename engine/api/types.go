@@ -100,7 +100,6 @@ type Checkpoint struct {
 	DurationMS    float64     `json:"duration_ms"`
 	Entries       int64       `json:"entries"`
 	FilesRead     int64       `json:"files_read"`
-	FreezeMS      float64     `json:"freeze_ms"`
 	ID            delta.ID    `json:"id"`
 	ObjectsNew    int64       `json:"objects_new"`
 	Parent        delta.ID    `json:"parent"`
@@ -113,7 +112,7 @@ type Checkpoint struct {
 func checkpointOf(r *engine.CheckpointResult) *Checkpoint {
 	return &Checkpoint{BlobsNew: r.Stats.BlobsNew, BytesNew: r.Stats.BytesNew, BytesRead: r.Stats.BytesRead,
 		Class: r.Class, DurationMS: ms(r.Duration), Entries: r.Stats.Entries, FilesRead: r.Stats.FilesRead,
-		FreezeMS: ms(r.FreezeDuration), ID: r.ID, ObjectsNew: r.Stats.ObjectsNew, Parent: r.Parent, ProcessChange: r.ProcessChange,
+		ID: r.ID, ObjectsNew: r.Stats.ObjectsNew, Parent: r.Parent, ProcessChange: r.ProcessChange,
 		Sandbox: r.Sandbox, Turn: r.Turn}
 }
 

@@ -1,0 +1,237 @@
+package engine
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+
+	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/overlay"
+)
+
+// Background freezes (docs/ARCHITECTURE.md, "Frozen layers"). A committed
+// overlay checkpoint's layer is frozen after the checkpoint call returns,
+// so the turn's latency never includes it. The engine owns every freeze:
+//
+//   - One at a time per sandbox, in checkpoint order (each waits for the
+//     sandbox's previous one, whose layer it then builds from), and at most
+//     maxBackgroundFreezes at once per engine.
+//   - It takes no sandbox lock, so the sandbox's next checkpoint never
+//     waits for it. It can still never publish a wrong layer: it reads the
+//     live upper only for file bytes, each chunk hashed against the
+//     checkpoint's tree (a file that changed since the cut comes from the
+//     store), and takes every name, type, mode, owner, time, xattr,
+//     symlink target, hardlink and directory from the tree, never from the
+//     live root.
+//   - It holds the engine's shared lock while it runs (maintenance waits
+//     for it); it waits for that lock only once it has its turn, so an
+//     operation holding the lock never waits for a job that waits for it:
+//     a branch of a checkpoint whose freeze has not started yet builds the
+//     layer itself (awaitFreeze), and waits only for one that is running.
+//   - Close waits for every freeze. A process killed meanwhile leaves only
+//     an unpublished .tmp-* build, which the next freeze or prune sweeps.
+
+// PhaseFreezeStart is reached when a background freeze (or a branch that
+// builds the layer itself) starts building a checkpoint's layer.
+const PhaseFreezeStart = "freeze-start"
+
+// maxBackgroundFreezes bounds the engine's concurrent background freezes:
+// each is disk work (links, copies, one syncfs), shared with the turns.
+const maxBackgroundFreezes = 2
+
+// freezeJobs is the engine's set of pending freezes.
+type freezeJobs struct {
+	mu     sync.Mutex
+	sem    chan struct{}
+	byTree map[delta.ID]*freezeJob
+	last   map[string]*freezeJob // the newest job of each sandbox
+	closed bool
+	// pending counts the jobs' goroutines; idle is signalled as it drops.
+	pending int
+	idle    sync.Cond
+	// waited counts branches that found their checkpoint's freeze pending
+	// (tests prove a branch stacked on a layer it waited for).
+	waited atomic.Int64
+}
+
+// freezeJob is one checkpoint's pending freeze, with what it needs of the
+// moment of the checkpoint.
+type freezeJob struct {
+	cp      *delta.Checkpoint
+	sandbox string
+	parent  delta.ID // the parent checkpoint's fs tree
+	live    string   // the writable layer the checkpoint was scanned from
+	prev    *freezeJob
+	done    chan struct{}
+	// Under freezeJobs.mu: whether someone builds it, and whether a branch
+	// waits for it (then it is built even if no retention rule keeps it).
+	claimed bool
+	waiters int
+}
+
+// freezeLater queues the freeze of cp, just committed in st's sandbox.
+func (e *Engine) freezeLater(st *sandboxState, cp *delta.Checkpoint) {
+	ob := e.overlayBackend()
+	if ob == nil || st.sb.Backend != overlay.Name || e.frozenKeep() == 0 || ob.HasFrozen(cp.FSTree) {
+		return
+	}
+	live, err := overlay.LiveUpper(e.home.sandboxDir(st.sb.Name))
+	if err != nil {
+		e.log.Warn("frozen layer not kept; branches of this checkpoint copy it", "sandbox", st.sb.Name, "checkpoint", cp.ID.Short(), "err", err)
+		return
+	}
+	j := &freezeJob{cp: cp, sandbox: st.sb.Name, live: live, done: make(chan struct{})}
+	if st.head != nil {
+		j.parent = st.head.FSTree
+	}
+	f := &e.freezes
+	f.mu.Lock()
+	if f.closed || f.byTree[cp.FSTree] != nil {
+		f.mu.Unlock()
+		return // closing, or the same tree queued already
+	}
+	if f.byTree == nil {
+		f.byTree, f.last = map[delta.ID]*freezeJob{}, map[string]*freezeJob{}
+		f.sem = make(chan struct{}, maxBackgroundFreezes)
+	}
+	j.prev = f.last[j.sandbox]
+	f.last[j.sandbox], f.byTree[cp.FSTree] = j, j
+	f.pending++
+	f.mu.Unlock()
+	go e.runFreeze(j)
+}
+
+// runFreeze is a queued freeze's goroutine.
+func (e *Engine) runFreeze(j *freezeJob) {
+	f := &e.freezes
+	defer func() {
+		f.mu.Lock()
+		f.pending--
+		f.idleCond().Broadcast()
+		f.mu.Unlock()
+	}()
+	if j.prev != nil {
+		<-j.prev.done
+	}
+	f.sem <- struct{}{}
+	defer func() { <-f.sem }()
+	e.maint.RLock()
+	defer e.maint.RUnlock()
+	f.mu.Lock()
+	mine := !j.claimed
+	j.claimed = true
+	f.mu.Unlock()
+	if !mine {
+		return // a branch built it
+	}
+	ctx := context.Background()
+	if e.stillWanted(ctx, j) {
+		e.freeze(ctx, j)
+	}
+	f.finish(j)
+	if err := e.pruneFrozen(ctx, j.cp.Created); err != nil {
+		e.log.Warn("frozen layers not pruned", "err", err)
+	}
+}
+
+// stillWanted reports whether j's layer is worth building when its turn
+// comes: a branch waits for it, or retention keeps it (not when the
+// sandbox moved on past it meanwhile, or is gone).
+func (e *Engine) stillWanted(ctx context.Context, j *freezeJob) bool {
+	e.freezes.mu.Lock()
+	waited := j.waiters > 0
+	e.freezes.mu.Unlock()
+	if waited {
+		return true
+	}
+	keep, err := e.frozenKeepSet(ctx)
+	return err != nil || keep[j.cp.FSTree]
+}
+
+func (f *freezeJobs) finish(j *freezeJob) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	close(j.done)
+	if f.byTree[j.cp.FSTree] == j {
+		delete(f.byTree, j.cp.FSTree)
+	}
+	if f.last[j.sandbox] == j {
+		delete(f.last, j.sandbox)
+	}
+}
+
+// awaitFreeze returns once tree has no pending freeze: it waits for one
+// that is running, or builds one not started yet itself (after the
+// sandbox's earlier freeze, whose layer it builds from). The caller holds
+// the engine's shared lock.
+func (e *Engine) awaitFreeze(ctx context.Context, tree delta.ID) error {
+	f := &e.freezes
+	counted := false
+	for {
+		f.mu.Lock()
+		j := f.byTree[tree]
+		if j == nil {
+			f.mu.Unlock()
+			return nil
+		}
+		if !counted {
+			counted = true
+			f.waited.Add(1)
+		}
+		if j.claimed {
+			j.waiters++
+			f.mu.Unlock()
+			select {
+			case <-j.done:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		if p := j.prev; p != nil && !closed(p.done) {
+			f.mu.Unlock()
+			select {
+			case <-p.done:
+				continue
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		j.claimed = true
+		j.waiters++
+		f.mu.Unlock()
+		e.freeze(ctx, j)
+		f.finish(j)
+		return nil
+	}
+}
+
+func closed(ch chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+func (f *freezeJobs) idleCond() *sync.Cond {
+	if f.idle.L == nil {
+		f.idle.L = &f.mu
+	}
+	return &f.idle
+}
+
+// wait returns once no freeze is pending; with stop, no new one starts.
+func (f *freezeJobs) wait(stop bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.closed = f.closed || stop
+	for f.pending > 0 {
+		f.idleCond().Wait()
+	}
+}
+
+// WaitFreezes waits until no background freeze is pending, the retention
+// pass after each included (tools, benchmarks and tests; Close does it too).
+func (e *Engine) WaitFreezes() { e.freezes.wait(false) }

@@ -1,0 +1,258 @@
+package engine
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/overlay"
+	"golang.org/x/sys/unix"
+)
+
+// holdFreeze makes the engine's next freeze stop when it starts: started
+// is closed once it is there, and it goes on when release is closed (the
+// test's point to act while the freeze is in flight). Later freezes pass.
+func holdFreeze(e *Engine) (started, release chan struct{}) {
+	started, release = make(chan struct{}), make(chan struct{})
+	held := false
+	e.atPhase = func(p string) {
+		if p != PhaseFreezeStart || held {
+			return
+		}
+		held = true
+		close(started)
+		<-release
+	}
+	return started, release
+}
+
+// TestBranchWaitsForBackgroundFreeze: the checkpoint returns while its
+// layer is still being frozen (the freeze is held at its start), and a
+// branch made at that moment waits for the freeze and stacks on the layer
+// instead of copying it.
+func TestBranchWaitsForBackgroundFreeze(t *testing.T) {
+	ctx := context.Background()
+	e := newEngine(t)
+	cr, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: richBase(t)})
+	must(t, err)
+	layerTurn(t, cr.Root)
+	started, release := holdFreeze(e)
+	c1, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
+	must(t, err) // returned with the freeze held: the turn does not wait for it
+	<-started
+	cp1, err := e.resolve(ctx, c1.ID.String())
+	must(t, err)
+	ob := e.overlayBackend()
+	if ob.HasFrozen(cp1.FSTree) {
+		t.Fatal("the layer exists while its freeze is held")
+	}
+	want := mergedState(t, cr.Root)
+	waited := e.freezes.waited.Load()
+	type result struct {
+		r   *RestoreResult
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		r, err := e.Branch(ctx, c1.ID.String(), "b", BranchOptions{})
+		done <- result{r, err}
+	}()
+	for deadline := time.Now().Add(30 * time.Second); e.freezes.waited.Load() == waited; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the branch never found the freeze pending")
+		}
+	}
+	select {
+	case res := <-done:
+		t.Fatalf("the branch finished while the freeze was held: %v", res.err)
+	default:
+	}
+	close(release)
+	res := <-done
+	must(t, res.err)
+	if got := overlay.FrozenUser(e.home.sandboxDir("b")); got != ob.FrozenDir(cp1.FSTree) {
+		t.Fatalf("the branch made during the freeze stacks on %q, want the checkpoint's layer", got)
+	}
+	if got := mergedState(t, res.r.Root); got != want {
+		t.Fatalf("branch hashes to %s, want %s", got.Short(), want.Short())
+	}
+	checkAll(t, e)
+}
+
+// TestFreezeIgnoresEditsAfterTheCut: the sandbox changes files after its
+// checkpoint and before the background freeze reads them (made to happen
+// mid-freeze by the hook): bytes of the same size, a mode, an xattr, a
+// directory swapped for a symlink, a file swapped for a hardlink of
+// another. None of it reaches the frozen layer: it hashes to the
+// checkpoint's tree, and a branch of it sees the checkpoint's files.
+func TestFreezeIgnoresEditsAfterTheCut(t *testing.T) {
+	ctx := context.Background()
+	e := newEngine(t)
+	base := t.TempDir()
+	write(t, filepath.Join(base, "base.txt"), "base\n")
+	cr, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: base})
+	must(t, err)
+	p := func(rel string) string { return filepath.Join(cr.Root, rel) }
+	write(t, p("a/same-size"), strings.Repeat("A", 100000))
+	write(t, p("a/mode"), "mode\n")
+	write(t, p("a/xattr"), "xattr\n")
+	write(t, p("dir/inside"), "inside\n")
+	write(t, p("linked"), "its own bytes\n")
+	write(t, p("other"), "other bytes!!\n")
+	_, err = e.Checkpoint(ctx, "s", CheckpointOptions{})
+	must(t, err)
+	e.WaitFreezes()
+	// The second turn's layer is built from the first's: change the files
+	// in this turn so the freeze must take them from the live root.
+	write(t, p("a/same-size"), strings.Repeat("B", 100000))
+	write(t, p("a/mode"), "mode 2\n")
+	write(t, p("a/xattr"), "xattr 2\n")
+	write(t, p("dir/inside"), "inside 2\n")
+	write(t, p("linked"), "its own 2\n")
+	want := mergedState(t, cr.Root)
+	started, release := holdFreeze(e)
+	c2, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
+	must(t, err)
+	<-started
+	write(t, p("a/same-size"), strings.Repeat("C", 100000))
+	must(t, os.Chmod(p("a/mode"), 0o600))
+	must(t, unix.Setxattr(p("a/xattr"), "user.after", []byte("cut"), 0))
+	must(t, os.RemoveAll(p("dir")))
+	must(t, os.Symlink("/etc", p("dir")))
+	must(t, os.Remove(p("linked")))
+	must(t, os.Link(p("other"), p("linked")))
+	close(release)
+	e.WaitFreezes()
+	cp2, err := e.resolve(ctx, c2.ID.String())
+	must(t, err)
+	ob := e.overlayBackend()
+	if !ob.HasFrozen(cp2.FSTree) {
+		t.Fatal("no layer frozen")
+	}
+	got, err := delta.Scan(ctx, ob.FrozenDir(cp2.FSTree), delta.ScanOptions{Translate: overlay.Translate})
+	must(t, err)
+	if got.Root != cp2.FSTree {
+		t.Fatalf("the frozen layer hashes to %s, the checkpoint's tree is %s: an edit after the cut leaked", got.Root.Short(), cp2.FSTree.Short())
+	}
+	b, err := e.Branch(ctx, c2.ID.String(), "b", BranchOptions{})
+	must(t, err)
+	if overlay.FrozenUser(e.home.sandboxDir("b")) == "" {
+		t.Fatal("the branch does not stack")
+	}
+	if got := mergedState(t, b.Root); got != want {
+		t.Fatalf("the branch hashes to %s, the checkpoint's state is %s", got.Short(), want.Short())
+	}
+	if data, _ := os.ReadFile(filepath.Join(b.Root, "a/same-size")); string(data[:1]) != "B" {
+		t.Fatalf("the branch holds bytes written after the cut: %q...", data[:1])
+	}
+}
+
+// TestIncrementalFreezeOnTheLine: turn after turn, each layer from the
+// third on is made from the line's layer no longer kept (the same
+// directory, only the names that differ changed), every layer hashes to
+// its tree, and the layers kept stay DefaultFrozenKeep.
+func TestIncrementalFreezeOnTheLine(t *testing.T) {
+	ctx := context.Background()
+	e := newEngine(t)
+	cr, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: richBase(t)})
+	must(t, err)
+	for i := range 30 {
+		write(t, filepath.Join(cr.Root, "keep", string(rune('a'+i%5)), string(rune('a'+i))), strings.Repeat("k", i))
+	}
+	ob := e.overlayBackend()
+	ino := func(dir string) uint64 {
+		var st unix.Stat_t
+		if unix.Stat(dir, &st) != nil {
+			return 0
+		}
+		return st.Ino
+	}
+	var last string
+	for i := range 6 {
+		write(t, filepath.Join(cr.Root, "work", string(rune('a'+i)), "f"), strings.Repeat("x", i+1))
+		if i >= 2 {
+			must(t, os.RemoveAll(filepath.Join(cr.Root, "work", string(rune('a'+i-2)))))
+			must(t, os.Chmod(filepath.Join(cr.Root, "work"), 0o700+os.FileMode(i%2)*0o50))
+		}
+		unkept := map[uint64]bool{}
+		for id := range frozenSet(t, e) {
+			unkept[ino(ob.FrozenDir(id))] = true
+		}
+		c, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
+		must(t, err)
+		last = c.ID.String()
+		e.WaitFreezes()
+		cp, err := e.resolve(ctx, c.ID.String())
+		must(t, err)
+		got, err := delta.Scan(ctx, ob.FrozenDir(cp.FSTree), delta.ScanOptions{Translate: overlay.Translate})
+		must(t, err)
+		if got.Root != cp.FSTree {
+			t.Fatalf("turn %d: layer hashes to %s, tree %s", i, got.Root.Short(), cp.FSTree.Short())
+		}
+		if reused := unkept[ino(ob.FrozenDir(cp.FSTree))]; reused != (i >= 2) {
+			t.Fatalf("turn %d: layer made from an older one: %v", i, reused)
+		}
+		if n := len(frozenSet(t, e)); n != min(i+1, DefaultFrozenKeep) {
+			t.Fatalf("turn %d: %d layers kept", i, n)
+		}
+	}
+	b, err := e.Branch(ctx, last, "b", BranchOptions{})
+	must(t, err)
+	if overlay.FrozenUser(e.home.sandboxDir("b")) == "" || mergedState(t, b.Root) != mergedState(t, cr.Root) {
+		t.Fatal("a branch of the newest incremental layer does not stack or differs")
+	}
+	checkAll(t, e)
+}
+
+// TestBranchBuildsAQueuedFreeze: a branch of a checkpoint whose freeze is
+// queued (behind the sandbox's earlier one, and with every background slot
+// taken) does not wait for a slot: once the earlier freeze is done it
+// builds the layer itself, from the earlier layer, and stacks on it.
+func TestBranchBuildsAQueuedFreeze(t *testing.T) {
+	ctx := context.Background()
+	e := newEngine(t)
+	cr, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: richBase(t)})
+	must(t, err)
+	write(t, filepath.Join(cr.Root, "one"), "one\n")
+	started, release := holdFreeze(e)
+	_, err = e.Checkpoint(ctx, "s", CheckpointOptions{})
+	must(t, err)
+	<-started                   // the first freeze holds one slot ...
+	e.freezes.sem <- struct{}{} // ... and this the other: no background freeze can start
+	write(t, filepath.Join(cr.Root, "two"), "two\n")
+	c2, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
+	must(t, err)
+	want := mergedState(t, cr.Root)
+	done := make(chan error, 1)
+	var root string
+	go func() {
+		r, err := e.Branch(ctx, c2.ID.String(), "b", BranchOptions{})
+		if err == nil {
+			root = r.Root
+		}
+		done <- err
+	}()
+	waited := e.freezes.waited.Load()
+	for deadline := time.Now().Add(30 * time.Second); e.freezes.waited.Load() == waited; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the branch never found the freeze pending")
+		}
+	}
+	close(release)
+	must(t, <-done) // with both slots still taken: the branch built the layer
+	cp2, err := e.resolve(ctx, c2.ID.String())
+	must(t, err)
+	if got := overlay.FrozenUser(e.home.sandboxDir("b")); got != e.overlayBackend().FrozenDir(cp2.FSTree) {
+		t.Fatalf("the branch stacks on %q", got)
+	}
+	if mergedState(t, root) != want {
+		t.Fatal("the branch differs from its checkpoint")
+	}
+	<-e.freezes.sem
+	e.WaitFreezes()
+	checkAll(t, e)
+}
