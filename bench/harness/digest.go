@@ -69,11 +69,14 @@ func TreeDigest(root string) (string, error) {
 		if st != nil {
 			uid, gid = st.Uid, st.Gid
 		}
-		mtime := fi.ModTime().UnixNano()
+		mtime, size := fi.ModTime().UnixNano(), fi.Size()
+		if fi.IsDir() {
+			size = 0 // a directory's size is the filesystem's business
+		}
 		if !fi.Mode().IsRegular() {
 			mtime = 0 // a directory's moves with the runtime's own mount points; a link's is not restorable through os
 		}
-		fmt.Fprintf(h, "%s\x00%v\x00%d:%d\x00%d\x00%d\x00", rel, fi.Mode(), uid, gid, fi.Size(), mtime)
+		fmt.Fprintf(h, "%s\x00%v\x00%d:%d\x00%d\x00%d\x00", rel, fi.Mode(), uid, gid, size, mtime)
 		switch {
 		case fi.Mode()&fs.ModeSymlink != 0:
 			t, _ := os.Readlink(p)

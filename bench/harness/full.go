@@ -137,6 +137,7 @@ func tarZstd(root, file string) (int64, error) {
 			return err
 		}
 		hdr.Name = filepath.ToSlash(rel)
+		hdr.Format = tar.FormatPAX // nanosecond mtimes
 		if err := tw.WriteHeader(hdr); err != nil {
 			return err
 		}
