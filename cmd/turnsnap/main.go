@@ -162,7 +162,7 @@ branch one checkpoint into many sandboxes, and verify what is stored.`,
 	pf.StringVar(&a.daemonTokenFile, "daemon-token-file", os.Getenv("TURNSNAP_DAEMON_TOKEN_FILE"), "file holding the bearer token of the --daemon")
 	root.AddCommand(a.sandboxCmd(), a.checkpointCmd(), a.logCmd(), a.diffCmd(), a.rollbackCmd(),
 		a.branchCmd(), a.tagCmd(), a.verifyCmd(), a.catalogCmd(), a.initCmd(), a.syncCmd(),
-		a.statusCmd(), a.unlockCmd(), a.gcCmd(), a.pruneCmd(), a.execCmd(), a.demoCmd(), a.keyCmd(), a.serveCmd(), a.benchCmd())
+		a.statusCmd(), a.unlockCmd(), a.gcCmd(), a.pruneCmd(), a.execCmd(), a.demoCmd(), a.keyCmd(), a.serveCmd(), a.benchCmd(), a.auditCmd())
 	return root
 }
 
