@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -137,12 +138,18 @@ func Open(ctx context.Context, dir string, opts Options) (*Catalog, error) {
 func preallocateMemtables(dir string) error {
 	mems, _ := filepath.Glob(filepath.Join(dir, "*.mem"))
 	for _, m := range mems {
+		// Badger may be deleting a replayed memtable meanwhile (its flush
+		// truncates the file to 0, then removes it): a file gone or empty
+		// has nothing to allocate (fallocate of length 0 is EINVAL).
 		f, err := os.OpenFile(m, os.O_RDWR, 0)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
 		if err != nil {
 			return err
 		}
 		st, err := f.Stat()
-		if err == nil {
+		if err == nil && st.Size() > 0 {
 			err = unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_KEEP_SIZE, 0, st.Size())
 		}
 		f.Close()
