@@ -9,7 +9,7 @@ RACE_PKGS := ./delta/... ./catalog/... ./engine/content/... ./engine/check/...
 # scripts/deps.sh fills it and tests find them through this variable.
 export TURNSNAP_CACHE ?= /var/cache/turnsnap
 
-.PHONY: all build demo test deps vet unit bench fuzz clean
+.PHONY: all build demo test deps vet unit bench bench-go fuzz clean
 
 all: build
 
@@ -32,7 +32,7 @@ vet:
 
 # Every test, as root, with every real part present: TURNSNAP_REQUIRE_ALL
 # turns any "part missing" skip into a failure. Benchmarks run once each
-# (-benchtime=1x) so they cannot rot; real measurements use `make bench`.
+# (-benchtime=1x) so they cannot rot; real measurements use `make bench-go`.
 test: deps vet
 	$(GO) mod verify
 	./scripts/vulncheck.sh
@@ -41,7 +41,16 @@ test: deps vet
 	TURNSNAP_REQUIRE_ALL=1 $(GO) test -race -count=1 -timeout 10m -run '^TestConcurrentOperations$$' ./engine
 	TURNSNAP_REQUIRE_ALL=1 TURNSNAP_BENCH_SMALL=1 $(GO) test -count=1 -run '^$$' -bench . -benchtime 1x $(PKGS)
 
-bench: deps
+# The replayed-trace benchmark (docs/BENCH.md): every standard trace with
+# crash injection, turnsnap against the baselines, 1/4/16 co-located
+# sandboxes; the report goes to BENCH_OUT (docs/bench/ keeps the latest).
+BENCH_OUT   ?= bench-out
+BENCH_SEEDS ?= 2
+bench: deps build
+	./$(BIN) bench --traces bench/traces --seeds $(BENCH_SEEDS) --sandboxes 16 --out $(BENCH_OUT)
+
+# The Go micro-benchmarks, five counts each.
+bench-go: deps
 	$(GO) test -run '^$$' -bench . -benchmem -count 5 -timeout 60m $(PKGS)
 
 # Every decoder of stored or cached bytes has a fuzz target; each runs for
@@ -53,7 +62,8 @@ FUZZ_TARGETS := \
 	./delta:FuzzDecodeRecord ./delta:FuzzDecodeSandbox ./delta:FuzzSealedPackHeader ./delta:FuzzOpenObject ./delta:FuzzKeyFiles \
 	./engine/llmproxy:FuzzParseRequest ./engine/llmproxy:FuzzCanonMatchesReference \
 	./engine/llmproxy:FuzzDecodeEntry \
-	./proc:FuzzProcText ./proc:FuzzImageFiles
+	./proc:FuzzProcText ./proc:FuzzImageFiles \
+	./bench/trace:FuzzParse
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 	  echo "== $${t#*:} ($${t%%:*}, $(FUZZTIME))"; \
