@@ -22,23 +22,38 @@ unchanged, ended), the class and the cost (bytes stored, time, pause), and
 what each weaker recovery would have lost had the sandbox crashed right
 after that turn: chat-only recovery everything since the base, chat+fs
 recovery the processes and their memory. --json prints the report as one
-object; --html prints one self-contained page. It reads the home directly
-(read-only), so it works beside a running daemon only where the catalog
-allows a reader.`,
+object; --html prints one self-contained page. Through the daemon when one
+serves the home (GET /v1/sandboxes/NAME/audit), else read-only on the home.`,
 		Args: cobra.ExactArgs(1),
-		RunE: a.withEngineIf(func([]string) bool { return true }, func(ctx context.Context, e *engine.Engine, args []string) error {
-			rep, err := e.Audit(ctx, args[0])
+		RunE: func(cmd *cobra.Command, args []string) error {
+			show := func(rep *engine.AuditReport) error {
+				switch {
+				case html:
+					return auditview.Write(a.stdout(), args[0], rep)
+				case a.json:
+					return printJSON(a.stdout(), rep)
+				}
+				return printAudit(a, rep)
+			}
+			c, err := a.daemon(cmd.Context())
 			if err != nil {
 				return err
 			}
-			switch {
-			case html:
-				return auditview.Write(a.stdout(), args[0], rep)
-			case a.json:
-				return printJSON(a.stdout(), rep)
+			if c != nil {
+				rep, err := c.Audit(cmd.Context(), args[0])
+				if err != nil {
+					return err
+				}
+				return show(rep)
 			}
-			return printAudit(a, rep)
-		}),
+			return a.withEngineIf(func([]string) bool { return true }, func(ctx context.Context, e *engine.Engine, args []string) error {
+				rep, err := e.Audit(ctx, args[0])
+				if err != nil {
+					return err
+				}
+				return show(rep)
+			})(cmd, args)
+		},
 	}
 	c.Flags().BoolVar(&html, "html", false, "print one self-contained HTML page")
 	return c

@@ -75,7 +75,13 @@ func TestAudit(t *testing.T) {
 		}
 	}
 
+	// Through a daemon serving the home: the same report.
+	d := startDaemon(t, home, nil)
+	if viaDaemon, _ := mustCLI(t, home, "audit", "a", "--json"); viaDaemon != out {
+		t.Errorf("audit through the daemon differs from direct:\n%s\n%s", viaDaemon, out)
+	}
 	html, _ := mustCLI(t, home, "audit", "a", "--html")
+	d.stop(t)
 	if strings.Contains(html, "http://") || strings.Contains(html, "https://") || strings.Contains(html, " src=") {
 		t.Error("the audit page refers to something outside itself")
 	}

@@ -251,6 +251,9 @@ func (s *Server) routes() {
 		q := r.URL.Query()
 		return sv.Diff(ctx, r.PathValue("name"), q.Get("from"), q.Get("to"))
 	})
+	route(s, "GET /v1/sandboxes/{name}/audit", func(ctx context.Context, r *http.Request, _ none) (*engine.AuditReport, error) {
+		return sv.Audit(ctx, r.PathValue("name"))
+	})
 	route(s, "POST /v1/sandboxes/{name}/rollback", func(ctx context.Context, r *http.Request, req RollbackRequest) (*Restore, error) {
 		return sv.Rollback(ctx, r.PathValue("name"), req)
 	})
