@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/turnsnap/turnsnap/bench/report"
@@ -77,5 +78,24 @@ func TestBenchQuick(t *testing.T) {
 		if st, err := os.Stat(filepath.Join(out, f)); err != nil || st.Size() == 0 {
 			t.Errorf("report file %s: %v", f, err)
 		}
+	}
+}
+
+// A trace directory with a bad trace is refused before anything starts:
+// the error names the file and the problem, the exit code is invalid input.
+func TestBenchRejectsBadTraces(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "bad.json"), []byte(`{"name":"bad","verify":{"cmd":"true"},"turns":[{}],"surprise":1}`), 0o644)
+	out := filepath.Join(t.TempDir(), "out")
+	_, stderr, code := cliRun(t, t.TempDir(), "bench", "--traces", dir, "--out", out)
+	if code != exitUsage || !strings.Contains(stderr, "bad.json") || !strings.Contains(stderr, "surprise") {
+		t.Fatalf("bench with a bad trace: exit %d (want %d), %s", code, exitUsage, stderr)
+	}
+	if _, err := os.Stat(out); err == nil {
+		t.Error("a refused bench wrote its output directory")
+	}
+	_, stderr, code = cliRun(t, t.TempDir(), "bench", "--traces", t.TempDir())
+	if code == 0 || !strings.Contains(stderr, "no *.json trace") {
+		t.Fatalf("bench with no traces: exit %d, %s", code, stderr)
 	}
 }
