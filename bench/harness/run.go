@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/turnsnap/turnsnap/bench/trace"
+	"github.com/turnsnap/turnsnap/engine"
 	"github.com/turnsnap/turnsnap/engine/api"
 )
 
@@ -39,7 +40,10 @@ type Run struct {
 	BytesStored int64          `json:"bytes_stored"`
 	Classes     map[string]int `json:"classes,omitempty"`
 	VerifyOut   string         `json:"verify_out,omitempty"`
-	Err         string         `json:"error,omitempty"`
+	// Audit (turnsnap, first seed) is `turnsnap audit` of the sandbox
+	// after its verifier; the report writes it as audit-TRACE.html.
+	Audit *engine.AuditReport `json:"-"`
+	Err   string              `json:"error,omitempty"`
 }
 
 // procState is the harness's view of the trace's running processes: name
@@ -201,6 +205,15 @@ func (h *Harness) replay(ctx context.Context, t *trace.Trace, method string, see
 		return fail(fmt.Errorf("verifier: %w", err))
 	}
 	r.Correct, r.VerifyOut = code == 0, out
+	if method == Turnsnap && seed == 1 && slot == 0 {
+		// The audit of the first seed's sandbox goes into the report; a
+		// failure to audit is logged, not the run's.
+		if a, err := h.c.Audit(ctx, name); err == nil {
+			r.Audit = a
+		} else {
+			h.cfg.Log.Warn("audit", "sandbox", name, "err", err)
+		}
+	}
 	return r
 }
 

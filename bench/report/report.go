@@ -4,6 +4,7 @@
 package report
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -13,9 +14,11 @@ import (
 	"strings"
 
 	"github.com/turnsnap/turnsnap/bench/harness"
+	"github.com/turnsnap/turnsnap/internal/auditview"
 )
 
-// Files are the names Write creates in its directory.
+// Files are the names Write always creates in its directory; it adds
+// audit-TRACE.html for each trace whose turnsnap run was audited.
 var Files = []string{"result.json", "REPORT.md", "latency_cdf.svg", "class_mix.svg", "overhead_vs_n.svg", "bytes_per_method.svg"}
 
 // Write writes every file of the report into dir.
@@ -37,6 +40,15 @@ func Write(dir string, res *harness.Result, sum *harness.Summary) error {
 		"class_mix.svg":        []byte(classMix(sum)),
 		"overhead_vs_n.svg":    []byte(overheadVsN(sum)),
 		"bytes_per_method.svg": []byte(bytesPerMethod(sum)),
+	}
+	for _, r := range res.Runs {
+		if r.Audit != nil {
+			var buf bytes.Buffer
+			if err := auditview.Write(&buf, r.Trace, r.Audit); err != nil {
+				return err
+			}
+			files["audit-"+r.Trace+".html"] = buf.Bytes()
+		}
 	}
 	for name, data := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
@@ -107,7 +119,7 @@ func Markdown(s *harness.Summary) string {
 			fmt.Fprintf(&b, "- %s\n", e)
 		}
 	}
-	fmt.Fprintf(&b, "\nPlots: latency_cdf.svg, class_mix.svg, overhead_vs_n.svg, bytes_per_method.svg. Every run: result.json.\n")
+	fmt.Fprintf(&b, "\nPlots: latency_cdf.svg, class_mix.svg, overhead_vs_n.svg, bytes_per_method.svg. Every run: result.json. Per-turn audits of each trace's turnsnap sandbox (first seed): audit-TRACE.html.\n")
 	return b.String()
 }
 

@@ -74,7 +74,7 @@ func TestBenchQuick(t *testing.T) {
 	if len(sum.Traces) != 1 || sum.Traces[0].Name != "memdb" || sum.Traces[0].Mix["skip"] == 0 {
 		t.Errorf("trace mix: %+v (read-only turns must be skips)", sum.Traces)
 	}
-	for _, f := range report.Files {
+	for _, f := range append(report.Files, "audit-memdb.html") {
 		if st, err := os.Stat(filepath.Join(out, f)); err != nil || st.Size() == 0 {
 			t.Errorf("report file %s: %v", f, err)
 		}
