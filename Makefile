@@ -9,7 +9,7 @@ RACE_PKGS := ./delta/... ./catalog/... ./engine/content/... ./engine/check/...
 # scripts/deps.sh fills it and tests find them through this variable.
 export TURNSNAP_CACHE ?= /var/cache/turnsnap
 
-.PHONY: all build demo test deps vet unit bench fuzz clean
+.PHONY: all build demo test deps vet unit bench bench-go fuzz clean
 
 all: build
 
@@ -32,7 +32,7 @@ vet:
 
 # Every test, as root, with every real part present: TURNSNAP_REQUIRE_ALL
 # turns any "part missing" skip into a failure. Benchmarks run once each
-# (-benchtime=1x) so they cannot rot; real measurements use `make bench`.
+# (-benchtime=1x) so they cannot rot; real measurements use `make bench-go`.
 test: deps vet
 	$(GO) mod verify
 	./scripts/vulncheck.sh
@@ -43,7 +43,16 @@ test: deps vet
 	$(GO) build -o $(BIN) ./cmd/turnsnap
 	TURNSNAP_REQUIRE_ALL=1 TURNSNAP_BIN=$(CURDIR)/$(BIN) PYTHONDONTWRITEBYTECODE=1 pytest-3 -q -p no:cacheprovider clients/python/tests
 
-bench: deps
+# The replayed-trace benchmark (docs/BENCH.md): every standard trace with
+# crash injection, turnsnap against the baselines, 1/4/16 co-located
+# sandboxes; the report goes to BENCH_OUT (docs/bench/ keeps the latest).
+BENCH_OUT   ?= bench-out
+BENCH_SEEDS ?= 2
+bench: deps build
+	./$(BIN) bench --traces bench/traces --seeds $(BENCH_SEEDS) --sandboxes 16 --out $(BENCH_OUT)
+
+# The Go micro-benchmarks, five counts each.
+bench-go: deps
 	$(GO) test -run '^$$' -bench . -benchmem -count 5 -timeout 60m $(PKGS)
 
 # Every decoder of stored or cached bytes has a fuzz target; each runs for
@@ -57,7 +66,7 @@ FUZZ_TARGETS := \
 	./engine:FuzzDecodePolicies \
 	./engine/llmproxy:FuzzDecodeEntry ./engine/llmproxy:FuzzJournalTree ./engine/api:FuzzDecodeRequest ./engine/api:FuzzDecodeTenants \
 	./proc:FuzzProcText ./proc:FuzzImageFiles ./overlay:FuzzSuperOptions ./overlay:FuzzReadStack \
-	./overlay:FuzzDecodeEvents
+	./overlay:FuzzDecodeEvents ./bench/trace:FuzzParse
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 	  echo "== $${t#*:} ($${t%%:*}, $(FUZZTIME))"; \

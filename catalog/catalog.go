@@ -170,6 +170,9 @@ func Open(ctx context.Context, dir string, opts Options) (*Catalog, error) {
 func preallocateMemtables(dir string) error {
 	mems, _ := filepath.Glob(filepath.Join(dir, "*.mem"))
 	for _, m := range mems {
+		// Badger may be deleting a replayed memtable meanwhile (its flush
+		// truncates the file to 0, then removes it): a file gone or empty
+		// has nothing to allocate (fallocate of length 0 is EINVAL).
 		f, err := os.OpenFile(m, os.O_RDWR, 0)
 		if errors.Is(err, os.ErrNotExist) {
 			continue // flushed and removed by Badger since the Glob

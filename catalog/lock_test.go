@@ -8,7 +8,6 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -162,21 +161,4 @@ func TestReadOnlyOpenAfterKilledWriter(t *testing.T) {
 		}
 		return nil
 	})
-}
-
-// Badger retires a flushed memtable by truncating it to 0 and removing it,
-// in the background, so the open's preallocation can meet an empty .mem
-// file (before the fix: "allocate .../00001.mem: invalid argument", seen
-// after a kill -9 of the daemon mid-push) or none at all.
-func TestPreallocateSkipsRetiredMemtables(t *testing.T) {
-	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "00001.mem"), nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "00002.mem"), make([]byte, 4096), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := preallocateMemtables(dir); err != nil {
-		t.Fatalf("preallocate beside an empty memtable: %v", err)
-	}
 }

@@ -194,7 +194,7 @@ branch one checkpoint into many sandboxes, and verify what is stored.`,
 	root.AddCommand(a.sandboxCmd(), a.checkpointCmd(), a.logCmd(), a.diffCmd(), a.rollbackCmd(),
 		a.branchCmd(), a.tagCmd(), a.verifyCmd(), a.catalogCmd(), a.initCmd(), a.syncCmd(),
 		a.statusCmd(), a.unlockCmd(), a.gcCmd(), a.pruneCmd(), a.execCmd(), a.demoCmd(), a.keyCmd(),
-		a.catCmd(), a.lsCmd(), a.restoreCmd(), a.serveCmd(), a.runCmd(), a.llmCmd())
+		a.catCmd(), a.lsCmd(), a.restoreCmd(), a.serveCmd(), a.runCmd(), a.llmCmd(), a.benchCmd(), a.auditCmd())
 	return root
 }
 

@@ -260,6 +260,9 @@ func (s *Server) routes() {
 		return sv.Log(ctx, r.PathValue("name"))
 	})
 	s.everydayRoutes() // everyday.go: diff, cat, ls, restore, lineage, ps, forget, policies
+	route(s, "GET /v1/sandboxes/{name}/audit", func(ctx context.Context, r *http.Request, _ none) (*engine.AuditReport, error) {
+		return sv.Audit(ctx, r.PathValue("name"))
+	})
 	route(s, "POST /v1/sandboxes/{name}/rollback", func(ctx context.Context, r *http.Request, req RollbackRequest) (*Restore, error) {
 		return sv.Rollback(ctx, r.PathValue("name"), req)
 	})

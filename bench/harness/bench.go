@@ -1,0 +1,115 @@
+package harness
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/turnsnap/turnsnap/bench/trace"
+)
+
+// Result is everything one benchmark run measured.
+type Result struct {
+	Started  time.Time     `json:"started"`
+	Seconds  float64       `json:"seconds"`
+	Host     Host          `json:"host"`
+	Seeds    int           `json:"seeds"`
+	Runs     []*Run        `json:"runs"`
+	Colocate []*ColoResult `json:"colocate,omitempty"`
+}
+
+// Host is where it ran (timings are noisy on a shared machine).
+type Host struct {
+	CPUs        int       `json:"cpus"`
+	LoadBefore  []float64 `json:"load_before"`
+	LoadAfter   []float64 `json:"load_after"`
+	GoVersion   string    `json:"go_version"`
+	KernelLabel string    `json:"kernel"`
+}
+
+// ColoResult is N sandboxes replaying at once: end-to-end time without
+// checkpoints and with each checkpointing method.
+type ColoResult struct {
+	N        int                `json:"n"`
+	WallMS   map[string]float64 `json:"wall_ms"`  // by method
+	Slowdown map[string]float64 `json:"slowdown"` // against fault_free at the same N
+	Errors   []string           `json:"errors,omitempty"`
+}
+
+// ColoMethods are the methods the co-location runs compare.
+var ColoMethods = []string{FaultFree, Turnsnap, FullPerTurn}
+
+// Bench replays every trace with every method and seed (each crash run with
+// its injected crash), then the co-location runs.
+func (h *Harness) Bench(ctx context.Context, traces []*trace.Trace) (*Result, error) {
+	res := &Result{Started: time.Now().UTC(), Seeds: h.cfg.Seeds, Host: hostInfo()}
+	colo := 0
+	for _, n := range h.cfg.Colocate {
+		colo += n * len(ColoMethods)
+	}
+	h.mu.Lock()
+	h.tot = len(traces)*h.cfg.Seeds*len(Methods) + colo
+	h.mu.Unlock()
+	for _, t := range traces {
+		for seed := 1; seed <= h.cfg.Seeds; seed++ {
+			crash := h.crashTurn(t, seed)
+			for _, m := range Methods {
+				if err := ctx.Err(); err != nil {
+					return res, err
+				}
+				c := crash
+				if m == FaultFree {
+					c = 0
+				}
+				r := h.replay(ctx, t, m, seed, 0, c)
+				res.Runs = append(res.Runs, r)
+				h.cfg.Log.Info("run", "trace", t.Name, "seed", seed, "method", m, "crash", c, "correct", r.Correct, "err", r.Err)
+				h.step(fmt.Sprintf("%s seed %d %s", t.Name, seed, m))
+			}
+		}
+	}
+	for _, n := range h.cfg.Colocate {
+		res.Colocate = append(res.Colocate, h.colocate(ctx, traces, n))
+	}
+	res.Host.LoadAfter = loadavg()
+	res.Seconds = time.Since(res.Started).Seconds()
+	return res, nil
+}
+
+// colocate replays n sandboxes at once (sandbox i runs trace i mod len),
+// once per method, without crashes.
+func (h *Harness) colocate(ctx context.Context, traces []*trace.Trace, n int) *ColoResult {
+	cr := &ColoResult{N: n, WallMS: map[string]float64{}, Slowdown: map[string]float64{}}
+	for _, m := range ColoMethods {
+		start := time.Now()
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r := h.replay(ctx, traces[i%len(traces)], m, 0, i+1, 0)
+				mu.Lock()
+				if r.Err != "" {
+					cr.Errors = append(cr.Errors, fmt.Sprintf("%s #%d %s: %s", m, i+1, r.Trace, r.Err))
+				}
+				mu.Unlock()
+				h.step(fmt.Sprintf("co-location N=%d %s", n, m))
+			}()
+		}
+		wg.Wait()
+		cr.WallMS[m] = ms(time.Since(start))
+	}
+	for _, m := range ColoMethods {
+		if ff := cr.WallMS[FaultFree]; ff > 0 {
+			cr.Slowdown[m] = cr.WallMS[m]/ff - 1
+		}
+	}
+	return cr
+}
+
+func hostInfo() Host {
+	return Host{CPUs: runtime.NumCPU(), LoadBefore: loadavg(), GoVersion: runtime.Version(), KernelLabel: kernel()}
+}

@@ -1,0 +1,315 @@
+package harness
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"math/rand"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/turnsnap/turnsnap/bench/trace"
+	"github.com/turnsnap/turnsnap/engine"
+	"github.com/turnsnap/turnsnap/engine/api"
+)
+
+// Run is one trace replayed once with one method.
+type Run struct {
+	Trace  string `json:"trace"`
+	Seed   int    `json:"seed"`
+	Method string `json:"method"`
+	// CrashTurn is the turn during which the crash came (0: none); the
+	// trace resumed at that turn, the one after the last checkpoint.
+	CrashTurn int  `json:"crash_turn"`
+	Correct   bool `json:"correct"` // the verifier passed
+	// StateEquivalent (turnsnap): the restored tree's digest equals the
+	// digest at the checkpoint and every probe answered as it did then.
+	StateEquivalent *bool   `json:"state_equivalent,omitempty"`
+	Equivalence     string  `json:"equivalence,omitempty"` // why not, when not
+	WallMS          float64 `json:"wall_ms"`               // end to end, recovery included
+	// WorkMS is the replay's time without the crash and recovery: turns,
+	// latencies and checkpoints (the figure overheads are computed from).
+	WorkMS      float64        `json:"work_ms"`
+	CkptMS      []float64      `json:"ckpt_ms"`
+	RestoreMS   float64        `json:"restore_ms"`
+	BytesStored int64          `json:"bytes_stored"`
+	Classes     map[string]int `json:"classes,omitempty"`
+	VerifyOut   string         `json:"verify_out,omitempty"`
+	// Audit (turnsnap, first seed) is `turnsnap audit` of the sandbox
+	// after its verifier; the report writes it as audit-TRACE.html.
+	Audit *engine.AuditReport `json:"-"`
+	Err   string              `json:"error,omitempty"`
+}
+
+// procState is the harness's view of the trace's running processes: name
+// to pid in the sandbox (0: the agent thinks it runs, it does not).
+type procState map[string]int
+
+func (p procState) clone(zero bool) procState {
+	out := procState{}
+	for k, v := range p {
+		if zero {
+			v = 0
+		}
+		out[k] = v
+	}
+	return out
+}
+
+// crashTurn picks the turn a (trace, seed) crashes in.
+func (h *Harness) crashTurn(t *trace.Trace, seed int) int {
+	n, first := len(t.Turns), 0
+	for i, turn := range t.Turns {
+		if len(turn.Start) > 0 && first == 0 {
+			first = i + 1
+		}
+	}
+	if h.cfg.CrashTurn != nil {
+		return h.cfg.CrashTurn(n, first, seed)
+	}
+	if n < 2 {
+		return 1
+	}
+	rng := rand.New(rand.NewSource(int64(seed)*7919 + int64(len(t.Name))))
+	return 2 + rng.Intn(n-1)
+}
+
+// base writes the sandbox base of t: a busybox rootfs and the trace's tree.
+func (h *Harness) base(t *trace.Trace) (string, error) {
+	dir := filepath.Join(h.cfg.Work, "bases", t.Name)
+	if _, err := os.Stat(filepath.Join(dir, ".complete")); err == nil {
+		return dir, nil
+	}
+	os.RemoveAll(dir)
+	bb, err := os.ReadFile("/bin/busybox")
+	if err != nil {
+		return "", fmt.Errorf("busybox rootfs: %w (apt package busybox-static)", err)
+	}
+	for _, d := range []string{"bin", "proc", "dev", "sys", "tmp", "root"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			return "", err
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "bin/busybox"), bb, 0o755); err != nil {
+		return "", err
+	}
+	list, err := exec.Command("/bin/busybox", "--list").Output()
+	if err != nil {
+		return "", fmt.Errorf("busybox --list: %w", err)
+	}
+	for _, a := range strings.Fields(string(list)) {
+		if a == "busybox" || strings.ContainsAny(a, "/[") {
+			continue
+		}
+		if err := os.Symlink("busybox", filepath.Join(dir, "bin", a)); err != nil {
+			return "", err
+		}
+	}
+	if err := t.WriteBase(dir); err != nil {
+		return "", err
+	}
+	return dir, os.WriteFile(filepath.Join(dir, ".complete"), nil, 0o644)
+}
+
+// sandboxName is unique per run.
+func sandboxName(t *trace.Trace, method string, seed, slot int) string {
+	short := map[string]string{FaultFree: "ff", Turnsnap: "ts", FullPerTurn: "full", ChatOnly: "chat", ChatFS: "chatfs"}[method]
+	return fmt.Sprintf("%s-%s-%d-%d", t.Name, short, seed, slot)
+}
+
+// replay runs t with method. crash 0: no crash.
+func (h *Harness) replay(ctx context.Context, t *trace.Trace, method string, seed, slot, crash int) (r *Run) {
+	r = &Run{Trace: t.Name, Seed: seed, Method: method, CrashTurn: crash, Classes: map[string]int{}}
+	start := time.Now()
+	var recovery time.Duration
+	defer func() { r.WallMS = ms(time.Since(start)); r.WorkMS = ms(time.Since(start) - recovery) }()
+	fail := func(err error) *Run { r.Err = err.Error(); return r }
+	base, err := h.base(t)
+	if err != nil {
+		return fail(err)
+	}
+	name := sandboxName(t, method, seed, slot)
+	h.c.RemoveSandbox(ctx, name, false) // a leftover of an interrupted run
+	created, err := h.c.CreateSandbox(ctx, api.CreateRequest{Name: name, Base: base})
+	if err != nil {
+		return fail(err)
+	}
+	defer h.c.RemoveSandbox(context.WithoutCancel(ctx), name, false)
+	full := &fullCkpt{h: h, sandbox: name, dir: filepath.Join(h.cfg.Work, "full", name)}
+	defer os.RemoveAll(full.dir)
+	last := created.Checkpoint.String()
+	procs, atCkpt := procState{}, procState{}
+	var want *snapshot // turnsnap: the state at the last checkpoint before the crash
+	for i := 1; i <= len(t.Turns); i++ {
+		turn := t.Turns[i-1]
+		if err := h.runTurn(ctx, name, turn, procs); err != nil {
+			return fail(fmt.Errorf("turn %d: %w", i, err))
+		}
+		if i == crash && recovery == 0 {
+			rs := time.Now()
+			if err := h.crash(ctx, name); err != nil {
+				return fail(fmt.Errorf("crash at turn %d: %w", i, err))
+			}
+			rt0 := time.Now()
+			if err := h.recover(ctx, method, name, base, last, full); err != nil {
+				return fail(fmt.Errorf("recover with %s after the crash at turn %d: %w", method, i, err))
+			}
+			r.RestoreMS = ms(time.Since(rt0))
+			procs = atCkpt.clone(method == ChatOnly || method == ChatFS)
+			if want != nil {
+				ok, why := h.equivalent(ctx, name, want)
+				r.StateEquivalent, r.Equivalence = &ok, why
+			}
+			i-- // the crashed turn's work is lost: it runs again
+			recovery = time.Since(rs)
+			continue
+		}
+		cs := time.Now()
+		switch method {
+		case Turnsnap, ChatFS:
+			n := i
+			cp, err := h.c.Checkpoint(ctx, name, api.CheckpointRequest{Turn: &n, Message: "turn " + strconv.Itoa(i)})
+			if err != nil {
+				return fail(fmt.Errorf("checkpoint of turn %d: %w", i, err))
+			}
+			last = cp.ID.String()
+			r.Classes[string(cp.Class)]++
+			r.BytesStored += cp.BytesNew
+		case FullPerTurn:
+			n, err := full.checkpoint(ctx, i, len(procs) > 0)
+			if err != nil {
+				return fail(fmt.Errorf("full checkpoint of turn %d: %w", i, err))
+			}
+			r.BytesStored += n
+		}
+		if method != FaultFree && method != ChatOnly {
+			r.CkptMS = append(r.CkptMS, ms(time.Since(cs)))
+		}
+		atCkpt = procs.clone(false)
+		if method == Turnsnap && i == crash-1 && recovery == 0 {
+			if want, err = h.snapshot(ctx, name, t, procs); err != nil {
+				return fail(fmt.Errorf("state at turn %d: %w", i, err))
+			}
+		}
+		if err := sleep(ctx, turn.Latency()); err != nil {
+			return fail(err)
+		}
+	}
+	code, out, err := h.sh(ctx, name, t.Verify.Cmd, t.Verify.Timeout(trace.DefaultVerifyTO))
+	if err != nil {
+		return fail(fmt.Errorf("verifier: %w", err))
+	}
+	r.Correct, r.VerifyOut = code == 0, out
+	if method == Turnsnap && seed == 1 && slot == 0 {
+		// The audit of the first seed's sandbox goes into the report; a
+		// failure to audit is logged, not the run's.
+		if a, err := h.c.Audit(ctx, name); err == nil {
+			r.Audit = a
+		} else {
+			h.cfg.Log.Warn("audit", "sandbox", name, "err", err)
+		}
+	}
+	return r
+}
+
+// runTurn stops, runs and starts what the turn says. Command failures are
+// the agent's (recorded by the verifier's outcome), not the harness's.
+func (h *Harness) runTurn(ctx context.Context, name string, turn trace.Turn, procs procState) error {
+	for _, s := range turn.Stop {
+		if pid := procs[s]; pid > 0 {
+			h.sh(ctx, name, fmt.Sprintf("kill %d; i=0; while kill -0 %d 2>/dev/null && [ $i -lt 250 ]; do usleep 20000; i=$((i+1)); done", pid, pid), 30*time.Second)
+		}
+		delete(procs, s)
+	}
+	for _, c := range turn.Cmds {
+		if _, _, err := h.sh(ctx, name, c, turn.CmdTimeout()); err != nil {
+			return err
+		}
+	}
+	for _, p := range turn.Start {
+		ex, err := h.c.Exec(ctx, name, api.ExecRequest{Argv: []string{"sh", "-c", p.Cmd}, Detach: true}, api.Stdio{})
+		if err != nil {
+			return fmt.Errorf("start %s: %w", p.Name, err)
+		}
+		procs[p.Name] = ex.PID
+	}
+	return nil
+}
+
+// sh runs cmd in the sandbox, returning its exit code and the tail of its
+// output. The timeout cancels the exec (the daemon sends the command
+// SIGTERM) and counts as exit 124, the agent's failure like any other. It
+// is not busybox timeout: its watchdog child outlives a quick command by up
+// to a second and would show up as a new process in the next checkpoint.
+func (h *Harness) sh(ctx context.Context, name, cmd string, timeout time.Duration) (int, string, error) {
+	cctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	out := &tail{max: 4096}
+	ex, err := h.c.Exec(cctx, name, api.ExecRequest{Argv: []string{"sh", "-c", cmd}},
+		api.Stdio{In: bytes.NewReader(nil), Out: out, Err: out})
+	switch {
+	case err != nil && ctx.Err() == nil && cctx.Err() != nil:
+		return 124, string(out.b) + fmt.Sprintf("\n(timed out after %v)", timeout), nil
+	case err != nil:
+		return 0, "", fmt.Errorf("sandbox %s: %q: %w", name, cmd, err)
+	}
+	return ex.ExitCode, string(out.b), nil
+}
+
+// tail keeps the last max bytes written.
+type tail struct {
+	b   []byte
+	max int
+}
+
+func (t *tail) Write(p []byte) (int, error) {
+	t.b = append(t.b, p...)
+	if len(t.b) > t.max {
+		t.b = t.b[len(t.b)-t.max:]
+	}
+	return len(p), nil
+}
+
+var _ io.Writer = (*tail)(nil)
+
+// recover brings the sandbox back after the crash, the method's way.
+func (h *Harness) recover(ctx context.Context, method, name, base, last string, full *fullCkpt) error {
+	switch method {
+	case Turnsnap:
+		_, err := h.c.Rollback(ctx, name, api.RollbackRequest{Checkpoint: last})
+		return err
+	case ChatFS:
+		_, err := h.c.Rollback(ctx, name, api.RollbackRequest{Checkpoint: last, FSOnly: true})
+		return err
+	case ChatOnly:
+		if _, err := h.c.RemoveSandbox(ctx, name, false); err != nil {
+			return err
+		}
+		_, err := h.c.CreateSandbox(ctx, api.CreateRequest{Name: name, Base: base})
+		return err
+	case FullPerTurn:
+		return full.restore(ctx)
+	}
+	return fmt.Errorf("method %s does not recover", method)
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

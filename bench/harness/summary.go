@@ -1,0 +1,136 @@
+package harness
+
+import (
+	"math"
+	"sort"
+)
+
+// Summary is the headline: one row per method and the traces' turn mix.
+// It is what `turnsnap bench --json` prints.
+type Summary struct {
+	Methods  map[string]*MethodSummary `json:"methods"`
+	Traces   []TraceSummary            `json:"traces"`
+	Colocate []*ColoResult             `json:"colocate,omitempty"`
+	Host     Host                      `json:"host"`
+	Seconds  float64                   `json:"seconds"`
+	Errors   []string                  `json:"errors,omitempty"`
+}
+
+// MethodSummary aggregates one method's runs.
+type MethodSummary struct {
+	Runs                int      `json:"runs"`
+	RecoveryCorrectness float64  `json:"recovery_correctness"`
+	StateEquivalence    *float64 `json:"state_equivalence,omitempty"`
+	// Overhead is the time the method's checkpoints added, as a fraction
+	// of the fault-free replays of the same traces and seeds.
+	Overhead    float64 `json:"overhead"`
+	BytesStored int64   `json:"bytes_stored"`
+	CkptP50MS   float64 `json:"ckpt_p50_ms"`
+	CkptP95MS   float64 `json:"ckpt_p95_ms"`
+	CkptP99MS   float64 `json:"ckpt_p99_ms"`
+	RestoreP50  float64 `json:"restore_p50_ms"`
+	RestoreMax  float64 `json:"restore_max_ms"`
+	WallMS      float64 `json:"wall_ms"`
+}
+
+// TraceSummary is one trace's measured turn mix (turnsnap's classes).
+type TraceSummary struct {
+	Name      string         `json:"name"`
+	Turns     int            `json:"turns"`
+	Mix       map[string]int `json:"mix"`
+	Unchanged float64        `json:"unchanged"` // skip turns / all
+	Crashes   []int          `json:"crash_turns"`
+}
+
+// Summarise computes the headline from the runs.
+func Summarise(res *Result) *Summary {
+	s := &Summary{Methods: map[string]*MethodSummary{}, Colocate: res.Colocate, Host: res.Host, Seconds: res.Seconds}
+	ff := map[[2]any]*Run{}
+	for _, r := range res.Runs {
+		if r.Method == FaultFree {
+			ff[[2]any{r.Trace, r.Seed}] = r
+		}
+	}
+	ckpts, restores := map[string][]float64{}, map[string][]float64{}
+	equiv, equivN := map[string]int{}, map[string]int{}
+	ckptSum, ffSum := map[string]float64{}, map[string]float64{}
+	traces := map[string]*TraceSummary{}
+	var order []string
+	for _, r := range res.Runs {
+		m := s.Methods[r.Method]
+		if m == nil {
+			m = &MethodSummary{}
+			s.Methods[r.Method] = m
+		}
+		m.Runs++
+		if r.Correct {
+			m.RecoveryCorrectness++
+		}
+		if r.Err != "" {
+			s.Errors = append(s.Errors, r.Method+" "+r.Trace+": "+r.Err)
+		}
+		m.BytesStored += r.BytesStored
+		m.WallMS += r.WallMS
+		ckpts[r.Method] = append(ckpts[r.Method], r.CkptMS...)
+		if r.CrashTurn > 0 && r.Err == "" {
+			restores[r.Method] = append(restores[r.Method], r.RestoreMS)
+		}
+		if r.Method == Turnsnap {
+			equivN[r.Method]++
+			if r.StateEquivalent != nil && *r.StateEquivalent {
+				equiv[r.Method]++
+			}
+			t := traces[r.Trace]
+			if t == nil {
+				t = &TraceSummary{Name: r.Trace, Mix: map[string]int{}}
+				traces[r.Trace] = t
+				order = append(order, r.Trace)
+			}
+			t.Crashes = append(t.Crashes, r.CrashTurn)
+			if len(t.Crashes) == 1 { // one seed's classes: every seed replays the same turns
+				for c, n := range r.Classes {
+					t.Mix[c] += n
+					t.Turns += n
+				}
+			}
+		}
+		if f := ff[[2]any{r.Trace, r.Seed}]; f != nil {
+			for _, c := range r.CkptMS {
+				ckptSum[r.Method] += c
+			}
+			ffSum[r.Method] += f.WorkMS
+		}
+	}
+	for name, m := range s.Methods {
+		m.RecoveryCorrectness /= float64(m.Runs)
+		if n := equivN[name]; n > 0 {
+			v := float64(equiv[name]) / float64(n)
+			m.StateEquivalence = &v
+		}
+		if ffSum[name] > 0 {
+			m.Overhead = ckptSum[name] / ffSum[name]
+		}
+		c := ckpts[name]
+		m.CkptP50MS, m.CkptP95MS, m.CkptP99MS = Percentile(c, 50), Percentile(c, 95), Percentile(c, 99)
+		m.RestoreP50, m.RestoreMax = Percentile(restores[name], 50), Percentile(restores[name], 100)
+	}
+	for _, n := range order {
+		t := traces[n]
+		if t.Turns > 0 {
+			t.Unchanged = float64(t.Mix["skip"]) / float64(t.Turns)
+		}
+		s.Traces = append(s.Traces, *t)
+	}
+	return s
+}
+
+// Percentile is the nearest-rank percentile p (0..100) of v (0 if empty).
+func Percentile(v []float64, p float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := append([]float64(nil), v...)
+	sort.Float64s(s)
+	k := int(math.Ceil(p/100*float64(len(s)))) - 1
+	return s[min(max(k, 0), len(s)-1)]
+}

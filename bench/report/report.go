@@ -1,0 +1,274 @@
+// Package report writes a benchmark's result: result.json (every run and
+// the summary), REPORT.md (the headline tables) and hand-written SVG
+// plots, all into one directory.
+package report
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/turnsnap/turnsnap/bench/harness"
+	"github.com/turnsnap/turnsnap/internal/auditview"
+)
+
+// Files are the names Write always creates in its directory; it adds
+// audit-TRACE.html for each trace whose turnsnap run was audited.
+var Files = []string{"result.json", "REPORT.md", "latency_cdf.svg", "class_mix.svg", "overhead_vs_n.svg", "bytes_per_method.svg"}
+
+// Write writes every file of the report into dir.
+func Write(dir string, res *harness.Result, sum *harness.Summary) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	b, err := json.MarshalIndent(struct {
+		Summary *harness.Summary `json:"summary"`
+		Result  *harness.Result  `json:"result"`
+	}{sum, res}, "", "  ")
+	if err != nil {
+		return err
+	}
+	files := map[string][]byte{
+		"result.json":          append(b, '\n'),
+		"REPORT.md":            []byte(Markdown(sum)),
+		"latency_cdf.svg":      []byte(latencyCDF(res)),
+		"class_mix.svg":        []byte(classMix(sum)),
+		"overhead_vs_n.svg":    []byte(overheadVsN(sum)),
+		"bytes_per_method.svg": []byte(bytesPerMethod(sum)),
+	}
+	for _, r := range res.Runs {
+		if r.Audit != nil {
+			var buf bytes.Buffer
+			if err := auditview.Write(&buf, r.Trace, r.Audit); err != nil {
+				return err
+			}
+			files["audit-"+r.Trace+".html"] = buf.Bytes()
+		}
+	}
+	for name, data := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func pct(v float64) string { return fmt.Sprintf("%.1f%%", v*100) }
+
+func mib(n int64) string { return fmt.Sprintf("%.2f MiB", float64(n)/(1<<20)) }
+
+// Markdown is REPORT.md.
+func Markdown(s *harness.Summary) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# turnsnap bench report\n\n")
+	fmt.Fprintf(&b, "%d CPUs, kernel %s, %s; load average before %v, after %v; %.0f s in all.\n\n",
+		s.Host.CPUs, s.Host.KernelLabel, s.Host.GoVersion, s.Host.LoadBefore, s.Host.LoadAfter, s.Seconds)
+	fmt.Fprintf(&b, "## Methods\n\n")
+	fmt.Fprintf(&b, "| method | runs | recovery correctness | state equivalence | overhead | bytes stored | ckpt p50 | ckpt p95 | ckpt p99 | restore p50 |\n")
+	fmt.Fprintf(&b, "|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, m := range harness.Methods {
+		ms := s.Methods[m]
+		if ms == nil {
+			continue
+		}
+		eq := "-"
+		if ms.StateEquivalence != nil {
+			eq = pct(*ms.StateEquivalence)
+		}
+		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s | %.1f ms | %.1f ms | %.1f ms | %.0f ms |\n", m, ms.Runs,
+			pct(ms.RecoveryCorrectness), eq, pct(ms.Overhead), mib(ms.BytesStored), ms.CkptP50MS, ms.CkptP95MS, ms.CkptP99MS, ms.RestoreP50)
+	}
+	ts, full := s.Methods[harness.Turnsnap], s.Methods[harness.FullPerTurn]
+	if ts != nil && full != nil && full.BytesStored > 0 && ts.Overhead > 0 {
+		fmt.Fprintf(&b, "\nturnsnap stores %s of full_per_turn's bytes; full_per_turn's checkpoints cost %.2fx turnsnap's time.\n",
+			pct(float64(ts.BytesStored)/float64(full.BytesStored)), full.Overhead/ts.Overhead)
+	}
+	fmt.Fprintf(&b, "\nOverhead: time the method's checkpoints added, over the fault-free replay's time (model latencies included). fault_free and chat_only take no checkpoints; chat_fs checkpoints through turnsnap and restores files only.\n")
+	fmt.Fprintf(&b, "\n## Traces (turn mix measured by turnsnap)\n\n| trace | turns | skip | fs | process | full | unchanged | crash turns |\n|---|---|---|---|---|---|---|---|\n")
+	for _, t := range s.Traces {
+		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %d | %s | %v |\n", t.Name, t.Turns, t.Mix["skip"], t.Mix["fs"], t.Mix["process"], t.Mix["full"], pct(t.Unchanged), t.Crashes)
+	}
+	if len(s.Colocate) > 0 {
+		fmt.Fprintf(&b, "\n## Co-location (N sandboxes at once, no crash)\n\n| N |")
+		for _, m := range harness.ColoMethods {
+			fmt.Fprintf(&b, " %s wall |", m)
+		}
+		for _, m := range harness.ColoMethods[1:] {
+			fmt.Fprintf(&b, " %s slowdown |", m)
+		}
+		fmt.Fprintf(&b, "\n|---|%s\n", strings.Repeat("---|", 2*len(harness.ColoMethods)-1))
+		for _, c := range s.Colocate {
+			fmt.Fprintf(&b, "| %d |", c.N)
+			for _, m := range harness.ColoMethods {
+				fmt.Fprintf(&b, " %.1f s |", c.WallMS[m]/1000)
+			}
+			for _, m := range harness.ColoMethods[1:] {
+				fmt.Fprintf(&b, " %s |", pct(c.Slowdown[m]))
+			}
+			b.WriteString("\n")
+		}
+	}
+	if len(s.Errors) > 0 {
+		fmt.Fprintf(&b, "\n## Errors\n\n")
+		for _, e := range s.Errors {
+			fmt.Fprintf(&b, "- %s\n", e)
+		}
+	}
+	fmt.Fprintf(&b, "\nPlots: latency_cdf.svg, class_mix.svg, overhead_vs_n.svg, bytes_per_method.svg. Every run: result.json. Per-turn audits of each trace's turnsnap sandbox (first seed): audit-TRACE.html.\n")
+	return b.String()
+}
+
+var colors = map[string]string{harness.Turnsnap: "#1f77b4", harness.FullPerTurn: "#d62728", harness.ChatFS: "#2ca02c",
+	harness.ChatOnly: "#9467bd", harness.FaultFree: "#7f7f7f", "skip": "#c7c7c7", "fs": "#1f77b4", "process": "#ff7f0e", "full": "#d62728"}
+
+type svg struct{ strings.Builder }
+
+func newSVG(w, h int, title string) *svg {
+	s := &svg{}
+	fmt.Fprintf(s, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="12">`+"\n", w, h)
+	fmt.Fprintf(s, `<rect width="100%%" height="100%%" fill="white"/><text x="%d" y="18" text-anchor="middle" font-size="14">%s</text>`+"\n", w/2, esc(title))
+	return s
+}
+
+func (s *svg) end() string { s.WriteString("</svg>\n"); return s.String() }
+
+func esc(t string) string {
+	return strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;", `"`, "&quot;").Replace(t)
+}
+
+// latencyCDF plots each checkpointing method's checkpoint latencies.
+func latencyCDF(res *harness.Result) string {
+	const W, H, L, R, T, B = 640, 360, 60, 160, 30, 40
+	s := newSVG(W, H, "checkpoint latency CDF (ms, log scale)")
+	lat := map[string][]float64{}
+	for _, r := range res.Runs {
+		lat[r.Method] = append(lat[r.Method], r.CkptMS...)
+	}
+	lo, hi := 0.1, 1.0
+	for _, v := range lat {
+		for _, x := range v {
+			hi = max(hi, x)
+		}
+	}
+	lx := func(v float64) float64 {
+		v = max(v, lo)
+		return L + (W-L-R)*(log10(v)-log10(lo))/(log10(hi)-log10(lo))
+	}
+	fmt.Fprintf(&s.Builder, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="black"/><line x1="%d" y1="%d" x2="%d" y2="%d" stroke="black"/>`+"\n", L, H-B, W-R, H-B, L, T, L, H-B)
+	for d := lo; d <= hi*10; d *= 10 {
+		if d > hi {
+			break
+		}
+		fmt.Fprintf(&s.Builder, `<text x="%.0f" y="%d" text-anchor="middle">%g</text>`+"\n", lx(d), H-B+15, d)
+	}
+	for _, q := range []float64{0, 0.5, 1} {
+		fmt.Fprintf(&s.Builder, `<text x="%d" y="%.0f" text-anchor="end">%.0f%%</text>`+"\n", L-5, float64(H-B)-q*float64(H-B-T)+4, q*100)
+	}
+	row := 0
+	for _, m := range harness.Methods {
+		v := append([]float64(nil), lat[m]...)
+		if len(v) == 0 {
+			continue
+		}
+		sort.Float64s(v)
+		var pts []string
+		for i, x := range v {
+			pts = append(pts, fmt.Sprintf("%.1f,%.1f", lx(x), float64(H-B)-float64(i+1)/float64(len(v))*float64(H-B-T)))
+		}
+		fmt.Fprintf(&s.Builder, `<polyline fill="none" stroke="%s" stroke-width="2" points="%s"/>`+"\n", colors[m], strings.Join(pts, " "))
+		fmt.Fprintf(&s.Builder, `<text x="%d" y="%d" fill="%s">%s (%d)</text>`+"\n", W-R+10, T+20+row*18, colors[m], m, len(v))
+		row++
+	}
+	return s.end()
+}
+
+func log10(v float64) float64 { return math.Log10(v) }
+
+// classMix is one stacked bar per trace.
+func classMix(sum *harness.Summary) string {
+	const W, L, R, BarH = 640, 90, 120, 22
+	H := 60 + len(sum.Traces)*(BarH+8)
+	s := newSVG(W, H, "turn class mix per trace (turnsnap)")
+	classes := []string{"skip", "fs", "process", "full"}
+	for i, t := range sum.Traces {
+		y := 35 + i*(BarH+8)
+		fmt.Fprintf(&s.Builder, `<text x="%d" y="%d" text-anchor="end">%s</text>`+"\n", L-5, y+15, esc(t.Name))
+		x := float64(L)
+		for _, c := range classes {
+			if t.Turns == 0 || t.Mix[c] == 0 {
+				continue
+			}
+			w := float64(W-L-R) * float64(t.Mix[c]) / float64(t.Turns)
+			fmt.Fprintf(&s.Builder, `<rect x="%.1f" y="%d" width="%.1f" height="%d" fill="%s"><title>%s %d</title></rect>`+"\n", x, y, w, BarH, colors[c], c, t.Mix[c])
+			x += w
+		}
+	}
+	for i, c := range classes {
+		fmt.Fprintf(&s.Builder, `<rect x="%d" y="%d" width="12" height="12" fill="%s"/><text x="%d" y="%d">%s</text>`+"\n", W-R+10, 35+i*18, colors[c], W-R+26, 46+i*18, c)
+	}
+	return s.end()
+}
+
+// bars draws one horizontal bar per label.
+func bars(title string, labels []string, vals []float64, unit func(float64) string) string {
+	const W, L, R, BarH = 640, 110, 130, 22
+	H := 50 + len(labels)*(BarH+8)
+	s := newSVG(W, H, title)
+	top := 0.0
+	for _, v := range vals {
+		top = max(top, v)
+	}
+	for i, l := range labels {
+		y := 35 + i*(BarH+8)
+		w := 0.0
+		if top > 0 {
+			w = float64(W-L-R) * vals[i] / top
+		}
+		fmt.Fprintf(&s.Builder, `<text x="%d" y="%d" text-anchor="end">%s</text><rect x="%d" y="%d" width="%.1f" height="%d" fill="%s"/><text x="%.1f" y="%d">%s</text>`+"\n",
+			L-5, y+15, esc(l), L, y, w, BarH, colorOf(l), float64(L)+w+5, y+15, unit(vals[i]))
+	}
+	return s.end()
+}
+
+func colorOf(l string) string {
+	for k, c := range colors {
+		if strings.HasPrefix(l, k) {
+			return c
+		}
+	}
+	return "#1f77b4"
+}
+
+func bytesPerMethod(sum *harness.Summary) string {
+	var labels []string
+	var vals []float64
+	for _, m := range harness.Methods {
+		if ms := sum.Methods[m]; ms != nil {
+			labels, vals = append(labels, m), append(vals, float64(ms.BytesStored))
+		}
+	}
+	return bars("bytes stored per method (all runs)", labels, vals, func(v float64) string { return mib(int64(v)) })
+}
+
+func overheadVsN(sum *harness.Summary) string {
+	var labels []string
+	var vals []float64
+	for _, c := range sum.Colocate {
+		for _, m := range harness.ColoMethods[1:] {
+			labels, vals = append(labels, fmt.Sprintf("%s N=%d", m, c.N)), append(vals, max(c.Slowdown[m], 0))
+		}
+	}
+	if len(labels) == 0 {
+		for _, m := range harness.Methods {
+			if ms := sum.Methods[m]; ms != nil && m != harness.FaultFree && m != harness.ChatOnly {
+				labels, vals = append(labels, m+" N=1"), append(vals, ms.Overhead)
+			}
+		}
+	}
+	return bars("slowdown against fault_free at N co-located sandboxes", labels, vals, pct)
+}

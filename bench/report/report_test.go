@@ -1,0 +1,72 @@
+package report
+
+import (
+	"encoding/json"
+	"encoding/xml"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/turnsnap/turnsnap/bench/harness"
+)
+
+// Write makes every file; each SVG is well-formed XML whose text is
+// escaped; REPORT.md has a row per method and per trace; result.json
+// decodes to the same summary.
+func TestWrite(t *testing.T) {
+	yes := true
+	res := &harness.Result{Seeds: 1, Runs: []*harness.Run{
+		{Trace: "a<b", Seed: 1, Method: harness.FaultFree, Correct: true, WorkMS: 1000},
+		{Trace: "a<b", Seed: 1, Method: harness.Turnsnap, CrashTurn: 3, Correct: true, StateEquivalent: &yes, CkptMS: []float64{1, 2, 30},
+			BytesStored: 100, Classes: map[string]int{"skip": 2, "fs": 1}},
+		{Trace: "a<b", Seed: 1, Method: harness.FullPerTurn, CrashTurn: 3, Correct: true, CkptMS: []float64{50, 60, 70}, BytesStored: 5000},
+		{Trace: "a<b", Seed: 1, Method: harness.ChatOnly, CrashTurn: 3},
+		{Trace: "a<b", Seed: 1, Method: harness.ChatFS, CrashTurn: 3, CkptMS: []float64{1, 2, 3}, BytesStored: 90},
+	}, Colocate: []*harness.ColoResult{{N: 4, WallMS: map[string]float64{harness.FaultFree: 1000, harness.Turnsnap: 1010, harness.FullPerTurn: 1500},
+		Slowdown: map[string]float64{harness.FaultFree: 0, harness.Turnsnap: 0.01, harness.FullPerTurn: 0.5}}}}
+	sum := harness.Summarise(res)
+	if m := sum.Methods[harness.Turnsnap]; m.RecoveryCorrectness != 1 || *m.StateEquivalence != 1 || m.Overhead != 0.033 || m.CkptP99MS != 30 {
+		t.Fatalf("turnsnap summary: %+v", m)
+	}
+	if sum.Methods[harness.ChatOnly].RecoveryCorrectness != 0 || sum.Traces[0].Unchanged != 2.0/3 {
+		t.Fatalf("summary: %+v %+v", sum.Methods[harness.ChatOnly], sum.Traces)
+	}
+	dir := t.TempDir()
+	if err := Write(dir, res, sum); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range Files {
+		b, err := os.ReadFile(filepath.Join(dir, f))
+		if err != nil || len(b) == 0 {
+			t.Fatalf("%s: %v", f, err)
+		}
+		if strings.HasSuffix(f, ".svg") {
+			d := xml.NewDecoder(strings.NewReader(string(b)))
+			for {
+				_, err := d.Token()
+				if err == io.EOF {
+					break
+				}
+				if err != nil {
+					t.Fatalf("%s is not well-formed: %v\n%s", f, err, b)
+				}
+			}
+		}
+	}
+	md, _ := os.ReadFile(filepath.Join(dir, "REPORT.md"))
+	for _, m := range harness.Methods {
+		if !strings.Contains(string(md), "| "+m+" |") {
+			t.Errorf("REPORT.md has no row for %s", m)
+		}
+	}
+	if !strings.Contains(string(md), "| a<b | 3 | 2 | 1 |") || !strings.Contains(string(md), "| 4 |") {
+		t.Errorf("REPORT.md trace or co-location rows:\n%s", md)
+	}
+	var back struct{ Summary *harness.Summary }
+	b, _ := os.ReadFile(filepath.Join(dir, "result.json"))
+	if err := json.Unmarshal(b, &back); err != nil || back.Summary.Methods[harness.FullPerTurn].BytesStored != 5000 {
+		t.Fatalf("result.json: %v", err)
+	}
+}

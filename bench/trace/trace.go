@@ -1,0 +1,335 @@
+// Package trace is the replayed-trace format of `turnsnap bench`
+// (docs/BENCH.md): a task (a base tree and a verifier) and the turns an
+// agent took on it. The loader is strict: unknown fields, trailing data,
+// unsafe paths and anything over its bound are errors, so a trace written
+// by someone else either runs as written or is refused with a reason.
+package trace
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/turnsnap/turnsnap/internal/errdefs"
+)
+
+// Bounds of one trace. They are generous for a hand-written or recorded
+// session and small enough that a hostile file cannot exhaust memory.
+const (
+	MaxFileBytes    = 4 << 20 // one trace file
+	MaxTurns        = 1000
+	MaxCmdsPerTurn  = 64
+	MaxCmdBytes     = 16 << 10
+	MaxBaseFiles    = 10000
+	MaxBaseBytes    = 2 << 20 // inline content, all files together
+	MaxProcesses    = 16      // started over the whole trace
+	MaxTimeout      = 10 * time.Minute
+	MaxLatency      = time.Minute
+	DefaultTimeout  = time.Minute
+	DefaultVerifyTO = 30 * time.Second
+)
+
+// Trace is one task and its turns.
+type Trace struct {
+	Name        string `json:"name"`
+	Description string `json:"description,omitempty"`
+	Base        Base   `json:"base"`
+	// Verify exits 0 when the task is done (run after the last turn).
+	Verify Command `json:"verify"`
+	Turns  []Turn  `json:"turns"`
+}
+
+// Base is the tree the sandbox starts from, besides the busybox rootfs the
+// harness always provides (/bin/busybox and its applets, /proc, /dev, /sys,
+// /tmp).
+type Base struct {
+	Files []File   `json:"files,omitempty"`
+	Dirs  []string `json:"dirs,omitempty"`
+}
+
+// File is one base file; Mode is octal text ("0755"), default 0644.
+type File struct {
+	Path    string `json:"path"`
+	Content string `json:"content"`
+	Mode    string `json:"mode,omitempty"`
+}
+
+// Command is a shell command (busybox sh -c) with a timeout.
+type Command struct {
+	Cmd       string `json:"cmd"`
+	TimeoutMS int    `json:"timeout_ms,omitempty"`
+}
+
+// Turn is what the agent did between two model calls.
+type Turn struct {
+	Note string `json:"note,omitempty"`
+	// Cmds run one after another; their exit codes are recorded, never
+	// fatal (an agent's test run fails on purpose).
+	Cmds      []string `json:"cmds,omitempty"`
+	TimeoutMS int      `json:"timeout_ms,omitempty"` // each command's
+	// ModelLatencyMS is the model's think time after the turn.
+	ModelLatencyMS int `json:"model_latency_ms,omitempty"`
+	// Start starts long-lived processes (after Cmds); Stop kills running
+	// ones by name (before Cmds).
+	Start []Process `json:"start,omitempty"`
+	Stop  []string  `json:"stop,omitempty"`
+}
+
+// Process is a long-lived process the trace starts.
+type Process struct {
+	Name string `json:"name"`
+	Cmd  string `json:"cmd"`
+	// Probe asks the running process for its state; its stdout must be the
+	// same after a restore as at the checkpoint (state equivalence).
+	Probe *Command `json:"probe,omitempty"`
+}
+
+// Timeout is the command's timeout (DefaultTimeout if unset).
+func (c Command) Timeout(def time.Duration) time.Duration {
+	if c.TimeoutMS == 0 {
+		return def
+	}
+	return time.Duration(c.TimeoutMS) * time.Millisecond
+}
+
+// CmdTimeout is each of the turn's commands' timeout.
+func (t Turn) CmdTimeout() time.Duration {
+	return Command{TimeoutMS: t.TimeoutMS}.Timeout(DefaultTimeout)
+}
+
+// Latency is the turn's model latency.
+func (t Turn) Latency() time.Duration { return time.Duration(t.ModelLatencyMS) * time.Millisecond }
+
+var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,39}$`)
+
+// Parse decodes and checks one trace.
+func Parse(b []byte) (*Trace, error) {
+	if len(b) > MaxFileBytes {
+		return nil, fmt.Errorf("trace: %d bytes, more than %d: %w", len(b), MaxFileBytes, errdefs.ErrInvalid)
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	var t Trace
+	if err := dec.Decode(&t); err != nil {
+		return nil, fmt.Errorf("trace: %v: %w", err, errdefs.ErrInvalid)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("trace %s: data after the trace object: %w", t.Name, errdefs.ErrInvalid)
+	}
+	if err := t.Check(); err != nil {
+		return nil, err
+	}
+	return &t, nil
+}
+
+// Check validates a decoded trace; errors name the trace and the turn.
+func (t *Trace) Check() error {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("trace %s: %s: %w", t.Name, fmt.Sprintf(format, a...), errdefs.ErrInvalid)
+	}
+	if !nameRE.MatchString(t.Name) {
+		return bad("name must match %s", nameRE)
+	}
+	if len(t.Description) > MaxCmdBytes {
+		return bad("description over %d bytes", MaxCmdBytes)
+	}
+	if len(t.Base.Files)+len(t.Base.Dirs) > MaxBaseFiles {
+		return bad("base has more than %d entries", MaxBaseFiles)
+	}
+	total, seen := 0, map[string]bool{}
+	for _, f := range t.Base.Files {
+		if err := checkPath(f.Path); err != nil {
+			return bad("base file %q: %v", f.Path, err)
+		}
+		if seen[f.Path] {
+			return bad("base file %q given twice", f.Path)
+		}
+		seen[f.Path] = true
+		if _, err := f.FileMode(); err != nil {
+			return bad("base file %q: %v", f.Path, err)
+		}
+		if total += len(f.Content); total > MaxBaseBytes {
+			return bad("base content over %d bytes", MaxBaseBytes)
+		}
+	}
+	for _, d := range t.Base.Dirs {
+		if err := checkPath(d); err != nil {
+			return bad("base dir %q: %v", d, err)
+		}
+	}
+	if err := checkCommand(t.Verify, true); err != nil {
+		return bad("verify: %v", err)
+	}
+	if len(t.Turns) == 0 || len(t.Turns) > MaxTurns {
+		return bad("%d turns, want 1 to %d", len(t.Turns), MaxTurns)
+	}
+	running, started := map[string]bool{}, 0
+	for i, turn := range t.Turns {
+		n := i + 1
+		if len(turn.Note) > MaxCmdBytes {
+			return bad("turn %d: note over %d bytes", n, MaxCmdBytes)
+		}
+		if turn.TimeoutMS < 0 || time.Duration(turn.TimeoutMS)*time.Millisecond > MaxTimeout {
+			return bad("turn %d: timeout %d ms not between 0 and %v", n, turn.TimeoutMS, MaxTimeout)
+		}
+		if len(turn.Cmds) > MaxCmdsPerTurn {
+			return bad("turn %d: %d commands, at most %d", n, len(turn.Cmds), MaxCmdsPerTurn)
+		}
+		for _, c := range turn.Cmds {
+			if err := checkCommand(Command{Cmd: c, TimeoutMS: turn.TimeoutMS}, true); err != nil {
+				return bad("turn %d: %v", n, err)
+			}
+		}
+		if turn.ModelLatencyMS < 0 || turn.Latency() > MaxLatency {
+			return bad("turn %d: model latency %d ms not between 0 and %v", n, turn.ModelLatencyMS, MaxLatency)
+		}
+		for _, s := range turn.Stop {
+			if !running[s] {
+				return bad("turn %d: stops %q, which is not running", n, s)
+			}
+			delete(running, s)
+		}
+		for _, p := range turn.Start {
+			if !nameRE.MatchString(p.Name) {
+				return bad("turn %d: process name %q must match %s", n, p.Name, nameRE)
+			}
+			if running[p.Name] {
+				return bad("turn %d: process %q is already running", n, p.Name)
+			}
+			if started++; started > MaxProcesses {
+				return bad("more than %d process starts", MaxProcesses)
+			}
+			if err := checkCommand(Command{Cmd: p.Cmd}, true); err != nil {
+				return bad("turn %d: process %s: %v", n, p.Name, err)
+			}
+			if p.Probe != nil {
+				if err := checkCommand(*p.Probe, true); err != nil {
+					return bad("turn %d: process %s: probe: %v", n, p.Name, err)
+				}
+			}
+			running[p.Name] = true
+		}
+	}
+	return nil
+}
+
+func checkCommand(c Command, need bool) error {
+	switch {
+	case need && strings.TrimSpace(c.Cmd) == "":
+		return errors.New("empty command")
+	case len(c.Cmd) > MaxCmdBytes:
+		return fmt.Errorf("command over %d bytes", MaxCmdBytes)
+	case strings.ContainsRune(c.Cmd, 0):
+		return errors.New("command contains a NUL byte")
+	case c.TimeoutMS < 0 || time.Duration(c.TimeoutMS)*time.Millisecond > MaxTimeout:
+		return fmt.Errorf("timeout %d ms not between 0 and %v", c.TimeoutMS, MaxTimeout)
+	}
+	return nil
+}
+
+// checkPath accepts a clean relative path that stays inside the base.
+func checkPath(p string) error {
+	switch {
+	case p == "" || len(p) > 1024:
+		return errors.New("empty or over 1024 bytes")
+	case strings.HasPrefix(p, "/") || path.Clean(p) != p || p == "." || strings.HasPrefix(p, "../") || p == "..":
+		return errors.New("not a clean relative path inside the base")
+	case strings.ContainsRune(p, 0):
+		return errors.New("contains a NUL byte")
+	}
+	for _, top := range []string{"bin", "proc", "dev", "sys"} {
+		if p == top || strings.HasPrefix(p, top+"/") {
+			return fmt.Errorf("/%s belongs to the harness's rootfs", top)
+		}
+	}
+	return nil
+}
+
+// FileMode parses Mode (default 0644); only permission bits.
+func (f File) FileMode() (os.FileMode, error) {
+	if f.Mode == "" {
+		return 0o644, nil
+	}
+	m, err := strconv.ParseUint(f.Mode, 8, 32)
+	if err != nil || m > 0o777 {
+		return 0, fmt.Errorf("mode %q is not octal permission bits", f.Mode)
+	}
+	return os.FileMode(m), nil
+}
+
+// Load reads one trace file.
+func Load(file string) (*Trace, error) {
+	f, err := os.Open(file)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, MaxFileBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("trace %s: %w", file, err)
+	}
+	t, err := Parse(b)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", file, err)
+	}
+	return t, nil
+}
+
+// LoadDir reads every *.json of dir, sorted by name; names must be unique.
+func LoadDir(dir string) ([]*Trace, error) {
+	files, err := filepath.Glob(filepath.Join(dir, "*.json"))
+	if err != nil {
+		return nil, err
+	}
+	sort.Strings(files)
+	if len(files) == 0 {
+		return nil, fmt.Errorf("traces %s: no *.json trace: %w", dir, errdefs.ErrNotFound)
+	}
+	var out []*Trace
+	seen := map[string]string{}
+	for _, f := range files {
+		t, err := Load(f)
+		if err != nil {
+			return nil, err
+		}
+		if prev, ok := seen[t.Name]; ok {
+			return nil, fmt.Errorf("traces %s: %s and %s are both named %s: %w", dir, prev, f, t.Name, errdefs.ErrInvalid)
+		}
+		seen[t.Name] = f
+		out = append(out, t)
+	}
+	return out, nil
+}
+
+// WriteBase writes the trace's base files and dirs under dir.
+func (t *Trace) WriteBase(dir string) error {
+	for _, d := range t.Base.Dirs {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			return err
+		}
+	}
+	for _, f := range t.Base.Files {
+		p := filepath.Join(dir, filepath.FromSlash(f.Path))
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			return err
+		}
+		mode, _ := f.FileMode()
+		if err := os.WriteFile(p, []byte(f.Content), mode); err != nil {
+			return err
+		}
+		if err := os.Chmod(p, mode); err != nil {
+			return err
+		}
+	}
+	return nil
+}

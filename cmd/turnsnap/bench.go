@@ -1,0 +1,134 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+
+	"github.com/spf13/cobra"
+	"github.com/turnsnap/turnsnap/bench/harness"
+	"github.com/turnsnap/turnsnap/bench/report"
+	"github.com/turnsnap/turnsnap/bench/trace"
+	"github.com/turnsnap/turnsnap/internal/errdefs"
+	"github.com/vbauerster/mpb/v8"
+	"github.com/vbauerster/mpb/v8/decor"
+)
+
+type benchOpts struct {
+	traces, out, work string
+	seeds, sandboxes  int
+	keep              bool
+	crashAfterStart   bool // the quick test's forced crash turn
+}
+
+func (a *app) benchCmd() *cobra.Command {
+	var o benchOpts
+	c := &cobra.Command{
+		Use:   "bench",
+		Short: "Replay agent traces with crash injection against turnsnap and the baselines; write a report",
+		Long: `bench replays every trace of --traces (docs/BENCH.md) through a real
+turnsnap serve, started on a fresh home, once per method: fault_free (no
+checkpoints, no crash), turnsnap, full_per_turn (tar+zstd of the root plus a
+CRIU dump when processes run), chat_only (restart from the base) and chat_fs
+(files restored, processes not). Every run but fault_free crashes at a turn
+drawn from the seed (SIGKILL of the sandbox's processes and of the daemon),
+recovers its way, replays from the turn after the last checkpoint and runs
+the trace's verifier. Then N sandboxes replay at once for N in 1, 4, 16, 32
+up to --sandboxes. It writes result.json, REPORT.md and SVG plots into --out.
+Needs root, runc, CRIU and busybox-static. --home is not used.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return a.runBench(cmd.Context(), o) },
+	}
+	f := c.Flags()
+	f.StringVar(&o.traces, "traces", "bench/traces", "directory of trace files (*.json)")
+	f.StringVar(&o.out, "out", "bench-out", "directory for result.json, REPORT.md and the plots")
+	f.StringVar(&o.work, "work", "", "scratch directory for the home, bases and archives (default: a new temporary directory, removed)")
+	f.IntVar(&o.seeds, "seeds", 1, "seeds (crash turns) per trace")
+	f.IntVar(&o.sandboxes, "sandboxes", 16, "most sandboxes co-located at once (runs N = 1, 4, 16, 32 up to this; 0: none)")
+	f.BoolVar(&o.keep, "keep", false, "keep the scratch directory")
+	f.BoolVar(&o.crashAfterStart, "crash-after-start", false, "crash at the second turn after the first process start (for tests)")
+	return c
+}
+
+func (a *app) runBench(ctx context.Context, o benchOpts) error {
+	if o.seeds < 1 || o.seeds > 1000 || o.sandboxes < 0 || o.sandboxes > 256 {
+		return fmt.Errorf("bench: --seeds must be 1..1000 and --sandboxes 0..256: %w", errdefs.ErrInvalid)
+	}
+	traces, err := trace.LoadDir(o.traces)
+	if err != nil {
+		return err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	work := o.work
+	if work == "" {
+		if work, err = os.MkdirTemp("", "turnsnap-bench-"); err != nil {
+			return err
+		}
+		if !o.keep {
+			defer os.RemoveAll(work)
+		}
+	}
+	var colo []int
+	for _, n := range []int{1, 4, 16, 32} {
+		if n <= o.sandboxes {
+			colo = append(colo, n)
+		}
+	}
+	cfg := harness.Config{Home: filepath.Join(work, "home"), Work: filepath.Join(work, "scratch"), Seeds: o.seeds, Colocate: colo, Log: a.log,
+		Daemon: func(home string) *exec.Cmd {
+			cmd := exec.Command(self, "--home", home, "serve")
+			cmd.Env = os.Environ()
+			return cmd
+		}}
+	if o.crashAfterStart {
+		cfg.CrashTurn = func(turns, first, _ int) int { return min(max(first+2, 2), turns) }
+	}
+	var progressMu sync.Mutex
+	p := mpb.NewWithContext(ctx, mpb.WithOutput(os.Stderr), mpb.WithWidth(40))
+	var bar *mpb.Bar
+	var what atomic.Value
+	what.Store("")
+	cfg.Progress = func(s harness.Step) { // calls come one at a time per run, concurrently in co-location
+		what.Store(s.What)
+		progressMu.Lock()
+		defer progressMu.Unlock()
+		if bar == nil {
+			bar = p.AddBar(int64(s.Total), mpb.PrependDecorators(decor.Name("bench "), decor.CountersNoUnit("%d/%d")),
+				mpb.AppendDecorators(decor.Any(func(decor.Statistics) string { return what.Load().(string) })))
+		}
+		bar.SetCurrent(int64(s.Done))
+	}
+	h, err := harness.New(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	res, err := h.Bench(ctx, traces)
+	cerr := h.Close()
+	if bar != nil {
+		bar.SetTotal(-1, true)
+	}
+	p.Wait()
+	if err != nil {
+		return err
+	}
+	if cerr != nil {
+		a.log.Warn("bench: stopping the daemon", "err", cerr)
+	}
+	sum := harness.Summarise(res)
+	if err := report.Write(o.out, res, sum); err != nil {
+		return err
+	}
+	if a.json {
+		return printJSON(a.stdout(), sum)
+	}
+	fmt.Fprint(a.stdout(), report.Markdown(sum))
+	fmt.Fprintf(a.stdout(), "\nwritten to %s\n", o.out)
+	return nil
+}

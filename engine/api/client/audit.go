@@ -1,0 +1,17 @@
+package client
+
+import (
+	"context"
+	"net/http"
+
+	"github.com/turnsnap/turnsnap/engine"
+)
+
+// Audit is api.Service.Audit through the daemon.
+func (c *Client) Audit(ctx context.Context, name string) (*engine.AuditReport, error) {
+	var out engine.AuditReport
+	if err := c.do(ctx, http.MethodGet, "/v1/sandboxes/"+esc(name)+"/audit", nil, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}

@@ -1,0 +1,320 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/turnsnap/turnsnap/delta"
+)
+
+// MaxAuditFiles bounds the files listed for one turn; the counts are
+// always complete.
+const MaxAuditFiles = 500
+
+// AuditReport is a sandbox's head lineage, one entry per checkpoint, oldest
+// first: what each turn changed, what it cost, and what a weaker recovery
+// would have lost had the sandbox crashed right after it.
+type AuditReport struct {
+	Sandbox string         `json:"sandbox"`
+	Turns   []AuditTurn    `json:"turns"`
+	Totals  AuditTotals    `json:"totals"`
+	Classes map[string]int `json:"classes"`
+}
+
+// AuditTotals sums the turns.
+type AuditTotals struct {
+	Turns      int     `json:"turns"`
+	BytesNew   int64   `json:"bytes_new"`
+	DurationMS float64 `json:"duration_ms"`
+}
+
+// AuditTurn is one checkpoint.
+type AuditTurn struct {
+	Turn       int         `json:"turn"`
+	Checkpoint delta.ID    `json:"checkpoint"`
+	Parent     delta.ID    `json:"parent"`
+	Class      delta.Class `json:"class"`
+	Message    string      `json:"message,omitempty"`
+	Created    time.Time   `json:"created"`
+	BytesNew   int64       `json:"bytes_new"`
+	DurationMS float64     `json:"duration_ms"`
+	PauseMS    float64     `json:"pause_ms"`
+	Added      int         `json:"added"`
+	Modified   int         `json:"modified"`
+	Deleted    int         `json:"deleted"`
+	// Files lists the changes since the parent (at most MaxAuditFiles).
+	Files     []AuditFile  `json:"files"`
+	Truncated bool         `json:"files_truncated,omitempty"`
+	Processes AuditProcess `json:"processes"`
+	// ChatOnlyLoses is everything since the base; ChatFSLoses the
+	// processes' state.
+	ChatOnlyLoses AuditLoss `json:"chat_only_loses"`
+	ChatFSLoses   AuditLoss `json:"chat_fs_loses"`
+}
+
+// AuditFile is one changed path.
+type AuditFile struct {
+	Path     string `json:"path"`
+	Change   string `json:"change"` // added, modified, deleted
+	Type     string `json:"type"`
+	Size     uint64 `json:"size"`
+	PrevSize uint64 `json:"prev_size,omitempty"`
+	// Meta lists metadata changes of a modified path (mode, owner,
+	// mtime, xattrs, link target); Content says its bytes changed.
+	Meta    []string `json:"meta,omitempty"`
+	Content bool     `json:"content,omitempty"`
+}
+
+// AuditProcess is the turn's process state, from the records: the image
+// the checkpoint carries and how it relates to its parent's.
+type AuditProcess struct {
+	Image      bool   `json:"image"`
+	State      string `json:"state"` // none, started, changed, unchanged, ended
+	ImageBytes uint64 `json:"image_bytes"`
+	ImageFiles int    `json:"image_files"`
+}
+
+// AuditLoss is what a recovery method would not bring back.
+type AuditLoss struct {
+	Paths     int    `json:"paths"`
+	Bytes     uint64 `json:"bytes"`
+	Processes bool   `json:"processes"`
+	Summary   string `json:"summary"`
+}
+
+// Audit reports the sandbox's head lineage turn by turn.
+func (e *Engine) Audit(ctx context.Context, name string) (*AuditReport, error) {
+	log, err := e.Log(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	defer e.shared()()
+	var chain []*delta.Checkpoint
+	for _, l := range log {
+		if l.OnHead {
+			chain = append(chain, l.Checkpoint)
+		}
+	}
+	slices.Reverse(chain)
+	rep := &AuditReport{Sandbox: name, Turns: []AuditTurn{}, Classes: map[string]int{}}
+	loader := delta.BlobLoader(e.repo)
+	var parent *delta.Checkpoint
+	for _, cp := range chain {
+		t, err := e.auditTurn(ctx, loader, parent, cp)
+		if err != nil {
+			return nil, fmt.Errorf("audit of sandbox %s: checkpoint %s: %w", name, cp.ID.Short(), err)
+		}
+		rep.Turns = append(rep.Turns, *t)
+		rep.Classes[string(cp.Class)]++
+		rep.Totals.Turns++
+		rep.Totals.BytesNew += t.BytesNew
+		rep.Totals.DurationMS += t.DurationMS
+		parent = cp
+	}
+	return rep, nil
+}
+
+func layersOf(cp *delta.Checkpoint) delta.Layers { return delta.Layers{cp.BaseTree, cp.FSTree} }
+
+func (e *Engine) auditTurn(ctx context.Context, loader delta.BlobLoader, parent, cp *delta.Checkpoint) (*AuditTurn, error) {
+	t := &AuditTurn{Turn: cp.Turn, Checkpoint: cp.ID, Parent: cp.Parent, Class: cp.Class, Message: cp.Message,
+		Created: cp.Created, BytesNew: cp.Stats.BytesNew, DurationMS: float64(cp.Stats.DurationNs) / 1e6,
+		PauseMS: float64(cp.Stats.PauseNs) / 1e6, Files: []AuditFile{}}
+	from := delta.Layers{cp.BaseTree}
+	if parent != nil {
+		from = layersOf(parent)
+	}
+	changes, err := delta.Diff(ctx, loader, from, layersOf(cp))
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range changes {
+		switch c.Kind {
+		case delta.Added:
+			t.Added++
+		case delta.Modified:
+			t.Modified++
+		case delta.Deleted:
+			t.Deleted++
+		}
+		if len(t.Files) >= MaxAuditFiles {
+			t.Truncated = true
+			continue
+		}
+		f := AuditFile{Path: "/" + c.Path, Change: c.Kind.String(), Type: c.Type.String()}
+		now, err := lookupEntry(ctx, loader, layersOf(cp), c.Path)
+		if err != nil {
+			return nil, err
+		}
+		was, err := lookupEntry(ctx, loader, from, c.Path)
+		if err != nil {
+			return nil, err
+		}
+		if now != nil {
+			f.Size = now.Size
+		}
+		if was != nil && c.Kind != delta.Added {
+			f.PrevSize = was.Size
+			if c.Kind == delta.Deleted {
+				f.Size = was.Size
+			}
+		}
+		if c.Kind == delta.Modified && now != nil && was != nil {
+			f.Meta, f.Content = auditMetaChanges(was, now)
+		}
+		t.Files = append(t.Files, f)
+	}
+	if t.Processes, err = auditProcs(ctx, loader, parent, cp); err != nil {
+		return nil, err
+	}
+	// What chat-only recovery (restart from the base) loses: every path
+	// that differs from the base, and the processes.
+	sinceBase, err := delta.Diff(ctx, loader, delta.Layers{cp.BaseTree}, layersOf(cp))
+	if err != nil {
+		return nil, err
+	}
+	lost := AuditLoss{Processes: t.Processes.Image}
+	for _, c := range sinceBase {
+		lost.Paths++
+		if c.Kind != delta.Deleted && c.Type == delta.TypeFile {
+			if en, err := lookupEntry(ctx, loader, layersOf(cp), c.Path); err == nil && en != nil {
+				lost.Bytes += en.Size
+			}
+		}
+	}
+	lost.Summary = fmt.Sprintf("%d paths changed since the base (%d bytes of files)", lost.Paths, lost.Bytes)
+	if lost.Processes {
+		lost.Summary += " and the running processes"
+	}
+	t.ChatOnlyLoses = lost
+	t.ChatFSLoses = AuditLoss{Processes: t.Processes.Image, Summary: "nothing: no process was running"}
+	if t.Processes.Image {
+		t.ChatFSLoses.Summary = fmt.Sprintf("the running processes and their memory (a %d-byte image)", t.Processes.ImageBytes)
+	}
+	return t, nil
+}
+
+// auditProcs compares the checkpoint's process image with its parent's.
+func auditProcs(ctx context.Context, loader delta.BlobLoader, parent, cp *delta.Checkpoint) (AuditProcess, error) {
+	var p AuditProcess
+	var prev *delta.ID
+	if parent != nil {
+		prev = parent.ProcTree
+	}
+	switch {
+	case cp.ProcTree == nil && prev == nil:
+		p.State = "none"
+	case cp.ProcTree == nil:
+		p.State = "ended"
+	case prev == nil:
+		p.State = "started"
+	case *prev == *cp.ProcTree:
+		p.State = "unchanged"
+	default:
+		p.State = "changed"
+	}
+	if cp.ProcTree == nil {
+		return p, nil
+	}
+	p.Image = true
+	var walk func(id delta.ID, depth int) error
+	walk = func(id delta.ID, depth int) error {
+		if id.IsZero() || depth > 64 {
+			return nil
+		}
+		tr, err := delta.LoadTree(ctx, loader, id)
+		if err != nil {
+			return err
+		}
+		for _, en := range tr.Entries {
+			switch en.Type {
+			case delta.TypeDir:
+				if err := walk(en.Subtree, depth+1); err != nil {
+					return err
+				}
+			case delta.TypeFile:
+				p.ImageBytes += en.Size
+				p.ImageFiles++
+			}
+		}
+		return nil
+	}
+	return p, walk(*cp.ProcTree, 0)
+}
+
+// lookupEntry finds path p in the merged layers (overlay rules: a
+// whiteout or a non-directory hides what is below, an opaque directory
+// hides the lower directory's entries). nil: not there.
+func lookupEntry(ctx context.Context, loader delta.BlobLoader, layers delta.Layers, p string) (*delta.Entry, error) {
+	var cur []delta.ID // the directory's trees at this depth, top first
+	for i := len(layers) - 1; i >= 0; i-- {
+		if !layers[i].IsZero() {
+			cur = append(cur, layers[i])
+		}
+	}
+	parts := strings.Split(p, "/")
+	for i, name := range parts {
+		var next []delta.ID
+	layers:
+		for _, id := range cur {
+			tr, err := delta.LoadTree(ctx, loader, id)
+			if err != nil {
+				return nil, err
+			}
+			en := tr.Find(name)
+			switch {
+			case en == nil:
+				continue
+			case en.Type == delta.TypeWhiteout:
+				break layers
+			case i == len(parts)-1:
+				if len(next) > 0 { // a directory above: that is the entry
+					break layers
+				}
+				c := *en
+				return &c, nil
+			case en.Type != delta.TypeDir:
+				break layers
+			}
+			if !en.Subtree.IsZero() {
+				next = append(next, en.Subtree)
+			}
+			if en.Opaque {
+				break
+			}
+		}
+		if i == len(parts)-1 && len(next) > 0 {
+			return &delta.Entry{Name: name, Type: delta.TypeDir}, nil
+		}
+		if len(next) == 0 {
+			return nil, nil
+		}
+		cur = next
+	}
+	return nil, nil
+}
+
+// auditMetaChanges says what differs between two entries of one path, as
+// the audit words it (diffview.go has the diff's structured form).
+func auditMetaChanges(was, now *delta.Entry) ([]string, bool) {
+	var m []string
+	if was.Mode != now.Mode {
+		m = append(m, fmt.Sprintf("mode %04o -> %04o", was.Mode, now.Mode))
+	}
+	if was.UID != now.UID || was.GID != now.GID {
+		m = append(m, fmt.Sprintf("owner %d:%d -> %d:%d", was.UID, was.GID, now.UID, now.GID))
+	}
+	if was.MtimeNs != now.MtimeNs {
+		m = append(m, "mtime")
+	}
+	if was.Target != now.Target {
+		m = append(m, fmt.Sprintf("target %q -> %q", was.Target, now.Target))
+	}
+	if !slices.EqualFunc(was.Xattrs, now.Xattrs, func(a, b delta.Xattr) bool { return a.Name == b.Name && string(a.Value) == string(b.Value) }) {
+		m = append(m, "xattrs")
+	}
+	return m, was.Size != now.Size || !slices.Equal(was.Chunks, now.Chunks)
+}
