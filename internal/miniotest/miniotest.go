@@ -24,6 +24,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/minio/minio-go/v7"
+	"github.com/minio/minio-go/v7/pkg/credentials"
 	"github.com/turnsnap/turnsnap/internal/testenv"
 )
 
@@ -169,7 +171,11 @@ func (s *Server) start() error {
 		_ = cmd.Wait()
 		close(done)
 	}()
-	if err := waitHealthy(s.Endpoint, done); err != nil {
+	err = waitHealthy(s.Endpoint, done)
+	if err == nil {
+		err = s.ours()
+	}
+	if err != nil {
 		_ = cmd.Process.Kill()
 		<-done
 		return err
@@ -212,6 +218,23 @@ func waitHealthy(endpoint string, exited <-chan struct{}) error {
 		case <-tick.C:
 		}
 	}
+}
+
+// ours checks that the server answering on the endpoint is this one: a port
+// picked free can be bound by another test's MinIO before this one binds it
+// (package tests run in parallel), and that server is healthy too, but it
+// does not know these credentials.
+func (s *Server) ours() error {
+	c, err := minio.New(s.Endpoint, &minio.Options{Creds: credentials.NewStaticV4(s.AccessKey, s.SecretKey, "")})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := c.ListBuckets(ctx); err != nil {
+		return fmt.Errorf("the server on %s is not this test's (%w)", s.Endpoint, err)
+	}
+	return nil
 }
 
 // logTail returns the end of the server's log, for failure messages.
