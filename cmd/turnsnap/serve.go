@@ -309,21 +309,9 @@ func (a *app) serve(ctx context.Context, f serveFlags) error {
 	}
 	// Stop accepting; let requests in flight (a checkpoint committing)
 	// finish. Sandboxes and their processes keep running.
-	log.Info("stopping: finishing requests in flight")
 	sctx, cancel := context.WithTimeout(context.Background(), f.shutdownTimeout)
 	defer cancel()
-	var wg sync.WaitGroup
-	for _, s := range servers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := s.Shutdown(sctx); err != nil {
-				log.Warn("requests still running at the shutdown timeout were cut", "err", err)
-				s.Close()
-			}
-		}()
-	}
-	wg.Wait()
+	shutdownServers(sctx, log, servers)
 	stopLLM(sctx)
 	stopPush()
 	pushWG.Wait()
@@ -399,4 +387,23 @@ func holdAtPhase() func(string) {
 			time.Sleep(5 * time.Millisecond)
 		}
 	}
+}
+
+// shutdownServers stops the servers accepting and lets requests in flight
+// (a checkpoint committing) finish until ctx ends; what still runs then is
+// cut. Sandboxes and their processes keep running.
+func shutdownServers(ctx context.Context, log *slog.Logger, servers []*http.Server) {
+	log.Info("stopping: finishing requests in flight")
+	var wg sync.WaitGroup
+	for _, s := range servers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := s.Shutdown(ctx); err != nil {
+				log.Warn("requests still running at the shutdown timeout were cut", "err", err)
+				s.Close()
+			}
+		}()
+	}
+	wg.Wait()
 }

@@ -276,21 +276,9 @@ func (a *app) serveTenants(ctx context.Context, f serveFlags) error {
 		closeAll()
 		return fmt.Errorf("serve: %w", err)
 	}
-	log.Info("stopping: finishing requests in flight")
 	sctx, cancel := context.WithTimeout(context.Background(), f.shutdownTimeout)
 	defer cancel()
-	var wg sync.WaitGroup
-	for _, s := range servers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := s.Shutdown(sctx); err != nil {
-				log.Warn("requests still running at the shutdown timeout were cut", "err", err)
-				s.Close()
-			}
-		}()
-	}
-	wg.Wait()
+	shutdownServers(sctx, log, servers)
 	log.Info("stopped")
 	return nil
 }
