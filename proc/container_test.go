@@ -72,6 +72,30 @@ func TestExecStreamsAndExitCodes(t *testing.T) {
 		t.Errorf("command's stdout is %q, want a pipe", b)
 	}
 
+	// Input that never ends (`sleep 30 | turnsnap exec s -- echo hi`, a
+	// client that keeps its request body open) must not hold Exec once the
+	// command has exited; and a host file as stdin is a pipe inside too.
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pw.Close()
+	defer pr.Close()
+	done := make(chan error, 1)
+	out.Reset()
+	go func() {
+		_, err := rt.Exec(ctx, id, []string{"readlink", "/proc/self/fd/0"}, pr, &out, nil)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil || !strings.HasPrefix(out.String(), "pipe:") {
+			t.Errorf("exec with open stdin: %v, its stdin %q, want a pipe", err, out.String())
+		}
+	case <-time.After(execGrace + 20*time.Second):
+		t.Fatal("exec whose stdin never ends did not return after the command exited")
+	}
+
 	if _, err := rt.Exec(ctx, id, []string{"/no/such/program"}, nil, nil, nil); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("missing program: %v, want ErrNotFound", err)
 	}

@@ -50,8 +50,25 @@ func (r *Runtime) Exec(ctx context.Context, id string, argv []string, stdin io.R
 	// runc exec forwards SIGTERM to the command; SIGKILL would only kill runc.
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = execGrace
-	cmd.Stdin = onlyReader(stdin)
 	cmd.Stdout, cmd.Stderr = onlyWriter(stdout), onlyWriter(stderr)
+	// Our own copy into the command's stdin, not exec.Cmd's: Wait waits
+	// for its copy goroutine, which sits in stdin.Read until the caller's
+	// input ends, so `sleep 30 | turnsnap exec s -- echo hi` (or a client
+	// that never closes its request body) would hang after the command
+	// exited. Wait closes this pipe once the command is gone; the copy
+	// then ends at the next read.
+	if stdin == nil {
+		cmd.Stdin = emptyReader{}
+	} else {
+		w, err := cmd.StdinPipe()
+		if err != nil {
+			return -1, fmt.Errorf("container %s: exec: %w", id, err)
+		}
+		go func() {
+			io.Copy(w, stdin)
+			w.Close()
+		}()
+	}
 	err = cmd.Run()
 	if cmd.ProcessState == nil {
 		return -1, fmt.Errorf("container %s: exec %s: %w", id, argv[0], err)
@@ -161,16 +178,8 @@ func runcLogErrors(path string) string {
 	return strings.Join(msgs, "; ")
 }
 
-// onlyReader hides a reader's concrete type (an *os.File in particular), so
+// onlyWriter hides a writer's concrete type (an *os.File in particular), so
 // exec.Cmd copies through a pipe instead of handing the file to the child.
-func onlyReader(r io.Reader) io.Reader {
-	if r == nil {
-		return emptyReader{}
-	}
-	return struct{ io.Reader }{r}
-}
-
-// onlyWriter is onlyReader for output.
 func onlyWriter(w io.Writer) io.Writer {
 	if w == nil {
 		return io.Discard
