@@ -40,7 +40,8 @@ func BenchmarkConcurrentTurns(b *testing.B) {
 	const files = 10
 	for range b.N {
 		ctx := context.Background()
-		f := serve(b, nil)
+		// Served as the daemon serves it: change tracking on.
+		f := serve(b, nil, func(o *engine.Options) { o.TrackChanges = true })
 		roots := make([]string, sandboxes)
 		for i := range roots {
 			roots[i] = f.create(b, fmt.Sprintf("s%d", i))

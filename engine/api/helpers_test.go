@@ -28,12 +28,16 @@ type fixture struct {
 
 // serve opens an engine on a new home (with hook as its AtPhase) and
 // serves it on a unix socket in the test's temp dir.
-func serve(t testing.TB, hook func(string)) *fixture {
+func serve(t testing.TB, hook func(string), opts ...func(*engine.Options)) *fixture {
 	t.Helper()
 	testenv.RequireRoot(t)
 	dir := t.TempDir()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
-	e, err := engine.Open(context.Background(), engine.Options{Home: filepath.Join(dir, "home"), AtPhase: hook, Logger: log})
+	eo := engine.Options{Home: filepath.Join(dir, "home"), AtPhase: hook, Logger: log}
+	for _, o := range opts {
+		o(&eo)
+	}
+	e, err := engine.Open(context.Background(), eo)
 	if err != nil {
 		t.Fatal(err)
 	}
