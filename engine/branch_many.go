@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -32,9 +33,9 @@ func BranchNames(prefix string, count int) ([]string, error) {
 	return out, nil
 }
 
-// BranchMany creates one sandbox per name, each equal to checkpoint ref,
-// as Branch would one by one, but checks the checkpoint's tree, host,
-// process image and base once, and records every new sandbox in one
+// BranchMany creates one sandbox per name, each equal to checkpoint ref
+// (Branch is BranchMany of one name). It checks the checkpoint's tree,
+// host, process image and base once, and records every new sandbox in one
 // catalog transaction: all are created or none is. On overlay with the
 // checkpoint's frozen layer kept here, each branch only mounts a stack
 // (frozen.go). The results are in the order of names.
@@ -73,15 +74,20 @@ func (e *Engine) BranchMany(ctx context.Context, ref string, names []string, o B
 			return nil, err
 		}
 	}
+	// Errors of the steps all branches share name them.
+	subject := "sandbox " + names[0]
+	if len(names) > 1 {
+		subject = "sandboxes " + strings.Join(names, ", ")
+	}
 	var cfg json.RawMessage
 	if o.Backend == "" {
 		o.Backend = cp.Backend
-		// The same pool rule as Branch (foreign.go): never another home's.
+		// Never another home's pool (foreign.go).
 		if cfg, err = e.branchConfig(ctx, cp); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("%s: %w", subject, err)
 		}
 	} else if cfg, err = backendConfig(o.Backend, o.Btrfs); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%s: %w", subject, err)
 	}
 	if !o.FSOnly {
 		if err := e.checkHost(ctx, cp); err != nil {
@@ -90,9 +96,10 @@ func (e *Engine) BranchMany(ctx context.Context, ref string, names []string, o B
 	}
 	be, err := e.backend(o.Backend, cfg)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%s: %w", subject, err)
 	}
-	if _, err := delta.CheckState(ctx, e.repo, cp.FSTree, delta.StateRules{}); err != nil {
+	fp, err := delta.CheckState(ctx, e.repo, cp.FSTree, delta.StateRules{})
+	if err != nil {
 		return nil, fmt.Errorf("checkpoint %s: tree %s: %w", cp.ID.Short(), cp.FSTree.Short(), err)
 	}
 	img, cleanImg, err := e.readyImage(ctx, cp, o.FSOnly)
@@ -102,21 +109,23 @@ func (e *Engine) BranchMany(ctx context.Context, ref string, names []string, o B
 	defer cleanImg()
 	lower, err := e.prepareBase(ctx, be, cp.BaseTree, e.repo)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%s: %w", subject, err)
 	}
 	if _, err := checkBaseOn(ctx, be, cp.BaseTree, false); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%s: %w", subject, err)
 	}
 	if err := ensureDir(filepath.Dir(e.home.sandboxDir(names[0]))); err != nil {
 		return nil, err
 	}
+	e.progressPhase("restore", int64(fp.Bytes)*int64(len(names)))
 	// The roots are independent (a mount each, or a copy each): make them
 	// side by side, so their directory syncs share journal commits.
 	roots := make([]rootfs.Root, len(names))
 	errs := make([]error, len(names))
 	parallel(len(names), func(i int) {
 		roots[i], errs[i] = e.branchRoot(ctx, be, e.home.sandboxDir(names[i]), lower, cp, o.Materialise)
-		if errs[i] != nil {
+		if errs[i] != nil && len(names) > 1 {
+			// One branch's root names its sandbox already.
 			errs[i] = fmt.Errorf("sandbox %s: %w", names[i], errs[i])
 		}
 	})
@@ -158,8 +167,8 @@ func (e *Engine) BranchMany(ctx context.Context, ref string, names []string, o B
 	return out, nil
 }
 
-// publishSandboxes is publishSandbox for many sandboxes on one head: their
-// objects first, then one catalog transaction for all.
+// publishSandboxes records sandboxes whose head is an existing checkpoint:
+// their objects first, then one catalog transaction for all.
 func (e *Engine) publishSandboxes(ctx context.Context, sbs []*delta.Sandbox, head delta.ID) error {
 	// Each object put syncs its file and directory; side by side the
 	// syncs share journal commits.

@@ -2,14 +2,11 @@ package engine
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"time"
 
 	"github.com/turnsnap/turnsnap/btrfs"
-	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/internal/rootfs"
@@ -151,103 +148,14 @@ type BranchOptions struct {
 
 // Branch creates sandbox newName whose root equals checkpoint ref. Its head
 // is ref itself, so its first checkpoint records ref as parent: lineage
-// crosses sandboxes the way git commits cross branches.
+// crosses sandboxes the way git commits cross branches. It is BranchMany
+// of one name, so one branch and a fan-out follow the same rules.
 func (e *Engine) Branch(ctx context.Context, ref, newName string, o BranchOptions) (*RestoreResult, error) {
-	done, err := e.op(ctx, newName)
-	if err != nil {
+	rs, err := e.BranchMany(ctx, ref, []string{newName}, o)
+	if len(rs) == 0 {
 		return nil, err
 	}
-	defer done()
-	start := time.Now()
-	if !delta.ValidRefName(newName) {
-		return nil, fmt.Errorf("sandbox name %q: use 1-64 of [A-Za-z0-9._-], not starting with '.' or '-': %w", newName, errdefs.ErrInvalid)
-	}
-	cp, err := e.resolve(ctx, ref)
-	if err != nil {
-		return nil, err
-	}
-	if err := e.checkNewSandbox(ctx, newName); err != nil {
-		return nil, err
-	}
-	var cfg json.RawMessage
-	if o.Backend == "" {
-		o.Backend = cp.Backend
-		if cfg, err = e.branchConfig(ctx, cp); err != nil {
-			return nil, fmt.Errorf("sandbox %s: %w", newName, err)
-		}
-	} else if cfg, err = backendConfig(o.Backend, o.Btrfs); err != nil {
-		return nil, fmt.Errorf("sandbox %s: %w", newName, err)
-	}
-	if !o.FSOnly {
-		if err := e.checkHost(ctx, cp); err != nil {
-			return nil, err
-		}
-	}
-	be, err := e.backend(o.Backend, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("sandbox %s: %w", newName, err)
-	}
-	fp, err := delta.CheckState(ctx, e.repo, cp.FSTree, delta.StateRules{})
-	if err != nil {
-		return nil, fmt.Errorf("checkpoint %s: tree %s: %w", cp.ID.Short(), cp.FSTree.Short(), err)
-	}
-	img, cleanImg, err := e.readyImage(ctx, cp, o.FSOnly)
-	if err != nil {
-		return nil, err
-	}
-	defer cleanImg()
-	lower, err := e.prepareBase(ctx, be, cp.BaseTree, e.repo)
-	if err != nil {
-		return nil, fmt.Errorf("sandbox %s: %w", newName, err)
-	}
-	if _, err := checkBaseOn(ctx, be, cp.BaseTree, false); err != nil {
-		return nil, fmt.Errorf("sandbox %s: %w", newName, err)
-	}
-	dir := e.home.sandboxDir(newName)
-	if err := ensureDir(filepath.Dir(dir)); err != nil {
-		return nil, err
-	}
-	e.progressPhase("restore", int64(fp.Bytes))
-	root, err := e.branchRoot(ctx, be, dir, lower, cp, o.Materialise)
-	if err != nil {
-		return nil, err
-	}
-	sb := &delta.Sandbox{ID: delta.NewSandboxID(), Home: e.config.HomeID, Name: newName, Backend: o.Backend, Config: cfg, BaseTree: cp.BaseTree, Origin: cp.ID, Created: time.Now().UTC()}
-	err = e.publishSandbox(ctx, sb, cp.ID)
-	if err != nil {
-		root.Remove(context.WithoutCancel(ctx))
-		return nil, err
-	}
-	res := &RestoreResult{Sandbox: newName, Checkpoint: cp, Root: root.Path()}
-	if cp.ProcTree != nil && !o.FSOnly {
-		if err := e.restoreProcesses(ctx, newName, root.Path(), img, cp); err != nil {
-			return nil, fmt.Errorf("sandbox %s created with the files of %s, processes not: %w", newName, cp.ID.Short(), err)
-		}
-		e.acceptRestored(ctx, newName, root, cp) // restoreturn.go
-		res.Processes = true
-	}
-	res.Duration = time.Since(start)
-	return res, nil
-}
-
-// publishSandbox records a sandbox whose head is an existing checkpoint:
-// store objects first, then the catalog.
-func (e *Engine) publishSandbox(ctx context.Context, sb *delta.Sandbox, head delta.ID) error {
-	if err := e.putSandboxObject(ctx, sb); err != nil {
-		return err
-	}
-	if err := e.putRefObject(ctx, delta.RefHead, sb.Key(), head); err != nil {
-		return err
-	}
-	return e.cat.Update(ctx, func(tx *catalog.Tx) error {
-		if err := tx.PutSandbox(sb); err != nil {
-			return err
-		}
-		if err := e.queueRef(tx, sb.Name, delta.RefName(delta.RefHead, sb.Key()), head, delta.SandboxName(sb.Key())); err != nil {
-			return err
-		}
-		return tx.SetRef(delta.Ref{Kind: delta.RefHead, Name: sb.Name, Target: head})
-	})
+	return rs[0], err
 }
 
 // readyImage reads and verifies cp's process image into a work directory
