@@ -35,11 +35,9 @@ func (f *freezer) dir(ctx context.Context, dstFD int, rel string, id, srcID delt
 	if err != nil {
 		return err
 	}
-	var src *delta.Tree
-	if !srcID.IsZero() {
-		if src, err = delta.LoadTree(ctx, f.loader, srcID); err != nil {
-			return err
-		}
+	src, err := f.sourceTree(ctx, srcID)
+	if err != nil {
+		return err
 	}
 	for i := range t.Entries {
 		e := &t.Entries[i]
@@ -53,6 +51,16 @@ func (f *freezer) dir(ctx context.Context, dstFD int, rel string, id, srcID delt
 		}
 	}
 	return nil
+}
+
+// sourceTree loads the source layer's tree at a path (nil for a zero id:
+// the source layer has nothing there), whose entries the freeze may link
+// instead of copying.
+func (f *freezer) sourceTree(ctx context.Context, id delta.ID) (*delta.Tree, error) {
+	if id.IsZero() {
+		return nil, nil
+	}
+	return delta.LoadTree(ctx, f.loader, id)
 }
 
 func (f *freezer) entry(ctx context.Context, dstFD int, rel string, e, se *delta.Entry) error {

@@ -49,11 +49,9 @@ func (f *freezer) patch(ctx context.Context, dstFD int, rel string, id, oldID, s
 	if err != nil {
 		return err
 	}
-	var src *delta.Tree
-	if !srcID.IsZero() {
-		if src, err = delta.LoadTree(ctx, f.loader, srcID); err != nil {
-			return err
-		}
+	src, err := f.sourceTree(ctx, srcID)
+	if err != nil {
+		return err
 	}
 	for i := range old.Entries {
 		if t.Find(old.Entries[i].Name) == nil {
