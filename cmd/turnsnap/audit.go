@@ -25,35 +25,19 @@ recovery the processes and their memory. --json prints the report as one
 object; --html prints one self-contained page. Through the daemon when one
 serves the home (GET /v1/sandboxes/NAME/audit), else read-only on the home.`,
 		Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			show := func(rep *engine.AuditReport) error {
-				switch {
-				case html:
-					return auditview.Write(a.stdout(), args[0], rep)
-				case a.json:
-					return printJSON(a.stdout(), rep)
-				}
-				return printAudit(a, rep)
-			}
-			c, err := a.daemon(cmd.Context())
+		RunE: a.withService(readOnly, func(ctx context.Context, s service, args []string) error {
+			rep, err := s.Audit(ctx, args[0])
 			if err != nil {
 				return err
 			}
-			if c != nil {
-				rep, err := c.Audit(cmd.Context(), args[0])
-				if err != nil {
-					return err
-				}
-				return show(rep)
+			switch {
+			case html:
+				return auditview.Write(a.stdout(), args[0], rep)
+			case a.json:
+				return printJSON(a.stdout(), rep)
 			}
-			return a.withEngineIf(func([]string) bool { return true }, func(ctx context.Context, e *engine.Engine, args []string) error {
-				rep, err := e.Audit(ctx, args[0])
-				if err != nil {
-					return err
-				}
-				return show(rep)
-			})(cmd, args)
-		},
+			return printAudit(a, rep)
+		}),
 	}
 	c.Flags().BoolVar(&html, "html", false, "print one self-contained HTML page")
 	return c

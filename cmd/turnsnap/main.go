@@ -92,12 +92,6 @@ func (a *app) withEngine(fn func(ctx context.Context, e *engine.Engine, args []s
 	return a.withEngineIf(nil, fn)
 }
 
-// readOnly is withEngine for a command that only reads: it works on a full
-// or read-only home.
-func (a *app) readOnly(fn func(ctx context.Context, e *engine.Engine, args []string) error) func(*cobra.Command, []string) error {
-	return a.withEngineIf(func([]string) bool { return true }, fn)
-}
-
 // withEngineIf opens the home read-only when ro says the invocation only
 // reads (ro nil: never). A command written this way needs the home itself:
 // while a daemon serves the home it is refused, naming the daemon (route

@@ -57,6 +57,7 @@ type everydayService interface {
 	Ls(ctx context.Context, ref, path string) ([]engine.LsEntry, error)
 	RestorePaths(ctx context.Context, name string, req api.RestorePathsRequest) (*engine.RestorePathsResult, error)
 	Lineage(ctx context.Context) (*engine.Lineage, error)
+	Audit(ctx context.Context, name string) (*engine.AuditReport, error)
 	Processes(ctx context.Context, name string) (*engine.ProcessList, error)
 	Forget(ctx context.Context, req api.ForgetRequest) (*api.Forgotten, error)
 	ApplyPolicies(ctx context.Context, req api.ApplyPoliciesRequest) (*api.Forgotten, error)
