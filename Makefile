@@ -8,6 +8,14 @@ RACE_PKGS := ./delta/... ./catalog/... ./engine/content/... ./engine/check/...
 # Tools that are not Debian packages (CRIU prefix, MinIO server) live here;
 # scripts/deps.sh fills it and tests find them through this variable.
 export TURNSNAP_CACHE ?= /var/cache/turnsnap
+# The Go toolchain every target builds and tests with. Go 1.26.8, which these
+# machines start with, has ten standard-library vulnerabilities that
+# govulncheck reports as reachable (net/http, crypto/tls among them: the
+# daemon listens on TCP); 1.27.3 is the approved release that fixes them. The
+# go command fetches it from the module proxy once per machine (about 76 MB)
+# and keeps it in the module cache. `:=` on purpose: the machine's go.env says
+# GOTOOLCHAIN=local, which would otherwise win.
+export GOTOOLCHAIN := go1.27.3
 
 .PHONY: all build demo test deps vet unit bench bench-go fuzz clean
 
