@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
@@ -21,16 +23,52 @@ const RecordVersion = 2
 // refuses these as a newer version rather than drop the journal.
 const RecordVersionLLM = 3
 
-// MaxRecordVersion is the newest record format this package reads.
-const MaxRecordVersion = RecordVersionLLM
+// RecordVersionProc is the version of a record that says why its processes
+// counted as changed (proc_change, docs/FORMAT.md "Record version 4"). It may
+// carry the model-call fields too. Records without the field keep their
+// version 2 or 3 bytes, and a reader that knows only up to 3 refuses these
+// as a newer version rather than drop the reason.
+const RecordVersionProc = 4
 
-// VersionFor is the version a writer gives cp: RecordVersionLLM when it has
-// a model-call field, RecordVersion otherwise.
+// MaxRecordVersion is the newest record format this package reads.
+const MaxRecordVersion = RecordVersionProc
+
+// MaxProcChangeLen bounds a record's proc_change: the reason is a summary
+// (at most three causes, proc.Changed), but it quotes command lines, which
+// have no bound of their own.
+const MaxProcChangeLen = 1024
+
+// VersionFor is the version a writer gives cp: RecordVersionProc when it
+// says why its processes changed, RecordVersionLLM when it has a model-call
+// field, RecordVersion otherwise.
 func VersionFor(cp *Checkpoint) int {
-	if cp.Conv != nil || cp.Journal != nil {
+	switch {
+	case cp.ProcChange != "":
+		return RecordVersionProc
+	case cp.Conv != nil || cp.Journal != nil:
 		return RecordVersionLLM
 	}
 	return RecordVersion
+}
+
+// ProcChangeReason makes why fit a record's proc_change: cut at
+// MaxProcChangeLen on a rune boundary, control characters replaced (it is
+// shown on terminals and in HTML).
+func ProcChangeReason(why string) string {
+	why = strings.Map(func(r rune) rune {
+		if r < 0x20 || r == 0x7f || r == utf8.RuneError {
+			return '?'
+		}
+		return r
+	}, strings.ToValidUTF8(why, "?"))
+	if len(why) <= MaxProcChangeLen {
+		return why
+	}
+	cut := MaxProcChangeLen - len("...")
+	for cut > 0 && !utf8.RuneStart(why[cut]) {
+		cut--
+	}
+	return why[:cut] + "..."
 }
 
 // MinRecordVersion is the oldest record format this package still reads.
@@ -115,10 +153,15 @@ type Checkpoint struct {
 	// replaying agent is answered from it. It is one of the record's roots,
 	// so everything that follows a checkpoint's trees follows it. Version 3
 	// only.
-	Journal *ID       `json:"journal,omitempty"`
-	Message string    `json:"message,omitempty"`
-	Created time.Time `json:"created"` // UTC, nanosecond precision
-	Stats   Stats     `json:"stats"`
+	Journal *ID `json:"journal,omitempty"`
+	// ProcChange says why the turn counted as a process change (a process
+	// appeared, exited, was written to; proc.Changed's summary), so the
+	// audit can say it later. Version 4 only; empty when the processes did
+	// not change.
+	ProcChange string    `json:"proc_change,omitempty"`
+	Message    string    `json:"message,omitempty"`
+	Created    time.Time `json:"created"` // UTC, nanosecond precision
+	Stats      Stats     `json:"stats"`
 }
 
 // validate checks what EncodeRecord promises and DecodeRecord re-checks. The
@@ -132,6 +175,14 @@ func (cp *Checkpoint) validate() error {
 		return fmt.Errorf("version %d record has a model-call field (conv, journal)", cp.Version)
 	case cp.Version == RecordVersionLLM && cp.Conv == nil && cp.Journal == nil:
 		return fmt.Errorf("version %d record has no model-call field", cp.Version)
+	case cp.Version < RecordVersionProc && cp.ProcChange != "":
+		return fmt.Errorf("version %d record has a proc_change", cp.Version)
+	case cp.Version == RecordVersionProc && cp.ProcChange == "":
+		return fmt.Errorf("version %d record has no proc_change", cp.Version)
+	case len(cp.ProcChange) > MaxProcChangeLen:
+		return fmt.Errorf("proc_change of %d bytes, more than the limit %d", len(cp.ProcChange), MaxProcChangeLen)
+	case cp.ProcChange != "" && ProcChangeReason(cp.ProcChange) != cp.ProcChange:
+		return fmt.Errorf("proc_change holds control characters or invalid UTF-8")
 	case cp.Conv != nil && cp.Conv.IsZero():
 		return fmt.Errorf("conversation hash is zero")
 	case cp.Journal != nil && cp.Journal.IsZero():

@@ -26,6 +26,11 @@ func FuzzDecodeRecord(f *testing.F) {
 			FSTree: Hash(nil), StateKey: Hash(nil), Created: time.Unix(1, 2), ProcTree: &pt, Journal: &jt},
 		{Version: RecordVersionLLM, Sandbox: "s", Turn: 5, Class: ClassFS, Backend: "overlay", BaseTree: Hash(nil),
 			FSTree: Hash(nil), StateKey: Hash(nil), Created: time.Unix(1, 2), Conv: &conv},
+		// Version 4: why the processes changed, alone and with a journal.
+		{Version: RecordVersionProc, Sandbox: "s", Turn: 6, Class: ClassProcess, Backend: "overlay", BaseTree: Hash(nil),
+			FSTree: Hash(nil), StateKey: Hash(nil), Created: time.Unix(1, 2), ProcTree: &pt, ProcChange: "process 7 (sh) appeared"},
+		{Version: RecordVersionProc, Sandbox: "s", Turn: 7, Class: ClassFull, Backend: "overlay", BaseTree: Hash(nil),
+			FSTree: Hash(nil), StateKey: Hash(nil), Created: time.Unix(1, 2), ProcTree: &pt, Journal: &jt, ProcChange: "process 7 (sh) exited"},
 	} {
 		data, _, err := EncodeRecord(cp)
 		if err != nil {

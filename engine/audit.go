@@ -75,6 +75,10 @@ type AuditProcess struct {
 	State      string `json:"state"` // none, started, changed, unchanged, ended
 	ImageBytes uint64 `json:"image_bytes"`
 	ImageFiles int    `json:"image_files"`
+	// Why is the record's reason the processes counted as changed (a
+	// process appeared, exited, did I/O, its files changed). Empty when they
+	// did not, and for records written before version 4 kept it.
+	Why string `json:"why,omitempty"`
 }
 
 // AuditLoss is what a recovery method would not bring back.
@@ -199,7 +203,7 @@ func (e *Engine) auditTurn(ctx context.Context, loader delta.BlobLoader, parent,
 
 // auditProcs compares the checkpoint's process image with its parent's.
 func auditProcs(ctx context.Context, loader delta.BlobLoader, parent, cp *delta.Checkpoint) (AuditProcess, error) {
-	var p AuditProcess
+	p := AuditProcess{Why: cp.ProcChange}
 	var prev *delta.ID
 	if parent != nil {
 		prev = parent.ProcTree

@@ -196,6 +196,9 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 		FSTree: res.Root, StateKey: res.StateKey, ProcTree: procTree, Host: host,
 		Conv: opts.Conv, Journal: journal, Message: opts.Message, Created: time.Now().UTC(), Stats: stats,
 	}
+	if pt.changed {
+		cp.ProcChange = delta.ProcChangeReason(pt.reason)
+	}
 	cp.Version = delta.VersionFor(cp)
 	cp.Stats.DurationNs = time.Since(start).Nanoseconds()
 	cp.Stats.PauseNs = pt.paused.Nanoseconds()

@@ -51,7 +51,11 @@ func printAudit(a *app, rep *engine.AuditReport) error {
 		if t.Message != "" {
 			fmt.Fprintf(w, "  %q", t.Message)
 		}
-		fmt.Fprintf(w, "\n  files: %d added, %d modified, %d deleted; processes: %s\n", t.Added, t.Modified, t.Deleted, t.Processes.State)
+		fmt.Fprintf(w, "\n  files: %d added, %d modified, %d deleted; processes: %s", t.Added, t.Modified, t.Deleted, t.Processes.State)
+		if t.Processes.Why != "" {
+			fmt.Fprintf(w, " (%s)", t.Processes.Why)
+		}
+		fmt.Fprintln(w)
 		for i, f := range t.Files {
 			if i == 20 {
 				fmt.Fprintf(w, "    ... %d more (see --json)\n", len(t.Files)-20)

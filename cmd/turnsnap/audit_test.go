@@ -45,7 +45,7 @@ func TestAudit(t *testing.T) {
 				Meta            []string
 				Content         bool
 			}
-			Processes     struct{ State string }
+			Processes     struct{ State, Why string }
 			ChatOnlyLoses struct {
 				Paths     int
 				Processes bool
@@ -65,6 +65,11 @@ func TestAudit(t *testing.T) {
 	}
 	if proc.Processes.State != "started" || !proc.ChatFSLoses.Processes || !proc.ChatOnlyLoses.Processes {
 		t.Errorf("turn 2 (start a process): %+v", proc)
+	}
+	// Why the processes changed comes from the record (version 4), and a
+	// turn whose processes did not change gives no reason.
+	if !strings.Contains(proc.Processes.Why, "not yet in any checkpoint") || edit.Processes.Why != "" {
+		t.Errorf("why: turn 2 %q, turn 3 %q", proc.Processes.Why, edit.Processes.Why)
 	}
 	if edit.Modified != 1 || edit.Deleted != 1 || edit.ChatOnlyLoses.Paths != 1 || edit.Processes.State != "unchanged" {
 		t.Errorf("turn 3 (edit and delete): %+v", edit)
@@ -93,6 +98,9 @@ func TestAudit(t *testing.T) {
 	}
 	if !strings.Contains(dom, fmt.Sprintf(`data-rendered="%d"`, len(rep.Turns))) || !strings.Contains(dom, "chat+fs recovery would lose: the running processes") {
 		t.Errorf("the page's script did not render every turn:\n%.2000s", dom)
+	}
+	if !strings.Contains(dom, "why: "+proc.Processes.Why) {
+		t.Errorf("the page does not say why turn 2's processes changed (%q)", proc.Processes.Why)
 	}
 }
 

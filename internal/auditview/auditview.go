@@ -45,6 +45,7 @@ table{border-collapse:collapse;font-size:.9em} td,th{padding:.1em .6em;text-alig
     s.appendChild(el('div', null, 'files: ' + turn.added + ' added, ' + turn.modified + ' modified, ' + turn.deleted + ' deleted' + (turn.files_truncated ? ' (list truncated)' : '')));
     var p = turn.processes;
     s.appendChild(el('div', null, 'processes: ' + p.state + (p.image ? ' (image of ' + p.image_files + ' files, ' + p.image_bytes + ' bytes)' : '')));
+    if (p.why) s.appendChild(el('div', 'why', 'why: ' + p.why));
     if ((turn.files||[]).length){
       var tb = el('table'); var hr = el('tr');
       ['change','path','type','size','was','metadata'].forEach(function(c){ hr.appendChild(el('th', null, c)); });
