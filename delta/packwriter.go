@@ -133,7 +133,7 @@ func (w *PackWriter) Finish() (data []byte, id ID, entries []PackEntry, err erro
 		return nil, id, nil, fmt.Errorf("pack writer: %d-byte header exceeds the format's 4 GiB limit: %w", hlen, errdefs.ErrInvalid)
 	}
 	data = w.keys.appendFooter(data, hlen)
-	id = Hash(data)
+	id = w.keys.IDs().Hash(data)
 	if err := w.keys.verifyPack(data, id, entries); err != nil {
 		return nil, ID{}, nil, err
 	}

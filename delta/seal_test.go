@@ -156,7 +156,7 @@ func mustUnwrap(t *testing.T, m *MasterKey, obj []byte) *Keys {
 }
 
 // fuzzKeys is one fixed data key, so that the corpus's sealed inputs open.
-func fuzzKeys() *Keys { return newKeys([KeySize]byte{1, 2, 3}) }
+func fuzzKeys() *Keys { return newKeys([KeySize]byte{1, 2, 3}, false) }
 
 func FuzzSealedPackHeader(f *testing.F) {
 	k := fuzzKeys()
