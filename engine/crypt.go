@@ -20,6 +20,28 @@ import (
 type EncryptionConfig struct {
 	KeyFile string `json:"key_file"`
 	KeyID   string `json:"key_id"`
+	// IDs is the content ID scheme (delta.SchemeKeyed for homes made since
+	// keyed IDs). Absent means plain BLAKE3: an encrypted home made before
+	// keyed IDs keeps the IDs its checkpoints have; it is never switched.
+	// The store's key object says the same, and loadKeys checks they agree.
+	IDs string `json:"ids,omitempty"`
+}
+
+// scheme is c's content ID scheme, "" read as plain.
+func (c *EncryptionConfig) scheme() string {
+	if c.IDs == "" {
+		return delta.SchemePlain
+	}
+	return c.IDs
+}
+
+// idsField is the config value of k's scheme: "" for plain, so that an old
+// home's config reads as it did.
+func idsField(k *delta.Keys) string {
+	if k.IDs().Keyed() {
+		return delta.SchemeKeyed
+	}
+	return ""
 }
 
 // ReadKeyFile reads and parses a master key file. A key file anyone but its
@@ -66,6 +88,14 @@ func GenerateKeyFile(path string) (string, error) {
 	return m.ID(), f.Close()
 }
 
+// ids returns the home's content ID scheme: keyed BLAKE3 for an encrypted
+// home made since keyed IDs, plain BLAKE3 otherwise (delta.Keys.IDs).
+func (e *Engine) ids() delta.IDs { return e.keys.IDs() }
+
+// IDs returns the home's content ID scheme, for code outside the engine
+// that names content (the LLM journal).
+func (e *Engine) IDs() delta.IDs { return e.ids() }
+
 func (e *Engine) catalogOptions(readOnly bool) catalog.Options {
 	return catalog.Options{Logger: e.log, EncryptionKey: e.keys.CatalogKey(), ReadOnly: readOnly}
 }
@@ -91,6 +121,11 @@ func (e *Engine) loadKeys(ctx context.Context) error {
 	}
 	if k == nil {
 		return fmt.Errorf("home %s: key %s: no wrapped data key %s in the store: %w", e.home, m.ID(), delta.KeyName(m.ID()), errdefs.ErrKey)
+	}
+	if got := k.IDs().Scheme(); got != ec.scheme() {
+		// Checking under the wrong scheme would fail every blob; say why.
+		return fmt.Errorf("home %s: config.json names content IDs %q, the store's data key %s %q: %w",
+			e.home, ec.scheme(), delta.KeyName(m.ID()), got, errdefs.ErrCorrupt)
 	}
 	e.keys = k
 	return nil
@@ -244,11 +279,16 @@ func (e *Engine) setUpEncryption(ctx context.Context, keyFile string) error {
 		return err
 	}
 	e.keys = k
+	if ob := e.overlayBackend(); ob != nil {
+		ob.SetIDs(e.ids())
+	}
 	if e.cat, err = catalog.Open(ctx, e.home.catalogDir(), e.catalogOptions(false)); err != nil {
 		return err
 	}
 	c := *e.config
-	c.Encryption = &EncryptionConfig{KeyFile: abs, KeyID: m.ID()}
+	// The scheme is the store's (its key object's): a second host joining
+	// a store made before keyed IDs keeps plain ones.
+	c.Encryption = &EncryptionConfig{KeyFile: abs, KeyID: m.ID(), IDs: idsField(k)}
 	if err := saveConfig(e.home, &c); err != nil {
 		return err
 	}
@@ -318,7 +358,7 @@ func (e *Engine) RotateKey(ctx context.Context, newKeyFile string) (*RotateRepor
 		}
 	}
 	c := *e.config
-	c.Encryption = &EncryptionConfig{KeyFile: abs, KeyID: m.ID()}
+	c.Encryption = &EncryptionConfig{KeyFile: abs, KeyID: m.ID(), IDs: e.config.Encryption.IDs}
 	if err := saveConfig(e.home, &c); err != nil {
 		return nil, err
 	}

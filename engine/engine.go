@@ -172,6 +172,7 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	e.repo = content.NewSealed(e.store, e.cat, e.codec, e.meter, e.keys)
 	e.repo.SetRoomCheck(func() error { return e.checkRoom(0) })
 	ob := overlay.NewBackend(h.basesDir())
+	ob.SetIDs(e.ids())
 	ob.SetLoader(func() delta.BlobLoader { return e.repo }) // stacked roots' scans (frozen.go)
 	e.backends = map[string]rootfs.Backend{overlay.Name: ob}
 	e.cleanProcWork() // process images a killed turnsnap left (procrecover.go)
