@@ -10,6 +10,7 @@ import (
 
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/engine/content"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/upload"
 )
@@ -25,6 +26,10 @@ type EncryptionConfig struct {
 	// keyed IDs keeps the IDs its checkpoints have; it is never switched.
 	// The store's key object says the same, and loadKeys checks they agree.
 	IDs string `json:"ids,omitempty"`
+	// PlainLocal says the local store and catalog are plaintext
+	// (--encrypt-local=false): objects are sealed on their way to the
+	// remote store and opened on their way back.
+	PlainLocal bool `json:"plain_local,omitempty"`
 }
 
 // scheme is c's content ID scheme, "" read as plain.
@@ -96,8 +101,24 @@ func (e *Engine) ids() delta.IDs { return e.keys.IDs() }
 // that names content (the LLM journal).
 func (e *Engine) IDs() delta.IDs { return e.ids() }
 
+// localKeys returns the keys the local store and catalog are sealed with:
+// nil for a plaintext home and for one whose local store is plaintext.
+// Readers of the store's packs use them too: the remote of a plaintext-
+// local home shows packs in the plaintext layout (upload.SealedRemote).
+func (e *Engine) localKeys() *delta.Keys {
+	if e.plainLocal {
+		return nil
+	}
+	return e.keys
+}
+
+// newRepo returns the content repository over the engine's stores.
+func (e *Engine) newRepo() *content.Repo {
+	return content.NewSealedIDs(e.store, e.cat, e.codec, e.meter, e.localKeys(), e.ids())
+}
+
 func (e *Engine) catalogOptions(readOnly bool) catalog.Options {
-	return catalog.Options{Logger: e.log, EncryptionKey: e.keys.CatalogKey(), ReadOnly: readOnly}
+	return catalog.Options{Logger: e.log, EncryptionKey: e.localKeys().CatalogKey(), ReadOnly: readOnly}
 }
 
 // loadKeys opens the data key named by the configuration, from the local
@@ -183,11 +204,15 @@ func (e *Engine) keyObjects(ctx context.Context, s upload.Store) ([]string, erro
 // wireStores wraps the raw stores for the engine's keys (nil keys: a
 // plaintext store, whose wrapper refuses sealed objects with ErrKey).
 func (e *Engine) wireStores(rawLocal, rawRemote upload.Store) {
-	e.local = upload.Sealed(rawLocal, e.keys)
+	e.local = upload.Sealed(rawLocal, e.localKeys())
 	e.remote = nil
 	e.store = e.local
 	if rawRemote != nil {
-		e.remote = upload.Sealed(rawRemote, e.keys)
+		if e.plainLocal && e.keys != nil {
+			e.remote = upload.SealedRemote(rawRemote, e.keys)
+		} else {
+			e.remote = upload.Sealed(rawRemote, e.keys)
+		}
 		e.store = upload.NewTiered(e.local, e.remote)
 	}
 }
@@ -213,7 +238,7 @@ func holdsData(ctx context.Context, s upload.Store) (bool, error) {
 // rerun); otherwise a new store gets a new data key. A store that holds
 // plaintext data, or whose data key this master key does not open, is
 // refused.
-func (e *Engine) setUpEncryption(ctx context.Context, keyFile string) error {
+func (e *Engine) setUpEncryption(ctx context.Context, keyFile string, plainLocal bool) error {
 	abs, err := filepath.Abs(keyFile)
 	if err != nil {
 		return err
@@ -226,6 +251,10 @@ func (e *Engine) setUpEncryption(ctx context.Context, keyFile string) error {
 		if ec.KeyID != m.ID() {
 			return fmt.Errorf("home %s is encrypted with key %s, not %s (rotate with `turnsnap key rotate`): %w",
 				e.home, ec.KeyID, m.ID(), errdefs.ErrKey)
+		}
+		if ec.PlainLocal != plainLocal {
+			return fmt.Errorf("home %s: --encrypt-local=%v is chosen when a home is encrypted (objects are never rewritten): %w",
+				e.home, !ec.PlainLocal, errdefs.ErrPrecondition)
 		}
 		return nil
 	}
@@ -278,7 +307,7 @@ func (e *Engine) setUpEncryption(ctx context.Context, keyFile string) error {
 	if err := os.RemoveAll(e.home.catalogDir()); err != nil {
 		return err
 	}
-	e.keys = k
+	e.keys, e.plainLocal = k, plainLocal
 	if ob := e.overlayBackend(); ob != nil {
 		ob.SetIDs(e.ids())
 	}
@@ -288,7 +317,7 @@ func (e *Engine) setUpEncryption(ctx context.Context, keyFile string) error {
 	c := *e.config
 	// The scheme is the store's (its key object's): a second host joining
 	// a store made before keyed IDs keeps plain ones.
-	c.Encryption = &EncryptionConfig{KeyFile: abs, KeyID: m.ID(), IDs: idsField(k)}
+	c.Encryption = &EncryptionConfig{KeyFile: abs, KeyID: m.ID(), IDs: idsField(k), PlainLocal: plainLocal}
 	if err := saveConfig(e.home, &c); err != nil {
 		return err
 	}
@@ -358,7 +387,7 @@ func (e *Engine) RotateKey(ctx context.Context, newKeyFile string) (*RotateRepor
 		}
 	}
 	c := *e.config
-	c.Encryption = &EncryptionConfig{KeyFile: abs, KeyID: m.ID(), IDs: e.config.Encryption.IDs}
+	c.Encryption = &EncryptionConfig{KeyFile: abs, KeyID: m.ID(), IDs: e.config.Encryption.IDs, PlainLocal: e.plainLocal}
 	if err := saveConfig(e.home, &c); err != nil {
 		return nil, err
 	}

@@ -403,7 +403,8 @@ func (s *Service) Init(ctx context.Context, req InitRequest) (*Initialised, erro
 	if req.Remote != nil && (req.Remote.URL == "") != (req.Remote.Endpoint == "") {
 		return nil, invalidf("init: --remote and --endpoint go together")
 	}
-	r, err := s.E.Setup(ctx, engine.SetupOptions{Remote: req.Remote, KeyFile: req.KeyFile})
+	r, err := s.E.Setup(ctx, engine.SetupOptions{Remote: req.Remote, KeyFile: req.KeyFile,
+		PlainLocal: req.EncryptLocal != nil && !*req.EncryptLocal})
 	if err != nil {
 		return nil, err
 	}

@@ -293,6 +293,9 @@ type GCRequest struct {
 type InitRequest struct {
 	Remote  *engine.RemoteConfig `json:"remote,omitempty"`
 	KeyFile string               `json:"key_file,omitempty"`
+	// EncryptLocal false, with KeyFile, keeps the local store and catalog
+	// plaintext; only the remote store is sealed. Default (absent): true.
+	EncryptLocal *bool `json:"encrypt_local,omitempty"`
 }
 
 // Initialised is what init did.

@@ -104,7 +104,13 @@ func New(store upload.Store, cat *catalog.Catalog, codec *delta.Codec, meter *Me
 // NewSealed is New for a store encrypted by keys (nil: plaintext): packs
 // are written sealed blob by blob, and blobs opened as they are read.
 func NewSealed(store upload.Store, cat *catalog.Catalog, codec *delta.Codec, meter *Meter, keys *delta.Keys) *Repo {
-	return &Repo{store: store, cat: cat, codec: codec, packs: newPackCache(), meter: meter, keys: keys, ids: keys.IDs()}
+	return NewSealedIDs(store, cat, codec, meter, keys, keys.IDs())
+}
+
+// NewSealedIDs is NewSealed naming content under ids: a home whose local
+// store is plaintext (nil keys) still names it with its keyed IDs.
+func NewSealedIDs(store upload.Store, cat *catalog.Catalog, codec *delta.Codec, meter *Meter, keys *delta.Keys, ids delta.IDs) *Repo {
+	return &Repo{store: store, cat: cat, codec: codec, packs: newPackCache(), meter: meter, keys: keys, ids: ids}
 }
 
 // Keys returns the store's keys, nil for a plaintext store.
@@ -121,7 +127,7 @@ func (r *Repo) Begin() *Op {
 	return &Op{
 		r: r,
 		open: map[delta.BlobType]*delta.PackWriter{
-			delta.BlobData: r.keys.NewPackWriter(), delta.BlobTree: r.keys.NewPackWriter(),
+			delta.BlobData: delta.NewPackWriterFor(r.keys, r.ids), delta.BlobTree: delta.NewPackWriterFor(r.keys, r.ids),
 		},
 		flushed:   map[delta.ID]catalog.BlobLocation{},
 		reused:    map[delta.ID]bool{},
@@ -335,7 +341,7 @@ func (o *Op) flushPack(ctx context.Context, t delta.BlobType) error {
 	}
 	o.stats.ObjectsNew++
 	o.stats.BytesNew += int64(len(data))
-	o.open[t] = o.r.keys.NewPackWriter()
+	o.open[t] = delta.NewPackWriterFor(o.r.keys, o.r.ids)
 	return nil
 }
 
