@@ -15,6 +15,7 @@ import (
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
+	"github.com/turnsnap/turnsnap/overlay"
 	"github.com/turnsnap/turnsnap/upload"
 )
 
@@ -171,4 +172,68 @@ func TestKeyedIDsPerKey(t *testing.T) {
 	}
 	must(t, os.WriteFile(c.home.configFile(), cfg, 0o600))
 	openEngine(t, home) // removes its sandboxes at cleanup
+}
+
+// On a keyed home the tracker's scans, frozen layers (built from the live
+// upper, verified chunk by chunk), stacked and materialised branches, and
+// a rollback by diff all work under the keyed scheme: every head equals a
+// full read, every branch scans to its checkpoint, and everything verifies.
+func TestKeyedIDsTrackFreezeRollback(t *testing.T) {
+	ctx := context.Background()
+	e := openTracking(t, filepath.Join(t.TempDir(), "home"))
+	_, err := e.Setup(ctx, SetupOptions{KeyFile: keyFile(t)})
+	must(t, err)
+	if !e.ids().Keyed() {
+		t.Fatal("the home's IDs are not keyed")
+	}
+	cr, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: richBase(t)})
+	must(t, err)
+	layerTurn(t, cr.Root)
+	c1, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
+	must(t, err)
+	checkAgainstFullRead(t, e, "s", c1, "first turn")
+	want := mergedState(t, cr.Root)
+	branchTurn(t, cr.Root, "t2")
+	settle()
+	c2, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
+	must(t, err)
+	checkAgainstFullRead(t, e, "s", c2, "second turn")
+	write(t, filepath.Join(cr.Root, "tracked/one"), "a plain new file\n")
+	settle()
+	c3, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
+	must(t, err)
+	checkAgainstFullRead(t, e, "s", c3, "third turn")
+	head := mergedState(t, cr.Root)
+	if st := e.TrackingStats(); st.TrackedScans == 0 {
+		t.Fatalf("no turn was tracked: %+v", st)
+	}
+	e.WaitFreezes()
+	cp3, err := e.resolve(ctx, c3.ID.String())
+	must(t, err)
+	if !e.overlayBackend().HasFrozen(cp3.FSTree) {
+		t.Fatal("no frozen layer for the head checkpoint")
+	}
+	for _, o := range []BranchOptions{{}, {Materialise: true}} {
+		name := "stacked"
+		if o.Materialise {
+			name = "copied"
+		}
+		br, err := e.Branch(ctx, c3.ID.String(), name, o)
+		must(t, err)
+		if got := mergedState(t, br.Root); got != head {
+			t.Fatalf("branch %s hashes to %s, want %s", name, got.Short(), head.Short())
+		}
+		if res := scanOf(t, e, name); res.Root != cp3.FSTree || res.StateKey != cp3.StateKey {
+			t.Fatalf("branch %s scans to %s, its checkpoint is %s", name, res.Root.Short(), cp3.FSTree.Short())
+		}
+		if stacks := overlay.FrozenUser(e.home.sandboxDir(name)) == e.overlayBackend().FrozenDir(cp3.FSTree); stacks == o.Materialise {
+			t.Fatalf("branch %s: stacks on the frozen layer %v, materialised %v", name, stacks, o.Materialise)
+		}
+	}
+	_, err = e.Rollback(ctx, "s", c1.ID.String(), RollbackOptions{})
+	must(t, err)
+	if got := mergedState(t, cr.Root); got != want {
+		t.Fatalf("after the rollback the root hashes to %s, want %s", got.Short(), want.Short())
+	}
+	checkAll(t, e)
 }
