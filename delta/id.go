@@ -65,6 +65,13 @@ func (s IDs) Scheme() string {
 	return SchemePlain
 }
 
+// String names the scheme and never shows the key: an IDs may end up in a
+// log line or an error through the options that carry it.
+func (s IDs) String() string { return s.Scheme() }
+
+// GoString is String for %#v.
+func (s IDs) GoString() string { return "delta.IDs(" + s.Scheme() + ")" }
+
 // Hash returns the ID of data under s.
 func (s IDs) Hash(data []byte) ID {
 	if !s.keyed {
