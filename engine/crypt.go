@@ -101,6 +101,10 @@ func (e *Engine) ids() delta.IDs { return e.keys.IDs() }
 // that names content (the LLM journal).
 func (e *Engine) IDs() delta.IDs { return e.ids() }
 
+// PlainLocal reports whether this encrypted home keeps its local store
+// and catalog in plaintext (--encrypt-local=false).
+func (e *Engine) PlainLocal() bool { return e.plainLocal }
+
 // localKeys returns the keys the local store and catalog are sealed with:
 // nil for a plaintext home and for one whose local store is plaintext.
 // Readers of the store's packs use them too: the remote of a plaintext-

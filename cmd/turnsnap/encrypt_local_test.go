@@ -59,9 +59,14 @@ func TestCLIEncryptLocalFalse(t *testing.T) {
 		t.Fatalf("--encrypt-local=false without a key: exit %d, want %d: %s", code, exitUsage, out)
 	}
 	var ini struct {
-		KeyID string `json:"key_id"`
+		KeyID        string `json:"key_id"`
+		IDs          string `json:"ids"`
+		EncryptLocal bool   `json:"encrypt_local"`
 	}
 	runJSON(t, h1, &ini, append(remote, "--key-file", key, "--encrypt-local=false")...)
+	if ini.KeyID == "" || ini.IDs != "blake3-keyed" || ini.EncryptLocal {
+		t.Fatalf("init --json: %+v", ini)
+	}
 	var cfg struct {
 		Encryption struct {
 			IDs        string `json:"ids"`
@@ -95,6 +100,9 @@ func TestCLIEncryptLocalFalse(t *testing.T) {
 	}
 
 	runJSON(t, h2, &ini, append(remote, "--key-file", key)...)
+	if ini.IDs != "blake3-keyed" || !ini.EncryptLocal {
+		t.Fatalf("init --json on the second home: %+v", ini)
+	}
 	var rb struct{ Checkpoints int }
 	runJSON(t, h2, &rb, "catalog", "rebuild")
 	var br struct{ Root string }

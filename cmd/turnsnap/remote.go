@@ -95,7 +95,11 @@ where the disk is as trusted as the host's memory.`,
 			return printJSON(a.stdout(), r)
 		}
 		if id := r.KeyID; id != "" {
-			fmt.Fprintf(a.stdout(), "store encrypted with key %s\n", id)
+			where := "local and remote"
+			if !r.EncryptLocal {
+				where = "remote only; the local store is plaintext"
+			}
+			fmt.Fprintf(a.stdout(), "store encrypted with key %s (%s), content IDs %s\n", id, where, r.IDs)
 		}
 		if r.Remote != "" {
 			fmt.Fprintf(a.stdout(), "remote %s ready; %d local objects (%s) queued for upload; run `turnsnap sync`\n",

@@ -408,7 +408,8 @@ func (s *Service) Init(ctx context.Context, req InitRequest) (*Initialised, erro
 	if err != nil {
 		return nil, err
 	}
-	return &Initialised{KeyID: s.E.KeyID(), Queued: r.Queued, QueuedBytes: r.QueuedBytes, Remote: r.Remote}, nil
+	return &Initialised{KeyID: s.E.KeyID(), IDs: s.E.IDs().Scheme(), EncryptLocal: s.E.KeyID() != "" && !s.E.PlainLocal(),
+		Queued: r.Queued, QueuedBytes: r.QueuedBytes, Remote: r.Remote}, nil
 }
 
 func (s *Service) RebuildCatalog(ctx context.Context, req RebuildRequest) (*Rebuilt, error) {
