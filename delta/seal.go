@@ -105,6 +105,14 @@ func NewDataKey() *Keys {
 	return newKeys(dk, true)
 }
 
+// NewDataKeyPlainIDs draws a data key whose store names content with
+// plain BLAKE3, as encrypted stores made before keyed IDs do: for tests of
+// such stores, never for a new one.
+func NewDataKeyPlainIDs() *Keys {
+	k := NewDataKey()
+	return newKeys(k.dataKey, false)
+}
+
 // IDs returns the content ID scheme of the store k opens: keyed BLAKE3
 // with a key derived from the data key, or plain BLAKE3 for a plaintext
 // store (nil k) and for an encrypted store made before keyed IDs.

@@ -237,3 +237,43 @@ func TestKeyedIDsTrackFreezeRollback(t *testing.T) {
 	}
 	checkAll(t, e)
 }
+
+// An encrypted home made before keyed IDs (its key object names no scheme,
+// its config no "ids") keeps plain BLAKE3 IDs: it opens, checkpoints,
+// verifies and restores with them, and is never switched.
+func TestEncryptedHomeBeforeKeyedIDsKeepsPlainIDs(t *testing.T) {
+	ctx := context.Background()
+	kf := keyFile(t)
+	m, err := ReadKeyFile(kf)
+	must(t, err)
+	e := newEngine(t)
+	must(t, upload.PutBytes(ctx, e.rawLocal, delta.KeyName(m.ID()), m.WrapKeys(delta.NewDataKeyPlainIDs())))
+	_, err = e.Setup(ctx, SetupOptions{KeyFile: kf})
+	must(t, err)
+	if e.config.Encryption.IDs != "" || e.ids().Keyed() || e.keys == nil {
+		t.Fatalf("an old-scheme store set up with scheme %q (keyed %v)", e.config.Encryption.IDs, e.ids().Keyed())
+	}
+	big := make([]byte, 300<<10)
+	rand.Read(big)
+	cr, err := e.CreateSandbox(ctx, "old", CreateOptions{Base: richBase(t)})
+	must(t, err)
+	write(t, filepath.Join(cr.Root, "big.bin"), string(big))
+	cp, err := e.Checkpoint(ctx, "old", CheckpointOptions{})
+	must(t, err)
+	if !slices.Equal(fileChunks(t, e, cp.ID, "big.bin"), plainChunks(t, delta.IDs{}, big)) {
+		t.Fatal("an encrypted home made before keyed IDs does not name chunks with plain BLAKE3")
+	}
+	home := string(e.home)
+	must(t, e.Close())
+	o := openEngine(t, home)
+	if o.ids().Keyed() {
+		t.Fatal("reopening switched the home to keyed IDs")
+	}
+	_, err = o.Verify(ctx, cp.ID.String())
+	must(t, err)
+	br, err := o.Branch(ctx, cp.ID.String(), "copy", BranchOptions{})
+	must(t, err)
+	if got, err := os.ReadFile(filepath.Join(br.Root, "big.bin")); err != nil || !bytes.Equal(got, big) {
+		t.Fatalf("restored file: %d bytes, %v", len(got), err)
+	}
+}
