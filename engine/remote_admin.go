@@ -51,6 +51,9 @@ type SetupOptions struct {
 // queues what the bucket lacks through the sealing wrappers.
 func (e *Engine) Setup(ctx context.Context, opts SetupOptions) (_ *InitReport, err error) {
 	defer e.exclusive()()
+	if opts.PlainLocal && opts.KeyFile == "" {
+		return nil, fmt.Errorf("home %s: a plaintext local store is an option of encryption: give the key file too: %w", e.home, errdefs.ErrInvalid)
+	}
 	// A setup that fails leaves the engine on the stores it had: the remote
 	// is the home's only once its queue and config are saved.
 	prevRaw, prevKeys, prevPlain := e.rawRemote, e.keys, e.plainLocal
@@ -59,6 +62,9 @@ func (e *Engine) Setup(ctx context.Context, opts SetupOptions) (_ *InitReport, e
 			e.rawRemote, e.keys, e.plainLocal = prevRaw, prevKeys, prevPlain
 			e.wireStores(e.rawLocal, e.rawRemote)
 			e.repo = e.newRepo()
+			if ob := e.overlayBackend(); ob != nil {
+				ob.SetIDs(e.ids())
+			}
 		}
 	}()
 	rep := &InitReport{}
@@ -79,9 +85,6 @@ func (e *Engine) Setup(ctx context.Context, opts SetupOptions) (_ *InitReport, e
 		e.rawRemote = upload.WithRetry(s3, upload.RetryPolicy{Logger: e.log})
 		e.wireStores(e.rawLocal, e.rawRemote)
 		rep.Remote = rc.URL
-	}
-	if opts.PlainLocal && opts.KeyFile == "" {
-		return nil, fmt.Errorf("home %s: a plaintext local store is an option of encryption: give the key file too: %w", e.home, errdefs.ErrInvalid)
 	}
 	if opts.KeyFile != "" {
 		if err := e.setUpEncryption(ctx, opts.KeyFile, opts.PlainLocal); err != nil {
