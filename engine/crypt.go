@@ -290,6 +290,11 @@ func (e *Engine) setUpEncryption(ctx context.Context, keyFile string, plainLocal
 		// The bucket is encrypted but this home's own data is not.
 		return fmt.Errorf("home %s: the local store holds unencrypted checkpoints and the remote store is encrypted: %w", e.home, errdefs.ErrPrecondition)
 	}
+	if k != nil && plainLocal && !k.IDs().Keyed() {
+		// A plaintext pack's name goes to the bucket; only a keyed ID
+		// makes that safe.
+		return fmt.Errorf("home %s: --encrypt-local=false needs keyed content IDs, and this store was made before them: %w", e.home, errdefs.ErrPrecondition)
+	}
 	if k == nil {
 		k = delta.NewDataKey()
 		obj := m.WrapKeys(k)

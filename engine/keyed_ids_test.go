@@ -277,3 +277,20 @@ func TestEncryptedHomeBeforeKeyedIDsKeepsPlainIDs(t *testing.T) {
 		t.Fatalf("restored file: %d bytes, %v", len(got), err)
 	}
 }
+
+// A plaintext local store needs keyed IDs (its pack names go to the
+// bucket): a store made before them refuses --encrypt-local=false.
+func TestPlainLocalNeedsKeyedIDs(t *testing.T) {
+	ctx := context.Background()
+	kf := keyFile(t)
+	m, err := ReadKeyFile(kf)
+	must(t, err)
+	e := newEngine(t)
+	must(t, upload.PutBytes(ctx, e.rawLocal, delta.KeyName(m.ID()), m.WrapKeys(delta.NewDataKeyPlainIDs())))
+	if _, err := e.Setup(ctx, SetupOptions{KeyFile: kf, PlainLocal: true}); !errors.Is(err, errdefs.ErrPrecondition) {
+		t.Fatalf("--encrypt-local=false on a plain-ID store: %v, want ErrPrecondition", err)
+	}
+	if e.config.Encryption != nil {
+		t.Fatal("the refused setup left the home encrypted")
+	}
+}
