@@ -35,6 +35,8 @@ type Options struct {
 	// DefaultKeep.
 	Keep   int          `json:"-"`
 	Logger *slog.Logger `json:"-"`
+	// IDs is the home's content ID scheme (zero: plain BLAKE3).
+	IDs delta.IDs `json:"-"`
 }
 
 // Backend creates btrfs roots in one pool directory.
@@ -108,10 +110,10 @@ func (b *Backend) PrepareBase(ctx context.Context, tree delta.ID, loader delta.B
 		return "", fmt.Errorf("base %s: %w", tree.Short(), err)
 	}
 	// The base is the operator's own image, so its device nodes are allowed.
-	if _, err := delta.Materialise(ctx, tree, root, delta.ApplyOptions{Loader: loader, AllowDevices: true, Plain: true}); err != nil {
+	if _, err := delta.Materialise(ctx, tree, root, delta.ApplyOptions{Loader: loader, IDs: b.opts.IDs, AllowDevices: true, Plain: true}); err != nil {
 		return "", fmt.Errorf("base %s: %w", tree.Short(), err)
 	}
-	res, err := delta.Scan(ctx, root, delta.ScanOptions{})
+	res, err := delta.Scan(ctx, root, delta.ScanOptions{IDs: b.opts.IDs})
 	if err != nil {
 		return "", err
 	}

@@ -219,5 +219,5 @@ func pathContent(t testing.TB, p string, size int64, stats *delta.ScanStats) (co
 		return content{}, err
 	}
 	st.Size = size
-	return readContent(context.Background(), fd, filepath.Base(p), &st, delta.NewFileReader(nil, stats, 1))
+	return readContent(context.Background(), fd, filepath.Base(p), &st, delta.NewFileReader(delta.IDs{}, nil, stats, 1))
 }

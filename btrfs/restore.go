@@ -78,8 +78,8 @@ func (r *Root) build(ctx context.Context, sbDir, g string, tree delta.ID, loader
 		return err
 	}
 	baseRoot := filepath.Join(base, "root")
-	if tree == delta.EmptyTree() {
-		return buildEmpty(g, baseRoot, bi)
+	if tree == r.b.opts.IDs.EmptyTree() {
+		return buildEmpty(r.b.opts.IDs, g, baseRoot, bi)
 	}
 	if pt, ok := r.findPoint(sbDir, tree, bi.Tree); ok {
 		err := buildFromPoint(pt, g, tree)
@@ -104,7 +104,7 @@ func clearGen(g string) error {
 }
 
 // buildEmpty makes g a fresh snapshot of the base with an empty layer.
-func buildEmpty(g, baseRoot string, bi baseInfo) error {
+func buildEmpty(ids delta.IDs, g, baseRoot string, bi baseInfo) error {
 	if err := snapshot(baseRoot, filepath.Join(g, "live"), false); err != nil {
 		return err
 	}
@@ -115,7 +115,7 @@ func buildEmpty(g, baseRoot string, bi baseInfo) error {
 	if err != nil {
 		return err
 	}
-	h := emptyHead(bi)
+	h := emptyHead(ids, bi)
 	h.Basis = uuidString(si.UUID)
 	return metaDir(filepath.Join(g, "meta")).writeHead(h)
 }
@@ -142,11 +142,11 @@ func buildFromPoint(pt, g string, tree delta.ID) error {
 // verifies it by scanning it from the base state, which also yields the
 // records for the next scan and a restore point for the next rollback.
 func (r *Root) buildFromStore(ctx context.Context, sbDir, g, baseRoot string, bi baseInfo, tree delta.ID, loader delta.BlobLoader) error {
-	if err := buildEmpty(g, baseRoot, bi); err != nil {
+	if err := buildEmpty(r.b.opts.IDs, g, baseRoot, bi); err != nil {
 		return err
 	}
 	live, meta := filepath.Join(g, "live"), metaDir(filepath.Join(g, "meta"))
-	if _, err := delta.ApplyLayer(ctx, tree, live, delta.ApplyOptions{Loader: loader}); err != nil {
+	if _, err := delta.ApplyLayer(ctx, tree, live, delta.ApplyOptions{Loader: loader, IDs: r.b.opts.IDs}); err != nil {
 		return err
 	}
 	dir, err := takeScanSnapshot(sbDir, live)
@@ -159,7 +159,7 @@ func (r *Root) buildFromStore(ctx context.Context, sbDir, g, baseRoot string, bi
 			removeTree(dir)
 		}
 	}()
-	st, err := r.scanOne(ctx, dir, baseRoot, bi, meta, emptyHead(bi), true, nil)
+	st, err := r.scanOne(ctx, dir, baseRoot, bi, meta, emptyHead(r.b.opts.IDs, bi), true, nil)
 	if err != nil {
 		return err
 	}
@@ -169,7 +169,7 @@ func (r *Root) buildFromStore(ctx context.Context, sbDir, g, baseRoot string, bi
 		// name's inode touched). Accept it only if the merged states agree.
 		trees := map[delta.ID][]byte{}
 		for k, rec := range st.staged.res.recs {
-			trees[delta.Hash(rec.Tree)] = rec.Tree
+			trees[r.b.opts.IDs.Hash(rec.Tree)] = rec.Tree
 			st.head.Pending = append(st.head.Pending, k)
 		}
 		if err := equivalent(ctx, memLoader{trees, loader}, bi.Tree, tree, st.head.Root); err != nil {

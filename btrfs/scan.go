@@ -54,7 +54,7 @@ func (r *Root) Scan(ctx context.Context, saver delta.BlobSaver) (*delta.ScanResu
 	}
 	h, rebuild := r.loadHead(live, meta, base, bi)
 	if saver != nil && len(h.Pending) > 0 && !rebuild {
-		if err := resavePending(ctx, meta, h, saver); err != nil {
+		if err := resavePending(ctx, r.b.opts.IDs, meta, h, saver); err != nil {
 			return nil, err
 		}
 	}
@@ -84,12 +84,12 @@ func (r *Root) loadHead(live string, meta metaDir, base string, bi baseInfo) (*h
 	}
 	r.b.opts.Logger.Warn("btrfs scan state unusable, rebuilding it from the base (reads every changed file once)",
 		"sandbox", r.dir, "err", err)
-	return emptyHead(bi), true
+	return emptyHead(r.b.opts.IDs, bi), true
 }
 
 // emptyHead is the state of a sandbox equal to its base.
-func emptyHead(bi baseInfo) *head {
-	return &head{Gen: bi.Gen, Root: delta.EmptyTree(), Key: delta.EmptyTree()}
+func emptyHead(ids delta.IDs, bi baseInfo) *head {
+	return &head{Gen: bi.Gen, Root: ids.EmptyTree(), Key: ids.EmptyTree()}
 }
 
 // changedSince reports whether an inode of the live subvolume p changed
@@ -127,13 +127,13 @@ func anyChanged(p string, gen uint64) (bool, error) {
 	return found, err
 }
 
-func resavePending(ctx context.Context, meta metaDir, h *head, saver delta.BlobSaver) error {
+func resavePending(ctx context.Context, ids delta.IDs, meta metaDir, h *head, saver delta.BlobSaver) error {
 	for _, k := range h.Pending {
 		rec, err := meta.readRecord(k)
 		if err != nil || rec == nil {
 			return fmt.Errorf("scan state: pending tree of inode %d: %v", k.Ino, err)
 		}
-		if _, err := saver.SaveBlob(ctx, delta.BlobTree, delta.Hash(rec.Tree), rec.Tree); err != nil {
+		if _, err := saver.SaveBlob(ctx, delta.BlobTree, ids.Hash(rec.Tree), rec.Tree); err != nil {
 			return err
 		}
 	}
@@ -157,7 +157,7 @@ func (r *Root) scanSnapshot(ctx context.Context, sbDir, g, baseRoot string, bi b
 	st, err := r.scanOne(ctx, dir, baseRoot, bi, meta, h, rebuild, saver)
 	if errors.Is(err, errStale) && !rebuild {
 		r.b.opts.Logger.Warn("btrfs scan records inconsistent, rebuilding them from the base", "sandbox", r.dir, "err", err)
-		st, err = r.scanOne(ctx, dir, baseRoot, bi, meta, emptyHead(bi), true, saver)
+		st, err = r.scanOne(ctx, dir, baseRoot, bi, meta, emptyHead(r.b.opts.IDs, bi), true, saver)
 	}
 	if err != nil {
 		removeTree(dir)
@@ -222,7 +222,7 @@ func (r *Root) scanOne(ctx context.Context, dir, baseRoot string, bi baseInfo, m
 	if rebuild {
 		prevMeta = ""
 	}
-	w, err := newWalker(ctx, snap, baseRoot, bi.Gen, saver, prevMeta, h)
+	w, err := newWalker(ctx, r.b.opts.IDs, snap, baseRoot, bi.Gen, saver, prevMeta, h)
 	if err != nil {
 		return nil, err
 	}

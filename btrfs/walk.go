@@ -48,6 +48,8 @@ type walker struct {
 	base    string // the base subvolume's root
 	baseFD  int
 	baseGen uint64
+	ids     delta.IDs // the home's content ID scheme
+	empty   delta.ID  // the empty tree under ids
 	saver   delta.BlobSaver
 	meta    metaDir // records of the previous state (nil: none)
 	prev    *head
@@ -97,7 +99,7 @@ type walkResult struct {
 	changed   map[uint64]inodeItem
 }
 
-func newWalker(ctx context.Context, snap, base string, baseGen uint64, saver delta.BlobSaver, meta metaDir, prev *head) (*walker, error) {
+func newWalker(ctx context.Context, ids delta.IDs, snap, base string, baseGen uint64, saver delta.BlobSaver, meta metaDir, prev *head) (*walker, error) {
 	fd, err := openDir(snap)
 	if err != nil {
 		return nil, err
@@ -114,7 +116,7 @@ func newWalker(ctx context.Context, snap, base string, baseGen uint64, saver del
 	}
 	return &walker{
 		ctx: ctx, snap: snap, snapFD: fd, snapDev: st.Dev, base: base, baseFD: baseFD, baseGen: baseGen,
-		saver: saver, meta: meta, prev: prev,
+		ids: ids, empty: ids.EmptyTree(), saver: saver, meta: meta, prev: prev,
 		changed: map[uint64]inodeItem{}, items: map[uint64]inodeItem{}, paths: map[uint64][]string{},
 		dirty: map[string]bool{}, onPath: map[string]bool{}, kids: map[string]map[string]bool{},
 		reads: map[uint64]readResult{}, recs: map[recKey]*record{}, xbuf: make([]byte, xattrBufSize),
@@ -289,10 +291,10 @@ func (w *walker) walkOnce() (*walkResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	if prev == nil && w.prev.Root != delta.EmptyTree() {
+	if prev == nil && w.prev.Root != w.ids.EmptyTree() {
 		return nil, fmt.Errorf("%w: no record of the root", errStale)
 	}
-	if prev != nil && delta.Hash(prev.Tree) != w.prev.Root {
+	if prev != nil && w.ids.Hash(prev.Tree) != w.prev.Root {
 		return nil, fmt.Errorf("%w: root record does not hash to the state's tree", errStale)
 	}
 	r, err := w.dir("", false, firstFreeObjectID, it, prev)

@@ -26,7 +26,7 @@ func (w *walker) content(dirFD int, name string, st *unix.Stat_t, pe *delta.Entr
 	if w.files == nil {
 		// Past delta.PipelineThreshold it hashes and compresses on every
 		// core; the walk's trees go through it too (saveTree), in order.
-		w.files = delta.NewFileReader(w.saver, &w.stats, 0)
+		w.files = delta.NewFileReader(w.ids, w.saver, &w.stats, 0)
 	}
 	c, err := readContent(w.ctx, dirFD, name, st, w.files)
 	if err != nil {

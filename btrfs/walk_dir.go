@@ -115,7 +115,7 @@ func (w *walker) dir(rel string, full bool, ino uint64, it inodeItem, prev *reco
 		return dirResult{}, fmt.Errorf("scan %s: %w", w.where(rel), err)
 	}
 	data := t.Encode()
-	res := dirResult{id: delta.Hash(data), key: delta.Hash(st.Encode()), empty: len(t.Entries) == 0}
+	res := dirResult{id: w.ids.Hash(data), key: w.ids.Hash(st.Encode()), empty: len(t.Entries) == 0}
 	if w.saver != nil && (prev == nil || !bytes.Equal(prev.Tree, data)) {
 		if err := w.saveTree(res.id, data); err != nil {
 			return dirResult{}, fmt.Errorf("save tree of %s: %w", w.where(rel), err)
@@ -241,7 +241,7 @@ func (w *walker) subdir(rel string, e *delta.Entry, ino uint64, it inodeItem, fu
 	}
 	if parentPrev != nil && pe != nil && pe.Type == delta.TypeDir {
 		if pk := parentPrev.Kids[e.Name]; pk.Ino == ino && pk.Gen == it.Gen {
-			if prev == nil || delta.Hash(prev.Tree) != pe.Subtree {
+			if prev == nil || w.ids.Hash(prev.Tree) != pe.Subtree {
 				return nil, kid{}, fmt.Errorf("%w: record of %s does not match its parent", errStale, rel)
 			}
 		}
@@ -256,7 +256,7 @@ func (w *walker) subdir(rel string, e *delta.Entry, ino uint64, it inodeItem, fu
 	w.p.alive[k] = true
 	e.Subtree, e.Opaque = r.id, opaque
 	residue := false
-	if !full && !opaque && r.key == delta.EmptyTree() {
+	if !full && !opaque && r.key == w.empty {
 		// A merged directory that differs from the base's at most in its
 		// mtime (a temp file came and went): state for the tree, but no
 		// state change for classification, as overlay's copy-up residue.

@@ -17,6 +17,9 @@ const OpaqueXattr = "trusted.overlay.opaque"
 // ApplyOptions configures Materialise and ApplyLayer.
 type ApplyOptions struct {
 	Loader BlobLoader
+	// IDs is the home's content ID scheme, against which content already
+	// in place is compared (RestorePaths keeps an equal file).
+	IDs IDs
 	// AllowDevices permits creating any character and block device node;
 	// without it only those CheckDevice passes are made. Off by default: a
 	// checkpoint is data from storage, and a device node restored into a

@@ -301,7 +301,7 @@ func (r *pathRestorer) same(ctx context.Context, dirFD int, e *Entry, st *unix.S
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			if i >= len(e.Chunks) || Hash(data) != e.Chunks[i] {
+			if i >= len(e.Chunks) || r.opts.IDs.Hash(data) != e.Chunks[i] {
 				return errDiffers
 			}
 			i++

@@ -59,6 +59,15 @@ func BenchmarkContent(b *testing.B) {
 			}
 		}
 	})
+	b.Run("hash-blake3-keyed", func(b *testing.B) {
+		ids := NewDataKey().IDs() // against hash-blake3: the cost of keyed IDs
+		b.SetBytes(int64(len(data)))
+		for b.Loop() {
+			for o := 0; o < len(data); o += ChunkAverage {
+				ids.Hash(data[o : o+ChunkAverage])
+			}
+		}
+	})
 	b.Run("hash-sha256", func(b *testing.B) {
 		b.SetBytes(int64(len(data)))
 		for b.Loop() {

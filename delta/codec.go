@@ -124,10 +124,11 @@ func (c *Codec) Decompress(frame []byte, rawLen int) ([]byte, error) {
 }
 
 // DecodeBlob turns a blob's stored bytes back into its plaintext and checks
-// it hashes to id: the one blob decoder every reader uses. rawLen is the
+// it hashes to id under ids, the home's scheme: the one blob decoder every
+// reader uses. rawLen is the
 // declared plaintext length, bounded by MaxRawLength(t) before anything is
 // allocated. Errors wrap errdefs.ErrCorrupt; the caller names the object.
-func (c *Codec) DecodeBlob(t BlobType, id ID, compressed bool, rawLen uint64, stored []byte) ([]byte, error) {
+func (c *Codec) DecodeBlob(ids IDs, t BlobType, id ID, compressed bool, rawLen uint64, stored []byte) ([]byte, error) {
 	if most := MaxRawLength(t); rawLen > most {
 		return nil, fmt.Errorf("blob %s: %s blob declares %d bytes, more than the limit %d: %w", id, t, rawLen, most, errdefs.ErrCorrupt)
 	}
@@ -140,7 +141,7 @@ func (c *Codec) DecodeBlob(t BlobType, id ID, compressed bool, rawLen uint64, st
 	} else if uint64(len(stored)) != rawLen {
 		return nil, fmt.Errorf("blob %s: %d stored bytes, declared %d: %w", id, len(stored), rawLen, errdefs.ErrCorrupt)
 	}
-	if got := Hash(plain); got != id {
+	if got := ids.Hash(plain); got != id {
 		return nil, fmt.Errorf("blob %s: content hashes to %s: %w", id, got.Short(), errdefs.ErrCorrupt)
 	}
 	return plain, nil

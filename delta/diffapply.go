@@ -229,14 +229,14 @@ func (p *DiffPlan) Verify(ctx context.Context, res *DiffResult) (map[string]Cach
 	}
 	defer unix.Close(rootFD)
 	s := &scanner{
-		opts: ScanOptions{Translate: p.opts.Translate, Quiescent: true}, root: p.root,
+		opts: ScanOptions{IDs: p.opts.IDs, Translate: p.opts.Translate, Quiescent: true}, root: p.root,
 		next:  &ScanCache{Version: cacheVersion, Entries: map[string]CacheEntry{}},
 		links: map[[2]uint64]string{}, xbuf: make([]byte, xattrBufSize),
-		racyAfter: 1<<63 - 1,
+		racyAfter: 1<<63 - 1, empty: p.opts.IDs.EmptyTree(),
 	}
 	// Hash only, on this goroutine: a verify saves nothing, and the few
 	// files a diff wrote do not pay for a pipeline.
-	s.files = NewFileReader(nil, &s.stats, 1)
+	s.files = NewFileReader(p.opts.IDs, nil, &s.stats, 1)
 	defer s.files.Close()
 	for rel, want := range p.dirs {
 		fd, err := fsat.Open(rootFD, rel, unix.O_RDONLY|unix.O_DIRECTORY)

@@ -46,6 +46,9 @@ type DiffOptions struct {
 	Loader BlobLoader
 	// Live reads the live tree's trees (a scan's, kept in memory).
 	Live BlobLoader
+	// IDs is the home's content ID scheme: Verify hashes what it wrote
+	// under it.
+	IDs IDs
 	// AllowDevices and Plain are as in ApplyOptions.
 	AllowDevices bool
 	Plain        bool

@@ -25,6 +25,7 @@ type FileContent struct {
 // compression to a pipeline of workers (pipeline.go) whose saves stay in
 // the order a single worker makes them. Not safe for concurrent use.
 type FileReader struct {
+	ids     IDs
 	saver   BlobSaver
 	stats   *ScanStats
 	chunker *Chunker
@@ -40,12 +41,12 @@ type FileReader struct {
 // compression, far more than starting the workers costs.
 const PipelineThreshold = 1 << 20
 
-// NewFileReader returns a reader that saves chunks to saver (nil: hash
+// NewFileReader returns a reader that names chunks under ids, saves them to saver (nil: hash
 // only, as a restore's verifying scan does; large ones hash on the
 // pipeline's workers too) and counts into stats. workers bounds the pipeline's goroutines
 // (0: GOMAXPROCS; 1: no pipeline at all).
-func NewFileReader(saver BlobSaver, stats *ScanStats, workers int) *FileReader {
-	return &FileReader{saver: saver, stats: stats, chunker: NewChunker(), workers: Workers(workers)}
+func NewFileReader(ids IDs, saver BlobSaver, stats *ScanStats, workers int) *FileReader {
+	return &FileReader{ids: ids, saver: saver, stats: stats, chunker: NewChunker(), workers: Workers(workers)}
 }
 
 // Save saves a blob in order with the chunks read before it: the tree of
@@ -93,7 +94,7 @@ func (r *FileReader) Read(ctx context.Context, f *os.File, st *unix.Stat_t) (Fil
 	// Read-ahead: the kernel doubles its window for a sequential reader.
 	unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_SEQUENTIAL)
 	if r.pipe == nil && r.workers > 1 && r.read+st.Size > PipelineThreshold {
-		r.pipe = startPipeline(ctx, r.saver, r.workers)
+		r.pipe = startPipeline(ctx, r.ids, r.saver, r.workers)
 	}
 	var data uint64
 	err := r.chunker.Chunk(src, st.Size, func(b []byte) error {
@@ -110,7 +111,7 @@ func (r *FileReader) Read(ctx context.Context, f *os.File, st *unix.Stat_t) (Fil
 			r.pend = append(r.pend, j)
 			return nil
 		}
-		id := Hash(b)
+		id := r.ids.Hash(b)
 		if r.saver != nil {
 			if _, err := r.saver.SaveBlob(ctx, BlobData, id, b); err != nil {
 				return err

@@ -28,7 +28,7 @@ func FuzzDecodeBlob(f *testing.F) {
 	f.Fuzz(func(t *testing.T, typ uint8, compressed bool, rawLen uint64, idb []byte, stored []byte) {
 		var id ID
 		copy(id[:], idb)
-		out, err := c.DecodeBlob(BlobType(typ), id, compressed, rawLen, stored)
+		out, err := c.DecodeBlob(IDs{}, BlobType(typ), id, compressed, rawLen, stored)
 		if err != nil {
 			if !errors.Is(err, errdefs.ErrCorrupt) {
 				t.Fatalf("error %v does not wrap ErrCorrupt", err)

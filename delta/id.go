@@ -24,11 +24,85 @@ type ID [32]byte
 // any realistic catalog, and the CLI resolves prefixes anyway.
 const ShortLen = 12
 
-// Hash returns the ID of data.
+// Hash returns the plain (unkeyed) ID of data: the ID of a plaintext home,
+// and the hash of things that are not content (the chunker's gear table).
+// Code that names content uses its home's IDs.Hash.
 func Hash(data []byte) ID { return ID(blake3.Sum256(data)) }
 
-// NewHasher returns a streaming hasher whose Sum(nil) is an ID's bytes.
-func NewHasher() *blake3.Hasher { return blake3.New() }
+// ID schemes, as a home's config and a store's key object name them.
+const (
+	// SchemePlain is BLAKE3-256 of the plaintext: plaintext homes, and
+	// encrypted homes made before keyed IDs (docs/FORMAT.md).
+	SchemePlain = "blake3"
+	// SchemeKeyed is keyed BLAKE3-256, the key derived from the store's
+	// data key: new encrypted homes.
+	SchemeKeyed = "blake3-keyed"
+)
+
+// IDs is a content ID scheme: how chunks, trees and packs are named. The
+// zero value is plain BLAKE3; KeyedIDs gives keyed BLAKE3, so that equal
+// plaintext under two keys gets unrelated names while it still
+// deduplicates under one (docs/FORMAT.md, "Content IDs"). Every place that
+// computes or checks a content ID takes the home's IDs explicitly: an ID
+// checked under the wrong scheme never matches, so a mix-up fails loudly.
+// IDs is a small value, safe to copy and to use concurrently.
+type IDs struct {
+	keyed bool
+	key   [KeySize]byte
+}
+
+// KeyedIDs returns the keyed scheme for key.
+func KeyedIDs(key [KeySize]byte) IDs { return IDs{keyed: true, key: key} }
+
+// Keyed reports whether s is a keyed scheme.
+func (s IDs) Keyed() bool { return s.keyed }
+
+// Scheme names s: SchemePlain or SchemeKeyed.
+func (s IDs) Scheme() string {
+	if s.keyed {
+		return SchemeKeyed
+	}
+	return SchemePlain
+}
+
+// String names the scheme and never shows the key: an IDs may end up in a
+// log line or an error through the options that carry it.
+func (s IDs) String() string { return s.Scheme() }
+
+// GoString is String for %#v.
+func (s IDs) GoString() string { return "delta.IDs(" + s.Scheme() + ")" }
+
+// Hash returns the ID of data under s.
+func (s IDs) Hash(data []byte) ID {
+	if !s.keyed {
+		return Hash(data)
+	}
+	h := s.New()
+	h.Write(data)
+	var id ID
+	h.Sum(id[:0])
+	return id
+}
+
+// New returns a streaming hasher whose Sum(nil) is an ID's bytes under s.
+func (s IDs) New() *blake3.Hasher {
+	if !s.keyed {
+		return blake3.New()
+	}
+	h, err := blake3.NewKeyed(s.key[:])
+	if err != nil {
+		panic(err) // only a wrong key size, which the array rules out
+	}
+	return h
+}
+
+// EmptyTree returns the ID of the tree with no entries under s.
+func (s IDs) EmptyTree() ID {
+	if !s.keyed {
+		return emptyTreeID
+	}
+	return s.Hash((&Tree{}).Encode())
+}
 
 // ParseID parses a full 64-digit lowercase or uppercase hex ID.
 func ParseID(s string) (ID, error) {

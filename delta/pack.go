@@ -157,7 +157,7 @@ func ParsePackHeader(data []byte) ([]PackEntry, error) { return (*Keys)(nil).Par
 func (k *Keys) ParsePackHeader(data []byte) ([]PackEntry, error) {
 	entries, err := k.parsePack(data)
 	if err != nil {
-		return nil, fmt.Errorf("pack %s: %w", Hash(data), err)
+		return nil, fmt.Errorf("pack %s: %w", k.IDs().Hash(data), err)
 	}
 	return entries, nil
 }

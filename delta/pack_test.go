@@ -308,7 +308,7 @@ func FuzzReadPackBlobs(f *testing.F) {
 		}
 		for _, e := range entries {
 			stored := data[e.Offset : e.Offset+e.Length]
-			out, err := codec.DecodeBlob(e.Type, e.ID, e.Compression == CompressionZstd, e.RawLength, stored)
+			out, err := codec.DecodeBlob(IDs{}, e.Type, e.ID, e.Compression == CompressionZstd, e.RawLength, stored)
 			if err != nil {
 				if !errors.Is(err, errdefs.ErrCorrupt) {
 					t.Fatalf("blob %s: error %v does not wrap ErrCorrupt", e.ID, err)

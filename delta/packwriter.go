@@ -28,6 +28,7 @@ type PackWriter struct {
 	err     error
 	done    bool
 	keys    *Keys // nil: a plaintext pack
+	scheme  IDs   // names the finished pack
 }
 
 // NewPackWriter returns an empty PackWriter.
@@ -38,9 +39,14 @@ func NewPackWriter() *PackWriter {
 // NewPackWriter returns an empty PackWriter for a store sealed by k: each
 // blob's stored bytes are sealed on Add, the header on Finish. With nil k
 // it is the package-level NewPackWriter.
-func (k *Keys) NewPackWriter() *PackWriter {
+func (k *Keys) NewPackWriter() *PackWriter { return NewPackWriterFor(k, k.IDs()) }
+
+// NewPackWriterFor returns an empty PackWriter whose pack is sealed by k
+// (nil: plaintext) and named under ids: a home whose local store is
+// plaintext writes plaintext packs named by its keyed IDs.
+func NewPackWriterFor(k *Keys, ids IDs) *PackWriter {
 	w := NewPackWriter()
-	w.keys = k
+	w.keys, w.scheme = k, ids
 	return w
 }
 
@@ -133,7 +139,7 @@ func (w *PackWriter) Finish() (data []byte, id ID, entries []PackEntry, err erro
 		return nil, id, nil, fmt.Errorf("pack writer: %d-byte header exceeds the format's 4 GiB limit: %w", hlen, errdefs.ErrInvalid)
 	}
 	data = w.keys.appendFooter(data, hlen)
-	id = Hash(data)
+	id = w.scheme.Hash(data)
 	if err := w.keys.verifyPack(data, id, entries); err != nil {
 		return nil, ID{}, nil, err
 	}

@@ -60,7 +60,7 @@ func (p *pipeline) process(j *job) {
 	if !j.claim.CompareAndSwap(false, true) {
 		return
 	}
-	j.id = Hash(j.data)
+	j.id = p.scheme.Hash(j.data)
 	close(j.idSet)
 	// Preparing is an optimisation that never fails; what it skips, SaveBlob does.
 	Prepare(context.Background(), p.saver, j.t, j.id, j.data)
@@ -68,14 +68,15 @@ func (p *pipeline) process(j *job) {
 }
 
 type pipeline struct {
-	saver BlobSaver
-	work  chan *job // to the workers
-	order chan *job // to the saver, in submission order
-	wg    sync.WaitGroup
-	saved chan struct{} // closed when the saving goroutine ends
-	pool  sync.Pool
-	mu    sync.Mutex
-	err   error // the first save error
+	scheme IDs
+	saver  BlobSaver
+	work   chan *job // to the workers
+	order  chan *job // to the saver, in submission order
+	wg     sync.WaitGroup
+	saved  chan struct{} // closed when the saving goroutine ends
+	pool   sync.Pool
+	mu     sync.Mutex
+	err    error // the first save error
 }
 
 // maxInFlight bounds the chunks between scanner and saver (each holds a
@@ -89,9 +90,9 @@ const maxInFlight = 128
 
 // startPipeline starts the workers and the saver; ctx is the scan's, and
 // the saver's SaveBlob calls run under it.
-func startPipeline(ctx context.Context, saver BlobSaver, workers int) *pipeline {
+func startPipeline(ctx context.Context, ids IDs, saver BlobSaver, workers int) *pipeline {
 	n := max(maxInFlight, 4*workers)
-	p := &pipeline{saver: saver, work: make(chan *job, n), order: make(chan *job, n), saved: make(chan struct{})}
+	p := &pipeline{scheme: ids, saver: saver, work: make(chan *job, n), order: make(chan *job, n), saved: make(chan struct{})}
 	p.pool.New = func() any { b := make([]byte, 0, ChunkMax); return &b }
 	for range workers {
 		p.wg.Add(1)

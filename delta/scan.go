@@ -18,6 +18,8 @@ type ScanOptions struct {
 	// Saver receives every new chunk and tree. Nil hashes without storing,
 	// which is how a restore re-derives the tree it has just written.
 	Saver BlobSaver
+	// IDs is the home's content ID scheme (zero: plain BLAKE3).
+	IDs IDs
 	// Prev is the cache of the last committed scan of the same directory.
 	// Files whose inode, size, mtime, ctime and mode all match are not read.
 	Prev *ScanCache
@@ -118,6 +120,7 @@ type scanner struct {
 	files     *FileReader
 	xbuf      []byte
 	racyAfter int64
+	empty     ID // the empty tree's ID under opts.IDs
 	// shallow stops entry at a directory's own entry (a diff's verify
 	// checks the children it wrote one by one).
 	shallow bool
@@ -150,8 +153,9 @@ func Scan(ctx context.Context, root string, opts ScanOptions) (*ScanResult, erro
 		links:     map[[2]uint64]string{},
 		xbuf:      make([]byte, xattrBufSize),
 		racyAfter: time.Now().Add(-racyWindow).UnixNano(),
+		empty:     opts.IDs.EmptyTree(),
 	}
-	s.files = NewFileReader(opts.Saver, &s.stats, opts.Workers)
+	s.files = NewFileReader(opts.IDs, opts.Saver, &s.stats, opts.Workers)
 	if opts.Quiescent {
 		s.racyAfter = math.MaxInt64
 	}
@@ -215,7 +219,7 @@ func (s *scanner) dir(ctx context.Context, fd int, rel string, fl dirFlags) (ID,
 		t.Entries = append(t.Entries, e)
 		if e.Type == TypeDir {
 			// The cheap test first: Residue looks at the lower layer on disk.
-			if !fl.merged && !fl.opaque && key == emptyTreeID && s.opts.Residue != nil && s.opts.Residue(crel, &e) {
+			if !fl.merged && !fl.opaque && key == s.empty && s.opts.Residue != nil && s.opts.Residue(crel, &e) {
 				continue
 			}
 			e.MtimeNs = 0
@@ -227,16 +231,19 @@ func (s *scanner) dir(ctx context.Context, fd int, rel string, fl dirFlags) (ID,
 		return ID{}, ID{}, fmt.Errorf("scan %s: %w", s.where(rel), err)
 	}
 	data := t.Encode()
-	id := Hash(data)
+	id := s.opts.IDs.Hash(data)
 	if err := s.files.Save(ctx, BlobTree, id, data); err != nil {
 		return ID{}, ID{}, fmt.Errorf("save tree of %s: %w", s.where(rel), err)
 	}
-	return id, Hash(st.Encode()), nil
+	return id, s.opts.IDs.Hash(st.Encode()), nil
 }
 
+// emptyTreeID is the plain ID of the empty tree; IDs.EmptyTree gives it
+// under any scheme.
 var emptyTreeID = Hash((&Tree{}).Encode())
 
-// EmptyTree returns the ID of the tree with no entries.
+// EmptyTree returns the plain ID of the tree with no entries (tests and
+// plaintext-only tools); a home's code uses its IDs.EmptyTree.
 func EmptyTree() ID { return emptyTreeID }
 
 // entry looks at name in the directory open as dirFD. errRaced means the

@@ -52,6 +52,7 @@ const (
 	ctxKeyID     = "turnsnap 2026-12 master key id v1"
 	ctxObjectKey = "turnsnap 2026-12 object sealing v1"
 	ctxCatalog   = "turnsnap 2026-12 local catalog v1"
+	ctxIDs       = "turnsnap 2026-12 content ids v1"
 )
 
 // keyError is a missing or wrong key, wrapping errdefs.ErrKey.
@@ -66,6 +67,7 @@ type Keys struct {
 	dataKey [KeySize]byte
 	objects aeadSealer
 	catalog [KeySize]byte
+	ids     IDs // the store's content ID scheme (keyed, unless the store predates keyed IDs)
 }
 
 // aeadSealer is the part of cipher.AEAD sealing needs.
@@ -74,8 +76,14 @@ type aeadSealer interface {
 	Open(dst, nonce, ciphertext, additionalData []byte) ([]byte, error)
 }
 
-func newKeys(dataKey [KeySize]byte) *Keys {
+func newKeys(dataKey [KeySize]byte, keyedIDs bool) *Keys {
 	k := &Keys{dataKey: dataKey}
+	if keyedIDs {
+		// Derived from the data key, which rotation keeps: IDs never change.
+		var ik [KeySize]byte
+		blake3.DeriveKey(ctxIDs, dataKey[:], ik[:])
+		k.ids = KeyedIDs(ik)
+	}
 	var ok [KeySize]byte
 	blake3.DeriveKey(ctxObjectKey, dataKey[:], ok[:])
 	aead, err := chacha20poly1305.NewX(ok[:])
@@ -87,13 +95,32 @@ func newKeys(dataKey [KeySize]byte) *Keys {
 	return k
 }
 
-// NewDataKey draws a fresh repository data key.
+// NewDataKey draws a fresh repository data key, whose store names content
+// with keyed IDs.
 func NewDataKey() *Keys {
 	var dk [KeySize]byte
 	if _, err := rand.Read(dk[:]); err != nil {
 		panic(err) // crypto/rand does not fail on Linux
 	}
-	return newKeys(dk)
+	return newKeys(dk, true)
+}
+
+// NewDataKeyPlainIDs draws a data key whose store names content with
+// plain BLAKE3, as encrypted stores made before keyed IDs do: for tests of
+// such stores, never for a new one.
+func NewDataKeyPlainIDs() *Keys {
+	k := NewDataKey()
+	return newKeys(k.dataKey, false)
+}
+
+// IDs returns the content ID scheme of the store k opens: keyed BLAKE3
+// with a key derived from the data key, or plain BLAKE3 for a plaintext
+// store (nil k) and for an encrypted store made before keyed IDs.
+func (k *Keys) IDs() IDs {
+	if k == nil {
+		return IDs{}
+	}
+	return k.ids
 }
 
 // CatalogKey is the key the local catalog (Badger) encrypts its files with,
@@ -253,6 +280,19 @@ func DecodeKeyFile(data []byte) (*MasterKey, error) {
 type keyObject struct {
 	Version int    `json:"version"`
 	Sealed  []byte `json:"sealed"` // nonce || XChaCha20-Poly1305(KEK, data key)
+	// IDs is the store's content ID scheme, SchemeKeyed or absent (plain:
+	// a store made before keyed IDs). It is bound into the tag, so it
+	// cannot be changed without the master key.
+	IDs string `json:"ids,omitempty"`
+}
+
+// keyAD is the associated data of a wrapped data key: a plain-ID store's
+// is what it was before keyed IDs, so its key objects still open.
+func keyAD(keyID, ids string) []byte {
+	if ids == "" {
+		return []byte(adDataKey + keyID)
+	}
+	return []byte(adDataKey + keyID + "/ids=" + ids)
 }
 
 func (m *MasterKey) kek() aeadSealer {
@@ -268,7 +308,11 @@ func (m *MasterKey) kek() aeadSealer {
 // WrapKeys returns the key object that lets master key m open k.
 func (m *MasterKey) WrapKeys(k *Keys) []byte {
 	w := &Keys{objects: m.kek()}
-	b, _ := json.Marshal(keyObject{Version: 1, Sealed: w.seal(nil, k.dataKey[:], []byte(adDataKey+m.ID()))})
+	var ids string
+	if k.ids.Keyed() {
+		ids = SchemeKeyed
+	}
+	b, _ := json.Marshal(keyObject{Version: 1, Sealed: w.seal(nil, k.dataKey[:], keyAD(m.ID(), ids)), IDs: ids})
 	return b
 }
 
@@ -287,10 +331,13 @@ func (m *MasterKey) UnwrapKeys(data []byte) (*Keys, error) {
 	if o.Version != 1 {
 		return nil, corrupt("key object: version %d, want 1", o.Version)
 	}
+	if o.IDs != "" && o.IDs != SchemeKeyed {
+		return nil, corrupt("key object: content ID scheme %q, want %q or none", o.IDs, SchemeKeyed)
+	}
 	w := &Keys{objects: m.kek()}
-	dk, err := w.open(o.Sealed, []byte(adDataKey+m.ID()))
+	dk, err := w.open(o.Sealed, keyAD(m.ID(), o.IDs))
 	if err != nil || len(dk) != KeySize {
 		return nil, keyError("key %s does not open the store's data key", m.ID())
 	}
-	return newKeys([KeySize]byte(dk)), nil
+	return newKeys([KeySize]byte(dk), o.IDs == SchemeKeyed), nil
 }

@@ -156,7 +156,7 @@ func mustUnwrap(t *testing.T, m *MasterKey, obj []byte) *Keys {
 }
 
 // fuzzKeys is one fixed data key, so that the corpus's sealed inputs open.
-func fuzzKeys() *Keys { return newKeys([KeySize]byte{1, 2, 3}) }
+func fuzzKeys() *Keys { return newKeys([KeySize]byte{1, 2, 3}, false) }
 
 func FuzzSealedPackHeader(f *testing.F) {
 	k := fuzzKeys()
@@ -194,6 +194,7 @@ func FuzzOpenObject(f *testing.F) {
 func FuzzKeyFiles(f *testing.F) {
 	m := &MasterKey{}
 	f.Add(EncodeKeyFile(m), m.WrapKeys(fuzzKeys()))
+	f.Add(EncodeKeyFile(m), m.WrapKeys(newKeys([KeySize]byte{1, 2, 3}, true)))
 	f.Fuzz(func(t *testing.T, file, obj []byte) {
 		if _, err := DecodeKeyFile(file); err != nil && !errors.Is(err, errdefs.ErrKey) {
 			t.Fatalf("key file: unclassified error: %v", err)

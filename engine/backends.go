@@ -25,6 +25,7 @@ func (e *Engine) backend(name string, cfg json.RawMessage) (rootfs.Backend, erro
 			}
 		}
 		o.Logger = e.log
+		o.IDs = e.ids()
 		return btrfs.NewBackend(o)
 	}
 	have := []string{btrfs.Name}

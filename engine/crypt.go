@@ -10,6 +10,7 @@ import (
 
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/engine/content"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/upload"
 )
@@ -20,6 +21,32 @@ import (
 type EncryptionConfig struct {
 	KeyFile string `json:"key_file"`
 	KeyID   string `json:"key_id"`
+	// IDs is the content ID scheme (delta.SchemeKeyed for homes made since
+	// keyed IDs). Absent means plain BLAKE3: an encrypted home made before
+	// keyed IDs keeps the IDs its checkpoints have; it is never switched.
+	// The store's key object says the same, and loadKeys checks they agree.
+	IDs string `json:"ids,omitempty"`
+	// PlainLocal says the local store and catalog are plaintext
+	// (--encrypt-local=false): objects are sealed on their way to the
+	// remote store and opened on their way back.
+	PlainLocal bool `json:"plain_local,omitempty"`
+}
+
+// scheme is c's content ID scheme, "" read as plain.
+func (c *EncryptionConfig) scheme() string {
+	if c.IDs == "" {
+		return delta.SchemePlain
+	}
+	return c.IDs
+}
+
+// idsField is the config value of k's scheme: "" for plain, so that an old
+// home's config reads as it did.
+func idsField(k *delta.Keys) string {
+	if k.IDs().Keyed() {
+		return delta.SchemeKeyed
+	}
+	return ""
 }
 
 // ReadKeyFile reads and parses a master key file. A key file anyone but its
@@ -66,8 +93,36 @@ func GenerateKeyFile(path string) (string, error) {
 	return m.ID(), f.Close()
 }
 
+// ids returns the home's content ID scheme: keyed BLAKE3 for an encrypted
+// home made since keyed IDs, plain BLAKE3 otherwise (delta.Keys.IDs).
+func (e *Engine) ids() delta.IDs { return e.keys.IDs() }
+
+// IDs returns the home's content ID scheme, for code outside the engine
+// that names content (the LLM journal).
+func (e *Engine) IDs() delta.IDs { return e.ids() }
+
+// PlainLocal reports whether this encrypted home keeps its local store
+// and catalog in plaintext (--encrypt-local=false).
+func (e *Engine) PlainLocal() bool { return e.plainLocal }
+
+// localKeys returns the keys the local store and catalog are sealed with:
+// nil for a plaintext home and for one whose local store is plaintext.
+// Readers of the store's packs use them too: the remote of a plaintext-
+// local home shows packs in the plaintext layout (upload.SealedRemote).
+func (e *Engine) localKeys() *delta.Keys {
+	if e.plainLocal {
+		return nil
+	}
+	return e.keys
+}
+
+// newRepo returns the content repository over the engine's stores.
+func (e *Engine) newRepo() *content.Repo {
+	return content.NewSealedIDs(e.store, e.cat, e.codec, e.meter, e.localKeys(), e.ids())
+}
+
 func (e *Engine) catalogOptions(readOnly bool) catalog.Options {
-	return catalog.Options{Logger: e.log, EncryptionKey: e.keys.CatalogKey(), ReadOnly: readOnly}
+	return catalog.Options{Logger: e.log, EncryptionKey: e.localKeys().CatalogKey(), ReadOnly: readOnly}
 }
 
 // loadKeys opens the data key named by the configuration, from the local
@@ -91,6 +146,11 @@ func (e *Engine) loadKeys(ctx context.Context) error {
 	}
 	if k == nil {
 		return fmt.Errorf("home %s: key %s: no wrapped data key %s in the store: %w", e.home, m.ID(), delta.KeyName(m.ID()), errdefs.ErrKey)
+	}
+	if got := k.IDs().Scheme(); got != ec.scheme() {
+		// Checking under the wrong scheme would fail every blob; say why.
+		return fmt.Errorf("home %s: config.json names content IDs %q, the store's data key %s %q: %w",
+			e.home, ec.scheme(), delta.KeyName(m.ID()), got, errdefs.ErrCorrupt)
 	}
 	e.keys = k
 	return nil
@@ -148,11 +208,15 @@ func (e *Engine) keyObjects(ctx context.Context, s upload.Store) ([]string, erro
 // wireStores wraps the raw stores for the engine's keys (nil keys: a
 // plaintext store, whose wrapper refuses sealed objects with ErrKey).
 func (e *Engine) wireStores(rawLocal, rawRemote upload.Store) {
-	e.local = upload.Sealed(rawLocal, e.keys)
+	e.local = upload.Sealed(rawLocal, e.localKeys())
 	e.remote = nil
 	e.store = e.local
 	if rawRemote != nil {
-		e.remote = upload.Sealed(rawRemote, e.keys)
+		if e.plainLocal && e.keys != nil {
+			e.remote = upload.SealedRemote(rawRemote, e.keys)
+		} else {
+			e.remote = upload.Sealed(rawRemote, e.keys)
+		}
 		e.store = upload.NewTiered(e.local, e.remote)
 	}
 }
@@ -178,7 +242,7 @@ func holdsData(ctx context.Context, s upload.Store) (bool, error) {
 // rerun); otherwise a new store gets a new data key. A store that holds
 // plaintext data, or whose data key this master key does not open, is
 // refused.
-func (e *Engine) setUpEncryption(ctx context.Context, keyFile string) error {
+func (e *Engine) setUpEncryption(ctx context.Context, keyFile string, plainLocal bool) error {
 	abs, err := filepath.Abs(keyFile)
 	if err != nil {
 		return err
@@ -191,6 +255,10 @@ func (e *Engine) setUpEncryption(ctx context.Context, keyFile string) error {
 		if ec.KeyID != m.ID() {
 			return fmt.Errorf("home %s is encrypted with key %s, not %s (rotate with `turnsnap key rotate`): %w",
 				e.home, ec.KeyID, m.ID(), errdefs.ErrKey)
+		}
+		if ec.PlainLocal != plainLocal {
+			return fmt.Errorf("home %s: --encrypt-local=%v is chosen when a home is encrypted (objects are never rewritten): %w",
+				e.home, !ec.PlainLocal, errdefs.ErrPrecondition)
 		}
 		return nil
 	}
@@ -222,6 +290,11 @@ func (e *Engine) setUpEncryption(ctx context.Context, keyFile string) error {
 		// The bucket is encrypted but this home's own data is not.
 		return fmt.Errorf("home %s: the local store holds unencrypted checkpoints and the remote store is encrypted: %w", e.home, errdefs.ErrPrecondition)
 	}
+	if k != nil && plainLocal && !k.IDs().Keyed() {
+		// A plaintext pack's name goes to the bucket; only a keyed ID
+		// makes that safe.
+		return fmt.Errorf("home %s: --encrypt-local=false needs keyed content IDs, and this store was made before them: %w", e.home, errdefs.ErrPrecondition)
+	}
 	if k == nil {
 		k = delta.NewDataKey()
 		obj := m.WrapKeys(k)
@@ -243,12 +316,17 @@ func (e *Engine) setUpEncryption(ctx context.Context, keyFile string) error {
 	if err := os.RemoveAll(e.home.catalogDir()); err != nil {
 		return err
 	}
-	e.keys = k
+	e.keys, e.plainLocal = k, plainLocal
+	if ob := e.overlayBackend(); ob != nil {
+		ob.SetIDs(e.ids())
+	}
 	if e.cat, err = catalog.Open(ctx, e.home.catalogDir(), e.catalogOptions(false)); err != nil {
 		return err
 	}
 	c := *e.config
-	c.Encryption = &EncryptionConfig{KeyFile: abs, KeyID: m.ID()}
+	// The scheme is the store's (its key object's): a second host joining
+	// a store made before keyed IDs keeps plain ones.
+	c.Encryption = &EncryptionConfig{KeyFile: abs, KeyID: m.ID(), IDs: idsField(k), PlainLocal: plainLocal}
 	if err := saveConfig(e.home, &c); err != nil {
 		return err
 	}
@@ -318,7 +396,7 @@ func (e *Engine) RotateKey(ctx context.Context, newKeyFile string) (*RotateRepor
 		}
 	}
 	c := *e.config
-	c.Encryption = &EncryptionConfig{KeyFile: abs, KeyID: m.ID()}
+	c.Encryption = &EncryptionConfig{KeyFile: abs, KeyID: m.ID(), IDs: e.config.Encryption.IDs, PlainLocal: e.plainLocal}
 	if err := saveConfig(e.home, &c); err != nil {
 		return nil, err
 	}

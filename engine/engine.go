@@ -67,9 +67,12 @@ type Engine struct {
 	local  upload.Store
 	remote upload.Store // nil without a remote
 	// rawLocal and rawRemote are the stores beneath the sealing wrappers
-	// (crypt.go); keys is nil for a plaintext home.
+	// (crypt.go); keys is nil for a plaintext home. plainLocal says the
+	// local store and catalog of an encrypted home are plaintext
+	// (--encrypt-local=false): only the remote is sealed.
 	rawLocal, rawRemote upload.Store
 	keys                *delta.Keys
+	plainLocal          bool
 	config              *Config
 	cat                 *catalog.Catalog
 	codec               *delta.Codec
@@ -146,6 +149,7 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 		}}
 	}
 	e.local, e.remote = e.rawLocal, e.rawRemote
+	e.plainLocal = e.config.Encryption != nil && e.config.Encryption.PlainLocal
 	if err := e.loadKeys(ctx); err != nil {
 		return nil, err
 	}
@@ -169,9 +173,10 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	if opts.Progress != nil {
 		e.meter = content.NewMeter(opts.Progress)
 	}
-	e.repo = content.NewSealed(e.store, e.cat, e.codec, e.meter, e.keys)
+	e.repo = e.newRepo()
 	e.repo.SetRoomCheck(func() error { return e.checkRoom(0) })
 	ob := overlay.NewBackend(h.basesDir())
+	ob.SetIDs(e.ids())
 	ob.SetLoader(func() delta.BlobLoader { return e.repo }) // stacked roots' scans (frozen.go)
 	e.backends = map[string]rootfs.Backend{overlay.Name: ob}
 	e.cleanProcWork() // process images a killed turnsnap left (procrecover.go)

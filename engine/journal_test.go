@@ -27,7 +27,7 @@ func TestJournalFollowsCheckpoint(t *testing.T) {
 	if res.Checkpoint.Version != delta.RecordVersion {
 		t.Fatalf("a new sandbox's record is version %d", res.Checkpoint.Version)
 	}
-	j := llmproxy.NewTreeJournal(e.Blobs())
+	j := llmproxy.NewTreeJournal(delta.IDs{}, e.Blobs())
 	big := bytes.Repeat([]byte("exchange "), 40000)
 	var last *delta.Checkpoint
 	for turn := 0; turn < 3; turn++ {
@@ -63,7 +63,7 @@ func TestJournalFollowsCheckpoint(t *testing.T) {
 	must(t, err)
 	checkAll(t, e)
 	// The journal reads back from the store after all that.
-	fresh := llmproxy.NewTreeJournal(e.Blobs())
+	fresh := llmproxy.NewTreeJournal(delta.IDs{}, e.Blobs())
 	must(t, fresh.Reset(ctx, "s", plain.Journal))
 	for turn := 0; turn < 3; turn++ {
 		got, err := fresh.Get(ctx, "s", delta.Hash([]byte(fmt.Sprint(turn))))

@@ -295,7 +295,7 @@ func (e *Engine) RestorePaths(ctx context.Context, name, ref string, paths []str
 		return nil, fmt.Errorf("sandbox %s: %w", name, err)
 	}
 	defer unix.Close(fd)
-	done, err := delta.RestorePaths(ctx, l, fd, rels, delta.ApplyOptions{Loader: e.repo})
+	done, err := delta.RestorePaths(ctx, l, fd, rels, delta.ApplyOptions{Loader: e.repo, IDs: e.ids()})
 	// Whatever was written is made durable, a failed restore's earlier
 	// paths included.
 	if serr := unix.Syncfs(fd); serr != nil && err == nil {

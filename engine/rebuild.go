@@ -100,7 +100,7 @@ func (e *Engine) RebuildCatalogWith(ctx context.Context, opts RebuildOptions) (*
 	if e.cat, err = catalog.Open(ctx, e.home.catalogDir(), e.catalogOptions(false)); err != nil {
 		return nil, err
 	}
-	e.repo = content.NewSealed(e.store, e.cat, e.codec, e.meter, e.keys)
+	e.repo = e.newRepo()
 	rep.Duration = time.Since(start)
 	return rep, nil
 }
@@ -268,9 +268,9 @@ func (e *Engine) pendingDeletes(ctx context.Context) map[string]bool {
 // readPackHeader reads a pack's header from the local copy, or straight from
 // the remote store (a range read, not a download of the whole pack).
 func (e *Engine) readPackHeader(ctx context.Context, name string) ([]delta.PackEntry, error) {
-	entries, err := e.keys.ReadPackHeader(ctx, upload.Ranges(e.local), name)
+	entries, err := e.localKeys().ReadPackHeader(ctx, upload.Ranges(e.local), name)
 	if errors.Is(err, errdefs.ErrNotFound) && e.remote != nil {
-		return e.keys.ReadPackHeader(ctx, upload.Ranges(e.remote), name)
+		return e.localKeys().ReadPackHeader(ctx, upload.Ranges(e.remote), name)
 	}
 	return entries, err
 }
@@ -299,7 +299,7 @@ func (e *Engine) carryUploads(ctx context.Context, cat *catalog.Catalog) error {
 	// Trees are read through the new catalog's blob index: the old one may
 	// be what was lost.
 	s := e.syncer()
-	s.Blobs = content.New(e.store, cat, e.codec, e.meter)
+	s.Blobs = content.NewSealedIDs(e.store, cat, e.codec, e.meter, e.localKeys(), e.ids())
 	if _, _, err := s.Backfill(ctx, cat); err != nil {
 		if len(old) == 0 {
 			return fmt.Errorf("rebuild: cannot tell what the remote store lacks: %w", err)

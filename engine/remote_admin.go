@@ -11,7 +11,6 @@ import (
 
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
-	"github.com/turnsnap/turnsnap/engine/content"
 	"github.com/turnsnap/turnsnap/engine/remote"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/upload"
@@ -41,6 +40,10 @@ type SetupOptions struct {
 	// a new store gets a new data key; a store (local or remote) already
 	// encrypted must be opened by it.
 	KeyFile string
+	// PlainLocal, with KeyFile, leaves the local store and catalog
+	// plaintext (--encrypt-local=false): only what goes to the remote
+	// store is sealed. It is chosen when the home is first encrypted.
+	PlainLocal bool
 }
 
 // Setup is Init with encryption: the remote store first (so a second
@@ -48,14 +51,20 @@ type SetupOptions struct {
 // queues what the bucket lacks through the sealing wrappers.
 func (e *Engine) Setup(ctx context.Context, opts SetupOptions) (_ *InitReport, err error) {
 	defer e.exclusive()()
+	if opts.PlainLocal && opts.KeyFile == "" {
+		return nil, fmt.Errorf("home %s: a plaintext local store is an option of encryption: give the key file too: %w", e.home, errdefs.ErrInvalid)
+	}
 	// A setup that fails leaves the engine on the stores it had: the remote
 	// is the home's only once its queue and config are saved.
-	prevRaw, prevKeys := e.rawRemote, e.keys
+	prevRaw, prevKeys, prevPlain := e.rawRemote, e.keys, e.plainLocal
 	defer func() {
 		if err != nil {
-			e.rawRemote, e.keys = prevRaw, prevKeys
+			e.rawRemote, e.keys, e.plainLocal = prevRaw, prevKeys, prevPlain
 			e.wireStores(e.rawLocal, e.rawRemote)
-			e.repo = content.NewSealed(e.store, e.cat, e.codec, e.meter, e.keys)
+			e.repo = e.newRepo()
+			if ob := e.overlayBackend(); ob != nil {
+				ob.SetIDs(e.ids())
+			}
 		}
 	}()
 	rep := &InitReport{}
@@ -78,7 +87,7 @@ func (e *Engine) Setup(ctx context.Context, opts SetupOptions) (_ *InitReport, e
 		rep.Remote = rc.URL
 	}
 	if opts.KeyFile != "" {
-		if err := e.setUpEncryption(ctx, opts.KeyFile); err != nil {
+		if err := e.setUpEncryption(ctx, opts.KeyFile, opts.PlainLocal); err != nil {
 			return nil, err
 		}
 	} else if err := e.refuseIfEncrypted(ctx); err != nil {
@@ -92,7 +101,7 @@ func (e *Engine) Setup(ctx context.Context, opts SetupOptions) (_ *InitReport, e
 		}
 		e.config = &c
 	}
-	e.repo = content.NewSealed(e.store, e.cat, e.codec, e.meter, e.keys)
+	e.repo = e.newRepo()
 	if rc := opts.Remote; rc != nil {
 		// Queue first, configure after: a home whose config names a remote
 		// must have its whole history queued, or `status` would report as

@@ -72,11 +72,11 @@ func (e *Engine) CreateSandbox(ctx context.Context, name string, opts CreateOpti
 	}
 	op := e.repo.Begin()
 	defer op.Discard(context.WithoutCancel(ctx)) // only what a failed import wrote
-	res, err := delta.Scan(ctx, base, delta.ScanOptions{Saver: op})
+	res, err := delta.Scan(ctx, base, delta.ScanOptions{Saver: op, IDs: e.ids()})
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: import base: %w", name, err)
 	}
-	empty := delta.EmptyTree()
+	empty := e.ids().EmptyTree()
 	if _, err := op.SaveBlob(ctx, delta.BlobTree, empty, (&delta.Tree{}).Encode()); err != nil {
 		return nil, err
 	}

@@ -71,5 +71,5 @@ func checkBaseOn(ctx context.Context, be any, tree delta.ID, full bool) (bool, e
 
 // checker checks this home's store against its catalog.
 func (e *Engine) checker() *check.Checker {
-	return &check.Checker{Store: e.store, Blobs: e.repo, Locator: check.CatalogLocator(e.cat), Keys: e.keys}
+	return &check.Checker{Store: e.store, Blobs: e.repo, Locator: check.CatalogLocator(e.cat), Keys: e.localKeys(), IDs: e.ids()}
 }

@@ -36,7 +36,7 @@ func (e *Engine) VerifyStore(ctx context.Context, ref string) (*StoreReport, err
 		if !ok {
 			return nil // not ours; leave it
 		}
-		entries, err := e.keys.ReadPackHeader(ctx, upload.Ranges(e.store), oi.Name)
+		entries, err := e.localKeys().ReadPackHeader(ctx, upload.Ranges(e.store), oi.Name)
 		if err != nil {
 			return err
 		}
@@ -74,7 +74,7 @@ func (e *Engine) VerifyStore(ctx context.Context, ref string) (*StoreReport, err
 		}
 		todo = []delta.ID{id}
 	}
-	ck := &check.Checker{Store: e.store, Blobs: indexBlobs{e.repo.LoaderFor(index), e.repo}, Locator: check.MapLocator(index), Keys: e.keys}
+	ck := &check.Checker{Store: e.store, Blobs: indexBlobs{e.repo.LoaderFor(index), e.repo}, Locator: check.MapLocator(index), Keys: e.localKeys(), IDs: e.ids()}
 	for _, id := range todo {
 		data, err := upload.ReadAllMax(ctx, e.store, delta.RecordName(id), delta.MaxRecordSize)
 		if err != nil {

@@ -23,10 +23,15 @@ type Backend struct {
 	frozen frozenState
 	keys   keyCache
 	memo   *cacheMemo // decoded scan caches of its roots (cachememo.go)
+	ids    delta.IDs  // the home's content ID scheme (SetIDs)
 }
 
 // NewBackend returns a backend keeping materialised bases in basesDir.
 func NewBackend(basesDir string) *Backend { return &Backend{bases: basesDir, memo: newCacheMemo()} }
+
+// SetIDs sets the content ID scheme the backend's scans and checks use
+// (default: plain BLAKE3). Call it before the backend is used.
+func (b *Backend) SetIDs(ids delta.IDs) { b.ids = ids }
 
 // Name is "overlay".
 func (b *Backend) Name() string { return Name }
@@ -48,10 +53,10 @@ func (b *Backend) PrepareBase(ctx context.Context, tree delta.ID, loader delta.B
 	}
 	defer os.RemoveAll(tmp)
 	// The base is the operator's own image, so its device nodes are allowed.
-	if _, err := delta.Materialise(ctx, tree, tmp, delta.ApplyOptions{Loader: loader, AllowDevices: true, Plain: true}); err != nil {
+	if _, err := delta.Materialise(ctx, tree, tmp, delta.ApplyOptions{Loader: loader, IDs: b.ids, AllowDevices: true, Plain: true}); err != nil {
 		return "", fmt.Errorf("base %s: %w", tree.Short(), err)
 	}
-	res, err := delta.Scan(ctx, tmp, delta.ScanOptions{Quiescent: true})
+	res, err := delta.Scan(ctx, tmp, delta.ScanOptions{IDs: b.ids, Quiescent: true})
 	if err != nil {
 		return "", err
 	}
@@ -100,7 +105,7 @@ func (b *Backend) CheckBase(ctx context.Context, tree delta.ID, full bool) (bool
 			f.Close()
 		}
 	}
-	res, err := delta.Scan(ctx, dst, delta.ScanOptions{Prev: prev, Quiescent: true})
+	res, err := delta.Scan(ctx, dst, delta.ScanOptions{IDs: b.ids, Prev: prev, Quiescent: true})
 	if err != nil {
 		return true, fmt.Errorf("base %s: %w", dst, err)
 	}
@@ -117,20 +122,23 @@ func (b *Backend) CheckBase(ctx context.Context, tree delta.ID, full bool) (bool
 // Create lays out and mounts a new root in dir on lower dir base (see
 // rootfs.Backend).
 func (b *Backend) Create(ctx context.Context, dir, base string, tree delta.ID, loader delta.BlobLoader) (rootfs.Root, error) {
-	r, err := Create(ctx, dir, base, tree, loader)
+	r, err := create(ctx, b.root(dir, base), tree, loader)
 	if err != nil {
 		return nil, err
 	}
-	r.loader, r.keys = b.loader, &b.keys
-	r.memo = b.memo
 	return r, nil
 }
 
 // Open returns the root kept in dir without touching it.
-func (b *Backend) Open(dir, base string) rootfs.Root {
+func (b *Backend) Open(dir, base string) rootfs.Root { return b.root(dir, base) }
+
+// root is Open of the backend's root in dir: it shares the backend's
+// loader, caches and ID scheme.
+func (b *Backend) root(dir, base string) *Root {
 	r := Open(dir, base)
 	r.loader, r.keys = b.loader, &b.keys
 	r.memo = b.memo
+	r.ids = b.ids
 	return r
 }
 

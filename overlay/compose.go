@@ -33,6 +33,8 @@ import (
 // it: directory mtimes left out, and empty directories that only repeat
 // B's directory (copy-up residue) left out.
 type composer struct {
+	ids    delta.IDs
+	empty  delta.ID // the empty tree under ids
 	loader delta.BlobLoader
 	upper  map[delta.ID][]byte // the upper scan's trees
 	saver  delta.BlobSaver     // nil: hash only
@@ -49,8 +51,8 @@ type keyMemo struct {
 	opaque bool
 }
 
-func newComposer(loader delta.BlobLoader, upper map[delta.ID][]byte, saver delta.BlobSaver) *composer {
-	return &composer{loader: loader, upper: upper, saver: saver, made: map[delta.ID]*delta.Tree{},
+func newComposer(ids delta.IDs, loader delta.BlobLoader, upper map[delta.ID][]byte, saver delta.BlobSaver) *composer {
+	return &composer{ids: ids, empty: ids.EmptyTree(), loader: loader, upper: upper, saver: saver, made: map[delta.ID]*delta.Tree{},
 		keys: map[keyMemo]delta.ID{}, xbuf: make([]byte, fsat.XattrBufSize)}
 }
 
@@ -162,7 +164,7 @@ func (c *composer) dir(ctx context.Context, rel string, u, f delta.ID, base int)
 		return delta.ID{}, fmt.Errorf("composed /%s: %w", rel, err)
 	}
 	data := out.Encode()
-	id := delta.Hash(data)
+	id := c.ids.Hash(data)
 	c.made[id] = out
 	if c.saver != nil {
 		if _, err := c.saver.SaveBlob(ctx, delta.BlobTree, id, data); err != nil {
@@ -203,7 +205,7 @@ func (c *composer) key(ctx context.Context, rel string, id delta.ID, opaque bool
 				cb = openBase(base, e.Name)
 			}
 			k, err := c.key(ctx, path.Join(rel, e.Name), e.Subtree, opaque || e.Opaque, cb)
-			residue := err == nil && !opaque && k == delta.EmptyTree() && c.residue(cb, &e)
+			residue := err == nil && !opaque && k == c.empty && c.residue(cb, &e)
 			closeFD(cb)
 			if err != nil {
 				return delta.ID{}, err
@@ -216,7 +218,7 @@ func (c *composer) key(ctx context.Context, rel string, id delta.ID, opaque bool
 		}
 		st.Entries = append(st.Entries, e)
 	}
-	k := delta.Hash(st.Encode())
+	k := c.ids.Hash(st.Encode())
 	c.keys[m] = k
 	if _, made := c.made[id]; !made {
 		c.shared.put(c.base, m, k) // a stored tree: its key holds for every later scan

@@ -123,7 +123,7 @@ func (b *Backend) Freeze(ctx context.Context, tree delta.ID, live string, src *F
 		return stats, err
 	}
 	b.SweepFrozen()
-	f := &freezer{loader: loader, stats: &stats, xbuf: make([]byte, fsat.XattrBufSize), liveFD: -1, srcFD: -1}
+	f := &freezer{ids: b.ids, loader: loader, stats: &stats, xbuf: make([]byte, fsat.XattrBufSize), liveFD: -1, srcFD: -1}
 	if live != "" {
 		fd, err := fsat.OpenDir(live)
 		if err != nil {

@@ -17,6 +17,7 @@ import (
 // tree beside the source layer's, every name made relative to the
 // descriptor of its directory, nothing followed.
 type freezer struct {
+	ids    delta.IDs // the home's content ID scheme, copyLive's check
 	loader delta.BlobLoader
 	rootFD int // the new layer's top
 	liveFD int // -1: no live root
@@ -190,7 +191,7 @@ func (f *freezer) copyLive(ctx context.Context, out *os.File, rel string, e *del
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if i >= len(e.Chunks) || delta.Hash(data) != e.Chunks[i] {
+		if i >= len(e.Chunks) || f.ids.Hash(data) != e.Chunks[i] {
 			return errLiveChanged
 		}
 		i++

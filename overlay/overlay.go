@@ -59,6 +59,7 @@ type Root struct {
 	// is composed onto (stack.go); nil for roots made without a backend.
 	loader func() delta.BlobLoader
 	keys   *keyCache // the backend's, shared by its roots (compose.go)
+	ids    delta.IDs // the home's content ID scheme (plain without a backend)
 	// memo, if set, is the backend's memo of decoded scan caches.
 	memo *cacheMemo
 	// lastFallback says why the last Restore rebuilt the layer whole
@@ -73,6 +74,12 @@ func Open(dir, lower string) *Root { return &Root{dir: dir, lower: lower} }
 // Create lays out a new sandbox in dir (which must not exist) whose upper
 // layer is tree (delta.EmptyTree() for a fresh sandbox), and mounts it.
 func Create(ctx context.Context, dir, lower string, tree delta.ID, loader delta.BlobLoader) (*Root, error) {
+	return create(ctx, Open(dir, lower), tree, loader)
+}
+
+// create is Create of the root r describes.
+func create(ctx context.Context, r *Root, tree delta.ID, loader delta.BlobLoader) (*Root, error) {
+	dir, lower := r.dir, r.lower
 	if err := checkOptionPath(lower); err != nil {
 		return nil, err
 	}
@@ -85,7 +92,6 @@ func Create(ctx context.Context, dir, lower string, tree delta.ID, loader delta.
 	if err := os.Mkdir(filepath.Join(dir, "root"), 0o755); err != nil {
 		return nil, fmt.Errorf("sandbox dir: %w", err)
 	}
-	r := Open(dir, lower)
 	if err := r.install(ctx, tree, loader); err != nil {
 		os.RemoveAll(dir) // nothing is mounted yet: a failed create leaves nothing
 		return nil, err

@@ -104,7 +104,7 @@ func (r *Root) restoreDiff(ctx context.Context, tree delta.ID, loader delta.Blob
 	}
 	index := filepath.Join(g, "work", "index")
 	xbuf := make([]byte, fsat.XattrBufSize)
-	plan, err := delta.PlanDiff(ctx, upper, live.Root, tree, delta.DiffOptions{
+	plan, err := delta.PlanDiff(ctx, upper, live.Root, tree, delta.DiffOptions{IDs: r.ids,
 		Loader: loader, Live: trees, Translate: Translate,
 		Names: func(dirFD int, name string, st *unix.Stat_t) (uint64, error) {
 			return indexedNames(index, dirFD, name, st, xbuf)

@@ -65,6 +65,7 @@ func (r *Root) scanUpperR(ctx context.Context, upper string, saver delta.BlobSav
 	}
 	defer u.close()
 	opts.Prev, opts.Translate, opts.Residue, opts.Redirect = prev, Translate, u.residue, u.redirect
+	opts.IDs = r.ids
 	var trees *treeBuffer
 	if saver != nil {
 		trees = &treeBuffer{next: saver}
@@ -220,7 +221,7 @@ func (r *Root) build(ctx context.Context, tree delta.ID, loader delta.BlobLoader
 	if err := os.Mkdir(filepath.Join(g, "work"), 0o700); err != nil {
 		return "", fmt.Errorf("sandbox %s: %w", r.dir, err)
 	}
-	if _, err := delta.Materialise(ctx, tree, upper, delta.ApplyOptions{Loader: loader}); err != nil {
+	if _, err := delta.Materialise(ctx, tree, upper, delta.ApplyOptions{Loader: loader, IDs: r.ids}); err != nil {
 		return "", fmt.Errorf("sandbox %s: restore tree %s: %w", r.dir, tree.Short(), err)
 	}
 	if err := syncFS(upper); err != nil {

@@ -139,8 +139,7 @@ func (b *Backend) CreateStacked(ctx context.Context, dir, base string, tree, sta
 		}
 		return nil, fmt.Errorf("sandbox dir: %w", err)
 	}
-	r := Open(dir, base)
-	r.loader, r.keys = b.loader, &b.keys
+	r := b.root(dir, base)
 	fail := func(err error) (rootfs.Root, error) {
 		r.Unmount(context.WithoutCancel(ctx))
 		os.RemoveAll(dir)
@@ -220,7 +219,7 @@ func (r *Root) scanStacked(ctx context.Context, g string, s *stack, saver delta.
 	if err != nil {
 		return nil, err
 	}
-	if res.Root == delta.EmptyTree() {
+	if res.Root == r.ids.EmptyTree() {
 		res.Root, res.StateKey = s.Tree, s.StateKey // nothing changed above the layer
 		return res, nil
 	}
@@ -229,7 +228,7 @@ func (r *Root) scanStacked(ctx context.Context, g string, s *stack, saver delta.
 		return nil, fmt.Errorf("sandbox %s: lower dir: %w", r.dir, err)
 	}
 	defer unix.Close(baseFD)
-	c := newComposer(r.loader(), col.trees, saver)
+	c := newComposer(r.ids, r.loader(), col.trees, saver)
 	c.shared, c.base = r.keys, r.lower
 	if res.Root, err = c.dir(ctx, "", res.Root, s.Tree, baseFD); err != nil {
 		return nil, fmt.Errorf("sandbox %s: compose onto frozen layer %s: %w", r.dir, s.Tree.Short(), err)

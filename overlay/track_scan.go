@@ -116,7 +116,7 @@ func (r *Root) scanChanged(ctx context.Context, upper string, saver delta.BlobSa
 		return nil, err
 	}
 	defer u.close()
-	opts := delta.ScanOptions{Translate: Translate, Residue: u.residue, Redirect: u.redirect, Reread: reread}
+	opts := delta.ScanOptions{IDs: r.ids, Translate: Translate, Residue: u.residue, Redirect: u.redirect, Reread: reread}
 	index, err := fsat.OpenDir(filepath.Join(filepath.Dir(upper), "work", "index"))
 	if err == nil {
 		defer unix.Close(index)

@@ -34,10 +34,19 @@ the background while 'turnsnap serve' runs.
 --key-file PATH (a file from 'turnsnap key generate') encrypts the store:
 every object, local and remote, is sealed with XChaCha20-Poly1305 under a
 data key that PATH's master key wraps (docs/FORMAT.md, docs/SECURITY.md),
-and the local catalog is encrypted too. A new store gets a new data key; a
-bucket that is already encrypted must be opened by its key, so a second
-host runs the same init with the same key file, then 'catalog rebuild'.
-Without the key, an encrypted store fails with exit code 9.`,
+and the local catalog is encrypted too. Content is then named by keyed
+BLAKE3 (config.json "ids": "blake3-keyed"; the key derives from the data
+key, so key rotation keeps every name): equal files deduplicate under one
+key and get unrelated names under another. A new store gets a new data
+key; a bucket that is already encrypted must be opened by its key, so a
+second host runs the same init with the same key file, then 'catalog
+rebuild'. Without the key, an encrypted store fails with exit code 9.
+
+--encrypt-local=false (with --key-file, chosen once) keeps the local store
+and catalog in plaintext: objects are sealed as they are uploaded and
+opened, authenticated and verified as they are fetched, so the bucket
+holds nothing readable while a stolen disk holds everything. Use it only
+where the disk is as trusted as the host's memory.`,
 		Args: cobra.NoArgs,
 	}
 	c.RunE = a.withService(nil, func(ctx context.Context, s service, _ []string) error {
@@ -47,12 +56,8 @@ Without the key, an encrypted store fails with exit code 9.`,
 		if (rc.URL == "") != (rc.Endpoint == "") {
 			return fmt.Errorf("init: --remote and --endpoint go together: %w", errdefs.ErrInvalid)
 		}
-		if keyFile != "" && !encryptLocal {
-			// The local store is the write-ahead stage: its packs are
-			// uploaded byte for byte, and a pack is sealed blob by blob
-			// when it is written, so it cannot be plaintext here and
-			// sealed there without rewriting every pack on upload.
-			return fmt.Errorf("init: --encrypt-local=false: the local store holds the very packs that are uploaded, sealed when written; it is encrypted whenever the remote is: %w", errdefs.ErrInvalid)
+		if keyFile == "" && c.Flags().Changed("encrypt-local") {
+			return fmt.Errorf("init: --encrypt-local goes with --key-file: %w", errdefs.ErrInvalid)
 		}
 		if bw != "" {
 			n, err := parseBytes(bw)
@@ -62,6 +67,9 @@ Without the key, an encrypted store fails with exit code 9.`,
 			rc.BandwidthBytes = n
 		}
 		req := api.InitRequest{KeyFile: keyFile}
+		if keyFile != "" && !encryptLocal {
+			req.EncryptLocal = &encryptLocal
+		}
 		if req.KeyFile != "" {
 			abs, err := filepath.Abs(req.KeyFile)
 			if err != nil {
@@ -87,7 +95,11 @@ Without the key, an encrypted store fails with exit code 9.`,
 			return printJSON(a.stdout(), r)
 		}
 		if id := r.KeyID; id != "" {
-			fmt.Fprintf(a.stdout(), "store encrypted with key %s\n", id)
+			where := "local and remote"
+			if !r.EncryptLocal {
+				where = "remote only; the local store is plaintext"
+			}
+			fmt.Fprintf(a.stdout(), "store encrypted with key %s (%s), content IDs %s\n", id, where, r.IDs)
 		}
 		if r.Remote != "" {
 			fmt.Fprintf(a.stdout(), "remote %s ready; %d local objects (%s) queued for upload; run `turnsnap sync`\n",
@@ -104,7 +116,7 @@ Without the key, an encrypted store fails with exit code 9.`,
 	f.StringVar(&bw, "bwlimit", "", "upload bandwidth cap per host, e.g. 20MiB (default: none)")
 	f.IntVar(&rc.Concurrency, "concurrency", 0, fmt.Sprintf("uploads in flight (default %d)", engine.DefaultUploadConcurrency))
 	f.StringVar(&keyFile, "key-file", "", "master key file (turnsnap key generate) that encrypts the store")
-	f.BoolVar(&encryptLocal, "encrypt-local", true, "encrypt the local store and catalog too (with --key-file; cannot be turned off, see --help)")
+	f.BoolVar(&encryptLocal, "encrypt-local", true, "encrypt the local store and catalog too (with --key-file; false: only the remote is sealed)")
 	return c
 }
 

@@ -403,11 +403,13 @@ func (s *Service) Init(ctx context.Context, req InitRequest) (*Initialised, erro
 	if req.Remote != nil && (req.Remote.URL == "") != (req.Remote.Endpoint == "") {
 		return nil, invalidf("init: --remote and --endpoint go together")
 	}
-	r, err := s.E.Setup(ctx, engine.SetupOptions{Remote: req.Remote, KeyFile: req.KeyFile})
+	r, err := s.E.Setup(ctx, engine.SetupOptions{Remote: req.Remote, KeyFile: req.KeyFile,
+		PlainLocal: req.EncryptLocal != nil && !*req.EncryptLocal})
 	if err != nil {
 		return nil, err
 	}
-	return &Initialised{KeyID: s.E.KeyID(), Queued: r.Queued, QueuedBytes: r.QueuedBytes, Remote: r.Remote}, nil
+	return &Initialised{KeyID: s.E.KeyID(), IDs: s.E.IDs().Scheme(), EncryptLocal: s.E.KeyID() != "" && !s.E.PlainLocal(),
+		Queued: r.Queued, QueuedBytes: r.QueuedBytes, Remote: r.Remote}, nil
 }
 
 func (s *Service) RebuildCatalog(ctx context.Context, req RebuildRequest) (*Rebuilt, error) {

@@ -293,14 +293,21 @@ type GCRequest struct {
 type InitRequest struct {
 	Remote  *engine.RemoteConfig `json:"remote,omitempty"`
 	KeyFile string               `json:"key_file,omitempty"`
+	// EncryptLocal false, with KeyFile, keeps the local store and catalog
+	// plaintext; only the remote store is sealed. Default (absent): true.
+	EncryptLocal *bool `json:"encrypt_local,omitempty"`
 }
 
 // Initialised is what init did.
 type Initialised struct {
-	KeyID       string `json:"key_id"`
-	Queued      int    `json:"objects_queued"`
-	QueuedBytes int64  `json:"bytes_queued"`
-	Remote      string `json:"remote"`
+	KeyID string `json:"key_id"`
+	// IDs is the home's content ID scheme ("blake3" or "blake3-keyed");
+	// EncryptLocal says whether the local store is sealed too.
+	IDs          string `json:"ids"`
+	EncryptLocal bool   `json:"encrypt_local"`
+	Queued       int    `json:"objects_queued"`
+	QueuedBytes  int64  `json:"bytes_queued"`
+	Remote       string `json:"remote"`
 }
 
 // RebuildRequest is POST /v1/catalog/rebuild.

@@ -39,6 +39,9 @@ type Checker struct {
 	Locator Locator
 	// Keys open the packs of an encrypted store; nil for a plaintext one.
 	Keys *delta.Keys
+	// IDs is the store's content ID scheme, under which pack names are
+	// checked (Blobs checks blobs under it too).
+	IDs delta.IDs
 }
 
 // CatalogLocator locates blobs through the catalog's index.
@@ -187,8 +190,10 @@ func (c *Checker) verifyPack(ctx context.Context, pack delta.ID, blobs []delta.I
 	if err != nil {
 		return err
 	}
-	if got := delta.Hash(data); got != pack {
-		return fmt.Errorf("object %s: content hashes to %s: %w", name, got.Short(), errdefs.ErrCorrupt)
+	// A sealed pack is named by its bytes or, written by a home whose
+	// local store is plaintext, by its plaintext layout (CheckPackName).
+	if _, err := c.Keys.CheckPackName(c.IDs, pack, data); err != nil {
+		return fmt.Errorf("object %s: %w", name, err)
 	}
 	entries, err := c.Keys.ParsePackHeader(data)
 	if err != nil {

@@ -39,6 +39,7 @@ type Repo struct {
 	packs *packCache
 	meter *Meter      // nil: no progress reporting
 	keys  *delta.Keys // nil: a plaintext store
+	ids   delta.IDs   // the content ID scheme every blob is checked under
 	dups  atomic.Int64
 	// indexMu serialises this process's writes of the blob index and
 	// refcounts (Publish): the same hot keys (a shared base's trees, common
@@ -103,11 +104,20 @@ func New(store upload.Store, cat *catalog.Catalog, codec *delta.Codec, meter *Me
 // NewSealed is New for a store encrypted by keys (nil: plaintext): packs
 // are written sealed blob by blob, and blobs opened as they are read.
 func NewSealed(store upload.Store, cat *catalog.Catalog, codec *delta.Codec, meter *Meter, keys *delta.Keys) *Repo {
-	return &Repo{store: store, cat: cat, codec: codec, packs: newPackCache(), meter: meter, keys: keys}
+	return NewSealedIDs(store, cat, codec, meter, keys, keys.IDs())
+}
+
+// NewSealedIDs is NewSealed naming content under ids: a home whose local
+// store is plaintext (nil keys) still names it with its keyed IDs.
+func NewSealedIDs(store upload.Store, cat *catalog.Catalog, codec *delta.Codec, meter *Meter, keys *delta.Keys, ids delta.IDs) *Repo {
+	return &Repo{store: store, cat: cat, codec: codec, packs: newPackCache(), meter: meter, keys: keys, ids: ids}
 }
 
 // Keys returns the store's keys, nil for a plaintext store.
 func (r *Repo) Keys() *delta.Keys { return r.keys }
+
+// IDs returns the store's content ID scheme.
+func (r *Repo) IDs() delta.IDs { return r.ids }
 
 // Store returns the store the repository reads and writes.
 func (r *Repo) Store() upload.Store { return r.store }
@@ -117,7 +127,7 @@ func (r *Repo) Begin() *Op {
 	return &Op{
 		r: r,
 		open: map[delta.BlobType]*delta.PackWriter{
-			delta.BlobData: r.keys.NewPackWriter(), delta.BlobTree: r.keys.NewPackWriter(),
+			delta.BlobData: delta.NewPackWriterFor(r.keys, r.ids), delta.BlobTree: delta.NewPackWriterFor(r.keys, r.ids),
 		},
 		flushed:   map[delta.ID]catalog.BlobLocation{},
 		reused:    map[delta.ID]bool{},
@@ -331,7 +341,7 @@ func (o *Op) flushPack(ctx context.Context, t delta.BlobType) error {
 	}
 	o.stats.ObjectsNew++
 	o.stats.BytesNew += int64(len(data))
-	o.open[t] = o.r.keys.NewPackWriter()
+	o.open[t] = delta.NewPackWriterFor(o.r.keys, o.r.ids)
 	return nil
 }
 
@@ -427,7 +437,7 @@ func (r *Repo) Decode(id delta.ID, object string, loc catalog.BlobLocation, stor
 	if comp != delta.CompressionNone && comp != delta.CompressionZstd {
 		return nil, fmt.Errorf("blob %s in %s: unknown compression %d: %w", id, object, loc.Compression, errdefs.ErrCorrupt)
 	}
-	plain, err := r.codec.DecodeBlob(loc.Type, id, comp == delta.CompressionZstd, loc.RawLength, stored)
+	plain, err := r.codec.DecodeBlob(r.ids, loc.Type, id, comp == delta.CompressionZstd, loc.RawLength, stored)
 	if err != nil {
 		return nil, fmt.Errorf("%w (in %s)", err, object)
 	}

@@ -28,6 +28,7 @@ const MaxJournalEntries = 1 << 16
 // checkpoint holding them is committed (Committed) only their chunk IDs are
 // kept and their bytes are read back through the loader.
 type TreeJournal struct {
+	ids  delta.IDs // the home's content ID scheme
 	load delta.BlobLoader
 
 	mu  sync.Mutex
@@ -40,10 +41,11 @@ type treeEntry struct {
 	plain []byte      // the entry's plaintext until a committed checkpoint holds it
 }
 
-// NewTreeJournal reads committed entries through load (the content
+// NewTreeJournal names entries' chunks and trees under ids (the home's
+// scheme) and reads committed entries through load (the content
 // repository).
-func NewTreeJournal(load delta.BlobLoader) *TreeJournal {
-	return &TreeJournal{load: load, idx: map[string]map[delta.ID]*treeEntry{}}
+func NewTreeJournal(ids delta.IDs, load delta.BlobLoader) *TreeJournal {
+	return &TreeJournal{ids: ids, load: load, idx: map[string]map[delta.ID]*treeEntry{}}
 }
 
 // journalFileName names an entry's file: its conversation hash and turn.
@@ -78,7 +80,7 @@ func (j *TreeJournal) Put(ctx context.Context, sandbox string, e *Entry) error {
 	te := &treeEntry{turn: e.Turn, plain: plain, file: delta.Entry{
 		Name: journalFileName(e.Conv, e.Turn), Type: delta.TypeFile, Mode: 0o600, Size: uint64(len(plain))}}
 	if err := delta.ChunkReader(bytes.NewReader(plain), func(c []byte) error {
-		te.file.Chunks = append(te.file.Chunks, delta.Hash(c))
+		te.file.Chunks = append(te.file.Chunks, j.ids.Hash(c))
 		return nil
 	}); err != nil {
 		return fmt.Errorf("journal entry of sandbox %s: %w", sandbox, err)
@@ -152,6 +154,7 @@ func (j *TreeJournal) read(ctx context.Context, f delta.Entry) ([]byte, error) {
 
 // Snapshot is what one checkpoint's journal tree holds.
 type Snapshot struct {
+	ids     delta.IDs
 	sandbox string
 	entries []snapEntry
 }
@@ -173,7 +176,7 @@ func (s *Snapshot) Len() int { return len(s.entries) }
 func (j *TreeJournal) Snapshot(sandbox string, before int) *Snapshot {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	s := &Snapshot{sandbox: sandbox}
+	s := &Snapshot{ids: j.ids, sandbox: sandbox}
 	for _, te := range j.idx[sandbox] {
 		if before < 0 || te.turn < before {
 			s.entries = append(s.entries, snapEntry{te: te, file: te.file, plain: te.plain})
@@ -194,7 +197,7 @@ func (s *Snapshot) Save(ctx context.Context, saver delta.BlobSaver) (*delta.ID, 
 		if plain := te.plain; plain != nil {
 			// The same cut as Put's, so the same chunks as te.file names.
 			if err := delta.ChunkReader(bytes.NewReader(plain), func(c []byte) error {
-				_, err := saver.SaveBlob(ctx, delta.BlobData, delta.Hash(c), c)
+				_, err := saver.SaveBlob(ctx, delta.BlobData, s.ids.Hash(c), c)
 				return err
 			}); err != nil {
 				return nil, fmt.Errorf("journal of sandbox %s: entry %s: %w", s.sandbox, te.file.Name, err)
@@ -207,7 +210,7 @@ func (s *Snapshot) Save(ctx context.Context, saver delta.BlobSaver) (*delta.ID, 
 		return nil, fmt.Errorf("journal of sandbox %s: %w", s.sandbox, err)
 	}
 	enc := t.Encode()
-	id := delta.Hash(enc)
+	id := s.ids.Hash(enc)
 	if _, err := saver.SaveBlob(ctx, delta.BlobTree, id, enc); err != nil {
 		return nil, fmt.Errorf("journal of sandbox %s: tree %s: %w", s.sandbox, id.Short(), err)
 	}

@@ -42,7 +42,7 @@ func testEntry(turn int, reply string) *Entry {
 func TestTreeJournalLifecycle(t *testing.T) {
 	ctx := context.Background()
 	blobs := memBlobs{}
-	j := NewTreeJournal(blobs)
+	j := NewTreeJournal(delta.IDs{}, blobs)
 	big := bytes.Repeat([]byte("0123456789abcdef"), 20000) // several chunks
 	for i := 0; i < 3; i++ {
 		e := testEntry(i, fmt.Sprintf("reply %d", i))
@@ -105,7 +105,7 @@ func TestTreeJournalLifecycle(t *testing.T) {
 func FuzzJournalTree(f *testing.F) {
 	ctx := context.Background()
 	blobs := memBlobs{}
-	j := NewTreeJournal(blobs)
+	j := NewTreeJournal(delta.IDs{}, blobs)
 	for i := 0; i < 2; i++ {
 		j.Put(ctx, "s", testEntry(i, "r"))
 	}
@@ -136,7 +136,7 @@ func FuzzJournalTree(f *testing.F) {
 			}
 		}
 		loose := looseBlobs(m)
-		jj := NewTreeJournal(loose)
+		jj := NewTreeJournal(delta.IDs{}, loose)
 		root := delta.Hash(treeBytes)
 		if err := jj.Reset(ctx, "x", &root); err != nil {
 			if !errors.Is(err, errdefs.ErrCorrupt) {

@@ -15,7 +15,7 @@ import (
 
 func testLifecycle(t *testing.T, s Setup) {
 	f := newFixture(t, s)
-	r, dir := f.create("sb", delta.EmptyTree())
+	r, dir := f.create("sb", f.s.IDs.EmptyTree())
 	root := r.Path()
 	if got := Merged(t, root); got != Merged(t, f.base) {
 		t.Fatalf("new root hashes to %s, base to %s", got.Short(), Merged(t, f.base).Short())
@@ -49,11 +49,11 @@ func testLifecycle(t *testing.T, s Setup) {
 
 func testScanCapturesEveryChange(t *testing.T, s Setup) {
 	f := newFixture(t, s)
-	r, _ := f.create("sb", delta.EmptyTree())
+	r, _ := f.create("sb", f.s.IDs.EmptyTree())
 	AgentTurn(t, r.Path())
 	want := Merged(t, r.Path())
 	res := f.checkpoint(r)
-	if res.Root == delta.EmptyTree() || res.StateKey == delta.EmptyTree() {
+	if res.Root == f.s.IDs.EmptyTree() || res.StateKey == f.s.IDs.EmptyTree() {
 		t.Fatal("a turn with edits scanned as an empty layer")
 	}
 	// base + layer is exactly the live state: a root made from the layer
@@ -71,7 +71,7 @@ func testScanCapturesEveryChange(t *testing.T, s Setup) {
 
 func testScanLayerForm(t *testing.T, s Setup) {
 	f := newFixture(t, s)
-	r, _ := f.create("sb", delta.EmptyTree())
+	r, _ := f.create("sb", f.s.IDs.EmptyTree())
 	p := func(rel string) string { return filepath.Join(r.Path(), rel) }
 	Write(t, p("new/n.txt"), "new")
 	Write(t, p("src/main.go"), "package main // changed\n")
@@ -111,7 +111,7 @@ func testScanLayerForm(t *testing.T, s Setup) {
 
 func testUnchangedTurns(t *testing.T, s Setup) {
 	f := newFixture(t, s)
-	r, _ := f.create("sb", delta.EmptyTree())
+	r, _ := f.create("sb", f.s.IDs.EmptyTree())
 	root := r.Path()
 	for i := range 20 {
 		Write(t, filepath.Join(root, "work", strings.Repeat("f", i+1)), strings.Repeat("data", 50*i))
@@ -152,7 +152,7 @@ func testUnchangedTurns(t *testing.T, s Setup) {
 
 func testIncremental(t *testing.T, s Setup) {
 	f := newFixture(t, s)
-	r, _ := f.create("sb", delta.EmptyTree())
+	r, _ := f.create("sb", f.s.IDs.EmptyTree())
 	root := r.Path()
 	for i := range 100 {
 		Write(t, filepath.Join(root, "work", "d"+string(rune('a'+i%5)), "f"+strings.Repeat("x", i/5)), strings.Repeat("content", i))
@@ -185,7 +185,7 @@ func testIncremental(t *testing.T, s Setup) {
 
 func testRestoreEarlierTrees(t *testing.T, s Setup) {
 	f := newFixture(t, s)
-	r, _ := f.create("sb", delta.EmptyTree())
+	r, _ := f.create("sb", f.s.IDs.EmptyTree())
 	root := r.Path()
 	h0 := Merged(t, root)
 	AgentTurn(t, root)
@@ -204,7 +204,7 @@ func testRestoreEarlierTrees(t *testing.T, s Setup) {
 		res  *delta.ScanResult
 		want delta.ID
 	}{
-		{"A", a, ha}, {"B", b, hb}, {"empty", &delta.ScanResult{Root: delta.EmptyTree(), StateKey: delta.EmptyTree()}, h0}, {"A again", a, ha},
+		{"A", a, ha}, {"B", b, hb}, {"empty", &delta.ScanResult{Root: f.s.IDs.EmptyTree(), StateKey: f.s.IDs.EmptyTree()}, h0}, {"A again", a, ha},
 	} {
 		must(t, r.Restore(f.ctx, step.res.Root, f.store))
 		if got := Merged(t, root); got != step.want {
@@ -230,7 +230,7 @@ func testRestoreEarlierTrees(t *testing.T, s Setup) {
 
 func testRestoreIntoNewRoot(t *testing.T, s Setup) {
 	f := newFixture(t, s)
-	r, _ := f.create("sb", delta.EmptyTree())
+	r, _ := f.create("sb", f.s.IDs.EmptyTree())
 	AgentTurn(t, r.Path())
 	a := f.checkpoint(r)
 	ha := Merged(t, r.Path())
@@ -251,18 +251,18 @@ func testRestoreIntoNewRoot(t *testing.T, s Setup) {
 
 func testRestoreCorrupt(t *testing.T, s Setup) {
 	f := newFixture(t, s)
-	r, _ := f.create("sb", delta.EmptyTree())
+	r, _ := f.create("sb", f.s.IDs.EmptyTree())
 	Write(t, filepath.Join(r.Path(), "state"), "the state to keep")
 	st := f.checkpoint(r)
 	hs := Merged(t, r.Path())
 	// Another tree whose one new file's chunk is corrupt in the store.
-	other, _ := f.create("other", delta.EmptyTree())
+	other, _ := f.create("other", f.s.IDs.EmptyTree())
 	body := strings.Repeat("the other state ", 100)
 	Write(t, filepath.Join(other.Path(), "other"), body)
 	must(t, os.Remove(filepath.Join(other.Path(), "src/main.go")))
 	ot, err := other.Scan(f.ctx, f.store)
 	must(t, err)
-	f.store.Corrupt(delta.Hash([]byte(body)))
+	f.store.Corrupt(f.s.IDs.Hash([]byte(body)))
 	err = r.Restore(f.ctx, ot.Root, f.store)
 	if !errors.Is(err, errdefs.ErrCorrupt) {
 		t.Fatalf("restore of a corrupt tree: %v, want an ErrCorrupt error", err)
@@ -280,7 +280,7 @@ func testRestoreCorrupt(t *testing.T, s Setup) {
 
 func testRemoveCleans(t *testing.T, s Setup) {
 	f := newFixture(t, s)
-	r, dir := f.create("sb", delta.EmptyTree())
+	r, dir := f.create("sb", f.s.IDs.EmptyTree())
 	AgentTurn(t, r.Path())
 	a := f.checkpoint(r)
 	Write(t, filepath.Join(r.Path(), "more"), "x")

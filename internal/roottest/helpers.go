@@ -35,8 +35,8 @@ type fixture struct {
 
 func newFixture(t *testing.T, s Setup) *fixture {
 	t.Helper()
-	f := &fixture{t: t, s: s, ctx: context.Background(), store: NewMemStore(), base: RichBase(t)}
-	res, err := delta.Scan(f.ctx, f.base, delta.ScanOptions{Saver: f.store})
+	f := &fixture{t: t, s: s, ctx: context.Background(), store: NewMemStoreIDs(s.IDs), base: RichBase(t)}
+	res, err := delta.Scan(f.ctx, f.base, delta.ScanOptions{Saver: f.store, IDs: f.s.IDs})
 	must(t, err)
 	f.tree = res.Root
 	f.lower, err = s.Backend.PrepareBase(f.ctx, f.tree, f.store)

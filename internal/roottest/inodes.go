@@ -18,7 +18,7 @@ import (
 // overlay's index would otherwise make unreadable.
 func testRollbackKeepsInodes(t *testing.T, s Setup) {
 	f := newFixture(t, s)
-	r, _ := f.create("sb", delta.EmptyTree())
+	r, _ := f.create("sb", f.s.IDs.EmptyTree())
 	root := r.Path()
 	p := func(rel string) string { return filepath.Join(root, rel) }
 	h0 := Merged(t, root)

@@ -8,7 +8,6 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/turnsnap/turnsnap/delta"
 	"golang.org/x/sys/unix"
 )
 
@@ -17,7 +16,7 @@ import (
 // checkpoint may ever hold a byte of the host's file.
 func testScanRacingSymlinkSwap(t *testing.T, s Setup) {
 	f := newFixture(t, s)
-	r, _ := f.create("sb", delta.EmptyTree())
+	r, _ := f.create("sb", f.s.IDs.EmptyTree())
 	host := t.TempDir()
 	secret := []byte("HOST SECRET " + strings.Repeat("h", 64))
 	must(t, os.WriteFile(filepath.Join(host, "passwd"), secret, 0o644))

@@ -37,7 +37,7 @@ func (f *fixture) checkLayer(name string, live rootfs.Root, res *delta.ScanResul
 // restore into a new root and a remount.
 func testDirRenames(t *testing.T, s Setup) {
 	f := newFixture(t, s)
-	r, dir := f.create("sb", delta.EmptyTree())
+	r, dir := f.create("sb", f.s.IDs.EmptyTree())
 	p := func(rel string) string { return filepath.Join(r.Path(), rel) }
 	must(t, os.Rename(p("src"), p("source")))                // a base dir with subdirs
 	Write(t, p("source/lib/new.go"), "package lib // new\n") // a change below it
@@ -91,7 +91,7 @@ func testDirRenames(t *testing.T, s Setup) {
 // restores, in a new directory and below a base directory.
 func testLongPaths(t *testing.T, s Setup) {
 	f := newFixture(t, s)
-	r, _ := f.create("sb", delta.EmptyTree())
+	r, _ := f.create("sb", f.s.IDs.EmptyTree())
 	var parts []string
 	for i := range 16 {
 		parts = append(parts, strings.Repeat(string(rune('a'+i)), 250))
@@ -105,7 +105,7 @@ func testLongPaths(t *testing.T, s Setup) {
 	want := Merged(t, r.Path())
 	res := f.checkpoint(r)
 	f.checkLayer("copy", r, res, want)
-	must(t, r.Restore(f.ctx, delta.EmptyTree(), f.store))
+	must(t, r.Restore(f.ctx, f.s.IDs.EmptyTree(), f.store))
 	must(t, r.Restore(f.ctx, res.Root, f.store))
 	if got := Merged(t, r.Path()); got != want {
 		t.Fatalf("restore in place hashes to %s, want %s", got.Short(), want.Short())
@@ -150,7 +150,7 @@ func testRandomEdits(t *testing.T, s Setup) {
 		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
 			f := newFixture(t, s)
 			rng := rand.New(rand.NewSource(int64(seed)))
-			r, dir := f.create("sb", delta.EmptyTree())
+			r, dir := f.create("sb", f.s.IDs.EmptyTree())
 			type point struct {
 				res    *delta.ScanResult
 				merged delta.ID

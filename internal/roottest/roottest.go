@@ -9,6 +9,7 @@ package roottest
 import (
 	"testing"
 
+	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/rootfs"
 )
 
@@ -18,6 +19,9 @@ type Setup struct {
 	// Leftovers lists what removed roots left on the host outside their
 	// directories (subvolumes, restore points); nil skips that check.
 	Leftovers func() ([]string, error)
+	// IDs is the content ID scheme Backend was made with (zero: plain
+	// BLAKE3); the suite's store and trees use it too.
+	IDs delta.IDs
 }
 
 // Run runs every conformance test against the backend newSetup makes.

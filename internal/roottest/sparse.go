@@ -81,7 +81,7 @@ func CheckSparse(t testing.TB, p string) {
 // rollback and in a branch.
 func testSparseFiles(t *testing.T, s Setup) {
 	f := newFixture(t, s)
-	r, _ := f.create("sb", delta.EmptyTree())
+	r, _ := f.create("sb", f.s.IDs.EmptyTree())
 	root := r.Path()
 	img := filepath.Join(root, "var/lib/disk.img")
 	WriteSparse(t, img)
@@ -120,7 +120,7 @@ func testSparseFiles(t *testing.T, s Setup) {
 // checkpointed completely: a branch of it holds the same files.
 func testLargeTurn(t *testing.T, s Setup) {
 	f := newFixture(t, s)
-	r, _ := f.create("sb", delta.EmptyTree())
+	r, _ := f.create("sb", f.s.IDs.EmptyTree())
 	root := r.Path()
 	for i := range 24 {
 		data := bytes.Repeat([]byte{byte(i), byte(i * 7), 'x', '\n'}, 64<<10+i*4099) // 256 KiB and more each

@@ -13,15 +13,20 @@ import (
 // MemStore is an in-memory blob store: a BlobSaver and BlobLoader that
 // checks hashes on load, as the real repository does.
 type MemStore struct {
+	ids     delta.IDs
 	mu      sync.Mutex
 	blobs   map[delta.ID][]byte
 	corrupt map[delta.ID]bool
 }
 
-// NewMemStore returns an empty store holding the empty tree.
-func NewMemStore() *MemStore {
-	m := &MemStore{blobs: map[delta.ID][]byte{}, corrupt: map[delta.ID]bool{}}
-	m.blobs[delta.EmptyTree()] = (&delta.Tree{}).Encode()
+// NewMemStore returns an empty store holding the empty tree, checking
+// plain IDs.
+func NewMemStore() *MemStore { return NewMemStoreIDs(delta.IDs{}) }
+
+// NewMemStoreIDs is NewMemStore checking IDs under ids.
+func NewMemStoreIDs(ids delta.IDs) *MemStore {
+	m := &MemStore{ids: ids, blobs: map[delta.ID][]byte{}, corrupt: map[delta.ID]bool{}}
+	m.blobs[ids.EmptyTree()] = (&delta.Tree{}).Encode()
 	return m
 }
 
@@ -47,7 +52,7 @@ func (m *MemStore) LoadBlob(_ context.Context, t delta.BlobType, id delta.ID) ([
 	if m.corrupt[id] {
 		d = append(bytes.Clone(d), 'x')
 	}
-	if delta.Hash(d) != id {
+	if m.ids.Hash(d) != id {
 		return nil, fmt.Errorf("%s blob %s: content does not match its hash: %w", t, id.Short(), errdefs.ErrCorrupt)
 	}
 	return d, nil
