@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -516,5 +517,58 @@ func TestUpstreamKeepAlive(t *testing.T) {
 	}
 	if n := up.conns.Load(); n != 1 {
 		t.Fatalf("40 sequential calls opened %d upstream connections, want 1", n)
+	}
+}
+
+// TestForwardsBeforeReadingConversation: with nothing in the journal to
+// answer from, the upstream gets the call before the proxy reads its
+// conversation (the parse is held until the stub has seen the call: a proxy
+// that parsed first would never get there), and the turn still carries the
+// conversation's position and hash. Once the sandbox has a journal entry,
+// the hash is read first: the journal may answer the call.
+func TestForwardsBeforeReadingConversation(t *testing.T) {
+	up := newStub(t)
+	turns := &fakeTurns{}
+	j := NewTreeJournal(nil)
+	p, base := newProxy(t, Options{Upstream: up.srv.URL, Turns: turns, Journal: j})
+	seen := make(chan struct{}, 1)
+	up.before = func() {
+		select {
+		case seen <- struct{}{}:
+		default:
+		}
+	}
+	var beside atomic.Int64
+	p.beforeParse = func() {
+		beside.Add(1)
+		select {
+		case <-seen:
+		case <-time.After(10 * time.Second):
+			t.Error("the upstream did not get the call before its conversation was read")
+		}
+	}
+	body := chat(false, "one", "two")
+	if s, _, b := post(t, base+"/llm/a1/v1/chat/completions", body, nil); s != 200 {
+		t.Fatalf("status %d: %s", s, b)
+	}
+	want, err := ParseRequest(ShapeChat, []byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := turns.seen()
+	if len(ts) != 1 || ts[0].Number != 2 || ts[0].Conv != want.Conv {
+		t.Fatalf("turns %+v, want one of turn 2 conv %s", ts, want.Conv.Short())
+	}
+	if beside.Load() != 1 || j.Empty("a1") {
+		t.Fatalf("%d calls read beside, journal empty %v: want 1 and an entry", beside.Load(), j.Empty("a1"))
+	}
+	// The journal now holds a1's exchange: the same call is answered from
+	// it, so its hash must be read before anything is forwarded.
+	calls := up.calls.Load()
+	if s, h, b := post(t, base+"/llm/a1/v1/chat/completions", body, nil); s != 200 || !strings.Contains(b, "live #1") || h.Get("X-Turnsnap-Journal") != "replay" {
+		t.Fatalf("replay: %d %s", s, b)
+	}
+	if up.calls.Load() != calls || beside.Load() != 1 {
+		t.Fatalf("the replayed call reached the upstream (%d calls) or was read beside (%d)", up.calls.Load()-calls, beside.Load())
 	}
 }

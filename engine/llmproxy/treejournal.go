@@ -97,6 +97,15 @@ func (j *TreeJournal) Put(ctx context.Context, sandbox string, e *Entry) error {
 	return nil
 }
 
+// Empty says that sandbox's journal holds no entry, so that none of its
+// calls can be answered from it: the proxy then forwards a call before
+// reading its conversation.
+func (j *TreeJournal) Empty(sandbox string) bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return len(j.idx[sandbox]) == 0
+}
+
 // Get implements Journal.
 func (j *TreeJournal) Get(ctx context.Context, sandbox string, conv delta.ID) (*Entry, error) {
 	j.mu.Lock()
