@@ -118,6 +118,7 @@ type Proxy struct {
 
 	onGate      func(gateEvent) // test hook: one call per held reply
 	beforeParse func()          // test hook: runs as a forwarded call's conversation is read beside it
+	afterParse  func()          // test hook: runs once it was read (and the turn begun or joined)
 }
 
 type ctxKey struct{}
@@ -355,6 +356,9 @@ func (p *Proxy) prepareTurn(w http.ResponseWriter, r *http.Request, x *exchange,
 			}
 			if p.classify(x) {
 				x.pend = p.begin(x.sandbox, x.req)
+			}
+			if p.afterParse != nil {
+				p.afterParse()
 			}
 		}()
 		return false

@@ -385,13 +385,17 @@ func TestSeveralSandboxesAtOnce(t *testing.T) {
 func TestRetryJoinsRunningCheckpoint(t *testing.T) {
 	up := newStub(t)
 	turns := &fakeTurns{block: make(chan struct{}), started: make(chan Turn, 2)}
-	_, base := newProxy(t, Options{Upstream: up.srv.URL, Turns: turns})
+	p, base := newProxy(t, Options{Upstream: up.srv.URL, Turns: turns})
+	var read atomic.Int64
+	p.afterParse = func() { read.Add(1) }
 	_, r1 := startCall(t, base+"/llm/agent1/v1/chat/completions", chat(false))
 	tr := <-turns.started
 	<-tr.Urgent
 	_, r2 := startCall(t, base+"/llm/agent1/v1/chat/completions", chat(false))
-	for up.calls.Load() < 2 {
-		time.Sleep(time.Millisecond) // polling the stub's counter, not timing the gate
+	// The retry is forwarded before its conversation is read: wait for both
+	// (polling counters, not timing the gate).
+	for up.calls.Load() < 2 || read.Load() < 2 {
+		time.Sleep(time.Millisecond)
 	}
 	close(turns.block)
 	<-r1
