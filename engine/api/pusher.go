@@ -124,6 +124,14 @@ func (p *Pusher) Run(ctx context.Context) {
 // it depends on) goes first, urgently, and another round follows at once.
 func (p *Pusher) round(ctx context.Context) error {
 	p.mu.Lock()
+	idle := len(p.waiters) == 0
+	p.mu.Unlock()
+	if idle {
+		// No one waits for this round: urgent checkpoints go first. Who
+		// asks meanwhile joins it.
+		p.e.YieldToUrgent(ctx)
+	}
+	p.mu.Lock()
 	ws := p.waiters
 	p.waiters = nil
 	p.mu.Unlock()
