@@ -3,10 +3,14 @@ package engine
 import (
 	"context"
 	"errors"
+	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+
+	"github.com/turnsnap/turnsnap/delta"
 )
 
 // admitRig drives an admission scheduler deterministically: each acquire
@@ -223,5 +227,80 @@ func TestAdmitConcurrentBound(t *testing.T) {
 	}
 	if got := st.Normal.Count + st.Urgent.Count + st.Cancelled; got != 64 {
 		t.Fatalf("%d admitted or cancelled of 64", got)
+	}
+}
+
+// Through Engine.Checkpoint, with one slot: while sandbox a's checkpoint
+// holds it (stopped at its scan), b queues, then c; c's reply becomes ready
+// (its Urgent closes) while it waits, so c runs before b. A queued
+// checkpoint whose context ends returns at once with the context's error and
+// leaves its sandbox free for the next turn.
+func TestAdmitEngineUrgentCheckpointOvertakes(t *testing.T) {
+	ctx := context.Background()
+	e := newEngine(t)
+	e.admit = newAdmission(1)
+	base := richBase(t)
+	for _, n := range []string{"a", "b", "c", "d"} {
+		res, err := e.CreateSandbox(ctx, n, CreateOptions{Base: base})
+		must(t, err)
+		write(t, filepath.Join(res.Root, "turn.txt"), n)
+	}
+	queued, promoted := make(chan string, 8), make(chan string, 8)
+	e.admit.onQueued = func(sb string, _ bool) { queued <- sb }
+	e.admit.onPromote = func(sb string) { promoted <- sb }
+	inA, block := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	e.atPhase = func(ph string) {
+		if ph == PhaseScan {
+			once.Do(func() { close(inA); <-block })
+		}
+	}
+	done := make(chan string, 4)
+	run := func(name string, opts CheckpointOptions) {
+		go func() {
+			r, err := e.Checkpoint(ctx, name, opts)
+			if err != nil || r.Class != delta.ClassFS {
+				t.Errorf("checkpoint %s: %v %+v", name, err, r)
+			}
+			done <- name
+		}()
+	}
+	run("a", CheckpointOptions{})
+	<-inA
+	run("b", CheckpointOptions{})
+	if sb := <-queued; sb != "b" {
+		t.Fatalf("queued %s, want b", sb)
+	}
+	urgent := make(chan struct{})
+	run("c", CheckpointOptions{Urgent: urgent})
+	if sb := <-queued; sb != "c" {
+		t.Fatalf("queued %s, want c", sb)
+	}
+	dctx, cancel := context.WithCancel(ctx)
+	derr := make(chan error, 1)
+	go func() { _, err := e.Checkpoint(dctx, "d", CheckpointOptions{}); derr <- err }()
+	if sb := <-queued; sb != "d" {
+		t.Fatalf("queued %s, want d", sb)
+	}
+	cancel()
+	if err := <-derr; !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "sandbox d") {
+		t.Fatalf("cancelled checkpoint: %v", err)
+	}
+	close(urgent)
+	if sb := <-promoted; sb != "c" {
+		t.Fatalf("promoted %s, want c", sb)
+	}
+	close(block)
+	for _, want := range []string{"a", "c", "b"} {
+		if got := <-done; got != want {
+			t.Fatalf("checkpoint of %s finished, want %s first (order a, c, b)", got, want)
+		}
+	}
+	if r, err := e.Checkpoint(ctx, "d", CheckpointOptions{}); err != nil || r.Class != delta.ClassFS {
+		t.Fatalf("d after its cancelled turn: %v %+v", err, r)
+	}
+	st := e.AdmissionStats()
+	if st.Promoted != 1 || st.Cancelled != 1 || st.Urgent.Count != 1 || st.Normal.Count != 3 || st.Running != 0 {
+		t.Fatalf("stats %+v", st)
 	}
 }
