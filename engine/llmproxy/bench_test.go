@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -123,10 +124,16 @@ type engineTurns struct {
 	e  *engine.Engine
 	mu *sync.Mutex
 	fs *int // checkpoints that stored files: proof the turns were real
+	// noLane, if set and true, keeps Turn.Urgent from the engine, so the
+	// checkpoint never moves to the urgent lane (the benchmark's baseline).
+	noLane *atomic.Bool
 }
 
 func (et engineTurns) Checkpoint(ctx context.Context, t Turn) (Committed, error) {
-	opts := engine.CheckpointOptions{Message: "llm call " + t.Conv.Short()}
+	opts := engine.CheckpointOptions{Message: "llm call " + t.Conv.Short(), Urgent: t.Urgent}
+	if et.noLane != nil && et.noLane.Load() {
+		opts.Urgent = nil
+	}
 	if t.Number >= 0 {
 		opts.Turn = &t.Number
 	}
@@ -148,6 +155,11 @@ func (engineTurns) WaitRemote(context.Context, Turn, Committed) error { return n
 // returns it with a function that makes one agent turn: 10 new files of
 // 64 KiB random bytes.
 func fsTurnEngine(b testing.TB) (*engine.Engine, func(i int)) {
+	return fsTurnEngineSlots(b, 0)
+}
+
+// fsTurnEngineSlots is fsTurnEngine with engine.Options.MaxCheckpoints.
+func fsTurnEngineSlots(b testing.TB, slots int) (*engine.Engine, func(i int)) {
 	testenv.RequireRoot(b)
 	ctx := context.Background()
 	dir := b.TempDir()
@@ -159,7 +171,7 @@ func fsTurnEngine(b testing.TB) (*engine.Engine, func(i int)) {
 	}
 	must(os.MkdirAll(filepath.Join(base, "src"), 0o755))
 	must(os.WriteFile(filepath.Join(base, "src", "main.go"), []byte("package main\n"), 0o644))
-	e, err := engine.Open(ctx, engine.Options{Home: filepath.Join(dir, "home")})
+	e, err := engine.Open(ctx, engine.Options{Home: filepath.Join(dir, "home"), MaxCheckpoints: slots})
 	must(err)
 	res, err := e.CreateSandbox(ctx, "bench", engine.CreateOptions{Base: base})
 	if err != nil {
@@ -189,11 +201,18 @@ func gateRun(b *testing.B, latency time.Duration) (exposed, remaining []time.Dur
 
 // gateRunOn is gateRun on an engine the caller made (with load, say).
 func gateRunOn(b *testing.B, e *engine.Engine, agentTurn func(int), latency time.Duration) (exposed, remaining []time.Duration) {
+	return gateRunLanes(b, e, agentTurn, latency, nil)
+}
+
+// gateRunLanes is gateRunOn where call i's checkpoint is kept out of the
+// urgent lane when noLane(i) says so.
+func gateRunLanes(b *testing.B, e *engine.Engine, agentTurn func(int), latency time.Duration, noLane func(i int) bool) (exposed, remaining []time.Duration) {
 	up := newStub(b)
 	up.delay = latency
 	var mu sync.Mutex
 	fsTurns := 0
-	p, base := newProxy(b, Options{Upstream: up.srv.URL, Turns: engineTurns{e, &mu, &fsTurns}})
+	var off atomic.Bool
+	p, base := newProxy(b, Options{Upstream: up.srv.URL, Turns: engineTurns{e, &mu, &fsTurns, &off}})
 	p.onGate = func(ev gateEvent) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -208,6 +227,7 @@ func gateRunOn(b *testing.B, e *engine.Engine, agentTurn func(int), latency time
 	a := &agent{}
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
+		off.Store(noLane != nil && noLane(i))
 		agentTurn(i)
 		a.replies = append(a.replies, fmt.Sprint("reply ", i))
 		do(b, c, base+"/llm/bench/v1/chat/completions", []byte(chat(false, a.replies...)))
