@@ -366,7 +366,7 @@ func (p *Proxy) prepareTurn(w http.ResponseWriter, r *http.Request, x *exchange,
 	if !p.classify(x) {
 		return false
 	}
-	if p.replay(w, r, x) {
+	if x.journal && p.replay(w, r, x) {
 		return true
 	}
 	x.pend = p.begin(x.sandbox, x.req)
