@@ -146,10 +146,16 @@ func (a *admission) acquire(ctx context.Context, sandbox string, urgent <-chan s
 		case <-urgent:
 			urgent = nil
 			a.mu.Lock()
-			if !w.granted {
+			onPromote := a.onPromote
+			if w.granted { // admitted meanwhile: it runs urgent from now on
+				if !w.urgent {
+					w.urgent = true
+					a.urgentRunning++
+				}
+				onPromote = nil
+			} else {
 				a.promoteLocked(w, false)
 			}
-			onPromote := a.onPromote
 			a.mu.Unlock()
 			if onPromote != nil {
 				onPromote(sandbox)

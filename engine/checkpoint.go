@@ -80,14 +80,14 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 		return nil, err
 	}
 	defer done()
-	admitted, err := e.admit.acquire(ctx, name, opts.Urgent)
+	if opts.Turn != nil && *opts.Turn < 0 {
+		return nil, fmt.Errorf("sandbox %s: turn %d: turns are numbered from 0: %w", name, *opts.Turn, errdefs.ErrInvalid)
+	}
+	admitted, err := e.admit.acquire(ctx, name, opts.Urgent) // admit.go: one of the checkpoint slots
 	if err != nil {
 		return nil, err
 	}
 	defer admitted()
-	if opts.Turn != nil && *opts.Turn < 0 {
-		return nil, fmt.Errorf("sandbox %s: turn %d: turns are numbered from 0: %w", name, *opts.Turn, errdefs.ErrInvalid)
-	}
 	start := time.Now()
 	st, err := e.loadSandbox(ctx, name)
 	if err != nil {
