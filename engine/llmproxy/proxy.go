@@ -187,6 +187,7 @@ func New(opts Options) (*Proxy, error) {
 		FlushInterval:  -1,
 		ModifyResponse: p.modifyResponse,
 		ErrorHandler:   p.errorHandler,
+		BufferPool:     copyBuffers{},
 		ErrorLog:       slog.NewLogLogger(opts.Logger.Handler(), slog.LevelWarn),
 	}
 	return p, nil
@@ -216,6 +217,20 @@ func (p *Proxy) Close() error {
 	p.cancel()
 	p.wg.Wait()
 	return nil
+}
+
+// copyBuffers lends ReverseProxy its reply-copying buffers; without a pool
+// it allocates (and zeroes) 32 KiB for every call.
+type copyBuffers struct{}
+
+var copyBufferPool = sync.Pool{New: func() any { return new([32 << 10]byte) }}
+
+func (copyBuffers) Get() []byte { return copyBufferPool.Get().(*[32 << 10]byte)[:] }
+
+func (copyBuffers) Put(b []byte) {
+	if cap(b) == 32<<10 {
+		copyBufferPool.Put((*[32 << 10]byte)(b[:32<<10]))
+	}
 }
 
 func parseUpstream(s string) (*url.URL, error) {
