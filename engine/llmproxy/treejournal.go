@@ -37,7 +37,11 @@ type TreeJournal struct {
 type treeEntry struct {
 	turn  int
 	file  delta.Entry // Name, Size and Chunks; the other fields are fixed
-	plain []byte      // the entry's plaintext until a committed checkpoint holds it
+	// plain is the entry's plaintext until a committed checkpoint holds it.
+	// Its chunks are cut and hashed by the checkpoint (Snapshot.Save), inside
+	// the model's latency, not by Put on the reply's path: file.Chunks is
+	// empty until then.
+	plain []byte
 }
 
 // NewTreeJournal reads committed entries through load (the content
@@ -77,12 +81,6 @@ func (j *TreeJournal) Put(ctx context.Context, sandbox string, e *Entry) error {
 	}
 	te := &treeEntry{turn: e.Turn, plain: plain, file: delta.Entry{
 		Name: journalFileName(e.Conv, e.Turn), Type: delta.TypeFile, Mode: 0o600, Size: uint64(len(plain))}}
-	if err := delta.ChunkReader(bytes.NewReader(plain), func(c []byte) error {
-		te.file.Chunks = append(te.file.Chunks, delta.Hash(c))
-		return nil
-	}); err != nil {
-		return fmt.Errorf("journal entry of sandbox %s: %w", sandbox, err)
-	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	m := j.idx[sandbox]
@@ -199,17 +197,23 @@ func (s *Snapshot) Save(ctx context.Context, saver delta.BlobSaver) (*delta.ID, 
 		return nil, nil
 	}
 	t := &delta.Tree{Entries: make([]delta.Entry, 0, len(s.entries))}
-	for _, te := range s.entries {
-		if plain := te.plain; plain != nil {
-			// The same cut as Put's, so the same chunks as te.file names.
+	for i := range s.entries {
+		se := &s.entries[i]
+		if plain := se.plain; plain != nil {
+			// Cut as files are: the same exchange in two branches is the
+			// same chunks. Committed keeps the IDs.
+			var chunks []delta.ID
 			if err := delta.ChunkReader(bytes.NewReader(plain), func(c []byte) error {
-				_, err := saver.SaveBlob(ctx, delta.BlobData, delta.Hash(c), c)
+				id := delta.Hash(c)
+				chunks = append(chunks, id)
+				_, err := saver.SaveBlob(ctx, delta.BlobData, id, c)
 				return err
 			}); err != nil {
-				return nil, fmt.Errorf("journal of sandbox %s: entry %s: %w", s.sandbox, te.file.Name, err)
+				return nil, fmt.Errorf("journal of sandbox %s: entry %s: %w", s.sandbox, se.file.Name, err)
 			}
+			se.file.Chunks = chunks
 		}
-		t.Entries = append(t.Entries, te.file)
+		t.Entries = append(t.Entries, se.file)
 	}
 	t.Sort()
 	if err := t.Check(); err != nil {
@@ -229,6 +233,10 @@ func (j *TreeJournal) Committed(s *Snapshot) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	for _, se := range s.entries {
+		if se.plain != nil && len(se.file.Chunks) == 0 {
+			continue // never saved: keep the bytes for the next checkpoint
+		}
+		se.te.file.Chunks = se.file.Chunks
 		se.te.plain = nil
 	}
 }
