@@ -35,8 +35,8 @@ type TreeJournal struct {
 }
 
 type treeEntry struct {
-	turn  int
-	file  delta.Entry // Name, Size and Chunks; the other fields are fixed
+	turn int
+	file delta.Entry // Name, Size and Chunks; the other fields are fixed
 	// plain is the entry's plaintext until a committed checkpoint holds it.
 	// Its chunks are cut and hashed by the checkpoint (Snapshot.Save), inside
 	// the model's latency, not by Put on the reply's path: file.Chunks is
