@@ -135,7 +135,7 @@ type exchange struct {
 	body    []byte
 	pend    *pending
 	// parsed, when set, is closed once the fields above are final: the
-	// conversation is read beside the forwarded request (readBeside), and
+	// conversation is read beside the forwarded request (prepareTurn), and
 	// every hook that runs after the upstream answered waits for it.
 	parsed chan struct{}
 }
@@ -336,7 +336,7 @@ func (p *Proxy) isTurn(method, path string) (Shape, bool) {
 //
 // When no journaled reply can answer the call (no journal, or none for this
 // sandbox), the call is forwarded at once and its conversation read beside
-// it from the same bytes (readBeside): the position and the hash only
+// it from the same bytes: the position and the hash only
 // number the checkpoint, which runs concurrently with the model anyway.
 // Otherwise the hash decides whether the model is called at all, so it is
 // read first (about 15 us for a 12 KiB conversation).
@@ -418,7 +418,7 @@ func readBody(r io.Reader, length, max int64) ([]byte, error) {
 	if length < 0 || length > max {
 		return io.ReadAll(io.LimitReader(r, max+1))
 	}
-	b := make([]byte, length, length+1)
+	b := make([]byte, length)
 	if _, err := io.ReadFull(r, b); err != nil {
 		return nil, err
 	}
