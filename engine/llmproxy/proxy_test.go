@@ -576,3 +576,31 @@ func TestForwardsBeforeReadingConversation(t *testing.T) {
 		t.Fatalf("the replayed call reached the upstream (%d calls) or was read beside (%d)", up.calls.Load()-calls, beside.Load())
 	}
 }
+
+// readBody reads a declared length in one buffer, an undeclared one up to
+// the bound, and says when a body is larger than the bound (max+1 bytes).
+func TestReadBody(t *testing.T) {
+	body := strings.Repeat("x", 100)
+	cases := []struct {
+		length, max int64
+		want        int
+		err         bool
+	}{
+		{100, 1000, 100, false}, // declared
+		{-1, 1000, 100, false},  // chunked
+		{-1, 50, 51, false},     // chunked, larger than the bound
+		{200, 1000, 0, true},    // declared more than was sent
+		{100, 50, 51, false},    // declared larger than the bound
+		{0, 50, 0, false},
+	}
+	for _, c := range cases {
+		src := body
+		if c.length == 0 {
+			src = ""
+		}
+		b, err := readBody(strings.NewReader(src), c.length, c.max)
+		if (err != nil) != c.err || (!c.err && (len(b) != c.want || string(b) != src[:c.want])) {
+			t.Errorf("length %d max %d: %d bytes, %v; want %d (error %v)", c.length, c.max, len(b), err, c.want, c.err)
+		}
+	}
+}
