@@ -94,7 +94,7 @@ func BenchmarkProxyOverhead(b *testing.B) {
 	up := newStub(b)
 	up.forget = true
 	_, base := newProxy(b, Options{Upstream: up.srv.URL})
-	j := NewTreeJournal(nil)
+	j := memJournal()
 	_, jbase := newProxy(b, Options{Upstream: up.srv.URL, Journal: j})
 	target, _ := url.Parse(up.srv.URL)
 	bare := httptest.NewServer(httputil.NewSingleHostReverseProxy(target))

@@ -524,6 +524,10 @@ func TestUpstreamKeepAlive(t *testing.T) {
 	}
 }
 
+// memJournal is a TreeJournal that never reads from a store: its entries
+// stay in memory, as they do until a checkpoint commits them.
+func memJournal() *TreeJournal { return NewTreeJournal(nil) }
+
 // TestForwardsBeforeReadingConversation: with nothing in the journal to
 // answer from, the upstream gets the call before the proxy reads its
 // conversation (the parse is held until the stub has seen the call: a proxy
@@ -533,7 +537,7 @@ func TestUpstreamKeepAlive(t *testing.T) {
 func TestForwardsBeforeReadingConversation(t *testing.T) {
 	up := newStub(t)
 	turns := &fakeTurns{}
-	j := NewTreeJournal(nil)
+	j := memJournal()
 	p, base := newProxy(t, Options{Upstream: up.srv.URL, Turns: turns, Journal: j})
 	seen := make(chan struct{}, 1)
 	up.before = func() {
