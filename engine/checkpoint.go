@@ -29,6 +29,10 @@ type CheckpointOptions struct {
 	// It runs only for a turn that commits. Without it the record carries
 	// its parent's journal forward, as it does an unchanged process image.
 	Journal func(ctx context.Context, s delta.BlobSaver) (*delta.ID, error)
+	// Urgent, if set, is closed when someone waits for this checkpoint right
+	// now (the LLM proxy holds a reply that is ready): while it waits for a
+	// slot, it moves to the urgent lane (admit.go).
+	Urgent <-chan struct{} `json:"-"`
 }
 
 // CheckpointResult reports one turn boundary.
@@ -79,6 +83,11 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	if opts.Turn != nil && *opts.Turn < 0 {
 		return nil, fmt.Errorf("sandbox %s: turn %d: turns are numbered from 0: %w", name, *opts.Turn, errdefs.ErrInvalid)
 	}
+	admitted, err := e.admit.acquire(ctx, name, opts.Urgent) // admit.go: one of the checkpoint slots
+	if err != nil {
+		return nil, err
+	}
+	defer admitted()
 	start := time.Now()
 	st, err := e.loadSandbox(ctx, name)
 	if err != nil {

@@ -50,6 +50,10 @@ type Options struct {
 	// and an unchanged turn reads nothing (docs/TRACKING.md). For a
 	// long-lived engine (the daemon): a tracker's first turn walks.
 	TrackChanges bool
+	// MaxCheckpoints is how many checkpoints run their heavy phases (scan,
+	// store, commit) at once; the others queue, urgent ones first
+	// (admit.go). 0 means GOMAXPROCS; negative, no limit.
+	MaxCheckpoints int
 }
 
 // DefaultLockWait lets short commands queue behind each other (a checkpoint
@@ -92,6 +96,7 @@ type Engine struct {
 	atPhase   func(string) // Options.AtPhase
 	track     trackers     // change tracking (track.go)
 	freezes   freezeJobs   // background freezes (frozen_bg.go)
+	admit     *admission   // checkpoint admission (admit.go)
 }
 
 // Open locks and opens the home, creating it on first use.
@@ -111,7 +116,7 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &Engine{home: h, lock: lock, log: log, atPhase: opts.AtPhase}
+	e := &Engine{home: h, lock: lock, log: log, atPhase: opts.AtPhase, admit: newAdmission(opts.MaxCheckpoints)}
 	e.track.on = opts.TrackChanges
 	ok := false
 	defer func() {

@@ -113,6 +113,7 @@ func (e *Engine) runFreeze(j *freezeJob) {
 	if j.prev != nil {
 		<-j.prev.done
 	}
+	e.admit.yield(context.Background()) // urgent checkpoints first (admit.go)
 	f.sem <- struct{}{}
 	defer func() { <-f.sem }()
 	e.maint.RLock()

@@ -34,6 +34,7 @@ type serveFlags struct {
 	shutdownTimeout time.Duration
 	tenants         string   // tenants.go
 	llm             llmFlags // run.go
+	checkpointSlots int
 }
 
 func (a *app) serveCmd() *cobra.Command {
@@ -67,6 +68,11 @@ address: each request's bearer token picks its tenant's home, and nothing
 of another tenant can be named with it (docs/SECURITY.md, "Tenants").
 Each home also gets its own unix socket; --home is not used.
 
+--checkpoint-slots N bounds the checkpoints that scan and store at once
+(default one per CPU); the others queue in arrival order, except those whose
+model reply is already waiting at the LLM proxy's gate, which go first
+(turnsnap_checkpoint_queue_* on /metrics).
+
 --llm-listen 127.0.0.1:PORT also serves the LLM proxy (docs/LLM-PROXY.md) at
 http://ADDR/llm/{sandbox}/: each model call an agent sends there is forwarded
 to the upstream (--llm-upstream, or the sandbox's own) and closes the
@@ -86,6 +92,7 @@ pointed at it.`,
 	fl.StringVar(&f.logFormat, "log-format", "text", "log lines as text or json (on stderr)")
 	fl.StringVar(&f.tenants, "tenants", "", "serve several homes, one per tenant, as FILE lists them (with --listen; see docs/SECURITY.md)")
 	fl.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 5*time.Minute, "on SIGTERM, how long requests in flight may take to finish")
+	fl.IntVar(&f.checkpointSlots, "checkpoint-slots", 0, "checkpoints that run at once, the others queue (urgent ones, whose model reply waits, first); 0: one per CPU, -1: no limit")
 	f.llm.register(fl)
 	return c
 }
@@ -234,7 +241,7 @@ func (a *app) serve(ctx context.Context, f serveFlags) error {
 	// The engine's work must outlive ctx (SIGTERM cancels it): requests in
 	// flight finish on their own contexts, the pusher on its own.
 	e, err := engine.Open(context.WithoutCancel(ctx), engine.Options{Home: a.home, LockWait: a.lockWait, Logger: log,
-		AtPhase: chainPhases(blockAtPhase(), holdAtPhase()), TrackChanges: true})
+		AtPhase: chainPhases(blockAtPhase(), holdAtPhase()), TrackChanges: true, MaxCheckpoints: f.checkpointSlots})
 	if err != nil {
 		return err
 	}

@@ -127,10 +127,10 @@ func (th *tenantHome) close() {
 // openTenant opens a tenant's home, repairs what a killed daemon left,
 // gives it the file's key and remote if it has none yet, and starts its
 // background pusher.
-func (a *app) openTenant(ctx context.Context, log *slog.Logger, spec api.TenantSpec) (*tenantHome, error) {
+func (a *app) openTenant(ctx context.Context, log *slog.Logger, spec api.TenantSpec, slots int) (*tenantHome, error) {
 	log = log.With("tenant", spec.Name)
 	e, err := engine.Open(context.WithoutCancel(ctx), engine.Options{Home: spec.Home, LockWait: a.lockWait, Logger: log,
-		AtPhase: chainPhases(blockAtPhase(), holdAtPhase()), TrackChanges: true})
+		AtPhase: chainPhases(blockAtPhase(), holdAtPhase()), TrackChanges: true, MaxCheckpoints: slots})
 	if err != nil {
 		return nil, fmt.Errorf("tenant %s: %w", spec.Name, err)
 	}
@@ -207,7 +207,7 @@ func (a *app) serveTenants(ctx context.Context, f serveFlags) error {
 	}()
 	var routed []api.Tenant
 	for i, spec := range tf.Tenants {
-		th, err := a.openTenant(ctx, log, spec)
+		th, err := a.openTenant(ctx, log, spec, f.checkpointSlots) // each home has its own slots
 		if err != nil {
 			return err
 		}

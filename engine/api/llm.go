@@ -95,7 +95,9 @@ func (l *LLM) Checkpoint(ctx context.Context, t llmproxy.Turn) (llmproxy.Committ
 	// The checkpoint that closes turn k holds the exchanges of turns below
 	// k: the replies whose tool calls the state it captures already holds.
 	snap := l.journal.Snapshot(t.Sandbox, t.Number)
-	opts := engine.CheckpointOptions{Journal: snap.Save}
+	// The reply ready before the checkpoint committed moves it to the
+	// engine's urgent lane (engine/admit.go).
+	opts := engine.CheckpointOptions{Journal: snap.Save, Urgent: t.Urgent}
 	if !t.Conv.IsZero() {
 		conv := t.Conv
 		opts.Conv = &conv

@@ -123,12 +123,23 @@ func (p *Pusher) Run(ctx context.Context) {
 // waits for one and the same sandbox: then that sandbox's queue (and what
 // it depends on) goes first, urgently, and another round follows at once.
 func (p *Pusher) round(ctx context.Context) error {
-	p.mu.Lock()
-	ws := p.waiters
-	p.waiters = nil
-	p.mu.Unlock()
+	take := func() []*waiter {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		ws := p.waiters
+		p.waiters = nil
+		return ws
+	}
+	ws := take()
 	if !p.e.HasRemote() && len(ws) == 0 {
 		return nil
+	}
+	if len(ws) == 0 {
+		// No one waits for this round: urgent checkpoints go first
+		// (engine/admit.go). Who asks meanwhile joins it; it starts after
+		// they asked.
+		p.e.YieldToUrgent(ctx)
+		ws = take()
 	}
 	scope := ""
 	if len(ws) > 0 {

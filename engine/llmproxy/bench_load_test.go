@@ -17,13 +17,56 @@ import (
 // BenchmarkGateModel20msLoaded is BenchmarkGateModel20ms with other
 // sandboxes of the same engine taking 10-file fs turns back to back while
 // the measured agent runs: the exposed delay is still the checkpoint's
-// remaining time, which the load lengthens. (Checkpoints of different
-// sandboxes run side by side; the engine has no checkpoint scheduler lane
-// to promote them to, so Turn.Urgent only speeds the remote gate's upload.)
-// With TURNSNAP_BENCH_SMALL=1 one loader runs instead of two.
+// remaining time, which the load lengthens.
+//
+// slots=default is the daemon's engine (engine/admit.go: GOMAXPROCS
+// checkpoints at once, the rest queued). Its calls alternate, in one loop,
+// between the urgent lane (when the reply is ready first, the waiting
+// checkpoint goes ahead of the loaders' queued ones) and no lane (the
+// checkpoint waits its turn in arrival order): lane-* against nolane-*.
+// slots=unlimited is the engine with no admission at all, every checkpoint
+// running at once as before the scheduler existed.
+// With TURNSNAP_BENCH_SMALL=1 one loader runs instead of four.
 func BenchmarkGateModel20msLoaded(b *testing.B) {
-	e, agentTurn := fsTurnEngine(b)
-	loaders := 2
+	b.Run("slots=default", func(b *testing.B) {
+		e, agentTurn := fsTurnEngineSlots(b, 0)
+		var exposed, remaining []time.Duration
+		loaded(b, e, func() {
+			exposed, remaining = gateRunLanes(b, e, agentTurn, 20*time.Millisecond, func(i int) bool { return i%2 == 1 })
+		})
+		var lane, nolane [2][]time.Duration
+		for i := range exposed {
+			g := &lane
+			if i%2 == 1 {
+				g = &nolane
+			}
+			g[0], g[1] = append(g[0], exposed[i]), append(g[1], exposed[i]-remaining[i])
+		}
+		reportPct(b, "lane-exposed", lane[0])
+		reportPct(b, "nolane-exposed", nolane[0])
+		reportPct(b, "lane-excess", lane[1])
+		reportPct(b, "nolane-excess", nolane[1])
+		st := e.AdmissionStats()
+		b.ReportMetric(float64(st.Promoted)/float64(b.N), "promoted/op")
+	})
+	b.Run("slots=unlimited", func(b *testing.B) {
+		e, agentTurn := fsTurnEngineSlots(b, -1)
+		var exposed, remaining []time.Duration
+		loaded(b, e, func() { exposed, remaining = gateRunOn(b, e, agentTurn, 20*time.Millisecond) })
+		excess := make([]time.Duration, len(exposed))
+		for i := range exposed {
+			excess[i] = exposed[i] - remaining[i]
+		}
+		reportPct(b, "exposed", exposed)
+		reportPct(b, "ckpt-remaining", remaining)
+		reportPct(b, "excess", excess)
+	})
+}
+
+// loaded runs measure while loader sandboxes of e take fs turns back to
+// back, and reports their turns per measured call.
+func loaded(b *testing.B, e *engine.Engine, measure func()) {
+	loaders := 4
 	if os.Getenv("TURNSNAP_BENCH_SMALL") != "" {
 		loaders = 1
 	}
@@ -57,18 +100,11 @@ func BenchmarkGateModel20msLoaded(b *testing.B) {
 		}()
 	}
 	b.Cleanup(func() { cancel(); wg.Wait() })
-	exposed, remaining := gateRunOn(b, e, agentTurn, 20*time.Millisecond)
+	measure()
 	cancel()
 	wg.Wait()
 	if loadTurns.Load() == 0 {
 		b.Fatal("the loaders took no checkpoint: no load was measured")
 	}
-	excess := make([]time.Duration, len(exposed))
-	for i := range exposed {
-		excess[i] = exposed[i] - remaining[i]
-	}
-	reportPct(b, "exposed", exposed)
-	reportPct(b, "ckpt-remaining", remaining)
-	reportPct(b, "excess", excess)
 	b.ReportMetric(float64(loadTurns.Load())/float64(b.N), "load-turns/op")
 }

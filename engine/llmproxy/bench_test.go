@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -66,11 +67,15 @@ func do(b *testing.B, c *http.Client, url string, body []byte) (first, total tim
 
 // realisticChat is a 20-message conversation of ~12 KiB, the size of an
 // early coding-agent turn.
-func realisticChat(stream bool) []byte {
+func realisticChat(stream bool) []byte { return realisticChatN(stream, 0) }
+
+// realisticChatN is realisticChat with the conversation made unique by n.
+func realisticChatN(stream bool, n int) []byte {
 	replies := make([]string, 10)
 	for i := range replies {
 		replies[i] = fmt.Sprintf("I will run the tests now (step %d). %s", i, bytes.Repeat([]byte("output line "), 80))
 	}
+	replies[9] += fmt.Sprint(" #", n)
 	return []byte(chat(stream, replies...))
 }
 
@@ -79,32 +84,47 @@ func realisticChat(stream bool) []byte {
 // bare httputil.ReverseProxy (the cost of any extra loopback hop),
 // alternating in one loop. overhead = proxy - direct; logic = proxy - bare,
 // the proxy's own work (body read, parse, hash, routing).
+//
+// A fourth leg goes through a proxy with a journal that holds entries for
+// the sandbox, as the daemon's does after an agent's first reply: the
+// conversation hash is then read before the call is forwarded (the journal
+// might answer it), and each reply is journaled (journal-overhead). Every
+// call is a new conversation, so none is answered from the journal.
 func BenchmarkProxyOverhead(b *testing.B) {
 	up := newStub(b)
 	up.forget = true
 	_, base := newProxy(b, Options{Upstream: up.srv.URL})
+	j := memJournal()
+	_, jbase := newProxy(b, Options{Upstream: up.srv.URL, Journal: j})
 	target, _ := url.Parse(up.srv.URL)
 	bare := httptest.NewServer(httputil.NewSingleHostReverseProxy(target))
 	b.Cleanup(bare.Close)
 	c := benchClient()
-	body := realisticChat(false)
-	legs := []string{up.srv.URL + "/v1/chat/completions", bare.URL + "/v1/chat/completions", base + "/llm/agent1/v1/chat/completions"}
+	legs := []string{up.srv.URL + "/v1/chat/completions", bare.URL + "/v1/chat/completions", base + "/llm/agent1/v1/chat/completions",
+		jbase + "/llm/agent1/v1/chat/completions"}
 	times := make([][]time.Duration, len(legs))
-	for range 20 { // warm the keep-alive pools
+	for w := range 20 { // warm the keep-alive pools (and give the journal its entries)
 		for _, u := range legs {
-			do(b, c, u, body)
+			do(b, c, u, realisticChatN(false, -1-w))
 		}
 	}
-	b.SetBytes(int64(len(body)))
+	if j.Empty("agent1") {
+		b.Fatal("the journal recorded nothing")
+	}
+	bodies := make([][]byte, b.N)
+	for i := range bodies {
+		bodies[i] = realisticChatN(false, i)
+	}
+	b.SetBytes(int64(len(bodies[0])))
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		for l, u := range legs {
-			_, d := do(b, c, u, body)
+			_, d := do(b, c, u, bodies[i])
 			times[l] = append(times[l], d)
 		}
 	}
 	b.StopTimer()
-	direct, bareT, proxied := times[0], times[1], times[2]
+	direct, bareT, proxied, journaled := times[0], times[1], times[2], times[3]
 	reportPct(b, "direct", direct)
 	reportPct(b, "bare-hop", bareT)
 	reportPct(b, "proxy", proxied)
@@ -114,6 +134,7 @@ func BenchmarkProxyOverhead(b *testing.B) {
 	}{{"p50", 0.5}, {"p99", 0.99}} {
 		b.ReportMetric(float64((pct(proxied, q.p) - pct(direct, q.p)).Microseconds()), "overhead-"+q.name+"-us")
 		b.ReportMetric(float64((pct(proxied, q.p) - pct(bareT, q.p)).Microseconds()), "logic-"+q.name+"-us")
+		b.ReportMetric(float64((pct(journaled, q.p) - pct(direct, q.p)).Microseconds()), "journal-overhead-"+q.name+"-us")
 	}
 }
 
@@ -123,10 +144,16 @@ type engineTurns struct {
 	e  *engine.Engine
 	mu *sync.Mutex
 	fs *int // checkpoints that stored files: proof the turns were real
+	// noLane, if set and true, keeps Turn.Urgent from the engine, so the
+	// checkpoint never moves to the urgent lane (the benchmark's baseline).
+	noLane *atomic.Bool
 }
 
 func (et engineTurns) Checkpoint(ctx context.Context, t Turn) (Committed, error) {
-	opts := engine.CheckpointOptions{Message: "llm call " + t.Conv.Short()}
+	opts := engine.CheckpointOptions{Message: "llm call " + t.Conv.Short(), Urgent: t.Urgent}
+	if et.noLane != nil && et.noLane.Load() {
+		opts.Urgent = nil
+	}
 	if t.Number >= 0 {
 		opts.Turn = &t.Number
 	}
@@ -148,6 +175,11 @@ func (engineTurns) WaitRemote(context.Context, Turn, Committed) error { return n
 // returns it with a function that makes one agent turn: 10 new files of
 // 64 KiB random bytes.
 func fsTurnEngine(b testing.TB) (*engine.Engine, func(i int)) {
+	return fsTurnEngineSlots(b, 0)
+}
+
+// fsTurnEngineSlots is fsTurnEngine with engine.Options.MaxCheckpoints.
+func fsTurnEngineSlots(b testing.TB, slots int) (*engine.Engine, func(i int)) {
 	testenv.RequireRoot(b)
 	ctx := context.Background()
 	dir := b.TempDir()
@@ -159,7 +191,7 @@ func fsTurnEngine(b testing.TB) (*engine.Engine, func(i int)) {
 	}
 	must(os.MkdirAll(filepath.Join(base, "src"), 0o755))
 	must(os.WriteFile(filepath.Join(base, "src", "main.go"), []byte("package main\n"), 0o644))
-	e, err := engine.Open(ctx, engine.Options{Home: filepath.Join(dir, "home")})
+	e, err := engine.Open(ctx, engine.Options{Home: filepath.Join(dir, "home"), MaxCheckpoints: slots})
 	must(err)
 	res, err := e.CreateSandbox(ctx, "bench", engine.CreateOptions{Base: base})
 	if err != nil {
@@ -189,11 +221,18 @@ func gateRun(b *testing.B, latency time.Duration) (exposed, remaining []time.Dur
 
 // gateRunOn is gateRun on an engine the caller made (with load, say).
 func gateRunOn(b *testing.B, e *engine.Engine, agentTurn func(int), latency time.Duration) (exposed, remaining []time.Duration) {
+	return gateRunLanes(b, e, agentTurn, latency, nil)
+}
+
+// gateRunLanes is gateRunOn where call i's checkpoint is kept out of the
+// urgent lane when noLane(i) says so.
+func gateRunLanes(b *testing.B, e *engine.Engine, agentTurn func(int), latency time.Duration, noLane func(i int) bool) (exposed, remaining []time.Duration) {
 	up := newStub(b)
 	up.delay = latency
 	var mu sync.Mutex
 	fsTurns := 0
-	p, base := newProxy(b, Options{Upstream: up.srv.URL, Turns: engineTurns{e, &mu, &fsTurns}})
+	var off atomic.Bool
+	p, base := newProxy(b, Options{Upstream: up.srv.URL, Turns: engineTurns{e, &mu, &fsTurns, &off}})
 	p.onGate = func(ev gateEvent) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -208,6 +247,7 @@ func gateRunOn(b *testing.B, e *engine.Engine, agentTurn func(int), latency time
 	a := &agent{}
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
+		off.Store(noLane != nil && noLane(i))
 		agentTurn(i)
 		a.replies = append(a.replies, fmt.Sprint("reply ", i))
 		do(b, c, base+"/llm/bench/v1/chat/completions", []byte(chat(false, a.replies...)))

@@ -2,10 +2,10 @@ package llmproxy
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
-	"fmt"
-	"sort"
+	"slices"
 	"unicode/utf8"
 )
 
@@ -43,12 +43,13 @@ type canonParser struct {
 	// members is a stack of the open objects' members, scratch the buffer
 	// reorder builds in; both are reused across objects.
 	members []member
+	keep    []member
 	scratch []byte
 }
 
 type member struct {
-	key        string
-	start, end int // the member's `"key":value` bytes in out
+	key        []byte // decoded; usually a slice of the body itself
+	start, end int    // the member's `"key":value` bytes in out
 	null       bool
 }
 
@@ -161,20 +162,74 @@ func (p *canonParser) str() (string, error) {
 	return "", errSyntax
 }
 
+// unquote decodes a canonical string token (hence valid JSON).
+func unquote(v []byte) string {
+	var s string
+	json.Unmarshal(v, &s)
+	return s
+}
+
+// intern returns b as a string, without allocating for the roles and item
+// types every conversation repeats.
+func intern(b []byte) string {
+	switch string(b) {
+	case "assistant":
+		return "assistant"
+	case "user":
+		return "user"
+	case "system":
+		return "system"
+	case "tool":
+		return "tool"
+	case "developer":
+		return "developer"
+	case "message":
+		return "message"
+	case "reasoning":
+		return "reasoning"
+	case "function_call":
+		return "function_call"
+	case "function_call_output":
+		return "function_call_output"
+	case "text":
+		return "text"
+	}
+	return string(b)
+}
+
+// key reads an object key token and returns its decoded bytes: a slice of
+// the body when the key is plain ASCII (no copy), else a decoded copy.
+func (p *canonParser) key() ([]byte, error) {
+	start := p.i + 1
+	j := start + plainRun(p.b[start:])
+	if j < len(p.b) && p.b[j] == '"' {
+		p.i = j + 1
+		return p.b[start:j], nil
+	}
+	s, err := p.str()
+	return []byte(s), err
+}
+
+// appendKey writes a decoded key in canonical form.
+func (p *canonParser) appendKey(k []byte) {
+	if plainRun(k) == len(k) {
+		p.out = append(p.out, '"')
+		p.out = append(p.out, k...)
+		p.out = append(p.out, '"')
+		return
+	}
+	p.out = appendCanonString(p.out, string(k), &p.tmp)
+}
+
 // strValue appends the canonical form of the string token at p.i. Plain
 // ASCII without escapes, the bulk of any conversation, is copied as it is.
 func (p *canonParser) strValue() error {
 	start := p.i
-	for j := start + 1; j < len(p.b); j++ {
-		c := p.b[j]
-		if c == '"' {
-			p.i = j + 1
-			p.out = append(p.out, p.b[start:p.i]...)
-			return nil
-		}
-		if c == '\\' || c < 0x20 || c >= utf8.RuneSelf {
-			break
-		}
+	j := start + 1 + plainRun(p.b[start+1:])
+	if j < len(p.b) && p.b[j] == '"' {
+		p.i = j + 1
+		p.out = append(p.out, p.b[start:p.i]...)
+		return nil
 	}
 	s, err := p.str()
 	if err != nil {
@@ -182,6 +237,31 @@ func (p *canonParser) strValue() error {
 	}
 	p.out = appendCanonString(p.out, s, &p.tmp)
 	return nil
+}
+
+// plainRun returns the length of the run at the start of b of bytes that a
+// canonical string keeps as they are: printable ASCII but '"' and '\\'.
+// It tests eight bytes at a time (the bulk of a conversation is such text,
+// and a byte loop over it was the parser's largest cost).
+func plainRun(b []byte) int {
+	const lo, hi = 0x0101010101010101, 0x8080808080808080
+	i := 0
+	for ; i+8 <= len(b); i += 8 {
+		w := binary.LittleEndian.Uint64(b[i:])
+		// Any byte >= 0x80; then, all bytes being ASCII, any byte < 0x20,
+		// any '"', any '\\' (each test may flag a block falsely only when it
+		// holds a special byte already, which the byte loop below finds).
+		q, bs := w^(lo*'"'), w^(lo*'\\')
+		if (w&hi)|((w-lo*0x20)&^w&hi)|((q-lo)&^q&hi)|((bs-lo)&^bs&hi) != 0 {
+			break
+		}
+	}
+	for ; i < len(b); i++ {
+		if c := b[i]; c < 0x20 || c == '"' || c == '\\' || c >= utf8.RuneSelf {
+			return i
+		}
+	}
+	return i
 }
 
 // appendCanonString writes s as encoding/json does with HTML escaping off:
@@ -292,7 +372,7 @@ func (p *canonParser) object() error {
 			if p.i >= len(p.b) || p.b[p.i] != '"' {
 				return errSyntax
 			}
-			key, err := p.str()
+			key, err := p.key()
 			if err != nil {
 				return err
 			}
@@ -305,7 +385,7 @@ func (p *canonParser) object() error {
 				p.out = append(p.out, ',')
 			}
 			start := len(p.out)
-			p.out = appendCanonString(p.out, key, &p.tmp)
+			p.appendKey(key)
 			p.out = append(p.out, ':')
 			vstart := len(p.out)
 			if err := p.value(); err != nil { // nested objects push and pop above ours
@@ -313,17 +393,19 @@ func (p *canonParser) object() error {
 			}
 			v := p.out[vstart:]
 			m := member{key: key, start: start, end: len(p.out), null: len(v) == 4 && string(v) == "null"}
-			if m.null || (len(p.members) > base && p.members[len(p.members)-1].key >= key) {
+			if m.null || (len(p.members) > base && bytes.Compare(p.members[len(p.members)-1].key, key) >= 0) {
 				sorted = false
 			}
 			p.members = append(p.members, m)
-			if items != nil && len(*items) > 0 && (key == "role" || key == "type") {
+			if items != nil && len(*items) > 0 && (string(key) == "role" || string(key) == "type") {
 				it := &(*items)[len(*items)-1]
 				s, isStr := "", len(v) > 0 && v[0] == '"'
-				if isStr {
-					json.Unmarshal(v, &s) // canonical, hence valid
+				if isStr && bytes.IndexByte(v, '\\') < 0 {
+					s = intern(v[1 : len(v)-1]) // canonical and unescaped: the text itself
+				} else if isStr {
+					s = unquote(v)
 				}
-				if key == "role" {
+				if string(key) == "role" {
 					it.role, it.roleString = s, isStr
 				} else {
 					it.typ, it.typeString = s, isStr
@@ -356,11 +438,11 @@ func (p *canonParser) object() error {
 // written, members ms) in canonical order: later duplicates win, null
 // members go, keys sorted.
 func (p *canonParser) reorder(objStart int, ms []member) {
-	keep := make([]member, 0, len(ms))
+	keep := p.keep[:0]
 	for i, m := range ms {
 		dup := false
 		for _, later := range ms[i+1:] {
-			if later.key == m.key {
+			if bytes.Equal(later.key, m.key) {
 				dup = true
 				break
 			}
@@ -369,7 +451,8 @@ func (p *canonParser) reorder(objStart int, ms []member) {
 			keep = append(keep, m)
 		}
 	}
-	sort.Slice(keep, func(a, b int) bool { return keep[a].key < keep[b].key })
+	slices.SortFunc(keep, func(a, b member) int { return bytes.Compare(a.key, b.key) })
+	p.keep = keep[:0]
 	p.scratch = p.scratch[:0]
 	for i, m := range keep {
 		if i > 0 {
@@ -378,74 +461,4 @@ func (p *canonParser) reorder(objStart int, ms []member) {
 		p.scratch = append(p.scratch, p.out[m.start:m.end]...)
 	}
 	p.out = append(p.out[:objStart+1], p.scratch...)
-}
-
-// topMember is one member of the request's top-level object.
-type topMember struct {
-	canon []byte // canonical value
-	items []item // for conversation arrays: each element's role and type
-	kind  byte   // first byte of the canonical value: '{', '[', '"', 't', 'f', 'n' or a digit
-}
-
-// parseTop reads a request body: a JSON object whose members named in want
-// are kept in canonical form (itemsFor also records their elements' roles
-// and types); every other member is validated and dropped.
-func parseTop(body []byte, want map[string]bool, itemsFor map[string]bool) (map[string]topMember, error) {
-	p := &canonParser{b: body}
-	p.ws()
-	if p.i >= len(body) || body[p.i] != '{' {
-		return nil, errors.New("not a JSON object")
-	}
-	p.i++
-	p.depth = 1
-	top := map[string]topMember{}
-	p.ws()
-	if p.i < len(body) && body[p.i] == '}' {
-		p.i++
-	} else {
-		for {
-			p.ws()
-			if p.i >= len(body) || body[p.i] != '"' {
-				return nil, errSyntax
-			}
-			key, err := p.str()
-			if err != nil {
-				return nil, err
-			}
-			p.ws()
-			if p.i >= len(body) || body[p.i] != ':' {
-				return nil, errSyntax
-			}
-			p.i++
-			p.out = p.out[:0]
-			var items []item
-			if itemsFor[key] {
-				p.items = &items
-			}
-			if err := p.value(); err != nil {
-				return nil, err
-			}
-			p.items = nil
-			if want[key] { // a later duplicate wins, as in a decoded map
-				top[key] = topMember{canon: bytes.Clone(p.out), items: items, kind: p.out[0]}
-			}
-			p.ws()
-			if p.i >= len(body) {
-				return nil, errSyntax
-			}
-			if body[p.i] == '}' {
-				p.i++
-				break
-			}
-			if body[p.i] != ',' {
-				return nil, errSyntax
-			}
-			p.i++
-		}
-	}
-	p.ws()
-	if p.i != len(body) {
-		return nil, fmt.Errorf("trailing data after the JSON object")
-	}
-	return top, nil
 }

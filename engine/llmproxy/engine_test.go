@@ -47,7 +47,7 @@ func TestEngineTurnsRollbackReplay(t *testing.T) {
 	}
 	var mu sync.Mutex
 	fs := 0
-	jt := &journalTurns{engineTurns: engineTurns{e, &mu, &fs}, j: j, refs: map[delta.ID][]delta.ID{}, turn: map[int]delta.ID{}}
+	jt := &journalTurns{engineTurns: engineTurns{e: e, mu: &mu, fs: &fs}, j: j, refs: map[delta.ID][]delta.ID{}, turn: map[int]delta.ID{}}
 	up := newStub(t)
 	p, base := newProxy(t, Options{Upstream: up.srv.URL, Turns: jt, Journal: j})
 	url := base + "/llm/bench/v1/chat/completions"

@@ -192,6 +192,9 @@ func (p *Proxy) record(x *exchange, resp *http.Response) {
 	if resp.ContentLength > p.opts.MaxJournal {
 		return
 	}
+	if resp.ContentLength > 0 {
+		r.buf.Grow(int(resp.ContentLength)) // one allocation, kept as the entry's reply
+	}
 	resp.Body = r
 	p.mu.Lock()
 	m := p.recording[x.sandbox]

@@ -1,8 +1,8 @@
 package llmproxy
 
 import (
-	"bytes"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/turnsnap/turnsnap/delta"
@@ -80,47 +80,54 @@ func ParseRequest(shape Shape, body []byte) (Request, error) {
 	if !ok {
 		return req, fmt.Errorf("request shape %q: %w", shape, errdefs.ErrInvalid)
 	}
-	top, err := parseTop(body, wantFields[shape], conversationArrays)
+	top, err := parseTop(body, topNames[shape])
 	if err != nil {
 		return req, fmt.Errorf("%s request body: %w: %v", shape, errdefs.ErrInvalid, err)
 	}
-	req.Stream = top["stream"].kind == 't'
-	var c bytes.Buffer
-	c.WriteString(convDomain)
-	c.WriteString(string(shape))
+	defer top.release()
+	req.Stream = top.member("stream").kind == 't'
+	// The hashed bytes are written straight into the hasher: no copy of the
+	// conversation is assembled.
+	h := delta.IDs{}.New() // plain on purpose: a conversation hash is matched across homes, never stored as a content name
+	h.WriteString(convDomain)
+	h.WriteString(string(shape))
 	for _, f := range fields {
-		m, ok := top[f]
-		if !ok || m.kind == 'n' {
+		m := top.member(f)
+		if !m.present || m.kind == 'n' {
 			continue
 		}
-		c.WriteString("\x00" + f + "\x00")
-		c.Write(m.canon)
+		h.WriteString("\x00")
+		h.WriteString(f)
+		h.WriteString("\x00")
+		h.Write(top.canon(m))
 	}
-	req.Conv = delta.Hash(c.Bytes())
+	h.Sum(req.Conv[:0])
 	req.Turn = position(shape, top)
 	return req, nil
 }
 
-// wantFields are, per shape, the top-level members ParseRequest keeps.
-var wantFields = func() map[Shape]map[string]bool {
-	m := map[Shape]map[string]bool{}
+// topNames are, per shape, the top-level members ParseRequest keeps: the
+// conversation fields, the stream flag and previous_response_id.
+var topNames = func() map[Shape][]string {
+	m := map[Shape][]string{}
 	for sh, fs := range convFields {
-		m[sh] = map[string]bool{"stream": true, "previous_response_id": true}
-		for _, f := range fs {
-			m[sh][f] = true
+		names := append([]string{"stream"}, fs...)
+		if !slices.Contains(fs, "previous_response_id") {
+			names = append(names, "previous_response_id")
 		}
+		m[sh] = names
 	}
 	return m
 }()
 
-// conversationArrays are the members whose elements the turn rule reads.
-var conversationArrays = map[string]bool{"messages": true, "input": true}
+// itemsFor names the members whose elements the turn rule reads.
+func itemsFor(key string) bool { return key == "messages" || key == "input" }
 
 // position counts the assistant turns a request already holds.
-func position(shape Shape, top map[string]topMember) int {
+func position(shape Shape, top *topParser) int {
 	switch shape {
 	case ShapeChat, ShapeMessages:
-		m := top["messages"]
+		m := top.member("messages")
 		n := 0
 		for _, it := range m.items {
 			if it.obj && it.roleString && it.role == "assistant" {
@@ -129,10 +136,10 @@ func position(shape Shape, top map[string]topMember) int {
 		}
 		return n
 	case ShapeResponses:
-		if top["previous_response_id"].kind == '"' {
+		if top.member("previous_response_id").kind == '"' {
 			return -1
 		}
-		in := top["input"]
+		in := top.member("input")
 		if in.kind != '[' {
 			return 0 // a string input: the first call
 		}

@@ -116,7 +116,9 @@ type Proxy struct {
 	inflight  map[inflightKey]*pending
 	recording map[string]map[*recorder]struct{} // sandbox → replies being journaled
 
-	onGate func(gateEvent) // test hook: one call per held reply
+	onGate      func(gateEvent) // test hook: one call per held reply
+	beforeParse func()          // test hook: runs as a forwarded call's conversation is read beside it
+	afterParse  func()          // test hook: runs once it was read (and the turn begun or joined)
 }
 
 type ctxKey struct{}
@@ -132,6 +134,17 @@ type exchange struct {
 	journal bool // record the reply
 	body    []byte
 	pend    *pending
+	// parsed, when set, is closed once the fields above are final: the
+	// conversation is read beside the forwarded request (prepareTurn), and
+	// every hook that runs after the upstream answered waits for it.
+	parsed chan struct{}
+}
+
+// wait returns once x's conversation has been read.
+func (x *exchange) wait() {
+	if x.parsed != nil {
+		<-x.parsed
+	}
 }
 
 // New returns a proxy; Close it to stop its checkpoints.
@@ -174,6 +187,7 @@ func New(opts Options) (*Proxy, error) {
 		FlushInterval:  -1,
 		ModifyResponse: p.modifyResponse,
 		ErrorHandler:   p.errorHandler,
+		BufferPool:     copyBuffers{},
 		ErrorLog:       slog.NewLogLogger(opts.Logger.Handler(), slog.LevelWarn),
 	}
 	return p, nil
@@ -205,6 +219,20 @@ func (p *Proxy) Close() error {
 	return nil
 }
 
+// copyBuffers lends ReverseProxy its reply-copying buffers; without a pool
+// it allocates (and zeroes) 32 KiB for every call.
+type copyBuffers struct{}
+
+var copyBufferPool = sync.Pool{New: func() any { return new([32 << 10]byte) }}
+
+func (copyBuffers) Get() []byte { return copyBufferPool.Get().(*[32 << 10]byte)[:] }
+
+func (copyBuffers) Put(b []byte) {
+	if cap(b) == 32<<10 {
+		copyBufferPool.Put((*[32 << 10]byte)(b[:32<<10]))
+	}
+}
+
 func parseUpstream(s string) (*url.URL, error) {
 	u, err := url.Parse(s)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
@@ -215,22 +243,32 @@ func parseUpstream(s string) (*url.URL, error) {
 
 // splitRoute splits /llm/{sandbox}/<path> (escaped) into its parts.
 func splitRoute(escaped string) (sandbox, path string, ok bool) {
-	rest, ok := strings.CutPrefix(escaped, "/llm/")
+	route, ok := strings.CutPrefix(escaped, "/llm/")
 	if !ok {
 		return "", "", false
 	}
-	sandbox, path, ok = strings.Cut(rest, "/")
+	sandbox, path, ok = strings.Cut(route, "/")
 	if !ok || !delta.ValidRefName(sandbox) {
 		return "", "", false
 	}
 	// No dot segments: a per-sandbox upstream with a path prefix must not be
 	// escaped by /llm/a1/../other.
-	for _, seg := range strings.Split(path, "/") {
-		if u, err := url.PathUnescape(seg); err != nil || u == "." || u == ".." {
+	for rest := path; ; {
+		seg, more, found := strings.Cut(rest, "/")
+		if seg == "." || seg == ".." {
 			return "", "", false
 		}
+		if strings.IndexByte(seg, '%') >= 0 {
+			if u, err := url.PathUnescape(seg); err != nil || u == "." || u == ".." {
+				return "", "", false
+			}
+		}
+		if !found {
+			break
+		}
+		rest = more
 	}
-	return sandbox, "/" + path, true
+	return sandbox, route[len(sandbox):], true // "/" + path, without a copy
 }
 
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -295,8 +333,15 @@ func (p *Proxy) isTurn(method, path string) (Shape, bool) {
 
 // prepareTurn reads the model call's body, answers it from the journal if
 // it can (done), and otherwise starts the turn's checkpoint.
+//
+// When no journaled reply can answer the call (no journal, or none for this
+// sandbox), the call is forwarded at once and its conversation read beside
+// it from the same bytes: the position and the hash only
+// number the checkpoint, which runs concurrently with the model anyway.
+// Otherwise the hash decides whether the model is called at all, so it is
+// read first (about 15 us for a 12 KiB conversation).
 func (p *Proxy) prepareTurn(w http.ResponseWriter, r *http.Request, x *exchange, shape Shape) (done bool) {
-	head, err := io.ReadAll(io.LimitReader(r.Body, p.opts.MaxBody+1))
+	head, err := readBody(r.Body, r.ContentLength, p.opts.MaxBody)
 	if err != nil {
 		writeProblem(w, http.StatusBadRequest, "Reading the request body failed", err.Error())
 		return true
@@ -309,25 +354,82 @@ func (p *Proxy) prepareTurn(w http.ResponseWriter, r *http.Request, x *exchange,
 			io.Reader
 			io.Closer
 		}{io.MultiReader(bytes.NewReader(head), r.Body), r.Body}
-	} else {
-		r.Body = io.NopCloser(bytes.NewReader(head))
-		x.body = head
-		req, err := ParseRequest(shape, head)
-		if err != nil {
-			// Not a conversation: the upstream answers it (most likely a 400).
-			p.m.requests.WithLabelValues("unparsed").Inc()
-			x.turn = false
-			return false
-		}
-		x.req = req
-		x.journal = p.opts.Journal != nil
-		if x.journal && p.replay(w, r, x) {
-			return true
-		}
+		p.m.requests.WithLabelValues("turn").Inc()
+		x.pend = p.begin(x.sandbox, x.req)
+		return false
 	}
-	p.m.requests.WithLabelValues("turn").Inc()
+	r.Body = io.NopCloser(bytes.NewReader(head))
+	x.body = head
+	if p.opts.Journal == nil || journalEmpty(p.opts.Journal, x.sandbox) {
+		x.parsed = make(chan struct{})
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			defer close(x.parsed)
+			if p.beforeParse != nil {
+				p.beforeParse()
+			}
+			if p.classify(x) {
+				x.pend = p.begin(x.sandbox, x.req)
+			}
+			if p.afterParse != nil {
+				p.afterParse()
+			}
+		}()
+		return false
+	}
+	if !p.classify(x) {
+		return false
+	}
+	if x.journal && p.replay(w, r, x) {
+		return true
+	}
 	x.pend = p.begin(x.sandbox, x.req)
 	return false
+}
+
+// classify reads x's conversation and counts the request: a turn (true),
+// or a body that is no conversation, which the upstream answers (most
+// likely with a 400) and which closes no turn.
+func (p *Proxy) classify(x *exchange) bool {
+	req, err := ParseRequest(x.req.Shape, x.body)
+	if err != nil {
+		p.m.requests.WithLabelValues("unparsed").Inc()
+		x.turn = false
+		return false
+	}
+	x.req = req
+	x.journal = p.opts.Journal != nil
+	p.m.requests.WithLabelValues("turn").Inc()
+	return true
+}
+
+// journalEmpty says that j holds no entry for sandbox, so that no call of
+// it can be answered from the journal, when j can tell cheaply.
+func journalEmpty(j Journal, sandbox string) bool {
+	e, ok := j.(interface{ Empty(sandbox string) bool })
+	return ok && e.Empty(sandbox)
+}
+
+// readBody reads a request body of at most max bytes, or max+1 bytes of a
+// larger one. A declared length sizes the buffer once: no regrowth and no
+// copy on the request path.
+func readBody(r io.Reader, length, max int64) ([]byte, error) {
+	if length < 0 || length > max {
+		return io.ReadAll(io.LimitReader(r, max+1))
+	}
+	b := make([]byte, length)
+	if _, err := io.ReadFull(r, b); err != nil {
+		return nil, err
+	}
+	// The server enforces the declared length; a body that says more is
+	// still read to its end, bounded.
+	var one [1]byte
+	if n, _ := r.Read(one[:]); n > 0 {
+		rest, err := io.ReadAll(io.LimitReader(r, max-length))
+		return append(append(b, one[0]), rest...), err
+	}
+	return b, nil
 }
 
 // replay answers from the journal when it holds this exact conversation in
@@ -374,7 +476,11 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 
 func (p *Proxy) modifyResponse(resp *http.Response) error {
 	x, _ := resp.Request.Context().Value(ctxKey{}).(*exchange)
-	if x == nil || !x.turn {
+	if x == nil {
+		return nil
+	}
+	x.wait()
+	if !x.turn {
 		return nil
 	}
 	if x.pend != nil {

@@ -12,10 +12,12 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
 
@@ -384,13 +386,17 @@ func TestSeveralSandboxesAtOnce(t *testing.T) {
 func TestRetryJoinsRunningCheckpoint(t *testing.T) {
 	up := newStub(t)
 	turns := &fakeTurns{block: make(chan struct{}), started: make(chan Turn, 2)}
-	_, base := newProxy(t, Options{Upstream: up.srv.URL, Turns: turns})
+	p, base := newProxy(t, Options{Upstream: up.srv.URL, Turns: turns})
+	var read atomic.Int64
+	p.afterParse = func() { read.Add(1) }
 	_, r1 := startCall(t, base+"/llm/agent1/v1/chat/completions", chat(false))
 	tr := <-turns.started
 	<-tr.Urgent
 	_, r2 := startCall(t, base+"/llm/agent1/v1/chat/completions", chat(false))
-	for up.calls.Load() < 2 {
-		time.Sleep(time.Millisecond) // polling the stub's counter, not timing the gate
+	// The retry is forwarded before its conversation is read: wait for both
+	// (polling counters, not timing the gate).
+	for up.calls.Load() < 2 || read.Load() < 2 {
+		time.Sleep(time.Millisecond)
 	}
 	close(turns.block)
 	<-r1
@@ -516,5 +522,90 @@ func TestUpstreamKeepAlive(t *testing.T) {
 	}
 	if n := up.conns.Load(); n != 1 {
 		t.Fatalf("40 sequential calls opened %d upstream connections, want 1", n)
+	}
+}
+
+// memJournal is a TreeJournal that never reads from a store: its entries
+// stay in memory, as they do until a checkpoint commits them.
+func memJournal() *TreeJournal { return NewTreeJournal(delta.IDs{}, nil) }
+
+// TestForwardsBeforeReadingConversation: with nothing in the journal to
+// answer from, the upstream gets the call before the proxy reads its
+// conversation (the parse is held until the stub has seen the call: a proxy
+// that parsed first would never get there), and the turn still carries the
+// conversation's position and hash. Once the sandbox has a journal entry,
+// the hash is read first: the journal may answer the call.
+func TestForwardsBeforeReadingConversation(t *testing.T) {
+	up := newStub(t)
+	turns := &fakeTurns{}
+	j := memJournal()
+	p, base := newProxy(t, Options{Upstream: up.srv.URL, Turns: turns, Journal: j})
+	seen := make(chan struct{}, 1)
+	up.before = func() {
+		select {
+		case seen <- struct{}{}:
+		default:
+		}
+	}
+	var beside atomic.Int64
+	p.beforeParse = func() {
+		beside.Add(1)
+		select {
+		case <-seen:
+		case <-time.After(10 * time.Second):
+			t.Error("the upstream did not get the call before its conversation was read")
+		}
+	}
+	body := chat(false, "one", "two")
+	if s, _, b := post(t, base+"/llm/a1/v1/chat/completions", body, nil); s != 200 {
+		t.Fatalf("status %d: %s", s, b)
+	}
+	want, err := ParseRequest(ShapeChat, []byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := turns.seen()
+	if len(ts) != 1 || ts[0].Number != 2 || ts[0].Conv != want.Conv {
+		t.Fatalf("turns %+v, want one of turn 2 conv %s", ts, want.Conv.Short())
+	}
+	if beside.Load() != 1 || j.Empty("a1") {
+		t.Fatalf("%d calls read beside, journal empty %v: want 1 and an entry", beside.Load(), j.Empty("a1"))
+	}
+	// The journal now holds a1's exchange: the same call is answered from
+	// it, so its hash must be read before anything is forwarded.
+	calls := up.calls.Load()
+	if s, h, b := post(t, base+"/llm/a1/v1/chat/completions", body, nil); s != 200 || !strings.Contains(b, "live #1") || h.Get("X-Turnsnap-Journal") != "replay" {
+		t.Fatalf("replay: %d %s", s, b)
+	}
+	if up.calls.Load() != calls || beside.Load() != 1 {
+		t.Fatalf("the replayed call reached the upstream (%d calls) or was read beside (%d)", up.calls.Load()-calls, beside.Load())
+	}
+}
+
+// readBody reads a declared length in one buffer, an undeclared one up to
+// the bound, and says when a body is larger than the bound (max+1 bytes).
+func TestReadBody(t *testing.T) {
+	body := strings.Repeat("x", 100)
+	cases := []struct {
+		length, max int64
+		want        int
+		err         bool
+	}{
+		{100, 1000, 100, false}, // declared
+		{-1, 1000, 100, false},  // chunked
+		{-1, 50, 51, false},     // chunked, larger than the bound
+		{200, 1000, 0, true},    // declared more than was sent
+		{100, 50, 51, false},    // declared larger than the bound
+		{0, 50, 0, false},
+	}
+	for _, c := range cases {
+		src := body
+		if c.length == 0 {
+			src = ""
+		}
+		b, err := readBody(strings.NewReader(src), c.length, c.max)
+		if (err != nil) != c.err || (!c.err && (len(b) != c.want || string(b) != src[:c.want])) {
+			t.Errorf("length %d max %d: %d bytes, %v; want %d (error %v)", c.length, c.max, len(b), err, c.want, c.err)
+		}
 	}
 }

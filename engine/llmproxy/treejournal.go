@@ -36,9 +36,13 @@ type TreeJournal struct {
 }
 
 type treeEntry struct {
-	turn  int
-	file  delta.Entry // Name, Size and Chunks; the other fields are fixed
-	plain []byte      // the entry's plaintext until a committed checkpoint holds it
+	turn int
+	file delta.Entry // Name, Size and Chunks; the other fields are fixed
+	// plain is the entry's plaintext until a committed checkpoint holds it.
+	// Its chunks are cut and hashed by the checkpoint (Snapshot.Save), inside
+	// the model's latency, not by Put on the reply's path: file.Chunks is
+	// empty until then.
+	plain []byte
 }
 
 // NewTreeJournal names entries' chunks and trees under ids (the home's
@@ -79,12 +83,6 @@ func (j *TreeJournal) Put(ctx context.Context, sandbox string, e *Entry) error {
 	}
 	te := &treeEntry{turn: e.Turn, plain: plain, file: delta.Entry{
 		Name: journalFileName(e.Conv, e.Turn), Type: delta.TypeFile, Mode: 0o600, Size: uint64(len(plain))}}
-	if err := delta.ChunkReader(bytes.NewReader(plain), func(c []byte) error {
-		te.file.Chunks = append(te.file.Chunks, j.ids.Hash(c))
-		return nil
-	}); err != nil {
-		return fmt.Errorf("journal entry of sandbox %s: %w", sandbox, err)
-	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	m := j.idx[sandbox]
@@ -97,6 +95,15 @@ func (j *TreeJournal) Put(ctx context.Context, sandbox string, e *Entry) error {
 	}
 	m[e.Conv] = te
 	return nil
+}
+
+// Empty says that sandbox's journal holds no entry, so that none of its
+// calls can be answered from it: the proxy then forwards a call before
+// reading its conversation.
+func (j *TreeJournal) Empty(sandbox string) bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return len(j.idx[sandbox]) == 0
 }
 
 // Get implements Journal.
@@ -193,17 +200,23 @@ func (s *Snapshot) Save(ctx context.Context, saver delta.BlobSaver) (*delta.ID, 
 		return nil, nil
 	}
 	t := &delta.Tree{Entries: make([]delta.Entry, 0, len(s.entries))}
-	for _, te := range s.entries {
-		if plain := te.plain; plain != nil {
-			// The same cut as Put's, so the same chunks as te.file names.
+	for i := range s.entries {
+		se := &s.entries[i]
+		if plain := se.plain; plain != nil {
+			// Cut as files are: the same exchange in two branches is the
+			// same chunks. Committed keeps the IDs.
+			var chunks []delta.ID
 			if err := delta.ChunkReader(bytes.NewReader(plain), func(c []byte) error {
-				_, err := saver.SaveBlob(ctx, delta.BlobData, s.ids.Hash(c), c)
+				id := s.ids.Hash(c)
+				chunks = append(chunks, id)
+				_, err := saver.SaveBlob(ctx, delta.BlobData, id, c)
 				return err
 			}); err != nil {
-				return nil, fmt.Errorf("journal of sandbox %s: entry %s: %w", s.sandbox, te.file.Name, err)
+				return nil, fmt.Errorf("journal of sandbox %s: entry %s: %w", s.sandbox, se.file.Name, err)
 			}
+			se.file.Chunks = chunks
 		}
-		t.Entries = append(t.Entries, te.file)
+		t.Entries = append(t.Entries, se.file)
 	}
 	t.Sort()
 	if err := t.Check(); err != nil {
@@ -223,6 +236,10 @@ func (j *TreeJournal) Committed(s *Snapshot) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	for _, se := range s.entries {
+		if se.plain != nil && len(se.file.Chunks) == 0 {
+			continue // never saved: keep the bytes for the next checkpoint
+		}
+		se.te.file.Chunks = se.file.Chunks
 		se.te.plain = nil
 	}
 }

@@ -1,0 +1,341 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"sync"
+	"time"
+)
+
+// Checkpoint admission (docs/ARCHITECTURE.md, "Concurrency").
+//
+// Checkpoints of different sandboxes run side by side, but a checkpoint is
+// CPU and I/O bound (scan, hash, compress, store), so past a few at once
+// each one only gets slower. The engine admits at most Options.MaxCheckpoints
+// (default GOMAXPROCS) to their heavy phases at once; the others wait in
+// arrival order, except urgent ones, which go first.
+//
+// A checkpoint is urgent when someone waits for it right now: the LLM
+// proxy's gate holds a model reply that is ready before the checkpoint
+// committed (llmproxy.Turn.Urgent, passed as CheckpointOptions.Urgent). A
+// checkpoint may arrive urgent or be promoted while it waits. Urgency is
+// inherited backwards within a sandbox: an urgent waiter makes the earlier
+// waiters of its sandbox urgent too, so one sandbox's checkpoints are always
+// admitted in their arrival order. (Engine.Checkpoint already holds the
+// sandbox's FIFO lock when it asks, so in the engine at most one per
+// sandbox waits here; the rule keeps the scheduler right on its own.)
+//
+// Background work that no one waits for (the background freeze of frozen
+// layers, the pusher's rounds) yields to urgent checkpoints: it waits,
+// for at most yieldMax, while any urgent checkpoint waits or runs.
+type admission struct {
+	mu            sync.Mutex
+	slots         int // <= 0: unlimited
+	running       int
+	urgentRunning int
+	urgentWaiting int
+	waiters       []*admitWaiter // in arrival order
+	yielders      []chan struct{}
+	stats         AdmissionStats
+
+	// Test hooks, called without mu held.
+	onQueued  func(sandbox string, urgent bool) // a waiter joined the queue
+	onPromote func(sandbox string)              // a waiter was promoted by its Urgent channel
+}
+
+type admitWaiter struct {
+	sandbox string
+	urgent  bool
+	granted bool
+	since   time.Time
+	ready   chan struct{} // closed once granted
+}
+
+// yieldMax bounds how long background work yields: urgent checkpoints go
+// first, but a stream of them must not starve the freezes and uploads
+// forever.
+const yieldMax = 5 * time.Second
+
+// AdmitWaitBounds are the upper bounds, in seconds, of the admission wait
+// histogram in AdmissionStats.
+var AdmitWaitBounds = [...]float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}
+
+// AdmissionStats is a snapshot of the checkpoint admission scheduler, for
+// metrics (engine/api serves it on /metrics).
+type AdmissionStats struct {
+	// Slots is how many checkpoints may run at once (0: unlimited).
+	Slots int
+	// Running, Waiting and UrgentWaiting are the checkpoints admitted and
+	// not done, and those queued (of which urgent).
+	Running, Waiting, UrgentWaiting int
+	// Normal and Urgent are the admissions so far, by the lane they were
+	// admitted in, with their waits.
+	Normal, Urgent AdmitLane
+	// Promoted counts waiters promoted to urgent while they waited;
+	// Cancelled, waiters whose context ended first.
+	Promoted, Cancelled uint64
+	// Yields counts background tasks that waited for urgent checkpoints.
+	Yields uint64
+}
+
+// AdmitLane is one lane's admissions and the time they waited.
+type AdmitLane struct {
+	Count   uint64
+	WaitSum time.Duration
+	// Buckets[i] counts waits of at most AdmitWaitBounds[i] seconds (not
+	// cumulative); the waits above the last bound are Count minus the sum.
+	Buckets [len(AdmitWaitBounds)]uint64
+}
+
+func (l *AdmitLane) observe(d time.Duration) {
+	l.Count++
+	l.WaitSum += d
+	for i, b := range AdmitWaitBounds {
+		if d.Seconds() <= b {
+			l.Buckets[i]++
+			return
+		}
+	}
+}
+
+// newAdmission makes the scheduler for Options.MaxCheckpoints: 0 is
+// GOMAXPROCS (one checkpoint per core: their work is mostly CPU, hashing and
+// compressing), negative is unlimited.
+func newAdmission(max int) *admission {
+	if max == 0 {
+		max = runtime.GOMAXPROCS(0)
+	}
+	return &admission{slots: max}
+}
+
+// acquire waits for a checkpoint slot for sandbox. urgent, if not nil, is
+// closed when the checkpoint becomes urgent (it may be closed already).
+// The returned release gives the slot back; a cancelled ctx removes the
+// waiter from the queue and returns ctx's error.
+func (a *admission) acquire(ctx context.Context, sandbox string, urgent <-chan struct{}) (release func(), err error) {
+	if a == nil {
+		return func() {}, nil
+	}
+	isUrgent := urgent != nil && isClosed(urgent)
+	now := time.Now()
+	a.mu.Lock()
+	if a.slots <= 0 || (a.running < a.slots && len(a.waiters) == 0) {
+		w := &admitWaiter{sandbox: sandbox, urgent: isUrgent, since: now}
+		a.grantLocked(w)
+		a.mu.Unlock()
+		return a.releaser(w, urgent), nil
+	}
+	w := &admitWaiter{sandbox: sandbox, since: now, ready: make(chan struct{})}
+	a.waiters = append(a.waiters, w)
+	if isUrgent {
+		a.promoteLocked(w, true)
+	}
+	onQueued := a.onQueued
+	a.mu.Unlock()
+	if onQueued != nil {
+		onQueued(sandbox, isUrgent)
+	}
+	if isUrgent {
+		urgent = nil
+	}
+	for {
+		select {
+		case <-w.ready:
+			return a.releaser(w, urgent), nil
+		case <-urgent:
+			urgent = nil
+			a.mu.Lock()
+			onPromote := a.onPromote
+			if w.granted { // admitted meanwhile: it runs urgent from now on
+				if !w.urgent {
+					w.urgent = true
+					a.urgentRunning++
+				}
+				onPromote = nil
+			} else {
+				a.promoteLocked(w, false)
+			}
+			a.mu.Unlock()
+			if onPromote != nil {
+				onPromote(sandbox)
+			}
+		case <-ctx.Done():
+			a.mu.Lock()
+			if w.granted { // granted just as ctx ended: pass the slot on
+				a.mu.Unlock()
+				a.releaser(w, nil)()
+			} else {
+				a.removeLocked(w)
+				a.stats.Cancelled++
+				a.mu.Unlock()
+			}
+			return nil, fmt.Errorf("sandbox %s: waiting for a checkpoint slot: %w", sandbox, ctx.Err())
+		}
+	}
+}
+
+// promoteLocked makes w and the earlier waiters of its sandbox urgent;
+// arrived says w came urgent (it is not counted as promoted).
+func (a *admission) promoteLocked(w *admitWaiter, arrived bool) {
+	for _, o := range a.waiters {
+		if o.sandbox == w.sandbox && !o.urgent {
+			o.urgent = true
+			a.urgentWaiting++
+			if o != w || !arrived {
+				a.stats.Promoted++
+			}
+		}
+		if o == w {
+			break
+		}
+	}
+}
+
+func (a *admission) removeLocked(w *admitWaiter) {
+	for i, o := range a.waiters {
+		if o == w {
+			a.waiters = append(a.waiters[:i], a.waiters[i+1:]...)
+			break
+		}
+	}
+	if w.urgent {
+		a.urgentWaiting--
+		a.wakeYieldersLocked()
+	}
+}
+
+// grantLocked admits w (already out of the queue).
+func (a *admission) grantLocked(w *admitWaiter) {
+	w.granted = true
+	a.running++
+	lane := &a.stats.Normal
+	if w.urgent {
+		a.urgentRunning++
+		lane = &a.stats.Urgent
+	}
+	lane.observe(time.Since(w.since))
+	if w.ready != nil {
+		close(w.ready)
+	}
+}
+
+// dispatchLocked fills free slots: the first urgent waiter, else the first.
+func (a *admission) dispatchLocked() {
+	for a.running < a.slots && len(a.waiters) > 0 {
+		i := 0
+		if a.urgentWaiting > 0 {
+			for j, w := range a.waiters {
+				if w.urgent {
+					i = j
+					break
+				}
+			}
+		}
+		w := a.waiters[i]
+		a.waiters = append(a.waiters[:i], a.waiters[i+1:]...)
+		if w.urgent {
+			a.urgentWaiting--
+		}
+		a.grantLocked(w)
+	}
+}
+
+// releaser returns w's release. A checkpoint admitted in the normal lane
+// that becomes urgent while it runs (urgent closes) counts as urgent from
+// then on, so background work yields to it.
+func (a *admission) releaser(w *admitWaiter, urgent <-chan struct{}) func() {
+	done := make(chan struct{})
+	if !w.urgent && urgent != nil {
+		go func() {
+			select {
+			case <-urgent:
+				a.mu.Lock()
+				if !isClosed(done) {
+					w.urgent = true
+					a.urgentRunning++
+				}
+				a.mu.Unlock()
+			case <-done:
+			}
+		}()
+	}
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			a.mu.Lock()
+			defer a.mu.Unlock()
+			close(done)
+			a.running--
+			if w.urgent {
+				a.urgentRunning--
+			}
+			a.dispatchLocked()
+			a.wakeYieldersLocked()
+		})
+	}
+}
+
+func (a *admission) wakeYieldersLocked() {
+	if a.urgentRunning+a.urgentWaiting > 0 {
+		return
+	}
+	for _, y := range a.yielders {
+		close(y)
+	}
+	a.yielders = nil
+}
+
+// yield is background work's courtesy: it returns once no urgent
+// checkpoint waits or runs, after at most yieldMax, or when ctx ends.
+func (a *admission) yield(ctx context.Context) {
+	if a == nil {
+		return
+	}
+	a.mu.Lock()
+	if a.urgentRunning+a.urgentWaiting == 0 {
+		a.mu.Unlock()
+		return
+	}
+	ch := make(chan struct{})
+	a.yielders = append(a.yielders, ch)
+	a.stats.Yields++
+	a.mu.Unlock()
+	t := time.NewTimer(yieldMax)
+	defer t.Stop()
+	select {
+	case <-ch:
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
+func (a *admission) snapshot() AdmissionStats {
+	if a == nil {
+		return AdmissionStats{}
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	st := a.stats
+	st.Slots = max(a.slots, 0)
+	st.Running, st.Waiting, st.UrgentWaiting = a.running, len(a.waiters), a.urgentWaiting
+	return st
+}
+
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// AdmissionStats reports the checkpoint admission scheduler's queue and
+// counters.
+func (e *Engine) AdmissionStats() AdmissionStats { return e.admit.snapshot() }
+
+// YieldToUrgent lets background work (the daemon's pusher) give way: it
+// returns once no urgent checkpoint waits or runs, after at most a few
+// seconds, or when ctx ends.
+func (e *Engine) YieldToUrgent(ctx context.Context) { e.admit.yield(ctx) }
