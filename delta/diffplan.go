@@ -64,6 +64,12 @@ type DiffOptions struct {
 	// Phase, if set, is called once after Apply's first change (tests kill
 	// the process there).
 	Phase func()
+	// KeptDir, if set, is called for every live directory the plan keeps
+	// but changes (it looks into it or sets its metadata) before it does;
+	// an error wrapping ErrDiffUnsupported gives the diff up. Overlay
+	// refuses a renamed base directory there: its upper holds less than
+	// its tree, and its tree marks it opaque, which the upper must not be.
+	KeptDir func(dirFD int, name, rel string) error
 }
 
 // change is one name that differs between L and T, in canonical order
@@ -110,10 +116,15 @@ func PlanDiff(ctx context.Context, dst string, live, target ID, opts DiffOptions
 	if opts.MaxBytes <= 0 {
 		opts.MaxBytes = DefaultDiffMemory
 	}
-	// CheckState and the walk below read the same target trees: once.
-	opts.Loader = &treeOnce{next: opts.Loader, trees: map[ID][]byte{}}
-	if _, err := CheckState(ctx, opts.Loader, target, StateRules{Plain: opts.Plain}); err != nil {
-		return nil, fmt.Errorf("tree %s: %w", target.Short(), err)
+	// CheckState and the walk below read the same target trees: once. A
+	// caller that checked target already (a CheckedLoader) is not checked
+	// again.
+	if cl, ok := opts.Loader.(*CheckedLoader); !ok || !cl.passed[checkKey{target, opts.Plain}] {
+		cl = NewCheckedLoader(opts.Loader)
+		if _, err := cl.CheckState(ctx, target, StateRules{Plain: opts.Plain}); err != nil {
+			return nil, fmt.Errorf("tree %s: %w", target.Short(), err)
+		}
+		opts.Loader = cl
 	}
 	fd, err := fsat.OpenDir(dst)
 	if err != nil {
@@ -241,6 +252,11 @@ func (p *DiffPlan) entry(ctx context.Context, dirFD int, rel string, le, te *Ent
 			return fmt.Errorf("plan /%s: %w", rel, err)
 		}
 		defer unix.Close(fd)
+		if p.opts.KeptDir != nil {
+			if err := p.opts.KeptDir(dirFD, le.Name, rel); err != nil {
+				return fmt.Errorf("plan /%s: %w", rel, err)
+			}
+		}
 		if le.Subtree != te.Subtree {
 			if err := p.dir(ctx, fd, rel, le.Subtree, te.Subtree, depth+1); err != nil {
 				return err
@@ -352,14 +368,38 @@ func splitRel(rel string) (string, string) {
 	return "", rel
 }
 
-// treeOnce loads each tree from next once (trees are small: a few KiB per
-// hundred entries); data blobs pass through.
-type treeOnce struct {
-	next  BlobLoader
-	trees map[ID][]byte
+// CheckedLoader loads each tree from next once (trees are small: a few KiB
+// per hundred entries; data blobs pass through) and remembers which trees
+// passed CheckState through it. A caller that checks a target itself (for
+// its footprint) hands the loader to PlanDiff, which then neither checks
+// nor decodes that state a second time.
+type CheckedLoader struct {
+	next   BlobLoader
+	trees  map[ID][]byte
+	passed map[checkKey]bool
 }
 
-func (l *treeOnce) LoadBlob(ctx context.Context, t BlobType, id ID) ([]byte, error) {
+type checkKey struct {
+	tree  ID
+	plain bool
+}
+
+// NewCheckedLoader returns a CheckedLoader reading from next.
+func NewCheckedLoader(next BlobLoader) *CheckedLoader {
+	return &CheckedLoader{next: next, trees: map[ID][]byte{}, passed: map[checkKey]bool{}}
+}
+
+// CheckState is the package's CheckState through l; a tree that passes
+// with rules that read no pack headers (ChunkSize nil) is remembered.
+func (l *CheckedLoader) CheckState(ctx context.Context, tree ID, rules StateRules) (Footprint, error) {
+	fp, err := CheckState(ctx, l, tree, rules)
+	if err == nil && rules.ChunkSize == nil {
+		l.passed[checkKey{tree, rules.Plain}] = true
+	}
+	return fp, err
+}
+
+func (l *CheckedLoader) LoadBlob(ctx context.Context, t BlobType, id ID) ([]byte, error) {
 	if t != BlobTree {
 		return l.next.LoadBlob(ctx, t, id)
 	}

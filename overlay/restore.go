@@ -43,22 +43,36 @@ const RestoreModeEnv = "TURNSNAP_OVERLAY_RESTORE"
 // the first write wraps delta.ErrPartial: the layer is a mix, and running
 // Restore again (the engine's rollback intent) finishes it.
 func (r *Root) Restore(ctx context.Context, tree delta.ID, loader delta.BlobLoader) error {
+	_, err := r.RestoreWith(ctx, tree, loader, RestoreOptions{})
+	return err
+}
+
+// RestoreWith is Restore with a change tracker (restore_track.go): the
+// live state is found from the tracker's record instead of a walk, and a
+// new tracker can be started on the restored root.
+func (r *Root) RestoreWith(ctx context.Context, tree delta.ID, loader delta.BlobLoader, o RestoreOptions) (RestoreInfo, error) {
+	var info RestoreInfo
+	r.lastFallback = ""
 	if os.Getenv(RestoreModeEnv) == "rebuild" {
-		return r.rebuild(ctx, tree, loader)
+		if o.Tracker != nil {
+			o.Tracker.Close() // its descriptor would keep the root from unmounting
+		}
+		info.Fallback = "rebuild asked for (" + RestoreModeEnv + ")"
+		return info, r.rebuild(ctx, tree, loader)
 	}
-	written, err := r.restoreDiff(ctx, tree, loader)
+	written, err := r.restoreDiff(ctx, tree, loader, o, &info)
 	var fb *fallback
 	if !errors.As(err, &fb) {
-		return err
+		return info, err
 	}
-	r.lastFallback = fb.why
+	r.lastFallback, info.Fallback = fb.why, fb.why
 	if err := r.rebuild(ctx, tree, loader); err != nil {
 		if written {
-			return fmt.Errorf("%w: %w", delta.ErrPartial, err)
+			return info, fmt.Errorf("%w: %w", delta.ErrPartial, err)
 		}
-		return err
+		return info, err
 	}
-	return nil
+	return info, nil
 }
 
 // A diff restore that wrote more than this rewrites the scan cache file;
@@ -75,8 +89,15 @@ type fallback struct{ why string }
 func (f *fallback) Error() string { return "restore by rebuild: " + f.why }
 
 // restoreDiff is Restore's diff path; written says whether it changed the
-// layer before it failed.
-func (r *Root) restoreDiff(ctx context.Context, tree delta.ID, loader delta.BlobLoader) (bool, error) {
+// layer before it failed. It always closes o.Tracker, unless it hands it
+// back in info.Tracker.
+func (r *Root) restoreDiff(ctx context.Context, tree delta.ID, loader delta.BlobLoader, o RestoreOptions, info *RestoreInfo) (bool, error) {
+	t := o.Tracker
+	defer func() {
+		if t != nil && t != info.Tracker {
+			t.Close()
+		}
+	}()
 	if err := r.Mount(ctx); err != nil {
 		return false, &fallback{"the live layer does not mount: " + err.Error()}
 	}
@@ -90,17 +111,15 @@ func (r *Root) restoreDiff(ctx context.Context, tree delta.ID, loader delta.Blob
 	if s, err := readStack(g); err != nil || s != nil {
 		return false, &fallback{"the root is stacked on a frozen layer"}
 	}
+	// Linking up first: the names it adds make events, which belong in
+	// the record the live scan takes.
 	if err := r.linkUp(g); err != nil {
 		return false, &fallback{"linking up base hardlinks: " + err.Error()}
 	}
 	upper, cacheFile := filepath.Join(g, "upper"), filepath.Join(g, "scan.cache")
-	trees := memTrees{}
-	live, redirected, err := r.scanUpperR(ctx, upper, trees, r.memo.read(cacheFile), delta.ScanOptions{})
+	live, trees, err := r.liveState(ctx, upper, cacheFile, loader, o, info)
 	if err != nil {
-		return false, &fallback{"the live layer does not scan: " + err.Error()}
-	}
-	if redirected {
-		return false, &fallback{"the layer holds a renamed base directory"}
+		return false, err
 	}
 	index := filepath.Join(g, "work", "index")
 	xbuf := make([]byte, fsat.XattrBufSize)
@@ -110,6 +129,7 @@ func (r *Root) restoreDiff(ctx context.Context, tree delta.ID, loader delta.Blob
 			return indexedNames(index, dirFD, name, st, xbuf)
 		},
 		Removing: func(dirFD int, name, _ string) error { return dropIndex(index, dirFD, name, xbuf) },
+		KeptDir:  func(dirFD int, name, rel string) error { return notRedirected(dirFD, name, rel, xbuf) },
 		Phase:    func() { rootfs.Phase(ctx, "rollback: layer-rewrite") },
 	})
 	if errors.Is(err, delta.ErrDiffUnsupported) {
@@ -119,7 +139,18 @@ func (r *Root) restoreDiff(ctx context.Context, tree delta.ID, loader delta.Blob
 		return false, fmt.Errorf("sandbox %s: %w", r.dir, err)
 	}
 	if plan.Empty() {
+		// The root is the target already and stays mounted: the tracker
+		// keeps watching it, and the scan that found it is its base (it
+		// names only the target's trees, which are stored).
+		if t != nil && o.Track && live.Root == tree {
+			t.Reset(live)
+			info.Tracker = t
+		}
 		return false, nil
+	}
+	if t != nil {
+		t.Close() // its descriptor on the mount would make the unmount fail
+		t = nil
 	}
 	if err := r.Unmount(ctx); err != nil {
 		return false, err
@@ -160,6 +191,11 @@ func (r *Root) restoreDiff(ctx context.Context, tree delta.ID, loader delta.Blob
 	}
 	if err := r.Mount(ctx); err != nil {
 		return true, &fallback{"the restored layer does not mount: " + err.Error()}
+	}
+	if o.Track {
+		if err := r.retrack(ctx, upper, tree, live.Cache, res, o, info); err != nil {
+			return true, err
+		}
 	}
 	return true, nil
 }
