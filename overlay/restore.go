@@ -295,12 +295,22 @@ func dropIndex(index string, dirFD int, name string, buf []byte) error {
 	return nil
 }
 
-// dropWhiteoutIndex removes the whiteout entries of the index before a
-// mount. overlay (nfs_export) leaves one when a copied-up base file is
+// dropWhiteoutIndex removes the whiteout and orphan entries of the index
+// before a mount.
+//
+// overlay (nfs_export) leaves a whiteout when a copied-up base file is
 // deleted, to make the base file unreachable by handle; once a restore
 // removes the upper whiteout that hid the base file, the whiteout index
 // makes the file read as EIO. While the upper whiteout stays, the name is
 // hidden anyway, so dropping the index whiteout changes nothing visible.
+//
+// An orphan is a copied-up file's index link whose upper names are all
+// gone (link count 1): overlay leaves one when such a file is deleted
+// through the mount after it was renamed, and the next mount turns it into
+// a whiteout index, so a restore that brings the base file's name back
+// (or any mount, for another base name of a hardlinked file) reads it as
+// EIO. Nothing in the upper names the inode, so the base file is what
+// the layer shows there, as in a layer rebuilt whole (with a fresh index).
 func dropWhiteoutIndex(index string) error {
 	f, err := os.Open(index)
 	if errors.Is(err, os.ErrNotExist) {
@@ -315,12 +325,17 @@ func dropWhiteoutIndex(index string) error {
 		return err
 	}
 	for _, de := range ents {
-		if de.Type()&os.ModeCharDevice == 0 {
+		if de.Type()&os.ModeCharDevice == 0 && !de.Type().IsRegular() {
 			continue
 		}
 		var st unix.Stat_t
 		p := filepath.Join(index, de.Name())
-		if unix.Lstat(p, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFCHR && st.Rdev == 0 {
+		if unix.Lstat(p, &st) != nil {
+			continue
+		}
+		whiteout := st.Mode&unix.S_IFMT == unix.S_IFCHR && st.Rdev == 0
+		orphan := st.Mode&unix.S_IFMT == unix.S_IFREG && st.Nlink == 1
+		if whiteout || orphan {
 			if err := unix.Unlink(p); err != nil && !errors.Is(err, unix.ENOENT) {
 				return err
 			}
