@@ -104,7 +104,7 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 	}
 	e.phase("rollback: intent written")
 	e.progressPhase("restore", int64(fp.Bytes))
-	live, err := e.restoreRoot(rootfs.WithPhase(ctx, e.phase), name, st.root, cp.FSTree, checked, rt)
+	live, err := e.restoreRoot(rootfs.WithPhase(ctx, e.phase), name, st.root, cp, checked, rt)
 	if err != nil {
 		if errors.Is(err, delta.ErrPartial) {
 			// The root was partly rewritten: the intent stays, and the

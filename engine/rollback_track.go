@@ -107,7 +107,8 @@ func (e *Engine) foldStats(tr *overlay.Tracker) {
 // restoreRoot makes the sandbox's root tree for a rollback. With rt it
 // restores through the tracker and installs the restored root's new one;
 // it returns how the live state was found ("" when not an overlay).
-func (e *Engine) restoreRoot(ctx context.Context, name string, root rootfs.Root, tree delta.ID, loader delta.BlobLoader, rt *rollbackTrack) (string, error) {
+func (e *Engine) restoreRoot(ctx context.Context, name string, root rootfs.Root, cp *delta.Checkpoint, loader delta.BlobLoader, rt *rollbackTrack) (string, error) {
+	tree := cp.FSTree
 	r, ok := root.(*overlay.Root)
 	if rt == nil || !ok {
 		e.untrack(name) // a restore remounts the root; the next turn walks
@@ -119,7 +120,7 @@ func (e *Engine) restoreRoot(ctx context.Context, name string, root rootfs.Root,
 		}
 		return "", nil
 	}
-	o := overlay.RestoreOptions{Reread: rt.reread, Track: true, TrackOptions: e.track.opts}
+	o := overlay.RestoreOptions{Reread: rt.reread, Track: true, TrackOptions: e.track.opts, StateKey: cp.StateKey}
 	if rt.ent != nil {
 		o.Tracker = rt.ent.tr
 	}

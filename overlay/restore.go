@@ -193,9 +193,7 @@ func (r *Root) restoreDiff(ctx context.Context, tree delta.ID, loader delta.Blob
 		return true, &fallback{"the restored layer does not mount: " + err.Error()}
 	}
 	if o.Track {
-		if err := r.retrack(ctx, upper, tree, live.Cache, res, o, info); err != nil {
-			return true, err
-		}
+		r.retrack(tree, o.StateKey, cache, o, info)
 	}
 	return true, nil
 }

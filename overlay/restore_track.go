@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
-	"strings"
 
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/fsat"
@@ -36,6 +34,10 @@ type RestoreOptions struct {
 	// rollback) is tracked too. Only a restore by diff does.
 	Track        bool
 	TrackOptions TrackOptions
+	// StateKey is the target's state key (its checkpoint's), for the new
+	// tracker's base. Zero: the new tracker has no base (its first turn
+	// walks).
+	StateKey delta.ID
 }
 
 // RestoreInfo says how RestoreWith went.
@@ -146,53 +148,22 @@ func notRedirected(dirFD int, name, rel string, buf []byte) error {
 }
 
 // retrack starts a tracker on the restored (mounted) root and gives it
-// the restored state as its base: a scan of the names the diff wrote on
-// top of the live scan's cache, which must come out as the target tree
-// (so every tree it names is stored). The tracker is started first, so a
-// change after the scan's reads is in its record. A scan that cannot
-// decide (a hardlinked file) leaves the tracker without a base: its first
-// turn walks.
-func (r *Root) retrack(ctx context.Context, upper string, tree delta.ID, prev *delta.ScanCache, res *delta.DiffResult, o RestoreOptions, info *RestoreInfo) error {
+// the restored state as its base: the target tree, its state key, and the
+// scan cache of the restore (the live scan's, patched with what Verify
+// read back). Verify proved the layer is the target, so every tree the
+// base names is stored; the cache is valid for the same reason it is
+// valid on disk (restoreDiff). Directories the diff changed carry no
+// state key in it (Verify reads them shallow), so the next scan lists
+// them again. The tracker is started after the mount and before anything
+// can run on the root, so its record misses nothing. Without a state key
+// the tracker has no base: its first turn walks.
+func (r *Root) retrack(tree, stateKey delta.ID, cache *delta.ScanCache, o RestoreOptions, info *RestoreInfo) {
 	t, err := r.Track(o.TrackOptions)
 	if err != nil {
-		return nil // the next turn starts one, and walks
+		return // the next turn starts one, and walks
 	}
-	post, err := r.scanChanged(ctx, upper, nil, prev, delta.NewChangeSet(diffLeaves(res)), nil)
-	switch {
-	case errors.Is(err, delta.ErrMustWalk):
-	case err != nil:
-		t.Close()
-		return err
-	case post.Root != tree:
-		t.Close()
-		return &fallback{fmt.Sprintf("the restored layer scans as tree %s, not %s", post.Root.Short(), tree.Short())}
-	default:
-		t.Reset(post)
+	if stateKey != (delta.ID{}) {
+		t.Reset(&delta.ScanResult{Root: tree, StateKey: stateKey, Cache: cache})
 	}
 	info.Tracker = t
-	return nil
-}
-
-// diffLeaves is the paths a diff wrote or removed less those that are only
-// the directories above others: a directory on the way to a changed path
-// is listed by the scan anyway, while a named one is re-read whole (the
-// root's name would make the scan a walk).
-func diffLeaves(res *delta.DiffResult) []string {
-	paths := append(append([]string(nil), res.Removed...), res.Written...)
-	slices.Sort(paths)
-	paths = slices.Compact(paths)
-	out := paths[:0]
-	for i, p := range paths {
-		// Sorted, a path's descendants follow it, after any siblings that
-		// sort between ("a" < "a-b" < "a/c"): look at the first path
-		// at or after p+"/".
-		j, _ := slices.BinarySearch(paths[i+1:], p+"/")
-		next := i + 1 + j
-		above := p == "" && len(paths) > 1 ||
-			p != "" && next < len(paths) && strings.HasPrefix(paths[next], p+"/")
-		if !above {
-			out = append(out, p)
-		}
-	}
-	return out
 }
