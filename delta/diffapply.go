@@ -230,7 +230,7 @@ func (p *DiffPlan) Verify(ctx context.Context, res *DiffResult) (map[string]Cach
 	}
 	defer unix.Close(rootFD)
 	s := &scanner{
-		opts: ScanOptions{Translate: p.opts.Translate, Quiescent: true}, root: p.root,
+		opts: ScanOptions{Translate: p.opts.Translate, Residue: p.opts.Residue, Quiescent: true}, root: p.root,
 		next:  &ScanCache{Version: cacheVersion, Entries: map[string]CacheEntry{}},
 		links: map[[2]uint64]string{}, xbuf: make([]byte, xattrBufSize),
 		racyAfter: 1<<63 - 1,
@@ -259,6 +259,12 @@ func (p *DiffPlan) Verify(ctx context.Context, res *DiffResult) (map[string]Cach
 		if err := p.verifyOne(ctx, s, rootFD, c); err != nil {
 			return nil, fmt.Errorf("verify %s:/%s: %w", p.root, c.rel, err)
 		}
+		if c.how == changeDirMeta {
+			p.noteState(c.rel, c.target, s.next.Entries) // its children came first
+		}
+	}
+	if _, ok := p.kept[""]; ok {
+		p.stateKey, _ = p.stateOf("", s.next.Entries)
 	}
 	return s.next.Entries, nil
 }
@@ -292,7 +298,7 @@ func (p *DiffPlan) verifyOne(ctx context.Context, s *scanner, rootFD int, c *cha
 		return nil
 	}
 	s.shallow = c.how == changeDirMeta
-	got, _, keep, err := s.entry(ctx, dirFD, c.rel, name, dirFlags{})
+	got, _, keep, err := s.entry(ctx, dirFD, c.rel, name, p.kept[dir].flags)
 	if err != nil {
 		return err
 	}

@@ -61,6 +61,13 @@ type DiffOptions struct {
 	// Translate reads written entries back the way the scan that made L did
 	// (ScanOptions.Translate).
 	Translate func(rel string, st *unix.Stat_t, e *Entry) (bool, error)
+	// LiveCache is the scan cache of the scan that made the live tree. With
+	// it Verify also computes the state keys of the directories it checks
+	// (and the target's), so a cache built from its result lets a tracked
+	// scan take them whole (diffstate.go). Residue is that scan's
+	// ScanOptions.Residue.
+	LiveCache *ScanCache
+	Residue   func(rel string, e *Entry) bool
 	// Phase, if set, is called once after Apply's first change (tests kill
 	// the process there).
 	Phase func()
@@ -100,8 +107,13 @@ type DiffPlan struct {
 	chunks  map[ID][]byte
 	held    int64
 	// dirs maps each kept directory whose children changed to the target's
-	// names in it, for Verify.
+	// names in it, for Verify; kept holds its target entries and the
+	// flags a scan lists it with, for its state key (diffstate.go).
 	dirs map[string][]string
+	kept map[string]keptDir
+	// stateKey is the target's state key as Verify computed it (zero:
+	// unknown).
+	stateKey ID
 }
 
 // Empty reports whether the live state already is the target.
@@ -131,9 +143,9 @@ func PlanDiff(ctx context.Context, dst string, live, target ID, opts DiffOptions
 		return nil, fmt.Errorf("plan restore onto %s: %w", dst, err)
 	}
 	defer unix.Close(fd)
-	p := &DiffPlan{opts: opts, root: dst, target: target, chunks: map[ID][]byte{}, dirs: map[string][]string{}}
+	p := &DiffPlan{opts: opts, root: dst, target: target, chunks: map[ID][]byte{}, dirs: map[string][]string{}, kept: map[string]keptDir{}}
 	if live != target {
-		if err := p.dir(ctx, fd, "", live, target, 0); err != nil {
+		if err := p.dir(ctx, fd, "", live, target, 0, dirFlags{}); err != nil {
 			return nil, err
 		}
 	}
@@ -170,7 +182,7 @@ func checkRoom(dst string, tree ID, bytes, nodes uint64) error {
 
 // dir plans directory rel (open as fd, or -1 when it does not exist on
 // disk yet) from live tree l to target tree t.
-func (p *DiffPlan) dir(ctx context.Context, fd int, rel string, l, t ID, depth int) error {
+func (p *DiffPlan) dir(ctx context.Context, fd int, rel string, l, t ID, depth int, fl dirFlags) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -190,6 +202,7 @@ func (p *DiffPlan) dir(ctx context.Context, fd int, rel string, l, t ID, depth i
 		names[i] = tt.Entries[i].Name
 	}
 	p.dirs[rel] = names
+	p.kept[rel] = keptDir{flags: fl, entries: tt.Entries}
 	i, j := 0, 0
 	for i < len(lt.Entries) || j < len(tt.Entries) {
 		var le, te *Entry
@@ -205,7 +218,7 @@ func (p *DiffPlan) dir(ctx context.Context, fd int, rel string, l, t ID, depth i
 			i++
 			j++
 		}
-		if err := p.entry(ctx, fd, path.Join(rel, nameOf(le, te)), le, te, depth); err != nil {
+		if err := p.entry(ctx, fd, path.Join(rel, nameOf(le, te)), le, te, depth, fl); err != nil {
 			return err
 		}
 	}
@@ -219,7 +232,7 @@ func nameOf(a, b *Entry) string {
 	return b.Name
 }
 
-func (p *DiffPlan) entry(ctx context.Context, dirFD int, rel string, le, te *Entry, depth int) error {
+func (p *DiffPlan) entry(ctx context.Context, dirFD int, rel string, le, te *Entry, depth int, fl dirFlags) error {
 	if le != nil && te != nil && sameEntry(le, te) {
 		return nil
 	}
@@ -258,7 +271,7 @@ func (p *DiffPlan) entry(ctx context.Context, dirFD int, rel string, le, te *Ent
 			}
 		}
 		if le.Subtree != te.Subtree {
-			if err := p.dir(ctx, fd, rel, le.Subtree, te.Subtree, depth+1); err != nil {
+			if err := p.dir(ctx, fd, rel, le.Subtree, te.Subtree, depth+1, dirFlags{opaque: fl.opaque || te.Opaque}); err != nil {
 				return err
 			}
 		}

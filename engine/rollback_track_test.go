@@ -284,3 +284,55 @@ func TestRollbackBringsBackADeletedCopiedUpBaseFile(t *testing.T) {
 		})
 	}
 }
+
+// Rollbacks in a row, with edits between them and no checkpoint, are all
+// tracked: each restored root's tracker gets the restored state as its
+// base (with the state keys of the directories the diff changed, so the
+// next live scan does not list them), and the turn after them is tracked
+// and equals a full read.
+func TestTrackedRollbackAfterRollback(t *testing.T) {
+	ctx := context.Background()
+	e := openTracking(t, filepath.Join(t.TempDir(), "home"))
+	cr, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: richBase(t)})
+	must(t, err)
+	p := func(rel string) string { return filepath.Join(cr.Root, rel) }
+	for i := range 40 {
+		write(t, p(fmt.Sprintf("w%d/f%02d", i%4, i)), fmt.Sprint("one ", i))
+	}
+	take := func() point2 {
+		t.Helper()
+		merged := mergedState(t, cr.Root)
+		res, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
+		must(t, err)
+		cp, err := e.Resolve(ctx, res.ID.String())
+		must(t, err)
+		return point2{cp, merged}
+	}
+	c1 := take()
+	write(t, p("w0/f00"), "two")
+	write(t, p("w1/new"), "two")
+	must(t, os.Remove(p("w2/f02")))
+	must(t, os.Chmod(p("w3"), 0o700))
+	c2 := take()
+	for i, to := range []point2{c1, c2, c1, c2, c1} {
+		write(t, p(fmt.Sprintf("w%d/f%02d", i%4, 10+i)), "uncommitted")
+		res, err := e.Rollback(ctx, "s", to.cp.ID.String(), RollbackOptions{})
+		must(t, err)
+		if res.LiveScan != overlay.LiveTracked {
+			t.Fatalf("rollback %d found the live state by %q, want it tracked", i, res.LiveScan)
+		}
+		checkRolledBack(t, e, "s", to.cp, to.merged, fmt.Sprint("rollback ", i))
+	}
+	write(t, p("w2/after"), "after")
+	res, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
+	must(t, err)
+	checkAgainstFullRead(t, e, "s", res, "turn after the rollbacks")
+	if res.Stats.Entries > 20 {
+		t.Fatalf("the turn after the rollbacks looked at %d entries: the restored directories were listed again", res.Stats.Entries)
+	}
+}
+
+type point2 struct {
+	cp     *delta.Checkpoint
+	merged delta.ID
+}

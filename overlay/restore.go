@@ -123,8 +123,13 @@ func (r *Root) restoreDiff(ctx context.Context, tree delta.ID, loader delta.Blob
 	}
 	index := filepath.Join(g, "work", "index")
 	xbuf := make([]byte, fsat.XattrBufSize)
+	u, err := r.newUpperScan() // residue, for the restored state keys
+	if err != nil {
+		return false, err
+	}
+	defer u.close()
 	plan, err := delta.PlanDiff(ctx, upper, live.Root, tree, delta.DiffOptions{
-		Loader: loader, Live: trees, Translate: Translate,
+		Loader: loader, Live: trees, Translate: Translate, LiveCache: live.Cache, Residue: u.residue,
 		Names: func(dirFD int, name string, st *unix.Stat_t) (uint64, error) {
 			return indexedNames(index, dirFD, name, st, xbuf)
 		},
@@ -193,7 +198,14 @@ func (r *Root) restoreDiff(ctx context.Context, tree delta.ID, loader delta.Blob
 		return true, &fallback{"the restored layer does not mount: " + err.Error()}
 	}
 	if o.Track {
-		r.retrack(tree, o.StateKey, cache, o, info)
+		// The state key Verify computed must be the checkpoint's: a
+		// mismatch (a checkpoint another backend took) or an unknown one
+		// leaves the new tracker without a base.
+		key, ok := plan.StateKey()
+		if !ok || key != o.StateKey {
+			key = delta.ID{}
+		}
+		r.retrack(tree, key, cache, o, info)
 	}
 	return true, nil
 }
