@@ -412,6 +412,16 @@ func (l *CheckedLoader) CheckState(ctx context.Context, tree ID, rules StateRule
 	return fp, err
 }
 
+// Checked records that tree passed CheckState with rules through another
+// loader of the same store (a caller's memo of earlier checks: a check
+// depends only on the content-addressed trees). PlanDiff then does not
+// check it again; the trees and chunks it reads are still verified.
+func (l *CheckedLoader) Checked(tree ID, rules StateRules) {
+	if rules.ChunkSize == nil {
+		l.passed[checkKey{tree, rules.Plain}] = true
+	}
+}
+
 func (l *CheckedLoader) LoadBlob(ctx context.Context, t BlobType, id ID) ([]byte, error) {
 	if t != BlobTree {
 		return l.next.LoadBlob(ctx, t, id)

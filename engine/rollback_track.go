@@ -4,6 +4,7 @@ import (
 	"context"
 	"path"
 	"strings"
+	"sync"
 
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/rootfs"
@@ -144,4 +145,49 @@ func (e *Engine) restoreRoot(ctx context.Context, name string, root rootfs.Root,
 		}
 	}
 	return info.Live, err
+}
+
+// stateMemo remembers the trees that passed delta.CheckState (with the
+// rules a rollback applies) and their footprints, so rolling back to the
+// same checkpoint again does not check its whole state again (RL loops
+// reset to one checkpoint over and over). A check depends only on the
+// trees, which are content-addressed; what a rollback then reads from the
+// store (the trees on the diff's paths, the chunks it writes) is loaded
+// and verified by the plan before the first write, as always.
+type stateMemo struct {
+	mu sync.Mutex
+	m  map[delta.ID]delta.Footprint
+}
+
+// stateMemoMax bounds the memo; past it an arbitrary entry goes.
+const stateMemoMax = 1024
+
+// checkState is delta.CheckState of tree through l (rules: a layer's),
+// from the memo when tree passed before.
+func (e *Engine) checkState(ctx context.Context, l *delta.CheckedLoader, tree delta.ID) (delta.Footprint, error) {
+	m := &e.checked
+	m.mu.Lock()
+	fp, ok := m.m[tree]
+	m.mu.Unlock()
+	if ok {
+		l.Checked(tree, delta.StateRules{})
+		return fp, nil
+	}
+	fp, err := l.CheckState(ctx, tree, delta.StateRules{})
+	if err != nil {
+		return fp, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.m == nil {
+		m.m = map[delta.ID]delta.Footprint{}
+	}
+	if len(m.m) >= stateMemoMax {
+		for k := range m.m {
+			delete(m.m, k)
+			break
+		}
+	}
+	m.m[tree] = fp
+	return fp, nil
 }
