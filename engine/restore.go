@@ -65,7 +65,7 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 	}
 	// The restore plans its diff through the same loader: the target is
 	// checked (and its trees read) once.
-	checked := delta.NewCheckedLoader(e.repo)
+	checked := delta.NewCheckedLoader(e.rollbackLoader())
 	fp, err := e.checkState(ctx, checked, cp.FSTree)
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint %s: tree %s: %w", cp.ID.Short(), cp.FSTree.Short(), err)
