@@ -64,9 +64,22 @@ type DiffOptions struct {
 	// Translate reads written entries back the way the scan that made L did
 	// (ScanOptions.Translate).
 	Translate func(rel string, st *unix.Stat_t, e *Entry) (bool, error)
+	// LiveCache is the scan cache of the scan that made the live tree. With
+	// it Verify also computes the state keys of the directories it checks
+	// (and the target's), so a cache built from its result lets a tracked
+	// scan take them whole (diffstate.go). Residue is that scan's
+	// ScanOptions.Residue.
+	LiveCache *ScanCache
+	Residue   func(rel string, e *Entry) bool
 	// Phase, if set, is called once after Apply's first change (tests kill
 	// the process there).
 	Phase func()
+	// KeptDir, if set, is called for every live directory the plan keeps
+	// but changes (it looks into it or sets its metadata) before it does;
+	// an error wrapping ErrDiffUnsupported gives the diff up. Overlay
+	// refuses a renamed base directory there: its upper holds less than
+	// its tree, and its tree marks it opaque, which the upper must not be.
+	KeptDir func(dirFD int, name, rel string) error
 }
 
 // change is one name that differs between L and T, in canonical order
@@ -97,8 +110,13 @@ type DiffPlan struct {
 	chunks  map[ID][]byte
 	held    int64
 	// dirs maps each kept directory whose children changed to the target's
-	// names in it, for Verify.
+	// names in it, for Verify; kept holds its target entries and the
+	// flags a scan lists it with, for its state key (diffstate.go).
 	dirs map[string][]string
+	kept map[string]keptDir
+	// stateKey is the target's state key as Verify computed it (zero:
+	// unknown).
+	stateKey ID
 }
 
 // Empty reports whether the live state already is the target.
@@ -113,19 +131,24 @@ func PlanDiff(ctx context.Context, dst string, live, target ID, opts DiffOptions
 	if opts.MaxBytes <= 0 {
 		opts.MaxBytes = DefaultDiffMemory
 	}
-	// CheckState and the walk below read the same target trees: once.
-	opts.Loader = &treeOnce{next: opts.Loader, trees: map[ID][]byte{}}
-	if _, err := CheckState(ctx, opts.Loader, target, StateRules{Plain: opts.Plain}); err != nil {
-		return nil, fmt.Errorf("tree %s: %w", target.Short(), err)
+	// CheckState and the walk below read the same target trees: once. A
+	// caller that checked target already (a CheckedLoader) is not checked
+	// again.
+	if cl, ok := opts.Loader.(*CheckedLoader); !ok || !cl.passed[checkKey{target, opts.Plain}] {
+		cl = NewCheckedLoader(opts.Loader)
+		if _, err := cl.CheckState(ctx, target, StateRules{Plain: opts.Plain}); err != nil {
+			return nil, fmt.Errorf("tree %s: %w", target.Short(), err)
+		}
+		opts.Loader = cl
 	}
 	fd, err := fsat.OpenDir(dst)
 	if err != nil {
 		return nil, fmt.Errorf("plan restore onto %s: %w", dst, err)
 	}
 	defer unix.Close(fd)
-	p := &DiffPlan{opts: opts, root: dst, target: target, chunks: map[ID][]byte{}, dirs: map[string][]string{}}
+	p := &DiffPlan{opts: opts, root: dst, target: target, chunks: map[ID][]byte{}, dirs: map[string][]string{}, kept: map[string]keptDir{}}
 	if live != target {
-		if err := p.dir(ctx, fd, "", live, target, 0); err != nil {
+		if err := p.dir(ctx, fd, "", live, target, 0, dirFlags{}); err != nil {
 			return nil, err
 		}
 	}
@@ -162,7 +185,7 @@ func checkRoom(dst string, tree ID, bytes, nodes uint64) error {
 
 // dir plans directory rel (open as fd, or -1 when it does not exist on
 // disk yet) from live tree l to target tree t.
-func (p *DiffPlan) dir(ctx context.Context, fd int, rel string, l, t ID, depth int) error {
+func (p *DiffPlan) dir(ctx context.Context, fd int, rel string, l, t ID, depth int, fl dirFlags) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -182,6 +205,7 @@ func (p *DiffPlan) dir(ctx context.Context, fd int, rel string, l, t ID, depth i
 		names[i] = tt.Entries[i].Name
 	}
 	p.dirs[rel] = names
+	p.kept[rel] = keptDir{flags: fl, entries: tt.Entries}
 	i, j := 0, 0
 	for i < len(lt.Entries) || j < len(tt.Entries) {
 		var le, te *Entry
@@ -197,7 +221,7 @@ func (p *DiffPlan) dir(ctx context.Context, fd int, rel string, l, t ID, depth i
 			i++
 			j++
 		}
-		if err := p.entry(ctx, fd, path.Join(rel, nameOf(le, te)), le, te, depth); err != nil {
+		if err := p.entry(ctx, fd, path.Join(rel, nameOf(le, te)), le, te, depth, fl); err != nil {
 			return err
 		}
 	}
@@ -211,7 +235,7 @@ func nameOf(a, b *Entry) string {
 	return b.Name
 }
 
-func (p *DiffPlan) entry(ctx context.Context, dirFD int, rel string, le, te *Entry, depth int) error {
+func (p *DiffPlan) entry(ctx context.Context, dirFD int, rel string, le, te *Entry, depth int, fl dirFlags) error {
 	if le != nil && te != nil && sameEntry(le, te) {
 		return nil
 	}
@@ -244,8 +268,13 @@ func (p *DiffPlan) entry(ctx context.Context, dirFD int, rel string, le, te *Ent
 			return fmt.Errorf("plan /%s: %w", rel, err)
 		}
 		defer unix.Close(fd)
+		if p.opts.KeptDir != nil {
+			if err := p.opts.KeptDir(dirFD, le.Name, rel); err != nil {
+				return fmt.Errorf("plan /%s: %w", rel, err)
+			}
+		}
 		if le.Subtree != te.Subtree {
-			if err := p.dir(ctx, fd, rel, le.Subtree, te.Subtree, depth+1); err != nil {
+			if err := p.dir(ctx, fd, rel, le.Subtree, te.Subtree, depth+1, dirFlags{opaque: fl.opaque || te.Opaque}); err != nil {
 				return err
 			}
 		}
@@ -355,14 +384,48 @@ func splitRel(rel string) (string, string) {
 	return "", rel
 }
 
-// treeOnce loads each tree from next once (trees are small: a few KiB per
-// hundred entries); data blobs pass through.
-type treeOnce struct {
-	next  BlobLoader
-	trees map[ID][]byte
+// CheckedLoader loads each tree from next once (trees are small: a few KiB
+// per hundred entries; data blobs pass through) and remembers which trees
+// passed CheckState through it. A caller that checks a target itself (for
+// its footprint) hands the loader to PlanDiff, which then neither checks
+// nor decodes that state a second time.
+type CheckedLoader struct {
+	next   BlobLoader
+	trees  map[ID][]byte
+	passed map[checkKey]bool
 }
 
-func (l *treeOnce) LoadBlob(ctx context.Context, t BlobType, id ID) ([]byte, error) {
+type checkKey struct {
+	tree  ID
+	plain bool
+}
+
+// NewCheckedLoader returns a CheckedLoader reading from next.
+func NewCheckedLoader(next BlobLoader) *CheckedLoader {
+	return &CheckedLoader{next: next, trees: map[ID][]byte{}, passed: map[checkKey]bool{}}
+}
+
+// CheckState is the package's CheckState through l; a tree that passes
+// with rules that read no pack headers (ChunkSize nil) is remembered.
+func (l *CheckedLoader) CheckState(ctx context.Context, tree ID, rules StateRules) (Footprint, error) {
+	fp, err := CheckState(ctx, l, tree, rules)
+	if err == nil && rules.ChunkSize == nil {
+		l.passed[checkKey{tree, rules.Plain}] = true
+	}
+	return fp, err
+}
+
+// Checked records that tree passed CheckState with rules through another
+// loader of the same store (a caller's memo of earlier checks: a check
+// depends only on the content-addressed trees). PlanDiff then does not
+// check it again; the trees and chunks it reads are still verified.
+func (l *CheckedLoader) Checked(tree ID, rules StateRules) {
+	if rules.ChunkSize == nil {
+		l.passed[checkKey{tree, rules.Plain}] = true
+	}
+}
+
+func (l *CheckedLoader) LoadBlob(ctx context.Context, t BlobType, id ID) ([]byte, error) {
 	if t != BlobTree {
 		return l.next.LoadBlob(ctx, t, id)
 	}

@@ -95,6 +95,7 @@ type Engine struct {
 	procCRIU  string       // CRIU binary; "" means proc's default
 	atPhase   func(string) // Options.AtPhase
 	track     trackers     // change tracking (track.go)
+	checked   stateMemo    // states that passed CheckState (rollback_track.go)
 	freezes   freezeJobs   // background freezes (frozen_bg.go)
 	admit     *admission   // checkpoint admission (admit.go)
 }

@@ -20,6 +20,11 @@ type RestoreResult struct {
 	Root       string
 	Processes  bool // the checkpoint's processes run again
 	Duration   time.Duration
+	// LiveScan says how an overlay rollback found the live state it
+	// diffed against: "tracked" (from the change tracker's record),
+	// "walk", or why the tracker's record could not be used (the
+	// overlay.Reason* names). Empty for other backends and branches.
+	LiveScan string
 }
 
 // Rollback makes the sandbox's root exactly the state of checkpoint ref and
@@ -58,7 +63,10 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 		return nil, fmt.Errorf("sandbox %s: checkpoint %s was taken on another base (%s, sandbox has %s); use `turnsnap branch` instead: %w",
 			name, cp.ID.Short(), cp.BaseTree.Short(), st.head.BaseTree.Short(), errdefs.ErrPrecondition)
 	}
-	fp, err := delta.CheckState(ctx, e.repo, cp.FSTree, delta.StateRules{})
+	// The restore plans its diff through the same loader: the target is
+	// checked (and its trees read) once.
+	checked := delta.NewCheckedLoader(e.rollbackLoader())
+	fp, err := e.checkState(ctx, checked, cp.FSTree)
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint %s: tree %s: %w", cp.ID.Short(), cp.FSTree.Short(), err)
 	}
@@ -83,18 +91,21 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 		return nil, err
 	}
 	defer cleanImg()
+	rt := e.trackRollback(ctx, name, st.root) // before the processes stop: their mappings
 	if err := e.stopProcesses(ctx, name); err != nil {
+		e.dropTracker(rt.detached())
 		return nil, err
 	}
 	// Root and head change in two steps; the intent makes them one for
 	// anyone who finds it (intent.go).
 	if err := e.writeIntent(name, cp.ID); err != nil {
+		e.dropTracker(rt.detached())
 		return nil, err
 	}
 	e.phase("rollback: intent written")
 	e.progressPhase("restore", int64(fp.Bytes))
-	e.untrack(name) // a restore remounts the root; the next turn walks
-	if err := st.root.Restore(rootfs.WithPhase(ctx, e.phase), cp.FSTree, e.repo); err != nil {
+	live, err := e.restoreRoot(rootfs.WithPhase(ctx, e.phase), name, st.root, cp, checked, rt)
+	if err != nil {
 		if errors.Is(err, delta.ErrPartial) {
 			// The root was partly rewritten: the intent stays, and the
 			// next command that loads the sandbox finishes the rollback.
@@ -112,7 +123,7 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 	if err := e.clearIntent(name); err != nil {
 		return nil, err
 	}
-	res := &RestoreResult{Sandbox: name, Checkpoint: cp, Root: st.root.Path()}
+	res := &RestoreResult{Sandbox: name, Checkpoint: cp, Root: st.root.Path(), LiveScan: live}
 	if cp.ProcTree != nil && !o.FSOnly {
 		if err := e.restoreProcesses(ctx, name, st.root.Path(), img, cp); err != nil {
 			return nil, fmt.Errorf("files restored, processes not: %w", err)

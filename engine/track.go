@@ -2,8 +2,6 @@ package engine
 
 import (
 	"context"
-	"path"
-	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -157,11 +155,7 @@ func (e *Engine) scanRoot(ctx context.Context, name string, st *sandboxState, pt
 	// its page is dirty without moving its mtime: it is read again.
 	var shared []string
 	if pt.running {
-		for _, p := range pt.cur.SharedWritable() {
-			if rel := strings.TrimPrefix(path.Clean(p), "/"); rel != "" && !strings.HasSuffix(p, " (deleted)") {
-				shared = append(shared, rel)
-			}
-		}
+		shared = sharedWritable(pt.cur)
 	}
 	r, ok := st.root.(*overlay.Root)
 	walk := func() (*delta.ScanResult, *turnScan, error) {

@@ -100,10 +100,7 @@ func (b *Backend) CheckBase(ctx context.Context, tree delta.ID, full bool) (bool
 	}
 	var prev *delta.ScanCache
 	if !full {
-		if f, err := os.Open(b.baseCache(tree)); err == nil {
-			prev, _ = delta.ReadCache(bufio.NewReader(f)) // unreadable: a full scan
-			f.Close()
-		}
+		prev = b.memo.read(b.baseCache(tree)) // unreadable: nil, a full scan
 	}
 	res, err := delta.Scan(ctx, dst, delta.ScanOptions{IDs: b.ids, Prev: prev, Quiescent: true})
 	if err != nil {

@@ -43,22 +43,36 @@ const RestoreModeEnv = "TURNSNAP_OVERLAY_RESTORE"
 // the first write wraps delta.ErrPartial: the layer is a mix, and running
 // Restore again (the engine's rollback intent) finishes it.
 func (r *Root) Restore(ctx context.Context, tree delta.ID, loader delta.BlobLoader) error {
+	_, err := r.RestoreWith(ctx, tree, loader, RestoreOptions{})
+	return err
+}
+
+// RestoreWith is Restore with a change tracker (restore_track.go): the
+// live state is found from the tracker's record instead of a walk, and a
+// new tracker can be started on the restored root.
+func (r *Root) RestoreWith(ctx context.Context, tree delta.ID, loader delta.BlobLoader, o RestoreOptions) (RestoreInfo, error) {
+	var info RestoreInfo
+	r.lastFallback = ""
 	if os.Getenv(RestoreModeEnv) == "rebuild" {
-		return r.rebuild(ctx, tree, loader)
+		if o.Tracker != nil {
+			o.Tracker.Close() // its descriptor would keep the root from unmounting
+		}
+		info.Fallback = "rebuild asked for (" + RestoreModeEnv + ")"
+		return info, r.rebuild(ctx, tree, loader)
 	}
-	written, err := r.restoreDiff(ctx, tree, loader)
+	written, err := r.restoreDiff(ctx, tree, loader, o, &info)
 	var fb *fallback
 	if !errors.As(err, &fb) {
-		return err
+		return info, err
 	}
-	r.lastFallback = fb.why
+	r.lastFallback, info.Fallback = fb.why, fb.why
 	if err := r.rebuild(ctx, tree, loader); err != nil {
 		if written {
-			return fmt.Errorf("%w: %w", delta.ErrPartial, err)
+			return info, fmt.Errorf("%w: %w", delta.ErrPartial, err)
 		}
-		return err
+		return info, err
 	}
-	return nil
+	return info, nil
 }
 
 // A diff restore that wrote more than this rewrites the scan cache file;
@@ -75,8 +89,15 @@ type fallback struct{ why string }
 func (f *fallback) Error() string { return "restore by rebuild: " + f.why }
 
 // restoreDiff is Restore's diff path; written says whether it changed the
-// layer before it failed.
-func (r *Root) restoreDiff(ctx context.Context, tree delta.ID, loader delta.BlobLoader) (bool, error) {
+// layer before it failed. It always closes o.Tracker, unless it hands it
+// back in info.Tracker.
+func (r *Root) restoreDiff(ctx context.Context, tree delta.ID, loader delta.BlobLoader, o RestoreOptions, info *RestoreInfo) (bool, error) {
+	t := o.Tracker
+	defer func() {
+		if t != nil && t != info.Tracker {
+			t.Close()
+		}
+	}()
 	if err := r.Mount(ctx); err != nil {
 		return false, &fallback{"the live layer does not mount: " + err.Error()}
 	}
@@ -90,26 +111,30 @@ func (r *Root) restoreDiff(ctx context.Context, tree delta.ID, loader delta.Blob
 	if s, err := readStack(g); err != nil || s != nil {
 		return false, &fallback{"the root is stacked on a frozen layer"}
 	}
+	// Linking up first: the names it adds make events, which belong in
+	// the record the live scan takes.
 	if err := r.linkUp(g); err != nil {
 		return false, &fallback{"linking up base hardlinks: " + err.Error()}
 	}
 	upper, cacheFile := filepath.Join(g, "upper"), filepath.Join(g, "scan.cache")
-	trees := memTrees{}
-	live, redirected, err := r.scanUpperR(ctx, upper, trees, r.memo.read(cacheFile), delta.ScanOptions{})
+	live, trees, err := r.liveState(ctx, upper, cacheFile, loader, o, info)
 	if err != nil {
-		return false, &fallback{"the live layer does not scan: " + err.Error()}
-	}
-	if redirected {
-		return false, &fallback{"the layer holds a renamed base directory"}
+		return false, err
 	}
 	index := filepath.Join(g, "work", "index")
 	xbuf := make([]byte, fsat.XattrBufSize)
+	u, err := r.newUpperScan() // residue, for the restored state keys
+	if err != nil {
+		return false, err
+	}
+	defer u.close()
 	plan, err := delta.PlanDiff(ctx, upper, live.Root, tree, delta.DiffOptions{IDs: r.ids,
-		Loader: loader, Live: trees, Translate: Translate,
+		Loader: loader, Live: trees, Translate: Translate, LiveCache: live.Cache, Residue: u.residue,
 		Names: func(dirFD int, name string, st *unix.Stat_t) (uint64, error) {
 			return indexedNames(index, dirFD, name, st, xbuf)
 		},
 		Removing: func(dirFD int, name, _ string) error { return dropIndex(index, dirFD, name, xbuf) },
+		KeptDir:  func(dirFD int, name, rel string) error { return notRedirected(dirFD, name, rel, xbuf) },
 		Phase:    func() { rootfs.Phase(ctx, "rollback: layer-rewrite") },
 	})
 	if errors.Is(err, delta.ErrDiffUnsupported) {
@@ -119,7 +144,18 @@ func (r *Root) restoreDiff(ctx context.Context, tree delta.ID, loader delta.Blob
 		return false, fmt.Errorf("sandbox %s: %w", r.dir, err)
 	}
 	if plan.Empty() {
+		// The root is the target already and stays mounted: the tracker
+		// keeps watching it, and the scan that found it is its base (it
+		// names only the target's trees, which are stored).
+		if t != nil && o.Track && live.Root == tree {
+			t.Reset(live)
+			info.Tracker = t
+		}
 		return false, nil
+	}
+	if t != nil {
+		t.Close() // its descriptor on the mount would make the unmount fail
+		t = nil
 	}
 	if err := r.Unmount(ctx); err != nil {
 		return false, err
@@ -161,15 +197,27 @@ func (r *Root) restoreDiff(ctx context.Context, tree delta.ID, loader delta.Blob
 	if err := r.Mount(ctx); err != nil {
 		return true, &fallback{"the restored layer does not mount: " + err.Error()}
 	}
+	if o.Track {
+		// The state key Verify computed must be the checkpoint's: a
+		// mismatch (a checkpoint another backend took) or an unknown one
+		// leaves the new tracker without a base.
+		key, ok := plan.StateKey()
+		if !ok || key != o.StateKey {
+			key = delta.ID{}
+		}
+		r.retrack(tree, key, cache, o, info)
+	}
 	return true, nil
 }
 
 // patchCache is the live scan's cache with removed paths (and what was
 // below them) dropped and the entries Verify read put in. Entries of paths
 // the diff did not touch stay valid: the cache is keyed by inode, size,
-// mtime and ctime, which nothing changed.
+// mtime and ctime, which nothing changed. It patches c's entries in place
+// (no copy of a 2,000-entry map): the live scan's cache is the restore's
+// own, made by its scan, and used for nothing else.
 func patchCache(c *delta.ScanCache, removed []string, fresh map[string]delta.CacheEntry) *delta.ScanCache {
-	out := &delta.ScanCache{Version: c.Version, Entries: maps.Clone(c.Entries)}
+	out := &delta.ScanCache{Version: c.Version, Entries: c.Entries}
 	var dirs []string
 	for _, rel := range removed {
 		if e, ok := out.Entries[rel]; ok && e.Entry.Type == delta.TypeDir {
@@ -259,12 +307,22 @@ func dropIndex(index string, dirFD int, name string, buf []byte) error {
 	return nil
 }
 
-// dropWhiteoutIndex removes the whiteout entries of the index before a
-// mount. overlay (nfs_export) leaves one when a copied-up base file is
+// dropWhiteoutIndex removes the whiteout and orphan entries of the index
+// before a mount.
+//
+// overlay (nfs_export) leaves a whiteout when a copied-up base file is
 // deleted, to make the base file unreachable by handle; once a restore
 // removes the upper whiteout that hid the base file, the whiteout index
 // makes the file read as EIO. While the upper whiteout stays, the name is
 // hidden anyway, so dropping the index whiteout changes nothing visible.
+//
+// An orphan is a copied-up file's index link whose upper names are all
+// gone (link count 1): overlay leaves one when such a file is deleted
+// through the mount after it was renamed, and the next mount turns it into
+// a whiteout index, so a restore that brings the base file's name back
+// (or any mount, for another base name of a hardlinked file) reads it as
+// EIO. Nothing in the upper names the inode, so the base file is what
+// the layer shows there, as in a layer rebuilt whole (with a fresh index).
 func dropWhiteoutIndex(index string) error {
 	f, err := os.Open(index)
 	if errors.Is(err, os.ErrNotExist) {
@@ -279,12 +337,17 @@ func dropWhiteoutIndex(index string) error {
 		return err
 	}
 	for _, de := range ents {
-		if de.Type()&os.ModeCharDevice == 0 {
+		if de.Type()&os.ModeCharDevice == 0 && !de.Type().IsRegular() {
 			continue
 		}
 		var st unix.Stat_t
 		p := filepath.Join(index, de.Name())
-		if unix.Lstat(p, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFCHR && st.Rdev == 0 {
+		if unix.Lstat(p, &st) != nil {
+			continue
+		}
+		whiteout := st.Mode&unix.S_IFMT == unix.S_IFCHR && st.Rdev == 0
+		orphan := st.Mode&unix.S_IFMT == unix.S_IFREG && st.Nlink == 1
+		if whiteout || orphan {
 			if err := unix.Unlink(p); err != nil && !errors.Is(err, unix.ENOENT) {
 				return err
 			}

@@ -1,0 +1,97 @@
+package delta
+
+import "path"
+
+// The state keys of a restored directory. Verify reads a kept directory
+// whose children changed shallow (its names are listed, its children are
+// checked one by one), so its scan cache entry has no state key, and the
+// next tracked scan would list it again: a rollback after a rollback would
+// pay for the directories the first one touched. The key follows from the
+// target tree instead, as a scan computes it (scanner.dir): the target's
+// entries with each subdirectory's mtime dropped and its subtree replaced
+// by its state key, residue directories left out. A subdirectory's key
+// comes from what Verify read (its changes come before its parent's), or,
+// for one the diff left alone, from the live scan's cache, taken only when
+// that entry names the same subtree under the same flags. Any key not
+// known leaves its parent's unknown (zero): a scan then lists it.
+
+// keptDir is a kept directory of the target whose children changed.
+type keptDir struct {
+	flags   dirFlags // how a scan lists it
+	entries []Entry  // the target's
+}
+
+// StateKey returns the target's state key as Verify computed it; ok is
+// false when some directory's key was not known.
+func (p *DiffPlan) StateKey() (ID, bool) { return p.stateKey, p.stateKey != ID{} }
+
+// noteState gives the fresh cache entry of kept directory rel (target
+// entry e) its state key and subtree, once its children are verified.
+func (p *DiffPlan) noteState(rel string, e *Entry, fresh map[string]CacheEntry) {
+	ce, ok := fresh[rel]
+	if !ok {
+		return
+	}
+	var key ID
+	if _, kept := p.kept[rel]; kept {
+		if key, ok = p.stateOf(rel, fresh); !ok {
+			return
+		}
+	} else {
+		// Only its metadata changed: its subtree, and so its key, is the
+		// live one's, unless its opaque flag (which its children's
+		// residue depends on) changed.
+		le, ok := p.opts.LiveCache.lookupDir(rel)
+		if !ok || le.Entry.Subtree != e.Subtree || le.Entry.Opaque != e.Opaque || le.StateFlags != ce.StateFlags {
+			return
+		}
+		key = le.State
+	}
+	ce.State, ce.Entry.Subtree = key, e.Subtree
+	fresh[rel] = ce
+}
+
+// stateOf computes the state key of kept directory rel.
+func (p *DiffPlan) stateOf(rel string, fresh map[string]CacheEntry) (ID, bool) {
+	kd := p.kept[rel]
+	cf := kd.flags
+	st := &Tree{Entries: make([]Entry, 0, len(kd.entries))}
+	for _, e := range kd.entries {
+		if e.Type == TypeDir {
+			crel := path.Join(rel, e.Name)
+			key, ok := p.childState(crel, &e, cf, fresh)
+			if !ok {
+				return ID{}, false
+			}
+			if !cf.merged && !cf.opaque && key == p.opts.IDs.EmptyTree() && p.opts.Residue != nil && p.opts.Residue(crel, &e) {
+				continue
+			}
+			e.MtimeNs = 0
+			e.Subtree = key
+		}
+		st.Entries = append(st.Entries, e)
+	}
+	return p.opts.IDs.Hash(st.Encode()), true
+}
+
+// childState is the state key of subdirectory crel (target entry e) of a
+// directory listed with flags cf.
+func (p *DiffPlan) childState(crel string, e *Entry, cf dirFlags, fresh map[string]CacheEntry) (ID, bool) {
+	ce, ok := fresh[crel]
+	if !ok && p.opts.LiveCache != nil {
+		ce, ok = p.opts.LiveCache.Entries[crel]
+	}
+	if !ok || ce.Entry.Type != TypeDir || ce.Entry.Subtree != e.Subtree || ce.State == (ID{}) || ce.StateFlags != cf.bits() {
+		return ID{}, false
+	}
+	return ce.State, true
+}
+
+// lookupDir returns the cache entry of directory rel if it has a state key.
+func (c *ScanCache) lookupDir(rel string) (CacheEntry, bool) {
+	if c == nil {
+		return CacheEntry{}, false
+	}
+	ce, ok := c.Entries[rel]
+	return ce, ok && ce.Entry.Type == TypeDir && ce.State != (ID{})
+}

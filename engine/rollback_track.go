@@ -1,0 +1,241 @@
+package engine
+
+import (
+	"context"
+	"path"
+	"strings"
+	"sync"
+
+	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/internal/rootfs"
+	"github.com/turnsnap/turnsnap/overlay"
+	"github.com/turnsnap/turnsnap/proc"
+)
+
+// A rollback on a tracked overlay sandbox (Options.TrackChanges) takes
+// the live state of the layer from the sandbox's change tracker, as a
+// turn does (docs/TRACKING.md): the tracker's base plus the paths changed
+// since, so a rollback a few files away stats a few directories instead
+// of the whole layer. The restored root gets a new tracker whose base is
+// the restored state, so the turn (or rollback) after it is tracked too.
+
+// rollbackTrack is what a tracked rollback hands the overlay restore.
+type rollbackTrack struct {
+	ent *trackEntry // the sandbox's tracker, detached from the engine; nil: none yet
+	// reread are files mapped shared and writable, at the last turn or
+	// when the rollback stopped the processes: stores through them make
+	// no event, so the live scan reads them whatever their stat says.
+	reread []string
+}
+
+// sharedWritable is the root-relative paths of the files ps maps shared
+// and writable (a deleted file is no name of the root).
+func sharedWritable(ps proc.ProcSet) []string {
+	var out []string
+	for _, p := range ps.SharedWritable() {
+		if rel := strings.TrimPrefix(path.Clean(p), "/"); rel != "" && !strings.HasSuffix(p, " (deleted)") {
+			out = append(out, rel)
+		}
+	}
+	return out
+}
+
+// trackRollback prepares a tracked rollback of sandbox name, before its
+// processes are stopped: it detaches the sandbox's tracker (the restore
+// closes it before it unmounts the root) and notes the files its running
+// processes map shared and writable. nil: tracking is off or the root is
+// no overlay; the restore walks (and the tracker, if any, is dropped).
+func (e *Engine) trackRollback(ctx context.Context, name string, root rootfs.Root) *rollbackTrack {
+	if _, ok := root.(*overlay.Root); !e.track.on || !ok {
+		return nil
+	}
+	t := &e.track
+	t.mu.Lock()
+	rt := &rollbackTrack{ent: t.m[name]}
+	delete(t.m, name)
+	t.mu.Unlock()
+	if rt.ent != nil {
+		rt.reread = rt.ent.sharedMaps
+	}
+	running, err := e.containerRunning(ctx, name)
+	if err != nil {
+		rt.ent = e.dropTracker(rt.ent)
+		return rt
+	}
+	if running {
+		r, _ := e.runtime(ctx)
+		ps, err := r.Snapshot(ctx, e.home.containerID(name))
+		if err != nil {
+			// Unknown mappings: the record cannot vouch for the files.
+			e.log.Debug("rollback walks: process snapshot", "sandbox", name, "err", err)
+			rt.ent = e.dropTracker(rt.ent)
+			return rt
+		}
+		rt.reread = append(rt.reread, sharedWritable(ps)...)
+	}
+	return rt
+}
+
+// detached is the tracker rt holds, for a rollback that stops before its
+// restore.
+func (rt *rollbackTrack) detached() *trackEntry {
+	if rt == nil {
+		return nil
+	}
+	return rt.ent
+}
+
+// dropTracker closes a detached tracker, counting its events; it returns
+// nil.
+func (e *Engine) dropTracker(ent *trackEntry) *trackEntry {
+	if ent != nil {
+		ent.tr.Close()
+		e.foldStats(ent.tr)
+	}
+	return nil
+}
+
+// foldStats adds a closed tracker's counters to the engine's.
+func (e *Engine) foldStats(tr *overlay.Tracker) {
+	s := tr.Stats()
+	e.track.mu.Lock()
+	defer e.track.mu.Unlock()
+	e.track.closedStats.Events += s.Events
+	e.track.closedStats.Overflows += s.Overflows
+	e.track.closedStats.Stale += s.Stale
+}
+
+// restoreRoot makes the sandbox's root tree for a rollback. With rt it
+// restores through the tracker and installs the restored root's new one;
+// it returns how the live state was found ("" when not an overlay).
+func (e *Engine) restoreRoot(ctx context.Context, name string, root rootfs.Root, cp *delta.Checkpoint, loader delta.BlobLoader, rt *rollbackTrack) (string, error) {
+	tree := cp.FSTree
+	r, ok := root.(*overlay.Root)
+	if rt == nil || !ok {
+		e.untrack(name) // a restore remounts the root; the next turn walks
+		if err := root.Restore(ctx, tree, loader); err != nil {
+			return "", err
+		}
+		if ok {
+			return "walk", nil
+		}
+		return "", nil
+	}
+	o := overlay.RestoreOptions{Reread: rt.reread, Track: true, TrackOptions: e.track.opts, StateKey: cp.StateKey}
+	if rt.ent != nil {
+		o.Tracker = rt.ent.tr
+	}
+	info, err := r.RestoreWith(ctx, tree, loader, o)
+	if rt.ent != nil && info.Tracker != rt.ent.tr {
+		e.foldStats(rt.ent.tr) // RestoreWith closed it
+	}
+	if info.Tracker != nil {
+		if err != nil {
+			info.Tracker.Close()
+			e.foldStats(info.Tracker)
+		} else {
+			e.track.mu.Lock()
+			if e.track.m == nil {
+				e.track.m = map[string]*trackEntry{}
+			}
+			// Nothing runs on the root now: a restored process's mappings
+			// are the next turn's snapshot's.
+			e.track.m[name] = &trackEntry{tr: info.Tracker, root: r}
+			e.track.mu.Unlock()
+		}
+	}
+	return info.Live, err
+}
+
+// stateMemo remembers the trees that passed delta.CheckState (with the
+// rules a rollback applies) and their footprints, so rolling back to the
+// same checkpoint again does not check its whole state again (RL loops
+// reset to one checkpoint over and over). A check depends only on the
+// trees, which are content-addressed; what a rollback then reads from the
+// store (the trees on the diff's paths, the chunks it writes) is loaded
+// and verified by the plan before the first write, as always.
+type stateMemo struct {
+	mu sync.Mutex
+	m  map[delta.ID]delta.Footprint
+	// trees keeps the trees rollbacks read (verified when first loaded),
+	// up to treeMemoBytes: a rollback reads the trees on the diff's paths
+	// of both states, the same few each time in a loop.
+	trees     map[delta.ID][]byte
+	treeBytes int
+}
+
+const treeMemoBytes = 16 << 20
+
+// rollbackLoader is the store's loader with the memo's trees in front.
+func (e *Engine) rollbackLoader() delta.BlobLoader { return memoLoader{m: &e.checked, next: e.repo} }
+
+type memoLoader struct {
+	m    *stateMemo
+	next delta.BlobLoader
+}
+
+func (l memoLoader) LoadBlob(ctx context.Context, t delta.BlobType, id delta.ID) ([]byte, error) {
+	if t != delta.BlobTree {
+		return l.next.LoadBlob(ctx, t, id)
+	}
+	l.m.mu.Lock()
+	data, ok := l.m.trees[id]
+	l.m.mu.Unlock()
+	if ok {
+		return data, nil
+	}
+	data, err := l.next.LoadBlob(ctx, t, id)
+	if err != nil || len(data) > treeMemoBytes/16 {
+		return data, err
+	}
+	l.m.mu.Lock()
+	defer l.m.mu.Unlock()
+	if l.m.trees == nil {
+		l.m.trees = map[delta.ID][]byte{}
+	}
+	for k, v := range l.m.trees {
+		if l.m.treeBytes+len(data) <= treeMemoBytes {
+			break
+		}
+		delete(l.m.trees, k)
+		l.m.treeBytes -= len(v)
+	}
+	if _, ok := l.m.trees[id]; !ok {
+		l.m.trees[id] = data
+		l.m.treeBytes += len(data)
+	}
+	return data, nil
+}
+
+// stateMemoMax bounds the memo; past it an arbitrary entry goes.
+const stateMemoMax = 1024
+
+// checkState is delta.CheckState of tree through l (rules: a layer's),
+// from the memo when tree passed before.
+func (e *Engine) checkState(ctx context.Context, l *delta.CheckedLoader, tree delta.ID) (delta.Footprint, error) {
+	m := &e.checked
+	m.mu.Lock()
+	fp, ok := m.m[tree]
+	m.mu.Unlock()
+	if ok {
+		l.Checked(tree, delta.StateRules{})
+		return fp, nil
+	}
+	fp, err := l.CheckState(ctx, tree, delta.StateRules{})
+	if err != nil {
+		return fp, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.m == nil {
+		m.m = map[delta.ID]delta.Footprint{}
+	}
+	if len(m.m) >= stateMemoMax {
+		for k := range m.m {
+			delete(m.m, k)
+			break
+		}
+	}
+	m.m[tree] = fp
+	return fp, nil
+}
