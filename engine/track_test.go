@@ -242,6 +242,7 @@ func main() {
 		panic(err)
 	}
 	f.Close()
+	os.WriteFile("/tmp/ready", []byte("mapped"), 0o644)
 	last := byte(0)
 	for {
 		time.Sleep(20 * time.Millisecond)
@@ -291,6 +292,9 @@ func testSharedMapping(t *testing.T, tracked bool) {
 	must(t, err)
 	_, err = e.Exec(ctx, "s", []string{"/bin/mapper", "/data.bin"}, ExecOptions{Detach: true})
 	must(t, err)
+	// The first turn must see the mapping: a checkpoint taken while the
+	// mapper is still opening the file (it copies it up) raced it.
+	sh(t, e, "s", "while [ ! -s /tmp/ready ]; do sleep 0.02; done")
 	for range 3 {
 		res, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 		must(t, err)
