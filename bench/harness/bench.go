@@ -12,21 +12,29 @@ import (
 
 // Result is everything one benchmark run measured.
 type Result struct {
-	Started  time.Time     `json:"started"`
-	Seconds  float64       `json:"seconds"`
-	Host     Host          `json:"host"`
-	Seeds    int           `json:"seeds"`
+	Started time.Time `json:"started"`
+	Seconds float64   `json:"seconds"`
+	Host    Host      `json:"host"`
+	Seeds   int       `json:"seeds"`
+	// LatencyScale multiplied the traces' model latencies.
+	LatencyScale float64 `json:"latency_scale"`
+	// Remote: the daemon uploaded to a MinIO remote in the background.
+	Remote   bool          `json:"remote"`
 	Runs     []*Run        `json:"runs"`
 	Colocate []*ColoResult `json:"colocate,omitempty"`
 }
 
 // Host is where it ran (timings are noisy on a shared machine).
 type Host struct {
-	CPUs        int       `json:"cpus"`
-	LoadBefore  []float64 `json:"load_before"`
-	LoadAfter   []float64 `json:"load_after"`
-	GoVersion   string    `json:"go_version"`
-	KernelLabel string    `json:"kernel"`
+	CPUs       int       `json:"cpus"`
+	LoadBefore []float64 `json:"load_before"`
+	LoadAfter  []float64 `json:"load_after"`
+	// Load1Mean and Load1Max are the 1-minute load average sampled every
+	// 5 s while the bench ran.
+	Load1Mean   float64 `json:"load1_mean"`
+	Load1Max    float64 `json:"load1_max"`
+	GoVersion   string  `json:"go_version"`
+	KernelLabel string  `json:"kernel"`
 }
 
 // ColoResult is N sandboxes replaying at once: end-to-end time without
@@ -35,7 +43,14 @@ type ColoResult struct {
 	N        int                `json:"n"`
 	WallMS   map[string]float64 `json:"wall_ms"`  // by method
 	Slowdown map[string]float64 `json:"slowdown"` // against fault_free at the same N
-	Errors   []string           `json:"errors,omitempty"`
+	// ExposedP50MS and ExposedP99MS are the gate's delays beyond the
+	// model latency over every checkpoint of the N sandboxes.
+	ExposedP50MS map[string]float64 `json:"exposed_p50_ms"`
+	ExposedP99MS map[string]float64 `json:"exposed_p99_ms"`
+	// BytesUploaded is what the pusher uploaded for the method's N
+	// sandboxes (absent without a remote).
+	BytesUploaded map[string]int64 `json:"bytes_uploaded,omitempty"`
+	Errors        []string         `json:"errors,omitempty"`
 }
 
 // ColoMethods are the methods the co-location runs compare.
@@ -44,7 +59,9 @@ var ColoMethods = []string{FaultFree, Turnsnap, FullPerTurn}
 // Bench replays every trace with every method and seed (each crash run with
 // its injected crash), then the co-location runs.
 func (h *Harness) Bench(ctx context.Context, traces []*trace.Trace) (*Result, error) {
-	res := &Result{Started: time.Now().UTC(), Seeds: h.cfg.Seeds, Host: hostInfo()}
+	res := &Result{Started: time.Now().UTC(), Seeds: h.cfg.Seeds, Host: hostInfo(), LatencyScale: h.cfg.LatencyScale, Remote: h.minio != nil}
+	stopLoad := sampleLoad(&res.Host)
+	defer stopLoad()
 	colo := 0
 	for _, n := range h.cfg.Colocate {
 		colo += n * len(ColoMethods)
@@ -73,6 +90,7 @@ func (h *Harness) Bench(ctx context.Context, traces []*trace.Trace) (*Result, er
 	for _, n := range h.cfg.Colocate {
 		res.Colocate = append(res.Colocate, h.colocate(ctx, traces, n))
 	}
+	stopLoad()
 	res.Host.LoadAfter = loadavg()
 	res.Seconds = time.Since(res.Started).Seconds()
 	return res, nil
@@ -81,8 +99,15 @@ func (h *Harness) Bench(ctx context.Context, traces []*trace.Trace) (*Result, er
 // colocate replays n sandboxes at once (sandbox i runs trace i mod len),
 // once per method, without crashes.
 func (h *Harness) colocate(ctx context.Context, traces []*trace.Trace, n int) *ColoResult {
-	cr := &ColoResult{N: n, WallMS: map[string]float64{}, Slowdown: map[string]float64{}}
+	cr := &ColoResult{N: n, WallMS: map[string]float64{}, Slowdown: map[string]float64{},
+		ExposedP50MS: map[string]float64{}, ExposedP99MS: map[string]float64{}}
+	if h.minio != nil {
+		cr.BytesUploaded = map[string]int64{}
+	}
 	for _, m := range ColoMethods {
+		h.drain(ctx)
+		up0 := h.uploaded(ctx)
+		var exposed []float64
 		start := time.Now()
 		var wg sync.WaitGroup
 		var mu sync.Mutex
@@ -92,6 +117,7 @@ func (h *Harness) colocate(ctx context.Context, traces []*trace.Trace, n int) *C
 				defer wg.Done()
 				r := h.replay(ctx, traces[i%len(traces)], m, 0, i+1, 0)
 				mu.Lock()
+				exposed = append(exposed, r.ExposedMS...)
 				if r.Err != "" {
 					cr.Errors = append(cr.Errors, fmt.Sprintf("%s #%d %s: %s", m, i+1, r.Trace, r.Err))
 				}
@@ -101,6 +127,11 @@ func (h *Harness) colocate(ctx context.Context, traces []*trace.Trace, n int) *C
 		}
 		wg.Wait()
 		cr.WallMS[m] = ms(time.Since(start))
+		cr.ExposedP50MS[m], cr.ExposedP99MS[m] = Percentile(exposed, 50), Percentile(exposed, 99)
+		if h.minio != nil {
+			h.drain(ctx)
+			cr.BytesUploaded[m] = h.uploaded(ctx) - up0
+		}
 	}
 	for _, m := range ColoMethods {
 		if ff := cr.WallMS[FaultFree]; ff > 0 {

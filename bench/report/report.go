@@ -66,11 +66,16 @@ func mib(n int64) string { return fmt.Sprintf("%.2f MiB", float64(n)/(1<<20)) }
 func Markdown(s *harness.Summary) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# turnsnap bench report\n\n")
-	fmt.Fprintf(&b, "%d CPUs, kernel %s, %s; load average before %v, after %v; %.0f s in all.\n\n",
-		s.Host.CPUs, s.Host.KernelLabel, s.Host.GoVersion, s.Host.LoadBefore, s.Host.LoadAfter, s.Seconds)
+	fmt.Fprintf(&b, "%d CPUs, kernel %s, %s; load average before %v, after %v, 1-minute load during the run mean %.2f, max %.2f; %.0f s in all.\n\n",
+		s.Host.CPUs, s.Host.KernelLabel, s.Host.GoVersion, s.Host.LoadBefore, s.Host.LoadAfter, s.Host.Load1Mean, s.Host.Load1Max, s.Seconds)
+	remote := "a MinIO remote on 127.0.0.1, uploaded to by the daemon's background pusher during the runs"
+	if !s.Remote {
+		remote = "no remote (bytes uploaded not measured)"
+	}
+	fmt.Fprintf(&b, "Model latencies at %.2fx the traces' declared values; every checkpoint runs during its turn's model latency and the next turn waits for it to commit (the gate); %s.\n\n", s.LatencyScale, remote)
 	fmt.Fprintf(&b, "## Methods\n\n")
-	fmt.Fprintf(&b, "| method | runs | recovery correctness | state equivalence | overhead | bytes stored | ckpt p50 | ckpt p95 | ckpt p99 | restore p50 |\n")
-	fmt.Fprintf(&b, "|---|---|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "| method | runs | recovery correctness | state equivalence | overhead | wall overhead | gate delay p50 / p99 | bytes stored | bytes uploaded | ckpt p50 | ckpt p95 | ckpt p99 | pauses, p50 / p99 | restore p50 |\n")
+	fmt.Fprintf(&b, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, m := range harness.Methods {
 		ms := s.Methods[m]
 		if ms == nil {
@@ -80,15 +85,30 @@ func Markdown(s *harness.Summary) string {
 		if ms.StateEquivalence != nil {
 			eq = pct(*ms.StateEquivalence)
 		}
-		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s | %.1f ms | %.1f ms | %.1f ms | %.0f ms |\n", m, ms.Runs,
-			pct(ms.RecoveryCorrectness), eq, pct(ms.Overhead), mib(ms.BytesStored), ms.CkptP50MS, ms.CkptP95MS, ms.CkptP99MS, ms.RestoreP50)
+		up := "-"
+		if ms.BytesUploaded >= 0 && s.Remote {
+			up = mib(ms.BytesUploaded)
+		}
+		pause := "-"
+		if ms.Pauses > 0 {
+			pause = fmt.Sprintf("%d, %.1f / %.1f ms", ms.Pauses, ms.PauseP50MS, ms.PauseP99MS)
+		}
+		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s | %.1f / %.1f ms | %s | %s | %.1f ms | %.1f ms | %.1f ms | %s | %.0f ms |\n", m, ms.Runs,
+			pct(ms.RecoveryCorrectness), eq, pct(ms.Overhead), pct(ms.WallOverhead), ms.ExposedP50MS, ms.ExposedP99MS,
+			mib(ms.BytesStored), up, ms.CkptP50MS, ms.CkptP95MS, ms.CkptP99MS, pause, ms.RestoreP50)
 	}
 	ts, full := s.Methods[harness.Turnsnap], s.Methods[harness.FullPerTurn]
-	if ts != nil && full != nil && full.BytesStored > 0 && ts.Overhead > 0 {
-		fmt.Fprintf(&b, "\nturnsnap stores %s of full_per_turn's bytes; full_per_turn's checkpoints cost %.2fx turnsnap's time.\n",
-			pct(float64(ts.BytesStored)/float64(full.BytesStored)), full.Overhead/ts.Overhead)
+	if ts != nil && full != nil && full.BytesStored > 0 {
+		fmt.Fprintf(&b, "\nturnsnap stores %s of full_per_turn's bytes", pct(float64(ts.BytesStored)/float64(full.BytesStored)))
+		if ts.CkptP50MS > 0 {
+			fmt.Fprintf(&b, "; full_per_turn's median checkpoint takes %.2fx turnsnap's", full.CkptP50MS/ts.CkptP50MS)
+		}
+		if ts.Overhead > 0 {
+			fmt.Fprintf(&b, "; its gate delays add %.2fx turnsnap's", full.Overhead/ts.Overhead)
+		}
+		b.WriteString(".\n")
 	}
-	fmt.Fprintf(&b, "\nOverhead: time the method's checkpoints added, over the fault-free replay's time (model latencies included). fault_free and chat_only take no checkpoints; chat_fs checkpoints through turnsnap and restores files only.\n")
+	fmt.Fprintf(&b, "\nOverhead: the gate's delays beyond the model latency (what the checkpoints added to the agent's time), over the fault-free replays' time. Wall overhead: the replays' whole time (crash and recovery left out) against fault-free's; it also holds the checkpoints' cost to the turns' own commands and the commands' noise. Gate delay: per checkpoint. Pauses: checkpoints that froze the processes and for how long (turnsnap: from its records). fault_free and chat_only take no checkpoints; chat_fs checkpoints through turnsnap and restores files only.\n")
 	fmt.Fprintf(&b, "\n## Traces (turn mix measured by turnsnap)\n\n| trace | turns | skip | fs | process | full | unchanged | crash turns |\n|---|---|---|---|---|---|---|---|\n")
 	for _, t := range s.Traces {
 		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %d | %s | %v |\n", t.Name, t.Turns, t.Mix["skip"], t.Mix["fs"], t.Mix["process"], t.Mix["full"], pct(t.Unchanged), t.Crashes)
@@ -99,18 +119,31 @@ func Markdown(s *harness.Summary) string {
 			fmt.Fprintf(&b, " %s wall |", m)
 		}
 		for _, m := range harness.ColoMethods[1:] {
-			fmt.Fprintf(&b, " %s slowdown |", m)
+			fmt.Fprintf(&b, " %s slowdown | %s gate p50 / p99 |", m, m)
 		}
-		fmt.Fprintf(&b, "\n|---|%s\n", strings.Repeat("---|", 2*len(harness.ColoMethods)-1))
+		if s.Remote {
+			b.WriteString(" turnsnap uploaded |")
+		}
+		cols := 1 + len(harness.ColoMethods) + 2*(len(harness.ColoMethods)-1)
+		if s.Remote {
+			cols++
+		}
+		fmt.Fprintf(&b, "\n|%s\n", strings.Repeat("---|", cols))
 		for _, c := range s.Colocate {
 			fmt.Fprintf(&b, "| %d |", c.N)
 			for _, m := range harness.ColoMethods {
 				fmt.Fprintf(&b, " %.1f s |", c.WallMS[m]/1000)
 			}
 			for _, m := range harness.ColoMethods[1:] {
-				fmt.Fprintf(&b, " %s |", pct(c.Slowdown[m]))
+				fmt.Fprintf(&b, " %s | %.0f / %.0f ms |", pct(c.Slowdown[m]), c.ExposedP50MS[m], c.ExposedP99MS[m])
+			}
+			if s.Remote {
+				fmt.Fprintf(&b, " %s |", mib(c.BytesUploaded[harness.Turnsnap]))
 			}
 			b.WriteString("\n")
+			for _, e := range c.Errors {
+				fmt.Fprintf(&b, "\n- N=%d: %s\n", c.N, e)
+			}
 		}
 	}
 	if len(s.Errors) > 0 {
