@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/turnsnap/turnsnap/bench/trace"
+	"github.com/turnsnap/turnsnap/engine/api"
 )
 
 // Result is everything one benchmark run measured.
@@ -19,9 +20,12 @@ type Result struct {
 	// LatencyScale multiplied the traces' model latencies.
 	LatencyScale float64 `json:"latency_scale"`
 	// Remote: the daemon uploaded to a MinIO remote in the background.
-	Remote   bool          `json:"remote"`
-	Runs     []*Run        `json:"runs"`
-	Colocate []*ColoResult `json:"colocate,omitempty"`
+	Remote bool `json:"remote"`
+	// BaseBytesUploaded is what uploading the traces' bases took, before
+	// the runs (so that no run pays for a base another run shares).
+	BaseBytesUploaded int64         `json:"base_bytes_uploaded,omitempty"`
+	Runs              []*Run        `json:"runs"`
+	Colocate          []*ColoResult `json:"colocate,omitempty"`
 }
 
 // Host is where it ran (timings are noisy on a shared machine).
@@ -69,6 +73,13 @@ func (h *Harness) Bench(ctx context.Context, traces []*trace.Trace) (*Result, er
 	h.mu.Lock()
 	h.tot = len(traces)*h.cfg.Seeds*len(Methods) + colo
 	h.mu.Unlock()
+	if h.minio != nil {
+		n, err := h.uploadBases(ctx, traces)
+		if err != nil {
+			return res, err
+		}
+		res.BaseBytesUploaded = n
+	}
 	for _, t := range traces {
 		for seed := 1; seed <= h.cfg.Seeds; seed++ {
 			crash := h.crashTurn(t, seed)
@@ -139,6 +150,30 @@ func (h *Harness) colocate(ctx context.Context, traces []*trace.Trace, n int) *C
 		}
 	}
 	return cr
+}
+
+// uploadBases makes a sandbox of every trace's base and waits for the
+// pusher to upload it: every later run of the trace shares the base's
+// objects, so the runs' bytes_uploaded are their checkpoints' alone.
+func (h *Harness) uploadBases(ctx context.Context, traces []*trace.Trace) (int64, error) {
+	h.drain(ctx)
+	up0 := h.uploaded(ctx)
+	for _, t := range traces {
+		base, err := h.base(t)
+		if err != nil {
+			return 0, err
+		}
+		name := t.Name + "-base"
+		h.c.RemoveSandbox(ctx, name, false)
+		if _, err := h.c.CreateSandbox(ctx, api.CreateRequest{Name: name, Base: base}); err != nil {
+			return 0, fmt.Errorf("trace %s: the base's sandbox: %w", t.Name, err)
+		}
+		h.drain(ctx)
+		if _, err := h.c.RemoveSandbox(ctx, name, false); err != nil {
+			return 0, fmt.Errorf("trace %s: removing the base's sandbox: %w", t.Name, err)
+		}
+	}
+	return h.uploaded(ctx) - up0, nil
 }
 
 func hostInfo() Host {

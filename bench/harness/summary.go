@@ -16,8 +16,10 @@ type Summary struct {
 	// LatencyScale is the factor the traces' model latencies ran at.
 	LatencyScale float64 `json:"latency_scale"`
 	// Remote: turnsnap uploaded to a MinIO remote during the runs.
-	Remote bool     `json:"remote"`
-	Errors []string `json:"errors,omitempty"`
+	Remote bool `json:"remote"`
+	// BaseBytesUploaded is the traces' bases, uploaded before the runs.
+	BaseBytesUploaded int64    `json:"base_bytes_uploaded,omitempty"`
+	Errors            []string `json:"errors,omitempty"`
 }
 
 // MethodSummary aggregates one method's runs.
@@ -70,7 +72,8 @@ type TraceSummary struct {
 
 // Summarise computes the headline from the runs.
 func Summarise(res *Result) *Summary {
-	s := &Summary{Methods: map[string]*MethodSummary{}, Colocate: res.Colocate, Host: res.Host, Seconds: res.Seconds, LatencyScale: res.LatencyScale, Remote: res.Remote}
+	s := &Summary{Methods: map[string]*MethodSummary{}, Colocate: res.Colocate, Host: res.Host, Seconds: res.Seconds, LatencyScale: res.LatencyScale, Remote: res.Remote,
+		BaseBytesUploaded: res.BaseBytesUploaded}
 	ff := map[[2]any]*Run{}
 	for _, r := range res.Runs {
 		if r.Method == FaultFree {
@@ -103,10 +106,10 @@ func Summarise(res *Result) *Summary {
 		exposed[r.Method] = append(exposed[r.Method], r.ExposedMS...)
 		pauses[r.Method] = append(pauses[r.Method], r.PauseMS...)
 		overlapped[r.Method] += r.Overlapped
-		if r.BytesUploaded >= 0 {
-			m.BytesUploaded += r.BytesUploaded
+		if r.BytesUploaded < 0 || m.BytesUploaded < 0 {
+			m.BytesUploaded = -1 // a run without the remote: not measured
 		} else {
-			m.BytesUploaded = -1
+			m.BytesUploaded += r.BytesUploaded
 		}
 		if r.CrashTurn > 0 && r.Err == "" {
 			restores[r.Method] = append(restores[r.Method], r.RestoreMS)

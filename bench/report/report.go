@@ -68,7 +68,7 @@ func Markdown(s *harness.Summary) string {
 	fmt.Fprintf(&b, "# turnsnap bench report\n\n")
 	fmt.Fprintf(&b, "%d CPUs, kernel %s, %s; load average before %v, after %v, 1-minute load during the run mean %.2f, max %.2f; %.0f s in all.\n\n",
 		s.Host.CPUs, s.Host.KernelLabel, s.Host.GoVersion, s.Host.LoadBefore, s.Host.LoadAfter, s.Host.Load1Mean, s.Host.Load1Max, s.Seconds)
-	remote := "a MinIO remote on 127.0.0.1, uploaded to by the daemon's background pusher during the runs"
+	remote := fmt.Sprintf("a MinIO remote on 127.0.0.1, uploaded to by the daemon's background pusher during the runs (the traces' bases, %s, went up before them)", mib(s.BaseBytesUploaded))
 	if !s.Remote {
 		remote = "no remote (bytes uploaded not measured)"
 	}
@@ -86,7 +86,7 @@ func Markdown(s *harness.Summary) string {
 			eq = pct(*ms.StateEquivalence)
 		}
 		up := "-"
-		if ms.BytesUploaded >= 0 && s.Remote {
+		if ms.BytesUploaded >= 0 && s.Remote && (m == harness.Turnsnap || m == harness.ChatFS) {
 			up = mib(ms.BytesUploaded)
 		}
 		pause := "-"
@@ -103,7 +103,7 @@ func Markdown(s *harness.Summary) string {
 		if ts.CkptP50MS > 0 {
 			fmt.Fprintf(&b, "; full_per_turn's median checkpoint takes %.2fx turnsnap's", full.CkptP50MS/ts.CkptP50MS)
 		}
-		if ts.Overhead > 0 {
+		if ts.Overhead > 0 && full.Overhead > 0 {
 			fmt.Fprintf(&b, "; its gate delays add %.2fx turnsnap's", full.Overhead/ts.Overhead)
 		}
 		b.WriteString(".\n")
@@ -174,13 +174,16 @@ func esc(t string) string {
 	return strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;", `"`, "&quot;").Replace(t)
 }
 
-// latencyCDF plots each checkpointing method's checkpoint latencies.
+// latencyCDF plots each checkpointing method's checkpoint latencies
+// (solid) and the gate's delays beyond the model latency (dashed; a zero
+// delay sits at the left edge).
 func latencyCDF(res *harness.Result) string {
 	const W, H, L, R, T, B = 640, 360, 60, 160, 30, 40
-	s := newSVG(W, H, "checkpoint latency CDF (ms, log scale)")
-	lat := map[string][]float64{}
+	s := newSVG(W, H, "CDF: checkpoint latency (solid), gate delay (dashed); ms, log scale")
+	lat, gate := map[string][]float64{}, map[string][]float64{}
 	for _, r := range res.Runs {
 		lat[r.Method] = append(lat[r.Method], r.CkptMS...)
+		gate[r.Method] = append(gate[r.Method], r.ExposedMS...)
 	}
 	lo, hi := 0.1, 1.0
 	for _, v := range lat {
@@ -204,18 +207,24 @@ func latencyCDF(res *harness.Result) string {
 	}
 	row := 0
 	for _, m := range harness.Methods {
-		v := append([]float64(nil), lat[m]...)
-		if len(v) == 0 {
-			continue
+		for _, series := range []struct {
+			v    []float64
+			dash string
+			name string
+		}{{lat[m], "", m}, {gate[m], ` stroke-dasharray="5,3"`, m + " gate"}} {
+			v := append([]float64(nil), series.v...)
+			if len(v) == 0 {
+				continue
+			}
+			sort.Float64s(v)
+			var pts []string
+			for i, x := range v {
+				pts = append(pts, fmt.Sprintf("%.1f,%.1f", lx(x), float64(H-B)-float64(i+1)/float64(len(v))*float64(H-B-T)))
+			}
+			fmt.Fprintf(&s.Builder, `<polyline fill="none" stroke="%s" stroke-width="2"%s points="%s"/>`+"\n", colors[m], series.dash, strings.Join(pts, " "))
+			fmt.Fprintf(&s.Builder, `<text x="%d" y="%d" fill="%s">%s (%d)</text>`+"\n", W-R+10, T+20+row*18, colors[m], series.name, len(v))
+			row++
 		}
-		sort.Float64s(v)
-		var pts []string
-		for i, x := range v {
-			pts = append(pts, fmt.Sprintf("%.1f,%.1f", lx(x), float64(H-B)-float64(i+1)/float64(len(v))*float64(H-B-T)))
-		}
-		fmt.Fprintf(&s.Builder, `<polyline fill="none" stroke="%s" stroke-width="2" points="%s"/>`+"\n", colors[m], strings.Join(pts, " "))
-		fmt.Fprintf(&s.Builder, `<text x="%d" y="%d" fill="%s">%s (%d)</text>`+"\n", W-R+10, T+20+row*18, colors[m], m, len(v))
-		row++
 	}
 	return s.end()
 }
