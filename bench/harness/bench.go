@@ -71,7 +71,10 @@ func (h *Harness) Bench(ctx context.Context, traces []*trace.Trace) (*Result, er
 		colo += n * len(ColoMethods)
 	}
 	h.mu.Lock()
-	h.tot = len(traces)*h.cfg.Seeds*len(Methods) + colo
+	h.tot = colo
+	if !h.cfg.ColocationOnly {
+		h.tot += len(traces) * h.cfg.Seeds * len(Methods)
+	}
 	h.mu.Unlock()
 	if h.minio != nil {
 		n, err := h.uploadBases(ctx, traces)
@@ -81,6 +84,9 @@ func (h *Harness) Bench(ctx context.Context, traces []*trace.Trace) (*Result, er
 		res.BaseBytesUploaded = n
 	}
 	for _, t := range traces {
+		if h.cfg.ColocationOnly {
+			break
+		}
 		for seed := 1; seed <= h.cfg.Seeds; seed++ {
 			crash := h.crashTurn(t, seed)
 			for _, m := range Methods {

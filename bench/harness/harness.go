@@ -50,6 +50,8 @@ type Config struct {
 	Seeds int
 	// Colocate lists the N of the co-location runs (nil: none).
 	Colocate []int
+	// ColocationOnly skips the single-sandbox runs with crashes.
+	ColocationOnly bool
 	// CrashTurn, if set, picks the crash turn (1-based) of a trace and
 	// seed; by default it is a random turn from 2 on, drawn from the seed.
 	CrashTurn func(turns int, firstStart int, seed int) int

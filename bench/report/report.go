@@ -73,6 +73,9 @@ func Markdown(s *harness.Summary) string {
 		remote = "no remote (bytes uploaded not measured)"
 	}
 	fmt.Fprintf(&b, "Model latencies at %.2fx the traces' declared values; every checkpoint runs during its turn's model latency and the next turn waits for it to commit (the gate); %s.\n\n", s.LatencyScale, remote)
+	if len(s.Methods) == 0 {
+		fmt.Fprintf(&b, "Co-location series only (--colocation-only): no crash runs.\n\n")
+	}
 	fmt.Fprintf(&b, "## Methods\n\n")
 	fmt.Fprintf(&b, "| method | runs | recovery correctness | state equivalence | overhead | wall overhead | gate delay p50 / p99 | bytes stored | bytes uploaded | ckpt p50 | ckpt p95 | ckpt p99 | pauses, p50 / p99 | restore p50 |\n")
 	fmt.Fprintf(&b, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")

@@ -23,7 +23,7 @@ type benchOpts struct {
 	minio             string
 	seeds, sandboxes  int
 	latencyScale      float64
-	keep              bool
+	keep, coloOnly    bool
 	crashAfterStart   bool // the quick test's forced crash turn
 }
 
@@ -62,6 +62,7 @@ Needs root, runc, CRIU and busybox-static. --home is not used.`,
 	f.Float64Var(&o.latencyScale, "latency-scale", 1, "multiply every turn's model latency by this (0 < x <= 10)")
 	f.StringVar(&o.minio, "minio", "auto", `MinIO server binary for a remote on 127.0.0.1 ("auto": $TURNSNAP_CACHE/bin/minio if present; "none": no remote)`)
 	f.BoolVar(&o.keep, "keep", false, "keep the scratch directory")
+	f.BoolVar(&o.coloOnly, "colocation-only", false, "run only the co-location series (no crash runs; needs --sandboxes >= 1)")
 	f.BoolVar(&o.crashAfterStart, "crash-after-start", false, "crash at the second turn after the first process start (for tests)")
 	return c
 }
@@ -69,6 +70,9 @@ Needs root, runc, CRIU and busybox-static. --home is not used.`,
 func (a *app) runBench(ctx context.Context, o benchOpts) error {
 	if o.seeds < 1 || o.seeds > 1000 || o.sandboxes < 0 || o.sandboxes > 256 {
 		return fmt.Errorf("bench: --seeds must be 1..1000 and --sandboxes 0..256: %w", errdefs.ErrInvalid)
+	}
+	if o.coloOnly && o.sandboxes < 1 {
+		return fmt.Errorf("bench: --colocation-only needs --sandboxes 1 or more: %w", errdefs.ErrInvalid)
 	}
 	if !(o.latencyScale > 0 && o.latencyScale <= 10) {
 		return fmt.Errorf("bench: --latency-scale %v must be above 0 and at most 10: %w", o.latencyScale, errdefs.ErrInvalid)
@@ -101,7 +105,7 @@ func (a *app) runBench(ctx context.Context, o benchOpts) error {
 		}
 	}
 	cfg := harness.Config{Home: filepath.Join(work, "home"), Work: filepath.Join(work, "scratch"), Seeds: o.seeds, Colocate: colo, Log: a.log,
-		LatencyScale: o.latencyScale, MinIO: minioBin,
+		LatencyScale: o.latencyScale, MinIO: minioBin, ColocationOnly: o.coloOnly,
 		Daemon: func(home string) *exec.Cmd {
 			cmd := exec.Command(self, "--home", home, "serve")
 			cmd.Env = os.Environ()
