@@ -140,10 +140,17 @@ func sandboxName(t *trace.Trace, method string, seed, slot int) string {
 func (h *Harness) replay(ctx context.Context, t *trace.Trace, method string, seed, slot, crash int) (r *Run) {
 	r = &Run{Trace: t.Name, Seed: seed, Method: method, CrashTurn: crash, Classes: map[string]int{}, BytesUploaded: -1}
 	start := time.Now()
-	// recovery is the crash and its recovery; aside is the harness's own
-	// bookkeeping (the state snapshot, the audit, the upload drain).
+	// The run's time ends with its verifier (the audit, the upload drain
+	// and the teardown are the harness's); recovery is the crash and its
+	// recovery, aside the state snapshot the harness takes.
+	var end time.Time
 	var recovery, aside time.Duration
-	defer func() { r.WallMS = ms(time.Since(start) - aside); r.WorkMS = ms(time.Since(start) - recovery - aside) }()
+	defer func() {
+		if end.IsZero() {
+			end = time.Now()
+		}
+		r.WallMS, r.WorkMS = ms(end.Sub(start)-aside), ms(end.Sub(start)-recovery-aside)
+	}()
 	// A main-matrix run (slot 0) runs alone: the uploads between its start
 	// and its end, queue drained, are its own.
 	var up0 int64
@@ -246,8 +253,7 @@ func (h *Harness) replay(ctx context.Context, t *trace.Trace, method string, see
 		return fail(fmt.Errorf("verifier: %w", err))
 	}
 	r.Correct, r.VerifyOut = code == 0, out
-	a0 := time.Now()
-	defer func() { aside += time.Since(a0) }()
+	end = time.Now()
 	if (method == Turnsnap || method == ChatFS) && slot == 0 {
 		// The records keep each checkpoint's pause; the audit reads them
 		// back. A failure to audit is logged, not the run's.
