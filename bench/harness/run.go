@@ -57,7 +57,10 @@ type Run struct {
 	// Audit (turnsnap, first seed) is `turnsnap audit` of the sandbox
 	// after its verifier; the report writes it as audit-TRACE.html.
 	Audit *engine.AuditReport `json:"-"`
-	Err   string              `json:"error,omitempty"`
+	// End is when the run's time ended (its verifier done): a co-location
+	// batch's wall time leaves the teardown out.
+	End time.Time `json:"-"`
+	Err string    `json:"error,omitempty"`
 }
 
 // procState is the harness's view of the trace's running processes: name
@@ -149,6 +152,7 @@ func (h *Harness) replay(ctx context.Context, t *trace.Trace, method string, see
 		if end.IsZero() {
 			end = time.Now()
 		}
+		r.End = end
 		r.WallMS, r.WorkMS = ms(end.Sub(start)-aside), ms(end.Sub(start)-recovery-aside)
 	}()
 	// A main-matrix run (slot 0) runs alone: the uploads between its start
