@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
 	"time"
 
@@ -54,7 +55,9 @@ type ColoResult struct {
 	// BytesUploaded is what the pusher uploaded for the method's N
 	// sandboxes (absent without a remote).
 	BytesUploaded map[string]int64 `json:"bytes_uploaded,omitempty"`
-	Errors        []string         `json:"errors,omitempty"`
+	// Order is the order the methods' batches ran in.
+	Order  []string `json:"order"`
+	Errors []string `json:"errors,omitempty"`
 }
 
 // ColoMethods are the methods the co-location runs compare.
@@ -104,8 +107,8 @@ func (h *Harness) Bench(ctx context.Context, traces []*trace.Trace) (*Result, er
 			}
 		}
 	}
-	for _, n := range h.cfg.Colocate {
-		res.Colocate = append(res.Colocate, h.colocate(ctx, traces, n))
+	for k, n := range h.cfg.Colocate {
+		res.Colocate = append(res.Colocate, h.colocate(ctx, traces, n, k))
 	}
 	stopLoad()
 	res.Host.LoadAfter = loadavg()
@@ -115,13 +118,19 @@ func (h *Harness) Bench(ctx context.Context, traces []*trace.Trace) (*Result, er
 
 // colocate replays n sandboxes at once (sandbox i runs trace i mod len),
 // once per method, without crashes.
-func (h *Harness) colocate(ctx context.Context, traces []*trace.Trace, n int) *ColoResult {
+//
+// The methods' order rotates with the batch's index k, so that no method
+// always runs first (or right after the heaviest batch) on a machine whose
+// load drifts.
+func (h *Harness) colocate(ctx context.Context, traces []*trace.Trace, n, k int) *ColoResult {
 	cr := &ColoResult{N: n, WallMS: map[string]float64{}, Slowdown: map[string]float64{},
 		ExposedP50MS: map[string]float64{}, ExposedP99MS: map[string]float64{}}
 	if h.minio != nil {
 		cr.BytesUploaded = map[string]int64{}
 	}
-	for _, m := range ColoMethods {
+	order := append(slices.Clone(ColoMethods[k%len(ColoMethods):]), ColoMethods[:k%len(ColoMethods)]...)
+	cr.Order = order
+	for _, m := range order {
 		h.drain(ctx)
 		up0 := h.uploaded(ctx)
 		var exposed []float64

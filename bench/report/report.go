@@ -148,6 +148,15 @@ func Markdown(s *harness.Summary) string {
 				fmt.Fprintf(&b, "\n- N=%d: %s\n", c.N, e)
 			}
 		}
+		b.WriteString("\nBatches ran in the order")
+		for i, c := range s.Colocate {
+			sep := ";"
+			if i == 0 {
+				sep = ""
+			}
+			fmt.Fprintf(&b, "%s N=%d %s", sep, c.N, strings.Join(c.Order, ", "))
+		}
+		b.WriteString(" (rotated, so that no method always runs first). Slowdown: the batch's wall time (its start to its last verifier) over fault_free's, minus one; gate: the delays beyond the model latency over every checkpoint of the batch.\n")
 	}
 	if len(s.Errors) > 0 {
 		fmt.Fprintf(&b, "\n## Errors\n\n")
