@@ -117,6 +117,8 @@ func TestBenchQuick(t *testing.T) {
 
 // A trace directory with a bad trace is refused before anything starts:
 // the error names the file and the problem, the exit code is invalid input.
+// So are a latency scale out of range, a MinIO binary that is not there and
+// a co-location-only run without sandboxes.
 func TestBenchRejectsBadTraces(t *testing.T) {
 	dir := t.TempDir()
 	os.WriteFile(filepath.Join(dir, "bad.json"), []byte(`{"name":"bad","verify":{"cmd":"true"},"turns":[{}],"surprise":1}`), 0o644)
@@ -131,5 +133,15 @@ func TestBenchRejectsBadTraces(t *testing.T) {
 	_, stderr, code = cliRun(t, t.TempDir(), "bench", "--traces", t.TempDir())
 	if code == 0 || !strings.Contains(stderr, "no *.json trace") {
 		t.Fatalf("bench with no traces: exit %d, %s", code, stderr)
+	}
+	for _, bad := range [][]string{{"--latency-scale", "0"}, {"--latency-scale", "11"}, {"--minio", filepath.Join(dir, "no-minio")},
+		{"--colocation-only", "--sandboxes", "0"}} {
+		_, stderr, code = cliRun(t, t.TempDir(), append([]string{"bench", "--traces", dir, "--out", out}, bad...)...)
+		if code != exitUsage || !strings.Contains(stderr, bad[0]) {
+			t.Errorf("bench %v: exit %d (want %d), %s", bad, code, exitUsage, stderr)
+		}
+	}
+	if _, err := os.Stat(out); err == nil {
+		t.Error("a refused bench wrote its output directory")
 	}
 }
