@@ -144,8 +144,12 @@ func Markdown(s *harness.Summary) string {
 				fmt.Fprintf(&b, " %s |", mib(c.BytesUploaded[harness.Turnsnap]))
 			}
 			b.WriteString("\n")
+		}
+		sep := "\n" // the errors follow the table: a line inside would end it
+		for _, c := range s.Colocate {
 			for _, e := range c.Errors {
-				fmt.Fprintf(&b, "\n- N=%d: %s\n", c.N, e)
+				fmt.Fprintf(&b, "%s- N=%d: %s\n", sep, c.N, e)
+				sep = ""
 			}
 		}
 		b.WriteString("\nBatches ran in the order")
