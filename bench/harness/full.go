@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/klauspost/compress/zstd"
 	"github.com/turnsnap/turnsnap/proc"
@@ -26,34 +27,43 @@ type fullCkpt struct {
 	last    string // the newest checkpoint's directory
 }
 
-func (f *fullCkpt) checkpoint(ctx context.Context, turn int, procs bool) (int64, error) {
+// checkpoint writes turn's full checkpoint and returns its bytes and how
+// long it kept the processes paused (0 without processes: the root is
+// archived while the agent waits for its model, nothing runs in it).
+func (f *fullCkpt) checkpoint(ctx context.Context, turn int, procs bool) (n int64, pause time.Duration, err error) {
 	root, err := f.h.c.SandboxPath(ctx, f.sandbox)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	dir := filepath.Join(f.dir, fmt.Sprintf("turn-%04d", turn))
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	id := f.h.containerID(f.sandbox)
 	var rt *proc.Runtime
 	if procs {
 		if rt, err = f.h.runtime(ctx); err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 		if err := rt.Pause(ctx, id); err != nil {
-			return 0, err
+			return 0, 0, err
 		}
-		defer rt.Resume(context.WithoutCancel(ctx), id)
+		paused := time.Now()
+		defer func() {
+			rerr := rt.Resume(context.WithoutCancel(ctx), id)
+			pause = time.Since(paused)
+			if err == nil && rerr != nil {
+				err = rerr
+			}
+		}()
 	}
-	n, err := tarZstd(root.Root, filepath.Join(dir, "root.tar.zst"))
-	if err != nil {
-		return 0, err
+	if n, err = tarZstd(root.Root, filepath.Join(dir, "root.tar.zst")); err != nil {
+		return 0, 0, err
 	}
 	if procs {
 		meta, err := rt.Checkpoint(ctx, id, filepath.Join(dir, "criu"), proc.DumpOptions{})
 		if err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 		n += meta.Bytes
 	}
@@ -61,7 +71,7 @@ func (f *fullCkpt) checkpoint(ctx context.Context, turn int, procs bool) (int64,
 		os.RemoveAll(f.last)
 	}
 	f.last = dir
-	return n, nil
+	return n, 0, nil
 }
 
 // restore empties the root, unpacks the newest archive into it and, if it

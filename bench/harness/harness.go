@@ -50,9 +50,19 @@ type Config struct {
 	Seeds int
 	// Colocate lists the N of the co-location runs (nil: none).
 	Colocate []int
+	// ColocationOnly skips the single-sandbox runs with crashes.
+	ColocationOnly bool
 	// CrashTurn, if set, picks the crash turn (1-based) of a trace and
 	// seed; by default it is a random turn from 2 on, drawn from the seed.
 	CrashTurn func(turns int, firstStart int, seed int) int
+	// LatencyScale multiplies every turn's declared model latency (0: 1).
+	// The checkpoint of a turn overlaps the (scaled) latency, so a small
+	// scale is the pessimistic case for the methods that checkpoint.
+	LatencyScale float64
+	// MinIO, if set, is a MinIO server binary: the bench runs it on
+	// 127.0.0.1 as the home's remote, so the daemon's background pusher
+	// uploads while the traces replay and bytes_uploaded is measured.
+	MinIO string
 	// Progress, if set, hears each step.
 	Progress func(Step)
 	Log      *slog.Logger
@@ -73,12 +83,19 @@ type Harness struct {
 	rt   *proc.Runtime
 	done int
 	tot  int
+	// minio is the remote (nil: none); uploadBase sums the upload
+	// counters of the daemons the crashes killed.
+	minio      *minio
+	uploadBase int64
 }
 
 // New starts the daemon.
 func New(ctx context.Context, cfg Config) (*Harness, error) {
 	if cfg.Seeds < 1 {
 		cfg.Seeds = 1
+	}
+	if cfg.LatencyScale <= 0 {
+		cfg.LatencyScale = 1
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
@@ -99,14 +116,30 @@ func New(ctx context.Context, cfg Config) (*Harness, error) {
 	if h.c, err = client.New(client.Options{Socket: filepath.Join(cfg.Home, "turnsnap.sock")}); err != nil {
 		return nil, err
 	}
+	if cfg.MinIO != "" {
+		if h.minio, err = startMinIO(ctx, cfg.MinIO, filepath.Join(cfg.Work, "minio")); err != nil {
+			return nil, err
+		}
+	}
 	if err := h.startDaemon(ctx); err != nil {
+		h.minio.stop()
 		return nil, err
+	}
+	if h.minio != nil {
+		if err := h.initRemote(ctx); err != nil {
+			h.Close()
+			return nil, err
+		}
 	}
 	return h, nil
 }
 
+// Remote says whether the bench uploads to a MinIO remote.
+func (h *Harness) Remote() bool { return h.minio != nil }
+
 // Close stops the daemon (SIGTERM).
 func (h *Harness) Close() error {
+	defer h.minio.stop()
 	if h.d == nil {
 		return nil
 	}
@@ -160,6 +193,12 @@ type daemon struct {
 
 func (h *Harness) startDaemon(ctx context.Context) error {
 	cmd := h.cfg.Daemon(h.cfg.Home)
+	if h.minio != nil {
+		if cmd.Env == nil {
+			cmd.Env = os.Environ()
+		}
+		cmd.Env = append(cmd.Env, h.minio.env()...)
+	}
 	log, err := os.OpenFile(filepath.Join(h.cfg.Work, "daemon.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return err
@@ -222,6 +261,16 @@ func (h *Harness) crash(ctx context.Context, sandbox string) error {
 	if st, err := rt.State(ctx, h.containerID(sandbox)); err == nil && st.InitPID > 0 {
 		if err := syscall.Kill(st.InitPID, syscall.SIGKILL); err != nil {
 			return fmt.Errorf("sandbox %s: kill its init %d: %w", sandbox, st.InitPID, err)
+		}
+	}
+	// The killed daemon's upload counter dies with it: keep what it
+	// counted (an upload finishing between this read and the kill goes
+	// uncounted).
+	if h.minio != nil {
+		if n, err := h.daemonUploaded(ctx); err == nil {
+			h.mu.Lock()
+			h.uploadBase += n
+			h.mu.Unlock()
 		}
 	}
 	h.mu.Lock()

@@ -34,16 +34,33 @@ type Run struct {
 	WallMS          float64 `json:"wall_ms"`               // end to end, recovery included
 	// WorkMS is the replay's time without the crash and recovery: turns,
 	// latencies and checkpoints (the figure overheads are computed from).
-	WorkMS      float64        `json:"work_ms"`
-	CkptMS      []float64      `json:"ckpt_ms"`
-	RestoreMS   float64        `json:"restore_ms"`
-	BytesStored int64          `json:"bytes_stored"`
-	Classes     map[string]int `json:"classes,omitempty"`
-	VerifyOut   string         `json:"verify_out,omitempty"`
+	WorkMS float64 `json:"work_ms"`
+	// LatencyMS is the model latency the replay slept (scaled).
+	LatencyMS float64 `json:"latency_ms"`
+	// CkptMS is each checkpoint, start to commit; it runs during the
+	// model latency (overlap.go).
+	CkptMS []float64 `json:"ckpt_ms"`
+	// ExposedMS is, per checkpoint, how long the gate held the next turn
+	// beyond the model latency; Overlapped counts the checkpoints that
+	// started before their model latency ended.
+	ExposedMS  []float64 `json:"exposed_ms"`
+	Overlapped int       `json:"overlapped"`
+	// PauseMS is, per checkpoint that froze the processes, how long.
+	PauseMS     []float64 `json:"pause_ms"`
+	RestoreMS   float64   `json:"restore_ms"`
+	BytesStored int64     `json:"bytes_stored"`
+	// BytesUploaded is what the daemon's background pusher uploaded to
+	// the MinIO remote during the run (-1: no remote).
+	BytesUploaded int64          `json:"bytes_uploaded"`
+	Classes       map[string]int `json:"classes,omitempty"`
+	VerifyOut     string         `json:"verify_out,omitempty"`
 	// Audit (turnsnap, first seed) is `turnsnap audit` of the sandbox
 	// after its verifier; the report writes it as audit-TRACE.html.
 	Audit *engine.AuditReport `json:"-"`
-	Err   string              `json:"error,omitempty"`
+	// End is when the run's time ended (its verifier done): a co-location
+	// batch's wall time leaves the teardown out.
+	End time.Time `json:"-"`
+	Err string    `json:"error,omitempty"`
 }
 
 // procState is the harness's view of the trace's running processes: name
@@ -124,10 +141,26 @@ func sandboxName(t *trace.Trace, method string, seed, slot int) string {
 
 // replay runs t with method. crash 0: no crash.
 func (h *Harness) replay(ctx context.Context, t *trace.Trace, method string, seed, slot, crash int) (r *Run) {
-	r = &Run{Trace: t.Name, Seed: seed, Method: method, CrashTurn: crash, Classes: map[string]int{}}
+	r = &Run{Trace: t.Name, Seed: seed, Method: method, CrashTurn: crash, Classes: map[string]int{}, BytesUploaded: -1}
 	start := time.Now()
-	var recovery time.Duration
-	defer func() { r.WallMS = ms(time.Since(start)); r.WorkMS = ms(time.Since(start) - recovery) }()
+	// The run's time ends with its verifier (the audit, the upload drain
+	// and the teardown are the harness's); recovery is the crash and its
+	// recovery, aside the state snapshot the harness takes.
+	var end time.Time
+	var recovery, aside time.Duration
+	defer func() {
+		if end.IsZero() {
+			end = time.Now()
+		}
+		r.End = end
+		r.WallMS, r.WorkMS = ms(end.Sub(start)-aside), ms(end.Sub(start)-recovery-aside)
+	}()
+	// A main-matrix run (slot 0) runs alone: the uploads between its start
+	// and its end, queue drained, are its own.
+	var up0 int64
+	if slot == 0 && h.minio != nil {
+		up0 = h.uploaded(ctx)
+	}
 	fail := func(err error) *Run { r.Err = err.Error(); return r }
 	base, err := h.base(t)
 	if err != nil {
@@ -169,35 +202,54 @@ func (h *Harness) replay(ctx context.Context, t *trace.Trace, method string, see
 			recovery = time.Since(rs)
 			continue
 		}
-		cs := time.Now()
+		var ckpt func(context.Context) error
 		switch method {
 		case Turnsnap, ChatFS:
-			n := i
-			cp, err := h.c.Checkpoint(ctx, name, api.CheckpointRequest{Turn: &n, Message: "turn " + strconv.Itoa(i)})
-			if err != nil {
-				return fail(fmt.Errorf("checkpoint of turn %d: %w", i, err))
+			ckpt = func(ctx context.Context) error {
+				n := i
+				cp, err := h.c.Checkpoint(ctx, name, api.CheckpointRequest{Turn: &n, Message: "turn " + strconv.Itoa(i)})
+				if err != nil {
+					return fmt.Errorf("checkpoint of turn %d: %w", i, err)
+				}
+				last = cp.ID.String()
+				r.Classes[string(cp.Class)]++
+				r.BytesStored += cp.BytesNew
+				return nil
 			}
-			last = cp.ID.String()
-			r.Classes[string(cp.Class)]++
-			r.BytesStored += cp.BytesNew
 		case FullPerTurn:
-			n, err := full.checkpoint(ctx, i, len(procs) > 0)
-			if err != nil {
-				return fail(fmt.Errorf("full checkpoint of turn %d: %w", i, err))
+			withProcs := len(procs) > 0
+			ckpt = func(ctx context.Context) error {
+				n, pause, err := full.checkpoint(ctx, i, withProcs)
+				if err != nil {
+					return fmt.Errorf("full checkpoint of turn %d: %w", i, err)
+				}
+				r.BytesStored += n
+				if pause > 0 {
+					r.PauseMS = append(r.PauseMS, ms(pause))
+				}
+				return nil
 			}
-			r.BytesStored += n
 		}
-		if method != FaultFree && method != ChatOnly {
-			r.CkptMS = append(r.CkptMS, ms(time.Since(cs)))
+		lat := time.Duration(float64(turn.Latency()) * h.cfg.LatencyScale)
+		b, err := turnBoundary(ctx, lat, ckpt)
+		if err != nil {
+			return fail(err)
+		}
+		r.LatencyMS += ms(lat)
+		if ckpt != nil {
+			r.CkptMS = append(r.CkptMS, ms(b.Ckpt))
+			r.ExposedMS = append(r.ExposedMS, ms(b.Exposed))
+			if b.Overlapped {
+				r.Overlapped++
+			}
 		}
 		atCkpt = procs.clone(false)
 		if method == Turnsnap && i == crash-1 && recovery == 0 {
+			s0 := time.Now()
 			if want, err = h.snapshot(ctx, name, t, procs); err != nil {
 				return fail(fmt.Errorf("state at turn %d: %w", i, err))
 			}
-		}
-		if err := sleep(ctx, turn.Latency()); err != nil {
-			return fail(err)
+			aside += time.Since(s0)
 		}
 	}
 	code, out, err := h.sh(ctx, name, t.Verify.Cmd, t.Verify.Timeout(trace.DefaultVerifyTO))
@@ -205,16 +257,35 @@ func (h *Harness) replay(ctx context.Context, t *trace.Trace, method string, see
 		return fail(fmt.Errorf("verifier: %w", err))
 	}
 	r.Correct, r.VerifyOut = code == 0, out
-	if method == Turnsnap && seed == 1 && slot == 0 {
-		// The audit of the first seed's sandbox goes into the report; a
-		// failure to audit is logged, not the run's.
-		if a, err := h.c.Audit(ctx, name); err == nil {
-			r.Audit = a
-		} else {
+	end = time.Now()
+	if (method == Turnsnap || method == ChatFS) && slot == 0 {
+		// The records keep each checkpoint's pause; the audit reads them
+		// back. A failure to audit is logged, not the run's.
+		a, err := h.c.Audit(ctx, name)
+		if err != nil {
 			h.cfg.Log.Warn("audit", "sandbox", name, "err", err)
 		}
+		for _, turn := range auditTurns(a) {
+			if turn.PauseMS > 0 {
+				r.PauseMS = append(r.PauseMS, turn.PauseMS)
+			}
+		}
+		if method == Turnsnap && seed == 1 {
+			r.Audit = a // the report writes it as audit-TRACE.html
+		}
+	}
+	if slot == 0 && h.minio != nil {
+		h.drain(ctx)
+		r.BytesUploaded = h.uploaded(ctx) - up0
 	}
 	return r
+}
+
+func auditTurns(a *engine.AuditReport) []engine.AuditTurn {
+	if a == nil {
+		return nil
+	}
+	return a.Turns
 }
 
 // runTurn stops, runs and starts what the turn says. Command failures are

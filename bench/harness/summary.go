@@ -13,7 +13,13 @@ type Summary struct {
 	Colocate []*ColoResult             `json:"colocate,omitempty"`
 	Host     Host                      `json:"host"`
 	Seconds  float64                   `json:"seconds"`
-	Errors   []string                  `json:"errors,omitempty"`
+	// LatencyScale is the factor the traces' model latencies ran at.
+	LatencyScale float64 `json:"latency_scale"`
+	// Remote: turnsnap uploaded to a MinIO remote during the runs.
+	Remote bool `json:"remote"`
+	// BaseBytesUploaded is the traces' bases, uploaded before the runs.
+	BaseBytesUploaded int64    `json:"base_bytes_uploaded,omitempty"`
+	Errors            []string `json:"errors,omitempty"`
 }
 
 // MethodSummary aggregates one method's runs.
@@ -21,16 +27,38 @@ type MethodSummary struct {
 	Runs                int      `json:"runs"`
 	RecoveryCorrectness float64  `json:"recovery_correctness"`
 	StateEquivalence    *float64 `json:"state_equivalence,omitempty"`
-	// Overhead is the time the method's checkpoints added, as a fraction
-	// of the fault-free replays of the same traces and seeds.
-	Overhead    float64 `json:"overhead"`
-	BytesStored int64   `json:"bytes_stored"`
-	CkptP50MS   float64 `json:"ckpt_p50_ms"`
-	CkptP95MS   float64 `json:"ckpt_p95_ms"`
-	CkptP99MS   float64 `json:"ckpt_p99_ms"`
-	RestoreP50  float64 `json:"restore_p50_ms"`
-	RestoreMax  float64 `json:"restore_max_ms"`
-	WallMS      float64 `json:"wall_ms"`
+	// Overhead is the time the method's checkpoints added to the
+	// replays, as a fraction of the fault-free replays of the same traces
+	// and seeds: the gate's delays beyond the model latency (a checkpoint
+	// runs during the model call; only what outlasts it delays the agent).
+	Overhead float64 `json:"overhead"`
+	// WallOverhead is the replays' whole time (turns, latencies, gate
+	// delays; crash and recovery left out) against fault-free's: it also
+	// holds what the checkpoints' work cost the turns' own commands, and
+	// the commands' noise.
+	WallOverhead float64 `json:"wall_overhead"`
+	BytesStored  int64   `json:"bytes_stored"`
+	// BytesUploaded is what the daemon's background pusher uploaded to
+	// the MinIO remote during the method's runs (-1: no remote; methods
+	// that do not checkpoint through turnsnap upload only their bases).
+	BytesUploaded int64   `json:"bytes_uploaded"`
+	CkptP50MS     float64 `json:"ckpt_p50_ms"`
+	CkptP95MS     float64 `json:"ckpt_p95_ms"`
+	CkptP99MS     float64 `json:"ckpt_p99_ms"`
+	// ExposedP50MS/ExposedP99MS are the gate's delays per checkpoint.
+	ExposedP50MS float64 `json:"exposed_p50_ms"`
+	ExposedP99MS float64 `json:"exposed_p99_ms"`
+	// Overlapped is the fraction of checkpoints that started before their
+	// turn's model latency ended.
+	Overlapped float64 `json:"overlapped"`
+	// Pauses counts the checkpoints that froze the processes;
+	// PauseP50MS/PauseP99MS are how long they did.
+	Pauses     int     `json:"pauses"`
+	PauseP50MS float64 `json:"pause_p50_ms"`
+	PauseP99MS float64 `json:"pause_p99_ms"`
+	RestoreP50 float64 `json:"restore_p50_ms"`
+	RestoreMax float64 `json:"restore_max_ms"`
+	WallMS     float64 `json:"wall_ms"`
 }
 
 // TraceSummary is one trace's measured turn mix (turnsnap's classes).
@@ -44,7 +72,8 @@ type TraceSummary struct {
 
 // Summarise computes the headline from the runs.
 func Summarise(res *Result) *Summary {
-	s := &Summary{Methods: map[string]*MethodSummary{}, Colocate: res.Colocate, Host: res.Host, Seconds: res.Seconds}
+	s := &Summary{Methods: map[string]*MethodSummary{}, Colocate: res.Colocate, Host: res.Host, Seconds: res.Seconds, LatencyScale: res.LatencyScale, Remote: res.Remote,
+		BaseBytesUploaded: res.BaseBytesUploaded}
 	ff := map[[2]any]*Run{}
 	for _, r := range res.Runs {
 		if r.Method == FaultFree {
@@ -52,6 +81,8 @@ func Summarise(res *Result) *Summary {
 		}
 	}
 	ckpts, restores := map[string][]float64{}, map[string][]float64{}
+	exposed, pauses := map[string][]float64{}, map[string][]float64{}
+	overlapped, workSum := map[string]int{}, map[string]float64{}
 	equiv, equivN := map[string]int{}, map[string]int{}
 	ckptSum, ffSum := map[string]float64{}, map[string]float64{}
 	traces := map[string]*TraceSummary{}
@@ -72,6 +103,14 @@ func Summarise(res *Result) *Summary {
 		m.BytesStored += r.BytesStored
 		m.WallMS += r.WallMS
 		ckpts[r.Method] = append(ckpts[r.Method], r.CkptMS...)
+		exposed[r.Method] = append(exposed[r.Method], r.ExposedMS...)
+		pauses[r.Method] = append(pauses[r.Method], r.PauseMS...)
+		overlapped[r.Method] += r.Overlapped
+		if r.BytesUploaded < 0 || m.BytesUploaded < 0 {
+			m.BytesUploaded = -1 // a run without the remote: not measured
+		} else {
+			m.BytesUploaded += r.BytesUploaded
+		}
 		if r.CrashTurn > 0 && r.Err == "" {
 			restores[r.Method] = append(restores[r.Method], r.RestoreMS)
 		}
@@ -95,10 +134,11 @@ func Summarise(res *Result) *Summary {
 			}
 		}
 		if f := ff[[2]any{r.Trace, r.Seed}]; f != nil {
-			for _, c := range r.CkptMS {
-				ckptSum[r.Method] += c
+			for _, e := range r.ExposedMS {
+				ckptSum[r.Method] += e
 			}
 			ffSum[r.Method] += f.WorkMS
+			workSum[r.Method] += r.WorkMS
 		}
 	}
 	for name, m := range s.Methods {
@@ -109,9 +149,16 @@ func Summarise(res *Result) *Summary {
 		}
 		if ffSum[name] > 0 {
 			m.Overhead = ckptSum[name] / ffSum[name]
+			m.WallOverhead = workSum[name]/ffSum[name] - 1
 		}
 		c := ckpts[name]
 		m.CkptP50MS, m.CkptP95MS, m.CkptP99MS = Percentile(c, 50), Percentile(c, 95), Percentile(c, 99)
+		e, p := exposed[name], pauses[name]
+		m.ExposedP50MS, m.ExposedP99MS = Percentile(e, 50), Percentile(e, 99)
+		m.Pauses, m.PauseP50MS, m.PauseP99MS = len(p), Percentile(p, 50), Percentile(p, 99)
+		if len(c) > 0 {
+			m.Overlapped = float64(overlapped[name]) / float64(len(c))
+		}
 		m.RestoreP50, m.RestoreMax = Percentile(restores[name], 50), Percentile(restores[name], 100)
 	}
 	for _, n := range order {

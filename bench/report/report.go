@@ -66,11 +66,19 @@ func mib(n int64) string { return fmt.Sprintf("%.2f MiB", float64(n)/(1<<20)) }
 func Markdown(s *harness.Summary) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# turnsnap bench report\n\n")
-	fmt.Fprintf(&b, "%d CPUs, kernel %s, %s; load average before %v, after %v; %.0f s in all.\n\n",
-		s.Host.CPUs, s.Host.KernelLabel, s.Host.GoVersion, s.Host.LoadBefore, s.Host.LoadAfter, s.Seconds)
+	fmt.Fprintf(&b, "%d CPUs, kernel %s, %s; load average before %v, after %v, 1-minute load during the run mean %.2f, max %.2f; %.0f s in all.\n\n",
+		s.Host.CPUs, s.Host.KernelLabel, s.Host.GoVersion, s.Host.LoadBefore, s.Host.LoadAfter, s.Host.Load1Mean, s.Host.Load1Max, s.Seconds)
+	remote := fmt.Sprintf("a MinIO remote on 127.0.0.1, uploaded to by the daemon's background pusher during the runs (the traces' bases, %s, went up before them)", mib(s.BaseBytesUploaded))
+	if !s.Remote {
+		remote = "no remote (bytes uploaded not measured)"
+	}
+	fmt.Fprintf(&b, "Model latencies at %.2fx the traces' declared values; every checkpoint runs during its turn's model latency and the next turn waits for it to commit (the gate); %s.\n\n", s.LatencyScale, remote)
+	if len(s.Methods) == 0 {
+		fmt.Fprintf(&b, "Co-location series only (--colocation-only): no crash runs.\n\n")
+	}
 	fmt.Fprintf(&b, "## Methods\n\n")
-	fmt.Fprintf(&b, "| method | runs | recovery correctness | state equivalence | overhead | bytes stored | ckpt p50 | ckpt p95 | ckpt p99 | restore p50 |\n")
-	fmt.Fprintf(&b, "|---|---|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "| method | runs | recovery correctness | state equivalence | overhead | wall overhead | gate delay p50 / p99 | bytes stored | bytes uploaded | ckpt p50 | ckpt p95 | ckpt p99 | pauses, p50 / p99 | restore p50 |\n")
+	fmt.Fprintf(&b, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, m := range harness.Methods {
 		ms := s.Methods[m]
 		if ms == nil {
@@ -80,15 +88,30 @@ func Markdown(s *harness.Summary) string {
 		if ms.StateEquivalence != nil {
 			eq = pct(*ms.StateEquivalence)
 		}
-		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s | %.1f ms | %.1f ms | %.1f ms | %.0f ms |\n", m, ms.Runs,
-			pct(ms.RecoveryCorrectness), eq, pct(ms.Overhead), mib(ms.BytesStored), ms.CkptP50MS, ms.CkptP95MS, ms.CkptP99MS, ms.RestoreP50)
+		up := "-"
+		if ms.BytesUploaded >= 0 && s.Remote && (m == harness.Turnsnap || m == harness.ChatFS) {
+			up = mib(ms.BytesUploaded)
+		}
+		pause := "-"
+		if ms.Pauses > 0 {
+			pause = fmt.Sprintf("%d, %.1f / %.1f ms", ms.Pauses, ms.PauseP50MS, ms.PauseP99MS)
+		}
+		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s | %.1f / %.1f ms | %s | %s | %.1f ms | %.1f ms | %.1f ms | %s | %.0f ms |\n", m, ms.Runs,
+			pct(ms.RecoveryCorrectness), eq, pct(ms.Overhead), pct(ms.WallOverhead), ms.ExposedP50MS, ms.ExposedP99MS,
+			mib(ms.BytesStored), up, ms.CkptP50MS, ms.CkptP95MS, ms.CkptP99MS, pause, ms.RestoreP50)
 	}
 	ts, full := s.Methods[harness.Turnsnap], s.Methods[harness.FullPerTurn]
-	if ts != nil && full != nil && full.BytesStored > 0 && ts.Overhead > 0 {
-		fmt.Fprintf(&b, "\nturnsnap stores %s of full_per_turn's bytes; full_per_turn's checkpoints cost %.2fx turnsnap's time.\n",
-			pct(float64(ts.BytesStored)/float64(full.BytesStored)), full.Overhead/ts.Overhead)
+	if ts != nil && full != nil && full.BytesStored > 0 {
+		fmt.Fprintf(&b, "\nturnsnap stores %s of full_per_turn's bytes", pct(float64(ts.BytesStored)/float64(full.BytesStored)))
+		if ts.CkptP50MS > 0 {
+			fmt.Fprintf(&b, "; full_per_turn's median checkpoint takes %.2fx turnsnap's", full.CkptP50MS/ts.CkptP50MS)
+		}
+		if ts.Overhead > 0 && full.Overhead > 0 {
+			fmt.Fprintf(&b, "; its gate delays add %.2fx turnsnap's", full.Overhead/ts.Overhead)
+		}
+		b.WriteString(".\n")
 	}
-	fmt.Fprintf(&b, "\nOverhead: time the method's checkpoints added, over the fault-free replay's time (model latencies included). fault_free and chat_only take no checkpoints; chat_fs checkpoints through turnsnap and restores files only.\n")
+	fmt.Fprintf(&b, "\nOverhead: the gate's delays beyond the model latency (what the checkpoints added to the agent's time), over the fault-free replays' time. Wall overhead: the replays' whole time (crash and recovery left out) against fault-free's; it also holds the checkpoints' cost to the turns' own commands and the commands' noise. Gate delay: per checkpoint. Pauses: checkpoints that froze the processes and for how long (turnsnap: from its records). fault_free and chat_only take no checkpoints; chat_fs checkpoints through turnsnap and restores files only.\n")
 	fmt.Fprintf(&b, "\n## Traces (turn mix measured by turnsnap)\n\n| trace | turns | skip | fs | process | full | unchanged | crash turns |\n|---|---|---|---|---|---|---|---|\n")
 	for _, t := range s.Traces {
 		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %d | %s | %v |\n", t.Name, t.Turns, t.Mix["skip"], t.Mix["fs"], t.Mix["process"], t.Mix["full"], pct(t.Unchanged), t.Crashes)
@@ -99,19 +122,45 @@ func Markdown(s *harness.Summary) string {
 			fmt.Fprintf(&b, " %s wall |", m)
 		}
 		for _, m := range harness.ColoMethods[1:] {
-			fmt.Fprintf(&b, " %s slowdown |", m)
+			fmt.Fprintf(&b, " %s slowdown | %s gate p50 / p99 |", m, m)
 		}
-		fmt.Fprintf(&b, "\n|---|%s\n", strings.Repeat("---|", 2*len(harness.ColoMethods)-1))
+		if s.Remote {
+			b.WriteString(" turnsnap uploaded |")
+		}
+		cols := 1 + len(harness.ColoMethods) + 2*(len(harness.ColoMethods)-1)
+		if s.Remote {
+			cols++
+		}
+		fmt.Fprintf(&b, "\n|%s\n", strings.Repeat("---|", cols))
 		for _, c := range s.Colocate {
 			fmt.Fprintf(&b, "| %d |", c.N)
 			for _, m := range harness.ColoMethods {
 				fmt.Fprintf(&b, " %.1f s |", c.WallMS[m]/1000)
 			}
 			for _, m := range harness.ColoMethods[1:] {
-				fmt.Fprintf(&b, " %s |", pct(c.Slowdown[m]))
+				fmt.Fprintf(&b, " %s | %.0f / %.0f ms |", pct(c.Slowdown[m]), c.ExposedP50MS[m], c.ExposedP99MS[m])
+			}
+			if s.Remote {
+				fmt.Fprintf(&b, " %s |", mib(c.BytesUploaded[harness.Turnsnap]))
 			}
 			b.WriteString("\n")
 		}
+		sep := "\n" // the errors follow the table: a line inside would end it
+		for _, c := range s.Colocate {
+			for _, e := range c.Errors {
+				fmt.Fprintf(&b, "%s- N=%d: %s\n", sep, c.N, e)
+				sep = ""
+			}
+		}
+		b.WriteString("\nBatches ran in the order")
+		for i, c := range s.Colocate {
+			sep := ";"
+			if i == 0 {
+				sep = ""
+			}
+			fmt.Fprintf(&b, "%s N=%d %s", sep, c.N, strings.Join(c.Order, ", "))
+		}
+		b.WriteString(" (rotated, so that no method always runs first). Slowdown: the batch's wall time (its start to its last verifier) over fault_free's, minus one; gate: the delays beyond the model latency over every checkpoint of the batch.\n")
 	}
 	if len(s.Errors) > 0 {
 		fmt.Fprintf(&b, "\n## Errors\n\n")
@@ -141,13 +190,16 @@ func esc(t string) string {
 	return strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;", `"`, "&quot;").Replace(t)
 }
 
-// latencyCDF plots each checkpointing method's checkpoint latencies.
+// latencyCDF plots each checkpointing method's checkpoint latencies
+// (solid) and the gate's delays beyond the model latency (dashed; a zero
+// delay sits at the left edge).
 func latencyCDF(res *harness.Result) string {
 	const W, H, L, R, T, B = 640, 360, 60, 160, 30, 40
-	s := newSVG(W, H, "checkpoint latency CDF (ms, log scale)")
-	lat := map[string][]float64{}
+	s := newSVG(W, H, "CDF: checkpoint latency (solid), gate delay (dashed); ms, log scale")
+	lat, gate := map[string][]float64{}, map[string][]float64{}
 	for _, r := range res.Runs {
 		lat[r.Method] = append(lat[r.Method], r.CkptMS...)
+		gate[r.Method] = append(gate[r.Method], r.ExposedMS...)
 	}
 	lo, hi := 0.1, 1.0
 	for _, v := range lat {
@@ -171,18 +223,24 @@ func latencyCDF(res *harness.Result) string {
 	}
 	row := 0
 	for _, m := range harness.Methods {
-		v := append([]float64(nil), lat[m]...)
-		if len(v) == 0 {
-			continue
+		for _, series := range []struct {
+			v    []float64
+			dash string
+			name string
+		}{{lat[m], "", m}, {gate[m], ` stroke-dasharray="5,3"`, m + " gate"}} {
+			v := append([]float64(nil), series.v...)
+			if len(v) == 0 {
+				continue
+			}
+			sort.Float64s(v)
+			var pts []string
+			for i, x := range v {
+				pts = append(pts, fmt.Sprintf("%.1f,%.1f", lx(x), float64(H-B)-float64(i+1)/float64(len(v))*float64(H-B-T)))
+			}
+			fmt.Fprintf(&s.Builder, `<polyline fill="none" stroke="%s" stroke-width="2"%s points="%s"/>`+"\n", colors[m], series.dash, strings.Join(pts, " "))
+			fmt.Fprintf(&s.Builder, `<text x="%d" y="%d" fill="%s">%s (%d)</text>`+"\n", W-R+10, T+20+row*18, colors[m], series.name, len(v))
+			row++
 		}
-		sort.Float64s(v)
-		var pts []string
-		for i, x := range v {
-			pts = append(pts, fmt.Sprintf("%.1f,%.1f", lx(x), float64(H-B)-float64(i+1)/float64(len(v))*float64(H-B-T)))
-		}
-		fmt.Fprintf(&s.Builder, `<polyline fill="none" stroke="%s" stroke-width="2" points="%s"/>`+"\n", colors[m], strings.Join(pts, " "))
-		fmt.Fprintf(&s.Builder, `<text x="%d" y="%d" fill="%s">%s (%d)</text>`+"\n", W-R+10, T+20+row*18, colors[m], m, len(v))
-		row++
 	}
 	return s.end()
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"encoding/xml"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -19,15 +20,19 @@ func TestWrite(t *testing.T) {
 	yes := true
 	res := &harness.Result{Seeds: 1, Runs: []*harness.Run{
 		{Trace: "a<b", Seed: 1, Method: harness.FaultFree, Correct: true, WorkMS: 1000},
-		{Trace: "a<b", Seed: 1, Method: harness.Turnsnap, CrashTurn: 3, Correct: true, StateEquivalent: &yes, CkptMS: []float64{1, 2, 30},
+		{Trace: "a<b", Seed: 1, Method: harness.Turnsnap, CrashTurn: 3, Correct: true, StateEquivalent: &yes, CkptMS: []float64{1, 2, 300},
+			ExposedMS: []float64{0, 3, 30}, Overlapped: 3, PauseMS: []float64{7}, WorkMS: 1040, BytesUploaded: 4096,
 			BytesStored: 100, Classes: map[string]int{"skip": 2, "fs": 1}},
 		{Trace: "a<b", Seed: 1, Method: harness.FullPerTurn, CrashTurn: 3, Correct: true, CkptMS: []float64{50, 60, 70}, BytesStored: 5000},
-		{Trace: "a<b", Seed: 1, Method: harness.ChatOnly, CrashTurn: 3},
+		{Trace: "a<b", Seed: 1, Method: harness.ChatOnly, CrashTurn: 3, BytesUploaded: -1},
 		{Trace: "a<b", Seed: 1, Method: harness.ChatFS, CrashTurn: 3, CkptMS: []float64{1, 2, 3}, BytesStored: 90},
 	}, Colocate: []*harness.ColoResult{{N: 4, WallMS: map[string]float64{harness.FaultFree: 1000, harness.Turnsnap: 1010, harness.FullPerTurn: 1500},
 		Slowdown: map[string]float64{harness.FaultFree: 0, harness.Turnsnap: 0.01, harness.FullPerTurn: 0.5}}}}
 	sum := harness.Summarise(res)
-	if m := sum.Methods[harness.Turnsnap]; m.RecoveryCorrectness != 1 || *m.StateEquivalence != 1 || m.Overhead != 0.033 || m.CkptP99MS != 30 {
+	// Overhead is the gate's delays (3+30 ms of the 300 ms checkpoints)
+	// over fault-free's 1000 ms, not the checkpoints' own time.
+	if m := sum.Methods[harness.Turnsnap]; m.RecoveryCorrectness != 1 || *m.StateEquivalence != 1 || m.Overhead != 0.033 || m.CkptP99MS != 300 ||
+		m.ExposedP99MS != 30 || m.Overlapped != 1 || m.Pauses != 1 || m.PauseP50MS != 7 || m.BytesUploaded != 4096 || math.Abs(m.WallOverhead-0.04) > 1e-9 {
 		t.Fatalf("turnsnap summary: %+v", m)
 	}
 	if sum.Methods[harness.ChatOnly].RecoveryCorrectness != 0 || sum.Traces[0].Unchanged != 2.0/3 {

@@ -20,8 +20,10 @@ import (
 
 type benchOpts struct {
 	traces, out, work string
+	minio             string
 	seeds, sandboxes  int
-	keep              bool
+	latencyScale      float64
+	keep, coloOnly    bool
 	crashAfterStart   bool // the quick test's forced crash turn
 }
 
@@ -39,6 +41,14 @@ drawn from the seed (SIGKILL of the sandbox's processes and of the daemon),
 recovers its way, replays from the turn after the last checkpoint and runs
 the trace's verifier. Then N sandboxes replay at once for N in 1, 4, 16, 32
 up to --sandboxes. It writes result.json, REPORT.md and SVG plots into --out.
+
+Each checkpoint starts at its turn's boundary and runs during the turn's
+model latency, as through the LLM proxy; the next turn waits for it to
+commit (the gate). --latency-scale multiplies the traces' model latencies
+(below 1 shortens the run and is the pessimistic case for the checkpointing
+methods). With a MinIO binary (--minio, found in the turnsnap cache by
+default) the home gets a MinIO remote on 127.0.0.1 and the daemon uploads
+in the background while the traces replay; bytes_uploaded is measured.
 Needs root, runc, CRIU and busybox-static. --home is not used.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return a.runBench(cmd.Context(), o) },
@@ -49,7 +59,10 @@ Needs root, runc, CRIU and busybox-static. --home is not used.`,
 	f.StringVar(&o.work, "work", "", "scratch directory for the home, bases and archives (default: a new temporary directory, removed)")
 	f.IntVar(&o.seeds, "seeds", 1, "seeds (crash turns) per trace")
 	f.IntVar(&o.sandboxes, "sandboxes", 16, "most sandboxes co-located at once (runs N = 1, 4, 16, 32 up to this; 0: none)")
+	f.Float64Var(&o.latencyScale, "latency-scale", 1, "multiply every turn's model latency by this (0 < x <= 10)")
+	f.StringVar(&o.minio, "minio", "auto", `MinIO server binary for a remote on 127.0.0.1 ("auto": $TURNSNAP_CACHE/bin/minio if present; "none": no remote)`)
 	f.BoolVar(&o.keep, "keep", false, "keep the scratch directory")
+	f.BoolVar(&o.coloOnly, "colocation-only", false, "run only the co-location series (no crash runs; needs --sandboxes >= 1)")
 	f.BoolVar(&o.crashAfterStart, "crash-after-start", false, "crash at the second turn after the first process start (for tests)")
 	return c
 }
@@ -57,6 +70,16 @@ Needs root, runc, CRIU and busybox-static. --home is not used.`,
 func (a *app) runBench(ctx context.Context, o benchOpts) error {
 	if o.seeds < 1 || o.seeds > 1000 || o.sandboxes < 0 || o.sandboxes > 256 {
 		return fmt.Errorf("bench: --seeds must be 1..1000 and --sandboxes 0..256: %w", errdefs.ErrInvalid)
+	}
+	if o.coloOnly && o.sandboxes < 1 {
+		return fmt.Errorf("bench: --colocation-only needs --sandboxes 1 or more: %w", errdefs.ErrInvalid)
+	}
+	if !(o.latencyScale > 0 && o.latencyScale <= 10) {
+		return fmt.Errorf("bench: --latency-scale %v must be above 0 and at most 10: %w", o.latencyScale, errdefs.ErrInvalid)
+	}
+	minioBin, err := benchMinIO(o.minio)
+	if err != nil {
+		return err
 	}
 	traces, err := trace.LoadDir(o.traces)
 	if err != nil {
@@ -82,6 +105,7 @@ func (a *app) runBench(ctx context.Context, o benchOpts) error {
 		}
 	}
 	cfg := harness.Config{Home: filepath.Join(work, "home"), Work: filepath.Join(work, "scratch"), Seeds: o.seeds, Colocate: colo, Log: a.log,
+		LatencyScale: o.latencyScale, MinIO: minioBin, ColocationOnly: o.coloOnly,
 		Daemon: func(home string) *exec.Cmd {
 			cmd := exec.Command(self, "--home", home, "serve")
 			cmd.Env = os.Environ()
@@ -131,4 +155,27 @@ func (a *app) runBench(ctx context.Context, o benchOpts) error {
 	fmt.Fprint(a.stdout(), report.Markdown(sum))
 	fmt.Fprintf(a.stdout(), "\nwritten to %s\n", o.out)
 	return nil
+}
+
+// benchMinIO resolves --minio to a binary path ("" for no remote).
+func benchMinIO(flag string) (string, error) {
+	switch flag {
+	case "none", "":
+		return "", nil
+	case "auto":
+		cache := os.Getenv("TURNSNAP_CACHE")
+		if cache == "" {
+			cache = "/var/cache/turnsnap"
+		}
+		bin := filepath.Join(cache, "bin", "minio")
+		if st, err := os.Stat(bin); err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
+			return bin, nil
+		}
+		return "", nil
+	}
+	st, err := os.Stat(flag)
+	if err != nil || !st.Mode().IsRegular() || st.Mode()&0o111 == 0 {
+		return "", fmt.Errorf("bench: --minio %s is not an executable file: %w", flag, errdefs.ErrInvalid)
+	}
+	return flag, nil
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/turnsnap/turnsnap/bench/report"
+	"github.com/turnsnap/turnsnap/internal/miniotest"
 	"github.com/turnsnap/turnsnap/internal/testenv"
 )
 
@@ -17,9 +18,18 @@ import (
 // turnsnap and full_per_turn recover to a state the verifier accepts,
 // chat_only does not, turnsnap's restored state equals the checkpoint's,
 // it stores fewer bytes than full_per_turn, and the report's files exist.
+// Every checkpoint started before its turn's model latency ended (the
+// overlap, counted by the harness, not inferred from timings), so the gate
+// held the next turn for less than the checkpoints took; the process turns'
+// pauses were measured, and the daemon's background pusher uploaded the
+// checkpoints to a real MinIO. The model latencies run at a tenth.
 func TestBenchQuick(t *testing.T) {
 	testenv.RequireRoot(t)
 	busyboxBase(t) // the parts it needs: runc, CRIU, busybox
+	minio, ok := miniotest.Binary()
+	if !ok {
+		testenv.Missing(t, "MinIO server", minio+" is not built; scripts/deps.d/40-minio.sh builds it")
+	}
 	traces := t.TempDir()
 	b, err := os.ReadFile("../../bench/traces/memdb.json")
 	if err != nil {
@@ -28,7 +38,7 @@ func TestBenchQuick(t *testing.T) {
 	os.WriteFile(filepath.Join(traces, "memdb.json"), b, 0o644)
 	out := filepath.Join(t.TempDir(), "out")
 	stdout, stderr, code := cliRun(t, t.TempDir(), "bench", "--traces", traces, "--seeds", "1", "--sandboxes", "0",
-		"--crash-after-start", "--out", out, "--work", t.TempDir(), "--json")
+		"--crash-after-start", "--latency-scale", "0.1", "--minio", minio, "--out", out, "--work", t.TempDir(), "--json")
 	if code != 0 {
 		t.Fatalf("turnsnap bench: exit %d\n%s\n%s", code, stdout, stderr)
 	}
@@ -40,8 +50,16 @@ func TestBenchQuick(t *testing.T) {
 			BytesStored         int64    `json:"bytes_stored"`
 			CkptP50MS           *float64 `json:"ckpt_p50_ms"`
 			CkptP99MS           *float64 `json:"ckpt_p99_ms"`
+			ExposedP50MS        float64  `json:"exposed_p50_ms"`
+			ExposedP99MS        float64  `json:"exposed_p99_ms"`
+			Overlapped          float64  `json:"overlapped"`
+			Pauses              int      `json:"pauses"`
+			PauseP50MS          float64  `json:"pause_p50_ms"`
+			BytesUploaded       int64    `json:"bytes_uploaded"`
 		}
-		Traces []struct {
+		Remote       bool    `json:"remote"`
+		LatencyScale float64 `json:"latency_scale"`
+		Traces       []struct {
 			Name string
 			Mix  map[string]int
 		}
@@ -71,6 +89,22 @@ func TestBenchQuick(t *testing.T) {
 	if ts.BytesStored <= 0 || ts.BytesStored >= full.BytesStored {
 		t.Errorf("turnsnap stored %d bytes, full_per_turn %d: want 0 < turnsnap < full", ts.BytesStored, full.BytesStored)
 	}
+	for _, m := range []string{"turnsnap", "full_per_turn", "chat_fs"} {
+		if ms := sum.Methods[m]; ms.Overlapped != 1 {
+			t.Errorf("%s: %.0f%% of the checkpoints started before the model latency ended; want all (overlapped)", m, ms.Overlapped*100)
+		}
+	}
+	if ts.ExposedP50MS >= *ts.CkptP50MS || full.ExposedP50MS >= *full.CkptP50MS {
+		t.Errorf("the gate's median delay (turnsnap %.1f ms, full %.1f ms) is not below the median checkpoint (%.1f, %.1f ms): the latency hid nothing",
+			ts.ExposedP50MS, full.ExposedP50MS, *ts.CkptP50MS, *full.CkptP50MS)
+	}
+	if ts.Pauses == 0 || ts.PauseP50MS <= 0 || full.Pauses == 0 {
+		t.Errorf("the database turns pause its process: turnsnap %d pauses (p50 %.1f ms), full_per_turn %d", ts.Pauses, ts.PauseP50MS, full.Pauses)
+	}
+	if !sum.Remote || ts.BytesUploaded <= 0 || sum.LatencyScale != 0.1 {
+		t.Errorf("remote %v: turnsnap uploaded %d bytes of the %d it stored (want some); latency scale %v",
+			sum.Remote, ts.BytesUploaded, ts.BytesStored, sum.LatencyScale)
+	}
 	if len(sum.Traces) != 1 || sum.Traces[0].Name != "memdb" || sum.Traces[0].Mix["skip"] == 0 {
 		t.Errorf("trace mix: %+v (read-only turns must be skips)", sum.Traces)
 	}
@@ -83,6 +117,8 @@ func TestBenchQuick(t *testing.T) {
 
 // A trace directory with a bad trace is refused before anything starts:
 // the error names the file and the problem, the exit code is invalid input.
+// So are a latency scale out of range, a MinIO binary that is not there and
+// a co-location-only run without sandboxes.
 func TestBenchRejectsBadTraces(t *testing.T) {
 	dir := t.TempDir()
 	os.WriteFile(filepath.Join(dir, "bad.json"), []byte(`{"name":"bad","verify":{"cmd":"true"},"turns":[{}],"surprise":1}`), 0o644)
@@ -97,5 +133,15 @@ func TestBenchRejectsBadTraces(t *testing.T) {
 	_, stderr, code = cliRun(t, t.TempDir(), "bench", "--traces", t.TempDir())
 	if code == 0 || !strings.Contains(stderr, "no *.json trace") {
 		t.Fatalf("bench with no traces: exit %d, %s", code, stderr)
+	}
+	for _, bad := range [][]string{{"--latency-scale", "0"}, {"--latency-scale", "11"}, {"--minio", filepath.Join(dir, "no-minio")},
+		{"--colocation-only", "--sandboxes", "0"}} {
+		_, stderr, code = cliRun(t, t.TempDir(), append([]string{"bench", "--traces", dir, "--out", out}, bad...)...)
+		if code != exitUsage || !strings.Contains(stderr, bad[0]) {
+			t.Errorf("bench %v: exit %d (want %d), %s", bad, code, exitUsage, stderr)
+		}
+	}
+	if _, err := os.Stat(out); err == nil {
+		t.Error("a refused bench wrote its output directory")
 	}
 }
