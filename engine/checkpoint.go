@@ -87,6 +87,8 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	if err := st.root.Mount(ctx); err != nil {
 		return nil, err
 	}
+	// Background freezes wait while turns are in flight (frozen_idle.go).
+	defer e.freezes.turnStarted()()
 	// The turn's pending writes live in op: a failed or skipped turn drops
 	// it and deletes the packs it wrote (Op.Discard keeps any that got
 	// indexed), so a turn that ran out of space leaves nothing behind.

@@ -85,6 +85,9 @@ type Engine struct {
 	sandboxes sandboxLocks
 	baseMu    sync.Mutex
 	commitMu  sync.Mutex
+	// commits shares one catalog transaction between concurrent commits
+	// (catalog.Group), run under commitMu.
+	commits  catalog.Group
 	procCRIU  string       // CRIU binary; "" means proc's default
 	atPhase   func(string) // Options.AtPhase
 	track     trackers     // change tracking (track.go)
@@ -109,6 +112,7 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{home: h, lock: lock, log: log, atPhase: opts.AtPhase}
+	e.commits.Hold = &e.commitMu
 	e.track.on = opts.TrackChanges
 	ok := false
 	defer func() {

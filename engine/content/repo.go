@@ -45,6 +45,9 @@ type Repo struct {
 	// chunks) would otherwise make concurrent transactions conflict and
 	// retry. The transactions it guards are short, one chunk each.
 	indexMu sync.Mutex
+	// group shares one catalog transaction between concurrent small
+	// Publishes (publishGrouped); it runs them under indexMu.
+	group catalog.Group
 	// room, if set, is asked after an Op's packs are written and before the
 	// catalog is (SetRoomCheck).
 	room func() error
@@ -103,7 +106,9 @@ func New(store upload.Store, cat *catalog.Catalog, codec *delta.Codec, meter *Me
 // NewSealed is New for a store encrypted by keys (nil: plaintext): packs
 // are written sealed blob by blob, and blobs opened as they are read.
 func NewSealed(store upload.Store, cat *catalog.Catalog, codec *delta.Codec, meter *Meter, keys *delta.Keys) *Repo {
-	return &Repo{store: store, cat: cat, codec: codec, packs: newPackCache(), meter: meter, keys: keys}
+	r := &Repo{store: store, cat: cat, codec: codec, packs: newPackCache(), meter: meter, keys: keys}
+	r.group.Hold = &r.indexMu
+	return r
 }
 
 // Keys returns the store's keys, nil for a plaintext store.
