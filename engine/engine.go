@@ -88,10 +88,10 @@ type Engine struct {
 	// commits shares one catalog transaction between concurrent commits
 	// (catalog.Group), run under commitMu.
 	commits  catalog.Group
-	procCRIU  string       // CRIU binary; "" means proc's default
-	atPhase   func(string) // Options.AtPhase
-	track     trackers     // change tracking (track.go)
-	freezes   freezeJobs   // background freezes (frozen_bg.go)
+	procCRIU string       // CRIU binary; "" means proc's default
+	atPhase  func(string) // Options.AtPhase
+	track    trackers     // change tracking (track.go)
+	freezes  freezeJobs   // background freezes (frozen_bg.go)
 }
 
 // Open locks and opens the home, creating it on first use.
