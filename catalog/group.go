@@ -22,8 +22,12 @@ import (
 //
 // The zero Group is ready to use. Hold, if set, is held while a group's
 // transaction runs: the lock other writers of the same keys take.
+// Shared, if set, is called in a transaction shared by n > 1 callers after
+// every fn ran and before it commits (a test's point to kill the process
+// with a group's writes in flight).
 type Group struct {
-	Hold sync.Locker
+	Hold   sync.Locker
+	Shared func(n int)
 
 	mu      sync.Mutex
 	queue   []*groupCall
@@ -107,6 +111,9 @@ func (g *Group) run(c *Catalog, batch []*groupCall) {
 				if err := call.fn(tx); err != nil {
 					return err
 				}
+			}
+			if g.Shared != nil {
+				g.Shared(len(live))
 			}
 			return nil
 		})

@@ -113,6 +113,7 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	}
 	e := &Engine{home: h, lock: lock, log: log, atPhase: opts.AtPhase}
 	e.commits.Hold = &e.commitMu
+	e.commits.Shared = func(int) { e.phase(PhaseCommitGroup) }
 	e.track.on = opts.TrackChanges
 	ok := false
 	defer func() {
