@@ -61,6 +61,7 @@ type freezeJobs struct {
 	lastEnd  time.Time
 	kick     chan struct{}
 	draining int
+	maxDefer time.Duration // 0: freezeMaxDefer (tests set it)
 }
 
 // freezeJob is one checkpoint's pending freeze, with what it needs of the

@@ -54,7 +54,11 @@ func (f *freezeJobs) kickLocked() {
 // freezeIdle, j is needed now (rushed, drained, closing), or it has
 // waited freezeMaxDefer since it was queued.
 func (f *freezeJobs) waitIdle(j *freezeJob) {
-	deadline := j.queued.Add(freezeMaxDefer)
+	most := freezeMaxDefer
+	if f.maxDefer > 0 {
+		most = f.maxDefer
+	}
+	deadline := j.queued.Add(most)
 	for {
 		f.mu.Lock()
 		now := time.Now()
