@@ -199,3 +199,41 @@ func TestRecordCacheNeverHidesTheCatalog(t *testing.T) {
 		t.Fatalf("deleted record under a cached ID: %v, want ErrNotFound", err)
 	}
 }
+
+// TestSnapshotSeesItsStart: a Snapshot reads the catalog as of its start
+// (a count written after it is not seen, one before is), across calls,
+// and refuses to read once closed.
+func TestSnapshotSeesItsStart(t *testing.T) {
+	c := openTest(t)
+	before, after := delta.Hash([]byte("before")), delta.Hash([]byte("after"))
+	update(t, c, func(tx *Tx) error { _, err := tx.AddRefCount(before, 1); return err })
+	s, err := c.Snapshot(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	update(t, c, func(tx *Tx) error { _, err := tx.AddRefCount(after, 1); return err })
+	for range 2 {
+		err := s.View(context.Background(), func(tx *Tx) error {
+			nb, err := tx.RefCount(before)
+			if err != nil {
+				return err
+			}
+			na, err := tx.RefCount(after)
+			if err != nil {
+				return err
+			}
+			if nb != 1 || na != 0 {
+				t.Errorf("snapshot reads %d and %d, want 1 and 0", nb, na)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.Close()
+	s.Close()
+	if err := s.View(context.Background(), func(*Tx) error { return nil }); !errors.Is(err, errdefs.ErrPrecondition) {
+		t.Fatalf("view of a closed snapshot: %v", err)
+	}
+}

@@ -32,6 +32,7 @@ const publishChunk = 2000
 // the Ops of one group too), so they never conflict; between processes
 // the home's flock serialises whole commands.
 func (o *Op) Publish(ctx context.Context, extraRefs ...delta.ID) error {
+	o.closeSnapshot() // the index transactions below read the catalog afresh
 	// Data before trees: a tree is never stored before the blobs it names.
 	for _, t := range []delta.BlobType{delta.BlobData, delta.BlobTree} {
 		if err := o.flushPack(ctx, t); err != nil {
