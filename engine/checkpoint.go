@@ -115,7 +115,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	defer resume()
 	// The scan's trees are also kept in memory, so the merged state can be
 	// compared with the head's before anything is committed.
-	trees := &treeMemo{next: e.repo, trees: map[delta.ID][]byte{}}
+	trees := &treeMemo{next: e.headTrees.loader(name, e.repo), trees: map[delta.ID][]byte{}}
 	saver := teeTrees{memo: trees, next: deviceGuard{op}}
 	res, ts, err := e.scanRoot(ctx, name, st, pt, saver)
 	defer func() { ts.failed() }() // a turn that returns early leaves the tracker unsure
@@ -208,6 +208,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 		return nil, err
 	}
 	ph.Commit = time.Since(t)
+	e.headTrees.keep(name, trees) // the next turn compares with these
 	if pt.changed && pt.running {
 		// Only now: a baseline taken before the commit could make the next
 		// turn skip processes no checkpoint holds.

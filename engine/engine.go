@@ -87,11 +87,12 @@ type Engine struct {
 	commitMu  sync.Mutex
 	// commits shares one catalog transaction between concurrent commits
 	// (catalog.Group), run under commitMu.
-	commits  catalog.Group
-	procCRIU string       // CRIU binary; "" means proc's default
-	atPhase  func(string) // Options.AtPhase
-	track    trackers     // change tracking (track.go)
-	freezes  freezeJobs   // background freezes (frozen_bg.go)
+	commits   catalog.Group
+	procCRIU  string       // CRIU binary; "" means proc's default
+	atPhase   func(string) // Options.AtPhase
+	track     trackers     // change tracking (track.go)
+	freezes   freezeJobs   // background freezes (frozen_bg.go)
+	headTrees headTrees    // each sandbox's last turn's trees (headtrees.go)
 }
 
 // Open locks and opens the home, creating it on first use.

@@ -294,6 +294,7 @@ func (e *Engine) RemoveSandboxWith(ctx context.Context, name string, o RemoveOpt
 		return err
 	}
 	defer done()
+	e.headTrees.drop(name) // only a cache: dropping it even if the removal fails costs a read
 	var sb *delta.Sandbox
 	if err := e.view(ctx, func(tx *catalog.Tx) error {
 		var err error
