@@ -40,6 +40,7 @@ type Catalog struct {
 	lock     *dirLock
 	log      *slog.Logger
 	readOnly bool
+	records  recordCache
 }
 
 // badgerOptions tunes Badger for a CLI: each command opens the catalog, does a
@@ -309,7 +310,7 @@ func (c *Catalog) View(ctx context.Context, fn func(tx *Tx) error) error {
 		return err
 	}
 	return c.db.View(func(txn *badger.Txn) error {
-		return fn(&Tx{ctx: ctx, txn: txn})
+		return fn(&Tx{ctx: ctx, txn: txn, records: &c.records})
 	})
 }
 
@@ -332,7 +333,7 @@ func (c *Catalog) Update(ctx context.Context, fn func(tx *Tx) error) error {
 			return err
 		}
 		err = c.db.Update(func(txn *badger.Txn) error {
-			return fn(&Tx{ctx: ctx, txn: txn})
+			return fn(&Tx{ctx: ctx, txn: txn, records: &c.records})
 		})
 		if !errors.Is(err, badger.ErrConflict) {
 			break

@@ -16,8 +16,9 @@ import (
 // Update. It is valid only while that function runs and is not safe for
 // concurrent use. Writes on a View Tx fail.
 type Tx struct {
-	ctx context.Context
-	txn *badger.Txn
+	ctx     context.Context
+	txn     *badger.Txn
+	records *recordCache // the catalog's decoded records (record_cache.go)
 }
 
 // scanPage bounds how many keys one iterator pass collects before it is
@@ -180,7 +181,15 @@ func (tx *Tx) Checkpoint(id delta.ID) (*delta.Checkpoint, error) {
 	if !found {
 		return nil, fmt.Errorf("checkpoint %s: %w", id, errdefs.ErrNotFound)
 	}
-	return delta.DecodeRecord(id, data)
+	if cp := tx.records.get(id, data); cp != nil {
+		return cp, nil
+	}
+	cp, err := delta.DecodeRecord(id, data)
+	if err != nil {
+		return nil, err
+	}
+	tx.records.put(id, data, cp)
+	return cp, nil
 }
 
 // Children returns the checkpoints whose parent is id, in ID order. The zero

@@ -96,6 +96,8 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	if err := st.root.Mount(ctx); err != nil {
 		return nil, err
 	}
+	// Background freezes wait while turns are in flight (frozen_idle.go).
+	defer e.freezes.turnStarted()()
 	// The turn's pending writes live in op: a failed or skipped turn drops
 	// it and deletes the packs it wrote (Op.Discard keeps any that got
 	// indexed), so a turn that ran out of space leaves nothing behind.
@@ -122,7 +124,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	defer resume()
 	// The scan's trees are also kept in memory, so the merged state can be
 	// compared with the head's before anything is committed.
-	trees := &treeMemo{next: e.repo, trees: map[delta.ID][]byte{}}
+	trees := &treeMemo{next: e.headTrees.loader(name, e.repo), trees: map[delta.ID][]byte{}}
 	saver := teeTrees{memo: trees, next: deviceGuard{op}}
 	res, ts, err := e.scanRoot(ctx, name, st, pt, saver)
 	defer func() { ts.failed() }() // a turn that returns early leaves the tracker unsure
@@ -218,6 +220,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 		return nil, err
 	}
 	ph.Commit = time.Since(t)
+	e.headTrees.keep(name, trees) // the next turn compares with these
 	if pt.changed && pt.running {
 		// Only now: a baseline taken before the commit could make the next
 		// turn skip processes no checkpoint holds.

@@ -92,12 +92,16 @@ type Engine struct {
 	sandboxes sandboxLocks
 	baseMu    sync.Mutex
 	commitMu  sync.Mutex
+	// commits shares one catalog transaction between concurrent commits
+	// (catalog.Group), run under commitMu.
+	commits   catalog.Group
 	procCRIU  string       // CRIU binary; "" means proc's default
 	atPhase   func(string) // Options.AtPhase
 	track     trackers     // change tracking (track.go)
 	checked   stateMemo    // states that passed CheckState (rollback_track.go)
 	freezes   freezeJobs   // background freezes (frozen_bg.go)
 	admit     *admission   // checkpoint admission (admit.go)
+	headTrees headTrees    // each sandbox's last turn's trees (headtrees.go)
 }
 
 // Open locks and opens the home, creating it on first use.
@@ -118,6 +122,8 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{home: h, lock: lock, log: log, atPhase: opts.AtPhase, admit: newAdmission(opts.MaxCheckpoints)}
+	e.commits.Hold = &e.commitMu
+	e.commits.Shared = func(int) { e.phase(PhaseCommitGroup) }
 	e.track.on = opts.TrackChanges
 	ok := false
 	defer func() {

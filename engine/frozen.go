@@ -52,7 +52,10 @@ func (e *Engine) overlayBackend() *overlay.Backend {
 // the background (frozen_bg.go) or in a branch that needs the layer now;
 // a failure costs only the accelerator (a branch of the checkpoint then
 // materialises) and is logged.
-func (e *Engine) freeze(ctx context.Context, j *freezeJob) {
+//
+// keep is retention's current set if the caller has just read it (nil: it
+// is read here).
+func (e *Engine) freeze(ctx context.Context, j *freezeJob, keep map[delta.ID]bool) {
 	ob := e.overlayBackend()
 	cp := j.cp
 	if ob == nil || ob.HasFrozen(cp.FSTree) {
@@ -75,7 +78,7 @@ func (e *Engine) freeze(ctx context.Context, j *freezeJob) {
 	if src.Tree.IsZero() && !j.parent.IsZero() && ob.HasFrozen(j.parent) {
 		src.Tree = j.parent
 	}
-	if reuse, err := e.reusableLayers(ctx, cp, start); err != nil {
+	if reuse, err := e.reusableLayers(ctx, cp, start, keep); err != nil {
 		e.log.Debug("frozen layer built in full", "checkpoint", cp.ID.Short(), "err", err)
 	} else {
 		src.Reuse = reuse
@@ -96,16 +99,17 @@ func (e *Engine) freeze(ctx context.Context, j *freezeJob) {
 // remove them now), older than notAfter (a layer just published may be
 // about to be stacked on), those of cp's own line first (closest to its
 // tree, so the fewest names differ). Only these: another sandbox's layer
-// may differ in everything.
-func (e *Engine) reusableLayers(ctx context.Context, cp *delta.Checkpoint, notAfter time.Time) ([]delta.ID, error) {
+// may differ in everything. keep is retention's set, nil to read it here.
+func (e *Engine) reusableLayers(ctx context.Context, cp *delta.Checkpoint, notAfter time.Time, keep map[delta.ID]bool) ([]delta.ID, error) {
 	ob := e.overlayBackend()
 	trees, err := ob.FrozenTrees()
 	if err != nil || len(trees) == 0 {
 		return nil, err
 	}
-	keep, err := e.frozenKeepSet(ctx)
-	if err != nil {
-		return nil, err
+	if keep == nil {
+		if keep, err = e.frozenKeepSet(ctx); err != nil {
+			return nil, err
+		}
 	}
 	have := map[delta.ID]bool{}
 	for _, t := range trees {

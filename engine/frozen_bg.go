@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/overlay"
@@ -15,7 +16,8 @@ import (
 //
 //   - One at a time per sandbox, in checkpoint order (each waits for the
 //     sandbox's previous one, whose layer it then builds from), and at most
-//     maxBackgroundFreezes at once per engine.
+//     maxBackgroundFreezes at once per engine, each once the engine is idle
+//     (frozen_idle.go) unless someone needs it now.
 //   - It takes no sandbox lock, so the sandbox's next checkpoint never
 //     waits for it. It can still never publish a wrong layer: it reads the
 //     live upper only for file bytes, each chunk hashed against the
@@ -52,6 +54,14 @@ type freezeJobs struct {
 	// waited counts branches that found their checkpoint's freeze pending
 	// (tests prove a branch stacked on a layer it waited for).
 	waited atomic.Int64
+	// When the engine is idle (frozen_idle.go): checkpoints in flight,
+	// when the last one ended, closed and replaced to wake the waiting
+	// freezes, and WaitFreezes callers (who want every freeze now).
+	busy     int
+	lastEnd  time.Time
+	kick     chan struct{}
+	draining int
+	maxDefer time.Duration // 0: freezeMaxDefer (tests set it)
 }
 
 // freezeJob is one checkpoint's pending freeze, with what it needs of the
@@ -63,10 +73,13 @@ type freezeJob struct {
 	live    string   // the writable layer the checkpoint was scanned from
 	prev    *freezeJob
 	done    chan struct{}
-	// Under freezeJobs.mu: whether someone builds it, and whether a branch
-	// waits for it (then it is built even if no retention rule keeps it).
+	queued  time.Time
+	// Under freezeJobs.mu: whether someone builds it, whether a branch
+	// waits for it (then it is built even if no retention rule keeps it),
+	// and whether it is needed now (it does not wait for idle).
 	claimed bool
 	waiters int
+	rush    bool
 }
 
 // freezeLater queues the freeze of cp, just committed in st's sandbox.
@@ -80,7 +93,7 @@ func (e *Engine) freezeLater(st *sandboxState, cp *delta.Checkpoint) {
 		e.log.Warn("frozen layer not kept; branches of this checkpoint copy it", "sandbox", st.sb.Name, "checkpoint", cp.ID.Short(), "err", err)
 		return
 	}
-	j := &freezeJob{cp: cp, sandbox: st.sb.Name, live: live, done: make(chan struct{})}
+	j := &freezeJob{cp: cp, sandbox: st.sb.Name, live: live, done: make(chan struct{}), queued: time.Now()}
 	if st.head != nil {
 		j.parent = st.head.FSTree
 	}
@@ -113,6 +126,7 @@ func (e *Engine) runFreeze(j *freezeJob) {
 	if j.prev != nil {
 		<-j.prev.done
 	}
+	f.waitIdle(j)
 	e.admit.yield(context.Background()) // urgent checkpoints first (admit.go)
 	f.sem <- struct{}{}
 	defer func() { <-f.sem }()
@@ -126,30 +140,41 @@ func (e *Engine) runFreeze(j *freezeJob) {
 		return // a branch built it
 	}
 	ctx := context.Background()
-	if e.stillWanted(ctx, j) {
-		e.freeze(ctx, j)
+	// One look at retention serves both the question whether to build and
+	// which layers the build may reuse (it is a pass over every sandbox).
+	keep, err := e.frozenKeepSet(ctx)
+	built := false
+	if e.stillWanted(j, keep, err) {
+		if err != nil {
+			keep = nil // freeze looks again
+		}
+		e.freeze(ctx, j, keep)
+		built = true
 	}
-	f.finish(j)
+	// A job skipped changed nothing on disk: the retention pass is left to
+	// the sandbox's next freeze, unless this was its newest.
+	if newest := f.finish(j); !built && !newest {
+		return
+	}
 	if err := e.pruneFrozen(ctx, j.cp.Created); err != nil {
 		e.log.Warn("frozen layers not pruned", "err", err)
 	}
 }
 
 // stillWanted reports whether j's layer is worth building when its turn
-// comes: a branch waits for it, or retention keeps it (not when the
-// sandbox moved on past it meanwhile, or is gone).
-func (e *Engine) stillWanted(ctx context.Context, j *freezeJob) bool {
+// comes: a branch waits for it, or retention (keep, or kerr when it could
+// not be read) keeps it (not when the sandbox moved on past it meanwhile,
+// or is gone).
+func (e *Engine) stillWanted(j *freezeJob, keep map[delta.ID]bool, kerr error) bool {
 	e.freezes.mu.Lock()
 	waited := j.waiters > 0
 	e.freezes.mu.Unlock()
-	if waited {
-		return true
-	}
-	keep, err := e.frozenKeepSet(ctx)
-	return err != nil || keep[j.cp.FSTree]
+	return waited || kerr != nil || keep[j.cp.FSTree]
 }
 
-func (f *freezeJobs) finish(j *freezeJob) {
+// finish marks j done and reports whether it was its sandbox's newest
+// pending freeze.
+func (f *freezeJobs) finish(j *freezeJob) (newest bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	close(j.done)
@@ -158,7 +183,9 @@ func (f *freezeJobs) finish(j *freezeJob) {
 	}
 	if f.last[j.sandbox] == j {
 		delete(f.last, j.sandbox)
+		newest = true
 	}
+	return newest
 }
 
 // awaitFreeze returns once tree has no pending freeze: it waits for one
@@ -178,6 +205,7 @@ func (e *Engine) awaitFreeze(ctx context.Context, tree delta.ID) error {
 		if !counted {
 			counted = true
 			f.waited.Add(1)
+			f.rushLocked(j)
 		}
 		if j.claimed {
 			j.waiters++
@@ -201,7 +229,7 @@ func (e *Engine) awaitFreeze(ctx context.Context, tree delta.ID) error {
 		j.claimed = true
 		j.waiters++
 		f.mu.Unlock()
-		e.freeze(ctx, j)
+		e.freeze(ctx, j, nil)
 		f.finish(j)
 		return nil
 	}
@@ -224,10 +252,15 @@ func (f *freezeJobs) idleCond() *sync.Cond {
 }
 
 // wait returns once no freeze is pending; with stop, no new one starts.
+// The pending ones start at once (without waiting for the engine to be
+// idle).
 func (f *freezeJobs) wait(stop bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.closed = f.closed || stop
+	f.draining++
+	defer func() { f.draining-- }()
+	f.kickLocked()
 	for f.pending > 0 {
 		f.idleCond().Wait()
 	}

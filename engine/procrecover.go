@@ -25,6 +25,10 @@ const (
 	PhaseDump   = "dump"   // CRIU wrote the image; the container is still paused
 	PhaseStore  = "store"  // the container runs again; the image is about to be stored
 	PhaseCommit = "commit" // everything is stored; the checkpoint is about to be committed
+	// PhaseCommitGroup: the catalog transaction that several concurrent
+	// checkpoints share (a group commit) holds all their writes and is
+	// about to commit.
+	PhaseCommitGroup = "commit-group"
 )
 
 // progressPhase shows the step under way in the progress report (Options.

@@ -154,9 +154,10 @@ func (e *Engine) commit(ctx context.Context, op *content.Op, cp *delta.Checkpoin
 	}
 	// One commit transaction at a time: with a remote, each reads the
 	// whole upload queue and bumps its sequence, so concurrent ones would
-	// conflict and retry.
-	e.commitMu.Lock()
-	err := e.cat.Update(ctx, func(tx *catalog.Tx) error {
+	// conflict and retry. Concurrent commits share one (a group commit,
+	// run under commitMu): each sees the ones before it in the
+	// transaction, and one fsync makes them all durable.
+	err := e.commits.Update(ctx, e.cat, func(tx *catalog.Tx) error {
 		if newSandbox != nil {
 			if err := tx.PutSandbox(newSandbox); err != nil {
 				return err
@@ -170,7 +171,6 @@ func (e *Engine) commit(ctx context.Context, op *content.Op, cp *delta.Checkpoin
 		}
 		return tx.SetRef(delta.Ref{Kind: delta.RefHead, Name: cp.Sandbox, Target: cp.ID})
 	})
-	e.commitMu.Unlock()
 	if err != nil {
 		return fmt.Errorf("checkpoint %s of sandbox %s: catalog: %w", cp.ID.Short(), cp.Sandbox, err)
 	}
@@ -294,6 +294,7 @@ func (e *Engine) RemoveSandboxWith(ctx context.Context, name string, o RemoveOpt
 		return err
 	}
 	defer done()
+	e.headTrees.drop(name) // only a cache: dropping it even if the removal fails costs a read
 	var sb *delta.Sandbox
 	if err := e.view(ctx, func(tx *catalog.Tx) error {
 		var err error

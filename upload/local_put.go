@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"github.com/turnsnap/turnsnap/internal/fsat"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 
@@ -51,10 +52,17 @@ func (s *localStore) Put(ctx context.Context, name string, r io.Reader, size int
 	}
 	path := s.path(name)
 	parent := filepath.Dir(path)
-	if err := os.MkdirAll(parent, 0o700); err != nil {
-		return fmt.Errorf("object %s: %w", name, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
+	// The parent is nearly always there already: make it only when the
+	// rename says it is missing (a stat per Put was a tenth of a small
+	// object's cost).
+	if err := os.Rename(tmp, path); errors.Is(err, fs.ErrNotExist) {
+		if err := os.MkdirAll(parent, 0o700); err != nil {
+			return fmt.Errorf("object %s: %w", name, err)
+		}
+		if err := os.Rename(tmp, path); err != nil {
+			return fmt.Errorf("object %s: %w", name, err)
+		}
+	} else if err != nil {
 		return fmt.Errorf("object %s: %w", name, err)
 	}
 	if err := s.syncParents(parent); err != nil {

@@ -5,10 +5,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/turnsnap/turnsnap/engine"
 	"github.com/turnsnap/turnsnap/engine/api"
@@ -38,7 +41,7 @@ func BenchmarkConcurrentTurns(b *testing.B) {
 		sandboxes, turns = 4, 2
 	}
 	const files = 10
-	for range b.N {
+	for iter := range b.N {
 		ctx := context.Background()
 		// Served as the daemon serves it: change tracking on.
 		f := serve(b, nil, func(o *engine.Options) { o.TrackChanges = true })
@@ -48,7 +51,9 @@ func BenchmarkConcurrentTurns(b *testing.B) {
 		}
 		// Uncontended: one client alone, turn after turn.
 		var alone []time.Duration
-		for turn := range max(turns, 5) {
+		aloneTurns := max(turns, 5)
+		cpu0 := cpuTime()
+		for turn := range aloneTurns {
 			editTurn(b, roots[0], 1000+turn, files)
 			start := time.Now()
 			if _, err := f.c.Checkpoint(ctx, "s0", api.CheckpointRequest{}); err != nil {
@@ -56,6 +61,8 @@ func BenchmarkConcurrentTurns(b *testing.B) {
 			}
 			alone = append(alone, time.Since(start))
 		}
+		f.e.WaitFreezes()
+		aloneCPU := (cpuTime() - cpu0) / time.Duration(aloneTurns)
 		slices.Sort(alone)
 		median := alone[len(alone)/2]
 		// Unchanged turns (skips) through the API, end to end.
@@ -74,6 +81,8 @@ func BenchmarkConcurrentTurns(b *testing.B) {
 		lat := make([][]time.Duration, sandboxes)
 		var wg sync.WaitGroup
 		errs := make(chan error, sandboxes)
+		stopProfile := profileContended(b, iter)
+		cpu0 = cpuTime()
 		start := time.Now()
 		for i := range sandboxes {
 			wg.Add(1)
@@ -94,13 +103,23 @@ func BenchmarkConcurrentTurns(b *testing.B) {
 		}
 		wg.Wait()
 		apiWall := time.Since(start)
+		// Everything the daemon does for these turns, their background
+		// freezes included, and the clients' own edits and HTTP.
+		f.e.WaitFreezes()
+		apiCPU := (cpuTime() - cpu0) / time.Duration(sandboxes*turns)
+		stopProfile()
 		close(errs)
 		for err := range errs {
 			b.Fatal(err)
 		}
-		var worst time.Duration
+		var all []time.Duration
 		for _, l := range lat {
-			worst = max(worst, slices.Max(l))
+			all = append(all, l...)
+		}
+		slices.Sort(all)
+		worst := all[len(all)-1]
+		pct := func(p float64) float64 {
+			return float64(all[min(len(all)-1, int(p*float64(len(all))))].Microseconds()) / 1000
 		}
 
 		// The serialised CLI path on its own home, same sandboxes and turns.
@@ -163,6 +182,41 @@ func BenchmarkConcurrentTurns(b *testing.B) {
 		b.ReportMetric(float64(median.Microseconds())/1000, "uncontended_median_ms")
 		b.ReportMetric(float64(skips[len(skips)/2].Microseconds())/1000, "skip_median_ms")
 		b.ReportMetric(float64(worst.Microseconds())/1000, "worst_contended_ms")
+		b.ReportMetric(pct(0.5), "p50_contended_ms")
+		b.ReportMetric(pct(0.99), "p99_contended_ms")
+		b.ReportMetric(float64(apiCPU.Microseconds())/1000, "cpu_ms/contended_turn")
+		b.ReportMetric(float64(aloneCPU.Microseconds())/1000, "cpu_ms/uncontended_turn")
 		b.ReportMetric(float64(worst)/float64(median), "worst_vs_uncontended")
+	}
+}
+
+// cpuTime is the CPU time this process has used, user and system.
+func cpuTime() time.Duration {
+	var ru unix.Rusage
+	unix.Getrusage(unix.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// profileContended starts a CPU profile of the contended phase alone when
+// TURNSNAP_BENCH_CPUPROFILE names a file (go test's -cpuprofile would
+// also count the setup and the serialised baseline), one file per
+// iteration (PATH.0, PATH.1, ...; `go tool pprof` merges them); it returns
+// the stop.
+func profileContended(b *testing.B, iter int) func() {
+	path := os.Getenv("TURNSNAP_BENCH_CPUPROFILE")
+	if path == "" {
+		return func() {}
+	}
+	out, err := os.Create(fmt.Sprintf("%s.%d", path, iter))
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(out); err != nil {
+		out.Close()
+		b.Fatal(err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		out.Close()
 	}
 }

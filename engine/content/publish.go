@@ -1,8 +1,10 @@
 package content
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
@@ -25,9 +27,12 @@ const publishChunk = 2000
 // leaves its own copy as garbage for gc, and, for a tree, does not count
 // the tree's children again (the winner counted them). So the catalog ends
 // with one location per blob and refcounts equal to a rebuild's. Within
-// one process the index writes are serialised (indexMu), so they never
-// conflict; between processes the home's flock serialises whole commands.
+// one process the index writes are serialised (indexMu; a small Op's go in
+// a group transaction run under it, in order, so the rule holds between
+// the Ops of one group too), so they never conflict; between processes
+// the home's flock serialises whole commands.
 func (o *Op) Publish(ctx context.Context, extraRefs ...delta.ID) error {
+	o.closeSnapshot() // the index transactions below read the catalog afresh
 	// Data before trees: a tree is never stored before the blobs it names.
 	for _, t := range []delta.BlobType{delta.BlobData, delta.BlobTree} {
 		if err := o.flushPack(ctx, t); err != nil {
@@ -47,6 +52,88 @@ func (o *Op) Publish(ctx context.Context, extraRefs ...delta.ID) error {
 	for _, id := range extraRefs {
 		refs[id]++
 	}
+	if len(ids) <= groupBlobs && o.childCount() <= groupRefs {
+		if err := o.publishGrouped(ctx, ids, refs); err != nil {
+			return err
+		}
+	} else if err := o.publishAlone(ctx, ids, refs); err != nil {
+		return err
+	}
+	// Published: the catalog now locates these blobs, and a second publish in
+	// the same session must not count the same references twice.
+	o.flushed = map[delta.ID]catalog.BlobLocation{}
+	o.children = map[delta.ID][]delta.ID{}
+	return nil
+}
+
+// A turn that stored at most groupBlobs blobs whose new trees name at most
+// groupRefs children indexes them and counts its references in one
+// transaction, shared with the concurrent turns' (catalog.Group): a busy
+// daemon's commits then cost one catalog fsync between them, not two each
+// in a row.
+const (
+	groupBlobs = 256
+	groupRefs  = 1024
+)
+
+func (o *Op) childCount() int {
+	n := 0
+	for _, c := range o.children {
+		n += len(c)
+	}
+	return n
+}
+
+// publishGrouped indexes ids and adds refs plus the children of the trees
+// it is first to index, in one transaction of the repository's group.
+func (o *Op) publishGrouped(ctx context.Context, ids []delta.ID, extra map[delta.ID]int64) error {
+	var lostTo []delta.ID
+	err := o.r.group.Update(ctx, o.r.cat, func(tx *catalog.Tx) error {
+		// fn may run again (a conflict, or the group's transaction
+		// failed): start afresh each time.
+		lostTo = lostTo[:0]
+		refs := make(map[delta.ID]int64, len(extra))
+		for id, n := range extra {
+			refs[id] += n
+		}
+		for _, id := range ids {
+			loc, ok, err := tx.Blob(id)
+			if err != nil {
+				return err
+			}
+			if ok {
+				lostTo = append(lostTo, loc.Pack)
+				continue
+			}
+			if err := tx.PutBlob(id, o.flushed[id]); err != nil {
+				return err
+			}
+			for _, c := range o.children[id] {
+				refs[c]++
+			}
+		}
+		for _, id := range sortedIDs(refs) {
+			if _, err := tx.AddRefCount(id, refs[id]); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("index blobs and refcounts: %w", err)
+	}
+	o.unindexed = nil // indexed blobs are in these packs now: never discard them
+	o.r.dups.Add(int64(len(lostTo)))
+	for _, p := range lostTo {
+		o.reused[p] = true
+	}
+	return nil
+}
+
+// publishAlone is Publish for a large Op: the index in transactions of
+// publishChunk blobs, then the refcounts (catalog.AddRefCounts, in
+// chunks), each serialised with the other writers of the index.
+func (o *Op) publishAlone(ctx context.Context, ids []delta.ID, refs map[delta.ID]int64) error {
 	for start := 0; start < len(ids); start += publishChunk {
 		chunk := ids[start:min(start+publishChunk, len(ids))]
 		var won []delta.ID
@@ -92,9 +179,16 @@ func (o *Op) Publish(ctx context.Context, extraRefs ...delta.ID) error {
 	if err != nil {
 		return fmt.Errorf("refcounts: %w", err)
 	}
-	// Published: the catalog now locates these blobs, and a second publish in
-	// the same session must not count the same references twice.
-	o.flushed = map[delta.ID]catalog.BlobLocation{}
-	o.children = map[delta.ID][]delta.ID{}
 	return nil
+}
+
+func sortedIDs(m map[delta.ID]int64) []delta.ID {
+	out := make([]delta.ID, 0, len(m))
+	for id, n := range m {
+		if n != 0 {
+			out = append(out, id)
+		}
+	}
+	slices.SortFunc(out, func(a, b delta.ID) int { return bytes.Compare(a[:], b[:]) })
+	return out
 }

@@ -46,6 +46,9 @@ type Repo struct {
 	// chunks) would otherwise make concurrent transactions conflict and
 	// retry. The transactions it guards are short, one chunk each.
 	indexMu sync.Mutex
+	// group shares one catalog transaction between concurrent small
+	// Publishes (publishGrouped); it runs them under indexMu.
+	group catalog.Group
 	// room, if set, is asked after an Op's packs are written and before the
 	// catalog is (SetRoomCheck).
 	room func() error
@@ -84,6 +87,11 @@ type Op struct {
 	// SaveBlob takes them; the only part of an Op used by other goroutines.
 	prepMu   sync.Mutex
 	prepared map[delta.ID]prepared
+	// snap is the catalog snapshot the Op's dedup lookups read (one wait
+	// for the commits in flight, not one per blob), opened at the first
+	// lookup and closed by Publish and Discard; snapMu guards it.
+	snapMu sync.Mutex
+	snap   *catalog.Snapshot
 	// prepBufs recycles PrepareBlob's output buffers: SaveBlob returns each
 	// once PackWriter.Add has copied it, so a large turn does not allocate
 	// its whole compressed size anew.
@@ -110,7 +118,9 @@ func NewSealed(store upload.Store, cat *catalog.Catalog, codec *delta.Codec, met
 // NewSealedIDs is NewSealed naming content under ids: a home whose local
 // store is plaintext (nil keys) still names it with its keyed IDs.
 func NewSealedIDs(store upload.Store, cat *catalog.Catalog, codec *delta.Codec, meter *Meter, keys *delta.Keys, ids delta.IDs) *Repo {
-	return &Repo{store: store, cat: cat, codec: codec, packs: newPackCache(), meter: meter, keys: keys, ids: ids}
+	r := &Repo{store: store, cat: cat, codec: codec, packs: newPackCache(), meter: meter, keys: keys, ids: ids}
+	r.group.Hold = &r.indexMu
+	return r
 }
 
 // Keys returns the store's keys, nil for a plaintext store.
@@ -143,6 +153,7 @@ func (r *Repo) Begin() *Op {
 // may have written the same bytes and indexed them. Best effort: a pack
 // left behind is garbage that gc collects.
 func (o *Op) Discard(ctx context.Context) {
+	o.closeSnapshot()
 	if len(o.unindexed) == 0 {
 		return
 	}
@@ -192,12 +203,7 @@ func (o *Op) PrepareBlob(ctx context.Context, t delta.BlobType, id delta.ID, pla
 	if t != delta.BlobData || uint64(len(plain)) > delta.MaxRawLength(t) {
 		return
 	}
-	var known bool
-	if err := o.r.cat.View(ctx, func(tx *catalog.Tx) error {
-		_, ok, err := tx.Blob(id)
-		known = ok
-		return err
-	}); err != nil || known {
+	if _, known, err := o.lookupBlob(ctx, id); err != nil || known {
 		return // SaveBlob decides (and reports the error) in order
 	}
 	p := prepared{comp: delta.CompressionZstd}
@@ -242,17 +248,12 @@ func (o *Op) SaveBlob(ctx context.Context, t delta.BlobType, id delta.ID, plain 
 	if _, ok := o.flushed[id]; ok || o.open[t].Has(id) {
 		return false, nil
 	}
-	var known bool
-	err := r.cat.View(ctx, func(tx *catalog.Tx) error {
-		loc, ok, err := tx.Blob(id)
-		if ok {
-			// A checkpoint that reuses a blob must not reach the remote
-			// store before the pack holding it does.
-			o.reused[loc.Pack] = true
-		}
-		known = ok
-		return err
-	})
+	loc, known, err := o.lookupBlob(ctx, id)
+	if known {
+		// A checkpoint that reuses a blob must not reach the remote store
+		// before the pack holding it does.
+		o.reused[loc.Pack] = true
+	}
 	if err != nil {
 		return false, fmt.Errorf("blob %s: %w", id.Short(), err)
 	}
@@ -461,4 +462,39 @@ func (l locLoader) LoadBlob(ctx context.Context, t delta.BlobType, id delta.ID) 
 		return l.r.load(ctx, t, id, loc)
 	}
 	return l.r.LoadBlob(ctx, t, id)
+}
+
+// lookupBlob is the Op's dedup lookup: where the catalog has blob id, as of
+// the Op's snapshot. A blob another Op indexed since is found new and
+// stored again, which Publish settles (the dedup rule).
+func (o *Op) lookupBlob(ctx context.Context, id delta.ID) (catalog.BlobLocation, bool, error) {
+	o.snapMu.Lock()
+	if o.snap == nil {
+		s, err := o.r.cat.Snapshot(ctx)
+		if err != nil {
+			o.snapMu.Unlock()
+			return catalog.BlobLocation{}, false, err
+		}
+		o.snap = s
+	}
+	s := o.snap
+	o.snapMu.Unlock()
+	var loc catalog.BlobLocation
+	var ok bool
+	err := s.View(ctx, func(tx *catalog.Tx) error {
+		var err error
+		loc, ok, err = tx.Blob(id)
+		return err
+	})
+	return loc, ok, err
+}
+
+// closeSnapshot ends the Op's snapshot; a later lookup opens a new one.
+func (o *Op) closeSnapshot() {
+	o.snapMu.Lock()
+	defer o.snapMu.Unlock()
+	if o.snap != nil {
+		o.snap.Close()
+		o.snap = nil
+	}
 }
