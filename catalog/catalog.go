@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/dgraph-io/badger/v4"
@@ -41,6 +42,10 @@ type Catalog struct {
 	log      *slog.Logger
 	readOnly bool
 	records  recordCache
+	// writers makes a retried Update exclusive: a first attempt runs
+	// beside the others (shared), and one that conflicted runs again with
+	// no other Update in flight (see Update).
+	writers sync.RWMutex
 }
 
 // badgerOptions tunes Badger for a CLI: each command opens the catalog, does a
@@ -314,15 +319,23 @@ func (c *Catalog) View(ctx context.Context, fn func(tx *Tx) error) error {
 	})
 }
 
-// maxUpdateAttempts bounds retries of a conflicting transaction. Conflicts
-// need two writers in one process touching the same keys; a few retries are
-// plenty, and giving up reports ErrUnavailable rather than looping.
+// maxUpdateAttempts bounds the attempts of a conflicting transaction. Only
+// the first runs beside other Updates; the rest run exclusively, where only
+// a write batch (PutBlobs) committing meanwhile can conflict with them.
 const maxUpdateAttempts = 5
 
 // Update runs fn in a read-write transaction and commits it if fn returns nil
 // (durably: the catalog syncs every commit). When the commit conflicts with a
 // concurrent Update, fn runs again on a fresh snapshot, so fn must have no
-// effects outside tx, or ones that are safe to repeat.
+// effects outside tx, or ones that are safe to repeat, and must not call
+// Update itself.
+//
+// Why the retries are exclusive: Badger's transactions are optimistic, and
+// writers that touch the same keys (sandboxes created from one base all add
+// to its refcounts; the pusher dequeues beside the commits) conflict. With
+// optimistic retries alone, 32 sandboxes created at once starved some
+// writers through every attempt (TestUpdateUnderContention); an exclusive
+// retry cannot lose to another Update, so every writer gets through.
 func (c *Catalog) Update(ctx context.Context, fn func(tx *Tx) error) error {
 	if c.readOnly {
 		return fmt.Errorf("catalog %s is open read-only: %w", c.dir, errdefs.ErrPrecondition)
@@ -332,14 +345,27 @@ func (c *Catalog) Update(ctx context.Context, fn func(tx *Tx) error) error {
 		if err := c.ready(ctx); err != nil {
 			return err
 		}
+		if attempt == 0 {
+			c.writers.RLock()
+		} else {
+			c.writers.Lock()
+		}
 		err = c.db.Update(func(txn *badger.Txn) error {
 			return fn(&Tx{ctx: ctx, txn: txn, records: &c.records})
 		})
+		if attempt == 0 {
+			c.writers.RUnlock()
+		} else {
+			c.writers.Unlock()
+		}
 		if !errors.Is(err, badger.ErrConflict) {
 			break
 		}
 		c.log.Debug("catalog transaction conflict, retrying", "catalog", c.dir, "attempt", attempt+1)
-		// Back off a little so the other writer can finish; grows to ~16ms.
+		if attempt == 0 {
+			continue // the exclusive attempt needs no back-off
+		}
+		// An exclusive attempt lost to a write batch: let it finish.
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("catalog %s: %w", c.dir, ctx.Err())
