@@ -42,6 +42,7 @@ type admission struct {
 	// Test hooks, called without mu held.
 	onQueued  func(sandbox string, urgent bool) // a waiter joined the queue
 	onPromote func(sandbox string)              // a waiter was promoted by its Urgent channel
+	onGrant   func(sandbox string)              // a slot was granted (called under mu: must not block)
 }
 
 type admitWaiter struct {
@@ -114,8 +115,24 @@ func newAdmission(max int) *admission {
 // The returned release gives the slot back; a cancelled ctx removes the
 // waiter from the queue and returns ctx's error.
 func (a *admission) acquire(ctx context.Context, sandbox string, urgent <-chan struct{}) (release func(), err error) {
+	t, err := a.admit(ctx, sandbox, urgent)
+	if err != nil {
+		return nil, err
+	}
+	return t.done, nil
+}
+
+// admitted is a granted slot. free gives the slot back while the
+// checkpoint goes on (its commit: fsyncs, no CPU), still counted as urgent
+// for the background work that yields to urgent checkpoints; done ends it
+// (and frees the slot if free was not called). Both may be called more
+// than once.
+type admitted struct{ free, done func() }
+
+// admit is acquire, returning both stages of the release.
+func (a *admission) admit(ctx context.Context, sandbox string, urgent <-chan struct{}) (admitted, error) {
 	if a == nil {
-		return func() {}, nil
+		return admitted{free: func() {}, done: func() {}}, nil
 	}
 	isUrgent := urgent != nil && isClosed(urgent)
 	now := time.Now()
@@ -164,13 +181,13 @@ func (a *admission) acquire(ctx context.Context, sandbox string, urgent <-chan s
 			a.mu.Lock()
 			if w.granted { // granted just as ctx ended: pass the slot on
 				a.mu.Unlock()
-				a.releaser(w, nil)()
+				a.releaser(w, nil).done()
 			} else {
 				a.removeLocked(w)
 				a.stats.Cancelled++
 				a.mu.Unlock()
 			}
-			return nil, fmt.Errorf("sandbox %s: waiting for a checkpoint slot: %w", sandbox, ctx.Err())
+			return admitted{}, fmt.Errorf("sandbox %s: waiting for a checkpoint slot: %w", sandbox, ctx.Err())
 		}
 	}
 }
@@ -209,6 +226,9 @@ func (a *admission) removeLocked(w *admitWaiter) {
 func (a *admission) grantLocked(w *admitWaiter) {
 	w.granted = true
 	a.running++
+	if a.onGrant != nil {
+		a.onGrant(w.sandbox)
+	}
 	lane := &a.stats.Normal
 	if w.urgent {
 		a.urgentRunning++
@@ -244,7 +264,7 @@ func (a *admission) dispatchLocked() {
 // releaser returns w's release. A checkpoint admitted in the normal lane
 // that becomes urgent while it runs (urgent closes) counts as urgent from
 // then on, so background work yields to it.
-func (a *admission) releaser(w *admitWaiter, urgent <-chan struct{}) func() {
+func (a *admission) releaser(w *admitWaiter, urgent <-chan struct{}) admitted {
 	done := make(chan struct{})
 	if !w.urgent && urgent != nil {
 		go func() {
@@ -260,20 +280,27 @@ func (a *admission) releaser(w *admitWaiter, urgent <-chan struct{}) func() {
 			}
 		}()
 	}
-	var once sync.Once
-	return func() {
-		once.Do(func() {
+	var freeOnce, doneOnce sync.Once
+	free := func() {
+		freeOnce.Do(func() {
+			a.mu.Lock()
+			defer a.mu.Unlock()
+			a.running--
+			a.dispatchLocked()
+		})
+	}
+	return admitted{free: free, done: func() {
+		doneOnce.Do(func() {
+			free()
 			a.mu.Lock()
 			defer a.mu.Unlock()
 			close(done)
-			a.running--
 			if w.urgent {
 				a.urgentRunning--
 			}
-			a.dispatchLocked()
 			a.wakeYieldersLocked()
 		})
-	}
+	}}
 }
 
 func (a *admission) wakeYieldersLocked() {

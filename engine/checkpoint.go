@@ -83,11 +83,11 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	if opts.Turn != nil && *opts.Turn < 0 {
 		return nil, fmt.Errorf("sandbox %s: turn %d: turns are numbered from 0: %w", name, *opts.Turn, errdefs.ErrInvalid)
 	}
-	admitted, err := e.admit.acquire(ctx, name, opts.Urgent) // admit.go: one of the checkpoint slots
+	slot, err := e.admit.admit(ctx, name, opts.Urgent) // admit.go: one of the checkpoint slots
 	if err != nil {
 		return nil, err
 	}
-	defer admitted()
+	defer slot.done()
 	start := time.Now()
 	st, err := e.loadSandbox(ctx, name)
 	if err != nil {
@@ -168,6 +168,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 		ts.skipped(res, st.head.FSTree)
 		stats.DurationNs = time.Since(start).Nanoseconds()
 		if opts.RecordSkips {
+			slot.free() // a skip record's commit is fsyncs, as below
 			return e.recordSkip(ctx, op, st, turn, opts.Message, stats, start)
 		}
 		return &CheckpointResult{ID: st.head.ID, Sandbox: name, Class: delta.ClassSkip, Turn: turn,
@@ -213,6 +214,12 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	cp.Version = delta.VersionFor(cp)
 	cp.Stats.DurationNs = time.Since(start).Nanoseconds()
 	cp.Stats.PauseNs = pt.paused.Nanoseconds()
+	// The slot bounds the turns that scan, hash and compress at once (CPU);
+	// the commit is fsyncs, which need no core: holding the slot through
+	// them kept the next turn from starting, and kept concurrent commits
+	// from sharing a group transaction (catalog.Group). It still counts as
+	// urgent until it returns: background work waits for its commit too.
+	slot.free()
 	e.progressPhase("commit", 0)
 	e.phase(PhaseCommit)
 	t = time.Now()
