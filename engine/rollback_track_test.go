@@ -158,25 +158,8 @@ func inPlaceEdit(t *testing.T, rng *rand.Rand, root string) {
 // rollback must see.
 func trackedEdit(t *testing.T, rng *rand.Rand, root string) {
 	t.Helper()
-	var dirs, files []string
-	filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
-		if err != nil || p == root {
-			return nil
-		}
-		rel, _ := filepath.Rel(root, p)
-		if d.IsDir() {
-			dirs = append(dirs, rel)
-		} else if d.Type().IsRegular() {
-			files = append(files, rel)
-		}
-		return nil
-	})
-	pick := func(l []string) string {
-		if len(l) == 0 {
-			return ""
-		}
-		return l[rng.Intn(len(l))]
-	}
+	dirs, files := roottest.Tree(root)
+	pick := func(l []string) string { return roottest.Pick(rng, l) }
 	p := func(rel string) string { return filepath.Join(root, rel) }
 	name := fmt.Sprintf("n%d", rng.Intn(1000))
 	into := pick(append(slices.Clone(dirs), ""))

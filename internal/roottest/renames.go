@@ -187,25 +187,8 @@ func testRandomEdits(t *testing.T, s Setup) {
 // randomEdit makes one random change below root.
 func randomEdit(t *testing.T, rng *rand.Rand, root string) {
 	t.Helper()
-	var dirs, files []string
-	filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
-		if err != nil || p == root {
-			return nil
-		}
-		rel, _ := filepath.Rel(root, p)
-		if d.IsDir() {
-			dirs = append(dirs, rel)
-		} else if d.Type().IsRegular() {
-			files = append(files, rel)
-		}
-		return nil
-	})
-	pick := func(l []string) string {
-		if len(l) == 0 {
-			return ""
-		}
-		return l[rng.Intn(len(l))]
-	}
+	dirs, files := Tree(root)
+	pick := func(l []string) string { return Pick(rng, l) }
 	p := func(rel string) string { return filepath.Join(root, rel) }
 	name := fmt.Sprintf("n%d", rng.Intn(1000))
 	into := pick(append(slices.Clone(dirs), ""))
@@ -294,4 +277,30 @@ func describeDiff(a, b string) string {
 	}
 	slices.Sort(diffs)
 	return strings.Join(diffs, "\n")
+}
+
+// Tree lists the directories and regular files below root, as paths
+// relative to it, in walk order: what a random edit picks from.
+func Tree(root string) (dirs, files []string) {
+	filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+		if err != nil || p == root {
+			return nil
+		}
+		rel, _ := filepath.Rel(root, p)
+		if d.IsDir() {
+			dirs = append(dirs, rel)
+		} else if d.Type().IsRegular() {
+			files = append(files, rel)
+		}
+		return nil
+	})
+	return dirs, files
+}
+
+// Pick is a random element of l, or "" when l is empty.
+func Pick(rng *rand.Rand, l []string) string {
+	if len(l) == 0 {
+		return ""
+	}
+	return l[rng.Intn(len(l))]
 }
