@@ -91,27 +91,16 @@ func (o *Op) publishGrouped(ctx context.Context, ids []delta.ID, extra map[delta
 	err := o.r.group.Update(ctx, o.r.cat, func(tx *catalog.Tx) error {
 		// fn may run again (a conflict, or the group's transaction
 		// failed): start afresh each time.
-		lostTo = lostTo[:0]
+		won, lost, err := o.index(tx, ids)
+		if err != nil {
+			return err
+		}
+		lostTo = lost
 		refs := make(map[delta.ID]int64, len(extra))
 		for id, n := range extra {
 			refs[id] += n
 		}
-		for _, id := range ids {
-			loc, ok, err := tx.Blob(id)
-			if err != nil {
-				return err
-			}
-			if ok {
-				lostTo = append(lostTo, loc.Pack)
-				continue
-			}
-			if err := tx.PutBlob(id, o.flushed[id]); err != nil {
-				return err
-			}
-			for _, c := range o.children[id] {
-				refs[c]++
-			}
-		}
+		o.addChildren(refs, won)
 		for _, id := range sortedIDs(refs) {
 			if _, err := tx.AddRefCount(id, refs[id]); err != nil {
 				return err
@@ -122,11 +111,7 @@ func (o *Op) publishGrouped(ctx context.Context, ids []delta.ID, extra map[delta
 	if err != nil {
 		return fmt.Errorf("index blobs and refcounts: %w", err)
 	}
-	o.unindexed = nil // indexed blobs are in these packs now: never discard them
-	o.r.dups.Add(int64(len(lostTo)))
-	for _, p := range lostTo {
-		o.reused[p] = true
-	}
+	o.indexed(lostTo)
 	return nil
 }
 
@@ -136,42 +121,19 @@ func (o *Op) publishGrouped(ctx context.Context, ids []delta.ID, extra map[delta
 func (o *Op) publishAlone(ctx context.Context, ids []delta.ID, refs map[delta.ID]int64) error {
 	for start := 0; start < len(ids); start += publishChunk {
 		chunk := ids[start:min(start+publishChunk, len(ids))]
-		var won []delta.ID
-		var lostTo []delta.ID
+		var won, lostTo []delta.ID
 		o.r.indexMu.Lock()
-		err := o.r.cat.Update(ctx, func(tx *catalog.Tx) error {
+		err := o.r.cat.Update(ctx, func(tx *catalog.Tx) (err error) {
 			// fn may run again after a conflict: start afresh each time.
-			won, lostTo = won[:0], lostTo[:0]
-			for _, id := range chunk {
-				loc, ok, err := tx.Blob(id)
-				if err != nil {
-					return err
-				}
-				if ok {
-					lostTo = append(lostTo, loc.Pack)
-					continue
-				}
-				if err := tx.PutBlob(id, o.flushed[id]); err != nil {
-					return err
-				}
-				won = append(won, id)
-			}
-			return nil
+			won, lostTo, err = o.index(tx, chunk)
+			return err
 		})
 		o.r.indexMu.Unlock()
 		if err != nil {
 			return fmt.Errorf("index blobs: %w", err)
 		}
-		o.unindexed = nil // indexed blobs are in these packs now: never discard them
-		o.r.dups.Add(int64(len(lostTo)))
-		for _, p := range lostTo {
-			o.reused[p] = true
-		}
-		for _, id := range won {
-			for _, c := range o.children[id] {
-				refs[c]++
-			}
-		}
+		o.indexed(lostTo)
+		o.addChildren(refs, won)
 	}
 	o.r.indexMu.Lock()
 	err := o.r.cat.AddRefCounts(ctx, refs)
@@ -180,6 +142,48 @@ func (o *Op) publishAlone(ctx context.Context, ids []delta.ID, refs map[delta.ID
 		return fmt.Errorf("refcounts: %w", err)
 	}
 	return nil
+}
+
+// index puts each of ids in tx's blob index unless a concurrent op got
+// there first (the dedup rule: the first to publish wins). won are the ones
+// this op indexed; lostTo the packs of the winners.
+func (o *Op) index(tx *catalog.Tx, ids []delta.ID) (won, lostTo []delta.ID, err error) {
+	for _, id := range ids {
+		loc, ok, err := tx.Blob(id)
+		if err != nil {
+			return nil, nil, err
+		}
+		if ok {
+			lostTo = append(lostTo, loc.Pack)
+			continue
+		}
+		if err := tx.PutBlob(id, o.flushed[id]); err != nil {
+			return nil, nil, err
+		}
+		won = append(won, id)
+	}
+	return won, lostTo, nil
+}
+
+// addChildren counts a reference to each child of the trees in won: only
+// the op that indexed a tree counts its children.
+func (o *Op) addChildren(refs map[delta.ID]int64, won []delta.ID) {
+	for _, id := range won {
+		for _, c := range o.children[id] {
+			refs[c]++
+		}
+	}
+}
+
+// indexed notes a committed index transaction: its packs hold indexed
+// blobs now (never discarded), and the packs of blobs another op indexed
+// first are reused.
+func (o *Op) indexed(lostTo []delta.ID) {
+	o.unindexed = nil
+	o.r.dups.Add(int64(len(lostTo)))
+	for _, p := range lostTo {
+		o.reused[p] = true
+	}
 }
 
 func sortedIDs(m map[delta.ID]int64) []delta.ID {
