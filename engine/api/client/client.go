@@ -150,8 +150,7 @@ func (c *Client) problem(resp *http.Response) error {
 func esc(s string) string { return url.PathEscape(s) }
 
 func (c *Client) CreateSandbox(ctx context.Context, req api.CreateRequest) (*api.Created, error) {
-	var out api.Created
-	return &out, c.do(ctx, http.MethodPost, "/v1/sandboxes", req, &out)
+	return call[api.Created](ctx, c, http.MethodPost, "/v1/sandboxes", req)
 }
 
 func (c *Client) ListSandboxes(ctx context.Context) ([]api.Sandbox, error) {
@@ -160,13 +159,11 @@ func (c *Client) ListSandboxes(ctx context.Context) ([]api.Sandbox, error) {
 }
 
 func (c *Client) GetSandbox(ctx context.Context, name string) (*api.Sandbox, error) {
-	var out api.Sandbox
-	return &out, c.do(ctx, http.MethodGet, "/v1/sandboxes/"+esc(name), nil, &out)
+	return call[api.Sandbox](ctx, c, http.MethodGet, "/v1/sandboxes/"+esc(name), nil)
 }
 
 func (c *Client) SandboxPath(ctx context.Context, name string) (*api.SandboxPath, error) {
-	var out api.SandboxPath
-	return &out, c.do(ctx, http.MethodPost, "/v1/sandboxes/"+esc(name)+"/mount", nil, &out)
+	return call[api.SandboxPath](ctx, c, http.MethodPost, "/v1/sandboxes/"+esc(name)+"/mount", nil)
 }
 
 func (c *Client) RemoveSandbox(ctx context.Context, name string, catalogOnly bool) (*api.Removed, error) {
@@ -179,13 +176,11 @@ func (c *Client) RemoveSandbox(ctx context.Context, name string, catalogOnly boo
 }
 
 func (c *Client) ResumeSandbox(ctx context.Context, name string) (*api.Resumed, error) {
-	var out api.Resumed
-	return &out, c.do(ctx, http.MethodPost, "/v1/sandboxes/"+esc(name)+"/resume", nil, &out)
+	return call[api.Resumed](ctx, c, http.MethodPost, "/v1/sandboxes/"+esc(name)+"/resume", nil)
 }
 
 func (c *Client) Checkpoint(ctx context.Context, name string, req api.CheckpointRequest) (*api.Checkpoint, error) {
-	var out api.Checkpoint
-	return &out, c.do(ctx, http.MethodPost, "/v1/sandboxes/"+esc(name)+"/checkpoints", req, &out)
+	return call[api.Checkpoint](ctx, c, http.MethodPost, "/v1/sandboxes/"+esc(name)+"/checkpoints", req)
 }
 
 func (c *Client) Log(ctx context.Context, name string) ([]api.LogEntry, error) {
@@ -194,8 +189,7 @@ func (c *Client) Log(ctx context.Context, name string) ([]api.LogEntry, error) {
 }
 
 func (c *Client) GetCheckpoint(ctx context.Context, ref string) (*api.LogEntry, error) {
-	var out api.LogEntry
-	return &out, c.do(ctx, http.MethodGet, "/v1/checkpoints/"+esc(ref), nil, &out)
+	return call[api.LogEntry](ctx, c, http.MethodGet, "/v1/checkpoints/"+esc(ref), nil)
 }
 
 func (c *Client) Diff(ctx context.Context, name, from, to string) (*api.Diff, error) {
@@ -215,8 +209,7 @@ func (c *Client) Diff(ctx context.Context, name, from, to string) (*api.Diff, er
 }
 
 func (c *Client) Rollback(ctx context.Context, name string, req api.RollbackRequest) (*api.Restore, error) {
-	var out api.Restore
-	return &out, c.do(ctx, http.MethodPost, "/v1/sandboxes/"+esc(name)+"/rollback", req, &out)
+	return call[api.Restore](ctx, c, http.MethodPost, "/v1/sandboxes/"+esc(name)+"/rollback", req)
 }
 
 func (c *Client) Branch(ctx context.Context, ref string, req api.BranchRequest) ([]api.Restore, error) {
@@ -225,13 +218,11 @@ func (c *Client) Branch(ctx context.Context, ref string, req api.BranchRequest) 
 }
 
 func (c *Client) Verify(ctx context.Context, ref string) (*api.Verified, error) {
-	var out api.Verified
-	return &out, c.do(ctx, http.MethodPost, "/v1/checkpoints/"+esc(ref)+"/verify", nil, &out)
+	return call[api.Verified](ctx, c, http.MethodPost, "/v1/checkpoints/"+esc(ref)+"/verify", nil)
 }
 
 func (c *Client) VerifyStore(ctx context.Context, req api.StoreVerifyRequest) (*api.StoreVerified, error) {
-	var out api.StoreVerified
-	return &out, c.do(ctx, http.MethodPost, "/v1/store/verify", req, &out)
+	return call[api.StoreVerified](ctx, c, http.MethodPost, "/v1/store/verify", req)
 }
 
 func (c *Client) Tags(ctx context.Context) ([]api.Tag, error) {
@@ -240,43 +231,35 @@ func (c *Client) Tags(ctx context.Context) ([]api.Tag, error) {
 }
 
 func (c *Client) SetTag(ctx context.Context, name string, req api.TagRequest) (*api.Tagged, error) {
-	var out api.Tagged
-	return &out, c.do(ctx, http.MethodPut, "/v1/tags/"+esc(name), req, &out)
+	return call[api.Tagged](ctx, c, http.MethodPut, "/v1/tags/"+esc(name), req)
 }
 
 func (c *Client) DeleteTag(ctx context.Context, name string) (*api.Untagged, error) {
-	var out api.Untagged
-	return &out, c.do(ctx, http.MethodDelete, "/v1/tags/"+esc(name), nil, &out)
+	return call[api.Untagged](ctx, c, http.MethodDelete, "/v1/tags/"+esc(name), nil)
 }
 
 func (c *Client) Status(ctx context.Context) (*engine.StatusReport, error) {
-	var out engine.StatusReport
-	return &out, c.do(ctx, http.MethodGet, "/v1/status", nil, &out)
+	return call[engine.StatusReport](ctx, c, http.MethodGet, "/v1/status", nil)
 }
 
 func (c *Client) Sync(ctx context.Context, req api.SyncRequest) (*api.Synced, error) {
-	var out api.Synced
-	return &out, c.do(ctx, http.MethodPost, "/v1/sync", req, &out)
+	return call[api.Synced](ctx, c, http.MethodPost, "/v1/sync", req)
 }
 
 func (c *Client) Prune(ctx context.Context, req api.PruneRequest) (*api.Pruned, error) {
-	var out api.Pruned
-	return &out, c.do(ctx, http.MethodPost, "/v1/prune", req, &out)
+	return call[api.Pruned](ctx, c, http.MethodPost, "/v1/prune", req)
 }
 
 func (c *Client) GC(ctx context.Context, req api.GCRequest) (*engine.GCReport, error) {
-	var out engine.GCReport
-	return &out, c.do(ctx, http.MethodPost, "/v1/gc", req, &out)
+	return call[engine.GCReport](ctx, c, http.MethodPost, "/v1/gc", req)
 }
 
 func (c *Client) Init(ctx context.Context, req api.InitRequest) (*api.Initialised, error) {
-	var out api.Initialised
-	return &out, c.do(ctx, http.MethodPost, "/v1/init", req, &out)
+	return call[api.Initialised](ctx, c, http.MethodPost, "/v1/init", req)
 }
 
 func (c *Client) RebuildCatalog(ctx context.Context, req api.RebuildRequest) (*api.Rebuilt, error) {
-	var out api.Rebuilt
-	return &out, c.do(ctx, http.MethodPost, "/v1/catalog/rebuild", req, &out)
+	return call[api.Rebuilt](ctx, c, http.MethodPost, "/v1/catalog/rebuild", req)
 }
 
 // Exec runs a command in the sandbox, streaming its output to stdio.Out
@@ -396,3 +379,9 @@ func (c *Client) Metrics(ctx context.Context) (string, error) {
 
 // DialTimeout bounds how long finding out whether a daemon answers takes.
 const DialTimeout = 2 * time.Second
+
+// call is do for the routes that answer one JSON object of type T.
+func call[T any](ctx context.Context, c *Client, method, path string, body any) (*T, error) {
+	var out T
+	return &out, c.do(ctx, method, path, body, &out)
+}

@@ -73,28 +73,23 @@ func (c *Client) Ls(ctx context.Context, ref, path string) ([]engine.LsEntry, er
 }
 
 func (c *Client) RestorePaths(ctx context.Context, name string, req api.RestorePathsRequest) (*engine.RestorePathsResult, error) {
-	var out engine.RestorePathsResult
-	return &out, c.do(ctx, http.MethodPost, "/v1/sandboxes/"+esc(name)+"/restore", req, &out)
+	return call[engine.RestorePathsResult](ctx, c, http.MethodPost, "/v1/sandboxes/"+esc(name)+"/restore", req)
 }
 
 func (c *Client) Lineage(ctx context.Context) (*engine.Lineage, error) {
-	var out engine.Lineage
-	return &out, c.do(ctx, http.MethodGet, "/v1/lineage", nil, &out)
+	return call[engine.Lineage](ctx, c, http.MethodGet, "/v1/lineage", nil)
 }
 
 func (c *Client) Processes(ctx context.Context, name string) (*engine.ProcessList, error) {
-	var out engine.ProcessList
-	return &out, c.do(ctx, http.MethodGet, "/v1/sandboxes/"+esc(name)+"/ps", nil, &out)
+	return call[engine.ProcessList](ctx, c, http.MethodGet, "/v1/sandboxes/"+esc(name)+"/ps", nil)
 }
 
 func (c *Client) Forget(ctx context.Context, req api.ForgetRequest) (*api.Forgotten, error) {
-	var out api.Forgotten
-	return &out, c.do(ctx, http.MethodPost, "/v1/forget", req, &out)
+	return call[api.Forgotten](ctx, c, http.MethodPost, "/v1/forget", req)
 }
 
 func (c *Client) ApplyPolicies(ctx context.Context, req api.ApplyPoliciesRequest) (*api.Forgotten, error) {
-	var out api.Forgotten
-	return &out, c.do(ctx, http.MethodPost, "/v1/policies/apply", req, &out)
+	return call[api.Forgotten](ctx, c, http.MethodPost, "/v1/policies/apply", req)
 }
 
 func policyQuery(sandbox string) string {
@@ -105,16 +100,13 @@ func policyQuery(sandbox string) string {
 }
 
 func (c *Client) ShowPolicies(ctx context.Context, sandbox string) (*engine.PolicyView, error) {
-	var out engine.PolicyView
-	return &out, c.do(ctx, http.MethodGet, policyQuery(sandbox), nil, &out)
+	return call[engine.PolicyView](ctx, c, http.MethodGet, policyQuery(sandbox), nil)
 }
 
 func (c *Client) SetPolicy(ctx context.Context, req engine.PolicyOptions) (*engine.PolicyView, error) {
-	var out engine.PolicyView
-	return &out, c.do(ctx, http.MethodPut, "/v1/policies", req, &out)
+	return call[engine.PolicyView](ctx, c, http.MethodPut, "/v1/policies", req)
 }
 
 func (c *Client) ClearPolicy(ctx context.Context, sandbox string) (*engine.PolicyView, error) {
-	var out engine.PolicyView
-	return &out, c.do(ctx, http.MethodDelete, policyQuery(sandbox), nil, &out)
+	return call[engine.PolicyView](ctx, c, http.MethodDelete, policyQuery(sandbox), nil)
 }
