@@ -110,18 +110,6 @@ func newAdmission(max int) *admission {
 	return &admission{slots: max}
 }
 
-// acquire waits for a checkpoint slot for sandbox. urgent, if not nil, is
-// closed when the checkpoint becomes urgent (it may be closed already).
-// The returned release gives the slot back; a cancelled ctx removes the
-// waiter from the queue and returns ctx's error.
-func (a *admission) acquire(ctx context.Context, sandbox string, urgent <-chan struct{}) (release func(), err error) {
-	t, err := a.admit(ctx, sandbox, urgent)
-	if err != nil {
-		return nil, err
-	}
-	return t.done, nil
-}
-
 // admitted is a granted slot. free gives the slot back while the
 // checkpoint goes on (its commit: fsyncs, no CPU), still counted as urgent
 // for the background work that yields to urgent checkpoints; done ends it
@@ -129,7 +117,9 @@ func (a *admission) acquire(ctx context.Context, sandbox string, urgent <-chan s
 // than once.
 type admitted struct{ free, done func() }
 
-// admit is acquire, returning both stages of the release.
+// admit waits for a checkpoint slot for sandbox. urgent, if not nil, is
+// closed when the checkpoint becomes urgent (it may be closed already).
+// A cancelled ctx removes the waiter from the queue and returns ctx's error.
 func (a *admission) admit(ctx context.Context, sandbox string, urgent <-chan struct{}) (admitted, error) {
 	if a == nil {
 		return admitted{free: func() {}, done: func() {}}, nil

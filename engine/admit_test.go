@@ -374,3 +374,12 @@ func (a *admission) urgentNow() int {
 	defer a.mu.Unlock()
 	return a.urgentRunning
 }
+
+// acquire is admit for the tests that need only the whole release.
+func (a *admission) acquire(ctx context.Context, sandbox string, urgent <-chan struct{}) (release func(), err error) {
+	s, err := a.admit(ctx, sandbox, urgent)
+	if err != nil {
+		return nil, err
+	}
+	return s.done, nil
+}
