@@ -56,7 +56,7 @@ func VersionFor(cp *Checkpoint) int {
 // shown on terminals and in HTML).
 func ProcChangeReason(why string) string {
 	why = strings.Map(func(r rune) rune {
-		if r < 0x20 || r == 0x7f || r == utf8.RuneError {
+		if r < 0x20 || r == 0x7f {
 			return '?'
 		}
 		return r
