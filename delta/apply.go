@@ -93,6 +93,9 @@ type applier struct {
 	// anyLink lets a hardlink point at any regular file beneath the root,
 	// not only one this call created: a diff apply links to files it kept.
 	anyLink bool
+	// mounted: a diff applied through the overlay mount of the planned
+	// upper (DiffPlan.ApplyMounted), which writes no overlay marker.
+	mounted bool
 }
 
 func (a *applier) dir(ctx context.Context, dirFD int, id ID, rel string) error {

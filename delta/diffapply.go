@@ -38,19 +38,25 @@ var ErrPartial = errors.New("the restore stopped partway")
 // check that they are still regular files, so they keep their inodes. An
 // error after the first write wraps ErrPartial.
 func (p *DiffPlan) Apply(ctx context.Context) (*DiffResult, error) {
-	rootFD, err := fsat.OpenDir(p.root)
+	return p.applyAt(ctx, p.root, false)
+}
+
+// applyAt is Apply writing through root: the planned directory itself,
+// or (mounted) an overlay mount whose upper it is (ApplyMounted).
+func (p *DiffPlan) applyAt(ctx context.Context, root string, mounted bool) (*DiffResult, error) {
+	rootFD, err := fsat.OpenDir(root)
 	if err != nil {
-		return nil, fmt.Errorf("restore onto %s: %w", p.root, err)
+		return nil, fmt.Errorf("restore onto %s: %w", root, err)
 	}
 	defer unix.Close(rootFD)
 	a := &applier{opts: ApplyOptions{Loader: p, AllowDevices: p.opts.AllowDevices, Plain: p.opts.Plain},
-		root: p.root, rootFD: rootFD, files: map[string]bool{}, anyLink: true,
-		budget: Footprint{Entries: MaxStateEntries}}
+		root: root, rootFD: rootFD, files: map[string]bool{}, anyLink: true,
+		budget: Footprint{Entries: MaxStateEntries}, mounted: mounted}
 	res := &DiffResult{}
 	for i := range p.changes {
 		c := &p.changes[i]
 		if err := p.apply(ctx, a, c, res); err != nil {
-			err = fmt.Errorf("restore %s:/%s: %w", p.root, c.rel, err)
+			err = fmt.Errorf("restore %s:/%s: %w", root, c.rel, err)
 			if i > 0 || len(res.Removed)+len(res.Written) > 0 {
 				err = fmt.Errorf("%w: %w", ErrPartial, err)
 			}
@@ -75,7 +81,13 @@ func (p *DiffPlan) apply(ctx context.Context, a *applier, c *change, res *DiffRe
 	}
 	defer unix.Close(dirFD)
 	if c.remove {
-		if err := p.remove(dirFD, name, c.rel); err != nil {
+		remove := p.remove
+		if a.mounted {
+			// Through the mount, overlay keeps its own index and
+			// whiteouts as for any other unlink.
+			remove = func(dirFD int, name, _ string) error { return removeAt(dirFD, name) }
+		}
+		if err := remove(dirFD, name, c.rel); err != nil {
 			return err
 		}
 		res.Removed = append(res.Removed, c.rel)
@@ -111,8 +123,12 @@ func (p *DiffPlan) apply(ctx context.Context, a *applier, c *change, res *DiffRe
 			return err
 		}
 		defer unix.Close(fd)
-		if err := setOpaque(fd, e.Opaque); err != nil {
-			return err
+		// Mounted, the marker is overlay's and not settable through the
+		// mount; Mountable made sure it does not change.
+		if !a.mounted {
+			if err := setOpaque(fd, e.Opaque); err != nil {
+				return err
+			}
 		}
 		return setMeta(metaTarget{fd: fd}, e)
 	}
@@ -217,7 +233,8 @@ func setOpaque(fd int, opaque bool) error {
 //
 // Why this is enough: the live tree came from a scan of the directory, and
 // nothing but Apply wrote to it since (the caller guarantees that: the
-// overlay is unmounted and the sandbox's processes are stopped). Names the
+// sandbox's processes are stopped, and the overlay is unmounted or, for
+// ApplyMounted, written through by Apply alone). Names the
 // plan did not touch were equal in both trees; names it touched are read
 // back here, content hashed, metadata compared; and the names of every
 // directory it changed are listed. So every entry of the result equals the

@@ -87,6 +87,7 @@ type DiffOptions struct {
 type change struct {
 	rel    string
 	remove bool   // the live name goes first (it differs in kind, or T lacks it)
+	live   *Entry // the live entry; nil: the name is new
 	target *Entry // the target's entry; nil: removed only
 	how    changeKind
 }
@@ -260,7 +261,7 @@ func (p *DiffPlan) entry(ctx context.Context, dirFD int, rel string, le, te *Ent
 	}
 	switch {
 	case te == nil:
-		p.changes = append(p.changes, change{rel: rel, remove: true})
+		p.changes = append(p.changes, change{rel: rel, remove: true, live: le})
 		return nil
 	case le != nil && le.Type == TypeDir && te.Type == TypeDir:
 		fd, err := fsat.Open(dirFD, le.Name, unix.O_RDONLY|unix.O_DIRECTORY)
@@ -278,10 +279,10 @@ func (p *DiffPlan) entry(ctx context.Context, dirFD int, rel string, le, te *Ent
 				return err
 			}
 		}
-		p.changes = append(p.changes, change{rel: rel, target: te, how: changeDirMeta})
+		p.changes = append(p.changes, change{rel: rel, live: le, target: te, how: changeDirMeta})
 		return nil
 	case le != nil && le.Type == TypeFile && te.Type == TypeFile:
-		c := change{rel: rel, target: te, how: changeMeta}
+		c := change{rel: rel, live: le, target: te, how: changeMeta}
 		if !slices.Equal(le.Chunks, te.Chunks) {
 			c.how = changeRewrite
 			if err := p.load(ctx, te); err != nil {
@@ -292,7 +293,7 @@ func (p *DiffPlan) entry(ctx context.Context, dirFD int, rel string, le, te *Ent
 		return nil
 	case le != nil && le.Type == te.Type && te.Type != TypeSymlink && te.Type != TypeHardlink &&
 		te.Type != TypeWhiteout && le.Rdev == te.Rdev:
-		p.changes = append(p.changes, change{rel: rel, target: te, how: changeMeta})
+		p.changes = append(p.changes, change{rel: rel, live: le, target: te, how: changeMeta})
 		return nil
 	}
 	if te.Type == TypeDir {
@@ -302,7 +303,7 @@ func (p *DiffPlan) entry(ctx context.Context, dirFD int, rel string, le, te *Ent
 	} else if err := p.load(ctx, te); err != nil {
 		return fmt.Errorf("/%s: %w", rel, err)
 	}
-	p.changes = append(p.changes, change{rel: rel, remove: le != nil, target: te, how: changeCreate})
+	p.changes = append(p.changes, change{rel: rel, remove: le != nil, live: le, target: te, how: changeCreate})
 	return nil
 }
 

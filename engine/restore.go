@@ -25,6 +25,10 @@ type RestoreResult struct {
 	// "walk", or why the tracker's record could not be used (the
 	// overlay.Reason* names). Empty for other backends and branches.
 	LiveScan string
+	// Mounted says an overlay rollback wrote its diff through the mounted
+	// root, which stayed mounted (every name it touched is absent from
+	// the base: overlay.RestoreInfo.Mounted).
+	Mounted bool
 }
 
 // Rollback makes the sandbox's root exactly the state of checkpoint ref and
@@ -104,7 +108,7 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 	}
 	e.phase("rollback: intent written")
 	e.progressPhase("restore", int64(fp.Bytes))
-	live, err := e.restoreRoot(rootfs.WithPhase(ctx, e.phase), name, st.root, cp, checked, rt)
+	info, err := e.restoreRoot(rootfs.WithPhase(ctx, e.phase), name, st.root, cp, checked, rt)
 	if err != nil {
 		if errors.Is(err, delta.ErrPartial) {
 			// The root was partly rewritten: the intent stays, and the
@@ -123,7 +127,7 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 	if err := e.clearIntent(name); err != nil {
 		return nil, err
 	}
-	res := &RestoreResult{Sandbox: name, Checkpoint: cp, Root: st.root.Path(), LiveScan: live}
+	res := &RestoreResult{Sandbox: name, Checkpoint: cp, Root: st.root.Path(), LiveScan: info.Live, Mounted: info.Mounted}
 	if cp.ProcTree != nil && !o.FSOnly {
 		if err := e.restoreProcesses(ctx, name, st.root.Path(), img, cp); err != nil {
 			return nil, fmt.Errorf("files restored, processes not: %w", err)

@@ -34,14 +34,27 @@ func TestKilledRollbackHelper(t *testing.T) {
 
 // A rollback SIGKILLed at each phase leaves root and head agreeing once the
 // sandbox is next used, and the root mounted. "rollback: layer-rewrite"
-// kills it after the first of the diff's three changes to the unmounted
-// upper (overlay/restore.go): the next use finds the intent and finishes
-// the rollback from the mixed layer, by diff again, so one.txt, rewritten
-// in place, keeps its inode throughout.
+// kills it after the first of the diff's changes (overlay/restore.go): the
+// next use finds the intent and finishes the rollback from the mixed
+// layer, by diff again, so one.txt, rewritten in place, keeps its inode
+// throughout. Each phase runs twice: with a diff of names the base lacks,
+// written through the mounted root (delta.DiffPlan.Mountable), and with
+// one that also brings a base file back, written to the unmounted upper.
 func TestKilledRollbackKeepsRootAndHead(t *testing.T) {
 	ctx := context.Background()
-	for _, phase := range []string{"rollback: intent written", "rollback: layer-rewrite", "rollback: root switched", "rollback: head moved"} {
-		t.Run(phase, func(t *testing.T) {
+	for _, tc := range []struct {
+		phase     string
+		touchBase bool
+	}{
+		{"rollback: intent written", false}, {"rollback: layer-rewrite", false}, {"rollback: root switched", false}, {"rollback: head moved", false},
+		{"rollback: intent written", true}, {"rollback: layer-rewrite", true}, {"rollback: root switched", true}, {"rollback: head moved", true},
+	} {
+		phase := tc.phase
+		name := phase + "/mounted"
+		if tc.touchBase {
+			name = phase + "/unmounted"
+		}
+		t.Run(name, func(t *testing.T) {
 			home := filepath.Join(t.TempDir(), "home")
 			e := openEngine(t, home)
 			base := t.TempDir()
@@ -55,6 +68,9 @@ func TestKilledRollbackKeepsRootAndHead(t *testing.T) {
 			write(t, filepath.Join(cr.Root, "two.txt"), "turn 2\n")
 			write(t, filepath.Join(cr.Root, "three.txt"), "turn 2\n")
 			rewrite(t, filepath.Join(cr.Root, "one.txt"), "turn 2 rewrote it\n")
+			if tc.touchBase {
+				write(t, filepath.Join(cr.Root, "a.txt"), "copied up\n") // rollback brings the base's back
+			}
 			_, err = e.Checkpoint(ctx, "s", CheckpointOptions{})
 			must(t, err)
 			state2 := mergedState(t, cr.Root)

@@ -107,19 +107,20 @@ func (e *Engine) foldStats(tr *overlay.Tracker) {
 
 // restoreRoot makes the sandbox's root tree for a rollback. With rt it
 // restores through the tracker and installs the restored root's new one;
-// it returns how the live state was found ("" when not an overlay).
-func (e *Engine) restoreRoot(ctx context.Context, name string, root rootfs.Root, cp *delta.Checkpoint, loader delta.BlobLoader, rt *rollbackTrack) (string, error) {
+// it returns how the overlay restore went (its Live says how the live
+// state was found; zero when not an overlay).
+func (e *Engine) restoreRoot(ctx context.Context, name string, root rootfs.Root, cp *delta.Checkpoint, loader delta.BlobLoader, rt *rollbackTrack) (overlay.RestoreInfo, error) {
 	tree := cp.FSTree
 	r, ok := root.(*overlay.Root)
-	if rt == nil || !ok {
-		e.untrack(name) // a restore remounts the root; the next turn walks
-		if err := root.Restore(ctx, tree, loader); err != nil {
-			return "", err
-		}
-		if ok {
-			return "walk", nil
-		}
-		return "", nil
+	if !ok {
+		e.untrack(name)
+		return overlay.RestoreInfo{}, root.Restore(ctx, tree, loader)
+	}
+	if rt == nil {
+		e.untrack(name) // the next turn walks
+		info, err := r.RestoreWith(ctx, tree, loader, overlay.RestoreOptions{})
+		info.Live = "walk"
+		return info, err
 	}
 	o := overlay.RestoreOptions{Reread: rt.reread, Track: true, TrackOptions: e.track.opts, StateKey: cp.StateKey}
 	if rt.ent != nil {
@@ -144,7 +145,7 @@ func (e *Engine) restoreRoot(ctx context.Context, name string, root rootfs.Root,
 			e.track.mu.Unlock()
 		}
 	}
-	return info.Live, err
+	return info, err
 }
 
 // stateMemo remembers the trees that passed delta.CheckState (with the

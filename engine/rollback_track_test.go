@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math/rand"
@@ -44,12 +45,22 @@ func checkRolledBack(t *testing.T, e *Engine, name string, cp *delta.Checkpoint,
 //
 // The same turns run without tracking too (rollbacks that walk): both
 // must pass the same checks.
+//
+// In the agent-only variants every random edit is below a directory the
+// base lacks, so most rollbacks write their diff through the mounted root
+// (delta.DiffPlan.Mountable) and keep it mounted; they must pass the same
+// checks, and the opening rollback below a renamed base directory must
+// not take that path.
 func TestTrackedRollbackEqualsWalk(t *testing.T) {
-	t.Run("tracked", func(t *testing.T) { rollbackDifferential(t, true) })
-	t.Run("walk", func(t *testing.T) { rollbackDifferential(t, false) })
+	t.Run("tracked", func(t *testing.T) { rollbackDifferential(t, true, "") })
+	t.Run("walk", func(t *testing.T) { rollbackDifferential(t, false, "") })
+	t.Run("tracked/agent-only", func(t *testing.T) { rollbackDifferential(t, true, "agent") })
+	t.Run("walk/agent-only", func(t *testing.T) { rollbackDifferential(t, false, "agent") })
 }
 
-func rollbackDifferential(t *testing.T, tracked bool) {
+// rollbackDifferential runs the random turns and rollbacks; area, if set,
+// is the directory (absent from the base) the random edits stay below.
+func rollbackDifferential(t *testing.T, tracked bool, area string) {
 	ctx := context.Background()
 	e := newEngine(t)
 	if tracked {
@@ -74,12 +85,17 @@ func rollbackDifferential(t *testing.T, tracked bool) {
 		history = append(history, point{cp, merged})
 	}
 	lives := map[string]int{}
-	rollback := func(to point, what string) {
+	mounted := 0
+	rollback := func(to point, what string) *RestoreResult {
 		t.Helper()
 		res, err := e.Rollback(ctx, "s", to.cp.ID.String(), RollbackOptions{})
 		must(t, err)
 		lives[res.LiveScan]++
+		if res.Mounted {
+			mounted++
+		}
 		checkRolledBack(t, e, "s", to.cp, to.merged, what)
+		return res
 	}
 
 	// A renamed base directory is listed through the mount, and its tree
@@ -91,9 +107,19 @@ func rollbackDifferential(t *testing.T, tracked bool) {
 	take("base directory renamed")
 	must(t, os.Remove(filepath.Join(root, "moved/b/c/file"))) // a base file: a whiteout in the redirected upper
 	write(t, filepath.Join(root, "moved/b/new"), "new\n")
-	rollback(history[1], "rollback below a renamed base directory")
+	if res := rollback(history[1], "rollback below a renamed base directory"); res.Mounted {
+		t.Fatal("a rollback that brings back a base file wrote through the mount")
+	}
 	write(t, filepath.Join(root, "src/x"), "x\n")
 	take("turn after the rollback")
+	edits, since := root, 0
+	if area != "" {
+		edits = filepath.Join(root, area)
+		must(t, os.MkdirAll(filepath.Join(edits, "d"), 0o755))
+		write(t, filepath.Join(edits, "d", "f"), "agent's\n")
+		take("the agent's directory")
+		since = len(history) - 1 // rollbacks keep the directory
+	}
 
 	rounds := 30
 	if testing.Short() {
@@ -102,7 +128,7 @@ func rollbackDifferential(t *testing.T, tracked bool) {
 	rng := rand.New(rand.NewSource(13))
 	for round := range rounds {
 		for range 1 + rng.Intn(5) {
-			trackedEdit(t, rng, root)
+			trackedEdit(t, rng, edits)
 		}
 		if rng.Intn(3) > 0 {
 			take(fmt.Sprint("round ", round))
@@ -110,18 +136,21 @@ func rollbackDifferential(t *testing.T, tracked bool) {
 		// Uncommitted edits, which the rollback drops: at least one in
 		// place (content, mode or xattr of a file that stays put), which
 		// only the change record names, since no directory's stat moves.
-		inPlaceEdit(t, rng, root)
+		inPlaceEdit(t, rng, edits)
 		for range rng.Intn(3) {
-			trackedEdit(t, rng, root)
+			trackedEdit(t, rng, edits)
 		}
 		if rng.Intn(2) == 0 {
-			to := history[rng.Intn(len(history))]
+			to := history[since+rng.Intn(len(history)-since)]
 			rollback(to, fmt.Sprintf("round %d: rollback to %s", round, to.cp.ID.Short()))
 		}
 	}
-	t.Logf("live states found: %v", lives)
+	t.Logf("live states found: %v; %d of the rollbacks wrote through the mount", lives, mounted)
 	if tracked && lives[overlay.LiveTracked] < 3 {
 		t.Fatalf("only %d of the rollbacks were tracked (%v): the differential proves nothing", lives[overlay.LiveTracked], lives)
+	}
+	if area != "" && mounted < 3 {
+		t.Fatalf("only %d of the rollbacks wrote through the mount: the variant proves nothing", mounted)
 	}
 }
 
@@ -214,7 +243,7 @@ func trackedEdit(t *testing.T, rng *rand.Rand, root string) {
 			must(t, os.Link(p(fl), p(target)))
 		}
 	case 12:
-		must(t, os.Symlink(pick(files), p(target)))
+		must(t, os.Symlink(cmp.Or(pick(files), "nowhere"), p(target)))
 	}
 }
 

@@ -34,7 +34,10 @@ const RestoreModeEnv = "TURNSNAP_OVERLAY_RESTORE"
 //     processes), the diff applied to the upper, and every name written is
 //     read back (DiffPlan.Verify explains why that suffices). Index entries
 //     of removed copied-up files are dropped as each is removed, and the
-//     root is mounted again.
+//     root is mounted again. A diff that touches only names the base
+//     lacks (delta.DiffPlan.Mountable) is instead written through the
+//     mounted root, which stays mounted, and read back from the upper the
+//     same way; a tracker on it stays, with the restored state its base.
 //
 // It falls back to rebuilding the whole layer beside the live one (the
 // old path: new inodes) for a layer with a renamed base directory (overlay
@@ -153,20 +156,38 @@ func (r *Root) restoreDiff(ctx context.Context, tree delta.ID, loader delta.Blob
 		}
 		return false, nil
 	}
-	if t != nil {
-		t.Close() // its descriptor on the mount would make the unmount fail
-		t = nil
-	}
-	if err := r.Unmount(ctx); err != nil {
-		return false, err
-	}
-	res, err := plan.Apply(ctx)
+	mounted, err := r.mountable(ctx, plan)
 	if err != nil {
-		partial := errors.Is(err, delta.ErrPartial)
-		if merr := r.Mount(ctx); merr != nil {
-			err = errors.Join(err, merr)
+		return false, fmt.Errorf("sandbox %s: %w", r.dir, err)
+	}
+	var res *delta.DiffResult
+	if mounted {
+		info.Mounted = true
+		end := func() {}
+		if t != nil {
+			end = t.Quiet(os.Getpid())
 		}
-		return partial, fmt.Errorf("sandbox %s: %w", r.dir, err)
+		res, err = plan.ApplyMounted(ctx, r.Path())
+		end()
+		if err != nil {
+			return errors.Is(err, delta.ErrPartial), fmt.Errorf("sandbox %s: %w", r.dir, err)
+		}
+	} else {
+		if t != nil {
+			t.Close() // its descriptor on the mount would make the unmount fail
+			t = nil
+		}
+		if err := r.Unmount(ctx); err != nil {
+			return false, err
+		}
+		res, err = plan.Apply(ctx)
+		if err != nil {
+			partial := errors.Is(err, delta.ErrPartial)
+			if merr := r.Mount(ctx); merr != nil {
+				err = errors.Join(err, merr)
+			}
+			return partial, fmt.Errorf("sandbox %s: %w", r.dir, err)
+		}
 	}
 	fresh, err := plan.Verify(ctx, res)
 	if err != nil {
@@ -194,8 +215,10 @@ func (r *Root) restoreDiff(ctx context.Context, tree delta.ID, loader delta.Blob
 	} else {
 		r.memo.wrote(cacheFile, cache)
 	}
-	if err := r.Mount(ctx); err != nil {
-		return true, &fallback{"the restored layer does not mount: " + err.Error()}
+	if !mounted {
+		if err := r.Mount(ctx); err != nil {
+			return true, &fallback{"the restored layer does not mount: " + err.Error()}
+		}
 	}
 	if o.Track {
 		// The state key Verify computed must be the checkpoint's: a
@@ -205,7 +228,16 @@ func (r *Root) restoreDiff(ctx context.Context, tree delta.ID, loader delta.Blob
 		if !ok || key != o.StateKey {
 			key = delta.ID{}
 		}
-		r.retrack(tree, key, cache, o, info)
+		if t != nil {
+			// Still on the mount it marked: the restored state is its new
+			// base. The events of the diff's own writes stay in its record
+			// (they came after Changes), so the next turn looks at those
+			// few names again; so it does at anything else that wrote.
+			rebase(t, tree, key, cache)
+			info.Tracker = t
+		} else {
+			r.retrack(tree, key, cache, o, info)
+		}
 	}
 	return true, nil
 }

@@ -51,6 +51,9 @@ type RestoreInfo struct {
 	// Tracker is the tracker of the restored root (RestoreOptions.Track):
 	// nil if none could start. It is the caller's to close.
 	Tracker *Tracker
+	// Mounted says the diff was written through the mounted root, which
+	// stayed mounted (delta.DiffPlan.Mountable).
+	Mounted bool
 }
 
 // LiveTracked is RestoreInfo.Live for a live state taken from a tracker.
@@ -166,4 +169,38 @@ func (r *Root) retrack(tree, stateKey delta.ID, cache *delta.ScanCache, o Restor
 		t.Reset(&delta.ScanResult{Root: tree, StateKey: stateKey, Cache: cache})
 	}
 	info.Tracker = t
+}
+
+// rebase makes the restored state the base of t, a tracker that watched
+// the restore; without a state key t loses its base (Lost), so its next
+// turn walks.
+func rebase(t *Tracker, tree, stateKey delta.ID, cache *delta.ScanCache) {
+	if stateKey == (delta.ID{}) {
+		t.Lost()
+		return
+	}
+	t.Reset(&delta.ScanResult{Root: tree, StateKey: stateKey, Cache: cache})
+}
+
+// mountable says whether plan can be applied through the mounted root
+// (delta.DiffPlan.Mountable): every name it touches is absent from the
+// base. A stacked root never gets here (restoreDiff rebuilds it), so the
+// base is the only lower layer.
+func (r *Root) mountable(ctx context.Context, plan *delta.DiffPlan) (bool, error) {
+	baseFD, err := fsat.OpenDir(r.lower)
+	if err != nil {
+		return false, err
+	}
+	defer unix.Close(baseFD)
+	var st unix.Stat_t
+	why, err := plan.Mountable(ctx, func(rel string) (bool, error) {
+		// Anything but "no such name" (a symlink or a file on the way,
+		// a failed read) counts as there: the unmounted path is never
+		// wrong.
+		return !errors.Is(fsat.Lstat(baseFD, rel, &st), unix.ENOENT), nil
+	})
+	if err != nil || why != "" {
+		return false, err
+	}
+	return true, nil
 }

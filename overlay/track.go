@@ -79,6 +79,7 @@ type Tracker struct {
 	// stat says (Reread), for the scan in progress and the next one.
 	forced, forcePending map[string]bool
 	takenWhy, pendingWhy string // why the record is unknown ("" known)
+	quiet                int32  // a process whose events are dropped (Quiet); 0 none
 	last                 *delta.ScanResult
 	stats                TrackStats
 	buf                  []byte
@@ -225,6 +226,9 @@ func (t *Tracker) eventLocked(ev rawEvent) error {
 	}
 	if t.pendingWhy != "" {
 		return nil // already unknown until the next Reset
+	}
+	if t.quiet != 0 && ev.Pid == t.quiet {
+		return nil // the caller's own writes (Quiet)
 	}
 	named := false
 	for _, rec := range ev.Records {

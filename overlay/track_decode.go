@@ -47,6 +47,7 @@ type fidRecord struct {
 // rawEvent is one decoded event.
 type rawEvent struct {
 	Mask    uint64
+	Pid     int32 // the writer's process (thread group) id
 	Records []fidRecord
 }
 
@@ -70,7 +71,7 @@ func decodeEvents(buf []byte, fn func(rawEvent) error) error {
 		if metaLen < fanMetadataLen || evLen < metaLen || evLen > len(buf) || evLen > maxEventLen {
 			return fmt.Errorf("%w: lengths %d/%d in %d bytes", errBadEvent, metaLen, evLen, len(buf))
 		}
-		ev := rawEvent{Mask: binary.NativeEndian.Uint64(buf[8:16])}
+		ev := rawEvent{Mask: binary.NativeEndian.Uint64(buf[8:16]), Pid: int32(binary.NativeEndian.Uint32(buf[20:24]))}
 		info := buf[metaLen:evLen]
 		for len(info) > 0 {
 			rec, n, err := decodeInfo(info)

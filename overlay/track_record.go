@@ -68,6 +68,29 @@ func (t *Tracker) Reset(res *delta.ScanResult) {
 	t.last = res
 }
 
+// Quiet drops the events process pid makes from now until the returned
+// end is called. It is for a writer whose result becomes the tracker's
+// next base, such as a restore writing through the mount (restoreDiff):
+// its writes are no change to record, and reading them back would cost
+// the next turn a listing of every directory they touched. end reads the
+// kernel queue dry first: fanotify queues an event before the write that
+// made it returns, so every event of the writes made before end is
+// dropped, and none made after. The caller must make sure no other write
+// of pid's reaches the mount meanwhile (the engine holds the sandbox's
+// operation); other processes' events are recorded as always.
+func (t *Tracker) Quiet(pid int) (end func()) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.drainLocked() // what came before is recorded
+	t.quiet = int32(pid)
+	return func() {
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		t.drainLocked()
+		t.quiet = 0
+	}
+}
+
 // Reread names files whose changes make no event and need not move their
 // stat (files a process maps shared and writable): the next scan reads
 // them, tracked or walked, whatever the cache says. Paths are

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -388,5 +389,42 @@ func TestTrackerDrainsInBackground(t *testing.T) {
 	must(t, tr.Close()) // idempotent
 	if _, why := tr.Changes(); why != ReasonClosed {
 		t.Fatalf("a closed tracker's record: %q", why)
+	}
+}
+
+// TestTrackerQuietDropsOnlyItsProcess: while Quiet(self) holds, this
+// process's writes make no change in the record, another process's
+// writes at the same time do, and after end this process's writes count
+// again.
+func TestTrackerQuietDropsOnlyItsProcess(t *testing.T) {
+	r, _, _ := newRoot(t, trackBase)
+	tr, err := r.Track(TrackOptions{})
+	must(t, err)
+	defer tr.Close()
+	tr.Reset(oracle(t, r)) // a base, so Changes answers
+	root := r.Path()
+	roottest.Write(t, filepath.Join(root, "before"), "recorded\n")
+	end := tr.Quiet(os.Getpid())
+	roottest.Write(t, filepath.Join(root, "mine"), "dropped\n")
+	must(t, os.Chmod(filepath.Join(root, "top"), 0o600))
+	// A child process writes while the quiet window is open.
+	if out, err := exec.Command("sh", "-c", "echo other > "+filepath.Join(root, "other")).CombinedOutput(); err != nil {
+		t.Fatalf("child write: %v: %s", err, out)
+	}
+	end()
+	roottest.Write(t, filepath.Join(root, "after"), "recorded\n")
+	paths, why := tr.Changes()
+	if why != "" {
+		t.Fatalf("record unknown: %s", why)
+	}
+	for _, p := range []string{"before", "other", "after"} {
+		if !slices.Contains(paths, p) {
+			t.Errorf("%s is missing from the record %v", p, paths)
+		}
+	}
+	for _, p := range []string{"mine", "top"} {
+		if slices.Contains(paths, p) {
+			t.Errorf("%s, written inside the quiet window, is in the record %v", p, paths)
+		}
 	}
 }
