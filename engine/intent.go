@@ -57,6 +57,35 @@ func (e *Engine) writeIntent(sandbox string, id delta.ID) error {
 	return nil
 }
 
+// A durable write a rollback starts beside its other steps, whose fsyncs
+// would otherwise wait alone: the intent beside the live scan and the plan
+// (it must be durable before the root's first write), the head's ref
+// object beside the root's rewrite (the catalog's head moves after both).
+// wait returns its result once it is durable; every one started is waited
+// for before the rollback returns.
+type asyncWrite struct {
+	done chan struct{}
+	err  error
+}
+
+func startWrite(f func() error) *asyncWrite {
+	w := &asyncWrite{done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		w.err = f()
+	}()
+	return w
+}
+
+// wait is nil-safe: a write never started has nothing to wait for.
+func (w *asyncWrite) wait() error {
+	if w == nil {
+		return nil
+	}
+	<-w.done
+	return w.err
+}
+
 func (e *Engine) clearIntent(sandbox string) error {
 	if err := os.Remove(e.home.intentFile(sandbox)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("sandbox %s: rollback intent: %w", sandbox, err)
@@ -107,9 +136,23 @@ func (e *Engine) finishRollback(ctx context.Context, name string, st *sandboxSta
 
 // moveHead points the sandbox's head at id: the ref object, then the catalog.
 func (e *Engine) moveHead(ctx context.Context, name string, sb *delta.Sandbox, id delta.ID) error {
-	// The head object is stored under the sandbox's key (its id), so two
-	// homes' sandboxes of one name never share a head (FORMAT.md).
-	if err := e.putRefObject(ctx, delta.RefHead, sb.Key(), id); err != nil {
+	return e.moveHeadAfter(ctx, name, sb, id, nil)
+}
+
+// putHead writes the sandbox's head ref object. It is stored under the
+// sandbox's key (its id), so two homes' sandboxes of one name never share
+// a head (FORMAT.md).
+func (e *Engine) putHead(ctx context.Context, sb *delta.Sandbox, id delta.ID) error {
+	return e.putRefObject(ctx, delta.RefHead, sb.Key(), id)
+}
+
+// moveHeadAfter is moveHead whose ref object put (putHead of id) was
+// started already; nil: it is written here.
+func (e *Engine) moveHeadAfter(ctx context.Context, name string, sb *delta.Sandbox, id delta.ID, put *asyncWrite) error {
+	if put == nil {
+		put = startWrite(func() error { return e.putHead(ctx, sb, id) })
+	}
+	if err := put.wait(); err != nil {
 		return err
 	}
 	err := e.cat.Update(ctx, func(tx *catalog.Tx) error {

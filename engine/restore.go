@@ -101,26 +101,46 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 		return nil, err
 	}
 	// Root and head change in two steps; the intent makes them one for
-	// anyone who finds it (intent.go).
-	if err := e.writeIntent(name, cp.ID); err != nil {
-		e.dropTracker(rt.detached())
-		return nil, err
+	// anyone who finds it (intent.go). It is written while the restore
+	// reads (the live state, the plan), and is durable before the root's
+	// first write: a crash before that write needs no intent. From that
+	// write on the rollback ends at cp (now, or when the next command
+	// finishes it), so the head's ref object is written beside the
+	// rewrite; the catalog's head moves once both are durable.
+	intent := startWrite(func() error { return e.writeIntent(name, cp.ID) })
+	var head *asyncWrite
+	beforeWrite := func() error {
+		if err := intent.wait(); err != nil {
+			return err
+		}
+		e.phase("rollback: intent written")
+		head = startWrite(func() error { return e.putHead(ctx, st.sb, cp.ID) })
+		return nil
 	}
-	e.phase("rollback: intent written")
 	e.progressPhase("restore", int64(fp.Bytes))
-	info, err := e.restoreRoot(rootfs.WithPhase(ctx, e.phase), name, st.root, cp, checked, rt)
+	info, err := e.restoreRoot(rootfs.WithPhase(ctx, e.phase), name, st.root, cp, checked, rt, beforeWrite)
+	if werr := intent.wait(); err == nil && werr != nil {
+		err = werr // a restore that wrote nothing (the root was the target)
+	}
 	if err != nil {
 		if errors.Is(err, delta.ErrPartial) {
 			// The root was partly rewritten: the intent stays, and the
 			// next command that loads the sandbox finishes the rollback.
+			head.wait()
 			return nil, fmt.Errorf("sandbox %s: rollback to %s stopped partway (the next command finishes it): %w", name, cp.ID.Short(), err)
 		}
-		// The live root is as it was (Root.Restore): nothing to finish.
+		// The live root is as it was (Root.Restore): nothing to finish,
+		// and the head's ref object names the head again.
+		if head != nil && head.wait() == nil {
+			if perr := e.putHead(ctx, st.sb, st.head.ID); perr != nil {
+				err = errors.Join(err, perr)
+			}
+		}
 		e.clearIntent(name)
 		return nil, err
 	}
 	e.phase("rollback: root switched")
-	if err := e.moveHead(ctx, name, st.sb, cp.ID); err != nil {
+	if err := e.moveHeadAfter(ctx, name, st.sb, cp.ID, head); err != nil {
 		return nil, err // the intent stays: the next load finishes the move
 	}
 	e.phase("rollback: head moved")

@@ -31,7 +31,9 @@ func rollbackBenchShape() (files, size int) {
 //   - overlay/by-diff/tracked: the daemon's path (Options.TrackChanges):
 //     the live state comes from the change tracker's record, so only the
 //     directories on the way to the 4 names are looked at, and only the 4
-//     names are written (files in both states keep their inodes).
+//     names are written (files in both states keep their inodes), through
+//     the mounted root (none of them is in the base), which stays mounted
+//     with its tracker.
 //   - overlay/by-diff/walk: the same without tracking (the CLI): the live
 //     layer is walked, one stat per entry.
 //   - overlay/materialise: the whole layer rebuilt beside the live one
@@ -104,6 +106,11 @@ func BenchmarkRollbackByDiff(b *testing.B) {
 			ds = append(ds, time.Since(t))
 			if live != "" && res.LiveScan != live {
 				b.Fatalf("rollback %d found the live state by %q, want %q", len(ds), res.LiveScan, live)
+			}
+			// The 4 names are the agent's (the base lacks them): the diff
+			// is written through the mounted root.
+			if live != "" && name != "btrfs" && !res.Mounted {
+				b.Fatalf("rollback %d unmounted the root", len(ds))
 			}
 		}
 		if len(ds)%2 == 1 { // back to the newest for the next sub-benchmark

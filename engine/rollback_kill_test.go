@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +12,8 @@ import (
 	"github.com/moby/sys/mountinfo"
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/internal/errdefs"
+	"github.com/turnsnap/turnsnap/upload"
 )
 
 // TestKilledRollbackHelper is the process TestKilledRollbackKeepsRootAndHead
@@ -124,4 +127,59 @@ func inode(t testing.TB, p string) uint64 {
 	var st syscall.Stat_t
 	must(t, syscall.Lstat(p, &st))
 	return st.Ino
+}
+
+// TestFailedRollbackKeepsHeadObject: a rollback that fails before it
+// changes the root (here its unmount, refused while a file is open there)
+// leaves the head's ref object, written beside the rewrite once the intent
+// was durable, naming the head again, with the catalog's head and no
+// intent; once the file is closed the rollback goes through.
+func TestFailedRollbackKeepsHeadObject(t *testing.T) {
+	ctx := context.Background()
+	e := newEngine(t)
+	base := t.TempDir()
+	write(t, filepath.Join(base, "a.txt"), "base\n")
+	cr, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: base})
+	must(t, err)
+	write(t, filepath.Join(cr.Root, "one.txt"), "turn 1\n")
+	c1, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
+	must(t, err)
+	write(t, filepath.Join(cr.Root, "a.txt"), "copied up\n") // the rollback brings the base's back: it unmounts
+	c2, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
+	must(t, err)
+	headObject := func() delta.ID {
+		t.Helper()
+		st, err := e.loadSandbox(ctx, "s")
+		must(t, err)
+		data, err := upload.ReadAll(ctx, e.local, delta.RefName(delta.RefHead, st.sb.Key()))
+		must(t, err)
+		id, err := delta.ParseRef(data)
+		must(t, err)
+		return id
+	}
+	f, err := os.Open(filepath.Join(cr.Root, "one.txt"))
+	must(t, err)
+	wrote := false
+	e.atPhase = func(p string) { wrote = wrote || p == "rollback: intent written" }
+	_, err = e.Rollback(ctx, "s", c1.ID.String(), RollbackOptions{})
+	if !errors.Is(err, errdefs.ErrPrecondition) {
+		t.Fatalf("rollback of a busy root: %v", err)
+	}
+	if !wrote {
+		t.Fatal("the rollback failed before its first write: the test proves nothing")
+	}
+	var head delta.ID
+	must(t, e.view(ctx, func(tx *catalog.Tx) (err error) { head, err = tx.GetRef(delta.RefHead, "s"); return err }))
+	if got := headObject(); head != c2.ID || got != c2.ID {
+		t.Fatalf("after a failed rollback the head is %s in the catalog and %s in its object, want %s", head.Short(), got.Short(), c2.ID.Short())
+	}
+	if _, ok := e.pendingRollback("s"); ok {
+		t.Fatal("a failed rollback left its intent")
+	}
+	must(t, f.Close())
+	_, err = e.Rollback(ctx, "s", c1.ID.String(), RollbackOptions{})
+	must(t, err)
+	if got := headObject(); got != c1.ID {
+		t.Fatalf("after the rollback the head object names %s, want %s", got.Short(), c1.ID.Short())
+	}
 }

@@ -109,20 +109,26 @@ func (e *Engine) foldStats(tr *overlay.Tracker) {
 // restores through the tracker and installs the restored root's new one;
 // it returns how the overlay restore went (its Live says how the live
 // state was found; zero when not an overlay).
-func (e *Engine) restoreRoot(ctx context.Context, name string, root rootfs.Root, cp *delta.Checkpoint, loader delta.BlobLoader, rt *rollbackTrack) (overlay.RestoreInfo, error) {
+//
+// beforeWrite runs before the root's first write (the rollback's intent
+// must be durable by then); an error from it fails the restore unwritten.
+func (e *Engine) restoreRoot(ctx context.Context, name string, root rootfs.Root, cp *delta.Checkpoint, loader delta.BlobLoader, rt *rollbackTrack, beforeWrite func() error) (overlay.RestoreInfo, error) {
 	tree := cp.FSTree
 	r, ok := root.(*overlay.Root)
 	if !ok {
 		e.untrack(name)
+		if err := beforeWrite(); err != nil {
+			return overlay.RestoreInfo{}, err
+		}
 		return overlay.RestoreInfo{}, root.Restore(ctx, tree, loader)
 	}
 	if rt == nil {
 		e.untrack(name) // the next turn walks
-		info, err := r.RestoreWith(ctx, tree, loader, overlay.RestoreOptions{})
+		info, err := r.RestoreWith(ctx, tree, loader, overlay.RestoreOptions{BeforeWrite: beforeWrite})
 		info.Live = "walk"
 		return info, err
 	}
-	o := overlay.RestoreOptions{Reread: rt.reread, Track: true, TrackOptions: e.track.opts, StateKey: cp.StateKey}
+	o := overlay.RestoreOptions{Reread: rt.reread, Track: true, TrackOptions: e.track.opts, StateKey: cp.StateKey, BeforeWrite: beforeWrite}
 	if rt.ent != nil {
 		o.Tracker = rt.ent.tr
 	}
