@@ -56,11 +56,24 @@ func (r *Root) Restore(ctx context.Context, tree delta.ID, loader delta.BlobLoad
 func (r *Root) RestoreWith(ctx context.Context, tree delta.ID, loader delta.BlobLoader, o RestoreOptions) (RestoreInfo, error) {
 	var info RestoreInfo
 	r.lastFallback = ""
+	// BeforeWrite runs once, before the first change of the root.
+	before := o.BeforeWrite
+	o.BeforeWrite = func() error {
+		if before == nil {
+			return nil
+		}
+		f := before
+		before = nil
+		return f()
+	}
 	if os.Getenv(RestoreModeEnv) == "rebuild" {
 		if o.Tracker != nil {
 			o.Tracker.Close() // its descriptor would keep the root from unmounting
 		}
 		info.Fallback = "rebuild asked for (" + RestoreModeEnv + ")"
+		if err := o.BeforeWrite(); err != nil {
+			return info, err
+		}
 		return info, r.rebuild(ctx, tree, loader)
 	}
 	written, err := r.restoreDiff(ctx, tree, loader, o, &info)
@@ -69,6 +82,9 @@ func (r *Root) RestoreWith(ctx context.Context, tree delta.ID, loader delta.Blob
 		return info, err
 	}
 	r.lastFallback, info.Fallback = fb.why, fb.why
+	if err := o.BeforeWrite(); err != nil {
+		return info, err
+	}
 	if err := r.rebuild(ctx, tree, loader); err != nil {
 		if written {
 			return info, fmt.Errorf("%w: %w", delta.ErrPartial, err)
@@ -159,6 +175,9 @@ func (r *Root) restoreDiff(ctx context.Context, tree delta.ID, loader delta.Blob
 	mounted, err := r.mountable(ctx, plan)
 	if err != nil {
 		return false, fmt.Errorf("sandbox %s: %w", r.dir, err)
+	}
+	if err := o.BeforeWrite(); err != nil {
+		return false, err
 	}
 	var res *delta.DiffResult
 	if mounted {

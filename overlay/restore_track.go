@@ -38,6 +38,12 @@ type RestoreOptions struct {
 	// tracker's base. Zero: the new tracker has no base (its first turn
 	// walks).
 	StateKey delta.ID
+	// BeforeWrite, if set, runs once before anything of the root is
+	// changed (the unmount, the first write, a rebuild), and not at all
+	// when nothing is; an error from it fails the restore with the root
+	// untouched. The engine makes its rollback intent durable there, so
+	// the intent's fsyncs overlap the live scan and the plan.
+	BeforeWrite func() error
 }
 
 // RestoreInfo says how RestoreWith went.
