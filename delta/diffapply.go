@@ -231,7 +231,7 @@ func (p *DiffPlan) Verify(ctx context.Context, res *DiffResult) (map[string]Cach
 	defer unix.Close(rootFD)
 	s := &scanner{
 		opts: ScanOptions{IDs: p.opts.IDs, Translate: p.opts.Translate, Residue: p.opts.Residue, Quiescent: true}, root: p.root,
-		next:  &ScanCache{Version: cacheVersion, Entries: map[string]CacheEntry{}},
+		next:  NewScanCache(),
 		links: map[[2]uint64]string{}, xbuf: make([]byte, xattrBufSize),
 		racyAfter: 1<<63 - 1, empty: p.opts.IDs.EmptyTree(),
 	}
@@ -260,13 +260,13 @@ func (p *DiffPlan) Verify(ctx context.Context, res *DiffResult) (map[string]Cach
 			return nil, fmt.Errorf("verify %s:/%s: %w", p.root, c.rel, err)
 		}
 		if c.how == changeDirMeta {
-			p.noteState(c.rel, c.target, s.next.Entries) // its children came first
+			p.noteState(c.rel, c.target, s.next.entries) // its children came first
 		}
 	}
 	if _, ok := p.kept[""]; ok {
-		p.stateKey, _ = p.stateOf("", s.next.Entries)
+		p.stateKey, _ = p.stateOf("", s.next.entries)
 	}
-	return s.next.Entries, nil
+	return s.next.entries, nil
 }
 
 func (p *DiffPlan) verifyOne(ctx context.Context, s *scanner, rootFD int, c *change) error {

@@ -78,8 +78,8 @@ func (p *DiffPlan) stateOf(rel string, fresh map[string]CacheEntry) (ID, bool) {
 // directory listed with flags cf.
 func (p *DiffPlan) childState(crel string, e *Entry, cf dirFlags, fresh map[string]CacheEntry) (ID, bool) {
 	ce, ok := fresh[crel]
-	if !ok && p.opts.LiveCache != nil {
-		ce, ok = p.opts.LiveCache.Entries[crel]
+	if !ok {
+		ce, ok = p.opts.LiveCache.Get(crel)
 	}
 	if !ok || ce.Entry.Type != TypeDir || ce.Entry.Subtree != e.Subtree || ce.State == (ID{}) || ce.StateFlags != cf.bits() {
 		return ID{}, false
@@ -89,9 +89,6 @@ func (p *DiffPlan) childState(crel string, e *Entry, cf dirFlags, fresh map[stri
 
 // lookupDir returns the cache entry of directory rel if it has a state key.
 func (c *ScanCache) lookupDir(rel string) (CacheEntry, bool) {
-	if c == nil {
-		return CacheEntry{}, false
-	}
-	ce, ok := c.Entries[rel]
+	ce, ok := c.Get(rel)
 	return ce, ok && ce.Entry.Type == TypeDir && ce.State != (ID{})
 }

@@ -149,7 +149,7 @@ func Scan(ctx context.Context, root string, opts ScanOptions) (*ScanResult, erro
 	s := &scanner{
 		opts:      opts,
 		root:      root,
-		next:      &ScanCache{Version: cacheVersion, Entries: map[string]CacheEntry{}},
+		next:      NewScanCache(),
 		links:     map[[2]uint64]string{},
 		xbuf:      make([]byte, xattrBufSize),
 		racyAfter: time.Now().Add(-racyWindow).UnixNano(),
@@ -361,7 +361,7 @@ func (s *scanner) entry(ctx context.Context, dirFD int, rel, name string, fl dir
 		ce.State, ce.StateFlags = key, fl.bits()
 	}
 	ce.Entry.Name = ""
-	s.next.Entries[rel] = ce
+	s.next.Put(rel, ce)
 	return e, key, true, nil
 }
 
