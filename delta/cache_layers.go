@@ -12,10 +12,12 @@ import (
 // entries over the cache it was built on, read through. The cache below is
 // flat (never a layer itself) and never changed once it is below one: it
 // is some committed scan's cache, which the memo, the tracker or the cache
-// file may still hand out. A layer whose own entries grow past half of the
-// cache below is flattened, so a lookup is at most two map reads and the
-// copies a long run of turns makes are paid for by the entries its scans
-// looked at.
+// file may still hand out, so a layer over a layer copies the lower one's
+// own entries into its own. A layer whose own entries grow past an eighth
+// of the cache below is flattened: a lookup is at most two map reads, a
+// merge copies at most an eighth of the cache, and a flatten (a copy of
+// the cache) comes only after the scans have looked at an eighth of it
+// anew, so the copies are paid for by what the scans looked at.
 
 // Get returns the entry of rel, if the cache has one (a nil cache has none).
 func (c *ScanCache) Get(rel string) (CacheEntry, bool) {
@@ -142,11 +144,11 @@ func (c *ScanCache) merge(next *ScanCache) *ScanCache {
 	return out.settle()
 }
 
-// settle flattens a layer whose own entries outgrew half of the cache
-// below it, by copying that cache's entries into its own map (which it
-// owns): a copy no larger than twice what its scans looked at.
+// settle flattens a layer whose own entries outgrew an eighth of the
+// cache below it, by copying that cache's entries into its own map (which it
+// owns): a copy no larger than eight times what its scans looked at.
 func (c *ScanCache) settle() *ScanCache {
-	if c.under == nil || 2*len(c.entries) <= len(c.under.entries) {
+	if c.under == nil || 8*len(c.entries) <= len(c.under.entries) {
 		return c
 	}
 	for k, e := range c.under.entries {

@@ -72,7 +72,7 @@ func TestScanCacheLayers(t *testing.T) {
 		want[p] = cacheEntry(rng.Int())
 	}
 	c := cacheOf(want)
-	layered, flattened := 0, 0
+	overFlat, overLayer, flattened := 0, 0, 0
 	for turn := range 300 {
 		// A tracked scan: the entries of a few directories, looked at anew.
 		next := NewScanCache()
@@ -80,18 +80,22 @@ func TestScanCacheLayers(t *testing.T) {
 		for range 1 + rng.Intn(3) {
 			d := fmt.Sprintf("d%d", rng.Intn(8))
 			for _, p := range probes {
-				if p == d || strings.HasPrefix(p, d+"/") && rng.Intn(4) > 0 {
+				if p == d || strings.HasPrefix(p, d+"/") && rng.Intn(8) == 0 {
 					e := cacheEntry(rng.Int())
 					next.Put(p, e)
 					nextWant[p] = e
 				}
 			}
 		}
+		wasLayer := c.under != nil
 		out := c.merge(next)
-		if out.under != nil {
-			layered++
-		} else {
+		switch {
+		case out.under == nil:
 			flattened++
+		case wasLayer:
+			overLayer++
+		default:
+			overFlat++
 		}
 		// The restore's patch: a removed file, a removed directory, what
 		// Verify read.
@@ -121,8 +125,8 @@ func TestScanCacheLayers(t *testing.T) {
 	for i, k := range all {
 		checkCache(t, fmt.Sprintf("the cache of turn %d, afterwards", i), k.c, k.want, probes)
 	}
-	if layered == 0 || flattened == 0 {
-		t.Fatalf("%d layered merges, %d flattened: the run did not exercise both", layered, flattened)
+	if overFlat == 0 || overLayer == 0 || flattened == 0 {
+		t.Fatalf("merges: %d over a flat cache, %d over a layer, %d flattened: the run missed a case", overFlat, overLayer, flattened)
 	}
 }
 
