@@ -104,6 +104,7 @@ const (
 // was planned on.
 type DiffPlan struct {
 	opts    DiffOptions
+	trees   TreeMemo // the loader's, if it keeps decoded trees
 	root    string
 	target  ID
 	changes []change
@@ -117,6 +118,9 @@ type DiffPlan struct {
 	// stateKey is the target's state key as Verify computed it (zero:
 	// unknown).
 	stateKey ID
+	// idsAgree says whether a tree's ID and its hash under opts.IDs
+	// were seen to agree (1) or not (-1): the shortcut of stateOf.
+	idsAgree int8
 }
 
 // Empty reports whether the live state already is the target.
@@ -131,6 +135,7 @@ func PlanDiff(ctx context.Context, dst string, live, target ID, opts DiffOptions
 	if opts.MaxBytes <= 0 {
 		opts.MaxBytes = DefaultDiffMemory
 	}
+	trees := treeMemoOf(opts.Loader)
 	// CheckState and the walk below read the same target trees: once. A
 	// caller that checked target already (a CheckedLoader) is not checked
 	// again.
@@ -146,7 +151,7 @@ func PlanDiff(ctx context.Context, dst string, live, target ID, opts DiffOptions
 		return nil, fmt.Errorf("plan restore onto %s: %w", dst, err)
 	}
 	defer unix.Close(fd)
-	p := &DiffPlan{opts: opts, root: dst, target: target, chunks: map[ID][]byte{}, dirs: map[string][]string{}, kept: map[string]keptDir{}}
+	p := &DiffPlan{opts: opts, trees: trees, root: dst, target: target, chunks: map[ID][]byte{}, dirs: map[string][]string{}, kept: map[string]keptDir{}}
 	if live != target {
 		if err := p.dir(ctx, fd, "", live, target, 0, dirFlags{}); err != nil {
 			return nil, err
@@ -192,11 +197,11 @@ func (p *DiffPlan) dir(ctx context.Context, fd int, rel string, l, t ID, depth i
 	if depth > MaxDepth {
 		return corruptAt(rel, "directories nested more than %d deep", MaxDepth)
 	}
-	lt, err := LoadTree(ctx, p.opts.Live, l)
+	lt, err := p.tree(ctx, p.opts.Live, l, false)
 	if err != nil {
 		return fmt.Errorf("live state /%s: %w", rel, err)
 	}
-	tt, err := LoadTree(ctx, p.opts.Loader, t)
+	tt, err := p.tree(ctx, p.opts.Loader, t, true)
 	if err != nil {
 		return fmt.Errorf("/%s: %w", rel, err)
 	}
@@ -205,7 +210,7 @@ func (p *DiffPlan) dir(ctx context.Context, fd int, rel string, l, t ID, depth i
 		names[i] = tt.Entries[i].Name
 	}
 	p.dirs[rel] = names
-	p.kept[rel] = keptDir{flags: fl, entries: tt.Entries}
+	p.kept[rel] = keptDir{flags: fl, entries: tt.Entries, tree: t}
 	i, j := 0, 0
 	for i < len(lt.Entries) || j < len(tt.Entries) {
 		var le, te *Entry
@@ -311,7 +316,7 @@ func (p *DiffPlan) subtree(ctx context.Context, rel string, id ID, depth int) er
 	if depth > MaxDepth {
 		return corruptAt(rel, "directories nested more than %d deep", MaxDepth)
 	}
-	t, err := LoadTree(ctx, p.opts.Loader, id)
+	t, err := p.tree(ctx, p.opts.Loader, id, true)
 	if err != nil {
 		return fmt.Errorf("/%s: %w", rel, err)
 	}

@@ -162,9 +162,23 @@ type stateMemo struct {
 	// of both states, the same few each time in a loop.
 	trees     map[delta.ID][]byte
 	treeBytes int
+	// decoded keeps the plans' decoded trees (delta.TreeMemo), up to
+	// decodedMemoBytes of their encodings (decoded, a tree takes about
+	// three times that): decoding the trees on a diff's paths of both
+	// states was a fifth of a rollback a few files away.
+	decoded      map[delta.ID]decodedTree
+	decodedBytes int
 }
 
-const treeMemoBytes = 16 << 20
+type decodedTree struct {
+	t    *delta.Tree
+	size int // the encoding's length, which the budget counts
+}
+
+const (
+	treeMemoBytes    = 16 << 20
+	decodedMemoBytes = 4 << 20
+)
 
 // rollbackLoader is the store's loader with the memo's trees in front.
 func (e *Engine) rollbackLoader() delta.BlobLoader { return memoLoader{m: &e.checked, next: e.repo} }
@@ -205,6 +219,39 @@ func (l memoLoader) LoadBlob(ctx context.Context, t delta.BlobType, id delta.ID)
 		l.m.treeBytes += len(data)
 	}
 	return data, nil
+}
+
+// MemoTree is delta.TreeMemo's: a tree a plan decoded before.
+func (l memoLoader) MemoTree(id delta.ID) (*delta.Tree, bool) {
+	l.m.mu.Lock()
+	defer l.m.mu.Unlock()
+	d, ok := l.m.decoded[id]
+	return d.t, ok
+}
+
+// KeepTree keeps a tree a plan decoded from what l served (the store's
+// bytes, verified when loaded), dropping arbitrary others past the budget.
+func (l memoLoader) KeepTree(id delta.ID, t *delta.Tree, size int) {
+	if size > decodedMemoBytes/16 {
+		return
+	}
+	l.m.mu.Lock()
+	defer l.m.mu.Unlock()
+	if _, ok := l.m.decoded[id]; ok {
+		return
+	}
+	if l.m.decoded == nil {
+		l.m.decoded = map[delta.ID]decodedTree{}
+	}
+	for k, v := range l.m.decoded {
+		if l.m.decodedBytes+size <= decodedMemoBytes {
+			break
+		}
+		delete(l.m.decoded, k)
+		l.m.decodedBytes -= v.size
+	}
+	l.m.decoded[id] = decodedTree{t: t, size: size}
+	l.m.decodedBytes += size
 }
 
 // stateMemoMax bounds the memo; past it an arbitrary entry goes.
