@@ -4,7 +4,6 @@ import (
 	"context"
 	"path"
 	"strings"
-	"sync"
 
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/rootfs"
@@ -145,113 +144,6 @@ func (e *Engine) restoreRoot(ctx context.Context, name string, root rootfs.Root,
 		}
 	}
 	return info.Live, err
-}
-
-// stateMemo remembers the trees that passed delta.CheckState (with the
-// rules a rollback applies) and their footprints, so rolling back to the
-// same checkpoint again does not check its whole state again (RL loops
-// reset to one checkpoint over and over). A check depends only on the
-// trees, which are content-addressed; what a rollback then reads from the
-// store (the trees on the diff's paths, the chunks it writes) is loaded
-// and verified by the plan before the first write, as always.
-type stateMemo struct {
-	mu sync.Mutex
-	m  map[delta.ID]delta.Footprint
-	// trees keeps the trees rollbacks read (verified when first loaded),
-	// up to treeMemoBytes: a rollback reads the trees on the diff's paths
-	// of both states, the same few each time in a loop.
-	trees     map[delta.ID][]byte
-	treeBytes int
-	// decoded keeps the plans' decoded trees (delta.TreeMemo), up to
-	// decodedMemoBytes of their encodings (decoded, a tree takes about
-	// three times that): decoding the trees on a diff's paths of both
-	// states was a fifth of a rollback a few files away.
-	decoded      map[delta.ID]decodedTree
-	decodedBytes int
-}
-
-type decodedTree struct {
-	t    *delta.Tree
-	size int // the encoding's length, which the budget counts
-}
-
-const (
-	treeMemoBytes    = 16 << 20
-	decodedMemoBytes = 4 << 20
-)
-
-// rollbackLoader is the store's loader with the memo's trees in front.
-func (e *Engine) rollbackLoader() delta.BlobLoader { return memoLoader{m: &e.checked, next: e.repo} }
-
-type memoLoader struct {
-	m    *stateMemo
-	next delta.BlobLoader
-}
-
-func (l memoLoader) LoadBlob(ctx context.Context, t delta.BlobType, id delta.ID) ([]byte, error) {
-	if t != delta.BlobTree {
-		return l.next.LoadBlob(ctx, t, id)
-	}
-	l.m.mu.Lock()
-	data, ok := l.m.trees[id]
-	l.m.mu.Unlock()
-	if ok {
-		return data, nil
-	}
-	data, err := l.next.LoadBlob(ctx, t, id)
-	if err != nil || len(data) > treeMemoBytes/16 {
-		return data, err
-	}
-	l.m.mu.Lock()
-	defer l.m.mu.Unlock()
-	if l.m.trees == nil {
-		l.m.trees = map[delta.ID][]byte{}
-	}
-	for k, v := range l.m.trees {
-		if l.m.treeBytes+len(data) <= treeMemoBytes {
-			break
-		}
-		delete(l.m.trees, k)
-		l.m.treeBytes -= len(v)
-	}
-	if _, ok := l.m.trees[id]; !ok {
-		l.m.trees[id] = data
-		l.m.treeBytes += len(data)
-	}
-	return data, nil
-}
-
-// MemoTree is delta.TreeMemo's: a tree a plan decoded before.
-func (l memoLoader) MemoTree(id delta.ID) (*delta.Tree, bool) {
-	l.m.mu.Lock()
-	defer l.m.mu.Unlock()
-	d, ok := l.m.decoded[id]
-	return d.t, ok
-}
-
-// KeepTree keeps a tree a plan decoded from what l served (the store's
-// bytes, verified when loaded), dropping arbitrary others past the budget.
-func (l memoLoader) KeepTree(id delta.ID, t *delta.Tree, size int) {
-	if size > decodedMemoBytes/16 {
-		return
-	}
-	l.m.mu.Lock()
-	defer l.m.mu.Unlock()
-	if _, ok := l.m.decoded[id]; ok {
-		return
-	}
-	if l.m.decoded == nil {
-		l.m.decoded = map[delta.ID]decodedTree{}
-	}
-	for k, v := range l.m.decoded {
-		if l.m.decodedBytes+size <= decodedMemoBytes {
-			break
-		}
-		delete(l.m.decoded, k)
-		l.m.decodedBytes -= v.size
-	}
-	l.m.decoded[id] = decodedTree{t: t, size: size}
-	l.m.decodedBytes += size
 }
 
 // stateMemoMax bounds the memo; past it an arbitrary entry goes.
