@@ -49,9 +49,20 @@ type CacheEntry struct {
 // ScanCache maps root-relative paths to what they were at the last committed
 // scan. It is a local accelerator, never part of a checkpoint: losing it
 // costs one full read, nothing more.
+//
+// A cache is copy-on-write (layers.go): a tracked scan's cache holds only
+// the entries it looked at and reads the rest through from the cache it
+// was built on, which is never changed, so a turn or rollback a few files
+// away costs what it looked at, not a copy of the whole map.
 type ScanCache struct {
 	Version int
-	Entries map[string]CacheEntry
+	// entries are this cache's own entries; with under set, the paths it
+	// has none for (and does not hide) are under's.
+	entries map[string]CacheEntry
+	// under, if set, is the flat cache this one was built on: shared,
+	// read-only. hidden are under's paths this cache dropped.
+	under  *ScanCache
+	hidden map[string]bool
 	// Links maps the later names of each hardlinked file to its first
 	// name (which holds the content), and LinkNames lists every name of
 	// such files, sorted: a tracked scan keeps their roles while no
@@ -60,31 +71,45 @@ type ScanCache struct {
 	LinkNames []string
 }
 
+// NewScanCache returns an empty cache of the current version.
+func NewScanCache() *ScanCache {
+	return &ScanCache{Version: cacheVersion, entries: map[string]CacheEntry{}}
+}
+
 func (c *ScanCache) lookup(rel string, k CacheKey) (CacheEntry, bool) {
-	if c == nil {
-		return CacheEntry{}, false
-	}
-	e, ok := c.Entries[rel]
+	e, ok := c.Get(rel)
 	if !ok || e.Racy || e.Key != k {
 		return CacheEntry{}, false
 	}
 	return e, true
 }
 
+// cacheFile is a cache as WriteCache stores it: the fields of the flat
+// struct it replaced, so files written before the layers still read.
+type cacheFile struct {
+	Version   int
+	Entries   map[string]CacheEntry
+	Links     map[string]string
+	LinkNames []string
+}
+
 // WriteCache serialises c.
 func WriteCache(w io.Writer, c *ScanCache) error {
-	return gob.NewEncoder(w).Encode(c)
+	return gob.NewEncoder(w).Encode(cacheFile{Version: c.Version, Entries: c.flat(), Links: c.Links, LinkNames: c.LinkNames})
 }
 
 // ReadCache parses a cache written by WriteCache. A cache of another version
 // is ignored (nil, nil): it is only an accelerator.
 func ReadCache(r io.Reader) (*ScanCache, error) {
-	var c ScanCache
-	if err := gob.NewDecoder(r).Decode(&c); err != nil {
+	var f cacheFile
+	if err := gob.NewDecoder(r).Decode(&f); err != nil {
 		return nil, fmt.Errorf("scan cache: %w", err)
 	}
-	if c.Version != cacheVersion {
+	if f.Version != cacheVersion {
 		return nil, nil
 	}
-	return &c, nil
+	if f.Entries == nil {
+		f.Entries = map[string]CacheEntry{}
+	}
+	return &ScanCache{Version: f.Version, entries: f.Entries, Links: f.Links, LinkNames: f.LinkNames}, nil
 }

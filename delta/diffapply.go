@@ -248,7 +248,7 @@ func (p *DiffPlan) Verify(ctx context.Context, res *DiffResult) (map[string]Cach
 	defer unix.Close(rootFD)
 	s := &scanner{
 		opts: ScanOptions{IDs: p.opts.IDs, Translate: p.opts.Translate, Residue: p.opts.Residue, Quiescent: true}, root: p.root,
-		next:  &ScanCache{Version: cacheVersion, Entries: map[string]CacheEntry{}},
+		next:  NewScanCache(),
 		links: map[[2]uint64]string{}, xbuf: make([]byte, xattrBufSize),
 		racyAfter: 1<<63 - 1, empty: p.opts.IDs.EmptyTree(),
 	}
@@ -256,19 +256,10 @@ func (p *DiffPlan) Verify(ctx context.Context, res *DiffResult) (map[string]Cach
 	// files a diff wrote do not pay for a pipeline.
 	s.files = NewFileReader(p.opts.IDs, nil, &s.stats, 1)
 	defer s.files.Close()
+	dbuf := make([]byte, fsat.DirBufSize)
 	for rel, want := range p.dirs {
-		fd, err := fsat.Open(rootFD, rel, unix.O_RDONLY|unix.O_DIRECTORY)
-		if err != nil {
+		if err := sameNames(rootFD, rel, want, dbuf); err != nil {
 			return nil, fmt.Errorf("verify %s:/%s: %w", p.root, rel, err)
-		}
-		names, err := fsat.ReadDirNames(fd)
-		unix.Close(fd)
-		if err != nil {
-			return nil, fmt.Errorf("verify %s:/%s: %w", p.root, rel, err)
-		}
-		slices.Sort(names)
-		if !slices.Equal(names, want) {
-			return nil, fmt.Errorf("verify %s:/%s: holds %d names, the target %d: %w", p.root, rel, len(names), len(want), errdefs.ErrCorrupt)
 		}
 	}
 	for i := range p.changes {
@@ -277,13 +268,51 @@ func (p *DiffPlan) Verify(ctx context.Context, res *DiffResult) (map[string]Cach
 			return nil, fmt.Errorf("verify %s:/%s: %w", p.root, c.rel, err)
 		}
 		if c.how == changeDirMeta {
-			p.noteState(c.rel, c.target, s.next.Entries) // its children came first
+			p.noteState(c.rel, c.target, s.next.entries) // its children came first
 		}
 	}
 	if _, ok := p.kept[""]; ok {
-		p.stateKey, _ = p.stateOf("", s.next.Entries)
+		p.stateKey, _ = p.stateOf("", s.next.entries)
 	}
-	return s.next.Entries, nil
+	return s.next.entries, nil
+}
+
+// sameNames checks that directory rel holds exactly the names want
+// (sorted): each name listed is found in want, and as many as want has (a
+// directory holds no name twice). It neither allocates nor sorts the
+// listing: a rollback lists every directory whose children it changed.
+func sameNames(rootFD int, rel string, want []string, buf []byte) error {
+	fd, err := fsat.Open(rootFD, rel, unix.O_RDONLY|unix.O_DIRECTORY)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	n := 0
+	var extra string
+	err = fsat.EachDirName(fd, buf, func(name []byte) error {
+		n++
+		lo, hi := 0, len(want)
+		for lo < hi {
+			if m := int(uint(lo+hi) >> 1); want[m] < string(name) {
+				lo = m + 1
+			} else {
+				hi = m
+			}
+		}
+		if extra == "" && (lo == len(want) || want[lo] != string(name)) {
+			extra = string(name)
+		}
+		return nil
+	})
+	switch {
+	case err != nil:
+		return err
+	case extra != "":
+		return fmt.Errorf("holds %d names, the target %d, %q not among them: %w", n, len(want), extra, errdefs.ErrCorrupt)
+	case n != len(want):
+		return fmt.Errorf("holds %d names, the target %d: %w", n, len(want), errdefs.ErrCorrupt)
+	}
+	return nil
 }
 
 func (p *DiffPlan) verifyOne(ctx context.Context, s *scanner, rootFD int, c *change) error {

@@ -105,6 +105,7 @@ const (
 // was planned on.
 type DiffPlan struct {
 	opts    DiffOptions
+	trees   TreeMemo // the loader's, if it keeps decoded trees
 	root    string
 	target  ID
 	changes []change
@@ -118,6 +119,9 @@ type DiffPlan struct {
 	// stateKey is the target's state key as Verify computed it (zero:
 	// unknown).
 	stateKey ID
+	// idsAgree says whether a tree's ID and its hash under opts.IDs
+	// were seen to agree (1) or not (-1): the shortcut of stateOf.
+	idsAgree int8
 }
 
 // Empty reports whether the live state already is the target.
@@ -132,6 +136,7 @@ func PlanDiff(ctx context.Context, dst string, live, target ID, opts DiffOptions
 	if opts.MaxBytes <= 0 {
 		opts.MaxBytes = DefaultDiffMemory
 	}
+	trees := treeMemoOf(opts.Loader)
 	// CheckState and the walk below read the same target trees: once. A
 	// caller that checked target already (a CheckedLoader) is not checked
 	// again.
@@ -147,7 +152,7 @@ func PlanDiff(ctx context.Context, dst string, live, target ID, opts DiffOptions
 		return nil, fmt.Errorf("plan restore onto %s: %w", dst, err)
 	}
 	defer unix.Close(fd)
-	p := &DiffPlan{opts: opts, root: dst, target: target, chunks: map[ID][]byte{}, dirs: map[string][]string{}, kept: map[string]keptDir{}}
+	p := &DiffPlan{opts: opts, trees: trees, root: dst, target: target, chunks: map[ID][]byte{}, dirs: map[string][]string{}, kept: map[string]keptDir{}}
 	if live != target {
 		if err := p.dir(ctx, fd, "", live, target, 0, dirFlags{}); err != nil {
 			return nil, err
@@ -193,11 +198,11 @@ func (p *DiffPlan) dir(ctx context.Context, fd int, rel string, l, t ID, depth i
 	if depth > MaxDepth {
 		return corruptAt(rel, "directories nested more than %d deep", MaxDepth)
 	}
-	lt, err := LoadTree(ctx, p.opts.Live, l)
+	lt, err := p.tree(ctx, p.opts.Live, l, false)
 	if err != nil {
 		return fmt.Errorf("live state /%s: %w", rel, err)
 	}
-	tt, err := LoadTree(ctx, p.opts.Loader, t)
+	tt, err := p.tree(ctx, p.opts.Loader, t, true)
 	if err != nil {
 		return fmt.Errorf("/%s: %w", rel, err)
 	}
@@ -206,7 +211,7 @@ func (p *DiffPlan) dir(ctx context.Context, fd int, rel string, l, t ID, depth i
 		names[i] = tt.Entries[i].Name
 	}
 	p.dirs[rel] = names
-	p.kept[rel] = keptDir{flags: fl, entries: tt.Entries}
+	p.kept[rel] = keptDir{flags: fl, entries: tt.Entries, tree: t}
 	i, j := 0, 0
 	for i < len(lt.Entries) || j < len(tt.Entries) {
 		var le, te *Entry
@@ -312,7 +317,7 @@ func (p *DiffPlan) subtree(ctx context.Context, rel string, id ID, depth int) er
 	if depth > MaxDepth {
 		return corruptAt(rel, "directories nested more than %d deep", MaxDepth)
 	}
-	t, err := LoadTree(ctx, p.opts.Loader, id)
+	t, err := p.tree(ctx, p.opts.Loader, id, true)
 	if err != nil {
 		return fmt.Errorf("/%s: %w", rel, err)
 	}

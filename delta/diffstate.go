@@ -1,6 +1,9 @@
 package delta
 
-import "path"
+import (
+	"path"
+	"slices"
+)
 
 // The state keys of a restored directory. Verify reads a kept directory
 // whose children changed shallow (its names are listed, its children are
@@ -19,6 +22,7 @@ import "path"
 type keptDir struct {
 	flags   dirFlags // how a scan lists it
 	entries []Entry  // the target's
+	tree    ID       // the target's tree of it
 }
 
 // StateKey returns the target's state key as Verify computed it; ok is
@@ -52,9 +56,19 @@ func (p *DiffPlan) noteState(rel string, e *Entry, fresh map[string]CacheEntry) 
 }
 
 // stateOf computes the state key of kept directory rel.
+//
+// A directory without subdirectories has a state tree equal to its tree
+// (only subdirectory entries differ), so its state key is its tree's ID,
+// provided the store named the tree under the scheme of opts.IDs (which a
+// home's always does). That is checked on the first such directory, by
+// hashing, and then trusted for the plan: a scheme that names one tree as
+// another scheme does names every tree so.
 func (p *DiffPlan) stateOf(rel string, fresh map[string]CacheEntry) (ID, bool) {
 	kd := p.kept[rel]
 	cf := kd.flags
+	if p.idsAgree == 1 && !slices.ContainsFunc(kd.entries, isDir) {
+		return kd.tree, true
+	}
 	st := &Tree{Entries: make([]Entry, 0, len(kd.entries))}
 	for _, e := range kd.entries {
 		if e.Type == TypeDir {
@@ -71,15 +85,24 @@ func (p *DiffPlan) stateOf(rel string, fresh map[string]CacheEntry) (ID, bool) {
 		}
 		st.Entries = append(st.Entries, e)
 	}
-	return p.opts.IDs.Hash(st.Encode()), true
+	key := p.opts.IDs.Hash(st.Encode())
+	if p.idsAgree == 0 && len(st.Entries) == len(kd.entries) && !slices.ContainsFunc(kd.entries, isDir) {
+		p.idsAgree = -1
+		if key == kd.tree {
+			p.idsAgree = 1
+		}
+	}
+	return key, true
 }
+
+func isDir(e Entry) bool { return e.Type == TypeDir }
 
 // childState is the state key of subdirectory crel (target entry e) of a
 // directory listed with flags cf.
 func (p *DiffPlan) childState(crel string, e *Entry, cf dirFlags, fresh map[string]CacheEntry) (ID, bool) {
 	ce, ok := fresh[crel]
-	if !ok && p.opts.LiveCache != nil {
-		ce, ok = p.opts.LiveCache.Entries[crel]
+	if !ok {
+		ce, ok = p.opts.LiveCache.Get(crel)
 	}
 	if !ok || ce.Entry.Type != TypeDir || ce.Entry.Subtree != e.Subtree || ce.State == (ID{}) || ce.StateFlags != cf.bits() {
 		return ID{}, false
@@ -89,9 +112,6 @@ func (p *DiffPlan) childState(crel string, e *Entry, cf dirFlags, fresh map[stri
 
 // lookupDir returns the cache entry of directory rel if it has a state key.
 func (c *ScanCache) lookupDir(rel string) (CacheEntry, bool) {
-	if c == nil {
-		return CacheEntry{}, false
-	}
-	ce, ok := c.Entries[rel]
+	ce, ok := c.Get(rel)
 	return ce, ok && ce.Entry.Type == TypeDir && ce.State != (ID{})
 }

@@ -149,7 +149,7 @@ func Scan(ctx context.Context, root string, opts ScanOptions) (*ScanResult, erro
 	s := &scanner{
 		opts:      opts,
 		root:      root,
-		next:      &ScanCache{Version: cacheVersion, Entries: map[string]CacheEntry{}},
+		next:      NewScanCache(),
 		links:     map[[2]uint64]string{},
 		xbuf:      make([]byte, xattrBufSize),
 		racyAfter: time.Now().Add(-racyWindow).UnixNano(),
@@ -196,6 +196,7 @@ func (s *scanner) dir(ctx context.Context, fd int, rel string, fl dirFlags) (ID,
 	slices.Sort(names)
 	t := &Tree{Entries: make([]Entry, 0, len(names))}
 	st := &Tree{Entries: make([]Entry, 0, len(names))}
+	subdirs := false // st differs from t only in subdirectory entries
 	for _, name := range names {
 		crel := path.Join(rel, name)
 		var e Entry
@@ -218,6 +219,7 @@ func (s *scanner) dir(ctx context.Context, fd int, rel string, fl dirFlags) (ID,
 		}
 		t.Entries = append(t.Entries, e)
 		if e.Type == TypeDir {
+			subdirs = true
 			// The cheap test first: Residue looks at the lower layer on disk.
 			if !fl.merged && !fl.opaque && key == s.empty && s.opts.Residue != nil && s.opts.Residue(crel, &e) {
 				continue
@@ -234,6 +236,9 @@ func (s *scanner) dir(ctx context.Context, fd int, rel string, fl dirFlags) (ID,
 	id := s.opts.IDs.Hash(data)
 	if err := s.files.Save(ctx, BlobTree, id, data); err != nil {
 		return ID{}, ID{}, fmt.Errorf("save tree of %s: %w", s.where(rel), err)
+	}
+	if !subdirs {
+		return id, id, nil // the same entries, the same encoding
 	}
 	return id, s.opts.IDs.Hash(st.Encode()), nil
 }
@@ -361,7 +366,7 @@ func (s *scanner) entry(ctx context.Context, dirFD int, rel, name string, fl dir
 		ce.State, ce.StateFlags = key, fl.bits()
 	}
 	ce.Entry.Name = ""
-	s.next.Entries[rel] = ce
+	s.next.Put(rel, ce)
 	return e, key, true, nil
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"path"
 	"slices"
 	"strings"
@@ -145,7 +144,7 @@ func (s *scanner) lookupTracked(rel string, k CacheKey, prev CacheEntry, hit boo
 	if hit || s.opts.Changed.touches(rel) {
 		return prev, hit
 	}
-	e, ok := s.opts.Prev.Entries[rel]
+	e, ok := s.opts.Prev.Get(rel)
 	if !ok || e.Key != k {
 		return CacheEntry{}, false
 	}
@@ -197,20 +196,6 @@ func (s *scanner) reuse(dirFD int, rel, name string, st *unix.Stat_t, prev Cache
 	}
 	e := prev.Entry
 	e.Name = name
-	s.next.Entries[rel] = prev
+	s.next.Put(rel, prev)
 	return e, prev.State, true, nil
-}
-
-// merge returns a copy of c with the entries of a tracked scan laid over
-// it; c itself is left as it was, since a turn that is not committed (a
-// skip, a failure) must leave its base untouched: the trees its scan named
-// were never stored. Entries of paths that are gone stay behind; a cache
-// is looked up only along existing paths, by inode and ctime, so they are
-// never taken, and the next full walk drops them.
-func (c *ScanCache) merge(next *ScanCache) *ScanCache {
-	out := &ScanCache{Version: c.Version, Entries: make(map[string]CacheEntry, len(c.Entries)+len(next.Entries)),
-		Links: c.Links, LinkNames: c.LinkNames}
-	maps.Copy(out.Entries, c.Entries)
-	maps.Copy(out.Entries, next.Entries)
-	return out
 }

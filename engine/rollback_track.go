@@ -4,7 +4,6 @@ import (
 	"context"
 	"path"
 	"strings"
-	"sync"
 
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/rootfs"
@@ -152,66 +151,6 @@ func (e *Engine) restoreRoot(ctx context.Context, name string, root rootfs.Root,
 		}
 	}
 	return info, err
-}
-
-// stateMemo remembers the trees that passed delta.CheckState (with the
-// rules a rollback applies) and their footprints, so rolling back to the
-// same checkpoint again does not check its whole state again (RL loops
-// reset to one checkpoint over and over). A check depends only on the
-// trees, which are content-addressed; what a rollback then reads from the
-// store (the trees on the diff's paths, the chunks it writes) is loaded
-// and verified by the plan before the first write, as always.
-type stateMemo struct {
-	mu sync.Mutex
-	m  map[delta.ID]delta.Footprint
-	// trees keeps the trees rollbacks read (verified when first loaded),
-	// up to treeMemoBytes: a rollback reads the trees on the diff's paths
-	// of both states, the same few each time in a loop.
-	trees     map[delta.ID][]byte
-	treeBytes int
-}
-
-const treeMemoBytes = 16 << 20
-
-// rollbackLoader is the store's loader with the memo's trees in front.
-func (e *Engine) rollbackLoader() delta.BlobLoader { return memoLoader{m: &e.checked, next: e.repo} }
-
-type memoLoader struct {
-	m    *stateMemo
-	next delta.BlobLoader
-}
-
-func (l memoLoader) LoadBlob(ctx context.Context, t delta.BlobType, id delta.ID) ([]byte, error) {
-	if t != delta.BlobTree {
-		return l.next.LoadBlob(ctx, t, id)
-	}
-	l.m.mu.Lock()
-	data, ok := l.m.trees[id]
-	l.m.mu.Unlock()
-	if ok {
-		return data, nil
-	}
-	data, err := l.next.LoadBlob(ctx, t, id)
-	if err != nil || len(data) > treeMemoBytes/16 {
-		return data, err
-	}
-	l.m.mu.Lock()
-	defer l.m.mu.Unlock()
-	if l.m.trees == nil {
-		l.m.trees = map[delta.ID][]byte{}
-	}
-	for k, v := range l.m.trees {
-		if l.m.treeBytes+len(data) <= treeMemoBytes {
-			break
-		}
-		delete(l.m.trees, k)
-		l.m.treeBytes -= len(v)
-	}
-	if _, ok := l.m.trees[id]; !ok {
-		l.m.trees[id] = data
-		l.m.treeBytes += len(data)
-	}
-	return data, nil
 }
 
 // stateMemoMax bounds the memo; past it an arbitrary entry goes.

@@ -101,6 +101,14 @@ func (b *Backend) CheckBase(ctx context.Context, tree delta.ID, full bool) (bool
 	var prev *delta.ScanCache
 	if !full {
 		prev = b.memo.read(b.baseCache(tree)) // unreadable: nil, a full scan
+		// The cache is the scan of the base that hashed to tree (saved
+		// only after that check): a base that still lists the same names
+		// and stats to the same keys would scan to the same trees
+		// (delta's Unchanged says why), so it is checked without building
+		// them. Anything else is scanned, and refused if it differs.
+		if prev.Unchanged(ctx, dst) {
+			return true, nil
+		}
 	}
 	res, err := delta.Scan(ctx, dst, delta.ScanOptions{IDs: b.ids, Prev: prev, Quiescent: true})
 	if err != nil {

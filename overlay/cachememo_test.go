@@ -34,7 +34,7 @@ func TestCacheMemoFollowsTheFile(t *testing.T) {
 	}
 	write("b", "c") // another process's turn: a new file in its place
 	got := m.read(p)
-	if got == a || got == nil || len(got.Entries) != 2 {
+	if got == a || got == nil || got.Len() != 2 {
 		t.Fatalf("after the file was replaced the memo served %v", got)
 	}
 	if again := m.read(p); again != got {

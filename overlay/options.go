@@ -1,11 +1,13 @@
 package overlay
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 
 	"github.com/moby/sys/mountinfo"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
+	"github.com/turnsnap/turnsnap/internal/mounts"
 )
 
 // FeatureOptions pins every overlayfs feature the scan's semantics depend
@@ -59,7 +61,31 @@ func pathLayers(lower, upper, work string) string {
 // cannot encode file handles, read-only when the workdir is unusable), and
 // the scan would then record a state the mount does not have; and a mount
 // meant to hide the host paths must not list one.
+//
+// It asks statmount(2) about the mount at path (two system calls) and
+// reads the mount table only on a kernel without it: the table is every
+// mount of the namespace, printed by the kernel and parsed here, about
+// 0.4 ms of a rollback on a machine with a hundred mounts.
 func checkMounted(path, layers string) error {
+	m, err := mounts.SuperOptions(path)
+	if errors.Is(err, mounts.ErrNoStatmount) {
+		return checkMountedTable(path, layers)
+	}
+	if err != nil {
+		return fmt.Errorf("overlay on %s: %w", path, err)
+	}
+	// Without a mount of its own, path answers the mount it lies in.
+	if m.Point != path {
+		return fmt.Errorf("overlay on %s is not mounted: %w", path, errdefs.ErrPrecondition)
+	}
+	if m.FSType != "overlay" {
+		return fmt.Errorf("%s is mounted as %s, not overlay: %w", path, m.FSType, errdefs.ErrPrecondition)
+	}
+	return checkSuperOptions(m.VFSOptions, layers)
+}
+
+// checkMountedTable is checkMounted by the mount table.
+func checkMountedTable(path, layers string) error {
 	ms, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(path))
 	if err != nil {
 		return fmt.Errorf("mount table: %w", err)

@@ -6,10 +6,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"maps"
 	"os"
 	"path/filepath"
-	"strings"
 
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/fsat"
@@ -264,30 +262,24 @@ func (r *Root) restoreDiff(ctx context.Context, tree delta.ID, loader delta.Blob
 // patchCache is the live scan's cache with removed paths (and what was
 // below them) dropped and the entries Verify read put in. Entries of paths
 // the diff did not touch stay valid: the cache is keyed by inode, size,
-// mtime and ctime, which nothing changed. It patches c's entries in place
-// (no copy of a 2,000-entry map): the live scan's cache is the restore's
-// own, made by its scan, and used for nothing else.
+// mtime and ctime, which nothing changed. It patches c in place (no copy
+// of a 2,000-entry map): the live scan's cache is the restore's own, made
+// by its scan, and used for nothing else; a tracked scan's cache is a
+// layer over its tracker's base (delta's cache_layers.go), which the
+// patch leaves as it was. The hardlink roles are dropped: the next tracked
+// scan that meets a hardlinked name walks.
 func patchCache(c *delta.ScanCache, removed []string, fresh map[string]delta.CacheEntry) *delta.ScanCache {
-	out := &delta.ScanCache{Version: c.Version, Entries: c.Entries}
-	var dirs []string
+	c.Links, c.LinkNames = nil, nil
 	for _, rel := range removed {
-		if e, ok := out.Entries[rel]; ok && e.Entry.Type == delta.TypeDir {
-			dirs = append(dirs, rel+"/")
+		if e, ok := c.Get(rel); ok && e.Entry.Type == delta.TypeDir {
+			c.DeleteBelow(rel)
 		}
-		delete(out.Entries, rel)
+		c.Delete(rel)
 	}
-	if len(dirs) > 0 {
-		for k := range out.Entries {
-			for _, d := range dirs {
-				if strings.HasPrefix(k, d) {
-					delete(out.Entries, k)
-					break
-				}
-			}
-		}
+	for rel, e := range fresh {
+		c.Put(rel, e)
 	}
-	maps.Copy(out.Entries, fresh)
-	return out
+	return c
 }
 
 // memTrees keeps a scan's trees in memory (its data chunks are dropped:

@@ -10,7 +10,6 @@ package fsat
 import (
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"slices"
 	"strconv"
@@ -104,22 +103,6 @@ func Lstat(dirFD int, rel string, st *unix.Stat_t) error {
 	}
 	defer unix.Close(fd)
 	return unix.Fstat(fd, st)
-}
-
-// ReadDirNames lists the open directory fd (from its start) without
-// stat-ing its entries. fd stays open and owned by the caller.
-func ReadDirNames(fd int) ([]string, error) {
-	dup, err := unix.Openat(fd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, err
-	}
-	f := os.NewFile(uintptr(dup), "dir")
-	defer f.Close()
-	names, err := f.Readdirnames(-1)
-	if err != nil && err != io.EOF {
-		return nil, err
-	}
-	return names, nil
 }
 
 // ProcPath names entry name of the directory open as dirFD for the

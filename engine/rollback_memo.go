@@ -1,0 +1,130 @@
+package engine
+
+import (
+	"context"
+	"sync"
+
+	"github.com/turnsnap/turnsnap/delta"
+)
+
+// stateMemo remembers the trees that passed delta.CheckState (with the
+// rules a rollback applies) and their footprints, so rolling back to the
+// same checkpoint again does not check its whole state again (RL loops
+// reset to one checkpoint over and over). A check depends only on the
+// trees, which are content-addressed; what a rollback then reads from the
+// store (the trees on the diff's paths, the chunks it writes) is loaded
+// and verified by the plan before the first write, as always.
+type stateMemo struct {
+	mu sync.Mutex
+	m  map[delta.ID]delta.Footprint
+	// trees keeps the trees rollbacks read (verified when first loaded):
+	// a rollback reads the trees on the diff's paths of both states, the
+	// same few each time in a loop.
+	trees boundedMemo[[]byte]
+	// decoded keeps the plans' decoded trees (delta.TreeMemo), counted by
+	// the length of their encodings (decoded, a tree takes about three
+	// times that): decoding the trees on a diff's paths of both states
+	// was a fifth of a rollback a few files away.
+	decoded boundedMemo[*delta.Tree]
+	// data keeps the chunks plans loaded (verified when first loaded):
+	// a loop rewrites the same files from the same chunks each time, and
+	// reading, decompressing and hashing them again was a tenth of such a
+	// rollback's CPU.
+	data boundedMemo[[]byte]
+}
+
+// The memo's budgets, and the largest item each keeps (a sixteenth).
+const (
+	treeMemoBytes    = 16 << 20
+	decodedMemoBytes = 4 << 20
+	dataMemoBytes    = 8 << 20
+)
+
+// boundedMemo keeps items by ID up to a byte budget; past it arbitrary
+// items go. Its owner's mutex guards it.
+type boundedMemo[V any] struct {
+	m     map[delta.ID]memoItem[V]
+	bytes int
+}
+
+type memoItem[V any] struct {
+	v    V
+	size int
+}
+
+func (b *boundedMemo[V]) get(id delta.ID) (V, bool) {
+	it, ok := b.m[id]
+	return it.v, ok
+}
+
+func (b *boundedMemo[V]) put(id delta.ID, v V, size, budget int) {
+	if size > budget/16 {
+		return
+	}
+	if _, ok := b.m[id]; ok {
+		return
+	}
+	if b.m == nil {
+		b.m = map[delta.ID]memoItem[V]{}
+	}
+	for k, it := range b.m {
+		if b.bytes+size <= budget {
+			break
+		}
+		delete(b.m, k)
+		b.bytes -= it.size
+	}
+	b.m[id] = memoItem[V]{v: v, size: size}
+	b.bytes += size
+}
+
+// rollbackLoader is the store's loader with the memo in front.
+func (e *Engine) rollbackLoader() delta.BlobLoader { return memoLoader{m: &e.checked, next: e.repo} }
+
+type memoLoader struct {
+	m    *stateMemo
+	next delta.BlobLoader
+}
+
+// LoadBlob serves trees and chunks from the memo, and keeps what it loads
+// from the store (which verified it). The bytes are shared: callers only
+// read them.
+func (l memoLoader) LoadBlob(ctx context.Context, t delta.BlobType, id delta.ID) ([]byte, error) {
+	memo, budget := &l.m.trees, treeMemoBytes
+	switch t {
+	case delta.BlobTree:
+	case delta.BlobData:
+		memo, budget = &l.m.data, dataMemoBytes
+	default:
+		return l.next.LoadBlob(ctx, t, id)
+	}
+	l.m.mu.Lock()
+	data, ok := memo.get(id)
+	l.m.mu.Unlock()
+	if ok {
+		return data, nil
+	}
+	data, err := l.next.LoadBlob(ctx, t, id)
+	if err != nil {
+		return data, err
+	}
+	l.m.mu.Lock()
+	defer l.m.mu.Unlock()
+	memo.put(id, data, len(data), budget)
+	return data, nil
+}
+
+// MemoTree is delta.TreeMemo's: a tree a plan decoded before.
+func (l memoLoader) MemoTree(id delta.ID) (*delta.Tree, bool) {
+	l.m.mu.Lock()
+	defer l.m.mu.Unlock()
+	return l.m.decoded.get(id)
+}
+
+// KeepTree keeps a tree a plan decoded from what l served (the store's
+// bytes, verified when loaded).
+func (l memoLoader) KeepTree(id delta.ID, t *delta.Tree, size int) {
+	l.m.mu.Lock()
+	defer l.m.mu.Unlock()
+	l.m.decoded.put(id, t, size, decodedMemoBytes)
+}
