@@ -60,13 +60,7 @@ func TestKilledRollbackKeepsRootAndHead(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			home := filepath.Join(t.TempDir(), "home")
 			e := openEngine(t, home)
-			base := t.TempDir()
-			write(t, filepath.Join(base, "a.txt"), "base\n")
-			cr, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: base})
-			must(t, err)
-			write(t, filepath.Join(cr.Root, "one.txt"), "turn 1\n")
-			c1, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
-			must(t, err)
+			cr, c1 := firstTurn(t, e)
 			state1 := mergedState(t, cr.Root)
 			write(t, filepath.Join(cr.Root, "two.txt"), "turn 2\n")
 			write(t, filepath.Join(cr.Root, "three.txt"), "turn 2\n")
@@ -74,7 +68,7 @@ func TestKilledRollbackKeepsRootAndHead(t *testing.T) {
 			if tc.touchBase {
 				write(t, filepath.Join(cr.Root, "a.txt"), "copied up\n") // rollback brings the base's back
 			}
-			_, err = e.Checkpoint(ctx, "s", CheckpointOptions{})
+			_, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 			must(t, err)
 			state2 := mergedState(t, cr.Root)
 			ino := inode(t, filepath.Join(cr.Root, "one.txt"))
@@ -112,6 +106,21 @@ func TestKilledRollbackKeepsRootAndHead(t *testing.T) {
 	}
 }
 
+// firstTurn makes sandbox s on a base holding a.txt and checkpoints its
+// first turn, which writes one.txt.
+func firstTurn(t *testing.T, e *Engine) (*CreateResult, *CheckpointResult) {
+	t.Helper()
+	ctx := context.Background()
+	base := t.TempDir()
+	write(t, filepath.Join(base, "a.txt"), "base\n")
+	cr, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: base})
+	must(t, err)
+	write(t, filepath.Join(cr.Root, "one.txt"), "turn 1\n")
+	c1, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
+	must(t, err)
+	return cr, c1
+}
+
 // rewrite replaces a file's content in place (same inode).
 func rewrite(t testing.TB, p, content string) {
 	t.Helper()
@@ -137,13 +146,7 @@ func inode(t testing.TB, p string) uint64 {
 func TestFailedRollbackKeepsHeadObject(t *testing.T) {
 	ctx := context.Background()
 	e := newEngine(t)
-	base := t.TempDir()
-	write(t, filepath.Join(base, "a.txt"), "base\n")
-	cr, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: base})
-	must(t, err)
-	write(t, filepath.Join(cr.Root, "one.txt"), "turn 1\n")
-	c1, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
-	must(t, err)
+	cr, c1 := firstTurn(t, e)
 	write(t, filepath.Join(cr.Root, "a.txt"), "copied up\n") // the rollback brings the base's back: it unmounts
 	c2, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
