@@ -146,9 +146,20 @@ func read(buf []byte, skip func(string) bool, list func([]byte) (int, error), ge
 		}
 		return nil, fmt.Errorf("list xattrs: %w", err)
 	}
+	if n == 0 {
+		return nil, nil
+	}
+	// The names are copied out of buf first, so buf then holds each value
+	// in turn: a scan reads the xattrs of every entry it looks at, and a
+	// value buffer of its own (64 KiB, zeroed) was most of what a tracked
+	// turn allocated.
+	names := strings.Split(string(buf[:n]), "\x00")
+	vbuf := buf
+	if len(vbuf) < XattrBufSize {
+		vbuf = make([]byte, XattrBufSize)
+	}
 	var out []Xattr
-	vbuf := make([]byte, XattrBufSize)
-	for _, name := range strings.Split(string(buf[:n]), "\x00") {
+	for _, name := range names {
 		if name == "" || (skip != nil && skip(name)) {
 			continue
 		}
