@@ -262,6 +262,21 @@ func (e *Engine) loadSandbox(ctx context.Context, name string) (*sandboxState, e
 	return st, nil
 }
 
+// SandboxExists reports whether the catalog has sandbox name. It reads
+// one catalog entry and waits for no operation on the sandbox, for a
+// caller on a hot path (the LLM proxy refuses a route to a sandbox that
+// does not exist before it forwards anything).
+func (e *Engine) SandboxExists(ctx context.Context, name string) (bool, error) {
+	err := e.view(ctx, func(tx *catalog.Tx) error {
+		_, err := tx.Sandbox(name)
+		return err
+	})
+	if errors.Is(err, errdefs.ErrNotFound) || errors.Is(err, errdefs.ErrInvalid) {
+		return false, nil // an invalid name names no sandbox
+	}
+	return err == nil, err
+}
+
 // SandboxPath returns the sandbox's mounted root, mounting it if needed.
 func (e *Engine) SandboxPath(ctx context.Context, name string) (string, error) {
 	done, err := e.op(ctx, name)

@@ -80,6 +80,13 @@ func (l *LLM) Handler() http.Handler { return l.proxy }
 func (l *LLM) Close() { l.proxy.Close() }
 
 func (l *LLM) upstreamFor(ctx context.Context, sandbox string) (string, error) {
+	// A route to no sandbox is answered here: forwarded, its model call
+	// would be paid for and its turn's checkpoint fail.
+	if ok, err := l.svc.E.SandboxExists(ctx, sandbox); err != nil {
+		return "", err
+	} else if !ok {
+		return "", fmt.Errorf("sandbox %s does not exist: %w", sandbox, errdefs.ErrNotFound)
+	}
 	u, err := l.ups.Get(sandbox)
 	if err != nil {
 		return "", err
