@@ -348,3 +348,56 @@ type point2 struct {
 	cp     *delta.Checkpoint
 	merged delta.ID
 }
+
+// TestMountedRollbackRemovesARenamedBaseFile: a base file renamed by the
+// agent is a copy-up at a name the base lacks (overlay indexes it by its
+// base inode), so a rollback that only drops it writes through the mount,
+// and overlay's own unlink leaves a whiteout index for the base inode. The
+// rollback after it, which brings the base name back, must unmount (the
+// name is the base's) and must read the base file, not EIO; every state
+// walks as its checkpoint and hashes as it did when taken.
+func TestMountedRollbackRemovesARenamedBaseFile(t *testing.T) {
+	for _, tracked := range []bool{true, false} {
+		t.Run(fmt.Sprint("tracked=", tracked), func(t *testing.T) {
+			ctx := context.Background()
+			e := newEngine(t)
+			if tracked {
+				e = openTracking(t, filepath.Join(t.TempDir(), "home"))
+			}
+			cr, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: richBase(t)})
+			must(t, err)
+			p := func(rel string) string { return filepath.Join(cr.Root, rel) }
+			take := func() point2 {
+				t.Helper()
+				merged := mergedState(t, cr.Root)
+				res, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
+				must(t, err)
+				cp, err := e.Resolve(ctx, res.ID.String())
+				must(t, err)
+				return point2{cp, merged}
+			}
+			rollback := func(to point2, mounted bool, what string) {
+				t.Helper()
+				res, err := e.Rollback(ctx, "s", to.cp.ID.String(), RollbackOptions{})
+				must(t, err)
+				if res.Mounted != mounted {
+					t.Fatalf("%s: written through the mount: %v, want %v", what, res.Mounted, mounted)
+				}
+				checkRolledBack(t, e, "s", to.cp, to.merged, what)
+			}
+			write(t, p("src/other"), "a turn\n")
+			c0 := take() // etc/config is the base's
+			must(t, os.Rename(p("etc/config"), p("etc/moved")))
+			must(t, os.Remove(p("etc/moved")))
+			c1 := take() // etc/config whited out, no etc/moved
+			rollback(c0, false, "back to the base file")
+			must(t, os.Rename(p("etc/config"), p("etc/moved"))) // a copy-up, indexed, at a new name
+			write(t, p("etc/moved"), "port=9\n")
+			rollback(c1, true, "dropping the renamed copy-up") // removes etc/moved through the mount
+			rollback(c0, false, "back to the base file again")
+			if got, err := os.ReadFile(p("etc/config")); err != nil || string(got) != "port=1\n" {
+				t.Fatalf("the base file after the rollbacks: %q, %v", got, err)
+			}
+		})
+	}
+}
