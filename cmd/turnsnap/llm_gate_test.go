@@ -16,11 +16,14 @@ import (
 
 // The gate's timeout and failure paths through a real daemon: a checkpoint
 // held at its commit (the daemon's hold hook) outlasts --llm-gate-timeout;
-// a checkpoint of a sandbox that does not exist fails. Strict answers 503
-// problem+json naming the sandbox; otherwise the reply goes out unchanged
-// and the outcome is counted.
+// a checkpoint of a sandbox whose live layer is gone (its "current" link
+// moved away) fails. Strict answers 503 problem+json naming the sandbox;
+// otherwise the reply goes out unchanged and the outcome is counted. (A
+// route to a sandbox that does not exist never reaches the gate: it is
+// answered 404, TestLLMRouteToMissingSandbox.)
 func TestLLMGateTimeoutAndStrict(t *testing.T) {
-	home, roots := llmHome(t, "s")
+	home, roots := llmHome(t, "s", "broken")
+	current := filepath.Join(home, "sandboxes", "broken", "current")
 	up := newLLMStub(t, "up")
 	hold := t.TempDir()
 	release := filepath.Join(hold, "release")
@@ -44,9 +47,16 @@ func TestLLMGateTimeoutAndStrict(t *testing.T) {
 			t.Fatalf("strict %v: the reply came after %v, before the gate's timeout", strict, waited)
 		}
 		checkGated(t, strict, c, "s")
-		// Failure: no such sandbox, so its checkpoint fails at once.
-		miss := &llmAgent{t: t, route: strings.TrimSuffix(routeOf(t, st, "s"), "/s") + "/nosuch", opening: "go"}
-		checkGated(t, strict, miss.step(0), "nosuch")
+		// Failure: no live layer, so the checkpoint fails at once.
+		if err := os.Rename(current, current+".away"); err != nil {
+			t.Fatal(err)
+		}
+		broken := &llmAgent{t: t, route: routeOf(t, st, "broken"), opening: "go"}
+		c = broken.step(0)
+		if err := os.Rename(current+".away", current); err != nil {
+			t.Fatal(err)
+		}
+		checkGated(t, strict, c, "broken")
 		cl := d.client(t)
 		if n := metric(t, cl, `turnsnap_llm_gate_outcomes_total{outcome="timeout"}`); n != 1 {
 			t.Fatalf("strict %v: %v timeouts counted, want 1", strict, n)
