@@ -175,19 +175,32 @@ func TestTrackedUnchangedTurnReadsNoFile(t *testing.T) {
 		}
 	}
 	write(t, filepath.Join(root, "etc/config"), "port=3\n")
-	walks := e.TrackingStats().Walks[overlay.ReasonOverflow]
+	ovBefore := e.TrackingStats()
 	ov, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
-	if st := e.TrackingStats(); ov.Class == delta.ClassSkip || st.Walks[overlay.ReasonOverflow] != walks+1 || st.Overflows == 0 {
-		t.Fatalf("turn after an overflow: %s, tracking %+v", ov.Class, st)
+	// The record's first loss names the walk: nearly always the overflow,
+	// but under a loaded CI machine one of the 16,000 queued events has
+	// once failed to resolve first (reason unresolved). Either way the
+	// turn must walk, not be tracked.
+	ovSt := e.TrackingStats()
+	walked := sumWalks(ovSt) - sumWalks(ovBefore)
+	if ov.Class == delta.ClassSkip || ovSt.Overflows == 0 || walked != 1 || ovSt.TrackedScans != ovBefore.TrackedScans ||
+		ovSt.Walks[overlay.ReasonOverflow]+ovSt.Walks[overlay.ReasonUnresolved] == ovBefore.Walks[overlay.ReasonOverflow]+ovBefore.Walks[overlay.ReasonUnresolved] {
+		lastLoss := ""
+		if ent := e.track.m["s"]; ent != nil {
+			lastLoss = ent.tr.Stats().LastLoss
+		}
+		t.Fatalf("turn after an overflow: %s, tracking %+v (before %+v), last loss %q", ov.Class, ovSt, ovBefore, lastLoss)
 	}
 	checkAgainstFullRead(t, e, "s", ov, "turn after overflow")
 	e.untrack("s")
 	e.track.opts = overlay.TrackOptions{}
 
-	// A rollback remounts the root: the restored root gets a new tracker
-	// whose base is the restored state (rollback_track.go), so the next
-	// turn is tracked, and sees the restored state plus its change.
+	// After a rollback the root has a tracker whose base is the restored
+	// state (rollback_track.go): the one that watched a diff written
+	// through the mount, or a new one on the new mount of a diff written
+	// to the unmounted upper. So the next turn is tracked, and sees the
+	// restored state plus its change.
 	_, err = e.Rollback(ctx, "s", first.ID.String(), RollbackOptions{})
 	must(t, err)
 	st, err := e.loadSandbox(ctx, "s")
@@ -373,4 +386,13 @@ func TestTrackedQuietStartGetsABase(t *testing.T) {
 	if st := e.TrackingStats(); st.Walks[overlay.ReasonStart] != 1 || st.UnchangedTurns != 2 {
 		t.Fatalf("quiet turns after a start: %+v", st)
 	}
+}
+
+// sumWalks counts the walks of every reason.
+func sumWalks(st TrackingStats) uint64 {
+	var n uint64
+	for _, v := range st.Walks {
+		n += v
+	}
+	return n
 }

@@ -45,7 +45,7 @@ type daemonProc struct {
 }
 
 // startDaemon starts turnsnap serve and waits until its socket answers.
-func startDaemon(t *testing.T, home string, env []string, args ...string) *daemonProc {
+func startDaemon(t testing.TB, home string, env []string, args ...string) *daemonProc {
 	t.Helper()
 	d := &daemonProc{cmd: cli(home, env, append([]string{"serve"}, args...)...), stderr: &lockedBuffer{}, home: home,
 		exited: make(chan struct{})}
@@ -80,7 +80,7 @@ func startDaemon(t *testing.T, home string, env []string, args ...string) *daemo
 }
 
 // stop sends SIGTERM and waits; it returns the exit code (-1: killed).
-func (d *daemonProc) stop(t *testing.T) int {
+func (d *daemonProc) stop(t testing.TB) int {
 	select {
 	case <-d.exited:
 	default:
@@ -107,7 +107,7 @@ func (d *daemonProc) wait(t *testing.T) int {
 	return d.cmd.ProcessState.ExitCode()
 }
 
-func (d *daemonProc) client(t *testing.T) *client.Client {
+func (d *daemonProc) client(t testing.TB) *client.Client {
 	c, err := client.New(client.Options{Socket: filepath.Join(d.home, socketName)})
 	if err != nil {
 		t.Fatal(err)
