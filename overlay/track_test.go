@@ -323,7 +323,11 @@ func TestTrackerOverflowWalks(t *testing.T) {
 	}
 	res, info, err := r.ScanTracked(ctx, nil, tr)
 	must(t, err)
-	if !info.Walked || info.Reason != ReasonOverflow || tr.Stats().Overflows == 0 {
+	// The walk is named after the record's first loss: the overflow, or
+	// an event queued before it whose handle the kernel would not decode
+	// (CI has seen open_by_handle_at answer ENOMEM for the handle of a
+	// directory removed since; the tracker then walks, reason unresolved).
+	if !info.Walked || (info.Reason != ReasonOverflow && info.Reason != ReasonUnresolved) || tr.Stats().Overflows == 0 {
 		t.Fatalf("after an overflow: %+v, stats %+v", info, tr.Stats())
 	}
 	if res.StateKey != oracle(t, r).StateKey {
