@@ -30,9 +30,18 @@ import (
 // else (a new, removed or rewritten file, a link_remap.N file CRIU leaves
 // for a deleted file that still has another name, a socket whose mode
 // changed) is not accepted, and the next turn records it as before: when
-// unsure, checkpoint. The scan is committed as the root's scan cache only
-// when accepted (it then names only chunks the checkpoint holds), so the
-// next turn reads only what the agent wrote.
+// unsure, checkpoint.
+//
+// The scan is committed to the root (Root.Committed: its scan cache, and
+// on btrfs its scan state and a restore point) only when it is the
+// checkpoint's state exactly. An accepted scan with socket noise names
+// trees that were never stored (the directories holding the sockets): a
+// root that took them as committed would hand them to the next turn's
+// scan, which reuses an unchanged directory's tree by its ID, and that
+// checkpoint would name a tree in no pack (btrfs did: the store-only
+// verify of TestTurnAfterProcessRestoreIsTheAgents/btrfs found it). So
+// the next fs turn scans those directories again, against the restored
+// state, and stores what they hold; sockets have no content to read.
 //
 //	HOME/proc/NAME.restored   "<checkpoint id> <accepted state key>"
 
@@ -59,8 +68,8 @@ func (e *Engine) acceptRestored(ctx context.Context, name string, root rootfs.Ro
 		data := cp.ID.String() + " " + res.StateKey.String() + "\n"
 		if err := os.WriteFile(e.home.restoredFile(name), []byte(data), 0o600); err != nil {
 			e.log.Warn("record restored state", "sandbox", name, "err", err)
-			return
 		}
+		return // res names trees the store lacks: never the root's committed scan
 	}
 	if err := root.Committed(res); err != nil {
 		e.log.Warn("scan cache after process restore", "sandbox", name, "err", err)

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"github.com/turnsnap/turnsnap/internal/btrfstest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -60,11 +61,18 @@ func holderBase(t *testing.T) string {
 // The turn after a rollback that restored processes holding a bound unix
 // socket and a deleted-open file reflects only what the agent did: idle,
 // it is a skip; writing one file, it is an fs turn that reads that file.
+// Both backends.
 func TestTurnAfterProcessRestoreIsTheAgents(t *testing.T) {
 	requireProcs(t)
+	base := holderBase(t)
+	t.Run("overlay", func(t *testing.T) { turnAfterProcessRestore(t, CreateOptions{Base: base}) })
+	t.Run("btrfs", func(t *testing.T) { turnAfterProcessRestore(t, btrfsOpts(btrfstest.Pool(t), base)) })
+}
+
+func turnAfterProcessRestore(t *testing.T, opts CreateOptions) {
 	ctx := context.Background()
 	e := newEngine(t)
-	cr, err := e.CreateSandbox(ctx, "h", CreateOptions{Base: holderBase(t)})
+	cr, err := e.CreateSandbox(ctx, "h", opts)
 	must(t, err)
 	_, err = e.Exec(ctx, "h", []string{"/bin/holder"}, ExecOptions{Detach: true})
 	must(t, err)
