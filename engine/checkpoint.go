@@ -156,11 +156,16 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 		}
 	}
 	if !fsChanged && !pt.changed {
-		// Nothing recovery-relevant changed. The scan's cache only names
-		// chunks the head already references, so keeping it is safe; it is
-		// worth writing only when the scan had to read files (racy or
-		// touched-but-equal entries), which the next scan would read again.
-		if res.Stats.FilesRead > 0 {
+		// Nothing recovery-relevant changed. The scan is worth keeping as
+		// the root's committed one only when it had to read files (racy or
+		// touched-but-equal entries), which the next scan would read
+		// again; and it is safe only when its trees are the head's, all
+		// stored. A skip of a merged-equal state can have other trees (a
+		// directory whose mtime alone moved, copy-up residue), which a skip
+		// never stores: committed, the next turn would take an unchanged
+		// directory's tree from them by ID and name a tree in no pack
+		// (TestSkipNeverCommitsUnstoredTrees).
+		if res.Stats.FilesRead > 0 && res.Root == st.head.FSTree {
 			if err := st.root.Committed(res); err != nil {
 				return nil, err
 			}
