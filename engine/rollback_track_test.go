@@ -257,12 +257,7 @@ func TestRollbackBringsBackADeletedCopiedUpBaseFile(t *testing.T) {
 	for _, tracked := range []bool{true, false} {
 		t.Run(fmt.Sprint("tracked=", tracked), func(t *testing.T) {
 			ctx := context.Background()
-			e := newEngine(t)
-			if tracked {
-				e = openTracking(t, filepath.Join(t.TempDir(), "home"))
-			}
-			cr, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: richBase(t)})
-			must(t, err)
+			e, cr := richSandbox(t, tracked)
 			p := func(rel string) string { return filepath.Join(cr.Root, rel) }
 			take := func() *delta.Checkpoint {
 				t.Helper()
@@ -278,7 +273,7 @@ func TestRollbackBringsBackADeletedCopiedUpBaseFile(t *testing.T) {
 			c1 := take()
 			write(t, p("etc/config"), "port=3\n")
 			take()
-			_, err = e.Rollback(ctx, "s", c1.ID.String(), RollbackOptions{}) // rewrites it in place
+			_, err := e.Rollback(ctx, "s", c1.ID.String(), RollbackOptions{}) // rewrites it in place
 			must(t, err)
 			must(t, os.RemoveAll(p("etc")))
 			_, err = e.Rollback(ctx, "s", c0.ID.String(), RollbackOptions{})
@@ -360,12 +355,7 @@ func TestMountedRollbackRemovesARenamedBaseFile(t *testing.T) {
 	for _, tracked := range []bool{true, false} {
 		t.Run(fmt.Sprint("tracked=", tracked), func(t *testing.T) {
 			ctx := context.Background()
-			e := newEngine(t)
-			if tracked {
-				e = openTracking(t, filepath.Join(t.TempDir(), "home"))
-			}
-			cr, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: richBase(t)})
-			must(t, err)
+			e, cr := richSandbox(t, tracked)
 			p := func(rel string) string { return filepath.Join(cr.Root, rel) }
 			take := func() point2 {
 				t.Helper()
@@ -400,4 +390,17 @@ func TestMountedRollbackRemovesARenamedBaseFile(t *testing.T) {
 			}
 		})
 	}
+}
+
+// richSandbox opens an engine (the daemon's, with change tracking, when
+// tracked) holding sandbox s on the rich base.
+func richSandbox(t *testing.T, tracked bool) (*Engine, *CreateResult) {
+	t.Helper()
+	e := newEngine(t)
+	if tracked {
+		e = openTracking(t, filepath.Join(t.TempDir(), "home"))
+	}
+	cr, err := e.CreateSandbox(context.Background(), "s", CreateOptions{Base: richBase(t)})
+	must(t, err)
+	return e, cr
 }

@@ -27,20 +27,7 @@ func TestLLMRouteToMissingSandbox(t *testing.T) {
 		t.Fatal(err)
 	}
 	var calls atomic.Int32
-	stub := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		calls.Add(1)
-		io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "application/json")
-		io.WriteString(w, `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}`)
-	}))
-	t.Cleanup(stub.Close)
-	llm, err := api.NewLLM(ctx, f.srv.Service(), api.LLMOptions{Upstream: stub.URL, Gate: llmproxy.GateLocal})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(llm.Close)
-	proxy := httptest.NewServer(llm.Handler())
-	t.Cleanup(proxy.Close)
+	proxy := llmBehind(t, f, func() { calls.Add(1) })
 	post := func(sandbox string) (int, map[string]any) {
 		t.Helper()
 		resp, err := http.Post(proxy.URL+"/llm/"+sandbox+"/v1/chat/completions", "application/json",
@@ -68,6 +55,27 @@ func TestLLMRouteToMissingSandbox(t *testing.T) {
 	if code, body := post("agent"); code != http.StatusOK || calls.Load() != 1 {
 		t.Fatalf("route to an existing sandbox: HTTP %d %v, upstream calls %d", code, body, calls.Load())
 	}
+}
+
+// llmBehind serves the daemon's LLM wiring over f (local gate) in front of
+// a stub model that answers every call at once, after calling onCall.
+func llmBehind(t *testing.T, f *fixture, onCall func()) *httptest.Server {
+	t.Helper()
+	stub := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		onCall()
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}`)
+	}))
+	t.Cleanup(stub.Close)
+	llm, err := api.NewLLM(context.Background(), f.srv.Service(), api.LLMOptions{Upstream: stub.URL, Gate: llmproxy.GateLocal})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(llm.Close)
+	proxy := httptest.NewServer(llm.Handler())
+	t.Cleanup(proxy.Close)
+	return proxy
 }
 
 // BenchmarkSandboxExists is the check the LLM proxy now makes before it

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -15,8 +14,6 @@ import (
 	"time"
 
 	"github.com/turnsnap/turnsnap/engine"
-	"github.com/turnsnap/turnsnap/engine/api"
-	"github.com/turnsnap/turnsnap/engine/llmproxy"
 )
 
 // TestLLMUrgentLane runs the daemon's wiring (api.LLM over a real engine
@@ -42,19 +39,7 @@ func TestLLMUrgentLane(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	stub := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprint(w, `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}`)
-	}))
-	t.Cleanup(stub.Close)
-	llm, err := api.NewLLM(ctx, f.srv.Service(), api.LLMOptions{Upstream: stub.URL, Gate: llmproxy.GateLocal})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(llm.Close)
-	proxy := httptest.NewServer(llm.Handler())
-	t.Cleanup(proxy.Close)
+	proxy := llmBehind(t, f, func() {})
 
 	errs := make(chan error, 3)
 	checkpoint := func(name string) {
