@@ -2,6 +2,8 @@ package engine
 
 import (
 	"context"
+	"errors"
+	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -295,4 +297,35 @@ func TestBranchManyAndFrozenRetention(t *testing.T) {
 		t.Fatalf("frozen layers at the end: %d, want %d (s's newest)", len(got), DefaultFrozenKeep)
 	}
 	checkAll(t, e)
+}
+
+// TestVerifyChecksTheFrozenLayer: verify re-hashes the checkpoint's frozen
+// layer on this host (its branches stack on it and read it as it is), and
+// a byte changed in it fails the verify as corrupt, naming the layer.
+func TestVerifyChecksTheFrozenLayer(t *testing.T) {
+	ctx := context.Background()
+	e := newEngine(t)
+	cr, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: richBase(t)})
+	must(t, err)
+	write(t, filepath.Join(cr.Root, "work/notes.txt"), "the agent's notes\n")
+	res, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
+	must(t, err)
+	c, err := e.Resolve(ctx, res.ID.String())
+	must(t, err)
+	e.WaitFreezes()
+	rep, err := e.Verify(ctx, c.ID.String())
+	must(t, err)
+	if !rep.FrozenChecked {
+		t.Fatal("verify did not check the frozen layer")
+	}
+	layer := filepath.Join(e.overlayBackend().FrozenDir(c.FSTree), "work/notes.txt")
+	data, err := os.ReadFile(layer)
+	must(t, err)
+	data[0] ^= 1
+	must(t, os.WriteFile(layer, data, 0o644))
+	_, err = e.Verify(ctx, c.ID.String())
+	if !errors.Is(err, errdefs.ErrCorrupt) || !strings.Contains(err.Error(), "frozen layer") {
+		t.Fatalf("verify of a damaged frozen layer: %v", err)
+	}
+	must(t, os.RemoveAll(e.overlayBackend().FrozenDir(c.FSTree)))
 }

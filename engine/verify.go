@@ -35,6 +35,12 @@ func (e *Engine) Verify(ctx context.Context, ref string) (*VerifyReport, error) 
 	if rep.BaseChecked, err = e.checkBase(ctx, cp.Sandbox, cp.Backend, cp.BaseTree, true); err != nil {
 		return rep, fmt.Errorf("checkpoint %s: %w", cp.ID.Short(), err)
 	}
+	// Branches of cp stack on its frozen layer and read it as it is.
+	if ob := e.overlayBackend(); ob != nil {
+		if rep.FrozenChecked, err = ob.VerifyFrozen(ctx, cp.FSTree); err != nil {
+			return rep, fmt.Errorf("checkpoint %s: %w", cp.ID.Short(), err)
+		}
+	}
 	return rep, nil
 }
 

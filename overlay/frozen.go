@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/internal/fsat"
 	"golang.org/x/sys/unix"
 )
@@ -336,4 +337,26 @@ func LiveUpper(dir string) (string, error) {
 		return "", err
 	}
 	return filepath.Join(g, "upper"), nil
+}
+
+// VerifyFrozen re-hashes this host's frozen layer of tree, if it keeps one,
+// and reports whether it did. A branch stacks on the layer and reads its
+// files as they are on disk, so damage there would reach every branch of
+// the checkpoint; a layer that no longer scans to its tree (upper form,
+// the home's ID scheme) is ErrCorrupt. Removing it is safe: a branch then
+// materialises from the store, and the next freeze builds it again.
+func (b *Backend) VerifyFrozen(ctx context.Context, tree delta.ID) (bool, error) {
+	if !b.HasFrozen(tree) {
+		return false, nil
+	}
+	dir := b.FrozenDir(tree)
+	res, err := delta.Scan(ctx, dir, delta.ScanOptions{IDs: b.ids, Translate: Translate, Quiescent: true})
+	if err != nil {
+		return true, fmt.Errorf("frozen layer %s: %w", dir, err)
+	}
+	if res.Root != tree {
+		return true, fmt.Errorf("frozen layer %s hashes to %s, not its tree (remove it and branches materialise from the store): %w",
+			dir, res.Root.Short(), errdefs.ErrCorrupt)
+	}
+	return true, nil
 }

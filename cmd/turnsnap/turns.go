@@ -195,6 +195,9 @@ given (or every checkpoint in the store).`,
 		}
 		fmt.Fprintf(a.stdout(), "checkpoint %s ok: %d objects, %d trees, %d chunks, %s verified; restores %d entries, %s\n",
 			r.Checkpoint.Short(), len(r.Objects), r.Trees, r.Chunks, bytesStr(r.Bytes), r.Entries, bytesStr(int64(r.StateBytes)))
+		if r.FrozenChecked {
+			fmt.Fprintln(a.stdout(), "its frozen layer on this host (which its branches stack on) re-hashed ok")
+		}
 		return nil
 	})
 	c.Flags().BoolVar(&storeOnly, "store-only", false, "do not use the catalog: index blobs from pack headers (all checkpoints if none is named)")

@@ -316,7 +316,7 @@ func (s *Service) Verify(ctx context.Context, ref string) (*Verified, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Verified{BaseChecked: r.BaseChecked, Bytes: r.Bytes, Checkpoint: r.Checkpoint, Chunks: r.Chunks,
+	return &Verified{BaseChecked: r.BaseChecked, FrozenChecked: r.FrozenChecked, Bytes: r.Bytes, Checkpoint: r.Checkpoint, Chunks: r.Chunks,
 		Entries: r.Entries, Objects: r.Objects, OK: true, StateBytes: r.StateBytes, Trees: r.Trees}, nil
 }
 

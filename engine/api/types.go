@@ -200,15 +200,18 @@ func restoreOf(r *engine.RestoreResult) *Restore {
 
 // Verified is POST /v1/checkpoints/{ref}/verify.
 type Verified struct {
-	BaseChecked bool     `json:"base_checked"`
-	Bytes       int64    `json:"bytes"`
-	Checkpoint  delta.ID `json:"checkpoint"`
-	Chunks      int64    `json:"chunks"`
-	Entries     uint64   `json:"entries"`
-	Objects     []string `json:"objects"`
-	OK          bool     `json:"ok"`
-	StateBytes  uint64   `json:"bytes_expanded"`
-	Trees       int64    `json:"trees"`
+	BaseChecked bool `json:"base_checked"`
+	// FrozenChecked: this host's frozen layer of the checkpoint (which its
+	// branches stack on) was re-hashed.
+	FrozenChecked bool     `json:"frozen_checked"`
+	Bytes         int64    `json:"bytes"`
+	Checkpoint    delta.ID `json:"checkpoint"`
+	Chunks        int64    `json:"chunks"`
+	Entries       uint64   `json:"entries"`
+	Objects       []string `json:"objects"`
+	OK            bool     `json:"ok"`
+	StateBytes    uint64   `json:"bytes_expanded"`
+	Trees         int64    `json:"trees"`
 }
 
 // StoreVerifyRequest is POST /v1/store/verify.

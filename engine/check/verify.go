@@ -91,6 +91,9 @@ type Report struct {
 	// BaseChecked says the base materialised on this host was re-hashed
 	// (set by the engine, which knows the backends).
 	BaseChecked bool
+	// FrozenChecked says this host's frozen layer of the checkpoint's
+	// tree, which its branches stack on, was re-hashed (engine too).
+	FrozenChecked bool
 }
 
 // Verify reads every object checkpoint cp needs and checks every hash: the
