@@ -149,13 +149,14 @@ func (e *Engine) putHead(ctx context.Context, sb *delta.Sandbox, id delta.ID) er
 // moveHeadAfter is moveHead whose ref object put (putHead of id) was
 // started already; nil: it is written here.
 func (e *Engine) moveHeadAfter(ctx context.Context, name string, sb *delta.Sandbox, id delta.ID, put *asyncWrite) error {
+	err := put.wait() // nil-safe
 	if put == nil {
-		put = startWrite(func() error { return e.putHead(ctx, sb, id) })
+		err = e.putHead(ctx, sb, id)
 	}
-	if err := put.wait(); err != nil {
+	if err != nil {
 		return err
 	}
-	err := e.cat.Update(ctx, func(tx *catalog.Tx) error {
+	err = e.cat.Update(ctx, func(tx *catalog.Tx) error {
 		if err := e.queueRef(tx, name, delta.RefName(delta.RefHead, sb.Key()), id, ""); err != nil {
 			return err
 		}

@@ -306,15 +306,7 @@ func TestTrackedRollbackAfterRollback(t *testing.T) {
 	for i := range 40 {
 		write(t, p(fmt.Sprintf("w%d/f%02d", i%4, i)), fmt.Sprint("one ", i))
 	}
-	take := func() point2 {
-		t.Helper()
-		merged := mergedState(t, cr.Root)
-		res, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
-		must(t, err)
-		cp, err := e.Resolve(ctx, res.ID.String())
-		must(t, err)
-		return point2{cp, merged}
-	}
+	take := func() point2 { t.Helper(); return takePoint(t, e, cr.Root) }
 	c1 := take()
 	write(t, p("w0/f00"), "two")
 	write(t, p("w1/new"), "two")
@@ -344,6 +336,18 @@ type point2 struct {
 	merged delta.ID
 }
 
+// takePoint checkpoints sandbox s (root at root) and returns the
+// checkpoint with the merged state it was taken of.
+func takePoint(t *testing.T, e *Engine, root string) point2 {
+	t.Helper()
+	merged := mergedState(t, root)
+	res, err := e.Checkpoint(context.Background(), "s", CheckpointOptions{})
+	must(t, err)
+	cp, err := e.Resolve(context.Background(), res.ID.String())
+	must(t, err)
+	return point2{cp, merged}
+}
+
 // TestMountedRollbackRemovesARenamedBaseFile: a base file renamed by the
 // agent is a copy-up at a name the base lacks (overlay indexes it by its
 // base inode), so a rollback that only drops it writes through the mount,
@@ -357,15 +361,7 @@ func TestMountedRollbackRemovesARenamedBaseFile(t *testing.T) {
 			ctx := context.Background()
 			e, cr := richSandbox(t, tracked)
 			p := func(rel string) string { return filepath.Join(cr.Root, rel) }
-			take := func() point2 {
-				t.Helper()
-				merged := mergedState(t, cr.Root)
-				res, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
-				must(t, err)
-				cp, err := e.Resolve(ctx, res.ID.String())
-				must(t, err)
-				return point2{cp, merged}
-			}
+			take := func() point2 { t.Helper(); return takePoint(t, e, cr.Root) }
 			rollback := func(to point2, mounted bool, what string) {
 				t.Helper()
 				res, err := e.Rollback(ctx, "s", to.cp.ID.String(), RollbackOptions{})
