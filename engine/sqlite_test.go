@@ -52,7 +52,9 @@ func sqliteBase(t *testing.T) string {
 // prints "attempt to write a readonly database") go to /data/err.
 // synchronous=OFF keeps each insert short, so a dump rarely finds the
 // database lock held.
-const sqliteWriter = `i=0; { echo 'pragma synchronous=off;'; while :; do i=$((i+1)); echo "insert into t values($i);"; sleep 0.05; done; } | sqlite3 /data/app.db 2>>/data/err`
+// Reader and writer wait for each other's locks (.timeout) instead of
+// failing with "database is locked": CI saw the reader lose that race.
+const sqliteWriter = `i=0; { echo '.timeout 5000'; echo 'pragma synchronous=off;'; while :; do i=$((i+1)); echo "insert into t values($i);"; sleep 0.05; done; } | sqlite3 /data/app.db 2>>/data/err`
 
 // A process holding an SQLite database open keeps writing after a
 // rollback on overlay: the database, rewritten in place by the diff
@@ -71,7 +73,7 @@ func TestSQLiteKeepsWritingAfterRollback(t *testing.T) {
 	must(t, err)
 	rows := func() int {
 		t.Helper()
-		n, err := strconv.Atoi(sh(t, e, "db", "sqlite3 /data/app.db 'select count(*) from t'"))
+		n, err := strconv.Atoi(sh(t, e, "db", "sqlite3 -cmd '.timeout 5000' /data/app.db 'select count(*) from t'"))
 		must(t, err)
 		return n
 	}
