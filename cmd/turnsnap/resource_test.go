@@ -2,10 +2,14 @@ package main
 
 import (
 	"crypto/rand"
+	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/hostile"
@@ -54,6 +58,52 @@ func fill(t *testing.T, dir string, leave int64) string {
 	return p
 }
 
+// awaitFreed waits until dir's filesystem has want bytes free again (less
+// 1 MiB) after the test removed what it filled it with, and fails naming
+// what holds the space if it does not: a process still holding the
+// removed filler open, or the sizes of dir's top-level entries. CI once
+// saw the checkpoint after the removal find the filesystem still full.
+func awaitFreed(t *testing.T, dir string, want int64) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for freeBytes(t, dir) < want-1<<20 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %d bytes free 10 s after the filler was removed, %d before it was made; %s",
+				dir, freeBytes(t, dir), want, spaceHolders(dir))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// spaceHolders describes what may hold dir's space: open files of removed
+// files beneath it (any process), and the bytes of each top-level entry.
+func spaceHolders(dir string) string {
+	var b strings.Builder
+	fds, _ := filepath.Glob("/proc/[0-9]*/fd/*")
+	for _, fd := range fds {
+		if target, err := os.Readlink(fd); err == nil && strings.HasPrefix(target, dir) && strings.HasSuffix(target, " (deleted)") {
+			comm, _ := os.ReadFile(filepath.Join(filepath.Dir(filepath.Dir(fd)), "comm"))
+			fmt.Fprintf(&b, "%s holds %s open (%s); ", fd, target, strings.TrimSpace(string(comm)))
+		}
+	}
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		var n int64
+		filepath.WalkDir(filepath.Join(dir, e.Name()), func(_ string, d os.DirEntry, err error) error {
+			if err == nil && !d.IsDir() {
+				if fi, err := d.Info(); err == nil {
+					if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+						n += st.Blocks * 512
+					}
+				}
+			}
+			return nil
+		})
+		fmt.Fprintf(&b, "%s: %d bytes; ", e.Name(), n)
+	}
+	return strings.TrimSuffix(b.String(), "; ")
+}
+
 func countPacks(t *testing.T, home string) int {
 	t.Helper()
 	n := 0
@@ -89,6 +139,7 @@ func TestCLIFullHomeFilesystem(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Room for the packs of the new file, not for the catalog's reserve.
+	before := freeBytes(t, fsDir)
 	filler := fill(t, fsDir, 30<<20)
 	out, code := run(t, home, "checkpoint", "s")
 	if code != exitNoSpace || !strings.Contains(out, "home filesystem is full") {
@@ -111,10 +162,16 @@ func TestCLIFullHomeFilesystem(t *testing.T) {
 			t.Errorf("turnsnap %v on a full home: exit %d: %s", args, code, out)
 		}
 	}
-	os.Remove(filler)
-	os.Remove(filepath.Join(fsDir, "filler"))
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	awaitFreed(t, fsDir, before)
 	var c2 struct{ ID, Class string }
-	runJSON(t, home, &c2, "checkpoint", "s")
+	if out, code := run(t, home, "checkpoint", "s", "--json"); code != 0 {
+		t.Fatalf("checkpoint once space is free: exit %d: %s (%s)", code, out, spaceHolders(fsDir))
+	} else if err := json.Unmarshal([]byte(out), &c2); err != nil {
+		t.Fatalf("checkpoint once space is free: bad JSON %q: %v", out, err)
+	}
 	if c2.Class != "fs" {
 		t.Fatalf("checkpoint once space is free: %+v", c2)
 	}
