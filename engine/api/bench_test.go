@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"math/rand/v2"
 	"path/filepath"
+	"runtime"
 	"runtime/pprof"
 	"slices"
 	"sync"
@@ -34,7 +36,10 @@ func editTurn(tb testing.TB, root string, turn, n int) {
 // checkpoints and closes it, as a CLI process does; in-process, so the
 // baseline does not even pay for process start-up), in the same run.
 // Reported: turns/s both ways and their ratio, and the worst contended API
-// turn against the median uncontended one (one client alone).
+// turn against the median uncontended one (one client alone). The same
+// clients then run paced, with a think time between turns as a model call
+// gives an agent (paced_*: the machine is no longer saturated, and
+// paced_cpu_load says how busy its cores were).
 func BenchmarkConcurrentTurns(b *testing.B) {
 	sandboxes, turns := 16, 8
 	if os.Getenv("TURNSNAP_BENCH_SMALL") != "" {
@@ -77,45 +82,19 @@ func BenchmarkConcurrentTurns(b *testing.B) {
 		}
 		slices.Sort(skips)
 
-		// Through the API, every client at once.
-		lat := make([][]time.Duration, sandboxes)
-		var wg sync.WaitGroup
-		errs := make(chan error, sandboxes)
+		// Through the API, every client at once, as fast as it can.
 		stopProfile := profileContended(b, iter)
-		cpu0 = cpuTime()
-		start := time.Now()
-		for i := range sandboxes {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				name := fmt.Sprintf("s%d", i)
-				for turn := range turns {
-					editTurn(b, roots[i], turn, files)
-					t0 := time.Now()
-					r, err := f.c.Checkpoint(ctx, name, api.CheckpointRequest{})
-					if err != nil || r.Class != "fs" {
-						errs <- fmt.Errorf("%s turn %d: %+v %v", name, turn, r, err)
-						return
-					}
-					lat[i] = append(lat[i], time.Since(t0))
-				}
-			}()
-		}
-		wg.Wait()
-		apiWall := time.Since(start)
-		// Everything the daemon does for these turns, their background
-		// freezes included, and the clients' own edits and HTTP.
-		f.e.WaitFreezes()
-		apiCPU := (cpuTime() - cpu0) / time.Duration(sandboxes*turns)
+		all, apiWall, apiCPU := turnsAtOnce(b, f, roots, turns, files, 0, nil)
 		stopProfile()
-		close(errs)
-		for err := range errs {
-			b.Fatal(err)
-		}
-		var all []time.Duration
-		for _, l := range lat {
-			all = append(all, l...)
-		}
+		// Then with a think time between turns, as an agent's model call
+		// gives one (exponential, mean thinkMean): the same clients, not
+		// saturating the machine, so a turn waits only for the turns that
+		// happen to coincide with it.
+		paced, pacedWall, pacedCPU := turnsAtOnce(b, f, roots, turns, files, 2000, func(rng *rand.Rand) time.Duration {
+			return time.Duration(rng.ExpFloat64() * float64(thinkMean))
+		})
+		slices.Sort(paced)
+		pacedLoad := float64(pacedCPU) * float64(sandboxes*turns) / (float64(pacedWall) * float64(runtime.NumCPU()))
 		slices.Sort(all)
 		worst := all[len(all)-1]
 		pct := func(p float64) float64 {
@@ -146,8 +125,9 @@ func BenchmarkConcurrentTurns(b *testing.B) {
 				e.Close()
 			}
 		})
-		start = time.Now()
-		errs = make(chan error, sandboxes)
+		var wg sync.WaitGroup
+		start := time.Now()
+		errs := make(chan error, sandboxes)
 		for i := range sandboxes {
 			wg.Add(1)
 			go func() {
@@ -187,7 +167,62 @@ func BenchmarkConcurrentTurns(b *testing.B) {
 		b.ReportMetric(float64(apiCPU.Microseconds())/1000, "cpu_ms/contended_turn")
 		b.ReportMetric(float64(aloneCPU.Microseconds())/1000, "cpu_ms/uncontended_turn")
 		b.ReportMetric(float64(worst)/float64(median), "worst_vs_uncontended")
+		b.ReportMetric(float64(paced[len(paced)-1])/float64(median), "paced_worst_vs_uncontended")
+		b.ReportMetric(float64(paced[len(paced)/2])/float64(median), "paced_p50_vs_uncontended")
+		b.ReportMetric(pacedLoad, "paced_cpu_load")
 	}
+}
+
+// thinkMean is the mean think time between a paced client's turns.
+const thinkMean = 100 * time.Millisecond
+
+// turnsAtOnce runs one client per root at once, each closing turns fs
+// turns of files changed files through the API (edits numbered from
+// first), waiting think() between turns when think is set. It returns
+// every turn's latency, the wall time of the whole, and the process's CPU
+// per turn (the daemon's background freezes included, and the clients'
+// own edits and HTTP).
+func turnsAtOnce(b *testing.B, f *fixture, roots []string, turns, files, first int, think func(*rand.Rand) time.Duration) ([]time.Duration, time.Duration, time.Duration) {
+	ctx := context.Background()
+	lat := make([][]time.Duration, len(roots))
+	var wg sync.WaitGroup
+	errs := make(chan error, len(roots))
+	cpu0 := cpuTime()
+	start := time.Now()
+	for i := range roots {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(i), uint64(first)))
+			name := fmt.Sprintf("s%d", i)
+			for turn := range turns {
+				if think != nil {
+					time.Sleep(think(rng))
+				}
+				editTurn(b, roots[i], first+turn, files)
+				t0 := time.Now()
+				r, err := f.c.Checkpoint(ctx, name, api.CheckpointRequest{})
+				if err != nil || r.Class != "fs" {
+					errs <- fmt.Errorf("%s turn %d: %+v %v", name, first+turn, r, err)
+					return
+				}
+				lat[i] = append(lat[i], time.Since(t0))
+			}
+		}()
+	}
+	wg.Wait()
+	wall := time.Since(start)
+	f.e.WaitFreezes()
+	cpu := (cpuTime() - cpu0) / time.Duration(len(roots)*turns)
+	close(errs)
+	for err := range errs {
+		b.Fatal(err)
+	}
+	var all []time.Duration
+	for _, l := range lat {
+		all = append(all, l...)
+	}
+	return all, wall, cpu
 }
 
 // cpuTime is the CPU time this process has used, user and system.
