@@ -169,6 +169,8 @@ func BenchmarkConcurrentTurns(b *testing.B) {
 		b.ReportMetric(float64(worst)/float64(median), "worst_vs_uncontended")
 		b.ReportMetric(float64(paced[len(paced)-1])/float64(median), "paced_worst_vs_uncontended")
 		b.ReportMetric(float64(paced[len(paced)/2])/float64(median), "paced_p50_vs_uncontended")
+		b.ReportMetric(float64(paced[len(paced)*99/100])/float64(median), "paced_p99_vs_uncontended")
+		b.ReportMetric(float64(paced[len(paced)*9/10])/float64(median), "paced_p90_vs_uncontended")
 		b.ReportMetric(pacedLoad, "paced_cpu_load")
 	}
 }
