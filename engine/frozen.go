@@ -69,7 +69,7 @@ func (e *Engine) freeze(ctx context.Context, j *freezeJob, keep map[delta.ID]boo
 		e.log.Warn("frozen layer not kept; branches of this checkpoint copy it", "sandbox", j.sandbox, "checkpoint", cp.ID.Short(), "err", err)
 		return
 	}
-	src := &overlay.FreezeSource{InUse: e.frozenInUse}
+	src := &overlay.FreezeSource{InUse: e.frozenInUse, Yield: func() { e.freezes.pause(j) }}
 	if dir := overlay.FrozenUser(e.home.sandboxDir(j.sandbox)); dir != "" {
 		if id, err := delta.ParseID(filepath.Base(dir)); err == nil && ob.HasFrozen(id) {
 			src.Tree = id

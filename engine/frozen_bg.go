@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,8 +17,9 @@ import (
 //
 //   - One at a time per sandbox, in checkpoint order (each waits for the
 //     sandbox's previous one, whose layer it then builds from), and at most
-//     maxBackgroundFreezes at once per engine, each once the engine is idle
-//     (frozen_idle.go) unless someone needs it now.
+//     backgroundFreezes() at once per engine, each once the engine is idle
+//     (frozen_idle.go) unless someone needs it now, and pausing between
+//     entries while a checkpoint is in flight.
 //   - It takes no sandbox lock, so the sandbox's next checkpoint never
 //     waits for it. It can still never publish a wrong layer: it reads the
 //     live upper only for file bytes, each chunk hashed against the
@@ -37,9 +39,14 @@ import (
 // builds the layer itself) starts building a checkpoint's layer.
 const PhaseFreezeStart = "freeze-start"
 
-// maxBackgroundFreezes bounds the engine's concurrent background freezes:
-// each is disk work (links, copies, one syncfs), shared with the turns.
-const maxBackgroundFreezes = 2
+// backgroundFreezes bounds the engine's concurrent background freezes: a
+// quarter of the cores, at least one. Each is disk and CPU work (links,
+// copies, one syncfs) that no client waits for, and Go schedules its
+// goroutines level with the turns': with one freeze per core, a turn that
+// arrived while freezes ran waited for a core (in BenchmarkConcurrentTurns'
+// paced phase, 2 cores, p99 3.7-7.1x the uncontended turn; with one freeze
+// and the pauses of frozen_idle.go, 2.4-3.6x).
+func backgroundFreezes() int { return max(1, runtime.GOMAXPROCS(0)/4) }
 
 // freezeJobs is the engine's set of pending freezes.
 type freezeJobs struct {
@@ -54,6 +61,9 @@ type freezeJobs struct {
 	// waited counts branches that found their checkpoint's freeze pending
 	// (tests prove a branch stacked on a layer it waited for).
 	waited atomic.Int64
+	// paused counts the times a running freeze stopped for a checkpoint
+	// in flight (pause, frozen_idle.go).
+	paused atomic.Int64
 	// When the engine is idle (frozen_idle.go): checkpoints in flight,
 	// when the last one ended, closed and replaced to wake the waiting
 	// freezes, and WaitFreezes callers (who want every freeze now).
@@ -105,7 +115,7 @@ func (e *Engine) freezeLater(st *sandboxState, cp *delta.Checkpoint) {
 	}
 	if f.byTree == nil {
 		f.byTree, f.last = map[delta.ID]*freezeJob{}, map[string]*freezeJob{}
-		f.sem = make(chan struct{}, maxBackgroundFreezes)
+		f.sem = make(chan struct{}, backgroundFreezes())
 	}
 	j.prev = f.last[j.sandbox]
 	f.last[j.sandbox], f.byTree[cp.FSTree] = j, j

@@ -209,8 +209,8 @@ func TestIncrementalFreezeOnTheLine(t *testing.T) {
 }
 
 // TestBranchBuildsAQueuedFreeze: a branch of a checkpoint whose freeze is
-// queued (behind the sandbox's earlier one, and with every background slot
-// taken) does not wait for a slot: once the earlier freeze is done it
+// queued (behind the sandbox's earlier one, which holds a background slot,
+// the test taking any others) does not wait for a slot: once the earlier freeze is done it
 // builds the layer itself, from the earlier layer, and stacks on it.
 func TestBranchBuildsAQueuedFreeze(t *testing.T) {
 	ctx := context.Background()
@@ -221,8 +221,10 @@ func TestBranchBuildsAQueuedFreeze(t *testing.T) {
 	started, release := holdFreeze(e)
 	_, err = e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
-	<-started                   // the first freeze holds one slot ...
-	e.freezes.sem <- struct{}{} // ... and this the other: no background freeze can start
+	<-started // the first freeze holds one slot ...
+	for range cap(e.freezes.sem) - 1 {
+		e.freezes.sem <- struct{}{} // ... and these the others: no background freeze can start
+	}
 	write(t, filepath.Join(cr.Root, "two"), "two\n")
 	c2, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
@@ -252,7 +254,67 @@ func TestBranchBuildsAQueuedFreeze(t *testing.T) {
 	if mergedState(t, root) != want {
 		t.Fatal("the branch differs from its checkpoint")
 	}
-	<-e.freezes.sem
+	for range cap(e.freezes.sem) - 1 {
+		<-e.freezes.sem
+	}
 	e.WaitFreezes()
+	checkAll(t, e)
+}
+
+// TestFreezePausesForTurns: a background freeze that is running stops
+// between entries while a checkpoint is in flight and finishes once it
+// ends; a branch that needs the layer meanwhile is not held up by the
+// pause (its rush lifts it) and stacks on the layer.
+func TestFreezePausesForTurns(t *testing.T) {
+	ctx := context.Background()
+	e := newEngine(t)
+	cr, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: richBase(t)})
+	must(t, err)
+	layerTurn(t, cr.Root)
+	started, release := holdFreeze(e)
+	c1, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
+	must(t, err)
+	<-started // running: past its wait for idle
+	cp1, err := e.resolve(ctx, c1.ID.String())
+	must(t, err)
+	ob := e.overlayBackend()
+	turnDone := e.freezes.turnStarted() // a turn arrives mid-freeze
+	paused := e.freezes.paused.Load()
+	close(release)
+	for deadline := time.Now().Add(30 * time.Second); e.freezes.paused.Load() == paused; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the freeze never paused for the turn in flight")
+		}
+	}
+	if ob.HasFrozen(cp1.FSTree) {
+		t.Fatal("the layer was published while its freeze paused")
+	}
+	turnDone()
+	e.WaitFreezes()
+	if !ob.HasFrozen(cp1.FSTree) {
+		t.Fatal("the paused freeze never finished once the turn ended")
+	}
+	if _, err := ob.VerifyFrozen(ctx, cp1.FSTree); err != nil {
+		t.Fatal(err)
+	}
+
+	// With a turn in flight from here on, a branch of the next checkpoint
+	// rushes its freeze, which then does not pause.
+	turnDone = e.freezes.turnStarted()
+	defer turnDone()
+	write(t, filepath.Join(cr.Root, "src", "second.txt"), "second turn\n")
+	c2, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
+	must(t, err)
+	cp2, err := e.resolve(ctx, c2.ID.String())
+	must(t, err)
+	want := mergedState(t, cr.Root)
+	res, err := e.Branch(ctx, c2.ID.String(), "b", BranchOptions{})
+	must(t, err)
+	if got := overlay.FrozenUser(e.home.sandboxDir("b")); got != ob.FrozenDir(cp2.FSTree) {
+		t.Fatalf("the branch stacks on %q, want the checkpoint's layer", got)
+	}
+	if got := mergedState(t, res.Root); got != want {
+		t.Fatalf("branch hashes to %s, want %s", got.Short(), want.Short())
+	}
 	checkAll(t, e)
 }

@@ -54,11 +54,7 @@ func (f *freezeJobs) kickLocked() {
 // freezeIdle, j is needed now (rushed, drained, closing), or it has
 // waited freezeMaxDefer since it was queued.
 func (f *freezeJobs) waitIdle(j *freezeJob) {
-	most := freezeMaxDefer
-	if f.maxDefer > 0 {
-		most = f.maxDefer
-	}
-	deadline := j.queued.Add(most)
+	deadline := j.queued.Add(f.maxDeferOr())
 	for {
 		f.mu.Lock()
 		now := time.Now()
@@ -87,6 +83,47 @@ func (f *freezeJobs) waitIdle(j *freezeJob) {
 		}
 		t.Stop()
 	}
+}
+
+// pause returns once no checkpoint is in flight, or at once when j is
+// needed now (rushed, drained, closing) or has waited freezeMaxDefer since
+// it was queued. A running freeze calls it between entries
+// (overlay.FreezeSource.Yield): a turn that arrives meanwhile then shares
+// the cores with at most one entry's work of each freeze, not a layer's.
+func (f *freezeJobs) pause(j *freezeJob) {
+	counted := false
+	for {
+		f.mu.Lock()
+		now := time.Now()
+		deadline := j.queued.Add(f.maxDeferOr())
+		if f.busy == 0 || j.rush || f.closed || f.draining > 0 || !now.Before(deadline) {
+			f.mu.Unlock()
+			return
+		}
+		if f.kick == nil {
+			f.kick = make(chan struct{})
+		}
+		kick := f.kick
+		f.mu.Unlock()
+		if !counted {
+			counted = true
+			f.paused.Add(1)
+		}
+		t := time.NewTimer(deadline.Sub(now))
+		select {
+		case <-kick:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+// maxDeferOr is freezeMaxDefer, or the test's bound.
+func (f *freezeJobs) maxDeferOr() time.Duration {
+	if f.maxDefer > 0 {
+		return f.maxDefer
+	}
+	return freezeMaxDefer
 }
 
 // rushLocked makes j and the sandbox's earlier pending freezes (which j

@@ -47,6 +47,9 @@ type FreezeSource struct {
 	// (frozen_patch.go): the cost of the change, not of the layer.
 	Reuse []delta.ID
 	InUse func(dir string) bool
+	// Yield, if set, is called before each entry is made: background work
+	// waits there while the engine has turns in flight.
+	Yield func()
 }
 
 // FreezeStats counts how a frozen layer was made.
@@ -156,6 +159,9 @@ func (b *Backend) Freeze(ctx context.Context, tree delta.ID, live string, src *F
 				b.frozen.mu.Unlock()
 			}()
 		}
+	}
+	if src != nil {
+		f.yield = src.Yield
 	}
 	tmp, old, err := b.takeLayer(ctx, top, tree, src, loader)
 	if err != nil {

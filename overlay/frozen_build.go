@@ -24,6 +24,7 @@ type freezer struct {
 	srcFD  int // -1: no source layer
 	stats  *FreezeStats
 	xbuf   []byte
+	yield  func() // FreezeSource.Yield, or nil
 }
 
 // dir fills the directory dstFD with tree id; srcID is the source layer's
@@ -66,6 +67,9 @@ func (f *freezer) sourceTree(ctx context.Context, id delta.ID) (*delta.Tree, err
 
 func (f *freezer) entry(ctx context.Context, dstFD int, rel string, e, se *delta.Entry) error {
 	f.stats.Entries++
+	if f.yield != nil {
+		f.yield()
+	}
 	switch e.Type {
 	case delta.TypeDir:
 		if err := unix.Mkdirat(dstFD, e.Name, 0o700); err != nil {
