@@ -172,12 +172,21 @@ func TestSandboxes(t *testing.T) {
 		if err != nil || !slices.Equal(names, []string{"alpha", "mid", "zeta"}) {
 			t.Errorf("sandboxes: %v %v", names, err)
 		}
+		if only, err := tx.SandboxNames(); err != nil || !slices.Equal(only, names) {
+			t.Errorf("sandbox names: %v %v, want %v", only, err, names)
+		}
 		if _, err := tx.Sandbox("nope"); !errors.Is(err, errdefs.ErrNotFound) || !strings.Contains(err.Error(), "nope") {
 			t.Errorf("missing sandbox: %v", err)
 		}
 		return nil
 	})
 	update(t, c, func(tx *Tx) error { return tx.DeleteSandbox("mid") })
+	view(t, c, func(tx *Tx) error {
+		if only, err := tx.SandboxNames(); err != nil || !slices.Equal(only, []string{"alpha", "zeta"}) {
+			t.Errorf("sandbox names after a delete: %v %v", only, err)
+		}
+		return nil
+	})
 	err := c.Update(t.Context(), func(tx *Tx) error { return tx.DeleteSandbox("mid") })
 	if !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("second delete: %v", err)

@@ -55,6 +55,21 @@ func (tx *Tx) Sandboxes() ([]*delta.Sandbox, error) {
 	return out, nil
 }
 
+// SandboxNames returns every sandbox's name, in name order, without
+// decoding the entries (a pass that needs only the names, such as frozen
+// layer retention's after every freeze, is then a key scan).
+func (tx *Tx) SandboxNames() ([]string, error) {
+	var out []string
+	err := tx.scan([]byte{prefixSandbox}, false, func(key, _ []byte) error {
+		out = append(out, string(key[1:]))
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list sandboxes: %w", err)
+	}
+	return out, nil
+}
+
 // DeleteSandbox removes the sandbox's entry only: its checkpoints, head ref
 // and blobs are the caller's to remove (or keep, for branches made from it).
 func (tx *Tx) DeleteSandbox(name string) error {

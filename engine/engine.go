@@ -100,6 +100,7 @@ type Engine struct {
 	track     trackers     // change tracking (track.go)
 	checked   stateMemo    // states that passed CheckState (rollback_track.go)
 	freezes   freezeJobs   // background freezes (frozen_bg.go)
+	keepLines lineMemo     // retention's lines by head (frozen.go)
 	admit     *admission   // checkpoint admission (admit.go)
 	headTrees headTrees    // each sandbox's last turn's trees (headtrees.go)
 }

@@ -251,3 +251,43 @@ func BenchmarkBranch8(b *testing.B) {
 		b.Logf("8 branches right after a checkpoint: %v, of a layer frozen before: %v (%.2fx)", a, s, float64(a)/float64(s))
 	}
 }
+
+// BenchmarkFrozenKeepSet is frozen-layer retention's pass (run after each
+// background freeze) over 16 sandboxes two checkpoints deep: answered from
+// the memo of lines by head (memo) against decoding every head's line
+// (cold, the memo emptied before each pass), in the same run.
+func BenchmarkFrozenKeepSet(b *testing.B) {
+	ctx := context.Background()
+	e := newEngine(b)
+	base := b.TempDir()
+	write(b, filepath.Join(base, "a"), "base\n")
+	for i := range 16 {
+		name := fmt.Sprintf("s%d", i)
+		cr, err := e.CreateSandbox(ctx, name, CreateOptions{Base: base})
+		if err != nil {
+			b.Fatal(err)
+		}
+		for turn := range 2 {
+			write(b, filepath.Join(cr.Root, "f"), fmt.Sprintf("%s turn %d\n", name, turn))
+			if _, err := e.Checkpoint(ctx, name, CheckpointOptions{}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	e.WaitFreezes()
+	for _, memo := range []bool{false, true} {
+		b.Run(map[bool]string{false: "cold", true: "memo"}[memo], func(b *testing.B) {
+			for b.Loop() {
+				if !memo {
+					e.keepLines.mu.Lock()
+					e.keepLines.lines = nil
+					e.keepLines.mu.Unlock()
+				}
+				keep, err := e.frozenKeepSet(ctx)
+				if err != nil || len(keep) != 32 {
+					b.Fatalf("keep set of %d trees: %v", len(keep), err)
+				}
+			}
+		})
+	}
+}

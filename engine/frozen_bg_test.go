@@ -2,12 +2,15 @@ package engine
 
 import (
 	"context"
+	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/overlay"
 	"golang.org/x/sys/unix"
@@ -316,5 +319,72 @@ func TestFreezePausesForTurns(t *testing.T) {
 	if got := mergedState(t, res.Root); got != want {
 		t.Fatalf("branch hashes to %s, want %s", got.Short(), want.Short())
 	}
+	checkAll(t, e)
+}
+
+// TestFrozenKeepSetFollowsHeads: retention's keep set, answered from its
+// memo of lines by head, equals the set computed from the catalog afresh
+// after each kind of head move: checkpoints, a branch, a rollback (the head
+// goes back to a line the memo knows), a removed sandbox.
+func TestFrozenKeepSetFollowsHeads(t *testing.T) {
+	ctx := context.Background()
+	e := newEngine(t)
+	fresh := func() map[delta.ID]bool {
+		keep := map[delta.ID]bool{}
+		must(t, e.view(ctx, func(tx *catalog.Tx) error {
+			sbs, err := tx.Sandboxes()
+			if err != nil {
+				return err
+			}
+			for _, sb := range sbs {
+				head, err := tx.GetRef(delta.RefHead, sb.Name)
+				if err != nil {
+					continue
+				}
+				line, err := tx.Ancestors(head, e.frozenKeep())
+				if err != nil {
+					return err
+				}
+				for _, cp := range line {
+					keep[cp.FSTree] = true
+				}
+			}
+			return nil
+		}))
+		return keep
+	}
+	check := func(step string) {
+		t.Helper()
+		for range 2 { // cold, then from the memo
+			got, err := e.frozenKeepSet(ctx)
+			must(t, err)
+			if want := fresh(); !maps.Equal(got, want) || len(want) == 0 {
+				t.Fatalf("%s: keep set %v, want %v", step, got, want)
+			}
+		}
+	}
+	base := t.TempDir()
+	write(t, filepath.Join(base, "a"), "base\n")
+	var ids []delta.ID
+	for _, name := range []string{"s", "t"} {
+		cr, err := e.CreateSandbox(ctx, name, CreateOptions{Base: base})
+		must(t, err)
+		for i := range 3 {
+			write(t, filepath.Join(cr.Root, "f"), fmt.Sprintf("%s turn %d\n", name, i))
+			c, err := e.Checkpoint(ctx, name, CheckpointOptions{})
+			must(t, err)
+			ids = append(ids, c.ID)
+			check(fmt.Sprintf("%s checkpoint %d", name, i))
+		}
+	}
+	_, err := e.Branch(ctx, ids[1].String(), "b", BranchOptions{})
+	must(t, err)
+	check("branch")
+	_, err = e.Rollback(ctx, "s", ids[0].String(), RollbackOptions{})
+	must(t, err)
+	check("rollback")
+	must(t, e.RemoveSandbox(ctx, "t"))
+	check("removal")
+	e.WaitFreezes()
 	checkAll(t, e)
 }
