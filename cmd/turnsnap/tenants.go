@@ -182,6 +182,13 @@ func (a *app) serveTenants(ctx context.Context, f serveFlags) error {
 	if f.tokenFile != "" {
 		return fmt.Errorf("serve: with --tenants each tenant has its token_file; --token-file is for one home: %w", errdefs.ErrInvalid)
 	}
+	// The proxy routes a model call by the sandbox name in its path and
+	// carries the provider's key, not a tenant's token: it could not tell
+	// whose sandbox "s" is. Refused rather than ignored.
+	if f.llm.listen != "" {
+		return fmt.Errorf("serve: --llm-listen serves one home's sandboxes and cannot tell tenants apart; "+
+			"run a serve --llm-listen per tenant home instead of --tenants: %w", errdefs.ErrInvalid)
+	}
 	g := f
 	g.tokenFile = f.tenants // checkListen's TLS and address rules
 	if err := g.checkListen(); err != nil {

@@ -40,6 +40,7 @@ func TestTenantsFileRules(t *testing.T) {
 		{name: "endless token file", edit: func(_ *testing.T, fx *tenantsFixture) { fx.specs[1].TokenFile = "/dev/zero" }, want: "over 4096 bytes"},
 		{name: "no token file named", edit: func(_ *testing.T, fx *tenantsFixture) { fx.specs[0].TokenFile = "" }, want: "no token_file"},
 		{name: "no listen", flags: []string{}, want: "needs --listen"},
+		{name: "llm proxy as well", flags: append([]string{"--llm-listen", "127.0.0.1:0"}, listen...), want: "cannot tell tenants apart"},
 		{name: "token-file as well", flags: append([]string{"--token-file", "/etc/hostname"}, listen...), want: "each tenant has its token_file"},
 		{name: "non-loopback without TLS", flags: []string{"--listen", "0.0.0.0:0"}, want: "without TLS"},
 		{name: "remote prefix inside another", edit: func(_ *testing.T, fx *tenantsFixture) {
