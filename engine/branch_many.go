@@ -117,6 +117,11 @@ func (e *Engine) BranchMany(ctx context.Context, ref string, names []string, o B
 	if err := ensureDir(filepath.Dir(e.home.sandboxDir(names[0]))); err != nil {
 		return nil, err
 	}
+	if !o.Materialise {
+		if err := e.freezeForBranch(ctx, be, cp); err != nil {
+			return nil, fmt.Errorf("%s: %w", subject, err)
+		}
+	}
 	e.progressPhase("restore", int64(fp.Bytes)*int64(len(names)))
 	// The roots are independent (a mount each, or a copy each): make them
 	// side by side, so their directory syncs share journal commits.

@@ -271,9 +271,46 @@ func (e *Engine) frozenInUse(dir string) bool {
 	return false
 }
 
+// freezeForBranch makes sure cp's frozen layer exists for branches about
+// to be made of it: it waits for (or rushes) a pending background freeze,
+// and builds the layer now when this host has none (never frozen, as in
+// the CLI's direct mode, Options.FreezeOnBranch, or pruned since): one
+// build the branches then stack on, costing about what one materialised
+// branch does, where each branch would otherwise copy the layer. The file
+// bytes come from cp's sandbox's live layer where they still hash to cp's
+// tree, else from the store; unchanged files are linked from the parent
+// checkpoint's layer if this host has it. A failed build is logged by
+// freeze, and the branches materialise.
+func (e *Engine) freezeForBranch(ctx context.Context, be rootfs.Backend, cp *delta.Checkpoint) error {
+	ob, ok := be.(*overlay.Backend)
+	if !ok || e.frozenKeep() == 0 {
+		return nil
+	}
+	if err := e.awaitFreeze(ctx, cp.FSTree); err != nil {
+		return err
+	}
+	if ob.HasFrozen(cp.FSTree) {
+		return nil
+	}
+	j := &freezeJob{cp: cp, sandbox: cp.Sandbox}
+	if live, err := overlay.LiveUpper(e.home.sandboxDir(cp.Sandbox)); err == nil {
+		j.live = live
+	}
+	if !cp.Parent.IsZero() {
+		e.view(ctx, func(tx *catalog.Tx) error {
+			if parent, err := tx.Checkpoint(cp.Parent); err == nil {
+				j.parent = parent.FSTree
+			}
+			return nil
+		})
+	}
+	e.freeze(ctx, j, nil)
+	return nil
+}
+
 // branchRoot makes a branch's root of cp in dir: stacked on cp's frozen
-// layer when this host keeps it or is freezing it (no file copied), else
-// materialised from the store.
+// layer when this host keeps it or is freezing it (no file copied;
+// freezeForBranch made it if it could), else materialised from the store.
 func (e *Engine) branchRoot(ctx context.Context, be rootfs.Backend, dir, lower string, cp *delta.Checkpoint, materialise bool) (rootfs.Root, error) {
 	ob, ok := be.(*overlay.Backend)
 	if ok && !materialise && e.frozenKeep() > 0 {

@@ -95,7 +95,7 @@ type freezeJob struct {
 // freezeLater queues the freeze of cp, just committed in st's sandbox.
 func (e *Engine) freezeLater(st *sandboxState, cp *delta.Checkpoint) {
 	ob := e.overlayBackend()
-	if ob == nil || st.sb.Backend != overlay.Name || e.frozenKeep() == 0 || ob.HasFrozen(cp.FSTree) {
+	if ob == nil || st.sb.Backend != overlay.Name || e.frozenKeep() == 0 || e.freezeOnBranch || ob.HasFrozen(cp.FSTree) {
 		return
 	}
 	live, err := overlay.LiveUpper(e.home.sandboxDir(st.sb.Name))

@@ -388,3 +388,50 @@ func TestFrozenKeepSetFollowsHeads(t *testing.T) {
 	e.WaitFreezes()
 	checkAll(t, e)
 }
+
+// TestFreezeOnBranch: with Options.FreezeOnBranch (the CLI's direct mode)
+// a checkpoint queues no freeze; the first branches of it (made after the
+// sandbox changed the checkpoint's files, so those come from the store)
+// build one layer, which hashes to the checkpoint's tree, and all stack on
+// it.
+func TestFreezeOnBranch(t *testing.T) {
+	ctx := context.Background()
+	e := newEngine(t)
+	e.freezeOnBranch = true
+	cr, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: richBase(t)})
+	must(t, err)
+	layerTurn(t, cr.Root)
+	c1, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
+	must(t, err)
+	want := mergedState(t, cr.Root)
+	cp1, err := e.resolve(ctx, c1.ID.String())
+	must(t, err)
+	ob := e.overlayBackend()
+	e.freezes.mu.Lock()
+	pending := e.freezes.pending
+	e.freezes.mu.Unlock()
+	if pending != 0 || ob.HasFrozen(cp1.FSTree) {
+		t.Fatalf("the checkpoint queued %d freezes, layer kept: %v", pending, ob.HasFrozen(cp1.FSTree))
+	}
+	write(t, filepath.Join(cr.Root, "src", "main.go"), "changed after the checkpoint\n")
+	res, err := e.BranchMany(ctx, c1.ID.String(), []string{"b1", "b2", "b3"}, BranchOptions{})
+	must(t, err)
+	trees, err := ob.FrozenTrees()
+	must(t, err)
+	if len(trees) != 1 || trees[0] != cp1.FSTree {
+		t.Fatalf("frozen layers %v, want the checkpoint's alone", trees)
+	}
+	if _, err := ob.VerifyFrozen(ctx, cp1.FSTree); err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range res {
+		name := []string{"b1", "b2", "b3"}[i]
+		if got := overlay.FrozenUser(e.home.sandboxDir(name)); got != ob.FrozenDir(cp1.FSTree) {
+			t.Fatalf("%s stacks on %q", name, got)
+		}
+		if got := mergedState(t, r.Root); got != want {
+			t.Fatalf("%s hashes to %s, want %s", name, got.Short(), want.Short())
+		}
+	}
+	checkAll(t, e)
+}

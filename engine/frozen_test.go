@@ -261,11 +261,16 @@ func TestBranchManyAndFrozenRetention(t *testing.T) {
 	if _, err := e.SandboxPath(ctx, "new1"); err == nil {
 		t.Fatal("a failed fan-out left a sandbox")
 	}
-	// A checkpoint whose layer is no longer kept materialises as before.
+	// A checkpoint whose layer is no longer kept gets it built again for
+	// its branch, which stacks on it.
+	ob := e.overlayBackend()
+	if ob.HasFrozen(cps[0].FSTree) {
+		t.Fatal("the oldest checkpoint's layer is still kept")
+	}
 	old, err := e.Branch(ctx, cps[0].ID.String(), "old", BranchOptions{})
 	must(t, err)
-	if overlay.FrozenUser(e.home.sandboxDir("old")) != "" {
-		t.Fatal("branch of a pruned layer stacks")
+	if overlay.FrozenUser(e.home.sandboxDir("old")) != ob.FrozenDir(cps[0].FSTree) {
+		t.Fatal("branch of a pruned layer does not stack on one built for it")
 	}
 	if _, err := os.Stat(filepath.Join(old.Root, "work/one")); err != nil {
 		t.Fatal(err)

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -53,13 +54,13 @@ func TestCLIBranchFanOut(t *testing.T) {
 	}
 }
 
-// TestCheckpointKilledWhileFreezing: the checkpoint prints its result
-// before its layer is frozen (in the background; the process exits once
-// the freeze is done). A turnsnap killed (SIGKILL) once the layer is built
-// but not published leaves the checkpoint whole and no layer: its branch
-// materialises, and the next checkpoint sweeps the unpublished build and
-// publishes its own layer, which the next branch stacks on.
-func TestCheckpointKilledWhileFreezing(t *testing.T) {
+// TestBranchKilledWhileFreezing: the CLI's checkpoint freezes no layer
+// (its process would wait for it before exiting); the first branch of the
+// checkpoint builds one and stacks on it. A turnsnap killed (SIGKILL) once
+// that layer is built but not published leaves no layer and no branch; the
+// next branch sweeps the unpublished build, builds the layer again and
+// stacks on it, and a second branch stacks on the same layer.
+func TestBranchKilledWhileFreezing(t *testing.T) {
 	testenv.RequireRoot(t)
 	home := filepath.Join(t.TempDir(), "home")
 	base := t.TempDir()
@@ -76,79 +77,74 @@ func TestCheckpointKilledWhileFreezing(t *testing.T) {
 		t.Fatal(err)
 	}
 	os.WriteFile(filepath.Join(created.Root, "turn1.txt"), []byte("one\n"), 0o644)
-	flag := filepath.Join(t.TempDir(), "reached")
-	cmd := cli(home, []string{blockAtPhaseEnv + "=" + engine.PhaseFreezeLayer + ":" + flag}, "checkpoint", "s", "--json")
-	stdout, err := os.Create(filepath.Join(t.TempDir(), "stdout"))
-	if err != nil {
-		t.Fatal(err)
+	var c1 struct{ ID, Class string }
+	out, _ = mustCLI(t, home, "checkpoint", "s", "--json")
+	if err := json.Unmarshal([]byte(out), &c1); err != nil || c1.Class != "fs" {
+		t.Fatalf("checkpoint: %s %v", out, err)
 	}
-	defer stdout.Close()
-	cmd.Stdout = stdout
+	frozenDir := filepath.Join(home, "bases", ".frozen")
+	layers := func() []string {
+		m, _ := filepath.Glob(filepath.Join(frozenDir, "[0-9a-f]*"))
+		return m
+	}
+	if l := layers(); len(l) != 0 {
+		t.Fatalf("the CLI's checkpoint froze %v", l)
+	}
+
+	flag := filepath.Join(t.TempDir(), "reached")
+	cmd := cli(home, []string{blockAtPhaseEnv + "=" + engine.PhaseFreezeLayer + ":" + flag}, "branch", c1.ID, "b1", "--json")
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	var printed struct{ ID, Class string }
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
-		out, _ := os.ReadFile(stdout.Name())
-		if _, err := os.Stat(flag); err == nil && json.Unmarshal(out, &printed) == nil {
-			break // the result is out while the freeze is still blocked
+		if _, err := os.Stat(flag); err == nil {
+			break
 		}
 		if time.Now().After(deadline) {
 			cmd.Process.Kill()
 			cmd.Wait()
-			t.Fatal("turnsnap never reached the freeze")
+			t.Fatal("the branch never reached the freeze of its layer")
 		}
 	}
 	cmd.Process.Kill()
 	cmd.Wait()
-	frozenDir := filepath.Join(home, "bases", ".frozen")
 	if left, _ := filepath.Glob(filepath.Join(frozenDir, ".tmp-*")); len(left) != 1 {
 		t.Fatalf("builds left by the kill: %v, want the one", left)
 	}
-	if layers, _ := filepath.Glob(filepath.Join(frozenDir, "[0-9a-f]*")); len(layers) != 0 {
-		t.Fatalf("a killed freeze published %v", layers)
+	if l := layers(); len(l) != 0 {
+		t.Fatalf("a killed freeze published %v", l)
 	}
-	// The checkpoint committed before its layer was frozen: the next turn,
-	// with nothing changed, is a skip naming it. (A writable command first:
-	// Badger's read-only open refuses a log a kill left untruncated.)
-	var c1 struct{ ID, Class string }
-	out, _ = mustCLI(t, home, "checkpoint", "s", "--json")
-	if err := json.Unmarshal([]byte(out), &c1); err != nil || c1.Class != "skip" {
-		t.Fatalf("turn after the kill: %s %v", out, err)
+	// (A writable command first: Badger's read-only open refuses a log a
+	// kill left untruncated.)
+	if out, errs, code := cliRun(t, home, "checkpoint", "s", "--json"); code != 0 || !strings.Contains(out, `"skip"`) {
+		t.Fatalf("turn after the kill: exit %d: %s %s", code, out, errs)
 	}
-	var log []struct{ ID string }
-	out, _ = mustCLI(t, home, "log", "s", "--json")
-	if err := json.Unmarshal([]byte(out), &log); err != nil || len(log) != 2 || log[0].ID != c1.ID || printed.ID != c1.ID || printed.Class != "fs" {
-		t.Fatalf("log after the kill: %s (%v): the checkpoint commits before its layer is frozen", out, err)
+	if out, _ := mustCLI(t, home, "sandbox", "list", "--json"); strings.Contains(out, `"b1"`) {
+		t.Fatalf("the killed branch left its sandbox: %s", out)
 	}
+
 	var br struct{ Root string }
-	out, _ = mustCLI(t, home, "branch", log[0].ID, "b1", "--json")
-	if err := json.Unmarshal([]byte(out), &br); err != nil {
-		t.Fatal(err)
-	}
-	if data, err := os.ReadFile(filepath.Join(br.Root, "turn1.txt")); err != nil || string(data) != "one\n" {
-		t.Fatalf("branch of the checkpoint whose freeze was killed: %q %v", data, err)
-	}
-	if overlay.FrozenUser(filepath.Join(home, "sandboxes", "b1")) != "" {
-		t.Fatal("branch stacked on a layer that was never published")
-	}
-	os.WriteFile(filepath.Join(created.Root, "turn2.txt"), []byte("two\n"), 0o644)
-	out, _ = mustCLI(t, home, "checkpoint", "s", "--json")
-	var c2 struct{ ID string }
-	if err := json.Unmarshal([]byte(out), &c2); err != nil {
-		t.Fatal(err)
+	for _, name := range []string{"b1", "b2"} {
+		out, _ = mustCLI(t, home, "branch", c1.ID, name, "--json")
+		if err := json.Unmarshal([]byte(out), &br); err != nil {
+			t.Fatal(err)
+		}
+		if data, err := os.ReadFile(filepath.Join(br.Root, "turn1.txt")); err != nil || string(data) != "one\n" {
+			t.Fatalf("branch %s: %q %v", name, data, err)
+		}
+		l := layers()
+		if len(l) != 1 || overlay.FrozenUser(filepath.Join(home, "sandboxes", name)) != l[0] {
+			t.Fatalf("branch %s stacks on %q; layers %v", name, overlay.FrozenUser(filepath.Join(home, "sandboxes", name)), l)
+		}
 	}
 	if left, _ := filepath.Glob(filepath.Join(frozenDir, ".tmp-*")); len(left) != 0 {
 		t.Fatalf("the next freeze left %v", left)
 	}
-	out, _ = mustCLI(t, home, "branch", c2.ID, "b2", "--json")
-	if err := json.Unmarshal([]byte(out), &br); err != nil {
-		t.Fatal(err)
+	var v struct {
+		FrozenChecked bool `json:"frozen_checked"`
 	}
-	if overlay.FrozenUser(filepath.Join(home, "sandboxes", "b2")) == "" {
-		t.Fatal("branch of the next checkpoint does not stack")
-	}
-	if data, err := os.ReadFile(filepath.Join(br.Root, "turn2.txt")); err != nil || string(data) != "two\n" {
-		t.Fatalf("stacked branch: %q %v", data, err)
+	out, _ = mustCLI(t, home, "verify", c1.ID, "--json")
+	if err := json.Unmarshal([]byte(out), &v); err != nil || !v.FrozenChecked {
+		t.Fatalf("verify of the branched checkpoint did not check its layer: %s %v", out, err)
 	}
 }

@@ -110,8 +110,10 @@ func (a *app) withEngineIf(ro func(args []string) bool, fn func(ctx context.Cont
 func (a *app) openDirect(ro func(args []string) bool, fn func(ctx context.Context, e *engine.Engine, args []string) error) func(*cobra.Command, []string) error {
 	return func(cmd *cobra.Command, args []string) error {
 		ctx := cmd.Context()
+		// FreezeOnBranch: the process would wait for each checkpoint's
+		// background freeze before it exits.
 		opts := engine.Options{Home: a.home, LockWait: a.lockWait, Logger: a.log, AtPhase: blockAtPhase(),
-			ReadOnly: ro != nil && ro(args)}
+			ReadOnly: ro != nil && ro(args), FreezeOnBranch: true}
 		pr := a.newProgress(ctx)
 		if pr != nil {
 			opts.Progress = pr.update

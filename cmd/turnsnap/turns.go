@@ -134,7 +134,7 @@ btrfs pool if it has exactly one, and otherwise asks for --btrfs-pool DIR
 	c.Flags().StringVar(&pool, "btrfs-pool", "", "btrfs backend: a directory on a mounted btrfs filesystem")
 	c.Flags().BoolVar(&fsOnly, "fs-only", false, "restore the checkpoint's files only, not its processes")
 	c.Flags().IntVar(&count, "count", 0, fmt.Sprintf("fan out: make N sandboxes NEWNAME-1 ... NEWNAME-N (at most %d; --json then prints a list)", api.MaxBranchCount))
-	c.Flags().BoolVar(&materialise, "materialise", false, "copy the layer from the store even if a frozen layer is kept")
+	c.Flags().BoolVar(&materialise, "materialise", false, "copy the layer from the store instead of stacking on a frozen layer (kept, or built for the branch)")
 	return c
 }
 
