@@ -50,13 +50,14 @@ type Options struct {
 	// and an unchanged turn reads nothing (docs/TRACKING.md). For a
 	// long-lived engine (the daemon): a tracker's first turn walks.
 	TrackChanges bool
-	// FreezeOnBranch makes an overlay checkpoint's frozen layer (docs/
-	// STORAGE.md) only when a branch of it asks, built then from the
-	// sandbox's live layer and the store, instead of after every
-	// checkpoint in the background. The CLI's direct mode sets it: its
-	// process waits for its background work before it exits, and most
-	// checkpoints are never branched (a 2,000-file layer's first
-	// checkpoint took 0.82 s with its freeze, 0.19 s without).
+	// FreezeOnBranch makes an overlay checkpoint's frozen layer
+	// (docs/ARCHITECTURE.md, "Frozen layers") after the checkpoint only
+	// when it can be made from a layer this host keeps (the sandbox was
+	// branched, or is a branch), and otherwise when a branch of the
+	// checkpoint asks for it. The CLI's direct mode sets it: its process
+	// waits for its background work before it exits, and most sandboxes
+	// are never branched (a 2,000-file layer's first checkpoint took 0.82 s
+	// with its freeze, 0.19 s without).
 	FreezeOnBranch bool
 	// MaxCheckpoints is how many checkpoints run their heavy phases (scan,
 	// store, commit) at once; the others queue, urgent ones first

@@ -271,6 +271,21 @@ func (e *Engine) frozenInUse(dir string) bool {
 	return false
 }
 
+// freezeSourceOf reports whether the next freeze of st's sandbox would be
+// made from a layer this host keeps (the one its root stacks on, or its
+// head's): linking and patching the names that changed, not copying the
+// layer. With Options.FreezeOnBranch only such freezes run after a
+// checkpoint, so a sandbox that was branched (or is a branch) keeps
+// layers at the cost of its changes, and one never branched pays nothing.
+func (e *Engine) freezeSourceOf(ob *overlay.Backend, st *sandboxState) bool {
+	if dir := overlay.FrozenUser(e.home.sandboxDir(st.sb.Name)); dir != "" {
+		if id, err := delta.ParseID(filepath.Base(dir)); err == nil && ob.HasFrozen(id) {
+			return true
+		}
+	}
+	return st.head != nil && ob.HasFrozen(st.head.FSTree)
+}
+
 // freezeForBranch makes sure cp's frozen layer exists for branches about
 // to be made of it: it waits for (or rushes) a pending background freeze,
 // and builds the layer now when this host has none (never frozen, as in

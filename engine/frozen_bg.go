@@ -95,8 +95,11 @@ type freezeJob struct {
 // freezeLater queues the freeze of cp, just committed in st's sandbox.
 func (e *Engine) freezeLater(st *sandboxState, cp *delta.Checkpoint) {
 	ob := e.overlayBackend()
-	if ob == nil || st.sb.Backend != overlay.Name || e.frozenKeep() == 0 || e.freezeOnBranch || ob.HasFrozen(cp.FSTree) {
+	if ob == nil || st.sb.Backend != overlay.Name || e.frozenKeep() == 0 || ob.HasFrozen(cp.FSTree) {
 		return
+	}
+	if e.freezeOnBranch && !e.freezeSourceOf(ob, st) {
+		return // a layer from nothing waits for a branch that wants it
 	}
 	live, err := overlay.LiveUpper(e.home.sandboxDir(st.sb.Name))
 	if err != nil {

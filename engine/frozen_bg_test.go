@@ -390,10 +390,11 @@ func TestFrozenKeepSetFollowsHeads(t *testing.T) {
 }
 
 // TestFreezeOnBranch: with Options.FreezeOnBranch (the CLI's direct mode)
-// a checkpoint queues no freeze; the first branches of it (made after the
-// sandbox changed the checkpoint's files, so those come from the store)
-// build one layer, which hashes to the checkpoint's tree, and all stack on
-// it.
+// a checkpoint with no layer to make its own from queues no freeze; the
+// first branches of it (made after the sandbox changed the checkpoint's
+// files, so those come from the store) build one layer, which hashes to
+// the checkpoint's tree, and all stack on it; the next checkpoints of the
+// sandbox and of a branch then keep layers again.
 func TestFreezeOnBranch(t *testing.T) {
 	ctx := context.Background()
 	e := newEngine(t)
@@ -431,6 +432,23 @@ func TestFreezeOnBranch(t *testing.T) {
 		}
 		if got := mergedState(t, r.Root); got != want {
 			t.Fatalf("%s hashes to %s, want %s", name, got.Short(), want.Short())
+		}
+	}
+	// From here on the sandbox and its branches keep layers, each made
+	// from the one before (the head's, or the one a branch stacks on).
+	for _, name := range []string{"s", "b1"} {
+		root := cr.Root
+		if name == "b1" {
+			root = res[0].Root
+		}
+		write(t, filepath.Join(root, "next-"+name), "next turn\n")
+		c, err := e.Checkpoint(ctx, name, CheckpointOptions{})
+		must(t, err)
+		e.WaitFreezes()
+		cp, err := e.resolve(ctx, c.ID.String())
+		must(t, err)
+		if !ob.HasFrozen(cp.FSTree) {
+			t.Fatalf("%s: the checkpoint after a branch kept no layer", name)
 		}
 	}
 	checkAll(t, e)

@@ -59,7 +59,8 @@ func TestCLIBranchFanOut(t *testing.T) {
 // checkpoint builds one and stacks on it. A turnsnap killed (SIGKILL) once
 // that layer is built but not published leaves no layer and no branch; the
 // next branch sweeps the unpublished build, builds the layer again and
-// stacks on it, and a second branch stacks on the same layer.
+// stacks on it, and a second branch stacks on the same layer; the
+// sandbox's next checkpoint then keeps its layer too.
 func TestBranchKilledWhileFreezing(t *testing.T) {
 	testenv.RequireRoot(t)
 	home := filepath.Join(t.TempDir(), "home")
@@ -139,6 +140,13 @@ func TestBranchKilledWhileFreezing(t *testing.T) {
 	}
 	if left, _ := filepath.Glob(filepath.Join(frozenDir, ".tmp-*")); len(left) != 0 {
 		t.Fatalf("the next freeze left %v", left)
+	}
+	// Branched once, the sandbox keeps its next checkpoint's layer (made
+	// from the first: the cost of the turn's changes).
+	os.WriteFile(filepath.Join(created.Root, "turn2.txt"), []byte("two\n"), 0o644)
+	mustCLI(t, home, "checkpoint", "s", "--json")
+	if l := layers(); len(l) != 2 {
+		t.Fatalf("layers after the next checkpoint: %v, want two", l)
 	}
 	var v struct {
 		FrozenChecked bool `json:"frozen_checked"`
