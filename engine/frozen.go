@@ -319,6 +319,28 @@ func (e *Engine) freezeForBranch(ctx context.Context, be rootfs.Backend, cp *del
 			return nil
 		})
 	}
+	// Registered as a job already claimed: a concurrent branch of the same
+	// checkpoint waits for this build (awaitFreeze) instead of making its
+	// own, and no background job of the tree is queued meanwhile.
+	j.done = make(chan struct{})
+	j.claimed = true
+	f := &e.freezes
+	f.mu.Lock()
+	f.initLocked()
+	if f.byTree[cp.FSTree] != nil {
+		f.mu.Unlock() // queued or claimed since the wait above
+		return e.awaitFreeze(ctx, cp.FSTree)
+	}
+	f.byTree[cp.FSTree] = j
+	f.mu.Unlock()
+	defer func() {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		close(j.done)
+		if f.byTree[cp.FSTree] == j {
+			delete(f.byTree, cp.FSTree)
+		}
+	}()
 	e.freeze(ctx, j, nil)
 	return nil
 }

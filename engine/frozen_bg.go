@@ -116,15 +116,21 @@ func (e *Engine) freezeLater(st *sandboxState, cp *delta.Checkpoint) {
 		f.mu.Unlock()
 		return // closing, or the same tree queued already
 	}
-	if f.byTree == nil {
-		f.byTree, f.last = map[delta.ID]*freezeJob{}, map[string]*freezeJob{}
-		f.sem = make(chan struct{}, backgroundFreezes())
-	}
+	f.initLocked()
 	j.prev = f.last[j.sandbox]
 	f.last[j.sandbox], f.byTree[cp.FSTree] = j, j
 	f.pending++
 	f.mu.Unlock()
 	go e.runFreeze(j)
+}
+
+// initLocked makes the job maps and the slots on first use. The caller
+// holds f.mu.
+func (f *freezeJobs) initLocked() {
+	if f.byTree == nil {
+		f.byTree, f.last = map[delta.ID]*freezeJob{}, map[string]*freezeJob{}
+		f.sem = make(chan struct{}, backgroundFreezes())
+	}
 }
 
 // runFreeze is a queued freeze's goroutine.

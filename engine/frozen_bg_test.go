@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -449,6 +450,62 @@ func TestFreezeOnBranch(t *testing.T) {
 		must(t, err)
 		if !ob.HasFrozen(cp.FSTree) {
 			t.Fatalf("%s: the checkpoint after a branch kept no layer", name)
+		}
+	}
+	checkAll(t, e)
+}
+
+// TestConcurrentBranchesBuildOneLayer: two branches of a checkpoint with
+// no layer, made at once, build it once: the second waits for the first's
+// build (held at its start) and both stack on the one layer.
+func TestConcurrentBranchesBuildOneLayer(t *testing.T) {
+	ctx := context.Background()
+	e := newEngine(t)
+	e.freezeOnBranch = true
+	cr, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: richBase(t)})
+	must(t, err)
+	layerTurn(t, cr.Root)
+	c1, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
+	must(t, err)
+	want := mergedState(t, cr.Root)
+	var builds atomic.Int64
+	started, release := make(chan struct{}), make(chan struct{})
+	e.atPhase = func(p string) {
+		if p == PhaseFreezeStart && builds.Add(1) == 1 {
+			close(started)
+			<-release
+		}
+	}
+	done := make(chan error, 2)
+	branch := func(name string) {
+		_, err := e.Branch(ctx, c1.ID.String(), name, BranchOptions{})
+		done <- err
+	}
+	go branch("b1")
+	<-started
+	waited := e.freezes.waited.Load()
+	go branch("b2")
+	for deadline := time.Now().Add(30 * time.Second); e.freezes.waited.Load() == waited; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the second branch never found the first's build")
+		}
+	}
+	close(release)
+	must(t, <-done)
+	must(t, <-done)
+	if n := builds.Load(); n != 1 {
+		t.Fatalf("%d builds of one layer", n)
+	}
+	cp1, err := e.resolve(ctx, c1.ID.String())
+	must(t, err)
+	for _, name := range []string{"b1", "b2"} {
+		if got := overlay.FrozenUser(e.home.sandboxDir(name)); got != e.overlayBackend().FrozenDir(cp1.FSTree) {
+			t.Fatalf("%s stacks on %q", name, got)
+		}
+		root, err := e.SandboxPath(ctx, name)
+		must(t, err)
+		if got := mergedState(t, root); got != want {
+			t.Fatalf("%s hashes to %s, want %s", name, got.Short(), want.Short())
 		}
 	}
 	checkAll(t, e)
