@@ -305,7 +305,33 @@ func (a *admission) wakeYieldersLocked() {
 
 // yield is background work's courtesy: it returns once no urgent
 // checkpoint waits or runs, after at most yieldMax, or when ctx ends.
-func (a *admission) yield(ctx context.Context) {
+func (a *admission) yield(ctx context.Context) { a.yieldFor(ctx, yieldMax) }
+
+// yielder is yield for background work that gives way many times (a push
+// round, before each upload): each call returns once no urgent checkpoint
+// waits or runs, and all calls together wait at most budget, so a stream
+// of urgent checkpoints slows the work but never stops it. Calls may run
+// at once; each one's wait is taken from the budget.
+func (a *admission) yielder(budget time.Duration) func(context.Context) {
+	var mu sync.Mutex
+	left := budget
+	return func(ctx context.Context) {
+		mu.Lock()
+		d := left
+		mu.Unlock()
+		if d <= 0 {
+			return
+		}
+		start := time.Now()
+		a.yieldFor(ctx, d)
+		mu.Lock()
+		left -= time.Since(start)
+		mu.Unlock()
+	}
+}
+
+// yieldFor is yield waiting at most d.
+func (a *admission) yieldFor(ctx context.Context, d time.Duration) {
 	if a == nil {
 		return
 	}
@@ -318,7 +344,7 @@ func (a *admission) yield(ctx context.Context) {
 	a.yielders = append(a.yielders, ch)
 	a.stats.Yields++
 	a.mu.Unlock()
-	t := time.NewTimer(yieldMax)
+	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-ch:
@@ -356,3 +382,8 @@ func (e *Engine) AdmissionStats() AdmissionStats { return e.admit.snapshot() }
 // returns once no urgent checkpoint waits or runs, after at most a few
 // seconds, or when ctx ends.
 func (e *Engine) YieldToUrgent(ctx context.Context) { e.admit.yield(ctx) }
+
+// UrgentYielder is YieldToUrgent for one piece of background work that
+// gives way many times (PushOptions.Yield): all its calls together wait at
+// most a few seconds.
+func (e *Engine) UrgentYielder() func(context.Context) { return e.admit.yielder(yieldMax) }

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/turnsnap/turnsnap/delta"
 )
@@ -180,6 +181,46 @@ func TestAdmitBackgroundYieldsToUrgent(t *testing.T) {
 	if st := r.a.snapshot(); st.Yields != 1 || st.Running != 0 {
 		t.Fatalf("stats %+v", st)
 	}
+}
+
+// A yielder's calls all give way to a running urgent checkpoint until
+// their shared budget is spent; then they go ahead at once, the urgent one
+// still running. After a call that waited its budget out (a short one
+// here), the next call does not even queue.
+func TestAdmitYielderBudget(t *testing.T) {
+	r := newAdmitRig(t, 1)
+	acquired, err := r.a.acquire(context.Background(), "a", closedChan())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel := sync.OnceFunc(acquired)
+	defer rel()
+	y := r.a.yielder(20 * time.Millisecond)
+	y(context.Background()) // waits its budget out: the urgent one runs on
+	if st := r.a.snapshot(); st.Yields != 1 {
+		t.Fatalf("stats %+v, want the one yield", st)
+	}
+	for range 3 {
+		y(context.Background()) // nothing left to wait
+	}
+	if st := r.a.snapshot(); st.Yields != 1 {
+		t.Fatalf("stats %+v: a yielder past its budget queued again", st)
+	}
+
+	// A fresh one returns as soon as the urgent checkpoint ends.
+	y = r.a.yielder(time.Hour)
+	done := make(chan struct{})
+	go func() { y(context.Background()); close(done) }()
+	for r.a.snapshot().Yields == 1 {
+		runtime.Gosched()
+	}
+	select {
+	case <-done:
+		t.Fatal("a yielder went ahead of a running urgent checkpoint")
+	default:
+	}
+	rel()
+	<-done
 }
 
 func urgentRunning(a *admission) bool {

@@ -222,3 +222,54 @@ func checkBucket(t *testing.T, srv *miniotest.Server, bucket string) {
 		}
 	}
 }
+
+// TestPushYieldsBeforeEachUpload: PushOptions.Yield (how the daemon's
+// background rounds give way to urgent checkpoints) runs before every
+// upload, and while it holds, no pack or record reaches the bucket.
+func TestPushYieldsBeforeEachUpload(t *testing.T) {
+	ctx := context.Background()
+	srv := startMinIO(t)
+	e := newEngine(t)
+	_, err := e.Init(ctx, remoteCfg(srv.Endpoint, "yield"))
+	must(t, err)
+	cr, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: richBase(t)})
+	must(t, err)
+	agentTurn(t, cr.Root)
+	c, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
+	must(t, err)
+	var calls atomic.Int64
+	gate := make(chan struct{})
+	type result struct {
+		rep *PushReport
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		rep, err := e.Push(ctx, PushOptions{Yield: func(context.Context) {
+			calls.Add(1)
+			<-gate
+		}})
+		done <- result{rep, err}
+	}()
+	for deadline := time.Now().Add(30 * time.Second); calls.Load() == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the push never yielded")
+		}
+	}
+	for _, prefix := range []string{delta.PackPrefix, delta.RecordPrefix} {
+		must(t, e.remote.List(ctx, prefix, func(oi upload.ObjectInfo) error {
+			t.Errorf("%s reached the bucket while the push was yielding", oi.Name)
+			return nil
+		}))
+	}
+	close(gate)
+	res := <-done
+	must(t, res.err)
+	if res.rep.Uploaded == 0 || calls.Load() != int64(res.rep.Uploaded) {
+		t.Fatalf("%d uploads, %d yields: want one yield per upload", res.rep.Uploaded, calls.Load())
+	}
+	if !remoteRecords(t, e)[c.ID.String()] {
+		t.Fatal("record missing after the push")
+	}
+	checkBucket(t, srv, "yield")
+}

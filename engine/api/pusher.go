@@ -152,8 +152,12 @@ func (p *Pusher) round(ctx context.Context) error {
 	}
 	var last sched.Stats
 	var mu sync.Mutex
+	var yield func(context.Context)
+	if len(ws) == 0 {
+		yield = p.e.UrgentYielder() // and again before each upload
+	}
 	p.mon.pushStarted()
-	rep, err := p.e.Push(ctx, engine.PushOptions{Sandbox: scope, Urgent: len(ws) > 0, Progress: func(st sched.Stats) {
+	rep, err := p.e.Push(ctx, engine.PushOptions{Sandbox: scope, Urgent: len(ws) > 0, Yield: yield, Progress: func(st sched.Stats) {
 		mu.Lock()
 		last = st
 		mu.Unlock()

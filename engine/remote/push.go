@@ -35,6 +35,11 @@ type PushOptions struct {
 	// Progress, if set, is called about every 200ms with the scheduler's
 	// counters.
 	Progress func(sched.Stats)
+	// Yield, if set, is called before each upload starts (the daemon's
+	// background rounds give way there to urgent checkpoints, which a
+	// round that started before them would otherwise compete with to
+	// its end).
+	Yield func(context.Context)
 }
 
 // PushReport says what a push did.
@@ -156,7 +161,12 @@ func (e *Syncer) Push(ctx context.Context, opts PushOptions) (*PushReport, error
 		}
 		p.Size = info.Size
 		t, err := s.Submit(ctx, sched.Upload{Sandbox: p.Sandbox, Name: name, Size: info.Size, Urgent: opts.Urgent, After: deps,
-			Open: func() (io.ReadCloser, error) { return e.Local.Get(ctx, name) }})
+			Open: func() (io.ReadCloser, error) {
+				if opts.Yield != nil {
+					opts.Yield(ctx)
+				}
+				return e.Local.Get(ctx, name)
+			}})
 		if err != nil {
 			errs = append(errs, err)
 			break
