@@ -44,8 +44,8 @@ const PhaseFreezeStart = "freeze-start"
 // copies, one syncfs) that no client waits for, and Go schedules its
 // goroutines level with the turns': with one freeze per core, a turn that
 // arrived while freezes ran waited for a core (in BenchmarkConcurrentTurns'
-// paced phase, 2 cores, p99 3.7-7.1x the uncontended turn; with one freeze
-// and the pauses of frozen_idle.go, 2.4-3.6x).
+// paced phase, 2 cores, p99 4.9-8.9x the uncontended turn; with one freeze
+// and the pauses of frozen_idle.go, 2.7-4.3x, in interleaved runs).
 func backgroundFreezes() int { return max(1, runtime.GOMAXPROCS(0)/4) }
 
 // freezeJobs is the engine's set of pending freezes.
