@@ -15,6 +15,7 @@ import (
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/internal/rootfs"
+	"github.com/turnsnap/turnsnap/overlay"
 )
 
 // MaxBranchMany bounds one fan-out: each branch is a mount and a sandbox.
@@ -118,8 +119,15 @@ func (e *Engine) BranchMany(ctx context.Context, ref string, names []string, o B
 		return nil, err
 	}
 	if !o.Materialise {
-		if err := e.freezeForBranch(ctx, be, cp); err != nil {
+		if err := e.freezeForBranch(ctx, be, cp, fp.Bytes); err != nil {
 			return nil, fmt.Errorf("%s: %w", subject, err)
+		}
+	}
+	// As for a rollback (restore.go): roots copied into the home must
+	// leave the catalog its room. A stacked root copies nothing.
+	if ob, ok := be.(*overlay.Backend); ok && (o.Materialise || e.frozenKeep() == 0 || !ob.HasFrozen(cp.FSTree)) {
+		if err := e.checkRoom(fp.Bytes * uint64(len(names))); err != nil {
+			return nil, fmt.Errorf("%s: branch of %s: %w", subject, cp.ID.Short(), err)
 		}
 	}
 	e.progressPhase("restore", int64(fp.Bytes)*int64(len(names)))

@@ -81,9 +81,12 @@ type freezeJob struct {
 	sandbox string
 	parent  delta.ID // the parent checkpoint's fs tree
 	live    string   // the writable layer the checkpoint was scanned from
-	prev    *freezeJob
-	done    chan struct{}
-	queued  time.Time
+	// room is what the build may write when it is more than what the
+	// checkpoint read (a layer built from nothing for a branch: the tree).
+	room   uint64
+	prev   *freezeJob
+	done   chan struct{}
+	queued time.Time
 	// Under freezeJobs.mu: whether someone builds it, whether a branch
 	// waits for it (then it is built even if no retention rule keeps it),
 	// and whether it is needed now (it does not wait for idle).

@@ -42,7 +42,8 @@ func (e *Engine) freezeSourceOf(ob *overlay.Backend, st *sandboxState) bool {
 // tree, else from the store; unchanged files are linked from the parent
 // checkpoint's layer if this host has it. A failed build is logged by
 // freeze, and the branches materialise.
-func (e *Engine) freezeForBranch(ctx context.Context, be rootfs.Backend, cp *delta.Checkpoint) error {
+// size is the tree's bytes (what a build from nothing writes).
+func (e *Engine) freezeForBranch(ctx context.Context, be rootfs.Backend, cp *delta.Checkpoint, size uint64) error {
 	ob, ok := be.(*overlay.Backend)
 	if !ok || e.frozenKeep() == 0 {
 		return nil
@@ -53,7 +54,7 @@ func (e *Engine) freezeForBranch(ctx context.Context, be rootfs.Backend, cp *del
 	if ob.HasFrozen(cp.FSTree) {
 		return nil
 	}
-	j := &freezeJob{cp: cp, sandbox: cp.Sandbox, rush: true} // needed now: it does not pause
+	j := &freezeJob{cp: cp, sandbox: cp.Sandbox, room: size, rush: true} // needed now: it does not pause
 	if live, err := overlay.LiveUpper(e.home.sandboxDir(cp.Sandbox)); err == nil {
 		j.live = live
 	}
