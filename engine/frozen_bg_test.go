@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -21,20 +22,33 @@ import (
 )
 
 // holdFreeze makes the engine's next freeze stop when it starts: started
-// is closed once it is there, and it goes on when release is closed (the
+// is closed once it is there, and it goes on when release is called (the
 // test's point to act while the freeze is in flight). Later freezes pass.
-func holdFreeze(e *Engine) (started, release chan struct{}) {
-	started, release = make(chan struct{}), make(chan struct{})
+// A test that fails first still releases it (Close waits for the freeze).
+func holdFreeze(t *testing.T, e *Engine) (started <-chan struct{}, release func()) {
+	at, rel := make(chan struct{}), make(chan struct{})
 	held := false
 	e.atPhase = func(p string) {
 		if p != PhaseFreezeStart || held {
 			return
 		}
 		held = true
-		close(started)
-		<-release
+		close(at)
+		<-rel
 	}
-	return started, release
+	release = sync.OnceFunc(func() { close(rel) })
+	t.Cleanup(release)
+	return at, release
+}
+
+// waitHeld waits for a held freeze to start.
+func waitHeld(t *testing.T, started <-chan struct{}) {
+	t.Helper()
+	select {
+	case <-started:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the freeze never started")
+	}
 }
 
 // TestBranchWaitsForBackgroundFreeze: the checkpoint returns while its
@@ -47,10 +61,10 @@ func TestBranchWaitsForBackgroundFreeze(t *testing.T) {
 	cr, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: richBase(t)})
 	must(t, err)
 	layerTurn(t, cr.Root)
-	started, release := holdFreeze(e)
+	started, release := holdFreeze(t, e)
 	c1, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err) // returned with the freeze held: the turn does not wait for it
-	<-started
+	waitHeld(t, started)
 	cp1, err := e.resolve(ctx, c1.ID.String())
 	must(t, err)
 	ob := e.overlayBackend()
@@ -78,7 +92,7 @@ func TestBranchWaitsForBackgroundFreeze(t *testing.T) {
 		t.Fatalf("the branch finished while the freeze was held: %v", res.err)
 	default:
 	}
-	close(release)
+	release()
 	res := <-done
 	must(t, res.err)
 	if got := overlay.FrozenUser(e.home.sandboxDir("b")); got != ob.FrozenDir(cp1.FSTree) {
@@ -121,10 +135,10 @@ func TestFreezeIgnoresEditsAfterTheCut(t *testing.T) {
 	write(t, p("dir/inside"), "inside 2\n")
 	write(t, p("linked"), "its own 2\n")
 	want := mergedState(t, cr.Root)
-	started, release := holdFreeze(e)
+	started, release := holdFreeze(t, e)
 	c2, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
-	<-started
+	waitHeld(t, started)
 	write(t, p("a/same-size"), strings.Repeat("C", 100000))
 	must(t, os.Chmod(p("a/mode"), 0o600))
 	must(t, unix.Setxattr(p("a/xattr"), "user.after", []byte("cut"), 0))
@@ -132,7 +146,7 @@ func TestFreezeIgnoresEditsAfterTheCut(t *testing.T) {
 	must(t, os.Symlink("/etc", p("dir")))
 	must(t, os.Remove(p("linked")))
 	must(t, os.Link(p("other"), p("linked")))
-	close(release)
+	release()
 	e.WaitFreezes()
 	cp2, err := e.resolve(ctx, c2.ID.String())
 	must(t, err)
@@ -225,10 +239,10 @@ func TestBranchBuildsAQueuedFreeze(t *testing.T) {
 	cr, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: richBase(t)})
 	must(t, err)
 	write(t, filepath.Join(cr.Root, "one"), "one\n")
-	started, release := holdFreeze(e)
+	started, release := holdFreeze(t, e)
 	_, err = e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
-	<-started // the first freeze holds one slot ...
+	waitHeld(t, started) // the first freeze holds one slot ...
 	for range cap(e.freezes.sem) - 1 {
 		e.freezes.sem <- struct{}{} // ... and these the others: no background freeze can start
 	}
@@ -251,7 +265,7 @@ func TestBranchBuildsAQueuedFreeze(t *testing.T) {
 			t.Fatal("the branch never found the freeze pending")
 		}
 	}
-	close(release)
+	release()
 	must(t, <-done) // with both slots still taken: the branch built the layer
 	cp2, err := e.resolve(ctx, c2.ID.String())
 	must(t, err)
@@ -278,16 +292,16 @@ func TestFreezePausesForTurns(t *testing.T) {
 	cr, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: richBase(t)})
 	must(t, err)
 	layerTurn(t, cr.Root)
-	started, release := holdFreeze(e)
+	started, release := holdFreeze(t, e)
 	c1, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
-	<-started // running: past its wait for idle
+	waitHeld(t, started) // running: past its wait for idle
 	cp1, err := e.resolve(ctx, c1.ID.String())
 	must(t, err)
 	ob := e.overlayBackend()
 	turnDone := e.freezes.turnStarted() // a turn arrives mid-freeze
 	paused := e.freezes.paused.Load()
-	close(release)
+	release()
 	for deadline := time.Now().Add(30 * time.Second); e.freezes.paused.Load() == paused; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the freeze never paused for the turn in flight")
@@ -473,6 +487,8 @@ func TestConcurrentBranchesBuildOneLayer(t *testing.T) {
 	want := mergedState(t, cr.Root)
 	var builds atomic.Int64
 	started, release := make(chan struct{}), make(chan struct{})
+	unblock := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(unblock) // a failed test must not leave the build held (Close waits for it)
 	e.atPhase = func(p string) {
 		if p == PhaseFreezeStart && builds.Add(1) == 1 {
 			close(started)
@@ -485,7 +501,13 @@ func TestConcurrentBranchesBuildOneLayer(t *testing.T) {
 		done <- err
 	}
 	go branch("b1")
-	<-started
+	select {
+	case <-started:
+	case err := <-done:
+		t.Fatalf("the first branch ended before building its layer: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the first branch never built its layer")
+	}
 	waited := e.freezes.waited.Load()
 	go branch("b2")
 	for deadline := time.Now().Add(30 * time.Second); e.freezes.waited.Load() == waited; time.Sleep(time.Millisecond) {
@@ -493,7 +515,7 @@ func TestConcurrentBranchesBuildOneLayer(t *testing.T) {
 			t.Fatal("the second branch never found the first's build")
 		}
 	}
-	close(release)
+	unblock()
 	must(t, <-done)
 	must(t, <-done)
 	if n := builds.Load(); n != 1 {
