@@ -68,15 +68,8 @@ func (e *Engine) freeze(ctx context.Context, j *freezeJob, keep map[delta.ID]boo
 		e.log.Warn("frozen layer not kept; branches of this checkpoint copy it", "sandbox", j.sandbox, "checkpoint", cp.ID.Short(), "err", err)
 		return
 	}
-	src := &overlay.FreezeSource{InUse: e.frozenInUse, Yield: func() { e.freezes.pause(j) }}
-	if dir := overlay.FrozenUser(e.home.sandboxDir(j.sandbox)); dir != "" {
-		if id, err := delta.ParseID(filepath.Base(dir)); err == nil && ob.HasFrozen(id) {
-			src.Tree = id
-		}
-	}
-	if src.Tree.IsZero() && !j.parent.IsZero() && ob.HasFrozen(j.parent) {
-		src.Tree = j.parent
-	}
+	src := &overlay.FreezeSource{InUse: e.frozenInUse, Yield: func() { e.freezes.pause(j) },
+		Tree: e.sourceLayer(ob, j.sandbox, j.parent)}
 	if reuse, err := e.reusableLayers(ctx, cp, start, keep); err != nil {
 		e.log.Debug("frozen layer built in full", "checkpoint", cp.ID.Short(), "err", err)
 	} else {

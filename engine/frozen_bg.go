@@ -101,7 +101,11 @@ func (e *Engine) freezeLater(st *sandboxState, cp *delta.Checkpoint) {
 	if ob == nil || st.sb.Backend != overlay.Name || e.frozenKeep() == 0 || ob.HasFrozen(cp.FSTree) {
 		return
 	}
-	if e.freezeOnBranch && !e.freezeSourceOf(ob, st) {
+	var parent delta.ID
+	if st.head != nil {
+		parent = st.head.FSTree
+	}
+	if e.freezeOnBranch && e.sourceLayer(ob, st.sb.Name, parent).IsZero() {
 		return // a layer from nothing waits for a branch that wants it
 	}
 	live, err := overlay.LiveUpper(e.home.sandboxDir(st.sb.Name))
@@ -109,10 +113,7 @@ func (e *Engine) freezeLater(st *sandboxState, cp *delta.Checkpoint) {
 		e.log.Warn("frozen layer not kept; branches of this checkpoint copy it", "sandbox", st.sb.Name, "checkpoint", cp.ID.Short(), "err", err)
 		return
 	}
-	j := &freezeJob{cp: cp, sandbox: st.sb.Name, live: live, done: make(chan struct{}), queued: time.Now()}
-	if st.head != nil {
-		j.parent = st.head.FSTree
-	}
+	j := &freezeJob{cp: cp, sandbox: st.sb.Name, live: live, parent: parent, done: make(chan struct{}), queued: time.Now()}
 	f := &e.freezes
 	f.mu.Lock()
 	if f.closed || f.byTree[cp.FSTree] != nil {

@@ -17,19 +17,23 @@ import (
 // this host has none; with Options.FreezeOnBranch (the CLI's direct mode)
 // that is how a sandbox's first layer is made.
 
-// freezeSourceOf reports whether the next freeze of st's sandbox would be
-// made from a layer this host keeps (the one its root stacks on, or its
-// head's): linking and patching the names that changed, not copying the
-// layer. With Options.FreezeOnBranch only such freezes run after a
-// checkpoint, so a sandbox that was branched (or is a branch) keeps
-// layers at the cost of its changes, and one never branched pays nothing.
-func (e *Engine) freezeSourceOf(ob *overlay.Backend, st *sandboxState) bool {
-	if dir := overlay.FrozenUser(e.home.sandboxDir(st.sb.Name)); dir != "" {
+// sourceLayer is the kept layer a freeze of sandbox's next layer is made
+// from (linking the files that did not change): the one its root stacks
+// on, else its parent checkpoint's tree's (zero: none, a build from
+// nothing). With Options.FreezeOnBranch only freezes with a source run
+// after a checkpoint, so a sandbox that was branched (or is a branch)
+// keeps layers at the cost of its changes, and one never branched pays
+// nothing.
+func (e *Engine) sourceLayer(ob *overlay.Backend, sandbox string, parent delta.ID) delta.ID {
+	if dir := overlay.FrozenUser(e.home.sandboxDir(sandbox)); dir != "" {
 		if id, err := delta.ParseID(filepath.Base(dir)); err == nil && ob.HasFrozen(id) {
-			return true
+			return id
 		}
 	}
-	return st.head != nil && ob.HasFrozen(st.head.FSTree)
+	if !parent.IsZero() && ob.HasFrozen(parent) {
+		return parent
+	}
+	return delta.ID{}
 }
 
 // freezeForBranch makes sure cp's frozen layer exists for branches about
@@ -80,14 +84,7 @@ func (e *Engine) freezeForBranch(ctx context.Context, be rootfs.Backend, cp *del
 	}
 	f.byTree[cp.FSTree] = j
 	f.mu.Unlock()
-	defer func() {
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		close(j.done)
-		if f.byTree[cp.FSTree] == j {
-			delete(f.byTree, cp.FSTree)
-		}
-	}()
+	defer f.finish(j)
 	e.freeze(ctx, j, nil)
 	return nil
 }

@@ -54,15 +54,14 @@ func (f *freezeJobs) kickLocked() {
 // freezeIdle, j is needed now (rushed, drained, closing), or it has
 // waited freezeMaxDefer since it was queued.
 func (f *freezeJobs) waitIdle(j *freezeJob) {
-	deadline := j.queued.Add(f.maxDeferOr())
 	for {
 		f.mu.Lock()
 		now := time.Now()
-		if j.rush || f.closed || f.draining > 0 || !now.Before(deadline) {
+		if f.dueLocked(j, now) {
 			f.mu.Unlock()
 			return
 		}
-		wait := deadline.Sub(now)
+		wait := f.deadline(j).Sub(now)
 		if f.busy == 0 {
 			quiet := f.lastEnd.Add(freezeIdle).Sub(now)
 			if quiet <= 0 {
@@ -71,17 +70,33 @@ func (f *freezeJobs) waitIdle(j *freezeJob) {
 			}
 			wait = min(wait, quiet)
 		}
-		if f.kick == nil {
-			f.kick = make(chan struct{})
-		}
-		kick := f.kick
-		f.mu.Unlock()
-		t := time.NewTimer(wait)
-		select {
-		case <-kick:
-		case <-t.C:
-		}
-		t.Stop()
+		f.sleepLocked(wait)
+	}
+}
+
+// dueLocked reports whether j goes on now whatever the turns do: it is
+// needed now (rushed, drained, closing) or has waited freezeMaxDefer since
+// it was queued. The caller holds f.mu.
+func (f *freezeJobs) dueLocked(j *freezeJob, now time.Time) bool {
+	return j.rush || f.closed || f.draining > 0 || !now.Before(f.deadline(j))
+}
+
+// deadline is when j stops waiting for the turns.
+func (f *freezeJobs) deadline(j *freezeJob) time.Time { return j.queued.Add(f.maxDeferOr()) }
+
+// sleepLocked releases f.mu and waits up to d, or until a kick (a turn
+// ended, a rush, a drain).
+func (f *freezeJobs) sleepLocked(d time.Duration) {
+	if f.kick == nil {
+		f.kick = make(chan struct{})
+	}
+	kick := f.kick
+	f.mu.Unlock()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-kick:
+	case <-t.C:
 	}
 }
 
@@ -95,26 +110,15 @@ func (f *freezeJobs) pause(j *freezeJob) {
 	for {
 		f.mu.Lock()
 		now := time.Now()
-		deadline := j.queued.Add(f.maxDeferOr())
-		if f.busy == 0 || j.rush || f.closed || f.draining > 0 || !now.Before(deadline) {
+		if f.busy == 0 || f.dueLocked(j, now) {
 			f.mu.Unlock()
 			return
 		}
-		if f.kick == nil {
-			f.kick = make(chan struct{})
-		}
-		kick := f.kick
-		f.mu.Unlock()
 		if !counted {
 			counted = true
 			f.paused.Add(1)
 		}
-		t := time.NewTimer(deadline.Sub(now))
-		select {
-		case <-kick:
-		case <-t.C:
-		}
-		t.Stop()
+		f.sleepLocked(f.deadline(j).Sub(now))
 	}
 }
 
