@@ -321,3 +321,88 @@ func FuzzReadPackBlobs(f *testing.F) {
 		}
 	})
 }
+
+// Absorb makes one pack of two writers' blobs: plaintext, the same bytes as
+// one writer adding them all in that order; sealed, every blob opens at
+// its new offset. Writers sharing a blob are left as they were; misuse is
+// sticky.
+func TestPackWriterAbsorb(t *testing.T) {
+	blobs := testBlobs(12)
+	fill := func(w *PackWriter, from, to int) {
+		for i := from; i < to; i++ {
+			w.Add(blobs[i].t, blobID(i), blobs[i].stored, blobs[i].raw, blobs[i].c)
+		}
+	}
+	one := NewPackWriter()
+	fill(one, 0, len(blobs))
+	want, wantID, _, err := one.Finish()
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := NewPackWriter(), NewPackWriter()
+	fill(a, 0, 5)
+	fill(b, 5, len(blobs))
+	if !a.Absorb(b) {
+		t.Fatal("Absorb refused two writers without a shared blob")
+	}
+	if a.Count() != len(blobs) || b.Count() != 0 || b.Len() != 0 || b.Has(blobID(5)) || !a.Has(blobID(11)) {
+		t.Fatalf("after Absorb: counts %d and %d", a.Count(), b.Count())
+	}
+	got, id, _, err := a.Finish()
+	if err != nil || id != wantID || !bytes.Equal(got, want) {
+		t.Fatalf("absorbed pack differs from one written whole (%v)", err)
+	}
+
+	k := NewDataKey()
+	a, b = k.NewPackWriter(), k.NewPackWriter()
+	fill(a, 0, 5)
+	fill(b, 5, len(blobs))
+	if !a.Absorb(b) {
+		t.Fatal("Absorb refused two sealed writers")
+	}
+	sealed, _, entries, err := a.Finish()
+	if err != nil {
+		t.Fatal(err)
+	}
+	parsed, err := k.ParsePackHeader(sealed)
+	if err != nil || !slices.Equal(parsed, entries) {
+		t.Fatalf("sealed header: %v", err)
+	}
+	for i, e := range parsed {
+		out, err := k.OpenBlob(e.Type, e.ID, sealed[e.Offset:e.Offset+e.Length])
+		if err != nil || e.ID != blobID(i) || !bytes.Equal(out, blobs[i].stored) {
+			t.Fatalf("blob %d after Absorb: %v", i, err)
+		}
+	}
+
+	a, b = NewPackWriter(), NewPackWriter()
+	fill(a, 0, 2)
+	fill(b, 1, 3)
+	if a.Absorb(b) || a.Count() != 2 || b.Count() != 2 {
+		t.Fatalf("writers sharing a blob: absorbed, or changed (%d and %d blobs)", a.Count(), b.Count())
+	}
+	if _, _, _, err := a.Finish(); err != nil {
+		t.Fatalf("a refused Absorb spoilt the writer: %v", err)
+	}
+	for name, c := range map[string]func() (*PackWriter, *PackWriter){
+		"other keys": func() (*PackWriter, *PackWriter) {
+			a, b := k.NewPackWriter(), NewDataKey().NewPackWriter()
+			fill(a, 0, 1)
+			fill(b, 1, 2)
+			return a, b
+		},
+		"finished": func() (*PackWriter, *PackWriter) {
+			a, b := NewPackWriter(), NewPackWriter()
+			fill(a, 0, 1)
+			fill(b, 1, 2)
+			b.Finish()
+			return a, b
+		},
+	} {
+		a, b := c()
+		a.Absorb(b)
+		if _, _, _, err := a.Finish(); !errors.Is(err, errdefs.ErrInvalid) {
+			t.Errorf("%s: Finish after a bad Absorb: %v, want ErrInvalid", name, err)
+		}
+	}
+}

@@ -101,6 +101,47 @@ func (w *PackWriter) Add(t BlobType, id ID, stored []byte, rawLen int, c Compres
 	w.ids[id] = true
 }
 
+// Absorb moves every blob of o after w's, leaving o empty, so that two
+// small packs become one object. o must build packs for the same keys and
+// ID scheme as w: its stored bytes move as they are (a sealed blob's
+// associated data names its type and ID, never its offset); misuse is
+// sticky in w, as for Add. It reports false, changing neither, when a blob
+// ID is in both (the same bytes stored as a chunk and as a tree): a pack
+// holds an ID once.
+func (w *PackWriter) Absorb(o *PackWriter) bool {
+	if w.err != nil {
+		return false
+	}
+	var why string
+	switch {
+	case o.err != nil:
+		w.err = o.err
+		return false
+	case w.done || o.done:
+		why = "Absorb after Finish"
+	case w.keys != o.keys || w.scheme != o.scheme:
+		why = "packs for different keys"
+	}
+	if why != "" {
+		w.err = fmt.Errorf("pack writer: %s: %w", why, errdefs.ErrInvalid)
+		return false
+	}
+	for _, e := range o.entries {
+		if w.ids[e.ID] {
+			return false
+		}
+	}
+	shift := uint64(len(w.data))
+	w.data = append(w.data, o.data...)
+	for _, e := range o.entries {
+		e.Offset += shift
+		w.entries = append(w.entries, e)
+		w.ids[e.ID] = true
+	}
+	o.data, o.entries, o.ids = nil, nil, map[ID]bool{}
+	return true
+}
+
 // Len returns the number of blob bytes added so far. The header and footer
 // add 8 bytes plus 37 to about 60 per blob.
 func (w *PackWriter) Len() int { return len(w.data) }

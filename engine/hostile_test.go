@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"os"
@@ -8,6 +9,7 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/moby/sys/mountinfo"
 	"github.com/turnsnap/turnsnap/catalog"
@@ -172,4 +174,101 @@ func TestVerifyReportsWhatARestoreWrites(t *testing.T) {
 	if rep.Trees > 10 {
 		t.Fatalf("verify read %d trees, want each distinct tree once", rep.Trees)
 	}
+}
+
+// A file whose bytes are a tree's encoding has that tree's ID: whichever
+// is stored first is the one copy the index keeps, in either order and
+// across sandboxes (dedup is store-wide). Both checkpoints must still
+// verify and restore: a sandbox must not be able to make another's tree,
+// or its own file, unreadable by writing such a file.
+func TestFileHoldingATreeEncoding(t *testing.T) {
+	ctx := context.Background()
+	when := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	// dir makes d/x with fixed metadata under root, so that two homes
+	// encode the same tree for d.
+	dir := func(root string) {
+		must(t, os.MkdirAll(filepath.Join(root, "d"), 0o755))
+		write(t, filepath.Join(root, "d", "x"), "a directory's one file\n")
+		must(t, os.Chtimes(filepath.Join(root, "d", "x"), when, when))
+	}
+	base := t.TempDir()
+	write(t, filepath.Join(base, "a.txt"), "base\n")
+	create := func(e *Engine, name string) string {
+		cr, err := e.CreateSandbox(ctx, name, CreateOptions{Base: base})
+		must(t, err)
+		return cr.Root
+	}
+	checkpoint := func(e *Engine, name string) delta.ID {
+		r, err := e.Checkpoint(ctx, name, CheckpointOptions{})
+		must(t, err)
+		return r.ID
+	}
+	// treeOfD is the encoding of d's tree in name's head.
+	treeOfD := func(e *Engine, id delta.ID) []byte {
+		cp, err := e.Resolve(ctx, id.String())
+		must(t, err)
+		top, err := delta.LoadTree(ctx, e.repo, cp.FSTree)
+		must(t, err)
+		d := top.Find("d")
+		if d == nil {
+			t.Fatal("no d in the checkpoint's tree")
+		}
+		enc, err := e.repo.LoadBlob(ctx, delta.BlobTree, d.Subtree)
+		must(t, err)
+		return enc
+	}
+	// restores checks that a rollback of name to id puts want back at rel.
+	restores := func(e *Engine, name, root string, id delta.ID, rel, want string) {
+		if _, err := e.Verify(ctx, id.String()); err != nil {
+			t.Fatalf("verify %s of %s: %v", id.Short(), name, err)
+		}
+		write(t, filepath.Join(root, rel), "changed\n")
+		checkpoint(e, name)
+		if _, err := e.Rollback(ctx, name, id.String(), RollbackOptions{}); err != nil {
+			t.Fatalf("rollback of %s to %s: %v", name, id.Short(), err)
+		}
+		got, err := os.ReadFile(filepath.Join(root, rel))
+		if err != nil || string(got) != want {
+			t.Fatalf("%s after rollback: %q, %v; want %q", rel, got, err, want)
+		}
+	}
+
+	// The tree first, then a file in another sandbox holding its bytes.
+	e := newEngine(t)
+	ra := create(e, "a")
+	dir(ra)
+	ca := checkpoint(e, "a")
+	enc := treeOfD(e, ca)
+	rb := create(e, "b")
+	write(t, filepath.Join(rb, "copy"), string(enc))
+	cb := checkpoint(e, "b")
+	restores(e, "b", rb, cb, "copy", string(enc))
+	restores(e, "a", ra, ca, "d/x", "a directory's one file\n")
+	checkAll(t, e)
+
+	// The file first, in a fresh home; then a sandbox whose tree has its
+	// bytes.
+	e2 := newEngine(t)
+	rf := create(e2, "file")
+	write(t, filepath.Join(rf, "copy"), string(enc))
+	cf := checkpoint(e2, "file")
+	rt := create(e2, "tree")
+	dir(rt)
+	ct := checkpoint(e2, "tree")
+	if got := treeOfD(e2, ct); !bytes.Equal(got, enc) {
+		t.Fatal("the second home encodes d differently: the test no longer makes a collision")
+	}
+	restores(e2, "tree", rt, ct, "d/x", "a directory's one file\n")
+	restores(e2, "file", rf, cf, "copy", string(enc))
+	checkAll(t, e2)
+
+	// Both in one turn (two packs then: a pack holds an ID once).
+	e3 := newEngine(t)
+	rs := create(e3, "s")
+	dir(rs)
+	write(t, filepath.Join(rs, "copy"), string(enc))
+	cs := checkpoint(e3, "s")
+	restores(e3, "s", rs, cs, "copy", string(enc))
+	restores(e3, "s", rs, cs, "d/x", "a directory's one file\n")
+	checkAll(t, e3)
 }

@@ -125,8 +125,10 @@ func (c *Checker) Verify(ctx context.Context, cp *delta.Checkpoint) (*Report, er
 		if err != nil {
 			return loc, err
 		}
-		if loc.Type != t {
-			return loc, fmt.Errorf("blob %s: stored as %s, needed as %s: %w", id, loc.Type, t, errdefs.ErrCorrupt)
+		// Stored as the other type is the same bytes (content.Repo's
+		// load), within this type's limit.
+		if loc.Type != t && loc.RawLength > delta.MaxRawLength(t) {
+			return loc, fmt.Errorf("blob %s: stored as a %d-byte %s, over the %s limit: %w", id, loc.RawLength, loc.Type, t, errdefs.ErrCorrupt)
 		}
 		need[id] = loc
 		return loc, nil

@@ -33,6 +33,7 @@ const publishChunk = 2000
 // the home's flock serialises whole commands.
 func (o *Op) Publish(ctx context.Context, extraRefs ...delta.ID) error {
 	o.closeSnapshot() // the index transactions below read the catalog afresh
+	o.mixSmall()
 	// Data before trees: a tree is never stored before the blobs it names.
 	for _, t := range []delta.BlobType{delta.BlobData, delta.BlobTree} {
 		if err := o.flushPack(ctx, t); err != nil {
@@ -64,6 +65,26 @@ func (o *Op) Publish(ctx context.Context, extraRefs ...delta.ID) error {
 	o.flushed = map[delta.ID]catalog.BlobLocation{}
 	o.children = map[delta.ID][]delta.ID{}
 	return nil
+}
+
+// mixedPackMax is the most an op's last data and tree packs may hold
+// together to be written as one. Trees and chunks go in separate packs so
+// that a walk of trees (gc, rebuild, diff) reads only tree packs
+// (docs/FORMAT.md, "Pack"); a walk reads at most this much more for a
+// mixed one, and a small turn (most turns) stores one object fewer: a
+// local object is a create, two fsyncs and a rename, the largest part of
+// such a turn's commit.
+const mixedPackMax = 1 << 20
+
+// mixSmall moves the open tree pack into the open data pack when both
+// hold blobs and fit mixedPackMax together, trees after the chunks they
+// may name.
+func (o *Op) mixSmall() {
+	data, trees := o.open[delta.BlobData], o.open[delta.BlobTree]
+	if data.Count() == 0 || trees.Count() == 0 || data.Len()+trees.Len() > mixedPackMax {
+		return
+	}
+	data.Absorb(trees) // refused only when a blob is in both: two packs then
 }
 
 // A turn that stored at most groupBlobs blobs whose new trees name at most
@@ -153,7 +174,7 @@ func (o *Op) index(tx *catalog.Tx, ids []delta.ID) (won, lostTo []delta.ID, err 
 		if err != nil {
 			return nil, nil, err
 		}
-		if ok {
+		if ok && !treeOverChunk(o.flushed[id].Type, loc) {
 			lostTo = append(lostTo, loc.Pack)
 			continue
 		}

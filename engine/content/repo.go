@@ -245,10 +245,13 @@ func (o *Op) SaveBlob(ctx context.Context, t delta.BlobType, id delta.ID, plain 
 	r := o.r
 	r.meter.add(len(plain))
 	prep, isPrepared := o.takePrepared(id)
-	if _, ok := o.flushed[id]; ok || o.open[t].Has(id) {
+	if loc, ok := o.flushed[id]; (ok && !treeOverChunk(t, loc)) || o.open[t].Has(id) {
 		return false, nil
 	}
 	loc, known, err := o.lookupBlob(ctx, id)
+	if known && treeOverChunk(t, loc) {
+		known = false // stored as a tree too, which takes the ID over (index)
+	}
 	if known {
 		// A checkpoint that reuses a blob must not reach the remote store
 		// before the pack holding it does.
@@ -310,6 +313,17 @@ func (o *Op) SaveBlob(ctx context.Context, t delta.BlobType, id delta.ID, plain 
 		}
 	}
 	return true, nil
+}
+
+// treeOverChunk reports whether a tree of ID id must be stored although
+// loc holds id already: loc holds it as a chunk (a file whose bytes are the
+// tree's encoding, which anyone who can write a file can make). The bytes
+// are the same, but a tree's children are counted when the tree is first
+// stored (SaveBlob), and no one counted them for a chunk. So the tree is
+// stored and indexed over the chunk's location (Op.index): either copy
+// serves both types (Repo.load), and the children are counted once.
+func treeOverChunk(t delta.BlobType, loc catalog.BlobLocation) bool {
+	return t == delta.BlobTree && loc.Type == delta.BlobData
 }
 
 // flushPack writes the open pack of blob type t to the store.
@@ -385,13 +399,17 @@ func (r *Repo) LoadBlob(ctx context.Context, t delta.BlobType, id delta.ID) ([]b
 
 // load reads blob id of type t from where loc says it is.
 func (r *Repo) load(ctx context.Context, t delta.BlobType, id delta.ID, loc catalog.BlobLocation) ([]byte, error) {
-	if loc.Type != t {
-		return nil, fmt.Errorf("blob %s: stored as %s, wanted %s: %w", id, loc.Type, t, errdefs.ErrCorrupt)
-	}
+	// loc may hold the blob as the other type: an ID is the hash of the
+	// plaintext, so a chunk and a tree of one ID are the same bytes, and
+	// the index keeps whichever was stored first. Anyone who can write a
+	// file can give it a tree's encoding (another sandbox's, dedup being
+	// store-wide); refusing the stored copy made that tree, or that file,
+	// unreadable. The stored type opens and decodes it; both types'
+	// limits bound it.
 	name := delta.PackName(loc.Pack)
 	// Bound what the index declares before it sizes any read or buffer: a
 	// stored blob is never much larger than its plaintext.
-	if most := delta.MaxRawLength(t); loc.RawLength > most || loc.Length > 2*most {
+	if most := min(delta.MaxRawLength(t), delta.MaxRawLength(loc.Type)); loc.RawLength > most || loc.Length > 2*most {
 		return nil, fmt.Errorf("blob %s in %s: declares %d stored and %d plain bytes, over the %s limit %d: %w",
 			id, name, loc.Length, loc.RawLength, t, most, errdefs.ErrCorrupt)
 	}
