@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/dgraph-io/badger/v4"
@@ -46,6 +47,8 @@ type Catalog struct {
 	// beside the others (shared), and one that conflicted runs again with
 	// no other Update in flight (see Update).
 	writers sync.RWMutex
+	// updates counts committed Update transactions (Updates).
+	updates atomic.Int64
 }
 
 // badgerOptions tunes Badger for a CLI: each command opens the catalog, does a
@@ -279,6 +282,10 @@ func (c *Catalog) knownSchema(version int) error {
 // Dir returns the directory the catalog was opened in.
 func (c *Catalog) Dir() string { return c.dir }
 
+// Updates is how many Update transactions have committed, each one fsync
+// (tests and benchmarks count a checkpoint's).
+func (c *Catalog) Updates() int64 { return c.updates.Load() }
+
 // Close flushes and closes the database and releases the directory lock.
 // Calling it again does nothing.
 func (c *Catalog) Close() error {
@@ -374,6 +381,7 @@ func (c *Catalog) Update(ctx context.Context, fn func(tx *Tx) error) error {
 	}
 	switch {
 	case err == nil:
+		c.updates.Add(1)
 		return nil
 	case errors.Is(err, badger.ErrConflict):
 		return fmt.Errorf("catalog %s: transaction still conflicting after %d attempts: %w",

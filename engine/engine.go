@@ -102,7 +102,7 @@ type Engine struct {
 	baseMu    sync.Mutex
 	commitMu  sync.Mutex
 	// commits shares one catalog transaction between concurrent commits
-	// (catalog.Group), run under commitMu.
+	// (catalog.Group), run under commitMu and the index lock (commitLock).
 	commits   catalog.Group
 	procCRIU  string       // CRIU binary; "" means proc's default
 	atPhase   func(string) // Options.AtPhase
@@ -134,7 +134,7 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{home: h, lock: lock, log: log, atPhase: opts.AtPhase, admit: newAdmission(opts.MaxCheckpoints)}
-	e.commits.Hold = &e.commitMu
+	e.commits.Hold = &commitLock{e: e}
 	e.commits.Shared = func(int) { e.phase(PhaseCommitGroup) }
 	e.track.on = opts.TrackChanges
 	e.freezeOnBranch = opts.FreezeOnBranch

@@ -126,3 +126,24 @@ func (e *Engine) prepareBase(ctx context.Context, be rootfs.Backend, tree delta.
 	defer e.baseMu.Unlock()
 	return be.PrepareBase(ctx, tree, loader)
 }
+
+// commitLock is what a commit transaction (Engine.commits) holds: commitMu,
+// and the repository's index lock, since a small turn's blob index is
+// written in that transaction (content.Staged). The repository is the one
+// of the moment: maintenance replaces it only under the exclusive lock,
+// which no commit runs under.
+type commitLock struct {
+	e    *Engine
+	held *sync.Mutex // the index lock taken, guarded by commitMu
+}
+
+func (l *commitLock) Lock() {
+	l.e.commitMu.Lock()
+	l.held = l.e.repo.IndexLock()
+	l.held.Lock()
+}
+
+func (l *commitLock) Unlock() {
+	l.held.Unlock()
+	l.e.commitMu.Unlock()
+}

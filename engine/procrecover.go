@@ -25,6 +25,10 @@ const (
 	PhaseDump   = "dump"   // CRIU wrote the image; the container is still paused
 	PhaseStore  = "store"  // the container runs again; the image is about to be stored
 	PhaseCommit = "commit" // everything is stored; the checkpoint is about to be committed
+	// PhaseRecorded: the packs, the record and the head ref are in the
+	// store; the catalog transaction that indexes a small turn's blobs and
+	// adds the checkpoint is next.
+	PhaseRecorded = "recorded"
 	// PhaseCommitGroup: the catalog transaction that several concurrent
 	// checkpoints share (a group commit) holds all their writes and is
 	// about to commit.

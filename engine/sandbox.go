@@ -132,18 +132,29 @@ func (e *Engine) checkNewSandbox(ctx context.Context, name string) error {
 	return nil
 }
 
-// commit publishes a checkpoint in the write order of docs/FORMAT.md: packs and blob index,
-// the record, the sandbox description (if new) and head ref objects, and
-// last the catalog transaction that makes it visible.
+// commit publishes a checkpoint in the write order of docs/FORMAT.md:
+// packs, the record, the sandbox description (if new) and head ref
+// objects, and last the catalog transaction that makes it visible, which
+// also indexes a small turn's blobs (a large one's are indexed before the
+// record, in transactions of their own: content.Op.Stage).
 func (e *Engine) commit(ctx context.Context, op *content.Op, cp *delta.Checkpoint, newSandbox *delta.Sandbox, roots []delta.ID) error {
-	if err := op.Publish(ctx, roots...); err != nil {
+	staged, err := op.Stage(ctx, roots...)
+	if err != nil {
 		return fmt.Errorf("sandbox %s: %w", cp.Sandbox, err)
 	}
 	st := op.Stats()
 	cp.Stats.BlobsNew, cp.Stats.BytesNew, cp.Stats.ObjectsNew = st.BlobsNew, st.BytesNew, st.ObjectsNew
 	if err := e.putRecord(ctx, cp); err != nil {
+		// A Put can fail after its rename ("written but maybe not
+		// durable"): a record that names the op's packs keeps them.
+		if _, serr := e.store.Stat(context.WithoutCancel(ctx), delta.RecordName(cp.ID)); serr == nil {
+			op.Keep()
+		}
 		return err
 	}
+	// The record names the op's packs: a commit that fails from here on
+	// must not delete them (gc and a rebuild go by the record).
+	op.Keep()
 	if newSandbox != nil {
 		if err := e.putSandboxObject(ctx, newSandbox); err != nil {
 			return err
@@ -152,12 +163,16 @@ func (e *Engine) commit(ctx context.Context, op *content.Op, cp *delta.Checkpoin
 	if err := e.putRefObject(ctx, delta.RefHead, cp.SandboxKey(), cp.ID); err != nil {
 		return err
 	}
+	e.phase(PhaseRecorded)
 	// One commit transaction at a time: with a remote, each reads the
 	// whole upload queue and bumps its sequence, so concurrent ones would
 	// conflict and retry. Concurrent commits share one (a group commit,
-	// run under commitMu): each sees the ones before it in the
+	// run under commitLock): each sees the ones before it in the
 	// transaction, and one fsync makes them all durable.
-	err := e.commits.Update(ctx, e.cat, func(tx *catalog.Tx) error {
+	err = e.commits.Update(ctx, e.cat, func(tx *catalog.Tx) error {
+		if err := staged.Index(tx); err != nil {
+			return err
+		}
 		if newSandbox != nil {
 			if err := tx.PutSandbox(newSandbox); err != nil {
 				return err
@@ -174,6 +189,7 @@ func (e *Engine) commit(ctx context.Context, op *content.Op, cp *delta.Checkpoin
 	if err != nil {
 		return fmt.Errorf("checkpoint %s of sandbox %s: catalog: %w", cp.ID.Short(), cp.Sandbox, err)
 	}
+	staged.Done()
 	return nil
 }
 

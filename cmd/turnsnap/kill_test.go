@@ -152,7 +152,7 @@ func TestCheckpointKilledAtEveryPhase(t *testing.T) {
 		`n=0; while :; do n=$((n+1)); echo $n > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.05; done`)
 	mustCLI(t, home, "checkpoint", "k")
 
-	for _, phase := range []string{engine.PhaseFreeze, engine.PhaseScan, engine.PhaseDump, engine.PhaseStore, engine.PhaseCommit} {
+	for _, phase := range []string{engine.PhaseFreeze, engine.PhaseScan, engine.PhaseDump, engine.PhaseStore, engine.PhaseCommit, engine.PhaseRecorded} {
 		file := "turn-" + phase
 		if err := os.WriteFile(filepath.Join(created.Root, file), []byte(phase), 0o644); err != nil {
 			t.Fatal(err)

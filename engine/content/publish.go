@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
 
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
@@ -32,40 +33,124 @@ const publishChunk = 2000
 // the Ops of one group too), so they never conflict; between processes
 // the home's flock serialises whole commands.
 func (o *Op) Publish(ctx context.Context, extraRefs ...delta.ID) error {
-	o.closeSnapshot() // the index transactions below read the catalog afresh
+	s, err := o.Stage(ctx, extraRefs...)
+	if err != nil {
+		return err
+	}
+	if s.pending {
+		if err := o.r.group.Update(ctx, o.r.cat, s.Index); err != nil {
+			return fmt.Errorf("index blobs and refcounts: %w", err)
+		}
+	}
+	s.Done()
+	return nil
+}
+
+// Staged is an Op whose packs are stored and whose blob index and
+// refcount increments wait for a catalog transaction of the caller's
+// (Index): a checkpoint's commit indexes a small turn's blobs in the
+// transaction that adds the checkpoint, one fsync instead of two. The
+// store holds the packs before the record that names them, which is all
+// the write order needs (docs/FORMAT.md): gc marks from records, and a
+// rebuild indexes packs from their headers.
+type Staged struct {
+	o       *Op
+	pending bool // Index has work (a large Op was indexed by Stage)
+	ids     []delta.ID
+	extra   map[delta.ID]int64
+	lost    []delta.ID
+}
+
+// Stage writes the Op's open packs (data before trees: a tree is never
+// stored before the blobs it names) and checks the catalog's room. An Op
+// too large for one transaction is indexed here, in transactions of its
+// own, as Publish does; a small one's index is left to Staged.Index, with
+// one more reference for each of extraRefs (a record's roots).
+func (o *Op) Stage(ctx context.Context, extraRefs ...delta.ID) (*Staged, error) {
+	o.closeSnapshot() // the index transactions read the catalog afresh
 	o.mixSmall()
-	// Data before trees: a tree is never stored before the blobs it names.
 	for _, t := range []delta.BlobType{delta.BlobData, delta.BlobTree} {
 		if err := o.flushPack(ctx, t); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	if o.r.room != nil {
 		if err := o.r.room(); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	ids := make([]delta.ID, 0, len(o.flushed))
 	for id := range o.flushed {
 		ids = append(ids, id)
 	}
+	slices.SortFunc(ids, func(a, b delta.ID) int { return bytes.Compare(a[:], b[:]) })
 	refs := map[delta.ID]int64{}
 	for _, id := range extraRefs {
 		refs[id]++
 	}
+	s := &Staged{o: o}
 	if len(ids) <= groupBlobs && o.childCount() <= groupRefs {
-		if err := o.publishGrouped(ctx, ids, refs); err != nil {
-			return err
-		}
-	} else if err := o.publishAlone(ctx, ids, refs); err != nil {
+		s.pending, s.ids, s.extra = true, ids, refs
+		return s, nil
+	}
+	if err := o.publishAlone(ctx, ids, refs); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Index puts the staged blobs in tx's index unless a concurrent Op got
+// there first (the dedup rule), and adds the refcounts: extraRefs, and the
+// children of the trees this Op indexed. The caller holds the
+// repository's IndexLock while tx runs. Index may run again in a fresh
+// transaction (catalog.Group): it starts afresh each time.
+func (s *Staged) Index(tx *catalog.Tx) error {
+	if !s.pending {
+		return nil
+	}
+	o := s.o
+	won, lost, err := o.index(tx, s.ids)
+	if err != nil {
 		return err
 	}
-	// Published: the catalog now locates these blobs, and a second publish in
-	// the same session must not count the same references twice.
-	o.flushed = map[delta.ID]catalog.BlobLocation{}
-	o.children = map[delta.ID][]delta.ID{}
+	s.lost = lost
+	refs := make(map[delta.ID]int64, len(s.extra))
+	for id, n := range s.extra {
+		refs[id] += n
+	}
+	o.addChildren(refs, won)
+	for _, id := range sortedIDs(refs) {
+		if _, err := tx.AddRefCount(id, refs[id]); err != nil {
+			return err
+		}
+	}
+	// The same transaction may queue the checkpoint's uploads, which must
+	// follow the packs of the blobs another Op indexed first (Reused).
+	for _, p := range lost {
+		o.reused[p] = true
+	}
 	return nil
 }
+
+// Done records that the transaction that ran Index committed: the catalog
+// locates the Op's blobs now, and a second publish in the same session
+// must not count the same references again.
+func (s *Staged) Done() {
+	o := s.o
+	if s.pending {
+		o.indexed(s.lost)
+	}
+	o.flushed = map[delta.ID]catalog.BlobLocation{}
+	o.children = map[delta.ID][]delta.ID{}
+}
+
+// Keep makes Discard leave the Op's packs alone: a record that names them
+// is being written (an index transaction that never commits must not take
+// its packs with it).
+func (o *Op) Keep() { o.unindexed = nil }
+
+// IndexLock is the lock the writers of the blob index hold (see Staged).
+func (r *Repo) IndexLock() *sync.Mutex { return &r.indexMu }
 
 // mixedPackMax is the most an op's last data and tree packs may hold
 // together to be written as one. Trees and chunks go in separate packs so
@@ -89,9 +174,9 @@ func (o *Op) mixSmall() {
 
 // A turn that stored at most groupBlobs blobs whose new trees name at most
 // groupRefs children indexes them and counts its references in one
-// transaction, shared with the concurrent turns' (catalog.Group): a busy
-// daemon's commits then cost one catalog fsync between them, not two each
-// in a row.
+// transaction (Staged.Index): its checkpoint's commit transaction, shared
+// with the concurrent turns' (catalog.Group), so a busy daemon's commits
+// cost one catalog fsync between them.
 const (
 	groupBlobs = 256
 	groupRefs  = 1024
@@ -103,37 +188,6 @@ func (o *Op) childCount() int {
 		n += len(c)
 	}
 	return n
-}
-
-// publishGrouped indexes ids and adds refs plus the children of the trees
-// it is first to index, in one transaction of the repository's group.
-func (o *Op) publishGrouped(ctx context.Context, ids []delta.ID, extra map[delta.ID]int64) error {
-	var lostTo []delta.ID
-	err := o.r.group.Update(ctx, o.r.cat, func(tx *catalog.Tx) error {
-		// fn may run again (a conflict, or the group's transaction
-		// failed): start afresh each time.
-		won, lost, err := o.index(tx, ids)
-		if err != nil {
-			return err
-		}
-		lostTo = lost
-		refs := make(map[delta.ID]int64, len(extra))
-		for id, n := range extra {
-			refs[id] += n
-		}
-		o.addChildren(refs, won)
-		for _, id := range sortedIDs(refs) {
-			if _, err := tx.AddRefCount(id, refs[id]); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("index blobs and refcounts: %w", err)
-	}
-	o.indexed(lostTo)
-	return nil
 }
 
 // publishAlone is Publish for a large Op: the index in transactions of

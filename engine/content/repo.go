@@ -47,7 +47,7 @@ type Repo struct {
 	// retry. The transactions it guards are short, one chunk each.
 	indexMu sync.Mutex
 	// group shares one catalog transaction between concurrent small
-	// Publishes (publishGrouped); it runs them under indexMu.
+	// Publishes (Staged.Index); it runs them under indexMu.
 	group catalog.Group
 	// room, if set, is asked after an Op's packs are written and before the
 	// catalog is (SetRoomCheck).
