@@ -197,10 +197,7 @@ func BenchmarkSmallTurn(b *testing.B) {
 	ctx := context.Background()
 	e := newEngine(b)
 	e.track.on = true
-	base := b.TempDir()
-	write(b, filepath.Join(base, "a.txt"), "base\n")
-	cr, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: base})
-	must(b, err)
+	cr := smallSandbox(b, e, "s")
 	var commitStart time.Time
 	e.atPhase = func(p string) {
 		if p == PhaseCommit {

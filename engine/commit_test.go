@@ -18,10 +18,7 @@ import (
 func TestSmallTurnCommitsOnce(t *testing.T) {
 	ctx := context.Background()
 	e := newEngine(t)
-	base := t.TempDir()
-	write(t, filepath.Join(base, "a.txt"), "base\n")
-	cr, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: base})
-	must(t, err)
+	cr := smallSandbox(t, e, "s")
 	// turn changes files files and checkpoints, and says how many catalog
 	// transactions the checkpoint committed.
 	turn := func(files int, tag string) (*CheckpointResult, int64) {
@@ -58,10 +55,7 @@ func TestFailedCommitKeepsRecordedPacks(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	e := newEngine(t)
-	base := t.TempDir()
-	write(t, filepath.Join(base, "a.txt"), "base\n")
-	cr, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: base})
-	must(t, err)
+	cr := smallSandbox(t, e, "s")
 	write(t, filepath.Join(cr.Root, "one.txt"), "turn one\n")
 	c1, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)

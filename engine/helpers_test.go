@@ -84,3 +84,13 @@ func checkAll(t testing.TB, e *Engine) {
 		t.Fatalf("checker: %v", err)
 	}
 }
+
+// smallSandbox creates sandbox name in e over a base of one file, a.txt.
+func smallSandbox(t testing.TB, e *Engine, name string) *CreateResult {
+	t.Helper()
+	base := t.TempDir()
+	write(t, filepath.Join(base, "a.txt"), "base\n")
+	cr, err := e.CreateSandbox(context.Background(), name, CreateOptions{Base: base})
+	must(t, err)
+	return cr
+}
