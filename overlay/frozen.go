@@ -138,25 +138,11 @@ func (b *Backend) Freeze(ctx context.Context, tree delta.ID, live string, src *F
 	}
 	var srcTree delta.ID
 	if src != nil && !src.Tree.IsZero() {
-		b.frozen.mu.Lock()
-		if b.HasFrozen(src.Tree) {
-			if fd, err := fsat.OpenDir(b.FrozenDir(src.Tree)); err == nil {
-				f.srcFD, srcTree = fd, src.Tree
-				if b.frozen.reading == nil {
-					b.frozen.reading = map[delta.ID]int{}
-				}
-				b.frozen.reading[srcTree]++
-			}
-		}
-		b.frozen.mu.Unlock()
-		if f.srcFD >= 0 {
+		if fd, done, err := b.readLayer(src.Tree); err == nil && done != nil {
+			f.srcFD, srcTree = fd, src.Tree
 			defer func() {
 				unix.Close(f.srcFD)
-				b.frozen.mu.Lock()
-				if b.frozen.reading[srcTree]--; b.frozen.reading[srcTree] <= 0 {
-					delete(b.frozen.reading, srcTree)
-				}
-				b.frozen.mu.Unlock()
+				done()
 			}()
 		}
 	}
@@ -304,7 +290,9 @@ func clearFrozenLeftovers(top string) {
 func (b *Backend) RemoveFrozen(tree delta.ID, inUse func(dir string) bool) (bool, error) {
 	b.frozen.mu.Lock()
 	dir := b.FrozenDir(tree)
-	if !b.HasFrozen(tree) || inUse(dir) {
+	// A layer being read (a freeze's source, a verify) stays until the
+	// next retention pass: a removal under the reader would fail it.
+	if !b.HasFrozen(tree) || inUse(dir) || b.frozen.reading[tree] > 0 {
 		b.frozen.mu.Unlock()
 		return false, nil
 	}
@@ -352,9 +340,18 @@ func LiveUpper(dir string) (string, error) {
 // the home's ID scheme) is ErrCorrupt. Removing it is safe: a branch then
 // materialises from the store, and the next freeze builds it again.
 func (b *Backend) VerifyFrozen(ctx context.Context, tree delta.ID) (bool, error) {
-	if !b.HasFrozen(tree) {
+	// Registered as a reader, so no freeze takes the layer to patch and no
+	// retention pass removes it under the scan (a verify of a layer that
+	// retention retired meanwhile read a half-patched tree).
+	fd, done, err := b.readLayer(tree)
+	if err != nil {
+		return true, fmt.Errorf("frozen layer %s: %w", b.FrozenDir(tree), err)
+	}
+	if done == nil {
 		return false, nil
 	}
+	unix.Close(fd)
+	defer done()
 	dir := b.FrozenDir(tree)
 	res, err := delta.Scan(ctx, dir, delta.ScanOptions{IDs: b.ids, Translate: Translate, Quiescent: true})
 	if err != nil {
@@ -365,4 +362,29 @@ func (b *Backend) VerifyFrozen(ctx context.Context, tree delta.ID) (bool, error)
 			dir, res.Root.Short(), errdefs.ErrCorrupt)
 	}
 	return true, nil
+}
+
+// readLayer opens tree's layer and counts a reader of it until done: a
+// freeze takes no layer that is being read (takeLayer). done is nil when
+// this host has no such layer.
+func (b *Backend) readLayer(tree delta.ID) (fd int, done func(), err error) {
+	b.frozen.mu.Lock()
+	defer b.frozen.mu.Unlock()
+	if !b.HasFrozen(tree) {
+		return -1, nil, nil
+	}
+	if fd, err = fsat.OpenDir(b.FrozenDir(tree)); err != nil {
+		return -1, nil, err
+	}
+	if b.frozen.reading == nil {
+		b.frozen.reading = map[delta.ID]int{}
+	}
+	b.frozen.reading[tree]++
+	return fd, func() {
+		b.frozen.mu.Lock()
+		defer b.frozen.mu.Unlock()
+		if b.frozen.reading[tree]--; b.frozen.reading[tree] <= 0 {
+			delete(b.frozen.reading, tree)
+		}
+	}, nil
 }

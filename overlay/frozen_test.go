@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/turnsnap/turnsnap/delta"
@@ -294,5 +295,63 @@ func TestFreezeReuseFallsBack(t *testing.T) {
 	}
 	if left, _ := filepath.Glob(filepath.Join(b.bases, frozenDirName, ".tmp-*")); len(left) != 0 {
 		t.Fatalf("left %v", left)
+	}
+}
+
+// TestFrozenLayerBeingReadStays: while a layer is read (a verify's scan, a
+// freeze's source) no freeze takes it to patch and no removal takes it
+// away; once the reader is done both may.
+func TestFrozenLayerBeingReadStays(t *testing.T) {
+	testenv.RequireRoot(t)
+	ctx := context.Background()
+	store := roottest.NewMemStore()
+	live := t.TempDir()
+	scan := func() delta.ID {
+		t.Helper()
+		res, err := delta.Scan(ctx, live, delta.ScanOptions{Saver: store, Translate: Translate})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.Root
+	}
+	b := NewBackend(t.TempDir())
+	var trees []delta.ID
+	for i := range 3 {
+		roottest.Write(t, filepath.Join(live, "f"), strings.Repeat("x", i+1))
+		trees = append(trees, scan())
+		src := &FreezeSource{}
+		if i > 0 {
+			src.Tree = trees[i-1]
+		}
+		if i == 2 {
+			// t0 is read meanwhile: the freeze must build afresh.
+			fd, done, err := b.readLayer(trees[0])
+			if err != nil || done == nil {
+				t.Fatalf("readLayer: %v", err)
+			}
+			src.Reuse, src.InUse = []delta.ID{trees[0]}, func(string) bool { return false }
+			st, err := b.Freeze(ctx, trees[2], live, src, store, nil)
+			if err != nil || !st.Reused.IsZero() {
+				t.Fatalf("a layer being read was reused: %+v, %v", st, err)
+			}
+			if gone, err := b.RemoveFrozen(trees[0], func(string) bool { return false }); gone || err != nil || !b.HasFrozen(trees[0]) {
+				t.Fatalf("a layer being read was removed: %v, %v", gone, err)
+			}
+			unix.Close(fd)
+			done()
+			if gone, err := b.RemoveFrozen(trees[0], func(string) bool { return false }); !gone || err != nil {
+				t.Fatalf("the layer once read: removed %v, %v", gone, err)
+			}
+			b.WaitRemovals()
+			break
+		}
+		if _, err := b.Freeze(ctx, trees[i], live, src, store, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tr := range trees[1:] {
+		if ok, err := b.VerifyFrozen(ctx, tr); !ok || err != nil {
+			t.Fatalf("layer %s: %v, %v", tr.Short(), ok, err)
+		}
 	}
 }
