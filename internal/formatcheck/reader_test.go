@@ -180,8 +180,16 @@ func (r *reader) readHeader(name string, data []byte) {
 func (r *reader) blob(x id, typ byte) []byte {
 	t := r.t
 	l, ok := r.index[x]
-	if !ok || l.typ != typ {
+	if !ok {
 		t.Fatalf("blob %s (type %d) in no pack", x, typ)
+	}
+	if l.typ != typ {
+		// "Content IDs": the same bytes as the other type serve, within
+		// this type's limit.
+		if most := map[byte]uint64{1: maxData, 2: maxTree}[typ]; l.raw > most {
+			t.Fatalf("blob %s: stored as type %d, %d bytes, over type %d's limit", x, l.typ, l.raw, typ)
+		}
+		r.seen["blob stored as the other type"]++
 	}
 	b := r.objects[l.pack][l.off : l.off+l.length]
 	if l.comp == 1 {
