@@ -415,14 +415,7 @@ func TestFrozenKeepSetFollowsHeads(t *testing.T) {
 // sandbox and of a branch then keep layers again.
 func TestFreezeOnBranch(t *testing.T) {
 	ctx := context.Background()
-	e := newEngine(t)
-	e.freezeOnBranch = true
-	cr, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: richBase(t)})
-	must(t, err)
-	layerTurn(t, cr.Root)
-	c1, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
-	must(t, err)
-	want := mergedState(t, cr.Root)
+	e, cr, c1, want := directModeCheckpoint(t)
 	cp1, err := e.resolve(ctx, c1.ID.String())
 	must(t, err)
 	ob := e.overlayBackend()
@@ -477,14 +470,7 @@ func TestFreezeOnBranch(t *testing.T) {
 // build (held at its start) and both stack on the one layer.
 func TestConcurrentBranchesBuildOneLayer(t *testing.T) {
 	ctx := context.Background()
-	e := newEngine(t)
-	e.freezeOnBranch = true
-	cr, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: richBase(t)})
-	must(t, err)
-	layerTurn(t, cr.Root)
-	c1, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
-	must(t, err)
-	want := mergedState(t, cr.Root)
+	e, _, c1, want := directModeCheckpoint(t)
 	var builds atomic.Int64
 	started, release := make(chan struct{}), make(chan struct{})
 	unblock := sync.OnceFunc(func() { close(release) })
@@ -610,4 +596,21 @@ func TestBranchBuildKeepsRoom(t *testing.T) {
 		t.Fatalf("branch hashes to %s, want %s", got.Short(), want.Short())
 	}
 	checkAll(t, e)
+}
+
+// directModeCheckpoint opens an engine as the CLI's direct mode does
+// (FreezeOnBranch) with sandbox "s" on the rich base, checkpoints one
+// layer turn (which queues no freeze) and returns the checkpoint with the
+// merged state it holds.
+func directModeCheckpoint(t *testing.T) (*Engine, *CreateResult, *CheckpointResult, delta.ID) {
+	t.Helper()
+	ctx := context.Background()
+	e := newEngine(t)
+	e.freezeOnBranch = true
+	cr, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: richBase(t)})
+	must(t, err)
+	layerTurn(t, cr.Root)
+	c1, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
+	must(t, err)
+	return e, cr, c1, mergedState(t, cr.Root)
 }

@@ -150,12 +150,7 @@ func TestFreezeReusesUnkeptLayer(t *testing.T) {
 		}
 	}
 	p := func(rel string) string { return filepath.Join(live, rel) }
-	scan := func() delta.ID {
-		t.Helper()
-		res, err := delta.Scan(ctx, live, delta.ScanOptions{Saver: store, Translate: Translate})
-		must(err)
-		return res.Root
-	}
+	scan := func() delta.ID { return scanUpper(t, live, store) }
 	for i := range 20 {
 		roottest.Write(t, p(filepath.Join("keep", "d", string(rune('a'+i)))), "unchanged\n")
 	}
@@ -262,14 +257,7 @@ func TestFreezeReuseFallsBack(t *testing.T) {
 	ctx := context.Background()
 	store := roottest.NewMemStore()
 	live := t.TempDir()
-	scan := func() delta.ID {
-		t.Helper()
-		res, err := delta.Scan(ctx, live, delta.ScanOptions{Saver: store, Translate: Translate})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return res.Root
-	}
+	scan := func() delta.ID { return scanUpper(t, live, store) }
 	roottest.Write(t, filepath.Join(live, "a/x"), "one\n")
 	t1 := scan()
 	roottest.Write(t, filepath.Join(live, "a/x"), "two\n")
@@ -306,14 +294,7 @@ func TestFrozenLayerBeingReadStays(t *testing.T) {
 	ctx := context.Background()
 	store := roottest.NewMemStore()
 	live := t.TempDir()
-	scan := func() delta.ID {
-		t.Helper()
-		res, err := delta.Scan(ctx, live, delta.ScanOptions{Saver: store, Translate: Translate})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return res.Root
-	}
+	scan := func() delta.ID { return scanUpper(t, live, store) }
 	b := NewBackend(t.TempDir())
 	var trees []delta.ID
 	for i := range 3 {
@@ -354,4 +335,15 @@ func TestFrozenLayerBeingReadStays(t *testing.T) {
 			t.Fatalf("layer %s: %v, %v", tr.Short(), ok, err)
 		}
 	}
+}
+
+// scanUpper scans live as a writable layer, storing its blobs in store, and
+// returns its tree.
+func scanUpper(t *testing.T, live string, store *roottest.MemStore) delta.ID {
+	t.Helper()
+	res, err := delta.Scan(context.Background(), live, delta.ScanOptions{Saver: store, Translate: Translate})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res.Root
 }
