@@ -5,7 +5,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/turnsnap/turnsnap/internal/errdefs"
@@ -85,9 +84,11 @@ func RefName(kind RefKind, name string) string {
 // EncodeRef is the content of a ref object: the target's hex ID and a newline.
 func EncodeRef(id ID) []byte { return []byte(id.String() + "\n") }
 
-// ParseRef parses the content of a ref object.
+// ParseRef parses the content of a ref object: a tag, or a head with or
+// without its owner line (ParseHead).
 func ParseRef(data []byte) (ID, error) {
-	return ParseID(strings.TrimSpace(string(data)))
+	id, _, err := ParseHead(data)
+	return id, err
 }
 
 // Sandbox describes a sandbox: what it was created from and how it is run.
