@@ -93,6 +93,9 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	if err != nil {
 		return nil, err
 	}
+	if err := e.mustOwn(st); err != nil {
+		return nil, err
+	}
 	if err := st.root.Mount(ctx); err != nil {
 		return nil, err
 	}

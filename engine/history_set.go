@@ -70,7 +70,12 @@ func (e *Engine) loadHistory(ctx context.Context) (*history, error) {
 		for _, sb := range g.sandboxes {
 			h.known[sb.Key()] = true
 			h.names[sb.Key()], h.keys[sb.Name] = sb.Name, sb.Key()
-			h.owned[sb.Key()] = sb.Home == "" || sb.Home == e.config.HomeID
+			// The owner prunes: the creator, or the home that adopted it.
+			o, err := ownerOf(tx, sb)
+			if err != nil {
+				return err
+			}
+			h.owned[sb.Key()] = o.Home == "" || o.Home == e.config.HomeID
 		}
 		removed, err := tx.RemovedOwnSandboxes()
 		if err != nil {

@@ -80,3 +80,27 @@ func (l *lazyStore) Delete(ctx context.Context, name string) error {
 	}
 	return s.Delete(ctx, name)
 }
+
+func (l *lazyStore) GetVersion(ctx context.Context, name string, max int64) ([]byte, string, error) {
+	s, err := l.get(ctx)
+	if err != nil {
+		return nil, "", err
+	}
+	c, err := upload.AsConditional(s)
+	if err != nil {
+		return nil, "", err
+	}
+	return c.GetVersion(ctx, name, max)
+}
+
+func (l *lazyStore) PutIf(ctx context.Context, name string, data []byte, match string) (string, error) {
+	s, err := l.get(ctx)
+	if err != nil {
+		return "", err
+	}
+	c, err := upload.AsConditional(s)
+	if err != nil {
+		return "", err
+	}
+	return c.PutIf(ctx, name, data, match)
+}

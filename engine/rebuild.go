@@ -128,6 +128,9 @@ type rebuilder struct {
 	e    *Engine
 	opts RebuildOptions
 	rep  *RebuildReport
+	// owners are the owner lines of the bucket's heads, by sandbox key
+	// (docs/STORAGE.md, "Ownership and fencing").
+	owners map[string]delta.Owner
 }
 
 // bad handles a damaged object: skipped and reported with SkipCorrupt,
@@ -238,6 +241,11 @@ func (rb *rebuilder) fill(ctx context.Context, cat *catalog.Catalog) error {
 		}
 		for _, r := range refs {
 			if err := tx.SetRef(r); err != nil {
+				return err
+			}
+		}
+		for key, o := range rb.owners {
+			if err := tx.SetSandboxOwner(key, o); err != nil {
 				return err
 			}
 		}

@@ -3,11 +3,13 @@ package engine
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/upload"
 )
 
@@ -88,6 +90,9 @@ func (rb *rebuilder) names(ctx context.Context) ([]*delta.Sandbox, []delta.Ref, 
 			}
 			name := strings.TrimPrefix(oi.Name, k.prefix)
 			if k.kind == delta.RefHead {
+				if err := rb.noteOwner(ctx, oi.Name, name); err != nil {
+					return err
+				}
 				sb, ok := byKey[name]
 				switch {
 				case ok:
@@ -114,4 +119,30 @@ func (rb *rebuilder) names(ctx context.Context) ([]*delta.Sandbox, []delta.Ref, 
 
 func decodeSandboxObject(name string, data []byte) (*delta.Sandbox, error) {
 	return delta.DecodeSandbox(name, data)
+}
+
+// noteOwner reads the owner line of the bucket's head of sandbox key (the
+// local copy has none: only the bucket's head carries its writer).
+func (rb *rebuilder) noteOwner(ctx context.Context, object, key string) error {
+	if rb.e.remote == nil || !delta.ValidSandboxID(key) {
+		return nil
+	}
+	data, err := upload.ReadAllMax(ctx, rb.e.remote, object, delta.MaxSmallObject)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return nil // not pushed yet: its creator owns it
+	}
+	if err != nil {
+		return err
+	}
+	_, o, err := delta.ParseHead(data)
+	if err != nil {
+		return rb.bad(object, err)
+	}
+	if !o.IsZero() {
+		if rb.owners == nil {
+			rb.owners = map[string]delta.Owner{}
+		}
+		rb.owners[key] = o
+	}
+	return nil
 }

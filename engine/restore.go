@@ -63,6 +63,9 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 	if err != nil {
 		return nil, err
 	}
+	if err := e.mustOwn(st); err != nil {
+		return nil, err
+	}
 	if cp.BaseTree != st.head.BaseTree {
 		return nil, fmt.Errorf("sandbox %s: checkpoint %s was taken on another base (%s, sandbox has %s); use `turnsnap branch` instead: %w",
 			name, cp.ID.Short(), cp.BaseTree.Short(), st.head.BaseTree.Short(), errdefs.ErrPrecondition)

@@ -226,9 +226,10 @@ func (e *Engine) ListSandboxes(ctx context.Context) ([]SandboxInfo, error) {
 
 // sandboxState is what most operations need about a sandbox.
 type sandboxState struct {
-	sb   *delta.Sandbox
-	head *delta.Checkpoint
-	root rootfs.Root
+	sb    *delta.Sandbox
+	head  *delta.Checkpoint
+	root  rootfs.Root
+	owner delta.Owner // who may write its head (owner.go)
 }
 
 func (e *Engine) loadSandbox(ctx context.Context, name string) (*sandboxState, error) {
@@ -242,7 +243,10 @@ func (e *Engine) loadSandbox(ctx context.Context, name string) (*sandboxState, e
 		if err != nil {
 			return fmt.Errorf("sandbox %s: head: %w", name, err)
 		}
-		st.head, err = tx.Checkpoint(id)
+		if st.head, err = tx.Checkpoint(id); err != nil {
+			return err
+		}
+		st.owner, err = ownerOf(tx, st.sb)
 		return err
 	})
 	if err != nil {

@@ -1,6 +1,7 @@
 package upload
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"errors"
@@ -8,6 +9,8 @@ import (
 	"hash"
 	"hash/crc32"
 	"io"
+	"net/http"
+	"strings"
 	"sync"
 
 	"github.com/minio/minio-go/v7"
@@ -178,3 +181,64 @@ func (e *exactReader) probe() error {
 	}
 	return e.err
 }
+
+// GetVersion reads a small object whole, with its ETag.
+func (s *s3Store) GetVersion(ctx context.Context, name string, max int64) ([]byte, string, error) {
+	if err := CheckName(name); err != nil {
+		return nil, "", err
+	}
+	obj, err := s.client.GetObject(ctx, s.bucket, s.key(name), minio.GetObjectOptions{})
+	if err != nil {
+		return nil, "", s3Err(ctx, "object "+name, err)
+	}
+	defer obj.Close()
+	info, err := obj.Stat()
+	if err != nil {
+		return nil, "", s3Err(ctx, "object "+name, err)
+	}
+	if info.Size > max {
+		return nil, "", fmt.Errorf("object %s: %d bytes, at most %d: %w", name, info.Size, max, errdefs.ErrCorrupt)
+	}
+	data, err := readSmall(obj, name, max)
+	if err != nil {
+		return nil, "", s3Err(ctx, "object "+name, err)
+	}
+	if int64(len(data)) != info.Size {
+		return nil, "", fmt.Errorf("object %s: read %d of %d bytes: %w", name, len(data), info.Size, errdefs.ErrUnavailable)
+	}
+	return data, trimETag(info.ETag), nil
+}
+
+// PutIf is a single PUT with If-Match (match set) or If-None-Match: *
+// (match empty); S3 answers 412 when the condition does not hold.
+func (s *s3Store) PutIf(ctx context.Context, name string, data []byte, match string) (string, error) {
+	if err := CheckName(name); err != nil {
+		return "", err
+	}
+	if int64(len(data)) > s.partSize {
+		return "", fmt.Errorf("object %s: %d bytes is beyond a single conditional PUT: %w", name, len(data), errdefs.ErrInvalid)
+	}
+	opts := minio.PutObjectOptions{ContentType: "application/octet-stream", Checksum: minio.ChecksumFullObjectCRC32C}
+	if match == "" {
+		opts.SetMatchETagExcept("*")
+	} else {
+		opts.SetMatchETag(match)
+	}
+	crc := crc32.New(castagnoli)
+	crc.Write(data)
+	info, err := s.client.PutObject(ctx, s.bucket, s.key(name), bytes.NewReader(data), int64(len(data)), opts)
+	if err != nil {
+		var resp minio.ErrorResponse
+		if errors.As(err, &resp) && (resp.StatusCode == http.StatusPreconditionFailed || resp.Code == "PreconditionFailed" ||
+			resp.StatusCode == http.StatusConflict && resp.Code == "ConditionalRequestConflict") {
+			return "", fmt.Errorf("object %s: %w", name, ErrConditionFailed)
+		}
+		return "", s3Err(ctx, "object "+name, err)
+	}
+	if err := s.verifyPut(ctx, name, int64(len(data)), info, crc); err != nil {
+		return "", err
+	}
+	return trimETag(info.ETag), nil
+}
+
+func trimETag(e string) string { return strings.Trim(e, `"`) }

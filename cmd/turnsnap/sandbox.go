@@ -135,7 +135,45 @@ exec, checkpoint or rollback on the sandbox resumes such a container by itself
 			return nil
 		}),
 	}
-	c.AddCommand(create, path, list, rm, resume)
+	var force bool
+	adopt := &cobra.Command{
+		Use:   "adopt NAME [--force]",
+		Short: "Take over another home's sandbox from the shared bucket (fences that home)",
+		Long: `Exactly one home writes a sandbox's head in a shared bucket: the one that
+created it, until another home adopts it. adopt makes this home the owner: it
+rewrites the bucket's head with this home and the next epoch, on condition
+that nobody moved it meanwhile, so the old owner's next push of that head is
+refused (it is fenced, never merged). The sandbox continues here from the
+bucket's head, its last remotely durable checkpoint; the old owner's turns
+that it never pushed are not part of it (that home can branch them).
+A sandbox whose owner's daemon renewed its host lease within its TTL is not
+adopted without --force: its owner is alive and working. Run
+'turnsnap catalog rebuild' first so this home knows the sandbox; to continue
+another home's work without taking it over, branch it instead.`,
+		Args: cobra.ExactArgs(1),
+		RunE: a.withService(nil, func(ctx context.Context, s service, args []string) error {
+			r, err := s.AdoptSandbox(ctx, args[0], api.AdoptRequest{Force: force})
+			if err != nil {
+				return err
+			}
+			if a.json {
+				return printJSON(a.stdout(), r)
+			}
+			if r.Already {
+				fmt.Fprintf(a.stdout(), "sandbox %s: this home already owns it (epoch %d)\n", r.Name, r.Epoch)
+				return nil
+			}
+			from := "home " + r.FromHome
+			if r.FromHome == "" {
+				from = "no owner"
+			}
+			fmt.Fprintf(a.stdout(), "sandbox %s adopted: owner epoch %d (was %s, epoch %d), continuing from %s\n",
+				r.Name, r.Epoch, from, r.FromEpoch, r.Head[:12])
+			return nil
+		}),
+	}
+	adopt.Flags().BoolVar(&force, "force", false, "adopt even while the owner's host lease is live (fences a working owner)")
+	c.AddCommand(create, path, list, rm, resume, adopt)
 	return c
 }
 

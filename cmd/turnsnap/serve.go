@@ -19,6 +19,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
+	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/engine"
 	"github.com/turnsnap/turnsnap/engine/api"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
@@ -35,6 +36,7 @@ type serveFlags struct {
 	tenants         string   // tenants.go
 	llm             llmFlags // run.go
 	checkpointSlots int
+	leaseTTL        time.Duration
 }
 
 func (a *app) serveCmd() *cobra.Command {
@@ -92,6 +94,7 @@ pointed at it.`,
 	fl.StringVar(&f.logFormat, "log-format", "text", "log lines as text or json (on stderr)")
 	fl.StringVar(&f.tenants, "tenants", "", "serve several homes, one per tenant, as FILE lists them (with --listen; see docs/SECURITY.md)")
 	fl.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 5*time.Minute, "on SIGTERM, how long requests in flight may take to finish")
+	fl.DurationVar(&f.leaseTTL, "lease-ttl", delta.DefaultLeaseTTL, "host lease TTL in the shared bucket: renewed every third of it; another home adopts this one's sandboxes without --force only once it lapses")
 	fl.IntVar(&f.checkpointSlots, "checkpoint-slots", 0, "checkpoints that run at once, the others queue (urgent ones, whose model reply waits, first); 0: one per CPU, -1: no limit")
 	f.llm.register(fl)
 	return c
@@ -262,6 +265,10 @@ func (a *app) serve(ctx context.Context, f serveFlags) error {
 	pushWG.Add(1)
 	go func() { defer pushWG.Done(); pusher.Run(pushCtx) }()
 	defer func() { stopPush(); pushWG.Wait() }()
+	// The host lease says this home is alive, so that other homes do not
+	// adopt its sandboxes without --force.
+	pushWG.Add(1)
+	go func() { defer pushWG.Done(); api.RunLease(pushCtx, e, f.leaseTTL, log, nil) }()
 
 	srvAPI, err := api.New(e, api.Options{Logger: log, Uploads: pusher, Monitor: mon})
 	if err != nil {

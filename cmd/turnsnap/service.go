@@ -29,6 +29,7 @@ type service interface {
 	SandboxPath(ctx context.Context, name string) (*api.SandboxPath, error)
 	RemoveSandbox(ctx context.Context, name string, catalogOnly bool) (*api.Removed, error)
 	ResumeSandbox(ctx context.Context, name string) (*api.Resumed, error)
+	AdoptSandbox(ctx context.Context, name string, req api.AdoptRequest) (*api.Adopted, error)
 	Exec(ctx context.Context, name string, req api.ExecRequest, stdio api.Stdio) (*api.Exited, error)
 	Checkpoint(ctx context.Context, name string, req api.CheckpointRequest) (*api.Checkpoint, error)
 	Log(ctx context.Context, name string) ([]api.LogEntry, error)

@@ -249,6 +249,9 @@ func (s *Server) routes() {
 	route(s, "POST /v1/sandboxes/{name}/mount", func(ctx context.Context, r *http.Request, _ none) (*SandboxPath, error) {
 		return sv.SandboxPath(ctx, r.PathValue("name"))
 	})
+	route(s, "POST /v1/sandboxes/{name}/adopt", func(ctx context.Context, r *http.Request, req AdoptRequest) (*Adopted, error) {
+		return sv.AdoptSandbox(ctx, r.PathValue("name"), req)
+	})
 	route(s, "POST /v1/sandboxes/{name}/resume", func(ctx context.Context, r *http.Request, _ none) (*Resumed, error) {
 		return sv.ResumeSandbox(ctx, r.PathValue("name"))
 	})

@@ -122,6 +122,15 @@ func (s *Service) RemoveSandbox(ctx context.Context, name string, catalogOnly bo
 	return &Removed{Name: name, Removed: true}, nil
 }
 
+func (s *Service) AdoptSandbox(ctx context.Context, name string, req AdoptRequest) (*Adopted, error) {
+	r, err := s.E.Adopt(ctx, name, engine.AdoptOptions{Force: req.Force})
+	if err != nil {
+		return nil, err
+	}
+	return &Adopted{Name: r.Sandbox, SandboxID: r.Key, Head: r.Head.String(), FromHome: r.From.Home, FromEpoch: r.From.Epoch,
+		Home: r.Owner.Home, Epoch: r.Owner.Epoch, Already: r.Already, OwnerLeaseLive: r.Lease != nil && r.Lease.Live}, nil
+}
+
 func (s *Service) ResumeSandbox(ctx context.Context, name string) (*Resumed, error) {
 	r, err := s.E.ResumeSandbox(ctx, name)
 	if err != nil {

@@ -74,6 +74,32 @@ type Removed struct {
 	Removed bool   `json:"removed"`
 }
 
+// AdoptRequest is the body of POST /v1/sandboxes/{name}/adopt.
+type AdoptRequest struct {
+	// Force fences an owner whose host lease is live.
+	Force bool `json:"force,omitempty"`
+}
+
+// Adopted is POST /v1/sandboxes/{name}/adopt: this home owns the sandbox
+// now (docs/STORAGE.md, "Ownership and fencing").
+type Adopted struct {
+	Name string `json:"name"`
+	// SandboxID is the sandbox's key in the bucket.
+	SandboxID string `json:"sandbox_id"`
+	// Head is the checkpoint the sandbox continues from: the bucket's head.
+	Head string `json:"head"`
+	// FromHome and FromEpoch name the owner that was fenced.
+	FromHome  string `json:"from_home"`
+	FromEpoch uint64 `json:"from_epoch"`
+	// Home and Epoch are the new owner: this home.
+	Home  string `json:"home"`
+	Epoch uint64 `json:"epoch"`
+	// Already is true when this home owned it before the call.
+	Already bool `json:"already_owner,omitempty"`
+	// OwnerLeaseLive says the fenced owner's host lease was live (Force).
+	OwnerLeaseLive bool `json:"owner_lease_live,omitempty"`
+}
+
 // Resumed is POST /v1/sandboxes/{name}/resume.
 type Resumed struct {
 	FrozenBy  string `json:"frozen_by"`

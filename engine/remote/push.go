@@ -127,7 +127,8 @@ func (e *Syncer) Push(ctx context.Context, opts PushOptions) (*PushReport, error
 	var mu sync.Mutex
 	var errs []error
 	var wg sync.WaitGroup
-	var deletes []job
+	var deletes, heads []job
+	headDeps := map[string][]*sched.Ticket{}
 	for _, p := range todo {
 		if p.Delete {
 			deletes = append(deletes, p)
@@ -141,6 +142,13 @@ func (e *Syncer) Push(ctx context.Context, opts PushOptions) (*PushReport, error
 			}
 		}
 		name := p.Name
+		if strings.HasPrefix(name, delta.HeadPrefix) {
+			// Heads are written as their owner, conditionally, once
+			// their records are up (heads.go).
+			heads = append(heads, p)
+			headDeps[name] = deps
+			continue
+		}
 		// Sizes are read now, not when queued: refs and sandbox descriptions
 		// are rewritten in place. Nothing else writes the store while this
 		// process holds the home lock.
@@ -197,8 +205,36 @@ func (e *Syncer) Push(ctx context.Context, opts PushOptions) (*PushReport, error
 	if err := s.Close(ctx); err != nil {
 		errs = append(errs, err)
 	}
+	for _, p := range heads {
+		if depsFailed(ctx, headDeps[p.Name]) {
+			continue // its record's error is reported already
+		}
+		if err := e.writeHead(ctx, p); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if err := e.Cat.Update(context.WithoutCancel(ctx), func(tx *catalog.Tx) error { return DoneAll(tx, p.covers) }); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		rep.Uploaded++
+	}
 	if len(errs) == 0 {
 		for _, p := range deletes {
+			ok, err := e.mayDelete(ctx, p.Name)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("remote delete %s: %w", p.Name, err))
+				break
+			}
+			if !ok {
+				// Another home's sandbox, dropped from this catalog only:
+				// its objects in the bucket are its owner's.
+				if err := e.Cat.Update(ctx, func(tx *catalog.Tx) error { return DoneAll(tx, p.covers) }); err != nil {
+					errs = append(errs, err)
+					break
+				}
+				continue
+			}
 			if err := e.Remote.Delete(ctx, p.Name); err != nil {
 				errs = append(errs, fmt.Errorf("remote delete %s: %w", p.Name, err))
 				break
@@ -215,6 +251,16 @@ func (e *Syncer) Push(ctx context.Context, opts PushOptions) (*PushReport, error
 		e.Done(rep, errors.Join(errs...))
 	}
 	return rep, errors.Join(errs...)
+}
+
+// depsFailed reports whether any of ts failed (they have all ended).
+func depsFailed(ctx context.Context, ts []*sched.Ticket) bool {
+	for _, t := range ts {
+		if t.Wait(ctx) != nil {
+			return true
+		}
+	}
+	return false
 }
 
 // dropVanished removes from the queue, and from todo, uploads of objects

@@ -175,6 +175,10 @@ func (c *Client) RemoveSandbox(ctx context.Context, name string, catalogOnly boo
 	return &out, c.do(ctx, http.MethodDelete, path, nil, &out)
 }
 
+func (c *Client) AdoptSandbox(ctx context.Context, name string, req api.AdoptRequest) (*api.Adopted, error) {
+	return call[api.Adopted](ctx, c, http.MethodPost, "/v1/sandboxes/"+esc(name)+"/adopt", req)
+}
+
 func (c *Client) ResumeSandbox(ctx context.Context, name string) (*api.Resumed, error) {
 	return call[api.Resumed](ctx, c, http.MethodPost, "/v1/sandboxes/"+esc(name)+"/resume", nil)
 }

@@ -1,0 +1,32 @@
+package catalog
+
+import "github.com/turnsnap/turnsnap/delta"
+
+// Owners: which home may write a sandbox's head in a shared bucket, as far
+// as this home knows (docs/STORAGE.md, "Ownership and fencing"). Absent, the
+// owner is the home in the sandbox's description, epoch 0. An entry is
+// written when this home adopts a sandbox, learns from the bucket that
+// another home adopted one (it is then fenced), or rebuilds from heads
+// that carry owner lines. The bucket's head stays the truth: the entry only
+// lets a home refuse locally what the bucket would refuse at push.
+//
+//	0x00 "owner/" key → JSON delta.Owner
+func ownerKey(key string) []byte { return append([]byte{prefixMeta}, "owner/"+key...) }
+
+// SandboxOwner returns the owner noted for the sandbox key, if any.
+func (tx *Tx) SandboxOwner(key string) (delta.Owner, bool, error) {
+	var o delta.Owner
+	found, err := tx.getJSON(ownerKey(key), &o, "owner of sandbox "+key)
+	return o, found, err
+}
+
+// SetSandboxOwner notes the owner of the sandbox key.
+func (tx *Tx) SetSandboxOwner(key string, o delta.Owner) error {
+	return tx.setJSON(ownerKey(key), o, "owner of sandbox "+key)
+}
+
+// DeleteSandboxOwner forgets the owner noted for key (the sandbox is gone
+// from this home).
+func (tx *Tx) DeleteSandboxOwner(key string) error {
+	return tx.del(ownerKey(key), "owner of sandbox "+key)
+}
