@@ -209,6 +209,9 @@ func (e *Syncer) Push(ctx context.Context, opts PushOptions) (*PushReport, error
 		if depsFailed(ctx, headDeps[p.Name]) {
 			continue // its record's error is reported already
 		}
+		if opts.Yield != nil {
+			opts.Yield(ctx)
+		}
 		if err := e.writeHead(ctx, p); err != nil {
 			errs = append(errs, err)
 			continue
