@@ -14,6 +14,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/engine/api"
 	"github.com/turnsnap/turnsnap/engine/api/client"
 	"github.com/turnsnap/turnsnap/engine/llmproxy"
@@ -135,27 +136,33 @@ func startLLM(ctx context.Context, log *slog.Logger, srv *api.Server, f llmFlags
 }
 
 func (a *app) runCmd() *cobra.Command {
-	return &cobra.Command{
+	noFinal := false
+	c := &cobra.Command{
 		Use:   "run NAME -- AGENT-CMD [ARGS...]",
 		Short: "Run an unmodified agent on the host with its model calls going through the sandbox's LLM route",
 		Long: `run starts AGENT-CMD on the host (not in the sandbox) with OPENAI_BASE_URL,
 OPENAI_API_BASE and ANTHROPIC_BASE_URL pointing at the sandbox's route on the
 daemon's LLM proxy (turnsnap serve --llm-listen), TURNSNAP_SANDBOX set to NAME
 and TURNSNAP_ROOT to the sandbox's root. Each of the agent's model calls then
-closes a turn: a checkpoint taken during the model's latency. run exits with
-the agent's status (128+N if a signal N killed it). With no daemon, or a
-daemon without the proxy, it exits 6.`,
+closes a turn: a checkpoint taken during the model's latency. When the agent
+exits, run closes its last turn with a final checkpoint (what the agent's
+tools did after its last model call is kept; --no-final-checkpoint leaves it
+out). run exits with the agent's status (128+N if a signal N killed it), or,
+if the agent succeeded and the final checkpoint failed, with the
+checkpoint's error. With no daemon, or a daemon without the proxy, it exits 6.`,
 		Args: cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if cmd.ArgsLenAtDash() != 1 {
 				return fmt.Errorf("run: want NAME -- AGENT-CMD...: %w", errdefs.ErrInvalid)
 			}
-			return a.run(cmd.Context(), args[0], args[1:])
+			return a.run(cmd.Context(), args[0], args[1:], !noFinal)
 		},
 	}
+	c.Flags().BoolVar(&noFinal, "no-final-checkpoint", false, "do not checkpoint the sandbox when the agent exits")
+	return c
 }
 
-func (a *app) run(ctx context.Context, name string, argv []string) error {
+func (a *app) run(ctx context.Context, name string, argv []string, final bool) error {
 	c, err := a.daemon(ctx)
 	if err != nil {
 		return err
@@ -196,17 +203,37 @@ func (a *app) run(ctx context.Context, name string, argv []string) error {
 		return fmt.Errorf("run %s: %v: %w", name, err, errdefs.ErrInvalid)
 	}
 	err = cmd.Wait()
+	status := "status 0"
+	var exit error
 	var ee *exec.ExitError
-	if errors.As(err, &ee) {
+	switch {
+	case errors.As(err, &ee):
 		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			return commandExit{128 + int(ws.Signal())}
+			exit, status = commandExit{128 + int(ws.Signal())}, "signal "+ws.Signal().String()
+		} else {
+			exit, status = commandExit{ee.ExitCode()}, fmt.Sprintf("status %d", ee.ExitCode())
 		}
-		return commandExit{ee.ExitCode()}
-	}
-	if err != nil {
+	case err != nil:
 		return fmt.Errorf("run %s: %w", name, err)
 	}
-	return nil
+	if final {
+		// The agent's last model call closed the turn before it; what its
+		// tools did after that call is a turn of its own, which no model
+		// call will ever close.
+		cp, cerr := c.Checkpoint(context.WithoutCancel(ctx), name, api.CheckpointRequest{Message: "turnsnap run: agent exited (" + status + ")"})
+		switch {
+		case cerr != nil:
+			fmt.Fprintf(os.Stderr, "turnsnap run: final checkpoint of %s failed: %v\n", name, cerr)
+			if exit == nil {
+				return fmt.Errorf("run %s: final checkpoint: %w", name, cerr)
+			}
+		case cp.Class == delta.ClassSkip:
+			fmt.Fprintf(os.Stderr, "turnsnap run: agent exited (%s); nothing changed since the last checkpoint\n", status)
+		default:
+			fmt.Fprintf(os.Stderr, "turnsnap run: agent exited (%s); final checkpoint %s (%s, %d bytes new)\n", status, cp.ID.Short(), cp.Class, cp.BytesNew)
+		}
+	}
+	return exit
 }
 
 func (a *app) llmCmd() *cobra.Command {
