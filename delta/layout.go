@@ -29,9 +29,13 @@ const (
 // modification time) is more than StaleAfter old is stale: its holder
 // stopped, and readers ignore it. A holder that cannot refresh in time
 // cancels its own operation before its lock could be judged stale.
+//
+// A lock also names its holder process closely enough (BootID, PIDNS,
+// PIDStart) for a reader on the same machine to see that the holder is gone
+// before the window passes; readers elsewhere judge by the clock alone.
 type Lock struct {
 	Kind    string    `json:"kind"` // "push" or "gc"
-	Host    string    `json:"host"`
+	Host    string    `json:"host"` // the holder's hostname
 	PID     int       `json:"pid"`
 	Home    string    `json:"home,omitempty"` // the holder's home id
 	Created time.Time `json:"created"`
@@ -39,25 +43,62 @@ type Lock struct {
 	// written before it existed, which are judged by modification time.
 	Refreshed time.Time `json:"refreshed,omitempty"`
 	// StaleAfterNs is the holder's promise: it refreshes well within this
-	// window. Zero means DefaultLockStaleAfter.
+	// window. Zero means LegacyLockStaleAfter (locks written before the
+	// field existed).
 	StaleAfterNs int64 `json:"stale_after_ns,omitempty"`
+	// BootID is the holder's kernel boot id
+	// (/proc/sys/kernel/random/boot_id) and PIDNS its pid namespace (the
+	// target of /proc/self/ns/pid, "pid:[N]"): with Host they say whether a
+	// reader runs on the same machine, since the last boot, where PID means
+	// the same process. Empty in locks written before they existed, and
+	// when the holder could not read them; such locks are judged by their
+	// clock alone.
+	BootID string `json:"boot_id,omitempty"`
+	PIDNS  string `json:"pid_ns,omitempty"`
+	// PIDStart is the holder's start time, field 22 of /proc/PID/stat
+	// (clock ticks after boot): a live process with the holder's PID but
+	// another start time took a recycled pid. Zero if unknown.
+	PIDStart uint64 `json:"pid_start,omitempty"`
 }
 
-// DefaultLockStaleAfter is the stale window of a lock that states none.
-const DefaultLockStaleAfter = 10 * time.Minute
+// DefaultLockStaleAfter is the stale window a holder promises unless its
+// home's config says otherwise: a killed push or gc blocks other hosts for
+// at most this long (and none on its own machine, which sees it is gone).
+const DefaultLockStaleAfter = time.Minute
+
+// LegacyLockStaleAfter is the window of a lock that states none: written
+// before stale_after_ns existed, by a holder that promised 10 minutes.
+const LegacyLockStaleAfter = 10 * time.Minute
+
+// Window is the stale window the lock states.
+func (l *Lock) Window() time.Duration {
+	if l.StaleAfterNs <= 0 {
+		return LegacyLockStaleAfter
+	}
+	return time.Duration(l.StaleAfterNs)
+}
+
+// LastRefresh is the later of Refreshed and the store's modification time
+// of the object.
+func (l *Lock) LastRefresh(modTime time.Time) time.Time {
+	if modTime.After(l.Refreshed) {
+		return modTime
+	}
+	return l.Refreshed
+}
+
+// StaleIn is how long until the lock goes stale by its clock, judged at
+// now; zero or less once it is.
+func (l *Lock) StaleIn(modTime, now time.Time) time.Duration {
+	return l.LastRefresh(modTime).Add(l.Window()).Sub(now)
+}
 
 // Stale reports whether the lock's holder has stopped refreshing it, judged
-// at now; modTime is the store's modification time of the object.
+// at now; modTime is the store's modification time of the object. It is
+// the rule every host applies; a host on the holder's machine may also
+// find the holder gone sooner (engine/remote).
 func (l *Lock) Stale(modTime, now time.Time) bool {
-	last := l.Refreshed
-	if modTime.After(last) {
-		last = modTime
-	}
-	window := time.Duration(l.StaleAfterNs)
-	if window <= 0 {
-		window = DefaultLockStaleAfter
-	}
-	return now.Sub(last) > window
+	return l.StaleIn(modTime, now) < 0
 }
 
 // MaxSmallObject bounds what a reader accepts for a ref, a sandbox object

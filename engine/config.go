@@ -43,7 +43,8 @@ type RemoteConfig struct {
 	Concurrency int `json:"concurrency,omitempty"`
 	// LockStaleAfterNs is the stale window this home's bucket locks state
 	// (docs/STORAGE.md): it refreshes them every third of it, and another
-	// host ignores one not refreshed for that long. 0 = 10 minutes.
+	// host ignores one not refreshed for that long. 0 =
+	// delta.DefaultLockStaleAfter (1 minute).
 	LockStaleAfterNs int64 `json:"lock_stale_after_ns,omitempty"`
 }
 

@@ -20,6 +20,10 @@ import (
 // packs before its record. An hour is far longer than any commit.
 const DefaultGCGrace = time.Hour
 
+// PhaseGCLocked is reached when a gc holds the bucket's gc lock and is
+// about to list packs (Options.AtPhase): tests kill gc there.
+const PhaseGCLocked = "gc-locked"
+
 // GCOptions configures GC.
 type GCOptions struct {
 	// Grace keeps packs younger than this. 0 (or negative) keeps none: the
@@ -66,6 +70,7 @@ func (e *Engine) GC(ctx context.Context, opts GCOptions) (*GCReport, error) {
 		var cancel context.CancelFunc
 		ctx, cancel = lock.Context(ctx)
 		defer cancel()
+		e.phase(PhaseGCLocked)
 	}
 	// Every pack's header: where each blob lives, on this host or not.
 	type packInfo struct {

@@ -1,10 +1,12 @@
 package proc
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 )
 
 // Holder names one live process on the host: its pid and its start time
@@ -39,6 +41,30 @@ func (h Holder) Alive() bool {
 	}
 	st, err := parseStat(b)
 	return err == nil && st.start == h.Start && st.state != 'Z' && st.state != 'X'
+}
+
+// Gone reports whether the process h names has certainly ended: no process
+// has its pid (kill(pid, 0) fails with ESRCH), or the one that has it is a
+// zombie or, when h.Start is known, started at another time (a recycled
+// pid). Unlike !Alive it answers false whenever it cannot tell (a /proc this
+// process may not read), for callers that would do harm by taking a live
+// process for dead, such as one removing the process's bucket lock.
+func (h Holder) Gone() bool {
+	if h.PID <= 0 {
+		return false
+	}
+	if err := syscall.Kill(h.PID, 0); errors.Is(err, syscall.ESRCH) {
+		return true
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", h.PID))
+	if err != nil {
+		return false
+	}
+	st, err := parseStat(b)
+	if err != nil {
+		return false
+	}
+	return st.state == 'Z' || st.state == 'X' || h.Start != 0 && st.start != h.Start
 }
 
 // String is "PID.START", the form used in file names.

@@ -133,9 +133,9 @@ func (a *app) openDirect(ro func(args []string) bool, fn func(ctx context.Contex
 func (a *app) stdout() io.Writer { return a.w }
 
 // blockAtPhaseEnv is a test hook: TURNSNAP_TEST_BLOCK_AT=PHASE:FILE makes a
-// checkpoint or rollback create FILE and then block for ever when it
-// reaches PHASE (engine.PhaseFreeze ... engine.PhaseCommit, or a rollback's
-// "rollback: layer-rewrite"), so a test can SIGKILL
+// checkpoint, rollback or gc create FILE and then block for ever when it
+// reaches PHASE (engine.PhaseFreeze ... engine.PhaseCommit, a rollback's
+// "rollback: layer-rewrite", engine.PhaseGCLocked), so a test can SIGKILL
 // turnsnap at exactly that point.
 const blockAtPhaseEnv = "TURNSNAP_TEST_BLOCK_AT"
 

@@ -16,10 +16,13 @@ func (a *app) unlockCmd() *cobra.Command {
 		Use:   "unlock [--stale-only|--all]",
 		Short: "Remove the bucket's stale lock objects (left by a killed push or gc)",
 		Long: `A push or gc holds a lock object in the bucket and refreshes it while it
-works; a lock not refreshed within the window it states (10 minutes by
-default) is stale and every host ignores it. unlock removes stale locks at
-once (the default, --stale-only). --all removes every lock, including those
-of operations still running on some host: use it only when none is.`,
+works; a lock not refreshed within the window it states (1 minute by
+default, remote.lock_stale_after_ns) is stale and every host ignores it. On
+the holder's own machine a lock is stale as soon as its process has ended
+(same hostname, boot id and pid namespace; the pid no longer runs, or runs
+another process). unlock removes stale locks at once (the default,
+--stale-only). --all removes every lock, including those of operations
+still running on some host: use it only when none is.`,
 		Args: cobra.NoArgs,
 	}
 	c.RunE = a.withEngine(func(ctx context.Context, e *engine.Engine, _ []string) error {
@@ -38,7 +41,10 @@ of operations still running on some host: use it only when none is.`,
 		}
 		for _, l := range removed {
 			state := "stale"
-			if !l.Stale {
+			switch {
+			case l.HolderGone:
+				state = "stale, its holder has ended"
+			case !l.Stale:
 				state = "live"
 			}
 			fmt.Fprintf(a.stdout(), "removed %s (%s, %s by %s pid %d, refreshed %s ago)\n",

@@ -14,6 +14,7 @@ import (
 
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
+	"github.com/turnsnap/turnsnap/proc"
 	"github.com/turnsnap/turnsnap/upload"
 )
 
@@ -30,11 +31,16 @@ import (
 //     together. Pushes do not exclude each other.
 //   - A lock carries its holder's clock and promise (delta.Lock): it is
 //     rewritten every StaleAfter/3 and is stale once not rewritten for
-//     StaleAfter. A killed holder blocks nobody for longer than that, and
-//     `turnsnap unlock` removes a stale lock at once.
-//   - A holder that has not managed to refresh for StaleAfter - a margin
-//     cancels its own operation (Lock.Context): others may take its lock
-//     for stale, and it must not go on deleting or uploading as if it
+//     StaleAfter (a minute by default). A killed holder blocks other
+//     machines for no longer than that, and `turnsnap unlock` removes a
+//     stale lock at once.
+//   - A lock also names its holder's machine (hostname, boot id, pid
+//     namespace) and process (pid and start time). On that machine a lock
+//     whose holder has ended is stale at once: a killed gc does not block
+//     its own host's pushes at all.
+//   - A holder that has not managed to refresh for 2/3 of StaleAfter
+//     cancels its own operation (Lock.Context): others may soon take its
+//     lock for stale, and it must not go on deleting or uploading as if it
 //     still held it.
 //
 // With uploads and gc mutually excluded, a push can check that every pack
@@ -60,24 +66,68 @@ func (e *Syncer) staleAfter() time.Duration {
 	return delta.DefaultLockStaleAfter
 }
 
+// machine is where a lock's holder runs, as far as its pid means the same
+// process: the hostname, the boot (a pid names another process after a
+// reboot) and the pid namespace (containers sharing the kernel's boot id).
+type machine struct {
+	host, bootID, pidNS string
+}
+
+// thisMachine is the calling process's machine. Without /proc its boot id
+// is empty: its locks are then judged by their clock alone, and it judges
+// every other lock so.
+func thisMachine() machine {
+	m := machine{}
+	m.host, _ = os.Hostname()
+	boot, err1 := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	ns, err2 := os.Readlink("/proc/self/ns/pid")
+	if err1 == nil && err2 == nil {
+		m.bootID, m.pidNS = strings.TrimSpace(string(boot)), ns
+	}
+	return m
+}
+
+// runs reports whether l's holder runs on m, so that its PID names a
+// process m can look at. Locks that name no boot id (written by older
+// versions, or by a holder without /proc) never do.
+func (m machine) runs(l *delta.Lock) bool {
+	return m.bootID != "" && l.BootID == m.bootID && l.PIDNS == m.pidNS && l.Host == m.host
+}
+
+// judge decides whether lock l, whose object the store last modified at
+// mod, is stale at now as seen from here: by its clock, as every machine
+// judges, or because it names a holder on this machine that has certainly
+// ended (gone), which no refresh can follow.
+func judge(l *delta.Lock, mod, now time.Time, here machine) (stale, gone bool) {
+	gone = here.runs(l) && proc.Holder{PID: l.PID, Start: l.PIDStart}.Gone()
+	return gone || l.Stale(mod, now), gone
+}
+
 // Lock takes a lock of kind "push" or "gc" in the remote store.
 func (e *Syncer) Lock(ctx context.Context, kind string) (*Lock, error) {
-	host, _ := os.Hostname()
+	here := thisMachine()
+	self := proc.Self()
 	nonce := make([]byte, 6)
 	rand.Read(nonce)
-	name := fmt.Sprintf("%s%s-%s-%s", delta.LockPrefix, kind, sanitizeHost(host), hex.EncodeToString(nonce))
+	name := fmt.Sprintf("%s%s-%s-%s", delta.LockPrefix, kind, sanitizeHost(here.host), hex.EncodeToString(nonce))
 	window := e.staleAfter()
-	body := delta.Lock{Kind: kind, Host: host, PID: os.Getpid(), Home: e.HomeID, Created: time.Now().UTC(), StaleAfterNs: int64(window)}
-	write := func(ctx context.Context) error {
-		body.Refreshed = time.Now().UTC()
+	body := delta.Lock{Kind: kind, Host: here.host, PID: self.PID, Home: e.HomeID, Created: time.Now().UTC(), StaleAfterNs: int64(window),
+		BootID: here.bootID, PIDNS: here.pidNS, PIDStart: self.Start}
+	// write refreshes the lock, stamped with when it started: others
+	// judge by the stamp, so it is what the holder's own deadline counts
+	// from.
+	write := func(ctx context.Context) (time.Time, error) {
+		start := time.Now()
+		body.Refreshed = start.UTC()
 		data, _ := json.Marshal(body)
-		return upload.PutBytes(ctx, e.Remote, name, data)
+		return start, upload.PutBytes(ctx, e.Remote, name, data)
 	}
-	if err := write(ctx); err != nil {
+	last, err := write(ctx)
+	if err != nil {
 		return nil, fmt.Errorf("remote lock: %w", err)
 	}
 	var conflict *LockInfo
-	err := e.ListLocks(ctx, func(li LockInfo) error {
+	err = e.ListLocks(ctx, func(li LockInfo) error {
 		if li.Name == name || li.Stale {
 			return nil
 		}
@@ -87,10 +137,7 @@ func (e *Syncer) Lock(ctx context.Context, kind string) (*Lock, error) {
 		return nil
 	})
 	if err == nil && conflict != nil {
-		what := map[bool]string{true: "garbage collection", false: "push"}[conflict.Kind == "gc"]
-		err = fmt.Errorf("the bucket is locked by %s (a %s by %s pid %d, refreshed %s ago; stale after %s without refresh, or `turnsnap unlock` if it is gone); retry later: %w",
-			conflict.Name, what, conflict.Host, conflict.PID, time.Since(conflict.Refreshed).Round(time.Second),
-			conflict.StaleAfter, errdefs.ErrUnavailable)
+		err = fmt.Errorf("the bucket is locked by %s; retry later: %w", conflict.describe(time.Now()), errdefs.ErrUnavailable)
 	}
 	if err != nil {
 		e.Remote.Delete(context.WithoutCancel(ctx), name)
@@ -99,33 +146,37 @@ func (e *Syncer) Lock(ctx context.Context, kind string) (*Lock, error) {
 	l := &Lock{name: name, store: e.Remote, stop: make(chan struct{}), stopped: make(chan struct{}), lost: make(chan struct{})}
 	go func() { // keep the lock live while its holder works
 		defer close(l.stopped)
-		t := time.NewTicker(window / 3)
+		t := time.NewTimer(window / 3)
 		defer t.Stop()
-		last := time.Now()
 		for {
 			select {
 			case <-l.stop:
 				return
 			case <-t.C:
-				rctx, cancel := context.WithTimeout(context.Background(), window/3)
-				err := write(rctx)
-				cancel()
-				if err == nil {
-					last = time.Now()
-					continue
-				}
-				e.Log.Warn("remote lock refresh failed", "lock", name, "err", err)
-				// Give up while others still see the lock live: past
-				// two thirds of the window without a refresh.
-				if time.Since(last) >= window*2/3 {
-					l.once.Do(func() {
-						l.lostErr = fmt.Errorf("remote lock %s not refreshed for %s (%v); stopping before other hosts take it for stale: %w",
-							name, time.Since(last).Round(time.Millisecond), err, errdefs.ErrUnavailable)
-						close(l.lost)
-					})
-					return
-				}
 			}
+			// Give up while others still see the lock live: two thirds
+			// of the window after the last refresh, however slow the
+			// store answers meanwhile.
+			giveUp := last.Add(window * 2 / 3)
+			rctx, cancel := context.WithDeadline(context.Background(), giveUp)
+			start, err := write(rctx)
+			cancel()
+			if err == nil {
+				last = start
+				t.Reset(window / 3)
+				continue
+			}
+			if !time.Now().Before(giveUp) {
+				l.once.Do(func() {
+					l.lostErr = fmt.Errorf("remote lock %s not refreshed for %s (%v); stopping before other hosts take it for stale: %w",
+						name, time.Since(last).Round(time.Millisecond), err, errdefs.ErrUnavailable)
+					close(l.lost)
+				})
+				return
+			}
+			// Retry soon: one failed refresh must not cost the lock.
+			e.Log.Warn("remote lock refresh failed", "lock", name, "err", err)
+			t.Reset(min(window/12, time.Until(giveUp)))
 		}
 	}()
 	return l, nil
@@ -170,9 +221,25 @@ type LockInfo struct {
 	Refreshed  time.Time     `json:"refreshed"`
 	StaleAfter time.Duration `json:"stale_after_ns"`
 	Stale      bool          `json:"stale"`
+	// HolderGone: the lock names a holder on this machine that has ended
+	// (so it is stale whatever its clock says).
+	HolderGone bool `json:"holder_gone,omitempty"`
 	// Unreadable locks (damaged, or from an unknown writer) are judged by
-	// modification time alone.
+	// modification time alone, with delta.LegacyLockStaleAfter.
 	Unreadable bool `json:"unreadable,omitempty"`
+}
+
+// describe names the lock and its holder for an error, with how long until
+// it goes stale by its clock (at now).
+func (li *LockInfo) describe(now time.Time) string {
+	left := max(li.Refreshed.Add(li.StaleAfter).Sub(now), 0).Round(time.Second)
+	if li.Unreadable {
+		return fmt.Sprintf("%s (unreadable, written %s ago): stale in %s; if no push or gc runs on any host, `turnsnap unlock --all` removes it now",
+			li.Name, now.Sub(li.Refreshed).Round(time.Second), left)
+	}
+	what := map[bool]string{true: "garbage collection", false: "push"}[li.Kind == "gc"]
+	return fmt.Sprintf("%s (a %s by host %s pid %d, refreshed %s ago): stale in %s, or now if its holder is gone: `turnsnap unlock`",
+		li.Name, what, li.Host, li.PID, now.Sub(li.Refreshed).Round(time.Second), left)
 }
 
 // ListLocks calls fn for each lock object in the bucket, judged now.
@@ -180,7 +247,7 @@ func (e *Syncer) ListLocks(ctx context.Context, fn func(LockInfo) error) error {
 	if e.Remote == nil {
 		return ErrNoRemote
 	}
-	now := time.Now()
+	now, here := time.Now(), thisMachine()
 	var infos []LockInfo
 	err := e.Remote.List(ctx, delta.LockPrefix, func(oi upload.ObjectInfo) error {
 		li := LockInfo{Name: oi.Name}
@@ -212,11 +279,8 @@ func (e *Syncer) ListLocks(ctx context.Context, fn func(LockInfo) error) error {
 				li.Refreshed = body.Refreshed
 			}
 		}
-		li.StaleAfter = time.Duration(li.StaleAfterNs)
-		if li.StaleAfter <= 0 {
-			li.StaleAfter = delta.DefaultLockStaleAfter
-		}
-		li.Stale = body.Stale(mod, now)
+		li.StaleAfter = body.Window()
+		li.Stale, li.HolderGone = judge(&body, mod, now, here)
 		if err := fn(li); err != nil {
 			return err
 		}
@@ -224,10 +288,10 @@ func (e *Syncer) ListLocks(ctx context.Context, fn func(LockInfo) error) error {
 	return nil
 }
 
-// Unlock removes lock objects from the bucket: stale ones only, or with
-// all every one (a lock of a live operation too: its holder then works
-// unprotected, so only when no operation is running). It returns the
-// locks removed.
+// Unlock removes lock objects from the bucket: stale ones only (those
+// whose holder on this machine has ended included), or with all every one
+// (a lock of a live operation too: its holder then works unprotected, so
+// only when no operation is running). It returns the locks removed.
 func (e *Syncer) Unlock(ctx context.Context, all bool) ([]LockInfo, error) {
 	var removed []LockInfo
 	err := e.ListLocks(ctx, func(li LockInfo) error {
