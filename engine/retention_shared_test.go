@@ -269,6 +269,8 @@ func TestGraceZeroSweepHonoursEveryRef(t *testing.T) {
 	if len(pr.Marked) != 2 {
 		t.Fatalf("prune marked %d, want 2 (%s, %s)", len(pr.Marked), ids[4].Short(), ids[5].Short())
 	}
+	_, err = b.RebuildCatalog(ctx) // b learns of a's new checkpoints
+	must(t, err)
 	_, err = b.Tag(ctx, "late", ids[5].String())
 	must(t, err)
 	push(t, b)
