@@ -179,7 +179,8 @@ func (e *Engine) retire(ctx context.Context, h *history, drop []*delta.Checkpoin
 		dropped[cp.ID] = true
 	}
 	// Unmark what this run keeps (a wider policy since) or what is pinned
-	// now; keep the due time of what stays marked.
+	// now. What stays marked keeps its due time, or takes this run's if
+	// that is sooner (--grace 0 means now).
 	has := map[delta.ID]bool{}
 	m.Records = slices.DeleteFunc(m.Records, func(mk delta.Mark) bool {
 		if len(h.pin[mk.ID]) > 0 || covered[mk.Sandbox] && !dropped[mk.ID] {
@@ -188,6 +189,14 @@ func (e *Engine) retire(ctx context.Context, h *history, drop []*delta.Checkpoin
 		has[mk.ID] = true
 		return false
 	})
+	for i, mk := range m.Records {
+		if due := now.Add(grace); dropped[mk.ID] && due.Before(mk.Due) {
+			if due.Before(mk.Marked) {
+				due = mk.Marked // a clock that went back: keep the object valid
+			}
+			m.Records[i].Due = due
+		}
+	}
 	for _, cp := range drop {
 		if has[cp.ID] {
 			continue
