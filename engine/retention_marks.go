@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/turnsnap/turnsnap/catalog"
@@ -46,53 +47,88 @@ const DefaultRecordGrace = time.Hour
 // bucketPins adds to pin every checkpoint a ref in the bucket names: every
 // home's heads, every tag, and the origin of every sandbox description.
 // A ref or description that cannot be read fails the call: retention that
-// cannot see every ref deletes nothing.
+// cannot see every ref deletes nothing. The objects are read
+// bucketPinReaders at a time (a fleet's bucket holds one head and one
+// description per sandbox, each a round trip).
 func bucketPins(ctx context.Context, s upload.Store, pin pinned) error {
-	for _, prefix := range []string{delta.HeadPrefix, delta.TagPrefix} {
-		err := s.List(ctx, prefix, func(oi upload.ObjectInfo) error {
-			data, err := upload.ReadAllMax(ctx, s, oi.Name, delta.MaxSmallObject)
-			if errors.Is(err, errdefs.ErrNotFound) {
-				return nil // removed since the listing: it names nothing now
-			}
-			if err != nil {
-				return fmt.Errorf("object %s: %w", oi.Name, err)
-			}
-			id, err := delta.ParseRef(data)
-			if err != nil {
-				return fmt.Errorf("object %s: %w", oi.Name, err)
-			}
-			if prefix == delta.TagPrefix {
-				pin.add(id, "tag "+strings.TrimPrefix(oi.Name, prefix))
-			} else {
-				pin.add(id, "head in the bucket: "+strings.TrimPrefix(oi.Name, prefix))
-			}
-			return nil
-		})
+	var names []string
+	for _, prefix := range []string{delta.HeadPrefix, delta.TagPrefix, delta.SandboxPrefix} {
+		err := s.List(ctx, prefix, func(oi upload.ObjectInfo) error { names = append(names, oi.Name); return nil })
 		if err != nil {
-			return fmt.Errorf("read the bucket's refs: %w", err)
+			return fmt.Errorf("list the bucket's %s: %w", prefix, err)
 		}
 	}
-	err := s.List(ctx, delta.SandboxPrefix, func(oi upload.ObjectInfo) error {
-		data, err := upload.ReadAllMax(ctx, s, oi.Name, delta.MaxSandboxObject)
-		if errors.Is(err, errdefs.ErrNotFound) {
-			return nil
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var mu sync.Mutex
+	var firstErr error
+	work := make(chan string)
+	var wg sync.WaitGroup
+	for range min(bucketPinReaders, len(names)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for name := range work {
+				id, why, err := readPin(ctx, s, name)
+				mu.Lock()
+				switch {
+				case err != nil && firstErr == nil:
+					firstErr = err
+					cancel()
+				case err == nil && !id.IsZero():
+					pin.add(id, why)
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	for _, name := range names {
+		if ctx.Err() != nil {
+			break
 		}
-		if err != nil {
-			return fmt.Errorf("object %s: %w", oi.Name, err)
-		}
-		sb, err := delta.DecodeSandbox(oi.Name, data)
-		if err != nil {
-			return err // names the object
-		}
-		if !sb.Origin.IsZero() {
-			pin.add(sb.Origin, "branched: "+sb.Name+" ("+sb.Key()+")")
-		}
-		return nil
-	})
+		work <- name
+	}
+	close(work)
+	wg.Wait()
+	if firstErr != nil {
+		return fmt.Errorf("read the bucket's refs: %w", firstErr)
+	}
+	return ctx.Err()
+}
+
+// bucketPinReaders bounds the ref reads of bucketPins in flight.
+const bucketPinReaders = 8
+
+// readPin reads one head, tag or sandbox description: the checkpoint it
+// names (zero for none: a description made from a base, or an object
+// removed since the listing) and why it pins it.
+func readPin(ctx context.Context, s upload.Store, name string) (delta.ID, string, error) {
+	limit := int64(delta.MaxSmallObject)
+	if strings.HasPrefix(name, delta.SandboxPrefix) {
+		limit = delta.MaxSandboxObject
+	}
+	data, err := upload.ReadAllMax(ctx, s, name, limit)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return delta.ID{}, "", nil // removed since the listing: it names nothing now
+	}
 	if err != nil {
-		return fmt.Errorf("read the bucket's sandbox descriptions: %w", err)
+		return delta.ID{}, "", fmt.Errorf("object %s: %w", name, err)
 	}
-	return nil
+	if key, ok := strings.CutPrefix(name, delta.SandboxPrefix); ok {
+		sb, err := delta.DecodeSandbox(name, data)
+		if err != nil {
+			return delta.ID{}, "", err // names the object
+		}
+		return sb.Origin, "branched: " + sb.Name + " (" + key + ")", nil
+	}
+	id, err := delta.ParseRef(data)
+	if err != nil {
+		return delta.ID{}, "", fmt.Errorf("object %s: %w", name, err)
+	}
+	if tag, ok := strings.CutPrefix(name, delta.TagPrefix); ok {
+		return id, "tag " + tag, nil
+	}
+	return id, "head in the bucket: " + strings.TrimPrefix(name, delta.HeadPrefix), nil
 }
 
 // addBucketPins pins, in h, what the bucket's refs name and this catalog
@@ -174,6 +210,7 @@ func (e *Engine) retire(ctx context.Context, h *history, drop []*delta.Checkpoin
 	if err != nil {
 		return nil, err
 	}
+	orig := slices.Clone(m.Records)
 	dropped := map[delta.ID]bool{}
 	for _, cp := range drop {
 		dropped[cp.ID] = true
@@ -226,8 +263,10 @@ func (e *Engine) retire(ctx context.Context, h *history, drop []*delta.Checkpoin
 		return r, nil
 	}
 	// The intent is in the bucket before anything is deleted.
-	if err := e.saveMarks(ctx, m); err != nil {
-		return nil, err
+	if !slices.Equal(orig, m.Records) {
+		if err := e.saveMarks(ctx, m); err != nil {
+			return nil, err
+		}
 	}
 	if err := e.sweep(ctx, m, h.pin, now, r); err != nil {
 		return r, err
