@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
@@ -19,6 +20,10 @@ type ForgetOptions struct {
 	All     bool            `json:"all,omitempty"`
 	Policy  RetentionPolicy `json:"policy"`
 	DryRun  bool            `json:"dry_run,omitempty"`
+	// Grace is as PruneOptions.Grace: with a remote, how long dropped
+	// records stay marked before a later run may delete them; 0 sweeps in
+	// this run. The API carries it as grace_ms (absent: DefaultRecordGrace).
+	Grace time.Duration `json:"-"`
 }
 
 // ForgetReport lists, per sandbox, what a policy kept and deleted.
@@ -27,6 +32,10 @@ type ForgetReport struct {
 	Sandboxes          []ForgetSandbox `json:"sandboxes"`
 	CheckpointsKept    int             `json:"checkpoints_kept"`
 	CheckpointsDeleted int             `json:"checkpoints_deleted"`
+	CheckpointsMarked  int             `json:"checkpoints_marked"`
+	// Swept are checkpoints an earlier run marked, of sandboxes this run
+	// did not decide for, deleted now that their grace is over.
+	Swept []RetentionEntry `json:"swept"`
 }
 
 // ForgetSandbox is one sandbox's part of a ForgetReport, newest first.
@@ -35,6 +44,9 @@ type ForgetSandbox struct {
 	Policy  RetentionPolicy  `json:"policy"`
 	Kept    []RetentionEntry `json:"kept"`
 	Deleted []RetentionEntry `json:"deleted"`
+	// Marked are dropped checkpoints marked for deletion, not deleted yet
+	// (each with its DeleteAfter); see PruneReport.Marked.
+	Marked []RetentionEntry `json:"marked"`
 }
 
 // Forget deletes the checkpoints a retention policy does not keep (restic's
@@ -57,6 +69,9 @@ func (e *Engine) Forget(ctx context.Context, opts ForgetOptions) (*ForgetReport,
 	if err != nil {
 		return nil, err
 	}
+	if err := e.addBucketPins(ctx, h); err != nil {
+		return nil, fmt.Errorf("forget: %w", err)
+	}
 	plan := map[string]RetentionPolicy{}
 	if opts.All {
 		for key := range h.bySandbox {
@@ -71,7 +86,7 @@ func (e *Engine) Forget(ctx context.Context, opts ForgetOptions) (*ForgetReport,
 		}
 		plan[key] = opts.Policy
 	}
-	return e.forget(ctx, h, plan, opts.DryRun)
+	return e.forget(ctx, h, plan, opts.Grace, opts.DryRun)
 }
 
 // ownedKey is the key of the live sandbox name, if this home may prune it.
@@ -91,42 +106,66 @@ func (h *history) ownedKey(name string) (string, error) {
 }
 
 // forget applies plan (sandbox key -> policy) with the engine's exclusive
-// lock held.
-func (e *Engine) forget(ctx context.Context, h *history, plan map[string]RetentionPolicy, dryRun bool) (*ForgetReport, error) {
-	rep := &ForgetReport{DryRun: dryRun, Sandboxes: []ForgetSandbox{}}
+// lock held; h holds the bucket's pins.
+func (e *Engine) forget(ctx context.Context, h *history, plan map[string]RetentionPolicy, grace time.Duration, dryRun bool) (*ForgetReport, error) {
+	rep := &ForgetReport{DryRun: dryRun, Sandboxes: []ForgetSandbox{}, Swept: []RetentionEntry{}}
 	var drop []*delta.Checkpoint
 	byID := map[delta.ID]*delta.Checkpoint{}
+	covered := map[string]bool{}
+	for key := range plan {
+		covered[key] = true
+		for _, cp := range h.bySandbox[key] {
+			byID[cp.ID] = cp
+		}
+	}
+	type part struct {
+		key     string
+		policy  RetentionPolicy
+		keep    []RetentionEntry
+		dropped []RetentionEntry
+	}
+	var parts []part
 	for key, p := range plan {
 		cps := h.bySandbox[key]
 		if len(cps) == 0 {
 			continue
 		}
-		for _, cp := range cps {
-			byID[cp.ID] = cp
-		}
-		label := h.label(cps[0])
-		keep, del := applyPolicy(p, cps, h.pin, h.tags, label)
-		rep.Sandboxes = append(rep.Sandboxes, ForgetSandbox{Sandbox: label, Policy: p,
-			Kept: orNone(keep), Deleted: orNone(del)})
-		rep.CheckpointsKept += len(keep)
-		rep.CheckpointsDeleted += len(del)
+		keep, del := applyPolicy(p, cps, h.pin, h.tags, h.label(cps[0]))
+		parts = append(parts, part{key, p, keep, del})
 		for _, d := range del {
 			drop = append(drop, byID[d.ID])
 		}
 	}
-	slices.SortFunc(rep.Sandboxes, func(a, b ForgetSandbox) int { return cmp.Compare(a.Sandbox, b.Sandbox) })
-	if dryRun {
-		return rep, nil
+	r, err := e.retire(ctx, h, drop, covered, grace, dryRun)
+	if r == nil {
+		return rep, err
 	}
-	slices.SortFunc(drop, func(a, b *delta.Checkpoint) int { return a.Created.Compare(b.Created) })
-	for len(drop) > 0 {
-		n := min(len(drop), pruneBatch)
-		if err := e.deleteCheckpoints(ctx, drop[:n]); err != nil {
-			return rep, err
+	for _, pt := range parts {
+		s := ForgetSandbox{Sandbox: h.label(h.bySandbox[pt.key][0]), Policy: pt.policy, Kept: pt.keep}
+		for _, d := range pt.dropped {
+			switch due, marked := r.marked[d.ID]; {
+			case r.deleted[d.ID]:
+				s.Deleted = append(s.Deleted, d)
+			case marked:
+				d.DeleteAfter = due
+				s.Marked = append(s.Marked, d)
+			default:
+				d.Reasons = []string{"left for a later run"} // the mark object is full
+				s.Kept = append(s.Kept, d)
+			}
 		}
-		drop = drop[n:]
+		s.Kept, s.Deleted, s.Marked = orNone(s.Kept), orNone(s.Deleted), orNone(s.Marked)
+		rep.CheckpointsKept += len(s.Kept)
+		rep.CheckpointsDeleted += len(s.Deleted)
+		rep.CheckpointsMarked += len(s.Marked)
+		rep.Sandboxes = append(rep.Sandboxes, s)
 	}
-	return rep, nil
+	for _, cp := range r.swept {
+		rep.Swept = append(rep.Swept, RetentionEntry{ID: cp.ID, Sandbox: h.label(cp), Turn: cp.Turn, Created: cp.Created})
+		rep.CheckpointsDeleted++
+	}
+	slices.SortFunc(rep.Sandboxes, func(a, b ForgetSandbox) int { return cmp.Compare(a.Sandbox, b.Sandbox) })
+	return rep, err
 }
 
 func orNone(l []RetentionEntry) []RetentionEntry {
@@ -141,7 +180,10 @@ func orNone(l []RetentionEntry) []RetentionEntry {
 // or the home's if it has none; a sandbox with neither is left alone. The
 // daemon calls it on a schedule; it holds the engine's exclusive lock for
 // its run, as Prune does.
-func (e *Engine) ApplyPolicies(ctx context.Context) (*ForgetReport, error) {
+//
+// With a remote, dropped records are marked for grace before a later run
+// deletes them (see Forget); the daemon passes DefaultRecordGrace.
+func (e *Engine) ApplyPolicies(ctx context.Context, grace time.Duration) (*ForgetReport, error) {
 	defer e.exclusive()()
 	pol, err := e.loadPolicies()
 	if err != nil {
@@ -150,6 +192,9 @@ func (e *Engine) ApplyPolicies(ctx context.Context) (*ForgetReport, error) {
 	h, err := e.loadHistory(ctx)
 	if err != nil {
 		return nil, err
+	}
+	if err := e.addBucketPins(ctx, h); err != nil {
+		return nil, fmt.Errorf("policy apply: %w", err)
 	}
 	plan := map[string]RetentionPolicy{}
 	for _, key := range h.keys {
@@ -162,7 +207,7 @@ func (e *Engine) ApplyPolicies(ctx context.Context) (*ForgetReport, error) {
 			plan[key] = *pol.Home
 		}
 	}
-	return e.forget(ctx, h, plan, false)
+	return e.forget(ctx, h, plan, grace, false)
 }
 
 // PolicyOptions names what SetPolicy and ClearPolicy change: a sandbox's

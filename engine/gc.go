@@ -35,6 +35,7 @@ type GCOptions struct {
 // GCReport says what GC found and did.
 type GCReport struct {
 	Records        int     `json:"records"`
+	RecordsSwept   int     `json:"records_swept"` // this home's marked records deleted first (their grace is over)
 	LiveBlobs      int     `json:"blobs_live"`
 	Packs          int     `json:"packs"`
 	Deleted        int     `json:"packs_deleted"`
@@ -47,7 +48,8 @@ type GCReport struct {
 }
 
 // GC deletes packs that no checkpoint references, locally and in the
-// bucket. It marks from every record it can see (the bucket's and this
+// bucket. With a remote it first sweeps the records this home's prune or
+// forget marked and whose grace is over (sweepLocked). It marks from every record it can see (the bucket's and this
 // host's, including records not uploaded yet) and holds the bucket's gc
 // lock, so no host uploads meanwhile; a pack is deleted only if no blob in
 // it is live and it is older than the grace period. Packs with some live
@@ -71,6 +73,17 @@ func (e *Engine) GC(ctx context.Context, opts GCOptions) (*GCReport, error) {
 		ctx, cancel = lock.Context(ctx)
 		defer cancel()
 		e.phase(PhaseGCLocked)
+		// Records this home marked whose grace is over go first, under
+		// the same lock, so that their packs are collected in this run.
+		// A marked record not yet swept is still in records/ below, and
+		// keeps its packs live.
+		if !opts.DryRun {
+			n, err := e.sweepForGC(ctx)
+			rep.RecordsSwept = n
+			if err != nil {
+				return rep, fmt.Errorf("gc: sweep marked records: %w", err)
+			}
+		}
 	}
 	// Every pack's header: where each blob lives, on this host or not.
 	type packInfo struct {

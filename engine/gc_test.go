@@ -134,6 +134,8 @@ var collected atomic.Int64
 // Host B still needs pack P through a checkpoint it has not uploaded, while
 // every record in the bucket that referenced P is pruned; host A's gc
 // collects P. B's next push must notice and put P back before the record.
+// (The pruned record is off every ref in the bucket first: prune keeps what
+// a ref there names, B's own pushed head included.)
 func TestPushRestoresAPackAnotherHostCollected(t *testing.T) {
 	ctx := context.Background()
 	srv := startMinIO(t)
@@ -145,13 +147,20 @@ func TestPushRestoresAPackAnotherHostCollected(t *testing.T) {
 	cr, err := b.CreateSandbox(ctx, "s", CreateOptions{Base: richBase(t)})
 	must(t, err)
 	randomFile(t, filepath.Join(cr.Root, "kept-in-P"), 300<<10)
+	inP, err := os.ReadFile(filepath.Join(cr.Root, "kept-in-P"))
+	must(t, err)
 	_, err = b.Checkpoint(ctx, "s", CheckpointOptions{})
+	must(t, err)
+	must(t, os.Remove(filepath.Join(cr.Root, "kept-in-P")))
+	_, err = b.Checkpoint(ctx, "s", CheckpointOptions{}) // s's head in the bucket no longer names P
 	must(t, err)
 	_, err = b.Push(ctx, PushOptions{})
 	must(t, err)
 	settle()
-	write(t, filepath.Join(cr.Root, "small"), "x") // kept-in-P unchanged: reused from P
-	c2, err := b.Checkpoint(ctx, "s", CheckpointOptions{})
+	cr2, err := b.CreateSandbox(ctx, "s2", CreateOptions{Base: richBase(t)})
+	must(t, err)
+	write(t, filepath.Join(cr2.Root, "kept-in-P"), string(inP)) // the same bytes: reused from P
+	c2, err := b.Checkpoint(ctx, "s2", CheckpointOptions{})
 	must(t, err)
 	_, err = b.Prune(ctx, PruneOptions{KeepLast: 1}) // the bucket loses every record naming P
 	must(t, err)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
@@ -15,14 +16,23 @@ import (
 type PruneOptions struct {
 	KeepLast int // per sandbox, newest first; at least 1
 	DryRun   bool
+	// Grace is how long records stay marked before a later run may delete
+	// them, on a home with a remote (DefaultRecordGrace is the CLI's
+	// default). 0 (or negative) sweeps in this run, after re-reading every
+	// ref in the bucket. Without a remote records are deleted at once.
+	Grace time.Duration
 }
 
-// PruneReport lists what Prune removed.
+// PruneReport lists what Prune removed and what it marked.
 type PruneReport struct {
 	Kept    int        `json:"checkpoints_kept"`
 	Deleted []delta.ID `json:"deleted"`
 	// Checkpoints describes each deleted checkpoint (for the text report).
 	Checkpoints []RetentionEntry `json:"-"`
+	// Marked are the checkpoints marked for deletion and not deleted yet:
+	// each is deleted by a prune, forget or gc after its DeleteAfter,
+	// unless a ref in the bucket names it by then.
+	Marked []RetentionEntry `json:"marked"`
 }
 
 // Prune deletes checkpoints beyond the newest KeepLast of each sandbox,
@@ -38,6 +48,10 @@ type PruneReport struct {
 // sandboxes and records that carry no owner. Another home's sandboxes, seen here after a catalog rebuild of a
 // shared bucket, and records of an id'd sandbox this catalog does not know,
 // are left alone.
+//
+// With a remote, what is pinned includes every ref in the bucket (any
+// home's heads, tags, branch origins), and deletion is two-phase (mark,
+// grace, sweep: see retire).
 func (e *Engine) Prune(ctx context.Context, opts PruneOptions) (*PruneReport, error) {
 	defer e.exclusive()()
 	if opts.KeepLast < 1 {
@@ -47,13 +61,18 @@ func (e *Engine) Prune(ctx context.Context, opts PruneOptions) (*PruneReport, er
 	if err != nil {
 		return nil, err
 	}
-	rep := &PruneReport{}
+	if err := e.addBucketPins(ctx, h); err != nil {
+		return nil, fmt.Errorf("prune: %w", err)
+	}
+	rep := &PruneReport{Deleted: []delta.ID{}, Marked: []RetentionEntry{}}
 	var drop []*delta.Checkpoint
+	covered := map[string]bool{}
 	for key, cps := range h.bySandbox {
 		if !h.mayPrune(key) {
 			rep.Kept += len(cps)
 			continue
 		}
+		covered[key] = true
 		slices.SortFunc(cps, func(a, b *delta.Checkpoint) int { return b.Created.Compare(a.Created) })
 		for i, cp := range cps {
 			if i < opts.KeepLast || h.pin[cp.ID] != nil {
@@ -64,21 +83,28 @@ func (e *Engine) Prune(ctx context.Context, opts PruneOptions) (*PruneReport, er
 		}
 	}
 	slices.SortFunc(drop, func(a, b *delta.Checkpoint) int { return a.Created.Compare(b.Created) })
-	for _, cp := range drop {
-		rep.Deleted = append(rep.Deleted, cp.ID)
-		rep.Checkpoints = append(rep.Checkpoints, RetentionEntry{ID: cp.ID, Sandbox: h.label(cp), Turn: cp.Turn, Created: cp.Created})
-	}
-	if opts.DryRun {
-		return rep, nil
-	}
-	for len(drop) > 0 {
-		n := min(len(drop), pruneBatch)
-		if err := e.deleteCheckpoints(ctx, drop[:n]); err != nil {
-			return rep, err
+	r, err := e.retire(ctx, h, drop, covered, opts.Grace, opts.DryRun)
+	if r != nil {
+		for _, cp := range append(r.swept, drop...) {
+			en := RetentionEntry{ID: cp.ID, Sandbox: h.label(cp), Turn: cp.Turn, Created: cp.Created}
+			switch due, marked := r.marked[cp.ID]; {
+			case r.deleted[cp.ID]:
+				rep.Deleted = append(rep.Deleted, cp.ID)
+				rep.Checkpoints = append(rep.Checkpoints, en)
+			case marked:
+				en.DeleteAfter = due
+				rep.Marked = append(rep.Marked, en)
+			default:
+				rep.Kept++ // left for a later run (the mark object is full)
+			}
 		}
-		drop = drop[n:]
 	}
-	e.dropFrozen(ctx)
+	if err != nil {
+		return rep, err
+	}
+	if !opts.DryRun {
+		e.dropFrozen(ctx)
+	}
 	return rep, nil
 }
 

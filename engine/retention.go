@@ -106,6 +106,10 @@ type RetentionEntry struct {
 	// Reasons say which rules keep it ("last 3", "daily 2026-12-01", "head",
 	// "tag known-good", "branched: b"); empty for a deleted one.
 	Reasons []string `json:"reasons,omitempty"`
+	// DeleteAfter is set on a checkpoint marked for deletion and not
+	// deleted yet (a shared bucket's two-phase retention): a prune,
+	// forget or gc after it deletes the record unless a ref names it.
+	DeleteAfter time.Time `json:"delete_after,omitzero"`
 }
 
 // pinned is what no policy may delete, with the reason: heads, tags and

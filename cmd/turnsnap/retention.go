@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/turnsnap/turnsnap/engine"
@@ -38,15 +39,16 @@ sandboxes this home created are deleted.`
 func (a *app) forgetCmd() *cobra.Command {
 	var opts engine.ForgetOptions
 	var gc bool
+	var grace time.Duration
 	c := &cobra.Command{
-		Use:   "forget NAME|--all --keep-... [--dry-run] [--gc]",
+		Use:   "forget NAME|--all --keep-... [--dry-run] [--grace DURATION] [--gc]",
 		Short: "Delete the checkpoints a retention policy does not keep",
 		Long: `forget applies a retention policy to one sandbox (or every sandbox with
 --all) and deletes the checkpoints it does not keep. --dry-run lists what
 would be kept and deleted, and why. --gc runs gc afterwards to reclaim the
 space.
 
-` + retentionRules,
+` + retentionRules + "\n\n" + graceHelp,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if opts.All {
 				return cobra.NoArgs(cmd, args)
@@ -58,7 +60,8 @@ space.
 		if len(args) == 1 {
 			opts.Sandbox = args[0]
 		}
-		r, err := s.Forget(ctx, api.ForgetRequest{ForgetOptions: opts, GC: gc})
+		ms := max(grace, 0).Milliseconds()
+		r, err := s.Forget(ctx, api.ForgetRequest{ForgetOptions: opts, GC: gc, GraceMS: &ms})
 		if err != nil {
 			return err
 		}
@@ -68,6 +71,7 @@ space.
 	c.Flags().BoolVar(&opts.All, "all", false, "every sandbox this home created")
 	c.Flags().BoolVar(&opts.DryRun, "dry-run", false, "list what would be kept and deleted, delete nothing")
 	c.Flags().BoolVar(&gc, "gc", false, "run gc afterwards")
+	c.Flags().DurationVar(&grace, "grace", engine.DefaultRecordGrace, "with a remote: keep dropped records marked this long before a later run deletes them (0: delete in this run)")
 	return c
 }
 
@@ -77,20 +81,36 @@ func (a *app) printForget(r *api.Forgotten) error {
 	}
 	g := r.GC
 	w := a.stdout()
-	verb := "deleted"
+	verb, mverb := "deleted", "marked"
 	if r.DryRun {
-		verb = "would delete"
+		verb, mverb = "would delete", "would mark"
 	}
 	for _, s := range r.Sandboxes {
-		fmt.Fprintf(w, "sandbox %s: keep %d, %s %d\n", s.Sandbox, len(s.Kept), verb, len(s.Deleted))
+		fmt.Fprintf(w, "sandbox %s: keep %d, %s %d", s.Sandbox, len(s.Kept), verb, len(s.Deleted))
+		if len(s.Marked) > 0 {
+			fmt.Fprintf(w, ", %s %d for deletion", mverb, len(s.Marked))
+		}
+		fmt.Fprintln(w)
 		for _, k := range s.Kept {
 			fmt.Fprintf(w, "  keep    %s  turn %-3d %s  %s\n", k.ID.Short(), k.Turn, k.Created.Local().Format("2006-01-02 15:04:05"), strings.Join(k.Reasons, ", "))
 		}
 		for _, d := range s.Deleted {
 			fmt.Fprintf(w, "  delete  %s  turn %-3d %s\n", d.ID.Short(), d.Turn, d.Created.Local().Format("2006-01-02 15:04:05"))
 		}
+		for _, d := range s.Marked {
+			fmt.Fprintf(w, "  %s  %s  turn %-3d %s  deleted after %s\n", mverb, d.ID.Short(), d.Turn,
+				d.Created.Local().Format("2006-01-02 15:04:05"), d.DeleteAfter.Local().Format("2006-01-02 15:04:05"))
+		}
 	}
-	fmt.Fprintf(w, "kept %d checkpoints, %s %d\n", r.CheckpointsKept, verb, r.CheckpointsDeleted)
+	for _, d := range r.Swept {
+		fmt.Fprintf(w, "deleted %s  turn %-3d %s  [%s] (marked by an earlier run)\n", d.ID.Short(), d.Turn,
+			d.Created.Local().Format("2006-01-02 15:04:05"), d.Sandbox)
+	}
+	fmt.Fprintf(w, "kept %d checkpoints, %s %d", r.CheckpointsKept, verb, r.CheckpointsDeleted)
+	if r.CheckpointsMarked > 0 {
+		fmt.Fprintf(w, ", %s %d for deletion", mverb, r.CheckpointsMarked)
+	}
+	fmt.Fprintln(w)
 	if g != nil {
 		fmt.Fprintf(w, "gc: deleted %d packs (%s)\n", g.Deleted, bytesStr(g.DeletedBytes))
 	}
@@ -165,14 +185,17 @@ for a host without the daemon).
 		Args:  cobra.NoArgs,
 	}
 	var gc bool
+	var grace time.Duration
 	apply.RunE = a.withService(nil, func(ctx context.Context, s service, _ []string) error {
-		r, err := s.ApplyPolicies(ctx, api.ApplyPoliciesRequest{GC: gc})
+		ms := max(grace, 0).Milliseconds()
+		r, err := s.ApplyPolicies(ctx, api.ApplyPoliciesRequest{GC: gc, GraceMS: &ms})
 		if err != nil {
 			return err
 		}
 		return a.printForget(r)
 	})
 	apply.Flags().BoolVar(&gc, "gc", false, "run gc afterwards")
+	apply.Flags().DurationVar(&grace, "grace", engine.DefaultRecordGrace, "with a remote: keep dropped records marked this long before a later run deletes them (0: delete in this run)")
 	c.AddCommand(set, show, clear, apply)
 	return c
 }

@@ -60,8 +60,10 @@ func forgetOnSchedule(ctx context.Context, log *slog.Logger, svc *api.Service, i
 				log.Info("scheduled forget deleted checkpoints", "sandbox", s.Sandbox, "deleted", len(s.Deleted),
 					"kept", len(s.Kept), "checkpoints", ids)
 			}
-			if r.CheckpointsDeleted > 0 {
-				log.Info("scheduled forget done", "deleted", r.CheckpointsDeleted, "kept", r.CheckpointsKept)
+			if r.CheckpointsDeleted > 0 || r.CheckpointsMarked > 0 {
+				// Marked: with a remote, deleted by a later run after the grace.
+				log.Info("scheduled forget done", "deleted", r.CheckpointsDeleted, "marked", r.CheckpointsMarked,
+					"kept", r.CheckpointsKept)
 			}
 		}
 	}()

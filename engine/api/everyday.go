@@ -41,11 +41,27 @@ type RestorePathsRequest struct {
 type ForgetRequest struct {
 	engine.ForgetOptions
 	GC bool `json:"gc,omitempty"`
+	// GraceMS: with a remote, how long dropped records stay marked before
+	// a later run deletes them; absent: engine.DefaultRecordGrace, 0: this
+	// run sweeps them.
+	GraceMS *int64 `json:"grace_ms,omitempty"`
 }
 
 // ApplyPoliciesRequest is POST /v1/policies/apply.
 type ApplyPoliciesRequest struct {
-	GC bool `json:"gc,omitempty"`
+	GC      bool   `json:"gc,omitempty"`
+	GraceMS *int64 `json:"grace_ms,omitempty"` // as ForgetRequest's
+}
+
+// recordGrace is a request's record grace: absent is the default.
+func recordGrace(ms *int64, what string) (time.Duration, error) {
+	if ms == nil {
+		return engine.DefaultRecordGrace, nil
+	}
+	if *ms < 0 {
+		return 0, invalidf("%s: negative grace", what)
+	}
+	return time.Duration(*ms) * time.Millisecond, nil
 }
 
 // Forgotten is what forget and policy apply did: the engine's report and,
@@ -111,6 +127,11 @@ func (s *Service) Processes(ctx context.Context, name string) (*engine.ProcessLi
 }
 
 func (s *Service) Forget(ctx context.Context, req ForgetRequest) (*Forgotten, error) {
+	grace, err := recordGrace(req.GraceMS, "forget")
+	if err != nil {
+		return nil, err
+	}
+	req.ForgetOptions.Grace = grace
 	r, err := s.E.Forget(ctx, req.ForgetOptions)
 	if err != nil {
 		return nil, err
@@ -121,7 +142,11 @@ func (s *Service) Forget(ctx context.Context, req ForgetRequest) (*Forgotten, er
 // ApplyPolicies carries out the stored policies (what the daemon's
 // --forget-interval does on its schedule).
 func (s *Service) ApplyPolicies(ctx context.Context, req ApplyPoliciesRequest) (*Forgotten, error) {
-	r, err := s.E.ApplyPolicies(ctx)
+	grace, err := recordGrace(req.GraceMS, "policy apply")
+	if err != nil {
+		return nil, err
+	}
+	r, err := s.E.ApplyPolicies(ctx, grace)
 	if err != nil {
 		return nil, err
 	}

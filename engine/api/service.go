@@ -377,11 +377,16 @@ func (s *Service) Sync(ctx context.Context, req SyncRequest) (*Synced, error) {
 }
 
 func (s *Service) Prune(ctx context.Context, req PruneRequest) (*Pruned, error) {
-	r, err := s.E.Prune(ctx, engine.PruneOptions{KeepLast: req.KeepLast, DryRun: req.DryRun})
+	grace, err := recordGrace(req.GraceMS, "prune")
 	if err != nil {
 		return nil, err
 	}
-	out := &Pruned{Deleted: r.Deleted, NDeleted: len(r.Deleted), Kept: r.Kept, Checkpoints: r.Checkpoints}
+	r, err := s.E.Prune(ctx, engine.PruneOptions{KeepLast: req.KeepLast, DryRun: req.DryRun, Grace: grace})
+	if err != nil {
+		return nil, err
+	}
+	out := &Pruned{Deleted: r.Deleted, NDeleted: len(r.Deleted), Kept: r.Kept, Checkpoints: r.Checkpoints,
+		Marked: r.Marked, NMarked: len(r.Marked)}
 	if out.Checkpoints == nil {
 		out.Checkpoints = []engine.RetentionEntry{}
 	}

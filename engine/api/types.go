@@ -298,6 +298,10 @@ type PruneRequest struct {
 	KeepLast int  `json:"keep_last"`
 	DryRun   bool `json:"dry_run,omitempty"`
 	GC       bool `json:"gc,omitempty"` // run gc afterwards
+	// GraceMS: with a remote, how long pruned records stay marked before a
+	// later run deletes them; absent: engine.DefaultRecordGrace, 0: this
+	// run sweeps them (after re-reading every ref in the bucket).
+	GraceMS *int64 `json:"grace_ms,omitempty"`
 }
 
 // Pruned is what prune did.
@@ -308,6 +312,10 @@ type Pruned struct {
 	Checkpoints []engine.RetentionEntry `json:"checkpoints"`
 	GC          *engine.GCReport        `json:"gc"`
 	Kept        int                     `json:"checkpoints_kept"`
+	// Marked are checkpoints marked for deletion, each deleted by a later
+	// prune, forget or gc after its delete_after unless a ref names it.
+	Marked  []engine.RetentionEntry `json:"marked"`
+	NMarked int                     `json:"checkpoints_marked"`
 }
 
 // GCRequest is POST /v1/gc.

@@ -326,6 +326,10 @@ func (e *Syncer) dropVanished(ctx context.Context, todo []job) ([]job, error) {
 // gc may have collected a pack this host still reuses). It runs under the
 // push lock, so no gc can delete a pack between this check and the record.
 func (e *Syncer) preflight(ctx context.Context, todo []job) ([]job, error) {
+	todo, err := e.refTargets(ctx, todo)
+	if err != nil {
+		return nil, err
+	}
 	inPush := map[string]bool{}
 	for _, j := range todo {
 		if strings.HasPrefix(j.Name, delta.PackPrefix) {
@@ -337,7 +341,7 @@ func (e *Syncer) preflight(ctx context.Context, todo []job) ([]job, error) {
 		inPush[j.Name] = true
 	}
 	remote := map[string]bool{}
-	err := e.Remote.List(ctx, delta.PackPrefix, func(oi upload.ObjectInfo) error { remote[oi.Name] = true; return nil })
+	err = e.Remote.List(ctx, delta.PackPrefix, func(oi upload.ObjectInfo) error { remote[oi.Name] = true; return nil })
 	if err != nil {
 		return nil, fmt.Errorf("list remote packs: %w", err)
 	}

@@ -1,0 +1,390 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/internal/errdefs"
+	"github.com/turnsnap/turnsnap/upload"
+)
+
+// sharedBucket makes homes on one bucket, each plaintext or, with a key
+// file, encrypted with the same master key.
+type sharedBucket struct {
+	rc  RemoteConfig
+	key string // "" for a plaintext bucket
+}
+
+func newSharedBucket(t *testing.T, bucket string, encrypted bool) *sharedBucket {
+	t.Helper()
+	srv := startMinIO(t)
+	sb := &sharedBucket{rc: remoteCfg(srv.Endpoint, bucket)}
+	if encrypted {
+		sb.key = keyFile(t)
+	}
+	return sb
+}
+
+func (sb *sharedBucket) home(t *testing.T) *Engine {
+	t.Helper()
+	e := newEngine(t)
+	rc := sb.rc
+	_, err := e.Setup(context.Background(), SetupOptions{Remote: &rc, KeyFile: sb.key})
+	must(t, err)
+	return e
+}
+
+// turns takes n checkpoints of sandbox name, each a new file content.
+func turns(t *testing.T, e *Engine, name, root string, n int) []delta.ID {
+	t.Helper()
+	var ids []delta.ID
+	for range n {
+		write(t, filepath.Join(root, "turn"), fmt.Sprintf("%s turn %d %d", name, len(ids), time.Now().UnixNano()))
+		c, err := e.Checkpoint(context.Background(), name, CheckpointOptions{})
+		must(t, err)
+		ids = append(ids, c.ID)
+	}
+	return ids
+}
+
+func push(t *testing.T, e *Engine) {
+	t.Helper()
+	_, err := e.Push(context.Background(), PushOptions{})
+	must(t, err)
+}
+
+// restorable is the oracle of these tests: the bucket as a fresh home
+// sees it verifies object by object (verify --store-only), and a rebuild
+// from it succeeds with want sandboxes, each head verifying.
+func (sb *sharedBucket) restorable(t *testing.T, want int) {
+	t.Helper()
+	ctx := context.Background()
+	c := sb.home(t)
+	if _, err := c.VerifyStore(ctx, ""); err != nil {
+		t.Fatalf("verify --store-only of the bucket from a fresh home: %v", err)
+	}
+	rep, err := c.RebuildCatalog(ctx)
+	if err != nil {
+		t.Fatalf("rebuild from the bucket: %v", err)
+	}
+	if rep.Sandboxes != want {
+		t.Fatalf("rebuild from the bucket found %d sandboxes, want %d", rep.Sandboxes, want)
+	}
+	sbs, err := c.ListSandboxes(ctx)
+	must(t, err)
+	for _, si := range sbs {
+		if _, err := c.Verify(ctx, si.Head.ID.String()); err != nil {
+			t.Fatalf("head of %s (%s) from a fresh home: %v", si.Sandbox.Name, si.Head.ID.Short(), err)
+		}
+	}
+}
+
+// ageMarks moves e's mark object d into the past, as if its grace had
+// passed.
+func ageMarks(t *testing.T, e *Engine, d time.Duration) {
+	t.Helper()
+	ctx := context.Background()
+	m, err := e.loadMarks(ctx)
+	must(t, err)
+	if len(m.Records) == 0 {
+		t.Fatal("no mark object to age")
+	}
+	for i := range m.Records {
+		m.Records[i].Marked = m.Records[i].Marked.Add(-d)
+		m.Records[i].Due = m.Records[i].Due.Add(-d)
+	}
+	must(t, e.saveMarks(ctx, m))
+}
+
+func markedIDs(t *testing.T, e *Engine) []delta.ID {
+	t.Helper()
+	m, err := e.loadMarks(context.Background())
+	must(t, err)
+	var out []delta.ID
+	for _, mk := range m.Records {
+		out = append(out, mk.ID)
+	}
+	return out
+}
+
+// Issue 23, item 1. Home A checkpoints x and pushes; home B rebuilds and
+// branches A's head as xc, which has no checkpoint of its own, and pushes;
+// A checkpoints twice more and prunes to 2 with gc. The checkpoint B's head
+// names is not A's to delete: on the code before retention read the
+// bucket's refs, A's prune deleted it and the bucket was unrestorable (and
+// verify --store-only reported it corrupt).
+func TestPruneKeepsWhatAnotherHomeBranched(t *testing.T) {
+	for _, enc := range []bool{false, true} {
+		t.Run(map[bool]string{false: "plaintext", true: "encrypted"}[enc], func(t *testing.T) {
+			ctx := context.Background()
+			sb := newSharedBucket(t, "branched", enc)
+			a, b := sb.home(t), sb.home(t)
+			cr := smallSandbox(t, a, "x")
+			ids := turns(t, a, "x", cr.Root, 4)
+			push(t, a)
+
+			_, err := b.RebuildCatalog(ctx)
+			must(t, err)
+			_, err = b.Branch(ctx, ids[3].String(), "xc", BranchOptions{})
+			must(t, err)
+			push(t, b)
+
+			ids = append(ids, turns(t, a, "x", cr.Root, 2)...)
+			push(t, a)
+			pr, err := a.Prune(ctx, PruneOptions{KeepLast: 2}) // no grace: swept in this run
+			must(t, err)
+			if slices.Contains(pr.Deleted, ids[3]) {
+				t.Fatalf("a's prune deleted %s, the head of b's xc", ids[3].Short())
+			}
+			if len(pr.Deleted) != 4 || len(pr.Marked) != 0 {
+				t.Fatalf("a's prune deleted %v, marked %v; want x's first 4 deleted", pr.Deleted, pr.Marked)
+			}
+			_, err = a.GC(ctx, GCOptions{Grace: -1})
+			must(t, err)
+			if !remoteRecords(t, a)[ids[3].String()] {
+				t.Fatalf("record %s, b's head, is gone from the bucket", ids[3].Short())
+			}
+			if _, err := a.VerifyStore(ctx, ""); err != nil {
+				t.Fatalf("a's verify --store-only after prune and gc: %v", err)
+			}
+			sb.restorable(t, 2)
+		})
+	}
+}
+
+// A prune with a grace only marks; home B branches from a marked checkpoint
+// and pushes before the sweep; the sweep (a gc after the grace) deletes
+// the other marked records and unmarks the one B's refs name.
+func TestSweepSparesABranchMadeAfterTheMark(t *testing.T) {
+	ctx := context.Background()
+	sb := newSharedBucket(t, "marked", false)
+	a, b := sb.home(t), sb.home(t)
+	cr := smallSandbox(t, a, "x")
+	ids := turns(t, a, "x", cr.Root, 4)
+	push(t, a)
+	before := len(remoteRecords(t, a))
+
+	pr, err := a.Prune(ctx, PruneOptions{KeepLast: 1, Grace: time.Hour})
+	must(t, err)
+	if len(pr.Deleted) != 0 || len(pr.Marked) != 4 {
+		t.Fatalf("prune with a grace deleted %v and marked %d; want nothing deleted, 4 marked", pr.Deleted, len(pr.Marked))
+	}
+	for _, m := range pr.Marked {
+		if d := time.Until(m.DeleteAfter); d < 59*time.Minute || d > time.Hour {
+			t.Fatalf("checkpoint %s marked to go in %s, want the hour's grace", m.ID.Short(), d)
+		}
+	}
+	if n := len(remoteRecords(t, a)); n != before {
+		t.Fatalf("the bucket holds %d records after marking, had %d", n, before)
+	}
+	if got := listNames(t, a.remote, delta.MarkPrefix); len(got) != 1 || got[0] != delta.MarkName(a.config.HomeID) {
+		t.Fatalf("mark objects in the bucket: %v", got)
+	}
+	// A gc before the grace is over sweeps nothing, and the marked records
+	// keep their packs.
+	gr, err := a.GC(ctx, GCOptions{Grace: -1})
+	must(t, err)
+	if gr.RecordsSwept != 0 {
+		t.Fatalf("gc before the grace swept %d records", gr.RecordsSwept)
+	}
+	for _, id := range ids {
+		if _, err := a.Verify(ctx, id.String()); err != nil {
+			t.Fatalf("marked checkpoint %s after gc: %v", id.Short(), err)
+		}
+	}
+
+	_, err = b.RebuildCatalog(ctx)
+	must(t, err)
+	_, err = b.Branch(ctx, ids[1].String(), "xc", BranchOptions{})
+	must(t, err)
+	push(t, b)
+
+	ageMarks(t, a, time.Hour)
+	gr, err = a.GC(ctx, GCOptions{Grace: -1})
+	must(t, err)
+	if gr.RecordsSwept != 3 {
+		t.Fatalf("gc after the grace swept %d records, want 3 (all marked but b's branch point)", gr.RecordsSwept)
+	}
+	inBucket := remoteRecords(t, a)
+	if !inBucket[ids[1].String()] {
+		t.Fatalf("record %s, b's head, was swept", ids[1].Short())
+	}
+	if inBucket[ids[0].String()] || inBucket[ids[2].String()] {
+		t.Fatal("the sweep left records no ref names")
+	}
+	if got := markedIDs(t, a); len(got) != 0 {
+		t.Fatalf("still marked after the sweep: %v", got)
+	}
+	// Pinned by b's refs now: a later prune does not mark it again.
+	pr, err = a.Prune(ctx, PruneOptions{KeepLast: 1, Grace: time.Hour})
+	must(t, err)
+	if len(pr.Marked) != 0 || len(pr.Deleted) != 0 {
+		t.Fatalf("a second prune marked %v, deleted %v", pr.Marked, pr.Deleted)
+	}
+	checkAll(t, a)
+	sb.restorable(t, 2)
+}
+
+// With no grace a ref another home wrote before the run protects its
+// record: a tag, and the origin of a branch that has moved on. And the
+// sweep itself re-reads the bucket: a ref written after the mark keeps its
+// record even when the sweep is given no pins of its own.
+func TestGraceZeroSweepHonoursEveryRef(t *testing.T) {
+	ctx := context.Background()
+	sb := newSharedBucket(t, "rereads", true)
+	a, b := sb.home(t), sb.home(t)
+	cr := smallSandbox(t, a, "x")
+	ids := turns(t, a, "x", cr.Root, 5)
+	push(t, a)
+
+	_, err := b.RebuildCatalog(ctx)
+	must(t, err)
+	_, err = b.Tag(ctx, "b-keeps", ids[0].String())
+	must(t, err)
+	br, err := b.Branch(ctx, ids[1].String(), "xc", BranchOptions{})
+	must(t, err)
+	turns(t, b, "xc", br.Root, 1) // xc's head is its own now; only its origin names ids[1]
+	push(t, b)
+
+	pr, err := a.Prune(ctx, PruneOptions{KeepLast: 1})
+	must(t, err)
+	if len(pr.Deleted) != 3 || slices.Contains(pr.Deleted, ids[0]) || slices.Contains(pr.Deleted, ids[1]) {
+		t.Fatalf("prune deleted %v; want x's first checkpoint, %s and %s", pr.Deleted, ids[2].Short(), ids[3].Short())
+	}
+
+	// The sweep's own look at the bucket: mark, then b tags a marked
+	// checkpoint, then sweep with no pins from a's catalog.
+	ids = append(ids, turns(t, a, "x", cr.Root, 2)...)
+	push(t, a)
+	pr, err = a.Prune(ctx, PruneOptions{KeepLast: 1, Grace: time.Hour})
+	must(t, err)
+	if len(pr.Marked) != 2 {
+		t.Fatalf("prune marked %d, want 2 (%s, %s)", len(pr.Marked), ids[4].Short(), ids[5].Short())
+	}
+	_, err = b.RebuildCatalog(ctx) // b learns of a's new checkpoints
+	must(t, err)
+	_, err = b.Tag(ctx, "late", ids[5].String())
+	must(t, err)
+	push(t, b)
+	m, err := a.loadMarks(ctx)
+	must(t, err)
+	r := &retired{deleted: map[delta.ID]bool{}, marked: map[delta.ID]time.Time{}}
+	must(t, a.sweep(ctx, m, pinned{}, time.Now().Add(2*time.Hour), r))
+	if !r.deleted[ids[4]] || r.deleted[ids[5]] || len(r.deleted) != 1 {
+		t.Fatalf("sweep deleted %v; want only %s", r.deleted, ids[4].Short())
+	}
+	if got := markedIDs(t, a); len(got) != 0 {
+		t.Fatalf("still marked after the sweep: %v", got)
+	}
+	if !remoteRecords(t, a)[ids[5].String()] {
+		t.Fatalf("record %s, tagged by b before the sweep, is gone", ids[5].Short())
+	}
+	_, err = a.GC(ctx, GCOptions{Grace: -1})
+	must(t, err)
+	sb.restorable(t, 2)
+}
+
+// B branches from A's checkpoint but has not pushed when A's prune sweeps
+// it and A's gc collects its packs: B's push puts the record (and its
+// packs) back before its head, so the bucket stays restorable.
+func TestPushReuploadsARefTargetSweptMeanwhile(t *testing.T) {
+	ctx := context.Background()
+	sb := newSharedBucket(t, "window", false)
+	a, b := sb.home(t), sb.home(t)
+	cr := smallSandbox(t, a, "x")
+	ids := turns(t, a, "x", cr.Root, 4)
+	push(t, a)
+	_, err := b.RebuildCatalog(ctx)
+	must(t, err)
+	_, err = b.Branch(ctx, ids[3].String(), "xc", BranchOptions{})
+	must(t, err)
+
+	ids = append(ids, turns(t, a, "x", cr.Root, 2)...)
+	push(t, a)
+	pr, err := a.Prune(ctx, PruneOptions{KeepLast: 2})
+	must(t, err)
+	if !slices.Contains(pr.Deleted, ids[3]) {
+		t.Fatalf("prune kept %s, which no ref in the bucket names yet: the test exercises nothing", ids[3].Short())
+	}
+	_, err = a.GC(ctx, GCOptions{Grace: -1})
+	must(t, err)
+	if remoteRecords(t, a)[ids[3].String()] {
+		t.Fatal("record still in the bucket after the sweep")
+	}
+	push(t, b)
+	if !remoteRecords(t, a)[ids[3].String()] {
+		t.Fatalf("b's push uploaded its head without the record %s it names", ids[3].Short())
+	}
+	sb.restorable(t, 2)
+}
+
+// A ref whose record neither the bucket nor this host has fails the push
+// naming the checkpoint, and the ref is not uploaded.
+func TestPushRefusesARefToAMissingRecord(t *testing.T) {
+	ctx := context.Background()
+	sb := newSharedBucket(t, "missing", false)
+	a := sb.home(t)
+	cr := smallSandbox(t, a, "x")
+	ids := turns(t, a, "x", cr.Root, 2)
+	push(t, a)
+	_, err := a.Tag(ctx, "gone", ids[0].String())
+	must(t, err)
+	must(t, a.remote.Delete(ctx, delta.RecordName(ids[0])))
+	must(t, a.local.Delete(ctx, delta.RecordName(ids[0])))
+	_, err = a.Push(ctx, PushOptions{})
+	if !errors.Is(err, errdefs.ErrNotFound) || !strings.Contains(err.Error(), ids[0].Short()) {
+		t.Fatalf("push of a tag naming a lost record: %v, want ErrNotFound naming %s", err, ids[0].Short())
+	}
+	if _, err := a.remote.Stat(ctx, delta.RefName(delta.RefTag, "gone")); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("the tag reached the bucket: %v", err)
+	}
+}
+
+// bucketPins reads every kind of ref: heads with and without an owner
+// line, tags, and branch origins; a damaged ref fails it (retention that
+// cannot see every ref deletes nothing).
+func TestBucketPins(t *testing.T) {
+	ctx := context.Background()
+	s, err := upload.NewLocal(t.TempDir())
+	must(t, err)
+	id := func(s string) delta.ID { return delta.Hash([]byte(s)) }
+	put := func(name string, data []byte) { must(t, upload.PutBytes(ctx, s, name, data)) }
+	sbA, sbB, home := delta.NewSandboxID(), delta.NewSandboxID(), delta.NewSandboxID()
+	put(delta.RefName(delta.RefHead, sbA), delta.EncodeRef(id("plain head")))
+	put(delta.RefName(delta.RefHead, sbB), delta.EncodeHead(id("owned head"), delta.Owner{Home: home, Epoch: 3}))
+	put(delta.RefName(delta.RefTag, "release"), delta.EncodeRef(id("tagged")))
+	for _, d := range []delta.Sandbox{
+		{ID: sbA, Home: home, Name: "a", Backend: "overlay", BaseTree: id("base"), Origin: id("origin")},
+		{ID: sbB, Home: home, Name: "b", Backend: "overlay", BaseTree: id("base")}, // from a base: no origin
+	} {
+		data, err := json.Marshal(d)
+		must(t, err)
+		put(delta.SandboxName(d.ID), data)
+	}
+	pin := pinned{}
+	must(t, bucketPins(ctx, s, pin))
+	for what, want := range map[string]delta.ID{"head": id("plain head"), "owned head": id("owned head"), "tag": id("tagged"), "origin": id("origin")} {
+		if len(pin[want]) == 0 {
+			t.Errorf("%s %s not pinned: %v", what, want.Short(), pin)
+		}
+	}
+	if len(pin) != 4 {
+		t.Errorf("pinned %d checkpoints, want 4: %v", len(pin), pin)
+	}
+	if why := strings.Join(pin[id("origin")], ","); !strings.Contains(why, "branched: a") {
+		t.Errorf("origin pinned for %q", why)
+	}
+
+	put(delta.RefName(delta.RefHead, delta.NewSandboxID()), []byte("not a ref\n"))
+	if err := bucketPins(ctx, s, pinned{}); !errors.Is(err, errdefs.ErrCorrupt) {
+		t.Fatalf("bucketPins over a damaged head: %v, want ErrCorrupt", err)
+	}
+}
