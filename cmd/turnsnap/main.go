@@ -31,6 +31,9 @@ const (
 	exitCorrupt      = 7
 	exitNoSpace      = 8
 	exitKey          = 9
+	// exitPartial is not an error class: the command did its work but left
+	// out what it names (catalog rebuild: the objects it skipped).
+	exitPartial = 10
 )
 
 func exitCode(err error) int {
