@@ -479,7 +479,7 @@ func TestRebuildAfterAPruneElsewhereLeftAHeadDangling(t *testing.T) {
 	_, err = d.Init(ctx, cfg)
 	must(t, err)
 	_, err = d.RebuildCatalogWith(ctx, RebuildOptions{Strict: true})
-	if !errors.Is(err, errdefs.ErrCorrupt) || !strings.Contains(err.Error(), branched.String()) {
+	if !errors.Is(err, errdefs.ErrCorrupt) || !strings.Contains(err.Error(), branched.Short()) {
 		t.Fatalf("strict rebuild: %v, want it to fail naming %s", err, branched.Short())
 	}
 	rep, err := d.RebuildCatalog(ctx)
