@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/upload"
 )
@@ -72,6 +73,8 @@ func (rb *rebuilder) refTarget(name, sandbox string, target delta.ID, indexed ma
 // checkpoint that is not whole is skipped (reported under its head object,
 // or its description when it has no head); its whole checkpoints are still
 // indexed, so `log --all` lists them and `branch` and `verify` take them.
+// A sandbox the old catalog has, with a head the store holds whole, keeps
+// that head instead (still reported): this home's root of it is there.
 //
 // Sandboxes are identified by their key (id, or a legacy sandbox's name),
 // never by name: sandboxes of one name on two homes stay two sandboxes. A
@@ -125,6 +128,7 @@ func (rb *rebuilder) names(ctx context.Context, deleting map[string]bool, byKey 
 	if err != nil {
 		return nil, nil, fmt.Errorf("rebuild: refs: %w", err)
 	}
+	old := e.oldHeads(ctx)
 	var sbs []*delta.Sandbox
 	for key, sb := range byKey {
 		if _, ok := heads[key]; ok {
@@ -137,6 +141,19 @@ func (rb *rebuilder) names(ctx context.Context, deleting map[string]bool, byKey 
 			if err != nil {
 				return nil, nil, err
 			}
+		}
+		// A sandbox this home has, whose head the old catalog knows and the
+		// store holds whole, keeps that head: its root here is at that
+		// checkpoint, and dropping the sandbox would orphan it.
+		if id, ok := old[key]; ok && indexed[id] != nil && indexed[id].BaseTree == sb.BaseTree {
+			e.log.Warn("rebuild: keeping this home's head of a sandbox whose stored head is unusable", "sandbox", sb.Name, "head", id)
+			for i, sk := range rb.rep.Skipped {
+				if sk.Name == delta.RefName(delta.RefHead, key) || sk.Name == delta.SandboxName(key) {
+					rb.rep.Skipped[i].Error += fmt.Sprintf("; this home's head of it, %s, is kept", id.Short())
+				}
+			}
+			heads[key] = id
+			sbs = append(sbs, sb)
 		}
 	}
 	rank := func(sb *delta.Sandbox) int {
@@ -209,6 +226,28 @@ func (rb *rebuilder) names(ctx context.Context, deleting map[string]bool, byKey 
 		return nil, nil, fmt.Errorf("rebuild: refs: %w", err)
 	}
 	return kept, refs, nil
+}
+
+// oldHeads reads the old catalog's sandbox heads by sandbox key; an
+// unreadable or absent old catalog gives none.
+func (e *Engine) oldHeads(ctx context.Context) map[string]delta.ID {
+	out := map[string]delta.ID{}
+	if e.cat == nil {
+		return out
+	}
+	err := e.cat.View(ctx, func(tx *catalog.Tx) error {
+		sbs, err := tx.Sandboxes()
+		for _, sb := range sbs {
+			if id, err := tx.GetRef(delta.RefHead, sb.Name); err == nil {
+				out[sb.Key()] = id
+			}
+		}
+		return err
+	})
+	if err != nil {
+		e.log.Warn("rebuild: old catalog's heads unreadable", "err", err)
+	}
+	return out
 }
 
 func decodeSandboxObject(name string, data []byte) (*delta.Sandbox, error) {

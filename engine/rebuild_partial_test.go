@@ -599,4 +599,30 @@ func TestRebuildKeepsWholeCheckpointsOfASkippedHead(t *testing.T) {
 	if n != 1 || !slices.ContainsFunc(rep.Skipped, func(s SkippedObject) bool { return s.Sandbox == "s" }) {
 		t.Fatalf("heads after the rebuild: %d (want the branch's only); skipped %+v", n, rep.Skipped)
 	}
+
+	// On the home that has s, the same store keeps s at this home's head:
+	// the stored head is still reported, but s's root here is at c1.
+	must(t, upload.PutBytes(ctx, src.local, rec, mustRead(t, store, rec)))
+	must(t, upload.PutBytes(ctx, src.local, headObj, delta.EncodeRef(badID)))
+	rep, err = src.RebuildCatalog(ctx)
+	must(t, err)
+	wantSkipped(t, rep, headObj, SkipMissingObjects)
+	if rep.Sandboxes != 1 {
+		t.Fatalf("rebuild on s's home: %d sandboxes, want s", rep.Sandboxes)
+	}
+	sbs, err := src.ListSandboxes(ctx)
+	must(t, err)
+	if len(sbs) != 1 || sbs[0].Head == nil || sbs[0].Head.ID != c1.ID {
+		t.Fatalf("s after the rebuild on its home: %+v, want its head %s", sbs, c1.ID.Short())
+	}
+	// The store is made whole again for the final oracle.
+	must(t, src.local.Delete(ctx, rec))
+	must(t, upload.PutBytes(ctx, src.local, headObj, delta.EncodeRef(c1.ID)))
+}
+
+func mustRead(t *testing.T, s upload.Store, name string) []byte {
+	t.Helper()
+	data, err := upload.ReadAll(context.Background(), s, name)
+	must(t, err)
+	return data
 }
