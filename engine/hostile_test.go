@@ -109,8 +109,15 @@ func TestLyingRawLengthIsCorruptNotAPanic(t *testing.T) {
 		e, _, c1 := hostileHome(t, true)
 		pack, err := hostile.WritePack(ctx, e.local, blobs)
 		must(t, err)
-		_, err = e.RebuildCatalog(ctx)
-		wantCorrupt(t, "rebuild", err, pack, blobs[0].ID.String(), "raw length")
+		_, err = e.RebuildCatalogWith(ctx, RebuildOptions{Strict: true})
+		wantCorrupt(t, "rebuild --strict", err, pack, blobs[0].ID.String(), "raw length")
+		// By default the pack is skipped, named, and the rest restored.
+		rep, err := e.RebuildCatalog(ctx)
+		must(t, err)
+		if len(rep.Skipped) != 1 || rep.Skipped[0].Name != pack || rep.Skipped[0].Class != SkipCorrupt ||
+			!strings.Contains(rep.Skipped[0].Error, "raw length") || rep.Checkpoints != 2 || rep.Sandboxes != 1 {
+			t.Fatalf("rebuild beside a lying pack: %+v", rep)
+		}
 		_, err = e.VerifyStore(ctx, "")
 		wantCorrupt(t, "verify --store-only", err, pack, "raw length")
 		must(t, e.local.Delete(ctx, pack))

@@ -19,7 +19,8 @@ import (
 	"github.com/turnsnap/turnsnap/upload"
 )
 
-// RebuildReport counts what a catalog rebuild found in the store.
+// RebuildReport counts what a catalog rebuild found in the store and names
+// what it left out.
 type RebuildReport struct {
 	Packs       int
 	Blobs       int
@@ -27,16 +28,55 @@ type RebuildReport struct {
 	Sandboxes   int
 	Refs        int
 	Duration    time.Duration
-	// Corrupt lists the objects skipped as damaged (RebuildOptions.SkipCorrupt).
+	// Skipped lists every object the rebuild left out, each with the class
+	// of its fault. The rebuild is partial when it is not empty: everything
+	// else (every sandbox and checkpoint that is whole) was restored.
+	Skipped []SkippedObject
+	// Corrupt is the part of Skipped whose class is SkipCorrupt, as it was
+	// reported before Skipped existed.
 	Corrupt []CorruptObject
+}
+
+// Partial says whether the rebuild left anything out.
+func (r *RebuildReport) Partial() bool { return len(r.Skipped) > 0 }
+
+// SkipClass is why a rebuild left an object out.
+type SkipClass string
+
+const (
+	// SkipDangling: a head or tag names a checkpoint the store lacks (a
+	// prune on another home deleted it, or the ref was never valid).
+	SkipDangling SkipClass = "dangling"
+	// SkipMissingObjects: an object is readable but something it needs is
+	// in no pack (a record whose trees or chunks are gone), or a ref names
+	// such a record, or a sandbox description has no head.
+	SkipMissingObjects SkipClass = "missing_objects"
+	// SkipCorrupt: the object does not decode, breaks a rule of the format
+	// (a bad pack header, a declared size over a limit, a wrong hash, a
+	// record or head that contradicts its sandbox), or names an object that
+	// does.
+	SkipCorrupt SkipClass = "corrupt"
+)
+
+// SkippedObject is one object a rebuild left out.
+type SkippedObject struct {
+	Name  string    `json:"name"` // the store object, as named in the store
+	Class SkipClass `json:"class"`
+	// Sandbox is the label (on the home that wrote it) of the sandbox the
+	// object belongs to, when the rebuild could tell.
+	Sandbox string `json:"sandbox,omitempty"`
+	Error   string `json:"error"`
 }
 
 // RebuildOptions configures a catalog rebuild.
 type RebuildOptions struct {
-	// SkipCorrupt reports each damaged object (in RebuildReport.Corrupt)
-	// and rebuilds from the rest; without it the first one fails the
-	// rebuild, naming it (ErrCorrupt), and the old catalog stays.
+	// SkipCorrupt is what a rebuild does anyway (skip each object it cannot
+	// use and report it); it stays for callers written when failing was
+	// the default.
 	SkipCorrupt bool
+	// Strict fails the rebuild at the first object it would skip, naming it
+	// (ErrCorrupt), and keeps the old catalog.
+	Strict bool
 }
 
 // CorruptObject is an object a rebuild could not use.
@@ -57,6 +97,13 @@ func (h home) retiredDir() string { return h.catalogDir() + ".old" }
 // from their objects, refcounts by walking every distinct tree once. It
 // builds beside the live catalog and swaps directories at the end, so a
 // crash midway leaves the old catalog in place.
+//
+// It restores what it can: an object it cannot use (damaged or hostile, a
+// record whose trees or chunks are in no pack, a ref naming a checkpoint
+// the store lacks) is left out with everything that needs it, and named in
+// RebuildReport.Skipped; every whole sandbox and checkpoint is restored and
+// the catalog is swapped as for a complete rebuild. Only a failure to read
+// the store (or, with RebuildOptions.Strict, any skip) fails it.
 func (e *Engine) RebuildCatalog(ctx context.Context) (*RebuildReport, error) {
 	return e.RebuildCatalogWith(ctx, RebuildOptions{})
 }
@@ -101,6 +148,8 @@ func (e *Engine) RebuildCatalogWith(ctx context.Context, opts RebuildOptions) (*
 		return nil, err
 	}
 	e.repo = e.newRepo()
+	slices.SortFunc(rep.Skipped, func(a, b SkippedObject) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(rep.Corrupt, func(a, b CorruptObject) int { return strings.Compare(a.Name, b.Name) })
 	rep.Duration = time.Since(start)
 	return rep, nil
 }
@@ -133,84 +182,198 @@ type rebuilder struct {
 	owners map[string]delta.Owner
 }
 
-// bad handles a damaged object: skipped and reported with SkipCorrupt,
-// otherwise the rebuild's error, naming it once.
+// skip leaves an object out of the rebuild and reports it with its class,
+// or with Strict is the rebuild's error, naming the object once.
+func (rb *rebuilder) skip(name string, class SkipClass, sandbox string, err error) error {
+	if _, base, _ := strings.Cut(name, "/"); !strings.Contains(err.Error(), base) {
+		err = fmt.Errorf("object %s: %w", name, err)
+	}
+	if rb.opts.Strict {
+		if !errors.Is(err, errdefs.ErrCorrupt) {
+			err = fmt.Errorf("%w: %w", err, errdefs.ErrCorrupt)
+		}
+		return err
+	}
+	rb.e.log.Warn("rebuild: skipping an object", "object", name, "class", class, "err", err)
+	rb.rep.Skipped = append(rb.rep.Skipped, SkippedObject{Name: name, Class: class, Sandbox: sandbox, Error: err.Error()})
+	if class == SkipCorrupt {
+		rb.rep.Corrupt = append(rb.rep.Corrupt, CorruptObject{Name: name, Error: err.Error()})
+	}
+	return nil
+}
+
+// bad skips an object that does not decode or breaks a rule.
 func (rb *rebuilder) bad(name string, err error) error {
 	if !errors.Is(err, errdefs.ErrCorrupt) {
 		err = fmt.Errorf("%w: %w", err, errdefs.ErrCorrupt)
 	}
-	if _, base, _ := strings.Cut(name, "/"); !strings.Contains(err.Error(), base) {
-		err = fmt.Errorf("object %s: %w", name, err)
+	return rb.skip(name, SkipCorrupt, "", err)
+}
+
+// readSmall reads a listed object of at most max bytes. An object over the
+// limit is skipped as corrupt; one gone since the listing (a prune or gc
+// on another home) is nothing to restore, and found is false.
+func (rb *rebuilder) readSmall(ctx context.Context, name string, max int64) (data []byte, found bool, err error) {
+	data, err = upload.ReadAllMax(ctx, rb.e.store, name, max)
+	switch {
+	case err == nil:
+		return data, true, nil
+	case errors.Is(err, errdefs.ErrNotFound):
+		rb.e.log.Info("rebuild: object gone since it was listed", "object", name)
+		return nil, false, nil
+	case errors.Is(err, errdefs.ErrCorrupt) && !errors.Is(err, errdefs.ErrKey):
+		return nil, false, rb.bad(name, err)
 	}
-	if !rb.opts.SkipCorrupt {
-		return err
+	return nil, false, err
+}
+
+// skipClassOf maps an object fault to its class.
+func skipClassOf(err error) SkipClass {
+	if errors.Is(err, errdefs.ErrCorrupt) {
+		return SkipCorrupt
 	}
-	rb.e.log.Warn("rebuild: skipping a damaged object", "object", name, "err", err)
-	rb.rep.Corrupt = append(rb.rep.Corrupt, CorruptObject{Name: name, Error: err.Error()})
-	return nil
+	return SkipMissingObjects
 }
 
 // rebuildBatch bounds the writes of one catalog transaction in a rebuild
 // (Badger refuses a transaction past its size limit).
 const rebuildBatch = 1000
 
+// packIndex is the blob index a rebuild makes from pack headers. A blob in
+// several packs (two hosts stored it, or a hostile pack claims its ID) is
+// located in the oldest pack, which held it before any later copy could
+// shadow it; a tree whose chosen copy does not verify is read from the
+// others (see treeLoader).
+type packIndex struct {
+	locs  map[delta.ID]catalog.BlobLocation
+	mtime map[delta.ID]time.Time // of the pack locs names, for blobs seen twice
+	alts  map[delta.ID][]catalog.BlobLocation
+}
+
+func (x *packIndex) add(id delta.ID, loc catalog.BlobLocation, mod time.Time) {
+	old, dup := x.locs[id]
+	if !dup {
+		x.locs[id] = loc
+		x.mtime[id] = mod
+		return
+	}
+	if mod.Before(x.mtime[id]) {
+		x.locs[id], x.mtime[id] = loc, mod
+		loc = old
+	}
+	x.alts[id] = append(x.alts[id], loc)
+}
+
+// treeLoader reads blobs at the index's locations only (a blob in no pack
+// is not found, whatever an old catalog says), and a tree whose copy does
+// not verify from the other copies, keeping the first that does and
+// reporting the pack of the bad copy (badCopy).
+type treeLoader struct {
+	e       *Engine
+	x       *packIndex
+	badCopy func(pack string, err error) error
+}
+
+func (l treeLoader) LoadBlob(ctx context.Context, t delta.BlobType, id delta.ID) ([]byte, error) {
+	loc, ok := l.x.locs[id]
+	if !ok {
+		return nil, fmt.Errorf("blob %s is in no pack: %w", id.Short(), errdefs.ErrNotFound)
+	}
+	data, err := l.e.repo.LoaderFor(map[delta.ID]catalog.BlobLocation{id: loc}).LoadBlob(ctx, t, id)
+	if err == nil || !check.Skippable(err) {
+		return data, err
+	}
+	for i, alt := range l.x.alts[id] {
+		d, aerr := l.e.repo.LoaderFor(map[delta.ID]catalog.BlobLocation{id: alt}).LoadBlob(ctx, t, id)
+		if aerr == nil {
+			l.x.alts[id][i] = loc
+			l.x.locs[id] = alt
+			if err := l.badCopy(delta.PackName(loc.Pack), fmt.Errorf("%w; the copy in %s is used", err, delta.PackName(alt.Pack))); err != nil {
+				return nil, err
+			}
+			return d, nil
+		}
+	}
+	return nil, err
+}
+
 func (rb *rebuilder) fill(ctx context.Context, cat *catalog.Catalog) error {
 	e := rb.e
-	blobs := map[delta.ID]catalog.BlobLocation{}
+	x := &packIndex{locs: map[delta.ID]catalog.BlobLocation{}, mtime: map[delta.ID]time.Time{}, alts: map[delta.ID][]catalog.BlobLocation{}}
 	err := e.store.List(ctx, "packs/", func(oi upload.ObjectInfo) error {
 		id, ok := delta.ParsePackName(oi.Name)
 		if !ok {
 			return nil // not ours; leave it
 		}
 		entries, err := e.readPackHeader(ctx, oi.Name)
-		if errors.Is(err, errdefs.ErrCorrupt) {
+		if errors.Is(err, errdefs.ErrCorrupt) && !errors.Is(err, errdefs.ErrKey) {
 			return rb.bad(oi.Name, err)
+		}
+		if errors.Is(err, errdefs.ErrNotFound) {
+			return nil // deleted by a gc since it was listed
 		}
 		if err != nil {
 			return err
 		}
 		rb.rep.Packs++
 		for _, en := range entries {
-			blobs[en.ID] = content.LocationOf(id, en)
+			x.add(en.ID, content.LocationOf(id, en), oi.ModTime)
 		}
 		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("rebuild: packs: %w", err)
 	}
-	rb.rep.Blobs = len(blobs)
-	if err := cat.PutBlobs(ctx, blobs); err != nil {
+	rb.rep.Blobs = len(x.locs)
+	// A sandbox removed here whose removal has not reached the bucket yet
+	// is still there remotely: the old catalog's queue says it is gone.
+	deleting := e.pendingDeletes(ctx)
+	byKey, err := rb.descriptions(ctx, deleting)
+	if err != nil {
 		return err
 	}
-	var cps []*delta.Checkpoint
-	err = e.store.List(ctx, delta.RecordPrefix, func(oi upload.ObjectInfo) error {
-		id, err := delta.ParseID(strings.TrimPrefix(oi.Name, delta.RecordPrefix))
-		if err != nil {
-			return nil
-		}
-		data, err := upload.ReadAllMax(ctx, e.store, oi.Name, delta.MaxRecordSize)
-		if err != nil {
-			return err
-		}
-		cp, err := delta.DecodeRecord(id, data)
-		if err != nil {
-			return rb.bad(oi.Name, err)
-		}
-		cps = append(cps, cp)
-		return nil
-	})
+	cps, err := rb.records(ctx, byKey)
 	if err != nil {
-		return fmt.Errorf("rebuild: records: %w", err)
+		return err
 	}
-	rb.rep.Checkpoints = len(cps)
-	refcounts, err := check.CountRefs(ctx, e.loaderFor(blobs), cps)
-	if err != nil {
-		return fmt.Errorf("rebuild: refcounts: %w", err)
+	// Only whole checkpoints are indexed: everything a restore of each
+	// needs is in some pack and decodes.
+	loader := treeLoader{e, x, rb.bad}
+	whole := &check.Whole{Loader: loader, Has: func(id delta.ID) bool { _, ok := x.locs[id]; return ok }}
+	indexed := map[delta.ID]*delta.Checkpoint{}
+	notWhole := map[delta.ID]SkippedObject{}
+	var good []*delta.Checkpoint
+	for _, cp := range cps {
+		err := whole.Checkpoint(ctx, cp)
+		if err != nil && !check.Skippable(err) {
+			return fmt.Errorf("rebuild: %w", err)
+		}
+		if err != nil {
+			name, class := delta.RecordName(cp.ID), skipClassOf(err)
+			if err := rb.skip(name, class, cp.Sandbox, err); err != nil {
+				return err
+			}
+			notWhole[cp.ID] = SkippedObject{Class: class, Error: err.Error()}
+			continue
+		}
+		good = append(good, cp)
+		indexed[cp.ID] = cp
+	}
+	rb.rep.Checkpoints = len(good)
+	refcounts, exact := whole.Counts()
+	if !exact {
+		// Trees that only a skipped checkpoint reached were counted.
+		if refcounts, err = check.CountRefs(ctx, loader, good); err != nil {
+			return fmt.Errorf("rebuild: refcounts: %w", err)
+		}
+	}
+	if err := cat.PutBlobs(ctx, x.locs); err != nil {
+		return err
 	}
 	if err := cat.AddRefCounts(ctx, refcounts); err != nil {
 		return err
 	}
-	sbs, refs, err := rb.names(ctx)
+	sbs, refs, err := rb.names(ctx, deleting, byKey, indexed, notWhole)
 	if err != nil {
 		return err
 	}
@@ -218,10 +381,10 @@ func (rb *rebuilder) fill(ctx context.Context, cat *catalog.Catalog) error {
 	if err := e.carryUploads(ctx, cat); err != nil {
 		return err
 	}
-	for len(cps) > 0 {
-		n := min(len(cps), rebuildBatch)
+	for len(good) > 0 {
+		n := min(len(good), rebuildBatch)
 		err := cat.Update(ctx, func(tx *catalog.Tx) error {
-			for _, cp := range cps[:n] {
+			for _, cp := range good[:n] {
 				if err := tx.PutCheckpoint(cp); err != nil {
 					return err
 				}
@@ -231,7 +394,7 @@ func (rb *rebuilder) fill(ctx context.Context, cat *catalog.Catalog) error {
 		if err != nil {
 			return err
 		}
-		cps = cps[n:]
+		good = good[n:]
 	}
 	return cat.Update(ctx, func(tx *catalog.Tx) error {
 		for _, sb := range sbs {
@@ -251,6 +414,42 @@ func (rb *rebuilder) fill(ctx context.Context, cat *catalog.Catalog) error {
 		}
 		return nil
 	})
+}
+
+// records reads and decodes every record of the store. A record that does
+// not decode, is not in the canonical encoding the catalog stores (so it
+// could not be indexed under its name), or claims a sandbox whose base it
+// does not share (every checkpoint of a sandbox is over the sandbox's base:
+// rollback refuses any other) is skipped as corrupt.
+func (rb *rebuilder) records(ctx context.Context, byKey map[string]*delta.Sandbox) ([]*delta.Checkpoint, error) {
+	var cps []*delta.Checkpoint
+	err := rb.e.store.List(ctx, delta.RecordPrefix, func(oi upload.ObjectInfo) error {
+		id, err := delta.ParseID(strings.TrimPrefix(oi.Name, delta.RecordPrefix))
+		if err != nil || delta.RecordName(id) != oi.Name {
+			return nil // not ours; leave it
+		}
+		data, found, err := rb.readSmall(ctx, oi.Name, delta.MaxRecordSize)
+		if !found {
+			return err
+		}
+		cp, err := delta.DecodeRecord(id, data)
+		if err != nil {
+			return rb.bad(oi.Name, err)
+		}
+		if _, again, err := delta.EncodeRecord(cp); err != nil || again != id {
+			return rb.bad(oi.Name, fmt.Errorf("checkpoint %s: record is not in its canonical encoding (%v)", id, err))
+		}
+		if sb, ok := byKey[cp.SandboxKey()]; ok && cp.BaseTree != sb.BaseTree {
+			return rb.bad(oi.Name, fmt.Errorf("checkpoint %s claims sandbox %s (%s), but is over base %s, not the sandbox's %s",
+				id, cp.SandboxKey(), sb.Name, cp.BaseTree.Short(), sb.BaseTree.Short()))
+		}
+		cps = append(cps, cp)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("rebuild: records: %w", err)
+	}
+	return cps, nil
 }
 
 // pendingDeletes names the objects the old catalog's upload queue still has

@@ -124,9 +124,9 @@ func TestTwoHomesOneBucketNoCrossTalk(t *testing.T) {
 }
 
 // A description stored under one object name may not claim another
-// sandbox; a damaged record or description fails the rebuild naming it
-// (ErrCorrupt, exit 7) and leaves the catalog as it was, unless
-// SkipCorrupt, which reports each and rebuilds from the rest. A legacy
+// sandbox; a damaged record or description is skipped and reported, and
+// the rest rebuilt; with Strict it fails the rebuild naming it (ErrCorrupt,
+// exit 7) and leaves the catalog as it was. A legacy
 // description (no id) and a version 1 record still read.
 func TestRebuildRejectsImpostorsAndSkipsCorrupt(t *testing.T) {
 	ctx := context.Background()
@@ -166,7 +166,7 @@ func TestRebuildRejectsImpostorsAndSkipsCorrupt(t *testing.T) {
 	b := newEngine(t)
 	_, err = b.Init(ctx, remoteCfg(srv.Endpoint, "impostor"))
 	must(t, err)
-	_, err = b.RebuildCatalog(ctx)
+	_, err = b.RebuildCatalogWith(ctx, RebuildOptions{Strict: true})
 	if !errors.Is(err, errdefs.ErrCorrupt) || !strings.Contains(err.Error(), strings.TrimPrefix(badRecord, delta.RecordPrefix)) && !strings.Contains(err.Error(), impostor) {
 		t.Fatalf("rebuild over damaged objects: %v, want ErrCorrupt naming one", err)
 	}

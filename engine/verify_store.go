@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -132,8 +133,22 @@ func (e *Engine) checkRefObjects(ctx context.Context, records []delta.ID, rep *S
 // unique ID prefix of at least 4 digits.
 func (e *Engine) resolveInStore(ctx context.Context, ref string, records []delta.ID) (delta.ID, error) {
 	if delta.ValidName(ref) {
-		if data, err := upload.ReadAllMax(ctx, e.store, delta.TagPrefix+ref, delta.MaxSmallObject); err == nil {
-			return delta.ParseRef(data)
+		tag := delta.TagPrefix + ref
+		data, err := upload.ReadAllMax(ctx, e.store, tag, delta.MaxSmallObject)
+		switch {
+		case err == nil:
+			id, err := delta.ParseRef(data)
+			if err != nil {
+				return delta.ID{}, fmt.Errorf("object %s: %w", tag, err)
+			}
+			// A tag another home's prune left dangling is named as such,
+			// not as a record that vanished mid-verify.
+			if _, ok := slices.BinarySearchFunc(records, id, func(a, b delta.ID) int { return strings.Compare(a.String(), b.String()) }); !ok {
+				return delta.ID{}, fmt.Errorf("object %s: names checkpoint %s, which the store lacks: %w", tag, id.Short(), errdefs.ErrNotFound)
+			}
+			return id, nil
+		case !errors.Is(err, errdefs.ErrNotFound):
+			return delta.ID{}, err
 		}
 	}
 	var found []delta.ID

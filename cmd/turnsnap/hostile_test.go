@@ -74,7 +74,8 @@ func TestCLIHostileStoreExitsCorrupt(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		expect(exitCorrupt, pack, "catalog", "rebuild")
+		expect(exitPartial, pack, "catalog", "rebuild")
+		expect(exitCorrupt, pack, "catalog", "rebuild", "--strict")
 		expect(exitCorrupt, pack, "verify", "--store-only")
 		store.Delete(ctx, pack)
 	}

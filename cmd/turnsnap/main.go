@@ -31,6 +31,9 @@ const (
 	exitCorrupt      = 7
 	exitNoSpace      = 8
 	exitKey          = 9
+	// exitPartial is not an error class: the command did its work but left
+	// out what it names (catalog rebuild: the objects it skipped).
+	exitPartial = 10
 )
 
 func exitCode(err error) int {
@@ -166,7 +169,13 @@ func newRoot() *cobra.Command {
 		Short: "Checkpoint and restore agent sandboxes, one turn at a time",
 		Long: `turnsnap keeps every agent turn recoverable: checkpoint a sandbox at each turn
 boundary (turns that changed nothing cost nothing), roll back a failed edit,
-branch one checkpoint into many sandboxes, and verify what is stored.`,
+branch one checkpoint into many sandboxes, and verify what is stored.
+
+Exit codes: 0 success, 1 other error, 2 invalid arguments, 3 not found,
+4 already exists, 5 failed precondition, 6 unavailable (locked), 7 corrupt
+data, 8 no space, 9 missing or wrong key, 10 partial (catalog rebuild
+restored what it could and named what it skipped); exec and run: the
+command's own status.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {

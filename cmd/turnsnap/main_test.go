@@ -47,6 +47,19 @@ func runJSON(t *testing.T, home string, v any, args ...string) {
 	}
 }
 
+// runJSONExit is runJSON for a command that exits want (a partial rebuild
+// prints its report and exits 10).
+func runJSONExit(t *testing.T, home string, v any, want int, args ...string) {
+	t.Helper()
+	out, code := run(t, home, append(args, "--json")...)
+	if code != want {
+		t.Fatalf("turnsnap %v: exit %d, want %d: %s", args, code, want, out)
+	}
+	if err := json.Unmarshal([]byte(out), v); err != nil {
+		t.Fatalf("turnsnap %v: bad JSON %q: %v", args, out, err)
+	}
+}
+
 func TestCLI(t *testing.T) {
 	testenv.RequireRoot(t)
 	home := filepath.Join(t.TempDir(), "home")

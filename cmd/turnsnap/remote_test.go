@@ -96,21 +96,25 @@ func TestCLIRemote(t *testing.T) {
 		t.Fatalf("unlock --all --stale-only: exit %d", code)
 	}
 
-	// A damaged record fails a rebuild naming it (exit 7); --skip-corrupt
-	// reports it and rebuilds from the rest.
+	// A damaged record fails a --strict rebuild naming it (exit 7); a
+	// rebuild (--skip-corrupt is the default) reports it and rebuilds from
+	// the rest, exiting 10 (partial).
 	bad := filepath.Join(h2, "store", "records", strings.Repeat("ab", 32))
 	if err := os.WriteFile(bad, []byte("{garbage"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if out, code := run(t, h2, "catalog", "rebuild"); code != 7 || !strings.Contains(out, strings.Repeat("ab", 32)) {
+	if out, code := run(t, h2, "catalog", "rebuild", "--strict"); code != 7 || !strings.Contains(out, strings.Repeat("ab", 32)) {
 		t.Fatalf("rebuild over a damaged record: exit %d: %s", code, out)
 	}
 	var skip struct {
 		Checkpoints int
+		Result      string
 		Corrupt     []struct{ Name string }
+		Skipped     []struct{ Name, Class string }
 	}
-	runJSON(t, h2, &skip, "catalog", "rebuild", "--skip-corrupt")
-	if skip.Checkpoints != 2 || len(skip.Corrupt) != 1 || !strings.HasSuffix(skip.Corrupt[0].Name, strings.Repeat("ab", 32)) {
+	runJSONExit(t, h2, &skip, exitPartial, "catalog", "rebuild", "--skip-corrupt")
+	if skip.Checkpoints != 2 || skip.Result != "partial" || len(skip.Corrupt) != 1 || !strings.HasSuffix(skip.Corrupt[0].Name, strings.Repeat("ab", 32)) ||
+		len(skip.Skipped) != 1 || skip.Skipped[0].Name != skip.Corrupt[0].Name || skip.Skipped[0].Class != "corrupt" {
 		t.Fatalf("rebuild --skip-corrupt: %+v", skip)
 	}
 }

@@ -115,17 +115,26 @@ func TestCLIErrorClassesAndDurations(t *testing.T) {
 		}
 	}
 
-	// A head ref that is not an id: corrupt (7), named, for rebuild and
-	// the store-only verify alike.
+	// A head ref that is not an id: corrupt (7), named, for a strict rebuild
+	// and the store-only verify alike; a rebuild skips it, naming it, and
+	// exits 10 (partial), keeping this home's head of the sandbox.
 	heads, _ := filepath.Glob(filepath.Join(home, "store", "refs", "heads", "*"))
 	if len(heads) == 0 {
 		t.Fatal("no head refs in the store")
 	}
 	os.WriteFile(heads[0], []byte("not-an-id\n"), 0o600)
 	name := "refs/heads/" + filepath.Base(heads[0])
-	for _, args := range [][]string{{"catalog", "rebuild"}, {"verify", "--store-only"}} {
+	for _, args := range [][]string{{"catalog", "rebuild", "--strict"}, {"verify", "--store-only"}} {
 		if out, code := run(t, home, args...); code != exitCorrupt || strings.Count(out, name) != 1 {
 			t.Errorf("turnsnap %v over a damaged ref: exit %d, want %d naming %s once: %s", args, code, exitCorrupt, name, out)
 		}
+	}
+	if out, code := run(t, home, "catalog", "rebuild"); code != exitPartial || !strings.Contains(out, "skipped "+name+" (corrupt)") {
+		t.Errorf("turnsnap catalog rebuild over a damaged ref: exit %d, want %d naming %s: %s", code, exitPartial, name, out)
+	}
+	var list []struct{ Name string }
+	runJSON(t, home, &list, "sandbox", "list")
+	if len(list) != 2 {
+		t.Errorf("sandboxes after a partial rebuild: %+v, want agent and b (this home's heads kept)", list)
 	}
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"text/tabwriter"
 	"time"
@@ -208,31 +207,63 @@ func (a *app) catalogCmd() *cobra.Command {
 	c := &cobra.Command{Use: "catalog", Short: "Maintain the catalog (an index of the store)"}
 	var opts api.RebuildRequest
 	rb := &cobra.Command{
-		Use:   "rebuild [--skip-corrupt]",
+		Use:   "rebuild [--strict]",
 		Short: "Recreate the catalog from the object store alone",
 		Long: `rebuild recreates the catalog from the object store alone (the local store
-and the bucket). A damaged object fails the rebuild, naming it (exit 7), and
-the old catalog stays; with --skip-corrupt each damaged object is reported
-and the rebuild goes on from the rest.`,
+and the bucket). It restores what it can: every sandbox and checkpoint that
+is whole comes back, and each object it cannot use is left out, with what
+needs it, and named with its class:
+
+  dangling         a head or tag names a checkpoint the store lacks (a prune
+                   on another home deleted it)
+  missing_objects  a record whose trees or chunks are in no pack, a ref to
+                   such a record, a sandbox with no head
+  corrupt          an object that does not decode or breaks a rule of the
+                   format (a bad pack header, an over-limit size, a wrong
+                   hash, a record or head that contradicts its sandbox)
+
+A sandbox whose head is skipped is not restored, but its whole checkpoints
+are: "log --all" lists them, and "branch" and "verify" take them.
+
+Exit 0: complete. Exit 10: partial, the catalog was replaced and the skipped
+objects are listed (one "skipped NAME (CLASS): why" line each, or --json's
+"skipped", with "result": "partial"). Any other: failed, the old catalog stays. --strict fails at the
+first object it would skip, naming it (exit 7). --skip-corrupt, the default
+now, is still accepted.`,
 		Args: cobra.NoArgs,
 		RunE: a.withService(nil, func(ctx context.Context, s service, _ []string) error {
 			r, err := s.RebuildCatalog(ctx, opts)
 			if err != nil {
 				return err
 			}
+			partial := len(r.Skipped) > 0
 			if a.json {
-				return printJSON(a.stdout(), r)
+				if err := printJSON(a.stdout(), r); err != nil {
+					return err
+				}
+			} else {
+				for _, c := range r.Skipped {
+					fmt.Fprintf(a.stdout(), "skipped %s (%s): %s\n", c.Name, c.Class, c.Error)
+				}
+				tw := tabwriter.NewWriter(a.stdout(), 0, 4, 2, ' ', 0)
+				what := "catalog rebuilt"
+				if partial {
+					what = "catalog rebuilt PARTIALLY"
+				}
+				fmt.Fprintf(tw, "%s in %s\npacks\t%d\nblobs\t%d\ncheckpoints\t%d\nsandboxes\t%d\nrefs\t%d\nskipped\t%d\n",
+					what, durStr(time.Duration(r.DurationMS)*time.Millisecond), r.Packs, r.Blobs, r.Checkpoints, r.Sandboxes, r.Refs, len(r.Skipped))
+				if err := tw.Flush(); err != nil {
+					return err
+				}
 			}
-			for _, c := range r.Corrupt {
-				fmt.Fprintf(os.Stderr, "skipped damaged object %s: %s\n", c.Name, c.Error)
+			if partial {
+				return commandExit{exitPartial}
 			}
-			tw := tabwriter.NewWriter(a.stdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintf(tw, "catalog rebuilt in %s\npacks\t%d\nblobs\t%d\ncheckpoints\t%d\nsandboxes\t%d\nrefs\t%d\nskipped (damaged)\t%d\n",
-				durStr(time.Duration(r.DurationMS)*time.Millisecond), r.Packs, r.Blobs, r.Checkpoints, r.Sandboxes, r.Refs, len(r.Corrupt))
-			return tw.Flush()
+			return nil
 		}),
 	}
-	rb.Flags().BoolVar(&opts.SkipCorrupt, "skip-corrupt", false, "report each damaged object and rebuild from the rest")
+	rb.Flags().BoolVar(&opts.SkipCorrupt, "skip-corrupt", false, "accepted for compatibility: skipping what cannot be restored is the default")
+	rb.Flags().BoolVar(&opts.Strict, "strict", false, "fail at the first object that would be skipped (the old catalog stays)")
 	c.AddCommand(rb)
 	return c
 }

@@ -427,17 +427,24 @@ func (s *Service) Init(ctx context.Context, req InitRequest) (*Initialised, erro
 }
 
 func (s *Service) RebuildCatalog(ctx context.Context, req RebuildRequest) (*Rebuilt, error) {
-	r, err := s.E.RebuildCatalogWith(ctx, engine.RebuildOptions{SkipCorrupt: req.SkipCorrupt})
+	r, err := s.E.RebuildCatalogWith(ctx, engine.RebuildOptions{SkipCorrupt: req.SkipCorrupt, Strict: req.Strict})
 	if err != nil {
 		return nil, err
 	}
 	if s.LLM != nil {
 		s.LLM.restoredAll(ctx)
 	}
-	corrupt := r.Corrupt
+	corrupt, skipped := r.Corrupt, r.Skipped
 	if corrupt == nil {
 		corrupt = []engine.CorruptObject{}
 	}
+	if skipped == nil {
+		skipped = []engine.SkippedObject{}
+	}
+	result := RebuildComplete
+	if r.Partial() {
+		result = RebuildPartial
+	}
 	return &Rebuilt{Blobs: r.Blobs, Checkpoints: r.Checkpoints, Corrupt: corrupt, DurationMS: ms(r.Duration),
-		Packs: r.Packs, Refs: r.Refs, Sandboxes: r.Sandboxes}, nil
+		Packs: r.Packs, Refs: r.Refs, Sandboxes: r.Sandboxes, Result: result, Skipped: skipped}, nil
 }

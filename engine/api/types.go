@@ -349,19 +349,34 @@ type Initialised struct {
 
 // RebuildRequest is POST /v1/catalog/rebuild.
 type RebuildRequest struct {
+	// SkipCorrupt is the default now; it is still accepted.
 	SkipCorrupt bool `json:"skip_corrupt,omitempty"`
+	// Strict fails the rebuild at the first object it would skip.
+	Strict bool `json:"strict,omitempty"`
 }
 
 // Rebuilt is what a catalog rebuild found.
 type Rebuilt struct {
 	Blobs       int                    `json:"blobs"`
 	Checkpoints int                    `json:"checkpoints"`
-	Corrupt     []engine.CorruptObject `json:"corrupt"`
-	DurationMS  float64                `json:"duration_ms"`
-	Packs       int                    `json:"packs"`
-	Refs        int                    `json:"refs"`
-	Sandboxes   int                    `json:"sandboxes"`
+	Corrupt     []engine.CorruptObject `json:"corrupt"` // the skipped objects of class corrupt
+	// Result is "complete", or "partial" when Skipped is not empty: the
+	// catalog holds every whole sandbox and checkpoint, and the rest is
+	// named in Skipped, each with its class (dangling, missing_objects,
+	// corrupt).
+	Result     string                 `json:"result"`
+	Skipped    []engine.SkippedObject `json:"skipped"`
+	DurationMS float64                `json:"duration_ms"`
+	Packs      int                    `json:"packs"`
+	Refs       int                    `json:"refs"`
+	Sandboxes  int                    `json:"sandboxes"`
 }
+
+// Rebuilt.Result values.
+const (
+	RebuildComplete = "complete"
+	RebuildPartial  = "partial"
+)
 
 // ExecRequest is POST /v1/sandboxes/{name}/exec.
 type ExecRequest struct {
