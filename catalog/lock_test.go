@@ -15,6 +15,7 @@ import (
 	"github.com/dgraph-io/badger/v4"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
+	"github.com/turnsnap/turnsnap/internal/killpoint"
 )
 
 // Open in the same process conflicts too: flock locks belong to the open file
@@ -50,7 +51,7 @@ const (
 // until its stdin closes, instead of running tests.
 func TestMain(m *testing.M) {
 	if dir := os.Getenv(sessionEnv); dir != "" {
-		if err := trapCalls(os.Getenv(trapEnv)); err != nil {
+		if err := killpoint.Trap(os.Getenv(killpoint.TrapEnv)); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
