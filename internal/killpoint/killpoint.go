@@ -10,7 +10,9 @@
 //
 // The child must call Trap first thing (it reads its spec from TrapEnv,
 // which Run sets): a seccomp filter then stops only the calls of interest,
-// not each of the Go runtime's thousands of others.
+// not each of the Go runtime's thousands of others. Processes the child
+// starts inherit the filter without the tracer, and those calls then fail
+// in them with ENOSYS: trace a child that starts no other program.
 package killpoint
 
 import (
