@@ -1,6 +1,7 @@
 package catalog
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"os"
@@ -123,6 +124,27 @@ func TestDamagedCatalogSaysRebuild(t *testing.T) {
 			if !strings.Contains(err.Error(), want) {
 				t.Errorf("read-only %v: error %q does not say %q", ro, err, want)
 			}
+		}
+	}
+}
+
+// An encrypted catalog opened with another key is the caller's mistake, not
+// damage: the error must not send anyone to rebuild the catalog.
+func TestWrongKeyIsNotDamage(t *testing.T) {
+	dir := t.TempDir()
+	key := func(b byte) []byte { return bytes.Repeat([]byte{b}, 32) }
+	c, err := Open(context.Background(), dir, Options{EncryptionKey: key(1), Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	putTestBlob(t, c, 1)
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, ro := range []bool{true, false} {
+		_, err := Open(context.Background(), dir, Options{ReadOnly: ro, EncryptionKey: key(2), Logger: testLogger(t)})
+		if err == nil || errors.Is(err, errdefs.ErrCorrupt) || strings.Contains(err.Error(), "rebuild") {
+			t.Errorf("read-only %v, wrong key: %v, want an error that is not ErrCorrupt", ro, err)
 		}
 	}
 }
