@@ -124,8 +124,23 @@ func emptyLogs(dir string) ([]string, error) {
 }
 
 // removeEmptyLogs removes the empty logs emptyLogs found. Callers hold the
-// catalog's exclusive lock, so no Badger is creating one of them right now.
+// catalog's exclusive lock, so no turnsnap is creating one of them right now;
+// Badger's own lock on the directory, held meanwhile, keeps off a foreign
+// Badger (the badger CLI) whose new memtable is empty for an instant.
 func removeEmptyLogs(dir string, names []string, log *slog.Logger) error {
+	if len(names) == 0 {
+		return nil
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close() // releases the flock before Badger takes its own
+	if err := unix.Flock(int(d.Fd()), unix.LOCK_EX|unix.LOCK_NB); errors.Is(err, unix.EWOULDBLOCK) {
+		return inUse(dir, errors.New("Badger's directory lock is held"))
+	} else if err != nil {
+		return fmt.Errorf("catalog %s: lock: %w", dir, err)
+	}
 	for _, name := range names {
 		if err := os.Remove(filepath.Join(dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("remove the empty %s a killed process left: %w", name, err)
@@ -172,7 +187,9 @@ func recoverThenReadOnly(dir string, log *slog.Logger, key []byte, empty []strin
 		rw = rw.WithEncryptionKey(key).WithIndexCacheSize(16 << 20)
 	}
 	const needs = "the catalog needs crash recovery after a killed writer, which writes to its directory"
-	if err := removeEmptyLogs(dir, empty, log); err != nil {
+	if err := removeEmptyLogs(dir, empty, log); errors.Is(err, errdefs.ErrUnavailable) {
+		return nil, err
+	} else if err != nil {
 		return nil, fmt.Errorf("%s: %w", needs, noSpace(err))
 	}
 	db, err := badger.Open(rw)
@@ -243,6 +260,9 @@ func Open(ctx context.Context, dir string, opts Options) (*Catalog, error) {
 		_ = lock.unlock()
 		if isBadgerLockErr(err) {
 			return nil, inUse(dir, err)
+		}
+		if errors.Is(err, errdefs.ErrUnavailable) {
+			return nil, err
 		}
 		return nil, damaged(dir, noSpace(err))
 	}

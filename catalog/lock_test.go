@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -131,6 +132,19 @@ func TestLockedByForeignBadger(t *testing.T) {
 	defer db.Close()
 	_, err = Open(context.Background(), dir, Options{})
 	checkInUse(t, err, dir)
+	// An empty log beside a live foreign Badger may be its memtable of an
+	// instant ago: it is not ours to remove (removeEmptyLogs).
+	mem := filepath.Join(dir, "00099.mem")
+	if err := os.WriteFile(mem, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, ro := range []bool{false, true} {
+		_, err = Open(context.Background(), dir, Options{ReadOnly: ro})
+		checkInUse(t, err, dir)
+		if _, err := os.Stat(mem); err != nil {
+			t.Fatalf("read-only %v: the empty memtable beside a foreign Badger: %v", ro, err)
+		}
+	}
 }
 
 // A writer SIGKILLed mid-session must not stop read-only commands (log,
