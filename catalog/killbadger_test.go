@@ -40,7 +40,7 @@ func TestKilledInsideBadger(t *testing.T) {
 		t.Fatal(err)
 	}
 	killedWriter(t, template)
-	run := func(kill func(call string) bool) (dir string, calls []string, committed []int) {
+	run := func(t *testing.T, kill func(call string) bool) (dir string, calls []string, committed []int) {
 		t.Helper()
 		dir = filepath.Join(t.TempDir(), "catalog")
 		if err := copyDirSparse(template, dir); err != nil {
@@ -70,7 +70,7 @@ func TestKilledInsideBadger(t *testing.T) {
 	// A run to the end lists the calls to kill at. Which thread makes a call
 	// first varies from run to run (Badger flushes in the background), so a
 	// kill point is "the k-th call like this one", not "the n-th call".
-	_, calls, committed := run(func(string) bool { return false })
+	_, calls, committed := run(t, func(string) bool { return false })
 	if len(committed) != 1+2*sessionBlobs {
 		t.Fatalf("the session ran to its end but reported %v committed", committed)
 	}
@@ -80,7 +80,7 @@ func TestKilledInsideBadger(t *testing.T) {
 		k := seen[call]
 		t.Run(fmt.Sprintf("%03d %s #%d", n+1, call, k), func(t *testing.T) {
 			count := 0
-			dir, _, committed := run(func(c string) bool {
+			dir, _, committed := run(t, func(c string) bool {
 				if c == call {
 					count++
 				}
