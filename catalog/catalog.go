@@ -95,22 +95,133 @@ func truncateNeeded(err error) bool {
 		strings.Contains(err.Error(), badger.ErrTruncateNeeded.Error()))
 }
 
-// recoverThenReadOnly opens the catalog in dir writably, so Badger trims a
-// crashed writer's memtable, closes it, and opens it again read-only (bo).
-func recoverThenReadOnly(dir string, log *slog.Logger, key []byte, bo badger.Options) (*badger.DB, error) {
+// emptyLogs lists the zero-length write-ahead (NNNNN.mem) and value log
+// (NNNNNN.vlog) files in dir. Badger creates both kinds empty and only then
+// sizes them, and retires both by truncating them to zero and then unlinking
+// them (a flushed memtable, a spent value log), so a process killed between
+// the two steps leaves an empty file behind. Badger refuses to open a
+// directory holding one: read-only it cannot size the file ("truncate:
+// invalid argument"), and writably it sizes it and then fails on its own
+// "Create a new file" signal, so the first writer after the kill failed too.
+// An empty log holds nothing: no committed entry and no value pointer can
+// refer to it, so removing it loses nothing.
+func emptyLogs(dir string) ([]string, error) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	var empty []string
+	for _, e := range ents {
+		name := e.Name()
+		if !e.Type().IsRegular() || !(strings.HasSuffix(name, ".mem") || strings.HasSuffix(name, ".vlog")) {
+			continue
+		}
+		if fi, err := e.Info(); err == nil && fi.Size() == 0 {
+			empty = append(empty, name)
+		}
+	}
+	return empty, nil
+}
+
+// removeEmptyLogs removes the empty logs emptyLogs found. Callers hold the
+// catalog's exclusive lock, so no turnsnap is creating one of them right now;
+// Badger's own lock on the directory, held meanwhile, keeps off a foreign
+// Badger (the badger CLI) whose new memtable is empty for an instant.
+func removeEmptyLogs(dir string, names []string, log *slog.Logger) error {
+	if len(names) == 0 {
+		return nil
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close() // releases the flock before Badger takes its own
+	if err := unix.Flock(int(d.Fd()), unix.LOCK_EX|unix.LOCK_NB); errors.Is(err, unix.EWOULDBLOCK) {
+		return inUse(dir, errors.New("Badger's directory lock is held"))
+	} else if err != nil {
+		return fmt.Errorf("catalog %s: lock: %w", dir, err)
+	}
+	for _, name := range names {
+		if err := os.Remove(filepath.Join(dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("remove the empty %s a killed process left: %w", name, err)
+		}
+		log.Info("catalog: removed an empty log file a killed process left", "dir", dir, "file", name)
+	}
+	return nil
+}
+
+// openBadger opens Badger with bo after repairing what a process killed
+// inside Badger's own open or close can leave: empty logs (emptyLogs), and a
+// write-ahead log longer than its entries, which Badger trims only writably
+// (truncateNeeded). A read-only open that meets either recovers through one
+// short writable open (recoverThenReadOnly).
+func openBadger(dir string, log *slog.Logger, key []byte, bo badger.Options) (*badger.DB, error) {
+	empty, err := emptyLogs(dir)
+	if err != nil {
+		return nil, err
+	}
+	if !bo.ReadOnly {
+		if err := removeEmptyLogs(dir, empty, log); err != nil {
+			return nil, err
+		}
+		return badger.Open(bo)
+	}
+	if len(empty) == 0 {
+		db, err := badger.Open(bo)
+		if !truncateNeeded(err) {
+			return db, err
+		}
+	}
+	// We hold the catalog's exclusive lock, so no writer can be there:
+	// recover once, writably, then read. On a full or read-only filesystem
+	// that fails and says so.
+	return recoverThenReadOnly(dir, log, key, empty, bo)
+}
+
+// recoverThenReadOnly removes the empty logs and opens the catalog in dir
+// writably, so Badger trims and flushes a killed writer's memtables, closes
+// it, and opens it again read-only (bo).
+func recoverThenReadOnly(dir string, log *slog.Logger, key []byte, empty []string, bo badger.Options) (*badger.DB, error) {
 	rw := badgerOptions(dir, log)
 	if key != nil {
 		rw = rw.WithEncryptionKey(key).WithIndexCacheSize(16 << 20)
 	}
+	const needs = "the catalog needs crash recovery after a killed writer, which writes to its directory"
+	if err := removeEmptyLogs(dir, empty, log); errors.Is(err, errdefs.ErrUnavailable) {
+		return nil, err
+	} else if err != nil {
+		return nil, fmt.Errorf("%s: %w", needs, noSpace(err))
+	}
 	db, err := badger.Open(rw)
 	if err != nil {
-		return nil, fmt.Errorf("the catalog needs crash recovery after a killed writer, which writes to its directory: %w", noSpace(err))
+		return nil, fmt.Errorf("%s: %w", needs, noSpace(err))
 	}
 	if err := db.Close(); err != nil {
 		return nil, fmt.Errorf("recover the catalog after a killed writer: %w", noSpace(err))
 	}
 	log.Info("catalog recovered after a killed writer", "dir", dir)
 	return badger.Open(bo)
+}
+
+// damaged wraps an error Badger gave opening the catalog in dir that no
+// crash recovery explains (a bad MANIFEST checksum, a missing table, a
+// corrupt table): errdefs.ErrCorrupt, with the way out. Errors of the
+// environment (permissions, a read-only filesystem, a wrong key, I/O
+// errors) and a canceled open pass through as they are.
+func damaged(dir string, err error) error {
+	environment := errors.Is(err, errdefs.ErrNoSpace) || errors.Is(err, context.Canceled) ||
+		strings.Contains(err.Error(), badger.ErrEncryptionKeyMismatch.Error()) ||
+		strings.Contains(err.Error(), badger.ErrInvalidEncryptionKey.Error())
+	for _, errno := range []unix.Errno{unix.EACCES, unix.EPERM, unix.EROFS, unix.EIO, unix.ENOENT,
+		unix.EMFILE, unix.ENFILE, unix.ENOMEM} {
+		// Badger's y.Wrapf formats its causes into text, dropping the errno.
+		environment = environment || errors.Is(err, errno) || strings.Contains(err.Error(), errno.Error())
+	}
+	if environment {
+		return fmt.Errorf("open catalog %s: %w", dir, err)
+	}
+	return fmt.Errorf("catalog %s is damaged (%v); it is an index of the store: move the directory aside "+
+		"and run `turnsnap catalog rebuild` to recreate it from the store: %w", dir, err, errdefs.ErrCorrupt)
 }
 
 // Open opens (creating if needed) the catalog in dir. A directory held by
@@ -141,21 +252,19 @@ func Open(ctx context.Context, dir string, opts Options) (*Catalog, error) {
 		// holds the index of a catalog of a few hundred MB.
 		bo = bo.WithEncryptionKey(opts.EncryptionKey).WithIndexCacheSize(16 << 20)
 	}
-	db, err := badger.Open(bo)
-	if opts.ReadOnly && truncateNeeded(err) {
-		// A writer killed mid-session leaves its write-ahead memtable
-		// longer than its entries (we preallocate it), which only a
-		// writable open may trim. We hold the catalog's exclusive lock, so
-		// no writer can be there: recover once, writably, then read. On a
-		// full or read-only filesystem that fails and says so.
-		db, err = recoverThenReadOnly(dir, log, opts.EncryptionKey, bo)
-	}
+	// A writer killed mid-session leaves its write-ahead memtable longer
+	// than its entries (we preallocate it), and one killed inside Badger's
+	// open or close can leave empty logs; openBadger repairs both.
+	db, err := openBadger(dir, log, opts.EncryptionKey, bo)
 	if err != nil {
 		_ = lock.unlock()
 		if isBadgerLockErr(err) {
 			return nil, inUse(dir, err)
 		}
-		return nil, fmt.Errorf("open catalog %s: %w", dir, noSpace(err))
+		if errors.Is(err, errdefs.ErrUnavailable) {
+			return nil, err
+		}
+		return nil, damaged(dir, noSpace(err))
 	}
 	c := &Catalog{dir: dir, db: db, lock: lock, log: log, readOnly: opts.ReadOnly}
 	if opts.ReadOnly {

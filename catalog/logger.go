@@ -19,7 +19,15 @@ func newBadgerLogger(l *slog.Logger, dir string) *badgerLogger {
 	return &badgerLogger{log: l.With("component", "badger", "catalog", dir)}
 }
 
-func (b *badgerLogger) Errorf(format string, args ...any) { b.emit(slog.LevelError, format, args) }
+func (b *badgerLogger) Errorf(format string, args ...any) {
+	// A failed Open logs its error before returning the same error, which
+	// Open either recovers from (a killed writer's logs) or reports itself:
+	// the line would only put an opaque ERROR before a command that works.
+	if strings.HasPrefix(format, "Received err: ") {
+		return
+	}
+	b.emit(slog.LevelError, format, args)
+}
 
 func (b *badgerLogger) Warningf(format string, args ...any) { b.emit(slog.LevelWarn, format, args) }
 

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/turnsnap/turnsnap/engine"
+	"github.com/turnsnap/turnsnap/internal/killpoint"
 	"github.com/turnsnap/turnsnap/internal/testenv"
 	"github.com/turnsnap/turnsnap/proc"
 )
@@ -25,6 +26,11 @@ const runMainEnv = "TURNSNAP_TEST_RUN_MAIN"
 
 func TestMain(m *testing.M) {
 	if os.Getenv(runMainEnv) == "1" {
+		// Under killpoint.Run (catalog_kill_test.go): stop at file calls.
+		if err := killpoint.Trap(os.Getenv(killpoint.TrapEnv)); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
 		main()
 		os.Exit(0)
 	}
