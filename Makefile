@@ -37,6 +37,9 @@ vet:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet $(PKGS)
+	$(GO) mod tidy -diff
+	./scripts/deps.sh staticcheck >/dev/null
+	$(TURNSNAP_CACHE)/staticcheck/current/staticcheck $(PKGS)
 
 # Every test, as root, with every real part present: TURNSNAP_REQUIRE_ALL
 # turns any "part missing" skip into a failure. Benchmarks run once each

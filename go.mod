@@ -2,6 +2,10 @@ module github.com/turnsnap/turnsnap
 
 go 1.26.8
 
+// The approved release that fixes the standard library's known
+// vulnerabilities (docs/SECURITY.md); the Makefile pins it too.
+toolchain go1.27.3
+
 require (
 	github.com/aymanbagabas/go-udiff v0.4.2
 	github.com/checkpoint-restore/go-criu/v7 v7.2.0
@@ -42,7 +46,7 @@ require (
 	github.com/prometheus/common v0.72.0 // indirect
 	github.com/prometheus/procfs v0.22.0 // indirect
 	github.com/rs/xid v1.6.0 // indirect
-	github.com/spf13/pflag v1.0.10 // indirect
+	github.com/spf13/pflag v1.0.10
 	github.com/tinylib/msgp v1.6.4 // indirect
 	github.com/vbauerster/cupwriter v0.0.5
 	github.com/zeebo/xxh3 v1.1.0 // indirect
@@ -51,7 +55,7 @@ require (
 	go.opentelemetry.io/otel/metric v1.41.0 // indirect
 	go.opentelemetry.io/otel/trace v1.41.0 // indirect
 	go.yaml.in/yaml/v3 v3.0.5
-	golang.org/x/crypto v0.57.0 // indirect
+	golang.org/x/crypto v0.57.0
 	golang.org/x/net v0.60.0 // indirect
 	golang.org/x/text v0.42.0 // indirect
 	gopkg.in/ini.v1 v1.67.3 // indirect

@@ -25,7 +25,7 @@ import (
 // (or by a home that never pushed it): its owner is the home named in the
 // sandbox's description, epoch 0.
 type Owner struct {
-	Home  string `json:"home"` // a home id (ValidSandboxID)
+	Home  string `json:"home"`  // a home id (ValidSandboxID)
 	Epoch uint64 `json:"epoch"` // 1 for the creating home; +1 at each adoption
 }
 

@@ -106,7 +106,7 @@ func TestEncryptedBucketHoldsNoPlaintext(t *testing.T) {
 	if n := len(filesHolding(t, srv.Dir, []byte("refs/heads"))); n > 0 {
 		t.Logf("object names are visible in MinIO's own metadata (%d files), as docs/SECURITY.md says", n)
 	}
-	a = openEngine(t, string(a.home))
+	openEngine(t, string(a.home))
 
 	// Another host with the key restores files and processes from the bucket.
 	b := newEngine(t)

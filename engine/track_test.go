@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -291,7 +290,7 @@ func testSharedMapping(t *testing.T, tracked bool) {
 	must(t, os.WriteFile(filepath.Join(src, "go.mod"), []byte("module mapper\n\ngo 1.21\n"), 0o644))
 	goBin, err := exec.LookPath("go")
 	if err != nil {
-		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+		goBin = "/usr/local/go/bin/go"
 	}
 	build := exec.Command(goBin, "build", "-o", filepath.Join(base, "bin/mapper"), ".")
 	build.Dir = src

@@ -85,15 +85,6 @@ func (r *Root) lowers(g string) ([]string, error) {
 	return lowers, nil
 }
 
-// mountOptions returns generation g's mount data (lowers, upper, work).
-func (r *Root) mountOptions(g, work string) (string, error) {
-	lowers, err := r.lowers(g)
-	if err != nil {
-		return "", err
-	}
-	return StackOptions(lowers, filepath.Join(g, "upper"), work)
-}
-
 // StackOptions returns the overlay mount data for lowers (topmost first)
 // under upper. Kept pure so option strings are testable without root.
 func StackOptions(lowers []string, upper, work string) (string, error) {

@@ -56,13 +56,6 @@ func lineageLine(c engine.LineageEntry) string {
 	return s
 }
 
-func orEmpty(s []string) []string {
-	if s == nil {
-		return []string{}
-	}
-	return s
-}
-
 // graphNode is one row of drawGraph.
 type graphNode struct {
 	id, parent delta.ID

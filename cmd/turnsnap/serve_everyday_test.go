@@ -148,7 +148,7 @@ func TestServeCatCorruptAndRestoreTo(t *testing.T) {
 	}
 	// A client that does not read trailers (no "TE: trailers": curl,
 	// Python's http.client) sees the body cut off, never a whole file.
-	hc := &http.Client{Transport: &http.Transport{Dial: func(_, _ string) (net.Conn, error) {
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 		return net.Dial("unix", filepath.Join(home, socketName))
 	}}}
 	resp, err := hc.Get("http://turnsnap/v1/checkpoints/" + c2.ID + "/content?path=/big2.bin")

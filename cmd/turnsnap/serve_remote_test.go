@@ -145,7 +145,7 @@ func TestServeBackgroundUpload(t *testing.T) {
 	if uploaded < 3<<20 || sent > uploaded+64<<10 {
 		t.Fatalf("sent %v bytes for %v uploaded: something was sent twice", sent, uploaded)
 	}
-	out, _ = mustCLI(t, home, "sync", "--json")
+	mustCLI(t, home, "sync", "--json")
 	var st struct {
 		QueueDepth int `json:"queue_depth"`
 	}

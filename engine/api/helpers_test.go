@@ -74,7 +74,7 @@ func serve(t testing.TB, hook func(string), opts ...func(*engine.Options)) *fixt
 
 // httpClient talks raw HTTP to the fixture's socket.
 func (f *fixture) httpClient() *http.Client {
-	return &http.Client{Transport: &http.Transport{Dial: func(_, _ string) (net.Conn, error) { return net.Dial("unix", f.sock) }}}
+	return &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return net.Dial("unix", f.sock) }}}
 }
 
 func (f *fixture) create(t testing.TB, name string) string {

@@ -8,7 +8,6 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"sync"
 
@@ -188,16 +187,6 @@ func writeAtomic(path string, data []byte) error {
 		return fmt.Errorf("llm upstreams %s: %w", path, err)
 	}
 	return nil
-}
-
-// sortedNames lists m's keys in order.
-func sortedNames(m map[string]string) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
 }
 
 // trimRoute is base without a trailing slash.

@@ -33,16 +33,6 @@ type Expect struct {
 	Xattrs  map[string]string `json:"xattrs,omitempty"`
 }
 
-// canonLess is "Tree", rule 6: depth first, names in bytewise order.
-func canonLess(a, b []string) bool {
-	for i := 0; i < len(a) && i < len(b); i++ {
-		if a[i] != b[i] {
-			return a[i] < b[i]
-		}
-	}
-	return len(a) < len(b)
-}
-
 type id [32]byte
 
 func (x id) String() string { return hex.EncodeToString(x[:]) }
