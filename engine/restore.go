@@ -50,7 +50,7 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 	}
 	defer done()
 	start := time.Now()
-	cp, err := e.resolve(ctx, ref)
+	cp, err := e.resolveFor(ctx, name, ref)
 	if err != nil {
 		return nil, err
 	}
