@@ -19,7 +19,7 @@ import (
 type Tx struct {
 	ctx     context.Context
 	txn     *badger.Txn
-	records *recordCache // the catalog's decoded records (record_cache.go)
+	records *recordCache  // the catalog's decoded records (record_cache.go)
 	written *atomic.Int64 // the catalog's count of bytes written (Reserve); nil: read-only
 }
 
