@@ -40,10 +40,14 @@ func (e *Engine) checkRoom(need, held uint64) error {
 	}
 	have := free + held + log
 	total := held + need + log + reserve
-	return fmt.Errorf("home filesystem is full: %s has %s free, turnsnap needs %s (%s to write, %s for the catalog: "+
-		"its log and the room its writes must find); free %s more and retry (read-only commands such as log, status "+
-		"and verify still work): %w",
-		e.home, bytesIEC(have), bytesIEC(total), bytesIEC(held+need), bytesIEC(log+reserve), bytesIEC(total-have), errdefs.ErrNoSpace)
+	now := ""
+	if held+log > 0 {
+		now = fmt.Sprintf(" (%s now, while this command holds %s of it)", bytesIEC(free), bytesIEC(held+log))
+	}
+	return fmt.Errorf("home filesystem is full: %s has %s free as df shows it%s, and turnsnap needs %s: %s to write "+
+		"and %s for the catalog (its log and the room its writes must find); free %s more and retry (read-only "+
+		"commands such as log, status and verify still work): %w",
+		e.home, bytesIEC(have), now, bytesIEC(total), bytesIEC(held+need), bytesIEC(log+reserve), bytesIEC(total-have), errdefs.ErrNoSpace)
 }
 
 // availBytes is the space an unprivileged writer may still use, as df

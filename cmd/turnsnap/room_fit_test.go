@@ -36,6 +36,9 @@ func TestCLIRoomCheckMatchesDF(t *testing.T) {
 	if out, code := run(t, home, "verify", "s@HEAD"); code != 0 {
 		t.Fatalf("verify: exit %d: %s", code, out)
 	}
+	if out, code := run(t, home, "cat", "s@HEAD", "/turn.bin"); code != 0 || out != string(turn) {
+		t.Fatalf("cat s@HEAD /turn.bin: exit %d, %d bytes", code, len(out))
+	}
 	t.Logf("after: %.1f MiB free (%s)", float64(freeBytes(t, fsDir))/(1<<20), spaceHolders(fsDir))
 
 	// A turn that does not fit: 30 MiB with 56 MiB free. Opening the
