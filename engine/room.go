@@ -31,12 +31,16 @@ func (e *Engine) checkRoom(need, held uint64) error {
 		return fmt.Errorf("home %s: %w", e.home, err)
 	}
 	free := availBytes(&fs)
-	reserve, log := uint64(catalog.OpenReserve), uint64(0)
+	reserve := uint64(catalog.OpenReserve)
 	if e.cat != nil {
-		reserve, log = e.cat.Reserve(), e.cat.Held()
+		reserve = e.cat.Reserve()
 	}
 	if free >= reserve+need {
 		return nil
+	}
+	var log uint64 // only for the message: it lists the catalog's files
+	if e.cat != nil {
+		log = e.cat.Held()
 	}
 	have := free + held + log
 	total := held + need + log + reserve
