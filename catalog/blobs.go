@@ -123,9 +123,11 @@ func (c *Catalog) PutBlobs(ctx context.Context, blobs map[delta.ID]BlobLocation)
 		if err != nil {
 			return fmt.Errorf("catalog %s: blob %s: encode: %w", c.dir, id, err)
 		}
-		if err := wb.Set(blobKey(id), data); err != nil {
+		key := blobKey(id)
+		if err := wb.Set(key, data); err != nil {
 			return fmt.Errorf("catalog %s: blob %s: %w", c.dir, id, err)
 		}
+		c.written.Add(int64(len(key) + len(data) + entryOverhead))
 	}
 	flushing = true
 	if err := wb.Flush(); err != nil {

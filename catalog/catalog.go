@@ -49,6 +49,54 @@ type Catalog struct {
 	writers sync.RWMutex
 	// updates counts committed Update transactions (Updates).
 	updates atomic.Int64
+	// written approximates the bytes this process has put into Badger's
+	// memtable (Reserve): keys, values and a per-entry overhead.
+	written atomic.Int64
+}
+
+// memTableSize is Badger's memtable size. Its write-ahead log file is
+// twice that, and Open allocates it (preallocateMemtables).
+const memTableSize = 16 << 20
+
+// entryOverhead is what one write adds to a memtable beyond its key and
+// value (skiplist node, version, WAL header): generous on purpose.
+const entryOverhead = 128
+
+// OpenReserve is the free space a writable Open needs on the catalog's
+// filesystem: the write-ahead log it allocates (2 * memTableSize) and
+// then Reserve's. A command that writes checks it before opening.
+const OpenReserve = 2*memTableSize + memTableSize
+
+// Reserve is the free space the open catalog may still take on its
+// filesystem in this process, beyond the files it already holds, through
+// Badger's mmapped writes (where a page fault with no block to give is a
+// SIGBUS, not an error): its memtable flushed into a table (at Close, or
+// when it fills), and, once this process has written enough that the
+// memtable may fill, the next memtable's write-ahead log, which Badger
+// creates sparse (2 * memTableSize). The WAL Open allocated is held
+// already (Held), so it is not counted again: counting it made a 10 MiB
+// turn with 86 MiB free fail (issue 24).
+func (c *Catalog) Reserve() uint64 {
+	r := uint64(memTableSize)
+	if c.written.Load() >= memTableSize/4 {
+		r += 2 * memTableSize
+	}
+	return r
+}
+
+// Held is what the catalog's write-ahead log files take on disk now: the
+// space Open allocated, which Close gives back once their memtables are
+// flushed into tables (so df, run after the command, counts it free).
+func (c *Catalog) Held() uint64 {
+	mems, _ := filepath.Glob(filepath.Join(c.dir, "*.mem"))
+	var n uint64
+	for _, m := range mems {
+		var st unix.Stat_t
+		if unix.Stat(m, &st) == nil {
+			n += uint64(st.Blocks) * 512
+		}
+	}
+	return n
 }
 
 // badgerOptions tunes Badger for a CLI: each command opens the catalog, does a
@@ -65,7 +113,7 @@ func badgerOptions(dir string, log *slog.Logger) badger.Options {
 		// write-ahead log file is created at twice that size: the 64 MiB
 		// default means a 128 MiB .mem file for a catalog of a few KB.
 		// 16 MiB holds far more than one command ever writes.
-		WithMemTableSize(16 << 20).
+		WithMemTableSize(memTableSize).
 		WithNumMemtables(2).
 		// Value log files are preallocated and mmapped at this size; the 1 GiB
 		// default would make a fresh catalog look huge and map a lot for
@@ -467,7 +515,7 @@ func (c *Catalog) Update(ctx context.Context, fn func(tx *Tx) error) error {
 			c.writers.Lock()
 		}
 		err = c.db.Update(func(txn *badger.Txn) error {
-			return fn(&Tx{ctx: ctx, txn: txn, records: &c.records})
+			return fn(&Tx{ctx: ctx, txn: txn, records: &c.records, written: &c.written})
 		})
 		if attempt == 0 {
 			c.writers.RUnlock()

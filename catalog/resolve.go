@@ -4,6 +4,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/turnsnap/turnsnap/delta"
@@ -18,16 +19,151 @@ const MinPrefixLen = 4
 // maxCandidates is how many matches an ambiguity error lists.
 const maxCandidates = 5
 
-// ResolveCheckpoint turns what a user typed into a checkpoint ID: a full hex
-// ID, a hex prefix of at least MinPrefixLen digits that matches exactly one
-// checkpoint, or a tag name. A hex string that matches a checkpoint wins over
-// a tag of the same name; a tag is tried when s is not hex or matches none.
-// An ambiguous prefix is ErrInvalid listing some candidates; nothing found is
-// ErrNotFound.
-func (tx *Tx) ResolveCheckpoint(s string) (delta.ID, error) {
-	if s == "" {
-		return delta.ID{}, fmt.Errorf("checkpoint: empty name: %w", errdefs.ErrInvalid)
+// MaxBack bounds N in REF~N: a walk of first parents reads one record per
+// step, and no history a person means by counting is longer.
+const MaxBack = 10000
+
+// CheckpointRef is a checkpoint reference as a user writes it, parsed
+// (ParseCheckpointRef): a base, then Back first parents before it.
+type CheckpointRef struct {
+	// Head says the base is a sandbox's head: "HEAD" (the sandbox the
+	// command is about) or "NAME@HEAD" (Sandbox is NAME).
+	Head    bool
+	Sandbox string
+	// Base is the ID, prefix or tag when Head is false.
+	Base string
+	// Back is the N of "~N" ("~" alone is 1, as in git; "~2~3" is 5).
+	Back int
+}
+
+// ParseCheckpointRef parses what a user typed as a checkpoint:
+//
+//	ID | PREFIX | TAG | HEAD | NAME@HEAD, each optionally followed by ~N
+//
+// Tags and sandbox names are ValidRefNames, which hold neither '@' nor
+// '~', so these forms shadow no name; "HEAD" alone would be a tag's name,
+// and Tag refuses it. Anything else with '@' or '~' is ErrInvalid saying
+// which forms exist.
+func ParseCheckpointRef(s string) (CheckpointRef, error) {
+	var r CheckpointRef
+	bad := func(why string) error {
+		return fmt.Errorf("checkpoint %q: %s (forms: ID, ID prefix, TAG, HEAD, NAME@HEAD, each optionally followed by ~N): %w",
+			s, why, errdefs.ErrInvalid)
 	}
+	if s == "" {
+		return r, fmt.Errorf("checkpoint: empty name: %w", errdefs.ErrInvalid)
+	}
+	base, back, hasBack := strings.Cut(s, "~")
+	if hasBack {
+		for _, step := range strings.Split(back, "~") {
+			n := 1
+			if step != "" {
+				if len(step) > 5 || strings.Trim(step, "0123456789") != "" {
+					return r, bad(fmt.Sprintf("~%s is not ~N with N a number up to %d", step, MaxBack))
+				}
+				n, _ = strconv.Atoi(step)
+			}
+			if r.Back += n; r.Back > MaxBack {
+				return r, bad(fmt.Sprintf("goes back %d checkpoints, more than %d", r.Back, MaxBack))
+			}
+		}
+	}
+	name, rev, hasAt := strings.Cut(base, "@")
+	switch {
+	case base == "":
+		return r, bad("~N follows nothing")
+	case hasAt && rev != "HEAD":
+		return r, bad(fmt.Sprintf("NAME@%s: only NAME@HEAD names a sandbox's checkpoint", rev))
+	case hasAt && !delta.ValidRefName(name):
+		return r, bad(fmt.Sprintf("%q is not a sandbox name", name))
+	case hasAt:
+		r.Head, r.Sandbox = true, name
+	case base == "HEAD":
+		r.Head = true
+	default:
+		r.Base = base
+	}
+	return r, nil
+}
+
+// ResolveCheckpoint is ResolveCheckpointFor with no sandbox in context: a
+// bare HEAD is ErrInvalid there (NAME@HEAD works).
+func (tx *Tx) ResolveCheckpoint(s string) (delta.ID, error) {
+	return tx.ResolveCheckpointFor("", s)
+}
+
+// ResolveCheckpointFor turns what a user typed into a checkpoint ID, for a
+// command about sandbox ("" if it names none): a full hex ID, a hex prefix
+// of at least MinPrefixLen digits that matches exactly one checkpoint, a
+// tag name, HEAD (sandbox's head) or NAME@HEAD (sandbox NAME's head), and
+// any of them followed by ~N: N first parents before it. A hex string that
+// matches a checkpoint wins over a tag of the same name; a tag is tried
+// when s is not hex or matches none. An ambiguous prefix or a malformed
+// reference is ErrInvalid; nothing found, or a walk that reaches the first
+// checkpoint or a pruned one, is ErrNotFound.
+func (tx *Tx) ResolveCheckpointFor(sandbox, s string) (delta.ID, error) {
+	r, err := ParseCheckpointRef(s)
+	if err != nil {
+		return delta.ID{}, err
+	}
+	var id delta.ID
+	if r.Head {
+		name := r.Sandbox
+		if name == "" {
+			name = sandbox
+		}
+		if name == "" {
+			return delta.ID{}, fmt.Errorf("checkpoint %q: this command names no sandbox whose HEAD it could be: write NAME@HEAD: %w",
+				s, errdefs.ErrInvalid)
+		}
+		if id, err = tx.GetRef(delta.RefHead, name); err != nil {
+			if errors.Is(err, errdefs.ErrNotFound) {
+				return delta.ID{}, fmt.Errorf("checkpoint %q: no sandbox %s: %w", s, name, errdefs.ErrNotFound)
+			}
+			return delta.ID{}, fmt.Errorf("checkpoint %q: %w", s, err)
+		}
+	} else if id, err = tx.resolveBase(r.Base); err != nil {
+		return delta.ID{}, err
+	}
+	return WalkBack(s, id, r.Back, func(id delta.ID) (*delta.Checkpoint, error) {
+		if err := tx.ctx.Err(); err != nil {
+			return nil, err
+		}
+		return tx.Checkpoint(id)
+	})
+}
+
+// WalkBack returns the checkpoint n first parents before id (ref is what
+// the user typed, for errors), reading records with get, which returns
+// ErrNotFound for a record it does not have. Reaching a checkpoint with no
+// parent, or a parent no longer there (pruned), is ErrNotFound naming the
+// checkpoint where the walk stopped. It serves the catalog and the store
+// alone (verify --store-only) alike.
+func WalkBack(ref string, id delta.ID, n int, get func(delta.ID) (*delta.Checkpoint, error)) (delta.ID, error) {
+	cur := id
+	for i := 0; i < n; i++ {
+		cp, err := get(cur)
+		if err != nil {
+			return delta.ID{}, fmt.Errorf("checkpoint %q: %w", ref, err)
+		}
+		if cp.Parent.IsZero() {
+			return delta.ID{}, fmt.Errorf("checkpoint %q: stopped %d back at %s (%s turn %d), which has no parent: %w",
+				ref, i, cp.ID.Short(), cp.Sandbox, cp.Turn, errdefs.ErrNotFound)
+		}
+		if _, err := get(cp.Parent); err != nil {
+			if errors.Is(err, errdefs.ErrNotFound) {
+				return delta.ID{}, fmt.Errorf("checkpoint %q: stopped %d back at %s (%s turn %d): its parent %s is gone (pruned): %w",
+					ref, i, cp.ID.Short(), cp.Sandbox, cp.Turn, cp.Parent.Short(), errdefs.ErrNotFound)
+			}
+			return delta.ID{}, fmt.Errorf("checkpoint %q: %w", ref, err)
+		}
+		cur = cp.Parent
+	}
+	return cur, nil
+}
+
+// resolveBase resolves an ID, a prefix or a tag.
+func (tx *Tx) resolveBase(s string) (delta.ID, error) {
 	hexLike := isHex(s) && len(s) <= 2*len(delta.ID{})
 	if hexLike && len(s) >= MinPrefixLen {
 		matches, err := tx.matchPrefix(strings.ToLower(s), maxCandidates+1)

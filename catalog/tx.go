@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/dgraph-io/badger/v4"
 	"github.com/turnsnap/turnsnap/delta"
@@ -18,7 +19,8 @@ import (
 type Tx struct {
 	ctx     context.Context
 	txn     *badger.Txn
-	records *recordCache // the catalog's decoded records (record_cache.go)
+	records *recordCache  // the catalog's decoded records (record_cache.go)
+	written *atomic.Int64 // the catalog's count of bytes written (Reserve); nil: read-only
 }
 
 // scanPage bounds how many keys one iterator pass collects before it is
@@ -120,7 +122,17 @@ func (tx *Tx) set(key, val []byte, what string) error {
 	if err := tx.txn.Set(key, val); err != nil {
 		return fmt.Errorf("%s: %w", what, err)
 	}
+	tx.count(len(key) + len(val))
 	return nil
+}
+
+// count adds a write of n bytes to the catalog's count (Reserve). A
+// transaction that then fails was counted anyway: the count only ever
+// errs towards more reserve.
+func (tx *Tx) count(n int) {
+	if tx.written != nil {
+		tx.written.Add(int64(n + entryOverhead))
+	}
 }
 
 func (tx *Tx) setJSON(key []byte, v any, what string) error {
@@ -135,6 +147,7 @@ func (tx *Tx) del(key []byte, what string) error {
 	if err := tx.txn.Delete(key); err != nil {
 		return fmt.Errorf("%s: %w", what, err)
 	}
+	tx.count(len(key))
 	return nil
 }
 

@@ -127,6 +127,7 @@ func (r *pathRestorer) one(ctx context.Context, p string) (PathRestore, error) {
 	if err != nil {
 		return res, err
 	}
+	resolved(&e)
 	dir, name := path.Split(p)
 	dir = strings.TrimSuffix(dir, "/")
 	parentFD, made, err := r.parent(ctx, dir, ok)
@@ -218,7 +219,7 @@ func (r *pathRestorer) put(ctx context.Context, dirFD int, rel string, e *Entry,
 // sync makes the existing directory fd (path rel) hold exactly the merged
 // entries of sub: names it has beyond them are removed, the others put.
 func (r *pathRestorer) sync(ctx context.Context, fd int, rel string, e *Entry, sub Layers) error {
-	entries, subs, err := ListDir(ctx, r.opts.Loader, sub)
+	entries, subs, err := r.list(ctx, sub)
 	if err != nil {
 		return err
 	}
@@ -247,6 +248,29 @@ func (r *pathRestorer) sync(ctx context.Context, fd int, rel string, e *Entry, s
 		}
 	}
 	return setMeta(metaTarget{fd: fd}, e)
+}
+
+// list is ListDir of a merged directory, each entry resolved.
+func (r *pathRestorer) list(ctx context.Context, sub Layers) ([]Entry, []Layers, error) {
+	entries, subs, err := ListDir(ctx, r.opts.Loader, sub)
+	for i := range entries {
+		resolved(&entries[i])
+	}
+	return entries, subs, err
+}
+
+// resolved clears a merged entry's opaque marker. In a layer the marker
+// says "hide the directory below"; a merged listing has already obeyed it
+// (the entry's Layers are its own subtree alone), so what a path restore
+// writes, the merged view into a plain directory, has no marker to carry.
+// Overlay marks every directory the sandbox makes under a merged one, so
+// a healthy checkpoint is full of them; refusing them as entries outside
+// a writable layer (CheckEntry) called such checkpoints corrupt. On an
+// overlay root the kernel marks what is made through the mount itself.
+func resolved(e *Entry) {
+	if e.Type == TypeDir {
+		e.Opaque = false
+	}
 }
 
 // errDiffers stops comparing a file's content at its first differing chunk.
@@ -391,7 +415,7 @@ func (r *pathRestorer) build(ctx context.Context, dirFD int, rel string, e *Entr
 			return err
 		}
 		defer unix.Close(fd)
-		entries, subs, err := ListDir(ctx, r.opts.Loader, sub)
+		entries, subs, err := r.list(ctx, sub)
 		if err != nil {
 			return fmt.Errorf("/%s: %w", rel, err)
 		}

@@ -126,7 +126,7 @@ func (e *Engine) BranchMany(ctx context.Context, ref string, names []string, o B
 	// As for a rollback (restore.go): roots copied into the home must
 	// leave the catalog its room. A stacked root copies nothing.
 	if ob, ok := be.(*overlay.Backend); ok && (o.Materialise || e.frozenKeep() == 0 || !ob.HasFrozen(cp.FSTree)) {
-		if err := e.checkRoom(fp.Bytes * uint64(len(names))); err != nil {
+		if err := e.checkRoom(fp.Bytes*uint64(len(names)), 0); err != nil {
 			return nil, fmt.Errorf("%s: branch of %s: %w", subject, cp.ID.Short(), err)
 		}
 	}

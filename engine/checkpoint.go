@@ -289,12 +289,19 @@ func classify(fs, procs bool) delta.Class {
 	return delta.ClassSkip
 }
 
-// resolve turns a user's checkpoint reference (full id, unique prefix, tag)
-// into a checkpoint.
+// resolve turns a user's checkpoint reference (full id, unique prefix,
+// tag, NAME@HEAD, each with an optional ~N) into a checkpoint, for a
+// command that names no sandbox (a bare HEAD is ErrInvalid).
 func (e *Engine) resolve(ctx context.Context, ref string) (*delta.Checkpoint, error) {
+	return e.resolveFor(ctx, "", ref)
+}
+
+// resolveFor is resolve for a command about sandbox name: HEAD and HEAD~N
+// are its head and that head's ancestors (catalog.ResolveCheckpointFor).
+func (e *Engine) resolveFor(ctx context.Context, name, ref string) (*delta.Checkpoint, error) {
 	var cp *delta.Checkpoint
 	err := e.view(ctx, func(tx *catalog.Tx) error {
-		id, err := tx.ResolveCheckpoint(ref)
+		id, err := tx.ResolveCheckpointFor(name, ref)
 		if err != nil {
 			return err
 		}

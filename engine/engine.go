@@ -182,7 +182,7 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	if !opts.ReadOnly {
 		// Before Badger writes anything: on a full filesystem its mmapped
 		// writes would kill the process instead of failing.
-		if err := e.checkRoom(0); err != nil {
+		if err := e.checkRoom(0, 0); err != nil {
 			return nil, err
 		}
 		if err := finishRebuild(h); err != nil {
@@ -199,7 +199,7 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 		e.meter = content.NewMeter(opts.Progress)
 	}
 	e.repo = e.newRepo()
-	e.repo.SetRoomCheck(func() error { return e.checkRoom(0) })
+	e.repo.SetRoomCheck(e.checkRoom)
 	ob := overlay.NewBackend(h.basesDir())
 	ob.SetIDs(e.ids())
 	ob.SetLoader(func() delta.BlobLoader { return e.repo }) // stacked roots' scans (frozen.go)

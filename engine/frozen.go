@@ -64,7 +64,7 @@ func (e *Engine) freeze(ctx context.Context, j *freezeJob, keep map[delta.ID]boo
 	start := time.Now()
 	// What changed this turn is about what the layer gets copied: the home
 	// must keep room for the catalog after it (room.go).
-	if err := e.checkRoom(max(uint64(max(cp.Stats.BytesRead, 0)), j.room)); err != nil {
+	if err := e.checkRoom(max(uint64(max(cp.Stats.BytesRead, 0)), j.room), 0); err != nil {
 		e.log.Warn("frozen layer not kept; branches of this checkpoint copy it", "sandbox", j.sandbox, "checkpoint", cp.ID.Short(), "err", err)
 		return
 	}

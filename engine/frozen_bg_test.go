@@ -559,7 +559,8 @@ func TestBranchBuildKeepsRoom(t *testing.T) {
 	}
 	cp2, err := e.resolve(ctx, c2.ID.String())
 	must(t, err)
-	// Leave the reserve and 12 MiB: room for the turn, not for the layer.
+	// Leave the catalog's reserve and 12 MiB: room for the turn, not for
+	// the layer.
 	filler := filepath.Join(dir, "filler")
 	f, err := os.Create(filler)
 	must(t, err)
@@ -567,7 +568,7 @@ func TestBranchBuildKeepsRoom(t *testing.T) {
 	for {
 		var fs unix.Statfs_t
 		must(t, unix.Statfs(dir, &fs))
-		if int64(fs.Bavail)*fs.Bsize <= homeReserve+12<<20 {
+		if availBytes(&fs) <= e.cat.Reserve()+12<<20 {
 			break
 		}
 		if _, err := f.Write(chunk); err != nil {

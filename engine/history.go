@@ -110,7 +110,7 @@ func (e *Engine) DiffWith(ctx context.Context, name, from, to string, o DiffOpti
 	layers := func(ref string) (delta.Layers, string, error) {
 		cp := st.head
 		if ref != "" {
-			if cp, err = e.resolve(ctx, ref); err != nil {
+			if cp, err = e.resolveFor(ctx, name, ref); err != nil {
 				return nil, "", err
 			}
 		}

@@ -32,9 +32,10 @@ func b64(s string) string {
 	return base64.StdEncoding.EncodeToString([]byte(s))
 }
 
-// stateOf resolves ref and returns the checkpoint and its merged state.
-func (e *Engine) stateOf(ctx context.Context, ref string) (*delta.Checkpoint, delta.Layers, error) {
-	cp, err := e.resolve(ctx, ref)
+// stateOf resolves ref (for a command about sandbox name, "" if none) and
+// returns the checkpoint and its merged state.
+func (e *Engine) stateOf(ctx context.Context, name, ref string) (*delta.Checkpoint, delta.Layers, error) {
+	cp, err := e.resolveFor(ctx, name, ref)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -50,7 +51,7 @@ func (e *Engine) stateOf(ctx context.Context, ref string) (*delta.Checkpoint, de
 // ErrNotFound.
 func (e *Engine) Cat(ctx context.Context, ref, path string, w io.Writer) error {
 	defer e.shared()()
-	cp, l, err := e.stateOf(ctx, ref)
+	cp, l, err := e.stateOf(ctx, "", ref)
 	if err != nil {
 		return err
 	}
@@ -108,7 +109,7 @@ type LsEntry struct {
 // sorted by name; a path that is not a directory lists that one entry.
 func (e *Engine) Ls(ctx context.Context, ref, path string) ([]LsEntry, error) {
 	defer e.shared()()
-	cp, l, err := e.stateOf(ctx, ref)
+	cp, l, err := e.stateOf(ctx, "", ref)
 	if err != nil {
 		return nil, err
 	}
@@ -286,7 +287,7 @@ func (e *Engine) RestorePaths(ctx context.Context, name, ref string, paths []str
 		}
 		target = st.root.Path()
 	}
-	cp, l, err := e.stateOf(ctx, ref)
+	cp, l, err := e.stateOf(ctx, name, ref)
 	if err != nil {
 		return nil, err
 	}

@@ -50,7 +50,7 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 	}
 	defer done()
 	start := time.Now()
-	cp, err := e.resolve(ctx, ref)
+	cp, err := e.resolveFor(ctx, name, ref)
 	if err != nil {
 		return nil, err
 	}
@@ -80,7 +80,7 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 	if st.sb.Backend == overlay.Name {
 		// The new layer is built in the home beside the live one, and the
 		// catalog must still be writable once it is.
-		if err := e.checkRoom(fp.Bytes); err != nil {
+		if err := e.checkRoom(fp.Bytes, 0); err != nil {
 			return nil, fmt.Errorf("sandbox %s: rollback to %s: %w", name, cp.ID.Short(), err)
 		}
 	}

@@ -10,9 +10,10 @@ import (
 )
 
 // validTagName refuses names that look like checkpoint id prefixes: those
-// resolve as ids first, so such a tag could become unreachable.
+// resolve as ids first, so such a tag could become unreachable; and HEAD,
+// which names a sandbox's head (catalog.ParseCheckpointRef).
 func validTagName(name string) bool {
-	if !delta.ValidRefName(name) {
+	if !delta.ValidRefName(name) || name == "HEAD" {
 		return false
 	}
 	for _, c := range name {
@@ -29,7 +30,7 @@ func validTagName(name string) bool {
 func (e *Engine) Tag(ctx context.Context, name, ref string) (*delta.Checkpoint, error) {
 	defer e.shared()()
 	if !validTagName(name) {
-		return nil, fmt.Errorf("tag name %q: use 1-64 of [A-Za-z0-9._-], not starting with '.' or '-', and not only hex digits: %w",
+		return nil, fmt.Errorf("tag name %q: use 1-64 of [A-Za-z0-9._-], not starting with '.' or '-', not only hex digits, not HEAD: %w",
 			name, errdefs.ErrInvalid)
 	}
 	cp, err := e.resolve(ctx, ref)

@@ -129,9 +129,49 @@ func (e *Engine) checkRefObjects(ctx context.Context, records []delta.ID, rep *S
 	return nil
 }
 
-// resolveInStore finds ref among the store's records: a tag object, or a
-// unique ID prefix of at least 4 digits.
+// resolveInStore finds ref among the store's records with the catalog's
+// grammar (catalog.ParseCheckpointRef): a tag object, a unique ID prefix
+// of at least 4 digits, or NAME@HEAD (the head object of the sandbox of
+// that name), each with an optional ~N walked through the store's records.
+// With no catalog there is no sandbox in context: a bare HEAD is invalid.
 func (e *Engine) resolveInStore(ctx context.Context, ref string, records []delta.ID) (delta.ID, error) {
+	r, err := catalog.ParseCheckpointRef(ref)
+	if err != nil {
+		return delta.ID{}, err
+	}
+	get := func(id delta.ID) (*delta.Checkpoint, error) {
+		if _, ok := slices.BinarySearchFunc(records, id, func(a, b delta.ID) int { return strings.Compare(a.String(), b.String()) }); !ok {
+			return nil, fmt.Errorf("checkpoint %s: no such record in the store: %w", id.Short(), errdefs.ErrNotFound)
+		}
+		data, err := upload.ReadAllMax(ctx, e.store, delta.RecordName(id), delta.MaxRecordSize)
+		if err != nil {
+			return nil, fmt.Errorf("checkpoint %s: %w", id.Short(), err)
+		}
+		cp, err := delta.DecodeRecord(id, data)
+		if err != nil {
+			return nil, fmt.Errorf("object %s: %w", delta.RecordName(id), err)
+		}
+		return cp, nil
+	}
+	var id delta.ID
+	switch {
+	case r.Head && r.Sandbox == "":
+		return delta.ID{}, fmt.Errorf("checkpoint %q: verify names no sandbox whose HEAD it could be: write NAME@HEAD: %w",
+			ref, errdefs.ErrInvalid)
+	case r.Head:
+		if id, err = e.headInStore(ctx, r.Sandbox); err != nil {
+			return delta.ID{}, fmt.Errorf("checkpoint %q: %w", ref, err)
+		}
+	default:
+		if id, err = e.baseInStore(ctx, r.Base, records); err != nil {
+			return delta.ID{}, err
+		}
+	}
+	return catalog.WalkBack(ref, id, r.Back, get)
+}
+
+// baseInStore resolves a tag object or a unique ID prefix.
+func (e *Engine) baseInStore(ctx context.Context, ref string, records []delta.ID) (delta.ID, error) {
 	if delta.ValidName(ref) {
 		tag := delta.TagPrefix + ref
 		data, err := upload.ReadAllMax(ctx, e.store, tag, delta.MaxSmallObject)
@@ -166,4 +206,51 @@ func (e *Engine) resolveInStore(ctx context.Context, ref string, records []delta
 		return delta.ID{}, fmt.Errorf("checkpoint %q: no such record or tag in the store: %w", ref, errdefs.ErrNotFound)
 	}
 	return delta.ID{}, fmt.Errorf("checkpoint %q: prefix matches %d records: %w", ref, len(found), errdefs.ErrInvalid)
+}
+
+// headInStore finds the head of the sandbox labelled name. Head objects
+// are named by sandbox key, not label (and a fresh branch's head is
+// another sandbox's checkpoint), so the label is looked up in the
+// sandboxes' descriptions. Two sandboxes of one label (homes sharing the
+// bucket) resolve to this home's, as a rebuild names them, or are
+// ambiguous.
+func (e *Engine) headInStore(ctx context.Context, name string) (delta.ID, error) {
+	var found []*delta.Sandbox
+	err := e.store.List(ctx, delta.SandboxPrefix, func(oi upload.ObjectInfo) error {
+		data, err := upload.ReadAllMax(ctx, e.store, oi.Name, delta.MaxSmallObject)
+		if err != nil {
+			return err
+		}
+		sb, err := decodeSandboxObject(oi.Name, data)
+		if err != nil {
+			return err
+		}
+		if sb.Name == name {
+			found = append(found, sb)
+		}
+		return nil
+	})
+	if err != nil {
+		return delta.ID{}, err
+	}
+	if len(found) > 1 {
+		found = slices.DeleteFunc(found, func(sb *delta.Sandbox) bool { return sb.Home == "" || sb.Home != e.config.HomeID })
+		if len(found) != 1 {
+			return delta.ID{}, fmt.Errorf("several sandboxes named %s are in the store, none of them this home's: name the checkpoint by ID: %w",
+				name, errdefs.ErrInvalid)
+		}
+	}
+	if len(found) == 0 {
+		return delta.ID{}, fmt.Errorf("no sandbox %s in the store: %w", name, errdefs.ErrNotFound)
+	}
+	head := delta.RefName(delta.RefHead, found[0].Key())
+	data, err := upload.ReadAllMax(ctx, e.store, head, delta.MaxSmallObject)
+	if err != nil {
+		return delta.ID{}, fmt.Errorf("sandbox %s: %w", name, err)
+	}
+	id, err := delta.ParseRef(data)
+	if err != nil {
+		return delta.ID{}, fmt.Errorf("object %s: %v: %w", head, err, errdefs.ErrCorrupt)
+	}
+	return id, nil
 }

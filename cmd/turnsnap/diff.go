@@ -18,7 +18,8 @@ func (a *app) diffCmd() *cobra.Command {
 		Use:   "diff NAME [FROM [TO]] [--stat | -p | -z]",
 		Short: "Show what changed: paths, metadata, sizes, patches (default: head against the live root)",
 		Long: `diff compares two states of sandbox NAME: FROM and TO name checkpoints (an
-id, a unique prefix, a tag); FROM defaults to the head and TO to the live
+id, a unique prefix, a tag, HEAD or NAME@HEAD, each with an optional ~N: N
+first parents back); FROM defaults to the head and TO to the live
 root as it is now. Each changed path is a line "A /path" (added), "M /path"
 (modified) or "D /path" (deleted); a modified entry is followed by indented
 lines naming what changed: type, mode, owner, mtime, xattr, target (of a

@@ -21,7 +21,8 @@ func (a *app) catCmd() *cobra.Command {
 		Short: "Write a file's bytes as they were in a checkpoint to stdout",
 		Long: `cat writes the content of the file PATH (an in-sandbox path such as
 /etc/app.conf) as it was in CHECKPOINT (an id, a unique prefix of 4 or more
-hex digits, or a tag) to stdout. Every chunk is checked against its hash as
+hex digits, a tag, or NAME@HEAD, each with an optional ~N: N first parents
+back) to stdout. Every chunk is checked against its hash as
 it is read: a damaged one stops the output and exits 7 naming the object,
 so a partial file never exits 0. A directory, symlink or special file is
 exit 2 (list directories with ls), a missing path exit 3.`,

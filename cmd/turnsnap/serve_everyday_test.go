@@ -38,6 +38,11 @@ func everydayScenario(do func(args ...string) string, c1, c3 string) {
 	do("ls", c3, "--json")
 	do("ls", "t1", "/src", "--json")
 	do("ls", c3, "/nosuch")
+	do("cat", "s@HEAD~1", "/f2") // issue 24: HEAD forms, served as direct
+	do("ls", "s@HEAD~1", "--json")
+	do("diff", "s", "HEAD~1", "HEAD", "--json")
+	do("cat", "HEAD", "/f2", "--json")            // no sandbox in context: exit 2
+	do("restore", "s", "HEAD~9", "/f2", "--json") // past the first checkpoint: exit 3
 	do("restore", "s", "t1", "/f1", "--json")
 	do("restore", "s", "t1", "/f1", "/f2")
 	do("restore", "s", "t1", "/nosuch")

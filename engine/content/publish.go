@@ -75,7 +75,7 @@ func (o *Op) Stage(ctx context.Context, extraRefs ...delta.ID) (*Staged, error) 
 		}
 	}
 	if o.r.room != nil {
-		if err := o.r.room(); err != nil {
+		if err := o.r.room(0, o.packBytes()); err != nil {
 			return nil, err
 		}
 	}

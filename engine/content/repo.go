@@ -49,15 +49,26 @@ type Repo struct {
 	// group shares one catalog transaction between concurrent small
 	// Publishes (Staged.Index); it runs them under indexMu.
 	group catalog.Group
-	// room, if set, is asked after an Op's packs are written and before the
+	// room, if set, is asked before each pack is written and before the
 	// catalog is (SetRoomCheck).
-	room func() error
+	room func(need, packs uint64) error
 }
 
-// SetRoomCheck makes Publish call room after writing an Op's packs and
-// before writing the catalog; an error stops the Op there, and Discard then
-// removes its packs (the engine's "home filesystem is full" check).
-func (r *Repo) SetRoomCheck(room func() error) { r.room = room }
+// SetRoomCheck makes an Op call room before writing each pack (need: its
+// bytes) and before writing the catalog (need 0), with the bytes its packs
+// already take (packs: what a failed Op gives back); an error stops the Op
+// there, and Discard then removes its packs (the engine's "home filesystem
+// is full" check).
+func (r *Repo) SetRoomCheck(room func(need, packs uint64) error) { r.room = room }
+
+// packBytes is the size of the packs the Op has written.
+func (o *Op) packBytes() uint64 {
+	var n uint64
+	for _, w := range o.written {
+		n += uint64(w.Size)
+	}
+	return n
+}
 
 // Duplicates is how many blobs Ops of this Repo stored that another Op had
 // indexed first (see Publish); their copies are garbage for gc.
@@ -342,6 +353,13 @@ func (o *Op) flushPack(ctx context.Context, t delta.BlobType) error {
 		return fmt.Errorf("pack: %w", err)
 	}
 	name := delta.PackName(id)
+	if o.r.room != nil {
+		// Before the pack, not after: a turn that does not fit is refused
+		// before it fills the home, with the room check's figures.
+		if err := o.r.room(uint64(len(data)), o.packBytes()); err != nil {
+			return err
+		}
+	}
 	if err := upload.PutBytes(ctx, o.r.store, name, data); err != nil {
 		return fmt.Errorf("write pack %s: %w", name, err)
 	}
