@@ -185,7 +185,7 @@ func removeEmptyLogs(dir string, names []string, log *slog.Logger) error {
 	}
 	defer d.Close() // releases the flock before Badger takes its own
 	if err := unix.Flock(int(d.Fd()), unix.LOCK_EX|unix.LOCK_NB); errors.Is(err, unix.EWOULDBLOCK) {
-		return inUse(dir, errors.New("Badger's directory lock is held"))
+		return inUse(dir, errors.New("the directory lock of Badger is held"))
 	} else if err != nil {
 		return fmt.Errorf("catalog %s: lock: %w", dir, err)
 	}

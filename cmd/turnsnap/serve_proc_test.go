@@ -109,7 +109,7 @@ func TestServeExecAndSIGTERM(t *testing.T) {
 	}
 
 	// SSE: the same exec stream as server-sent events.
-	hc := &http.Client{Transport: &http.Transport{Dial: nil, DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 		return net.Dial("unix", filepath.Join(home, socketName))
 	}}}
 	req, _ := http.NewRequest("POST", "http://turnsnap/v1/sandboxes/s/exec", strings.NewReader(`{"argv":["sh","-c","echo sse-out; exit 5"]}`))
