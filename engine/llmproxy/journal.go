@@ -48,6 +48,7 @@ type StoreJournal struct {
 
 	mu  sync.Mutex
 	idx map[string]map[delta.ID]journalRef // sandbox → conversation → entry
+	reruns
 }
 
 type journalRef struct {
@@ -131,8 +132,9 @@ func (j *StoreJournal) Refs(sandbox string) []delta.ID {
 }
 
 // Reset makes sandbox's journal exactly the entries refs (a restored
-// checkpoint's references; nil empties it), reading and verifying each.
-// On error the journal is left as it was.
+// checkpoint's references; nil empties it), reading and verifying each,
+// and arms them for the sandbox's re-run. On error the journal is left as
+// it was.
 func (j *StoreJournal) Reset(ctx context.Context, sandbox string, refs []delta.ID) error {
 	m := make(map[delta.ID]journalRef, len(refs))
 	for _, id := range refs {
@@ -145,7 +147,16 @@ func (j *StoreJournal) Reset(ctx context.Context, sandbox string, refs []delta.I
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	j.idx[sandbox] = m
+	j.arm(sandbox, mapKeys(m))
 	return nil
+}
+
+func mapKeys[V any](m map[delta.ID]V) []delta.ID {
+	ks := make([]delta.ID, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	return ks
 }
 
 // Load reads entry id from the store and checks its hash.

@@ -33,6 +33,7 @@ type TreeJournal struct {
 
 	mu  sync.Mutex
 	idx map[string]map[delta.ID]*treeEntry // sandbox → conversation → entry
+	reruns
 }
 
 type treeEntry struct {
@@ -245,9 +246,10 @@ func (j *TreeJournal) Committed(s *Snapshot) {
 }
 
 // Reset makes sandbox's journal exactly the tree root (a restored
-// checkpoint's Journal; nil empties it). The tree is checked, not the
-// entries' bytes: each is read and verified when a call asks for it. On
-// error the journal is left as it was.
+// checkpoint's Journal; nil empties it) and arms its exchanges for the
+// sandbox's re-run (reruns). The tree is checked, not the entries' bytes:
+// each is read and verified when a call asks for it. On error the journal
+// is left as it was.
 func (j *TreeJournal) Reset(ctx context.Context, sandbox string, root *delta.ID) error {
 	m := map[delta.ID]*treeEntry{}
 	if root != nil {
@@ -262,6 +264,7 @@ func (j *TreeJournal) Reset(ctx context.Context, sandbox string, root *delta.ID)
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	j.idx[sandbox] = m
+	j.arm(sandbox, mapKeys(m))
 	return nil
 }
 
