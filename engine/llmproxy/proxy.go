@@ -335,14 +335,16 @@ func (p *Proxy) isTurn(method, path string) (Shape, bool) {
 }
 
 // prepareTurn reads the model call's body, answers it from the journal if
-// it can (done), and otherwise starts the turn's checkpoint.
+// it may (done), and otherwise starts the turn's checkpoint.
 //
-// When no journaled reply can answer the call (no journal, or none for this
-// sandbox), the call is forwarded at once and its conversation read beside
-// it from the same bytes: the position and the hash only
-// number the checkpoint, which runs concurrently with the model anyway.
-// Otherwise the hash decides whether the model is called at all, so it is
-// read first (about 15 us for a 12 KiB conversation).
+// When the journal may not answer the call (no journal, no entry for this
+// sandbox, replay off, or a live timeline: no re-run armed and no opt-in;
+// docs/LLM-PROXY.md "When the journal answers"), the call is forwarded at
+// once and its conversation read beside it from the same bytes: the
+// position and the hash only number the checkpoint, which runs
+// concurrently with the model anyway. Otherwise the hash decides whether
+// the model is called at all, so it is read first (about 15 us for a
+// 12 KiB conversation).
 func (p *Proxy) prepareTurn(w http.ResponseWriter, r *http.Request, x *exchange, shape Shape) (done bool) {
 	head, err := readBody(r.Body, r.ContentLength, p.opts.MaxBody)
 	if err != nil {
