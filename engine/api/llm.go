@@ -127,7 +127,7 @@ func (l *LLM) Checkpoint(ctx context.Context, t llmproxy.Turn) (llmproxy.Committ
 		return llmproxy.Committed{}, err
 	}
 	if r.Class != delta.ClassSkip {
-		l.journal.Committed(snap)
+		l.journal.Committed(ctx, snap)
 		if s.Uploads != nil {
 			s.Uploads.Committed(t.Sandbox, r.ID)
 		}

@@ -63,7 +63,7 @@ func (st *sizeTurns) Checkpoint(ctx context.Context, t Turn) (Committed, error) 
 	if err != nil {
 		return Committed{}, err
 	}
-	st.j.Committed(snap)
+	st.j.Committed(ctx, snap)
 	st.roots = append(st.roots, root)
 	st.added = append(st.added, st.blobs.added.Load()-before)
 	n, err := st.legacySave(ctx, snap)

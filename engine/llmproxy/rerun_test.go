@@ -33,7 +33,7 @@ func (tt *treeTurns) Checkpoint(ctx context.Context, t Turn) (Committed, error) 
 	if err != nil {
 		return Committed{}, err
 	}
-	tt.j.Committed(snap)
+	tt.j.Committed(ctx, snap)
 	tt.mu.Lock()
 	tt.roots[t.Number] = root
 	tt.mu.Unlock()

@@ -340,6 +340,7 @@ type Snapshot struct {
 	seq     uint64
 	gen     uint64
 	prev    *delta.ID
+	prevSet map[delta.ID]*treeEntry // what prev holds, by conversation
 	depth   int
 	files   int
 	held    int // exchanges of prev not shadowed by the new entries
@@ -383,7 +384,7 @@ func (j *TreeJournal) Snapshot(sandbox string, before int) *Snapshot {
 	defer j.mu.Unlock()
 	sj := j.sb(sandbox)
 	j.seq++
-	s := &Snapshot{j: j, ids: j.ids, sandbox: sandbox, seq: j.seq, gen: sj.gen, prev: sj.root, depth: sj.depth, files: sj.files}
+	s := &Snapshot{j: j, ids: j.ids, sandbox: sandbox, seq: j.seq, gen: sj.gen, prev: sj.root, prevSet: sj.rootSet, depth: sj.depth, files: sj.files}
 	newConvs := map[delta.ID]bool{}
 	for _, te := range sj.idx {
 		if te.entry != nil && (before < 0 || te.turn < before) {
@@ -513,29 +514,47 @@ func (s *Snapshot) encode(se *snapEntry, withPrev bool) ([]byte, *treeEntry, err
 }
 
 // Committed says a checkpoint holding s is committed: its entries' bytes
-// are in the store and need not be kept in memory. A snapshot older than
-// the newest committed one, or taken before a Reset, changes nothing: its
-// entries stay in memory for the next checkpoint.
-func (j *TreeJournal) Committed(s *Snapshot) {
+// are in the store and need not be kept in memory, and its tree is the one
+// the next checkpoint's chains onto. A snapshot older than the newest
+// committed one, or taken before a Reset, changes nothing: its entries
+// stay in memory for the next checkpoint.
+//
+// Two checkpoints of a sandbox may overlap: the later snapshot was taken
+// before the earlier one committed, so its tree chains onto the tree
+// before that. The exchanges only the earlier tree held are read back and
+// kept for the next checkpoint, so that no tree loses them.
+func (j *TreeJournal) Committed(ctx context.Context, s *Snapshot) {
 	j.mu.Lock()
-	defer j.mu.Unlock()
 	sj := j.sbs[s.sandbox]
 	if sj == nil || !s.saved || s.gen != sj.gen || s.seq < sj.rootSeq {
+		j.mu.Unlock()
 		return
 	}
 	restarted := s.root != s.prev && s.depth == 1 && s.prev != nil
-	if restarted {
-		sj.rootSet = map[delta.ID]*treeEntry{}
+	// rootSet is never changed in place: a snapshot keeps the one it saw.
+	set := make(map[delta.ID]*treeEntry, len(s.prevSet)+len(s.entries))
+	if !restarted {
+		for conv, te := range s.prevSet {
+			set[conv] = te
+		}
 	}
-	sj.root, sj.rootSeq, sj.depth, sj.files = s.root, s.seq, s.depth, s.files
+	for _, se := range s.entries {
+		set[se.te.conv] = se.te
+	}
+	var orphans []*treeEntry
+	for conv, te := range sj.rootSet {
+		if set[conv] != te && te.entry == nil && sj.idx[conv] == te && !restarted {
+			orphans = append(orphans, te)
+		}
+	}
+	sj.root, sj.rootSet, sj.rootSeq, sj.depth, sj.files = s.root, set, s.seq, s.depth, s.files
 	for _, se := range s.entries {
 		te := se.te
-		sj.rootSet[te.conv] = te
 		if te.entry != se.e && te.entry != nil {
 			continue
 		}
-		// The encoding and base this root's tree holds (an older snapshot
-		// committed first may have written another).
+		// The encoding and base this root's tree holds (an overlapping
+		// snapshot committed first may have written another).
 		te.file, te.base = se.file, se.base
 		te.entry = nil
 		if sj.idx[te.conv] == te {
@@ -549,6 +568,20 @@ func (j *TreeJournal) Committed(s *Snapshot) {
 				delete(sj.idx, conv)
 			}
 		}
+	}
+	gen := sj.gen
+	j.mu.Unlock()
+	for _, te := range orphans {
+		e, err := j.readEntry(ctx, te)
+		j.mu.Lock()
+		if sj := j.sbs[s.sandbox]; sj != nil && sj.gen == gen && sj.idx[te.conv] == te && sj.rootSet[te.conv] != te {
+			if err == nil {
+				te.entry = e // recorded again by the next checkpoint
+			} else {
+				delete(sj.idx, te.conv) // asked of the model, never answered wrong
+			}
+		}
+		j.mu.Unlock()
 	}
 }
 

@@ -27,7 +27,7 @@ func commit(t *testing.T, j *TreeJournal, blobs delta.BlobSaver) *delta.ID {
 	if err != nil {
 		t.Fatal(err)
 	}
-	j.Committed(s)
+	j.Committed(context.Background(), s)
 	return root
 }
 
@@ -190,5 +190,45 @@ func TestTreeJournalHostileDeltas(t *testing.T) {
 		if !errors.Is(err, errdefs.ErrCorrupt) {
 			t.Fatalf("%s: %v", name, err)
 		}
+	}
+}
+
+// Overlapping checkpoints: a later snapshot taken before an earlier one
+// committed holds fewer exchanges (an earlier turn of another
+// conversation) and commits last. The exchanges only the earlier tree held
+// are not lost: the next checkpoint's tree holds them again.
+func TestTreeJournalOverlappingCheckpoints(t *testing.T) {
+	ctx := context.Background()
+	blobs := &lockedBlobs{m: memBlobs{}}
+	j := NewTreeJournal(delta.IDs{}, blobs)
+	prompt := strings.Repeat("tools ", 200)
+	var es []*Entry
+	req := `{"messages":["` + prompt + `"`
+	for i := 0; i < 3; i++ {
+		req += fmt.Sprintf(`,"m%d"`, i)
+		e := convEntry(fmt.Sprint("a", i), i, req+"]}", fmt.Sprint("reply ", i))
+		es = append(es, e)
+		j.Put(ctx, "s", e)
+	}
+	s1 := j.Snapshot("s", 3)
+	s2 := j.Snapshot("s", 1)
+	for _, s := range []*Snapshot{s1, s2} {
+		if _, err := s.Save(ctx, blobs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	j.Committed(ctx, s1)
+	j.Committed(ctx, s2)
+	if s2.Len() != 1 {
+		t.Fatalf("the later snapshot holds %d exchanges, want 1", s2.Len())
+	}
+	root := commit(t, j, blobs)
+	fresh := NewTreeJournal(delta.IDs{}, blobs)
+	if err := fresh.Reset(ctx, "s", root); err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range es {
+		wantEntry(t, fresh, e)
+		wantEntry(t, j, e)
 	}
 }
