@@ -104,8 +104,9 @@ func (l *LLM) replayFor(_ context.Context, sandbox string) (llmproxy.Replay, err
 
 // Checkpoint implements llmproxy.Turns.
 func (l *LLM) Checkpoint(ctx context.Context, t llmproxy.Turn) (llmproxy.Committed, error) {
-	// The checkpoint that closes turn k holds the exchanges of turns below
-	// k: the replies whose tool calls the state it captures already holds.
+	// The checkpoint that closes turn k holds its parent's journal and the
+	// exchanges recorded since of turns below k: the replies whose tool
+	// calls the state it captures already holds.
 	snap := l.journal.Snapshot(t.Sandbox, t.Number)
 	// The reply ready before the checkpoint committed moves it to the
 	// engine's urgent lane (engine/admit.go).
