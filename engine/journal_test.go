@@ -38,7 +38,7 @@ func TestJournalFollowsCheckpoint(t *testing.T) {
 		conv := delta.Hash([]byte(fmt.Sprint("call ", turn)))
 		r, err := e.Checkpoint(ctx, "s", CheckpointOptions{Conv: &conv, Journal: snap.Save})
 		must(t, err)
-		j.Committed(snap)
+		j.Committed(ctx, snap)
 		last, err = e.Resolve(ctx, r.ID.String())
 		must(t, err)
 		if last.Version != delta.RecordVersionLLM || last.Journal == nil || *last.Conv != conv {

@@ -59,7 +59,7 @@ func NewLLM(ctx context.Context, svc *Service, opts LLMOptions) (*LLM, error) {
 	l := &LLM{svc: svc, opts: opts, journal: llmproxy.NewTreeJournal(svc.E.IDs(), svc.E.Blobs()),
 		ups: NewUpstreams(svc.E.Home()), log: opts.Logger}
 	p, err := llmproxy.New(llmproxy.Options{Upstream: opts.Upstream, UpstreamFor: l.upstreamFor, Turns: l,
-		Journal: l.journal, Gate: opts.Gate, GateTimeout: opts.GateTimeout, Strict: opts.Strict,
+		Journal: l.journal, ReplayFor: l.replayFor, Gate: opts.Gate, GateTimeout: opts.GateTimeout, Strict: opts.Strict,
 		NonTurn: opts.NonTurn, Registerer: opts.Registerer, Logger: opts.Logger})
 	if err != nil {
 		return nil, err
@@ -97,10 +97,16 @@ func (l *LLM) upstreamFor(ctx context.Context, sandbox string) (string, error) {
 	return u, nil
 }
 
+// replayFor is a sandbox's replay setting (PATCH llm_replay).
+func (l *LLM) replayFor(_ context.Context, sandbox string) (llmproxy.Replay, error) {
+	return l.ups.Replay(sandbox)
+}
+
 // Checkpoint implements llmproxy.Turns.
 func (l *LLM) Checkpoint(ctx context.Context, t llmproxy.Turn) (llmproxy.Committed, error) {
-	// The checkpoint that closes turn k holds the exchanges of turns below
-	// k: the replies whose tool calls the state it captures already holds.
+	// The checkpoint that closes turn k holds its parent's journal and the
+	// exchanges recorded since of turns below k: the replies whose tool
+	// calls the state it captures already holds.
 	snap := l.journal.Snapshot(t.Sandbox, t.Number)
 	// The reply ready before the checkpoint committed moves it to the
 	// engine's urgent lane (engine/admit.go).
@@ -122,7 +128,7 @@ func (l *LLM) Checkpoint(ctx context.Context, t llmproxy.Turn) (llmproxy.Committ
 		return llmproxy.Committed{}, err
 	}
 	if r.Class != delta.ClassSkip {
-		l.journal.Committed(snap)
+		l.journal.Committed(ctx, snap)
 		if s.Uploads != nil {
 			s.Uploads.Committed(t.Sandbox, r.ID)
 		}
@@ -202,6 +208,9 @@ func (s *Service) llmRemoved(ctx context.Context, name string) {
 	if u, err := ups.Get(name); err == nil && u != "" {
 		ups.Set(name, "")
 	}
+	if r, err := ups.Replay(name); err == nil && r != llmproxy.ReplayAuto {
+		ups.SetReplay(name, llmproxy.ReplayAuto)
+	}
 	if s.LLM != nil {
 		s.LLM.journal.Reset(ctx, name, nil)
 	}
@@ -218,6 +227,9 @@ func (s *Service) llmRestored(ctx context.Context, sandbox string) {
 type LLMUpstreamRequest struct {
 	// LLMUpstream is the sandbox's own upstream base URL; "" clears it.
 	LLMUpstream *string `json:"llm_upstream,omitempty"`
+	// LLMReplay is when the sandbox's journal may answer its model calls:
+	// "auto" (only a re-run after a restore; "" too) or "off" (never).
+	LLMReplay *string `json:"llm_replay,omitempty"`
 }
 
 // LLMSandbox is one sandbox's LLM route.
@@ -225,6 +237,7 @@ type LLMSandbox struct {
 	Name     string `json:"name"`
 	Upstream string `json:"upstream,omitempty"` // redacted; "" means the default
 	Route    string `json:"route,omitempty"`    // when the proxy runs
+	Replay   string `json:"replay,omitempty"`   // "off" when set; "" is auto
 }
 
 // LLMStatus is GET /v1/llm.
@@ -244,23 +257,48 @@ func (s *Service) SetLLMUpstream(ctx context.Context, name string, req LLMUpstre
 	if _, err := s.GetSandbox(ctx, name); err != nil {
 		return nil, err
 	}
-	if req.LLMUpstream == nil {
-		return nil, invalidf("sandbox %s: nothing to change (llm_upstream)", name)
+	if req.LLMUpstream == nil && req.LLMReplay == nil {
+		return nil, invalidf("sandbox %s: nothing to change (llm_upstream, llm_replay)", name)
 	}
-	if err := NewUpstreams(s.E.Home()).Set(name, *req.LLMUpstream); err != nil {
+	var replay llmproxy.Replay
+	if req.LLMReplay != nil {
+		var err error
+		if replay, err = llmproxy.ParseReplay(*req.LLMReplay); err != nil {
+			return nil, invalidf("sandbox %s: %v", name, err)
+		}
+	}
+	ups := NewUpstreams(s.E.Home())
+	if req.LLMUpstream != nil {
+		if err := ups.Set(name, *req.LLMUpstream); err != nil {
+			return nil, err
+		}
+	}
+	if req.LLMReplay != nil {
+		if err := ups.SetReplay(name, replay); err != nil {
+			return nil, err
+		}
+	}
+	up, err := ups.Get(name)
+	if err != nil {
 		return nil, err
 	}
-	out := &LLMSandbox{Name: name, Upstream: redactOrEmpty(*req.LLMUpstream)}
+	if replay, err = ups.Replay(name); err != nil {
+		return nil, err
+	}
+	out := &LLMSandbox{Name: name, Upstream: redactOrEmpty(up)}
+	if replay == llmproxy.ReplayOff {
+		out.Replay = string(replay)
+	}
 	if s.LLM != nil {
 		out.Route, _ = llmproxy.RouteURL(s.LLM.opts.URL, name)
-		s.LLM.log.Info("llm upstream set", "sandbox", name, "upstream", out.Upstream)
+		s.LLM.log.Info("llm route set", "sandbox", name, "upstream", out.Upstream, "replay", out.Replay)
 	}
 	return out, nil
 }
 
 // LLMStatus lists the sandboxes' upstreams and, with the proxy, their routes.
 func (s *Service) LLMStatus(ctx context.Context) (*LLMStatus, error) {
-	m, err := NewUpstreams(s.E.Home()).All()
+	m, off, err := NewUpstreams(s.E.Home()).Settings()
 	if err != nil {
 		return nil, err
 	}
@@ -278,7 +316,7 @@ func (s *Service) LLMStatus(ctx context.Context) (*LLMStatus, error) {
 		return nil, err
 	}
 	for _, sb := range sbs {
-		row := LLMSandbox{Name: sb.Sandbox.Name, Upstream: redactOrEmpty(m[sb.Sandbox.Name])}
+		row := LLMSandbox{Name: sb.Sandbox.Name, Upstream: redactOrEmpty(m[sb.Sandbox.Name]), Replay: off[sb.Sandbox.Name]}
 		if out.Proxy {
 			row.Route, _ = llmproxy.RouteURL(trimRoute(out.URL), row.Name)
 		}

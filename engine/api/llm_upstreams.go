@@ -12,6 +12,7 @@ import (
 	"sync"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/engine/llmproxy"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/internal/fsat"
 )
@@ -27,6 +28,9 @@ const maxUpstreamsFile = 1 << 20
 type upstreamsDoc struct {
 	Version   int               `json:"version"`
 	Upstreams map[string]string `json:"upstreams"`
+	// Replay holds the sandboxes whose journal never answers a call
+	// ("off"); omitted when none is set, so such a file reads as before.
+	Replay map[string]string `json:"replay,omitempty"`
 }
 
 // Upstreams is the home's sandbox → upstream base URL table
@@ -79,10 +83,10 @@ func RedactURL(raw string) string {
 	return u.String()
 }
 
-func (u *Upstreams) read() (map[string]string, error) {
+func (u *Upstreams) read() (*upstreamsDoc, error) {
 	f, err := os.Open(u.path)
 	if os.IsNotExist(err) {
-		return map[string]string{}, nil
+		return &upstreamsDoc{Version: 1, Upstreams: map[string]string{}}, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("llm upstreams: %w", err)
@@ -106,28 +110,63 @@ func (u *Upstreams) read() (map[string]string, error) {
 			return nil, fmt.Errorf("llm upstreams %s: entry %q is not a sandbox and an upstream URL: %w", u.path, name, errdefs.ErrCorrupt)
 		}
 	}
+	for name, r := range doc.Replay {
+		if !delta.ValidRefName(name) || r != string(llmproxy.ReplayOff) {
+			return nil, fmt.Errorf("llm upstreams %s: replay entry %q is not a sandbox set to off: %w", u.path, name, errdefs.ErrCorrupt)
+		}
+	}
 	if doc.Upstreams == nil {
 		doc.Upstreams = map[string]string{}
 	}
-	return doc.Upstreams, nil
+	return &doc, nil
 }
 
 // Get returns sandbox's upstream, "" for the default.
 func (u *Upstreams) Get(sandbox string) (string, error) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	m, err := u.read()
+	doc, err := u.read()
 	if err != nil {
 		return "", err
 	}
-	return m[sandbox], nil
+	return doc.Upstreams[sandbox], nil
+}
+
+// Replay returns sandbox's replay setting (docs/LLM-PROXY.md, "When the
+// journal answers"): off, or auto when none is set.
+func (u *Upstreams) Replay(sandbox string) (llmproxy.Replay, error) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	doc, err := u.read()
+	if err != nil {
+		return "", err
+	}
+	if doc.Replay[sandbox] == string(llmproxy.ReplayOff) {
+		return llmproxy.ReplayOff, nil
+	}
+	return llmproxy.ReplayAuto, nil
 }
 
 // All returns the table.
 func (u *Upstreams) All() (map[string]string, error) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	return u.read()
+	doc, err := u.read()
+	if err != nil {
+		return nil, err
+	}
+	return doc.Upstreams, nil
+}
+
+// Settings returns the table and the replay settings (sandbox → "off").
+func (u *Upstreams) Settings() (upstreams, replay map[string]string, err error) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	doc, err := u.read()
+	if err != nil {
+		return nil, nil, err
+	}
+	return doc.Upstreams, doc.Replay, nil
 }
 
 // Set makes raw sandbox's upstream ("" clears it, the default applies).
@@ -140,18 +179,45 @@ func (u *Upstreams) Set(sandbox, raw string) error {
 			return fmt.Errorf("sandbox %s: %w", sandbox, err)
 		}
 	}
+	return u.update(func(doc *upstreamsDoc) {
+		if raw == "" {
+			delete(doc.Upstreams, sandbox)
+		} else {
+			doc.Upstreams[sandbox] = raw
+		}
+	})
+}
+
+// SetReplay sets sandbox's replay setting (auto clears it).
+func (u *Upstreams) SetReplay(sandbox string, r llmproxy.Replay) error {
+	if !delta.ValidRefName(sandbox) {
+		return invalidf("sandbox name %q", sandbox)
+	}
+	return u.update(func(doc *upstreamsDoc) {
+		if r == llmproxy.ReplayOff {
+			if doc.Replay == nil {
+				doc.Replay = map[string]string{}
+			}
+			doc.Replay[sandbox] = string(r)
+		} else {
+			delete(doc.Replay, sandbox)
+		}
+	})
+}
+
+// update rewrites the table with change applied.
+func (u *Upstreams) update(change func(*upstreamsDoc)) error {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	m, err := u.read()
+	doc, err := u.read()
 	if err != nil {
 		return err
 	}
-	if raw == "" {
-		delete(m, sandbox)
-	} else {
-		m[sandbox] = raw
+	change(doc)
+	if len(doc.Replay) == 0 {
+		doc.Replay = nil
 	}
-	data, err := json.MarshalIndent(upstreamsDoc{Version: 1, Upstreams: m}, "", "  ")
+	data, err := json.MarshalIndent(upstreamsDoc{Version: 1, Upstreams: doc.Upstreams, Replay: doc.Replay}, "", "  ")
 	if err != nil {
 		return err
 	}

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/turnsnap/turnsnap/engine/llmproxy"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
 
@@ -37,6 +38,23 @@ func TestUpstreams(t *testing.T) {
 	if got, _ := u.Get("s"); got != "" {
 		t.Fatalf("cleared: %q", got)
 	}
+	// A replay setting of off is kept beside the upstreams; auto clears it,
+	// and a table without one is written as before.
+	if err := u.SetReplay("s", llmproxy.ReplayOff); err != nil {
+		t.Fatal(err)
+	}
+	if r, _ := u.Replay("s"); r != llmproxy.ReplayOff {
+		t.Fatalf("Replay after off: %q", r)
+	}
+	if r, _ := u.Replay("t"); r != llmproxy.ReplayAuto {
+		t.Fatalf("Replay of an unset sandbox: %q", r)
+	}
+	if err := u.SetReplay("s", llmproxy.ReplayAuto); err != nil {
+		t.Fatal(err)
+	}
+	if data, _ := os.ReadFile(filepath.Join(home, UpstreamsFile)); strings.Contains(string(data), "replay") {
+		t.Fatalf("a table with no replay setting holds %s", data)
+	}
 	ents, _ := os.ReadDir(home)
 	if len(ents) != 1 || ents[0].Name() != UpstreamsFile {
 		t.Fatalf("home holds %v after writes", ents)
@@ -51,6 +69,7 @@ func TestUpstreams(t *testing.T) {
 		"credentials": `{"version":1,"upstreams":{"s":"http://u:p@gw.example"}}`,
 		"name":        `{"version":1,"upstreams":{"../s":"http://gw.example"}}`,
 		"unknown":     `{"version":1,"upstreams":{},"extra":1}`,
+		"replay":      `{"version":1,"upstreams":{},"replay":{"s":"always"}}`,
 	} {
 		os.WriteFile(path, []byte(data), 0o600)
 		if _, err := u.Get("s"); !errors.Is(err, errdefs.ErrCorrupt) {

@@ -48,6 +48,7 @@ type StoreJournal struct {
 
 	mu  sync.Mutex
 	idx map[string]map[delta.ID]journalRef // sandbox → conversation → entry
+	reruns
 }
 
 type journalRef struct {
@@ -131,8 +132,9 @@ func (j *StoreJournal) Refs(sandbox string) []delta.ID {
 }
 
 // Reset makes sandbox's journal exactly the entries refs (a restored
-// checkpoint's references; nil empties it), reading and verifying each.
-// On error the journal is left as it was.
+// checkpoint's references; nil empties it), reading and verifying each,
+// and arms them for the sandbox's re-run. On error the journal is left as
+// it was.
 func (j *StoreJournal) Reset(ctx context.Context, sandbox string, refs []delta.ID) error {
 	m := make(map[delta.ID]journalRef, len(refs))
 	for _, id := range refs {
@@ -145,7 +147,16 @@ func (j *StoreJournal) Reset(ctx context.Context, sandbox string, refs []delta.I
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	j.idx[sandbox] = m
+	j.arm(sandbox, mapKeys(m))
 	return nil
+}
+
+func mapKeys[V any](m map[delta.ID]V) []delta.ID {
+	ks := make([]delta.ID, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	return ks
 }
 
 // Load reads entry id from the store and checks its hash.
@@ -184,6 +195,23 @@ type entryHeader struct {
 	Status          int      `json:"status"`
 	ContentType     string   `json:"content_type,omitempty"`
 	ContentEncoding string   `json:"content_encoding,omitempty"`
+	// A delta entry ("TSJ2") stores only the bytes its request does not
+	// share with an earlier turn's: its request is the first Prefix bytes
+	// of the request of the entry named Base, then the entry's Req part,
+	// then the last Suffix bytes of Base's request; Req hashes the whole.
+	Base   string    `json:"base,omitempty"`
+	Prefix int       `json:"prefix,omitempty"`
+	Suffix int       `json:"suffix,omitempty"`
+	Req    *delta.ID `json:"req,omitempty"`
+}
+
+// deltaMagic starts a delta entry's plaintext (entryHeader.Base); an entry
+// whose request is whole keeps entryMagic, byte for byte as before deltas.
+const deltaMagic = "TSJ2"
+
+func headerOf(e *Entry) entryHeader {
+	return entryHeader{Conv: e.Conv, Turn: e.Turn, Shape: e.Shape, Stream: e.Stream,
+		Status: e.Status, ContentType: e.ContentType, ContentEncoding: e.ContentEncoding}
 }
 
 // encodeEntry lays out an entry's plaintext:
@@ -192,54 +220,117 @@ type entryHeader struct {
 //
 // where H is the JSON entryHeader.
 func encodeEntry(e *Entry) ([]byte, error) {
-	h, err := json.Marshal(entryHeader{Conv: e.Conv, Turn: e.Turn, Shape: e.Shape, Stream: e.Stream,
-		Status: e.Status, ContentType: e.ContentType, ContentEncoding: e.ContentEncoding})
+	return encodeParts(entryMagic, headerOf(e), e.Request, e.Response)
+}
+
+// encodeDelta lays out e as a delta against base, the whole request of the
+// entry named h.Base: "TSJ2", then the same three parts, the request part
+// holding only e.Request's bytes between the shared prefix and suffix.
+func encodeDelta(e *Entry, baseName string, base []byte) ([]byte, error) {
+	p, s := sharedEnds(base, e.Request)
+	h := headerOf(e)
+	req := delta.Hash(e.Request)
+	h.Base, h.Prefix, h.Suffix, h.Req = baseName, p, s, &req
+	return encodeParts(deltaMagic, h, e.Request[p:len(e.Request)-s], e.Response)
+}
+
+// sharedEnds returns the lengths of the longest common prefix of a and b
+// and then of the longest common suffix of what remains of both.
+func sharedEnds(a, b []byte) (prefix, suffix int) {
+	n := min(len(a), len(b))
+	for prefix < n && a[prefix] == b[prefix] {
+		prefix++
+	}
+	for suffix < n-prefix && a[len(a)-1-suffix] == b[len(b)-1-suffix] {
+		suffix++
+	}
+	return prefix, suffix
+}
+
+func encodeParts(magic string, h entryHeader, req, resp []byte) ([]byte, error) {
+	hb, err := json.Marshal(h)
 	if err != nil {
 		return nil, err
 	}
-	n := len(entryMagic) + 3*binary.MaxVarintLen64 + len(h) + len(e.Request) + len(e.Response)
+	n := len(magic) + 3*binary.MaxVarintLen64 + len(hb) + len(req) + len(resp)
 	if n > MaxEntry {
 		return nil, fmt.Errorf("%d bytes, more than the limit of %d: %w", n, MaxEntry, errdefs.ErrInvalid)
 	}
 	b := make([]byte, 0, n)
-	b = append(b, entryMagic...)
-	for _, part := range [][]byte{h, e.Request, e.Response} {
+	b = append(b, magic...)
+	for _, part := range [][]byte{hb, req, resp} {
 		b = binary.AppendUvarint(b, uint64(len(part)))
 		b = append(b, part...)
 	}
 	return b, nil
 }
 
-// decodeEntry parses an entry's plaintext; every declared length is checked
-// against the bytes that remain.
+// decodeEntry parses a whole entry's plaintext ("TSJ1"); a delta entry
+// needs its base (TreeJournal) and is refused here.
 func decodeEntry(b []byte) (*Entry, error) {
-	if !bytes.HasPrefix(b, []byte(entryMagic)) {
-		return nil, fmt.Errorf("not a journal entry (bad magic): %w", errdefs.ErrCorrupt)
+	h, req, resp, err := decodeParts(b)
+	if err != nil {
+		return nil, err
 	}
-	b = b[len(entryMagic):]
+	if h.Base != "" {
+		return nil, fmt.Errorf("a delta entry read without its base: %w", errdefs.ErrCorrupt)
+	}
+	return entryOf(h, bytes.Clone(req), bytes.Clone(resp)), nil
+}
+
+func entryOf(h entryHeader, req, resp []byte) *Entry {
+	return &Entry{Conv: h.Conv, Turn: h.Turn, Shape: h.Shape, Stream: h.Stream, Status: h.Status,
+		ContentType: h.ContentType, ContentEncoding: h.ContentEncoding, Request: req, Response: resp}
+}
+
+// decodeParts parses an entry's plaintext, whole or delta; every declared
+// length is checked against the bytes that remain, and a delta's header
+// against the rules of docs/FORMAT.md ("Model-call journal"). The parts
+// alias b.
+func decodeParts(b []byte) (h entryHeader, req, resp []byte, err error) {
+	var magic string
+	switch {
+	case bytes.HasPrefix(b, []byte(entryMagic)):
+		magic = entryMagic
+	case bytes.HasPrefix(b, []byte(deltaMagic)):
+		magic = deltaMagic
+	default:
+		return h, nil, nil, fmt.Errorf("not a journal entry (bad magic): %w", errdefs.ErrCorrupt)
+	}
+	b = b[len(magic):]
 	var parts [3][]byte
 	for i := range parts {
 		n, k := binary.Uvarint(b)
 		if k <= 0 || n > uint64(len(b)-k) {
-			return nil, fmt.Errorf("entry part %d: declared length exceeds the entry: %w", i, errdefs.ErrCorrupt)
+			return h, nil, nil, fmt.Errorf("entry part %d: declared length exceeds the entry: %w", i, errdefs.ErrCorrupt)
 		}
 		parts[i] = b[k : k+int(n)]
 		b = b[k+int(n):]
 	}
 	if len(b) != 0 {
-		return nil, fmt.Errorf("%d trailing bytes: %w", len(b), errdefs.ErrCorrupt)
+		return h, nil, nil, fmt.Errorf("%d trailing bytes: %w", len(b), errdefs.ErrCorrupt)
 	}
-	var h entryHeader
 	if err := json.Unmarshal(parts[0], &h); err != nil {
-		return nil, fmt.Errorf("entry header: %v: %w", err, errdefs.ErrCorrupt)
+		return h, nil, nil, fmt.Errorf("entry header: %v: %w", err, errdefs.ErrCorrupt)
 	}
 	if h.Status < 100 || h.Status > 999 {
-		return nil, fmt.Errorf("entry status %d: %w", h.Status, errdefs.ErrCorrupt)
+		return h, nil, nil, fmt.Errorf("entry status %d: %w", h.Status, errdefs.ErrCorrupt)
 	}
 	if _, ok := convFields[h.Shape]; !ok {
-		return nil, fmt.Errorf("entry shape %q: %w", h.Shape, errdefs.ErrCorrupt)
+		return h, nil, nil, fmt.Errorf("entry shape %q: %w", h.Shape, errdefs.ErrCorrupt)
 	}
-	return &Entry{Conv: h.Conv, Turn: h.Turn, Shape: h.Shape, Stream: h.Stream, Status: h.Status,
-		ContentType: h.ContentType, ContentEncoding: h.ContentEncoding,
-		Request: bytes.Clone(parts[1]), Response: bytes.Clone(parts[2])}, nil
+	if magic == entryMagic {
+		if h.Base != "" || h.Prefix != 0 || h.Suffix != 0 || h.Req != nil {
+			return h, nil, nil, fmt.Errorf("a whole entry with delta fields: %w", errdefs.ErrCorrupt)
+		}
+		return h, parts[1], parts[2], nil
+	}
+	_, bt, ok := parseJournalFileName(h.Base)
+	switch {
+	case !ok || bt < 0 || bt >= h.Turn:
+		return h, nil, nil, fmt.Errorf("delta entry of turn %d: base %q is not an earlier turn's entry: %w", h.Turn, h.Base, errdefs.ErrCorrupt)
+	case h.Prefix < 0 || h.Suffix < 0 || h.Prefix > MaxEntry || h.Suffix > MaxEntry || h.Req == nil:
+		return h, nil, nil, fmt.Errorf("delta entry of turn %d: prefix %d, suffix %d, request hash %v: %w", h.Turn, h.Prefix, h.Suffix, h.Req != nil, errdefs.ErrCorrupt)
+	}
+	return h, parts[1], parts[2], nil
 }

@@ -273,6 +273,7 @@ func TestJournalFailuresNeverBreakReplies(t *testing.T) {
 	id := delta.Hash([]byte("entry"))
 	st.m[JournalName(id)] = []byte("garbage")
 	j.idx["agent1"] = map[delta.ID]journalRef{r.Conv: {obj: id}}
+	j.arm("agent1", []delta.ID{r.Conv}) // as a restore would
 	if s, h, b := post(t, url, chat(false, "x"), nil); s != 200 || h.Get("X-Turnsnap-Journal") != "" || !strings.Contains(b, "live #2") {
 		t.Fatalf("reply with a corrupt journal entry: %d %s", s, b)
 	}

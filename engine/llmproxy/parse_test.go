@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
 
@@ -141,8 +142,19 @@ func FuzzDecodeEntry(f *testing.F) {
 	good, _ := encodeEntry(&Entry{Shape: ShapeChat, Status: 200, ContentType: "application/json", Request: []byte("{}"), Response: []byte(`{"ok":1}`)})
 	f.Add(good)
 	f.Add([]byte("TSJ1\x02{}\x00\x00"))
+	d, _ := encodeDelta(&Entry{Turn: 2, Shape: ShapeChat, Status: 200, Request: []byte(`{"a":[1,2]}`)}, journalFileName(delta.ID{}, 1), []byte(`{"a":[1]}`))
+	f.Add(d)
 	f.Add([]byte("TSJ1\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01"))
 	f.Fuzz(func(t *testing.T, b []byte) {
+		// The delta-aware decoder accepts only deltas that name an earlier
+		// turn's entry, with sane lengths and a request hash.
+		if h, _, _, err := decodeParts(b); err == nil && h.Base != "" {
+			if _, bt, ok := parseJournalFileName(h.Base); !ok || bt >= h.Turn || h.Prefix < 0 || h.Suffix < 0 || h.Req == nil {
+				t.Fatalf("accepted delta header %+v", h)
+			}
+		} else if err != nil && !errors.Is(err, errdefs.ErrCorrupt) {
+			t.Fatalf("error of the wrong class: %v", err)
+		}
 		e, err := decodeEntry(b)
 		if err != nil {
 			if !errors.Is(err, errdefs.ErrCorrupt) {

@@ -73,7 +73,10 @@ type Options struct {
 	// Turns takes the checkpoints; nil forwards every call without one.
 	Turns Turns
 	// Journal keeps exchanges for fast-forward replay; nil keeps none.
-	Journal     Journal
+	Journal Journal
+	// ReplayFor, if set, returns a sandbox's replay setting (ReplayAuto or
+	// ReplayOff; "" is auto). An error counts as off.
+	ReplayFor   func(ctx context.Context, sandbox string) (Replay, error)
 	Gate        Gate
 	GateTimeout time.Duration
 	// Strict answers 503 (application/problem+json) instead of releasing
@@ -332,14 +335,16 @@ func (p *Proxy) isTurn(method, path string) (Shape, bool) {
 }
 
 // prepareTurn reads the model call's body, answers it from the journal if
-// it can (done), and otherwise starts the turn's checkpoint.
+// it may (done), and otherwise starts the turn's checkpoint.
 //
-// When no journaled reply can answer the call (no journal, or none for this
-// sandbox), the call is forwarded at once and its conversation read beside
-// it from the same bytes: the position and the hash only
-// number the checkpoint, which runs concurrently with the model anyway.
-// Otherwise the hash decides whether the model is called at all, so it is
-// read first (about 15 us for a 12 KiB conversation).
+// When the journal may not answer the call (no journal, no entry for this
+// sandbox, replay off, or a live timeline: no re-run armed and no opt-in;
+// docs/LLM-PROXY.md "When the journal answers"), the call is forwarded at
+// once and its conversation read beside it from the same bytes: the
+// position and the hash only number the checkpoint, which runs
+// concurrently with the model anyway. Otherwise the hash decides whether
+// the model is called at all, so it is read first (about 15 us for a
+// 12 KiB conversation).
 func (p *Proxy) prepareTurn(w http.ResponseWriter, r *http.Request, x *exchange, shape Shape) (done bool) {
 	head, err := readBody(r.Body, r.ContentLength, p.opts.MaxBody)
 	if err != nil {
@@ -355,12 +360,29 @@ func (p *Proxy) prepareTurn(w http.ResponseWriter, r *http.Request, x *exchange,
 			io.Closer
 		}{io.MultiReader(bytes.NewReader(head), r.Body), r.Body}
 		p.m.requests.WithLabelValues("turn").Inc()
+		if p.opts.Journal != nil {
+			p.opts.Journal.Live(x.sandbox) // it goes to the model
+		}
 		x.pend = p.begin(x.sandbox, x.req)
 		return false
 	}
 	r.Body = io.NopCloser(bytes.NewReader(head))
 	x.body = head
-	if p.opts.Journal == nil || journalEmpty(p.opts.Journal, x.sandbox) {
+	mode := ReplayOff
+	if p.opts.Journal != nil {
+		if mode, err = p.replayFor(r, x.sandbox); err != nil {
+			writeProblem(w, http.StatusBadRequest, "Bad journal header", err.Error())
+			return true
+		}
+	}
+	// Only a call the journal might answer needs its hash before it is
+	// forwarded: on a live timeline (no re-run armed), every call goes to
+	// the model.
+	if p.opts.Journal == nil || mode == ReplayOff || journalEmpty(p.opts.Journal, x.sandbox) ||
+		(mode == ReplayAuto && !p.opts.Journal.Rerunning(x.sandbox)) {
+		if p.opts.Journal != nil && mode == ReplayOff {
+			p.opts.Journal.Live(x.sandbox)
+		}
 		x.parsed = make(chan struct{})
 		p.wg.Add(1)
 		go func() {
@@ -381,7 +403,8 @@ func (p *Proxy) prepareTurn(w http.ResponseWriter, r *http.Request, x *exchange,
 	if !p.classify(x) {
 		return false
 	}
-	if x.journal && p.replay(w, r, x) {
+	if e := p.answer(r.Context(), x, mode); e != nil {
+		p.replay(w, e)
 		return true
 	}
 	x.pend = p.begin(x.sandbox, x.req)
@@ -432,19 +455,9 @@ func readBody(r io.Reader, length, max int64) ([]byte, error) {
 	return b, nil
 }
 
-// replay answers from the journal when it holds this exact conversation in
-// the same form (streamed or not). A journal that cannot be read is
-// counted and bypassed: the model is asked instead.
-func (p *Proxy) replay(w http.ResponseWriter, r *http.Request, x *exchange) bool {
-	e, err := p.opts.Journal.Get(r.Context(), x.sandbox, x.req.Conv)
-	if err != nil {
-		p.m.journalErrs.WithLabelValues("get").Inc()
-		p.log.Warn("llm journal read failed; asking the model", "sandbox", x.sandbox, "conv", x.req.Conv.Short(), "err", err)
-		return false
-	}
-	if e == nil || e.Stream != x.req.Stream || e.Shape != x.req.Shape {
-		return false
-	}
+// replay answers a call with a journaled exchange (Proxy.answer chose
+// it): the recorded reply, byte for byte.
+func (p *Proxy) replay(w http.ResponseWriter, e *Entry) {
 	p.m.requests.WithLabelValues("journal").Inc()
 	h := w.Header()
 	if e.ContentType != "" {
@@ -456,13 +469,12 @@ func (p *Proxy) replay(w http.ResponseWriter, r *http.Request, x *exchange) bool
 	if !e.Stream {
 		h.Set("Content-Length", fmt.Sprint(len(e.Response)))
 	}
-	h.Set("X-Turnsnap-Journal", "replay")
+	h.Set(ReplayHeader, "replay")
 	w.WriteHeader(e.Status)
 	w.Write(e.Response)
 	if f, ok := w.(http.Flusher); ok {
 		f.Flush()
 	}
-	return true
 }
 
 func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
@@ -472,6 +484,8 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 	u.Path, _ = url.PathUnescape(x.path) // splitRoute's input was already a valid escaped path
 	pr.Out.URL = &u
 	pr.SetURL(x.target)
+	pr.Out.Header.Del(ReplayHeader) // the proxy's own, not the model's
+
 }
 
 func (p *Proxy) modifyResponse(resp *http.Response) error {

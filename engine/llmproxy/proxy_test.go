@@ -571,13 +571,21 @@ func TestForwardsBeforeReadingConversation(t *testing.T) {
 	if beside.Load() != 1 || j.Empty("a1") {
 		t.Fatalf("%d calls read beside, journal empty %v: want 1 and an entry", beside.Load(), j.Empty("a1"))
 	}
-	// The journal now holds a1's exchange: the same call is answered from
-	// it, so its hash must be read before anything is forwarded.
+	// The journal now holds a1's exchange, but a live timeline's repeat
+	// goes to the model: it is still forwarded before being read.
+	if s, h, b := post(t, base+"/llm/a1/v1/chat/completions", body, nil); s != 200 || !strings.Contains(b, "live #2") || h.Get(ReplayHeader) != "" {
+		t.Fatalf("repeat on a live timeline: %d %s", s, b)
+	}
+	if beside.Load() != 2 {
+		t.Fatalf("the repeat was read %d times beside the forwarded call, want 2 in all", beside.Load())
+	}
+	// A call that opts in to the journal may be answered from it, so its
+	// hash must be read before anything is forwarded.
 	calls := up.calls.Load()
-	if s, h, b := post(t, base+"/llm/a1/v1/chat/completions", body, nil); s != 200 || !strings.Contains(b, "live #1") || h.Get("X-Turnsnap-Journal") != "replay" {
+	if s, h, b := post(t, base+"/llm/a1/v1/chat/completions", body, map[string]string{ReplayHeader: "replay"}); s != 200 || !strings.Contains(b, "live #2") || h.Get(ReplayHeader) != "replay" {
 		t.Fatalf("replay: %d %s", s, b)
 	}
-	if up.calls.Load() != calls || beside.Load() != 1 {
+	if up.calls.Load() != calls || beside.Load() != 2 {
 		t.Fatalf("the replayed call reached the upstream (%d calls) or was read beside (%d)", up.calls.Load()-calls, beside.Load())
 	}
 }

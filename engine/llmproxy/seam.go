@@ -61,16 +61,32 @@ type Turns interface {
 }
 
 // Journal keeps each sandbox's model exchanges, keyed by conversation hash.
-// StoreJournal implements it over an object store.
+// TreeJournal (the daemon's) and StoreJournal implement it.
+//
+// Recording and answering are separate: every complete exchange is
+// recorded (Put), but an exchange answers a call only while the sandbox is
+// re-run after a restore (docs/LLM-PROXY.md, "When the journal answers"):
+// Reset arms the restored exchanges, TakeRerun uses one up, and Live ends
+// the re-run at the first call that goes to the model.
 type Journal interface {
-	// Put records a complete, successful exchange of sandbox.
+	// Put records a complete, successful exchange of sandbox. It never
+	// makes the exchange answer a call on the timeline that recorded it.
 	Put(ctx context.Context, sandbox string, e *Entry) error
 	// Get returns the exchange of sandbox whose request had conversation
 	// hash conv, or (nil, nil) if the sandbox's current journal has none.
 	// After a rollback the daemon resets the journal to the one the restored
-	// checkpoint references (StoreJournal.Reset), so Get never answers for a
+	// checkpoint references (TreeJournal.Reset), so Get never answers for a
 	// turn the restored state does not hold.
 	Get(ctx context.Context, sandbox string, conv delta.ID) (*Entry, error)
+	// Rerunning says that a restored exchange of sandbox may still answer
+	// a call: only then does the proxy read a call's conversation before
+	// forwarding it.
+	Rerunning(sandbox string) bool
+	// TakeRerun says whether the restored exchange for conv may answer
+	// this call, and uses it up: each answers at most once per restore.
+	TakeRerun(sandbox string, conv delta.ID) bool
+	// Live ends sandbox's re-run: a call went to the model.
+	Live(sandbox string)
 }
 
 // Entry is one journaled exchange: a model call and the reply the agent got.

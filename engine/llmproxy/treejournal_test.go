@@ -67,7 +67,7 @@ func TestTreeJournalLifecycle(t *testing.T) {
 	}}); err != nil {
 		t.Fatalf("journal tree: %v", err)
 	}
-	j.Committed(snap)
+	j.Committed(ctx, snap)
 	if err := j.Reset(ctx, "s", root); err != nil {
 		t.Fatal(err)
 	}
