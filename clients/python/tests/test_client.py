@@ -3,10 +3,8 @@ overlay sandboxes. Needs root and TURNSNAP_BIN (the turnsnap binary;
 `make test` builds it). Exec tests also need runc, CRIU and busybox."""
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
@@ -15,56 +13,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import turnsnap  # noqa: E402
 
-BIN = os.environ.get("TURNSNAP_BIN")
-REQUIRE_ALL = os.environ.get("TURNSNAP_REQUIRE_ALL") == "1"
-
-
-def missing(what):
-    if REQUIRE_ALL:
-        pytest.fail("missing under TURNSNAP_REQUIRE_ALL: " + what)
-    pytest.skip("missing: " + what)
-
-
-@pytest.fixture
-def daemon():
-    if not BIN:
-        missing("TURNSNAP_BIN (the turnsnap binary)")
-    if os.geteuid() != 0:
-        missing("root (overlay mounts)")
-    d = tempfile.mkdtemp(prefix="turnsnap-py-")
-    home, base = os.path.join(d, "home"), os.path.join(d, "base")
-    for sub in ("bin", "proc", "dev", "sys", "tmp"):
-        os.makedirs(os.path.join(base, sub))
-    with open(os.path.join(base, "README"), "w") as f:
-        f.write("base\n")
-    busybox = shutil.which("busybox") or "/bin/busybox"
-    has_exec = os.path.exists(busybox) and shutil.which("runc") is not None
-    if has_exec:
-        shutil.copy(busybox, os.path.join(base, "bin", "busybox"))
-        for a in ("sh", "cat", "echo", "test", "rm", "sleep"):
-            os.symlink("busybox", os.path.join(base, "bin", a))
-    proc = subprocess.Popen([BIN, "--home", home, "serve"], stderr=subprocess.PIPE)
-    sock = os.path.join(home, "turnsnap.sock")
-    c = turnsnap.Client(socket=sock, timeout=120)
-    deadline = time.time() + 30
-    while True:
-        try:
-            c.status()
-            break
-        except OSError:
-            if proc.poll() is not None or time.time() > deadline:
-                proc.kill()
-                pytest.fail("daemon did not start: " + proc.stderr.read().decode(errors="replace"))
-            time.sleep(0.05)
-    c.create_sandbox("py", base)
-    try:
-        yield c, base, has_exec
-    finally:
-        for s in c.sandboxes():
-            c.remove_sandbox(s["name"])
-        proc.terminate()
-        assert proc.wait(timeout=60) == 0, "daemon exit code after SIGTERM"
-        shutil.rmtree(d, ignore_errors=True)
+from conftest import missing  # noqa: E402
 
 
 def test_turns_rollback_branch_log(daemon):
