@@ -33,19 +33,21 @@ class Daemon:
     def __init__(self, home: str) -> None:
         self.home = home
         self.socket = os.path.join(home, "turnsnap.sock")
-        self.proc: Optional[subprocess.Popen] = None
+        self.proc: Optional["subprocess.Popen[str]"] = None
         self.log: List[str] = []
 
     def start(self) -> None:
         """Start `turnsnap serve` and return once it serves: it logs
         "serving" after its socket listens, so no polling is needed."""
         assert self.proc is None, "daemon already running"
+        assert BIN
         proc = subprocess.Popen([BIN, "--home", self.home, "serve"], stdin=subprocess.DEVNULL,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         serving = threading.Event()
 
         def drain() -> None:
             # Reads stderr to its end, so the daemon never blocks on a full pipe.
+            assert proc.stderr is not None
             for line in proc.stderr:
                 self.log.append(line)
                 if "msg=serving " in line:

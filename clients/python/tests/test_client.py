@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any, Dict, List
 
 import pytest
 
@@ -16,7 +17,7 @@ import turnsnap  # noqa: E402
 from conftest import missing  # noqa: E402
 
 
-def test_turns_rollback_branch_log(daemon):
+def test_turns_rollback_branch_log(daemon: Any) -> None:
     c, _, _ = daemon
     root = c.sandbox_path("py")
     with open(os.path.join(root, "work.txt"), "w") as f:
@@ -40,7 +41,7 @@ def test_turns_rollback_branch_log(daemon):
     assert c.tag("good", cp1["id"])["checkpoint"] == cp1["id"]
 
 
-def test_errors_carry_the_class(daemon):
+def test_errors_carry_the_class(daemon: Any) -> None:
     c, base, _ = daemon
     with pytest.raises(turnsnap.NotFound) as e:
         c.checkpoint("nosuch")
@@ -53,12 +54,12 @@ def test_errors_carry_the_class(daemon):
         c.sync()
 
 
-def test_events(daemon):
+def test_events(daemon: Any) -> None:
     c, _, _ = daemon
-    got = []
+    got: List[Dict[str, Any]] = []
     ready = threading.Event()
 
-    def read():
+    def read() -> None:
         for ev in c.events(sandbox="py"):
             got.append(ev)
             ready.set()
@@ -80,7 +81,7 @@ def test_events(daemon):
     assert "started" in [e["type"] for e in got]
 
 
-def test_exec_and_agent_loop(daemon):
+def test_exec_and_agent_loop(daemon: Any) -> None:
     c, _, has_exec = daemon
     if not has_exec:
         missing("runc and busybox (exec)")
@@ -105,7 +106,7 @@ def test_exec_and_agent_loop(daemon):
 
 
 
-def test_paths_lineage_retention(daemon):
+def test_paths_lineage_retention(daemon: Any) -> None:
     c, _, _ = daemon
     root = c.sandbox_path("py")
     with open(os.path.join(root, "notes.txt"), "w") as f:

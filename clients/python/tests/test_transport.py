@@ -10,7 +10,7 @@ import socket
 import sys
 import tempfile
 import threading
-from typing import Any, List
+from typing import Any, Callable, List, Tuple, Type
 
 import pytest
 
@@ -60,6 +60,29 @@ def test_connection_refused_is_daemon_unavailable() -> None:
             s.close()
 
 
+def test_hung_daemon_times_out_once() -> None:
+    # A socket that listens and never answers, as a hung daemon's does: the
+    # connection is made (the kernel queues it), the answer never comes.
+    with tempfile.TemporaryDirectory() as d:
+        sock = os.path.join(d, "turnsnap.sock")
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.bind(sock)
+        s.listen(8)
+        try:
+            retries: List[turnsnap.RetryEvent] = []
+            c = turnsnap.Client(socket=sock, timeout=5, retry=FAST, on_retry=retries.append)
+            with pytest.raises(turnsnap.Timeout) as e:
+                c.status(timeout=0.2)  # the per-call timeout wins over the client's
+            err = e.value
+            assert err.phase == "read" and err.seconds == 0.2 and err.request_sent and sock in str(err)
+            assert isinstance(err.__cause__, TimeoutError)
+            # Not retried even though a GET is safe to repeat: the daemon
+            # is there and may still be working on the first one.
+            assert err.attempts == 1 and retries == []
+        finally:
+            s.close()
+
+
 def test_no_daemon_on_tcp_is_daemon_unavailable() -> None:
     # A port that was just free: nothing listens on it.
     s = socket.socket()
@@ -77,20 +100,26 @@ def test_stopped_daemon_non_idempotent_not_retried(served: Any) -> None:
     d.stop()
     retries: List[turnsnap.RetryEvent] = []
     c = c.with_options(retry=FAST, on_retry=retries.append)
-    for call in (lambda: c.checkpoint("py", message="x"), lambda: c.rollback("py", "HEAD"),
-                 lambda: c.tag("t", "HEAD"), lambda: c.remove_sandbox("py"),
-                 lambda: c.exec("py", ["true"]), lambda: c.forget("py", keep_last=1)):
+    once: List[Callable[[], Any]] = [
+        lambda: c.checkpoint("py", message="x"), lambda: c.rollback("py", "HEAD"), lambda: c.tag("t", "HEAD"),
+        lambda: c.remove_sandbox("py"), lambda: c.exec("py", ["true"]), lambda: c.forget("py", keep_last=1),
+        lambda: c.branch("HEAD", "b"), lambda: c.restore("py", "HEAD", ["/README"]), lambda: c.apply_policies()]
+    for call in once:
         with pytest.raises(turnsnap.DaemonUnavailable) as e:
             call()
         assert e.value.attempts == 1 and not e.value.request_sent
     assert retries == []
     # The idempotent ones are retried, POSTs among them.
-    for call in (lambda: c.sandbox_path("py"), lambda: c.verify("HEAD"), lambda: c.sync(),
-                 lambda: c.forget("py", dry_run=True, keep_last=1), lambda: c.set_policy("py", keep_last=1)):
+    retried: List[Callable[[], Any]] = [
+        lambda: c.sandbox_path("py"), lambda: c.verify("HEAD"), lambda: c.sync(),
+        lambda: c.forget("py", dry_run=True, keep_last=1), lambda: c.set_policy("py", keep_last=1),
+        lambda: c.clear_policy("py"), lambda: c.log("py"), lambda: c.cat("HEAD", "/README"),
+        lambda: c.events()]
+    for call in retried:
         with pytest.raises(turnsnap.DaemonUnavailable) as e:
             call()
         assert e.value.attempts == FAST.attempts
-    assert len(retries) == 5 * (FAST.attempts - 1)
+    assert len(retries) == len(retried) * (FAST.attempts - 1)
 
 
 def test_idempotent_call_retried_through_restart(served: Any) -> None:
@@ -179,25 +208,28 @@ def test_events_end_when_daemon_stops(served: Any) -> None:
 
 def test_timeout_on_slow_calls(served: Any) -> None:
     _, c, _, has_exec = served
+    retries: List[turnsnap.RetryEvent] = []
+    c = c.with_options(on_retry=retries.append)
     # A quiet event stream is a slow call: nothing comes within the timeout.
-    with pytest.raises(turnsnap.Timeout) as e:
-        next(iter(c.events(sandbox="nosuch", timeout=0.2)))
+    with c.events(sandbox="nosuch", timeout=0.2) as events:
+        with pytest.raises(turnsnap.Timeout) as e:
+            next(events)
     assert e.value.phase == "read" and e.value.seconds == 0.2 and e.value.request_sent
-    assert isinstance(e.value.__cause__, TimeoutError)
+    assert isinstance(e.value.__cause__, TimeoutError) and "0.2s" in str(e.value)
+    # A read timeout is not retried even for a GET: the daemon is alive and
+    # may still be working on the first request.
+    assert e.value.attempts == 1 and retries == []
     if not has_exec:
         missing("runc and busybox (exec)")
-    retries: List[turnsnap.RetryEvent] = []
     with pytest.raises(turnsnap.Timeout) as e:
-        c.with_options(on_retry=retries.append).exec("py", ["sleep", "30"], timeout=0.3)
-    assert e.value.attempts == 1 and retries == [] and "0.3" in str(e.value)
-    # A read timeout is not retried even for a GET: the daemon is alive
-    # and may still be working on the first one.
+        c.exec("py", ["sleep", "30"], timeout=0.3)
+    assert e.value.attempts == 1 and retries == [] and "0.3s" in str(e.value)
     assert c.exec("py", ["echo", "alive"]).stdout == b"alive\n"
 
 
 def test_api_errors_map_to_their_types(served: Any) -> None:
     _, c, base, _ = served
-    cases = [
+    cases: List[Tuple[Callable[[], Any], Type[turnsnap.APIError], int]] = [
         (lambda: c.sandbox("nosuch"), turnsnap.NotFound, 404),
         (lambda: c.get_checkpoint("ffffffffff"), turnsnap.NotFound, 404),
         (lambda: c._call("GET", "/v1/no/such/route"), turnsnap.NotFound, 404),
@@ -225,7 +257,7 @@ def test_api_errors_map_to_their_types(served: Any) -> None:
     ("corrupt", turnsnap.Corrupt, 7), ("no_space", turnsnap.NoSpace, 8), ("key", turnsnap.KeyError_, 9),
     ("error", turnsnap.APIError, 1), ("from_a_newer_daemon", turnsnap.APIError, 1),
 ])
-def test_problem_classes(klass: str, typ: type, code: int) -> None:
+def test_problem_classes(klass: str, typ: Type[turnsnap.APIError], code: int) -> None:
     # The classes the daemon cannot be made to send on demand (corrupt
     # data, a full disk, a wrong key) go through the same mapping.
     from turnsnap.errors import api_error

@@ -59,7 +59,7 @@ class Retry:
 
     def delay(self, retry: int, rng: random.Random) -> float:
         """The pause before retry number ``retry`` (1 is the first retry)."""
-        d = min(self.max_backoff, self.backoff * (2 ** (retry - 1)))
+        d = min(self.max_backoff, self.backoff * 2.0 ** (retry - 1))
         return d / 2 + rng.uniform(0, d / 2)
 
 
@@ -171,7 +171,7 @@ class Transport:
 
     def resolve(self, timeout: TimeoutArg) -> Optional[float]:
         """The read timeout a call uses: its own, or the client's."""
-        return self.timeout if timeout is DEFAULT else timeout  # type: ignore[return-value]
+        return self.timeout if timeout is DEFAULT else timeout
 
     # -- one exchange -------------------------------------------------------
 

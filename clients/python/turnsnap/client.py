@@ -15,7 +15,7 @@ import os
 import ssl
 import urllib.parse
 from types import TracebackType
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Literal, Optional, Type, Union, overload
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Literal, Optional, Type, Union, cast, overload
 
 from ._transport import DEFAULT, Retry, RetryEvent, TimeoutArg, Transport, _Default
 from .errors import ConnectionLost, api_error
@@ -111,15 +111,23 @@ class Client:
             idempotent = method == "GET"
         return self._t.call_json(method, path, body, idempotent, timeout)
 
+    def _obj(self, method: str, path: str, body: Any = None, *, idempotent: Optional[bool] = None,
+             timeout: TimeoutArg = DEFAULT) -> JSON:
+        return cast(JSON, self._call(method, path, body, idempotent=idempotent, timeout=timeout))
+
+    def _list(self, method: str, path: str, body: Any = None, *, idempotent: Optional[bool] = None,
+              timeout: TimeoutArg = DEFAULT) -> List[JSON]:
+        return cast(List[JSON], self._call(method, path, body, idempotent=idempotent, timeout=timeout))
+
     # -- the daemon ---------------------------------------------------------
 
     def ping(self, *, timeout: TimeoutArg = DEFAULT) -> JSON:
         """The daemon's health: ``{"status": "ok", "home": ...}``. Retried."""
-        return self._call("GET", "/healthz", timeout=timeout)
+        return self._obj("GET", "/healthz", timeout=timeout)
 
     def status(self, *, timeout: TimeoutArg = DEFAULT) -> JSON:
         """The home's status (``turnsnap status --json``). Retried."""
-        return self._call("GET", "/v1/status", timeout=timeout)
+        return self._obj("GET", "/v1/status", timeout=timeout)
 
     # -- sandboxes ------------------------------------------------------------
 
@@ -132,25 +140,25 @@ class Client:
             body["backend"] = backend
         if btrfs_pool:
             body["btrfs_pool"] = os.path.abspath(btrfs_pool)
-        return self._call("POST", "/v1/sandboxes", body, timeout=timeout)
+        return self._obj("POST", "/v1/sandboxes", body, timeout=timeout)
 
     def sandboxes(self, *, timeout: TimeoutArg = DEFAULT) -> List[JSON]:
         """Every sandbox with its head. Retried."""
-        return self._call("GET", "/v1/sandboxes", timeout=timeout)
+        return self._list("GET", "/v1/sandboxes", timeout=timeout)
 
     def sandbox(self, name: str, *, timeout: TimeoutArg = DEFAULT) -> JSON:
         """One sandbox. Retried."""
-        return self._call("GET", "/v1/sandboxes/" + _q(name), timeout=timeout)
+        return self._obj("GET", "/v1/sandboxes/" + _q(name), timeout=timeout)
 
     def sandbox_path(self, name: str, *, timeout: TimeoutArg = DEFAULT) -> str:
         """The sandbox's root directory on this host, mounted if it was not.
         Retried: mounting a mounted root changes nothing."""
-        return self._call("POST", "/v1/sandboxes/%s/mount" % _q(name), idempotent=True, timeout=timeout)["root"]
+        return str(self._obj("POST", "/v1/sandboxes/%s/mount" % _q(name), idempotent=True, timeout=timeout)["root"])
 
     def remove_sandbox(self, name: str, *, timeout: TimeoutArg = DEFAULT) -> JSON:
         """Remove a sandbox (its checkpoints stay). Not retried: a repeat of
         a removal that took effect is NotFound."""
-        return self._call("DELETE", "/v1/sandboxes/" + _q(name), timeout=timeout)
+        return self._obj("DELETE", "/v1/sandboxes/" + _q(name), timeout=timeout)
 
     # -- turns ----------------------------------------------------------------
 
@@ -167,15 +175,15 @@ class Client:
             body["message"] = message
         if wait_remote:
             body["wait_remote"] = True
-        return self._call("POST", "/v1/sandboxes/%s/checkpoints" % _q(name), body, timeout=timeout)
+        return self._obj("POST", "/v1/sandboxes/%s/checkpoints" % _q(name), body, timeout=timeout)
 
     def log(self, name: str, *, timeout: TimeoutArg = DEFAULT) -> List[JSON]:
         """The sandbox's checkpoints, newest first. Retried."""
-        return self._call("GET", "/v1/sandboxes/%s/checkpoints" % _q(name), timeout=timeout)
+        return self._list("GET", "/v1/sandboxes/%s/checkpoints" % _q(name), timeout=timeout)
 
     def get_checkpoint(self, ref: str, *, timeout: TimeoutArg = DEFAULT) -> JSON:
         """One checkpoint by id, unique prefix or tag. Retried."""
-        return self._call("GET", "/v1/checkpoints/" + _q(ref), timeout=timeout)
+        return self._obj("GET", "/v1/checkpoints/" + _q(ref), timeout=timeout)
 
     def diff(self, name: str, frm: Optional[str] = None, to: Optional[str] = None, *,
              timeout: TimeoutArg = DEFAULT) -> JSON:
@@ -183,12 +191,12 @@ class Client:
         live sandbox). Retried."""
         q = {k: v for k, v in (("from", frm), ("to", to)) if v}
         path = "/v1/sandboxes/%s/diff" % _q(name)
-        return self._call("GET", path + ("?" + urllib.parse.urlencode(q) if q else ""), timeout=timeout)
+        return self._obj("GET", path + ("?" + urllib.parse.urlencode(q) if q else ""), timeout=timeout)
 
     def rollback(self, name: str, checkpoint: str, fs_only: bool = False, *,
                  timeout: TimeoutArg = DEFAULT) -> JSON:
         """Put the sandbox back to a checkpoint. Not retried."""
-        return self._call("POST", "/v1/sandboxes/%s/rollback" % _q(name),
+        return self._obj("POST", "/v1/sandboxes/%s/rollback" % _q(name),
                           {"checkpoint": checkpoint, "fs_only": fs_only}, timeout=timeout)
 
     def branch(self, checkpoint: str, name: str, count: Optional[int] = None, fs_only: bool = False, *,
@@ -198,27 +206,27 @@ class Client:
         body: JSON = {"name": name, "fs_only": fs_only}
         if count:
             body["count"] = count
-        return self._call("POST", "/v1/checkpoints/%s/branches" % _q(checkpoint), body, timeout=timeout)
+        return self._list("POST", "/v1/checkpoints/%s/branches" % _q(checkpoint), body, timeout=timeout)
 
     def verify(self, ref: str, *, timeout: TimeoutArg = DEFAULT) -> JSON:
         """Re-read and check every object of a checkpoint. Retried: it only
         reads."""
-        return self._call("POST", "/v1/checkpoints/%s/verify" % _q(ref), idempotent=True, timeout=timeout)
+        return self._obj("POST", "/v1/checkpoints/%s/verify" % _q(ref), idempotent=True, timeout=timeout)
 
     def tag(self, tag: str, checkpoint: str, *, timeout: TimeoutArg = DEFAULT) -> JSON:
         """Name a checkpoint. Not retried: the daemon refuses an existing
         tag (Exists), so a repeat of a tag that took effect would fail."""
-        return self._call("PUT", "/v1/tags/" + _q(tag), {"checkpoint": checkpoint}, timeout=timeout)
+        return self._obj("PUT", "/v1/tags/" + _q(tag), {"checkpoint": checkpoint}, timeout=timeout)
 
     def tags(self, *, timeout: TimeoutArg = DEFAULT) -> List[JSON]:
         """Every tag. Retried."""
-        return self._call("GET", "/v1/tags", timeout=timeout)
+        return self._list("GET", "/v1/tags", timeout=timeout)
 
     def sync(self, sandbox: Optional[str] = None, *, timeout: TimeoutArg = DEFAULT) -> JSON:
         """Return once everything queued (for one sandbox, or all) is in the
         remote store. Retried: a repeat uploads only what is still queued
         (its counts are then those of the last attempt)."""
-        return self._call("POST", "/v1/sync", {"sandbox": sandbox} if sandbox else {}, idempotent=True,
+        return self._obj("POST", "/v1/sync", {"sandbox": sandbox} if sandbox else {}, idempotent=True,
                           timeout=timeout)
 
     # -- paths, lineage, retention (the everyday commands) -------------------
@@ -240,23 +248,23 @@ class Client:
 
     def ls(self, ref: str, path: str = "/", *, timeout: TimeoutArg = DEFAULT) -> List[JSON]:
         """The entries of a directory in a checkpoint. Retried."""
-        return self._call("GET", "/v1/checkpoints/%s/entries?path=%s" % (_q(ref), _q(path)), timeout=timeout)
+        return self._list("GET", "/v1/checkpoints/%s/entries?path=%s" % (_q(ref), _q(path)), timeout=timeout)
 
     def restore(self, name: str, checkpoint: str, paths: Iterable[str], *,
                 timeout: TimeoutArg = DEFAULT) -> JSON:
         """Put paths back into the sandbox as they were in checkpoint. Not
         retried."""
-        return self._call("POST", "/v1/sandboxes/%s/restore" % _q(name),
+        return self._obj("POST", "/v1/sandboxes/%s/restore" % _q(name),
                           {"checkpoint": checkpoint, "paths": list(paths)}, timeout=timeout)
 
     def lineage(self, *, timeout: TimeoutArg = DEFAULT) -> JSON:
         """Every checkpoint of the home, children before parents (log --all).
         Retried."""
-        return self._call("GET", "/v1/lineage", timeout=timeout)
+        return self._obj("GET", "/v1/lineage", timeout=timeout)
 
     def ps(self, name: str, *, timeout: TimeoutArg = DEFAULT) -> JSON:
         """The sandbox's processes. Retried."""
-        return self._call("GET", "/v1/sandboxes/%s/ps" % _q(name), timeout=timeout)
+        return self._obj("GET", "/v1/sandboxes/%s/ps" % _q(name), timeout=timeout)
 
     def forget(self, sandbox: Optional[str] = None, all: bool = False, dry_run: bool = False, gc: bool = False,
                *, timeout: TimeoutArg = DEFAULT, **policy: int) -> JSON:
@@ -268,11 +276,11 @@ class Client:
             body["sandbox"] = sandbox
         if all:
             body["all"] = True
-        return self._call("POST", "/v1/forget", body, idempotent=dry_run, timeout=timeout)
+        return self._obj("POST", "/v1/forget", body, idempotent=dry_run, timeout=timeout)
 
     def policies(self, sandbox: Optional[str] = None, *, timeout: TimeoutArg = DEFAULT) -> JSON:
         """The retention policies in force. Retried."""
-        return self._call("GET", "/v1/policies" + ("?sandbox=" + _q(sandbox) if sandbox else ""), timeout=timeout)
+        return self._obj("GET", "/v1/policies" + ("?sandbox=" + _q(sandbox) if sandbox else ""), timeout=timeout)
 
     def set_policy(self, sandbox: Optional[str] = None, *, timeout: TimeoutArg = DEFAULT, **policy: int) -> JSON:
         """Store a retention policy for a sandbox or the home. Retried: the
@@ -280,18 +288,18 @@ class Client:
         body: JSON = {"policy": policy}
         if sandbox:
             body["sandbox"] = sandbox
-        return self._call("PUT", "/v1/policies", body, idempotent=True, timeout=timeout)
+        return self._obj("PUT", "/v1/policies", body, idempotent=True, timeout=timeout)
 
     def clear_policy(self, sandbox: Optional[str] = None, *, timeout: TimeoutArg = DEFAULT) -> JSON:
         """Remove a sandbox's (or the home's) policy. Retried: clearing a
         cleared policy changes nothing and answers the same."""
-        return self._call("DELETE", "/v1/policies" + ("?sandbox=" + _q(sandbox) if sandbox else ""),
+        return self._obj("DELETE", "/v1/policies" + ("?sandbox=" + _q(sandbox) if sandbox else ""),
                           idempotent=True, timeout=timeout)
 
     def apply_policies(self, gc: bool = False, *, timeout: TimeoutArg = DEFAULT) -> JSON:
         """Apply every stored policy now. Not retried: a repeat would report
         nothing deleted."""
-        return self._call("POST", "/v1/policies/apply", {"gc": gc}, timeout=timeout)
+        return self._obj("POST", "/v1/policies/apply", {"gc": gc}, timeout=timeout)
 
     # -- processes --------------------------------------------------------------
 
@@ -302,9 +310,13 @@ class Client:
              on_output: Optional[Callable[[str, bytes], None]] = None) -> ExecResult: ...
 
     @overload
-    def exec(self, name: str, argv: Iterable[str], stdin: Union[str, bytes, None] = None,
-             detach: Literal[True] = True, log: Optional[str] = None, *,
-             timeout: Optional[float] = None,
+    def exec(self, name: str, argv: Iterable[str], stdin: Union[str, bytes, None], detach: Literal[True],
+             log: Optional[str] = None, *, timeout: Optional[float] = None,
+             on_output: Optional[Callable[[str, bytes], None]] = None) -> int: ...
+
+    @overload
+    def exec(self, name: str, argv: Iterable[str], stdin: Union[str, bytes, None] = None, *,
+             detach: Literal[True], log: Optional[str] = None, timeout: Optional[float] = None,
              on_output: Optional[Callable[[str, bytes], None]] = None) -> int: ...
 
     def exec(self, name: str, argv: Iterable[str], stdin: Union[str, bytes, None] = None,
