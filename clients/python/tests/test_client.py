@@ -3,71 +3,21 @@ overlay sandboxes. Needs root and TURNSNAP_BIN (the turnsnap binary;
 `make test` builds it). Exec tests also need runc, CRIU and busybox."""
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
+from typing import Any, Dict, List
 
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import turnsnap  # noqa: E402
 
-BIN = os.environ.get("TURNSNAP_BIN")
-REQUIRE_ALL = os.environ.get("TURNSNAP_REQUIRE_ALL") == "1"
+from conftest import missing  # noqa: E402
 
 
-def missing(what):
-    if REQUIRE_ALL:
-        pytest.fail("missing under TURNSNAP_REQUIRE_ALL: " + what)
-    pytest.skip("missing: " + what)
-
-
-@pytest.fixture
-def daemon():
-    if not BIN:
-        missing("TURNSNAP_BIN (the turnsnap binary)")
-    if os.geteuid() != 0:
-        missing("root (overlay mounts)")
-    d = tempfile.mkdtemp(prefix="turnsnap-py-")
-    home, base = os.path.join(d, "home"), os.path.join(d, "base")
-    for sub in ("bin", "proc", "dev", "sys", "tmp"):
-        os.makedirs(os.path.join(base, sub))
-    with open(os.path.join(base, "README"), "w") as f:
-        f.write("base\n")
-    busybox = shutil.which("busybox") or "/bin/busybox"
-    has_exec = os.path.exists(busybox) and shutil.which("runc") is not None
-    if has_exec:
-        shutil.copy(busybox, os.path.join(base, "bin", "busybox"))
-        for a in ("sh", "cat", "echo", "test", "rm", "sleep"):
-            os.symlink("busybox", os.path.join(base, "bin", a))
-    proc = subprocess.Popen([BIN, "--home", home, "serve"], stderr=subprocess.PIPE)
-    sock = os.path.join(home, "turnsnap.sock")
-    c = turnsnap.Client(socket=sock, timeout=120)
-    deadline = time.time() + 30
-    while True:
-        try:
-            c.status()
-            break
-        except OSError:
-            if proc.poll() is not None or time.time() > deadline:
-                proc.kill()
-                pytest.fail("daemon did not start: " + proc.stderr.read().decode(errors="replace"))
-            time.sleep(0.05)
-    c.create_sandbox("py", base)
-    try:
-        yield c, base, has_exec
-    finally:
-        for s in c.sandboxes():
-            c.remove_sandbox(s["name"])
-        proc.terminate()
-        assert proc.wait(timeout=60) == 0, "daemon exit code after SIGTERM"
-        shutil.rmtree(d, ignore_errors=True)
-
-
-def test_turns_rollback_branch_log(daemon):
+def test_turns_rollback_branch_log(daemon: Any) -> None:
     c, _, _ = daemon
     root = c.sandbox_path("py")
     with open(os.path.join(root, "work.txt"), "w") as f:
@@ -91,7 +41,7 @@ def test_turns_rollback_branch_log(daemon):
     assert c.tag("good", cp1["id"])["checkpoint"] == cp1["id"]
 
 
-def test_errors_carry_the_class(daemon):
+def test_errors_carry_the_class(daemon: Any) -> None:
     c, base, _ = daemon
     with pytest.raises(turnsnap.NotFound) as e:
         c.checkpoint("nosuch")
@@ -104,12 +54,12 @@ def test_errors_carry_the_class(daemon):
         c.sync()
 
 
-def test_events(daemon):
+def test_events(daemon: Any) -> None:
     c, _, _ = daemon
-    got = []
+    got: List[Dict[str, Any]] = []
     ready = threading.Event()
 
-    def read():
+    def read() -> None:
         for ev in c.events(sandbox="py"):
             got.append(ev)
             ready.set()
@@ -131,7 +81,7 @@ def test_events(daemon):
     assert "started" in [e["type"] for e in got]
 
 
-def test_exec_and_agent_loop(daemon):
+def test_exec_and_agent_loop(daemon: Any) -> None:
     c, _, has_exec = daemon
     if not has_exec:
         missing("runc and busybox (exec)")
@@ -156,7 +106,7 @@ def test_exec_and_agent_loop(daemon):
 
 
 
-def test_paths_lineage_retention(daemon):
+def test_paths_lineage_retention(daemon: Any) -> None:
     c, _, _ = daemon
     root = c.sandbox_path("py")
     with open(os.path.join(root, "notes.txt"), "w") as f:
