@@ -1,0 +1,409 @@
+package fleet
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/minio/minio-go/v7"
+	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/engine/api"
+	"github.com/turnsnap/turnsnap/internal/miniotest"
+)
+
+func syncReq() api.SyncRequest { return api.SyncRequest{} }
+
+// report gathers the checker's findings by assertion, so that a failing
+// run says which assertion failed and how often, not only the first case.
+type report struct {
+	t        *testing.T
+	mu       sync.Mutex
+	failures map[string][]string
+	order    []string
+
+	restoresChecked, lost, mismatched int
+	heads, headsUnresolved            int
+	twoWriters, lateWrites            int
+	staleLocks, locksLeft             int
+}
+
+func (r *report) fail(assertion, format string, args ...any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.failures == nil {
+		r.failures = map[string][]string{}
+	}
+	if _, ok := r.failures[assertion]; !ok {
+		r.order = append(r.order, assertion)
+	}
+	r.failures[assertion] = append(r.failures[assertion], fmt.Sprintf(format, args...))
+}
+
+// flush reports each failed assertion with its first cases.
+func (r *report) flush() {
+	r.t.Helper()
+	for _, a := range r.order {
+		cases := r.failures[a]
+		shown := cases
+		if len(shown) > 15 {
+			shown = shown[:15]
+		}
+		r.t.Errorf("fleet assertion %q failed %d times:\n  %s", a, len(cases), strings.Join(shown, "\n  "))
+	}
+}
+
+// lockWatch samples the bucket's locks/ while the fleet runs and keeps,
+// per lock object, the oldest age it was seen at.
+type lockWatch struct {
+	mc   *minio.Client
+	mu   sync.Mutex
+	seen map[string]*lockSeen
+}
+
+type lockSeen struct {
+	lock        delta.Lock
+	window      time.Duration
+	maxAge      time.Duration
+	first, last time.Time
+}
+
+func newLockWatch(mc *minio.Client) *lockWatch {
+	return &lockWatch{mc: mc, seen: map[string]*lockSeen{}}
+}
+
+func (lw *lockWatch) run(ctx context.Context, stop <-chan struct{}) {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case now := <-tick.C:
+			lw.sample(ctx, now)
+		}
+	}
+}
+
+// sample lists the locks once (MinIO may be down: then nothing is seen)
+// and returns the names present.
+func (lw *lockWatch) sample(ctx context.Context, now time.Time) []string {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var names []string
+	for obj := range lw.mc.ListObjects(ctx, bucket, minio.ListObjectsOptions{Prefix: delta.LockPrefix, Recursive: true}) {
+		if obj.Err != nil {
+			return names
+		}
+		o, err := lw.mc.GetObject(ctx, bucket, obj.Key, minio.GetObjectOptions{})
+		if err != nil {
+			continue
+		}
+		b, err := io.ReadAll(io.LimitReader(o, delta.MaxSmallObject))
+		o.Close()
+		if err != nil {
+			continue // deleted since the listing
+		}
+		var l delta.Lock
+		if json.Unmarshal(b, &l) != nil {
+			continue
+		}
+		names = append(names, obj.Key)
+		last := l.Refreshed
+		if obj.LastModified.After(last) {
+			last = obj.LastModified
+		}
+		window := time.Duration(l.StaleAfterNs)
+		if window <= 0 {
+			window = delta.DefaultLockStaleAfter
+		}
+		lw.mu.Lock()
+		s := lw.seen[obj.Key]
+		if s == nil {
+			s = &lockSeen{first: now}
+			lw.seen[obj.Key] = s
+		}
+		s.lock, s.window, s.last = l, window, now
+		if age := now.Sub(last); age > s.maxAge {
+			s.maxAge = age
+		}
+		lw.mu.Unlock()
+	}
+	return names
+}
+
+// checkLocks: no lock was seen older than its window (plus the sampler's
+// slack), and none remains once every daemon has stopped.
+func checkLocks(r *report, lw *lockWatch) {
+	left := lw.sample(context.Background(), time.Now())
+	lw.mu.Lock()
+	defer lw.mu.Unlock()
+	var keys []string
+	for k := range lw.seen {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		s := lw.seen[k]
+		if s.maxAge > s.window+lockSlack {
+			r.staleLocks++
+			r.fail("(d) no lock outlived its interval", "%s (%s, %s pid %d, home %.8s) was seen %s after its last refresh, window %s (seen from %s to %s)",
+				k, s.lock.Kind, s.lock.Host, s.lock.PID, s.lock.Home, s.maxAge.Round(time.Second), s.window,
+				s.first.Format("15:04:05"), s.last.Format("15:04:05"))
+		}
+	}
+	for _, k := range left {
+		r.locksLeft++
+		s := lw.seen[k]
+		r.fail("(d) no lock remains", "%s (%s, home %.8s) is still in the bucket after every daemon stopped", k, s.lock.Kind, s.lock.Home)
+	}
+}
+
+// checkHostHeads: every head each host's catalog holds resolves to a
+// checkpoint that verifies there.
+func checkHostHeads(ctx context.Context, r *report, hosts map[int]*host) {
+	for i := 1; i <= nHosts; i++ {
+		h := hosts[i]
+		lctx, cancel := context.WithTimeout(ctx, time.Minute)
+		sbs, err := h.c.ListSandboxes(lctx)
+		cancel()
+		if err != nil {
+			r.fail("(b) every host's heads resolve", "%s: listing sandboxes: %v", h.name, err)
+			continue
+		}
+		for _, sb := range sbs {
+			if sb.Head == nil {
+				continue
+			}
+			r.heads++
+			vctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+			_, err := h.c.Verify(vctx, sb.Head.String())
+			cancel()
+			if err != nil {
+				r.headsUnresolved++
+				r.fail("(b) every host's heads resolve", "%s: sandbox %s's head %s: %v", h.name, sb.Name, sb.Head.Short(), err)
+			}
+		}
+	}
+}
+
+// headVersion is one version of a head object in the bucket.
+type headVersion struct {
+	at    time.Time
+	id    delta.ID
+	owner delta.Owner
+}
+
+// checkWriters: for each sandbox key, the writers of its head's versions
+// (the owner line's home, or for a head without one the hosts whose
+// reported successes could have written that checkpoint there) never
+// differ at one epoch, and the epoch never goes down; and no write was
+// accepted from a host that did not own the sandbox (the workload's own
+// log against its adoptions).
+func checkWriters(ctx context.Context, r *report, mc *minio.Client, w *world, homeIDs map[string]int) {
+	const a = "(c) no sandbox id ever had two accepted writers"
+	names := map[string]string{} // key -> name
+	for obj := range mc.ListObjects(ctx, bucket, minio.ListObjectsOptions{Prefix: delta.SandboxPrefix, Recursive: true, WithVersions: true}) {
+		if obj.Err != nil {
+			r.fail(a, "listing sandbox descriptions: %v", obj.Err)
+			return
+		}
+		if obj.IsDeleteMarker {
+			continue
+		}
+		b, err := getVersion(ctx, mc, obj)
+		if err != nil {
+			r.fail(a, "reading %s: %v", obj.Key, err)
+			continue
+		}
+		var sb delta.Sandbox
+		if json.Unmarshal(b, &sb) == nil {
+			names[strings.TrimPrefix(obj.Key, delta.SandboxPrefix)] = sb.Name
+		}
+	}
+	versions := map[string][]headVersion{}
+	for obj := range mc.ListObjects(ctx, bucket, minio.ListObjectsOptions{Prefix: delta.HeadPrefix, Recursive: true, WithVersions: true}) {
+		if obj.Err != nil {
+			r.fail(a, "listing head versions: %v", obj.Err)
+			return
+		}
+		if obj.IsDeleteMarker {
+			continue
+		}
+		b, err := getVersion(ctx, mc, obj)
+		if err != nil {
+			r.fail(a, "reading %s version %s: %v", obj.Key, obj.VersionID, err)
+			continue
+		}
+		id, owner, err := delta.ParseHead(b)
+		if err != nil {
+			r.fail(a, "%s version %s: %v", obj.Key, obj.VersionID, err)
+			continue
+		}
+		key := strings.TrimPrefix(obj.Key, delta.HeadPrefix)
+		versions[key] = append(versions[key], headVersion{at: obj.LastModified, id: id, owner: owner})
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	keys := make([]string, 0, len(versions))
+	for k := range versions {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, key := range keys {
+		vs := versions[key]
+		sort.SliceStable(vs, func(i, j int) bool { return vs[i].at.Before(vs[j].at) })
+		name := names[key]
+		// writers[epoch] narrows to the hosts that could have written
+		// every version of that epoch.
+		writers := map[uint64]map[int]bool{}
+		var lastEpoch uint64
+		bad := false
+		for n, v := range vs {
+			if v.owner.Epoch < lastEpoch {
+				r.fail(a, "sandbox %s (key %.8s): head version %d (%s) has epoch %d after epoch %d", name, key, n, v.at.Format("15:04:05.000"), v.owner.Epoch, lastEpoch)
+				bad = true
+			}
+			lastEpoch = max(lastEpoch, v.owner.Epoch)
+			var cand map[int]bool
+			if !v.owner.IsZero() {
+				cand = map[int]bool{homeIDs[v.owner.Home]: true}
+			} else if hs := w.heads[name][v.id]; len(hs) > 0 {
+				cand = hs
+			} else {
+				continue // a success this test never heard of (its answer was lost to a kill)
+			}
+			prev, ok := writers[v.owner.Epoch]
+			if !ok {
+				writers[v.owner.Epoch] = copySet(cand)
+				continue
+			}
+			both := map[int]bool{}
+			for h := range prev {
+				if cand[h] {
+					both[h] = true
+				}
+			}
+			if len(both) == 0 && !bad {
+				r.fail(a, "sandbox %s (key %.8s): at epoch %d its head was written by %s and, at %s (%s), by %s",
+					name, key, v.owner.Epoch, setString(prev), v.at.Format("15:04:05.000"), v.id.Short(), setString(cand))
+				bad = true
+			}
+			if len(both) > 0 {
+				writers[v.owner.Epoch] = both
+			}
+		}
+		if bad {
+			r.twoWriters++
+		}
+	}
+	for _, v := range w.writerViolationsLocked() {
+		r.lateWrites++
+		r.fail(a, "%s", v)
+	}
+}
+
+func getVersion(ctx context.Context, mc *minio.Client, obj minio.ObjectInfo) ([]byte, error) {
+	o, err := mc.GetObject(ctx, bucket, obj.Key, minio.GetObjectOptions{VersionID: obj.VersionID})
+	if err != nil {
+		return nil, err
+	}
+	defer o.Close()
+	return io.ReadAll(io.LimitReader(o, delta.MaxSmallObject+1))
+}
+
+func copySet(s map[int]bool) map[int]bool {
+	out := make(map[int]bool, len(s))
+	for k, v := range s {
+		out[k] = v
+	}
+	return out
+}
+
+func setString(s map[int]bool) string {
+	var hs []string
+	for h := range s {
+		hs = append(hs, hostName(h))
+	}
+	sort.Strings(hs)
+	return strings.Join(hs, "|")
+}
+
+// checkRestores: on a fresh host (its own namespace, an empty home) that
+// knows only the bucket, every checkpoint a host reported remote-durable
+// and no retention released branches, and its root has the digest the
+// test took before the checkpoint; every head in the bucket verifies.
+func checkRestores(ctx context.Context, r *report, h *host, fn *fleetNet, srv *miniotest.Server, mc *minio.Client, w *world) {
+	const a = "(a) every durable, unreleased checkpoint restores byte for byte on a fresh host"
+	if err := initHome(ctx, h, fn, srv); err != nil {
+		r.fail(a, "fresh host: %v", err)
+		return
+	}
+	if err := h.start(ctx); err != nil {
+		r.fail(a, "fresh host: %v", err)
+		return
+	}
+	defer h.stop()
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	rb, err := h.c.RebuildCatalog(rctx, api.RebuildRequest{})
+	cancel()
+	if err != nil {
+		r.fail(a, "fresh host: catalog rebuild: %v", err)
+		return
+	}
+	r.t.Logf("fleet: fresh host rebuilt %d sandboxes, %d checkpoints, %d packs from the bucket", rb.Sandboxes, rb.Checkpoints, rb.Packs)
+	for n, c := range w.durableOf(func(*ckptInfo) bool { return true }) {
+		r.restoresChecked++
+		name := fmt.Sprintf("check-%d", n)
+		bctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		rs, err := h.c.Branch(bctx, c.id.String(), api.BranchRequest{Name: name})
+		cancel()
+		if err != nil {
+			r.lost++
+			r.fail(a, "checkpoint %s of %s (%s, remote-durable %s): %v", c.id.Short(), c.sandbox, hostName(c.host), c.at.Format("15:04:05.000"), err)
+			continue
+		}
+		if len(rs) != 1 {
+			r.fail(a, "checkpoint %s: branch answered %d sandboxes", c.id.Short(), len(rs))
+			continue
+		}
+		d, err := treeDigest(rs[0].Root)
+		if err != nil || d != c.digest {
+			r.mismatched++
+			r.fail(a, "checkpoint %s of %s (%s): the branch's root differs from the root checkpointed (%v)", c.id.Short(), c.sandbox, hostName(c.host), err)
+		}
+		dctx, cancel := context.WithTimeout(ctx, time.Minute)
+		if _, err := h.c.RemoveSandbox(dctx, name, false); err != nil {
+			r.t.Logf("fleet: removing %s on the fresh host: %v", name, err)
+		}
+		cancel()
+	}
+	const b = "(b) every head in the bucket resolves on a fresh host"
+	for obj := range mc.ListObjects(ctx, bucket, minio.ListObjectsOptions{Prefix: delta.HeadPrefix, Recursive: true}) {
+		if obj.Err != nil {
+			r.fail(b, "listing heads: %v", obj.Err)
+			break
+		}
+		data, err := getVersion(ctx, mc, obj)
+		if err != nil {
+			r.fail(b, "reading %s: %v", obj.Key, err)
+			continue
+		}
+		id, _, err := delta.ParseHead(data)
+		r.heads++
+		if err == nil {
+			vctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+			_, err = h.c.Verify(vctx, id.String())
+			cancel()
+		}
+		if err != nil {
+			r.headsUnresolved++
+			r.fail(b, "%s: %v", obj.Key, err)
+		}
+	}
+}
