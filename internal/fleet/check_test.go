@@ -30,6 +30,7 @@ type report struct {
 	restoresChecked, lost, mismatched int
 	heads, headsUnresolved            int
 	twoWriters, lateWrites            int
+	releasedUnreported                int
 	staleLocks, locksLeft             int
 }
 
@@ -357,32 +358,8 @@ func checkRestores(ctx context.Context, r *report, h *host, fn *fleetNet, srv *m
 		return
 	}
 	r.t.Logf("fleet: fresh host rebuilt %d sandboxes, %d checkpoints, %d packs from the bucket", rb.Sandboxes, rb.Checkpoints, rb.Packs)
-	for n, c := range w.durableOf(func(*ckptInfo) bool { return true }) {
-		r.restoresChecked++
-		name := fmt.Sprintf("check-%d", n)
-		bctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-		rs, err := h.c.Branch(bctx, c.id.String(), api.BranchRequest{Name: name})
-		cancel()
-		if err != nil {
-			r.lost++
-			r.fail(a, "checkpoint %s of %s (%s, remote-durable %s): %v", c.id.Short(), c.sandbox, hostName(c.host), c.at.Format("15:04:05.000"), err)
-			continue
-		}
-		if len(rs) != 1 {
-			r.fail(a, "checkpoint %s: branch answered %d sandboxes", c.id.Short(), len(rs))
-			continue
-		}
-		d, err := treeDigest(rs[0].Root)
-		if err != nil || d != c.digest {
-			r.mismatched++
-			r.fail(a, "checkpoint %s of %s (%s): the branch's root differs from the root checkpointed (%v)", c.id.Short(), c.sandbox, hostName(c.host), err)
-		}
-		dctx, cancel := context.WithTimeout(ctx, time.Minute)
-		if _, err := h.c.RemoveSandbox(dctx, name, false); err != nil {
-			r.t.Logf("fleet: removing %s on the fresh host: %v", name, err)
-		}
-		cancel()
-	}
+	// The bucket's heads first: the branches below are this host's own
+	// sandboxes, whose heads it uploads and removes again.
 	const b = "(b) every head in the bucket resolves on a fresh host"
 	for obj := range mc.ListObjects(ctx, bucket, minio.ListObjectsOptions{Prefix: delta.HeadPrefix, Recursive: true}) {
 		if obj.Err != nil {
@@ -406,4 +383,91 @@ func checkRestores(ctx context.Context, r *report, h *host, fn *fleetNet, srv *m
 			r.fail(b, "%s: %v", obj.Key, err)
 		}
 	}
+	for n, c := range w.durableOf(func(*ckptInfo) bool { return true }) {
+		r.restoresChecked++
+		name := fmt.Sprintf("check-%d", n)
+		bctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		rs, err := h.c.Branch(bctx, c.id.String(), api.BranchRequest{Name: name})
+		cancel()
+		if err != nil {
+			why, released := diagnoseRecord(ctx, mc, w, c)
+			if released {
+				r.releasedUnreported++
+				r.t.Logf("fleet: checkpoint %s of %s (%s) is gone, released by a retention whose answer was lost: %s", c.id.Short(), c.sandbox, hostName(c.host), why)
+				continue
+			}
+			r.lost++
+			r.fail(a, "checkpoint %s of %s (%s, remote-durable %s): %v; %s", c.id.Short(), c.sandbox, hostName(c.host), c.at.Format("15:04:05.000"), err, why)
+			continue
+		}
+		if len(rs) != 1 {
+			r.fail(a, "checkpoint %s: branch answered %d sandboxes", c.id.Short(), len(rs))
+			continue
+		}
+		d, err := treeDigest(rs[0].Root)
+		if err != nil || d != c.digest {
+			r.mismatched++
+			r.fail(a, "checkpoint %s of %s (%s): the branch's root differs from the root checkpointed (%v)", c.id.Short(), c.sandbox, hostName(c.host), err)
+		}
+		dctx, cancel := context.WithTimeout(ctx, time.Minute)
+		if _, err := h.c.RemoveSandbox(dctx, name, false); err != nil {
+			r.t.Logf("fleet: removing %s on the fresh host: %v", name, err)
+		}
+		cancel()
+	}
+}
+
+// diagnoseRecord says what became of a checkpoint the fresh host cannot
+// find, from the versions of its record in the bucket, and whether a
+// prune or forget of its sandbox's home whose answer was lost (the daemon
+// killed under it, or failing after deleting) was running when it was
+// deleted: then a retention released it after all.
+func diagnoseRecord(ctx context.Context, mc *minio.Client, w *world, c *ckptInfo) (string, bool) {
+	key := delta.RecordName(c.id)
+	var present, deleted []time.Time
+	for obj := range mc.ListObjects(ctx, bucket, minio.ListObjectsOptions{Prefix: key, WithVersions: true}) {
+		if obj.Err != nil {
+			return "listing its record's versions: " + obj.Err.Error(), false
+		}
+		if obj.Key != key {
+			continue
+		}
+		if obj.IsDeleteMarker {
+			deleted = append(deleted, obj.LastModified)
+		} else {
+			present = append(present, obj.LastModified)
+		}
+	}
+	switch {
+	case len(present) == 0:
+		return "its record never reached the bucket", false
+	case len(deleted) == 0:
+		return "its record is in the bucket (the rebuild did not index it)", false
+	}
+	at := deleted[0]
+	for _, d := range deleted {
+		if d.Before(at) {
+			at = d
+		}
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	owner := c.host
+	if sb := w.sandboxes[c.sandbox]; sb != nil {
+		owner = sb.creator
+	}
+	var during []string
+	for _, rs := range w.retentions {
+		if rs.host != owner || rs.start.After(at.Add(time.Second)) || rs.end.Before(at.Add(-time.Second)) {
+			continue
+		}
+		if rs.err != nil {
+			return fmt.Sprintf("its record was deleted at %s during %s's %s, which failed (%v)", at.Format("15:04:05.000"), hostName(owner), rs.op, rs.err), true
+		}
+		during = append(during, fmt.Sprintf("%s's %s (%s-%s, answered without it)", hostName(owner), rs.op, rs.start.Format("15:04:05.000"), rs.end.Format("15:04:05.000")))
+	}
+	if len(during) == 0 {
+		return fmt.Sprintf("its record was deleted from the bucket at %s, when no prune or forget of %s ran", at.Format("15:04:05.000"), hostName(owner)), false
+	}
+	return fmt.Sprintf("its record was deleted from the bucket at %s, during %s", at.Format("15:04:05.000"), strings.Join(during, ", ")), false
 }

@@ -85,6 +85,7 @@ func TestFleet(t *testing.T) {
 	}
 
 	dir := t.TempDir()
+	t.Cleanup(func() { unmountUnder(t, dir) }) // after the daemons stop
 	base := makeBase(t, dir)
 	env := []string{"AWS_ACCESS_KEY_ID=" + srv.AccessKey, "AWS_SECRET_ACCESS_KEY=" + srv.SecretKey, "TURNSNAP_CACHE=" + os.Getenv("TURNSNAP_CACHE")}
 	hosts := map[int]*host{}
@@ -113,6 +114,9 @@ func TestFleet(t *testing.T) {
 	}
 
 	w := newWorld()
+	w.logf = func(format string, args ...any) {
+		t.Logf("%s %s", time.Now().UTC().Format("15:04:05.000"), fmt.Sprintf(format, args...))
+	}
 	locks := newLockWatch(mc)
 	stop := make(chan struct{})
 	var bg sync.WaitGroup
@@ -173,8 +177,9 @@ func TestFleet(t *testing.T) {
 	checkWriters(ctx, r, mc, w, homeIDs)
 	checkRestores(ctx, r, hosts[nHosts+1], fn, srv, mc, w)
 
-	total, ok, byOp := w.opsSummary()
+	_, ok, byOp := w.opsSummary()
 	w.mu.Lock()
+	total := w.steps
 	durable, released := 0, len(w.released)
 	for _, c := range w.ckpts {
 		if c.durable {
@@ -189,8 +194,8 @@ func TestFleet(t *testing.T) {
 		r.fail("run", "%s", p)
 	}
 	t.Logf("fleet: operations by kind (ok/all):%s; skipped for want of the capability: %s", byOp, skipped)
-	t.Logf("fleet summary: seed=%d ops=%d ok=%d daemon_kills=%d minio_kills=%d durable=%d released=%d restores_checked=%d lost=%d mismatched=%d heads=%d heads_unresolved=%d two_writer_sandboxes=%d late_writes=%d stale_locks=%d locks_left=%d run=%s total=%s",
-		seed, total, ok, dk, mk, durable, released, r.restoresChecked, r.lost, r.mismatched, r.heads, r.headsUnresolved,
+	t.Logf("fleet summary: seed=%d ops=%d ok=%d daemon_kills=%d minio_kills=%d durable=%d released=%d restores_checked=%d lost=%d released_unreported=%d mismatched=%d heads=%d heads_unresolved=%d two_writer_sandboxes=%d late_writes=%d stale_locks=%d locks_left=%d run=%s total=%s",
+		seed, total, ok, dk, mk, durable, released, r.restoresChecked, r.lost, r.releasedUnreported, r.mismatched, r.heads, r.headsUnresolved,
 		r.twoWriters, r.lateWrites, r.staleLocks, r.locksLeft, workload.Round(time.Second), time.Since(began).Round(time.Second))
 	r.flush()
 }
@@ -302,8 +307,10 @@ func chaos(t *testing.T, seed int64, ops int, hosts map[int]*host, srv *miniotes
 		w.mu.Unlock()
 		time.Sleep(time.Duration(rng.IntN(1000)) * time.Millisecond) // the outage itself
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		restart := time.Now()
 		err := h.start(ctx)
 		cancel()
+		t.Logf("%s chaos: %s's daemon answers again after %s", time.Now().UTC().Format("15:04:05.000"), h.name, time.Since(restart).Round(time.Millisecond))
 		if err != nil {
 			w.problem("%s's daemon does not start again after SIGKILL: %v\n%s", h.name, err, h.logTail(3000))
 		}

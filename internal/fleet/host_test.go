@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"sort"
 	"strings"
 	"sync"
 	"syscall"
@@ -56,6 +57,10 @@ type host struct {
 	mu   sync.Mutex
 	cmd  *exec.Cmd
 	done chan struct{}
+	// up is closed while the daemon answers; kill replaces it, so the
+	// host's worker waits out a restart instead of failing its whole share
+	// of operations in the milliseconds the daemon is gone.
+	up chan struct{}
 }
 
 func newHost(t *testing.T, fn *fleetNet, i int, bin, dir string, env []string) *host {
@@ -69,8 +74,20 @@ func newHost(t *testing.T, fn *fleetNet, i int, bin, dir string, env []string) *
 		t.Fatal(err)
 	}
 	h.c = c
+	h.up = make(chan struct{})
 	t.Cleanup(func() { h.stop() })
 	return h
+}
+
+// waitUp waits until the daemon answers, or d passes.
+func (h *host) waitUp(d time.Duration) {
+	h.mu.Lock()
+	up := h.up
+	h.mu.Unlock()
+	select {
+	case <-up:
+	case <-time.After(d):
+	}
 }
 
 // cli runs turnsnap as a client (or directly on the home when no daemon
@@ -155,6 +172,7 @@ func (h *host) start(ctx context.Context) error {
 		time.Sleep(50 * time.Millisecond) // polling the socket: the daemon has no readiness signal
 	}
 	h.cmd, h.done = cmd, done
+	close(h.up)
 	return nil
 }
 
@@ -163,6 +181,9 @@ func (h *host) kill() bool {
 	h.mu.Lock()
 	cmd, done := h.cmd, h.done
 	h.cmd = nil
+	if cmd != nil {
+		h.up = make(chan struct{})
+	}
 	h.mu.Unlock()
 	if cmd == nil {
 		return false
@@ -178,6 +199,9 @@ func (h *host) stop() error {
 	h.mu.Lock()
 	cmd, done := h.cmd, h.done
 	h.cmd = nil
+	if cmd != nil {
+		h.up = make(chan struct{})
+	}
 	h.mu.Unlock()
 	if cmd == nil {
 		return nil
@@ -203,4 +227,32 @@ func (h *host) logTail(n int) string {
 		b = b[len(b)-n:]
 	}
 	return string(b)
+}
+
+// unmountUnder detaches every mount below dir, deepest first: daemons leave
+// their sandboxes mounted when they stop (by design), and t.TempDir's
+// removal cannot pass a mount.
+func unmountUnder(t *testing.T, dir string) {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	var points []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 5 {
+			continue
+		}
+		// Mount points escape blanks as octal; the test's paths have none.
+		if p := f[4]; p == dir || strings.HasPrefix(p, dir+"/") {
+			points = append(points, p)
+		}
+	}
+	sort.Slice(points, func(i, j int) bool { return len(points[i]) > len(points[j]) })
+	for _, p := range points {
+		if err := syscall.Unmount(p, syscall.MNT_DETACH); err != nil {
+			t.Logf("fleet cleanup: unmounting %s: %v", p, err)
+		}
+	}
 }

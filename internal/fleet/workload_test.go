@@ -55,8 +55,12 @@ const maxSandboxes = 5
 const opTimeout = 2 * time.Minute
 
 func (wk *worker) step(ctx context.Context) {
+	wk.h.waitUp(opTimeout)
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
+	wk.w.mu.Lock()
+	wk.w.steps++
+	wk.w.mu.Unlock()
 	wk.sinceRebuild++
 	own := wk.w.writableOf(wk.h.i)
 	if len(own) == 0 || (wk.created < 2 && wk.rng.IntN(10) == 0) {
@@ -83,10 +87,17 @@ func (wk *worker) step(ctx context.Context) {
 		wk.gc(ctx)
 	case r < 94:
 		_, err := wk.h.c.Sync(ctx, api.SyncRequest{})
-		wk.w.count("sync", err)
+		wk.count("sync", err)
 	default:
 		wk.rebuild(ctx)
 	}
+}
+
+func (wk *worker) count(op string, err error) {
+	if err != nil {
+		err = fmt.Errorf("%s: %w", wk.h.name, err)
+	}
+	wk.w.count(op, err)
 }
 
 func (wk *worker) logf(format string, args ...any) {
@@ -95,13 +106,15 @@ func (wk *worker) logf(format string, args ...any) {
 
 func (wk *worker) create(ctx context.Context) {
 	if wk.created >= maxSandboxes {
-		wk.checkpoint(ctx, wk.w.writableOf(wk.h.i)[0])
+		if own := wk.w.writableOf(wk.h.i); len(own) > 0 {
+			wk.checkpoint(ctx, own[0])
+		}
 		return
 	}
 	wk.created++
 	name := fmt.Sprintf("%s-s%d", wk.h.name, wk.created)
 	cr, err := wk.h.c.CreateSandbox(ctx, api.CreateRequest{Name: name, Base: wk.base})
-	wk.w.count("create", err)
+	wk.count("create", err)
 	if err != nil {
 		wk.created-- // the name was not taken (or is retried)
 		if strings.Contains(err.Error(), "exists") {
@@ -126,7 +139,7 @@ func (wk *worker) root(ctx context.Context, name string) (string, error) {
 func (wk *worker) checkpoint(ctx context.Context, name string) {
 	root, err := wk.root(ctx, name)
 	if err != nil {
-		wk.w.count("checkpoint", err)
+		wk.count("checkpoint", err)
 		return
 	}
 	if err := mutate(wk.rng, root); err != nil {
@@ -141,11 +154,11 @@ func (wk *worker) checkpoint(ctx context.Context, name string) {
 	wait := wk.rng.IntN(10) < 8
 	start := time.Now()
 	cp, err := wk.h.c.Checkpoint(ctx, name, api.CheckpointRequest{WaitRemote: wait, Message: "fleet"})
-	wk.w.count("checkpoint", err)
+	wk.count("checkpoint", err)
 	if err != nil {
 		return
 	}
-	wk.w.checkpointed(wk.h.i, name, cp.ID, digest, cp.RemoteDurable || wait, start, time.Now())
+	wk.w.checkpointed(wk.h.i, name, cp.ID, digest, cp.RemoteDurable, start, time.Now())
 }
 
 // rollback moves one of this host's sandboxes back to a checkpoint of it
@@ -158,7 +171,7 @@ func (wk *worker) rollback(ctx context.Context, name string) {
 	}
 	c := known[wk.rng.IntN(len(known))]
 	_, err := wk.h.c.Rollback(ctx, name, api.RollbackRequest{Checkpoint: c.id.String()})
-	wk.w.count("rollback", err)
+	wk.count("rollback", err)
 	if err != nil {
 		return
 	}
@@ -183,7 +196,7 @@ func (wk *worker) ensureRebuilt(ctx context.Context) bool {
 
 func (wk *worker) rebuild(ctx context.Context) error {
 	_, err := wk.h.c.RebuildCatalog(ctx, api.RebuildRequest{})
-	wk.w.count("rebuild", err)
+	wk.count("rebuild", err)
 	if err == nil {
 		wk.sinceRebuild = 0
 	}
@@ -208,7 +221,7 @@ func (wk *worker) branch(ctx context.Context) {
 	wk.branched++
 	name := fmt.Sprintf("%s-b%d", wk.h.name, wk.branched)
 	rs, err := wk.h.c.Branch(ctx, c.id.String(), api.BranchRequest{Name: name})
-	wk.w.count("branch", err)
+	wk.count("branch", err)
 	if err != nil {
 		if !strings.Contains(err.Error(), "exists") {
 			wk.branched--
@@ -225,7 +238,7 @@ func (wk *worker) branch(ctx context.Context) {
 
 func (wk *worker) sync(ctx context.Context) {
 	_, err := wk.h.c.Sync(ctx, api.SyncRequest{})
-	wk.w.count("sync", err)
+	wk.count("sync", err)
 }
 
 // adopt takes over another host's sandbox (turnsnap sandbox adopt --force:
@@ -244,7 +257,7 @@ func (wk *worker) adopt(ctx context.Context) {
 	name := foreign[wk.rng.IntN(len(foreign))]
 	start := time.Now()
 	_, err := wk.h.cli(ctx, "sandbox", "adopt", name, "--force")
-	wk.w.count("adopt", err)
+	wk.count("adopt", err)
 	if err != nil {
 		wk.logf("adopt %s: %v", name, err)
 		return
@@ -267,13 +280,13 @@ func (wk *worker) foreignWrite(ctx context.Context) {
 	c := known[len(known)-1]
 	_, err := wk.h.c.Rollback(ctx, name, api.RollbackRequest{Checkpoint: c.id.String()})
 	if err != nil {
-		wk.w.count("foreign-write", err)
+		wk.count("foreign-write", err)
 		return
 	}
 	wk.w.head(name, c.id, wk.h.i)
 	root, err := wk.root(ctx, name)
 	if err != nil {
-		wk.w.count("foreign-write", err)
+		wk.count("foreign-write", err)
 		return
 	}
 	if err := mutate(wk.rng, root); err != nil {
@@ -287,12 +300,21 @@ func (wk *worker) foreignWrite(ctx context.Context) {
 	}
 	start := time.Now()
 	cp, err := wk.h.c.Checkpoint(ctx, name, api.CheckpointRequest{WaitRemote: true, Message: "fleet foreign"})
-	wk.w.count("foreign-write", err)
+	wk.count("foreign-write", err)
 	if err != nil {
 		return
 	}
 	wk.logf("foreign write to %s accepted: checkpoint %s remote-durable", name, cp.ID.Short())
-	wk.w.checkpointed(wk.h.i, name, cp.ID, digest, true, start, time.Now())
+	wk.w.checkpointed(wk.h.i, name, cp.ID, digest, cp.RemoteDurable, start, time.Now())
+}
+
+// retention counts a prune or forget and keeps its span: a record deleted
+// from the bucket while one whose answer was lost ran was released by it.
+func (wk *worker) retention(op string, start time.Time, err error) {
+	wk.count(op, err)
+	wk.w.mu.Lock()
+	defer wk.w.mu.Unlock()
+	wk.w.retentions = append(wk.w.retentions, retentionSpan{host: wk.h.i, op: op, start: start, end: time.Now(), err: err})
 }
 
 func (wk *worker) skip(op string) {
@@ -314,16 +336,18 @@ func (wk *worker) prune(ctx context.Context) {
 			if withGC {
 				args = append(args, "--gc")
 			}
+			start := time.Now()
 			err = wk.h.cliJSON(ctx, &pr, args...)
-			wk.w.count("prune-grace0", err)
+			wk.retention("prune-grace0", start, err)
 			if err == nil {
 				wk.w.release(pr.Deleted...)
 			}
 			return
 		}
 	}
+	start := time.Now()
 	p, err := wk.h.c.Prune(ctx, api.PruneRequest{KeepLast: keep, GC: withGC})
-	wk.w.count("prune", err)
+	wk.retention("prune", start, err)
 	if err == nil {
 		wk.w.release(p.Deleted...)
 	}
@@ -334,6 +358,7 @@ func (wk *worker) forget(ctx context.Context) {
 	var f *api.Forgotten
 	var err error
 	op := "forget"
+	start := time.Now()
 	if wk.rng.IntN(2) == 0 && wk.caps.forgetGrace {
 		op = "forget-grace0"
 		f = &api.Forgotten{}
@@ -345,7 +370,7 @@ func (wk *worker) forget(ctx context.Context) {
 		f, err = wk.h.c.Forget(ctx, api.ForgetRequest{ForgetOptions: engine.ForgetOptions{All: true,
 			Policy: engine.RetentionPolicy{KeepLast: keep}}})
 	}
-	wk.w.count(op, err)
+	wk.retention(op, start, err)
 	if err != nil {
 		return
 	}
@@ -366,7 +391,7 @@ func (wk *worker) gc(ctx context.Context) {
 		req.GraceMS, op = &zero, "gc-grace0"
 	}
 	_, err := wk.h.c.GC(ctx, req)
-	wk.w.count(op, err)
+	wk.count(op, err)
 }
 
 // mutate makes one to four changes in root: files written (mostly small,

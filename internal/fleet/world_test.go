@@ -37,6 +37,9 @@ type world struct {
 	daemonKills    int
 	minioKills     int
 	skipped        map[string]int // ops the binary cannot do yet (capability probes)
+	retentions     []retentionSpan
+	steps          int // operations the workload started
+	logf           func(format string, args ...any)
 }
 
 type sandboxInfo struct {
@@ -62,6 +65,14 @@ type span struct {
 
 type opCount struct{ ok, failed int }
 
+// retentionSpan is one prune or forget, answered (err nil) or not.
+type retentionSpan struct {
+	host       int
+	op         string
+	start, end time.Time
+	err        error
+}
+
 func newWorld() *world {
 	return &world{sandboxes: map[string]*sandboxInfo{}, writable: map[int]map[string]bool{},
 		ckpts: map[delta.ID]*ckptInfo{}, released: map[delta.ID]bool{}, heads: map[string]map[delta.ID]map[int]bool{},
@@ -71,6 +82,9 @@ func newWorld() *world {
 func (w *world) count(op string, err error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if err != nil && w.logf != nil {
+		w.logf("%s failed: %v", op, err)
+	}
 	c := w.ops[op]
 	if c == nil {
 		c = &opCount{}
