@@ -206,13 +206,13 @@ type headVersion struct {
 // differ at one epoch, and the epoch never goes down; and no write was
 // accepted from a host that did not own the sandbox (the workload's own
 // log against its adoptions).
-func checkWriters(ctx context.Context, r *report, mc *minio.Client, w *world, homeIDs map[string]int) {
+func checkWriters(ctx context.Context, r *report, mc *minio.Client, w *world, homeIDs map[string]int) map[string]string {
 	const a = "(c) no sandbox id ever had two accepted writers"
 	names := map[string]string{} // key -> name
 	for obj := range mc.ListObjects(ctx, bucket, minio.ListObjectsOptions{Prefix: delta.SandboxPrefix, Recursive: true, WithVersions: true}) {
 		if obj.Err != nil {
 			r.fail(a, "listing sandbox descriptions: %v", obj.Err)
-			return
+			return names
 		}
 		if obj.IsDeleteMarker {
 			continue
@@ -231,7 +231,7 @@ func checkWriters(ctx context.Context, r *report, mc *minio.Client, w *world, ho
 	for obj := range mc.ListObjects(ctx, bucket, minio.ListObjectsOptions{Prefix: delta.HeadPrefix, Recursive: true, WithVersions: true}) {
 		if obj.Err != nil {
 			r.fail(a, "listing head versions: %v", obj.Err)
-			return
+			return names
 		}
 		if obj.IsDeleteMarker {
 			continue
@@ -274,7 +274,7 @@ func checkWriters(ctx context.Context, r *report, mc *minio.Client, w *world, ho
 			var cand map[int]bool
 			if !v.owner.IsZero() {
 				cand = map[int]bool{homeIDs[v.owner.Home]: true}
-			} else if hs := w.heads[name][v.id]; len(hs) > 0 {
+			} else if hs := w.writersOfLocked(name, v.id, v.at); len(hs) > 0 {
 				cand = hs
 			} else {
 				continue // a success this test never heard of (its answer was lost to a kill)
@@ -303,10 +303,49 @@ func checkWriters(ctx context.Context, r *report, mc *minio.Client, w *world, ho
 			r.twoWriters++
 		}
 	}
-	for _, v := range w.writerViolationsLocked() {
+	keyOf := map[string]string{}
+	for k, n := range names {
+		keyOf[n] = k
+	}
+	inBucket := func(sandbox string, id delta.ID) bool {
+		for _, v := range versions[keyOf[sandbox]] {
+			if v.id == id {
+				return true
+			}
+		}
+		return false
+	}
+	for _, v := range w.writerViolationsLocked(inBucket) {
 		r.lateWrites++
 		r.fail(a, "%s", v)
 	}
+	// The head history of every sandbox another host wrote, for the log.
+	for _, wr := range w.writes {
+		if sb := w.sandboxes[wr.sandbox]; sb == nil || sb.creator == wr.host {
+			continue
+		}
+		var b strings.Builder
+		for n, v := range versions[keyOf[wr.sandbox]] {
+			if n == 40 {
+				b.WriteString(" ...")
+				break
+			}
+			fmt.Fprintf(&b, " %s:%s[%s]", v.at.Format("05.000"), v.id.Short()[:6], setString(w.writersOfLocked(wr.sandbox, v.id, v.at)))
+		}
+		r.t.Logf("fleet: head versions of %s (%s wrote %s):%s", wr.sandbox, hostName(wr.host), wr.id.Short()[:6], b.String())
+	}
+	return names
+}
+
+// creatorOf is the host that made a sandbox (0 if this test never heard
+// of it).
+func creatorOf(w *world, name string) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if sb := w.sandboxes[name]; sb != nil {
+		return sb.creator
+	}
+	return 0
 }
 
 func getVersion(ctx context.Context, mc *minio.Client, obj minio.ObjectInfo) ([]byte, error) {
@@ -339,7 +378,7 @@ func setString(s map[int]bool) string {
 // knows only the bucket, every checkpoint a host reported remote-durable
 // and no retention released branches, and its root has the digest the
 // test took before the checkpoint; every head in the bucket verifies.
-func checkRestores(ctx context.Context, r *report, h *host, fn *fleetNet, srv *miniotest.Server, mc *minio.Client, w *world) {
+func checkRestores(ctx context.Context, r *report, h *host, fn *fleetNet, srv *miniotest.Server, mc *minio.Client, w *world, names map[string]string) {
 	const a = "(a) every durable, unreleased checkpoint restores byte for byte on a fresh host"
 	if err := initHome(ctx, h, fn, srv); err != nil {
 		r.fail(a, "fresh host: %v", err)
@@ -354,8 +393,16 @@ func checkRestores(ctx context.Context, r *report, h *host, fn *fleetNet, srv *m
 	rb, err := h.c.RebuildCatalog(rctx, api.RebuildRequest{})
 	cancel()
 	if err != nil {
+		// A failure of its own; then the checks go on from what a rebuild
+		// that skips the damage finds.
 		r.fail(a, "fresh host: catalog rebuild: %v", err)
-		return
+		rctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+		rb, err = h.c.RebuildCatalog(rctx, api.RebuildRequest{SkipCorrupt: true})
+		cancel()
+		if err != nil {
+			r.fail(a, "fresh host: catalog rebuild --skip-corrupt: %v", err)
+			return
+		}
 	}
 	r.t.Logf("fleet: fresh host rebuilt %d sandboxes, %d checkpoints, %d packs from the bucket", rb.Sandboxes, rb.Checkpoints, rb.Packs)
 	// The bucket's heads first: the branches below are this host's own
@@ -373,17 +420,34 @@ func checkRestores(ctx context.Context, r *report, h *host, fn *fleetNet, srv *m
 		}
 		id, _, err := delta.ParseHead(data)
 		r.heads++
-		if err == nil {
-			vctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-			_, err = h.c.Verify(vctx, id.String())
-			cancel()
+		if err != nil {
+			r.headsUnresolved++
+			r.fail(b, "%s: %v", obj.Key, err)
+			continue
 		}
+		// The record itself, from the bucket, then a verify of everything
+		// it needs on the fresh host.
+		if _, err := mc.StatObject(ctx, bucket, delta.RecordName(id), minio.StatObjectOptions{}); err != nil {
+			r.headsUnresolved++
+			name := names[strings.TrimPrefix(obj.Key, delta.HeadPrefix)]
+			why, _ := diagnoseRecord(ctx, mc, w, &ckptInfo{id: id, sandbox: name, host: creatorOf(w, name)})
+			r.fail(b, "%s (sandbox %s) names checkpoint %s: %v; %s", obj.Key, name, id.Short(), err, why)
+			continue
+		}
+		vctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		_, err = h.c.Verify(vctx, id.String())
+		cancel()
 		if err != nil {
 			r.headsUnresolved++
 			r.fail(b, "%s: %v", obj.Key, err)
 		}
 	}
+	checkUntil := time.Now().Add(15 * time.Minute)
 	for n, c := range w.durableOf(func(*ckptInfo) bool { return true }) {
+		if time.Now().After(checkUntil) {
+			r.fail(a, "the fresh host's restores took over 15 minutes; %d checked, the rest not", r.restoresChecked)
+			break
+		}
 		r.restoresChecked++
 		name := fmt.Sprintf("check-%d", n)
 		bctx, cancel := context.WithTimeout(ctx, 2*time.Minute)

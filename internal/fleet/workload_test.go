@@ -113,6 +113,7 @@ func (wk *worker) create(ctx context.Context) {
 	}
 	wk.created++
 	name := fmt.Sprintf("%s-s%d", wk.h.name, wk.created)
+	start := time.Now()
 	cr, err := wk.h.c.CreateSandbox(ctx, api.CreateRequest{Name: name, Base: wk.base})
 	wk.count("create", err)
 	if err != nil {
@@ -122,7 +123,7 @@ func (wk *worker) create(ctx context.Context) {
 		}
 		return
 	}
-	wk.w.addSandbox(name, wk.h.i, cr.Checkpoint)
+	wk.w.addSandbox(name, wk.h.i, cr.Checkpoint, start)
 }
 
 // root mounts the sandbox (if need be) and returns its root.
@@ -170,12 +171,13 @@ func (wk *worker) rollback(ctx context.Context, name string) {
 		return
 	}
 	c := known[wk.rng.IntN(len(known))]
+	start := time.Now()
 	_, err := wk.h.c.Rollback(ctx, name, api.RollbackRequest{Checkpoint: c.id.String()})
 	wk.count("rollback", err)
 	if err != nil {
 		return
 	}
-	wk.w.head(name, c.id, wk.h.i)
+	wk.w.head(name, c.id, wk.h.i, start)
 	root, err := wk.root(ctx, name)
 	if err != nil {
 		return
@@ -220,6 +222,7 @@ func (wk *worker) branch(ctx context.Context) {
 	c := cands[wk.rng.IntN(len(cands))]
 	wk.branched++
 	name := fmt.Sprintf("%s-b%d", wk.h.name, wk.branched)
+	start := time.Now()
 	rs, err := wk.h.c.Branch(ctx, c.id.String(), api.BranchRequest{Name: name})
 	wk.count("branch", err)
 	if err != nil {
@@ -228,7 +231,7 @@ func (wk *worker) branch(ctx context.Context) {
 		}
 		return
 	}
-	wk.w.addSandbox(name, wk.h.i, c.id)
+	wk.w.addSandbox(name, wk.h.i, c.id, start)
 	if len(rs) == 1 {
 		if d, err := treeDigest(rs[0].Root); err == nil && d != c.digest {
 			wk.w.problem("%s: branch %s of %s (%s's): the root's digest is not the one checkpointed", wk.h.name, name, c.id.Short(), hostName(c.host))
@@ -263,6 +266,18 @@ func (wk *worker) adopt(ctx context.Context) {
 		return
 	}
 	wk.w.adopted(wk.h.i, name, start, time.Now())
+	// Its root may not be on this host yet: a rollback to its head makes
+	// it, as after any rebuild.
+	sb, err := wk.h.c.GetSandbox(ctx, name)
+	if err != nil || sb.Head == nil {
+		return
+	}
+	rbStart := time.Now()
+	if _, err := wk.h.c.Rollback(ctx, name, api.RollbackRequest{Checkpoint: sb.Head.String()}); err != nil {
+		wk.logf("rollback of adopted %s to its head: %v", name, err)
+		return
+	}
+	wk.w.head(name, *sb.Head, wk.h.i, rbStart)
 }
 
 // foreignWrite rolls back another host's sandbox here without adopting it
@@ -278,12 +293,13 @@ func (wk *worker) foreignWrite(ctx context.Context) {
 		return
 	}
 	c := known[len(known)-1]
+	rbStart := time.Now()
 	_, err := wk.h.c.Rollback(ctx, name, api.RollbackRequest{Checkpoint: c.id.String()})
 	if err != nil {
 		wk.count("foreign-write", err)
 		return
 	}
-	wk.w.head(name, c.id, wk.h.i)
+	wk.w.head(name, c.id, wk.h.i, rbStart)
 	root, err := wk.root(ctx, name)
 	if err != nil {
 		wk.count("foreign-write", err)
@@ -324,7 +340,7 @@ func (wk *worker) skip(op string) {
 }
 
 func (wk *worker) prune(ctx context.Context) {
-	keep := 1 + wk.rng.IntN(3)
+	keep := 2 + wk.rng.IntN(6)
 	withGC := wk.rng.IntN(3) == 0
 	var pr api.Pruned
 	var err error
@@ -354,7 +370,7 @@ func (wk *worker) prune(ctx context.Context) {
 }
 
 func (wk *worker) forget(ctx context.Context) {
-	keep := 1 + wk.rng.IntN(3)
+	keep := 2 + wk.rng.IntN(6)
 	var f *api.Forgotten
 	var err error
 	op := "forget"

@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"fmt"
+	"regexp"
 	"sort"
 	"strings"
 	"sync"
@@ -24,11 +25,13 @@ type world struct {
 	// released are the checkpoints some retention (prune, forget) reported
 	// deleting: they may vanish.
 	released map[delta.ID]bool
-	// heads[sandbox][id] are the hosts whose reported success may have
-	// written a head of that sandbox naming id (checkpoint, rollback,
-	// create, branch): how a head version without an owner line is
-	// attributed to its writer.
-	heads map[string]map[delta.ID]map[int]bool
+	// heads[sandbox][id][h] is when host h began the first operation
+	// whose reported success may have written a head of that sandbox
+	// naming id (checkpoint, rollback, create, branch): how a head version
+	// without an owner line is attributed to its writer (a host whose
+	// operation began after the version was written cannot have written
+	// it).
+	heads map[string]map[delta.ID]map[int]time.Time
 	// writes are accepted writes (a checkpoint reported remote-durable),
 	// adopts the reported adoptions, both with their time spans.
 	writes, adopts []span
@@ -38,7 +41,8 @@ type world struct {
 	minioKills     int
 	skipped        map[string]int // ops the binary cannot do yet (capability probes)
 	retentions     []retentionSpan
-	steps          int // operations the workload started
+	reasons        map[string]int // failed operations by normalised error
+	steps          int            // operations the workload started
 	logf           func(format string, args ...any)
 }
 
@@ -75,15 +79,18 @@ type retentionSpan struct {
 
 func newWorld() *world {
 	return &world{sandboxes: map[string]*sandboxInfo{}, writable: map[int]map[string]bool{},
-		ckpts: map[delta.ID]*ckptInfo{}, released: map[delta.ID]bool{}, heads: map[string]map[delta.ID]map[int]bool{},
-		ops: map[string]*opCount{}, skipped: map[string]int{}}
+		ckpts: map[delta.ID]*ckptInfo{}, released: map[delta.ID]bool{}, heads: map[string]map[delta.ID]map[int]time.Time{},
+		ops: map[string]*opCount{}, skipped: map[string]int{}, reasons: map[string]int{}}
 }
 
 func (w *world) count(op string, err error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if err != nil && w.logf != nil {
-		w.logf("%s failed: %v", op, err)
+	if err != nil {
+		if w.logf != nil {
+			w.logf("%s failed: %v", op, err)
+		}
+		w.reasons[op+": "+normalise(err.Error())]++
 	}
 	c := w.ops[op]
 	if c == nil {
@@ -103,8 +110,9 @@ func (w *world) problem(format string, args ...any) {
 	w.problems = append(w.problems, fmt.Sprintf(format, args...))
 }
 
-// addSandbox records a sandbox host h made (created or branched).
-func (w *world) addSandbox(name string, h int, head delta.ID) {
+// addSandbox records a sandbox host h made (created or branched) with an
+// operation begun at start.
+func (w *world) addSandbox(name string, h int, head delta.ID, start time.Time) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.sandboxes[name] = &sandboxInfo{name: name, creator: h}
@@ -112,26 +120,40 @@ func (w *world) addSandbox(name string, h int, head delta.ID) {
 		w.writable[h] = map[string]bool{}
 	}
 	w.writable[h][name] = true
-	w.headLocked(name, head, h)
+	w.headLocked(name, head, h, start)
 }
 
-func (w *world) headLocked(sandbox string, id delta.ID, h int) {
+func (w *world) headLocked(sandbox string, id delta.ID, h int, start time.Time) {
 	if id.IsZero() {
 		return
 	}
 	if w.heads[sandbox] == nil {
-		w.heads[sandbox] = map[delta.ID]map[int]bool{}
+		w.heads[sandbox] = map[delta.ID]map[int]time.Time{}
 	}
 	if w.heads[sandbox][id] == nil {
-		w.heads[sandbox][id] = map[int]bool{}
+		w.heads[sandbox][id] = map[int]time.Time{}
 	}
-	w.heads[sandbox][id][h] = true
+	if t, ok := w.heads[sandbox][id][h]; !ok || start.Before(t) {
+		w.heads[sandbox][id][h] = start
+	}
 }
 
-func (w *world) head(sandbox string, id delta.ID, h int) {
+func (w *world) head(sandbox string, id delta.ID, h int, start time.Time) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.headLocked(sandbox, id, h)
+	w.headLocked(sandbox, id, h, start)
+}
+
+// writersOf are the hosts that may have written the head version of
+// sandbox naming id at time at.
+func (w *world) writersOfLocked(sandbox string, id delta.ID, at time.Time) map[int]bool {
+	out := map[int]bool{}
+	for h, start := range w.heads[sandbox][id] {
+		if !start.After(at) {
+			out[h] = true
+		}
+	}
+	return out
 }
 
 // checkpointed records a checkpoint host h reported, with the digest of
@@ -139,7 +161,7 @@ func (w *world) head(sandbox string, id delta.ID, h int) {
 func (w *world) checkpointed(h int, sandbox string, id delta.ID, digest string, durable bool, start, end time.Time) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.headLocked(sandbox, id, h)
+	w.headLocked(sandbox, id, h, start)
 	c := w.ckpts[id]
 	if c == nil {
 		c = &ckptInfo{id: id, host: h, sandbox: sandbox, digest: digest, at: end}
@@ -257,7 +279,7 @@ func (w *world) opsSummary() (total, ok int, text string) {
 // sandbox at some instant of the write: it was the owner when the write
 // started (the creator, or the last adopter before), or an adoption by h
 // overlapped the write. w.mu is held.
-func (w *world) writerViolationsLocked() []string {
+func (w *world) writerViolationsLocked(inBucket func(sandbox string, id delta.ID) bool) []string {
 	var out []string
 	for _, wr := range w.writes {
 		sb := w.sandboxes[wr.sandbox]
@@ -279,11 +301,58 @@ func (w *world) writerViolationsLocked() []string {
 		}
 		possible[owner] = true
 		if !possible[wr.host] {
-			out = append(out, fmt.Sprintf("sandbox %s: %s's checkpoint %s was reported remote-durable (%s) while %s owned it and %s had not adopted it",
-				wr.sandbox, hostName(wr.host), wr.id.Short(), wr.end.Format("15:04:05.000"), hostName(owner), hostName(wr.host)))
+			where := "no head version in the bucket names it"
+			if inBucket(wr.sandbox, wr.id) {
+				where = "a head version in the bucket names it"
+			}
+			out = append(out, fmt.Sprintf("sandbox %s: %s's checkpoint %s was reported remote-durable (%s) while %s owned it and %s had not adopted it (%s)",
+				wr.sandbox, hostName(wr.host), wr.id.Short(), wr.end.Format("15:04:05.000"), hostName(owner), hostName(wr.host), where))
 		}
 	}
 	return out
 }
 
 func hostName(i int) string { return fmt.Sprintf("h%d", i) }
+
+var (
+	normHex  = regexp.MustCompile(`[0-9a-f]{12,64}`)
+	normPath = regexp.MustCompile(`/tmp/[^ :"]*`)
+	normName = regexp.MustCompile(`\bh[0-9]-[sb][0-9]+\b`)
+	normNum  = regexp.MustCompile(`\b[0-9]+(\.[0-9]+)?(ms|s)?\b`)
+)
+
+// normalise makes failures that differ only in ids, paths, sandbox names
+// and numbers count as one reason.
+func normalise(s string) string {
+	s = normPath.ReplaceAllString(s, "PATH")
+	s = normHex.ReplaceAllString(s, "ID")
+	s = normName.ReplaceAllString(s, "SANDBOX")
+	s = normNum.ReplaceAllString(s, "N")
+	if len(s) > 220 {
+		s = s[:220] + "..."
+	}
+	return s
+}
+
+// topReasons lists the commonest failures, most frequent first.
+func (w *world) topReasons(n int) string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	type kv struct {
+		k string
+		v int
+	}
+	var all []kv
+	for k, v := range w.reasons {
+		all = append(all, kv{k, v})
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].v > all[j].v || (all[i].v == all[j].v && all[i].k < all[j].k) })
+	var b strings.Builder
+	for i, e := range all {
+		if i == n {
+			break
+		}
+		fmt.Fprintf(&b, "\n  %5d  %s", e.v, e.k)
+	}
+	return b.String()
+}
