@@ -41,6 +41,7 @@ type worker struct {
 	w        *world
 	rng      *rand.Rand
 	caps     caps
+	calm     bool // no writes to another host's sandbox
 	base     string
 	created  int
 	branched int
@@ -283,6 +284,10 @@ func (wk *worker) adopt(ctx context.Context) {
 // foreignWrite rolls back another host's sandbox here without adopting it
 // and checkpoints it: a second writer, which the bucket must refuse.
 func (wk *worker) foreignWrite(ctx context.Context) {
+	if wk.calm {
+		wk.sync(ctx)
+		return
+	}
 	foreign := wk.w.foreignOf(wk.h.i)
 	if len(foreign) == 0 || !wk.ensureRebuilt(ctx) {
 		return
