@@ -202,7 +202,8 @@ type headVersion struct {
 
 // checkWriters: for each sandbox key, the writers of its head's versions
 // (the owner line's home, or for a head without one the hosts whose
-// reported successes could have written that checkpoint there) never
+// reported successes, begun before that version, could have written that
+// checkpoint there) never
 // differ at one epoch, and the epoch never goes down; and no write was
 // accepted from a host that did not own the sandbox (the workload's own
 // log against its adoptions).
