@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -13,6 +14,7 @@ import (
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/engine"
 	"github.com/turnsnap/turnsnap/engine/api"
+	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
 
 // caps are what the binary under test can do, probed from its --help, so
@@ -118,9 +120,11 @@ func (wk *worker) create(ctx context.Context) {
 	cr, err := wk.h.c.CreateSandbox(ctx, api.CreateRequest{Name: name, Base: wk.base})
 	wk.count("create", err)
 	if err != nil {
-		wk.created-- // the name was not taken (or is retried)
-		if strings.Contains(err.Error(), "exists") {
-			wk.created++
+		// A create whose answer a kill lost may have made the sandbox
+		// all the same: then its name is taken, and the next create uses
+		// the next name.
+		if !errors.Is(err, errdefs.ErrExists) {
+			wk.created--
 		}
 		return
 	}
@@ -227,7 +231,7 @@ func (wk *worker) branch(ctx context.Context) {
 	rs, err := wk.h.c.Branch(ctx, c.id.String(), api.BranchRequest{Name: name})
 	wk.count("branch", err)
 	if err != nil {
-		if !strings.Contains(err.Error(), "exists") {
+		if !errors.Is(err, errdefs.ErrExists) {
 			wk.branched--
 		}
 		return
