@@ -193,6 +193,51 @@ func checkHostHeads(ctx context.Context, r *report, hosts map[int]*host) {
 	}
 }
 
+// headViolations checks one head's versions, oldest first: the epoch never
+// goes down, and within an epoch one host wrote every version that
+// writersOf can attribute (it returns the hosts that may have written a
+// version, none when it cannot tell). It stops at the first of each.
+func headViolations(vs []headVersion, writersOf func(headVersion) map[int]bool) []string {
+	var out []string
+	// writers[epoch] narrows to the hosts that could have written every
+	// version of that epoch seen so far.
+	writers := map[uint64]map[int]bool{}
+	var lastEpoch uint64
+	down, two := false, false
+	for n, v := range vs {
+		if v.owner.Epoch < lastEpoch && !down {
+			out = append(out, fmt.Sprintf("head version %d (%s) has epoch %d after epoch %d", n, v.at.Format("15:04:05.000"), v.owner.Epoch, lastEpoch))
+			down = true
+		}
+		lastEpoch = max(lastEpoch, v.owner.Epoch)
+		cand := writersOf(v)
+		if len(cand) == 0 {
+			continue // a success this test never heard of (its answer was lost to a kill)
+		}
+		prev, ok := writers[v.owner.Epoch]
+		if !ok {
+			writers[v.owner.Epoch] = copySet(cand)
+			continue
+		}
+		both := map[int]bool{}
+		for h := range prev {
+			if cand[h] {
+				both[h] = true
+			}
+		}
+		if len(both) == 0 {
+			if !two {
+				out = append(out, fmt.Sprintf("at epoch %d its head was written by %s and, at %s (%s), by %s",
+					v.owner.Epoch, setString(prev), v.at.Format("15:04:05.000"), v.id.Short(), setString(cand)))
+				two = true
+			}
+			continue
+		}
+		writers[v.owner.Epoch] = both
+	}
+	return out
+}
+
 // headVersion is one version of a head object in the bucket.
 type headVersion struct {
 	at    time.Time
@@ -261,46 +306,16 @@ func checkWriters(ctx context.Context, r *report, mc *minio.Client, w *world, ho
 		vs := versions[key]
 		sort.SliceStable(vs, func(i, j int) bool { return vs[i].at.Before(vs[j].at) })
 		name := names[key]
-		// writers[epoch] narrows to the hosts that could have written
-		// every version of that epoch.
-		writers := map[uint64]map[int]bool{}
-		var lastEpoch uint64
-		bad := false
-		for n, v := range vs {
-			if v.owner.Epoch < lastEpoch {
-				r.fail(a, "sandbox %s (key %.8s): head version %d (%s) has epoch %d after epoch %d", name, key, n, v.at.Format("15:04:05.000"), v.owner.Epoch, lastEpoch)
-				bad = true
-			}
-			lastEpoch = max(lastEpoch, v.owner.Epoch)
-			var cand map[int]bool
+		problems := headViolations(vs, func(v headVersion) map[int]bool {
 			if !v.owner.IsZero() {
-				cand = map[int]bool{homeIDs[v.owner.Home]: true}
-			} else if hs := w.writersOfLocked(name, v.id, v.at); len(hs) > 0 {
-				cand = hs
-			} else {
-				continue // a success this test never heard of (its answer was lost to a kill)
+				return map[int]bool{homeIDs[v.owner.Home]: true}
 			}
-			prev, ok := writers[v.owner.Epoch]
-			if !ok {
-				writers[v.owner.Epoch] = copySet(cand)
-				continue
-			}
-			both := map[int]bool{}
-			for h := range prev {
-				if cand[h] {
-					both[h] = true
-				}
-			}
-			if len(both) == 0 && !bad {
-				r.fail(a, "sandbox %s (key %.8s): at epoch %d its head was written by %s and, at %s (%s), by %s",
-					name, key, v.owner.Epoch, setString(prev), v.at.Format("15:04:05.000"), v.id.Short(), setString(cand))
-				bad = true
-			}
-			if len(both) > 0 {
-				writers[v.owner.Epoch] = both
-			}
+			return w.writersOfLocked(name, v.id, v.at)
+		})
+		for _, p := range problems {
+			r.fail(a, "sandbox %s (key %.8s): %s", name, key, p)
 		}
-		if bad {
+		if len(problems) > 0 {
 			r.twoWriters++
 		}
 	}
@@ -381,6 +396,39 @@ func setString(s map[int]bool) string {
 // test took before the checkpoint; every head in the bucket verifies.
 func checkRestores(ctx context.Context, r *report, h *host, fn *fleetNet, srv *miniotest.Server, mc *minio.Client, w *world, names map[string]string) {
 	const a = "(a) every durable, unreleased checkpoint restores byte for byte on a fresh host"
+	const b = "(b) every head in the bucket resolves on a fresh host"
+	// The bucket's heads first, from the bucket itself: each must name a
+	// record it holds (and before the fresh host uploads heads of its own
+	// for the branches below).
+	var heads []delta.ID
+	for obj := range mc.ListObjects(ctx, bucket, minio.ListObjectsOptions{Prefix: delta.HeadPrefix, Recursive: true}) {
+		if obj.Err != nil {
+			r.fail(b, "listing heads: %v", obj.Err)
+			break
+		}
+		r.heads++
+		data, err := getVersion(ctx, mc, obj)
+		if err != nil {
+			r.headsUnresolved++
+			r.fail(b, "reading %s: %v", obj.Key, err)
+			continue
+		}
+		id, _, err := delta.ParseHead(data)
+		if err != nil {
+			r.headsUnresolved++
+			r.fail(b, "%s: %v", obj.Key, err)
+			continue
+		}
+		if _, err := mc.StatObject(ctx, bucket, delta.RecordName(id), minio.StatObjectOptions{}); err != nil {
+			r.headsUnresolved++
+			name := names[strings.TrimPrefix(obj.Key, delta.HeadPrefix)]
+			why, _ := diagnoseRecord(ctx, mc, w, &ckptInfo{id: id, sandbox: name, host: creatorOf(w, name)})
+			r.fail(b, "%s (sandbox %s) names checkpoint %s: %v; %s", obj.Key, name, id.Short(), err, why)
+			continue
+		}
+		heads = append(heads, id)
+	}
+
 	if err := initHome(ctx, h, fn, srv); err != nil {
 		r.fail(a, "fresh host: %v", err)
 		return
@@ -401,46 +449,18 @@ func checkRestores(ctx context.Context, r *report, h *host, fn *fleetNet, srv *m
 		rb, err = h.c.RebuildCatalog(rctx, api.RebuildRequest{SkipCorrupt: true})
 		cancel()
 		if err != nil {
-			r.fail(a, "fresh host: catalog rebuild --skip-corrupt: %v", err)
+			r.fail(a, "fresh host: catalog rebuild --skip-corrupt: %v; no restore checked", err)
 			return
 		}
 	}
 	r.t.Logf("fleet: fresh host rebuilt %d sandboxes, %d checkpoints, %d packs from the bucket", rb.Sandboxes, rb.Checkpoints, rb.Packs)
-	// The bucket's heads first: the branches below are this host's own
-	// sandboxes, whose heads it uploads and removes again.
-	const b = "(b) every head in the bucket resolves on a fresh host"
-	for obj := range mc.ListObjects(ctx, bucket, minio.ListObjectsOptions{Prefix: delta.HeadPrefix, Recursive: true}) {
-		if obj.Err != nil {
-			r.fail(b, "listing heads: %v", obj.Err)
-			break
-		}
-		data, err := getVersion(ctx, mc, obj)
-		if err != nil {
-			r.fail(b, "reading %s: %v", obj.Key, err)
-			continue
-		}
-		id, _, err := delta.ParseHead(data)
-		r.heads++
-		if err != nil {
-			r.headsUnresolved++
-			r.fail(b, "%s: %v", obj.Key, err)
-			continue
-		}
-		// The record itself, from the bucket, then a verify of everything
-		// it needs on the fresh host.
-		if _, err := mc.StatObject(ctx, bucket, delta.RecordName(id), minio.StatObjectOptions{}); err != nil {
-			r.headsUnresolved++
-			name := names[strings.TrimPrefix(obj.Key, delta.HeadPrefix)]
-			why, _ := diagnoseRecord(ctx, mc, w, &ckptInfo{id: id, sandbox: name, host: creatorOf(w, name)})
-			r.fail(b, "%s (sandbox %s) names checkpoint %s: %v; %s", obj.Key, name, id.Short(), err, why)
-			continue
-		}
+	for _, id := range heads {
 		vctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-		_, err = h.c.Verify(vctx, id.String())
+		_, err := h.c.Verify(vctx, id.String())
 		cancel()
 		if err != nil {
 			r.headsUnresolved++
-			r.fail(b, "%s: %v", obj.Key, err)
+			r.fail(b, "head checkpoint %s does not verify on the fresh host: %v", id.Short(), err)
 		}
 	}
 	checkUntil := time.Now().Add(15 * time.Minute)
@@ -483,10 +503,11 @@ func checkRestores(ctx context.Context, r *report, h *host, fn *fleetNet, srv *m
 }
 
 // diagnoseRecord says what became of a checkpoint the fresh host cannot
-// find, from the versions of its record in the bucket, and whether a
-// prune or forget of its sandbox's home whose answer was lost (the daemon
-// killed under it, or failing after deleting) was running when it was
-// deleted: then a retention released it after all.
+// find, from the versions of its record in the bucket. It also says
+// whether a prune or forget of its sandbox's home that failed (so its
+// report never came) released it: one begun before the record was
+// deleted, when the test had already seen at least its keep-last newer
+// checkpoints of that sandbox.
 func diagnoseRecord(ctx context.Context, mc *minio.Client, w *world, c *ckptInfo) (string, bool) {
 	key := delta.RecordName(c.id)
 	var present, deleted []time.Time
@@ -521,18 +542,29 @@ func diagnoseRecord(ctx context.Context, mc *minio.Client, w *world, c *ckptInfo
 	if sb := w.sandboxes[c.sandbox]; sb != nil {
 		owner = sb.creator
 	}
-	var during []string
+	var answered []string
 	for _, rs := range w.retentions {
-		if rs.host != owner || rs.start.After(at.Add(time.Second)) || rs.end.Before(at.Add(-time.Second)) {
+		if rs.host != owner || rs.start.After(at) {
+			continue
+		}
+		newer := 0
+		for _, o := range w.ckpts {
+			if o.sandbox == c.sandbox && o.at.After(c.at) && o.at.Before(rs.start) {
+				newer++
+			}
+		}
+		if newer < rs.keep {
 			continue
 		}
 		if rs.err != nil {
-			return fmt.Sprintf("its record was deleted at %s during %s's %s, which failed (%v)", at.Format("15:04:05.000"), hostName(owner), rs.op, rs.err), true
+			return fmt.Sprintf("its record was deleted from the bucket at %s, after %s's %s --keep-last %d of %s failed (%v)",
+				at.Format("15:04:05.000"), hostName(owner), rs.op, rs.keep, rs.start.Format("15:04:05.000"), rs.err), true
 		}
-		during = append(during, fmt.Sprintf("%s's %s (%s-%s, answered without it)", hostName(owner), rs.op, rs.start.Format("15:04:05.000"), rs.end.Format("15:04:05.000")))
+		answered = append(answered, fmt.Sprintf("%s at %s", rs.op, rs.start.Format("15:04:05.000")))
 	}
-	if len(during) == 0 {
-		return fmt.Sprintf("its record was deleted from the bucket at %s, when no prune or forget of %s ran", at.Format("15:04:05.000"), hostName(owner)), false
+	if len(answered) == 0 {
+		return fmt.Sprintf("its record was deleted from the bucket at %s; no prune or forget of %s before that would have released it", at.Format("15:04:05.000"), hostName(owner)), false
 	}
-	return fmt.Sprintf("its record was deleted from the bucket at %s, during %s", at.Format("15:04:05.000"), strings.Join(during, ", ")), false
+	return fmt.Sprintf("its record was deleted from the bucket at %s; %s's retentions that could have released it answered without it: %s",
+		at.Format("15:04:05.000"), hostName(owner), strings.Join(answered, ", ")), false
 }

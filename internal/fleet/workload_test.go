@@ -333,13 +333,15 @@ func (wk *worker) foreignWrite(ctx context.Context) {
 	wk.w.checkpointed(wk.h.i, name, cp.ID, digest, cp.RemoteDurable, start, time.Now())
 }
 
-// retention counts a prune or forget and keeps its span: a record deleted
-// from the bucket while one whose answer was lost ran was released by it.
-func (wk *worker) retention(op string, start time.Time, err error) {
+// retention counts a prune or forget (keeping the newest keep of each
+// sandbox) and keeps its span: one that failed may still have released
+// checkpoints (its prune done, its gc refused; or its answer lost to a
+// kill), which the bucket then loses later, when a push sends the deletes.
+func (wk *worker) retention(op string, keep int, start time.Time, err error) {
 	wk.count(op, err)
 	wk.w.mu.Lock()
 	defer wk.w.mu.Unlock()
-	wk.w.retentions = append(wk.w.retentions, retentionSpan{host: wk.h.i, op: op, start: start, end: time.Now(), err: err})
+	wk.w.retentions = append(wk.w.retentions, retentionSpan{host: wk.h.i, op: op, keep: keep, start: start, end: time.Now(), err: err})
 }
 
 func (wk *worker) skip(op string) {
@@ -363,7 +365,7 @@ func (wk *worker) prune(ctx context.Context) {
 			}
 			start := time.Now()
 			err = wk.h.cliJSON(ctx, &pr, args...)
-			wk.retention("prune-grace0", start, err)
+			wk.retention("prune-grace0", keep, start, err)
 			if err == nil {
 				wk.w.release(pr.Deleted...)
 			}
@@ -372,7 +374,7 @@ func (wk *worker) prune(ctx context.Context) {
 	}
 	start := time.Now()
 	p, err := wk.h.c.Prune(ctx, api.PruneRequest{KeepLast: keep, GC: withGC})
-	wk.retention("prune", start, err)
+	wk.retention("prune", keep, start, err)
 	if err == nil {
 		wk.w.release(p.Deleted...)
 	}
@@ -395,7 +397,7 @@ func (wk *worker) forget(ctx context.Context) {
 		f, err = wk.h.c.Forget(ctx, api.ForgetRequest{ForgetOptions: engine.ForgetOptions{All: true,
 			Policy: engine.RetentionPolicy{KeepLast: keep}}})
 	}
-	wk.retention(op, start, err)
+	wk.retention(op, keep, start, err)
 	if err != nil {
 		return
 	}

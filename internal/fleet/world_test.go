@@ -73,6 +73,7 @@ type opCount struct{ ok, failed int }
 type retentionSpan struct {
 	host       int
 	op         string
+	keep       int // --keep-last
 	start, end time.Time
 	err        error
 }
