@@ -94,6 +94,9 @@ func TestFleet(t *testing.T) {
 
 	dir := t.TempDir()
 	t.Cleanup(func() { unmountUnder(t, dir) }) // after the daemons stop
+	if err := fn.registerDir(dir); err != nil {
+		t.Fatal(err)
+	}
 	base := makeBase(t, dir)
 	env := []string{"AWS_ACCESS_KEY_ID=" + srv.AccessKey, "AWS_SECRET_ACCESS_KEY=" + srv.SecretKey}
 	hosts := map[int]*host{}

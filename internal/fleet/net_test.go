@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 )
 
@@ -54,10 +53,20 @@ func removeLeftovers(t *testing.T) {
 	live := map[string]bool{}
 	for _, e := range entries {
 		b, _ := os.ReadFile(filepath.Join(registryDir, e.Name()))
-		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-		if err == nil && pid > 0 && syscall.Kill(pid, 0) == nil {
+		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+		pid, err := strconv.Atoi(lines[0])
+		if err == nil && pid > 0 && alive(pid) {
 			live[e.Name()] = true
 			continue
+		}
+		// The dead run's directory: its daemons' overlay roots are still
+		// mounted there.
+		for _, dir := range lines[1:] {
+			if strings.HasPrefix(dir, os.TempDir()+"/") {
+				t.Logf("fleet: removing %s of a dead run", dir)
+				unmountUnder(t, dir)
+				os.RemoveAll(dir)
+			}
 		}
 		os.Remove(filepath.Join(registryDir, e.Name()))
 	}
@@ -84,6 +93,29 @@ func removeLeftovers(t *testing.T) {
 			_ = ipCmd("link", "del", name)
 		}
 	}
+}
+
+// alive reports whether pid is a running process (a zombie is not).
+func alive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// The state follows the command, which is in parentheses.
+	i := strings.LastIndexByte(string(b), ')')
+	return i > 0 && i+2 < len(b) && b[i+2] != 'Z'
+}
+
+// registerDir records dir in this run's registry entry, so that a later
+// run removes it if this one dies before its cleanup.
+func (n *fleetNet) registerDir(dir string) error {
+	f, err := os.OpenFile(filepath.Join(registryDir, n.id), os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	_, err = fmt.Fprintf(f, "\n%s", dir)
+	return err
 }
 
 // setupNet makes the bridge and n namespaces, and removes them when t ends
