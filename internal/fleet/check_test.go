@@ -543,6 +543,7 @@ func diagnoseRecord(ctx context.Context, mc *minio.Client, w *world, c *ckptInfo
 		owner = sb.creator
 	}
 	var answered []string
+	last := ""
 	for _, rs := range w.retentions {
 		if rs.host != owner || rs.start.After(at) {
 			continue
@@ -554,6 +555,8 @@ func diagnoseRecord(ctx context.Context, mc *minio.Client, w *world, c *ckptInfo
 			}
 		}
 		if newer < rs.keep {
+			last = fmt.Sprintf(" (the last before it: %s --keep-last %d at %s, when the test knew %d newer checkpoints of %s; error %v)",
+				rs.op, rs.keep, rs.start.Format("15:04:05.000"), newer, c.sandbox, rs.err)
 			continue
 		}
 		if rs.err != nil {
@@ -563,7 +566,7 @@ func diagnoseRecord(ctx context.Context, mc *minio.Client, w *world, c *ckptInfo
 		answered = append(answered, fmt.Sprintf("%s at %s", rs.op, rs.start.Format("15:04:05.000")))
 	}
 	if len(answered) == 0 {
-		return fmt.Sprintf("its record was deleted from the bucket at %s; no prune or forget of %s before that would have released it", at.Format("15:04:05.000"), hostName(owner)), false
+		return fmt.Sprintf("its record was deleted from the bucket at %s; no prune or forget of %s before that would have released it%s", at.Format("15:04:05.000"), hostName(owner), last), false
 	}
 	return fmt.Sprintf("its record was deleted from the bucket at %s; %s's retentions that could have released it answered without it: %s",
 		at.Format("15:04:05.000"), hostName(owner), strings.Join(answered, ", ")), false
