@@ -1,6 +1,7 @@
-// Package miniotest runs a real MinIO server for tests: on 127.0.0.1, on a
-// free port, with random credentials and a data directory of its own, and
-// lets a test kill it and start it again on the same data, as a crash would.
+// Package miniotest runs a real MinIO server for tests: on 127.0.0.1 (or
+// another address of this host the test made, StartAt), on a free port,
+// with random credentials and a data directory of its own, and lets a test
+// kill it and start it again on the same data, as a crash would.
 //
 // MinIO is AGPL: it runs as a separate process, never linked. The binary is
 // built by scripts/deps.d/40-minio.sh into $TURNSNAP_CACHE/bin/minio; when it
@@ -48,6 +49,7 @@ type Server struct {
 
 	bin     string
 	logPath string
+	host    string // the address it listens on (S3 and console)
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -70,6 +72,14 @@ func Binary() (string, bool) {
 // missing, t is skipped (or failed under `make test`) via testenv.Missing.
 func Start(t testing.TB) *Server {
 	t.Helper()
+	return StartAt(t, "127.0.0.1")
+}
+
+// StartAt is Start listening on host, an address of this host other than
+// loopback: the fleet test gives it the root namespace's end of a bridge so
+// that daemons in other network namespaces reach it.
+func StartAt(t testing.TB, host string) *Server {
+	t.Helper()
 	bin, ok := Binary()
 	if !ok {
 		testenv.Missing(t, "MinIO server", bin+" is not built; scripts/deps.d/40-minio.sh builds it")
@@ -81,15 +91,16 @@ func Start(t testing.TB) *Server {
 		Dir:       filepath.Join(dir, "data"),
 		bin:       bin,
 		logPath:   filepath.Join(dir, "minio.log"),
+		host:      host,
 	}
 	t.Cleanup(s.Kill)
 	var err error
 	for range 3 { // a port picked free may be taken before MinIO binds it
 		var port int
-		if port, err = freePort(); err != nil {
+		if port, err = freePort(host); err != nil {
 			break
 		}
-		s.Endpoint = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		s.Endpoint = net.JoinHostPort(host, strconv.Itoa(port))
 		if err = s.start(); err == nil {
 			return s
 		}
@@ -140,7 +151,7 @@ func (s *Server) Running() bool {
 }
 
 func (s *Server) start() error {
-	console, err := freePort()
+	console, err := freePort(s.host)
 	if err != nil {
 		return err
 	}
@@ -151,7 +162,7 @@ func (s *Server) start() error {
 	defer logf.Close()
 	cmd := exec.Command(s.bin, "server", s.Dir,
 		"--address", s.Endpoint,
-		"--console-address", net.JoinHostPort("127.0.0.1", strconv.Itoa(console)),
+		"--console-address", net.JoinHostPort(s.host, strconv.Itoa(console)),
 		"--certs-dir", filepath.Join(filepath.Dir(s.Dir), "certs"))
 	cmd.Env = append(os.Environ(),
 		"MINIO_ROOT_USER="+s.AccessKey,
@@ -246,8 +257,8 @@ func (s *Server) logTail() string {
 	return string(b)
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+func freePort(host string) (int, error) {
+	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
 		return 0, err
 	}
