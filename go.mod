@@ -13,8 +13,8 @@ require (
 	github.com/dustin/go-humanize v1.0.1
 	github.com/klauspost/compress v1.20.2
 	github.com/minio/minio-go/v7 v7.4.1
-	github.com/modelcontextprotocol/go-sdk v1.8.0
 	github.com/moby/sys/mountinfo v0.7.3
+	github.com/modelcontextprotocol/go-sdk v1.8.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/spf13/cobra v1.10.2
 	github.com/vbauerster/mpb/v8 v8.16.2
