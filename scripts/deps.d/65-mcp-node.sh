@@ -1,8 +1,8 @@
 # The official MCP TypeScript SDK, for the MCP server's conformance tests
-# (mcpserver/testdata/client.mjs lists and calls every tool of `turnsnap
+# (cmd/turnsnap/testdata/mcp_client.mjs lists and calls every tool of `turnsnap
 # mcp` over stdio and of the daemon's streamable HTTP endpoint with it).
 # Node and npm are Debian's; the SDK comes from the npm registry at a pinned
-# version, installed once into the cache (about 20 s, 15 MB). Tests find it
+# version, installed once into the cache (about a minute, 30 MB). Tests find it
 # at $TURNSNAP_CACHE/mcp-node/current/node_modules.
 # Sourced by scripts/deps.sh (TURNSNAP_CACHE exported, set -euo pipefail).
 : "${TURNSNAP_CACHE:=/var/cache/turnsnap}"

@@ -1,0 +1,187 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/turnsnap/turnsnap/internal/testenv"
+)
+
+// mcpNodeModules is the node_modules holding the official MCP TypeScript
+// SDK that scripts/deps.d/65-mcp-node.sh installs into the cache.
+func mcpNodeModules(t *testing.T) string {
+	t.Helper()
+	if _, err := exec.LookPath("node"); err != nil {
+		testenv.Missing(t, "node", "apt package nodejs")
+	}
+	cache := os.Getenv("TURNSNAP_CACHE")
+	if cache == "" {
+		cache = "/var/cache/turnsnap"
+	}
+	nm := filepath.Join(cache, "mcp-node", "current", "node_modules")
+	if _, err := os.Stat(filepath.Join(nm, "@modelcontextprotocol", "sdk", "package.json")); err != nil {
+		testenv.Missing(t, "the MCP TypeScript SDK", "scripts/deps.d/65-mcp-node.sh installs it")
+	}
+	return nm
+}
+
+type mcpSummary struct {
+	Server     struct{ Name, Version string }
+	Tools      []string
+	Checkpoint string
+	Branch     string
+	Error      string
+}
+
+// runMCPClient runs testdata/mcp_client.mjs (the TypeScript SDK's client,
+// which calls every tool and checks its effect on the sandbox's files)
+// with cfg, and returns its summary.
+func runMCPClient(t *testing.T, cfg map[string]any) mcpSummary {
+	t.Helper()
+	nm := mcpNodeModules(t)
+	// Node resolves the SDK from a node_modules beside the script.
+	dir := t.TempDir()
+	src, err := os.ReadFile(filepath.Join("testdata", "mcp_client.mjs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	script := filepath.Join(dir, "mcp_client.mjs")
+	os.WriteFile(script, src, 0o644)
+	if err := os.Symlink(nm, filepath.Join(dir, "node_modules")); err != nil {
+		t.Fatal(err)
+	}
+	data, _ := json.Marshal(cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "node", script)
+	cmd.Env = append(os.Environ(), "MCP_CONFIG="+string(data))
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("the TypeScript MCP client failed: %v\nstdout: %s\nstderr: %s", err, out.String(), errb.String())
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	var s mcpSummary
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &s); err != nil {
+		t.Fatalf("client summary %q: %v", out.String(), err)
+	}
+	return s
+}
+
+// mcpSandbox creates sandbox name on home from a small base and returns
+// its root.
+func mcpSandbox(t *testing.T, home, name string) string {
+	t.Helper()
+	base := t.TempDir()
+	os.MkdirAll(filepath.Join(base, "src"), 0o755)
+	os.WriteFile(filepath.Join(base, "src", "main.go"), []byte("package main\n"), 0o644)
+	out, _ := mustCLI(t, home, "sandbox", "create", name, "--base", base, "--json")
+	var created struct{ Root string }
+	if err := json.Unmarshal([]byte(out), &created); err != nil || created.Root == "" {
+		t.Fatalf("sandbox create %s: %q: %v", name, out, err)
+	}
+	return created.Root
+}
+
+// checkMCPEffects checks, with the CLI, what the client's calls left:
+// its checkpoint is the sandbox's head, and the branch is a sandbox whose
+// files are that checkpoint's.
+func checkMCPEffects(t *testing.T, home, sandbox string, s mcpSummary) {
+	t.Helper()
+	wantTools := []string{"branch", "cat", "checkpoint", "diff", "log", "restore_paths", "rollback"}
+	if !slices.Equal(s.Tools, wantTools) || s.Server.Name != "turnsnap" || !strings.HasPrefix(s.Error, "not_found: ") {
+		t.Fatalf("client summary: %+v", s)
+	}
+	out, _ := mustCLI(t, home, "log", sandbox, "--json")
+	var log []struct {
+		ID      string
+		Head    bool
+		Message string
+	}
+	json.Unmarshal([]byte(out), &log)
+	if len(log) == 0 || log[0].ID != s.Checkpoint || !log[0].Head || log[0].Message != "feature works" {
+		t.Fatalf("log %s after the client: %s; want its checkpoint %s at the head", sandbox, out, s.Checkpoint)
+	}
+	out, _ = mustCLI(t, home, "sandbox", "path", s.Branch, "--json")
+	var p struct{ Root string }
+	json.Unmarshal([]byte(out), &p)
+	if b, err := os.ReadFile(filepath.Join(p.Root, "src", "feature.go")); err != nil || string(b) != "feature v1\n" {
+		t.Fatalf("branch %s (root %q): feature.go %q, %v", s.Branch, p.Root, b, err)
+	}
+	if b, err := os.ReadFile(filepath.Join(p.Root, "src", "main.go")); err != nil || string(b) != "package main\n" {
+		t.Fatalf("branch %s: main.go %q, %v", s.Branch, b, err)
+	}
+}
+
+// `turnsnap mcp` over stdio, with no daemon: the TypeScript SDK's client
+// lists and calls every tool (each call opens the home for itself), and
+// the CLI sees what the calls did.
+func TestMCPStdioTypeScriptClient(t *testing.T) {
+	testenv.RequireRoot(t)
+	home := filepath.Join(t.TempDir(), "home")
+	root := mcpSandbox(t, home, "agent")
+	t.Cleanup(func() {
+		for _, n := range []string{"agent", "agent-try"} {
+			cliRun(t, home, "sandbox", "rm", n)
+		}
+	})
+	env := map[string]string{}
+	for _, kv := range append(os.Environ(), runMainEnv+"=1") {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			env[k] = v
+		}
+	}
+	s := runMCPClient(t, map[string]any{"transport": "stdio", "command": os.Args[0],
+		"args": []string{"--home", home, "mcp", "--sandbox", "agent"}, "env": env,
+		"sandbox": "agent", "root": root, "branch": "agent-try"})
+	checkMCPEffects(t, home, "agent", s)
+}
+
+// The daemon's streamable HTTP endpoint, on its TCP listener: the client
+// is refused without the bearer token, then lists and calls every tool
+// with it. `turnsnap mcp` over stdio then works through the same daemon
+// (no tool call opens the home it serves).
+func TestMCPDaemonTypeScriptClient(t *testing.T) {
+	testenv.RequireRoot(t)
+	mcpNodeModules(t) // before the daemon starts
+	dir := t.TempDir()
+	home := filepath.Join(dir, "home")
+	tokenFile := filepath.Join(dir, "token")
+	token := "mcp-token-0123456789abcdef"
+	os.WriteFile(tokenFile, []byte(token+"\n"), 0o600)
+	d := startDaemon(t, home, nil, "--listen", "127.0.0.1:0", "--token-file", tokenFile)
+	addr := tcpAddr(t, d)
+	t.Cleanup(func() {
+		for _, n := range []string{"agent", "agent-try", "agent2", "agent2-try"} {
+			cliRun(t, home, "sandbox", "rm", n)
+		}
+	})
+
+	root := mcpSandbox(t, home, "agent")
+	s := runMCPClient(t, map[string]any{"transport": "http", "url": "http://" + addr + "/v1/sandboxes/agent/mcp",
+		"token": token, "sandbox": "agent", "root": root, "branch": "agent-try"})
+	checkMCPEffects(t, home, "agent", s)
+
+	root2 := mcpSandbox(t, home, "agent2")
+	env := map[string]string{}
+	for _, kv := range append(os.Environ(), runMainEnv+"=1") {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			env[k] = v
+		}
+	}
+	s = runMCPClient(t, map[string]any{"transport": "stdio", "command": os.Args[0],
+		"args": []string{"--home", home, "mcp", "--sandbox", "agent2"}, "env": env,
+		"sandbox": "agent2", "root": root2, "branch": "agent2-try"})
+	checkMCPEffects(t, home, "agent2", s)
+	if strings.Contains(d.stderr.String(), "level=ERROR") {
+		t.Errorf("the daemon logged errors:\n%s", d.stderr.String())
+	}
+}
