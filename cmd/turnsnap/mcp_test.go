@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/turnsnap/turnsnap/internal/testenv"
 )
 
@@ -183,5 +184,48 @@ func TestMCPDaemonTypeScriptClient(t *testing.T) {
 	checkMCPEffects(t, home, "agent2", s)
 	if strings.Contains(d.stderr.String(), "level=ERROR") {
 		t.Errorf("the daemon logged errors:\n%s", d.stderr.String())
+	}
+}
+
+// A `turnsnap mcp` session without a daemon does not hold the home
+// between tool calls: while the session stays open, a CLI command that
+// will not wait for the home's lock runs, and the session's next call
+// sees its checkpoint.
+func TestMCPStdioDoesNotHoldHome(t *testing.T) {
+	testenv.RequireRoot(t)
+	home := filepath.Join(t.TempDir(), "home")
+	root := mcpSandbox(t, home, "agent")
+	t.Cleanup(func() { cliRun(t, home, "sandbox", "rm", "agent") })
+	ctx := context.Background()
+	cmd := cli(home, nil, "mcp", "--sandbox", "agent")
+	var stderr lockedBuffer
+	cmd.Stderr = &stderr
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "0"}, nil).Connect(ctx,
+		&mcp.CommandTransport{Command: cmd}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	callOK := func(name string, args map[string]any) map[string]any {
+		t.Helper()
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: name, Arguments: args})
+		if err != nil || res.IsError {
+			t.Fatalf("%s: %v %+v\n%s", name, err, res, stderr.String())
+		}
+		out, _ := res.StructuredContent.(map[string]any)
+		return out
+	}
+	os.WriteFile(filepath.Join(root, "a.txt"), []byte("a\n"), 0o644)
+	callOK("checkpoint", map[string]any{"message": "from mcp"})
+	os.WriteFile(filepath.Join(root, "b.txt"), []byte("b\n"), 0o644)
+	out, errs := mustCLI(t, home, "--lock-wait", "0s", "checkpoint", "agent", "-m", "from the CLI", "--json")
+	var cp struct{ ID string }
+	if err := json.Unmarshal([]byte(out), &cp); err != nil || cp.ID == "" {
+		t.Fatalf("checkpoint beside the session: %q %q", out, errs)
+	}
+	log := callOK("log", nil)
+	first, _ := log["checkpoints"].([]any)
+	if len(first) < 2 || first[0].(map[string]any)["id"] != cp.ID || first[1].(map[string]any)["message"] != "from mcp" {
+		t.Fatalf("the session's log after the CLI's checkpoint %s: %v", cp.ID, log)
 	}
 }
