@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -227,5 +229,69 @@ func TestMCPStdioDoesNotHoldHome(t *testing.T) {
 	first, _ := log["checkpoints"].([]any)
 	if len(first) < 2 || first[0].(map[string]any)["id"] != cp.ID || first[1].(map[string]any)["message"] != "from mcp" {
 		t.Fatalf("the session's log after the CLI's checkpoint %s: %v", cp.ID, log)
+	}
+}
+
+// mcpIsolated checks the MCP endpoint at path (another tenant's sandbox
+// name, with this tenant's token): GET and DELETE have nothing (405), and
+// every tool, called with the other tenant's checkpoint, is a not_found
+// tool error carrying none of secrets.
+func mcpIsolated(t *testing.T, addr, token, method, path, otherID string, secrets ...string) {
+	t.Helper()
+	if method != http.MethodPost {
+		if code, resp := rawCall(t, addr, token, method, path, ""); code != http.StatusMethodNotAllowed {
+			t.Errorf("%s %s: HTTP %d %s, want 405", method, path, code, resp)
+		}
+		return
+	}
+	for i, c := range []struct {
+		tool string
+		args map[string]any
+	}{
+		{"log", nil},
+		{"diff", map[string]any{"from": otherID, "patch": true}},
+		{"cat", map[string]any{"checkpoint": otherID, "path": "/secret.txt"}},
+		{"restore_paths", map[string]any{"checkpoint": otherID, "paths": []string{"/secret.txt"}}},
+		{"rollback", map[string]any{"checkpoint": otherID}},
+		{"checkpoint", map[string]any{"message": "stolen"}},
+		{"branch", map[string]any{"name": "stolen", "checkpoint": otherID}},
+		{"branch", map[string]any{"name": "stolen"}},
+	} {
+		body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": i + 1, "method": "tools/call",
+			"params": map[string]any{"name": c.tool, "arguments": c.args}})
+		req, err := http.NewRequest(http.MethodPost, "http://"+addr+path, bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+token)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatalf("POST %s %s: %v", path, c.tool, err)
+		}
+		raw, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		resp.Body.Close()
+		// The answer is JSON, or one server-sent event holding it.
+		msg := string(raw)
+		for _, line := range strings.Split(msg, "\n") {
+			if d, ok := strings.CutPrefix(line, "data: "); ok {
+				msg = d
+			}
+		}
+		var rpc struct {
+			Result struct {
+				IsError bool `json:"isError"`
+				Content []struct{ Text string }
+			}
+		}
+		json.Unmarshal([]byte(msg), &rpc)
+		if resp.StatusCode != http.StatusOK || !rpc.Result.IsError || len(rpc.Result.Content) == 0 ||
+			!strings.HasPrefix(rpc.Result.Content[0].Text, "not_found: ") {
+			t.Errorf("%s tool %s %v: HTTP %d %s, want a not_found tool error", path, c.tool, c.args, resp.StatusCode, raw)
+		}
+		if leak := containsAny(string(raw), secrets...); leak != "" {
+			t.Errorf("%s tool %s answered with %q: %s", path, c.tool, leak, raw)
+		}
 	}
 }
