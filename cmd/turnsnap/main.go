@@ -199,7 +199,7 @@ command's own status.`,
 	root.AddCommand(a.sandboxCmd(), a.checkpointCmd(), a.logCmd(), a.diffCmd(), a.rollbackCmd(),
 		a.branchCmd(), a.tagCmd(), a.verifyCmd(), a.catalogCmd(), a.initCmd(), a.syncCmd(),
 		a.statusCmd(), a.unlockCmd(), a.gcCmd(), a.pruneCmd(), a.execCmd(), a.demoCmd(), a.keyCmd(),
-		a.catCmd(), a.lsCmd(), a.restoreCmd(), a.serveCmd(), a.runCmd(), a.llmCmd(), a.benchCmd(), a.auditCmd())
+		a.catCmd(), a.lsCmd(), a.restoreCmd(), a.serveCmd(), a.runCmd(), a.llmCmd(), a.benchCmd(), a.auditCmd(), a.mcpCmd())
 	return root
 }
 

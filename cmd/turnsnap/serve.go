@@ -270,7 +270,7 @@ func (a *app) serve(ctx context.Context, f serveFlags) error {
 	pushWG.Add(1)
 	go func() { defer pushWG.Done(); api.RunLease(pushCtx, e, f.leaseTTL, log, nil) }()
 
-	srvAPI, err := api.New(e, api.Options{Logger: log, Uploads: pusher, Monitor: mon})
+	srvAPI, err := api.New(e, api.Options{Logger: log, Uploads: pusher, Monitor: mon, MCP: mcpHandler(log)})
 	if err != nil {
 		return err
 	}

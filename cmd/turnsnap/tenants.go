@@ -165,7 +165,7 @@ func (a *app) openTenant(ctx context.Context, log *slog.Logger, spec api.TenantS
 	pusher := api.NewPusher(e, th.mon, log)
 	th.pushWG.Add(1)
 	go func() { defer th.pushWG.Done(); pusher.Run(pushCtx) }()
-	if th.srv, err = api.New(e, api.Options{Logger: log, Uploads: pusher, Monitor: th.mon}); err != nil {
+	if th.srv, err = api.New(e, api.Options{Logger: log, Uploads: pusher, Monitor: th.mon, MCP: mcpHandler(log)}); err != nil {
 		return fail(err)
 	}
 	return th, nil

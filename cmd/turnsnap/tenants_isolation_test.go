@@ -22,7 +22,8 @@ import (
 // their own prefixes, over one TCP listener. With alpha's token every route
 // of the API (from the server's route table, so a new route is walked
 // too), pointed at bravo's sandbox, checkpoint ids, tags and paths,
-// answers 404 or is refused; bravo's log, tags, sandboxes and files are
+// answers 404 or is refused (the MCP endpoint: every tool a not_found tool
+// error); bravo's log, tags, sandboxes and files are
 // unchanged afterwards; alpha's event stream never carries bravo's turns;
 // and 1 MiB that both tenants hold is stored once per tenant.
 func TestTenantsCannotReachEachOther(t *testing.T) {
@@ -238,6 +239,12 @@ func TestTenantsCannotReachEachOther(t *testing.T) {
 			paths = next
 		}
 		for _, p := range paths {
+			if strings.HasSuffix(p, "/mcp") {
+				// MCP speaks JSON-RPC: a tool error, not a 404 (mcp_test.go).
+				method, _, _ := strings.Cut(pattern, " ")
+				mcpIsolated(t, addr, fx.tokens[0], method, p, bID, "bravo's secret", bravo.Home, bc.Root)
+				continue
+			}
 			call(pattern, p, []int{http.StatusNotFound})
 		}
 	}

@@ -102,7 +102,7 @@ func serverRoutes(t *testing.T) []string {
 		t.Fatal(err)
 	}
 	defer e.Close()
-	s, err := api.New(e, api.Options{})
+	s, err := api.New(e, api.Options{MCP: mcpHandler(nil)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/turnsnap/turnsnap/engine/api"
 	"github.com/turnsnap/turnsnap/engine/api/client"
 	"github.com/turnsnap/turnsnap/internal/testenv"
+	"github.com/turnsnap/turnsnap/mcpserver"
 )
 
 // These tests need root and overlayfs: they serve a real engine on real
@@ -41,7 +42,9 @@ func serve(t testing.TB, hook func(string), opts ...func(*engine.Options)) *fixt
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := api.New(e, api.Options{Logger: log})
+	srv, err := api.New(e, api.Options{Logger: log, MCP: func(s *api.Service) http.Handler {
+		return mcpserver.Handler(s, mcpserver.Options{Logger: log})
+	}})
 	if err != nil {
 		t.Fatal(err)
 	}

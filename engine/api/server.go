@@ -40,6 +40,11 @@ type Options struct {
 	// CatStall bounds how long a cat response may wait for its client to
 	// take the next bytes (default DefaultCatStall; everyday.go).
 	CatStall time.Duration
+	// MCP, if set, makes the handler of the MCP endpoint
+	// /v1/sandboxes/{name}/mcp (streamable HTTP) from the server's
+	// service: package mcpserver's Handler, which imports this package
+	// for its types and so is passed in rather than imported.
+	MCP func(*Service) http.Handler
 }
 
 // DefaultMaxBody is far above any request's JSON (the largest is an exec
@@ -56,6 +61,7 @@ type Server struct {
 	maxBody  int64
 	catStall time.Duration
 	patterns []string
+	mcp      func(*Service) http.Handler
 }
 
 // New serves e.
@@ -71,7 +77,7 @@ func New(e *engine.Engine, opts Options) (*Server, error) {
 			return nil, err
 		}
 	}
-	s := &Server{mux: http.NewServeMux(), mon: mon, log: log, pusher: opts.Uploads, maxBody: opts.MaxBody}
+	s := &Server{mux: http.NewServeMux(), mon: mon, log: log, pusher: opts.Uploads, maxBody: opts.MaxBody, mcp: opts.MCP}
 	if s.maxBody <= 0 {
 		s.maxBody = DefaultMaxBody
 	}
@@ -224,6 +230,30 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) error {
 	return nil
 }
 
+// mcpRoutes mounts Options.MCP on /v1/sandboxes/{name}/mcp: POST carries
+// the JSON-RPC messages; GET and DELETE are the transport's too (a
+// stateless handler answers them 405, which clients expect, where the
+// catch-all would say 404). Whatever a tool call queued goes up without a
+// sync, as after any other changing route.
+func (s *Server) mcpRoutes() {
+	if s.mcp == nil {
+		return
+	}
+	h := s.mcp(s.svc)
+	for _, method := range []string{http.MethodPost, http.MethodGet, http.MethodDelete} {
+		s.handle(method+" /v1/sandboxes/{name}/mcp", func(w http.ResponseWriter, r *http.Request) {
+			if name := r.PathValue("name"); !delta.ValidRefName(name) {
+				writeProblem(w, invalidf("sandbox name %q", name))
+				return
+			}
+			h.ServeHTTP(w, r)
+			if s.pusher != nil && r.Method == http.MethodPost {
+				s.pusher.Kick()
+			}
+		})
+	}
+}
+
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
@@ -309,6 +339,7 @@ func (s *Server) routes() {
 		return sv.RebuildCatalog(ctx, req)
 	})
 	s.llmRoutes()
+	s.mcpRoutes()
 	s.handle("GET /v1/events", s.events)
 	s.handle("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "home": sv.E.Home()})
