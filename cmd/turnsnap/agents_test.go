@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -117,6 +118,13 @@ func testAgent(t *testing.T, a agentSpec) {
 	t.Logf("%s: time between model calls (the agent's tools + what sits between it and the model), median: direct %s, through the proxy %s; added by the proxy per call, median of call-by-call differences: %s (all: %v); session wall time direct %s, through turnsnap run %s",
 		a.name, median(gDirect).Round(time.Microsecond), median(gProxy).Round(time.Microsecond), median(added).Round(time.Microsecond),
 		roundAll(added), direct.wall.Round(time.Millisecond), run.wall.Round(time.Millisecond))
+	if metrics, err := c.Metrics(ctx); err == nil {
+		sum, n := promValue(metrics, `turnsnap_llm_gate_wait_seconds_sum{gate="local"}`), promValue(metrics, `turnsnap_llm_gate_wait_seconds_count{gate="local"}`)
+		if n > 0 {
+			t.Logf("%s: of which the gate held replies for their checkpoint %s per call on average (%d calls, turnsnap_llm_gate_wait_seconds)",
+				a.name, time.Duration(sum/n*float64(time.Second)).Round(time.Microsecond), int(n))
+		}
+	}
 
 	// Roll the mistake back: the checkpoint of turn 5 is the state before
 	// reply 5's rm ran.
@@ -219,6 +227,18 @@ func testAgent(t *testing.T, a agentSpec) {
 	if _, err := os.Stat(root); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// promValue is the value of the sample named exactly series in a
+// Prometheus text exposition, or 0.
+func promValue(text, series string) float64 {
+	for _, line := range strings.Split(text, "\n") {
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
+			f, _ := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			return f
+		}
+	}
+	return 0
 }
 
 func roundAll(ds []time.Duration) []time.Duration {

@@ -7,6 +7,8 @@
 : "${TURNSNAP_CACHE:=/var/cache/turnsnap}"
 apt_need node nodejs
 apt_need npm npm
+# contrib/claude-code's hooks reach the daemon's socket with curl.
+apt_need curl curl
 # _agent_install NAME PKG@VERSION BIN: the CLI lands in
 # $TURNSNAP_CACHE/agents/NAME-VERSION, and agents/NAME points at it.
 _agent_install() {
