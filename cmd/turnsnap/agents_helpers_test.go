@@ -33,6 +33,7 @@ const agentTimeout = 3 * time.Minute
 type agentSpec struct {
 	name   string
 	script string   // sh -c SCRIPT sh PROMPT
+	resume string   // the same, continuing the agent's last session in the directory
 	env    []string // the agent's own settings: a scratch HOME, a key
 	// direct is the environment that points the agent straight at a model
 	// base URL (what turnsnap run's AgentEnv does for the proxy's route).
@@ -69,6 +70,7 @@ func claudeCode(t *testing.T) agentSpec {
 	return agentSpec{
 		name:   "claude-code",
 		script: `cd "$TURNSNAP_ROOT" && exec ` + bin + ` -p "$1" --dangerously-skip-permissions </dev/null`,
+		resume: `cd "$TURNSNAP_ROOT" && exec ` + bin + ` -p "$1" --continue --dangerously-skip-permissions </dev/null`,
 		env: []string{"HOME=" + home, "ANTHROPIC_API_KEY=sk-ant-test", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1",
 			"IS_SANDBOX=1", "DISABLE_AUTOUPDATER=1"},
 		direct:   func(base string) []string { return []string{"ANTHROPIC_BASE_URL=" + base} },
@@ -85,10 +87,11 @@ func codex(t *testing.T) agentSpec {
 	home := t.TempDir()
 	os.MkdirAll(filepath.Join(home, ".codex"), 0o700)
 	provider := `model_providers.scripted={name="scripted",base_url="'"$OPENAI_BASE_URL"'",wire_api="responses",env_key="OPENAI_API_KEY",request_max_retries=10,stream_max_retries=10}`
+	flags := ` --skip-git-repo-check --dangerously-bypass-approvals-and-sandbox -c model_provider=scripted -c model=scripted -c '` + provider + `' "$1" </dev/null`
 	return agentSpec{
-		name: "codex",
-		script: `cd "$TURNSNAP_ROOT" && exec ` + bin + ` exec --skip-git-repo-check --dangerously-bypass-approvals-and-sandbox` +
-			` -c model_provider=scripted -c model=scripted -c '` + provider + `' "$1" </dev/null`,
+		name:   "codex",
+		script: `cd "$TURNSNAP_ROOT" && exec ` + bin + ` exec` + flags,
+		resume: `cd "$TURNSNAP_ROOT" && exec ` + bin + ` exec resume --last` + flags,
 		env:    []string{"HOME=" + home, "CODEX_HOME=" + filepath.Join(home, ".codex"), "OPENAI_API_KEY=sk-test"},
 		direct: func(base string) []string { return []string{"OPENAI_BASE_URL=" + base + "/v1"} },
 	}
@@ -128,6 +131,11 @@ func startAgent(t *testing.T, cmd *exec.Cmd) func() agentRun {
 // runAgent runs the agent under `turnsnap run NAME` on home's daemon.
 func (a agentSpec) runCmd(home, sandbox, prompt string) *exec.Cmd {
 	return cli(home, a.env, "run", sandbox, "--", "sh", "-c", a.script, "sh", prompt)
+}
+
+// resumeCmd is runCmd continuing the agent's last session.
+func (a agentSpec) resumeCmd(home, sandbox, prompt string) *exec.Cmd {
+	return cli(home, a.env, "run", sandbox, "--", "sh", "-c", a.resume, "sh", prompt)
 }
 
 // directCmd runs the agent in dir straight against a model base URL.

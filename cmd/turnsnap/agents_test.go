@@ -3,12 +3,13 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"os"
 	"path/filepath"
 	"reflect"
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -177,10 +178,11 @@ func testAgent(t *testing.T, a agentSpec) {
 		t.Fatal(err)
 	}
 	atCrash, resume := make(chan struct{}), make(chan struct{})
-	crashed := false
+	var crashed atomic.Bool
+	release := sync.OnceFunc(func() { close(resume) })
+	t.Cleanup(release) // before ms.Close, which waits for the held request
 	ms.OnStep(func(script string, step int) {
-		if script == "resume" && step == 2 && !crashed {
-			crashed = true
+		if script == "resume" && step == 2 && crashed.CompareAndSwap(false, true) {
 			close(atCrash)
 			<-resume
 		}
@@ -195,7 +197,7 @@ func testAgent(t *testing.T, a agentSpec) {
 	d.cmd.Process.Signal(syscall.SIGKILL)
 	<-d.exited
 	d = startDaemon(t, home, nil, "--llm-listen", llmAddr, "--llm-upstream", ms.URL+"/s/main")
-	close(resume)
+	release()
 	rrun := wait()
 	ms.OnStep(nil)
 	if rrun.code != 0 {
@@ -224,9 +226,33 @@ func testAgent(t *testing.T, a agentSpec) {
 	}
 	t.Logf("%s: the daemon was killed during model call 2; the agent's retry reached the new daemon (%d deliveries of call 2); turns after the restart: %v",
 		a.name, n, keys(rturns))
-	if _, err := os.Stat(root); err != nil {
+
+	// The agent's session resumed in a new run (claude --continue, codex
+	// exec resume --last) on the new daemon: it carries the whole earlier
+	// conversation, and each of its calls is a checkpoint again.
+	contURL := ms.Script("continued", modelserver.Bash("echo four > r4.txt"), modelserver.Bash("echo four > r4.txt"),
+		modelserver.Bash("echo four > r4.txt"), modelserver.Bash("echo four > r4.txt"), modelserver.Bash("echo four > r4.txt"),
+		modelserver.Say("continued"), modelserver.Say("continued"), modelserver.Say("continued"), modelserver.Say("continued"), modelserver.Say("continued"))
+	if _, err := c.SetLLMUpstream(ctx, "s", api.LLMUpstreamRequest{LLMUpstream: &contURL}); err != nil {
 		t.Fatal(err)
 	}
+	contEvs := subscribeEvents(t, home, "s")
+	crun := startAgent(t, a.resumeCmd(home, "s", "go on"))()
+	contEvs.stop()
+	contCommits, contFailed := contEvs.committed()
+	var first = -1
+	for _, r := range ms.Requests() {
+		if r.Script == "continued" && r.Step >= 0 && first < 0 {
+			first = r.Step
+		}
+	}
+	if crun.code != 0 || first < 3 || len(contFailed) > 0 || len(contCommits) != ms.ModelCalls("continued")+1 ||
+		fileOr(filepath.Join(root, "r4.txt")) != "four\n" {
+		t.Fatalf("%s resumed: first call at step %d (want the earlier session's turns, 3 or more), %d model calls, checkpoints %v, failed %v, r4.txt %q\n%s",
+			a.name, first, ms.ModelCalls("continued"), classes(contCommits), contFailed, fileOr(filepath.Join(root, "r4.txt")), crun)
+	}
+	t.Logf("%s: the resumed session's first call held %d model turns of the earlier one; %d calls, checkpoints %v",
+		a.name, first, ms.ModelCalls("continued"), classes(contCommits))
 }
 
 // promValue is the value of the sample named exactly series in a
