@@ -38,9 +38,6 @@ type agentSpec struct {
 	// direct is the environment that points the agent straight at a model
 	// base URL (what turnsnap run's AgentEnv does for the proxy's route).
 	direct func(base string) []string
-	// edits says whether the agent's file-edit tools are its own (Claude
-	// Code's Write/Edit/Read); Codex edits through its shell.
-	ownEdits bool
 }
 
 // agentBin is the CLI that scripts/deps.d/65-agents.sh installs.
@@ -73,8 +70,7 @@ func claudeCode(t *testing.T) agentSpec {
 		resume: `cd "$TURNSNAP_ROOT" && exec ` + bin + ` -p "$1" --continue --dangerously-skip-permissions </dev/null`,
 		env: []string{"HOME=" + home, "ANTHROPIC_API_KEY=sk-ant-test", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1",
 			"IS_SANDBOX=1", "DISABLE_AUTOUPDATER=1"},
-		direct:   func(base string) []string { return []string{"ANTHROPIC_BASE_URL=" + base} },
-		ownEdits: true,
+		direct: func(base string) []string { return []string{"ANTHROPIC_BASE_URL=" + base} },
 	}
 }
 
@@ -104,7 +100,8 @@ type agentRun struct {
 	wall           time.Duration
 }
 
-// start starts cmd with a deadline; wait collects it.
+// startAgent starts cmd with a deadline; the function it returns waits
+// for it.
 func startAgent(t *testing.T, cmd *exec.Cmd) func() agentRun {
 	t.Helper()
 	var out, errb lockedBuffer
@@ -128,7 +125,7 @@ func startAgent(t *testing.T, cmd *exec.Cmd) func() agentRun {
 	}
 }
 
-// runAgent runs the agent under `turnsnap run NAME` on home's daemon.
+// runCmd runs the agent under `turnsnap run NAME` on home's daemon.
 func (a agentSpec) runCmd(home, sandbox, prompt string) *exec.Cmd {
 	return cli(home, a.env, "run", sandbox, "--", "sh", "-c", a.script, "sh", prompt)
 }
@@ -149,10 +146,11 @@ func (a agentSpec) directCmd(dir, base, prompt string) *exec.Cmd {
 // before it returns: the stream's headers come once the subscription is
 // in place, so no event of a later turn can be missed.
 type turnEvents struct {
-	mu     sync.Mutex
-	events []api.Event
-	cancel context.CancelFunc
-	done   chan struct{}
+	mu      sync.Mutex
+	events  []api.Event
+	changed chan struct{} // closed and replaced at each event
+	cancel  context.CancelFunc
+	done    chan struct{}
 }
 
 func subscribeEvents(t *testing.T, home, sandbox string) *turnEvents {
@@ -170,7 +168,7 @@ func subscribeEvents(t *testing.T, home, sandbox string) *turnEvents {
 		cancel()
 		t.Fatalf("subscribe to events of %s: %v %v", sandbox, err, resp)
 	}
-	l := &turnEvents{cancel: cancel, done: make(chan struct{})}
+	l := &turnEvents{cancel: cancel, done: make(chan struct{}), changed: make(chan struct{})}
 	go func() {
 		defer close(l.done)
 		defer resp.Body.Close()
@@ -181,12 +179,37 @@ func subscribeEvents(t *testing.T, home, sandbox string) *turnEvents {
 			if json.Unmarshal(sc.Bytes(), &ev) == nil {
 				l.mu.Lock()
 				l.events = append(l.events, ev)
+				close(l.changed)
+				l.changed = make(chan struct{})
 				l.mu.Unlock()
 			}
 		}
 	}()
 	t.Cleanup(l.stop)
 	return l
+}
+
+// await waits until n turns ended (committed or failed), or 30 s passed:
+// an agent's run returns once its last checkpoint is committed, but the
+// event may still be on its way through the stream.
+func (l *turnEvents) await(n int) {
+	deadline := time.After(30 * time.Second)
+	for {
+		commits, failed := l.committed()
+		l.mu.Lock()
+		changed := l.changed
+		l.mu.Unlock()
+		if len(commits)+len(failed) >= n {
+			return
+		}
+		select {
+		case <-changed:
+		case <-l.done:
+			return
+		case <-deadline:
+			return
+		}
+	}
 }
 
 func (l *turnEvents) stop() {

@@ -80,6 +80,7 @@ func testAgent(t *testing.T, a agentSpec) {
 	// Session 1 through turnsnap run.
 	evs := subscribeEvents(t, home, "s")
 	run := startAgent(t, a.runCmd(home, "s", "fix the failing test"))()
+	evs.await(len(mainClasses))
 	evs.stop()
 	if run.code != 0 {
 		t.Fatalf("%s under turnsnap run:\n%s", a.name, run)
@@ -150,6 +151,7 @@ func testAgent(t *testing.T, a agentSpec) {
 	}
 	altEvs := subscribeEvents(t, home, "alt")
 	brun := startAgent(t, a.runCmd(home, "alt", "try another way"))()
+	altEvs.await(3)
 	altEvs.stop()
 	altCommits, _ := altEvs.committed()
 	if brun.code != 0 || ms.ModelCalls("alt") != 2 || !reflect.DeepEqual(classes(altCommits), []string{"skip", "fs", "skip"}) {
@@ -238,6 +240,7 @@ func testAgent(t *testing.T, a agentSpec) {
 	}
 	contEvs := subscribeEvents(t, home, "s")
 	crun := startAgent(t, a.resumeCmd(home, "s", "go on"))()
+	contEvs.await(ms.ModelCalls("continued") + 1)
 	contEvs.stop()
 	contCommits, contFailed := contEvs.committed()
 	var first = -1
