@@ -277,6 +277,9 @@ func (e *Engine) Unlock(ctx context.Context, all bool) ([]LockInfo, error) {
 	return e.syncer().Unlock(ctx, all)
 }
 
+// LockWindow is the stale window this home's bucket locks state.
+func (e *Engine) LockWindow() time.Duration { return e.syncer().StaleAfter() }
+
 // Locks lists the bucket's lock objects.
 func (e *Engine) Locks(ctx context.Context) ([]LockInfo, error) {
 	defer e.shared()()

@@ -269,6 +269,8 @@ func (a *app) serve(ctx context.Context, f serveFlags) error {
 	// adopt its sandboxes without --force.
 	pushWG.Add(1)
 	go func() { defer pushWG.Done(); api.RunLease(pushCtx, e, f.leaseTTL, log, nil) }()
+	pushWG.Add(1)
+	go func() { defer pushWG.Done(); api.RunLockSweeper(pushCtx, e, log) }()
 
 	srvAPI, err := api.New(e, api.Options{Logger: log, Uploads: pusher, Monitor: mon, MCP: mcpHandler(log)})
 	if err != nil {

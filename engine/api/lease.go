@@ -4,6 +4,8 @@ import (
 	"context"
 	"log/slog"
 	"time"
+
+	"github.com/turnsnap/turnsnap/engine"
 )
 
 // leaseRenewer is what RunLease needs of the engine.
@@ -50,6 +52,51 @@ func RunLease(ctx context.Context, e leaseRenewer, ttl time.Duration, log *slog.
 			return
 		case <-t.C:
 			renew()
+		}
+	}
+}
+
+// lockSweeper is what RunLockSweeper needs of the engine.
+type lockSweeper interface {
+	HasRemote() bool
+	LockWindow() time.Duration
+	Unlock(ctx context.Context, all bool) ([]engine.LockInfo, error)
+}
+
+// RunLockSweeper removes stale lock objects from the bucket at start and
+// then every sixth of the lock window while ctx lasts: a push or gc killed
+// on any host leaves its lock behind, ignored by everyone once stale but
+// never removed by its dead holder; a live daemon clears it shortly after
+// (docs/STORAGE.md, "Sharing a bucket"). Stale locks only: a live one is
+// never touched.
+func RunLockSweeper(ctx context.Context, e lockSweeper, log *slog.Logger) {
+	if !e.HasRemote() {
+		return
+	}
+	every := e.LockWindow() / 6
+	if every <= 0 {
+		return
+	}
+	sweep := func() {
+		sctx, cancel := context.WithTimeout(ctx, every)
+		defer cancel()
+		removed, err := e.Unlock(sctx, false)
+		if err != nil && ctx.Err() == nil {
+			log.Debug("stale locks not swept", "err", err)
+		}
+		for _, l := range removed {
+			log.Info("removed a stale bucket lock", "lock", l.Name, "holder_host", l.Host, "holder_pid", l.PID)
+		}
+	}
+	sweep()
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			sweep()
 		}
 	}
 }

@@ -58,6 +58,9 @@ type Lock struct {
 	once    sync.Once
 }
 
+// StaleAfter is the window this syncer's locks promise.
+func (e *Syncer) StaleAfter() time.Duration { return e.staleAfter() }
+
 // staleAfter is the window this syncer's locks promise.
 func (e *Syncer) staleAfter() time.Duration {
 	if e.LockStaleAfter > 0 {
@@ -128,7 +131,16 @@ func (e *Syncer) Lock(ctx context.Context, kind string) (*Lock, error) {
 	}
 	var conflict *LockInfo
 	err = e.ListLocks(ctx, func(li LockInfo) error {
-		if li.Name == name || li.Stale {
+		if li.Name == name {
+			return nil
+		}
+		if li.Stale {
+			// Its holder is gone or has stopped itself (a holder that
+			// cannot refresh cancels first): the object is litter that
+			// would otherwise stay until someone ran unlock.
+			if err := e.Remote.Delete(ctx, li.Name); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+				e.Log.Warn("stale remote lock not removed", "lock", li.Name, "err", err)
+			}
 			return nil
 		}
 		if kind == "gc" || li.Kind == "gc" {

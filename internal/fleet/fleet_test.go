@@ -50,9 +50,12 @@ const (
 	bucket = "fleet"
 	// lockWindow is the stale window the hosts' bucket locks state
 	// (remote.lock_stale_after_ns), short so that a run outlasts it many
-	// times; lockSlack is what the sampler's period and clock reading add.
+	// times. A lock whose holder died is swept by a live daemon within a
+	// sixth of its window after it goes stale (api.RunLockSweeper);
+	// lockSlack is that period plus what the sampler's period and clock
+	// reading add.
 	lockWindow = 15 * time.Second
-	lockSlack  = 3 * time.Second
+	lockSlack  = lockWindow/6 + 3*time.Second
 	// runLimit bounds the workload's wall time whatever -fleet.ops says.
 	runLimit = 25 * time.Minute
 )
