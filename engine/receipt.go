@@ -59,10 +59,10 @@ func NotRestored() []string { return append([]string(nil), notRestored...) }
 
 // Receipt is a restore's proof of what it made (see above).
 type Receipt struct {
-	Kind       string   `json:"kind"` // rollback or branch
-	Sandbox    string   `json:"sandbox"`
-	Checkpoint delta.ID `json:"checkpoint"`
-	OK         bool     `json:"ok"`
+	Kind       string       `json:"kind"` // rollback or branch
+	Sandbox    string       `json:"sandbox"`
+	Checkpoint delta.ID     `json:"checkpoint"`
+	OK         bool         `json:"ok"`
 	Files      FilesReceipt `json:"files"`
 	// Processes is nil when no processes were restored (the checkpoint
 	// has none, or --fs-only).
@@ -97,7 +97,11 @@ type ProcessReceipt struct {
 	Want    proc.Inventory `json:"want"`
 	Got     proc.Inventory `json:"got"`
 	Missing []string       `json:"missing,omitempty"`
-	Match   bool           `json:"match"`
+	// Churn is what the restored processes did themselves between the
+	// restore and the look (a shell's short-lived child exited or
+	// started: proc.Inventory.Compare); no failure.
+	Churn []string `json:"churn,omitempty"`
+	Match bool     `json:"match"`
 }
 
 // RestoreIncompleteError is a restore whose receipt found a difference.
@@ -222,7 +226,7 @@ func (e *Engine) processReceipt(ctx context.Context, name, img string) *ProcessR
 		pr.Missing = []string{"the container's processes do not read: " + err.Error()}
 		return pr
 	}
-	pr.Missing = want.Missing(pr.Got)
+	pr.Missing, pr.Churn = want.Compare(pr.Got)
 	pr.Match = len(pr.Missing) == 0
 	return pr
 }

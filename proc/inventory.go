@@ -35,7 +35,9 @@ type Inventory struct {
 
 // InventoryProc is one process of an Inventory.
 type InventoryProc struct {
-	PID  int    `json:"pid"`  // inside the container's pid namespace
+	PID int `json:"pid"` // inside the container's pid namespace
+	// PPID is the parent's pid inside the container (0: outside it).
+	PPID int    `json:"ppid"`
 	Comm string `json:"comm"` // the kernel's command name (at most 15 bytes)
 	// Cmdline is the running process's arguments; an image's inventory
 	// leaves it empty (CRIU keeps it only in the process's memory pages).
@@ -53,20 +55,23 @@ const (
 // image in imageDir from CRIU's pstree.img, core-PID.img and files.img.
 func ImageInventory(imageDir string) (Inventory, error) {
 	var inv Inventory
-	var pids []int
+	var pids, ppids []int
 	err := readImage(filepath.Join(imageDir, "pstree.img"), func() proto.Message { return &pstree.PstreeEntry{} },
-		func(m proto.Message) { pids = append(pids, int(m.(*pstree.PstreeEntry).GetPid())) })
+		func(m proto.Message) {
+			e := m.(*pstree.PstreeEntry)
+			pids, ppids = append(pids, int(e.GetPid())), append(ppids, int(e.GetPpid()))
+		})
 	if err != nil {
 		return inv, fmt.Errorf("image %s: process tree: %w", imageDir, err)
 	}
-	for _, pid := range pids {
+	for i, pid := range pids {
 		var comm string
 		err := readImage(filepath.Join(imageDir, fmt.Sprintf("core-%d.img", pid)), func() proto.Message { return &criucore.CoreEntry{} },
 			func(m proto.Message) { comm = m.(*criucore.CoreEntry).GetTc().GetComm() })
 		if err != nil {
 			return inv, fmt.Errorf("image %s: process %d: %w", imageDir, pid, err)
 		}
-		inv.Procs = append(inv.Procs, InventoryProc{PID: pid, Comm: comm})
+		inv.Procs = append(inv.Procs, InventoryProc{PID: pid, PPID: ppids[i], Comm: comm})
 	}
 	err = readImage(filepath.Join(imageDir, "files.img"), func() proto.Message { return &fdinfo.FileEntry{} },
 		func(m proto.Message) {
@@ -106,15 +111,22 @@ func (r *Runtime) Inventory(ctx context.Context, id string) (Inventory, error) {
 	if err != nil {
 		return inv, err
 	}
+	byHost := map[int]int{} // host pid -> pid in the container
+	var ppidHost []int
 	for _, pid := range pids {
 		if err := ctx.Err(); err != nil {
 			return inv, err
 		}
-		p, _, err := readProcess(pid)
+		p, st, err := readProcess(pid)
 		if err != nil {
 			continue // exited between the cgroup read and now: not alive
 		}
+		byHost[pid] = p.PID
+		ppidHost = append(ppidHost, st.ppid)
 		inv.Procs = append(inv.Procs, InventoryProc{PID: p.PID, Comm: p.Comm, Cmdline: p.Cmdline})
+	}
+	for i := range inv.Procs {
+		inv.Procs[i].PPID = byHost[ppidHost[i]] // 0: a parent outside
 	}
 	// The init shares the container's network namespace with every
 	// process in it: its view of /proc/net is the container's.
@@ -174,40 +186,62 @@ func (inv *Inventory) sort() {
 	}
 }
 
-// Missing lists what want has that got lacks or has differently: a
-// process by pid (or with another command name), a listening socket. A
-// process got has beyond want is listed too (a restore brings back the
-// image's processes, no others). Empty: the inventories agree.
-func (want Inventory) Missing(got Inventory) []string {
-	var out []string
-	byPID := make(map[int]InventoryProc, len(got.Procs))
+// Compare lists how got (a restored container) differs from want (its
+// image): missing, what the restore failed to bring back; and churn, what
+// the restored processes did themselves since, which is no failure.
+//
+// A process of the image must run with its command, and no process may
+// run that the image lacks, with one allowance, for the time between the
+// restore and the look: a process whose parent is a process of the image
+// other than the container's init (a shell loop's short-lived child) may
+// have exited, and one whose parent is such a process may have started.
+// The processes the init parents (what was started in the sandbox and
+// meant to live on) are never allowed to be gone. Every listening socket
+// of the image must listen, and no other.
+func (want Inventory) Compare(got Inventory) (missing, churn []string) {
+	running := make(map[int]InventoryProc, len(got.Procs))
 	for _, p := range got.Procs {
-		byPID[p.PID] = p
+		running[p.PID] = p
+	}
+	inImage := make(map[int]InventoryProc, len(want.Procs))
+	for _, p := range want.Procs {
+		inImage[p.PID] = p
+	}
+	// A parent other than the init that is running: its children come and go.
+	transient := func(ppid int) bool {
+		_, ok := running[ppid]
+		return ppid > 1 && ok
 	}
 	for _, w := range want.Procs {
-		g, ok := byPID[w.PID]
+		g, ok := running[w.PID]
 		switch {
+		case ok && g.Comm != w.Comm:
+			missing = append(missing, fmt.Sprintf("process %d is %q, the image's is %q", w.PID, g.Comm, w.Comm))
+		case !ok && transient(w.PPID):
+			churn = append(churn, fmt.Sprintf("process %d (%s), a child of %d, exited", w.PID, w.Comm, w.PPID))
 		case !ok:
-			out = append(out, fmt.Sprintf("process %d (%s) not running", w.PID, w.Comm))
-		case g.Comm != w.Comm:
-			out = append(out, fmt.Sprintf("process %d is %q, the image's is %q", w.PID, g.Comm, w.Comm))
+			missing = append(missing, fmt.Sprintf("process %d (%s) not running", w.PID, w.Comm))
 		}
-		delete(byPID, w.PID)
 	}
 	for _, g := range got.Procs {
-		if _, extra := byPID[g.PID]; extra {
-			out = append(out, fmt.Sprintf("process %d (%s) is not in the image", g.PID, g.Comm))
+		if _, ok := inImage[g.PID]; ok {
+			continue
 		}
+		if _, parentInImage := inImage[g.PPID]; parentInImage && transient(g.PPID) {
+			churn = append(churn, fmt.Sprintf("process %d (%s), a child of %d, started", g.PID, g.Comm, g.PPID))
+			continue
+		}
+		missing = append(missing, fmt.Sprintf("process %d (%s) is not in the image", g.PID, g.Comm))
 	}
 	for _, l := range want.Listening {
 		if !slices.Contains(got.Listening, l) {
-			out = append(out, "socket "+l+" not listening")
+			missing = append(missing, "socket "+l+" not listening")
 		}
 	}
 	for _, l := range got.Listening {
 		if !slices.Contains(want.Listening, l) {
-			out = append(out, "socket "+l+" listening, not in the image")
+			missing = append(missing, "socket "+l+" listening, not in the image")
 		}
 	}
-	return out
+	return missing, churn
 }
