@@ -165,19 +165,20 @@ func (e *Engine) BranchMany(ctx context.Context, ref string, names []string, o B
 	out := make([]*RestoreResult, len(names))
 	for i, n := range names {
 		out[i] = &RestoreResult{Sandbox: n, Checkpoint: cp, Root: roots[i].Path()}
-		procs := cp.ProcTree != nil && !o.FSOnly
-		if procs {
-			if err := e.restoreProcesses(ctx, n, roots[i].Path(), img, cp); err != nil {
-				return out[:i+1], fmt.Errorf("sandbox %s created with the files of %s, processes not: %w", n, cp.ID.Short(), err)
-			}
-			out[i].Processes = true
+	}
+	// Each branch's receipt (receipt.go): its files checked, side by side
+	// (a scan of its own root each), then its processes restored and
+	// checked, one container after another as before.
+	procs := cp.ProcTree != nil && !o.FSOnly
+	parallel(len(names), func(i int) {
+		out[i].Receipt = e.receiptFiles(ctx, "branch", names[i], roots[i], cp, branchWritten(roots[i]))
+	})
+	for i, n := range names {
+		var err error
+		if out[i].Processes, err = e.receiptProcesses(ctx, out[i].Receipt, roots[i], cp, img, procs); err != nil {
+			return out[:i+1], fmt.Errorf("sandbox %s created with the files of %s, processes not: %w", n, cp.ID.Short(), err)
 		}
 	}
-	// Every branch's receipt (receipt.go), side by side: each is a scan
-	// of its own root (and its own container's inventory).
-	parallel(len(names), func(i int) {
-		out[i].Receipt = e.receipt(ctx, "branch", names[i], roots[i], cp, branchWritten(roots[i]), img, out[i].Processes)
-	})
 	d := time.Since(start)
 	var bad []error
 	for _, r := range out {

@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"fmt"
-	"os"
 	"strings"
 	"time"
 
@@ -17,12 +16,15 @@ import (
 // Restore receipts (issue 24). A restore that "succeeds" with a file or a
 // process missing is worse than one that fails: the agent goes on from a
 // state nobody took. So every rollback and branch (a branch on another
-// host from the store, the off-host restore, included) ends with a check
-// of what it made, against the checkpoint, done after everything else
-// (files, then processes), and returns it as a Receipt: in the result, in
-// --json, in the API's answer and in the event. Any difference fails the
-// restore with errdefs.ErrRestoreIncomplete (RestoreIncompleteError, which
-// names the state the sandbox was left in); it never reads as success.
+// host from the store, the off-host restore, included) checks what it
+// made against the checkpoint and returns the check as a Receipt: in the
+// result, in --json, in the API's answer and in the event. The files are
+// checked once they are all in place and before any process runs on them
+// (a restored process goes on writing at once: its files are its own from
+// then on); the processes once they run. A file difference fails the
+// restore before its processes start. Any difference fails it with
+// errdefs.ErrRestoreIncomplete (RestoreIncompleteError, which names the
+// state the sandbox was left in); it never reads as success.
 //
 // Files. The restores verify what they write already: an overlay diff
 // restore reads back every name it wrote and lists every directory it
@@ -36,9 +38,7 @@ import (
 // state (btrfs) behind, so the scan stats the layer and hashes trees. The
 // layer tree it finds must be the checkpoint's, or describe the same state
 // over the base (another backend's layer; delta.Diff finds no change), with
-// only the socket-mtime noise a process restore makes (restoreturn.go).
-// The same scan is the one a process restore's acceptRestored needs, so a
-// restore with processes scans once, as before.
+// (no noise: nothing ran on it yet).
 //
 // Processes. The image's inventory is read from CRIU's own files
 // (pstree.img, core-PID.img, files.img: pids, command names, listening TCP
@@ -84,8 +84,8 @@ type FilesReceipt struct {
 	GotState  delta.ID `json:"got_state"`
 	// Written says how the restore verified what it wrote.
 	Written string `json:"written"`
-	// Noise is a difference accepted as the process restore's own (a
-	// socket node's mtime: restoreturn.go).
+	// Noise is a difference accepted as no difference of state (a socket
+	// node's mtime: restoreturn.go).
 	Noise string `json:"noise,omitempty"`
 	// Mismatch names the first difference; empty when Match.
 	Mismatch string `json:"mismatch,omitempty"`
@@ -126,9 +126,13 @@ func (e *RestoreIncompleteError) Error() string {
 
 func (e *RestoreIncompleteError) Unwrap() error { return errdefs.ErrRestoreIncomplete }
 
-// PhaseReceipt is reached after a restore (files and processes) and before
-// its receipt's check: tests change the sandbox there.
-const PhaseReceipt = "restore: receipt"
+// PhaseReceiptFiles is reached once a restore's files are in place, before
+// the receipt checks them; PhaseReceiptProcesses once its processes run,
+// before it checks them. Tests change the sandbox there.
+const (
+	PhaseReceiptFiles     = "restore: receipt files"
+	PhaseReceiptProcesses = "restore: receipt processes"
+)
 
 // writtenHow describes how a restore verified what it wrote.
 func writtenHow(root rootfs.Root, info overlay.RestoreInfo, stacked bool) string {
@@ -146,30 +150,56 @@ func writtenHow(root rootfs.Root, info overlay.RestoreInfo, stacked bool) string
 	return "layer re-derived by a scan, or a restore point naming the tree"
 }
 
-// receipt checks a finished restore of cp onto root (its processes too,
-// from the image in img, when procs) and returns the receipt. With
-// procs it also records the state a process restore leaves for the next
-// turn (acceptRestored). It never fails by itself: what it cannot check
-// is a mismatch.
-func (e *Engine) receipt(ctx context.Context, kind, name string, root rootfs.Root, cp *delta.Checkpoint, written, img string, procs bool) *Receipt {
-	e.phase(PhaseReceipt)
+// receipt checks the files of a restore of cp onto root, then, if they
+// match and procs, restores cp's processes from the image in img and
+// checks them; processes says whether they were restored. An error is a
+// process restore that failed (the receipt is then nil); a difference is
+// a receipt that is not OK.
+func (e *Engine) receipt(ctx context.Context, kind, name string, root rootfs.Root, cp *delta.Checkpoint, written, img string, procs bool) (*Receipt, bool, error) {
+	rc := e.receiptFiles(ctx, kind, name, root, cp, written)
+	processes, err := e.receiptProcesses(ctx, rc, root, cp, img, procs)
+	if err != nil {
+		return nil, false, err
+	}
+	return rc, processes, nil
+}
+
+// receiptFiles is receipt's first half: the files, before any process.
+func (e *Engine) receiptFiles(ctx context.Context, kind, name string, root rootfs.Root, cp *delta.Checkpoint, written string) *Receipt {
+	e.phase(PhaseReceiptFiles)
 	start := time.Now()
 	rc := &Receipt{Kind: kind, Sandbox: name, Checkpoint: cp.ID, NotRestored: NotRestored(),
 		Files: FilesReceipt{Want: cp.FSTree, WantState: cp.StateKey, Written: written}}
-	e.filesReceipt(ctx, name, root, cp, procs, &rc.Files)
-	if procs {
-		rc.Processes = e.processReceipt(ctx, name, img)
+	if e.receiptOff {
+		rc.Files.Match, rc.Files.Mismatch = true, "unchecked (the receipt benchmark's baseline)"
+	} else {
+		e.filesReceipt(ctx, root, cp, &rc.Files)
 	}
-	rc.OK = rc.Files.Match && (rc.Processes == nil || rc.Processes.Match)
 	rc.Check = time.Since(start)
+	rc.OK = rc.Files.Match
 	return rc
 }
 
-// filesReceipt scans root and compares it with cp (see above).
-func (e *Engine) filesReceipt(ctx context.Context, name string, root rootfs.Root, cp *delta.Checkpoint, procs bool, f *FilesReceipt) {
-	if procs {
-		os.Remove(e.home.restoredFile(name))
+// receiptProcesses is receipt's second half: with procs and the files
+// matching, the processes restored and checked.
+func (e *Engine) receiptProcesses(ctx context.Context, rc *Receipt, root rootfs.Root, cp *delta.Checkpoint, img string, procs bool) (bool, error) {
+	if !procs || !rc.Files.Match {
+		return false, nil
 	}
+	if err := e.restoreProcesses(ctx, rc.Sandbox, root.Path(), img, cp); err != nil {
+		return false, err
+	}
+	e.acceptRestored(ctx, rc.Sandbox, root, cp) // restoreturn.go
+	e.phase(PhaseReceiptProcesses)
+	start := time.Now()
+	rc.Processes = e.processReceipt(ctx, rc.Sandbox, img)
+	rc.Check += time.Since(start)
+	rc.OK = rc.Files.Match && rc.Processes.Match
+	return true, nil
+}
+
+// filesReceipt scans root and compares it with cp (see above).
+func (e *Engine) filesReceipt(ctx context.Context, root rootfs.Root, cp *delta.Checkpoint, f *FilesReceipt) {
 	trees := &treeMemo{next: e.repo, trees: map[delta.ID][]byte{}}
 	res, err := root.Scan(ctx, trees)
 	if err != nil {
@@ -179,33 +209,19 @@ func (e *Engine) filesReceipt(ctx context.Context, name string, root rootfs.Root
 	f.Got, f.GotState = res.Root, res.StateKey
 	if res.Root == cp.FSTree || (cp.StateKey != delta.ID{} && res.StateKey == cp.StateKey) {
 		f.Match = true
-		if procs {
-			// The checkpoint's state exactly: the scan is the next turn's
-			// base (restoreturn.go).
-			if err := root.Committed(res); err != nil {
-				e.log.Warn("scan cache after process restore", "sandbox", name, "err", err)
-			}
-		}
 		return
 	}
-	// Another backend's layer for the same state, or a process restore's
-	// socket noise: the merged states must agree.
+	// Another backend's layer for the same state: the merged states must
+	// agree (onlyRestoreNoise with no change at all).
 	ok, why, err := onlyRestoreNoise(ctx, trees, cp, res.Root)
-	if err != nil {
+	switch {
+	case err != nil:
 		f.Mismatch = fmt.Sprintf("layer %s: %v", res.Root.Short(), err)
-		return
-	}
-	if !ok {
+	case !ok:
 		f.Mismatch = why
-		return
-	}
-	f.Match = true
-	if procs {
-		f.Noise = "socket nodes' mtimes (CRIU binds them anew)"
-		data := cp.ID.String() + " " + res.StateKey.String() + "\n"
-		if err := os.WriteFile(e.home.restoredFile(name), []byte(data), 0o600); err != nil {
-			e.log.Warn("record restored state", "sandbox", name, "err", err)
-		}
+	default:
+		f.Match = true
+		f.Noise = "socket nodes' mtimes"
 	}
 }
 
@@ -242,12 +258,10 @@ func (e *Engine) failReceipt(ctx context.Context, rc *Receipt) error {
 	} else {
 		state += ", its root as found (the next checkpoint records it)"
 	}
-	if rc.Processes != nil {
-		if err := e.stopProcesses(context.WithoutCancel(ctx), rc.Sandbox); err != nil {
-			state += ", its processes not stopped (" + err.Error() + ")"
-		} else {
-			state += ", no process running"
-		}
+	if err := e.stopProcesses(context.WithoutCancel(ctx), rc.Sandbox); err != nil {
+		state += ", its processes not stopped (" + err.Error() + ")"
+	} else {
+		state += ", no process running"
 	}
 	e.log.Warn("restore incomplete", "sandbox", rc.Sandbox, "kind", rc.Kind, "checkpoint", rc.Checkpoint.Short(),
 		"files", rc.Files.Match, "mismatch", rc.Files.Mismatch)

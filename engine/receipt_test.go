@@ -197,7 +197,7 @@ func TestReceiptFailsClosed(t *testing.T) {
 
 	t.Run("file", func(t *testing.T) {
 		e.atPhase = func(ph string) {
-			if ph == PhaseReceipt {
+			if ph == PhaseReceiptFiles {
 				os.Remove(filepath.Join(root, "www/index.html"))
 			}
 		}
@@ -210,7 +210,7 @@ func TestReceiptFailsClosed(t *testing.T) {
 	})
 	t.Run("process", func(t *testing.T) {
 		e.atPhase = func(ph string) {
-			if ph != PhaseReceipt {
+			if ph != PhaseReceiptProcesses {
 				return
 			}
 			rt, err := e.runtime(ctx)

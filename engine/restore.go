@@ -154,15 +154,12 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 		return nil, err
 	}
 	res := &RestoreResult{Sandbox: name, Checkpoint: cp, Root: st.root.Path(), LiveScan: info.Live, Mounted: info.Mounted}
+	// The files are checked, the processes restored and checked: the
+	// receipt (receipt.go).
 	procs := cp.ProcTree != nil && !o.FSOnly
-	if procs {
-		if err := e.restoreProcesses(ctx, name, st.root.Path(), img, cp); err != nil {
-			return nil, fmt.Errorf("files restored, processes not: %w", err)
-		}
-		res.Processes = true
+	if res.Receipt, res.Processes, err = e.receipt(ctx, "rollback", name, st.root, cp, writtenHow(st.root, info, false), img, procs); err != nil {
+		return nil, fmt.Errorf("files restored, processes not: %w", err)
 	}
-	// The receipt (receipt.go): what the sandbox is now, against cp.
-	res.Receipt = e.receipt(ctx, "rollback", name, st.root, cp, writtenHow(st.root, info, false), img, procs)
 	res.Duration = time.Since(start)
 	if !res.Receipt.OK {
 		return res, e.failReceipt(ctx, res.Receipt)

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/internal/rootfs"
 )
 
 // CRIU's restore touches the restored root: it binds each unix socket the
@@ -19,8 +20,7 @@ import (
 // but the first turn after a process restore would see it and be classed
 // fs or full with nothing done.
 //
-// So right after a process restore the engine scans the root (the scan of
-// the restore's receipt, receipt.go: filesReceipt) and compares
+// So right after a process restore the engine scans the root and compares
 // it with the checkpoint just restored (delta.Diff over base + layer, which
 // already ignores directory mtimes and residue). If the only changes are
 // socket nodes whose mtime alone moved (same type, mode, owner, xattrs),
@@ -47,6 +47,33 @@ import (
 
 func (h home) restoredFile(sandbox string) string {
 	return filepath.Join(h.procDir(), sandbox+".restored")
+}
+
+// acceptRestored runs after cp's processes were restored onto root.
+// Failures only cost the next turn its skip, so they are logged.
+func (e *Engine) acceptRestored(ctx context.Context, name string, root rootfs.Root, cp *delta.Checkpoint) {
+	os.Remove(e.home.restoredFile(name))
+	trees := &treeMemo{next: e.repo, trees: map[delta.ID][]byte{}}
+	res, err := root.Scan(ctx, trees)
+	if err != nil {
+		e.log.Warn("scan after process restore", "sandbox", name, "err", err)
+		return
+	}
+	if res.StateKey != cp.StateKey {
+		ok, why, err := onlyRestoreNoise(ctx, trees, cp, res.Root)
+		if err != nil || !ok {
+			e.log.Info("the restore of processes changed files; the next turn records them", "sandbox", name, "change", why, "err", err)
+			return
+		}
+		data := cp.ID.String() + " " + res.StateKey.String() + "\n"
+		if err := os.WriteFile(e.home.restoredFile(name), []byte(data), 0o600); err != nil {
+			e.log.Warn("record restored state", "sandbox", name, "err", err)
+		}
+		return // res names trees the store lacks: never the root's committed scan
+	}
+	if err := root.Committed(res); err != nil {
+		e.log.Warn("scan cache after process restore", "sandbox", name, "err", err)
+	}
 }
 
 // restoredAs reports whether key is the state key accepted for head right

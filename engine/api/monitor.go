@@ -73,10 +73,11 @@ const (
 	EventGap = "gap"
 )
 
-// ringSize is how many recent events the monitor keeps for clients that
-// reconnect with Last-Event-ID: events are small, and a client that
-// was away for more than this many gets a gap event.
-const ringSize = 4096
+// DefaultEventRing is how many recent events the monitor keeps for
+// clients that reconnect with Last-Event-ID (SetRing; serve --event-ring):
+// events are small, and a client away for more than this many gets a gap
+// event.
+const DefaultEventRing = 4096
 
 // Monitor turns what the service does into events, metrics and log lines.
 // A nil *Monitor does nothing (the CLI's direct mode).
@@ -88,9 +89,10 @@ type Monitor struct {
 	run  string // this run's id, the first half of every event's ID
 	seq  uint64
 	subs map[chan Event]struct{}
-	// ring holds the last ringSize events, ring[(seq-1)%ringSize] the one
+	// ring holds the last ringCap events, ring[(seq-1)%ringCap] the one
 	// numbered seq.
-	ring []Event
+	ring    []Event
+	ringCap uint64
 
 	turns       *prometheus.CounterVec
 	turnSeconds prometheus.Histogram
@@ -121,7 +123,7 @@ const subBuffer = 1024
 // change tracker's counters, say) are registered with it too.
 func NewMonitor(log *slog.Logger, e *engine.Engine, extra ...prometheus.Collector) (*Monitor, error) {
 	m := &Monitor{log: log, reg: prometheus.NewRegistry(), subs: map[chan Event]struct{}{},
-		run: strconv.FormatInt(time.Now().UnixNano(), 36), ring: make([]Event, 0, ringSize)}
+		run: strconv.FormatInt(time.Now().UnixNano(), 36), ringCap: DefaultEventRing}
 	// Buckets from 100µs (a skip) to about a minute (a big dump).
 	buckets := prometheus.ExponentialBuckets(0.0001, 2.5, 14)
 	m.turns = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "turnsnap_turns_total", Help: "Closed turns by class (skip, fs, process, full)."}, []string{"class"})
@@ -154,6 +156,14 @@ func NewMonitor(log *slog.Logger, e *engine.Engine, extra ...prometheus.Collecto
 		}
 	}
 	return m, nil
+}
+
+// SetRing sets how many recent events are kept for resuming clients (at
+// least 1). Call it before the first event.
+func (m *Monitor) SetRing(n int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.ringCap = uint64(max(n, 1))
 }
 
 // Registry is what /metrics serves.
@@ -231,7 +241,7 @@ func (m *Monitor) missed(last string) []Event {
 		after = oldest - 1
 	}
 	for seq := after + 1; seq <= m.seq; seq++ {
-		out = append(out, m.ring[(seq-1)%ringSize])
+		out = append(out, m.ring[(seq-1)%m.ringCap])
 	}
 	return out
 }
@@ -267,10 +277,10 @@ func (m *Monitor) publish(ev Event) {
 	m.seq++
 	ev.Seq, ev.Time = m.seq, time.Now().UTC()
 	ev.ID = fmt.Sprintf("%s:%d", m.run, ev.Seq)
-	if len(m.ring) < ringSize {
+	if uint64(len(m.ring)) < m.ringCap {
 		m.ring = append(m.ring, ev)
 	} else {
-		m.ring[(ev.Seq-1)%ringSize] = ev
+		m.ring[(ev.Seq-1)%m.ringCap] = ev
 	}
 	for ch := range m.subs {
 		select {
