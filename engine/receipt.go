@@ -35,10 +35,11 @@ import (
 // stack of a branch, and what a process restore did to it. The receipt's
 // check is one scan of that root (Root.Scan), which re-reads no content the
 // restore just hashed: the restore left the scan's cache (overlay) or scan
-// state (btrfs) behind, so the scan stats the layer and hashes trees. The
-// layer tree it finds must be the checkpoint's, or describe the same state
-// over the base (another backend's layer; delta.Diff finds no change), with
-// (no noise: nothing ran on it yet).
+// state (btrfs) behind, so the scan stats the layer and hashes trees; with
+// the daemon's change tracker an overlay scan reads only the paths written
+// since the restore verified its state. The layer tree it finds must be
+// the checkpoint's, or describe the same state over the base (another
+// backend's layer; delta.Diff finds no change).
 //
 // Processes. The image's inventory is read from CRIU's own files
 // (pstree.img, core-PID.img, files.img: pids, command names, listening TCP
@@ -173,7 +174,7 @@ func (e *Engine) receiptFiles(ctx context.Context, kind, name string, root rootf
 	if e.receiptOff {
 		rc.Files.Match, rc.Files.Mismatch = true, "unchecked (the receipt benchmark's baseline)"
 	} else {
-		e.filesReceipt(ctx, root, cp, &rc.Files)
+		e.filesReceipt(ctx, name, root, cp, &rc.Files)
 	}
 	rc.Check = time.Since(start)
 	rc.OK = rc.Files.Match
@@ -199,9 +200,9 @@ func (e *Engine) receiptProcesses(ctx context.Context, rc *Receipt, root rootfs.
 }
 
 // filesReceipt scans root and compares it with cp (see above).
-func (e *Engine) filesReceipt(ctx context.Context, root rootfs.Root, cp *delta.Checkpoint, f *FilesReceipt) {
+func (e *Engine) filesReceipt(ctx context.Context, name string, root rootfs.Root, cp *delta.Checkpoint, f *FilesReceipt) {
 	trees := &treeMemo{next: e.repo, trees: map[delta.ID][]byte{}}
-	res, err := root.Scan(ctx, trees)
+	res, err := e.receiptScan(ctx, name, root, trees)
 	if err != nil {
 		f.Mismatch = "the restored root does not scan: " + err.Error()
 		return
@@ -223,6 +224,24 @@ func (e *Engine) filesReceipt(ctx context.Context, root rootfs.Root, cp *delta.C
 		f.Match = true
 		f.Noise = "socket nodes' mtimes"
 	}
+}
+
+// receiptScan scans a restored root: through the change tracker the
+// restore left on it (the daemon's overlay rollback: the tracker's base is
+// the state the restore verified, and its record names every path written
+// since, which the scan reads; nothing is reset, as for a skipped turn),
+// else by a walk whose scan cache the restore left (no content re-read).
+func (e *Engine) receiptScan(ctx context.Context, name string, root rootfs.Root, saver delta.BlobSaver) (*delta.ScanResult, error) {
+	if r, ok := root.(*overlay.Root); ok && e.track.on {
+		e.track.mu.Lock()
+		ent := e.track.m[name]
+		e.track.mu.Unlock()
+		if ent != nil && ent.root == r {
+			res, _, err := r.ScanTracked(ctx, saver, ent.tr)
+			return res, err
+		}
+	}
+	return root.Scan(ctx, saver)
 }
 
 // processReceipt compares the sandbox's running container with the image.

@@ -292,3 +292,49 @@ func waitGone(t *testing.T, pid int) {
 		time.Sleep(5 * time.Millisecond) // polling a condition
 	}
 }
+
+// TestReceiptTrackedSeesAWrite: with the daemon's change tracker the
+// receipt's scan reads only what was written since the restore verified
+// its state, and still sees a file written or removed after it: a
+// rollback whose root changes at the receipt is restore_incomplete, and
+// one whose root does not proves itself through the tracker.
+func TestReceiptTrackedSeesAWrite(t *testing.T) {
+	ctx := context.Background()
+	e := openTracking(t, filepath.Join(t.TempDir(), "home"))
+	cr := smallSandbox(t, e, "s")
+	for i := range 50 {
+		write(t, filepath.Join(cr.Root, fmt.Sprintf("src/f%02d.go", i)), fmt.Sprintf("package f // %d\n", i))
+	}
+	c1, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
+	must(t, err)
+	write(t, filepath.Join(cr.Root, "src/f07.go"), "package f // turn 2\n")
+	c2, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
+	must(t, err)
+	r, err := e.Rollback(ctx, "s", c1.ID.String(), RollbackOptions{})
+	must(t, err)
+	if !r.Receipt.OK || r.LiveScan != overlay.LiveTracked {
+		t.Fatalf("tracked rollback: live scan %q, receipt %+v", r.LiveScan, r.Receipt)
+	}
+	for _, tamper := range []func(){
+		func() { must(t, os.Remove(filepath.Join(cr.Root, "src/f11.go"))) },
+		func() { write(t, filepath.Join(cr.Root, "src/f12.go"), "package f // 1X\n") }, // same size
+	} {
+		e.atPhase = func(ph string) {
+			if ph == PhaseReceiptFiles {
+				tamper()
+			}
+		}
+		_, err := e.Rollback(ctx, "s", c2.ID.String(), RollbackOptions{})
+		e.atPhase = nil
+		ri := asIncomplete(t, err)
+		if ri.Receipt.Files.Match || ri.Receipt.Files.Mismatch == "" {
+			t.Fatalf("tampered root's receipt %+v", ri.Receipt.Files)
+		}
+		// Back to a state the store has, by a rollback that proves itself.
+		r, err := e.Rollback(ctx, "s", c1.ID.String(), RollbackOptions{})
+		must(t, err)
+		if !r.Receipt.OK {
+			t.Fatalf("receipt %+v", r.Receipt)
+		}
+	}
+}
