@@ -171,7 +171,7 @@ func (e *Engine) BranchMany(ctx context.Context, ref string, names []string, o B
 	// checked, one container after another as before.
 	procs := cp.ProcTree != nil && !o.FSOnly
 	parallel(len(names), func(i int) {
-		out[i].Receipt = e.receiptFiles(ctx, "branch", names[i], roots[i], cp, branchWritten(roots[i]))
+		out[i].Receipt = e.receiptFiles(ctx, "branch", names[i], roots[i], cp, branchWritten(roots[i]), delta.ID{})
 	})
 	for i, n := range names {
 		var err error

@@ -11,6 +11,7 @@ import (
 	"github.com/turnsnap/turnsnap/internal/rootfs"
 	"github.com/turnsnap/turnsnap/overlay"
 	"github.com/turnsnap/turnsnap/proc"
+	"golang.org/x/sys/unix"
 )
 
 // Restore receipts (issue 24). A restore that "succeeds" with a file or a
@@ -83,8 +84,10 @@ type FilesReceipt struct {
 	// WantState and GotState are the state keys (docs/FORMAT.md).
 	WantState delta.ID `json:"want_state"`
 	GotState  delta.ID `json:"got_state"`
-	// Written says how the restore verified what it wrote.
+	// Written says how the restore verified what it wrote; Checked how
+	// the receipt checked the root afterwards.
 	Written string `json:"written"`
+	Checked string `json:"checked"`
 	// Noise is a difference accepted as no difference of state (a socket
 	// node's mtime: restoreturn.go).
 	Noise string `json:"noise,omitempty"`
@@ -156,8 +159,8 @@ func writtenHow(root rootfs.Root, info overlay.RestoreInfo, stacked bool) string
 // checks them; processes says whether they were restored. An error is a
 // process restore that failed (the receipt is then nil); a difference is
 // a receipt that is not OK.
-func (e *Engine) receipt(ctx context.Context, kind, name string, root rootfs.Root, cp *delta.Checkpoint, written, img string, procs bool) (*Receipt, bool, error) {
-	rc := e.receiptFiles(ctx, kind, name, root, cp, written)
+func (e *Engine) receipt(ctx context.Context, kind, name string, root rootfs.Root, cp *delta.Checkpoint, written string, verified delta.ID, img string, procs bool) (*Receipt, bool, error) {
+	rc := e.receiptFiles(ctx, kind, name, root, cp, written, verified)
 	processes, err := e.receiptProcesses(ctx, rc, root, cp, img, procs)
 	if err != nil {
 		return nil, false, err
@@ -166,7 +169,7 @@ func (e *Engine) receipt(ctx context.Context, kind, name string, root rootfs.Roo
 }
 
 // receiptFiles is receipt's first half: the files, before any process.
-func (e *Engine) receiptFiles(ctx context.Context, kind, name string, root rootfs.Root, cp *delta.Checkpoint, written string) *Receipt {
+func (e *Engine) receiptFiles(ctx context.Context, kind, name string, root rootfs.Root, cp *delta.Checkpoint, written string, verified delta.ID) *Receipt {
 	e.phase(PhaseReceiptFiles)
 	start := time.Now()
 	rc := &Receipt{Kind: kind, Sandbox: name, Checkpoint: cp.ID, NotRestored: NotRestored(),
@@ -174,7 +177,7 @@ func (e *Engine) receiptFiles(ctx context.Context, kind, name string, root rootf
 	if e.receiptOff {
 		rc.Files.Match, rc.Files.Mismatch = true, "unchecked (the receipt benchmark's baseline)"
 	} else {
-		e.filesReceipt(ctx, name, root, cp, &rc.Files)
+		e.filesReceipt(ctx, name, root, cp, verified, &rc.Files)
 	}
 	rc.Check = time.Since(start)
 	rc.OK = rc.Files.Match
@@ -199,10 +202,29 @@ func (e *Engine) receiptProcesses(ctx context.Context, rc *Receipt, root rootfs.
 	return true, nil
 }
 
-// filesReceipt scans root and compares it with cp (see above).
-func (e *Engine) filesReceipt(ctx context.Context, name string, root rootfs.Root, cp *delta.Checkpoint, f *FilesReceipt) {
+// filesReceipt compares the restored root with cp (see above). verified
+// is the layer tree the restore proved it wrote (zero: none).
+func (e *Engine) filesReceipt(ctx context.Context, name string, root rootfs.Root, cp *delta.Checkpoint, verified delta.ID, f *FilesReceipt) {
 	trees := &treeMemo{next: e.repo, trees: map[delta.ID][]byte{}}
-	res, err := e.receiptScan(ctx, name, root, trees)
+	var res *delta.ScanResult
+	var err error
+	switch ent := e.trackerOn(name, root); {
+	case ent != nil:
+		f.Checked = "tracked scan of the mounted root"
+		res, _, err = ent.root.ScanTracked(ctx, trees, ent.tr)
+	case verified != delta.ID{}:
+		// The restore's own proof, and the root the sandbox sees is the
+		// mount of what it proved.
+		f.Checked = "the restore's verification; the root mounted"
+		if why := mountedRoot(root); why != "" {
+			f.Mismatch = why
+			return
+		}
+		res = &delta.ScanResult{Root: verified}
+	default:
+		f.Checked = "scan of the mounted root"
+		res, err = root.Scan(ctx, trees)
+	}
 	if err != nil {
 		f.Mismatch = "the restored root does not scan: " + err.Error()
 		return
@@ -226,22 +248,58 @@ func (e *Engine) filesReceipt(ctx context.Context, name string, root rootfs.Root
 	}
 }
 
-// receiptScan scans a restored root: through the change tracker the
-// restore left on it (the daemon's overlay rollback: the tracker's base is
-// the state the restore verified, and its record names every path written
-// since, which the scan reads; nothing is reset, as for a skipped turn),
-// else by a walk whose scan cache the restore left (no content re-read).
-func (e *Engine) receiptScan(ctx context.Context, name string, root rootfs.Root, saver delta.BlobSaver) (*delta.ScanResult, error) {
-	if r, ok := root.(*overlay.Root); ok && e.track.on {
-		e.track.mu.Lock()
-		ent := e.track.m[name]
-		e.track.mu.Unlock()
-		if ent != nil && ent.root == r {
-			res, _, err := r.ScanTracked(ctx, saver, ent.tr)
-			return res, err
-		}
+// trackerOn returns the change tracker the restore left on root (the
+// daemon's overlay rollback), or nil.
+func (e *Engine) trackerOn(name string, root rootfs.Root) *trackEntry {
+	r, ok := root.(*overlay.Root)
+	if !ok || !e.track.on {
+		return nil
 	}
-	return root.Scan(ctx, saver)
+	e.track.mu.Lock()
+	defer e.track.mu.Unlock()
+	if ent := e.track.m[name]; ent != nil && ent.root == r {
+		return ent
+	}
+	return nil
+}
+
+// mountedRoot says why root's path is not the root a restore left
+// mounted ("" when it is): it must be a mount's root, of the backend's
+// filesystem (an overlay, or a bind of the btrfs generation). A restore
+// that proved its layer and then left the sandbox an empty directory, or
+// a stale mount, is the "succeeded with files missing" this catches for
+// the price of two system calls.
+func mountedRoot(root rootfs.Root) string {
+	p := root.Path()
+	var stx unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, p, unix.AT_SYMLINK_NOFOLLOW, unix.STATX_BASIC_STATS, &stx); err != nil {
+		return fmt.Sprintf("the root %s: %v", p, err)
+	}
+	if stx.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT != 0 && stx.Attributes&unix.STATX_ATTR_MOUNT_ROOT == 0 {
+		return fmt.Sprintf("the root %s is not mounted", p)
+	}
+	var fs unix.Statfs_t
+	if err := unix.Statfs(p, &fs); err != nil {
+		return fmt.Sprintf("the root %s: %v", p, err)
+	}
+	want, name := int64(unix.BTRFS_SUPER_MAGIC), "btrfs"
+	if _, ok := root.(*overlay.Root); ok {
+		want, name = unix.OVERLAYFS_SUPER_MAGIC, "overlay"
+	}
+	if int64(fs.Type) != want {
+		return fmt.Sprintf("the root %s is not an %s mount (filesystem type %#x)", p, name, fs.Type)
+	}
+	return ""
+}
+
+// restoredTree is the layer tree a restore onto root proved (zero: none
+// known): overlay's RestoreInfo, btrfs's live generation.
+func restoredTree(root rootfs.Root, info overlay.RestoreInfo) delta.ID {
+	if b, ok := root.(interface{ Restored() (delta.ID, error) }); ok {
+		id, _ := b.Restored()
+		return id
+	}
+	return info.Verified
 }
 
 // processReceipt compares the sandbox's running container with the image.

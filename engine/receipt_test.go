@@ -186,10 +186,14 @@ func receiptGenerations(t *testing.T, o CreateOptions) {
 // TestReceiptFailsClosed: a difference the receipt finds (a file gone, a
 // process gone) is restore_incomplete, never success, and the sandbox is
 // left as the error says: its head the checkpoint, no process running.
+// The daemon's engine (change tracking): its receipt scans the root
+// through the tracker, which sees a file removed after the restore
+// verified it (the CLI's trusts that verification and checks the mount:
+// TestReceiptUnmountedRoot).
 func TestReceiptFailsClosed(t *testing.T) {
 	requireProcs(t)
 	ctx := context.Background()
-	e := newEngine(t)
+	e := openTracking(t, filepath.Join(t.TempDir(), "home"))
 	root := receiptSandbox(t, e, "s", CreateOptions{})
 	step(t, root)
 	cp, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
@@ -336,5 +340,52 @@ func TestReceiptTrackedSeesAWrite(t *testing.T) {
 		if !r.Receipt.OK {
 			t.Fatalf("receipt %+v", r.Receipt)
 		}
+	}
+}
+
+// TestReceiptUnmountedRoot: the CLI's receipt builds on what the restore
+// verified and checks that the root the sandbox sees is the mount of it;
+// a root left unmounted (an empty directory: every file missing) is
+// restore_incomplete, on overlay and btrfs.
+func TestReceiptUnmountedRoot(t *testing.T) {
+	for _, backend := range []string{overlay.Name, btrfs.Name} {
+		t.Run(backend, func(t *testing.T) {
+			ctx := context.Background()
+			e := newEngine(t)
+			base := t.TempDir()
+			write(t, filepath.Join(base, "a.txt"), "base\n")
+			o := CreateOptions{Base: base}
+			if backend == btrfs.Name {
+				o = btrfsOpts(btrfstest.Pool(t), base)
+			}
+			cr, err := e.CreateSandbox(ctx, "s", o)
+			must(t, err)
+			write(t, filepath.Join(cr.Root, "b.txt"), "turn 1\n")
+			c1, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
+			must(t, err)
+			write(t, filepath.Join(cr.Root, "b.txt"), "turn 2\n")
+			_, err = e.Checkpoint(ctx, "s", CheckpointOptions{})
+			must(t, err)
+			e.atPhase = func(ph string) {
+				if ph == PhaseReceiptFiles {
+					must(t, syscall.Unmount(cr.Root, syscall.MNT_DETACH))
+				}
+			}
+			r, err := e.Rollback(ctx, "s", c1.ID.String(), RollbackOptions{})
+			e.atPhase = nil
+			checkIncomplete(t, e, r, err)
+			if m := asIncomplete(t, err).Receipt.Files.Mismatch; !strings.Contains(m, "not") {
+				t.Fatalf("mismatch %q", m)
+			}
+			// A rollback mounts the root again and proves itself.
+			r, err = e.Rollback(ctx, "s", c1.ID.String(), RollbackOptions{})
+			must(t, err)
+			if !r.Receipt.OK || r.Receipt.Files.Got != r.Receipt.Files.Want && r.Receipt.Files.Noise == "" {
+				t.Fatalf("receipt %+v", r.Receipt)
+			}
+			if b, err := os.ReadFile(filepath.Join(cr.Root, "b.txt")); err != nil || string(b) != "turn 1\n" {
+				t.Fatalf("b.txt after the rollback: %q %v", b, err)
+			}
+		})
 	}
 }

@@ -157,7 +157,7 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 	// The files are checked, the processes restored and checked: the
 	// receipt (receipt.go).
 	procs := cp.ProcTree != nil && !o.FSOnly
-	if res.Receipt, res.Processes, err = e.receipt(ctx, "rollback", name, st.root, cp, writtenHow(st.root, info, false), img, procs); err != nil {
+	if res.Receipt, res.Processes, err = e.receipt(ctx, "rollback", name, st.root, cp, writtenHow(st.root, info, false), restoredTree(st.root, info), img, procs); err != nil {
 		return nil, fmt.Errorf("files restored, processes not: %w", err)
 	}
 	res.Duration = time.Since(start)
