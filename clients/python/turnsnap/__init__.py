@@ -72,7 +72,14 @@ class KeyError_(TurnsnapError):
     klass = "key"
 
 
-_CLASSES = {c.klass: c for c in (NotFound, Exists, Invalid, Precondition, Unavailable, Corrupt, NoSpace, KeyError_)}
+class RestoreIncomplete(TurnsnapError):
+    """A rollback or branch whose receipt found the sandbox is not the
+    checkpoint (the message names what differs and the state left)."""
+    klass = "restore_incomplete"
+
+
+_CLASSES = {c.klass: c for c in (NotFound, Exists, Invalid, Precondition, Unavailable, Corrupt, NoSpace, KeyError_,
+                                 RestoreIncomplete)}
 
 
 class ExecResult:
@@ -140,10 +147,10 @@ class Client:
             msg, klass = data.decode(errors="replace").strip() or resp.reason, "unavailable"
         raise _CLASSES.get(klass, TurnsnapError)(msg, status=resp.status, klass=klass)
 
-    def _open(self, method, path, body=None, accept="application/json"):
+    def _open(self, method, path, body=None, accept="application/json", extra=None):
         conn = self._new()
         payload = None if body is None else json.dumps(body).encode()
-        conn.request(method, path, body=payload, headers=self._headers(accept))
+        conn.request(method, path, body=payload, headers={**self._headers(accept), **(extra or {})})
         resp = conn.getresponse()
         if resp.status != 200:
             try:
@@ -318,11 +325,15 @@ class Client:
 
     # -- events -----------------------------------------------------------
 
-    def events(self, sandbox=None):
-        """Yield turn events (dicts: type started/committed/remote_durable/
-        failed, sandbox, checkpoint, class, ...) as they happen."""
+    def events(self, sandbox=None, last_event_id=None):
+        """Yield events (dicts: type started/committed/remote_durable/failed,
+        sandbox_created/sandbox_removed, rollback/branch with a receipt,
+        restore, forget, gc; sandbox, checkpoint, id, ...) as they happen.
+        With last_event_id (an event's "id"), every event after it comes
+        first; a "gap" event stands for any the daemon no longer has."""
         path = "/v1/events" + ("?sandbox=" + _q(sandbox) if sandbox else "")
-        conn, resp = self._open("GET", path, accept="application/x-ndjson")
+        extra = {"Last-Event-ID": last_event_id} if last_event_id else None
+        conn, resp = self._open("GET", path, accept="application/x-ndjson", extra=extra)
         try:
             for line in resp:
                 if line.strip():
