@@ -194,7 +194,8 @@ func (inv *Inventory) sort() {
 // run that the image lacks, with one allowance, for the time between the
 // restore and the look: a process whose parent is a process of the image
 // other than the container's init (a shell loop's short-lived child) may
-// have exited, and one whose parent is such a process may have started.
+// have exited or exec'd another command (forked before the cut), and one
+// whose parent is such a process may have started.
 // The processes the init parents (what was started in the sandbox and
 // meant to live on) are never allowed to be gone. Every listening socket
 // of the image must listen, and no other.
@@ -215,6 +216,9 @@ func (want Inventory) Compare(got Inventory) (missing, churn []string) {
 	for _, w := range want.Procs {
 		g, ok := running[w.PID]
 		switch {
+		case ok && g.Comm != w.Comm && transient(w.PPID):
+			// Forked before the cut, it went on to exec after the restore.
+			churn = append(churn, fmt.Sprintf("process %d, a child of %d, went from %q to %q", w.PID, w.PPID, w.Comm, g.Comm))
 		case ok && g.Comm != w.Comm:
 			missing = append(missing, fmt.Sprintf("process %d is %q, the image's is %q", w.PID, g.Comm, w.Comm))
 		case !ok && transient(w.PPID):

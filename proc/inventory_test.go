@@ -20,6 +20,11 @@ func TestInventoryCompare(t *testing.T) {
 	if m, c := image.Compare(churned); len(m) != 0 || len(c) != 2 {
 		t.Fatalf("a shell's child replaced: missing %v churn %v", m, c)
 	}
+	execd := Inventory{Procs: []InventoryProc{{PID: 1, Comm: "sh"}, {PID: 7, PPID: 1, Comm: "sh"},
+		{PID: 9, PPID: 7, Comm: "usleep"}, {PID: 12, PPID: 1, Comm: "httpd"}}, Listening: []string{"tcp6:8080"}}
+	if m, c := image.Compare(execd); len(m) != 0 || len(c) != 1 {
+		t.Fatalf("a shell's child exec'd: missing %v churn %v", m, c)
+	}
 	for _, tc := range []struct {
 		name string
 		got  Inventory
