@@ -35,6 +35,23 @@ func (r *Root) Restore(ctx context.Context, tree delta.ID, loader delta.BlobLoad
 	return r.Mount(ctx)
 }
 
+// Restored returns the layer tree the live generation holds as its last
+// restore left it: the tree a restore point's head names (checked against
+// the tree asked for), or the layer a restore from the store re-derived
+// by scanning what it wrote (equal to the tree asked for, or the same
+// state: Restore checks). A restore receipt builds on it (engine).
+func (r *Root) Restored() (delta.ID, error) {
+	_, g, err := r.gen()
+	if err != nil {
+		return delta.ID{}, err
+	}
+	h, err := metaDir(filepath.Join(g, "meta")).readHead()
+	if err != nil {
+		return delta.ID{}, fmt.Errorf("sandbox %s: %w", r.dir, err)
+	}
+	return h.Root, nil
+}
+
 // install builds tree as a new generation and makes it the live one.
 func (r *Root) install(ctx context.Context, sbDir string, tree delta.ID, loader delta.BlobLoader) error {
 	g, err := os.MkdirTemp(sbDir, "gen-")

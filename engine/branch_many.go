@@ -165,19 +165,37 @@ func (e *Engine) BranchMany(ctx context.Context, ref string, names []string, o B
 	out := make([]*RestoreResult, len(names))
 	for i, n := range names {
 		out[i] = &RestoreResult{Sandbox: n, Checkpoint: cp, Root: roots[i].Path()}
-		if cp.ProcTree != nil && !o.FSOnly {
-			if err := e.restoreProcesses(ctx, n, roots[i].Path(), img, cp); err != nil {
-				return out[:i+1], fmt.Errorf("sandbox %s created with the files of %s, processes not: %w", n, cp.ID.Short(), err)
-			}
-			e.acceptRestored(ctx, n, roots[i], cp) // restoreturn.go
-			out[i].Processes = true
+	}
+	// Each branch's receipt (receipt.go): its files checked, side by side
+	// (a scan of its own root each), then its processes restored and
+	// checked, one container after another as before.
+	procs := cp.ProcTree != nil && !o.FSOnly
+	parallel(len(names), func(i int) {
+		out[i].Receipt = e.receiptFiles(ctx, "branch", names[i], roots[i], cp, branchWritten(roots[i]), delta.ID{})
+	})
+	for i, n := range names {
+		var err error
+		if out[i].Processes, err = e.receiptProcesses(ctx, out[i].Receipt, roots[i], cp, img, procs); err != nil {
+			return out[:i+1], fmt.Errorf("sandbox %s created with the files of %s, processes not: %w", n, cp.ID.Short(), err)
 		}
 	}
 	d := time.Since(start)
+	var bad []error
 	for _, r := range out {
 		r.Duration = d
+		if !r.Receipt.OK {
+			bad = append(bad, e.failReceipt(ctx, r.Receipt))
+		}
 	}
-	return out, nil
+	return out, errors.Join(bad...)
+}
+
+// branchWritten says how a branch's root was verified as it was made.
+func branchWritten(root rootfs.Root) string {
+	if r, ok := root.(*overlay.Root); ok && r.Stacked() {
+		return writtenHow(root, overlay.RestoreInfo{}, true)
+	}
+	return writtenHow(root, overlay.RestoreInfo{}, false)
 }
 
 // publishSandboxes records sandboxes whose head is an existing checkpoint:

@@ -114,6 +114,9 @@ type Engine struct {
 	freezeOnBranch bool
 	admit          *admission // checkpoint admission (admit.go)
 	headTrees      headTrees  // each sandbox's last turn's trees (headtrees.go)
+	// receiptOff leaves a restore's receipt unchecked: only the receipt's
+	// benchmark sets it, for its baseline (BenchmarkRollbackReceipt).
+	receiptOff bool
 }
 
 // Open locks and opens the home, creating it on first use.

@@ -29,6 +29,9 @@ type RestoreResult struct {
 	// root, which stayed mounted (every name it touched is absent from
 	// the base: overlay.RestoreInfo.Mounted).
 	Mounted bool
+	// Receipt proves what the restore made (receipt.go). A restore whose
+	// receipt is not OK returns it with a RestoreIncompleteError.
+	Receipt *Receipt
 }
 
 // Rollback makes the sandbox's root exactly the state of checkpoint ref and
@@ -151,14 +154,16 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 		return nil, err
 	}
 	res := &RestoreResult{Sandbox: name, Checkpoint: cp, Root: st.root.Path(), LiveScan: info.Live, Mounted: info.Mounted}
-	if cp.ProcTree != nil && !o.FSOnly {
-		if err := e.restoreProcesses(ctx, name, st.root.Path(), img, cp); err != nil {
-			return nil, fmt.Errorf("files restored, processes not: %w", err)
-		}
-		e.acceptRestored(ctx, name, st.root, cp) // restoreturn.go
-		res.Processes = true
+	// The files are checked, the processes restored and checked: the
+	// receipt (receipt.go).
+	procs := cp.ProcTree != nil && !o.FSOnly
+	if res.Receipt, res.Processes, err = e.receipt(ctx, "rollback", name, st.root, cp, writtenHow(st.root, info, false), restoredTree(st.root, info), img, procs); err != nil {
+		return nil, fmt.Errorf("files restored, processes not: %w", err)
 	}
 	res.Duration = time.Since(start)
+	if !res.Receipt.OK {
+		return res, e.failReceipt(ctx, res.Receipt)
+	}
 	return res, nil
 }
 

@@ -72,7 +72,11 @@ func (r *Root) RestoreWith(ctx context.Context, tree delta.ID, loader delta.Blob
 		if err := o.BeforeWrite(); err != nil {
 			return info, err
 		}
-		return info, r.rebuild(ctx, tree, loader)
+		if err := r.rebuild(ctx, tree, loader); err != nil {
+			return info, err
+		}
+		info.Verified = tree // rebuild re-hashed it
+		return info, nil
 	}
 	written, err := r.restoreDiff(ctx, tree, loader, o, &info)
 	var fb *fallback
@@ -89,6 +93,7 @@ func (r *Root) RestoreWith(ctx context.Context, tree delta.ID, loader delta.Blob
 		}
 		return info, err
 	}
+	info.Verified = tree // rebuild re-hashed it
 	return info, nil
 }
 
@@ -168,6 +173,7 @@ func (r *Root) restoreDiff(ctx context.Context, tree delta.ID, loader delta.Blob
 			t.Reset(live)
 			info.Tracker = t
 		}
+		info.Verified = tree // the live scan found nothing to change
 		return false, nil
 	}
 	mounted, err := r.mountable(ctx, plan)
@@ -237,6 +243,7 @@ func (r *Root) restoreDiff(ctx context.Context, tree delta.ID, loader delta.Blob
 			return true, &fallback{"the restored layer does not mount: " + err.Error()}
 		}
 	}
+	info.Verified = tree // Verify read back what the diff wrote
 	if o.Track {
 		// The state key Verify computed must be the checkpoint's: a
 		// mismatch (a checkpoint another backend took) or an unknown one

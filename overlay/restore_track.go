@@ -60,6 +60,11 @@ type RestoreInfo struct {
 	// Mounted says the diff was written through the mounted root, which
 	// stayed mounted (delta.DiffPlan.Mountable).
 	Mounted bool
+	// Verified is the layer tree the restore proved the layer holds (the
+	// diff read back every name it wrote and listed every directory it
+	// changed; a rebuild re-hashed the whole layer): the tree asked for,
+	// on success. Zero: nothing proved.
+	Verified delta.ID
 }
 
 // LiveTracked is RestoreInfo.Live for a live state taken from a tracker.

@@ -34,6 +34,9 @@ const (
 	// exitPartial is not an error class: the command did its work but left
 	// out what it names (catalog rebuild: the objects it skipped).
 	exitPartial = 10
+	// exitRestoreIncomplete: a rollback or branch ran but its receipt
+	// found the sandbox is not the checkpoint (errdefs.ErrRestoreIncomplete).
+	exitRestoreIncomplete = 11
 )
 
 func exitCode(err error) int {
@@ -46,6 +49,8 @@ func exitCode(err error) int {
 		return p.ExitCode // the same, through the daemon
 	}
 	switch {
+	case errors.Is(err, errdefs.ErrRestoreIncomplete):
+		return exitRestoreIncomplete
 	case errors.Is(err, errdefs.ErrKey):
 		// First: a sealed object that does not open is a key problem even
 		// where it surfaces as a corrupt read.
@@ -174,7 +179,9 @@ branch one checkpoint into many sandboxes, and verify what is stored.
 Exit codes: 0 success, 1 other error, 2 invalid arguments, 3 not found,
 4 already exists, 5 failed precondition, 6 unavailable (locked), 7 corrupt
 data, 8 no space, 9 missing or wrong key, 10 partial (catalog rebuild
-restored what it could and named what it skipped); exec and run: the
+restored what it could and named what it skipped), 11 restore incomplete
+(a rollback or branch whose receipt found the sandbox is not the
+checkpoint; the error names the state it was left in); exec and run: the
 command's own status.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,

@@ -36,6 +36,7 @@ type serveFlags struct {
 	tenants         string   // tenants.go
 	llm             llmFlags // run.go
 	checkpointSlots int
+	eventRing       int // serve --event-ring
 	leaseTTL        time.Duration
 }
 
@@ -95,6 +96,7 @@ pointed at it.`,
 	fl.StringVar(&f.tenants, "tenants", "", "serve several homes, one per tenant, as FILE lists them (with --listen; see docs/SECURITY.md)")
 	fl.DurationVar(&f.shutdownTimeout, "shutdown-timeout", 5*time.Minute, "on SIGTERM, how long requests in flight may take to finish")
 	fl.DurationVar(&f.leaseTTL, "lease-ttl", delta.DefaultLeaseTTL, "host lease TTL in the shared bucket: renewed every third of it; another home adopts this one's sandboxes without --force only once it lapses")
+	fl.IntVar(&f.eventRing, "event-ring", api.DefaultEventRing, "recent events kept for /v1/events clients that resume with Last-Event-ID (one away longer gets a gap event)")
 	fl.IntVar(&f.checkpointSlots, "checkpoint-slots", 0, "checkpoints that run at once, the others queue (urgent ones, whose model reply waits, first); 0: one per CPU, -1: no limit")
 	f.llm.register(fl)
 	return c
@@ -259,6 +261,7 @@ func (a *app) serve(ctx context.Context, f serveFlags) error {
 	if err != nil {
 		return err
 	}
+	mon.SetRing(f.eventRing)
 	pushCtx, stopPush := context.WithCancel(context.WithoutCancel(ctx))
 	pusher := api.NewPusher(e, mon, log)
 	var pushWG sync.WaitGroup

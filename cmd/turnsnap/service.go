@@ -172,7 +172,16 @@ func reportError(stdout, stderr io.Writer, asJSON bool, err error) int {
 		if code == exitUsage {
 			class = "invalid"
 		}
-		data, _ := json.Marshal(map[string]any{"error": map[string]string{"class": class, "message": err.Error()}})
+		e := map[string]any{"class": class, "message": err.Error()}
+		// A restore_incomplete restore's receipt says what differs.
+		var ri *engine.RestoreIncompleteError
+		var p *api.Problem
+		if errors.As(err, &ri) {
+			e["receipt"], e["state"] = ri.Receipt, ri.State
+		} else if errors.As(err, &p) && p.Receipt != nil {
+			e["receipt"], e["state"] = p.Receipt, p.State
+		}
+		data, _ := json.Marshal(map[string]any{"error": e})
 		fmt.Fprintln(stdout, string(data))
 	}
 	return code

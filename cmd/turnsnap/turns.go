@@ -147,6 +147,14 @@ func (a *app) printRestore(verb string, r *api.Restore) error {
 	}
 	fmt.Fprintf(a.stdout(), "sandbox %s %s to %s (turn %d)%s in %s; root %s\n", r.Sandbox, verb,
 		r.Checkpoint.Short(), r.Turn, procs, durStr(api.Dur(r.DurationMS)), r.Root)
+	if rc := r.Receipt; rc != nil {
+		fmt.Fprintf(a.stdout(), "receipt: files %s match the checkpoint's (%s)", rc.Files.Got.Short(), rc.Files.Written)
+		if rc.Processes != nil {
+			fmt.Fprintf(a.stdout(), "; %d processes and %d listening sockets match the image's",
+				len(rc.Processes.Got.Procs), len(rc.Processes.Got.Listening))
+		}
+		fmt.Fprintln(a.stdout())
+	}
 	return nil
 }
 

@@ -151,7 +151,7 @@ func TestAPIEventsSSE(t *testing.T) {
 	for i, w := range want {
 		select {
 		case e := <-evs:
-			if e.event != w || e.ev.Type != w || e.id != fmt.Sprint(e.ev.Seq) {
+			if e.event != w || e.ev.Type != w || e.id != e.ev.ID || !strings.HasSuffix(e.id, fmt.Sprintf(":%d", e.ev.Seq)) {
 				t.Fatalf("event %d: %q (id %s) %+v, want %s", i, e.event, e.id, e.ev, w)
 			}
 			switch w {

@@ -114,7 +114,11 @@ func (s *Service) RestorePaths(ctx context.Context, name string, req RestorePath
 	if len(req.Paths) == 0 || len(req.Paths) > MaxRestorePaths {
 		return nil, invalidf("restore into sandbox %s: give between 1 and %d paths, not %d", name, MaxRestorePaths, len(req.Paths))
 	}
-	return s.E.RestorePaths(ctx, name, req.Checkpoint, req.Paths, engine.RestorePathsOptions{To: req.To})
+	r, err := s.E.RestorePaths(ctx, name, req.Checkpoint, req.Paths, engine.RestorePathsOptions{To: req.To})
+	if err == nil && req.To == "" {
+		s.Monitor.changed(Event{Type: EventRestore, Sandbox: name, Checkpoint: r.Checkpoint.String(), Paths: len(r.Paths), DurationMS: r.DurationMS})
+	}
+	return r, err
 }
 
 // Lineage is every checkpoint of the home, children before parents.
@@ -159,6 +163,7 @@ func (s *Service) forgotten(ctx context.Context, r *engine.ForgetReport, gc bool
 	}
 	if !r.DryRun {
 		s.Monitor.forgot(r)
+		s.Monitor.changed(Event{Type: EventForget, Deleted: r.CheckpointsDeleted})
 	}
 	out := &Forgotten{ForgetReport: *r}
 	if gc && !r.DryRun {
@@ -166,6 +171,7 @@ func (s *Service) forgotten(ctx context.Context, r *engine.ForgetReport, gc bool
 		if err != nil {
 			return nil, fmt.Errorf("forgot %d checkpoints, then gc: %w", r.CheckpointsDeleted, err)
 		}
+		s.Monitor.gced(g)
 		out.GC = g
 	}
 	return out, nil
@@ -356,6 +362,13 @@ func CatTrailerError(tr http.Header, ref, path string) error {
 		return fmt.Errorf("cat of %s in checkpoint %s: bad error trailer %q: %w", path, ref, v[0], errdefs.ErrUnavailable)
 	}
 	return &p
+}
+
+// gced publishes a gc that ran (a dry run changes nothing).
+func (m *Monitor) gced(r *engine.GCReport) {
+	if r != nil && !r.DryRun {
+		m.changed(Event{Type: EventGC, Deleted: r.Deleted, DurationMS: r.DurationMillis})
+	}
 }
 
 // forgot counts the checkpoints a retention run deleted.

@@ -2,7 +2,11 @@ package api
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -13,23 +17,41 @@ import (
 	"github.com/turnsnap/turnsnap/upload/sched"
 )
 
-// Event is one turn event of GET /v1/events.
+// Event is one event of GET /v1/events: a turn's, or a change of state
+// (a sandbox created or removed, a rollback, branch or restore, a forget,
+// a gc, a checkpoint remotely durable).
 type Event struct {
-	Seq  uint64    `json:"seq"`
-	Type string    `json:"type"` // started, committed, remote_durable, failed
+	Seq uint64 `json:"seq"`
+	// ID is "RUN:SEQ": RUN names this daemon's run, so an id from an
+	// earlier run is never taken for one of this run's (a reconnecting
+	// client sends it back as Last-Event-ID).
+	ID   string    `json:"id"`
+	Type string    `json:"type"`
 	Time time.Time `json:"time"`
 	// Sandbox and Checkpoint name the turn (Checkpoint is "" for started
 	// and failed, and for a skip it is the head that already names the
-	// state).
-	Sandbox    string `json:"sandbox"`
+	// state), or the sandbox and checkpoint a state change was about.
+	Sandbox    string `json:"sandbox,omitempty"`
 	Checkpoint string `json:"checkpoint,omitempty"`
 	Class      string `json:"class,omitempty"` // the turn's class (committed)
-	// ErrorClass and Error say why a turn failed.
+	// ErrorClass and Error say why a turn or a restore failed.
 	ErrorClass string             `json:"error_class,omitempty"`
 	Error      string             `json:"error,omitempty"`
 	BytesNew   int64              `json:"bytes_new,omitempty"`
 	DurationMS float64            `json:"duration_ms,omitempty"`
 	PhasesMS   map[string]float64 `json:"phases_ms,omitempty"`
+	// Receipt is a rollback's or branch's receipt (engine/receipt.go),
+	// also when the restore failed as restore_incomplete.
+	Receipt *engine.Receipt `json:"receipt,omitempty"`
+	// Deleted counts what a forget (checkpoints) or gc (packs) deleted.
+	Deleted int `json:"deleted,omitempty"`
+	// Paths counts the paths a restore put back.
+	Paths int `json:"paths,omitempty"`
+	// After and Before bound the events a gap event stands for: those
+	// after seq After and before seq Before (0: from an earlier run of
+	// the daemon, whose events are gone).
+	After  uint64 `json:"after,omitempty"`
+	Before uint64 `json:"before,omitempty"`
 }
 
 // Event types.
@@ -38,7 +60,24 @@ const (
 	EventCommitted     = "committed"
 	EventRemoteDurable = "remote_durable"
 	EventFailed        = "failed"
+	EventCreated       = "sandbox_created"
+	EventRemoved       = "sandbox_removed"
+	EventRollback      = "rollback"
+	EventBranch        = "branch"
+	EventRestore       = "restore" // paths put back into a sandbox
+	EventForget        = "forget"
+	EventGC            = "gc"
+	// EventGap stands for events a resuming client can no longer get:
+	// older than the ring keeps, or from an earlier run. It is sent
+	// instead of them, never silently left out.
+	EventGap = "gap"
 )
+
+// DefaultEventRing is how many recent events the monitor keeps for
+// clients that reconnect with Last-Event-ID (SetRing; serve --event-ring):
+// events are small, and a client away for more than this many gets a gap
+// event.
+const DefaultEventRing = 4096
 
 // Monitor turns what the service does into events, metrics and log lines.
 // A nil *Monitor does nothing (the CLI's direct mode).
@@ -47,8 +86,13 @@ type Monitor struct {
 	reg *prometheus.Registry
 
 	mu   sync.Mutex
+	run  string // this run's id, the first half of every event's ID
 	seq  uint64
 	subs map[chan Event]struct{}
+	// ring holds the last ringCap events, ring[(seq-1)%ringCap] the one
+	// numbered seq.
+	ring    []Event
+	ringCap uint64
 
 	turns       *prometheus.CounterVec
 	turnSeconds prometheus.Histogram
@@ -78,7 +122,8 @@ const subBuffer = 1024
 // NewMonitor makes a monitor with its own registry; extra collectors (the
 // change tracker's counters, say) are registered with it too.
 func NewMonitor(log *slog.Logger, e *engine.Engine, extra ...prometheus.Collector) (*Monitor, error) {
-	m := &Monitor{log: log, reg: prometheus.NewRegistry(), subs: map[chan Event]struct{}{}}
+	m := &Monitor{log: log, reg: prometheus.NewRegistry(), subs: map[chan Event]struct{}{},
+		run: strconv.FormatInt(time.Now().UnixNano(), 36), ringCap: DefaultEventRing}
 	// Buckets from 100µs (a skip) to about a minute (a big dump).
 	buckets := prometheus.ExponentialBuckets(0.0001, 2.5, 14)
 	m.turns = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "turnsnap_turns_total", Help: "Closed turns by class (skip, fs, process, full)."}, []string{"class"})
@@ -113,6 +158,14 @@ func NewMonitor(log *slog.Logger, e *engine.Engine, extra ...prometheus.Collecto
 	return m, nil
 }
 
+// SetRing sets how many recent events are kept for resuming clients (at
+// least 1). Call it before the first event.
+func (m *Monitor) SetRing(n int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.ringCap = uint64(max(n, 1))
+}
+
 // Registry is what /metrics serves.
 func (m *Monitor) Registry() *prometheus.Registry { return m.reg }
 
@@ -142,11 +195,23 @@ func (q queueCollector) Collect(ch chan<- prometheus.Metric) {
 
 // Subscribe returns a channel of events from now on; cancel ends it.
 func (m *Monitor) Subscribe() (<-chan Event, func()) {
+	_, ch, cancel := m.SubscribeAfter("")
+	return ch, cancel
+}
+
+// SubscribeAfter is Subscribe for a client resuming after the event whose
+// ID is last ("" for a new client): it also returns the events it missed
+// that the ring still has, led by a gap event when some are gone (older
+// than the ring, or of an earlier run), so the backlog and the channel
+// together have every event after last, each once. A last that is not an
+// event ID at all is ErrInvalid.
+func (m *Monitor) SubscribeAfter(last string) ([]Event, <-chan Event, func()) {
 	ch := make(chan Event, subBuffer)
 	m.mu.Lock()
+	backlog := m.missed(last)
 	m.subs[ch] = struct{}{}
 	m.mu.Unlock()
-	return ch, func() {
+	return backlog, ch, func() {
 		m.mu.Lock()
 		defer m.mu.Unlock()
 		if _, ok := m.subs[ch]; ok {
@@ -154,6 +219,46 @@ func (m *Monitor) Subscribe() (<-chan Event, func()) {
 			close(ch)
 		}
 	}
+}
+
+// missed lists the events after ID last (see SubscribeAfter); m.mu held.
+func (m *Monitor) missed(last string) []Event {
+	if last == "" {
+		return nil
+	}
+	oldest := m.seq - uint64(len(m.ring)) + 1 // the ring's first seq
+	run, seqStr, _ := strings.Cut(last, ":")
+	after, err := strconv.ParseUint(seqStr, 10, 64)
+	var out []Event
+	switch {
+	case err != nil || run != m.run || after > m.seq:
+		// Another run's id: its events are gone, this run's are all
+		// after it.
+		out = append(out, m.gapEvent(0, oldest))
+		after = oldest - 1
+	case after+1 < oldest:
+		out = append(out, m.gapEvent(after, oldest))
+		after = oldest - 1
+	}
+	for seq := after + 1; seq <= m.seq; seq++ {
+		out = append(out, m.ring[(seq-1)%m.ringCap])
+	}
+	return out
+}
+
+// since is missed for this run's event seq: the events after it the ring
+// has, led by a gap event for those it lost.
+func (m *Monitor) since(seq uint64) []Event {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.missed(fmt.Sprintf("%s:%d", m.run, seq))
+}
+
+// gapEvent stands for the events between after and before (exclusive).
+// It carries no seq of its own: it is not in the ring.
+func (m *Monitor) gapEvent(after, before uint64) Event {
+	return Event{Type: EventGap, After: after, Before: before, Time: time.Now().UTC(),
+		ID: fmt.Sprintf("%s:%d", m.run, before-1)}
 }
 
 // CloseSubscribers ends every event stream (the daemon is shutting down).
@@ -171,6 +276,12 @@ func (m *Monitor) publish(ev Event) {
 	defer m.mu.Unlock()
 	m.seq++
 	ev.Seq, ev.Time = m.seq, time.Now().UTC()
+	ev.ID = fmt.Sprintf("%s:%d", m.run, ev.Seq)
+	if uint64(len(m.ring)) < m.ringCap {
+		m.ring = append(m.ring, ev)
+	} else {
+		m.ring[(ev.Seq-1)%m.ringCap] = ev
+	}
 	for ch := range m.subs {
 		select {
 		case ch <- ev:
@@ -219,17 +330,36 @@ func (m *Monitor) checkpointed(sandbox string, r *engine.CheckpointResult, err e
 		BytesNew: r.Stats.BytesNew, DurationMS: ms(r.Duration), PhasesMS: phases})
 }
 
-func (m *Monitor) restored(kind, sandbox string, err error, d time.Duration) {
+// restored counts a rollback or branch and publishes its event, with its
+// receipt (r may be nil: a restore that failed before it made anything).
+func (m *Monitor) restored(kind, sandbox string, r *engine.RestoreResult, err error, d time.Duration) {
 	if m == nil {
 		return
 	}
 	outcome := "ok"
+	ev := Event{Type: kind, Sandbox: sandbox, DurationMS: ms(d)}
+	if r != nil {
+		ev.Checkpoint, ev.Receipt = r.Checkpoint.ID.String(), r.Receipt
+	}
 	if err != nil {
 		outcome = "error"
-		m.errs.WithLabelValues(Class(err)).Inc()
+		ev.ErrorClass, ev.Error = Class(err), err.Error()
+		m.errs.WithLabelValues(ev.ErrorClass).Inc()
+		var ri *engine.RestoreIncompleteError
+		if errors.As(err, &ri) {
+			ev.Checkpoint, ev.Receipt = ri.Receipt.Checkpoint.String(), ri.Receipt
+		}
 	}
 	m.restores.WithLabelValues(kind, outcome).Inc()
 	m.restoreSecs.WithLabelValues(kind).Observe(d.Seconds())
+	m.publish(ev)
+}
+
+// changed publishes a state change other than a turn or a restore.
+func (m *Monitor) changed(ev Event) {
+	if m != nil {
+		m.publish(ev)
+	}
 }
 
 // requestFailed counts an API request that failed (other than a turn,

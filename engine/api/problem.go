@@ -26,6 +26,11 @@ type Problem struct {
 	// sandbox (127 not found, 126 not executable), so the CLI exits the
 	// same through the daemon as directly.
 	ExitCode int `json:"exit_code,omitempty"`
+	// Receipt is a restore_incomplete restore's receipt (engine.Receipt):
+	// what differs, and what matched.
+	Receipt *engine.Receipt `json:"receipt,omitempty"`
+	// State is what a restore_incomplete restore left the sandbox as.
+	State string `json:"state,omitempty"`
 }
 
 // ProblemType prefixes a problem's type URI; the class completes it.
@@ -40,6 +45,9 @@ var classes = []struct {
 	status int
 }{
 	{errdefs.ErrKey, "key", http.StatusForbidden},
+	// A restore that ran and made something other than the checkpoint:
+	// the server failed to do what was asked, and says what it did.
+	{errdefs.ErrRestoreIncomplete, "restore_incomplete", http.StatusInternalServerError},
 	{errdefs.ErrInvalid, "invalid", http.StatusBadRequest},
 	{errdefs.ErrNotFound, "not_found", http.StatusNotFound},
 	{errdefs.ErrExists, "exists", http.StatusConflict},
@@ -75,6 +83,10 @@ func ProblemFor(err error) *Problem {
 	var ce *engine.CommandError
 	if errors.As(err, &ce) {
 		p.ExitCode = ce.Code
+	}
+	var ri *engine.RestoreIncompleteError
+	if errors.As(err, &ri) {
+		p.Receipt, p.State = ri.Receipt, ri.State
 	}
 	if errors.Is(err, context.Canceled) && class == "error" {
 		p.Status = 499 // the client went away (nginx's code; never seen by it)

@@ -76,6 +76,7 @@ func (s *Service) CreateSandbox(ctx context.Context, req CreateRequest) (*Create
 	if err != nil {
 		return nil, err
 	}
+	s.Monitor.changed(Event{Type: EventCreated, Sandbox: r.Sandbox.Name, Checkpoint: r.Checkpoint.ID.String(), DurationMS: ms(r.Duration)})
 	return &Created{Backend: r.Sandbox.Backend, BaseBytesRead: r.BaseStats.BytesRead, BaseFiles: r.BaseStats.Entries,
 		BaseTree: r.Sandbox.BaseTree, BytesNew: r.Checkpoint.Stats.BytesNew, Checkpoint: r.Checkpoint.ID,
 		DurationMS: ms(r.Duration), Name: r.Sandbox.Name, Root: r.Root}, nil
@@ -118,6 +119,7 @@ func (s *Service) RemoveSandbox(ctx context.Context, name string, catalogOnly bo
 	if err := s.E.RemoveSandboxWith(ctx, name, engine.RemoveOptions{CatalogOnly: catalogOnly}); err != nil {
 		return nil, err
 	}
+	s.Monitor.changed(Event{Type: EventRemoved, Sandbox: name})
 	s.llmRemoved(ctx, name)
 	return &Removed{Name: name, Removed: true}, nil
 }
@@ -256,7 +258,7 @@ func (s *Service) Rollback(ctx context.Context, name string, req RollbackRequest
 	}
 	start := time.Now()
 	r, err := s.E.Rollback(ctx, name, req.Checkpoint, engine.RollbackOptions{FSOnly: req.FSOnly})
-	s.Monitor.restored("rollback", name, err, time.Since(start))
+	s.Monitor.restored(EventRollback, name, r, err, time.Since(start))
 	if err != nil {
 		return nil, err
 	}
@@ -287,7 +289,7 @@ func (s *Service) Branch(ctx context.Context, ref string, req BranchRequest) ([]
 	start := time.Now()
 	if len(names) == 1 {
 		r, err := s.E.Branch(ctx, ref, names[0], o)
-		s.Monitor.restored("branch", names[0], err, time.Since(start))
+		s.Monitor.restored(EventBranch, names[0], r, err, time.Since(start))
 		if err != nil {
 			return nil, err
 		}
@@ -299,12 +301,18 @@ func (s *Service) Branch(ctx context.Context, ref string, req BranchRequest) ([]
 	rs, err := s.E.BranchMany(ctx, ref, names, o)
 	out := []Restore{}
 	for _, r := range rs {
-		s.Monitor.restored("branch", r.Sandbox, nil, time.Since(start))
+		var rerr error
+		if r.Receipt != nil && !r.Receipt.OK {
+			rerr = &engine.RestoreIncompleteError{Receipt: r.Receipt, State: "see the branch's error"}
+		}
+		s.Monitor.restored(EventBranch, r.Sandbox, r, rerr, time.Since(start))
 		s.llmRestored(ctx, r.Sandbox)
 		out = append(out, *restoreOf(r))
 	}
+	if err != nil && len(rs) == 0 {
+		s.Monitor.restored(EventBranch, req.Name, nil, err, time.Since(start))
+	}
 	if err != nil {
-		s.Monitor.restored("branch", req.Name, err, time.Since(start))
 		if len(out) > 0 {
 			return out, fmt.Errorf("after %d of %d branches: %w", len(out), len(names), err)
 		}
@@ -390,10 +398,14 @@ func (s *Service) Prune(ctx context.Context, req PruneRequest) (*Pruned, error) 
 	if out.Checkpoints == nil {
 		out.Checkpoints = []engine.RetentionEntry{}
 	}
+	if !req.DryRun {
+		s.Monitor.changed(Event{Type: EventForget, Deleted: len(r.Deleted)})
+	}
 	if req.GC && !req.DryRun {
 		if out.GC, err = s.E.GC(ctx, engine.GCOptions{Grace: engine.DefaultGCGrace}); err != nil {
 			return nil, err
 		}
+		s.Monitor.gced(out.GC)
 	}
 	return out, nil
 }
@@ -406,7 +418,11 @@ func (s *Service) GC(ctx context.Context, req GCRequest) (*engine.GCReport, erro
 		}
 		grace = time.Duration(*req.GraceMS) * time.Millisecond
 	}
-	return s.E.GC(ctx, engine.GCOptions{Grace: grace, DryRun: req.DryRun})
+	r, err := s.E.GC(ctx, engine.GCOptions{Grace: grace, DryRun: req.DryRun})
+	if err == nil {
+		s.Monitor.gced(r)
+	}
+	return r, err
 }
 
 // Init gives the home a remote store and/or an encryption key.

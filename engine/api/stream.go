@@ -50,7 +50,7 @@ func (f *frames) start() {
 
 // send writes one frame: for SSE an event named kind whose data is v, for
 // NDJSON v itself (which names its kind).
-func (f *frames) send(kind string, id uint64, v any) error {
+func (f *frames) send(kind string, id string, v any) error {
 	data, err := json.Marshal(v)
 	if err != nil {
 		return err
@@ -59,8 +59,8 @@ func (f *frames) send(kind string, id uint64, v any) error {
 	defer f.mu.Unlock()
 	f.start()
 	if f.sse {
-		if id > 0 {
-			fmt.Fprintf(f.w, "id: %d\n", id)
+		if id != "" {
+			fmt.Fprintf(f.w, "id: %s\n", id)
 		}
 		_, err = fmt.Fprintf(f.w, "event: %s\ndata: %s\n\n", kind, data)
 	} else {
@@ -91,12 +91,12 @@ type output struct {
 func (o output) Write(b []byte) (int, error) {
 	fr := ExecFrame{Stream: o.name, Data: b}
 	if o.f.sse {
-		if err := o.f.send(o.name, 0, ExecFrame{Data: b}); err != nil {
+		if err := o.f.send(o.name, "", ExecFrame{Data: b}); err != nil {
 			return 0, err
 		}
 		return len(b), nil
 	}
-	if err := o.f.send(o.name, 0, fr); err != nil {
+	if err := o.f.send(o.name, "", fr); err != nil {
 		return 0, err
 	}
 	return len(b), nil
@@ -157,25 +157,30 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 		}
 		p := ProblemFor(err)
 		if f.sse {
-			f.send("error", 0, p)
+			f.send("error", "", p)
 		} else {
-			f.send("error", 0, ExecFrame{Error: p})
+			f.send("error", "", ExecFrame{Error: p})
 		}
 		return
 	}
 	code := res.ExitCode
 	if f.sse {
-		f.send("exit", 0, map[string]int{"exit_code": code})
+		f.send("exit", "", map[string]int{"exit_code": code})
 	} else {
-		f.send("exit", 0, ExecFrame{ExitCode: &code})
+		f.send("exit", "", ExecFrame{ExitCode: &code})
 	}
 }
 
-// events streams turn events until the client goes away or the daemon
-// stops. ?sandbox=NAME keeps one sandbox's.
+// events streams events until the client goes away or the daemon stops.
+// ?sandbox=NAME keeps one sandbox's. A client that reconnects sends the
+// ID of the last event it got as Last-Event-ID (the SSE header; NDJSON
+// clients send it too) and gets every event after it: from the monitor's
+// ring, led by a gap event for those the ring no longer has. A reader too
+// slow for its buffer is caught up the same way, from the ring, so a
+// stream never skips an event without saying so.
 func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	only := r.URL.Query().Get("sandbox")
-	ch, cancel := s.mon.Subscribe()
+	backlog, ch, cancel := s.mon.SubscribeAfter(r.Header.Get("Last-Event-ID"))
 	defer cancel()
 	f := &frames{w: w, sse: wantsSSE(r)}
 	f.mu.Lock()
@@ -183,6 +188,27 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	f.mu.Unlock()
 	if err := http.NewResponseController(w).Flush(); err != nil {
 		return
+	}
+	var last uint64 // the seq of the last event sent (gaps have none)
+	send := func(ev Event) error {
+		if ev.Type != EventGap {
+			if ev.Seq <= last {
+				return nil // sent from the ring already
+			}
+			last = ev.Seq
+		}
+		if only != "" && ev.Type != EventGap && ev.Sandbox != only {
+			return nil
+		}
+		if err := f.send(ev.Type, ev.ID, ev); err != nil && !errors.Is(err, http.ErrHandlerTimeout) {
+			return err
+		}
+		return nil
+	}
+	for _, ev := range backlog {
+		if err := send(ev); err != nil {
+			return
+		}
 	}
 	for {
 		select {
@@ -192,13 +218,16 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 			if !ok {
 				return
 			}
-			if only != "" && ev.Sandbox != only {
-				continue
-			}
-			if err := f.send(ev.Type, ev.Seq, ev); err != nil {
-				if !errors.Is(err, http.ErrHandlerTimeout) {
-					return
+			if last > 0 && ev.Seq > last+1 {
+				// The buffer overflowed: what it dropped is in the ring.
+				for _, m := range s.mon.since(last) {
+					if err := send(m); err != nil {
+						return
+					}
 				}
+			}
+			if err := send(ev); err != nil {
+				return
 			}
 		}
 	}

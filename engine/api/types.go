@@ -217,11 +217,13 @@ type Restore struct {
 	Root       string   `json:"root"`
 	Sandbox    string   `json:"sandbox"`
 	Turn       int      `json:"turn"`
+	// Receipt proves what the restore made (engine/receipt.go).
+	Receipt *engine.Receipt `json:"receipt,omitempty"`
 }
 
 func restoreOf(r *engine.RestoreResult) *Restore {
 	return &Restore{Checkpoint: r.Checkpoint.ID, DurationMS: ms(r.Duration), Processes: r.Processes,
-		Root: r.Root, Sandbox: r.Sandbox, Turn: r.Checkpoint.Turn}
+		Root: r.Root, Sandbox: r.Sandbox, Turn: r.Checkpoint.Turn, Receipt: r.Receipt}
 }
 
 // Verified is POST /v1/checkpoints/{ref}/verify.

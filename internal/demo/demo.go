@@ -244,7 +244,7 @@ func printDemo(w io.Writer, rep *Report, changes []delta.Change) {
 	fmt.Fprintf(w, "\n%d turn boundaries: %d skip (no bytes written), %d fs, %d process, %d full; %s stored in %d objects\n",
 		len(rep.Turns), classes[delta.ClassSkip], classes[delta.ClassFS], classes[delta.ClassProcess],
 		classes[delta.ClassFull], humanBytes(bytes), objects)
-	fmt.Fprintf(w, "rollback agent -> turn 6 after the failed edit: %s (restored layer re-hashed and matched)\n", humanDur(rep.Rollback))
+	fmt.Fprintf(w, "rollback agent -> turn 6 after the failed edit: %s (restored layer re-hashed and matched; receipt ok)\n", humanDur(rep.Rollback))
 	if rep.ServerAnswers != "" {
 		fmt.Fprintf(w, "dev server from turn 4 restored from its CRIU image; it answers: %q\n", rep.ServerAnswers)
 	}

@@ -30,4 +30,11 @@ var (
 	// ErrKey: the store is encrypted and no key, or not its key, was given
 	// (or an object does not open with the store's key).
 	ErrKey = errors.New("missing or wrong key")
+	// ErrRestoreIncomplete: a rollback or branch ran, but what it made is
+	// not what the checkpoint holds (a file tree that differs, a process
+	// or listening socket of the image that is not back). The restore is
+	// not a success: the error says what differs and the state the
+	// sandbox was left in (engine.RestoreIncompleteError carries the
+	// receipt).
+	ErrRestoreIncomplete = errors.New("restore incomplete")
 )

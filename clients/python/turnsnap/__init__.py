@@ -22,12 +22,12 @@ README.md says which, and why.
 from ._transport import DEFAULT, NO_RETRY, Retry, RetryEvent, TimeoutArg
 from .client import DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT, Client, EventStream, ExecResult
 from .errors import (EXIT_CODES, APIError, ConnectionLost, Corrupt, DaemonUnavailable, Error, Exists, Invalid,
-                     KeyError_, NoSpace, NotFound, Precondition, Timeout, TransportError, TurnsnapError, Unavailable)
+                     KeyError_, NoSpace, NotFound, Precondition, RestoreIncomplete, Timeout, TransportError, TurnsnapError, Unavailable)
 
 __all__ = [
     "Client", "ExecResult", "EventStream", "Retry", "RetryEvent", "NO_RETRY", "DEFAULT", "TimeoutArg",
     "DEFAULT_TIMEOUT", "DEFAULT_CONNECT_TIMEOUT",
     "Error", "TurnsnapError", "APIError", "NotFound", "Exists", "Invalid", "Precondition", "Unavailable",
-    "Corrupt", "NoSpace", "KeyError_", "TransportError", "DaemonUnavailable", "Timeout", "ConnectionLost",
+    "Corrupt", "NoSpace", "KeyError_", "RestoreIncomplete", "TransportError", "DaemonUnavailable", "Timeout", "ConnectionLost",
     "EXIT_CODES",
 ]

@@ -13,7 +13,7 @@ import threading
 import time
 import urllib.parse
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional, Tuple, TypeVar, Union
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple, TypeVar, Union
 
 from .errors import (ConnectionLost, DaemonUnavailable, Error, Timeout, TransportError, Unavailable,
                      api_error)
@@ -191,7 +191,8 @@ class Transport:
         return h
 
     def exchange(self, method: str, path: str, body: Optional[bytes], accept: str,
-                 timeout: Optional[float]) -> Tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+                 timeout: Optional[float], extra: Optional[Mapping[str, str]] = None
+                 ) -> Tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
         """Send one request and wait for the status line and headers. On 200
         returns the connection and the response, whose body the caller reads
         (through read()) and then closes the connection; any other status
@@ -203,7 +204,7 @@ class Transport:
             except (OSError, http.client.HTTPException) as e:
                 raise self.wrap(e, method, path, sent=False, timeout=timeout) from e
             try:
-                conn.request(method, path, body=body, headers=self.headers(accept, body is not None))
+                conn.request(method, path, body=body, headers={**self.headers(accept, body is not None), **(extra or {})})
                 resp = conn.getresponse()
             except (OSError, http.client.HTTPException) as e:
                 raise self.wrap(e, method, path, sent=True, timeout=timeout) from e

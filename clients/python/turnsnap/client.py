@@ -371,7 +371,8 @@ class Client:
 
     # -- events -----------------------------------------------------------------
 
-    def events(self, sandbox: Optional[str] = None, *, timeout: Optional[float] = None) -> "EventStream":
+    def events(self, sandbox: Optional[str] = None, *, timeout: Optional[float] = None,
+               last_event_id: Optional[str] = None) -> "EventStream":
         """Subscribe to turn events; iterate the result for them (dicts: type
         started/committed/remote_durable/failed, sandbox, checkpoint, class,
         ...) as they happen. Events after this returns are not missed.
@@ -383,11 +384,15 @@ class Client:
         wait for the next event (default: none, as a quiet sandbox is no
         fault; the client's default timeout does not apply); when it
         passes, Timeout is raised. Close the stream (or use it in a with
-        block) to unsubscribe.
+        block) to unsubscribe. With ``last_event_id`` (an event's "id"), every
+        event after it comes first, so a reader that lost its stream resumes
+        without a gap; a "gap" event stands for any the daemon no longer has.
         """
         p = "/v1/events" + ("?sandbox=" + _q(sandbox) if sandbox else "")
         t = self._t
-        conn, resp = t.retrying("GET", p, True, lambda: t.exchange("GET", p, None, "application/x-ndjson", timeout))
+        extra = {"Last-Event-ID": last_event_id} if last_event_id else None
+        conn, resp = t.retrying("GET", p, True,
+                                lambda: t.exchange("GET", p, None, "application/x-ndjson", timeout, extra=extra))
         return EventStream(conn, _frames(t, resp, "GET", p, timeout))
 
 

@@ -24,13 +24,13 @@ from typing import Any, Dict, Mapping, Optional, Type
 __all__ = [
     "Error", "TurnsnapError", "APIError", "NotFound", "Exists", "Invalid", "Precondition",
     "Unavailable", "Corrupt", "NoSpace", "KeyError_", "TransportError", "DaemonUnavailable",
-    "Timeout", "ConnectionLost", "EXIT_CODES",
+    "Timeout", "ConnectionLost", "RestoreIncomplete", "EXIT_CODES",
 ]
 
 #: The CLI's exit code per error class (docs/openapi.yaml; anything else 1).
 EXIT_CODES: Mapping[str, int] = {
     "invalid": 2, "not_found": 3, "exists": 4, "precondition": 5,
-    "unavailable": 6, "corrupt": 7, "no_space": 8, "key": 9,
+    "unavailable": 6, "corrupt": 7, "no_space": 8, "key": 9, "restore_incomplete": 11,
 }
 
 
@@ -114,9 +114,17 @@ class KeyError_(APIError):
     klass = "key"
 
 
+class RestoreIncomplete(APIError):
+    """A rollback or branch whose receipt found the sandbox is not the
+    checkpoint (HTTP 500): the message names what differs and the state the
+    sandbox was left in; ``problem["receipt"]`` has the receipt."""
+    klass = "restore_incomplete"
+
+
 #: Problem class name -> exception type.
 API_CLASSES: Mapping[str, Type[APIError]] = {
-    c.klass: c for c in (NotFound, Exists, Invalid, Precondition, Unavailable, Corrupt, NoSpace, KeyError_)
+    c.klass: c for c in (NotFound, Exists, Invalid, Precondition, Unavailable, Corrupt, NoSpace, KeyError_,
+                         RestoreIncomplete)
 }
 
 

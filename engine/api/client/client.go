@@ -325,9 +325,17 @@ func (c *Client) Exec(ctx context.Context, name string, req api.ExecRequest, std
 	return nil, fmt.Errorf("%s: exec in sandbox %s: the stream ended without an exit status: %w", c.where, name, errdefs.ErrUnavailable)
 }
 
-// Events calls fn with each turn event (of sandbox, or all if "") until
+// Events calls fn with each event (of sandbox, or all if "") until
 // ctx ends, the daemon stops, or fn returns an error.
 func (c *Client) Events(ctx context.Context, sandbox string, fn func(api.Event) error) error {
+	return c.EventsAfter(ctx, sandbox, "", fn)
+}
+
+// EventsAfter is Events resuming after the event whose ID is last (sent
+// as Last-Event-ID): every event after it comes first, from the daemon's
+// ring of recent events, led by an api.EventGap event for those it no
+// longer has. "" starts from now, as Events.
+func (c *Client) EventsAfter(ctx context.Context, sandbox, last string, fn func(api.Event) error) error {
 	p := "/v1/events"
 	if sandbox != "" {
 		p += "?sandbox=" + url.QueryEscape(sandbox)
@@ -337,6 +345,9 @@ func (c *Client) Events(ctx context.Context, sandbox string, fn func(api.Event) 
 		return err
 	}
 	req.Header.Set("Accept", "application/x-ndjson")
+	if last != "" {
+		req.Header.Set("Last-Event-ID", last)
+	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
 		return c.transportErr(err)
