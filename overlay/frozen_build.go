@@ -135,7 +135,7 @@ func (f *freezer) entry(ctx context.Context, dstFD int, rel string, e, se *delta
 // state: a hardlink shares content and metadata.
 func sameFile(a, b *delta.Entry) bool {
 	return b.Type == delta.TypeFile && a.Size == b.Size && a.Mode == b.Mode && a.UID == b.UID &&
-		a.GID == b.GID && a.MtimeNs == b.MtimeNs && slices.Equal(a.Chunks, b.Chunks) && slices.Equal(a.Holes, b.Holes) &&
+		a.GID == b.GID && a.MtimeNs == b.MtimeNs && delta.SameChunks(a, b) && slices.Equal(a.Holes, b.Holes) &&
 		slices.EqualFunc(a.Xattrs, b.Xattrs, func(x, y delta.Xattr) bool {
 			return x.Name == y.Name && string(x.Value) == string(y.Value)
 		})
@@ -184,9 +184,10 @@ func (f *freezer) copyLive(ctx context.Context, out *os.File, rel string, e *del
 	if err := unix.Fstat(in, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || uint64(st.Size) != e.Size {
 		return errLiveChanged
 	}
-	if len(e.Holes) > 0 {
+	if len(e.Holes) > 0 || !e.Resolved() {
 		// A sparse file's chunks cover its data runs only: the store's
-		// copy is laid out with its holes (fromStore).
+		// copy is laid out with its holes (fromStore). (A chunk list not
+		// loaded: fromStore loads it.)
 		return errLiveChanged
 	}
 	i := 0
