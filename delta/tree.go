@@ -66,7 +66,7 @@ type Entry struct {
 	// many chunks the list holds.
 	ChunkList ID
 	NChunks   uint64
-	Holes   []Hole // file: runs without data (sparse files), sorted; nil for most files
+	Holes     []Hole // file: runs without data (sparse files), sorted; nil for most files
 }
 
 // Tree is the listing of one directory, entries sorted by Name bytewise.
