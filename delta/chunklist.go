@@ -169,8 +169,9 @@ func (e *Entry) MakeIndirect(ids IDs) (ChunkListBlob, bool) {
 }
 
 // SaveTree makes t's chunk lists (MakeIndirect), saves them, then saves t
-// through save, and returns t's ID and encoding. It is the one way writers
-// store a tree they built.
+// through save, and returns t's ID and encoding: lists first, so a tree
+// never reaches a store before a list it names. (The scans, compose and
+// the journal do the same steps inline, through their own savers.)
 func SaveTree(ctx context.Context, ids IDs, t *Tree, save func(ctx context.Context, id ID, data []byte) error) (ID, []byte, error) {
 	for _, l := range t.MakeIndirect(ids) {
 		if err := save(ctx, l.ID, l.Data); err != nil {
