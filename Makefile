@@ -79,7 +79,7 @@ bench-go: deps
 # FUZZTIME (go test -fuzz takes one target per run).
 FUZZTIME ?= 60s
 FUZZ_TARGETS := \
-	./delta:FuzzDecodeTree ./delta:FuzzParseHead ./delta:FuzzDecodeBlob ./delta:FuzzCheckState \
+	./delta:FuzzDecodeTree ./delta:FuzzDecodeChunkList ./delta:FuzzParseHead ./delta:FuzzDecodeBlob ./delta:FuzzCheckState \
 	./delta:FuzzParsePackHeader ./delta:FuzzReadPackBlobs ./engine/api:FuzzCatTrailer \
 	./delta:FuzzDecodeRecord ./delta:FuzzDecodeSandbox ./delta:FuzzSealedPackHeader ./delta:FuzzUnsealPack ./delta:FuzzOpenObject ./delta:FuzzKeyFiles ./delta:FuzzCleanPath \
 	./engine/llmproxy:FuzzParseRequest ./engine/llmproxy:FuzzCanonMatchesReference \

@@ -152,7 +152,7 @@ func (c *equiv) resolve(m mentry) (delta.Entry, error) {
 
 func sameEntry(x, y *delta.Entry) bool {
 	if x.Type != y.Type || x.Mode != y.Mode || x.UID != y.UID || x.GID != y.GID || x.MtimeNs != y.MtimeNs ||
-		x.Size != y.Size || x.Target != y.Target || x.Rdev != y.Rdev || !slices.Equal(x.Chunks, y.Chunks) ||
+		x.Size != y.Size || x.Target != y.Target || x.Rdev != y.Rdev || !delta.SameChunks(x, y) ||
 		!slices.Equal(x.Holes, y.Holes) {
 		return false
 	}

@@ -21,7 +21,7 @@ func (w *walker) content(dirFD int, name string, st *unix.Stat_t, pe *delta.Entr
 	}
 	if _, changed := w.changed[st.Ino]; !changed && pe != nil && pe.Type == delta.TypeFile && pe.Size == uint64(st.Size) {
 		// Same name, same unchanged inode: the content is the one recorded.
-		return content{Size: pe.Size, Chunks: pe.Chunks, Holes: pe.Holes}, nil
+		return pe.Content(), nil
 	}
 	if w.files == nil {
 		// Past delta.PipelineThreshold it hashes and compresses on every

@@ -75,6 +75,7 @@ func (w *walker) dir(rel string, full bool, ino uint64, it inodeItem, prev *reco
 	t := &delta.Tree{Entries: make([]delta.Entry, 0, len(names))}
 	st := &delta.Tree{Entries: make([]delta.Entry, 0, len(names))}
 	kids := map[string]kid{}
+	var lists []delta.ChunkListBlob
 	for _, name := range names {
 		crel := path.Join(rel, name)
 		pe := prevTree.Find(name)
@@ -100,6 +101,9 @@ func (w *walker) dir(rel string, full bool, ino uint64, it inodeItem, prev *reco
 		if e == nil {
 			continue
 		}
+		if l, ok := e.MakeIndirect(w.ids); ok {
+			lists = append(lists, l)
+		}
 		t.Entries = append(t.Entries, *e)
 		se := *e
 		if se.Type == delta.TypeDir {
@@ -117,6 +121,11 @@ func (w *walker) dir(rel string, full bool, ino uint64, it inodeItem, prev *reco
 	data := t.Encode()
 	res := dirResult{id: w.ids.Hash(data), key: w.ids.Hash(st.Encode()), empty: len(t.Entries) == 0}
 	if w.saver != nil && (prev == nil || !bytes.Equal(prev.Tree, data)) {
+		for _, l := range lists {
+			if err := w.saveTree(l.ID, l.Data); err != nil {
+				return dirResult{}, fmt.Errorf("save chunk list of %s: %w", w.where(rel), err)
+			}
+		}
 		if err := w.saveTree(res.id, data); err != nil {
 			return dirResult{}, fmt.Errorf("save tree of %s: %w", w.where(rel), err)
 		}
@@ -226,7 +235,7 @@ func (w *walker) child(rel, name string, parentFull bool, pe *delta.Entry, paren
 		if err != nil {
 			return nil, kid{}, err
 		}
-		e.Size, e.Chunks, e.Holes = c.Size, c.Chunks, c.Holes
+		e.SetContent(c)
 	}
 	return &e, kid{}, nil
 }

@@ -304,6 +304,9 @@ func (r *pathRestorer) same(ctx context.Context, dirFD int, e *Entry, st *unix.S
 		t, err := fsat.Readlink(dirFD, e.Name)
 		return err == nil && t == e.Target, nil
 	case TypeFile:
+		if !e.Resolved() {
+			return false, nil // cannot compare: rewrite it
+		}
 		// O_PATH, then the very inode that was stat-ed reopened: whatever
 		// the sandbox swaps in meanwhile (a fifo, a device) is not opened.
 		pfd, err := unix.Openat(dirFD, e.Name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
@@ -514,8 +517,12 @@ func StreamContent(ctx context.Context, loader BlobLoader, w io.Writer, e *Entry
 		}
 		return nil
 	}
+	chunks, err := chunksOf(ctx, loader, e)
+	if err != nil {
+		return 0, err
+	}
 	runs := dataRuns(e.Size, e.Holes)
-	for _, c := range e.Chunks {
+	for _, c := range chunks {
 		if n > e.DataSize() {
 			break // already more than declared: CheckFileSize says so
 		}

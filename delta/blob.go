@@ -41,8 +41,24 @@ type BlobLoader interface {
 	LoadBlob(ctx context.Context, t BlobType, id ID) ([]byte, error)
 }
 
-// LoadTree loads and decodes the tree id. Errors name the tree.
+// LoadTree loads and decodes the tree id, and loads the chunk lists of its
+// indirect files (ResolveChunks), so every file entry's Chunks is whole.
+// Errors name the tree.
 func LoadTree(ctx context.Context, loader BlobLoader, id ID) (*Tree, error) {
+	t, err := LoadTreeShallow(ctx, loader, id)
+	if err != nil {
+		return nil, err
+	}
+	if err := ResolveChunks(ctx, loader, t); err != nil {
+		return nil, fmt.Errorf("tree %s: %w", id.Short(), err)
+	}
+	return t, nil
+}
+
+// LoadTreeShallow is LoadTree without loading chunk lists: an indirect
+// file entry names its list (ChunkList, NChunks) and has no Chunks. Walkers
+// that visit each distinct blob once load each list once themselves.
+func LoadTreeShallow(ctx context.Context, loader BlobLoader, id ID) (*Tree, error) {
 	data, err := loader.LoadBlob(ctx, BlobTree, id)
 	if err != nil {
 		return nil, fmt.Errorf("load tree %s: %w", id.Short(), err)

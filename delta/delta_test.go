@@ -270,6 +270,10 @@ func FuzzDecodeTree(f *testing.F) {
 	for _, holes := range [][]Hole{{{0, 4096}, {8192, 1 << 30}}, {{0, 0}}, {{5, 10}, {0, 3}}, {{0, 10}, {10, 1}}, {{1 << 43, 1 << 43}}} {
 		f.Add((&Tree{Entries: []Entry{{Name: "f", Type: TypeFile, Mode: 0o644, Size: 8193 + 1<<30, Chunks: []ID{c}, Holes: holes}}}).Encode())
 	}
+	// Indirect chunk lists (version 3): a file naming a list.
+	v3 := &Tree{Entries: []Entry{{Name: "big", Type: TypeFile, Mode: 0o644, Size: 40 * ChunkAverage, Chunks: chunkIDs(40)}}}
+	v3.MakeIndirect(IDs{})
+	f.Add(v3.Encode())
 	f.Fuzz(func(t *testing.T, data []byte) {
 		tr, err := DecodeTree(data)
 		if err == nil && !bytes.Equal(tr.Encode(), data) {

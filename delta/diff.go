@@ -209,7 +209,7 @@ func walkAll(ctx context.Context, loader BlobLoader, p string, m merged, kind Ch
 func sameMeta(x, y *Entry, withMtime bool) bool {
 	if x.Type != y.Type || x.Mode != y.Mode || x.UID != y.UID || x.GID != y.GID ||
 		x.Size != y.Size || x.Target != y.Target || x.Rdev != y.Rdev ||
-		(withMtime && x.MtimeNs != y.MtimeNs) || !slices.Equal(x.Chunks, y.Chunks) || !slices.Equal(x.Holes, y.Holes) {
+		(withMtime && x.MtimeNs != y.MtimeNs) || !SameChunks(x, y) || !slices.Equal(x.Holes, y.Holes) {
 		return false
 	}
 	return slices.EqualFunc(x.Xattrs, y.Xattrs, func(a, b Xattr) bool {

@@ -288,7 +288,7 @@ func (p *DiffPlan) entry(ctx context.Context, dirFD int, rel string, le, te *Ent
 		return nil
 	case le != nil && le.Type == TypeFile && te.Type == TypeFile:
 		c := change{rel: rel, live: le, target: te, how: changeMeta}
-		if !slices.Equal(le.Chunks, te.Chunks) {
+		if !SameChunks(le, te) {
 			c.how = changeRewrite
 			if err := p.load(ctx, te); err != nil {
 				return fmt.Errorf("/%s: %w", rel, err)
@@ -342,6 +342,9 @@ func (p *DiffPlan) load(ctx context.Context, e *Entry) error {
 	if e.Type != TypeFile {
 		return nil
 	}
+	if !e.Resolved() {
+		return errUnresolved(e)
+	}
 	var sum uint64
 	for _, c := range e.Chunks {
 		if data, ok := p.chunks[c]; ok {
@@ -378,7 +381,7 @@ func (p *DiffPlan) LoadBlob(ctx context.Context, t BlobType, id ID) ([]byte, err
 func sameEntry(a, b *Entry) bool {
 	return a.Name == b.Name && a.Type == b.Type && a.Mode == b.Mode && a.UID == b.UID && a.GID == b.GID &&
 		a.MtimeNs == b.MtimeNs && a.Size == b.Size && a.Target == b.Target && a.Rdev == b.Rdev &&
-		a.Opaque == b.Opaque && a.Subtree == b.Subtree && slices.Equal(a.Chunks, b.Chunks) &&
+		a.Opaque == b.Opaque && a.Subtree == b.Subtree && SameChunks(a, b) &&
 		slices.EqualFunc(a.Xattrs, b.Xattrs, func(x, y Xattr) bool { return x.Name == y.Name && string(x.Value) == string(y.Value) })
 }
 

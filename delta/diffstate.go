@@ -85,6 +85,7 @@ func (p *DiffPlan) stateOf(rel string, fresh map[string]CacheEntry) (ID, bool) {
 		}
 		st.Entries = append(st.Entries, e)
 	}
+	st.MakeIndirect(p.opts.IDs) // canonical form; state trees are never stored
 	key := p.opts.IDs.Hash(st.Encode())
 	if p.idsAgree == 0 && len(st.Entries) == len(kd.entries) && !slices.ContainsFunc(kd.entries, isDir) {
 		p.idsAgree = -1

@@ -16,6 +16,20 @@ type FileContent struct {
 	Size   uint64
 	Chunks []ID
 	Holes  []Hole
+	// ChunkList and NChunks: content taken over from a recorded entry
+	// whose chunk list was not loaded (Chunks nil); see Entry.
+	ChunkList ID
+	NChunks   uint64
+}
+
+// SetContent gives file entry e the content c.
+func (e *Entry) SetContent(c FileContent) {
+	e.Size, e.Chunks, e.Holes, e.ChunkList, e.NChunks = c.Size, c.Chunks, c.Holes, c.ChunkList, c.NChunks
+}
+
+// Content is e's content as a FileContent.
+func (e *Entry) Content() FileContent {
+	return FileContent{Size: e.Size, Chunks: e.Chunks, Holes: e.Holes, ChunkList: e.ChunkList, NChunks: e.NChunks}
 }
 
 // FileReader reads regular files into chunks for every scan (overlay's

@@ -31,9 +31,13 @@ func WriteContent(ctx context.Context, loader BlobLoader, f *os.File, e *Entry, 
 			}
 		}
 	}
+	chunks, err := chunksOf(ctx, loader, e)
+	if err != nil {
+		return 0, err
+	}
 	runs := dataRuns(e.Size, e.Holes)
 	var n uint64
-	for _, c := range e.Chunks {
+	for _, c := range chunks {
 		if n > e.DataSize() {
 			break // already more than declared: CheckFileSize says so
 		}
@@ -61,8 +65,12 @@ func WriteContent(ctx context.Context, loader BlobLoader, f *os.File, e *Entry, 
 
 // writeStream writes a file without holes front to back.
 func writeStream(ctx context.Context, loader BlobLoader, f *os.File, e *Entry) (uint64, error) {
+	chunks, err := chunksOf(ctx, loader, e)
+	if err != nil {
+		return 0, err
+	}
 	var n uint64
-	for _, c := range e.Chunks {
+	for _, c := range chunks {
 		if n > e.Size {
 			break // already more than declared: CheckFileSize says so
 		}

@@ -68,12 +68,16 @@ func checkHoles(e *Entry) error {
 
 // treeVersion is the version t encodes as.
 func (t *Tree) treeVersion() byte {
+	v := byte(treeVersionPlain)
 	for i := range t.Entries {
+		if t.Entries[i].Indirect() {
+			return treeVersionIndirect
+		}
 		if len(t.Entries[i].Holes) > 0 {
-			return treeVersionSparse
+			v = treeVersionSparse
 		}
 	}
-	return treeVersionPlain
+	return v
 }
 
 // appendHoles encodes a file's holes in a version 2 tree: the count, then

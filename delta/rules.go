@@ -184,7 +184,10 @@ func (c *stateChecker) visit(ctx context.Context, id ID, rel string, depth int) 
 func (c *stateChecker) file(rel string, e *Entry) error {
 	// Every chunk holds 1 to ChunkMax bytes, so a file without data has no
 	// chunks. Holes hold no chunk: the chunks add up to the data runs.
-	if n, data := uint64(len(e.Chunks)), e.DataSize(); n > data || data > n*ChunkMax {
+	if !e.Resolved() {
+		return errUnresolved(e)
+	}
+	if n, data := e.ChunkCount(), e.DataSize(); n > data || data > n*ChunkMax {
 		return corruptAt(rel, "file of %d data bytes (size %d, %d holes) cannot be %d chunks of 1 to %d bytes",
 			data, e.Size, len(e.Holes), n, ChunkMax)
 	}

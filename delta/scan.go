@@ -197,6 +197,7 @@ func (s *scanner) dir(ctx context.Context, fd int, rel string, fl dirFlags) (ID,
 	t := &Tree{Entries: make([]Entry, 0, len(names))}
 	st := &Tree{Entries: make([]Entry, 0, len(names))}
 	subdirs := false // st differs from t only in subdirectory entries
+	var lists []ChunkListBlob
 	for _, name := range names {
 		crel := path.Join(rel, name)
 		var e Entry
@@ -217,6 +218,11 @@ func (s *scanner) dir(ctx context.Context, fd int, rel string, fl dirFlags) (ID,
 		if !keep {
 			continue
 		}
+		// Before both trees take the entry: the state tree's canonical
+		// encoding names the same chunk list.
+		if l, ok := e.MakeIndirect(s.opts.IDs); ok {
+			lists = append(lists, l)
+		}
 		t.Entries = append(t.Entries, e)
 		if e.Type == TypeDir {
 			subdirs = true
@@ -231,6 +237,11 @@ func (s *scanner) dir(ctx context.Context, fd int, rel string, fl dirFlags) (ID,
 	}
 	if err := t.Check(); err != nil {
 		return ID{}, ID{}, fmt.Errorf("scan %s: %w", s.where(rel), err)
+	}
+	for _, l := range lists {
+		if err := s.files.Save(ctx, BlobTree, l.ID, l.Data); err != nil {
+			return ID{}, ID{}, fmt.Errorf("save chunk list of %s: %w", s.where(rel), err)
+		}
 	}
 	data := t.Encode()
 	id := s.opts.IDs.Hash(data)
@@ -335,7 +346,7 @@ func (s *scanner) entry(ctx context.Context, dirFD int, rel, name string, fl dir
 		}
 	case TypeFile:
 		if hit {
-			e.Size, e.Chunks, e.Holes = prev.Entry.Size, prev.Entry.Chunks, prev.Entry.Holes
+			e.SetContent(prev.Entry.Content())
 			s.stats.CacheHits++
 		} else if fresh, err = s.file(ctx, dirFD, rel, &st, &e); err != nil {
 			return Entry{}, ID{}, false, err

@@ -48,7 +48,7 @@ func (s *scanner) readFile(ctx context.Context, dirFD int, rel string, st *unix.
 	if err != nil {
 		return CacheKey{}, false, fmt.Errorf("scan %s: %w", s.where(rel), err)
 	}
-	e.Size, e.Chunks, e.Holes = c.Size, c.Chunks, c.Holes
+	e.SetContent(c)
 	if err := unix.Fstat(fd, &after); err != nil {
 		return CacheKey{}, false, fmt.Errorf("scan %s: %w", s.where(rel), err)
 	}

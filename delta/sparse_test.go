@@ -218,8 +218,12 @@ func TestHostileHoleLists(t *testing.T) {
 	if _, err := DecodeTree(v2); !errors.Is(err, errdefs.ErrCorrupt) {
 		t.Errorf("version 2 without holes: got %v", err)
 	}
-	if _, err := DecodeTree(append([]byte("TST\x03"), good.Encode()[4:]...)); err == nil || !strings.Contains(err.Error(), "version 3") {
-		t.Errorf("version 3: got %v", err)
+	// Version 3 (chunk lists) without a chunk list is not canonical either.
+	if _, err := DecodeTree(append([]byte("TST\x03"), good.Encode()[4:]...)); !errors.Is(err, errdefs.ErrCorrupt) {
+		t.Errorf("version 3 without a chunk list: got %v", err)
+	}
+	if _, err := DecodeTree(append([]byte("TST\x04"), good.Encode()[4:]...)); err == nil || !strings.Contains(err.Error(), "version 4") {
+		t.Errorf("version 4: got %v", err)
 	}
 	// Decodable, but the chunks cannot fill the data runs: refused before
 	// a restore writes anything, naming the path.

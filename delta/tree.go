@@ -59,8 +59,14 @@ type Entry struct {
 	Rdev    uint64 // char/block devices
 	Opaque  bool   // dir: overlay opaque directory (hides the lower dir's entries)
 	Subtree ID     // dir: the tree of its children
-	Chunks  []ID   // file: content chunks in order
-	Holes   []Hole // file: runs without data (sparse files), sorted; nil for most files
+	Chunks  []ID   // file: content chunks in order (nil for an indirect entry until ResolveChunks)
+	// ChunkList names the chunk list blob holding Chunks (tree version 3):
+	// set for files of more than IndirectChunks chunks by MakeIndirect, or
+	// by DecodeTree; zero when the chunks are inline. NChunks is then how
+	// many chunks the list holds.
+	ChunkList ID
+	NChunks   uint64
+	Holes     []Hole // file: runs without data (sparse files), sorted; nil for most files
 }
 
 // Tree is the listing of one directory, entries sorted by Name bytewise.
@@ -98,7 +104,11 @@ func (t *Tree) Refs() []ID {
 		case TypeDir:
 			out = append(out, e.Subtree)
 		case TypeFile:
-			out = append(out, e.Chunks...)
+			if e.Indirect() {
+				out = append(out, e.ChunkList) // its chunks are the list's refs
+			} else {
+				out = append(out, e.Chunks...)
+			}
 		}
 	}
 	return out
@@ -168,8 +178,14 @@ func (e *Entry) check() error {
 	if e.Type != TypeDir && (e.Opaque || !e.Subtree.IsZero()) {
 		return bad("has directory fields")
 	}
-	if e.Type != TypeFile && (len(e.Chunks) != 0 || e.Size != 0 || len(e.Holes) != 0) {
+	if e.Type != TypeFile && (len(e.Chunks) != 0 || e.Size != 0 || len(e.Holes) != 0 || e.Indirect() || e.NChunks != 0) {
 		return bad("has file content")
+	}
+	if e.Indirect() != (e.NChunks != 0) {
+		return bad("chunk list and its count disagree")
+	}
+	if e.Indirect() && (e.NChunks <= IndirectChunks || e.NChunks > MaxFileChunks || (e.Chunks != nil && !e.Resolved())) {
+		return bad(fmt.Sprintf("chunk list of %d chunks (%d loaded): a list holds %d to %d", e.NChunks, len(e.Chunks), IndirectChunks+1, uint64(MaxFileChunks)))
 	}
 	if e.Size > MaxFileSize {
 		return bad(fmt.Sprintf("size %d is over the limit %d", e.Size, uint64(MaxFileSize)))
@@ -247,11 +263,15 @@ func appendEntry(b []byte, e *Entry, version byte) []byte {
 	switch e.Type {
 	case TypeFile:
 		b = binary.AppendUvarint(b, e.Size)
-		b = binary.AppendUvarint(b, uint64(len(e.Chunks)))
-		for _, c := range e.Chunks {
-			b = append(b, c[:]...)
+		b = binary.AppendUvarint(b, e.ChunkCount())
+		if e.Indirect() {
+			b = append(b, e.ChunkList[:]...)
+		} else {
+			for _, c := range e.Chunks {
+				b = append(b, c[:]...)
+			}
 		}
-		if version == treeVersionSparse {
+		if version >= treeVersionSparse {
 			b = appendHoles(b, e.Holes)
 		}
 	case TypeDir:

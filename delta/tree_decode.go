@@ -19,7 +19,7 @@ func DecodeTree(data []byte) (*Tree, error) {
 		return nil, fmt.Errorf("tree: bad magic: %w", errdefs.ErrCorrupt)
 	}
 	version := data[3]
-	if version != treeVersionPlain && version != treeVersionSparse {
+	if version != treeVersionPlain && version != treeVersionSparse && version != treeVersionIndirect {
 		return nil, fmt.Errorf("tree: unsupported format version %d: %w", data[3], errdefs.ErrCorrupt)
 	}
 	d.b = d.b[len(treeMagic):]
@@ -56,17 +56,24 @@ func DecodeTree(data []byte) (*Tree, error) {
 		case TypeFile:
 			e.Size = d.uvarint()
 			nc := d.uvarint()
-			if nc > uint64(len(d.b))/32 {
+			if version == treeVersionIndirect && nc > IndirectChunks {
+				// Version 3: a file of more chunks than an inline list may
+				// hold names its chunk list; Check bounds the count.
+				e.NChunks = nc
+				e.ChunkList = d.id()
+				if e.ChunkList.IsZero() {
+					d.fail("zero chunk list id")
+				}
+			} else if nc > uint64(len(d.b))/32 {
 				d.fail("chunk count exceeds size")
 				break
-			}
-			if nc > 0 {
+			} else if nc > 0 {
 				e.Chunks = make([]ID, nc)
 				for j := range e.Chunks {
 					e.Chunks[j] = d.id()
 				}
 			}
-			if version == treeVersionSparse {
+			if version >= treeVersionSparse {
 				e.Holes = d.holes()
 			}
 		case TypeDir:
@@ -90,7 +97,9 @@ func DecodeTree(data []byte) (*Tree, error) {
 		return nil, fmt.Errorf("tree: %v: %w", err, errdefs.ErrCorrupt)
 	}
 	// Varints admit several spellings of one number; only the shortest is
-	// canonical. A version 2 tree without holes re-encodes as version 1.
+	// canonical. A version 2 tree without holes re-encodes as version 1, a
+	// version 3 tree without a chunk list as version 1 or 2, and a version
+	// 3 file of more than IndirectChunks chunks listed inline as a list.
 	if !bytes.Equal(t.Encode(), data) {
 		return nil, fmt.Errorf("tree: not canonically encoded: %w", errdefs.ErrCorrupt)
 	}

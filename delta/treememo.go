@@ -53,6 +53,10 @@ func (p *DiffPlan) tree(ctx context.Context, l BlobLoader, id ID, keep bool) (*T
 	if err != nil {
 		return nil, fmt.Errorf("tree %s: %w", id.Short(), err)
 	}
+	// The plan compares and restores files by their chunks.
+	if err := ResolveChunks(ctx, l, t); err != nil {
+		return nil, fmt.Errorf("tree %s: %w", id.Short(), err)
+	}
 	if keep && p.trees != nil {
 		p.trees.KeepTree(id, t, len(data))
 	}

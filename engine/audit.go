@@ -320,5 +320,5 @@ func auditMetaChanges(was, now *delta.Entry) ([]string, bool) {
 	if !slices.EqualFunc(was.Xattrs, now.Xattrs, func(a, b delta.Xattr) bool { return a.Name == b.Name && string(a.Value) == string(b.Value) }) {
 		m = append(m, "xattrs")
 	}
-	return m, was.Size != now.Size || !slices.Equal(was.Chunks, now.Chunks)
+	return m, was.Size != now.Size || !delta.SameChunks(was, now)
 }

@@ -21,7 +21,7 @@ import (
 type deviceGuard struct{ delta.BlobSaver }
 
 func (g deviceGuard) SaveBlob(ctx context.Context, t delta.BlobType, id delta.ID, plain []byte) (bool, error) {
-	if t == delta.BlobTree {
+	if t == delta.BlobTree && !delta.IsChunkList(plain) { // a chunk list names chunks only
 		tree, err := delta.DecodeTree(plain)
 		if err != nil {
 			return false, fmt.Errorf("tree %s: %w", id.Short(), err)

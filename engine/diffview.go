@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"slices"
 	"strconv"
 	"time"
 	"unicode/utf8"
@@ -106,7 +105,7 @@ func (d *describer) describe(ctx context.Context, changes []delta.Change) ([]Pat
 			pc.Meta = metaChanges(&old, &nw)
 		}
 		if d.o.Patch && (old.Type == delta.TypeFile || nw.Type == delta.TypeFile) &&
-			(c.Kind != delta.Modified || !slices.Equal(old.Chunks, nw.Chunks)) {
+			(c.Kind != delta.Modified || !delta.SameChunks(&old, &nw)) {
 			if err := d.patch(ctx, c.Path, &old, &nw, &pc); err != nil {
 				return nil, fmt.Errorf("%s: %w", p, err)
 			}
@@ -149,7 +148,7 @@ func metaChanges(a, b *delta.Entry) []MetaChange {
 	if a.Rdev != b.Rdev {
 		m = append(m, MetaChange{Field: "rdev", Old: strconv.FormatUint(a.Rdev, 10), New: strconv.FormatUint(b.Rdev, 10)})
 	}
-	if a.Type == delta.TypeFile && b.Type == delta.TypeFile && !slices.Equal(a.Chunks, b.Chunks) {
+	if a.Type == delta.TypeFile && b.Type == delta.TypeFile && !delta.SameChunks(a, b) {
 		m = append(m, MetaChange{Field: "content", Old: strconv.FormatUint(a.Size, 10), New: strconv.FormatUint(b.Size, 10)})
 	}
 	return m

@@ -82,7 +82,7 @@ func (e *Engine) freeze(ctx context.Context, j *freezeJob, keep map[delta.ID]boo
 		}
 		return
 	}
-	e.log.Debug("frozen layer", "checkpoint", cp.ID.Short(), "linked", stats.Linked, "copied", stats.Copied,
+	e.log.Debug("frozen layer", "checkpoint", cp.ID.Short(), "cloned", stats.Linked, "copied", stats.Copied,
 		"from_store", stats.FromStore, "reused", !stats.Reused.IsZero(), "patched", stats.Patched, "ms", time.Since(start).Milliseconds())
 }
 

@@ -180,11 +180,17 @@ func (e *Engine) releaseRefs(ctx context.Context, roots []delta.ID) error {
 			return err
 		}
 		for _, id := range zero {
-			t, err := delta.LoadTree(ctx, e.repo, id)
+			// A tree, or a chunk list (stored as a tree blob), releases
+			// what it counted when it was stored.
+			data, err := e.repo.LoadBlob(ctx, delta.BlobTree, id)
 			if err != nil {
 				continue // a chunk, or a tree we cannot read: nothing to cascade
 			}
-			roots = append(roots, t.Refs()...)
+			refs, err := delta.BlobRefs(data)
+			if err != nil {
+				continue // a chunk: nothing to cascade
+			}
+			roots = append(roots, refs...)
 		}
 	}
 	return nil

@@ -163,10 +163,16 @@ func (c *composer) dir(ctx context.Context, rel string, u, f delta.ID, base int)
 	if err := out.Check(); err != nil {
 		return delta.ID{}, fmt.Errorf("composed /%s: %w", rel, err)
 	}
+	lists := out.MakeIndirect(c.ids)
 	data := out.Encode()
 	id := c.ids.Hash(data)
 	c.made[id] = out
 	if c.saver != nil {
+		for _, l := range lists {
+			if _, err := c.saver.SaveBlob(ctx, delta.BlobTree, l.ID, l.Data); err != nil {
+				return delta.ID{}, fmt.Errorf("save chunk list of /%s: %w", rel, err)
+			}
+		}
 		if _, err := c.saver.SaveBlob(ctx, delta.BlobTree, id, data); err != nil {
 			return delta.ID{}, fmt.Errorf("save tree of /%s: %w", rel, err)
 		}

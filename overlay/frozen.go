@@ -55,7 +55,7 @@ type FreezeSource struct {
 // FreezeStats counts how a frozen layer was made.
 type FreezeStats struct {
 	Entries   int64
-	Linked    int64 // files hardlinked from the source layer
+	Linked    int64 // files cloned from the source layer (reflink, else in-kernel copy; never a hardlink)
 	Copied    int64 // files copied from the live root, verified chunk by chunk
 	FromStore int64 // files whose live copy no longer matched: read from the store
 	Bytes     int64 // bytes written

@@ -95,11 +95,12 @@ func (f *freezer) entry(ctx context.Context, dstFD int, rel string, e, se *delta
 		return setMetaFD(fd, e)
 	case delta.TypeFile:
 		if se != nil && f.srcFD >= 0 && sameFile(e, se) {
-			if err := unix.Linkat(f.srcFD, rel, dstFD, e.Name, 0); err == nil {
+			if err := f.cloneFrom(dstFD, rel, e); err == nil {
 				f.stats.Linked++
 				return nil
 			}
-			// The source lost the file (it is never written): copy instead.
+			// The source lost the file (it is never written), or a sparse
+			// file cannot be reflinked: copy from live or the store instead.
 		}
 		return f.file(ctx, dstFD, rel, e)
 	case delta.TypeWhiteout:
@@ -135,7 +136,7 @@ func (f *freezer) entry(ctx context.Context, dstFD int, rel string, e, se *delta
 // state: a hardlink shares content and metadata.
 func sameFile(a, b *delta.Entry) bool {
 	return b.Type == delta.TypeFile && a.Size == b.Size && a.Mode == b.Mode && a.UID == b.UID &&
-		a.GID == b.GID && a.MtimeNs == b.MtimeNs && slices.Equal(a.Chunks, b.Chunks) && slices.Equal(a.Holes, b.Holes) &&
+		a.GID == b.GID && a.MtimeNs == b.MtimeNs && delta.SameChunks(a, b) && slices.Equal(a.Holes, b.Holes) &&
 		slices.EqualFunc(a.Xattrs, b.Xattrs, func(x, y delta.Xattr) bool {
 			return x.Name == y.Name && string(x.Value) == string(y.Value)
 		})
@@ -170,6 +171,55 @@ func (f *freezer) file(ctx context.Context, dstFD int, rel string, e *delta.Entr
 
 var errLiveChanged = errors.New("live file differs from the checkpoint")
 
+// cloneFrom makes file e in dstFD a copy of the source layer's file at rel
+// (equal to e, sameFile): a reflink where the filesystem shares extents
+// (btrfs, xfs), else an in-kernel copy. Never a hardlink: a frozen layer is
+// a lower layer of the sandboxes stacked on it, and overlayfs shows a
+// lower file's own link count, so a file shared by two layers would show
+// st_nlink 2 inside a sandbox that has one name for it (tar, rsync -H and
+// security checks would see hardlinks that are not there; issue 24, 5d).
+// On an error nothing is left at e.Name.
+func (f *freezer) cloneFrom(dstFD int, rel string, e *delta.Entry) (err error) {
+	in, err := fsat.Open(f.srcFD, rel, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(in)
+	var st unix.Stat_t
+	if err := unix.Fstat(in, &st); err != nil {
+		return err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG || uint64(st.Size) != e.Size {
+		return errLiveChanged
+	}
+	out, err := unix.Openat(dstFD, e.Name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		unix.Close(out)
+		if err != nil {
+			unix.Unlinkat(dstFD, e.Name, 0)
+		}
+	}()
+	if err := unix.IoctlFileClone(out, in); err != nil {
+		if len(e.Holes) > 0 {
+			return err // a plain copy would fill the holes: write it from live or the store
+		}
+		for left := st.Size; left > 0; {
+			n, err := unix.CopyFileRange(in, nil, out, nil, int(min(left, 1<<30)), 0)
+			if err != nil {
+				return fmt.Errorf("copy from the source layer: %w", err)
+			}
+			if n == 0 {
+				return errLiveChanged // shorter than it said
+			}
+			left -= int64(n)
+		}
+	}
+	return setMetaFD(out, e)
+}
+
 // copyLive copies rel from the live root into out, chunking it the way a
 // scan does and checking each chunk's hash against e's, so the copy holds
 // the checkpoint's bytes or is refused.
@@ -184,9 +234,10 @@ func (f *freezer) copyLive(ctx context.Context, out *os.File, rel string, e *del
 	if err := unix.Fstat(in, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || uint64(st.Size) != e.Size {
 		return errLiveChanged
 	}
-	if len(e.Holes) > 0 {
+	if len(e.Holes) > 0 || !e.Resolved() {
 		// A sparse file's chunks cover its data runs only: the store's
-		// copy is laid out with its holes (fromStore).
+		// copy is laid out with its holes (fromStore). (A chunk list not
+		// loaded: fromStore loads it.)
 		return errLiveChanged
 	}
 	i := 0

@@ -139,7 +139,7 @@ func removeAt(dirFD int, name string) error {
 func sameEntry(a, b *delta.Entry) bool {
 	return a.Type == b.Type && a.Mode == b.Mode && a.UID == b.UID && a.GID == b.GID && a.MtimeNs == b.MtimeNs &&
 		a.Size == b.Size && a.Target == b.Target && a.Rdev == b.Rdev && a.Opaque == b.Opaque &&
-		a.Subtree == b.Subtree && slices.Equal(a.Chunks, b.Chunks) &&
+		a.Subtree == b.Subtree && delta.SameChunks(a, b) &&
 		slices.EqualFunc(a.Xattrs, b.Xattrs, func(x, y delta.Xattr) bool {
 			return x.Name == y.Name && string(x.Value) == string(y.Value)
 		})

@@ -20,7 +20,7 @@ func CountRefs(ctx context.Context, loader delta.BlobLoader, cps []*delta.Checkp
 			return nil
 		}
 		seen[id] = true
-		t, err := delta.LoadTree(ctx, loader, id)
+		t, err := delta.LoadTreeShallow(ctx, loader, id)
 		if err != nil {
 			return err
 		}
@@ -28,9 +28,20 @@ func CountRefs(ctx context.Context, loader delta.BlobLoader, cps []*delta.Checkp
 			counts[r]++
 		}
 		for _, en := range t.Entries {
-			if en.Type == delta.TypeDir {
+			switch {
+			case en.Type == delta.TypeDir:
 				if err := walk(en.Subtree); err != nil {
 					return err
+				}
+			case en.Indirect() && !seen[en.ChunkList]:
+				// A chunk list counts its chunks once, as a tree its children.
+				seen[en.ChunkList] = true
+				chunks, err := delta.LoadChunkList(ctx, loader, en.ChunkList, en.NChunks)
+				if err != nil {
+					return fmt.Errorf("tree %s: file %q: %w", id.Short(), en.Name, err)
+				}
+				for _, c := range chunks {
+					counts[c]++
 				}
 			}
 		}

@@ -105,7 +105,7 @@ func (w *Whole) walk(ctx context.Context, id delta.ID, depth int) error {
 	if !w.Has(id) {
 		return fmt.Errorf("tree %s is in no pack: %w", id.Short(), errdefs.ErrNotFound)
 	}
-	t, err := delta.LoadTree(ctx, w.Loader, id)
+	t, err := delta.LoadTreeShallow(ctx, w.Loader, id)
 	if err != nil {
 		return err
 	}
@@ -116,6 +116,12 @@ func (w *Whole) walk(ctx context.Context, id delta.ID, depth int) error {
 				return err
 			}
 		case delta.TypeFile:
+			if en.Indirect() {
+				if err := w.list(ctx, id, &en); err != nil {
+					return err
+				}
+				continue
+			}
 			for _, c := range en.Chunks {
 				if !w.Has(c) {
 					return fmt.Errorf("tree %s: chunk %s of %q is in no pack: %w", id.Short(), c.Short(), en.Name, errdefs.ErrNotFound)
@@ -127,4 +133,37 @@ func (w *Whole) walk(ctx context.Context, id delta.ID, depth int) error {
 		w.counts[r]++
 	}
 	return nil
+}
+
+// list checks an indirect file's chunk list as tree checks a tree: located,
+// loaded, decoded, every chunk it names located; remembered by ID and its
+// chunks counted once however many trees name it.
+func (w *Whole) list(ctx context.Context, in delta.ID, en *delta.Entry) error {
+	id := en.ChunkList
+	if err, ok := w.trees[id]; ok {
+		return err
+	}
+	err := func() error {
+		if !w.Has(id) {
+			return fmt.Errorf("tree %s: chunk list %s of %q is in no pack: %w", in.Short(), id.Short(), en.Name, errdefs.ErrNotFound)
+		}
+		chunks, err := delta.LoadChunkList(ctx, w.Loader, id, en.NChunks)
+		if err != nil {
+			return fmt.Errorf("tree %s: file %q: %w", in.Short(), en.Name, err)
+		}
+		for _, c := range chunks {
+			if !w.Has(c) {
+				return fmt.Errorf("tree %s: chunk %s of %q is in no pack: %w", in.Short(), c.Short(), en.Name, errdefs.ErrNotFound)
+			}
+		}
+		for _, c := range chunks {
+			w.counts[c]++
+		}
+		return nil
+	}()
+	if err != nil && !Skippable(err) {
+		return err // not the list's fault: never remembered
+	}
+	w.trees[id] = err
+	return err
 }

@@ -281,11 +281,12 @@ func (o *Op) SaveBlob(ctx context.Context, t delta.BlobType, id delta.ID, plain 
 	if t == delta.BlobTree {
 		// A new tree references its children once, whatever else does:
 		// counting at tree creation keeps refcount upkeep O(change).
-		tr, err := delta.DecodeTree(plain)
+		// (A chunk list, stored as a tree blob, references its chunks.)
+		refs, err := delta.BlobRefs(plain)
 		if err != nil {
 			return false, fmt.Errorf("tree %s: %w", id.Short(), err)
 		}
-		o.children[id] = tr.Refs()
+		o.children[id] = refs
 	}
 	var stored []byte
 	var comp delta.Compression

@@ -2,6 +2,7 @@ package content
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/turnsnap/turnsnap/delta"
 )
@@ -25,7 +26,7 @@ func (w *Walker) Walk(ctx context.Context, root delta.ID) error {
 	if err := w.Visit(root, delta.BlobTree); err != nil {
 		return err
 	}
-	t, err := delta.LoadTree(ctx, w.Loader, root)
+	t, err := delta.LoadTreeShallow(ctx, w.Loader, root)
 	if err != nil {
 		return err
 	}
@@ -36,7 +37,22 @@ func (w *Walker) Walk(ctx context.Context, root delta.ID) error {
 				return err
 			}
 		case delta.TypeFile:
-			for _, c := range en.Chunks {
+			chunks := en.Chunks
+			if en.Indirect() {
+				// The list is a tree blob of its own, loaded once however
+				// many trees name it (an unchanged big file, turn after turn).
+				if w.Seen[en.ChunkList] {
+					continue
+				}
+				w.Seen[en.ChunkList] = true
+				if err := w.Visit(en.ChunkList, delta.BlobTree); err != nil {
+					return err
+				}
+				if chunks, err = delta.LoadChunkList(ctx, w.Loader, en.ChunkList, en.NChunks); err != nil {
+					return fmt.Errorf("tree %s: file %q: %w", root.Short(), en.Name, err)
+				}
+			}
+			for _, c := range chunks {
 				if !w.Seen[c] {
 					w.Seen[c] = true
 					if err := w.Visit(c, delta.BlobData); err != nil {

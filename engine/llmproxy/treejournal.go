@@ -471,6 +471,11 @@ func (s *Snapshot) Save(ctx context.Context, saver delta.BlobSaver) (*delta.ID, 
 	if err := t.Check(); err != nil {
 		return nil, fmt.Errorf("journal of sandbox %s: %w", s.sandbox, err)
 	}
+	for _, l := range t.MakeIndirect(s.ids) {
+		if _, err := saver.SaveBlob(ctx, delta.BlobTree, l.ID, l.Data); err != nil {
+			return nil, fmt.Errorf("journal of sandbox %s: chunk list %s: %w", s.sandbox, l.ID.Short(), err)
+		}
+	}
 	enc := t.Encode()
 	id := s.ids.Hash(enc)
 	if _, err := saver.SaveBlob(ctx, delta.BlobTree, id, enc); err != nil {

@@ -45,7 +45,7 @@ func (n *needs) record(ctx context.Context, cp *delta.Checkpoint, pack, rec func
 			continue
 		}
 		n.owner[id] = self
-		t, err := delta.LoadTree(ctx, n.load, id)
+		t, err := delta.LoadTreeShallow(ctx, n.load, id)
 		if err != nil {
 			return fmt.Errorf("checkpoint %s: %w", cp.ID.Short(), err)
 		}
@@ -55,7 +55,20 @@ func (n *needs) record(ctx context.Context, cp *delta.Checkpoint, pack, rec func
 			case delta.TypeDir:
 				stack = append(stack, en.Subtree)
 			case delta.TypeFile:
-				for _, c := range en.Chunks {
+				chunks := en.Chunks
+				if en.Indirect() {
+					// The list's pack, and its chunks' packs, once per list
+					// (an unchanged big file is named turn after turn).
+					if n.seenC[en.ChunkList] {
+						continue
+					}
+					n.seenC[en.ChunkList] = true
+					blobs = append(blobs, en.ChunkList)
+					if chunks, err = delta.LoadChunkList(ctx, n.load, en.ChunkList, en.NChunks); err != nil {
+						return fmt.Errorf("checkpoint %s: tree %s: file %q: %w", cp.ID.Short(), id.Short(), en.Name, err)
+					}
+				}
+				for _, c := range chunks {
 					if !n.seenC[c] {
 						n.seenC[c] = true
 						blobs = append(blobs, c)

@@ -3,6 +3,9 @@
 package formatcheck
 
 // Regenerate the fixture (as root): go test -tags fixturegen -run TestWriteFixture ./internal/formatcheck
+// It writes testdata/store-v3 and expected-v3.json. testdata/store and
+// expected.json were written before indirect chunk lists (without huge.txt)
+// and are kept as they are: the old format every reader must still read.
 // It is the only file here that uses turnsnap's own code: it makes a real
 // store and records what a sandbox showed at each checkpoint, by walking
 // the mounted root, for the reader to compare against.
@@ -117,7 +120,8 @@ printf 'base\n' > a.txt
 mkdir dir dir2 opq; printf 'sub\n' > dir/sub.txt; printf 'keep\n' > dir2/keep; printf 'old\n' > opq/old
 ln -s a.txt link; : > empty; printf 'linked\n' > hard1; ln hard1 hard2
 i=0; while [ $i -lt 6000 ]; do echo "line $i of a compressible file that spans chunks"; i=$((i+1)); done > big.txt
-touch -d @1700000000 a.txt empty hard1 big.txt dir/sub.txt dir2/keep opq/old`)
+i=0; while [ $i -lt 60000 ]; do echo "line $i of a file of more than sixteen chunks, so that it names a chunk list"; i=$((i+1)); done > huge.txt
+touch -d @1700000000 a.txt empty hard1 big.txt huge.txt dir/sub.txt dir2/keep opq/old`)
 	if err := unix.Setxattr(filepath.Join(base, "a.txt"), "user.note", []byte("hello"), 0); err != nil {
 		t.Fatal(err)
 	}
@@ -153,7 +157,7 @@ touch -d @1700000100 a.txt opq/n newdir/f newdir/empty`)
 	}
 	want[c2.ID.String()] = listing(t, br.Root)
 
-	dst := filepath.Join("testdata", "store")
+	dst := filepath.Join("testdata", "store-v3")
 	os.RemoveAll(dst)
 	sh(t, ".", "mkdir -p testdata && cp -a "+filepath.Join(home, "store")+" "+dst+" && rm -rf "+filepath.Join(dst, ".tmp"))
 	var b bytes.Buffer
@@ -162,7 +166,7 @@ touch -d @1700000100 a.txt opq/n newdir/f newdir/empty`)
 	if err := enc.Encode(want); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join("testdata", "expected.json"), b.Bytes(), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join("testdata", "expected-v3.json"), b.Bytes(), 0o644); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -65,6 +65,8 @@ type entry struct {
 	xattrs         [][2]string
 	size           uint64
 	chunks         []id
+	holes          [][2]uint64 // (gap, length) as encoded ("Sparse files")
+	list           id          // "Indirect chunk lists": the chunk list named, or zero
 	subtree        id
 	target         string
 	rdev           uint64
@@ -73,6 +75,7 @@ type entry struct {
 const (
 	tFile, tDir, tSymlink, tHardlink, tWhiteout = 1, 2, 3, 4, 5
 	maxData, maxTree                            = 262144, 33554432 // "Limits"
+	maxInline, maxListChunks                    = 16, 1048575      // "Indirect chunk lists"
 )
 
 type reader struct {
@@ -204,9 +207,11 @@ func str(t *testing.T, b []byte) (string, []byte) {
 func (r *reader) tree(x id) []entry {
 	t := r.t
 	data := r.blob(x, 2)
-	if !bytes.HasPrefix(data, []byte("TST\x01")) {
-		t.Fatalf("tree %s: bad magic", x)
+	if len(data) < 4 || !bytes.HasPrefix(data, []byte("TST")) || data[3] < 1 || data[3] > 3 {
+		t.Fatalf("tree %s: bad magic or unknown version", x)
 	}
+	version := data[3]
+	r.seen[fmt.Sprintf("tree version %d", version)]++
 	n, b := uvarint(t, data[4:])
 	es := make([]entry, n)
 	for i := range es {
@@ -234,14 +239,44 @@ func (r *reader) tree(x id) []entry {
 			var nc uint64
 			e.size, b = uvarint(t, b)
 			nc, b = uvarint(t, b)
-			for range nc {
-				var c id
-				copy(c[:], b)
-				e.chunks, b = append(e.chunks, c), b[32:]
+			if version == 3 && nc > maxInline {
+				// "Indirect chunk lists": one ID, the count bounded first.
+				if nc > maxListChunks {
+					t.Fatalf("tree %s: %s: %d chunks, over the list limit", x, e.name, nc)
+				}
+				copy(e.list[:], b)
+				b = b[32:]
+			} else {
+				if nc > uint64(len(b))/32 {
+					t.Fatalf("tree %s: %s: %d chunks exceed the tree", x, e.name, nc)
+				}
+				for range nc {
+					var c id
+					copy(c[:], b)
+					e.chunks, b = append(e.chunks, c), b[32:]
+				}
 			}
-			// "Chunks": an empty file has no chunks; nc <= size <= nc*256KiB.
-			if uint64(len(e.chunks)) > e.size || e.size > uint64(len(e.chunks))*maxData {
-				t.Fatalf("tree %s: %s: %d bytes in %d chunks", x, e.name, e.size, len(e.chunks))
+			if version >= 2 {
+				var nh uint64
+				nh, b = uvarint(t, b)
+				for range nh {
+					var h [2]uint64
+					h[0], b = uvarint(t, b)
+					h[1], b = uvarint(t, b)
+					e.holes = append(e.holes, h)
+				}
+			}
+			// "Chunks": an empty file has no chunks; nc <= data <= nc*256KiB,
+			// data being the size less the holes.
+			data := e.size
+			for _, h := range e.holes {
+				data -= h[1]
+			}
+			if nc > data || data > nc*maxData {
+				t.Fatalf("tree %s: %s: %d data bytes in %d chunks", x, e.name, data, nc)
+			}
+			if e.list != (id{}) {
+				e.chunks = r.chunkList(e.list, nc)
 			}
 			if len(e.chunks) == 0 {
 				r.seen["empty file"]++
@@ -269,9 +304,41 @@ func (r *reader) tree(x id) []entry {
 	return es
 }
 
-// encode is "Tree" written out, for rule 7 and for state keys.
+// chunkList is "Indirect chunk lists": a tree blob with its own magic,
+// canonical, of exactly the entry's nc chunks.
+func (r *reader) chunkList(x id, nc uint64) []id {
+	t := r.t
+	data := r.blob(x, 2)
+	if !bytes.HasPrefix(data, []byte("TSL\x01")) {
+		t.Fatalf("chunk list %s: bad magic or version", x)
+	}
+	n, b := uvarint(t, data[4:])
+	if n != nc || n <= maxInline || n > maxListChunks || uint64(len(b)) != 32*n ||
+		len(data)-4-len(b) != len(binary.AppendUvarint(nil, n)) {
+		t.Fatalf("chunk list %s: %d chunks in %d bytes, its entry says %d", x, n, len(b), nc)
+	}
+	r.seen["chunk list"]++
+	out := make([]id, n)
+	for i := range out {
+		copy(out[i][:], b[32*i:])
+	}
+	return out
+}
+
+// encode is "Tree" written out, for rule 7 and for state keys: version 3
+// when a file names a chunk list, else 2 when one has holes, else 1.
 func encode(es []entry) []byte {
-	b := append([]byte("TST\x01"), binary.AppendUvarint(nil, uint64(len(es)))...)
+	version := byte(1)
+	for _, e := range es {
+		if e.list != (id{}) {
+			version = 3
+			break
+		}
+		if len(e.holes) > 0 {
+			version = 2
+		}
+	}
+	b := append([]byte{'T', 'S', 'T', version}, binary.AppendUvarint(nil, uint64(len(es)))...)
 	s := func(v string) { b = append(binary.AppendUvarint(b, uint64(len(v))), v...) }
 	for _, e := range es {
 		s(e.name)
@@ -294,8 +361,19 @@ func encode(es []entry) []byte {
 		case tFile:
 			b = binary.AppendUvarint(b, e.size)
 			b = binary.AppendUvarint(b, uint64(len(e.chunks)))
-			for _, c := range e.chunks {
-				b = append(b, c[:]...)
+			if e.list != (id{}) {
+				b = append(b, e.list[:]...)
+			} else {
+				for _, c := range e.chunks {
+					b = append(b, c[:]...)
+				}
+			}
+			if version >= 2 {
+				b = binary.AppendUvarint(b, uint64(len(e.holes)))
+				for _, h := range e.holes {
+					b = binary.AppendUvarint(b, h[0])
+					b = binary.AppendUvarint(b, h[1])
+				}
 			}
 		case tDir:
 			b = append(b, e.subtree[:]...)
@@ -378,6 +456,7 @@ func (r *reader) merge(baseTree, layer id) map[string]entry {
 type record struct {
 	Version  int             `json:"version"`
 	Sandbox  string          `json:"sandbox"`
+	ID       string          `json:"sandbox_id,omitempty"` // "Sandbox identity", record version 2
 	Parent   string          `json:"parent"`
 	Turn     int64           `json:"turn"`
 	Class    string          `json:"class"`
@@ -410,10 +489,22 @@ func checkTime(t *testing.T, what, s string) {
 	}
 }
 
+// TestFixtureStoreReadsFromTheDocument reads two fixture stores: "store",
+// written before indirect chunk lists (every tree version 1), which every
+// later reader must still read, and "store-v3", written with them (a file
+// of more than 16 chunks names a chunk list in a version 3 tree).
 func TestFixtureStoreReadsFromTheDocument(t *testing.T) {
-	r := openStore(t, filepath.Join("testdata", "store"))
+	common := []string{"zstd blob", "empty file", "file of several chunks", "residue dir", "whiteout", "opaque dir", "hardlink in a layer", "tree version 1"}
+	t.Run("store", func(t *testing.T) { readFixture(t, "store", "expected.json", common) })
+	t.Run("store-v3", func(t *testing.T) {
+		readFixture(t, "store-v3", "expected-v3.json", append(common, "chunk list", "tree version 3"))
+	})
+}
+
+func readFixture(t *testing.T, store, expected string, exercised []string) {
+	r := openStore(t, filepath.Join("testdata", store))
 	var want map[string]map[string]Expect
-	data, err := os.ReadFile(filepath.Join("testdata", "expected.json"))
+	data, err := os.ReadFile(filepath.Join("testdata", expected))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -438,7 +529,9 @@ func TestFixtureStoreReadsFromTheDocument(t *testing.T) {
 			}
 		}
 		checkTime(t, name, rec.Created)
-		if rec.Version != 1 || (rec.Class != "fs" && rec.Class != "process" && rec.Class != "full" && rec.Class != "skip") {
+		// Record versions 1 and 2 ("Versioning and change log"): neither
+		// fixture has a model-call journal or a process change.
+		if rec.Version < 1 || rec.Version > 2 || (rec.Version == 2) != (rec.ID != "") || (rec.Class != "fs" && rec.Class != "process" && rec.Class != "full" && rec.Class != "skip") {
 			t.Fatalf("%s: version %d class %q", name, rec.Version, rec.Class)
 		}
 		records[hexID] = rec
@@ -477,7 +570,7 @@ func TestFixtureStoreReadsFromTheDocument(t *testing.T) {
 			}
 		}
 	}
-	for _, what := range []string{"zstd blob", "empty file", "file of several chunks", "residue dir", "whiteout", "opaque dir", "hardlink in a layer"} {
+	for _, what := range exercised {
 		if r.seen[what] == 0 {
 			t.Errorf("the fixture has no %s: regenerate it (gen_test.go)", what)
 		}
@@ -495,6 +588,8 @@ func TestFixtureStoreReadsFromTheDocument(t *testing.T) {
 			}
 		case strings.HasPrefix(name, "sandboxes/"):
 			var sb struct {
+				ID       string          `json:"id,omitempty"`   // "Sandbox identity"
+				Home     string          `json:"home,omitempty"` // "Sandbox identity"
 				Name     string          `json:"name"`
 				Backend  string          `json:"backend"`
 				BaseTree string          `json:"base_tree"`
@@ -504,7 +599,8 @@ func TestFixtureStoreReadsFromTheDocument(t *testing.T) {
 			}
 			strictJSON(t, name, data, &sb)
 			checkTime(t, name, sb.Created)
-			if sb.Name != strings.TrimPrefix(name, "sandboxes/") {
+			// Named by name before "Sandbox identity", by ID since.
+			if key := strings.TrimPrefix(name, "sandboxes/"); sb.Name != key && (sb.ID == "" || sb.ID != key) {
 				t.Fatalf("%s: names sandbox %q", name, sb.Name)
 			}
 			// "Record", lineage: a branch's first record has the origin as parent.
@@ -539,10 +635,20 @@ func (r *reader) compare(t *testing.T, what string, e entry, x Expect) {
 	}
 	switch e.typ {
 	case tFile:
-		var content []byte
+		var data []byte
 		for _, c := range e.chunks {
-			content = append(content, r.blob(c, 1)...)
+			data = append(data, r.blob(c, 1)...)
 		}
+		// "Sparse files": the chunks' bytes laid into the data runs, zeros
+		// in the holes.
+		var content []byte
+		for _, h := range e.holes {
+			k := min(h[0], uint64(len(data)))
+			content = append(content, data[:k]...)
+			data = data[k:]
+			content = append(content, make([]byte, h[1])...)
+		}
+		content = append(content, data...)
 		if uint64(len(content)) != e.size || blake3Hex(string(content)) != x.Content {
 			t.Errorf("%s: content differs (%d bytes, size %d)", what, len(content), e.size)
 		}
