@@ -23,6 +23,10 @@ import (
 // the sandbox now.
 var ErrFenced = fmt.Errorf("fenced: another home owns this sandbox now: %w", errdefs.ErrPrecondition)
 
+// errHeadAhead: the local head names a record this push did not carry
+// (committed after the push chose its uploads); the head stays queued.
+var errHeadAhead = errors.New("head ahead of the push")
+
 // headRetries bounds the read-and-write rounds of one head write: each
 // round that loses is another writer's success, and the owner is the only
 // writer, so a second loss in a row already means something is wrong.
@@ -41,6 +45,14 @@ func (e *Syncer) writeHead(ctx context.Context, p job) error {
 	}
 	cond, err := upload.AsConditional(e.Remote)
 	if err != nil {
+		return fmt.Errorf("sandbox %s: %w", p.Sandbox, err)
+	}
+	// The head is read now, not when it was queued: a commit since may
+	// have moved it to a record not in the bucket yet. A head never goes
+	// up before its record; that commit queued the head again.
+	if _, err := e.Remote.Stat(ctx, delta.RecordName(target)); errors.Is(err, errdefs.ErrNotFound) {
+		return errHeadAhead
+	} else if err != nil {
 		return fmt.Errorf("sandbox %s: %w", p.Sandbox, err)
 	}
 	for range headRetries {

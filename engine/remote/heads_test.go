@@ -141,6 +141,20 @@ func TestWriteHeadRules(t *testing.T) {
 	name := delta.RefName(delta.RefHead, key)
 	t1, t2 := delta.Hash([]byte("one")), delta.Hash([]byte("two"))
 	remote := newCondStore()
+	// A head is written only once its record is in the bucket.
+	ahead := delta.Hash([]byte("not pushed yet"))
+	{
+		a, localA := headSyncer(t, remote, homeA, sb)
+		if err := a.writeHead(ctx, headJob(t, localA, key, ahead)); !errors.Is(err, errHeadAhead) {
+			t.Fatalf("head naming a record the bucket lacks: %v, want errHeadAhead", err)
+		}
+		if _, ok := remote.objs[name]; ok {
+			t.Fatal("a head was written before its record")
+		}
+	}
+	for _, id := range []delta.ID{t1, t2} {
+		remote.objs[delta.RecordName(id)] = []byte("record")
+	}
 	read := func() (delta.ID, delta.Owner) {
 		id, o, err := delta.ParseHead(remote.objs[name])
 		if err != nil {
@@ -209,8 +223,11 @@ func TestWriteHeadRules(t *testing.T) {
 
 func TestWriteHeadNeedsConditionalWrites(t *testing.T) {
 	sb := &delta.Sandbox{ID: delta.NewSandboxID(), Home: delta.NewSandboxID(), Name: "s", Backend: "overlay", BaseTree: delta.Hash([]byte("b"))}
-	s, local := headSyncer(t, struct{ upload.Store }{newCondStore()}, sb.Home, sb)
-	err := s.writeHead(context.Background(), headJob(t, local, sb.Key(), delta.Hash([]byte("x"))))
+	plain := newCondStore()
+	target := delta.Hash([]byte("x"))
+	plain.objs[delta.RecordName(target)] = []byte("record")
+	s, local := headSyncer(t, struct{ upload.Store }{plain}, sb.Home, sb)
+	err := s.writeHead(context.Background(), headJob(t, local, sb.Key(), target))
 	if !errors.Is(err, errdefs.ErrPrecondition) || !strings.Contains(err.Error(), "conditional writes") {
 		t.Fatalf("head write on a store without conditional writes: %v", err)
 	}

@@ -212,7 +212,9 @@ func (e *Syncer) Push(ctx context.Context, opts PushOptions) (*PushReport, error
 		if opts.Yield != nil {
 			opts.Yield(ctx)
 		}
-		if err := e.writeHead(ctx, p); err != nil {
+		if err := e.writeHead(ctx, p); errors.Is(err, errHeadAhead) {
+			continue // the next push sends it, after its record
+		} else if err != nil {
 			errs = append(errs, err)
 			continue
 		}

@@ -31,6 +31,7 @@ func (e *Syncer) refTargets(ctx context.Context, todo []job) ([]job, error) {
 		}
 	}
 	checked := map[string]bool{}
+	deferred := map[int]bool{}
 	var extra []job
 	for i, j := range todo {
 		if j.Delete || !strings.HasPrefix(j.Name, delta.HeadPrefix) && !strings.HasPrefix(j.Name, delta.TagPrefix) {
@@ -48,6 +49,27 @@ func (e *Syncer) refTargets(ctx context.Context, todo []job) ([]job, error) {
 			return nil, fmt.Errorf("queued upload %s: %w", j.Name, err)
 		}
 		rec := delta.RecordName(target)
+		if !inPush[rec] {
+			// Refs are read at upload time: a commit in flight may have
+			// moved this one to a record its catalog transaction has not
+			// indexed yet. That commit queues the ref again; this push
+			// leaves it for the next one.
+			var indexed bool
+			if err := e.Cat.View(ctx, func(tx *catalog.Tx) error {
+				_, err := tx.Checkpoint(target)
+				indexed = err == nil
+				if errors.Is(err, errdefs.ErrNotFound) {
+					err = nil
+				}
+				return err
+			}); err != nil {
+				return nil, err
+			}
+			if !indexed {
+				deferred[i] = true
+				continue
+			}
+		}
 		todo[i].After = append(todo[i].After, rec) // a dependency on a name outside the push is ignored
 		if inPush[rec] || checked[rec] {
 			continue
@@ -67,5 +89,10 @@ func (e *Syncer) refTargets(ctx context.Context, todo []job) ([]job, error) {
 		inPush[rec] = true
 		extra = append(extra, job{PendingUpload: catalog.PendingUpload{Sandbox: j.Sandbox, Name: rec, Size: info.Size}})
 	}
-	return append(extra, todo...), nil
+	for i, j := range todo {
+		if !deferred[i] {
+			extra = append(extra, j)
+		}
+	}
+	return extra, nil
 }
