@@ -114,6 +114,9 @@ type Engine struct {
 	freezeOnBranch bool
 	admit          *admission // checkpoint admission (admit.go)
 	headTrees      headTrees  // each sandbox's last turn's trees (headtrees.go)
+	// readOnly: opened with Options.ReadOnly; interrupted work is reported,
+	// not finished (intent.go).
+	readOnly bool
 }
 
 // Open locks and opens the home, creating it on first use.
@@ -138,6 +141,7 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	e.commits.Shared = func(int) { e.phase(PhaseCommitGroup) }
 	e.track.on = opts.TrackChanges
 	e.freezeOnBranch = opts.FreezeOnBranch
+	e.readOnly = opts.ReadOnly
 	ok := false
 	defer func() {
 		if !ok {

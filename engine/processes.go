@@ -146,6 +146,9 @@ func (e *Engine) PrepareExec(ctx context.Context, name string) (ExecFunc, error)
 	if err != nil {
 		return nil, err
 	}
+	if lost := st.interrupted; lost != nil && lost.ProcessesLost != "" {
+		e.log.Warn("the sandbox's processes were not restored", "sandbox", name, "why", lost.ProcessesLost)
+	}
 	if err := st.root.Mount(ctx); err != nil {
 		return nil, err
 	}

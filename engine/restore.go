@@ -110,7 +110,14 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 	// write on the rollback ends at cp (now, or when the next command
 	// finishes it), so the head's ref object is written beside the
 	// rewrite; the catalog's head moves once both are durable.
-	intent := startWrite(func() error { return e.writeIntent(name, cp.ID) })
+	withProcs := cp.ProcTree != nil && !o.FSOnly
+	if lost := st.interrupted; lost != nil && lost.ProcessesLost != "" {
+		e.log.Warn("the sandbox's processes had not been restored; this rollback replaces them", "sandbox", name, "why", lost.ProcessesLost)
+	}
+	e.clearProcsLost(st.sb) // whatever ran before is replaced now
+	intent := startWrite(func() error {
+		return e.writeIntent(st.sb, rollbackIntent{Target: cp.ID, Processes: withProcs})
+	})
 	var head *asyncWrite
 	beforeWrite := func() error {
 		if err := intent.wait(); err != nil {
@@ -139,7 +146,7 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 				err = errors.Join(err, perr)
 			}
 		}
-		e.clearIntent(name)
+		e.clearIntent(st.sb)
 		return nil, err
 	}
 	e.phase("rollback: root switched")
@@ -147,16 +154,22 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 		return nil, err // the intent stays: the next load finishes the move
 	}
 	e.phase("rollback: head moved")
-	if err := e.clearIntent(name); err != nil {
-		return nil, err
-	}
 	res := &RestoreResult{Sandbox: name, Checkpoint: cp, Root: st.root.Path(), LiveScan: info.Live, Mounted: info.Mounted}
-	if cp.ProcTree != nil && !o.FSOnly {
+	if withProcs {
+		// The intent stays until the processes run: a rollback killed
+		// while it restores them is finished by the next command,
+		// processes included.
 		if err := e.restoreProcesses(ctx, name, st.root.Path(), img, cp); err != nil {
+			e.noteProcsLost(st.sb, fmt.Sprintf("the rollback to %s restored the files; its processes: %v", cp.ID.Short(), err))
+			e.clearIntent(st.sb)
 			return nil, fmt.Errorf("files restored, processes not: %w", err)
 		}
 		e.acceptRestored(ctx, name, st.root, cp) // restoreturn.go
 		res.Processes = true
+		e.phase("rollback: processes restored")
+	}
+	if err := e.clearIntent(st.sb); err != nil {
+		return nil, err
 	}
 	res.Duration = time.Since(start)
 	return res, nil
