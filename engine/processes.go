@@ -180,6 +180,7 @@ func (e *Engine) PrepareExec(ctx context.Context, name string) (ExecFunc, error)
 		if opts.Log != "" && (!filepath.IsAbs(opts.Log) || filepath.Clean(opts.Log) != opts.Log || strings.ContainsRune(opts.Log, 0)) {
 			return 0, fmt.Errorf("sandbox %s: --log %q: want a clean absolute path inside the sandbox: %w", name, opts.Log, errdefs.ErrInvalid)
 		}
+		defer e.watchFreeze(ctx, name, rt)() // no exec waits on a freeze nobody holds
 		if opts.Detach {
 			pid, err := rt.ExecDetached(ctx, id, argv, proc.DetachOptions{Log: opts.Log})
 			return pid, nameCommandError(name, err)

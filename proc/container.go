@@ -119,7 +119,7 @@ func (r *Runtime) Pause(ctx context.Context, id string) error {
 	if err := checkID(id); err != nil {
 		return err
 	}
-	if err := os.WriteFile(r.freezeFile(id), []byte(Self().String()+"\n"), 0o600); err != nil {
+	if err := writeSynced(r.freezeFile(id), []byte(Self().String()+"\n")); err != nil {
 		return fmt.Errorf("container %s: freeze holder: %w", id, err)
 	}
 	if _, err := r.runc(ctx, nil, "pause", id); err != nil {
@@ -172,6 +172,34 @@ func (r *Runtime) Freeze(id string) (FreezeState, error) {
 }
 
 func (r *Runtime) freezeFile(id string) string { return filepath.Join(r.bundle(id), "frozen-by") }
+
+// writeSynced writes p and syncs it: the freeze's record exists before
+// the freeze does, whenever the freezing process dies.
+func writeSynced(p string, b []byte) error {
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(b)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// ForgetFreeze removes the record of a freeze whose holder is gone from a
+// container that is not frozen (its holder died before or while it
+// froze, or it was thawed by hand). It reports whether there was one.
+func (r *Runtime) ForgetFreeze(id string) bool {
+	fs, err := r.Freeze(id)
+	if err != nil || fs.Frozen || !fs.HolderKnown || fs.Holder.Alive() {
+		return false
+	}
+	return os.Remove(r.freezeFile(id)) == nil
+}
 
 // Status returns container id's status from runc's state file and the
 // freezer cgroup, spawning nothing (a `runc state` costs a process start

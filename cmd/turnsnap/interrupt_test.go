@@ -1,9 +1,13 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -304,5 +308,94 @@ func TestKilledBranchLeftovers(t *testing.T) {
 	mustCLI(t, home, "sandbox", "create", "b2", "--base", base)
 	if _, errs, code := cliRun(t, home, "sandbox", "rm", "nothing-here"); code == 0 {
 		t.Fatalf("sandbox rm of a name nothing knows succeeded: %q", errs)
+	}
+}
+
+// procWith returns the pid of a process whose command line holds every
+// one of parts, or 0.
+func procWith(parts ...string) int {
+	ents, _ := os.ReadDir("/proc")
+	for _, ent := range ents {
+		pid, err := strconv.Atoi(ent.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", ent.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		cmdline := strings.ReplaceAll(string(b), "\x00", " ")
+		all := true
+		for _, p := range parts {
+			all = all && strings.Contains(cmdline, p)
+		}
+		if all {
+			return pid
+		}
+	}
+	return 0
+}
+
+// A `turnsnap checkpoint` SIGKILLed early (direct mode, a long-lived
+// process in the sandbox), at fixed delays after it starts and at the
+// moment its `runc checkpoint` runs: the next `turnsnap exec NAME -- true`
+// returns (bounded here by a minute), and the process runs on.
+func TestExecAfterCheckpointKilledEarly(t *testing.T) {
+	testenv.RequireRoot(t)
+	home := filepath.Join(t.TempDir(), "home")
+	base := busyboxBase(t, "true")
+	mustCLI(t, home, "sandbox", "create", "k", "--base", base)
+	t.Cleanup(func() { cliRun(t, home, "sandbox", "rm", "k") })
+	mustCLI(t, home, "exec", "--detach", "k", "--", "sh", "-c",
+		`n=0; while :; do n=$((n+1)); echo $n > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.05; done`)
+	mustCLI(t, home, "checkpoint", "k")
+
+	type kill struct {
+		name string
+		when func(cmd *exec.Cmd) // returns once turnsnap may be killed
+	}
+	var kills []kill
+	for _, ms := range []int{10, 30, 50, 70, 90} {
+		kills = append(kills, kill{fmt.Sprintf("after %d ms", ms), func(*exec.Cmd) { time.Sleep(time.Duration(ms) * time.Millisecond) }})
+	}
+	// CRIU thaws and freezes the container again while it dumps: the
+	// kill lands at several points of that.
+	for _, ms := range []int{0, 20, 40, 60, 0, 20, 40, 60} {
+		kills = append(kills, kill{fmt.Sprintf("%d ms into runc checkpoint", ms), func(*exec.Cmd) {
+			for deadline := time.Now().Add(time.Minute); procWith("runc", " checkpoint ", filepath.Join(home, "proc", "work")) == 0; {
+				if time.Now().After(deadline) {
+					t.Fatal("turnsnap checkpoint never ran runc checkpoint")
+				}
+				time.Sleep(time.Millisecond)
+			}
+			time.Sleep(time.Duration(ms) * time.Millisecond)
+		}})
+	}
+	for _, k := range kills {
+		cmd := cli(home, nil, "checkpoint", "k")
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		k.when(cmd)
+		cmd.Process.Signal(syscall.SIGKILL)
+		cmd.Wait()
+
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		ex := exec.CommandContext(ctx, os.Args[0], "--home", home, "exec", "k", "--", "true")
+		ex.Env = append(os.Environ(), runMainEnv+"=1")
+		out, err := ex.CombinedOutput()
+		cancel()
+		if err != nil {
+			t.Fatalf("killed %s: turnsnap exec k -- true: %v (a minute is the bound): %s", k.name, err, out)
+		}
+		n := counterValue(t, home, "k")
+		for deadline := time.Now().Add(30 * time.Second); counterValue(t, home, "k") <= n; {
+			if time.Now().After(deadline) {
+				t.Fatalf("killed %s: the sandbox's process does not run (frozen: %v)", k.name, frozen(t, home, "k"))
+			}
+		}
+	}
+	if frozen(t, home, "k") {
+		t.Fatal("the container is frozen at the end")
 	}
 }
