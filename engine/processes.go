@@ -142,6 +142,14 @@ type ExecFunc func(ctx context.Context, argv []string, opts ExecOptions) (int, e
 // long command runs. A checkpoint taken while such a command still runs is
 // refused by the process layer (its parent is outside the container).
 func (e *Engine) PrepareExec(ctx context.Context, name string) (ExecFunc, error) {
+	// The preparation (finishing an interrupted rollback, starting the
+	// container) is an operation on the sandbox like any other; the
+	// command itself runs outside the lock.
+	done, err := e.op(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
 	st, err := e.loadSandbox(ctx, name)
 	if err != nil {
 		return nil, err

@@ -399,3 +399,87 @@ func TestExecAfterCheckpointKilledEarly(t *testing.T) {
 		t.Fatal("the container is frozen at the end")
 	}
 }
+
+// A rollback to a checkpoint with a long-lived process, SIGKILLed after
+// root and head were switched but before the process was restored: the
+// next command (direct), or a daemon started on the home, finishes the
+// rollback with its process running; `rollback --abandon` instead leaves
+// the sandbox visibly without its processes until the next rollback.
+func TestKilledRollbackRestoresProcesses(t *testing.T) {
+	for _, mode := range []string{"direct", "daemon", "abandon"} {
+		t.Run(mode, func(t *testing.T) {
+			testenv.RequireRoot(t)
+			home := filepath.Join(t.TempDir(), "home")
+			base := busyboxBase(t, "true")
+			var created struct{ Root string }
+			out, _ := mustCLI(t, home, "sandbox", "create", "k", "--base", base, "--json")
+			if err := json.Unmarshal([]byte(out), &created); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { cliRun(t, home, "sandbox", "rm", "k") })
+			mustCLI(t, home, "exec", "--detach", "k", "--", "sh", "-c",
+				`n=0; while :; do n=$((n+1)); echo $n > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.05; done`)
+			c1, _ := headOf(t, home, "k")
+			if err := os.WriteFile(filepath.Join(created.Root, "later.txt"), []byte("x\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			c2, _ := headOf(t, home, "k")
+			killAt(t, home, "rollback: head moved", "rollback", "k", c1)
+
+			var ps struct {
+				Running     bool
+				Processes   []struct{ Command []string }
+				Interrupted struct {
+					Rollback      string
+					ProcessesLost string `json:"processes_lost"`
+				}
+			}
+			out, errs, code := cliRun(t, home, "ps", "k", "--json")
+			if code != 0 || json.Unmarshal([]byte(out), &ps) != nil || ps.Interrupted.Rollback != c1 || ps.Running {
+				t.Fatalf("ps after the kill: exit %d, %q %q", code, out, errs)
+			}
+			daemonLog := func() string { return "" }
+			switch mode {
+			case "daemon":
+				d := startDaemon(t, home, nil)
+				daemonLog = d.stderr.String
+			case "abandon":
+				mustCLI(t, home, "rollback", "k", "--abandon")
+				out, _ := mustCLI(t, home, "ps", "k")
+				if !strings.Contains(out, "processes not restored") {
+					t.Fatalf("ps after abandoning: %q", out)
+				}
+				out, _ = mustCLI(t, home, "status")
+				if !strings.Contains(out, "processes not restored") {
+					t.Fatalf("status after abandoning: %q", out)
+				}
+				_, errs := mustCLI(t, home, "exec", "k", "--", "true")
+				if !strings.Contains(errs, "not restored") {
+					t.Fatalf("exec after abandoning does not say the processes were not restored: %q", errs)
+				}
+				if id, _ := headOf(t, home, "k"); id == c1 {
+					t.Fatalf("the abandoned rollback moved the head to %s", c1)
+				}
+				_ = c2
+				mustCLI(t, home, "rollback", "k", c1) // the way back to running processes
+			}
+			// The next command that uses the sandbox (an exec, through the
+			// daemon when one runs) finds the process running again.
+			n := counterValue(t, home, "k")
+			for deadline := time.Now().Add(30 * time.Second); counterValue(t, home, "k") <= n; {
+				if time.Now().After(deadline) {
+					t.Fatalf("the checkpoint's process does not run after the killed rollback\n%s", daemonLog())
+				}
+			}
+			out, errs, code = cliRun(t, home, "ps", "k", "--json")
+			ps.Interrupted.Rollback, ps.Interrupted.ProcessesLost = "", ""
+			if code != 0 || json.Unmarshal([]byte(out), &ps) != nil || !ps.Running || len(ps.Processes) == 0 ||
+				ps.Interrupted.Rollback != "" || ps.Interrupted.ProcessesLost != "" {
+				t.Fatalf("ps after the finished rollback: exit %d, %q %q", code, out, errs)
+			}
+			if _, err := os.Stat(filepath.Join(created.Root, "later.txt")); !os.IsNotExist(err) {
+				t.Fatalf("later.txt after the rollback to %s: %v", c1, err)
+			}
+		})
+	}
+}
