@@ -183,7 +183,7 @@ func (e *Engine) clearIntent(sb *delta.Sandbox) error {
 func (e *Engine) pendingRollback(sb *delta.Sandbox) (rollbackIntent, bool) {
 	p := e.home.intentFile(sb)
 	data, err := os.ReadFile(p)
-	if errors.Is(err, os.ErrNotExist) && sb.Key() != sb.Name {
+	if errors.Is(err, os.ErrNotExist) {
 		p = e.home.legacyIntentFile(sb.Name)
 		fi, serr := os.Stat(p)
 		if serr != nil {
