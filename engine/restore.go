@@ -114,7 +114,6 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 	if lost := st.interrupted; lost != nil && lost.ProcessesLost != "" {
 		e.log.Warn("the sandbox's processes had not been restored; this rollback replaces them", "sandbox", name, "why", lost.ProcessesLost)
 	}
-	e.clearProcsLost(st.sb) // whatever ran before is replaced now
 	intent := startWrite(func() error {
 		return e.writeIntent(st.sb, rollbackIntent{Target: cp.ID, Processes: withProcs})
 	})
@@ -154,6 +153,7 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 		return nil, err // the intent stays: the next load finishes the move
 	}
 	e.phase("rollback: head moved")
+	e.clearProcsLost(st.sb) // what ran before is replaced now
 	res := &RestoreResult{Sandbox: name, Checkpoint: cp, Root: st.root.Path(), LiveScan: info.Live, Mounted: info.Mounted}
 	if withProcs {
 		// The intent stays until the processes run: a rollback killed

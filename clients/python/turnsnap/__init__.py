@@ -208,6 +208,11 @@ class Client:
     def rollback(self, name, checkpoint, fs_only=False):
         return self._call("POST", "/v1/sandboxes/%s/rollback" % _q(name), {"checkpoint": checkpoint, "fs_only": fs_only})
 
+    def abandon_rollback(self, name):
+        """Discard the sandbox's interrupted rollback instead of finishing it:
+        the root goes back to the head."""
+        return self._call("POST", "/v1/sandboxes/%s/rollback" % _q(name), {"abandon": True})
+
     def branch(self, checkpoint, name, count=None, fs_only=False):
         """New sandbox(es) from a checkpoint; with count, NAME-1 ... NAME-count.
         Returns the list of restores."""
