@@ -97,7 +97,9 @@ func (e *Engine) containerRunning(ctx context.Context, sandbox string) (bool, er
 	if err != nil {
 		return false, fmt.Errorf("sandbox %s: %w", sandbox, err)
 	}
-	if st == proc.Paused {
+	if st == proc.Paused || st == proc.Running {
+		// Paused by a turnsnap that is gone, or about to be frozen again by
+		// its CRIU (recoverFreeze tells them from a live checkpoint's).
 		if _, err := e.recoverFreeze(ctx, sandbox); err != nil {
 			return false, err
 		}
@@ -189,15 +191,25 @@ func (e *Engine) PrepareExec(ctx context.Context, name string) (ExecFunc, error)
 			return 0, fmt.Errorf("sandbox %s: --log %q: want a clean absolute path inside the sandbox: %w", name, opts.Log, errdefs.ErrInvalid)
 		}
 		defer e.watchFreeze(ctx, name, rt)() // no exec waits on a freeze nobody holds
-		if opts.Detach {
-			pid, err := rt.ExecDetached(ctx, id, argv, proc.DetachOptions{Log: opts.Log})
-			return pid, nameCommandError(name, err)
+		run := func() (int, error) {
+			if opts.Detach {
+				return rt.ExecDetached(ctx, id, argv, proc.DetachOptions{Log: opts.Log})
+			}
+			in := opts.Stdin
+			if in == nil {
+				in = eofReader{}
+			}
+			return rt.Exec(ctx, id, argv, in, orDiscard(opts.Stdout), orDiscard(opts.Stderr))
 		}
-		in := opts.Stdin
-		if in == nil {
-			in = eofReader{}
+		code, err := run()
+		if err != nil && strings.Contains(err.Error(), "paused") {
+			// Frozen after the check above, before runc started the
+			// command (runc refused it, nothing ran): by a freeze nobody
+			// holds, thawed now, and the command is run once more.
+			if thawed, rerr := e.recoverFreeze(ctx, name); rerr == nil && thawed {
+				code, err = run()
+			}
 		}
-		code, err := rt.Exec(ctx, id, argv, in, orDiscard(opts.Stdout), orDiscard(opts.Stderr))
 		return code, nameCommandError(name, err)
 	}, nil
 }

@@ -101,6 +101,16 @@ func (e *Engine) recoverFreeze(ctx context.Context, name string) (bool, error) {
 	if err != nil {
 		return false, err
 	}
+	if fs.HolderKnown && !fs.Holder.Alive() {
+		// Its freezer died: its CRIU may still be dumping, and will freeze
+		// the container again when it is done. Let it finish first.
+		if err := rt.WaitUntraced(ctx, id, orphanDumpWait); err != nil {
+			return false, fmt.Errorf("sandbox %s: %w", name, err)
+		}
+		if fs, err = rt.Freeze(id); err != nil {
+			return false, err
+		}
+	}
 	if !fs.Stale() {
 		rt.ForgetFreeze(id) // a record its dead holder left on a thawed container
 		return false, nil
@@ -170,6 +180,10 @@ func (e *Engine) ResumeSandbox(ctx context.Context, name string) (*ResumeResult,
 	res.WasFrozen, res.FrozenBy = true, freezeHolder(fs)
 	return res, nil
 }
+
+// orphanDumpWait bounds the wait for a dump whose turnsnap was killed
+// (a CRIU dump of a sandbox takes well under a second per 100 MB).
+const orphanDumpWait = time.Minute
 
 // freezeWatchInterval is how often a running exec checks its container
 // for a freeze nobody holds.

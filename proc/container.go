@@ -8,6 +8,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/turnsnap/turnsnap/internal/errdefs"
@@ -188,6 +190,73 @@ func writeSynced(p string, b []byte) error {
 		err = cerr
 	}
 	return err
+}
+
+// WaitUntraced waits, at most wait, until no process of container id is
+// traced (ptrace). CRIU seizes every process it dumps and lets go when it
+// is done; a CRIU whose turnsnap was killed finishes its dump on its own
+// and then puts the freezer back as it found it (frozen), so a command
+// that thaws the container first would see it frozen again under its
+// feet. Waiting lets it finish (killing CRIU halfway could leave its
+// parasite in the processes). A container still traced after wait is
+// ErrUnavailable, naming the tracer.
+func (r *Runtime) WaitUntraced(ctx context.Context, id string, wait time.Duration) error {
+	deadline := time.Now().Add(wait)
+	seen := map[int]bool{}
+	for {
+		ci, err := r.info(id)
+		if err != nil {
+			return err
+		}
+		pids, err := ci.pids()
+		if err != nil {
+			return err
+		}
+		tracer := 0
+		for _, pid := range pids {
+			if t := tracerOf(pid); t != 0 {
+				tracer = t
+				seen[t] = true
+				break
+			}
+		}
+		if tracer == 0 {
+			// CRIU lets go of the processes before it puts the freezer
+			// back: a tracer seen is waited for until it has exited.
+			for t := range seen {
+				if _, err := os.Stat(fmt.Sprintf("/proc/%d", t)); err == nil {
+					tracer = t
+				}
+			}
+		}
+		if tracer == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("container %s: its processes are still traced by pid %d after %v (a CRIU whose turnsnap is gone?): %w",
+				id, tracer, wait, errdefs.ErrUnavailable)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// tracerOf returns the pid tracing process pid, or 0.
+func tracerOf(pid int) int {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "TracerPid:"); ok {
+			n, _ := strconv.Atoi(strings.TrimSpace(v))
+			return n
+		}
+	}
+	return 0
 }
 
 // ForgetFreeze removes the record of a freeze whose holder is gone from a
