@@ -130,6 +130,10 @@ func (e *Engine) BranchMany(ctx context.Context, ref string, names []string, o B
 			return nil, fmt.Errorf("%s: branch of %s: %w", subject, cp.ID.Short(), err)
 		}
 	}
+	unmark, err := e.markCreating(names, o.Backend, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", subject, err)
+	}
 	e.progressPhase("restore", int64(fp.Bytes)*int64(len(names)))
 	// The roots are independent (a mount each, or a copy each): make them
 	// side by side, so their directory syncs share journal commits.
@@ -143,10 +147,14 @@ func (e *Engine) BranchMany(ctx context.Context, ref string, names []string, o B
 		}
 	})
 	undo := func() {
+		ok := true
 		for _, r := range roots {
-			if r != nil {
-				r.Remove(context.WithoutCancel(ctx))
+			if r != nil && r.Remove(context.WithoutCancel(ctx)) != nil {
+				ok = false
 			}
+		}
+		if ok {
+			unmark() // else the next create, branch or rm of the name removes it
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -158,10 +166,12 @@ func (e *Engine) BranchMany(ctx context.Context, ref string, names []string, o B
 		sbs[i] = &delta.Sandbox{ID: delta.NewSandboxID(), Home: e.config.HomeID, Name: n, Backend: o.Backend, Config: cfg,
 			BaseTree: cp.BaseTree, Origin: cp.ID, Created: time.Now().UTC()}
 	}
+	e.phase("branch: roots made") // the catalog does not know them yet
 	if err := e.publishSandboxes(ctx, sbs, cp.ID); err != nil {
 		undo()
 		return nil, err
 	}
+	unmark()
 	out := make([]*RestoreResult, len(names))
 	for i, n := range names {
 		out[i] = &RestoreResult{Sandbox: n, Checkpoint: cp, Root: roots[i].Path()}

@@ -117,6 +117,9 @@ type Engine struct {
 	// receiptOff leaves a restore's receipt unchecked: only the receipt's
 	// benchmark sets it, for its baseline (BenchmarkRollbackReceipt).
 	receiptOff bool
+	// readOnly: opened with Options.ReadOnly; interrupted work is reported,
+	// not finished (intent.go).
+	readOnly bool
 }
 
 // Open locks and opens the home, creating it on first use.
@@ -141,6 +144,7 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	e.commits.Shared = func(int) { e.phase(PhaseCommitGroup) }
 	e.track.on = opts.TrackChanges
 	e.freezeOnBranch = opts.FreezeOnBranch
+	e.readOnly = opts.ReadOnly
 	ok := false
 	defer func() {
 		if !ok {

@@ -91,7 +91,7 @@ func TestFrozenLayerLinkCounts(t *testing.T) {
 	must(t, err)
 	b2, err := e.Branch(ctx, c2.ID.String(), "b2", BranchOptions{})
 	must(t, err)
-	f1 := checkLinks(t, "branch b1", b1.Root)
+	checkLinks(t, "branch b1", b1.Root)
 	f2 := checkLinks(t, "branch b2", b2.Root)
 	write(t, filepath.Join(b1.Root, "dir/four.txt"), "changed in b1\n")
 	if data, _ := os.ReadFile(filepath.Join(b2.Root, "dir/four.txt")); string(data) != "four\n" {
@@ -102,7 +102,7 @@ func TestFrozenLayerLinkCounts(t *testing.T) {
 	fs := checkLinks(t, "rollback", cr.Root)
 	_, err = e.Rollback(ctx, "b1", c1.ID.String(), RollbackOptions{})
 	must(t, err)
-	f1 = checkLinks(t, "rollback of a branch", b1.Root)
+	f1 := checkLinks(t, "rollback of a branch", b1.Root)
 	owner := map[[2]uint64]string{}
 	for name, files := range map[string]map[string]unix.Stat_t{"b1": f1, "b2": f2, "s": fs} {
 		for rel, st := range files {

@@ -87,6 +87,10 @@ type DiffResult struct {
 	// (what each change did, sizes, patches), one entry per change.
 	Changes []delta.Change `json:"-"`
 	Paths   []PathChange   `json:"changes"`
+	// Interrupted is what an interrupted operation left on the sandbox
+	// (a diff reports it and finishes nothing): with a rollback pending,
+	// the live root may be partly the rollback's target.
+	Interrupted *Interrupted `json:"interrupted,omitempty"`
 }
 
 // Diff compares two states of a sandbox: from and to name checkpoints; an
@@ -103,7 +107,7 @@ func (e *Engine) DiffWith(ctx context.Context, name, from, to string, o DiffOpti
 		return nil, err
 	}
 	defer done()
-	st, err := e.loadSandbox(ctx, name)
+	st, err := e.viewSandbox(ctx, name) // reads only: finishes nobody's work
 	if err != nil {
 		return nil, err
 	}
@@ -143,7 +147,7 @@ func (e *Engine) DiffWith(ctx context.Context, name, from, to string, o DiffOpti
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: diff: %w", name, err)
 	}
-	r := &DiffResult{Sandbox: name, From: aName, To: bName, Changes: changes}
+	r := &DiffResult{Sandbox: name, From: aName, To: bName, Changes: changes, Interrupted: st.interrupted}
 	d := &describer{loader: loader, from: a, to: b, live: live, liveFD: -1, o: o}
 	defer d.close()
 	if r.Paths, err = d.describe(ctx, changes); err != nil {

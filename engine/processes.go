@@ -97,7 +97,9 @@ func (e *Engine) containerRunning(ctx context.Context, sandbox string) (bool, er
 	if err != nil {
 		return false, fmt.Errorf("sandbox %s: %w", sandbox, err)
 	}
-	if st == proc.Paused {
+	if st == proc.Paused || st == proc.Running {
+		// Paused by a turnsnap that is gone, or about to be frozen again by
+		// its CRIU (recoverFreeze tells them from a live checkpoint's).
 		if _, err := e.recoverFreeze(ctx, sandbox); err != nil {
 			return false, err
 		}
@@ -142,9 +144,20 @@ type ExecFunc func(ctx context.Context, argv []string, opts ExecOptions) (int, e
 // long command runs. A checkpoint taken while such a command still runs is
 // refused by the process layer (its parent is outside the container).
 func (e *Engine) PrepareExec(ctx context.Context, name string) (ExecFunc, error) {
+	// The preparation (finishing an interrupted rollback, starting the
+	// container) is an operation on the sandbox like any other; the
+	// command itself runs outside the lock.
+	done, err := e.op(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
 	st, err := e.loadSandbox(ctx, name)
 	if err != nil {
 		return nil, err
+	}
+	if lost := st.interrupted; lost != nil && lost.ProcessesLost != "" {
+		e.log.Warn("the sandbox's processes were not restored", "sandbox", name, "why", lost.ProcessesLost)
 	}
 	if err := st.root.Mount(ctx); err != nil {
 		return nil, err
@@ -177,15 +190,26 @@ func (e *Engine) PrepareExec(ctx context.Context, name string) (ExecFunc, error)
 		if opts.Log != "" && (!filepath.IsAbs(opts.Log) || filepath.Clean(opts.Log) != opts.Log || strings.ContainsRune(opts.Log, 0)) {
 			return 0, fmt.Errorf("sandbox %s: --log %q: want a clean absolute path inside the sandbox: %w", name, opts.Log, errdefs.ErrInvalid)
 		}
-		if opts.Detach {
-			pid, err := rt.ExecDetached(ctx, id, argv, proc.DetachOptions{Log: opts.Log})
-			return pid, nameCommandError(name, err)
+		defer e.watchFreeze(ctx, name, rt)() // no exec waits on a freeze nobody holds
+		run := func() (int, error) {
+			if opts.Detach {
+				return rt.ExecDetached(ctx, id, argv, proc.DetachOptions{Log: opts.Log})
+			}
+			in := opts.Stdin
+			if in == nil {
+				in = eofReader{}
+			}
+			return rt.Exec(ctx, id, argv, in, orDiscard(opts.Stdout), orDiscard(opts.Stderr))
 		}
-		in := opts.Stdin
-		if in == nil {
-			in = eofReader{}
+		code, err := run()
+		if err != nil && strings.Contains(err.Error(), "paused") {
+			// Frozen after the check above, before runc started the
+			// command (runc refused it, nothing ran): by a freeze nobody
+			// holds, thawed now, and the command is run once more.
+			if thawed, rerr := e.recoverFreeze(ctx, name); rerr == nil && thawed {
+				code, err = run()
+			}
 		}
-		code, err := rt.Exec(ctx, id, argv, in, orDiscard(opts.Stdout), orDiscard(opts.Stderr))
 		return code, nameCommandError(name, err)
 	}, nil
 }

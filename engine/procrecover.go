@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/proc"
@@ -97,10 +98,28 @@ func (e *Engine) recoverFreeze(ctx context.Context, name string) (bool, error) {
 	}
 	id := e.home.containerID(name)
 	fs, err := rt.Freeze(id)
-	if err != nil || !fs.Stale() {
+	if err != nil {
 		return false, err
 	}
+	if fs.HolderKnown && !fs.Holder.Alive() {
+		// Its freezer died: its CRIU may still be dumping, and will freeze
+		// the container again when it is done. Let it finish first.
+		if err := rt.WaitUntraced(ctx, id, orphanDumpWait); err != nil {
+			return false, fmt.Errorf("sandbox %s: %w", name, err)
+		}
+		if fs, err = rt.Freeze(id); err != nil {
+			return false, err
+		}
+	}
+	if !fs.Stale() {
+		rt.ForgetFreeze(id) // a record its dead holder left on a thawed container
+		return false, nil
+	}
 	if err := rt.Resume(ctx, id); err != nil {
+		if now, serr := rt.Freeze(id); serr == nil && !now.Frozen {
+			rt.ForgetFreeze(id) // thawed meanwhile (its freezer let go): nothing left to do
+			return false, nil
+		}
 		return false, fmt.Errorf("sandbox %s: left frozen by %s; resume failed: %w", name, freezeHolder(fs), err)
 	}
 	e.log.Warn("sandbox was left frozen by a turnsnap that is gone; resumed it", "sandbox", name, "frozen_by", freezeHolder(fs))
@@ -160,4 +179,41 @@ func (e *Engine) ResumeSandbox(ctx context.Context, name string) (*ResumeResult,
 	}
 	res.WasFrozen, res.FrozenBy = true, freezeHolder(fs)
 	return res, nil
+}
+
+// orphanDumpWait bounds the wait for a dump whose turnsnap was killed
+// (a CRIU dump of a sandbox takes well under a second per 100 MB).
+const orphanDumpWait = time.Minute
+
+// freezeWatchInterval is how often a running exec checks its container
+// for a freeze nobody holds.
+const freezeWatchInterval = 200 * time.Millisecond
+
+// watchFreeze thaws the sandbox's container, for as long as an exec into
+// it runs, whenever it is frozen and no live process holds the freeze: a
+// command in a frozen cgroup would otherwise wait for ever (a freeze a
+// killed turnsnap's last runc made after the exec began). A freeze a live
+// checkpoint holds is left alone: it ends with the checkpoint's cut. The
+// returned function stops the watch.
+func (e *Engine) watchFreeze(ctx context.Context, name string, rt *proc.Runtime) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(freezeWatchInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			if fs, err := rt.Freeze(e.home.containerID(name)); err == nil && fs.Stale() {
+				if _, err := e.recoverFreeze(ctx, name); err != nil {
+					e.log.Warn("a stale freeze of a running exec's container not thawed", "sandbox", name, "err", err)
+				}
+			}
+		}
+	}()
+	return func() { cancel(); <-done }
 }

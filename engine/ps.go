@@ -38,6 +38,10 @@ type ProcessList struct {
 	// HeadHasImage says the head checkpoint has a process image at all.
 	HeadHasImage bool          `json:"head_has_image"`
 	Processes    []ProcessInfo `json:"processes"`
+	// Interrupted is what an interrupted operation left (ps reports it and
+	// finishes nothing): a pending rollback, or processes a finished
+	// rollback could not restore.
+	Interrupted *Interrupted `json:"interrupted,omitempty"`
 }
 
 // Processes lists the sandbox's long-lived processes (the container's own
@@ -49,11 +53,12 @@ func (e *Engine) Processes(ctx context.Context, name string, _ ProcessesOptions)
 		return nil, err
 	}
 	defer done()
-	st, err := e.loadSandbox(ctx, name)
+	st, err := e.viewSandbox(ctx, name) // reads only: finishes nobody's work
 	if err != nil {
 		return nil, err
 	}
-	out := &ProcessList{Sandbox: name, Head: st.head.ID, HeadHasImage: st.head.ProcTree != nil, Processes: []ProcessInfo{}}
+	out := &ProcessList{Sandbox: name, Head: st.head.ID, HeadHasImage: st.head.ProcTree != nil, Processes: []ProcessInfo{},
+		Interrupted: st.interrupted}
 	running, err := e.containerRunning(ctx, name)
 	if err != nil || !running {
 		return out, err

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 
 	"github.com/turnsnap/turnsnap/catalog"
+	"github.com/turnsnap/turnsnap/delta"
 )
 
 // RecoverReport says what Recover found and repaired.
@@ -19,15 +20,20 @@ type RecoverReport struct {
 	// RollbacksFinished are the sandboxes whose killed rollback was
 	// finished.
 	RollbacksFinished []string
+	// ProcessesLost are the sandboxes whose finished rollback could not
+	// restore its processes (ps and status say why).
+	ProcessesLost []string
 	// Failed are the sandboxes that could not be checked, with the error.
 	Failed map[string]string
 }
 
 // Recover checks every sandbox of this home after a crash: a rollback a
-// killed turnsnap left half done is finished, a container it left frozen
-// is resumed, and the containers that run are found. Every command on a
-// sandbox does the same for its sandbox; a daemon calls this at start so
-// that nothing waits for the next command. Upload work needs nothing here:
+// killed turnsnap left half done is finished (its processes included), a
+// container it left frozen is resumed, and the containers that run are
+// found. Every command that changes a sandbox does the same for its
+// sandbox; a daemon runs this beside serving at start (each sandbox's
+// repair holds only that sandbox's lock) so that nothing waits for the
+// next command and no sandbox waits for another's repair. Upload work needs nothing here:
 // the queue is in the catalog, and the next push resumes it.
 func (e *Engine) Recover(ctx context.Context) (*RecoverReport, error) {
 	var names []string
@@ -59,11 +65,19 @@ func (e *Engine) recoverSandbox(ctx context.Context, name string, rep *RecoverRe
 		return err
 	}
 	defer done()
-	if _, ok := e.pendingRollback(name); ok {
-		if _, err := e.loadSandbox(ctx, name); err != nil {
+	var sb *delta.Sandbox
+	if err := e.view(ctx, func(tx *catalog.Tx) (err error) { sb, err = tx.Sandbox(name); return err }); err != nil {
+		return err
+	}
+	if _, ok := e.pendingRollback(sb); ok {
+		st, err := e.loadSandbox(ctx, name)
+		if err != nil {
 			return err
 		}
 		rep.RollbacksFinished = append(rep.RollbacksFinished, name)
+		if st.interrupted != nil && st.interrupted.ProcessesLost != "" {
+			rep.ProcessesLost = append(rep.ProcessesLost, name)
+		}
 	}
 	id := e.home.containerID(name)
 	if _, err := os.Stat(filepath.Join(e.home.procStateRoot(), "runc", id)); err != nil {

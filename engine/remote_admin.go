@@ -149,6 +149,9 @@ type SandboxStatus struct {
 	// WaitsFor names the other sandboxes whose queued uploads this one's
 	// head needs.
 	WaitsFor []string `json:"waits_for,omitempty"`
+	// Interrupted is what an interrupted operation left on the sandbox
+	// (intent.go): a pending rollback, processes not restored.
+	Interrupted *Interrupted `json:"interrupted,omitempty"`
 }
 
 // StatusReport is the state of this home's remote durability.
@@ -222,6 +225,7 @@ func (e *Engine) Status(ctx context.Context) (*StatusReport, error) {
 		heads := map[string]delta.ID{}
 		for _, sb := range sbs {
 			s := get(sb.Name)
+			s.Interrupted = e.interrupted(sb)
 			if h, err := tx.GetRef(delta.RefHead, sb.Name); err == nil {
 				heads[sb.Name] = h
 			}

@@ -113,7 +113,13 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 	// write on the rollback ends at cp (now, or when the next command
 	// finishes it), so the head's ref object is written beside the
 	// rewrite; the catalog's head moves once both are durable.
-	intent := startWrite(func() error { return e.writeIntent(name, cp.ID) })
+	withProcs := cp.ProcTree != nil && !o.FSOnly
+	if lost := st.interrupted; lost != nil && lost.ProcessesLost != "" {
+		e.log.Warn("the sandbox's processes had not been restored; this rollback replaces them", "sandbox", name, "why", lost.ProcessesLost)
+	}
+	intent := startWrite(func() error {
+		return e.writeIntent(st.sb, rollbackIntent{Target: cp.ID, Processes: withProcs})
+	})
 	var head *asyncWrite
 	beforeWrite := func() error {
 		if err := intent.wait(); err != nil {
@@ -142,7 +148,7 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 				err = errors.Join(err, perr)
 			}
 		}
-		e.clearIntent(name)
+		e.clearIntent(st.sb)
 		return nil, err
 	}
 	e.phase("rollback: root switched")
@@ -150,15 +156,22 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 		return nil, err // the intent stays: the next load finishes the move
 	}
 	e.phase("rollback: head moved")
-	if err := e.clearIntent(name); err != nil {
-		return nil, err
-	}
+	e.clearProcsLost(st.sb) // what ran before is replaced now
 	res := &RestoreResult{Sandbox: name, Checkpoint: cp, Root: st.root.Path(), LiveScan: info.Live, Mounted: info.Mounted}
 	// The files are checked, the processes restored and checked: the
-	// receipt (receipt.go).
-	procs := cp.ProcTree != nil && !o.FSOnly
-	if res.Receipt, res.Processes, err = e.receipt(ctx, "rollback", name, st.root, cp, writtenHow(st.root, info, false), restoredTree(st.root, info), img, procs); err != nil {
+	// receipt (receipt.go). The intent stays until the processes run: a
+	// rollback killed while it restores them is finished by the next
+	// command, processes included.
+	if res.Receipt, res.Processes, err = e.receipt(ctx, "rollback", name, st.root, cp, writtenHow(st.root, info, false), restoredTree(st.root, info), img, withProcs); err != nil {
+		e.noteProcsLost(st.sb, fmt.Sprintf("the rollback to %s restored the files; its processes: %v", cp.ID.Short(), err))
+		e.clearIntent(st.sb)
 		return nil, fmt.Errorf("files restored, processes not: %w", err)
+	}
+	if res.Processes {
+		e.phase("rollback: processes restored")
+	}
+	if err := e.clearIntent(st.sb); err != nil {
+		return nil, err
 	}
 	res.Duration = time.Since(start)
 	if !res.Receipt.OK {

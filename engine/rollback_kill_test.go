@@ -96,7 +96,9 @@ func TestKilledRollbackKeepsRootAndHead(t *testing.T) {
 			default:
 				t.Fatalf("after a kill at %q: head is c1: %v, root is state1: %v, state2: %v", phase, head == c1.ID, got == state1, got == state2)
 			}
-			if _, ok := e.pendingRollback("s"); ok {
+			st, err := e.viewSandbox(ctx, "s")
+			must(t, err)
+			if _, ok := e.pendingRollback(st.sb); ok {
 				t.Fatal("the intent outlived its rollback")
 			}
 			if got := inode(t, filepath.Join(root, "one.txt")); got != ino {
@@ -176,8 +178,8 @@ func TestFailedRollbackKeepsHeadObject(t *testing.T) {
 	if got := headObject(); head != c2.ID || got != c2.ID {
 		t.Fatalf("after a failed rollback the head is %s in the catalog and %s in its object, want %s", head.Short(), got.Short(), c2.ID.Short())
 	}
-	if _, ok := e.pendingRollback("s"); ok {
-		t.Fatal("a failed rollback left its intent")
+	if st, err := e.viewSandbox(ctx, "s"); err != nil || st.interrupted != nil {
+		t.Fatalf("a failed rollback left its intent: %v, %v", st.interrupted, err)
 	}
 	must(t, f.Close())
 	_, err = e.Rollback(ctx, "s", c1.ID.String(), RollbackOptions{})

@@ -90,8 +90,13 @@ func (e *Engine) CreateSandbox(ctx context.Context, name string, opts CreateOpti
 	if err := ensureDir(filepath.Dir(e.home.sandboxDir(name))); err != nil {
 		return nil, err
 	}
+	unmark, err := e.markCreating([]string{name}, opts.Backend, cfg)
+	if err != nil {
+		return nil, err
+	}
 	root, err := be.Create(ctx, e.home.sandboxDir(name), lower, empty, e.repo)
 	if err != nil {
+		unmark()
 		return nil, err
 	}
 	sb := &delta.Sandbox{ID: delta.NewSandboxID(), Home: e.config.HomeID, Name: name, Backend: opts.Backend,
@@ -108,9 +113,12 @@ func (e *Engine) CreateSandbox(ctx context.Context, name string, opts CreateOpti
 	cp.Stats.Entries, cp.Stats.FilesRead, cp.Stats.BytesRead = res.Stats.Entries, res.Stats.FilesRead, res.Stats.BytesRead
 	cp.Stats.DurationNs = time.Since(start).Nanoseconds()
 	if err := e.commit(ctx, op, cp, sb, cp.Roots()); err != nil {
-		root.Remove(context.WithoutCancel(ctx))
+		if root.Remove(context.WithoutCancel(ctx)) == nil {
+			unmark()
+		}
 		return nil, err
 	}
+	unmark()
 	return &CreateResult{Sandbox: sb, Checkpoint: cp, Root: root.Path(), BaseStats: res.Stats, Duration: time.Since(start)}, nil
 }
 
@@ -126,8 +134,13 @@ func (e *Engine) checkNewSandbox(ctx context.Context, name string) error {
 		return err
 	}
 	if _, err := os.Lstat(e.home.sandboxDir(name)); err == nil {
-		return fmt.Errorf("sandbox %s: directory %s exists but the catalog does not know it (remove it, or run `turnsnap catalog rebuild`): %w",
-			name, e.home.sandboxDir(name), errdefs.ErrExists)
+		// A root no catalog entry names: a killed create or branch's is
+		// removed here (leftover.go); any other is the operator's call.
+		m, p := e.leftoverMark(name)
+		if m == nil {
+			return e.errUnknownDir(name)
+		}
+		return e.removeLeftover(ctx, name, m, p)
 	}
 	return nil
 }
@@ -230,9 +243,55 @@ type sandboxState struct {
 	head  *delta.Checkpoint
 	root  rootfs.Root
 	owner delta.Owner // who may write its head (owner.go)
+	// interrupted is what an interrupted operation left (intent.go), as
+	// far as the load did not finish it: nil when nothing.
+	interrupted *Interrupted
 }
 
 func (e *Engine) loadSandbox(ctx context.Context, name string) (*sandboxState, error) {
+	st, be, lower, err := e.readSandbox(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := os.Stat(e.home.sandboxDir(name)); err != nil {
+		// Known to the catalog but absent here (a rebuilt catalog on a new
+		// host): bring the head's state back from the store.
+		if err := ensureDir(filepath.Dir(e.home.sandboxDir(name))); err != nil {
+			return nil, err
+		}
+		if st.root, err = be.Create(ctx, e.home.sandboxDir(name), lower, st.head.FSTree, e.repo); err != nil {
+			return nil, err
+		}
+	}
+	if !e.readOnly {
+		// Finishing writes the catalog: a read-only home reports the
+		// interrupted work (st.interrupted) and leaves it to a writer.
+		if in, ok := e.pendingRollback(st.sb); ok {
+			if err := e.finishRollback(ctx, name, st, in); err != nil {
+				return nil, err
+			}
+		}
+	}
+	st.interrupted = e.interrupted(st.sb)
+	return st, nil
+}
+
+// viewSandbox is loadSandbox for commands that only read (ps, diff): an
+// interrupted operation is reported in st.interrupted, never finished, so
+// reading a sandbox never waits for or depends on someone else's work.
+// A root absent here is not brought back.
+func (e *Engine) viewSandbox(ctx context.Context, name string) (*sandboxState, error) {
+	st, _, _, err := e.readSandbox(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	st.interrupted = e.interrupted(st.sb)
+	return st, nil
+}
+
+// readSandbox reads the sandbox's catalog entries and opens its root
+// (without mounting or creating it).
+func (e *Engine) readSandbox(ctx context.Context, name string) (*sandboxState, rootfs.Backend, string, error) {
 	st := &sandboxState{}
 	err := e.view(ctx, func(tx *catalog.Tx) error {
 		var err error
@@ -250,36 +309,21 @@ func (e *Engine) loadSandbox(ctx context.Context, name string) (*sandboxState, e
 		return err
 	})
 	if err != nil {
-		return nil, err
+		return nil, nil, "", err
 	}
 	if !e.rootHere(st.sb) {
-		return nil, e.errForeignRoot(st.sb)
+		return nil, nil, "", e.errForeignRoot(st.sb)
 	}
 	be, err := e.backend(st.sb.Backend, st.sb.Config)
 	if err != nil {
-		return nil, fmt.Errorf("sandbox %s: %w", name, err)
+		return nil, nil, "", fmt.Errorf("sandbox %s: %w", name, err)
 	}
 	lower, err := e.prepareBase(ctx, be, st.head.BaseTree, e.repo)
 	if err != nil {
-		return nil, fmt.Errorf("sandbox %s: %w", name, err)
+		return nil, nil, "", fmt.Errorf("sandbox %s: %w", name, err)
 	}
 	st.root = be.Open(e.home.sandboxDir(name), lower)
-	if _, err := os.Stat(e.home.sandboxDir(name)); err != nil {
-		// Known to the catalog but absent here (a rebuilt catalog on a new
-		// host): bring the head's state back from the store.
-		if err := ensureDir(filepath.Dir(e.home.sandboxDir(name))); err != nil {
-			return nil, err
-		}
-		if st.root, err = be.Create(ctx, e.home.sandboxDir(name), lower, st.head.FSTree, e.repo); err != nil {
-			return nil, err
-		}
-	}
-	if id, ok := e.pendingRollback(name); ok {
-		if err := e.finishRollback(ctx, name, st, id); err != nil {
-			return nil, err
-		}
-	}
-	return st, nil
+	return st, be, lower, nil
 }
 
 // SandboxExists reports whether the catalog has sandbox name. It reads
@@ -336,7 +380,10 @@ func (e *Engine) RemoveSandboxWith(ctx context.Context, name string, o RemoveOpt
 		sb, err = tx.Sandbox(name)
 		return err
 	}); err != nil {
-		return err // names the sandbox
+		if o.CatalogOnly {
+			return err
+		}
+		return e.removeUnknown(ctx, name, err) // a killed create's or branch's root
 	}
 	if !o.CatalogOnly && !e.rootHere(sb) {
 		// Its root is on the host that recorded it: nothing here to
@@ -385,6 +432,12 @@ func (e *Engine) RemoveSandboxWith(ctx context.Context, name string, o RemoveOpt
 	if err != nil {
 		return err
 	}
+	// An interrupted rollback of the sandbox is discarded with it, never
+	// finished, and never found by a later sandbox of this name.
+	if err := e.clearIntent(sb); err != nil {
+		return err
+	}
+	e.clearProcsLost(sb)
 	e.dropFrozen(ctx) // its frozen layers are kept for it no longer
 	return nil
 }

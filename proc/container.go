@@ -8,6 +8,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/turnsnap/turnsnap/internal/errdefs"
@@ -119,7 +121,7 @@ func (r *Runtime) Pause(ctx context.Context, id string) error {
 	if err := checkID(id); err != nil {
 		return err
 	}
-	if err := os.WriteFile(r.freezeFile(id), []byte(Self().String()+"\n"), 0o600); err != nil {
+	if err := writeSynced(r.freezeFile(id), []byte(Self().String()+"\n")); err != nil {
 		return fmt.Errorf("container %s: freeze holder: %w", id, err)
 	}
 	if _, err := r.runc(ctx, nil, "pause", id); err != nil {
@@ -172,6 +174,101 @@ func (r *Runtime) Freeze(id string) (FreezeState, error) {
 }
 
 func (r *Runtime) freezeFile(id string) string { return filepath.Join(r.bundle(id), "frozen-by") }
+
+// writeSynced writes p and syncs it: the freeze's record exists before
+// the freeze does, whenever the freezing process dies.
+func writeSynced(p string, b []byte) error {
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(b)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// WaitUntraced waits, at most wait, until no process of container id is
+// traced (ptrace). CRIU seizes every process it dumps and lets go when it
+// is done; a CRIU whose turnsnap was killed finishes its dump on its own
+// and then puts the freezer back as it found it (frozen), so a command
+// that thaws the container first would see it frozen again under its
+// feet. Waiting lets it finish (killing CRIU halfway could leave its
+// parasite in the processes). A container still traced after wait is
+// ErrUnavailable, naming the tracer.
+func (r *Runtime) WaitUntraced(ctx context.Context, id string, wait time.Duration) error {
+	deadline := time.Now().Add(wait)
+	seen := map[int]bool{}
+	for {
+		ci, err := r.info(id)
+		if err != nil {
+			return err
+		}
+		pids, err := ci.pids()
+		if err != nil {
+			return err
+		}
+		tracer := 0
+		for _, pid := range pids {
+			if t := tracerOf(pid); t != 0 {
+				tracer = t
+				seen[t] = true
+				break
+			}
+		}
+		if tracer == 0 {
+			// CRIU lets go of the processes before it puts the freezer
+			// back: a tracer seen is waited for until it has exited.
+			for t := range seen {
+				if _, err := os.Stat(fmt.Sprintf("/proc/%d", t)); err == nil {
+					tracer = t
+				}
+			}
+		}
+		if tracer == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("container %s: its processes are still traced by pid %d after %v (a CRIU whose turnsnap is gone?): %w",
+				id, tracer, wait, errdefs.ErrUnavailable)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// tracerOf returns the pid tracing process pid, or 0.
+func tracerOf(pid int) int {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "TracerPid:"); ok {
+			n, _ := strconv.Atoi(strings.TrimSpace(v))
+			return n
+		}
+	}
+	return 0
+}
+
+// ForgetFreeze removes the record of a freeze whose holder is gone from a
+// container that is not frozen (its holder died before or while it
+// froze, or it was thawed by hand). It reports whether there was one.
+func (r *Runtime) ForgetFreeze(id string) bool {
+	fs, err := r.Freeze(id)
+	if err != nil || fs.Frozen || !fs.HolderKnown || fs.Holder.Alive() {
+		return false
+	}
+	return os.Remove(r.freezeFile(id)) == nil
+}
 
 // Status returns container id's status from runc's state file and the
 // freezer cgroup, spawning nothing (a `runc state` costs a process start

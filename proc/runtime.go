@@ -12,7 +12,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strings"
+	"syscall"
 
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
@@ -216,7 +218,15 @@ func (r *Runtime) runc(ctx context.Context, env []string, args ...string) ([]byt
 	cmd.Stdin = emptyReader{}
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	cmd.WaitDelay = stdioWait
+	// runc dies with the turnsnap that runs it: an orphaned `runc
+	// checkpoint` (and its CRIU) would go on freezing and dumping the
+	// container after the next command found it thawed, and freeze that
+	// command's exec with it. The signal is sent when the forking thread
+	// ends, so the goroutine keeps its thread until runc has exited.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	runtime.LockOSThread()
 	err := cmd.Run()
+	runtime.UnlockOSThread()
 	r.log.Debug("runc", "args", args, "err", err)
 	if err != nil {
 		if ctx.Err() != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -55,6 +56,10 @@ bytes in base64 (README, "For scripts").`,
 			return err
 		}
 		w := a.stdout()
+		if r.Interrupted != nil && !a.json {
+			// On stderr: -z and --stat output stays parseable.
+			fmt.Fprintf(os.Stderr, "sandbox %s: %s\n", r.Sandbox, r.Interrupted.Describe(r.Sandbox))
+		}
 		switch {
 		case a.json:
 			return printJSON(w, r)

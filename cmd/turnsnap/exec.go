@@ -83,6 +83,9 @@ next checkpoint will dump it).`,
 		if a.json {
 			return printJSON(a.stdout(), l)
 		}
+		if l.Interrupted != nil {
+			fmt.Fprintf(a.stdout(), "sandbox %s: %s\n", l.Sandbox, l.Interrupted.Describe(l.Sandbox))
+		}
 		if !l.Running {
 			fmt.Fprintf(a.stdout(), "sandbox %s: no container running\n", l.Sandbox)
 			return nil

@@ -156,6 +156,11 @@ func (a *app) statusCmd() *cobra.Command {
 			if a.json {
 				return printJSON(a.stdout(), r)
 			}
+			for _, s := range r.Sandboxes {
+				if s.Interrupted != nil {
+					fmt.Fprintf(a.stdout(), "sandbox %s: %s\n", s.Sandbox, s.Interrupted.Describe(s.Sandbox))
+				}
+			}
 			if r.Remote == "" {
 				fmt.Fprintln(a.stdout(), "no remote store: checkpoints are durable on this host only (see `turnsnap init`)")
 				return nil

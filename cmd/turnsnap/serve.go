@@ -251,11 +251,10 @@ func (a *app) serve(ctx context.Context, f serveFlags) error {
 		return err
 	}
 	defer e.Close()
-	rep, err := e.Recover(ctx)
-	if err != nil {
-		return err
-	}
-	logRecovery(ctx, log, e, rep)
+	// Recovery runs beside serving: each sandbox's repair holds only that
+	// sandbox's lock, so the others are served at once (a request for one
+	// not yet repaired repairs it itself).
+	defer recoverInBackground(ctx, log, e)()
 
 	mon, err := api.NewMonitor(log, e, extraCollectors(e)...)
 	if err != nil {
@@ -345,12 +344,32 @@ func extraCollectors(e *engine.Engine) []prometheus.Collector {
 	return []prometheus.Collector{api.NewTrackingCollector(e)}
 }
 
+// recoverInBackground runs e.Recover on its own goroutine and logs what
+// it did; the returned function cancels it and waits for it to end.
+func recoverInBackground(ctx context.Context, log *slog.Logger, e *engine.Engine) (wait func()) {
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		rep, err := e.Recover(rctx)
+		if err != nil {
+			log.Error("recovery at start failed", "err", err)
+			return
+		}
+		logRecovery(rctx, log, e, rep)
+	}()
+	return func() { cancel(); <-done }
+}
+
 func logRecovery(ctx context.Context, log *slog.Logger, e *engine.Engine, rep *engine.RecoverReport) {
 	for _, n := range rep.Resumed {
 		log.Warn("repaired: resumed a container a killed turnsnap left frozen", "sandbox", n)
 	}
 	for _, n := range rep.RollbacksFinished {
 		log.Warn("repaired: finished a rollback a killed turnsnap left half done", "sandbox", n)
+	}
+	for _, n := range rep.ProcessesLost {
+		log.Error("the finished rollback's processes could not be restored (turnsnap ps says why)", "sandbox", n)
 	}
 	for n, msg := range rep.Failed {
 		log.Error("sandbox could not be checked at start", "sandbox", n, "err", msg)

@@ -177,7 +177,7 @@ func TestServeExecAndSIGTERM(t *testing.T) {
 }
 
 // kill -9 of the daemon while it holds a container frozen for a cut: the
-// next daemon resumes it at start and says so in its log.
+// next daemon resumes it at start (beside serving) and says so in its log.
 func TestServeKill9ResumesFreeze(t *testing.T) {
 	testenv.RequireRoot(t)
 	base := busyboxBase(t)
@@ -212,6 +212,13 @@ func TestServeKill9ResumesFreeze(t *testing.T) {
 		t.Fatalf("a command beside a dead daemon's socket: exit %d %s %s", code, out, errs)
 	}
 	d2 := startDaemon(t, home, nil)
+	// The repair runs beside serving (a daemon serves every other sandbox
+	// at once): wait for its log line.
+	for deadline := time.Now().Add(time.Minute); !strings.Contains(d2.stderr.String(), "repaired"); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the new daemon did not repair the sandbox:\n%s", d2.stderr.String())
+		}
+	}
 	if frozen(t, home, "k") {
 		t.Fatalf("the new daemon left the container frozen:\n%s", d2.stderr.String())
 	}

@@ -114,12 +114,17 @@ type tenantHome struct {
 	unix   *http.Server
 	stop   context.CancelFunc
 	pushWG sync.WaitGroup
+	// recovered cancels and waits for the home's recovery at start.
+	recovered func()
 }
 
 func (th *tenantHome) close() {
 	if th.stop != nil {
 		th.stop()
 		th.pushWG.Wait()
+	}
+	if th.recovered != nil {
+		th.recovered()
 	}
 	th.e.Close()
 }
@@ -139,11 +144,7 @@ func (a *app) openTenant(ctx context.Context, log *slog.Logger, spec api.TenantS
 		th.close()
 		return nil, fmt.Errorf("tenant %s: %w", spec.Name, err)
 	}
-	rep, err := e.Recover(ctx)
-	if err != nil {
-		return fail(err)
-	}
-	logRecovery(ctx, log, e, rep)
+	th.recovered = recoverInBackground(context.WithoutCancel(ctx), log, e)
 	var setup engine.SetupOptions
 	if spec.Remote != nil && !e.HasRemote() {
 		rc := *spec.Remote

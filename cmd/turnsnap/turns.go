@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/turnsnap/turnsnap/engine/api"
+	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
 
 // readOnly says an invocation only reads: in direct mode the home is
@@ -61,20 +62,36 @@ that write no record leave no gap: the next checkpoint reuses the number.`,
 }
 
 func (a *app) rollbackCmd() *cobra.Command {
-	var fsOnly bool
+	var fsOnly, abandon bool
 	c := &cobra.Command{
-		Use:   "rollback NAME CHECKPOINT [--fs-only]",
+		Use:   "rollback NAME CHECKPOINT [--fs-only] | rollback NAME --abandon",
 		Short: "Make the sandbox's root (and processes) exactly that checkpoint and move its head there",
-		Args:  cobra.ExactArgs(2),
+		Long: `Make the sandbox's root (and processes) exactly that checkpoint and move its
+head there. A rollback that was killed midway is finished by the next command
+that changes the sandbox; --abandon discards it instead: the root goes back
+to the head (which the rollback had not moved), and the processes it stopped
+stay stopped.`,
+		Args: cobra.RangeArgs(1, 2),
 		RunE: a.withService(nil, func(ctx context.Context, s service, args []string) error {
-			r, err := s.Rollback(ctx, args[0], api.RollbackRequest{Checkpoint: args[1], FSOnly: fsOnly})
+			req := api.RollbackRequest{FSOnly: fsOnly, Abandon: abandon}
+			if len(args) == 2 {
+				req.Checkpoint = args[1]
+			}
+			if abandon != (len(args) == 1) {
+				return fmt.Errorf("rollback: give a CHECKPOINT, or --abandon alone: %w", errdefs.ErrInvalid)
+			}
+			r, err := s.Rollback(ctx, args[0], req)
 			if err != nil {
 				return err
+			}
+			if abandon {
+				return a.printRestore("abandoned its interrupted rollback; back", r)
 			}
 			return a.printRestore("rolled back", r)
 		}),
 	}
 	c.Flags().BoolVar(&fsOnly, "fs-only", false, "restore the checkpoint's files only, not its processes")
+	c.Flags().BoolVar(&abandon, "abandon", false, "discard the sandbox's interrupted rollback instead of finishing it")
 	return c
 }
 

@@ -253,6 +253,16 @@ func (s *Service) Diff(ctx context.Context, name, from, to string) (*Diff, error
 }
 
 func (s *Service) Rollback(ctx context.Context, name string, req RollbackRequest) (*Restore, error) {
+	if req.Abandon {
+		if req.Checkpoint != "" || req.FSOnly {
+			return nil, invalidf("rollback of sandbox %s: abandon takes no checkpoint and no fs_only", name)
+		}
+		r, err := s.E.AbandonRollback(ctx, name)
+		if err != nil {
+			return nil, err
+		}
+		return restoreOf(r), nil
+	}
 	if req.Checkpoint == "" {
 		return nil, invalidf("rollback of sandbox %s: no checkpoint given", name)
 	}

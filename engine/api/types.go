@@ -188,6 +188,9 @@ type Diff struct {
 type RollbackRequest struct {
 	Checkpoint string `json:"checkpoint"`
 	FSOnly     bool   `json:"fs_only,omitempty"`
+	// Abandon discards the sandbox's interrupted rollback instead of
+	// finishing it: the root goes back to the head (no Checkpoint).
+	Abandon bool `json:"abandon,omitempty"`
 }
 
 // BranchRequest is POST /v1/checkpoints/{ref}/branches.

@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -29,9 +28,9 @@ func turnsnapBin(t *testing.T) string {
 			return b
 		}
 	}
-	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
-	if _, err := os.Stat(goBin); err != nil {
-		goBin = "go"
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		goBin = "/usr/local/go/bin/go"
 	}
 	bin := filepath.Join(t.TempDir(), "turnsnap")
 	cmd := exec.Command(goBin, "build", "-o", bin, "github.com/turnsnap/turnsnap/cmd/turnsnap")

@@ -199,6 +199,11 @@ class Client:
         return self._obj("POST", "/v1/sandboxes/%s/rollback" % _q(name),
                           {"checkpoint": checkpoint, "fs_only": fs_only}, timeout=timeout)
 
+    def abandon_rollback(self, name: str, *, timeout: TimeoutArg = DEFAULT) -> JSON:
+        """Discard the sandbox's interrupted rollback instead of finishing it:
+        the root goes back to the head. Not retried."""
+        return self._obj("POST", "/v1/sandboxes/%s/rollback" % _q(name), {"abandon": True}, timeout=timeout)
+
     def branch(self, checkpoint: str, name: str, count: Optional[int] = None, fs_only: bool = False, *,
                timeout: TimeoutArg = DEFAULT) -> List[JSON]:
         """New sandbox(es) from a checkpoint; with count, NAME-1 ... NAME-count.
