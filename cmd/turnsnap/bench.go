@@ -146,6 +146,11 @@ func (a *app) runBench(ctx context.Context, o benchOpts) error {
 		a.log.Warn("bench: stopping the daemon", "err", cerr)
 	}
 	sum := harness.Summarise(res)
+	for _, v := range sum.Invalid {
+		// Also said in the report; a log line too, for whoever reads only
+		// the JSON's numbers.
+		a.log.Warn("bench: INVALID trace, its fault-free run did not pass; no correctness figure counts it", "trace", v.Trace, "seed", v.Seed, "reason", v.Reason)
+	}
 	if err := report.Write(o.out, res, sum); err != nil {
 		return err
 	}
