@@ -45,6 +45,10 @@ type MethodSummary struct {
 	ValidRuns           int      `json:"valid_runs"`
 	RecoveryCorrectness *float64 `json:"recovery_correctness,omitempty"`
 	StateEquivalence    *float64 `json:"state_equivalence,omitempty"`
+	// EndProbeMatch is the fraction of the runs of valid traces with an
+	// end probe (v2) whose probe answered (exit code and output) what the
+	// fault-free run's did; absent without such runs.
+	EndProbeMatch *float64 `json:"end_probe_match,omitempty"`
 	// Overhead is the time the method's checkpoints added to the
 	// replays, as a fraction of the fault-free replays of the same traces
 	// and seeds: the gate's delays beyond the model latency (a checkpoint
@@ -114,6 +118,7 @@ func Summarise(res *Result) *Summary {
 		}
 	}
 	correct := map[string]int{}
+	probeOK, probeN := map[string]int{}, map[string]int{}
 	ckpts, restores := map[string][]float64{}, map[string][]float64{}
 	exposed, pauses := map[string][]float64{}, map[string][]float64{}
 	overlapped, workSum := map[string]int{}, map[string]float64{}
@@ -131,6 +136,12 @@ func Summarise(res *Result) *Summary {
 		// A run of an invalid trace counts in no correctness figure; a
 		// trace without a fault-free run (none was made) is not judged.
 		_, bad := invalid[[2]any{r.Trace, r.Seed}]
+		if f := ff[[2]any{r.Trace, r.Seed}]; !bad && f != nil && f.EndProbe != nil {
+			probeN[r.Method]++
+			if r.EndProbe != nil && *r.EndProbe == *f.EndProbe {
+				probeOK[r.Method]++
+			}
+		}
 		if !bad {
 			m.ValidRuns++
 			if r.Correct {
@@ -190,6 +201,10 @@ func Summarise(res *Result) *Summary {
 		if m.ValidRuns > 0 {
 			v := float64(correct[name]) / float64(m.ValidRuns)
 			m.RecoveryCorrectness = &v
+		}
+		if n := probeN[name]; n > 0 {
+			v := float64(probeOK[name]) / float64(n)
+			m.EndProbeMatch = &v
 		}
 		if n := equivN[name]; n > 0 {
 			v := float64(equiv[name]) / float64(n)

@@ -112,6 +112,15 @@ func Markdown(s *harness.Summary) string {
 			corr, eq, pct(ms.Overhead), pct(ms.WallOverhead), ms.ExposedP50MS, ms.ExposedP99MS,
 			mib(ms.BytesStored), up, ms.CkptP50MS, ms.CkptP95MS, ms.CkptP99MS, pause, ms.RestoreP50)
 	}
+	var probes []string
+	for _, m := range harness.Methods {
+		if ms := s.Methods[m]; ms != nil && ms.EndProbeMatch != nil {
+			probes = append(probes, fmt.Sprintf("%s %s", m, pct(*ms.EndProbeMatch)))
+		}
+	}
+	if len(probes) > 0 {
+		fmt.Fprintf(&b, "\nEnd probe (traces that declare one): the runs whose probe after the last turn answered as the fault-free run's did: %s.\n", strings.Join(probes, ", "))
+	}
 	ts, full := s.Methods[harness.Turnsnap], s.Methods[harness.FullPerTurn]
 	if ts != nil && full != nil && full.BytesStored > 0 {
 		fmt.Fprintf(&b, "\nturnsnap stores %s of full_per_turn's bytes", pct(float64(ts.BytesStored)/float64(full.BytesStored)))

@@ -145,3 +145,73 @@ func TestBenchRejectsBadTraces(t *testing.T) {
 		t.Error("a refused bench wrote its output directory")
 	}
 }
+
+// Traces written outside the project (issue 26): a version 2 trace (a
+// binary base file, a working directory, a start that must run before the
+// command after it in the same turn, an end probe) runs as written, and a
+// trace whose fault-free run fails its verifier is reported INVALID, with
+// no correctness figure from its runs, in the JSON and in REPORT.md.
+func TestBenchV2AndInvalid(t *testing.T) {
+	testenv.RequireRoot(t)
+	busyboxBase(t)
+	traces := t.TempDir()
+	// Turn 1: the command reads the fifo the process writes; run before
+	// the start (v1's order) it would block until its 3 s timeout and
+	// leave seen.txt empty, failing the verifier.
+	v2 := `{"version": 2, "name": "v2order", "cwd": "/work",
+ "base": {"files": [{"path": "work/blob.bin", "content_b64": "AAEC/w==", "mode": "0600"}]},
+ "probe": {"cmd": "cat state.txt; od -An -tx1 blob.bin"},
+ "verify": {"cmd": "grep -x hi reply.txt && test \"$(od -An -tx1 blob.bin | tr -d ' \\n')\" = 000102ff"},
+ "turns": [
+  {"steps": [{"cmd": "mkfifo f"},
+             {"start": {"name": "w", "cmd": "echo hi > f; exec sleep 100000"}},
+             {"cmd": "cat f > seen.txt", "timeout_ms": 3000},
+             {"cmd": "rm f"}], "model_latency_ms": 100},
+  {"steps": [{"cmd": "echo one >> state.txt"}], "model_latency_ms": 100},
+  {"steps": [{"cmd": "echo two >> state.txt"}], "model_latency_ms": 100},
+  {"steps": [{"cmd": "cp seen.txt reply.txt", "cwd": "/work"}], "model_latency_ms": 100}]}`
+	broken := `{"name": "broken", "verify": {"cmd": "echo needs python3 >&2; test -x /usr/bin/python3"},
+ "turns": [{"cmds": ["true"]}, {"cmds": ["true"]}, {"cmds": ["true"]}]}`
+	os.WriteFile(filepath.Join(traces, "v2order.json"), []byte(v2), 0o644)
+	os.WriteFile(filepath.Join(traces, "broken.json"), []byte(broken), 0o644)
+	out := filepath.Join(t.TempDir(), "out")
+	stdout, stderr, code := cliRun(t, t.TempDir(), "bench", "--traces", traces, "--seeds", "1", "--sandboxes", "0",
+		"--crash-after-start", "--latency-scale", "0.1", "--minio", "none", "--out", out, "--work", t.TempDir(), "--json")
+	if code != 0 {
+		t.Fatalf("turnsnap bench: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	var sum struct {
+		Methods map[string]struct {
+			ValidRuns           int      `json:"valid_runs"`
+			RecoveryCorrectness *float64 `json:"recovery_correctness"`
+			EndProbeMatch       *float64 `json:"end_probe_match"`
+		}
+		Invalid []struct{ Trace, Reason string }
+		Errors  []string
+	}
+	if err := json.Unmarshal([]byte(stdout), &sum); err != nil {
+		t.Fatalf("bench --json: %v\n%s", err, stdout)
+	}
+	if len(sum.Errors) > 0 {
+		t.Fatalf("bench runs failed: %v", sum.Errors)
+	}
+	if len(sum.Invalid) != 1 || sum.Invalid[0].Trace != "broken" || !strings.Contains(sum.Invalid[0].Reason, "needs python3") {
+		t.Fatalf("invalid traces: %+v\n%s", sum.Invalid, stdout)
+	}
+	for m, want := range map[string]float64{"fault_free": 1, "turnsnap": 1, "full_per_turn": 1, "chat_only": 0} {
+		ms := sum.Methods[m]
+		if ms.ValidRuns != 1 || ms.RecoveryCorrectness == nil || *ms.RecoveryCorrectness != want {
+			t.Errorf("%s: valid runs %d, correctness %v; want 1 run (v2order only), %v\n%s", m, ms.ValidRuns, ms.RecoveryCorrectness, want, stdout)
+		}
+	}
+	for m, want := range map[string]float64{"turnsnap": 1, "full_per_turn": 1, "chat_fs": 1, "chat_only": 0} {
+		if p := sum.Methods[m].EndProbeMatch; p == nil || *p != want {
+			t.Errorf("%s: end probe match %v, want %v", m, p, want)
+		}
+	}
+	md, err := os.ReadFile(filepath.Join(out, "REPORT.md"))
+	if err != nil || !strings.Contains(string(md), "- INVALID: trace broken seed 1: fault-free run failed its verifier: needs python3") ||
+		!strings.Contains(string(md), "| broken (INVALID) |") {
+		t.Errorf("REPORT.md (%v):\n%s", err, md)
+	}
+}
