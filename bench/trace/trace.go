@@ -351,6 +351,8 @@ func (t *Trace) Check() error {
 					}
 				}
 				running[p.Name] = true
+			default: // a v1 empty command or stop name
+				return bad("turn %d step %d: empty command", n, j+1)
 			}
 		}
 	}
