@@ -16,6 +16,7 @@ import (
 	"github.com/turnsnap/turnsnap/bench/trace"
 	"github.com/turnsnap/turnsnap/engine"
 	"github.com/turnsnap/turnsnap/engine/api"
+	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
 
 // Run is one trace replayed once with one method.
@@ -104,34 +105,25 @@ func (h *Harness) crashTurn(t *trace.Trace, seed int) int {
 	return 2 + rng.Intn(n-1)
 }
 
-// base writes the sandbox base of t: a busybox rootfs and the trace's tree.
+// base writes the sandbox base of t: a busybox rootfs, or a copy of the
+// trace's image, and the trace's tree on top.
 func (h *Harness) base(t *trace.Trace) (string, error) {
 	dir := filepath.Join(h.cfg.Work, "bases", t.Name)
 	if _, err := os.Stat(filepath.Join(dir, ".complete")); err == nil {
 		return dir, nil
 	}
 	os.RemoveAll(dir)
-	bb, err := os.ReadFile("/bin/busybox")
+	var err error
+	if t.Base.Image == nil {
+		err = busyboxRootfs(dir)
+	} else {
+		err = h.imageRootfs(t, dir)
+	}
 	if err != nil {
-		return "", fmt.Errorf("busybox rootfs: %w (apt package busybox-static)", err)
-	}
-	for _, d := range []string{"bin", "proc", "dev", "sys", "tmp", "root"} {
-		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
-			return "", err
-		}
-	}
-	if err := os.WriteFile(filepath.Join(dir, "bin/busybox"), bb, 0o755); err != nil {
 		return "", err
 	}
-	list, err := exec.Command("/bin/busybox", "--list").Output()
-	if err != nil {
-		return "", fmt.Errorf("busybox --list: %w", err)
-	}
-	for _, a := range strings.Fields(string(list)) {
-		if a == "busybox" || strings.ContainsAny(a, "/[") {
-			continue
-		}
-		if err := os.Symlink("busybox", filepath.Join(dir, "bin", a)); err != nil {
+	for _, d := range []string{"proc", "dev", "sys", "tmp", "root"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
 			return "", err
 		}
 	}
@@ -139,6 +131,80 @@ func (h *Harness) base(t *trace.Trace) (string, error) {
 		return "", err
 	}
 	return dir, os.WriteFile(filepath.Join(dir, ".complete"), nil, 0o644)
+}
+
+func busyboxRootfs(dir string) error {
+	bb, err := os.ReadFile("/bin/busybox")
+	if err != nil {
+		return fmt.Errorf("busybox rootfs: %w (apt package busybox-static)", err)
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "bin"), 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "bin/busybox"), bb, 0o755); err != nil {
+		return err
+	}
+	list, err := exec.Command("/bin/busybox", "--list").Output()
+	if err != nil {
+		return fmt.Errorf("busybox --list: %w", err)
+	}
+	for _, a := range strings.Fields(string(list)) {
+		if a == "busybox" || strings.ContainsAny(a, "/[") {
+			continue
+		}
+		if err := os.Symlink("busybox", filepath.Join(dir, "bin", a)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// imageVersion is the recipe version of a named image; it must match
+// the script that builds it (scripts/deps.d/75-debian-image.sh).
+func imageVersion(name string) (int, bool) {
+	switch name {
+	case "debian-bookworm":
+		return 1, true
+	}
+	return 0, false
+}
+
+// ImagePath is where a named image's rootfs is cached.
+func ImagePath(cache, name string) (string, error) {
+	v, ok := imageVersion(name)
+	if !ok {
+		return "", fmt.Errorf("base image %q: no such named image (debian-bookworm is): %w", name, errdefs.ErrInvalid)
+	}
+	img := filepath.Join(cache, "images", fmt.Sprintf("%s-v%d", name, v))
+	if _, err := os.Stat(filepath.Join(img, ".complete")); err != nil {
+		return "", fmt.Errorf("base image %s is not built in %s (scripts/deps.sh debian-image builds it): %w", name, img, errdefs.ErrNotFound)
+	}
+	return filepath.Join(img, "rootfs"), nil
+}
+
+// imageRootfs copies the trace's image into dir: a copy, so that neither
+// the trace's files nor the daemon ever write into the image.
+func (h *Harness) imageRootfs(t *trace.Trace, dir string) error {
+	src := t.ImageDir()
+	if t.Base.Image.Name != "" {
+		var err error
+		if src, err = ImagePath(h.cfg.Cache, t.Base.Image.Name); err != nil {
+			return fmt.Errorf("trace %s: %w", t.Name, err)
+		}
+	}
+	if st, err := os.Stat(src); err != nil || !st.IsDir() {
+		return fmt.Errorf("trace %s: base image dir %s is not a directory: %w", t.Name, src, errdefs.ErrNotFound)
+	}
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+		return err
+	}
+	// cp -a keeps owners, modes, links, device nodes and xattrs; reflinks
+	// where the filesystem has them.
+	if out, err := exec.Command("cp", "-a", "--reflink=auto", "--", src, dir).CombinedOutput(); err != nil {
+		os.RemoveAll(dir)
+		return fmt.Errorf("trace %s: copy the base image %s: %v: %s", t.Name, src, err, out)
+	}
+	return nil
 }
 
 // sandboxName is unique per run.
@@ -313,7 +379,7 @@ func (h *Harness) runTurn(ctx context.Context, name string, t *trace.Trace, turn
 		switch {
 		case st.Stop != "":
 			if pid := procs[st.Stop]; pid > 0 {
-				h.sh(ctx, name, fmt.Sprintf("kill %d; i=0; while kill -0 %d 2>/dev/null && [ $i -lt 250 ]; do usleep 20000; i=$((i+1)); done", pid, pid), 30*time.Second)
+				h.sh(ctx, name, fmt.Sprintf("kill %d; i=0; while kill -0 %d 2>/dev/null && [ $i -lt 250 ]; do sleep 0.02; i=$((i+1)); done", pid, pid), 30*time.Second)
 			}
 			delete(procs, st.Stop)
 		case st.Cmd != "":

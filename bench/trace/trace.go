@@ -60,14 +60,40 @@ type Trace struct {
 	// run's (end_probe_match in the report).
 	Probe *Command `json:"probe,omitempty"`
 	Turns []Turn   `json:"turns"`
+	// src is the directory of the file Load read the trace from: a
+	// relative image dir is resolved against it.
+	src string
+}
+
+// ImageDir is the host directory of the base image (empty without one or
+// with a named image).
+func (t *Trace) ImageDir() string {
+	if t.Base.Image == nil || t.Base.Image.Dir == "" {
+		return ""
+	}
+	if filepath.IsAbs(t.Base.Image.Dir) {
+		return filepath.Clean(t.Base.Image.Dir)
+	}
+	return filepath.Join(t.src, filepath.FromSlash(t.Base.Image.Dir))
 }
 
 // Base is the tree the sandbox starts from, besides the busybox rootfs the
 // harness always provides (/bin/busybox and its applets, /proc, /dev, /sys,
 // /tmp).
 type Base struct {
+	// Image (v2) replaces the busybox rootfs: the files and dirs are
+	// written on top of a copy of it.
+	Image *Image   `json:"image,omitempty"`
 	Files []File   `json:"files,omitempty"`
 	Dirs  []string `json:"dirs,omitempty"`
+}
+
+// Image is a rootfs a v2 trace starts from: exactly one of Dir, a host
+// directory (relative: to the trace file's directory), and Name, an image
+// the harness builds and caches (docs/BENCH.md lists them).
+type Image struct {
+	Dir  string `json:"dir,omitempty"`
+	Name string `json:"name,omitempty"`
 }
 
 // File is one base file; Mode is octal text ("0755"), default 0644.
@@ -241,6 +267,18 @@ func (t *Trace) Check() error {
 	if t.Probe != nil {
 		if err := checkCommand(*t.Probe, true, v2); err != nil {
 			return bad("probe: %v", err)
+		}
+	}
+	if img := t.Base.Image; img != nil {
+		switch {
+		case !v2:
+			return bad("base image needs version 2")
+		case (img.Dir == "") == (img.Name == ""):
+			return bad("base image: exactly one of dir and name")
+		case len(img.Dir) > 1024 || strings.ContainsRune(img.Dir, 0):
+			return bad("base image dir over 1024 bytes or with a NUL byte")
+		case img.Name != "" && !nameRE.MatchString(img.Name):
+			return bad("base image name must match %s", nameRE)
 		}
 	}
 	if len(t.Base.Files)+len(t.Base.Dirs) > MaxBaseFiles {
@@ -435,6 +473,9 @@ func Load(file string) (*Trace, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", file, err)
 	}
+	if t.src, err = filepath.Abs(filepath.Dir(file)); err != nil {
+		return nil, err
+	}
 	return t, nil
 }
 
@@ -477,6 +518,11 @@ func (t *Trace) WriteBase(dir string) error {
 			return err
 		}
 		mode, _ := f.FileMode()
+		// A file of the image is replaced, not written through: the copy
+		// of an image may share its bytes (reflinks, hard links).
+		if err := os.Remove(p); err != nil && !os.IsNotExist(err) {
+			return err
+		}
 		data, err := f.Data()
 		if err != nil {
 			return fmt.Errorf("trace %s: base file %s: %w", t.Name, f.Path, err)

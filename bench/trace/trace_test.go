@@ -122,6 +122,10 @@ func TestParseV2Rejects(t *testing.T) {
 		"cwd on a stop":      strings.Replace(goodV2, `{"stop":"srv"}`, `{"stop":"srv","cwd":"/"}`, 1),
 		"stop before start":  strings.Replace(goodV2, `{"start":{"name":"srv","cmd":"sleep 100","cwd":"/tmp"}},{"cmd":"touch done","cwd":"/app","timeout_ms":500},{"stop":"srv"}`, `{"stop":"srv"},{"start":{"name":"srv","cmd":"sleep 100"}}`, 1),
 		"step timeout":       strings.Replace(goodV2, `"timeout_ms":500`, `"timeout_ms":99999999`, 1),
+		"image in v1":        strings.Replace(good, `"base":{`, `"base":{"image":{"name":"debian-bookworm"},`, 1),
+		"image dir and name": strings.Replace(goodV2, `"base":{`, `"base":{"image":{"name":"debian-bookworm","dir":"/x"},`, 1),
+		"image neither":      strings.Replace(goodV2, `"base":{`, `"base":{"image":{},`, 1),
+		"image bad name":     strings.Replace(goodV2, `"base":{`, `"base":{"image":{"name":"Deb ian"},`, 1),
 		"empty probe":        strings.Replace(goodV2, `"cmd":"cat out"`, `"cmd":" "`, 1),
 	}
 	for name, in := range cases {
