@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/turnsnap/turnsnap/bench/harness"
 	"github.com/turnsnap/turnsnap/bench/report"
 	"github.com/turnsnap/turnsnap/internal/miniotest"
 	"github.com/turnsnap/turnsnap/internal/testenv"
@@ -213,5 +214,90 @@ func TestBenchV2AndInvalid(t *testing.T) {
 	if err != nil || !strings.Contains(string(md), "- INVALID: trace broken seed 1: fault-free run failed its verifier: needs python3") ||
 		!strings.Contains(string(md), "| broken (INVALID) |") {
 		t.Errorf("REPORT.md (%v):\n%s", err, md)
+	}
+}
+
+// A session recorded outside the project in the neutral form (issue 26's
+// "Done when"): python3, sqlite and git on the cached Debian image, a
+// detached dev server, a verifier and an end probe. `bench convert` makes
+// the v2 trace and bench runs it unchanged: valid (its fault-free run
+// passes), turnsnap and full_per_turn recover it, and turnsnap's end probe
+// answers what the fault-free run's did.
+func TestBenchNeutralDebian(t *testing.T) {
+	testenv.RequireRoot(t)
+	busyboxBase(t) // runc, CRIU
+	if _, err := harness.ImagePath(harness.DefaultCache(), "debian-bookworm"); err != nil {
+		testenv.Missing(t, "the debian-bookworm image", err.Error())
+	}
+	dir := t.TempDir()
+	check := "import urllib.request, sqlite3\n" +
+		"assert open('a.txt').read().strip() == '3'\n" +
+		"assert open('b.txt').read().strip() == '42'\n" +
+		"assert sqlite3.connect('db.sqlite').execute('select x from t').fetchone()[0] == 42\n" +
+		"assert b'calc.py' in urllib.request.urlopen('http://127.0.0.1:8000/', timeout=10).read()\n"
+	neutral := map[string]any{
+		"name": "neutral-py", "image": map[string]string{"name": "debian-bookworm"}, "cwd": "/work",
+		"files": []map[string]string{
+			{"path": "/work/calc.py", "content": "import sys\nprint(sum(int(a) for a in sys.argv[1:]))\n"},
+			{"path": "/work/check.py", "content": check},
+			{"path": "/work/blob.bin", "content_b64": "AAEC/w=="},
+			{"path": "/work/wait.py", "content": "import time, urllib.request\nfor i in range(200):\n    try:\n        urllib.request.urlopen('http://127.0.0.1:8000/', timeout=1)\n        break\n    except OSError:\n        time.sleep(0.05)\n"},
+		},
+		"turns": []map[string]any{
+			{"latency_ms": 800, "actions": []map[string]any{{"run": "python3 calc.py 1 2 > a.txt"}}},
+			{"latency_ms": 800, "actions": []map[string]any{
+				{"start": "exec python3 -m http.server 8000 --bind 127.0.0.1", "name": "web"},
+				// The agent waits for the server to answer, as a dev
+				// session does: a checkpoint of a server still starting
+				// restores one that binds its port after the restore,
+				// which turnsnap's restore check refuses (reported).
+				{"run": "python3 wait.py"},
+				{"run": `python3 -c 'import sqlite3; c = sqlite3.connect("db.sqlite"); c.execute("create table t(x)"); c.execute("insert into t values (41)"); c.commit()'`}}},
+			{"latency_ms": 800, "actions": []map[string]any{{"run": "git init -q repo && git -C repo -c user.email=a@b -c user.name=a commit -q --allow-empty -m one"}}},
+			{"latency_ms": 800, "actions": []map[string]any{{"run": "python3 calc.py 40 2 > b.txt", "cwd": "/work"}}},
+			{"latency_ms": 800, "actions": []map[string]any{{"run": "sqlite3 db.sqlite 'update t set x = x + 1'"}}},
+		},
+		"verifier":  map[string]any{"run": "python3 check.py", "timeout_ms": 30000},
+		"end_probe": map[string]any{"run": "cat a.txt b.txt; sqlite3 db.sqlite 'select x from t'; git -C repo log --format=%s; od -An -tx1 blob.bin"},
+	}
+	b, _ := json.Marshal(neutral)
+	os.WriteFile(filepath.Join(dir, "neutral.json"), b, 0o644)
+	traces := filepath.Join(dir, "traces")
+	os.MkdirAll(traces, 0o755)
+	if stdout, stderr, code := cliRun(t, t.TempDir(), "bench", "convert", filepath.Join(dir, "neutral.json"), filepath.Join(traces, "neutral-py.json")); code != 0 {
+		t.Fatalf("bench convert: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	out := filepath.Join(dir, "out")
+	stdout, stderr, code := cliRun(t, t.TempDir(), "bench", "--traces", traces, "--seeds", "1", "--sandboxes", "0",
+		"--crash-after-start", "--latency-scale", "0.1", "--minio", "none", "--out", out, "--work", t.TempDir(), "--json")
+	if code != 0 {
+		t.Fatalf("turnsnap bench: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	var sum struct {
+		Methods map[string]struct {
+			ValidRuns           int      `json:"valid_runs"`
+			RecoveryCorrectness *float64 `json:"recovery_correctness"`
+			EndProbeMatch       *float64 `json:"end_probe_match"`
+		}
+		Invalid []struct{ Trace, Reason string }
+		Errors  []string
+	}
+	if err := json.Unmarshal([]byte(stdout), &sum); err != nil {
+		t.Fatalf("bench --json: %v\n%s", err, stdout)
+	}
+	if len(sum.Errors) > 0 || len(sum.Invalid) > 0 {
+		res, _ := os.ReadFile(filepath.Join(out, "result.json"))
+		t.Fatalf("errors %v, invalid %+v\n%s", sum.Errors, sum.Invalid, res)
+	}
+	for _, m := range []string{"fault_free", "turnsnap", "full_per_turn"} {
+		if c := sum.Methods[m].RecoveryCorrectness; c == nil || *c != 1 {
+			t.Errorf("%s: correctness %v, want 1\n%s", m, c, stdout)
+		}
+	}
+	if c := sum.Methods["chat_only"].RecoveryCorrectness; c == nil || *c != 0 {
+		t.Errorf("chat_only lost the dev server and the first turns; correctness %v, want 0", c)
+	}
+	if p := sum.Methods["turnsnap"].EndProbeMatch; p == nil || *p != 1 {
+		t.Errorf("turnsnap end probe match %v, want 1\n%s", p, stdout)
 	}
 }
