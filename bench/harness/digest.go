@@ -113,10 +113,12 @@ func (h *Harness) snapshot(ctx context.Context, name string, t *trace.Trace, pro
 	}
 	s := &snapshot{Digest: d, Probes: map[string]probeAnswer{}}
 	for pname := range procs {
-		probe := findProbe(t, pname)
-		if probe == nil {
+		found := findProbe(t, pname)
+		if found == nil {
 			continue
 		}
+		probe := *found
+		probe.Cmd, probe.Cwd = inDir(t.Dir(probe.Cwd), probe.Cmd), ""
 		code, out, err := h.sh(ctx, name, probe.Cmd, probe.Timeout(10*time.Second))
 		if err != nil {
 			return nil, err
@@ -124,7 +126,7 @@ func (h *Harness) snapshot(ctx context.Context, name string, t *trace.Trace, pro
 		if code != 0 {
 			return nil, fmt.Errorf("probe of %s exits %d before the crash: %s", pname, code, out)
 		}
-		s.Probes[pname] = probeAnswer{Cmd: *probe, Out: out}
+		s.Probes[pname] = probeAnswer{Cmd: probe, Out: out}
 	}
 	return s, nil
 }
@@ -155,9 +157,9 @@ func (h *Harness) equivalent(ctx context.Context, name string, want *snapshot) (
 func findProbe(t *trace.Trace, name string) *trace.Command {
 	var probe *trace.Command
 	for _, turn := range t.Turns {
-		for _, p := range turn.Start {
-			if p.Name == name {
-				probe = p.Probe // the latest start of that name
+		for _, st := range turn.Plan() {
+			if st.Start != nil && st.Start.Name == name {
+				probe = st.Start.Probe // the latest start of that name
 			}
 		}
 	}

@@ -63,6 +63,10 @@ type Config struct {
 	// 127.0.0.1 as the home's remote, so the daemon's background pusher
 	// uploads while the traces replay and bytes_uploaded is measured.
 	MinIO string
+	// Cache is $TURNSNAP_CACHE, where the named base images are built
+	// (scripts/deps.d/75-debian-image.sh); empty: $TURNSNAP_CACHE, else
+	// /var/cache/turnsnap.
+	Cache string
 	// Progress, if set, hears each step.
 	Progress func(Step)
 	Log      *slog.Logger
@@ -100,6 +104,9 @@ func New(ctx context.Context, cfg Config) (*Harness, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
+	if cfg.Cache == "" {
+		cfg.Cache = DefaultCache()
+	}
 	var err error
 	if cfg.Home, err = filepath.Abs(cfg.Home); err != nil {
 		return nil, err
@@ -132,6 +139,14 @@ func New(ctx context.Context, cfg Config) (*Harness, error) {
 		}
 	}
 	return h, nil
+}
+
+// DefaultCache is $TURNSNAP_CACHE, else /var/cache/turnsnap.
+func DefaultCache() string {
+	if c := os.Getenv("TURNSNAP_CACHE"); c != "" {
+		return c
+	}
+	return "/var/cache/turnsnap"
 }
 
 // Remote says whether the bench uploads to a MinIO remote.

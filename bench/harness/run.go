@@ -16,6 +16,7 @@ import (
 	"github.com/turnsnap/turnsnap/bench/trace"
 	"github.com/turnsnap/turnsnap/engine"
 	"github.com/turnsnap/turnsnap/engine/api"
+	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
 
 // Run is one trace replayed once with one method.
@@ -54,6 +55,8 @@ type Run struct {
 	BytesUploaded int64          `json:"bytes_uploaded"`
 	Classes       map[string]int `json:"classes,omitempty"`
 	VerifyOut     string         `json:"verify_out,omitempty"`
+	// EndProbe is the trace's end probe (v2), run after the last turn.
+	EndProbe *ProbeResult `json:"end_probe,omitempty"`
 	// Audit (turnsnap, first seed) is `turnsnap audit` of the sandbox
 	// after its verifier; the report writes it as audit-TRACE.html.
 	Audit *engine.AuditReport `json:"-"`
@@ -61,6 +64,12 @@ type Run struct {
 	// batch's wall time leaves the teardown out.
 	End time.Time `json:"-"`
 	Err string    `json:"error,omitempty"`
+}
+
+// ProbeResult is a command's exit code and output tail.
+type ProbeResult struct {
+	Code int    `json:"code"`
+	Out  string `json:"out"`
 }
 
 // procState is the harness's view of the trace's running processes: name
@@ -82,7 +91,7 @@ func (p procState) clone(zero bool) procState {
 func (h *Harness) crashTurn(t *trace.Trace, seed int) int {
 	n, first := len(t.Turns), 0
 	for i, turn := range t.Turns {
-		if len(turn.Start) > 0 && first == 0 {
+		if turn.StartsProcess() && first == 0 {
 			first = i + 1
 		}
 	}
@@ -96,34 +105,25 @@ func (h *Harness) crashTurn(t *trace.Trace, seed int) int {
 	return 2 + rng.Intn(n-1)
 }
 
-// base writes the sandbox base of t: a busybox rootfs and the trace's tree.
+// base writes the sandbox base of t: a busybox rootfs, or a copy of the
+// trace's image, and the trace's tree on top.
 func (h *Harness) base(t *trace.Trace) (string, error) {
 	dir := filepath.Join(h.cfg.Work, "bases", t.Name)
 	if _, err := os.Stat(filepath.Join(dir, ".complete")); err == nil {
 		return dir, nil
 	}
 	os.RemoveAll(dir)
-	bb, err := os.ReadFile("/bin/busybox")
+	var err error
+	if t.Base.Image == nil {
+		err = busyboxRootfs(dir)
+	} else {
+		err = h.imageRootfs(t, dir)
+	}
 	if err != nil {
-		return "", fmt.Errorf("busybox rootfs: %w (apt package busybox-static)", err)
-	}
-	for _, d := range []string{"bin", "proc", "dev", "sys", "tmp", "root"} {
-		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
-			return "", err
-		}
-	}
-	if err := os.WriteFile(filepath.Join(dir, "bin/busybox"), bb, 0o755); err != nil {
 		return "", err
 	}
-	list, err := exec.Command("/bin/busybox", "--list").Output()
-	if err != nil {
-		return "", fmt.Errorf("busybox --list: %w", err)
-	}
-	for _, a := range strings.Fields(string(list)) {
-		if a == "busybox" || strings.ContainsAny(a, "/[") {
-			continue
-		}
-		if err := os.Symlink("busybox", filepath.Join(dir, "bin", a)); err != nil {
+	for _, d := range []string{"proc", "dev", "sys", "tmp", "root"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
 			return "", err
 		}
 	}
@@ -131,6 +131,80 @@ func (h *Harness) base(t *trace.Trace) (string, error) {
 		return "", err
 	}
 	return dir, os.WriteFile(filepath.Join(dir, ".complete"), nil, 0o644)
+}
+
+func busyboxRootfs(dir string) error {
+	bb, err := os.ReadFile("/bin/busybox")
+	if err != nil {
+		return fmt.Errorf("busybox rootfs: %w (apt package busybox-static)", err)
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "bin"), 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "bin/busybox"), bb, 0o755); err != nil {
+		return err
+	}
+	list, err := exec.Command("/bin/busybox", "--list").Output()
+	if err != nil {
+		return fmt.Errorf("busybox --list: %w", err)
+	}
+	for _, a := range strings.Fields(string(list)) {
+		if a == "busybox" || strings.ContainsAny(a, "/[") {
+			continue
+		}
+		if err := os.Symlink("busybox", filepath.Join(dir, "bin", a)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// imageVersion is the recipe version of a named image; it must match
+// the script that builds it (scripts/deps.d/75-debian-image.sh).
+func imageVersion(name string) (int, bool) {
+	switch name {
+	case "debian-bookworm":
+		return 1, true
+	}
+	return 0, false
+}
+
+// ImagePath is where a named image's rootfs is cached.
+func ImagePath(cache, name string) (string, error) {
+	v, ok := imageVersion(name)
+	if !ok {
+		return "", fmt.Errorf("base image %q: no such named image (debian-bookworm is): %w", name, errdefs.ErrInvalid)
+	}
+	img := filepath.Join(cache, "images", fmt.Sprintf("%s-v%d", name, v))
+	if _, err := os.Stat(filepath.Join(img, ".complete")); err != nil {
+		return "", fmt.Errorf("base image %s is not built in %s (scripts/deps.sh debian-image builds it): %w", name, img, errdefs.ErrNotFound)
+	}
+	return filepath.Join(img, "rootfs"), nil
+}
+
+// imageRootfs copies the trace's image into dir: a copy, so that neither
+// the trace's files nor the daemon ever write into the image.
+func (h *Harness) imageRootfs(t *trace.Trace, dir string) error {
+	src := t.ImageDir()
+	if t.Base.Image.Name != "" {
+		var err error
+		if src, err = ImagePath(h.cfg.Cache, t.Base.Image.Name); err != nil {
+			return fmt.Errorf("trace %s: %w", t.Name, err)
+		}
+	}
+	if st, err := os.Stat(src); err != nil || !st.IsDir() {
+		return fmt.Errorf("trace %s: base image dir %s is not a directory: %w", t.Name, src, errdefs.ErrNotFound)
+	}
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+		return err
+	}
+	// cp -a keeps owners, modes, links, device nodes and xattrs; reflinks
+	// where the filesystem has them.
+	if out, err := exec.Command("cp", "-a", "--reflink=auto", "--", src, dir).CombinedOutput(); err != nil {
+		os.RemoveAll(dir)
+		return fmt.Errorf("trace %s: copy the base image %s: %v: %s", t.Name, src, err, out)
+	}
+	return nil
 }
 
 // sandboxName is unique per run.
@@ -180,7 +254,7 @@ func (h *Harness) replay(ctx context.Context, t *trace.Trace, method string, see
 	var want *snapshot // turnsnap: the state at the last checkpoint before the crash
 	for i := 1; i <= len(t.Turns); i++ {
 		turn := t.Turns[i-1]
-		if err := h.runTurn(ctx, name, turn, procs); err != nil {
+		if err := h.runTurn(ctx, name, t, turn, procs); err != nil {
 			return fail(fmt.Errorf("turn %d: %w", i, err))
 		}
 		if i == crash && recovery == 0 {
@@ -252,7 +326,16 @@ func (h *Harness) replay(ctx context.Context, t *trace.Trace, method string, see
 			aside += time.Since(s0)
 		}
 	}
-	code, out, err := h.sh(ctx, name, t.Verify.Cmd, t.Verify.Timeout(trace.DefaultVerifyTO))
+	if t.Probe != nil {
+		// The end probe runs before the verifier, which may change what
+		// it reads; Summarise compares it with the fault-free run's.
+		code, out, err := h.sh(ctx, name, inDir(t.Dir(t.Probe.Cwd), t.Probe.Cmd), t.Probe.Timeout(trace.DefaultVerifyTO))
+		if err != nil {
+			return fail(fmt.Errorf("end probe: %w", err))
+		}
+		r.EndProbe = &ProbeResult{Code: code, Out: out}
+	}
+	code, out, err := h.sh(ctx, name, inDir(t.Dir(t.Verify.Cwd), t.Verify.Cmd), t.Verify.Timeout(trace.DefaultVerifyTO))
 	if err != nil {
 		return fail(fmt.Errorf("verifier: %w", err))
 	}
@@ -288,28 +371,41 @@ func auditTurns(a *engine.AuditReport) []engine.AuditTurn {
 	return a.Turns
 }
 
-// runTurn stops, runs and starts what the turn says. Command failures are
-// the agent's (recorded by the verifier's outcome), not the harness's.
-func (h *Harness) runTurn(ctx context.Context, name string, turn trace.Turn, procs procState) error {
-	for _, s := range turn.Stop {
-		if pid := procs[s]; pid > 0 {
-			h.sh(ctx, name, fmt.Sprintf("kill %d; i=0; while kill -0 %d 2>/dev/null && [ $i -lt 250 ]; do usleep 20000; i=$((i+1)); done", pid, pid), 30*time.Second)
+// runTurn runs the turn's steps in order: stops, commands and starts.
+// Command failures are the agent's (recorded by the verifier's outcome),
+// not the harness's.
+func (h *Harness) runTurn(ctx context.Context, name string, t *trace.Trace, turn trace.Turn, procs procState) error {
+	for _, st := range turn.Plan() {
+		switch {
+		case st.Stop != "":
+			if pid := procs[st.Stop]; pid > 0 {
+				h.sh(ctx, name, fmt.Sprintf("kill %d; i=0; while kill -0 %d 2>/dev/null && [ $i -lt 250 ]; do sleep 0.02; i=$((i+1)); done", pid, pid), 30*time.Second)
+			}
+			delete(procs, st.Stop)
+		case st.Cmd != "":
+			if _, _, err := h.sh(ctx, name, inDir(t.Dir(st.Cwd), st.Cmd), trace.Command{TimeoutMS: st.TimeoutMS}.Timeout(trace.DefaultTimeout)); err != nil {
+				return err
+			}
+		case st.Start != nil:
+			p := st.Start
+			ex, err := h.c.Exec(ctx, name, api.ExecRequest{Argv: []string{"sh", "-c", inDir(t.Dir(p.Cwd), p.Cmd)}, Detach: true}, api.Stdio{})
+			if err != nil {
+				return fmt.Errorf("start %s: %w", p.Name, err)
+			}
+			procs[p.Name] = ex.PID
 		}
-		delete(procs, s)
-	}
-	for _, c := range turn.Cmds {
-		if _, _, err := h.sh(ctx, name, c, turn.CmdTimeout()); err != nil {
-			return err
-		}
-	}
-	for _, p := range turn.Start {
-		ex, err := h.c.Exec(ctx, name, api.ExecRequest{Argv: []string{"sh", "-c", p.Cmd}, Detach: true}, api.Stdio{})
-		if err != nil {
-			return fmt.Errorf("start %s: %w", p.Name, err)
-		}
-		procs[p.Name] = ex.PID
 	}
 	return nil
+}
+
+// inDir makes cmd run in dir (the exec API has no working directory). A
+// missing dir fails the command, as it would the agent's; a multi-line
+// cmd does not run its later lines elsewhere.
+func inDir(dir, cmd string) string {
+	if dir == "" {
+		return cmd
+	}
+	return "cd -- '" + strings.ReplaceAll(dir, "'", `'\''`) + "' || exit 127\n" + cmd
 }
 
 // sh runs cmd in the sandbox, returning its exit code and the tail of its

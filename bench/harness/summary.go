@@ -1,8 +1,10 @@
 package harness
 
 import (
+	"fmt"
 	"math"
 	"sort"
+	"strings"
 )
 
 // Summary is the headline: one row per method and the traces' turn mix.
@@ -18,15 +20,35 @@ type Summary struct {
 	// Remote: turnsnap uploaded to a MinIO remote during the runs.
 	Remote bool `json:"remote"`
 	// BaseBytesUploaded is the traces' bases, uploaded before the runs.
-	BaseBytesUploaded int64    `json:"base_bytes_uploaded,omitempty"`
-	Errors            []string `json:"errors,omitempty"`
+	BaseBytesUploaded int64 `json:"base_bytes_uploaded,omitempty"`
+	// Invalid lists the traces (and seeds) whose fault-free run failed
+	// its verifier or did not finish: a trace that does not pass without
+	// a fault measures nothing about recovery, so its runs count in no
+	// correctness or equivalence figure.
+	Invalid []InvalidTrace `json:"invalid,omitempty"`
+	Errors  []string       `json:"errors,omitempty"`
+}
+
+// InvalidTrace is one trace and seed whose fault-free run did not pass.
+type InvalidTrace struct {
+	Trace  string `json:"trace"`
+	Seed   int    `json:"seed"`
+	Reason string `json:"reason"`
 }
 
 // MethodSummary aggregates one method's runs.
 type MethodSummary struct {
-	Runs                int      `json:"runs"`
-	RecoveryCorrectness float64  `json:"recovery_correctness"`
+	Runs int `json:"runs"`
+	// ValidRuns are the runs of valid traces (their fault-free run
+	// passed its verifier): the correctness figures count only those,
+	// and are absent when there are none.
+	ValidRuns           int      `json:"valid_runs"`
+	RecoveryCorrectness *float64 `json:"recovery_correctness,omitempty"`
 	StateEquivalence    *float64 `json:"state_equivalence,omitempty"`
+	// EndProbeMatch is the fraction of the runs of valid traces with an
+	// end probe (v2) whose probe answered (exit code and output) what the
+	// fault-free run's did; absent without such runs.
+	EndProbeMatch *float64 `json:"end_probe_match,omitempty"`
 	// Overhead is the time the method's checkpoints added to the
 	// replays, as a fraction of the fault-free replays of the same traces
 	// and seeds: the gate's delays beyond the model latency (a checkpoint
@@ -68,6 +90,9 @@ type TraceSummary struct {
 	Mix       map[string]int `json:"mix"`
 	Unchanged float64        `json:"unchanged"` // skip turns / all
 	Crashes   []int          `json:"crash_turns"`
+	// Invalid says why the trace is invalid (its fault-free run failed);
+	// empty when it is valid.
+	Invalid string `json:"invalid,omitempty"`
 }
 
 // Summarise computes the headline from the runs.
@@ -75,11 +100,25 @@ func Summarise(res *Result) *Summary {
 	s := &Summary{Methods: map[string]*MethodSummary{}, Colocate: res.Colocate, Host: res.Host, Seconds: res.Seconds, LatencyScale: res.LatencyScale, Remote: res.Remote,
 		BaseBytesUploaded: res.BaseBytesUploaded}
 	ff := map[[2]any]*Run{}
+	invalid := map[[2]any]string{}
 	for _, r := range res.Runs {
-		if r.Method == FaultFree {
-			ff[[2]any{r.Trace, r.Seed}] = r
+		if r.Method != FaultFree {
+			continue
+		}
+		k := [2]any{r.Trace, r.Seed}
+		ff[k] = r
+		switch {
+		case r.Err != "":
+			invalid[k] = "fault-free run failed: " + r.Err
+		case !r.Correct:
+			invalid[k] = "fault-free run failed its verifier: " + lastLine(r.VerifyOut)
+		}
+		if why, ok := invalid[k]; ok {
+			s.Invalid = append(s.Invalid, InvalidTrace{Trace: r.Trace, Seed: r.Seed, Reason: why})
 		}
 	}
+	correct := map[string]int{}
+	probeOK, probeN := map[string]int{}, map[string]int{}
 	ckpts, restores := map[string][]float64{}, map[string][]float64{}
 	exposed, pauses := map[string][]float64{}, map[string][]float64{}
 	overlapped, workSum := map[string]int{}, map[string]float64{}
@@ -94,8 +133,20 @@ func Summarise(res *Result) *Summary {
 			s.Methods[r.Method] = m
 		}
 		m.Runs++
-		if r.Correct {
-			m.RecoveryCorrectness++
+		// A run of an invalid trace counts in no correctness figure; a
+		// trace without a fault-free run (none was made) is not judged.
+		_, bad := invalid[[2]any{r.Trace, r.Seed}]
+		if f := ff[[2]any{r.Trace, r.Seed}]; !bad && f != nil && f.EndProbe != nil {
+			probeN[r.Method]++
+			if r.EndProbe != nil && *r.EndProbe == *f.EndProbe {
+				probeOK[r.Method]++
+			}
+		}
+		if !bad {
+			m.ValidRuns++
+			if r.Correct {
+				correct[r.Method]++
+			}
 		}
 		if r.Err != "" {
 			s.Errors = append(s.Errors, r.Method+" "+r.Trace+": "+r.Err)
@@ -115,9 +166,11 @@ func Summarise(res *Result) *Summary {
 			restores[r.Method] = append(restores[r.Method], r.RestoreMS)
 		}
 		if r.Method == Turnsnap {
-			equivN[r.Method]++
-			if r.StateEquivalent != nil && *r.StateEquivalent {
-				equiv[r.Method]++
+			if !bad {
+				equivN[r.Method]++
+				if r.StateEquivalent != nil && *r.StateEquivalent {
+					equiv[r.Method]++
+				}
 			}
 			t := traces[r.Trace]
 			if t == nil {
@@ -126,6 +179,9 @@ func Summarise(res *Result) *Summary {
 				order = append(order, r.Trace)
 			}
 			t.Crashes = append(t.Crashes, r.CrashTurn)
+			if why, ok := invalid[[2]any{r.Trace, r.Seed}]; ok && t.Invalid == "" {
+				t.Invalid = fmt.Sprintf("seed %d: %s", r.Seed, why)
+			}
 			if len(t.Crashes) == 1 { // one seed's classes: every seed replays the same turns
 				for c, n := range r.Classes {
 					t.Mix[c] += n
@@ -142,7 +198,14 @@ func Summarise(res *Result) *Summary {
 		}
 	}
 	for name, m := range s.Methods {
-		m.RecoveryCorrectness /= float64(m.Runs)
+		if m.ValidRuns > 0 {
+			v := float64(correct[name]) / float64(m.ValidRuns)
+			m.RecoveryCorrectness = &v
+		}
+		if n := probeN[name]; n > 0 {
+			v := float64(probeOK[name]) / float64(n)
+			m.EndProbeMatch = &v
+		}
 		if n := equivN[name]; n > 0 {
 			v := float64(equiv[name]) / float64(n)
 			m.StateEquivalence = &v
@@ -169,6 +232,20 @@ func Summarise(res *Result) *Summary {
 		s.Traces = append(s.Traces, *t)
 	}
 	return s
+}
+
+// lastLine is the last non-empty line of a verifier's output, for a
+// one-line reason.
+func lastLine(out string) string {
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	l := strings.TrimSpace(lines[len(lines)-1])
+	if l == "" {
+		return "(no output)"
+	}
+	if len(l) > 200 {
+		l = l[:200] + "..."
+	}
+	return l
 }
 
 // Percentile is the nearest-rank percentile p (0..100) of v (0 if empty).

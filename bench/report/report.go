@@ -76,6 +76,15 @@ func Markdown(s *harness.Summary) string {
 	if len(s.Methods) == 0 {
 		fmt.Fprintf(&b, "Co-location series only (--colocation-only): no crash runs.\n\n")
 	}
+	if len(s.Invalid) > 0 {
+		// Before the tables, so that no reader takes a figure for a
+		// trace that measured nothing.
+		fmt.Fprintf(&b, "## INVALID traces\n\nTheir fault-free run did not pass its verifier, so they measure nothing about recovery: their runs count in no recovery correctness or state equivalence figure below.\n\n")
+		for _, v := range s.Invalid {
+			fmt.Fprintf(&b, "- INVALID: trace %s seed %d: %s\n", v.Trace, v.Seed, strings.ReplaceAll(v.Reason, "\n", " "))
+		}
+		b.WriteString("\n")
+	}
 	fmt.Fprintf(&b, "## Methods\n\n")
 	fmt.Fprintf(&b, "| method | runs | recovery correctness | state equivalence | overhead | wall overhead | gate delay p50 / p99 | bytes stored | bytes uploaded | ckpt p50 | ckpt p95 | ckpt p99 | pauses, p50 / p99 | restore p50 |\n")
 	fmt.Fprintf(&b, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
@@ -84,7 +93,10 @@ func Markdown(s *harness.Summary) string {
 		if ms == nil {
 			continue
 		}
-		eq := "-"
+		corr, eq := "INVALID (no valid trace)", "-"
+		if ms.RecoveryCorrectness != nil {
+			corr = fmt.Sprintf("%s of %d", pct(*ms.RecoveryCorrectness), ms.ValidRuns)
+		}
 		if ms.StateEquivalence != nil {
 			eq = pct(*ms.StateEquivalence)
 		}
@@ -97,8 +109,17 @@ func Markdown(s *harness.Summary) string {
 			pause = fmt.Sprintf("%d, %.1f / %.1f ms", ms.Pauses, ms.PauseP50MS, ms.PauseP99MS)
 		}
 		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s | %.1f / %.1f ms | %s | %s | %.1f ms | %.1f ms | %.1f ms | %s | %.0f ms |\n", m, ms.Runs,
-			pct(ms.RecoveryCorrectness), eq, pct(ms.Overhead), pct(ms.WallOverhead), ms.ExposedP50MS, ms.ExposedP99MS,
+			corr, eq, pct(ms.Overhead), pct(ms.WallOverhead), ms.ExposedP50MS, ms.ExposedP99MS,
 			mib(ms.BytesStored), up, ms.CkptP50MS, ms.CkptP95MS, ms.CkptP99MS, pause, ms.RestoreP50)
+	}
+	var probes []string
+	for _, m := range harness.Methods {
+		if ms := s.Methods[m]; ms != nil && ms.EndProbeMatch != nil {
+			probes = append(probes, fmt.Sprintf("%s %s", m, pct(*ms.EndProbeMatch)))
+		}
+	}
+	if len(probes) > 0 {
+		fmt.Fprintf(&b, "\nEnd probe (traces that declare one): the runs whose probe after the last turn answered as the fault-free run's did: %s.\n", strings.Join(probes, ", "))
 	}
 	ts, full := s.Methods[harness.Turnsnap], s.Methods[harness.FullPerTurn]
 	if ts != nil && full != nil && full.BytesStored > 0 {
@@ -114,7 +135,11 @@ func Markdown(s *harness.Summary) string {
 	fmt.Fprintf(&b, "\nOverhead: the gate's delays beyond the model latency (what the checkpoints added to the agent's time), over the fault-free replays' time. Wall overhead: the replays' whole time (crash and recovery left out) against fault-free's; it also holds the checkpoints' cost to the turns' own commands and the commands' noise. Gate delay: per checkpoint. Pauses: checkpoints that froze the processes and for how long (turnsnap: from its records). fault_free and chat_only take no checkpoints; chat_fs checkpoints through turnsnap and restores files only.\n")
 	fmt.Fprintf(&b, "\n## Traces (turn mix measured by turnsnap)\n\n| trace | turns | skip | fs | process | full | unchanged | crash turns |\n|---|---|---|---|---|---|---|---|\n")
 	for _, t := range s.Traces {
-		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %d | %s | %v |\n", t.Name, t.Turns, t.Mix["skip"], t.Mix["fs"], t.Mix["process"], t.Mix["full"], pct(t.Unchanged), t.Crashes)
+		name := t.Name
+		if t.Invalid != "" {
+			name += " (INVALID)"
+		}
+		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %d | %s | %v |\n", name, t.Turns, t.Mix["skip"], t.Mix["fs"], t.Mix["process"], t.Mix["full"], pct(t.Unchanged), t.Crashes)
 	}
 	if len(s.Colocate) > 0 {
 		fmt.Fprintf(&b, "\n## Co-location (N sandboxes at once, no crash)\n\n| N |")

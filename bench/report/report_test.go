@@ -31,11 +31,11 @@ func TestWrite(t *testing.T) {
 	sum := harness.Summarise(res)
 	// Overhead is the gate's delays (3+30 ms of the 300 ms checkpoints)
 	// over fault-free's 1000 ms, not the checkpoints' own time.
-	if m := sum.Methods[harness.Turnsnap]; m.RecoveryCorrectness != 1 || *m.StateEquivalence != 1 || m.Overhead != 0.033 || m.CkptP99MS != 300 ||
+	if m := sum.Methods[harness.Turnsnap]; *m.RecoveryCorrectness != 1 || *m.StateEquivalence != 1 || m.Overhead != 0.033 || m.CkptP99MS != 300 ||
 		m.ExposedP99MS != 30 || m.Overlapped != 1 || m.Pauses != 1 || m.PauseP50MS != 7 || m.BytesUploaded != 4096 || math.Abs(m.WallOverhead-0.04) > 1e-9 {
 		t.Fatalf("turnsnap summary: %+v", m)
 	}
-	if sum.Methods[harness.ChatOnly].RecoveryCorrectness != 0 || sum.Traces[0].Unchanged != 2.0/3 {
+	if *sum.Methods[harness.ChatOnly].RecoveryCorrectness != 0 || len(sum.Invalid) != 0 || strings.Contains(Markdown(sum), "INVALID") || sum.Traces[0].Unchanged != 2.0/3 {
 		t.Fatalf("summary: %+v %+v", sum.Methods[harness.ChatOnly], sum.Traces)
 	}
 	dir := t.TempDir()
@@ -73,5 +73,58 @@ func TestWrite(t *testing.T) {
 	b, _ := os.ReadFile(filepath.Join(dir, "result.json"))
 	if err := json.Unmarshal(b, &back); err != nil || back.Summary.Methods[harness.FullPerTurn].BytesStored != 5000 {
 		t.Fatalf("result.json: %v", err)
+	}
+}
+
+// A trace whose fault-free run fails its verifier (issue 26: every method
+// failed and the report still said "state equivalence 100%") is INVALID in
+// the report and the JSON, and its runs count in no correctness figure; a
+// valid trace next to it keeps its figures.
+func TestInvalidTrace(t *testing.T) {
+	yes := true
+	res := &harness.Result{Seeds: 1, Runs: []*harness.Run{
+		{Trace: "broken", Seed: 1, Method: harness.FaultFree, Correct: false, VerifyOut: "python3: not found\n"},
+		{Trace: "broken", Seed: 1, Method: harness.Turnsnap, CrashTurn: 2, Correct: false, StateEquivalent: &yes},
+		{Trace: "broken", Seed: 1, Method: harness.ChatOnly, CrashTurn: 2, Correct: false},
+	}}
+	sum := harness.Summarise(res)
+	if len(sum.Invalid) != 1 || sum.Invalid[0].Trace != "broken" || !strings.Contains(sum.Invalid[0].Reason, "python3: not found") {
+		t.Fatalf("invalid: %+v", sum.Invalid)
+	}
+	for m, ms := range sum.Methods {
+		if ms.RecoveryCorrectness != nil || ms.StateEquivalence != nil || ms.ValidRuns != 0 {
+			t.Errorf("%s: a figure from an invalid trace: %+v", m, ms)
+		}
+	}
+	if sum.Traces[0].Invalid == "" {
+		t.Errorf("trace summary not marked invalid: %+v", sum.Traces[0])
+	}
+	md := Markdown(sum)
+	if !strings.Contains(md, "- INVALID: trace broken seed 1: fault-free run failed its verifier: python3: not found") ||
+		strings.Contains(md, "100.0%") || !strings.Contains(md, "| turnsnap | 1 | INVALID (no valid trace) | - |") ||
+		!strings.Contains(md, "| broken (INVALID) |") {
+		t.Errorf("REPORT.md:\n%s", md)
+	}
+	js, err := json.Marshal(sum)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(js), `"invalid":[{"trace":"broken","seed":1,`) || strings.Contains(string(js), "recovery_correctness") ||
+		strings.Contains(string(js), "state_equivalence") {
+		t.Errorf("JSON: %s", js)
+	}
+
+	// A valid trace beside it keeps its figures, from its runs only.
+	res.Runs = append(res.Runs,
+		&harness.Run{Trace: "good", Seed: 1, Method: harness.FaultFree, Correct: true},
+		&harness.Run{Trace: "good", Seed: 1, Method: harness.Turnsnap, CrashTurn: 2, Correct: true, StateEquivalent: &yes},
+		&harness.Run{Trace: "good", Seed: 1, Method: harness.ChatOnly, CrashTurn: 2, Correct: false})
+	sum = harness.Summarise(res)
+	ts, co := sum.Methods[harness.Turnsnap], sum.Methods[harness.ChatOnly]
+	if ts.ValidRuns != 1 || *ts.RecoveryCorrectness != 1 || *ts.StateEquivalence != 1 || *co.RecoveryCorrectness != 0 || len(sum.Invalid) != 1 {
+		t.Fatalf("with a valid trace: turnsnap %+v chat_only %+v", ts, co)
+	}
+	if md := Markdown(sum); !strings.Contains(md, "| turnsnap | 2 | 100.0% of 1 | 100.0% |") || !strings.Contains(md, "INVALID: trace broken") {
+		t.Errorf("REPORT.md:\n%s", md)
 	}
 }

@@ -7,6 +7,7 @@ package trace
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -41,33 +42,84 @@ const (
 
 // Trace is one task and its turns.
 type Trace struct {
+	// Version is the format: 0 or 1 (v1), or 2. The v2 fields (Cwd,
+	// Probe, a turn's Steps, a file's ContentB64, a command's Cwd) are
+	// refused in a v1 trace, and v1's per-turn cmds/start/stop in a v2
+	// one, so that neither is read as the other.
+	Version     int    `json:"version,omitempty"`
 	Name        string `json:"name"`
 	Description string `json:"description,omitempty"`
 	Base        Base   `json:"base"`
 	// Verify exits 0 when the task is done (run after the last turn).
 	Verify Command `json:"verify"`
-	Turns  []Turn  `json:"turns"`
+	// Cwd (v2) is the working directory of every command, start, probe
+	// and the verifier that does not name its own (default /).
+	Cwd string `json:"cwd,omitempty"`
+	// Probe (v2) runs after the last turn, before the verifier; a
+	// recovered run's output and exit code must equal the fault-free
+	// run's (end_probe_match in the report).
+	Probe *Command `json:"probe,omitempty"`
+	Turns []Turn   `json:"turns"`
+	// src is the directory of the file Load read the trace from: a
+	// relative image dir is resolved against it.
+	src string
+}
+
+// ImageDir is the host directory of the base image (empty without one or
+// with a named image).
+func (t *Trace) ImageDir() string {
+	if t.Base.Image == nil || t.Base.Image.Dir == "" {
+		return ""
+	}
+	if filepath.IsAbs(t.Base.Image.Dir) {
+		return filepath.Clean(t.Base.Image.Dir)
+	}
+	return filepath.Join(t.src, filepath.FromSlash(t.Base.Image.Dir))
 }
 
 // Base is the tree the sandbox starts from, besides the busybox rootfs the
 // harness always provides (/bin/busybox and its applets, /proc, /dev, /sys,
 // /tmp).
 type Base struct {
+	// Image (v2) replaces the busybox rootfs: the files and dirs are
+	// written on top of a copy of it.
+	Image *Image   `json:"image,omitempty"`
 	Files []File   `json:"files,omitempty"`
 	Dirs  []string `json:"dirs,omitempty"`
 }
 
-// File is one base file; Mode is octal text ("0755"), default 0644.
-type File struct {
-	Path    string `json:"path"`
-	Content string `json:"content"`
-	Mode    string `json:"mode,omitempty"`
+// Image is a rootfs a v2 trace starts from: exactly one of Dir, a host
+// directory (relative: to the trace file's directory), and Name, an image
+// the harness builds and caches (docs/BENCH.md lists them).
+type Image struct {
+	Dir  string `json:"dir,omitempty"`
+	Name string `json:"name,omitempty"`
 }
 
-// Command is a shell command (busybox sh -c) with a timeout.
+// File is one base file; Mode is octal text ("0755"), default 0644.
+// Content is UTF-8 text; ContentB64 (v2, instead of Content) is any bytes,
+// standard base64.
+type File struct {
+	Path       string `json:"path"`
+	Content    string `json:"content,omitempty"`
+	ContentB64 string `json:"content_b64,omitempty"`
+	Mode       string `json:"mode,omitempty"`
+}
+
+// Data is the file's content.
+func (f File) Data() ([]byte, error) {
+	if f.ContentB64 != "" {
+		return base64.StdEncoding.DecodeString(f.ContentB64)
+	}
+	return []byte(f.Content), nil
+}
+
+// Command is a shell command (sh -c) with a timeout and (v2) a working
+// directory.
 type Command struct {
 	Cmd       string `json:"cmd"`
 	TimeoutMS int    `json:"timeout_ms,omitempty"`
+	Cwd       string `json:"cwd,omitempty"`
 }
 
 // Turn is what the agent did between two model calls.
@@ -83,12 +135,71 @@ type Turn struct {
 	// ones by name (before Cmds).
 	Start []Process `json:"start,omitempty"`
 	Stop  []string  `json:"stop,omitempty"`
+	// Steps (v2) are the turn's work in the order it runs: each one
+	// command, one start or one stop.
+	Steps []Step `json:"steps,omitempty"`
+}
+
+// Step is one thing a v2 turn does: exactly one of Cmd, Start, Stop.
+type Step struct {
+	Cmd       string   `json:"cmd,omitempty"`
+	Cwd       string   `json:"cwd,omitempty"`
+	TimeoutMS int      `json:"timeout_ms,omitempty"` // Cmd's; else the turn's
+	Start     *Process `json:"start,omitempty"`
+	Stop      string   `json:"stop,omitempty"`
+}
+
+// Plan is the turn's steps in the order they run. A v1 turn's are its
+// stops, then its commands, then its starts (the order v1 always ran
+// them in); a v2 turn's are its Steps as written.
+func (t Turn) Plan() []Step {
+	if len(t.Steps) > 0 {
+		out := make([]Step, len(t.Steps))
+		for i, s := range t.Steps {
+			if s.Cmd != "" && s.TimeoutMS == 0 {
+				s.TimeoutMS = t.TimeoutMS
+			}
+			out[i] = s
+		}
+		return out
+	}
+	var out []Step
+	for _, s := range t.Stop {
+		out = append(out, Step{Stop: s})
+	}
+	for _, c := range t.Cmds {
+		out = append(out, Step{Cmd: c, TimeoutMS: t.TimeoutMS})
+	}
+	for i := range t.Start {
+		out = append(out, Step{Start: &t.Start[i]})
+	}
+	return out
+}
+
+// StartsProcess says whether the turn starts a process.
+func (t Turn) StartsProcess() bool {
+	for _, s := range t.Plan() {
+		if s.Start != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// Dir is the working directory of a command that names cwd (empty: the
+// trace's, and the sandbox's default / without one).
+func (t *Trace) Dir(cwd string) string {
+	if cwd != "" {
+		return cwd
+	}
+	return t.Cwd
 }
 
 // Process is a long-lived process the trace starts.
 type Process struct {
 	Name string `json:"name"`
 	Cmd  string `json:"cmd"`
+	Cwd  string `json:"cwd,omitempty"` // v2
 	// Probe asks the running process for its state; its stdout must be the
 	// same after a restore as at the checkpoint (state equivalence).
 	Probe *Command `json:"probe,omitempty"`
@@ -137,11 +248,38 @@ func (t *Trace) Check() error {
 	bad := func(format string, a ...any) error {
 		return fmt.Errorf("trace %s: %s: %w", t.Name, fmt.Sprintf(format, a...), errdefs.ErrInvalid)
 	}
+	if t.Version < 0 || t.Version > 2 {
+		return bad("version %d, want 1 or 2", t.Version)
+	}
+	v2 := t.Version == 2
 	if !nameRE.MatchString(t.Name) {
 		return bad("name must match %s", nameRE)
 	}
 	if len(t.Description) > MaxCmdBytes {
 		return bad("description over %d bytes", MaxCmdBytes)
+	}
+	if !v2 && (t.Cwd != "" || t.Probe != nil) {
+		return bad("cwd and probe need version 2")
+	}
+	if err := checkDir(t.Cwd); err != nil {
+		return bad("cwd: %v", err)
+	}
+	if t.Probe != nil {
+		if err := checkCommand(*t.Probe, true, v2); err != nil {
+			return bad("probe: %v", err)
+		}
+	}
+	if img := t.Base.Image; img != nil {
+		switch {
+		case !v2:
+			return bad("base image needs version 2")
+		case (img.Dir == "") == (img.Name == ""):
+			return bad("base image: exactly one of dir and name")
+		case len(img.Dir) > 1024 || strings.ContainsRune(img.Dir, 0):
+			return bad("base image dir over 1024 bytes or with a NUL byte")
+		case img.Name != "" && !nameRE.MatchString(img.Name):
+			return bad("base image name must match %s", nameRE)
+		}
 	}
 	if len(t.Base.Files)+len(t.Base.Dirs) > MaxBaseFiles {
 		return bad("base has more than %d entries", MaxBaseFiles)
@@ -158,7 +296,23 @@ func (t *Trace) Check() error {
 		if _, err := f.FileMode(); err != nil {
 			return bad("base file %q: %v", f.Path, err)
 		}
-		if total += len(f.Content); total > MaxBaseBytes {
+		n := len(f.Content)
+		if f.ContentB64 != "" {
+			if !v2 || f.Content != "" {
+				return bad("base file %q: content_b64 needs version 2 and no content", f.Path)
+			}
+			// The decoded size is known before decoding: a bound checked
+			// first, so a huge string is refused without its bytes.
+			n = base64.StdEncoding.DecodedLen(len(f.ContentB64))
+			if total+n <= MaxBaseBytes {
+				d, err := f.Data()
+				if err != nil {
+					return bad("base file %q: content_b64: %v", f.Path, err)
+				}
+				n = len(d)
+			}
+		}
+		if total += n; total > MaxBaseBytes {
 			return bad("base content over %d bytes", MaxBaseBytes)
 		}
 	}
@@ -167,7 +321,7 @@ func (t *Trace) Check() error {
 			return bad("base dir %q: %v", d, err)
 		}
 	}
-	if err := checkCommand(t.Verify, true); err != nil {
+	if err := checkCommand(t.Verify, true, v2); err != nil {
 		return bad("verify: %v", err)
 	}
 	if len(t.Turns) == 0 || len(t.Turns) > MaxTurns {
@@ -182,48 +336,85 @@ func (t *Trace) Check() error {
 		if turn.TimeoutMS < 0 || time.Duration(turn.TimeoutMS)*time.Millisecond > MaxTimeout {
 			return bad("turn %d: timeout %d ms not between 0 and %v", n, turn.TimeoutMS, MaxTimeout)
 		}
-		if len(turn.Cmds) > MaxCmdsPerTurn {
-			return bad("turn %d: %d commands, at most %d", n, len(turn.Cmds), MaxCmdsPerTurn)
-		}
-		for _, c := range turn.Cmds {
-			if err := checkCommand(Command{Cmd: c, TimeoutMS: turn.TimeoutMS}, true); err != nil {
-				return bad("turn %d: %v", n, err)
-			}
-		}
 		if turn.ModelLatencyMS < 0 || turn.Latency() > MaxLatency {
 			return bad("turn %d: model latency %d ms not between 0 and %v", n, turn.ModelLatencyMS, MaxLatency)
 		}
-		for _, s := range turn.Stop {
-			if !running[s] {
-				return bad("turn %d: stops %q, which is not running", n, s)
-			}
-			delete(running, s)
+		switch {
+		case v2 && (len(turn.Cmds) > 0 || len(turn.Start) > 0 || len(turn.Stop) > 0):
+			return bad("turn %d: a version 2 turn lists its work in steps (no cmds, start or stop)", n)
+		case !v2 && len(turn.Steps) > 0:
+			return bad("turn %d: steps need version 2", n)
+		case len(turn.Cmds) > MaxCmdsPerTurn || len(turn.Steps) > MaxCmdsPerTurn:
+			return bad("turn %d: more than %d commands or steps", n, MaxCmdsPerTurn)
 		}
-		for _, p := range turn.Start {
-			if !nameRE.MatchString(p.Name) {
-				return bad("turn %d: process name %q must match %s", n, p.Name, nameRE)
-			}
-			if running[p.Name] {
-				return bad("turn %d: process %q is already running", n, p.Name)
-			}
-			if started++; started > MaxProcesses {
-				return bad("more than %d process starts", MaxProcesses)
-			}
-			if err := checkCommand(Command{Cmd: p.Cmd}, true); err != nil {
-				return bad("turn %d: process %s: %v", n, p.Name, err)
-			}
-			if p.Probe != nil {
-				if err := checkCommand(*p.Probe, true); err != nil {
-					return bad("turn %d: process %s: probe: %v", n, p.Name, err)
+		for j, st := range turn.Steps {
+			k := 0
+			for _, set := range []bool{st.Cmd != "", st.Start != nil, st.Stop != ""} {
+				if set {
+					k++
 				}
 			}
-			running[p.Name] = true
+			if k != 1 || (st.Cmd == "" && (st.Cwd != "" || st.TimeoutMS != 0)) {
+				return bad("turn %d step %d: exactly one of cmd, start, stop (cwd and timeout_ms go with cmd)", n, j+1)
+			}
+		}
+		for j, st := range turn.Plan() {
+			switch {
+			case st.Cmd != "":
+				if err := checkCommand(Command{Cmd: st.Cmd, TimeoutMS: st.TimeoutMS, Cwd: st.Cwd}, true, v2); err != nil {
+					return bad("turn %d step %d: %v", n, j+1, err)
+				}
+			case st.Stop != "":
+				if !running[st.Stop] {
+					return bad("turn %d: stops %q, which is not running", n, st.Stop)
+				}
+				delete(running, st.Stop)
+			case st.Start != nil:
+				p := st.Start
+				if !nameRE.MatchString(p.Name) {
+					return bad("turn %d: process name %q must match %s", n, p.Name, nameRE)
+				}
+				if running[p.Name] {
+					return bad("turn %d: process %q is already running", n, p.Name)
+				}
+				if started++; started > MaxProcesses {
+					return bad("more than %d process starts", MaxProcesses)
+				}
+				if err := checkCommand(Command{Cmd: p.Cmd, Cwd: p.Cwd}, true, v2); err != nil {
+					return bad("turn %d: process %s: %v", n, p.Name, err)
+				}
+				if p.Probe != nil {
+					if err := checkCommand(*p.Probe, true, v2); err != nil {
+						return bad("turn %d: process %s: probe: %v", n, p.Name, err)
+					}
+				}
+				running[p.Name] = true
+			default: // a v1 empty command or stop name
+				return bad("turn %d step %d: empty command", n, j+1)
+			}
 		}
 	}
 	return nil
 }
 
-func checkCommand(c Command, need bool) error {
+// checkDir accepts "" or a clean absolute path.
+func checkDir(d string) error {
+	switch {
+	case d == "":
+		return nil
+	case len(d) > 1024 || !strings.HasPrefix(d, "/") || path.Clean(d) != d || strings.ContainsRune(d, 0):
+		return errors.New("not a clean absolute path of at most 1024 bytes")
+	}
+	return nil
+}
+
+func checkCommand(c Command, need, v2 bool) error {
+	if c.Cwd != "" && !v2 {
+		return errors.New("cwd needs version 2")
+	}
+	if err := checkDir(c.Cwd); err != nil {
+		return fmt.Errorf("cwd: %w", err)
+	}
 	switch {
 	case need && strings.TrimSpace(c.Cmd) == "":
 		return errors.New("empty command")
@@ -282,6 +473,9 @@ func Load(file string) (*Trace, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", file, err)
 	}
+	if t.src, err = filepath.Abs(filepath.Dir(file)); err != nil {
+		return nil, err
+	}
 	return t, nil
 }
 
@@ -324,7 +518,16 @@ func (t *Trace) WriteBase(dir string) error {
 			return err
 		}
 		mode, _ := f.FileMode()
-		if err := os.WriteFile(p, []byte(f.Content), mode); err != nil {
+		// A file of the image is replaced, not written through: the copy
+		// of an image may share its bytes (reflinks, hard links).
+		if err := os.Remove(p); err != nil && !os.IsNotExist(err) {
+			return err
+		}
+		data, err := f.Data()
+		if err != nil {
+			return fmt.Errorf("trace %s: base file %s: %w", t.Name, f.Path, err)
+		}
+		if err := os.WriteFile(p, data, mode); err != nil {
 			return err
 		}
 		if err := os.Chmod(p, mode); err != nil {

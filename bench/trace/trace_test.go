@@ -1,7 +1,10 @@
 package trace
 
 import (
+	"encoding/base64"
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -38,6 +41,7 @@ func TestParseRejects(t *testing.T) {
 		"bad name":       strings.Replace(good, `"t1"`, `"T 1"`, 1),
 		"no turns":       `{"name":"x","base":{},"verify":{"cmd":"true"},"turns":[]}`,
 		"too big":        strings.Repeat(" ", MaxFileBytes+1),
+		"empty command":  strings.Replace(good, `"touch /app/done"`, `""`, 1),
 		"nul in command": strings.Replace(good, `touch /app/done`, `touch \u0000`, 1),
 	}
 	for name, in := range cases {
@@ -59,8 +63,82 @@ func TestStandardTracesLoad(t *testing.T) {
 	}
 }
 
+const goodV2 = `{"version":2,"name":"t2","cwd":"/app",
+"base":{"files":[{"path":"app/blob","content_b64":"AAEC/w==","mode":"0600"}]},
+"probe":{"cmd":"cat out","cwd":"/app/sub"},
+"verify":{"cmd":"test -f done"},
+"turns":[{"steps":[{"start":{"name":"srv","cmd":"sleep 100","cwd":"/tmp"}},{"cmd":"touch done","cwd":"/app","timeout_ms":500},{"stop":"srv"}],"timeout_ms":900,"model_latency_ms":5},
+{"steps":[{"cmd":"true"}]}]}`
+
+// A v2 trace keeps its steps' order, decodes binary content, and carries
+// its working directories and end probe; a v1 turn's plan is stops, cmds,
+// starts, the order v1 always ran.
+func TestParseV2(t *testing.T) {
+	tr, err := Parse([]byte(goodV2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan := tr.Turns[0].Plan()
+	if len(plan) != 3 || plan[0].Start == nil || plan[1].Cmd != "touch done" || plan[1].TimeoutMS != 500 || plan[2].Stop != "srv" {
+		t.Fatalf("plan: %+v", plan)
+	}
+	if got := tr.Turns[1].Plan(); got[0].TimeoutMS != 0 || tr.Dir(got[0].Cwd) != "/app" || tr.Dir(plan[1].Cwd) != "/app" || tr.Probe.Cwd != "/app/sub" {
+		t.Fatalf("cwd/timeout: %+v %+v", got, tr.Probe)
+	}
+	d, err := tr.Base.Files[0].Data()
+	if err != nil || string(d) != "\x00\x01\x02\xff" {
+		t.Fatalf("content_b64: %q %v", d, err)
+	}
+	dir := t.TempDir()
+	if err := tr.WriteBase(dir); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "app/blob")); err != nil || string(b) != "\x00\x01\x02\xff" {
+		t.Fatalf("written: %q %v", b, err)
+	}
+	v1, _ := Parse([]byte(good))
+	p1 := v1.Turns[0].Plan()
+	if len(p1) != 2 || p1[0].Cmd != "touch /app/done" || p1[1].Start == nil || v1.Turns[1].Plan()[0].Stop != "srv" {
+		t.Fatalf("v1 plan: %+v", p1)
+	}
+}
+
+func TestParseV2Rejects(t *testing.T) {
+	big := base64.StdEncoding.EncodeToString(make([]byte, MaxBaseBytes+1))
+	cases := map[string]string{
+		"steps in v1":        strings.Replace(goodV2, `"version":2,`, ``, 1),
+		"b64 in v1":          strings.Replace(good, `"content":"echo hi\n"`, `"content_b64":"AA=="`, 1),
+		"cwd in v1":          strings.Replace(good, `"name":"t1",`, `"name":"t1","cwd":"/x",`, 1),
+		"probe in v1":        strings.Replace(good, `"name":"t1",`, `"name":"t1","probe":{"cmd":"true"},`, 1),
+		"cmds in v2":         strings.Replace(goodV2, `{"steps":[{"cmd":"true"}]}`, `{"cmds":["true"]}`, 1),
+		"version 3":          strings.Replace(goodV2, `"version":2`, `"version":3`, 1),
+		"bad base64":         strings.Replace(goodV2, `AAEC/w==`, `!!`, 1),
+		"b64 and content":    strings.Replace(goodV2, `"content_b64"`, `"content":"x","content_b64"`, 1),
+		"b64 over the bound": strings.Replace(goodV2, `AAEC/w==`, big, 1),
+		"relative cwd":       strings.Replace(goodV2, `"cwd":"/app",`, `"cwd":"app",`, 1),
+		"unclean cwd":        strings.Replace(goodV2, `"cwd":"/app/sub"`, `"cwd":"/app/../etc"`, 1),
+		"two in a step":      strings.Replace(goodV2, `{"stop":"srv"}`, `{"stop":"srv","cmd":"x"}`, 1),
+		"empty step":         strings.Replace(goodV2, `{"stop":"srv"}`, `{}`, 1),
+		"cwd on a stop":      strings.Replace(goodV2, `{"stop":"srv"}`, `{"stop":"srv","cwd":"/"}`, 1),
+		"stop before start":  strings.Replace(goodV2, `{"start":{"name":"srv","cmd":"sleep 100","cwd":"/tmp"}},{"cmd":"touch done","cwd":"/app","timeout_ms":500},{"stop":"srv"}`, `{"stop":"srv"},{"start":{"name":"srv","cmd":"sleep 100"}}`, 1),
+		"step timeout":       strings.Replace(goodV2, `"timeout_ms":500`, `"timeout_ms":99999999`, 1),
+		"image in v1":        strings.Replace(good, `"base":{`, `"base":{"image":{"name":"debian-bookworm"},`, 1),
+		"image dir and name": strings.Replace(goodV2, `"base":{`, `"base":{"image":{"name":"debian-bookworm","dir":"/x"},`, 1),
+		"image neither":      strings.Replace(goodV2, `"base":{`, `"base":{"image":{},`, 1),
+		"image bad name":     strings.Replace(goodV2, `"base":{`, `"base":{"image":{"name":"Deb ian"},`, 1),
+		"empty probe":        strings.Replace(goodV2, `"cmd":"cat out"`, `"cmd":" "`, 1),
+	}
+	for name, in := range cases {
+		if _, err := Parse([]byte(in)); !errors.Is(err, errdefs.ErrInvalid) {
+			t.Errorf("%s: got %v, want ErrInvalid", name, err)
+		}
+	}
+}
+
 func FuzzParse(f *testing.F) {
 	f.Add([]byte(good))
+	f.Add([]byte(goodV2))
+	f.Add([]byte(`{"version":2,"name":"a","verify":{"cmd":"true"},"turns":[{"steps":[{"cmd":"x","cwd":"/"}]}]}`))
 	f.Add([]byte(`{"name":"a","verify":{"cmd":"true"},"turns":[{}]}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		tr, err := Parse(b)
@@ -72,6 +150,30 @@ func FuzzParse(f *testing.F) {
 		}
 		if tr.Check() != nil || len(tr.Turns) == 0 || len(tr.Turns) > MaxTurns {
 			t.Fatal("accepted a trace that does not check")
+		}
+		// Every declared size is bounded: the decoded base, each turn's
+		// steps, every command.
+		total := 0
+		for _, fl := range tr.Base.Files {
+			d, err := fl.Data()
+			if err != nil {
+				t.Fatalf("accepted undecodable content: %v", err)
+			}
+			total += len(d)
+		}
+		if total > MaxBaseBytes {
+			t.Fatalf("accepted %d bytes of base content", total)
+		}
+		for _, turn := range tr.Turns {
+			plan := turn.Plan()
+			if len(plan) > MaxCmdsPerTurn+2*MaxProcesses {
+				t.Fatalf("accepted a turn of %d steps", len(plan))
+			}
+			for _, st := range plan {
+				if len(st.Cmd) > MaxCmdBytes || len(st.Cwd) > 1024 || (st.Cmd == "" && st.Start == nil && st.Stop == "") {
+					t.Fatalf("accepted step %+v", st)
+				}
+			}
 		}
 	})
 }

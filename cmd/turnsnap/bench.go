@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -64,7 +65,41 @@ Needs root, runc, CRIU and busybox-static. --home is not used.`,
 	f.BoolVar(&o.keep, "keep", false, "keep the scratch directory")
 	f.BoolVar(&o.coloOnly, "colocation-only", false, "run only the co-location series (no crash runs; needs --sandboxes >= 1)")
 	f.BoolVar(&o.crashAfterStart, "crash-after-start", false, "crash at the second turn after the first process start (for tests)")
+	c.AddCommand(a.benchConvertCmd())
 	return c
+}
+
+func (a *app) benchConvertCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "convert NEUTRAL.json [TRACE.json]",
+		Short: "Convert a session in the neutral form (docs/BENCH.md) into a version 2 trace",
+		Long: `convert reads a session recorded outside turnsnap in the neutral form
+(base files, commands run with /bin/sh in a working directory, detached
+starts, the model latency before each turn, a verifier, an end probe; see
+docs/BENCH.md) and writes the version 2 trace that replays it, checked as
+bench would load it, to TRACE.json (default: stdout).`,
+		Args: cobra.RangeArgs(1, 2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			in, err := os.ReadFile(args[0])
+			if err != nil {
+				return fmt.Errorf("bench convert: %w", err)
+			}
+			t, err := trace.FromNeutral(in)
+			if err != nil {
+				return fmt.Errorf("bench convert %s: %w", args[0], err)
+			}
+			b, err := json.MarshalIndent(t, "", "  ")
+			if err != nil {
+				return err
+			}
+			b = append(b, '\n')
+			if len(args) == 1 {
+				_, err = a.stdout().Write(b)
+				return err
+			}
+			return os.WriteFile(args[1], b, 0o644)
+		},
+	}
 }
 
 func (a *app) runBench(ctx context.Context, o benchOpts) error {
@@ -146,6 +181,11 @@ func (a *app) runBench(ctx context.Context, o benchOpts) error {
 		a.log.Warn("bench: stopping the daemon", "err", cerr)
 	}
 	sum := harness.Summarise(res)
+	for _, v := range sum.Invalid {
+		// Also said in the report; a log line too, for whoever reads only
+		// the JSON's numbers.
+		a.log.Warn("bench: INVALID trace, its fault-free run did not pass; no correctness figure counts it", "trace", v.Trace, "seed", v.Seed, "reason", v.Reason)
+	}
 	if err := report.Write(o.out, res, sum); err != nil {
 		return err
 	}

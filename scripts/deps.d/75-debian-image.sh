@@ -1,0 +1,34 @@
+# The bench's named image "debian-bookworm" (docs/BENCH.md, a trace's
+# base "image": {"name": "debian-bookworm"}): a Debian 12 rootfs from
+# `debootstrap --variant=minbase bookworm` plus python3, git and sqlite3,
+# for traces written outside the project, which need more than busybox.
+# Built once (a few minutes: debootstrap talks only to Debian's archive)
+# into $TURNSNAP_CACHE/images/debian-bookworm-v$VERSION/rootfs; bump
+# _debimg_version when the recipe changes, so every machine rebuilds.
+# packages.txt next to rootfs lists what went in (dpkg-query).
+# Sourced by scripts/deps.sh (TURNSNAP_CACHE exported, set -euo pipefail).
+: "${TURNSNAP_CACHE:=/var/cache/turnsnap}"
+_debimg_version=1
+_debimg_dir="$TURNSNAP_CACHE/images/debian-bookworm-v$_debimg_version"
+if [ -f "$_debimg_dir/.complete" ]; then
+  echo "deps: debian-bookworm image v$_debimg_version present"
+else
+  apt_need debootstrap debootstrap
+  echo "deps: building the debian-bookworm image v$_debimg_version (debootstrap, a few minutes)"
+  mkdir -p "$TURNSNAP_CACHE/images"
+  rm -rf "$TURNSNAP_CACHE"/images/debian-bookworm-build.* # left by an interrupted build
+  # Built aside and renamed, so an interrupted build is never taken for
+  # an image.
+  _debimg_tmp="$(mktemp -d "$TURNSNAP_CACHE/images/debian-bookworm-build.XXXXXX")"
+  debootstrap --variant=minbase --include=python3,git,sqlite3 bookworm "$_debimg_tmp/rootfs" http://deb.debian.org/debian \
+    >"$_debimg_tmp/debootstrap.log" 2>&1 || { tail -20 "$_debimg_tmp/debootstrap.log" >&2; false; }
+  # The package caches are 100+ MB a trace's sandbox never reads.
+  rm -rf "$_debimg_tmp"/rootfs/var/cache/apt/archives/*.deb "$_debimg_tmp"/rootfs/var/lib/apt/lists/*
+  chroot "$_debimg_tmp/rootfs" dpkg-query -W -f '${Package} ${Version}\n' >"$_debimg_tmp/packages.txt"
+  chroot "$_debimg_tmp/rootfs" python3 -c 'import sqlite3' && chroot "$_debimg_tmp/rootfs" git --version >/dev/null
+  touch "$_debimg_tmp/.complete"
+  rm -rf "$_debimg_dir"
+  mv "$_debimg_tmp" "$_debimg_dir"
+  echo "deps: debian-bookworm image built: $(wc -l <"$_debimg_dir/packages.txt") packages, $(du -sh "$_debimg_dir/rootfs" | cut -f1)"
+fi
+unset _debimg_version _debimg_dir _debimg_tmp
