@@ -20,7 +20,11 @@ else
   # Built aside and renamed, so an interrupted build is never taken for
   # an image.
   _debimg_tmp="$(mktemp -d "$TURNSNAP_CACHE/images/debian-bookworm-build.XXXXXX")"
-  debootstrap --variant=minbase --include=python3,git,sqlite3 bookworm "$_debimg_tmp/rootfs" http://deb.debian.org/debian \
+  # The machine's own mirror: the first URIs line of its sources (the main
+  # archive), as scripts/criu-install.sh takes it.
+  _debimg_uri="$( (grep -m1 '^URIs:' /etc/apt/sources.list.d/debian.sources || true) | awk '{print $2}')"
+  [ -n "$_debimg_uri" ] || { echo "deps: no URIs line in /etc/apt/sources.list.d/debian.sources" >&2; false; }
+  debootstrap --variant=minbase --include=python3,git,sqlite3 bookworm "$_debimg_tmp/rootfs" "$_debimg_uri" \
     >"$_debimg_tmp/debootstrap.log" 2>&1 || { tail -20 "$_debimg_tmp/debootstrap.log" >&2; false; }
   # The package caches are 100+ MB a trace's sandbox never reads.
   rm -rf "$_debimg_tmp"/rootfs/var/cache/apt/archives/*.deb "$_debimg_tmp"/rootfs/var/lib/apt/lists/*
@@ -31,4 +35,4 @@ else
   mv "$_debimg_tmp" "$_debimg_dir"
   echo "deps: debian-bookworm image built: $(wc -l <"$_debimg_dir/packages.txt") packages, $(du -sh "$_debimg_dir/rootfs" | cut -f1)"
 fi
-unset _debimg_version _debimg_dir _debimg_tmp
+unset _debimg_version _debimg_dir _debimg_tmp _debimg_uri
