@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"os/exec"
@@ -97,9 +98,8 @@ func TestKilledPushLeavesAStaleLock(t *testing.T) {
 	if !locks[0].Stale || !locks[0].HolderGone || locks[0].BootID == "" || locks[0].PIDStart == 0 {
 		t.Fatalf("the killed push's lock is not stale at once on its own host: %+v", locks[0])
 	}
-	if _, err := b.GC(ctx, GCOptions{Grace: time.Hour}); err != nil {
-		t.Fatalf("gc beside a stale lock: %v", err)
-	}
+	locks0 := locks[0]
+	// unlock removes it at once.
 	removed, err := b.Unlock(ctx, false)
 	must(t, err)
 	if len(removed) != 1 || removed[0].Name != locks[0].Name {
@@ -107,6 +107,16 @@ func TestKilledPushLeavesAStaleLock(t *testing.T) {
 	}
 	if locks, _ = b.Locks(ctx); len(locks) != 0 {
 		t.Fatalf("locks left after unlock: %+v", locks)
+	}
+	// Without unlock, a gc is not blocked by it and removes it as the
+	// litter it is.
+	data, _ := json.Marshal(locks0.Lock)
+	must(t, upload.PutBytes(ctx, b.remote, locks0.Name, data))
+	if _, err := b.GC(ctx, GCOptions{Grace: time.Hour}); err != nil {
+		t.Fatalf("gc beside a stale lock: %v", err)
+	}
+	if locks, _ = b.Locks(ctx); len(locks) != 0 {
+		t.Fatalf("locks left after a gc listed the stale one: %+v", locks)
 	}
 }
 

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
@@ -44,18 +43,6 @@ func AsConditional(s Store) (Conditional, error) {
 		return c, nil
 	}
 	return nil, fmt.Errorf("the remote store does not support conditional writes (If-Match / If-None-Match), which sharing a bucket between hosts needs: %w", errdefs.ErrPrecondition)
-}
-
-// readSmall reads a whole body of at most max bytes.
-func readSmall(rc io.Reader, name string, max int64) ([]byte, error) {
-	data, err := io.ReadAll(io.LimitReader(rc, max+1))
-	if err != nil {
-		return nil, fmt.Errorf("object %s: %w", name, err)
-	}
-	if int64(len(data)) > max {
-		return nil, fmt.Errorf("object %s: larger than %d bytes: %w", name, max, errdefs.ErrCorrupt)
-	}
-	return data, nil
 }
 
 // retryStore: a PutIf whose answer was lost may have been applied; its

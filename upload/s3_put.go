@@ -182,7 +182,11 @@ func (e *exactReader) probe() error {
 	return e.err
 }
 
-// GetVersion reads a small object whole, with its ETag.
+// GetVersion reads a small object whole, with its ETag. The body is read
+// first, in one GET, and the ETag taken from that GET's answer: a Stat
+// first would make minio-go pin the read to the stat's ETag, and an
+// object replaced in between (a head another home just wrote) would fail
+// the read with 412 instead of giving the newer version.
 func (s *s3Store) GetVersion(ctx context.Context, name string, max int64) ([]byte, string, error) {
 	if err := CheckName(name); err != nil {
 		return nil, "", err
@@ -192,19 +196,23 @@ func (s *s3Store) GetVersion(ctx context.Context, name string, max int64) ([]byt
 		return nil, "", s3Err(ctx, "object "+name, err)
 	}
 	defer obj.Close()
-	info, err := obj.Stat()
+	data, err := io.ReadAll(io.LimitReader(obj, max+1))
+	if err != nil {
+		var resp minio.ErrorResponse
+		if errors.As(err, &resp) && resp.StatusCode == http.StatusPreconditionFailed {
+			return nil, "", fmt.Errorf("object %s changed while it was read: %w", name, errdefs.ErrUnavailable)
+		}
+		return nil, "", s3Err(ctx, "object "+name, err)
+	}
+	if int64(len(data)) > max {
+		return nil, "", fmt.Errorf("object %s: larger than %d bytes: %w", name, max, errdefs.ErrCorrupt)
+	}
+	info, err := obj.Stat() // the GET's own answer, no new request
 	if err != nil {
 		return nil, "", s3Err(ctx, "object "+name, err)
 	}
-	if info.Size > max {
-		return nil, "", fmt.Errorf("object %s: %d bytes, at most %d: %w", name, info.Size, max, errdefs.ErrCorrupt)
-	}
-	data, err := readSmall(obj, name, max)
-	if err != nil {
-		return nil, "", s3Err(ctx, "object "+name, err)
-	}
-	if int64(len(data)) != info.Size {
-		return nil, "", fmt.Errorf("object %s: read %d of %d bytes: %w", name, len(data), info.Size, errdefs.ErrUnavailable)
+	if info.ETag == "" {
+		return nil, "", fmt.Errorf("object %s: the server gave no ETag, which conditional writes need: %w", name, errdefs.ErrPrecondition)
 	}
 	return data, trimETag(info.ETag), nil
 }
