@@ -30,3 +30,31 @@ func (tx *Tx) SetSandboxOwner(key string, o delta.Owner) error {
 func (tx *Tx) DeleteSandboxOwner(key string) error {
 	return tx.del(ownerKey(key), "owner of sandbox "+key)
 }
+
+// Fenced checkpoints: committed here on a sandbox another home had adopted,
+// so their head was refused by the bucket. Their records may be in the
+// bucket, but they are on no head there: they are never remotely durable
+// as turns of that sandbox (branch them to keep them).
+//
+//	0x00 "fenced/" id(32) → empty
+func fencedKey(id delta.ID) []byte { return append([]byte{prefixMeta}, append([]byte("fenced/"), id[:]...)...) }
+
+// NoteFenced records that checkpoint id's head was refused by a fence.
+func (tx *Tx) NoteFenced(id delta.ID) error {
+	return tx.set(fencedKey(id), nil, "fenced checkpoint "+id.Short())
+}
+
+// FencedCheckpoints lists the checkpoints noted by NoteFenced.
+func (tx *Tx) FencedCheckpoints() ([]delta.ID, error) {
+	prefix := append([]byte{prefixMeta}, "fenced/"...)
+	var out []delta.ID
+	err := tx.scan(prefix, false, func(key, _ []byte) error {
+		var id delta.ID
+		if len(key) == len(prefix)+len(id) {
+			copy(id[:], key[len(prefix):])
+			out = append(out, id)
+		}
+		return nil
+	})
+	return out, err
+}

@@ -102,6 +102,11 @@ func TestTwoHomesNeverCoOwnASandbox(t *testing.T) {
 	if id, o := bucketHead(t, a, key); id != cb.ID || o.Home != b.config.HomeID || o.Epoch != 2 {
 		t.Fatalf("bucket head after a's fenced push: %s %v; want b's %s", id.Short(), o, cb.ID.Short())
 	}
+	// Its record went up, but the turn was never accepted: it is not
+	// remotely durable, now or later.
+	if pending, err := a.PendingCheckpoints(ctx); err != nil || !pending[ca.ID] {
+		t.Fatalf("a's fenced checkpoint %s is reported remotely durable (pending %v, %v)", ca.ID.Short(), pending, err)
+	}
 	// Fenced: a refuses the sandbox's turns from now on, and its next push
 	// is not blocked by the head it could not write.
 	if _, err := a.Checkpoint(ctx, "x", CheckpointOptions{}); !errors.Is(err, errdefs.ErrPrecondition) {
@@ -109,6 +114,9 @@ func TestTwoHomesNeverCoOwnASandbox(t *testing.T) {
 	}
 	_, err = a.Push(ctx, PushOptions{})
 	must(t, err)
+	if pending, _ := a.PendingCheckpoints(ctx); !pending[ca.ID] {
+		t.Fatalf("a's fenced checkpoint %s became remotely durable with a later push", ca.ID.Short())
+	}
 	// A keeps its unpushed turn by branching it.
 	_, err = a.Branch(ctx, ca.ID.String(), "x-kept", BranchOptions{})
 	must(t, err)

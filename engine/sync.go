@@ -76,10 +76,19 @@ func (e *Engine) PendingCheckpoints(ctx context.Context) (map[delta.ID]bool, err
 	}
 	err := e.view(ctx, func(tx *catalog.Tx) error {
 		ps, err := tx.PendingUploads("")
+		if err != nil {
+			return err
+		}
 		for _, p := range ps {
 			if strings.HasPrefix(p.Name, delta.RecordPrefix) {
 				out[p.Checkpoint] = true
 			}
+		}
+		// A fenced checkpoint's head was refused: it never becomes
+		// remotely durable here (docs/STORAGE.md, "Ownership and fencing").
+		fenced, err := tx.FencedCheckpoints()
+		for _, id := range fenced {
+			out[id] = true
 		}
 		return err
 	})

@@ -75,9 +75,19 @@ func (e *Syncer) writeHead(ctx context.Context, p job) error {
 				// Remember it: the home refuses the sandbox's turns from
 				// now on, and the head leaves the queue (it can never be
 				// pushed, and must not block the others).
+				// Its checkpoints were never accepted as the sandbox's
+				// turns: they must not be reported remotely durable,
+				// although their records may be in the bucket.
 				if uerr := e.Cat.Update(ctx, func(tx *catalog.Tx) error {
 					if err := tx.SetSandboxOwner(key, have); err != nil {
 						return err
+					}
+					for _, c := range p.covers {
+						if !c.Checkpoint.IsZero() {
+							if err := tx.NoteFenced(c.Checkpoint); err != nil {
+								return err
+							}
+						}
 					}
 					return DoneAll(tx, p.covers)
 				}); uerr != nil {
