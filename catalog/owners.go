@@ -37,7 +37,9 @@ func (tx *Tx) DeleteSandboxOwner(key string) error {
 // as turns of that sandbox (branch them to keep them).
 //
 //	0x00 "fenced/" id(32) → empty
-func fencedKey(id delta.ID) []byte { return append([]byte{prefixMeta}, append([]byte("fenced/"), id[:]...)...) }
+func fencedKey(id delta.ID) []byte {
+	return append([]byte{prefixMeta}, append([]byte("fenced/"), id[:]...)...)
+}
 
 // NoteFenced records that checkpoint id's head was refused by a fence.
 func (tx *Tx) NoteFenced(id delta.ID) error {
