@@ -188,6 +188,18 @@ func (s *Service) Checkpoint(ctx context.Context, name string, req CheckpointReq
 		if _, err := s.push(ctx, name, true); err != nil {
 			return nil, fmt.Errorf("checkpoint %s is durable locally, not yet remotely: %w", r.ID.Short(), err)
 		}
+		// A round that ran before this one (the background pusher's) may
+		// have been refused this sandbox's head: the checkpoint is then
+		// fenced, and never remotely durable, though this round sent
+		// nothing and failed nothing.
+		pending, err := s.E.PendingCheckpoints(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if pending[r.ID] {
+			return nil, fmt.Errorf("checkpoint %s is durable locally, not remotely: the bucket refused sandbox %s's head (another home adopted it; `turnsnap branch %s NEW-NAME` keeps this turn): %w",
+				r.ID.Short(), name, r.ID.Short(), errdefs.ErrPrecondition)
+		}
 		out.RemoteDurable = true
 	}
 	return out, nil
