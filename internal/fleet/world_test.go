@@ -164,7 +164,8 @@ func (w *world) checkpointed(h int, sandbox string, id delta.ID, digest string, 
 	defer w.mu.Unlock()
 	w.headLocked(sandbox, id, h, start)
 	c := w.ckpts[id]
-	if c == nil {
+	isNew := c == nil
+	if isNew {
 		c = &ckptInfo{id: id, host: h, sandbox: sandbox, digest: digest, at: end}
 		w.ckpts[id] = c
 	} else if c.digest != digest {
@@ -175,7 +176,13 @@ func (w *world) checkpointed(h int, sandbox string, id delta.ID, digest string, 
 	}
 	if durable {
 		c.durable = true
-		w.writes = append(w.writes, span{sandbox: sandbox, host: h, id: id, start: start, end: end})
+		// A skip turn answers with the head it did not move: it wrote
+		// nothing, so it is no write for the one-writer check (a host
+		// that does not know yet that its sandbox was adopted still
+		// skips on the head it pushed before).
+		if isNew {
+			w.writes = append(w.writes, span{sandbox: sandbox, host: h, id: id, start: start, end: end})
+		}
 	}
 }
 
