@@ -367,7 +367,7 @@ func (wk *worker) prune(ctx context.Context) {
 			err = wk.h.cliJSON(ctx, &pr, args...)
 			wk.retention("prune-grace0", keep, start, err)
 			if err == nil {
-				wk.w.release(pr.Deleted...)
+				wk.w.release(releasedBy(pr.Deleted, pr.Marked)...)
 			}
 			return
 		}
@@ -376,8 +376,19 @@ func (wk *worker) prune(ctx context.Context) {
 	p, err := wk.h.c.Prune(ctx, api.PruneRequest{KeepLast: keep, GC: withGC})
 	wk.retention("prune", keep, start, err)
 	if err == nil {
-		wk.w.release(p.Deleted...)
+		wk.w.release(releasedBy(p.Deleted, p.Marked)...)
 	}
+}
+
+// releasedBy is what a prune released: what it deleted, and what it only
+// marked (a later run deletes it after the grace, without naming it
+// again: a marked checkpoint is released by the run that marked it).
+func releasedBy(deleted []delta.ID, marked []engine.RetentionEntry) []delta.ID {
+	out := append([]delta.ID(nil), deleted...)
+	for _, m := range marked {
+		out = append(out, m.ID)
+	}
+	return out
 }
 
 func (wk *worker) forget(ctx context.Context) {
@@ -403,7 +414,7 @@ func (wk *worker) forget(ctx context.Context) {
 	}
 	var ids []delta.ID
 	for _, s := range f.Sandboxes {
-		for _, d := range s.Deleted {
+		for _, d := range append(s.Deleted, s.Marked...) {
 			ids = append(ids, d.ID)
 		}
 	}
