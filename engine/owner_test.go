@@ -91,6 +91,13 @@ func TestTwoHomesNeverCoOwnASandbox(t *testing.T) {
 	_, err = b.Push(ctx, PushOptions{})
 	must(t, err)
 
+	// A does not know yet, but its retention reads the bucket's heads: the
+	// sandbox is b's now, and a prunes none of it.
+	pr, err := a.Prune(ctx, PruneOptions{KeepLast: 1})
+	must(t, err)
+	if len(pr.Deleted) != 0 || len(pr.Marked) != 0 {
+		t.Fatalf("a pruned a sandbox b adopted: deleted %v, marked %v", pr.Deleted, pr.Marked)
+	}
 	// A does not know yet: its turn commits locally, its push is fenced.
 	write(t, filepath.Join(cr.Root, "a2"), "a's turn after the adoption")
 	ca, err := a.Checkpoint(ctx, "x", CheckpointOptions{})

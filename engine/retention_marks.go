@@ -51,6 +51,14 @@ const DefaultRecordGrace = time.Hour
 // bucketPinReaders at a time (a fleet's bucket holds one head and one
 // description per sandbox, each a round trip).
 func bucketPins(ctx context.Context, s upload.Store, pin pinned) error {
+	return bucketRefs(ctx, s, pin, nil)
+}
+
+// bucketRefs is bucketPins that also gives, in owners (when not nil), the
+// owner line of every head that has one, by sandbox key: a home whose
+// sandbox another home adopted must stop pruning it even before it learns
+// of the adoption by a fenced push.
+func bucketRefs(ctx context.Context, s upload.Store, pin pinned, owners map[string]delta.Owner) error {
 	var names []string
 	for _, prefix := range []string{delta.HeadPrefix, delta.TagPrefix, delta.SandboxPrefix} {
 		err := s.List(ctx, prefix, func(oi upload.ObjectInfo) error { names = append(names, oi.Name); return nil })
@@ -69,7 +77,7 @@ func bucketPins(ctx context.Context, s upload.Store, pin pinned) error {
 		go func() {
 			defer wg.Done()
 			for name := range work {
-				id, why, err := readPin(ctx, s, name)
+				id, why, owner, err := readPin(ctx, s, name)
 				mu.Lock()
 				switch {
 				case err != nil && firstErr == nil:
@@ -77,6 +85,9 @@ func bucketPins(ctx context.Context, s upload.Store, pin pinned) error {
 					cancel()
 				case err == nil && !id.IsZero():
 					pin.add(id, why)
+					if owners != nil && !owner.IsZero() {
+						owners[strings.TrimPrefix(name, delta.HeadPrefix)] = owner
+					}
 				}
 				mu.Unlock()
 			}
@@ -102,33 +113,33 @@ const bucketPinReaders = 8
 // readPin reads one head, tag or sandbox description: the checkpoint it
 // names (zero for none: a description made from a base, or an object
 // removed since the listing) and why it pins it.
-func readPin(ctx context.Context, s upload.Store, name string) (delta.ID, string, error) {
+func readPin(ctx context.Context, s upload.Store, name string) (delta.ID, string, delta.Owner, error) {
 	limit := int64(delta.MaxSmallObject)
 	if strings.HasPrefix(name, delta.SandboxPrefix) {
 		limit = delta.MaxSandboxObject
 	}
 	data, err := upload.ReadAllMax(ctx, s, name, limit)
 	if errors.Is(err, errdefs.ErrNotFound) {
-		return delta.ID{}, "", nil // removed since the listing: it names nothing now
+		return delta.ID{}, "", delta.Owner{}, nil // removed since the listing: it names nothing now
 	}
 	if err != nil {
-		return delta.ID{}, "", fmt.Errorf("object %s: %w", name, err)
+		return delta.ID{}, "", delta.Owner{}, fmt.Errorf("object %s: %w", name, err)
 	}
 	if key, ok := strings.CutPrefix(name, delta.SandboxPrefix); ok {
 		sb, err := delta.DecodeSandbox(name, data)
 		if err != nil {
-			return delta.ID{}, "", err // names the object
+			return delta.ID{}, "", delta.Owner{}, err // names the object
 		}
-		return sb.Origin, "branched: " + sb.Name + " (" + key + ")", nil
+		return sb.Origin, "branched: " + sb.Name + " (" + key + ")", delta.Owner{}, nil
 	}
-	id, err := delta.ParseRef(data)
+	id, owner, err := delta.ParseHead(data)
 	if err != nil {
-		return delta.ID{}, "", fmt.Errorf("object %s: %w", name, err)
+		return delta.ID{}, "", delta.Owner{}, fmt.Errorf("object %s: %w", name, err)
 	}
 	if tag, ok := strings.CutPrefix(name, delta.TagPrefix); ok {
-		return id, "tag " + tag, nil
+		return id, "tag " + tag, delta.Owner{}, nil
 	}
-	return id, "head in the bucket: " + strings.TrimPrefix(name, delta.HeadPrefix), nil
+	return id, "head in the bucket: " + strings.TrimPrefix(name, delta.HeadPrefix), owner, nil
 }
 
 // addBucketPins pins, in h, what the bucket's refs name and this catalog
@@ -138,12 +149,20 @@ func (e *Engine) addBucketPins(ctx context.Context, h *history) error {
 		return nil
 	}
 	b := pinned{}
-	if err := bucketPins(ctx, e.remote, b); err != nil {
+	owners := map[string]delta.Owner{}
+	if err := bucketRefs(ctx, e.remote, b, owners); err != nil {
 		return err
 	}
 	for id, why := range b {
 		if len(h.pin[id]) == 0 {
 			h.pin[id] = why
+		}
+	}
+	// The bucket's head says who owns a sandbox now: this home's catalog
+	// may not know yet that another home adopted one of its sandboxes.
+	for key, o := range owners {
+		if o.Home != e.config.HomeID && h.owned[key] {
+			h.owned[key] = false
 		}
 	}
 	return nil
@@ -305,7 +324,28 @@ func (e *Engine) sweep(ctx context.Context, m *delta.Marks, local pinned, now ti
 // catalog's pins) names. m is saved with what is left.
 func (e *Engine) sweepLocked(ctx context.Context, m *delta.Marks, local pinned, now time.Time, r *retired) error {
 	fresh := pinned{}
-	if err := bucketPins(ctx, e.remote, fresh); err != nil {
+	owners := map[string]delta.Owner{}
+	if err := bucketRefs(ctx, e.remote, fresh, owners); err != nil {
+		return err
+	}
+	// A record of a sandbox another home has adopted since it was marked is
+	// that home's to keep or drop now.
+	adopted := map[delta.ID]bool{}
+	if err := e.view(ctx, func(tx *catalog.Tx) error {
+		for _, mk := range m.Records {
+			cp, err := tx.Checkpoint(mk.ID)
+			if errors.Is(err, errdefs.ErrNotFound) {
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			if o, ok := owners[cp.SandboxKey()]; ok && o.Home != e.config.HomeID {
+				adopted[mk.ID] = true
+			}
+		}
+		return nil
+	}); err != nil {
 		return err
 	}
 	var doomed []delta.ID
@@ -314,6 +354,10 @@ func (e *Engine) sweepLocked(ctx context.Context, m *delta.Marks, local pinned, 
 		switch {
 		case mk.Due.After(now):
 			return false
+		case adopted[mk.ID]:
+			e.log.Info("unmarking a checkpoint of a sandbox another home adopted", "checkpoint", mk.ID.Short())
+			changed = true
+			return true
 		case len(fresh[mk.ID]) > 0 || len(local[mk.ID]) > 0:
 			e.log.Info("unmarking a checkpoint a ref names again", "checkpoint", mk.ID.Short(),
 				"ref", strings.Join(append(fresh[mk.ID], local[mk.ID]...), ", "))
