@@ -46,6 +46,9 @@ func (tx *Tx) NoteFenced(id delta.ID) error {
 	return tx.set(fencedKey(id), nil, "fenced checkpoint "+id.Short())
 }
 
+// IsFenced reports whether NoteFenced recorded checkpoint id.
+func (tx *Tx) IsFenced(id delta.ID) (bool, error) { return tx.has(fencedKey(id)) }
+
 // FencedCheckpoints lists the checkpoints noted by NoteFenced.
 func (tx *Tx) FencedCheckpoints() ([]delta.ID, error) {
 	prefix := append([]byte{prefixMeta}, "fenced/"...)

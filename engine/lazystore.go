@@ -81,12 +81,17 @@ func (l *lazyStore) Delete(ctx context.Context, name string) error {
 	return s.Delete(ctx, name)
 }
 
-func (l *lazyStore) GetVersion(ctx context.Context, name string, max int64) ([]byte, string, error) {
+// cond is the connected store's conditional writes (upload.Conditional).
+func (l *lazyStore) cond(ctx context.Context) (upload.Conditional, error) {
 	s, err := l.get(ctx)
 	if err != nil {
-		return nil, "", err
+		return nil, err
 	}
-	c, err := upload.AsConditional(s)
+	return upload.AsConditional(s)
+}
+
+func (l *lazyStore) GetVersion(ctx context.Context, name string, max int64) ([]byte, string, error) {
+	c, err := l.cond(ctx)
 	if err != nil {
 		return nil, "", err
 	}
@@ -94,11 +99,7 @@ func (l *lazyStore) GetVersion(ctx context.Context, name string, max int64) ([]b
 }
 
 func (l *lazyStore) PutIf(ctx context.Context, name string, data []byte, match string) (string, error) {
-	s, err := l.get(ctx)
-	if err != nil {
-		return "", err
-	}
-	c, err := upload.AsConditional(s)
+	c, err := l.cond(ctx)
 	if err != nil {
 		return "", err
 	}

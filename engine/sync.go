@@ -95,5 +95,12 @@ func (e *Engine) PendingCheckpoints(ctx context.Context) (map[delta.ID]bool, err
 	return out, err
 }
 
+// Fenced reports whether checkpoint id's head was refused because another
+// home adopted its sandbox: it is never remotely durable. One catalog read.
+func (e *Engine) Fenced(ctx context.Context, id delta.ID) (fenced bool, err error) {
+	err = e.view(ctx, func(tx *catalog.Tx) error { fenced, err = tx.IsFenced(id); return err })
+	return fenced, err
+}
+
 // HasRemote says whether the home has a remote store.
 func (e *Engine) HasRemote() bool { return e.remote != nil }

@@ -92,7 +92,7 @@ func (z sealed) GetVersion(ctx context.Context, name string, max int64) ([]byte,
 	if z.k == nil {
 		data, v, err := c.GetVersion(ctx, name, max)
 		if err == nil && delta.SealedName(name) && delta.IsSealedObject(data) {
-			return nil, "", fmt.Errorf("object %s is encrypted and this home has no key (`turnsnap init --key-file PATH`): %w", name, errdefs.ErrKey)
+			return nil, "", errNoKey(name)
 		}
 		return data, v, err
 	}

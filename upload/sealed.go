@@ -80,7 +80,7 @@ func (z sealed) open(ctx context.Context, name string) ([]byte, error) {
 			return nil, fmt.Errorf("object %s: %w", name, err)
 		}
 		if delta.IsSealedObject(head[:n]) {
-			return nil, fmt.Errorf("object %s is encrypted and this home has no key (`turnsnap init --key-file PATH`): %w", name, errdefs.ErrKey)
+			return nil, errNoKey(name)
 		}
 		rest, err := io.ReadAll(rc)
 		if err != nil {
@@ -96,6 +96,11 @@ func (z sealed) open(ctx context.Context, name string) ([]byte, error) {
 		return nil, fmt.Errorf("object %s: larger than any sealed object: %w", name, errdefs.ErrCorrupt)
 	}
 	return z.k.OpenObject(name, data)
+}
+
+// errNoKey: a plaintext home read a sealed object.
+func errNoKey(name string) error {
+	return fmt.Errorf("object %s is encrypted and this home has no key (`turnsnap init --key-file PATH`): %w", name, errdefs.ErrKey)
 }
 
 // GetRange reads packs by range from the store beneath; a sealed object is

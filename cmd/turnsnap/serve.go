@@ -270,7 +270,7 @@ func (a *app) serve(ctx context.Context, f serveFlags) error {
 	// The host lease says this home is alive, so that other homes do not
 	// adopt its sandboxes without --force.
 	pushWG.Add(1)
-	go func() { defer pushWG.Done(); api.RunLease(pushCtx, e, f.leaseTTL, log, nil) }()
+	go func() { defer pushWG.Done(); api.RunLease(pushCtx, e, f.leaseTTL, log) }()
 	pushWG.Add(1)
 	go func() { defer pushWG.Done(); api.RunLockSweeper(pushCtx, e, log) }()
 

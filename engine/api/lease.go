@@ -19,39 +19,36 @@ type leaseRenewer interface {
 // (docs/STORAGE.md, "Ownership and fencing"): written at once, then every
 // ttl/3, so one failed renewal never lets it lapse; deleted when ctx ends
 // (a clean shutdown), so another home may adopt this one's sandboxes at
-// once. A home without a remote has no lease. renewed, if set, counts the
-// writes that succeeded.
-func RunLease(ctx context.Context, e leaseRenewer, ttl time.Duration, log *slog.Logger, renewed func()) {
+// once. A home without a remote has no lease.
+func RunLease(ctx context.Context, e leaseRenewer, ttl time.Duration, log *slog.Logger) {
 	if !e.HasRemote() || ttl <= 0 {
 		return
 	}
-	renew := func() {
+	nowAndEvery(ctx, ttl/3, func() {
 		rctx, cancel := context.WithTimeout(ctx, ttl/3)
 		defer cancel()
-		if err := e.RenewLease(rctx, ttl); err != nil {
-			if ctx.Err() == nil {
-				log.Warn("host lease not renewed", "err", err)
-			}
-			return
+		if err := e.RenewLease(rctx, ttl); err != nil && ctx.Err() == nil {
+			log.Warn("host lease not renewed", "err", err)
 		}
-		if renewed != nil {
-			renewed()
-		}
+	})
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := e.ReleaseLease(rctx); err != nil {
+		log.Warn("host lease not released", "err", err)
 	}
-	renew()
-	t := time.NewTicker(ttl / 3)
+}
+
+// nowAndEvery calls fn at once and then every period until ctx ends.
+func nowAndEvery(ctx context.Context, period time.Duration, fn func()) {
+	fn()
+	t := time.NewTicker(period)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			defer cancel()
-			if err := e.ReleaseLease(rctx); err != nil {
-				log.Warn("host lease not released", "err", err)
-			}
 			return
 		case <-t.C:
-			renew()
+			fn()
 		}
 	}
 }
@@ -77,7 +74,7 @@ func RunLockSweeper(ctx context.Context, e lockSweeper, log *slog.Logger) {
 	if every <= 0 {
 		return
 	}
-	sweep := func() {
+	nowAndEvery(ctx, every, func() {
 		sctx, cancel := context.WithTimeout(ctx, every)
 		defer cancel()
 		removed, err := e.Unlock(sctx, false)
@@ -87,16 +84,5 @@ func RunLockSweeper(ctx context.Context, e lockSweeper, log *slog.Logger) {
 		for _, l := range removed {
 			log.Info("removed a stale bucket lock", "lock", l.Name, "holder_host", l.Host, "holder_pid", l.PID)
 		}
-	}
-	sweep()
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			sweep()
-		}
-	}
+	})
 }

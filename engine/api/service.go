@@ -192,11 +192,11 @@ func (s *Service) Checkpoint(ctx context.Context, name string, req CheckpointReq
 		// have been refused this sandbox's head: the checkpoint is then
 		// fenced, and never remotely durable, though this round sent
 		// nothing and failed nothing.
-		pending, err := s.E.PendingCheckpoints(ctx)
+		fenced, err := s.E.Fenced(ctx, r.ID)
 		if err != nil {
 			return nil, err
 		}
-		if pending[r.ID] {
+		if fenced {
 			return nil, fmt.Errorf("checkpoint %s is durable locally, not remotely: the bucket refused sandbox %s's head (another home adopted it; `turnsnap branch %s NEW-NAME` keeps this turn): %w",
 				r.ID.Short(), name, r.ID.Short(), errdefs.ErrPrecondition)
 		}

@@ -49,11 +49,14 @@ func (e *Syncer) writeHead(ctx context.Context, p job) error {
 	}
 	// The head is read now, not when it was queued: a commit since may
 	// have moved it to a record not in the bucket yet. A head never goes
-	// up before its record; that commit queued the head again.
-	if _, err := e.Remote.Stat(ctx, delta.RecordName(target)); errors.Is(err, errdefs.ErrNotFound) {
-		return errHeadAhead
-	} else if err != nil {
-		return fmt.Errorf("sandbox %s: %w", p.Sandbox, err)
+	// up before its record; that commit queued the head again. The record
+	// refTargets checked for this push needs no second look.
+	if target != p.checked {
+		if _, err := e.Remote.Stat(ctx, delta.RecordName(target)); errors.Is(err, errdefs.ErrNotFound) {
+			return errHeadAhead
+		} else if err != nil {
+			return fmt.Errorf("sandbox %s: %w", p.Sandbox, err)
+		}
 	}
 	for range headRetries {
 		cur, version, err := cond.GetVersion(ctx, p.Name, delta.MaxSmallObject)

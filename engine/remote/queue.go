@@ -112,6 +112,9 @@ func PendingNames(tx *catalog.Tx) (map[string]bool, error) {
 type job struct {
 	catalog.PendingUpload
 	covers []catalog.PendingUpload
+	// checked is, for a ref, the record refTargets found in this push or
+	// in the bucket, under the push lock.
+	checked delta.ID
 }
 
 // selectUploads picks a sandbox's queued uploads (all, for "") plus,

@@ -71,6 +71,7 @@ func (e *Syncer) refTargets(ctx context.Context, todo []job) ([]job, error) {
 			}
 		}
 		todo[i].After = append(todo[i].After, rec) // a dependency on a name outside the push is ignored
+		todo[i].checked = target
 		if inPush[rec] || checked[rec] {
 			continue
 		}

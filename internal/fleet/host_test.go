@@ -175,15 +175,22 @@ func (h *host) start(ctx context.Context) error {
 	return nil
 }
 
-// kill SIGKILLs the daemon and waits for it to be gone.
-func (h *host) kill() bool {
+// detach takes the running daemon's process from h (nil if none), so that
+// callers wait for h.up until the next start.
+func (h *host) detach() (*exec.Cmd, chan struct{}) {
 	h.mu.Lock()
+	defer h.mu.Unlock()
 	cmd, done := h.cmd, h.done
 	h.cmd = nil
 	if cmd != nil {
 		h.up = make(chan struct{})
 	}
-	h.mu.Unlock()
+	return cmd, done
+}
+
+// kill SIGKILLs the daemon and waits for it to be gone.
+func (h *host) kill() bool {
+	cmd, done := h.detach()
 	if cmd == nil {
 		return false
 	}
@@ -195,13 +202,7 @@ func (h *host) kill() bool {
 // stop sends SIGTERM (a daemon releases what it holds) and waits, killing
 // it after a minute.
 func (h *host) stop() error {
-	h.mu.Lock()
-	cmd, done := h.cmd, h.done
-	h.cmd = nil
-	if cmd != nil {
-		h.up = make(chan struct{})
-	}
-	h.mu.Unlock()
+	cmd, done := h.detach()
 	if cmd == nil {
 		return nil
 	}
