@@ -16,6 +16,9 @@ export TURNSNAP_CACHE ?= /var/cache/turnsnap
 # and keeps it in the module cache. `:=` on purpose: the machine's go.env says
 # GOTOOLCHAIN=local, which would otherwise win.
 export GOTOOLCHAIN := go1.27.3
+# Tests build with the test hooks (internal/testhook); `build` and `demo` do
+# not, so the shipped binary reads no test variables.
+TESTTAGS := -tags turnsnaptest
 
 .PHONY: all build demo test deps vet unit bench bench-realtime bench-go fuzz clean
 
@@ -37,9 +40,10 @@ vet:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet $(PKGS)
+	$(GO) vet $(TESTTAGS) $(PKGS)
 	$(GO) mod tidy -diff
 	./scripts/deps.sh staticcheck >/dev/null
-	$(TURNSNAP_CACHE)/staticcheck/current/staticcheck $(PKGS)
+	$(TURNSNAP_CACHE)/staticcheck/current/staticcheck $(TESTTAGS) $(PKGS)
 
 # Every test, as root, with every real part present: TURNSNAP_REQUIRE_ALL
 # turns any "part missing" skip into a failure. Benchmarks run once each
@@ -47,10 +51,10 @@ vet:
 test: deps vet
 	$(GO) mod verify
 	./scripts/vulncheck.sh
-	TURNSNAP_REQUIRE_ALL=1 $(GO) test -count=1 -timeout 30m $(PKGS)
-	$(GO) test -race -count=1 -timeout 10m $(RACE_PKGS)
-	TURNSNAP_REQUIRE_ALL=1 $(GO) test -race -count=1 -timeout 10m -run '^TestConcurrentOperations$$' ./engine
-	TURNSNAP_REQUIRE_ALL=1 TURNSNAP_BENCH_SMALL=1 $(GO) test -count=1 -run '^$$' -bench . -benchtime 1x $(PKGS)
+	TURNSNAP_REQUIRE_ALL=1 $(GO) test $(TESTTAGS) -count=1 -timeout 30m $(PKGS)
+	$(GO) test $(TESTTAGS) -race -count=1 -timeout 10m $(RACE_PKGS)
+	TURNSNAP_REQUIRE_ALL=1 $(GO) test $(TESTTAGS) -race -count=1 -timeout 10m -run '^TestConcurrentOperations$$' ./engine
+	TURNSNAP_REQUIRE_ALL=1 TURNSNAP_BENCH_SMALL=1 $(GO) test $(TESTTAGS) -count=1 -run '^$$' -bench . -benchtime 1x $(PKGS)
 	$(GO) build -o $(BIN) ./cmd/turnsnap
 	TURNSNAP_REQUIRE_ALL=1 TURNSNAP_BIN=$(CURDIR)/$(BIN) PYTHONDONTWRITEBYTECODE=1 pytest-3 -q -p no:cacheprovider clients/python/tests
 
@@ -73,7 +77,7 @@ bench-realtime: deps build
 
 # The Go micro-benchmarks, five counts each.
 bench-go: deps
-	$(GO) test -run '^$$' -bench . -benchmem -count 5 -timeout 60m $(PKGS)
+	$(GO) test $(TESTTAGS) -run '^$$' -bench . -benchmem -count 5 -timeout 60m $(PKGS)
 
 # Every decoder of stored or cached bytes has a fuzz target; each runs for
 # FUZZTIME (go test -fuzz takes one target per run).
@@ -90,7 +94,7 @@ FUZZ_TARGETS := \
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 	  echo "== $${t#*:} ($${t%%:*}, $(FUZZTIME))"; \
-	  $(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZTIME) "$${t%%:*}"; \
+	  $(GO) test $(TESTTAGS) -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZTIME) "$${t%%:*}"; \
 	done
 
 clean:

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"github.com/turnsnap/turnsnap/internal/testhook"
 	"os"
 	"path/filepath"
 	"strings"
@@ -93,7 +94,7 @@ func TestBranchKilledWhileFreezing(t *testing.T) {
 	}
 
 	flag := filepath.Join(t.TempDir(), "reached")
-	cmd := cli(home, []string{blockAtPhaseEnv + "=" + engine.PhaseFreezeLayer + ":" + flag}, "branch", c1.ID, "b1", "--json")
+	cmd := cli(home, []string{testhook.BlockAtEnv + "=" + engine.PhaseFreezeLayer + ":" + flag}, "branch", c1.ID, "b1", "--json")
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

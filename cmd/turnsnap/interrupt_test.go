@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/turnsnap/turnsnap/internal/testhook"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -25,7 +26,7 @@ import (
 func killAt(t *testing.T, home, phase string, args ...string) {
 	t.Helper()
 	flag := filepath.Join(t.TempDir(), "reached")
-	cmd := cli(home, []string{blockAtPhaseEnv + "=" + phase + ":" + flag}, args...)
+	cmd := cli(home, []string{testhook.BlockAtEnv + "=" + phase + ":" + flag}, args...)
 	var out strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
@@ -247,7 +248,7 @@ func TestDaemonServesOthersWhileRecovering(t *testing.T) {
 	killAt(t, home, "rollback: layer-rewrite", "rollback", "r", c1)
 
 	flag := filepath.Join(t.TempDir(), "reached")
-	d := startDaemon(t, home, []string{blockAtPhaseEnv + "=rollback: layer-rewrite:" + flag})
+	d := startDaemon(t, home, []string{testhook.BlockAtEnv + "=rollback: layer-rewrite:" + flag})
 	waitFlag(t, flag, d.exited, d.stderr.String) // r's repair is under way, and held
 	if err := os.WriteFile(filepath.Join(created.Root, "new.txt"), []byte("x\n"), 0o644); err != nil {
 		t.Fatal(err)

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"github.com/turnsnap/turnsnap/internal/testhook"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -45,7 +46,14 @@ func TestMain(m *testing.M) {
 }
 
 // cli starts the test binary as `turnsnap --home home args...`.
+// An env that arms a test hook needs the hooks compiled in: without the
+// build tag the hook would silently not fire and the test would wait for it.
 func cli(home string, env []string, args ...string) *exec.Cmd {
+	for _, kv := range env {
+		if strings.HasPrefix(kv, "TURNSNAP_TEST_") && !testhook.Enabled {
+			panic(kv + " needs the test hooks: go test -tags turnsnaptest")
+		}
+	}
 	cmd := exec.Command(os.Args[0], append([]string{"--home", home}, args...)...)
 	cmd.Env = append(append(os.Environ(), runMainEnv+"=1"), env...)
 	return cmd
@@ -164,7 +172,7 @@ func TestCheckpointKilledAtEveryPhase(t *testing.T) {
 			t.Fatal(err)
 		}
 		flag := filepath.Join(t.TempDir(), "reached")
-		cmd := cli(home, []string{blockAtPhaseEnv + "=" + phase + ":" + flag}, "checkpoint", "k")
+		cmd := cli(home, []string{testhook.BlockAtEnv + "=" + phase + ":" + flag}, "checkpoint", "k")
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/turnsnap/turnsnap/internal/testhook"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -61,7 +62,7 @@ func TestKilledGCBlocksOnlyOtherHostsForItsWindow(t *testing.T) {
 
 	// gc on h1, killed while it holds its lock.
 	flag := filepath.Join(dir, "gc-locked")
-	gc := cli(h1, []string{blockAtPhaseEnv + "=" + engine.PhaseGCLocked + ":" + flag}, "gc")
+	gc := cli(h1, []string{testhook.BlockAtEnv + "=" + engine.PhaseGCLocked + ":" + flag}, "gc")
 	var gcOut strings.Builder
 	gc.Stdout, gc.Stderr = &gcOut, &gcOut
 	must(t, gc.Start())

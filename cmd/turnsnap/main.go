@@ -9,8 +9,6 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
@@ -18,6 +16,7 @@ import (
 	"github.com/turnsnap/turnsnap/engine"
 	"github.com/turnsnap/turnsnap/engine/api"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
+	"github.com/turnsnap/turnsnap/internal/testhook"
 )
 
 // Exit codes, one per error class, so scripts can branch without parsing text.
@@ -140,32 +139,9 @@ func (a *app) openDirect(ro func(args []string) bool, fn func(ctx context.Contex
 
 func (a *app) stdout() io.Writer { return a.w }
 
-// blockAtPhaseEnv is a test hook: TURNSNAP_TEST_BLOCK_AT=PHASE:FILE makes a
-// checkpoint, rollback or gc create FILE and then block for ever when it
-// reaches PHASE (engine.PhaseFreeze ... engine.PhaseCommit, a rollback's
-// "rollback: layer-rewrite", engine.PhaseGCLocked), so a test can SIGKILL
-// turnsnap at exactly that point.
-const blockAtPhaseEnv = "TURNSNAP_TEST_BLOCK_AT"
-
-func blockAtPhase() func(string) {
-	// The file is after the last colon: phase names may hold colons
-	// ("rollback: layer-rewrite").
-	v := os.Getenv(blockAtPhaseEnv)
-	i := strings.LastIndexByte(v, ':')
-	if i < 0 || i == len(v)-1 {
-		return nil
-	}
-	phase, file := v[:i], v[i+1:]
-	return func(p string) {
-		if p != phase {
-			return
-		}
-		os.WriteFile(file, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o600)
-		for {
-			time.Sleep(time.Hour)
-		}
-	}
-}
+// blockAtPhase is the test hook that stops a command at a phase
+// (internal/testhook: compiled in only under the turnsnaptest build tag).
+func blockAtPhase() func(string) { return testhook.BlockAt() }
 
 func newRoot() *cobra.Command {
 	a := &app{}

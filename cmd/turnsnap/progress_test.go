@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/rand"
 	"fmt"
+	"github.com/turnsnap/turnsnap/internal/testhook"
 	"os"
 	"path/filepath"
 	"strings"
@@ -63,7 +64,7 @@ func TestCLIProgressOnSizelessPty(t *testing.T) {
 	// The rollback stops for good once its root is switched; by then the
 	// restore phase has read its 3 MiB, and the spinner must be on screen.
 	ready := filepath.Join(t.TempDir(), "ready")
-	cmd := cli(home, []string{blockAtPhaseEnv + "=rollback: root switched:" + ready}, "rollback", "s", c1.ID)
+	cmd := cli(home, []string{testhook.BlockAtEnv + "=rollback: root switched:" + ready}, "rollback", "s", c1.ID)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, slave
 	if err := cmd.Start(); err != nil {

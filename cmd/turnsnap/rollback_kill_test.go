@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"github.com/turnsnap/turnsnap/internal/testhook"
 	"os"
 	"path/filepath"
 	"strings"
@@ -57,7 +58,7 @@ func TestRollbackKilledMidRewrite(t *testing.T) {
 	mustCLI(t, home, "checkpoint", "r")
 
 	flag := filepath.Join(t.TempDir(), "reached")
-	cmd := cli(home, []string{blockAtPhaseEnv + "=rollback: layer-rewrite:" + flag}, "rollback", "r", c1.ID)
+	cmd := cli(home, []string{testhook.BlockAtEnv + "=rollback: layer-rewrite:" + flag}, "rollback", "r", c1.ID)
 	var cmdOut strings.Builder
 	cmd.Stdout, cmd.Stderr = &cmdOut, &cmdOut
 	if err := cmd.Start(); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/turnsnap/turnsnap/internal/testhook"
 	"os"
 	"path/filepath"
 	"strings"
@@ -42,7 +43,7 @@ func TestServeKill9MidGroupCommit(t *testing.T) {
 		t.Cleanup(func() { cliRun(t, home, "sandbox", "rm", name) })
 	}
 	flag := filepath.Join(t.TempDir(), "reached")
-	d := startDaemon(t, home, []string{blockAtPhaseEnv + "=" + engine.PhaseCommitGroup + ":" + flag})
+	d := startDaemon(t, home, []string{testhook.BlockAtEnv + "=" + engine.PhaseCommitGroup + ":" + flag})
 	c, err := client.New(client.Options{Socket: filepath.Join(home, socketName)})
 	if err != nil {
 		t.Fatal(err)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"github.com/turnsnap/turnsnap/internal/testhook"
 	"io"
 	"net"
 	"net/http"
@@ -188,7 +189,7 @@ func TestServeKill9ResumesFreeze(t *testing.T) {
 		`n=0; while :; do n=$((n+1)); echo $n > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.05; done`)
 	mustCLI(t, home, "checkpoint", "k")
 	flag := filepath.Join(t.TempDir(), "reached")
-	d := startDaemon(t, home, []string{blockAtPhaseEnv + "=" + engine.PhaseFreeze + ":" + flag})
+	d := startDaemon(t, home, []string{testhook.BlockAtEnv + "=" + engine.PhaseFreeze + ":" + flag})
 	ck := cli(home, nil, "checkpoint", "k")
 	if err := ck.Start(); err != nil {
 		t.Fatal(err)
