@@ -41,6 +41,14 @@ func openEngineOracle(t testing.TB, home string, oracle bool) *Engine {
 				t.Errorf("final oracle: store-only verify of %s: %v", home, err)
 			}
 		}
+		// And the catalog's oracle, in every test that opens an engine
+		// here: every reference count, queue entry and pin as a rebuild
+		// would make them, every object the catalog names present.
+		if e.cat != nil && oracle && !t.Failed() {
+			if err := e.checker().All(context.Background(), e.cat); err != nil {
+				t.Errorf("final oracle: checker of %s: %v", home, err)
+			}
+		}
 		if e.cat != nil {
 			sbs, _ := e.ListSandboxes(context.Background())
 			for _, s := range sbs {

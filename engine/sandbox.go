@@ -227,8 +227,16 @@ func (e *Engine) ListSandboxes(ctx context.Context) ([]SandboxInfo, error) {
 			if be, err := e.backend(sb.Backend, sb.Config); err == nil {
 				info.Root = be.Open(e.home.sandboxDir(sb.Name), "").Path()
 			}
-			if id, err := tx.GetRef(delta.RefHead, sb.Name); err == nil {
-				info.Head, _ = tx.Checkpoint(id)
+			// A sandbox with no head yet lists without one; any other
+			// read error is the listing's.
+			id, err := tx.GetRef(delta.RefHead, sb.Name)
+			if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+				return fmt.Errorf("sandbox %s: head: %w", sb.Name, err)
+			}
+			if err == nil {
+				if info.Head, err = tx.Checkpoint(id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+					return fmt.Errorf("sandbox %s: head %s: %w", sb.Name, id.Short(), err)
+				}
 			}
 			out = append(out, info)
 		}
@@ -365,6 +373,10 @@ func (e *Engine) RemoveSandbox(ctx context.Context, name string) error {
 	return e.RemoveSandboxWith(ctx, name, RemoveOptions{})
 }
 
+// PhaseRemoveCommitted: a removal's catalog transaction committed; the
+// sandbox's root is still on disk.
+const PhaseRemoveCommitted = "remove: catalog committed"
+
 // RemoveSandboxWith is RemoveSandbox with options: CatalogOnly leaves the
 // root and processes alone (a sandbox whose root is on another host).
 func (e *Engine) RemoveSandboxWith(ctx context.Context, name string, o RemoveOptions) error {
@@ -392,27 +404,28 @@ func (e *Engine) RemoveSandboxWith(ctx context.Context, name string, o RemoveOpt
 		o.CatalogOnly = true
 	}
 	e.untrack(name) // its descriptor on the root would keep it mounted
-	if o.CatalogOnly {
-		// Nothing on this host is touched.
-	} else if err := e.stopProcesses(ctx, name); err != nil {
-		return err
-	} else if be, err := e.backend(sb.Backend, sb.Config); err == nil {
-		if err := be.Open(e.home.sandboxDir(name), "").Remove(ctx); err != nil {
+	var be rootfs.Backend
+	if !o.CatalogOnly {
+		if err := e.stopProcesses(ctx, name); err != nil {
 			return err
 		}
-	} else {
-		// The root lives where this host cannot reach (a btrfs pool of
-		// another host, unmounted): forget the sandbox, say what stays.
-		e.log.Warn("sandbox root not reachable from this host; forgetting the sandbox, its root stays",
-			"sandbox", name, "backend", sb.Backend, "err", err)
+		if be, err = e.backend(sb.Backend, sb.Config); err != nil {
+			// The root lives where this host cannot reach (a btrfs pool of
+			// another host, unmounted): forget the sandbox, say what stays.
+			e.log.Warn("sandbox root not reachable from this host; forgetting the sandbox, its root stays",
+				"sandbox", name, "backend", sb.Backend, "err", err)
+		}
 	}
-	// Local copies only: with a remote, the deletions below are queued and
-	// reach the bucket in order at the next push.
-	if err := e.local.Delete(ctx, delta.RefName(delta.RefHead, sb.Key())); err != nil {
-		return err
-	}
-	if err := e.local.Delete(ctx, delta.SandboxName(sb.Key())); err != nil {
-		return err
+	// Metadata first, then the disk (as containerd removes): once the
+	// catalog has forgotten the sandbox, a removal that fails or is killed
+	// leaves only a root no entry names, which the creation marker written
+	// here lets the next `sandbox rm NAME` (or create of NAME) remove. The
+	// other order would leave a catalog entry whose root is half gone.
+	unmark := func() {}
+	if be != nil {
+		if unmark, err = e.markCreating([]string{name}, sb.Backend, sb.Config); err != nil {
+			return err
+		}
 	}
 	err = e.cat.Update(ctx, func(tx *catalog.Tx) error {
 		if err := tx.DeleteRef(delta.RefHead, name); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
@@ -430,7 +443,25 @@ func (e *Engine) RemoveSandboxWith(ctx context.Context, name string, o RemoveOpt
 		return tx.DeleteSandbox(name)
 	})
 	if err != nil {
+		unmark()
 		return err
+	}
+	e.phase(PhaseRemoveCommitted)
+	// Local copies only: with a remote, the deletions queued above reach
+	// the bucket in order at the next push. Left behind, they would bring
+	// the sandbox back only to a catalog rebuild, which says so.
+	for _, obj := range []string{delta.RefName(delta.RefHead, sb.Key()), delta.SandboxName(sb.Key())} {
+		if err := e.local.Delete(ctx, obj); err != nil {
+			e.log.Warn("sandbox removed; its local object stays", "sandbox", name, "object", obj, "err", err)
+		}
+	}
+	if be != nil {
+		if err := be.Open(e.home.sandboxDir(name), "").Remove(ctx); err != nil {
+			e.log.Warn("sandbox removed from the catalog; its root stays until `turnsnap sandbox rm` of the name removes it",
+				"sandbox", name, "dir", e.home.sandboxDir(name), "err", err)
+		} else {
+			unmark()
+		}
 	}
 	// An interrupted rollback of the sandbox is discarded with it, never
 	// finished, and never found by a later sandbox of this name.

@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"github.com/turnsnap/turnsnap/internal/testhook"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +10,7 @@ import (
 
 	"github.com/turnsnap/turnsnap/engine"
 	"github.com/turnsnap/turnsnap/internal/testenv"
+	"github.com/turnsnap/turnsnap/internal/testhook"
 	"github.com/turnsnap/turnsnap/overlay"
 )
 

@@ -5,7 +5,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -52,17 +55,26 @@ func TestCLIExec(t *testing.T) {
 		t.Fatalf("exec: exit %d, output %q; want 3 and %q", code, got, "inside")
 	}
 	// The home is free while a command runs: another command does not wait.
+	// The exec's shell is found running (by its marker argument) before
+	// status runs, and ends when the test signals it, so status provably
+	// ran while the exec held the sandbox. Nothing is written to the root.
+	const marker = "turnsnap-exec-test-waiter"
 	done := make(chan int)
 	go func() {
-		_, code := run(t, home, "exec", "s", "--", "sleep", "2")
+		_, code := run(t, home, "exec", "s", "--", "sh", "-c",
+			"trap 'exit 0' USR1; i=0; while [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done; exit 9", marker)
 		done <- code
 	}()
-	time.Sleep(700 * time.Millisecond)
+	var pid int
+	waitFor(t, "the exec's shell to run", func() bool { pid = findProcess(marker); return pid > 0 })
 	if out, code := run(t, home, "status"); code != 0 {
 		t.Fatalf("status while exec runs (lock-wait 0): exit %d: %s", code, out)
 	}
+	if err := syscall.Kill(pid, syscall.SIGUSR1); err != nil {
+		t.Fatal(err)
+	}
 	if code := <-done; code != 0 {
-		t.Fatalf("exec sleep 2: exit %d", code)
+		t.Fatalf("exec of the waiting shell: exit %d (9: it was never signalled)", code)
 	}
 	if out, code := run(t, home, "exec", "s", "--detach", "--", "sleep", "1000"); code != 0 {
 		t.Fatalf("exec --detach: %d %s", code, out)
@@ -72,4 +84,32 @@ func TestCLIExec(t *testing.T) {
 	if ck.Class != "process" {
 		t.Fatalf("turn that started a long-lived process classed %q", ck.Class)
 	}
+}
+
+// waitFor polls cond until it holds (a condition the test watches, not a
+// guess at how long something takes); a minute without it fails the test.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); !cond(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
+// findProcess returns the pid of a process whose command line holds arg
+// as a whole argument, 0 when there is none.
+func findProcess(arg string) int {
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && slices.Contains(strings.Split(string(b), "\x00"), arg) {
+			return pid
+		}
+	}
+	return 0
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/turnsnap/turnsnap/internal/testhook"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,7 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/turnsnap/turnsnap/engine"
 	"github.com/turnsnap/turnsnap/internal/testenv"
+	"github.com/turnsnap/turnsnap/internal/testhook"
 )
 
 // Interrupted operations (issue 24): whatever a SIGKILLed turnsnap left is
@@ -483,4 +484,26 @@ func TestKilledRollbackRestoresProcesses(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A removal commits the catalog before it touches the disk: killed between
+// the two, the sandbox is gone from the catalog and its root is a leftover
+// that `sandbox rm` of the name removes, after which the name is free.
+func TestRemoveKilledAfterCatalog(t *testing.T) {
+	home := t.TempDir()
+	root, _, _ := rollbackScene(t, home)
+	killAt(t, home, engine.PhaseRemoveCommitted, "sandbox", "rm", "r")
+	out, _ := mustCLI(t, home, "sandbox", "ls", "--json")
+	if strings.Contains(out, `"r"`) {
+		t.Fatalf("sandbox r still listed after its removal committed: %s", out)
+	}
+	if _, err := os.Stat(filepath.Join(root, "a.txt")); err != nil {
+		t.Fatalf("the kill came before the root's removal, so the root must still be there: %v", err)
+	}
+	mustCLI(t, home, "sandbox", "rm", "r")
+	if _, err := os.Lstat(root); !os.IsNotExist(err) {
+		t.Fatalf("sandbox rm of the leftover left its root %s: %v", root, err)
+	}
+	base := t.TempDir()
+	mustCLI(t, home, "sandbox", "create", "r", "--base", base)
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"github.com/turnsnap/turnsnap/internal/testhook"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +10,7 @@ import (
 	"time"
 
 	"github.com/turnsnap/turnsnap/internal/testenv"
+	"github.com/turnsnap/turnsnap/internal/testhook"
 )
 
 // A `turnsnap rollback` SIGKILLed in the middle of rewriting the overlay

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/turnsnap/turnsnap/internal/testhook"
 	"os"
 	"path/filepath"
 	"strings"
@@ -17,6 +16,7 @@ import (
 	"github.com/turnsnap/turnsnap/engine/api"
 	"github.com/turnsnap/turnsnap/engine/api/client"
 	"github.com/turnsnap/turnsnap/internal/testenv"
+	"github.com/turnsnap/turnsnap/internal/testhook"
 )
 
 // kill -9 of the daemon while several sandboxes' commits share one catalog

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"github.com/turnsnap/turnsnap/internal/testhook"
 	"io"
 	"net"
 	"net/http"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/turnsnap/turnsnap/engine"
 	"github.com/turnsnap/turnsnap/internal/testenv"
+	"github.com/turnsnap/turnsnap/internal/testhook"
 )
 
 func waitFile(t *testing.T, path string, what string) {
