@@ -96,6 +96,14 @@ func (s IDs) New() *blake3.Hasher {
 	return h
 }
 
+// emptyTreeID is the plain ID of the empty tree; IDs.EmptyTree gives it
+// under any scheme.
+var emptyTreeID = Hash((&Tree{}).Encode())
+
+// EmptyTree returns the plain ID of the tree with no entries (tests and
+// plaintext-only tools); a home's code uses its IDs.EmptyTree.
+func EmptyTree() ID { return emptyTreeID }
+
 // EmptyTree returns the ID of the tree with no entries under s.
 func (s IDs) EmptyTree() ID {
 	if !s.keyed {
