@@ -69,8 +69,8 @@ type Codec struct {
 	dec *zstd.Decoder
 }
 
-// Workers is the number of pipeline workers n asks for: n itself, or
-// GOMAXPROCS for 0.
+// Workers is the number of workers n asks for: n itself, or GOMAXPROCS
+// for 0. It sizes fstree's ingest pipeline and the Codec's encoders alike.
 func Workers(n int) int {
 	if n <= 0 {
 		return runtime.GOMAXPROCS(0)

@@ -1,6 +1,9 @@
 // Package delta defines turnsnap's checkpoint content format: content-defined
 // chunks, the BLAKE3 content hash, zstd blob compression, canonical tree
-// objects, tree diff, and the safe materialisation of a tree into a directory.
+// objects, packs, sealing, records and the other stored objects, the rules a
+// reader enforces on a stored state, and diffs of stored states. It reads and
+// writes bytes, never a directory: walking and writing real directory trees
+// is package fstree's.
 //
 // The byte-level specification is docs/FORMAT.md; this package is its
 // reference implementation. delta knows nothing about where blobs are stored:
