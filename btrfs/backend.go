@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/internal/rootfs"
 	"golang.org/x/sys/unix"
@@ -110,10 +111,10 @@ func (b *Backend) PrepareBase(ctx context.Context, tree delta.ID, loader delta.B
 		return "", fmt.Errorf("base %s: %w", tree.Short(), err)
 	}
 	// The base is the operator's own image, so its device nodes are allowed.
-	if _, err := delta.Materialise(ctx, tree, root, delta.ApplyOptions{Loader: loader, IDs: b.opts.IDs, AllowDevices: true, Plain: true}); err != nil {
+	if _, err := fstree.Materialise(ctx, tree, root, fstree.ApplyOptions{Loader: loader, IDs: b.opts.IDs, AllowDevices: true, Plain: true}); err != nil {
 		return "", fmt.Errorf("base %s: %w", tree.Short(), err)
 	}
-	res, err := delta.Scan(ctx, root, delta.ScanOptions{IDs: b.opts.IDs})
+	res, err := fstree.Scan(ctx, root, fstree.ScanOptions{IDs: b.opts.IDs})
 	if err != nil {
 		return "", err
 	}
@@ -255,7 +256,7 @@ func (b *Backend) Open(dir, base string) rootfs.Root { return b.OpenRoot(dir, ba
 
 // OpenRoot is Open returning the concrete root.
 func (b *Backend) OpenRoot(dir, base string) *Root {
-	return &Root{b: b, dir: dir, base: base, staged: map[*delta.ScanResult]*stagedScan{}}
+	return &Root{b: b, dir: dir, base: base, staged: map[*fstree.ScanResult]*stagedScan{}}
 }
 
 var _ rootfs.Backend = (*Backend)(nil)

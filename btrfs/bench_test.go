@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/btrfstest"
 	"github.com/turnsnap/turnsnap/internal/roottest"
 )
@@ -43,7 +44,7 @@ func BenchmarkScanScaling(b *testing.B) {
 			rng.Read(body)
 			must(b, os.WriteFile(path(base, i), body, 0o644))
 		}
-		res, err := delta.Scan(ctx, base, delta.ScanOptions{Saver: store})
+		res, err := fstree.Scan(ctx, base, fstree.ScanOptions{Saver: store})
 		must(b, err)
 		lower, err := be.PrepareBase(ctx, res.Root, store)
 		must(b, err)

@@ -6,7 +6,7 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/fstree"
 )
 
 // writeState writes a scan's records and then its head into meta.
@@ -38,7 +38,7 @@ func (r *Root) writeState(meta metaDir, st *stagedScan) error {
 // checkpoint: its records become the base of the next scan, and its
 // snapshot becomes the checkpoint's local restore point. Call it only once
 // the checkpoint holding res is committed.
-func (r *Root) Committed(res *delta.ScanResult) error {
+func (r *Root) Committed(res *fstree.ScanResult) error {
 	st := r.staged[res]
 	if st == nil {
 		return nil // nothing changed since the state on disk

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/fsat"
 	"golang.org/x/sys/unix"
 )
@@ -62,7 +63,7 @@ type content = delta.FileContent
 
 // readContent chunks and hashes file name (stat st) of dirFD in a
 // read-only snapshot through files, which saves each chunk, skipping holes.
-func readContent(ctx context.Context, dirFD int, name string, st *unix.Stat_t, files *delta.FileReader) (content, error) {
+func readContent(ctx context.Context, dirFD int, name string, st *unix.Stat_t, files *fstree.FileReader) (content, error) {
 	fd, err := unix.Openat(dirFD, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NOATIME|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return content{}, err

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/fstree"
 	"golang.org/x/sys/unix"
 )
 
@@ -162,7 +163,7 @@ func (o *fullWalk) dir(rel string, full bool) (delta.ID, delta.ID, bool) {
 		}
 		switch e.Type {
 		case delta.TypeFile:
-			var stats delta.ScanStats
+			var stats fstree.ScanStats
 			c, err := pathContent(o.t, p, s.Size, &stats)
 			if err != nil {
 				t.Fatal(err)
@@ -208,7 +209,7 @@ func pathXattrs(t testing.TB, p string, buf []byte) ([]delta.Xattr, error) {
 	return readXattrs(fd, filepath.Base(p), buf)
 }
 
-func pathContent(t testing.TB, p string, size int64, stats *delta.ScanStats) (content, error) {
+func pathContent(t testing.TB, p string, size int64, stats *fstree.ScanStats) (content, error) {
 	fd, err := openDir(filepath.Dir(p))
 	if err != nil {
 		t.Fatal(err)
@@ -219,5 +220,5 @@ func pathContent(t testing.TB, p string, size int64, stats *delta.ScanStats) (co
 		return content{}, err
 	}
 	st.Size = size
-	return readContent(context.Background(), fd, filepath.Base(p), &st, delta.NewFileReader(delta.IDs{}, nil, stats, 1))
+	return readContent(context.Background(), fd, filepath.Base(p), &st, fstree.NewFileReader(delta.IDs{}, nil, stats, 1))
 }

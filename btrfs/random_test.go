@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/btrfstest"
 	"github.com/turnsnap/turnsnap/internal/roottest"
 	"golang.org/x/sys/unix"
@@ -47,7 +48,7 @@ func runSequence(t *testing.T, b *Backend, seed int64, steps int) {
 	rng := rand.New(rand.NewSource(seed))
 	store := roottest.NewMemStore()
 	base := randomBase(t, rng)
-	res, err := delta.Scan(ctx, base, delta.ScanOptions{Saver: store})
+	res, err := fstree.Scan(ctx, base, fstree.ScanOptions{Saver: store})
 	must(t, err)
 	lower, err := b.PrepareBase(ctx, res.Root, store)
 	must(t, err)

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
 
@@ -163,7 +164,7 @@ func (r *Root) buildFromStore(ctx context.Context, sbDir, g, baseRoot string, bi
 		return err
 	}
 	live, meta := filepath.Join(g, "live"), metaDir(filepath.Join(g, "meta"))
-	if _, err := delta.ApplyLayer(ctx, tree, live, delta.ApplyOptions{Loader: loader, IDs: r.b.opts.IDs}); err != nil {
+	if _, err := fstree.ApplyLayer(ctx, tree, live, fstree.ApplyOptions{Loader: loader, IDs: r.b.opts.IDs}); err != nil {
 		return err
 	}
 	dir, err := takeScanSnapshot(sbDir, live)

@@ -11,7 +11,7 @@ import (
 	"strings"
 
 	"github.com/moby/sys/mountinfo"
-	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/internal/mounts"
 	"golang.org/x/sys/unix"
@@ -24,7 +24,7 @@ type Root struct {
 	base string
 	// staged holds the snapshots taken by scans of this process that wait
 	// for their checkpoint to commit.
-	staged map[*delta.ScanResult]*stagedScan
+	staged map[*fstree.ScanResult]*stagedScan
 }
 
 // Path is the sandbox's root as processes see it.

@@ -11,6 +11,7 @@ import (
 	"unsafe"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/btrfstest"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/internal/roottest"
@@ -35,7 +36,7 @@ func newSandbox(t *testing.T, opts Options) *sandbox {
 	b, err := NewBackend(opts)
 	must(t, err)
 	s := &sandbox{t: t, ctx: context.Background(), b: b, store: roottest.NewMemStore()}
-	res, err := delta.Scan(s.ctx, roottest.RichBase(t), delta.ScanOptions{Saver: s.store})
+	res, err := fstree.Scan(s.ctx, roottest.RichBase(t), fstree.ScanOptions{Saver: s.store})
 	must(t, err)
 	s.lower, err = b.PrepareBase(s.ctx, res.Root, s.store)
 	must(t, err)
@@ -52,7 +53,7 @@ func (s *sandbox) create(name string, tree delta.ID) *Root {
 	return r
 }
 
-func (s *sandbox) checkpoint() *delta.ScanResult {
+func (s *sandbox) checkpoint() *fstree.ScanResult {
 	s.t.Helper()
 	res, err := s.r.Scan(s.ctx, s.store)
 	must(s.t, err)

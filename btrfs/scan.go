@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/fstree"
 	"golang.org/x/sys/unix"
 )
 
@@ -42,7 +43,7 @@ type stagedScan struct {
 // Otherwise it takes a read-only snapshot, the consistent cut it scans and
 // the restore point Committed keeps, and derives the layer from the changed
 // inodes and the directories above them.
-func (r *Root) Scan(ctx context.Context, saver delta.BlobSaver) (*delta.ScanResult, error) {
+func (r *Root) Scan(ctx context.Context, saver delta.BlobSaver) (*fstree.ScanResult, error) {
 	sbDir, g, err := r.gen()
 	if err != nil {
 		return nil, err
@@ -64,7 +65,7 @@ func (r *Root) Scan(ctx context.Context, saver delta.BlobSaver) (*delta.ScanResu
 			return nil, fmt.Errorf("sandbox %s: %w", r.dir, err)
 		}
 		if !changed {
-			return &delta.ScanResult{Root: h.Root, StateKey: h.Key}, nil
+			return &fstree.ScanResult{Root: h.Root, StateKey: h.Key}, nil
 		}
 	}
 	return r.scanSnapshot(ctx, sbDir, g, filepath.Join(base, "root"), bi, h, rebuild, saver)
@@ -147,7 +148,7 @@ func randomName(prefix string) string {
 }
 
 // scanSnapshot snapshots the live subvolume and scans the snapshot.
-func (r *Root) scanSnapshot(ctx context.Context, sbDir, g, baseRoot string, bi baseInfo, h *head, rebuild bool, saver delta.BlobSaver) (*delta.ScanResult, error) {
+func (r *Root) scanSnapshot(ctx context.Context, sbDir, g, baseRoot string, bi baseInfo, h *head, rebuild bool, saver delta.BlobSaver) (*fstree.ScanResult, error) {
 	r.dropStaleScans(sbDir)
 	live, meta := filepath.Join(g, "live"), metaDir(filepath.Join(g, "meta"))
 	dir, err := takeScanSnapshot(sbDir, live)
@@ -163,7 +164,7 @@ func (r *Root) scanSnapshot(ctx context.Context, sbDir, g, baseRoot string, bi b
 		removeTree(dir)
 		return nil, fmt.Errorf("sandbox %s: %w", r.dir, err)
 	}
-	out := &delta.ScanResult{Root: st.head.Root, StateKey: st.head.Key, Stats: st.stats}
+	out := &fstree.ScanResult{Root: st.head.Root, StateKey: st.head.Key, Stats: st.stats}
 	r.staged[out] = st.staged
 	if rebuild || st.head.Root == h.Root || st.head.Key == h.Key {
 		// The engine will not checkpoint this (nothing, or nothing but
@@ -192,7 +193,7 @@ func (r *Root) scanSnapshot(ctx context.Context, sbDir, g, baseRoot string, bi b
 type scanned struct {
 	staged *stagedScan
 	head   *head
-	stats  delta.ScanStats
+	stats  fstree.ScanStats
 }
 
 // takeScanSnapshot snapshots live read-only as dir/root in a new scan

@@ -8,6 +8,7 @@ import (
 	"slices"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"golang.org/x/sys/unix"
 )
@@ -64,8 +65,8 @@ type walker struct {
 	recs    map[recKey]*record
 	links   linkIndex
 	xbuf    []byte
-	files   *delta.FileReader // made on first use, reused for every file
-	stats   delta.ScanStats
+	files   *fstree.FileReader // made on first use, reused for every file
+	stats   fstree.ScanStats
 	p       *pass
 }
 

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/fsat"
 	"golang.org/x/sys/unix"
 )
@@ -24,9 +25,9 @@ func (w *walker) content(dirFD int, name string, st *unix.Stat_t, pe *delta.Entr
 		return pe.Content(), nil
 	}
 	if w.files == nil {
-		// Past delta.PipelineThreshold it hashes and compresses on every
+		// Past fstree.PipelineThreshold it hashes and compresses on every
 		// core; the walk's trees go through it too (saveTree), in order.
-		w.files = delta.NewFileReader(w.ids, w.saver, &w.stats, 0)
+		w.files = fstree.NewFileReader(w.ids, w.saver, &w.stats, 0)
 	}
 	c, err := readContent(w.ctx, dirFD, name, st, w.files)
 	if err != nil {

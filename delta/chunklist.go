@@ -233,15 +233,15 @@ func BlobRefs(data []byte) ([]ID, error) {
 	return t.Refs(), nil
 }
 
-// errUnresolved is what a restore returns for an indirect entry whose chunk
+// UnresolvedError is what a restore returns for an indirect entry whose chunk
 // list was never loaded: a caller's bug, never written as an empty file.
-func errUnresolved(e *Entry) error {
+func UnresolvedError(e *Entry) error {
 	return fmt.Errorf("file %q: chunk list %s not loaded: %w", e.Name, e.ChunkList.Short(), errdefs.ErrPrecondition)
 }
 
-// chunksOf returns e's chunks, loading its chunk list through loader when
+// LoadChunks returns e's chunks, loading its chunk list through loader when
 // the entry came from a tree decoded without it.
-func chunksOf(ctx context.Context, loader BlobLoader, e *Entry) ([]ID, error) {
+func LoadChunks(ctx context.Context, loader BlobLoader, e *Entry) ([]ID, error) {
 	if e.Resolved() {
 		return e.Chunks, nil
 	}

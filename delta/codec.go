@@ -3,6 +3,7 @@ package delta
 import (
 	"fmt"
 	"io"
+	"runtime"
 
 	"github.com/klauspost/compress/zstd"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
@@ -66,6 +67,15 @@ func (c *Chunker) Chunk(r io.Reader, size int64, fn func(data []byte) error) err
 type Codec struct {
 	enc *zstd.Encoder
 	dec *zstd.Decoder
+}
+
+// Workers is the number of workers n asks for: n itself, or GOMAXPROCS
+// for 0. It sizes fstree's ingest pipeline and the Codec's encoders alike.
+func Workers(n int) int {
+	if n <= 0 {
+		return runtime.GOMAXPROCS(0)
+	}
+	return n
 }
 
 // NewCodec returns a Codec at zstd's fastest level: on our 2-core machines

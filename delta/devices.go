@@ -21,14 +21,14 @@ var sandboxDevices = map[[3]uint32]string{
 
 // CheckDevice is the one rule for device nodes in a sandbox's own layer,
 // applied alike when a checkpoint is taken (the engine checks every tree a
-// scan saves), when it is verified, and when it is restored (Materialise,
+// scan saves), when it is verified, and when it is restored (fstree.Materialise,
 // ApplyLayer): the pseudo devices of sandboxDevices pass; any other
 // character or block device is refused with ErrPrecondition, because
 // restoring it would put a working device node on the host, from data that
 // may come from a remote store. runc lets a container mknod any device
 // number (it may not open it), so the refusal at checkpoint time says what
 // to do. Entries of other types always pass. Bases, the operator's own
-// images, are not checked (ApplyOptions.AllowDevices).
+// images, are not checked (fstree.ApplyOptions.AllowDevices).
 func CheckDevice(e Entry) error {
 	var kind uint32
 	switch e.Type {

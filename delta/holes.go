@@ -118,9 +118,9 @@ func (d *decoder) holes() []Hole {
 	return out
 }
 
-// dataRuns returns the data runs of a file of size bytes with holes,
+// DataRuns returns the data runs of a file of size bytes with holes,
 // as (offset, length) pairs in order.
-func dataRuns(size uint64, holes []Hole) []Hole {
+func DataRuns(size uint64, holes []Hole) []Hole {
 	var out []Hole
 	var at uint64
 	for _, h := range holes {

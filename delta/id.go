@@ -1,6 +1,9 @@
 // Package delta defines turnsnap's checkpoint content format: content-defined
 // chunks, the BLAKE3 content hash, zstd blob compression, canonical tree
-// objects, tree diff, and the safe materialisation of a tree into a directory.
+// objects, packs, sealing, records and the other stored objects, the rules a
+// reader enforces on a stored state, and diffs of stored states. It reads and
+// writes bytes, never a directory: walking and writing real directory trees
+// is package fstree's.
 //
 // The byte-level specification is docs/FORMAT.md; this package is its
 // reference implementation. delta knows nothing about where blobs are stored:
@@ -95,6 +98,14 @@ func (s IDs) New() *blake3.Hasher {
 	}
 	return h
 }
+
+// emptyTreeID is the plain ID of the empty tree; IDs.EmptyTree gives it
+// under any scheme.
+var emptyTreeID = Hash((&Tree{}).Encode())
+
+// EmptyTree returns the plain ID of the tree with no entries (tests and
+// plaintext-only tools); a home's code uses its IDs.EmptyTree.
+func EmptyTree() ID { return emptyTreeID }
 
 // EmptyTree returns the ID of the tree with no entries under s.
 func (s IDs) EmptyTree() ID {

@@ -45,7 +45,7 @@ func TestKeyedIDsPerDataKey(t *testing.T) {
 	if a.EmptyTree() == b.EmptyTree() || a.EmptyTree() == EmptyTree() {
 		t.Fatal("the empty tree has the same ID under two schemes")
 	}
-	if p := fmt.Sprintf("%v %+v %#v %s", a, ScanOptions{IDs: a}, a, a); strings.Contains(p, hex.EncodeToString(a.key[:])) || !strings.Contains(p, SchemeKeyed) {
+	if p := fmt.Sprintf("%v %+v %#v %s", a, struct{ IDs IDs }{a}, a, a); strings.Contains(p, hex.EncodeToString(a.key[:])) || !strings.Contains(p, SchemeKeyed) {
 		t.Fatalf("printing keyed IDs shows the key or hides the scheme: %s", p)
 	}
 	h := a.New()

@@ -6,7 +6,6 @@ import (
 	"strings"
 
 	"github.com/turnsnap/turnsnap/internal/errdefs"
-	"golang.org/x/sys/unix"
 )
 
 // Limits every reader enforces (docs/FORMAT.md, "Limits"). A stored object
@@ -35,9 +34,9 @@ const (
 	MaxDepth = 2048
 )
 
-// overlayXattrPrefix names overlayfs's own attributes, which are never
+// OverlayXattrPrefix names overlayfs's own attributes, which are never
 // state: the opaque marker is Entry.Opaque, the rest is kernel bookkeeping.
-const overlayXattrPrefix = "trusted.overlay."
+const OverlayXattrPrefix = "trusted.overlay."
 
 // MaxRawLength is the largest plaintext a blob of type t may have: a data
 // blob is one chunk, a tree at most MaxTreeSize.
@@ -112,7 +111,9 @@ type stateChecker struct {
 	chunks map[ID]bool
 }
 
-func corruptAt(rel string, format string, args ...any) error {
+// CorruptAt is the error of a state that breaks a rule at path rel: the
+// path, then what is wrong, wrapping errdefs.ErrCorrupt.
+func CorruptAt(rel string, format string, args ...any) error {
 	return fmt.Errorf("/%s: %s: %w", rel, fmt.Sprintf(format, args...), errdefs.ErrCorrupt)
 }
 
@@ -130,7 +131,7 @@ func (c *stateChecker) visit(ctx context.Context, id ID, rel string, depth int) 
 		return ti, nil
 	}
 	if depth > MaxDepth {
-		return nil, corruptAt(rel, "directories nested more than %d deep", MaxDepth)
+		return nil, CorruptAt(rel, "directories nested more than %d deep", MaxDepth)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -140,7 +141,7 @@ func (c *stateChecker) visit(ctx context.Context, id ID, rel string, depth int) 
 		return nil, fmt.Errorf("/%s: %w", rel, err)
 	}
 	if len(t.Entries) > MaxTreeEntries {
-		return nil, corruptAt(rel, "tree %s has %d entries, more than the limit %d", id.Short(), len(t.Entries), MaxTreeEntries)
+		return nil, CorruptAt(rel, "tree %s has %d entries, more than the limit %d", id.Short(), len(t.Entries), MaxTreeEntries)
 	}
 	ti := &treeInfo{}
 	for i := range t.Entries {
@@ -171,10 +172,10 @@ func (c *stateChecker) visit(ctx context.Context, id ID, rel string, depth int) 
 			ti.links = true
 		}
 		if ti.entries > MaxStateEntries {
-			return nil, corruptAt(rel, "state expands to more than %d entries", uint64(MaxStateEntries))
+			return nil, CorruptAt(rel, "state expands to more than %d entries", uint64(MaxStateEntries))
 		}
 		if ti.bytes > MaxStateBytes {
-			return nil, corruptAt(rel, "state expands to more than %d bytes", uint64(MaxStateBytes))
+			return nil, CorruptAt(rel, "state expands to more than %d bytes", uint64(MaxStateBytes))
 		}
 	}
 	c.info[id] = ti
@@ -185,10 +186,10 @@ func (c *stateChecker) file(rel string, e *Entry) error {
 	// Every chunk holds 1 to ChunkMax bytes, so a file without data has no
 	// chunks. Holes hold no chunk: the chunks add up to the data runs.
 	if !e.Resolved() {
-		return errUnresolved(e)
+		return UnresolvedError(e)
 	}
 	if n, data := e.ChunkCount(), e.DataSize(); n > data || data > n*ChunkMax {
-		return corruptAt(rel, "file of %d data bytes (size %d, %d holes) cannot be %d chunks of 1 to %d bytes",
+		return CorruptAt(rel, "file of %d data bytes (size %d, %d holes) cannot be %d chunks of 1 to %d bytes",
 			data, e.Size, len(e.Holes), n, ChunkMax)
 	}
 	var sum uint64
@@ -235,7 +236,7 @@ func CheckEntry(e *Entry, plain bool) error {
 			return bad("xattr %s: value of %d bytes, more than %d", x.Name, len(x.Value), MaxXattrValue)
 		case strings.ContainsRune(x.Name, 0):
 			return bad("xattr name holds a NUL")
-		case !plain && strings.HasPrefix(x.Name, overlayXattrPrefix):
+		case !plain && strings.HasPrefix(x.Name, OverlayXattrPrefix):
 			return bad("xattr %s is overlayfs's own and never part of a layer", x.Name)
 		}
 	}
@@ -307,13 +308,13 @@ func (c *stateChecker) linkTarget(ctx context.Context, target string, link []str
 	comps := strings.Split(target, "/")
 	for i, comp := range comps {
 		if i >= len(link) {
-			return corruptAt(rel, "hardlink to %q, a path below the link itself", target)
+			return CorruptAt(rel, "hardlink to %q, a path below the link itself", target)
 		}
 		if comp < link[i] {
 			break // every name below comp comes before the link
 		}
 		if comp > link[i] || i == len(comps)-1 {
-			return corruptAt(rel, "hardlink to %q, which does not come before it", target)
+			return CorruptAt(rel, "hardlink to %q, which does not come before it", target)
 		}
 	}
 	e, err := c.resolve(ctx, comps)
@@ -321,7 +322,7 @@ func (c *stateChecker) linkTarget(ctx context.Context, target string, link []str
 		return fmt.Errorf("/%s: hardlink target %q: %w", rel, target, err)
 	}
 	if e == nil || e.Type != TypeFile {
-		return corruptAt(rel, "hardlink to %q, which is not a file of this tree", target)
+		return CorruptAt(rel, "hardlink to %q, which is not a file of this tree", target)
 	}
 	return nil
 }
@@ -360,29 +361,4 @@ func (c *stateChecker) tree(ctx context.Context, id ID) (*Tree, error) {
 	}
 	c.trees[id] = t
 	return t, nil
-}
-
-// checkBeforeApply runs CheckState for a restore into dst and refuses one
-// that cannot fit, before anything is written: a restore that ran out of
-// space midway would have done all its work for nothing.
-func checkBeforeApply(ctx context.Context, tree ID, dst string, opts ApplyOptions) (Footprint, error) {
-	fp, err := CheckState(ctx, opts.Loader, tree, StateRules{Plain: opts.Plain})
-	if err != nil {
-		return fp, fmt.Errorf("tree %s: %w", tree.Short(), err)
-	}
-	var fs unix.Statfs_t
-	if err := unix.Statfs(dst, &fs); err != nil {
-		return fp, fmt.Errorf("restore into %s: %w", dst, err)
-	}
-	free := fs.Bavail * uint64(fs.Bsize)
-	if fp.Bytes > free {
-		return fp, fmt.Errorf("restore into %s: tree %s needs %d bytes, the filesystem has %d free: %w",
-			dst, tree.Short(), fp.Bytes, free, errdefs.ErrNoSpace)
-	}
-	// Filesystems with dynamic inodes (btrfs) report none at all.
-	if fs.Files > 0 && fp.Entries > fs.Ffree {
-		return fp, fmt.Errorf("restore into %s: tree %s needs %d inodes, the filesystem has %d free: %w",
-			dst, tree.Short(), fp.Entries, fs.Ffree, errdefs.ErrNoSpace)
-	}
-	return fp, nil
 }

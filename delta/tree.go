@@ -69,6 +69,28 @@ type Entry struct {
 	Holes     []Hole // file: runs without data (sparse files), sorted; nil for most files
 }
 
+// FileContent is what reading a regular file yields: its size, its data
+// chunks in order and its holes.
+type FileContent struct {
+	Size   uint64
+	Chunks []ID
+	Holes  []Hole
+	// ChunkList and NChunks: content taken over from a recorded entry
+	// whose chunk list was not loaded (Chunks nil); see Entry.
+	ChunkList ID
+	NChunks   uint64
+}
+
+// SetContent gives file entry e the content c.
+func (e *Entry) SetContent(c FileContent) {
+	e.Size, e.Chunks, e.Holes, e.ChunkList, e.NChunks = c.Size, c.Chunks, c.Holes, c.ChunkList, c.NChunks
+}
+
+// Content is e's content as a FileContent.
+func (e *Entry) Content() FileContent {
+	return FileContent{Size: e.Size, Chunks: e.Chunks, Holes: e.Holes, ChunkList: e.ChunkList, NChunks: e.NChunks}
+}
+
 // Tree is the listing of one directory, entries sorted by Name bytewise.
 type Tree struct {
 	Entries []Entry
@@ -78,10 +100,15 @@ type Tree struct {
 // (treeVersionPlain, or treeVersionSparse for a tree with holes).
 var treeMagic = []byte{'T', 'S', 'T', treeVersionPlain}
 
+const flagOpaque = 1 << 0
+
 const (
-	flagOpaque = 1 << 0
-	maxName    = 255
-	modeMask   = 07777
+	// MaxEntryName is the longest entry name a tree holds, in bytes (the
+	// kernel's NAME_MAX).
+	MaxEntryName = 255
+	// ModeMask is the part of a file's mode a tree records: permissions
+	// and the setuid, setgid and sticky bits; the type is Entry.Type.
+	ModeMask = 07777
 )
 
 // Find returns the entry named name, or nil.
@@ -125,7 +152,7 @@ func (t *Tree) Sort() {
 // ValidName reports whether name may be a tree entry's name: a single path
 // component that cannot climb out of its directory.
 func ValidName(name string) bool {
-	return name != "" && name != "." && name != ".." && len(name) <= maxName &&
+	return name != "" && name != "." && name != ".." && len(name) <= MaxEntryName &&
 		!strings.ContainsAny(name, "/\x00")
 }
 
@@ -162,7 +189,7 @@ func (t *Tree) Check() error {
 
 func (e *Entry) check() error {
 	bad := func(what string) error { return fmt.Errorf("%s %s: %w", e.Type, what, errdefs.ErrInvalid) }
-	if e.Mode&^modeMask != 0 {
+	if e.Mode&^ModeMask != 0 {
 		return bad("mode has non-permission bits")
 	}
 	for j := 1; j < len(e.Xattrs); j++ {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/proc"
 )
@@ -36,9 +37,9 @@ func (g deviceGuard) SaveBlob(ctx context.Context, t delta.BlobType, id delta.ID
 }
 
 // PrepareBlob forwards the ingest pipeline's compression ahead of time
-// (delta.BlobPreparer); only trees are checked, in SaveBlob.
+// (fstree.BlobPreparer); only trees are checked, in SaveBlob.
 func (g deviceGuard) PrepareBlob(ctx context.Context, t delta.BlobType, id delta.ID, plain []byte) {
-	delta.Prepare(ctx, g.BlobSaver, t, id, plain)
+	fstree.Prepare(ctx, g.BlobSaver, t, id, plain)
 }
 
 // checkImageFiles refuses a process image whose processes expect files the

@@ -13,6 +13,7 @@ import (
 
 	"github.com/aymanbagabas/go-udiff"
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/fsat"
 	"golang.org/x/sys/unix"
 )
@@ -199,7 +200,7 @@ func (d *describer) patch(ctx context.Context, rel string, old, nw *delta.Entry,
 			return nil
 		}
 		var buf bytes.Buffer
-		if _, err := delta.StreamContent(ctx, d.loader, &buf, old); err != nil {
+		if _, err := fstree.StreamContent(ctx, d.loader, &buf, old); err != nil {
 			return err
 		}
 		a = buf.Bytes()
@@ -234,7 +235,7 @@ func (d *describer) patch(ctx context.Context, rel string, old, nw *delta.Entry,
 func (d *describer) newContent(ctx context.Context, rel string, e *delta.Entry, limit int64) ([]byte, error) {
 	if d.live == "" {
 		var buf bytes.Buffer
-		_, err := delta.StreamContent(ctx, d.loader, &buf, e)
+		_, err := fstree.StreamContent(ctx, d.loader, &buf, e)
 		return buf.Bytes(), err
 	}
 	if d.liveFD < 0 {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"golang.org/x/sys/unix"
 )
@@ -38,7 +39,7 @@ func TestRollbackAndBranchGiveIdenticalTrees(t *testing.T) {
 		t.Fatal("deleting a base file left no whiteout in the upper dir")
 	}
 	buf := make([]byte, 4)
-	if n, err := unix.Lgetxattr(filepath.Join(upper, "doomed"), delta.OpaqueXattr, buf); err != nil || string(buf[:n]) != "y" {
+	if n, err := unix.Lgetxattr(filepath.Join(upper, "doomed"), fstree.OpaqueXattr, buf); err != nil || string(buf[:n]) != "y" {
 		t.Fatalf("recreated dir is not opaque in the upper dir: %v", err)
 	}
 

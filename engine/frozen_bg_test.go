@@ -16,6 +16,7 @@ import (
 
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/overlay"
 	"golang.org/x/sys/unix"
@@ -154,7 +155,7 @@ func TestFreezeIgnoresEditsAfterTheCut(t *testing.T) {
 	if !ob.HasFrozen(cp2.FSTree) {
 		t.Fatal("no layer frozen")
 	}
-	got, err := delta.Scan(ctx, ob.FrozenDir(cp2.FSTree), delta.ScanOptions{Translate: overlay.Translate})
+	got, err := fstree.Scan(ctx, ob.FrozenDir(cp2.FSTree), fstree.ScanOptions{Translate: overlay.Translate})
 	must(t, err)
 	if got.Root != cp2.FSTree {
 		t.Fatalf("the frozen layer hashes to %s, the checkpoint's tree is %s: an edit after the cut leaked", got.Root.Short(), cp2.FSTree.Short())
@@ -209,7 +210,7 @@ func TestIncrementalFreezeOnTheLine(t *testing.T) {
 		e.WaitFreezes()
 		cp, err := e.resolve(ctx, c.ID.String())
 		must(t, err)
-		got, err := delta.Scan(ctx, ob.FrozenDir(cp.FSTree), delta.ScanOptions{Translate: overlay.Translate})
+		got, err := fstree.Scan(ctx, ob.FrozenDir(cp.FSTree), fstree.ScanOptions{Translate: overlay.Translate})
 		must(t, err)
 		if got.Root != cp.FSTree {
 			t.Fatalf("turn %d: layer hashes to %s, tree %s", i, got.Root.Short(), cp.FSTree.Short())

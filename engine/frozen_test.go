@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/roottest"
 	"github.com/turnsnap/turnsnap/overlay"
 	"golang.org/x/sys/unix"
@@ -64,7 +65,7 @@ func branchTurn(t *testing.T, root, tag string) {
 	}
 }
 
-func scanOf(t *testing.T, e *Engine, name string) *delta.ScanResult {
+func scanOf(t *testing.T, e *Engine, name string) *fstree.ScanResult {
 	t.Helper()
 	st, err := e.loadSandbox(context.Background(), name)
 	must(t, err)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/internal/fsat"
 	"golang.org/x/sys/unix"
@@ -55,7 +56,7 @@ func (e *Engine) Cat(ctx context.Context, ref, path string, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	rel, err := delta.CleanPath(path)
+	rel, err := fstree.CleanPath(path)
 	if err != nil {
 		return err
 	}
@@ -78,7 +79,7 @@ func (e *Engine) Cat(ctx context.Context, ref, path string, w io.Writer) error {
 	default:
 		return fmt.Errorf("%s is a %s, not a file: %w", where, ent.Type, errdefs.ErrInvalid)
 	}
-	if _, err := delta.StreamContent(ctx, e.repo, w, &ent); err != nil {
+	if _, err := fstree.StreamContent(ctx, e.repo, w, &ent); err != nil {
 		return fmt.Errorf("%s: %w", where, err)
 	}
 	return nil
@@ -113,7 +114,7 @@ func (e *Engine) Ls(ctx context.Context, ref, path string) ([]LsEntry, error) {
 	if err != nil {
 		return nil, err
 	}
-	rel, err := delta.CleanPath(path)
+	rel, err := fstree.CleanPath(path)
 	if err != nil {
 		return nil, err
 	}
@@ -242,7 +243,7 @@ type RestoredPath struct {
 // RestorePaths puts paths back into sandbox name's live root as they are
 // in checkpoint ref (which may be any sandbox's), with their metadata, and
 // leaves everything else alone; a path the checkpoint lacks is removed
-// (delta.RestorePaths says exactly how). It holds the sandbox's lock, so no
+// (fstree.RestorePaths says exactly how). It holds the sandbox's lock, so no
 // checkpoint of it runs meanwhile; its processes keep running and see the
 // files change under them. The next checkpoint records the result as an
 // ordinary change. With o.To the paths go to that host directory instead.
@@ -253,7 +254,7 @@ func (e *Engine) RestorePaths(ctx context.Context, name, ref string, paths []str
 	}
 	rels := make([]string, len(paths))
 	for i, p := range paths {
-		rel, err := delta.CleanPath(p)
+		rel, err := fstree.CleanPath(p)
 		if err != nil {
 			return nil, err
 		}
@@ -296,7 +297,7 @@ func (e *Engine) RestorePaths(ctx context.Context, name, ref string, paths []str
 		return nil, fmt.Errorf("sandbox %s: %w", name, err)
 	}
 	defer unix.Close(fd)
-	done, err := delta.RestorePaths(ctx, l, fd, rels, delta.ApplyOptions{Loader: e.repo, IDs: e.ids()})
+	done, err := fstree.RestorePaths(ctx, l, fd, rels, fstree.ApplyOptions{Loader: e.repo, IDs: e.ids()})
 	// Whatever was written is made durable, a failed restore's earlier
 	// paths included.
 	if serr := unix.Syncfs(fd); serr != nil && err == nil {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/proc"
 )
@@ -349,7 +350,7 @@ func (e *Engine) dump(ctx context.Context, name string, saver delta.BlobSaver) (
 		defer os.RemoveAll(dir)
 		e.progressPhase("store process image", 0)
 		e.phase(PhaseStore)
-		res, err := delta.Scan(ctx, filepath.Join(dir, "img"), delta.ScanOptions{Saver: saver, IDs: e.ids(), Quiescent: true})
+		res, err := fstree.Scan(ctx, filepath.Join(dir, "img"), fstree.ScanOptions{Saver: saver, IDs: e.ids(), Quiescent: true})
 		if err != nil {
 			return delta.ID{}, nil, fmt.Errorf("sandbox %s: store process image: %w", name, err)
 		}
@@ -435,7 +436,7 @@ func (e *Engine) processImage(ctx context.Context, cp *delta.Checkpoint) (string
 		done()
 		return "", nil, err
 	}
-	if _, err := delta.Materialise(ctx, *cp.ProcTree, img, delta.ApplyOptions{Loader: e.repo, IDs: e.ids(), Plain: true}); err != nil {
+	if _, err := fstree.Materialise(ctx, *cp.ProcTree, img, fstree.ApplyOptions{Loader: e.repo, IDs: e.ids(), Plain: true}); err != nil {
 		done()
 		return "", nil, fmt.Errorf("checkpoint %s: process image: %w", cp.ID.Short(), err)
 	}

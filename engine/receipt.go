@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/internal/rootfs"
 	"github.com/turnsnap/turnsnap/overlay"
@@ -29,7 +30,7 @@ import (
 //
 // Files. The restores verify what they write already: an overlay diff
 // restore reads back every name it wrote and lists every directory it
-// changed (delta.DiffPlan.Verify), a rebuild re-hashes the whole new layer,
+// changed (fstree.DiffPlan.Verify), a rebuild re-hashes the whole new layer,
 // a btrfs restore re-derives the layer from a scan or snapshots a restore
 // point whose head names the tree. The receipt builds on that proof
 // instead of hashing twice: the tree it proved (overlay's
@@ -207,7 +208,7 @@ func (e *Engine) receiptProcesses(ctx context.Context, rc *Receipt, root rootfs.
 // is the layer tree the restore proved it wrote (zero: none).
 func (e *Engine) filesReceipt(ctx context.Context, name string, root rootfs.Root, cp *delta.Checkpoint, verified delta.ID, f *FilesReceipt) {
 	trees := &treeMemo{next: e.repo, trees: map[delta.ID][]byte{}}
-	var res *delta.ScanResult
+	var res *fstree.ScanResult
 	var err error
 	switch ent := e.trackerOn(name, root); {
 	case ent != nil:
@@ -223,7 +224,7 @@ func (e *Engine) filesReceipt(ctx context.Context, name string, root rootfs.Root
 			f.Mismatch = why
 			return
 		}
-		res = &delta.ScanResult{Root: verified}
+		res = &fstree.ScanResult{Root: verified}
 	default:
 		f.Checked = "scan of the mounted root"
 		res, err = root.Scan(ctx, trees)

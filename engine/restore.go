@@ -8,6 +8,7 @@ import (
 
 	"github.com/turnsnap/turnsnap/btrfs"
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/internal/rootfs"
 	"github.com/turnsnap/turnsnap/overlay"
@@ -75,7 +76,7 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 	}
 	// The restore plans its diff through the same loader: the target is
 	// checked (and its trees read) once.
-	checked := delta.NewCheckedLoader(e.rollbackLoader())
+	checked := fstree.NewCheckedLoader(e.rollbackLoader())
 	fp, err := e.checkState(ctx, checked, cp.FSTree)
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint %s: tree %s: %w", cp.ID.Short(), cp.FSTree.Short(), err)
@@ -135,7 +136,7 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 		err = werr // a restore that wrote nothing (the root was the target)
 	}
 	if err != nil {
-		if errors.Is(err, delta.ErrPartial) {
+		if errors.Is(err, fstree.ErrPartial) {
 			// The root was partly rewritten: the intent stays, and the
 			// next command that loads the sandbox finishes the rollback.
 			head.wait()

@@ -41,7 +41,7 @@ func TestKilledRollbackHelper(t *testing.T) {
 // next use finds the intent and finishes the rollback from the mixed
 // layer, by diff again, so one.txt, rewritten in place, keeps its inode
 // throughout. Each phase runs twice: with a diff of names the base lacks,
-// written through the mounted root (delta.DiffPlan.Mountable), and with
+// written through the mounted root (fstree.DiffPlan.Mountable), and with
 // one that also brings a base file back, written to the unmounted upper.
 func TestKilledRollbackKeepsRootAndHead(t *testing.T) {
 	ctx := context.Background()

@@ -21,7 +21,7 @@ type stateMemo struct {
 	// a rollback reads the trees on the diff's paths of both states, the
 	// same few each time in a loop.
 	trees boundedMemo[[]byte]
-	// decoded keeps the plans' decoded trees (delta.TreeMemo), counted by
+	// decoded keeps the plans' decoded trees (fstree.TreeMemo), counted by
 	// the length of their encodings (decoded, a tree takes about three
 	// times that): decoding the trees on a diff's paths of both states
 	// was a fifth of a rollback a few files away.
@@ -114,7 +114,7 @@ func (l memoLoader) LoadBlob(ctx context.Context, t delta.BlobType, id delta.ID)
 	return data, nil
 }
 
-// MemoTree is delta.TreeMemo's: a tree a plan decoded before.
+// MemoTree is fstree.TreeMemo's: a tree a plan decoded before.
 func (l memoLoader) MemoTree(id delta.ID) (*delta.Tree, bool) {
 	l.m.mu.Lock()
 	defer l.m.mu.Unlock()

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/rootfs"
 	"github.com/turnsnap/turnsnap/overlay"
 	"github.com/turnsnap/turnsnap/proc"
@@ -158,7 +159,7 @@ const stateMemoMax = 1024
 
 // checkState is delta.CheckState of tree through l (rules: a layer's),
 // from the memo when tree passed before.
-func (e *Engine) checkState(ctx context.Context, l *delta.CheckedLoader, tree delta.ID) (delta.Footprint, error) {
+func (e *Engine) checkState(ctx context.Context, l *fstree.CheckedLoader, tree delta.ID) (delta.Footprint, error) {
 	m := &e.checked
 	m.mu.Lock()
 	fp, ok := m.m[tree]

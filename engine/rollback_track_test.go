@@ -48,7 +48,7 @@ func checkRolledBack(t *testing.T, e *Engine, name string, cp *delta.Checkpoint,
 //
 // In the agent-only variants every random edit is below a directory the
 // base lacks, so most rollbacks write their diff through the mounted root
-// (delta.DiffPlan.Mountable) and keep it mounted; they must pass the same
+// (fstree.DiffPlan.Mountable) and keep it mounted; they must pass the same
 // checks, and the opening rollback below a renamed base directory must
 // not take that path.
 func TestTrackedRollbackEqualsWalk(t *testing.T) {

@@ -12,6 +12,7 @@ import (
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/engine/content"
+	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/internal/rootfs"
 	"github.com/turnsnap/turnsnap/overlay"
@@ -31,7 +32,7 @@ type CreateResult struct {
 	Sandbox    *delta.Sandbox
 	Checkpoint *delta.Checkpoint // turn 0: the base, unchanged
 	Root       string
-	BaseStats  delta.ScanStats
+	BaseStats  fstree.ScanStats
 	Duration   time.Duration
 }
 
@@ -72,7 +73,7 @@ func (e *Engine) CreateSandbox(ctx context.Context, name string, opts CreateOpti
 	}
 	op := e.repo.Begin()
 	defer op.Discard(context.WithoutCancel(ctx)) // only what a failed import wrote
-	res, err := delta.Scan(ctx, base, delta.ScanOptions{Saver: op, IDs: e.ids()})
+	res, err := fstree.Scan(ctx, base, fstree.ScanOptions{Saver: op, IDs: e.ids()})
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: import base: %w", name, err)
 	}

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/fstree"
 )
 
 // TestConcurrentOperations drives one Engine from 8 goroutines at once, each
@@ -127,7 +128,7 @@ func writeFile(p, content string) error {
 // scanRoot hashes what a process in the sandbox sees (mergedState without
 // a testing.TB, for goroutines).
 func scanRoot(ctx context.Context, root string) (delta.ID, error) {
-	res, err := delta.Scan(ctx, root, delta.ScanOptions{})
+	res, err := fstree.Scan(ctx, root, fstree.ScanOptions{})
 	if err != nil {
 		return delta.ID{}, err
 	}

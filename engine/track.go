@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/overlay"
 )
 
@@ -104,7 +105,7 @@ const (
 	cacheSavePaths = 4096
 )
 
-func (s *turnScan) done(res *delta.ScanResult) {
+func (s *turnScan) done(res *fstree.ScanResult) {
 	if s.ent != nil && !s.settled {
 		s.settled = true
 		s.ent.tr.Reset(res)
@@ -115,7 +116,7 @@ func (s *turnScan) done(res *delta.ScanResult) {
 // base only if its tree is the head's own (so every tree it names is
 // stored); otherwise (directory mtimes moved) it names trees that were
 // never stored, and the record keeps growing from the last base.
-func (s *turnScan) skipped(res *delta.ScanResult, head delta.ID) {
+func (s *turnScan) skipped(res *fstree.ScanResult, head delta.ID) {
 	if res.Root == head {
 		s.done(res)
 	}
@@ -132,8 +133,8 @@ func (s *turnScan) failed() {
 // saveCache records res as the root's committed scan (Root.Committed),
 // now or, for a tracked turn, lazily.
 func (s *turnScan) saveCache(root interface {
-	Committed(*delta.ScanResult) error
-}, res *delta.ScanResult) error {
+	Committed(*fstree.ScanResult) error
+}, res *fstree.ScanResult) error {
 	if s.ent != nil && !s.info.Walked {
 		s.ent.unsavedTurns++
 		s.ent.unsavedPaths += s.info.Paths
@@ -149,7 +150,7 @@ func (s *turnScan) saveCache(root interface {
 
 // scanRoot scans sandbox name's root for a checkpoint: through its change
 // tracker when tracking is on and the root is an overlay, else by walking.
-func (e *Engine) scanRoot(ctx context.Context, name string, st *sandboxState, pt *procTurn, saver delta.BlobSaver) (*delta.ScanResult, *turnScan, error) {
+func (e *Engine) scanRoot(ctx context.Context, name string, st *sandboxState, pt *procTurn, saver delta.BlobSaver) (*fstree.ScanResult, *turnScan, error) {
 	// A file mapped shared and writable, now or at the last turn (unmapped
 	// since, after storing through it), changes without events, and once
 	// its page is dirty without moving its mtime: it is read again.
@@ -158,7 +159,7 @@ func (e *Engine) scanRoot(ctx context.Context, name string, st *sandboxState, pt
 		shared = sharedWritable(pt.cur)
 	}
 	r, ok := st.root.(*overlay.Root)
-	walk := func() (*delta.ScanResult, *turnScan, error) {
+	walk := func() (*fstree.ScanResult, *turnScan, error) {
 		if ok && len(shared) > 0 {
 			res, err := r.ScanReread(ctx, saver, shared)
 			return res, &turnScan{}, err

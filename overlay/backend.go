@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/internal/rootfs"
 )
@@ -53,10 +54,10 @@ func (b *Backend) PrepareBase(ctx context.Context, tree delta.ID, loader delta.B
 	}
 	defer os.RemoveAll(tmp)
 	// The base is the operator's own image, so its device nodes are allowed.
-	if _, err := delta.Materialise(ctx, tree, tmp, delta.ApplyOptions{Loader: loader, IDs: b.ids, AllowDevices: true, Plain: true}); err != nil {
+	if _, err := fstree.Materialise(ctx, tree, tmp, fstree.ApplyOptions{Loader: loader, IDs: b.ids, AllowDevices: true, Plain: true}); err != nil {
 		return "", fmt.Errorf("base %s: %w", tree.Short(), err)
 	}
-	res, err := delta.Scan(ctx, tmp, delta.ScanOptions{IDs: b.ids, Quiescent: true})
+	res, err := fstree.Scan(ctx, tmp, fstree.ScanOptions{IDs: b.ids, Quiescent: true})
 	if err != nil {
 		return "", err
 	}
@@ -80,8 +81,8 @@ func (b *Backend) baseCache(tree delta.ID) string {
 	return filepath.Join(b.bases, "."+tree.String()+".scan")
 }
 
-func (b *Backend) saveBaseCache(tree delta.ID, c *delta.ScanCache) error {
-	return writeCacheFile(b.baseCache(tree), func(w *bufio.Writer) error { return delta.WriteCache(w, c) })
+func (b *Backend) saveBaseCache(tree delta.ID, c *fstree.ScanCache) error {
+	return writeCacheFile(b.baseCache(tree), func(w *bufio.Writer) error { return fstree.WriteCache(w, c) })
 }
 
 // CheckBase re-hashes the base tree materialised on this host, if any, and
@@ -98,7 +99,7 @@ func (b *Backend) CheckBase(ctx context.Context, tree delta.ID, full bool) (bool
 		}
 		return false, err
 	}
-	var prev *delta.ScanCache
+	var prev *fstree.ScanCache
 	if !full {
 		prev = b.memo.read(b.baseCache(tree)) // unreadable: nil, a full scan
 		// The cache is the scan of the base that hashed to tree (saved
@@ -110,7 +111,7 @@ func (b *Backend) CheckBase(ctx context.Context, tree delta.ID, full bool) (bool
 			return true, nil
 		}
 	}
-	res, err := delta.Scan(ctx, dst, delta.ScanOptions{IDs: b.ids, Prev: prev, Quiescent: true})
+	res, err := fstree.Scan(ctx, dst, fstree.ScanOptions{IDs: b.ids, Prev: prev, Quiescent: true})
 	if err != nil {
 		return true, fmt.Errorf("base %s: %w", dst, err)
 	}

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/internal/roottest"
 	"github.com/turnsnap/turnsnap/internal/testenv"
@@ -29,7 +29,7 @@ func TestCheckBaseRefusesDamage(t *testing.T) {
 		must(t, os.Chtimes(filepath.Join(src, p), old, old))
 	}
 	store := roottest.NewMemStore()
-	res, err := delta.Scan(ctx, src, delta.ScanOptions{Saver: store, Quiescent: true})
+	res, err := fstree.Scan(ctx, src, fstree.ScanOptions{Saver: store, Quiescent: true})
 	must(t, err)
 	b := NewBackend(filepath.Join(t.TempDir(), "bases"))
 	for _, tc := range []struct {

@@ -3,7 +3,7 @@ package overlay
 import (
 	"sync"
 
-	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/fstree"
 	"golang.org/x/sys/unix"
 )
 
@@ -25,23 +25,23 @@ type cacheMemo struct {
 const memoMax = 256
 
 type memoEntry struct {
-	key delta.CacheKey
-	c   *delta.ScanCache
+	key fstree.CacheKey
+	c   *fstree.ScanCache
 }
 
 func newCacheMemo() *cacheMemo { return &cacheMemo{m: map[string]memoEntry{}} }
 
-func fileKey(p string) (delta.CacheKey, bool) {
+func fileKey(p string) (fstree.CacheKey, bool) {
 	var st unix.Stat_t
 	if unix.Stat(p, &st) != nil {
-		return delta.CacheKey{}, false
+		return fstree.CacheKey{}, false
 	}
-	return delta.CacheKey{Dev: st.Dev, Ino: st.Ino, Size: st.Size, Mode: st.Mode,
+	return fstree.CacheKey{Dev: st.Dev, Ino: st.Ino, Size: st.Size, Mode: st.Mode,
 		MtimeNs: unix.TimespecToNsec(st.Mtim), CtimeNs: unix.TimespecToNsec(st.Ctim)}, true
 }
 
 // read returns the cache in file p, from the memo while p is unchanged.
-func (m *cacheMemo) read(p string) *delta.ScanCache {
+func (m *cacheMemo) read(p string) *fstree.ScanCache {
 	if m == nil {
 		return readCache(p)
 	}
@@ -63,7 +63,7 @@ func (m *cacheMemo) read(p string) *delta.ScanCache {
 }
 
 // wrote records c as the content of file p, just written.
-func (m *cacheMemo) wrote(p string, c *delta.ScanCache) {
+func (m *cacheMemo) wrote(p string, c *fstree.ScanCache) {
 	if m == nil {
 		return
 	}
@@ -72,7 +72,7 @@ func (m *cacheMemo) wrote(p string, c *delta.ScanCache) {
 	}
 }
 
-func (m *cacheMemo) put(p string, k delta.CacheKey, c *delta.ScanCache) {
+func (m *cacheMemo) put(p string, k fstree.CacheKey, c *fstree.ScanCache) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if _, ok := m.m[p]; !ok && len(m.m) >= memoMax {

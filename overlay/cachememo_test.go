@@ -6,7 +6,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/roottest"
 )
 
@@ -14,16 +14,16 @@ import (
 // cache another process wrote in its place is read again.
 func TestCacheMemoFollowsTheFile(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "scan.cache")
-	write := func(paths ...string) *delta.ScanCache {
+	write := func(paths ...string) *fstree.ScanCache {
 		t.Helper()
 		dir := t.TempDir()
 		for _, rel := range paths {
 			roottest.Write(t, filepath.Join(dir, rel), rel)
 		}
-		res, err := delta.Scan(context.Background(), dir, delta.ScanOptions{})
+		res, err := fstree.Scan(context.Background(), dir, fstree.ScanOptions{})
 		must(t, err)
 		c := res.Cache
-		must(t, writeCacheFile(p, func(w *bufio.Writer) error { return delta.WriteCache(w, c) }))
+		must(t, writeCacheFile(p, func(w *bufio.Writer) error { return fstree.WriteCache(w, c) }))
 		return c
 	}
 	m := newCacheMemo()

@@ -186,7 +186,7 @@ func closeFD(fd int) {
 	}
 }
 
-// key derives the state key of composed tree id at rel, as delta.Scan
+// key derives the state key of composed tree id at rel, as fstree.Scan
 // does: opaque says an ancestor is opaque (nothing of B shows below it).
 func (c *composer) key(ctx context.Context, rel string, id delta.ID, opaque bool, base int) (delta.ID, error) {
 	m := keyMemo{id, rel, opaque}

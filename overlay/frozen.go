@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/internal/fsat"
 	"golang.org/x/sys/unix"
@@ -353,7 +354,7 @@ func (b *Backend) VerifyFrozen(ctx context.Context, tree delta.ID) (bool, error)
 	unix.Close(fd)
 	defer done()
 	dir := b.FrozenDir(tree)
-	res, err := delta.Scan(ctx, dir, delta.ScanOptions{IDs: b.ids, Translate: Translate, Quiescent: true})
+	res, err := fstree.Scan(ctx, dir, fstree.ScanOptions{IDs: b.ids, Translate: Translate, Quiescent: true})
 	if err != nil {
 		return true, fmt.Errorf("frozen layer %s: %w", dir, err)
 	}

@@ -9,6 +9,7 @@ import (
 	"slices"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/fsat"
 	"golang.org/x/sys/unix"
 )
@@ -88,7 +89,7 @@ func (f *freezer) entry(ctx context.Context, dstFD int, rel string, e, se *delta
 			return err
 		}
 		if e.Opaque {
-			if err := unix.Fsetxattr(fd, delta.OpaqueXattr, []byte("y"), 0); err != nil {
+			if err := unix.Fsetxattr(fd, fstree.OpaqueXattr, []byte("y"), 0); err != nil {
 				return fmt.Errorf("mark opaque: %w", err)
 			}
 		}
@@ -264,9 +265,9 @@ func (f *freezer) copyLive(ctx context.Context, out *os.File, rel string, e *del
 }
 
 // fromStore writes e's content as the loader returns it (verified), holes
-// kept as holes (delta.WriteContent, the restores' one writer).
+// kept as holes (fstree.WriteContent, the restores' one writer).
 func (f *freezer) fromStore(ctx context.Context, out *os.File, e *delta.Entry) error {
-	_, err := delta.WriteContent(ctx, f.loader, out, e, false)
+	_, err := fstree.WriteContent(ctx, f.loader, out, e, false)
 	return err
 }
 

@@ -8,6 +8,7 @@ import (
 	"slices"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/fsat"
 	"golang.org/x/sys/unix"
 )
@@ -101,7 +102,7 @@ func (f *freezer) patchEntry(ctx context.Context, dstFD int, rel string, e, oe, 
 			return fmt.Errorf("xattrs: %w", err)
 		}
 		for _, x := range have {
-			if x.Name == delta.OpaqueXattr && e.Opaque {
+			if x.Name == fstree.OpaqueXattr && e.Opaque {
 				continue
 			}
 			if !slices.ContainsFunc(e.Xattrs, func(y delta.Xattr) bool { return y.Name == x.Name }) {
@@ -111,7 +112,7 @@ func (f *freezer) patchEntry(ctx context.Context, dstFD int, rel string, e, oe, 
 			}
 		}
 		if e.Opaque && !oe.Opaque {
-			if err := unix.Fsetxattr(fd, delta.OpaqueXattr, []byte("y"), 0); err != nil {
+			if err := unix.Fsetxattr(fd, fstree.OpaqueXattr, []byte("y"), 0); err != nil {
 				return fmt.Errorf("mark opaque: %w", err)
 			}
 		}

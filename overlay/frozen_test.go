@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/internal/roottest"
 	"github.com/turnsnap/turnsnap/internal/testenv"
@@ -73,7 +74,7 @@ func TestFreezeVerifiesTheLiveCopy(t *testing.T) {
 	}
 	must(os.Symlink("same", filepath.Join(live, "a/link")))
 	must(unix.Mknod(filepath.Join(live, "gone"), unix.S_IFCHR, 0)) // a whiteout
-	res1, err := delta.Scan(ctx, live, delta.ScanOptions{Saver: store, Translate: Translate})
+	res1, err := fstree.Scan(ctx, live, fstree.ScanOptions{Saver: store, Translate: Translate})
 	must(err)
 	b := NewBackend(t.TempDir())
 	top := filepath.Join(b.bases, frozenDirName)
@@ -87,7 +88,7 @@ func TestFreezeVerifiesTheLiveCopy(t *testing.T) {
 		t.Fatal("a killed freeze's build was not swept")
 	}
 	roottest.Write(t, filepath.Join(live, "a/changes"), "changed again\n")
-	res2, err := delta.Scan(ctx, live, delta.ScanOptions{Saver: store, Translate: Translate})
+	res2, err := fstree.Scan(ctx, live, fstree.ScanOptions{Saver: store, Translate: Translate})
 	must(err)
 	// The sandbox moves on before the layer is made: the copy must not
 	// take its bytes.
@@ -109,7 +110,7 @@ func TestFreezeVerifiesTheLiveCopy(t *testing.T) {
 	if s1.Ino == s2.Ino || s1.Nlink != 1 || s2.Nlink != 1 {
 		t.Fatalf("an unchanged file shares an inode with the source layer (links %d and %d)", s1.Nlink, s2.Nlink)
 	}
-	got, err := delta.Scan(ctx, dir, delta.ScanOptions{Translate: Translate})
+	got, err := fstree.Scan(ctx, dir, fstree.ScanOptions{Translate: Translate})
 	must(err)
 	if got.Root != res2.Root {
 		t.Fatalf("frozen layer hashes to %s, its tree is %s", got.Root.Short(), res2.Root.Short())
@@ -126,7 +127,7 @@ func TestFreezeVerifiesTheLiveCopy(t *testing.T) {
 	}
 
 	must(unix.Mknod(filepath.Join(live, "null"), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))))
-	res3, err := delta.Scan(ctx, live, delta.ScanOptions{Saver: store, Translate: Translate})
+	res3, err := fstree.Scan(ctx, live, fstree.ScanOptions{Saver: store, Translate: Translate})
 	must(err)
 	if _, err := b.Freeze(ctx, res3.Root, live, nil, store, nil); !errors.Is(err, ErrNotFreezable) {
 		t.Fatalf("a device node was frozen: %v", err)
@@ -165,7 +166,7 @@ func TestFreezeReusesUnkeptLayer(t *testing.T) {
 	must(unix.Setxattr(p("a"), "user.dir", []byte("d"), 0))
 	must(unix.Mknod(p("wh1"), unix.S_IFCHR, 0))
 	must(os.Mkdir(p("op"), 0o755))
-	must(unix.Setxattr(p("op"), delta.OpaqueXattr, []byte("y"), 0))
+	must(unix.Setxattr(p("op"), fstree.OpaqueXattr, []byte("y"), 0))
 	t1 := scan()
 	b := NewBackend(t.TempDir())
 	_, err := b.Freeze(ctx, t1, live, nil, store, nil)
@@ -188,9 +189,9 @@ func TestFreezeReusesUnkeptLayer(t *testing.T) {
 	roottest.Write(t, p("new/deep/y"), "new\n")
 	must(os.Remove(p("wh1")))
 	must(unix.Mknod(p("wh2"), unix.S_IFCHR, 0))
-	must(unix.Removexattr(p("op"), delta.OpaqueXattr))
+	must(unix.Removexattr(p("op"), fstree.OpaqueXattr))
 	must(os.Mkdir(p("op2"), 0o755))
-	must(unix.Setxattr(p("op2"), delta.OpaqueXattr, []byte("y"), 0))
+	must(unix.Setxattr(p("op2"), fstree.OpaqueXattr, []byte("y"), 0))
 	t3 := scan()
 	// The cut is taken; the sandbox moves on before the freeze reads.
 	roottest.Write(t, p("new/deep/y"), "after the cut\n")
@@ -214,7 +215,7 @@ func TestFreezeReusesUnkeptLayer(t *testing.T) {
 		t.Fatalf("incremental freeze wrote %d entries: it did not skip unchanged subtrees", st.Entries)
 	}
 	for _, c := range []struct{ tree delta.ID }{{t2}, {t3}} {
-		got, err := delta.Scan(ctx, b.FrozenDir(c.tree), delta.ScanOptions{Translate: Translate})
+		got, err := fstree.Scan(ctx, b.FrozenDir(c.tree), fstree.ScanOptions{Translate: Translate})
 		must(err)
 		if got.Root != c.tree {
 			t.Fatalf("layer of %s hashes to %s", c.tree.Short(), got.Root.Short())
@@ -232,7 +233,7 @@ func TestFreezeReusesUnkeptLayer(t *testing.T) {
 	if !st.Reused.IsZero() || !b.HasFrozen(t2) {
 		t.Fatalf("a tree with hardlinks was frozen incrementally: %+v", st)
 	}
-	got, err := delta.Scan(ctx, b.FrozenDir(t4), delta.ScanOptions{Translate: Translate})
+	got, err := fstree.Scan(ctx, b.FrozenDir(t4), fstree.ScanOptions{Translate: Translate})
 	must(err)
 	if got.Root != t4 {
 		t.Fatal("the layer of a tree with hardlinks does not hash to it")
@@ -279,7 +280,7 @@ func TestFreezeReuseFallsBack(t *testing.T) {
 	if err != nil || !st.Reused.IsZero() || st.Linked != 1 || b.HasFrozen(t1) {
 		t.Fatalf("freeze with an unreadable reused tree: %+v %v (old layer kept: %v, so not taken)", st, err, b.HasFrozen(t1))
 	}
-	got, err := delta.Scan(ctx, b.FrozenDir(t3), delta.ScanOptions{Translate: Translate})
+	got, err := fstree.Scan(ctx, b.FrozenDir(t3), fstree.ScanOptions{Translate: Translate})
 	if err != nil || got.Root != t3 {
 		t.Fatalf("fallback layer hashes to %v (%v), want %s", got, err, t3.Short())
 	}
@@ -343,7 +344,7 @@ func TestFrozenLayerBeingReadStays(t *testing.T) {
 // returns its tree.
 func scanUpper(t *testing.T, live string, store *roottest.MemStore) delta.ID {
 	t.Helper()
-	res, err := delta.Scan(context.Background(), live, delta.ScanOptions{Saver: store, Translate: Translate})
+	res, err := fstree.Scan(context.Background(), live, fstree.ScanOptions{Saver: store, Translate: Translate})
 	if err != nil {
 		t.Fatal(err)
 	}

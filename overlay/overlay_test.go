@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"golang.org/x/sys/unix"
 )
@@ -69,7 +70,7 @@ func TestTranslate(t *testing.T) {
 	}
 	dir := delta.Entry{Name: "d", Type: delta.TypeDir, Xattrs: []delta.Xattr{
 		{Name: "trusted.overlay.impure", Value: []byte("y")},
-		{Name: delta.OpaqueXattr, Value: []byte("y")},
+		{Name: fstree.OpaqueXattr, Value: []byte("y")},
 		{Name: "user.keep", Value: []byte("1")},
 	}}
 	Translate("d", &unix.Stat_t{}, &dir)

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/fsat"
 	"github.com/turnsnap/turnsnap/internal/rootfs"
 	"golang.org/x/sys/unix"
@@ -21,7 +22,7 @@ import (
 const RestoreModeEnv = "TURNSNAP_OVERLAY_RESTORE"
 
 // Restore makes the writable layer exactly tree, rewriting only what
-// differs from the live layer (delta.PlanDiff): files in both states keep
+// differs from the live layer (fstree.PlanDiff): files in both states keep
 // their inodes, and a rollback a few files away costs a few files.
 //
 //  1. The live upper is scanned (incrementally, from the scan cache) with
@@ -33,7 +34,7 @@ const RestoreModeEnv = "TURNSNAP_OVERLAY_RESTORE"
 //     read back (DiffPlan.Verify explains why that suffices). Index entries
 //     of removed copied-up files are dropped as each is removed, and the
 //     root is mounted again. A diff that touches only names the base
-//     lacks (delta.DiffPlan.Mountable) is instead written through the
+//     lacks (fstree.DiffPlan.Mountable) is instead written through the
 //     mounted root, which stays mounted, and read back from the upper the
 //     same way; a tracker on it stays, with the restored state its base.
 //
@@ -41,7 +42,7 @@ const RestoreModeEnv = "TURNSNAP_OVERLAY_RESTORE"
 // old path: new inodes) for a layer with a renamed base directory (overlay
 // redirects), one that does not mount, a diff over the memory bound or
 // touching a multiply-linked file, and a verify mismatch. An error after
-// the first write wraps delta.ErrPartial: the layer is a mix, and running
+// the first write wraps fstree.ErrPartial: the layer is a mix, and running
 // Restore again (the engine's rollback intent) finishes it.
 func (r *Root) Restore(ctx context.Context, tree delta.ID, loader delta.BlobLoader) error {
 	_, err := r.RestoreWith(ctx, tree, loader, RestoreOptions{})
@@ -89,7 +90,7 @@ func (r *Root) RestoreWith(ctx context.Context, tree delta.ID, loader delta.Blob
 	}
 	if err := r.rebuild(ctx, tree, loader); err != nil {
 		if written {
-			return info, fmt.Errorf("%w: %w", delta.ErrPartial, err)
+			return info, fmt.Errorf("%w: %w", fstree.ErrPartial, err)
 		}
 		return info, err
 	}
@@ -150,7 +151,7 @@ func (r *Root) restoreDiff(ctx context.Context, tree delta.ID, loader delta.Blob
 		return false, err
 	}
 	defer u.close()
-	plan, err := delta.PlanDiff(ctx, upper, live.Root, tree, delta.DiffOptions{IDs: r.ids,
+	plan, err := fstree.PlanDiff(ctx, upper, live.Root, tree, fstree.DiffOptions{IDs: r.ids,
 		Loader: loader, Live: trees, Translate: Translate, LiveCache: live.Cache, Residue: u.residue,
 		Names: func(dirFD int, name string, st *unix.Stat_t) (uint64, error) {
 			return indexedNames(index, dirFD, name, st, xbuf)
@@ -159,7 +160,7 @@ func (r *Root) restoreDiff(ctx context.Context, tree delta.ID, loader delta.Blob
 		KeptDir:  func(dirFD int, name, rel string) error { return notRedirected(dirFD, name, rel, xbuf) },
 		Phase:    func() { rootfs.Phase(ctx, "rollback: layer-rewrite") },
 	})
-	if errors.Is(err, delta.ErrDiffUnsupported) {
+	if errors.Is(err, fstree.ErrDiffUnsupported) {
 		return false, &fallback{err.Error()}
 	}
 	if err != nil {
@@ -183,7 +184,7 @@ func (r *Root) restoreDiff(ctx context.Context, tree delta.ID, loader delta.Blob
 	if err := o.BeforeWrite(); err != nil {
 		return false, err
 	}
-	var res *delta.DiffResult
+	var res *fstree.DiffResult
 	if mounted {
 		info.Mounted = true
 		end := func() {}
@@ -193,7 +194,7 @@ func (r *Root) restoreDiff(ctx context.Context, tree delta.ID, loader delta.Blob
 		res, err = plan.ApplyMounted(ctx, r.Path())
 		end()
 		if err != nil {
-			return errors.Is(err, delta.ErrPartial), fmt.Errorf("sandbox %s: %w", r.dir, err)
+			return errors.Is(err, fstree.ErrPartial), fmt.Errorf("sandbox %s: %w", r.dir, err)
 		}
 	} else {
 		if t != nil {
@@ -205,7 +206,7 @@ func (r *Root) restoreDiff(ctx context.Context, tree delta.ID, loader delta.Blob
 		}
 		res, err = plan.Apply(ctx)
 		if err != nil {
-			partial := errors.Is(err, delta.ErrPartial)
+			partial := errors.Is(err, fstree.ErrPartial)
 			if merr := r.Mount(ctx); merr != nil {
 				err = errors.Join(err, merr)
 			}
@@ -217,7 +218,7 @@ func (r *Root) restoreDiff(ctx context.Context, tree delta.ID, loader delta.Blob
 		return true, &fallback{err.Error()}
 	}
 	if err := plan.Sync(res, fresh); err != nil {
-		return true, fmt.Errorf("%w: sandbox %s: %w", delta.ErrPartial, r.dir, err)
+		return true, fmt.Errorf("%w: sandbox %s: %w", fstree.ErrPartial, r.dir, err)
 	}
 	// The new cache is the live scan's, patched where the diff wrote, so the
 	// first checkpoint after the restore reads nothing it does not have to.
@@ -232,7 +233,7 @@ func (r *Root) restoreDiff(ctx context.Context, tree delta.ID, loader delta.Blob
 	// process's re-reads the few files), and a large one writes it.
 	cache := patchCache(live.Cache, res.Removed, fresh)
 	if res.Stats.Files > cacheWriteFiles || res.Stats.Bytes > cacheWriteBytes || r.memo == nil {
-		if writeCacheFile(cacheFile, func(w *bufio.Writer) error { return delta.WriteCache(w, cache) }) == nil {
+		if writeCacheFile(cacheFile, func(w *bufio.Writer) error { return fstree.WriteCache(w, cache) }) == nil {
 			r.memo.wrote(cacheFile, cache)
 		}
 	} else {
@@ -275,7 +276,7 @@ func (r *Root) restoreDiff(ctx context.Context, tree delta.ID, loader delta.Blob
 // layer over its tracker's base (delta's cache_layers.go), which the
 // patch leaves as it was. The hardlink roles are dropped: the next tracked
 // scan that meets a hardlinked name walks.
-func patchCache(c *delta.ScanCache, removed []string, fresh map[string]delta.CacheEntry) *delta.ScanCache {
+func patchCache(c *fstree.ScanCache, removed []string, fresh map[string]fstree.CacheEntry) *fstree.ScanCache {
 	c.Links, c.LinkNames = nil, nil
 	for _, rel := range removed {
 		if e, ok := c.Get(rel); ok && e.Entry.Type == delta.TypeDir {

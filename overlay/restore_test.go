@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/roottest"
 )
 
@@ -20,7 +21,7 @@ func ino(t *testing.T, p string) uint64 {
 }
 
 // commit scans r into store and commits the scan, as a checkpoint does.
-func commit(t *testing.T, r *Root, store delta.BlobSaver) *delta.ScanResult {
+func commit(t *testing.T, r *Root, store delta.BlobSaver) *fstree.ScanResult {
 	t.Helper()
 	res, err := r.Scan(context.Background(), store)
 	must(t, err)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/fsat"
 	"golang.org/x/sys/unix"
 )
@@ -14,7 +15,7 @@ import (
 // is a walk: one stat per entry of the layer, however few names differ.
 // With the engine's change tracker (docs/TRACKING.md) it is the tracker's
 // base (the last committed scan) plus the paths the kernel saw change
-// since, scanned with delta.ScanChanged: a rollback a few files away stats
+// since, scanned with fstree.ScanChanged: a rollback a few files away stats
 // a few directories. Whenever the record may be incomplete the layer is
 // walked, as without a tracker.
 
@@ -58,7 +59,7 @@ type RestoreInfo struct {
 	// nil if none could start. It is the caller's to close.
 	Tracker *Tracker
 	// Mounted says the diff was written through the mounted root, which
-	// stayed mounted (delta.DiffPlan.Mountable).
+	// stayed mounted (fstree.DiffPlan.Mountable).
 	Mounted bool
 	// Verified is the layer tree the restore proved the layer holds (the
 	// diff read back every name it wrote and listed every directory it
@@ -74,13 +75,13 @@ const LiveTracked = "tracked"
 // when it is whole, else by the incremental walk. The trees it made are
 // kept in memory; the trees a tracked scan took whole from its base are
 // stored, and are read from loader.
-func (r *Root) liveState(ctx context.Context, upper, cacheFile string, loader delta.BlobLoader, o RestoreOptions, info *RestoreInfo) (*delta.ScanResult, delta.BlobLoader, error) {
+func (r *Root) liveState(ctx context.Context, upper, cacheFile string, loader delta.BlobLoader, o RestoreOptions, info *RestoreInfo) (*fstree.ScanResult, delta.BlobLoader, error) {
 	reread := map[string]bool{}
 	for _, p := range o.Reread {
 		reread[p] = true
 	}
 	info.Live = "walk"
-	var prev *delta.ScanCache
+	var prev *fstree.ScanCache
 	if t := o.Tracker; t != nil {
 		paths, why := t.Changes()
 		if why == "" && !t.Watches(r) {
@@ -95,14 +96,14 @@ func (r *Root) liveState(ctx context.Context, upper, cacheFile string, loader de
 		}
 		if why == "" {
 			trees := memTrees{}
-			res, err := r.scanChanged(ctx, upper, trees, base.Cache, delta.NewChangeSet(paths), reread)
+			res, err := r.scanChanged(ctx, upper, trees, base.Cache, fstree.NewChangeSet(paths), reread)
 			if err == nil {
 				info.Live = LiveTracked
 				return res, storedTrees{mem: trees, stored: loader}, nil
 			}
 			// A scan that cannot decide, or fails, leaves it to the walk.
 			why = "scan-failed"
-			if errors.Is(err, delta.ErrMustWalk) {
+			if errors.Is(err, fstree.ErrMustWalk) {
 				why = ReasonHardlink
 			}
 		}
@@ -115,7 +116,7 @@ func (r *Root) liveState(ctx context.Context, upper, cacheFile string, loader de
 		prev = r.memo.read(cacheFile)
 	}
 	trees := memTrees{}
-	live, redirected, err := r.scanUpperR(ctx, upper, trees, prev, delta.ScanOptions{Reread: reread})
+	live, redirected, err := r.scanUpperR(ctx, upper, trees, prev, fstree.ScanOptions{Reread: reread})
 	if err != nil {
 		return nil, nil, &fallback{"the live layer does not scan: " + err.Error()}
 	}
@@ -154,7 +155,7 @@ func notRedirected(dirFD int, name, rel string, buf []byte) error {
 	_, err := unix.Lgetxattr(fsat.ProcPath(dirFD, name), RedirectXattr, buf)
 	switch {
 	case err == nil:
-		return fmt.Errorf("/%s is a renamed base directory: %w", rel, delta.ErrDiffUnsupported)
+		return fmt.Errorf("/%s is a renamed base directory: %w", rel, fstree.ErrDiffUnsupported)
 	case errors.Is(err, unix.ENODATA) || errors.Is(err, unix.ENOTSUP):
 		return nil
 	}
@@ -171,13 +172,13 @@ func notRedirected(dirFD int, name, rel string, buf []byte) error {
 // them again. The tracker is started after the mount and before anything
 // can run on the root, so its record misses nothing. Without a state key
 // the tracker has no base: its first turn walks.
-func (r *Root) retrack(tree, stateKey delta.ID, cache *delta.ScanCache, o RestoreOptions, info *RestoreInfo) {
+func (r *Root) retrack(tree, stateKey delta.ID, cache *fstree.ScanCache, o RestoreOptions, info *RestoreInfo) {
 	t, err := r.Track(o.TrackOptions)
 	if err != nil {
 		return // the next turn starts one, and walks
 	}
 	if stateKey != (delta.ID{}) {
-		t.Reset(&delta.ScanResult{Root: tree, StateKey: stateKey, Cache: cache})
+		t.Reset(&fstree.ScanResult{Root: tree, StateKey: stateKey, Cache: cache})
 	}
 	info.Tracker = t
 }
@@ -185,19 +186,19 @@ func (r *Root) retrack(tree, stateKey delta.ID, cache *delta.ScanCache, o Restor
 // rebase makes the restored state the base of t, a tracker that watched
 // the restore; without a state key t loses its base (Lost), so its next
 // turn walks.
-func rebase(t *Tracker, tree, stateKey delta.ID, cache *delta.ScanCache) {
+func rebase(t *Tracker, tree, stateKey delta.ID, cache *fstree.ScanCache) {
 	if stateKey == (delta.ID{}) {
 		t.Lost()
 		return
 	}
-	t.Reset(&delta.ScanResult{Root: tree, StateKey: stateKey, Cache: cache})
+	t.Reset(&fstree.ScanResult{Root: tree, StateKey: stateKey, Cache: cache})
 }
 
 // mountable says whether plan can be applied through the mounted root
-// (delta.DiffPlan.Mountable): every name it touches is absent from the
+// (fstree.DiffPlan.Mountable): every name it touches is absent from the
 // base. A stacked root never gets here (restoreDiff rebuilds it), so the
 // base is the only lower layer.
-func (r *Root) mountable(ctx context.Context, plan *delta.DiffPlan) (bool, error) {
+func (r *Root) mountable(ctx context.Context, plan *fstree.DiffPlan) (bool, error) {
 	baseFD, err := fsat.OpenDir(r.lower)
 	if err != nil {
 		return false, err

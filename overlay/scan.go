@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"golang.org/x/sys/unix"
 )
@@ -32,7 +33,7 @@ const (
 // Scan derives the tree of the upper layer, reading only what changed since
 // the last committed checkpoint. saver may be nil (hash only). The root
 // must be mounted: renamed base directories are read through the mount.
-func (r *Root) Scan(ctx context.Context, saver delta.BlobSaver) (*delta.ScanResult, error) {
+func (r *Root) Scan(ctx context.Context, saver delta.BlobSaver) (*fstree.ScanResult, error) {
 	g, err := r.gen()
 	if err != nil {
 		return nil, err
@@ -47,18 +48,18 @@ func (r *Root) Scan(ctx context.Context, saver delta.BlobSaver) (*delta.ScanResu
 		}
 		return r.scanStacked(ctx, g, s, saver, prev, nil)
 	}
-	return r.scanUpper(ctx, filepath.Join(g, "upper"), saver, prev, delta.ScanOptions{})
+	return r.scanUpper(ctx, filepath.Join(g, "upper"), saver, prev, fstree.ScanOptions{})
 }
 
 // scanUpper scans an upper directory; opts may set Quiescent.
-func (r *Root) scanUpper(ctx context.Context, upper string, saver delta.BlobSaver, prev *delta.ScanCache, opts delta.ScanOptions) (*delta.ScanResult, error) {
+func (r *Root) scanUpper(ctx context.Context, upper string, saver delta.BlobSaver, prev *fstree.ScanCache, opts fstree.ScanOptions) (*fstree.ScanResult, error) {
 	res, _, err := r.scanUpperR(ctx, upper, saver, prev, opts)
 	return res, err
 }
 
 // scanUpperR is scanUpper that also reports whether a renamed base
 // directory was listed through the mount.
-func (r *Root) scanUpperR(ctx context.Context, upper string, saver delta.BlobSaver, prev *delta.ScanCache, opts delta.ScanOptions) (*delta.ScanResult, bool, error) {
+func (r *Root) scanUpperR(ctx context.Context, upper string, saver delta.BlobSaver, prev *fstree.ScanCache, opts fstree.ScanOptions) (*fstree.ScanResult, bool, error) {
 	u, err := r.newUpperScan()
 	if err != nil {
 		return nil, false, err
@@ -71,7 +72,7 @@ func (r *Root) scanUpperR(ctx context.Context, upper string, saver delta.BlobSav
 		trees = &treeBuffer{next: saver}
 		opts.Saver = trees
 	}
-	res, err := delta.Scan(ctx, upper, opts)
+	res, err := fstree.Scan(ctx, upper, opts)
 	if err == nil && u.mountFD >= 0 {
 		// A renamed directory was listed through the mount, where inode
 		// numbers are the mount's: walk again (from the cache: nothing is
@@ -81,7 +82,7 @@ func (r *Root) scanUpperR(ctx context.Context, upper string, saver delta.BlobSav
 		first := res
 		opts.LinkID, opts.Prev, opts.Saver = u.linkID, first.Cache, saver
 		trees = nil
-		if res, err = delta.Scan(ctx, upper, opts); err == nil {
+		if res, err = fstree.Scan(ctx, upper, opts); err == nil {
 			res.Stats.FilesRead += first.Stats.FilesRead
 			res.Stats.BytesRead += first.Stats.BytesRead
 			res.Stats.Chunks += first.Stats.Chunks
@@ -100,14 +101,14 @@ func (r *Root) scanUpperR(ctx context.Context, upper string, saver delta.BlobSav
 // the next scan reads only what changed after it. Call it only once the
 // checkpoint that res describes is committed: the cache names chunks as
 // stored.
-func (r *Root) Committed(res *delta.ScanResult) error {
+func (r *Root) Committed(res *fstree.ScanResult) error {
 	g, err := r.gen()
 	if err != nil {
 		return err
 	}
 	p := filepath.Join(g, "scan.cache")
 	err = writeCacheFile(p, func(w *bufio.Writer) error {
-		return delta.WriteCache(w, res.Cache)
+		return fstree.WriteCache(w, res.Cache)
 	})
 	if err != nil {
 		return fmt.Errorf("sandbox %s: save scan cache: %w", r.dir, err)
@@ -117,13 +118,13 @@ func (r *Root) Committed(res *delta.ScanResult) error {
 }
 
 // readCache loads a scan cache; any problem just means a full read.
-func readCache(p string) *delta.ScanCache {
+func readCache(p string) *fstree.ScanCache {
 	f, err := os.Open(p)
 	if err != nil {
 		return nil
 	}
 	defer f.Close()
-	c, err := delta.ReadCache(bufio.NewReader(f))
+	c, err := fstree.ReadCache(bufio.NewReader(f))
 	if err != nil {
 		return nil
 	}
@@ -136,7 +137,7 @@ func readCache(p string) *delta.ScanCache {
 // impure, redirect, ...) are kernel bookkeeping and dropped. A metacopy
 // stub (data still in the lower file) is refused: roots mount with
 // metacopy=off, so one means the layer was written under other options. It
-// is idempotent, as delta.ScanOptions requires.
+// is idempotent, as fstree.ScanOptions requires.
 func Translate(rel string, _ *unix.Stat_t, e *delta.Entry) (bool, error) {
 	if e.Type == delta.TypeCharDev && e.Rdev == 0 {
 		*e = delta.Entry{Name: e.Name, Type: delta.TypeWhiteout}
@@ -145,7 +146,7 @@ func Translate(rel string, _ *unix.Stat_t, e *delta.Entry) (bool, error) {
 	kept := e.Xattrs[:0]
 	for _, x := range e.Xattrs {
 		switch {
-		case x.Name == delta.OpaqueXattr:
+		case x.Name == fstree.OpaqueXattr:
 			e.Opaque = e.Type == delta.TypeDir && string(x.Value) == "y"
 			continue
 		case x.Name == metacopyXattr || (x.Name == RedirectXattr && e.Type != delta.TypeDir):
@@ -221,7 +222,7 @@ func (r *Root) build(ctx context.Context, tree delta.ID, loader delta.BlobLoader
 	if err := os.Mkdir(filepath.Join(g, "work"), 0o700); err != nil {
 		return "", fmt.Errorf("sandbox %s: %w", r.dir, err)
 	}
-	if _, err := delta.Materialise(ctx, tree, upper, delta.ApplyOptions{Loader: loader, IDs: r.ids}); err != nil {
+	if _, err := fstree.Materialise(ctx, tree, upper, fstree.ApplyOptions{Loader: loader, IDs: r.ids}); err != nil {
 		return "", fmt.Errorf("sandbox %s: restore tree %s: %w", r.dir, tree.Short(), err)
 	}
 	if err := syncFS(upper); err != nil {
@@ -230,7 +231,7 @@ func (r *Root) build(ctx context.Context, tree delta.ID, loader delta.BlobLoader
 	// What was written must hash back to what was asked for. The scan
 	// doubles as the new generation's cache, so the first checkpoint after a
 	// restore reads nothing it does not have to.
-	res, err := r.scanUpper(ctx, upper, nil, nil, delta.ScanOptions{Quiescent: true})
+	res, err := r.scanUpper(ctx, upper, nil, nil, fstree.ScanOptions{Quiescent: true})
 	if err != nil {
 		return "", err
 	}
@@ -239,7 +240,7 @@ func (r *Root) build(ctx context.Context, tree delta.ID, loader delta.BlobLoader
 			r.dir, res.Root.Short(), tree.Short(), errdefs.ErrCorrupt)
 	}
 	if err := writeCacheFile(filepath.Join(g, "scan.cache"), func(w *bufio.Writer) error {
-		return delta.WriteCache(w, res.Cache)
+		return fstree.WriteCache(w, res.Cache)
 	}); err != nil {
 		return "", fmt.Errorf("sandbox %s: save scan cache: %w", r.dir, err)
 	}
@@ -295,9 +296,9 @@ func (b *treeBuffer) SaveBlob(ctx context.Context, t delta.BlobType, id delta.ID
 }
 
 // PrepareBlob forwards the ingest pipeline's compression ahead of time
-// (delta.BlobPreparer).
+// (fstree.BlobPreparer).
 func (b *treeBuffer) PrepareBlob(ctx context.Context, t delta.BlobType, id delta.ID, data []byte) {
-	delta.Prepare(ctx, b.next, t, id, data)
+	fstree.Prepare(ctx, b.next, t, id, data)
 }
 
 // flush saves the held trees in the order the walk made them (children

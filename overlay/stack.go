@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/internal/fsat"
 	"github.com/turnsnap/turnsnap/internal/rootfs"
@@ -201,12 +202,12 @@ func (r *Root) Stacked() bool {
 // scanStacked scans a stacked generation: the upper's own scan, whose data
 // chunks are saved and whose trees are kept aside, composed onto the
 // frozen layer's tree.
-func (r *Root) scanStacked(ctx context.Context, g string, s *stack, saver delta.BlobSaver, prev *delta.ScanCache, reread map[string]bool) (*delta.ScanResult, error) {
+func (r *Root) scanStacked(ctx context.Context, g string, s *stack, saver delta.BlobSaver, prev *fstree.ScanCache, reread map[string]bool) (*fstree.ScanResult, error) {
 	if r.loader == nil {
 		return nil, fmt.Errorf("sandbox %s: a stacked root is scanned through its backend (no tree loader): %w", r.dir, errdefs.ErrPrecondition)
 	}
 	col := &treeCollector{next: saver, trees: map[delta.ID][]byte{}}
-	res, err := r.scanUpper(ctx, filepath.Join(g, "upper"), col, prev, delta.ScanOptions{Reread: reread})
+	res, err := r.scanUpper(ctx, filepath.Join(g, "upper"), col, prev, fstree.ScanOptions{Reread: reread})
 	if err != nil {
 		return nil, err
 	}

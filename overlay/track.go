@@ -11,7 +11,7 @@ import (
 	"syscall"
 
 	"github.com/moby/sys/mountinfo"
-	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"golang.org/x/sys/unix"
 )
@@ -80,7 +80,7 @@ type Tracker struct {
 	forced, forcePending map[string]bool
 	takenWhy, pendingWhy string // why the record is unknown ("" known)
 	quiet                int32  // a process whose events are dropped (Quiet); 0 none
-	last                 *delta.ScanResult
+	last                 *fstree.ScanResult
 	stats                TrackStats
 	buf                  []byte
 }

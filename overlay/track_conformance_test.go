@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/rootfs"
 	"github.com/turnsnap/turnsnap/internal/roottest"
 	"github.com/turnsnap/turnsnap/internal/testenv"
@@ -65,7 +66,7 @@ type trackedRoot struct {
 	*Root
 	b    *trackedBackend
 	tr   *Tracker
-	last *delta.ScanResult
+	last *fstree.ScanResult
 }
 
 func (r *trackedRoot) stop() {
@@ -75,7 +76,7 @@ func (r *trackedRoot) stop() {
 	}
 }
 
-func (r *trackedRoot) Scan(ctx context.Context, saver delta.BlobSaver) (*delta.ScanResult, error) {
+func (r *trackedRoot) Scan(ctx context.Context, saver delta.BlobSaver) (*fstree.ScanResult, error) {
 	if r.tr == nil || !r.tr.Watches(r.Root) {
 		r.stop()
 		tr, err := r.Root.Track(TrackOptions{})
@@ -101,7 +102,7 @@ func (r *trackedRoot) Scan(ctx context.Context, saver delta.BlobSaver) (*delta.S
 	return res, nil
 }
 
-func (r *trackedRoot) Committed(res *delta.ScanResult) error {
+func (r *trackedRoot) Committed(res *fstree.ScanResult) error {
 	if err := r.Root.Committed(res); err != nil {
 		return err
 	}

@@ -4,7 +4,7 @@ import (
 	"maps"
 	"slices"
 
-	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/fstree"
 )
 
 // The record's life cycle (docs/TRACKING.md): a turn calls Changes before
@@ -59,7 +59,7 @@ func (t *Tracker) Changes() ([]string, string) {
 // Reset makes res, the scan that followed the last Changes, the new base:
 // it is committed (or equal to the head), and what arrived since that
 // Changes call stays in the record.
-func (t *Tracker) Reset(res *delta.ScanResult) {
+func (t *Tracker) Reset(res *fstree.ScanResult) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	clear(t.taken)
@@ -143,9 +143,9 @@ func (t *Tracker) Stats() TrackStats {
 // Base returns the scan last passed to Reset (nil before the first, and
 // after Lost): a committed state, whose cache a caller that saves scan
 // caches lazily writes when it stops tracking.
-func (t *Tracker) Base() *delta.ScanResult { return t.base() }
+func (t *Tracker) Base() *fstree.ScanResult { return t.base() }
 
-func (t *Tracker) base() *delta.ScanResult {
+func (t *Tracker) base() *fstree.ScanResult {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.last

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/fsat"
 	"golang.org/x/sys/unix"
 )
@@ -27,13 +28,13 @@ type TrackedScan struct {
 // ScanTracked is Scan driven by t's record: with no change since t's base
 // (the last scan passed to Reset) it returns that scan's result without
 // touching the layer; with changes it reads only the paths the events
-// name (delta.ScanChanged); when the record is unknown, or the changed
+// name (fstree.ScanChanged); when the record is unknown, or the changed
 // paths are ambiguous, it walks like Scan. The result equals Scan's, state
 // key for state key. Pass it to t.Reset once the checkpoint holding it is
 // committed, and only then: the directories it takes whole name trees by
 // id, which must be stored. A skipped turn leaves the record as it is (it
 // keeps growing from the last committed scan); a failed one calls t.Lost.
-func (r *Root) ScanTracked(ctx context.Context, saver delta.BlobSaver, t *Tracker) (*delta.ScanResult, TrackedScan, error) {
+func (r *Root) ScanTracked(ctx context.Context, saver delta.BlobSaver, t *Tracker) (*fstree.ScanResult, TrackedScan, error) {
 	g, err := r.gen()
 	if err != nil {
 		return nil, TrackedScan{}, err
@@ -57,15 +58,15 @@ func (r *Root) ScanTracked(ctx context.Context, saver delta.BlobSaver, t *Tracke
 	info := TrackedScan{Paths: len(paths)}
 	reread := t.rereadSet()
 	if why == "" && len(paths) == 0 {
-		return &delta.ScanResult{Root: base.Root, StateKey: base.StateKey, Cache: base.Cache}, info, nil
+		return &fstree.ScanResult{Root: base.Root, StateKey: base.StateKey, Cache: base.Cache}, info, nil
 	}
 	upper := filepath.Join(g, "upper")
 	if why == "" {
-		res, err := r.scanChanged(ctx, upper, saver, base.Cache, delta.NewChangeSet(paths), reread)
+		res, err := r.scanChanged(ctx, upper, saver, base.Cache, fstree.NewChangeSet(paths), reread)
 		if err == nil {
 			return res, info, nil
 		}
-		if !errors.Is(err, delta.ErrMustWalk) {
+		if !errors.Is(err, fstree.ErrMustWalk) {
 			return nil, info, err
 		}
 		why, info.Detail = ReasonHardlink, err.Error()
@@ -73,7 +74,7 @@ func (r *Root) ScanTracked(ctx context.Context, saver delta.BlobSaver, t *Tracke
 	info.Walked, info.Reason = true, why
 	// The walk builds on the newest committed cache: the record's base if
 	// it has one (the file may be older, see Tracker.Base), else the file.
-	var prev *delta.ScanCache
+	var prev *fstree.ScanCache
 	if base != nil {
 		prev = base.Cache
 	}
@@ -94,7 +95,7 @@ func (r *Root) trackable(g string) bool {
 // walkLayer is what Scan does after linkUp, with prev (nil: the cache
 // file) and reread passed through. Keep it Scan's twin: a tracked root
 // that walks must get exactly Scan's result.
-func (r *Root) walkLayer(ctx context.Context, g string, saver delta.BlobSaver, prev *delta.ScanCache, reread map[string]bool) (*delta.ScanResult, error) {
+func (r *Root) walkLayer(ctx context.Context, g string, saver delta.BlobSaver, prev *fstree.ScanCache, reread map[string]bool) (*fstree.ScanResult, error) {
 	if prev == nil {
 		prev = r.memo.read(filepath.Join(g, "scan.cache"))
 	}
@@ -104,19 +105,19 @@ func (r *Root) walkLayer(ctx context.Context, g string, saver delta.BlobSaver, p
 		}
 		return r.scanStacked(ctx, g, s, saver, prev, reread)
 	}
-	return r.scanUpper(ctx, filepath.Join(g, "upper"), saver, prev, delta.ScanOptions{Reread: reread})
+	return r.scanUpper(ctx, filepath.Join(g, "upper"), saver, prev, fstree.ScanOptions{Reread: reread})
 }
 
 // scanChanged is scanUpper for a tracked scan. A tracked scan gives up
 // (ErrMustWalk) at any multiply-linked file, so the second pass that
 // matches hardlinks across renamed directories is never needed.
-func (r *Root) scanChanged(ctx context.Context, upper string, saver delta.BlobSaver, prev *delta.ScanCache, changed *delta.ChangeSet, reread map[string]bool) (*delta.ScanResult, error) {
+func (r *Root) scanChanged(ctx context.Context, upper string, saver delta.BlobSaver, prev *fstree.ScanCache, changed *fstree.ChangeSet, reread map[string]bool) (*fstree.ScanResult, error) {
 	u, err := r.newUpperScan()
 	if err != nil {
 		return nil, err
 	}
 	defer u.close()
-	opts := delta.ScanOptions{IDs: r.ids, Translate: Translate, Residue: u.residue, Redirect: u.redirect, Reread: reread}
+	opts := fstree.ScanOptions{IDs: r.ids, Translate: Translate, Residue: u.residue, Redirect: u.redirect, Reread: reread}
 	index, err := fsat.OpenDir(filepath.Join(filepath.Dir(upper), "work", "index"))
 	if err == nil {
 		defer unix.Close(index)
@@ -129,7 +130,7 @@ func (r *Root) scanChanged(ctx context.Context, upper string, saver delta.BlobSa
 		trees = &treeBuffer{next: saver}
 		opts.Saver = trees
 	}
-	res, err := delta.ScanChanged(ctx, upper, prev, changed, opts)
+	res, err := fstree.ScanChanged(ctx, upper, prev, changed, opts)
 	if err == nil && trees != nil {
 		err = trees.flush(ctx)
 	}
@@ -163,18 +164,18 @@ func (u *upperScan) treeLinks(indexFD int) func(dirFD int, name, rel string, st 
 
 // ScanFull reads the whole upper layer with no cache: the oracle a tracked
 // or incremental scan must equal. Nothing is saved.
-func (r *Root) ScanFull(ctx context.Context) (*delta.ScanResult, error) {
+func (r *Root) ScanFull(ctx context.Context) (*fstree.ScanResult, error) {
 	g, err := r.gen()
 	if err != nil {
 		return nil, err
 	}
-	return r.scanUpper(ctx, filepath.Join(g, "upper"), nil, nil, delta.ScanOptions{})
+	return r.scanUpper(ctx, filepath.Join(g, "upper"), nil, nil, fstree.ScanOptions{})
 }
 
 // ScanReread is Scan that reads the files named by reread (root-relative)
 // whatever the cache says: files a process maps shared and writable, whose
 // stores need not move their stat.
-func (r *Root) ScanReread(ctx context.Context, saver delta.BlobSaver, reread []string) (*delta.ScanResult, error) {
+func (r *Root) ScanReread(ctx context.Context, saver delta.BlobSaver, reread []string) (*fstree.ScanResult, error) {
 	g, err := r.gen()
 	if err != nil {
 		return nil, err

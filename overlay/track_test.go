@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/roottest"
 	"golang.org/x/sys/unix"
 )
@@ -38,11 +38,11 @@ func trackBase(lower string) {
 
 // oracle is a full read of the upper with no cache: what the tracked scan
 // must equal.
-func oracle(t *testing.T, r *Root) *delta.ScanResult {
+func oracle(t *testing.T, r *Root) *fstree.ScanResult {
 	t.Helper()
 	g, err := r.gen()
 	must(t, err)
-	res, err := r.scanUpper(context.Background(), filepath.Join(g, "upper"), nil, nil, delta.ScanOptions{})
+	res, err := r.scanUpper(context.Background(), filepath.Join(g, "upper"), nil, nil, fstree.ScanOptions{})
 	must(t, err)
 	return res
 }
@@ -388,7 +388,7 @@ func TestTrackerDrainsInBackground(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	tr.Changes()
-	tr.Reset(&delta.ScanResult{})
+	tr.Reset(&fstree.ScanResult{})
 	must(t, tr.Close())
 	must(t, tr.Close()) // idempotent
 	if _, why := tr.Changes(); why != ReasonClosed {

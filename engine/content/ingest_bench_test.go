@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/testenv"
 	"golang.org/x/sys/unix"
 )
@@ -105,7 +105,7 @@ func cpuTime() time.Duration {
 }
 
 // BenchmarkIngestSmall is a small turn: 10 files of 4 to 40 KiB. It stays
-// under delta.PipelineThreshold, so "pipeline" starts no goroutine and
+// under fstree.PipelineThreshold, so "pipeline" starts no goroutine and
 // must cost what "single-worker" costs. Each iteration scans into a fresh
 // Op (nothing deduplicates against the last), without publishing.
 func BenchmarkIngestSmall(b *testing.B) {
@@ -129,7 +129,7 @@ func BenchmarkIngestSmall(b *testing.B) {
 			b.SetBytes(total)
 			for b.Loop() {
 				op := r.Begin()
-				if _, err := delta.Scan(context.Background(), dir, delta.ScanOptions{Saver: op, Workers: w.workers}); err != nil {
+				if _, err := fstree.Scan(context.Background(), dir, fstree.ScanOptions{Saver: op, Workers: w.workers}); err != nil {
 					b.Fatal(err)
 				}
 			}

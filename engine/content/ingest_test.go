@@ -11,6 +11,7 @@ import (
 
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/upload"
 )
 
@@ -99,11 +100,11 @@ func sourceLike(rng *rand.Rand, b []byte) {
 
 // ingest scans dir into a fresh Op of r with the given pipeline workers
 // and publishes it.
-func ingest(tb testing.TB, r *Repo, dir string, workers int) (*delta.ScanResult, *Op) {
+func ingest(tb testing.TB, r *Repo, dir string, workers int) (*fstree.ScanResult, *Op) {
 	tb.Helper()
 	ctx := context.Background()
 	op := r.Begin()
-	res, err := delta.Scan(ctx, dir, delta.ScanOptions{Saver: op, Workers: workers})
+	res, err := fstree.Scan(ctx, dir, fstree.ScanOptions{Saver: op, Workers: workers})
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -205,7 +205,7 @@ func (o *Op) Reused() []delta.ID {
 	return out
 }
 
-// PrepareBlob implements delta.BlobPreparer: it compresses a data blob
+// PrepareBlob implements fstree.BlobPreparer: it compresses a data blob
 // the catalog does not know yet, on the caller's goroutine (an ingest
 // pipeline worker), for the SaveBlob that follows. Safe for concurrent use
 // with itself and with SaveBlob. The stored bytes are exactly what SaveBlob

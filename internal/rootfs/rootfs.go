@@ -7,6 +7,7 @@ import (
 	"context"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/fstree"
 )
 
 // Root is one sandbox's root filesystem. Every
@@ -21,7 +22,7 @@ import (
 //     is called once the checkpoint holding that scan is durable.
 //   - Restore makes the root exactly base + tree, verifies it, and leaves it
 //     mounted. A crash or an error midway leaves either the old state or
-//     the new one, or (an error wrapping delta.ErrPartial; a crash after
+//     the new one, or (an error wrapping fstree.ErrPartial; a crash after
 //     the first write) a state from which Restore of the same tree
 //     finishes the job: callers that must not leave a mix record their
 //     intent first (the engine's rollback intent) and call Restore again.
@@ -31,8 +32,8 @@ type Root interface {
 	Mount(ctx context.Context) error
 	Unmount(ctx context.Context) error
 	Remove(ctx context.Context) error
-	Scan(ctx context.Context, saver delta.BlobSaver) (*delta.ScanResult, error)
-	Committed(res *delta.ScanResult) error
+	Scan(ctx context.Context, saver delta.BlobSaver) (*fstree.ScanResult, error)
+	Committed(res *fstree.ScanResult) error
 	Restore(ctx context.Context, tree delta.ID, loader delta.BlobLoader) error
 }
 

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"golang.org/x/sys/unix"
 )
@@ -201,10 +202,10 @@ func testRestoreEarlierTrees(t *testing.T, s Setup) {
 	hb := Merged(t, root)
 	for _, step := range []struct {
 		name string
-		res  *delta.ScanResult
+		res  *fstree.ScanResult
 		want delta.ID
 	}{
-		{"A", a, ha}, {"B", b, hb}, {"empty", &delta.ScanResult{Root: f.s.IDs.EmptyTree(), StateKey: f.s.IDs.EmptyTree()}, h0}, {"A again", a, ha},
+		{"A", a, ha}, {"B", b, hb}, {"empty", &fstree.ScanResult{Root: f.s.IDs.EmptyTree(), StateKey: f.s.IDs.EmptyTree()}, h0}, {"A again", a, ha},
 	} {
 		must(t, r.Restore(f.ctx, step.res.Root, f.store))
 		if got := Merged(t, root); got != step.want {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/moby/sys/mountinfo"
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/rootfs"
 	"golang.org/x/sys/unix"
 )
@@ -36,7 +37,7 @@ type fixture struct {
 func newFixture(t *testing.T, s Setup) *fixture {
 	t.Helper()
 	f := &fixture{t: t, s: s, ctx: context.Background(), store: NewMemStoreIDs(s.IDs), base: RichBase(t)}
-	res, err := delta.Scan(f.ctx, f.base, delta.ScanOptions{Saver: f.store, IDs: f.s.IDs})
+	res, err := fstree.Scan(f.ctx, f.base, fstree.ScanOptions{Saver: f.store, IDs: f.s.IDs})
 	must(t, err)
 	f.tree = res.Root
 	f.lower, err = s.Backend.PrepareBase(f.ctx, f.tree, f.store)
@@ -55,7 +56,7 @@ func (f *fixture) create(name string, tree delta.ID) (rootfs.Root, string) {
 }
 
 // checkpoint scans r into the store and commits the scan.
-func (f *fixture) checkpoint(r rootfs.Root) *delta.ScanResult {
+func (f *fixture) checkpoint(r rootfs.Root) *fstree.ScanResult {
 	f.t.Helper()
 	res, err := r.Scan(f.ctx, f.store)
 	must(f.t, err)
@@ -68,7 +69,7 @@ func (f *fixture) checkpoint(r rootfs.Root) *delta.ScanResult {
 // hardlinks. Two roots with equal hashes hold the same filesystem.
 func Merged(t testing.TB, root string) delta.ID {
 	t.Helper()
-	res, err := delta.Scan(context.Background(), root, delta.ScanOptions{})
+	res, err := fstree.Scan(context.Background(), root, fstree.ScanOptions{})
 	must(t, err)
 	return res.Root
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/fstree"
 	"golang.org/x/sys/unix"
 )
 
@@ -59,7 +60,7 @@ func testRollbackKeepsInodes(t *testing.T, s Setup) {
 
 	for _, step := range []struct {
 		name string
-		res  *delta.ScanResult
+		res  *fstree.ScanResult
 		want delta.ID
 	}{{"A", a, ha}, {"B", b, hb}, {"A again", a, ha}} {
 		must(t, r.Restore(f.ctx, step.res.Root, f.store))

@@ -10,13 +10,14 @@ import (
 	"testing"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/rootfs"
 	"golang.org/x/sys/unix"
 )
 
 // checkLayer asserts that a root built from the layer res alone shows
 // exactly what the live root shows (want) and scans to the same state key.
-func (f *fixture) checkLayer(name string, live rootfs.Root, res *delta.ScanResult, want delta.ID) {
+func (f *fixture) checkLayer(name string, live rootfs.Root, res *fstree.ScanResult, want delta.ID) {
 	f.t.Helper()
 	c, _ := f.create(name, res.Root)
 	if got := Merged(f.t, c.Path()); got != want {
@@ -152,7 +153,7 @@ func testRandomEdits(t *testing.T, s Setup) {
 			rng := rand.New(rand.NewSource(int64(seed)))
 			r, dir := f.create("sb", f.s.IDs.EmptyTree())
 			type point struct {
-				res    *delta.ScanResult
+				res    *fstree.ScanResult
 				merged delta.ID
 			}
 			var history []point

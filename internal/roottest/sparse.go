@@ -6,7 +6,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/fstree"
 	"golang.org/x/sys/unix"
 )
 
@@ -130,7 +130,7 @@ func testLargeTurn(t *testing.T, s Setup) {
 	}
 	Settle()
 	a := f.checkpoint(r)
-	if a.Stats.BytesRead < 2*delta.PipelineThreshold {
+	if a.Stats.BytesRead < 2*fstree.PipelineThreshold {
 		t.Fatalf("read %d bytes: the turn is too small to start the pipeline", a.Stats.BytesRead)
 	}
 	br, _ := f.create("branch", a.Root)

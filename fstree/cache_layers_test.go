@@ -1,9 +1,10 @@
-package delta
+package fstree
 
 import (
 	"bytes"
 	"encoding/gob"
 	"fmt"
+	"github.com/turnsnap/turnsnap/delta"
 	"maps"
 	"math/rand"
 	"reflect"
@@ -12,7 +13,7 @@ import (
 )
 
 func cacheEntry(n int) CacheEntry {
-	return CacheEntry{Key: CacheKey{Ino: uint64(n), Size: int64(n)}, Entry: Entry{Type: TypeFile, Size: uint64(n)}}
+	return CacheEntry{Key: CacheKey{Ino: uint64(n), Size: int64(n)}, Entry: delta.Entry{Type: delta.TypeFile, Size: uint64(n)}}
 }
 
 func cacheOf(m map[string]CacheEntry) *ScanCache {

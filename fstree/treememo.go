@@ -1,8 +1,9 @@
-package delta
+package fstree
 
 import (
 	"context"
 	"fmt"
+	"github.com/turnsnap/turnsnap/delta"
 )
 
 // TreeMemo is an optional interface of a DiffOptions.Loader: decoded trees
@@ -16,14 +17,14 @@ import (
 // read entries).
 type TreeMemo interface {
 	// MemoTree returns tree id if the memo holds it.
-	MemoTree(id ID) (*Tree, bool)
+	MemoTree(id delta.ID) (*delta.Tree, bool)
 	// KeepTree offers the memo tree id, decoded from the size bytes the
 	// loader served (and so verified). The memo may drop it.
-	KeepTree(id ID, t *Tree, size int)
+	KeepTree(id delta.ID, t *delta.Tree, size int)
 }
 
 // treeMemoOf finds the TreeMemo of l, looking through CheckedLoaders.
-func treeMemoOf(l BlobLoader) TreeMemo {
+func treeMemoOf(l delta.BlobLoader) TreeMemo {
 	for {
 		switch v := l.(type) {
 		case TreeMemo:
@@ -39,22 +40,22 @@ func treeMemoOf(l BlobLoader) TreeMemo {
 // tree loads tree id through l (as LoadTree), from the plan's memo when it holds it;
 // keep offers the memo what was decoded (for l the target's loader only:
 // the live state's trees are the scan's, never verified against a store).
-func (p *DiffPlan) tree(ctx context.Context, l BlobLoader, id ID, keep bool) (*Tree, error) {
+func (p *DiffPlan) tree(ctx context.Context, l delta.BlobLoader, id delta.ID, keep bool) (*delta.Tree, error) {
 	if p.trees != nil {
 		if t, ok := p.trees.MemoTree(id); ok {
 			return t, nil
 		}
 	}
-	data, err := l.LoadBlob(ctx, BlobTree, id)
+	data, err := l.LoadBlob(ctx, delta.BlobTree, id)
 	if err != nil {
 		return nil, fmt.Errorf("load tree %s: %w", id.Short(), err)
 	}
-	t, err := DecodeTree(data)
+	t, err := delta.DecodeTree(data)
 	if err != nil {
 		return nil, fmt.Errorf("tree %s: %w", id.Short(), err)
 	}
 	// The plan compares and restores files by their chunks.
-	if err := ResolveChunks(ctx, l, t); err != nil {
+	if err := delta.ResolveChunks(ctx, l, t); err != nil {
 		return nil, fmt.Errorf("tree %s: %w", id.Short(), err)
 	}
 	if keep && p.trees != nil {

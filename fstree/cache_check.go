@@ -1,8 +1,9 @@
-package delta
+package fstree
 
 import (
 	"context"
 	"errors"
+	"github.com/turnsnap/turnsnap/delta"
 
 	"github.com/turnsnap/turnsnap/internal/fsat"
 	"golang.org/x/sys/unix"
@@ -51,7 +52,7 @@ type unchanged struct {
 }
 
 func (u *unchanged) dir(ctx context.Context, fd, depth int) bool {
-	if ctx.Err() != nil || depth > MaxDepth {
+	if ctx.Err() != nil || depth > delta.MaxDepth {
 		return false
 	}
 	var subdirs []string
@@ -70,7 +71,7 @@ func (u *unchanged) dir(ctx context.Context, fd, depth int) bool {
 			return errStop
 		}
 		u.seen++
-		if e.Entry.Type == TypeDir {
+		if e.Entry.Type == delta.TypeDir {
 			subdirs = append(subdirs, string(name))
 		}
 		return nil

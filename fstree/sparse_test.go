@@ -1,9 +1,10 @@
-package delta
+package fstree
 
 import (
 	"bytes"
 	"context"
 	"errors"
+	"github.com/turnsnap/turnsnap/delta"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +13,10 @@ import (
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"golang.org/x/sys/unix"
 )
+
+// sparseTreeVersion is the tree encoding version of a tree with holes
+// (docs/FORMAT.md).
+const sparseTreeVersion = 2
 
 // sparseGiB is the file: 1 GiB holding 8 KiB of data at two offsets.
 func writeSparseGiB(t *testing.T, p string) (a, b []byte) {
@@ -67,18 +72,18 @@ func TestSparseFileScanAndRestore(t *testing.T) {
 	if stored > 16<<10 {
 		t.Fatalf("stored %d bytes of blobs for 8 KiB of data", stored)
 	}
-	tr, err := LoadTree(ctx, mem, res.Root)
+	tr, err := delta.LoadTree(ctx, mem, res.Root)
 	must(t, err)
 	e := tr.Find("disk.img")
 	if e == nil || e.Size != 1<<30 || len(e.Holes) != 3 || e.DataSize() != 8192 {
 		t.Fatalf("entry %+v: want 1 GiB, 3 holes, 8192 data bytes", e)
 	}
-	if enc := tr.Encode(); enc[3] != treeVersionSparse {
-		t.Fatalf("tree version %d, want %d", enc[3], treeVersionSparse)
+	if enc := tr.Encode(); enc[3] != sparseTreeVersion {
+		t.Fatalf("tree version %d, want %d", enc[3], sparseTreeVersion)
 	}
 	for _, apply := range []struct {
 		name string
-		fn   func(context.Context, ID, string, ApplyOptions) (ApplyStats, error)
+		fn   func(context.Context, delta.ID, string, ApplyOptions) (ApplyStats, error)
 	}{{"materialise", Materialise}, {"apply-layer", ApplyLayer}} {
 		t.Run(apply.name, func(t *testing.T) {
 			dst := t.TempDir()
@@ -119,9 +124,9 @@ func TestWriteContentInPlacePunchesHoles(t *testing.T) {
 	ctx := context.Background()
 	mem := newMem()
 	data := bytes.Repeat([]byte("d"), 4096)
-	id := Hash(data)
-	mem.SaveBlob(ctx, BlobData, id, data)
-	e := &Entry{Name: "f", Type: TypeFile, Size: 8 << 20, Chunks: []ID{id}, Holes: []Hole{{0, 4 << 20}, {4<<20 + 4096, 4<<20 - 4096}}}
+	id := delta.Hash(data)
+	mem.SaveBlob(ctx, delta.BlobData, id, data)
+	e := &delta.Entry{Name: "f", Type: delta.TypeFile, Size: 8 << 20, Chunks: []delta.ID{id}, Holes: []delta.Hole{{Off: 0, Len: 4 << 20}, {Off: 4<<20 + 4096, Len: 4<<20 - 4096}}}
 	p := filepath.Join(t.TempDir(), "f")
 	must(t, os.WriteFile(p, bytes.Repeat([]byte{9}, 12<<20), 0o644))
 	f, err := os.OpenFile(p, os.O_RDWR, 0)
@@ -179,70 +184,29 @@ func TestPlainFileTreeIDUnchanged(t *testing.T) {
 	}
 }
 
-func sparseTree(holes []Hole, size uint64, chunks ...ID) *Tree {
-	return &Tree{Entries: []Entry{{Name: "f", Type: TypeFile, Mode: 0o644, Size: size, Chunks: chunks, Holes: holes}}}
+func holeyTree(holes []delta.Hole, size uint64, chunks ...delta.ID) *delta.Tree {
+	return &delta.Tree{Entries: []delta.Entry{{Name: "f", Type: delta.TypeFile, Mode: 0o644, Size: size, Chunks: chunks, Holes: holes}}}
 }
 
-// TestHostileHoleLists: every broken hole list is corruption, at decode or
-// before a restore, and the error names the tree or the path.
-func TestHostileHoleLists(t *testing.T) {
+// TestMaterialiseRefusesHostileHoles: a decodable tree whose chunks cannot
+// fill its data runs is refused before a restore writes anything, and the
+// error names the tree or the path (the decoding side is delta's
+// TestHostileHoleLists).
+func TestMaterialiseRefusesHostileHoles(t *testing.T) {
 	ctx := context.Background()
-	c := Hash([]byte("x"))
-	good := sparseTree([]Hole{{0, 4096}, {8192, 4096}}, 16384, c)
-	if _, err := DecodeTree(good.Encode()); err != nil {
-		t.Fatalf("good sparse tree refused: %v", err)
-	}
-	tooMany := make([]Hole, MaxHoles+1)
-	for i := range tooMany {
-		tooMany[i] = Hole{uint64(2*i + 1), 1}
-	}
-	for name, tr := range map[string]*Tree{
-		"empty hole":      sparseTree([]Hole{{0, 0}}, 10, c),
-		"overlapping":     sparseTree([]Hole{{0, 10}, {5, 10}}, 100, c),
-		"adjacent":        sparseTree([]Hole{{0, 10}, {10, 10}}, 100, c),
-		"unsorted":        sparseTree([]Hole{{50, 10}, {0, 10}}, 100, c),
-		"beyond size":     sparseTree([]Hole{{90, 20}}, 100, c),
-		"starts beyond":   sparseTree([]Hole{{200, 1}}, 100, c),
-		"huge size":       sparseTree([]Hole{{0, 1 << 62}}, 1<<62+1, c),
-		"too many":        sparseTree(tooMany, uint64(2*len(tooMany)+2), c),
-		"holes on a fifo": {Entries: []Entry{{Name: "p", Type: TypeFIFO, Holes: []Hole{{0, 1}}}}},
-	} {
-		_, err := DecodeTree(tr.Encode())
-		if !errors.Is(err, errdefs.ErrCorrupt) {
-			t.Errorf("%s: got %v, want ErrCorrupt", name, err)
-		}
-	}
-	// A version 2 tree without holes is not canonical: it is a version 1 tree.
-	v2 := append([]byte("TST\x02"), (&Tree{Entries: []Entry{{Name: "a", Type: TypeFile, Size: 1, Chunks: []ID{c}}}}).Encode()[4:]...)
-	v2 = append(v2, 0) // the file's empty hole list
-	if _, err := DecodeTree(v2); !errors.Is(err, errdefs.ErrCorrupt) {
-		t.Errorf("version 2 without holes: got %v", err)
-	}
-	// Version 3 (chunk lists) without a chunk list is not canonical either.
-	if _, err := DecodeTree(append([]byte("TST\x03"), good.Encode()[4:]...)); !errors.Is(err, errdefs.ErrCorrupt) {
-		t.Errorf("version 3 without a chunk list: got %v", err)
-	}
-	if _, err := DecodeTree(append([]byte("TST\x04"), good.Encode()[4:]...)); err == nil || !strings.Contains(err.Error(), "version 4") {
-		t.Errorf("version 4: got %v", err)
-	}
-	// Decodable, but the chunks cannot fill the data runs: refused before
-	// a restore writes anything, naming the path.
+	c := delta.Hash([]byte("x"))
 	mem := newMem()
-	mem.SaveBlob(ctx, BlobData, c, []byte("x"))
-	for name, tr := range map[string]*Tree{
-		"no chunks for data":  sparseTree([]Hole{{0, 4096}}, 1<<30),
-		"chunks in no data":   sparseTree([]Hole{{0, 4096}}, 4096, c),
-		"data beyond chunks":  sparseTree([]Hole{{0, 4096}}, 4096+ChunkMax+1, c),
-		"chunk size mismatch": sparseTree([]Hole{{0, 4096}}, 4096+5, c),
+	mem.SaveBlob(ctx, delta.BlobData, c, []byte("x"))
+	for name, tr := range map[string]*delta.Tree{
+		"no chunks for data":  holeyTree([]delta.Hole{{Off: 0, Len: 4096}}, 1<<30),
+		"chunks in no data":   holeyTree([]delta.Hole{{Off: 0, Len: 4096}}, 4096, c),
+		"data beyond chunks":  holeyTree([]delta.Hole{{Off: 0, Len: 4096}}, 4096+delta.ChunkMax+1, c),
+		"chunk size mismatch": holeyTree([]delta.Hole{{Off: 0, Len: 4096}}, 4096+5, c),
 	} {
 		data := tr.Encode()
-		id := Hash(data)
-		mem.SaveBlob(ctx, BlobTree, id, data)
-		_, err := CheckState(ctx, mem, id, StateRules{ChunkSize: func(ID) (uint64, error) { return 1, nil }})
-		if !errors.Is(err, errdefs.ErrCorrupt) || !strings.Contains(err.Error(), "/f") {
-			t.Errorf("%s: got %v, want ErrCorrupt naming /f", name, err)
-		}
-		_, err = Materialise(ctx, id, t.TempDir(), ApplyOptions{Loader: mem})
+		id := delta.Hash(data)
+		mem.SaveBlob(ctx, delta.BlobTree, id, data)
+		_, err := Materialise(ctx, id, t.TempDir(), ApplyOptions{Loader: mem})
 		if !errors.Is(err, errdefs.ErrCorrupt) || !strings.Contains(err.Error(), id.Short()) && !strings.Contains(err.Error(), ":/f") {
 			t.Errorf("%s: materialise got %v, want ErrCorrupt naming the tree or the file", name, err)
 		}

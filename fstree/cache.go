@@ -1,8 +1,9 @@
-package delta
+package fstree
 
 import (
 	"encoding/gob"
 	"fmt"
+	"github.com/turnsnap/turnsnap/delta"
 	"io"
 
 	"golang.org/x/sys/unix"
@@ -34,7 +35,7 @@ func cacheKeyOf(st *unix.Stat_t) CacheKey {
 // CacheEntry is one remembered path.
 type CacheEntry struct {
 	Key   CacheKey
-	Entry Entry // Name is empty: the map key holds the path
+	Entry delta.Entry // Name is empty: the map key holds the path
 	// Racy marks entries stamped so close to their scan that a later change
 	// might not have moved ctime; they are never trusted.
 	Racy bool
@@ -42,7 +43,7 @@ type CacheEntry struct {
 	// and the dirFlags it was scanned with, so a tracked scan can take an
 	// unchanged directory whole (scan_changed.go). A cache written before
 	// they existed decodes with a zero State, which is never taken.
-	State      ID
+	State      delta.ID
 	StateFlags uint8
 }
 

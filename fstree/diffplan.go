@@ -1,9 +1,10 @@
-package delta
+package fstree
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/turnsnap/turnsnap/delta"
 	"path"
 	"slices"
 	"strings"
@@ -43,12 +44,12 @@ var ErrDiffUnsupported = errors.New("diff cannot be applied in place")
 // DiffOptions configures PlanDiff.
 type DiffOptions struct {
 	// Loader reads the target's blobs, verifying each.
-	Loader BlobLoader
+	Loader delta.BlobLoader
 	// Live reads the live tree's trees (a scan's, kept in memory).
-	Live BlobLoader
+	Live delta.BlobLoader
 	// IDs is the home's content ID scheme: Verify hashes what it wrote
 	// under it.
-	IDs IDs
+	IDs delta.IDs
 	// AllowDevices and Plain are as in ApplyOptions.
 	AllowDevices bool
 	Plain        bool
@@ -63,14 +64,14 @@ type DiffOptions struct {
 	Removing func(dirFD int, name, rel string) error
 	// Translate reads written entries back the way the scan that made L did
 	// (ScanOptions.Translate).
-	Translate func(rel string, st *unix.Stat_t, e *Entry) (bool, error)
+	Translate func(rel string, st *unix.Stat_t, e *delta.Entry) (bool, error)
 	// LiveCache is the scan cache of the scan that made the live tree. With
 	// it Verify also computes the state keys of the directories it checks
 	// (and the target's), so a cache built from its result lets a tracked
 	// scan take them whole (diffstate.go). Residue is that scan's
 	// ScanOptions.Residue.
 	LiveCache *ScanCache
-	Residue   func(rel string, e *Entry) bool
+	Residue   func(rel string, e *delta.Entry) bool
 	// Phase, if set, is called once after Apply's first change (tests kill
 	// the process there).
 	Phase func()
@@ -86,9 +87,9 @@ type DiffOptions struct {
 // (a directory's changes come before its own final metadata).
 type change struct {
 	rel    string
-	remove bool   // the live name goes first (it differs in kind, or T lacks it)
-	live   *Entry // the live entry; nil: the name is new
-	target *Entry // the target's entry; nil: removed only
+	remove bool         // the live name goes first (it differs in kind, or T lacks it)
+	live   *delta.Entry // the live entry; nil: the name is new
+	target *delta.Entry // the target's entry; nil: removed only
 	how    changeKind
 }
 
@@ -107,9 +108,9 @@ type DiffPlan struct {
 	opts    DiffOptions
 	trees   TreeMemo // the loader's, if it keeps decoded trees
 	root    string
-	target  ID
+	target  delta.ID
 	changes []change
-	chunks  map[ID][]byte
+	chunks  map[delta.ID][]byte
 	held    int64
 	// dirs maps each kept directory whose children changed to the target's
 	// names in it, for Verify; kept holds its target entries and the
@@ -118,7 +119,7 @@ type DiffPlan struct {
 	kept map[string]keptDir
 	// stateKey is the target's state key as Verify computed it (zero:
 	// unknown).
-	stateKey ID
+	stateKey delta.ID
 	// idsAgree says whether a tree's ID and its hash under opts.IDs
 	// were seen to agree (1) or not (-1): the shortcut of stateOf.
 	idsAgree int8
@@ -132,7 +133,7 @@ func (p *DiffPlan) Changes() int { return len(p.changes) }
 
 // PlanDiff plans turning dst, whose state is the tree live (as scanned), into
 // tree target. It reads dst only to stat names it will change.
-func PlanDiff(ctx context.Context, dst string, live, target ID, opts DiffOptions) (*DiffPlan, error) {
+func PlanDiff(ctx context.Context, dst string, live, target delta.ID, opts DiffOptions) (*DiffPlan, error) {
 	if opts.MaxBytes <= 0 {
 		opts.MaxBytes = DefaultDiffMemory
 	}
@@ -142,7 +143,7 @@ func PlanDiff(ctx context.Context, dst string, live, target ID, opts DiffOptions
 	// again.
 	if cl, ok := opts.Loader.(*CheckedLoader); !ok || !cl.passed[checkKey{target, opts.Plain}] {
 		cl = NewCheckedLoader(opts.Loader)
-		if _, err := cl.CheckState(ctx, target, StateRules{Plain: opts.Plain}); err != nil {
+		if _, err := cl.CheckState(ctx, target, delta.StateRules{Plain: opts.Plain}); err != nil {
 			return nil, fmt.Errorf("tree %s: %w", target.Short(), err)
 		}
 		opts.Loader = cl
@@ -152,7 +153,7 @@ func PlanDiff(ctx context.Context, dst string, live, target ID, opts DiffOptions
 		return nil, fmt.Errorf("plan restore onto %s: %w", dst, err)
 	}
 	defer unix.Close(fd)
-	p := &DiffPlan{opts: opts, trees: trees, root: dst, target: target, chunks: map[ID][]byte{}, dirs: map[string][]string{}, kept: map[string]keptDir{}}
+	p := &DiffPlan{opts: opts, trees: trees, root: dst, target: target, chunks: map[delta.ID][]byte{}, dirs: map[string][]string{}, kept: map[string]keptDir{}}
 	if live != target {
 		if err := p.dir(ctx, fd, "", live, target, 0, dirFlags{}); err != nil {
 			return nil, err
@@ -173,7 +174,7 @@ func PlanDiff(ctx context.Context, dst string, live, target ID, opts DiffOptions
 
 // checkRoom refuses a write of bytes and nodes the filesystem of dst
 // cannot hold.
-func checkRoom(dst string, tree ID, bytes, nodes uint64) error {
+func checkRoom(dst string, tree delta.ID, bytes, nodes uint64) error {
 	var fs unix.Statfs_t
 	if err := unix.Statfs(dst, &fs); err != nil {
 		return fmt.Errorf("restore into %s: %w", dst, err)
@@ -191,12 +192,12 @@ func checkRoom(dst string, tree ID, bytes, nodes uint64) error {
 
 // dir plans directory rel (open as fd, or -1 when it does not exist on
 // disk yet) from live tree l to target tree t.
-func (p *DiffPlan) dir(ctx context.Context, fd int, rel string, l, t ID, depth int, fl dirFlags) error {
+func (p *DiffPlan) dir(ctx context.Context, fd int, rel string, l, t delta.ID, depth int, fl dirFlags) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if depth > MaxDepth {
-		return corruptAt(rel, "directories nested more than %d deep", MaxDepth)
+	if depth > delta.MaxDepth {
+		return delta.CorruptAt(rel, "directories nested more than %d deep", delta.MaxDepth)
 	}
 	lt, err := p.tree(ctx, p.opts.Live, l, false)
 	if err != nil {
@@ -214,7 +215,7 @@ func (p *DiffPlan) dir(ctx context.Context, fd int, rel string, l, t ID, depth i
 	p.kept[rel] = keptDir{flags: fl, entries: tt.Entries, tree: t}
 	i, j := 0, 0
 	for i < len(lt.Entries) || j < len(tt.Entries) {
-		var le, te *Entry
+		var le, te *delta.Entry
 		switch {
 		case j == len(tt.Entries) || i < len(lt.Entries) && lt.Entries[i].Name < tt.Entries[j].Name:
 			le = &lt.Entries[i]
@@ -234,18 +235,18 @@ func (p *DiffPlan) dir(ctx context.Context, fd int, rel string, l, t ID, depth i
 	return nil
 }
 
-func nameOf(a, b *Entry) string {
+func nameOf(a, b *delta.Entry) string {
 	if a != nil {
 		return a.Name
 	}
 	return b.Name
 }
 
-func (p *DiffPlan) entry(ctx context.Context, dirFD int, rel string, le, te *Entry, depth int, fl dirFlags) error {
+func (p *DiffPlan) entry(ctx context.Context, dirFD int, rel string, le, te *delta.Entry, depth int, fl dirFlags) error {
 	if le != nil && te != nil && sameEntry(le, te) {
 		return nil
 	}
-	if le != nil && le.Type == TypeFile {
+	if le != nil && le.Type == delta.TypeFile {
 		// Changing one name of a multiply-linked file in place would change
 		// its other names too; replacing it would leave them on the old
 		// inode. Either way the state's other names are not ours to track.
@@ -268,7 +269,7 @@ func (p *DiffPlan) entry(ctx context.Context, dirFD int, rel string, le, te *Ent
 	case te == nil:
 		p.changes = append(p.changes, change{rel: rel, remove: true, live: le})
 		return nil
-	case le != nil && le.Type == TypeDir && te.Type == TypeDir:
+	case le != nil && le.Type == delta.TypeDir && te.Type == delta.TypeDir:
 		fd, err := fsat.Open(dirFD, le.Name, unix.O_RDONLY|unix.O_DIRECTORY)
 		if err != nil {
 			return fmt.Errorf("plan /%s: %w", rel, err)
@@ -286,9 +287,9 @@ func (p *DiffPlan) entry(ctx context.Context, dirFD int, rel string, le, te *Ent
 		}
 		p.changes = append(p.changes, change{rel: rel, live: le, target: te, how: changeDirMeta})
 		return nil
-	case le != nil && le.Type == TypeFile && te.Type == TypeFile:
+	case le != nil && le.Type == delta.TypeFile && te.Type == delta.TypeFile:
 		c := change{rel: rel, live: le, target: te, how: changeMeta}
-		if !SameChunks(le, te) {
+		if !delta.SameChunks(le, te) {
 			c.how = changeRewrite
 			if err := p.load(ctx, te); err != nil {
 				return fmt.Errorf("/%s: %w", rel, err)
@@ -296,12 +297,12 @@ func (p *DiffPlan) entry(ctx context.Context, dirFD int, rel string, le, te *Ent
 		}
 		p.changes = append(p.changes, c)
 		return nil
-	case le != nil && le.Type == te.Type && te.Type != TypeSymlink && te.Type != TypeHardlink &&
-		te.Type != TypeWhiteout && le.Rdev == te.Rdev:
+	case le != nil && le.Type == te.Type && te.Type != delta.TypeSymlink && te.Type != delta.TypeHardlink &&
+		te.Type != delta.TypeWhiteout && le.Rdev == te.Rdev:
 		p.changes = append(p.changes, change{rel: rel, live: le, target: te, how: changeMeta})
 		return nil
 	}
-	if te.Type == TypeDir {
+	if te.Type == delta.TypeDir {
 		if err := p.subtree(ctx, rel, te.Subtree, depth+1); err != nil {
 			return err
 		}
@@ -313,9 +314,9 @@ func (p *DiffPlan) entry(ctx context.Context, dirFD int, rel string, le, te *Ent
 }
 
 // subtree loads every chunk a directory created whole needs.
-func (p *DiffPlan) subtree(ctx context.Context, rel string, id ID, depth int) error {
-	if depth > MaxDepth {
-		return corruptAt(rel, "directories nested more than %d deep", MaxDepth)
+func (p *DiffPlan) subtree(ctx context.Context, rel string, id delta.ID, depth int) error {
+	if depth > delta.MaxDepth {
+		return delta.CorruptAt(rel, "directories nested more than %d deep", delta.MaxDepth)
 	}
 	t, err := p.tree(ctx, p.opts.Loader, id, true)
 	if err != nil {
@@ -324,7 +325,7 @@ func (p *DiffPlan) subtree(ctx context.Context, rel string, id ID, depth int) er
 	for i := range t.Entries {
 		e := &t.Entries[i]
 		crel := path.Join(rel, e.Name)
-		if e.Type == TypeDir {
+		if e.Type == delta.TypeDir {
 			if err := p.subtree(ctx, crel, e.Subtree, depth+1); err != nil {
 				return err
 			}
@@ -338,12 +339,12 @@ func (p *DiffPlan) subtree(ctx context.Context, rel string, id ID, depth int) er
 // load reads (and so verifies) a file entry's chunks into the plan, and
 // checks they add up to the entry's data size: a file the writes would
 // find short or long is refused here, before anything is written.
-func (p *DiffPlan) load(ctx context.Context, e *Entry) error {
-	if e.Type != TypeFile {
+func (p *DiffPlan) load(ctx context.Context, e *delta.Entry) error {
+	if e.Type != delta.TypeFile {
 		return nil
 	}
 	if !e.Resolved() {
-		return errUnresolved(e)
+		return delta.UnresolvedError(e)
 	}
 	var sum uint64
 	for _, c := range e.Chunks {
@@ -351,7 +352,7 @@ func (p *DiffPlan) load(ctx context.Context, e *Entry) error {
 			sum += uint64(len(data))
 			continue
 		}
-		data, err := p.opts.Loader.LoadBlob(ctx, BlobData, c)
+		data, err := p.opts.Loader.LoadBlob(ctx, delta.BlobData, c)
 		if err != nil {
 			return fmt.Errorf("chunk %s: %w", c.Short(), err)
 		}
@@ -362,13 +363,13 @@ func (p *DiffPlan) load(ctx context.Context, e *Entry) error {
 		p.chunks[c] = data
 		sum += uint64(len(data))
 	}
-	return CheckFileSize(e, sum)
+	return delta.CheckFileSize(e, sum)
 }
 
 // LoadBlob serves the plan's chunks and the target's trees, so Apply
 // reads nothing it did not check first.
-func (p *DiffPlan) LoadBlob(ctx context.Context, t BlobType, id ID) ([]byte, error) {
-	if t == BlobData {
+func (p *DiffPlan) LoadBlob(ctx context.Context, t delta.BlobType, id delta.ID) ([]byte, error) {
+	if t == delta.BlobData {
 		if data, ok := p.chunks[id]; ok {
 			return data, nil
 		}
@@ -378,11 +379,11 @@ func (p *DiffPlan) LoadBlob(ctx context.Context, t BlobType, id ID) ([]byte, err
 }
 
 // sameEntry reports whether two entries encode alike.
-func sameEntry(a, b *Entry) bool {
+func sameEntry(a, b *delta.Entry) bool {
 	return a.Name == b.Name && a.Type == b.Type && a.Mode == b.Mode && a.UID == b.UID && a.GID == b.GID &&
 		a.MtimeNs == b.MtimeNs && a.Size == b.Size && a.Target == b.Target && a.Rdev == b.Rdev &&
-		a.Opaque == b.Opaque && a.Subtree == b.Subtree && SameChunks(a, b) &&
-		slices.EqualFunc(a.Xattrs, b.Xattrs, func(x, y Xattr) bool { return x.Name == y.Name && string(x.Value) == string(y.Value) })
+		a.Opaque == b.Opaque && a.Subtree == b.Subtree && delta.SameChunks(a, b) &&
+		slices.EqualFunc(a.Xattrs, b.Xattrs, func(x, y delta.Xattr) bool { return x.Name == y.Name && string(x.Value) == string(y.Value) })
 }
 
 // splitRel returns rel's directory and last component.
@@ -399,25 +400,25 @@ func splitRel(rel string) (string, string) {
 // its footprint) hands the loader to PlanDiff, which then neither checks
 // nor decodes that state a second time.
 type CheckedLoader struct {
-	next   BlobLoader
-	trees  map[ID][]byte
+	next   delta.BlobLoader
+	trees  map[delta.ID][]byte
 	passed map[checkKey]bool
 }
 
 type checkKey struct {
-	tree  ID
+	tree  delta.ID
 	plain bool
 }
 
 // NewCheckedLoader returns a CheckedLoader reading from next.
-func NewCheckedLoader(next BlobLoader) *CheckedLoader {
-	return &CheckedLoader{next: next, trees: map[ID][]byte{}, passed: map[checkKey]bool{}}
+func NewCheckedLoader(next delta.BlobLoader) *CheckedLoader {
+	return &CheckedLoader{next: next, trees: map[delta.ID][]byte{}, passed: map[checkKey]bool{}}
 }
 
 // CheckState is the package's CheckState through l; a tree that passes
 // with rules that read no pack headers (ChunkSize nil) is remembered.
-func (l *CheckedLoader) CheckState(ctx context.Context, tree ID, rules StateRules) (Footprint, error) {
-	fp, err := CheckState(ctx, l, tree, rules)
+func (l *CheckedLoader) CheckState(ctx context.Context, tree delta.ID, rules delta.StateRules) (delta.Footprint, error) {
+	fp, err := delta.CheckState(ctx, l, tree, rules)
 	if err == nil && rules.ChunkSize == nil {
 		l.passed[checkKey{tree, rules.Plain}] = true
 	}
@@ -428,14 +429,14 @@ func (l *CheckedLoader) CheckState(ctx context.Context, tree ID, rules StateRule
 // loader of the same store (a caller's memo of earlier checks: a check
 // depends only on the content-addressed trees). PlanDiff then does not
 // check it again; the trees and chunks it reads are still verified.
-func (l *CheckedLoader) Checked(tree ID, rules StateRules) {
+func (l *CheckedLoader) Checked(tree delta.ID, rules delta.StateRules) {
 	if rules.ChunkSize == nil {
 		l.passed[checkKey{tree, rules.Plain}] = true
 	}
 }
 
-func (l *CheckedLoader) LoadBlob(ctx context.Context, t BlobType, id ID) ([]byte, error) {
-	if t != BlobTree {
+func (l *CheckedLoader) LoadBlob(ctx context.Context, t delta.BlobType, id delta.ID) ([]byte, error) {
+	if t != delta.BlobTree {
 		return l.next.LoadBlob(ctx, t, id)
 	}
 	if data, ok := l.trees[id]; ok {
@@ -452,7 +453,7 @@ func (l *CheckedLoader) LoadBlob(ctx context.Context, t BlobType, id ID) ([]byte
 // PlanDiff, then Apply, Verify and Sync. Callers that must do something
 // between the plan and the first write (overlay unmounts the root) call
 // the steps themselves.
-func ApplyDiff(ctx context.Context, dst string, live, target ID, opts DiffOptions) (*DiffResult, error) {
+func ApplyDiff(ctx context.Context, dst string, live, target delta.ID, opts DiffOptions) (*DiffResult, error) {
 	plan, err := PlanDiff(ctx, dst, live, target, opts)
 	if err != nil {
 		return nil, err

@@ -1,36 +1,15 @@
-package delta
+package fstree
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/turnsnap/turnsnap/delta"
 	"io"
 	"os"
 
 	"golang.org/x/sys/unix"
 )
-
-// FileContent is what reading a regular file yields: its size, its data
-// chunks in order and its holes.
-type FileContent struct {
-	Size   uint64
-	Chunks []ID
-	Holes  []Hole
-	// ChunkList and NChunks: content taken over from a recorded entry
-	// whose chunk list was not loaded (Chunks nil); see Entry.
-	ChunkList ID
-	NChunks   uint64
-}
-
-// SetContent gives file entry e the content c.
-func (e *Entry) SetContent(c FileContent) {
-	e.Size, e.Chunks, e.Holes, e.ChunkList, e.NChunks = c.Size, c.Chunks, c.Holes, c.ChunkList, c.NChunks
-}
-
-// Content is e's content as a FileContent.
-func (e *Entry) Content() FileContent {
-	return FileContent{Size: e.Size, Chunks: e.Chunks, Holes: e.Holes, ChunkList: e.ChunkList, NChunks: e.NChunks}
-}
 
 // FileReader reads regular files into chunks for every scan (overlay's
 // upper, btrfs snapshots, bases): it finds holes with SEEK_DATA/SEEK_HOLE
@@ -39,10 +18,10 @@ func (e *Entry) Content() FileContent {
 // compression to a pipeline of workers (pipeline.go) whose saves stay in
 // the order a single worker makes them. Not safe for concurrent use.
 type FileReader struct {
-	ids     IDs
-	saver   BlobSaver
+	ids     delta.IDs
+	saver   delta.BlobSaver
 	stats   *ScanStats
-	chunker *Chunker
+	chunker *delta.Chunker
 	workers int
 	read    int64 // bytes read so far, against PipelineThreshold
 	pipe    *pipeline
@@ -59,14 +38,14 @@ const PipelineThreshold = 1 << 20
 // only, as a restore's verifying scan does; large ones hash on the
 // pipeline's workers too) and counts into stats. workers bounds the pipeline's goroutines
 // (0: GOMAXPROCS; 1: no pipeline at all).
-func NewFileReader(ids IDs, saver BlobSaver, stats *ScanStats, workers int) *FileReader {
-	return &FileReader{ids: ids, saver: saver, stats: stats, chunker: NewChunker(), workers: Workers(workers)}
+func NewFileReader(ids delta.IDs, saver delta.BlobSaver, stats *ScanStats, workers int) *FileReader {
+	return &FileReader{ids: ids, saver: saver, stats: stats, chunker: delta.NewChunker(), workers: delta.Workers(workers)}
 }
 
 // Save saves a blob in order with the chunks read before it: the tree of
 // a directory after its files' chunks. data must not change afterwards.
 // While pipelined an error may surface at a later Save, Read or Close.
-func (r *FileReader) Save(ctx context.Context, t BlobType, id ID, data []byte) error {
+func (r *FileReader) Save(ctx context.Context, t delta.BlobType, id delta.ID, data []byte) error {
 	if r.saver == nil {
 		return nil
 	}
@@ -91,9 +70,9 @@ func (r *FileReader) Close() error {
 // Read reads the regular file open as f, whose stat is st. Without holes
 // it reads to end of file, so a file that grew shows as a size different
 // from st's; with holes it reads the data runs of st.Size.
-func (r *FileReader) Read(ctx context.Context, f *os.File, st *unix.Stat_t) (FileContent, error) {
+func (r *FileReader) Read(ctx context.Context, f *os.File, st *unix.Stat_t) (delta.FileContent, error) {
 	r.stats.FilesRead++
-	var c FileContent
+	var c delta.FileContent
 	var src io.Reader = f
 	if mayBeSparse(st) {
 		holes, err := findHoles(int(f.Fd()), st.Size)
@@ -102,7 +81,7 @@ func (r *FileReader) Read(ctx context.Context, f *os.File, st *unix.Stat_t) (Fil
 		}
 		if len(holes) > 0 {
 			c.Holes = holes
-			src = &runReader{f: f, runs: dataRuns(uint64(st.Size), holes)}
+			src = &runReader{f: f, runs: delta.DataRuns(uint64(st.Size), holes)}
 		}
 	}
 	// Read-ahead: the kernel doubles its window for a sequential reader.
@@ -118,7 +97,7 @@ func (r *FileReader) Read(ctx context.Context, f *os.File, st *unix.Stat_t) (Fil
 		data += uint64(len(b))
 		r.stats.Chunks++
 		if r.pipe != nil {
-			j := &job{t: BlobData, data: r.pipe.copyOf(b)}
+			j := &job{t: delta.BlobData, data: r.pipe.copyOf(b)}
 			if err := r.pipe.submit(ctx, j); err != nil {
 				return err
 			}
@@ -127,7 +106,7 @@ func (r *FileReader) Read(ctx context.Context, f *os.File, st *unix.Stat_t) (Fil
 		}
 		id := r.ids.Hash(b)
 		if r.saver != nil {
-			if _, err := r.saver.SaveBlob(ctx, BlobData, id, b); err != nil {
+			if _, err := r.saver.SaveBlob(ctx, delta.BlobData, id, b); err != nil {
 				return err
 			}
 		}
@@ -145,7 +124,7 @@ func (r *FileReader) Read(ctx context.Context, f *os.File, st *unix.Stat_t) (Fil
 		c.Chunks = ids
 	}
 	if err != nil {
-		return FileContent{}, err
+		return delta.FileContent{}, err
 	}
 	c.Size = data
 	for _, h := range c.Holes {
@@ -168,10 +147,10 @@ func mayBeSparse(st *unix.Stat_t) bool {
 // findHoles lists the holes of the file open as fd within its first size
 // bytes, at most MaxHoles (the rest is read as data). A filesystem without
 // SEEK_DATA gives none.
-func findHoles(fd int, size int64) ([]Hole, error) {
-	var holes []Hole
+func findHoles(fd int, size int64) ([]delta.Hole, error) {
+	var holes []delta.Hole
 	var at int64
-	for at < size && len(holes) < MaxHoles {
+	for at < size && len(holes) < delta.MaxHoles {
 		data, err := unix.Seek(fd, at, unix.SEEK_DATA)
 		if errors.Is(err, unix.ENXIO) {
 			data = size // no data after at: the rest is a hole
@@ -182,7 +161,7 @@ func findHoles(fd int, size int64) ([]Hole, error) {
 		}
 		data = min(data, size)
 		if data > at {
-			holes = append(holes, Hole{Off: uint64(at), Len: uint64(data - at)})
+			holes = append(holes, delta.Hole{Off: uint64(at), Len: uint64(data - at)})
 		}
 		if data >= size {
 			break
@@ -199,7 +178,7 @@ func findHoles(fd int, size int64) ([]Hole, error) {
 // runReader reads the data runs of a sparse file in order, as one stream.
 type runReader struct {
 	f    *os.File
-	runs []Hole
+	runs []delta.Hole
 }
 
 func (r *runReader) Read(p []byte) (int, error) {

@@ -1,7 +1,8 @@
-package delta
+package fstree
 
 import (
 	"context"
+	"github.com/turnsnap/turnsnap/delta"
 	"io"
 	"os"
 	"path/filepath"
@@ -66,16 +67,16 @@ func BenchmarkSparseRollback(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	sparseTree, err := LoadTree(ctx, mem, res.Root)
+	sparseTree, err := delta.LoadTree(ctx, mem, res.Root)
 	if err != nil {
 		b.Fatal(err)
 	}
 	// The dense tree: the same entry, its content chunked in full.
 	dense := sparseTree.Entries[0]
 	dense.Holes, dense.Chunks = nil, nil
-	if err := ChunkReader(&zerosWithRuns{size: size, runs: runs}, func(c []byte) error {
-		id := Hash(c)
-		mem.SaveBlob(ctx, BlobData, id, c)
+	if err := delta.ChunkReader(&zerosWithRuns{size: size, runs: runs}, func(c []byte) error {
+		id := delta.Hash(c)
+		mem.SaveBlob(ctx, delta.BlobData, id, c)
 		dense.Chunks = append(dense.Chunks, id)
 		return nil
 	}); err != nil {
@@ -83,9 +84,9 @@ func BenchmarkSparseRollback(b *testing.B) {
 	}
 	// Saved as every writer saves a tree: its chunk list first (a dense
 	// file of this size names one), so it is the tree a scan makes.
-	dense.ChunkList, dense.NChunks = ID{}, 0
-	denseID, _, err := SaveTree(ctx, IDs{}, &Tree{Entries: []Entry{dense}}, func(ctx context.Context, id ID, data []byte) error {
-		mem.SaveBlob(ctx, BlobTree, id, data)
+	dense.ChunkList, dense.NChunks = delta.ID{}, 0
+	denseID, _, err := delta.SaveTree(ctx, delta.IDs{}, &delta.Tree{Entries: []delta.Entry{dense}}, func(ctx context.Context, id delta.ID, data []byte) error {
+		mem.SaveBlob(ctx, delta.BlobTree, id, data)
 		return nil
 	})
 	if err != nil {
@@ -93,7 +94,7 @@ func BenchmarkSparseRollback(b *testing.B) {
 	}
 	for _, tc := range []struct {
 		name string
-		tree ID
+		tree delta.ID
 	}{{"dense", denseID}, {"sparse", res.Root}} {
 		b.Run(tc.name, func(b *testing.B) {
 			var spent time.Duration

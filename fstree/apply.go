@@ -1,8 +1,9 @@
-package delta
+package fstree
 
 import (
 	"context"
 	"fmt"
+	"github.com/turnsnap/turnsnap/delta"
 	"os"
 	"path"
 
@@ -16,10 +17,10 @@ const OpaqueXattr = "trusted.overlay.opaque"
 
 // ApplyOptions configures Materialise and ApplyLayer.
 type ApplyOptions struct {
-	Loader BlobLoader
+	Loader delta.BlobLoader
 	// IDs is the home's content ID scheme, against which content already
 	// in place is compared (RestorePaths keeps an equal file).
-	IDs IDs
+	IDs delta.IDs
 	// AllowDevices permits creating any character and block device node;
 	// without it only those CheckDevice passes are made. Off by default: a
 	// checkpoint is data from storage, and a device node restored into a
@@ -41,7 +42,7 @@ type ApplyStats struct {
 // existing empty directory. Whiteouts and opaque directories are written in
 // overlayfs's on-disk form (0:0 character devices, trusted.overlay.opaque=y),
 // so the result can serve as an upper directory.
-func Materialise(ctx context.Context, tree ID, dst string, opts ApplyOptions) (ApplyStats, error) {
+func Materialise(ctx context.Context, tree delta.ID, dst string, opts ApplyOptions) (ApplyStats, error) {
 	return apply(ctx, tree, dst, opts, false)
 }
 
@@ -53,7 +54,7 @@ func Materialise(ctx context.Context, tree ID, dst string, opts ApplyOptions) (A
 // same name, and every other entry replaces the name with a new inode.
 // Metadata is set exactly, xattrs included (xattrs the entry does not list
 // are removed, except overlay's own trusted.overlay.* bookkeeping).
-func ApplyLayer(ctx context.Context, tree ID, dst string, opts ApplyOptions) (ApplyStats, error) {
+func ApplyLayer(ctx context.Context, tree delta.ID, dst string, opts ApplyOptions) (ApplyStats, error) {
 	return apply(ctx, tree, dst, opts, true)
 }
 
@@ -67,7 +68,7 @@ func ApplyLayer(ctx context.Context, tree ID, dst string, opts ApplyOptions) (Ap
 // call created. No host path is built from a tree's names, so paths of any
 // length work. Chunks are verified by the loader as they are read. The
 // caller syncs the filesystem and re-derives the tree to confirm the result.
-func apply(ctx context.Context, tree ID, dst string, opts ApplyOptions, merge bool) (ApplyStats, error) {
+func apply(ctx context.Context, tree delta.ID, dst string, opts ApplyOptions, merge bool) (ApplyStats, error) {
 	fp, err := checkBeforeApply(ctx, tree, dst, opts)
 	if err != nil {
 		return ApplyStats{}, err
@@ -89,7 +90,7 @@ type applier struct {
 	merge  bool            // onto existing contents (ApplyLayer), else upper form
 	files  map[string]bool // root-relative paths of regular files created, for hardlinks
 	stats  ApplyStats
-	budget Footprint // what CheckState found; a restore never writes more
+	budget delta.Footprint // what CheckState found; a restore never writes more
 	// anyLink lets a hardlink point at any regular file beneath the root,
 	// not only one this call created: a diff apply links to files it kept.
 	anyLink bool
@@ -98,11 +99,11 @@ type applier struct {
 	mounted bool
 }
 
-func (a *applier) dir(ctx context.Context, dirFD int, id ID, rel string) error {
+func (a *applier) dir(ctx context.Context, dirFD int, id delta.ID, rel string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	t, err := LoadTree(ctx, a.opts.Loader, id)
+	t, err := delta.LoadTree(ctx, a.opts.Loader, id)
 	if err != nil {
 		return fmt.Errorf("/%s: %w", rel, err)
 	}
@@ -116,7 +117,7 @@ func (a *applier) dir(ctx context.Context, dirFD int, id ID, rel string) error {
 	return nil
 }
 
-func (a *applier) entry(ctx context.Context, dirFD int, rel string, e *Entry) error {
+func (a *applier) entry(ctx context.Context, dirFD int, rel string, e *delta.Entry) error {
 	a.stats.Entries++
 	if uint64(a.stats.Entries) > a.budget.Entries {
 		return fmt.Errorf("more entries than the checked tree holds: %w", errdefs.ErrCorrupt)
@@ -124,7 +125,7 @@ func (a *applier) entry(ctx context.Context, dirFD int, rel string, e *Entry) er
 	if a.merge {
 		var st unix.Stat_t
 		exists := unix.Fstatat(dirFD, e.Name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil
-		if e.Type == TypeDir && !e.Opaque && exists && st.Mode&unix.S_IFMT == unix.S_IFDIR {
+		if e.Type == delta.TypeDir && !e.Opaque && exists && st.Mode&unix.S_IFMT == unix.S_IFDIR {
 			return a.subdir(ctx, dirFD, rel, e) // merge into the existing directory
 		}
 		if exists {
@@ -132,30 +133,30 @@ func (a *applier) entry(ctx context.Context, dirFD int, rel string, e *Entry) er
 				return err
 			}
 		}
-		if e.Type == TypeWhiteout {
+		if e.Type == delta.TypeWhiteout {
 			return nil
 		}
 	}
 	switch e.Type {
-	case TypeDir:
+	case delta.TypeDir:
 		if err := unix.Mkdirat(dirFD, e.Name, 0o700); err != nil {
 			return err
 		}
 		return a.subdir(ctx, dirFD, rel, e)
-	case TypeFile:
+	case delta.TypeFile:
 		return a.file(ctx, dirFD, rel, e)
-	case TypeHardlink:
+	case delta.TypeHardlink:
 		return a.hardlink(dirFD, e)
-	case TypeWhiteout:
+	case delta.TypeWhiteout:
 		return unix.Mknodat(dirFD, e.Name, unix.S_IFCHR, 0) // overlay's own form
-	case TypeSymlink:
+	case delta.TypeSymlink:
 		if err := unix.Symlinkat(e.Target, dirFD, e.Name); err != nil {
 			return err
 		}
-	case TypeFIFO, TypeSocket, TypeCharDev, TypeBlockDev:
-		kind := map[Type]uint32{TypeFIFO: unix.S_IFIFO, TypeSocket: unix.S_IFSOCK, TypeCharDev: unix.S_IFCHR, TypeBlockDev: unix.S_IFBLK}[e.Type]
+	case delta.TypeFIFO, delta.TypeSocket, delta.TypeCharDev, delta.TypeBlockDev:
+		kind := map[delta.Type]uint32{delta.TypeFIFO: unix.S_IFIFO, delta.TypeSocket: unix.S_IFSOCK, delta.TypeCharDev: unix.S_IFCHR, delta.TypeBlockDev: unix.S_IFBLK}[e.Type]
 		if !a.opts.AllowDevices {
-			if err := CheckDevice(*e); err != nil {
+			if err := delta.CheckDevice(*e); err != nil {
 				return err
 			}
 		}
@@ -168,7 +169,7 @@ func (a *applier) entry(ctx context.Context, dirFD int, rel string, e *Entry) er
 	return setMeta(metaTarget{dirFD: dirFD, name: e.Name, fd: -1}, e)
 }
 
-func (a *applier) hardlink(dirFD int, e *Entry) error {
+func (a *applier) hardlink(dirFD int, e *delta.Entry) error {
 	if !a.files[e.Target] && !a.anyLink {
 		return fmt.Errorf("hardlink to %q, which is not a file restored before it: %w", e.Target, errdefs.ErrCorrupt)
 	}
@@ -185,7 +186,7 @@ func (a *applier) hardlink(dirFD int, e *Entry) error {
 	return unix.Linkat(tfd, "", dirFD, e.Name, unix.AT_EMPTY_PATH)
 }
 
-func (a *applier) subdir(ctx context.Context, dirFD int, rel string, e *Entry) error {
+func (a *applier) subdir(ctx context.Context, dirFD int, rel string, e *delta.Entry) error {
 	fd, err := fsat.Open(dirFD, e.Name, unix.O_RDONLY|unix.O_DIRECTORY)
 	if err != nil {
 		return err
@@ -204,7 +205,7 @@ func (a *applier) subdir(ctx context.Context, dirFD int, rel string, e *Entry) e
 	return setMeta(metaTarget{fd: fd}, e)
 }
 
-func (a *applier) file(ctx context.Context, dirFD int, rel string, e *Entry) error {
+func (a *applier) file(ctx context.Context, dirFD int, rel string, e *delta.Entry) error {
 	fd, err := unix.Openat(dirFD, e.Name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return err
@@ -225,6 +226,31 @@ func (a *applier) file(ctx context.Context, dirFD int, rel string, e *Entry) err
 }
 
 // writeChunks writes a fresh file's content (WriteContent: holes stay holes).
-func writeChunks(ctx context.Context, loader BlobLoader, f *os.File, e *Entry) (uint64, error) {
+func writeChunks(ctx context.Context, loader delta.BlobLoader, f *os.File, e *delta.Entry) (uint64, error) {
 	return WriteContent(ctx, loader, f, e, false)
+}
+
+// checkBeforeApply runs CheckState for a restore into dst and refuses one
+// that cannot fit, before anything is written: a restore that ran out of
+// space midway would have done all its work for nothing.
+func checkBeforeApply(ctx context.Context, tree delta.ID, dst string, opts ApplyOptions) (delta.Footprint, error) {
+	fp, err := delta.CheckState(ctx, opts.Loader, tree, delta.StateRules{Plain: opts.Plain})
+	if err != nil {
+		return fp, fmt.Errorf("tree %s: %w", tree.Short(), err)
+	}
+	var fs unix.Statfs_t
+	if err := unix.Statfs(dst, &fs); err != nil {
+		return fp, fmt.Errorf("restore into %s: %w", dst, err)
+	}
+	free := fs.Bavail * uint64(fs.Bsize)
+	if fp.Bytes > free {
+		return fp, fmt.Errorf("restore into %s: tree %s needs %d bytes, the filesystem has %d free: %w",
+			dst, tree.Short(), fp.Bytes, free, errdefs.ErrNoSpace)
+	}
+	// Filesystems with dynamic inodes (btrfs) report none at all.
+	if fs.Files > 0 && fp.Entries > fs.Ffree {
+		return fp, fmt.Errorf("restore into %s: tree %s needs %d inodes, the filesystem has %d free: %w",
+			dst, tree.Short(), fp.Entries, fs.Ffree, errdefs.ErrNoSpace)
+	}
+	return fp, nil
 }

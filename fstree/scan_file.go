@@ -1,9 +1,10 @@
-package delta
+package fstree
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/turnsnap/turnsnap/delta"
 	"os"
 
 	"github.com/turnsnap/turnsnap/internal/fsat"
@@ -13,7 +14,7 @@ import (
 // file reads, chunks and saves a regular file's content. It returns the
 // file's identity as of the read: stat of the open descriptor, checked again
 // after the read so a file changed mid-read is never cached as consistent.
-func (s *scanner) file(ctx context.Context, dirFD int, rel string, st *unix.Stat_t, e *Entry) (CacheKey, error) {
+func (s *scanner) file(ctx context.Context, dirFD int, rel string, st *unix.Stat_t, e *delta.Entry) (CacheKey, error) {
 	for attempt := 0; ; attempt++ {
 		key, changed, err := s.readFile(ctx, dirFD, rel, st, e)
 		if err != nil || !changed {
@@ -25,7 +26,7 @@ func (s *scanner) file(ctx context.Context, dirFD int, rel string, st *unix.Stat
 	}
 }
 
-func (s *scanner) readFile(ctx context.Context, dirFD int, rel string, st *unix.Stat_t, e *Entry) (CacheKey, bool, error) {
+func (s *scanner) readFile(ctx context.Context, dirFD int, rel string, st *unix.Stat_t, e *delta.Entry) (CacheKey, bool, error) {
 	// O_NONBLOCK: if the name became a fifo since the stat, opening it
 	// must not wait for a writer.
 	fd, err := unix.Openat(dirFD, e.Name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NOATIME|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)

@@ -1,9 +1,10 @@
-package delta
+package fstree
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/turnsnap/turnsnap/delta"
 	"os"
 	"path/filepath"
 	"strings"
@@ -75,15 +76,15 @@ func TestVerifyRefusesStrayAndMissingNames(t *testing.T) {
 // countingMemo is a TreeMemo that records what it kept, and a loader
 // counting the trees it served.
 type countingMemo struct {
-	next  BlobLoader
+	next  delta.BlobLoader
 	mu    sync.Mutex
-	kept  map[ID]*Tree
-	enc   map[ID]string // each kept tree's encoding when kept
+	kept  map[delta.ID]*delta.Tree
+	enc   map[delta.ID]string // each kept tree's encoding when kept
 	loads int
 }
 
-func (m *countingMemo) LoadBlob(ctx context.Context, t BlobType, id ID) ([]byte, error) {
-	if t == BlobTree {
+func (m *countingMemo) LoadBlob(ctx context.Context, t delta.BlobType, id delta.ID) ([]byte, error) {
+	if t == delta.BlobTree {
 		m.mu.Lock()
 		m.loads++
 		m.mu.Unlock()
@@ -91,17 +92,17 @@ func (m *countingMemo) LoadBlob(ctx context.Context, t BlobType, id ID) ([]byte,
 	return m.next.LoadBlob(ctx, t, id)
 }
 
-func (m *countingMemo) MemoTree(id ID) (*Tree, bool) {
+func (m *countingMemo) MemoTree(id delta.ID) (*delta.Tree, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	t, ok := m.kept[id]
 	return t, ok
 }
 
-func (m *countingMemo) KeepTree(id ID, t *Tree, size int) {
+func (m *countingMemo) KeepTree(id delta.ID, t *delta.Tree, size int) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if enc := t.Encode(); len(enc) != size || Hash(enc) != id {
+	if enc := t.Encode(); len(enc) != size || delta.Hash(enc) != id {
 		panic(fmt.Sprintf("kept tree %s does not encode as its %d bytes", id.Short(), size))
 	}
 	m.kept[id], m.enc[id] = t, string(t.Encode())
@@ -122,7 +123,7 @@ func TestPlanDiffTreeMemo(t *testing.T) {
 	editFlat(t, dir)
 	b, err := Scan(ctx, dir, ScanOptions{Saver: mem})
 	must(t, err)
-	memo := &countingMemo{next: mem, kept: map[ID]*Tree{}, enc: map[ID]string{}}
+	memo := &countingMemo{next: mem, kept: map[delta.ID]*delta.Tree{}, enc: map[delta.ID]string{}}
 	live := b
 	for round, to := range []*ScanResult{a, b, a, b} {
 		before := memo.loads
@@ -132,7 +133,7 @@ func TestPlanDiffTreeMemo(t *testing.T) {
 		// engine's memo of checks records.
 		cl := NewCheckedLoader(memo)
 		if round >= 2 {
-			cl.Checked(to.Root, StateRules{})
+			cl.Checked(to.Root, delta.StateRules{})
 		}
 		plan, err := PlanDiff(ctx, dir, live.Root, to.Root, DiffOptions{Loader: cl, Live: mem, LiveCache: live.Cache})
 		must(t, err)

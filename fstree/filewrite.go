@@ -1,9 +1,10 @@
-package delta
+package fstree
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/turnsnap/turnsnap/delta"
 	"os"
 
 	"golang.org/x/sys/unix"
@@ -17,7 +18,7 @@ import (
 // than a fresh O_EXCL file): then it is cut to e.Size and every hole of e
 // is punched (FALLOC_FL_PUNCH_HOLE; zeros written where the filesystem
 // cannot punch), so no old byte survives. It returns the data bytes written.
-func WriteContent(ctx context.Context, loader BlobLoader, f *os.File, e *Entry, inPlace bool) (uint64, error) {
+func WriteContent(ctx context.Context, loader delta.BlobLoader, f *os.File, e *delta.Entry, inPlace bool) (uint64, error) {
 	if len(e.Holes) == 0 && !inPlace {
 		return writeStream(ctx, loader, f, e)
 	}
@@ -31,17 +32,17 @@ func WriteContent(ctx context.Context, loader BlobLoader, f *os.File, e *Entry, 
 			}
 		}
 	}
-	chunks, err := chunksOf(ctx, loader, e)
+	chunks, err := delta.LoadChunks(ctx, loader, e)
 	if err != nil {
 		return 0, err
 	}
-	runs := dataRuns(e.Size, e.Holes)
+	runs := delta.DataRuns(e.Size, e.Holes)
 	var n uint64
 	for _, c := range chunks {
 		if n > e.DataSize() {
 			break // already more than declared: CheckFileSize says so
 		}
-		data, err := loader.LoadBlob(ctx, BlobData, c)
+		data, err := loader.LoadBlob(ctx, delta.BlobData, c)
 		if err != nil {
 			return n, fmt.Errorf("chunk %s: %w", c.Short(), err)
 		}
@@ -60,12 +61,12 @@ func WriteContent(ctx context.Context, loader BlobLoader, f *os.File, e *Entry, 
 			}
 		}
 	}
-	return n, CheckFileSize(e, n)
+	return n, delta.CheckFileSize(e, n)
 }
 
 // writeStream writes a file without holes front to back.
-func writeStream(ctx context.Context, loader BlobLoader, f *os.File, e *Entry) (uint64, error) {
-	chunks, err := chunksOf(ctx, loader, e)
+func writeStream(ctx context.Context, loader delta.BlobLoader, f *os.File, e *delta.Entry) (uint64, error) {
+	chunks, err := delta.LoadChunks(ctx, loader, e)
 	if err != nil {
 		return 0, err
 	}
@@ -74,7 +75,7 @@ func writeStream(ctx context.Context, loader BlobLoader, f *os.File, e *Entry) (
 		if n > e.Size {
 			break // already more than declared: CheckFileSize says so
 		}
-		data, err := loader.LoadBlob(ctx, BlobData, c)
+		data, err := loader.LoadBlob(ctx, delta.BlobData, c)
 		if err != nil {
 			return n, fmt.Errorf("chunk %s: %w", c.Short(), err)
 		}
@@ -83,12 +84,12 @@ func writeStream(ctx context.Context, loader BlobLoader, f *os.File, e *Entry) (
 		}
 		n += uint64(len(data))
 	}
-	return n, CheckFileSize(e, n)
+	return n, delta.CheckFileSize(e, n)
 }
 
 // punch deallocates hole h of f, or writes zeros over it where the
 // filesystem cannot punch.
-func punch(f *os.File, h Hole) error {
+func punch(f *os.File, h delta.Hole) error {
 	err := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, int64(h.Off), int64(h.Len))
 	if err == nil {
 		return nil

@@ -1,8 +1,9 @@
-package delta
+package fstree
 
 import (
 	"bytes"
 	"context"
+	"github.com/turnsnap/turnsnap/delta"
 	"os"
 	"path/filepath"
 	"strings"
@@ -157,10 +158,10 @@ func TestScanNeverFollowsSwappedNames(t *testing.T) {
 	if !swapped["d"] || !swapped["file"] {
 		t.Fatalf("the hook did not run for every name: %v", swapped)
 	}
-	root, err := LoadTree(ctx, mem, res.Root)
+	root, err := delta.LoadTree(ctx, mem, res.Root)
 	must(t, err)
 	for _, name := range []string{"d", "file"} {
-		if e := root.Find(name); e == nil || e.Type != TypeSymlink {
+		if e := root.Find(name); e == nil || e.Type != delta.TypeSymlink {
 			t.Errorf("swapped name %s recorded as %+v, want the symlink", name, e)
 		}
 	}

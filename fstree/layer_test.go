@@ -1,8 +1,9 @@
-package delta
+package fstree
 
 import (
 	"context"
 	"errors"
+	"github.com/turnsnap/turnsnap/delta"
 	"os"
 	"path/filepath"
 	"testing"
@@ -158,7 +159,7 @@ func TestApplyLayerRefusesDevicesAndCorruption(t *testing.T) {
 	must(t, os.WriteFile(filepath.Join(src, "f"), []byte("content"), 0o644))
 	res, err = Scan(ctx, src, ScanOptions{Saver: store})
 	must(t, err)
-	store.m[Hash([]byte("content"))] = []byte("tampered")
+	store.m[delta.Hash([]byte("content"))] = []byte("tampered")
 	dst2 := filepath.Join(tmp, "dst2")
 	must(t, os.Mkdir(dst2, 0o755))
 	if _, err := ApplyLayer(ctx, res.Root, dst2, ApplyOptions{Loader: store}); !errors.Is(err, errdefs.ErrCorrupt) {

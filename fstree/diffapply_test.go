@@ -1,8 +1,9 @@
-package delta
+package fstree
 
 import (
 	"context"
 	"errors"
+	"github.com/turnsnap/turnsnap/delta"
 	"os"
 	"path/filepath"
 	"testing"
@@ -19,7 +20,7 @@ func inodeOf(t *testing.T, p string) uint64 {
 }
 
 // applyDiff turns dir from live into target (plan, apply, verify, sync).
-func applyDiff(t *testing.T, dir string, live, target ID, mem *memBlobs) *DiffResult {
+func applyDiff(t *testing.T, dir string, live, target delta.ID, mem *memBlobs) *DiffResult {
 	t.Helper()
 	res, err := ApplyDiff(context.Background(), dir, live, target, DiffOptions{Loader: mem, Live: mem, Translate: overlayish})
 	must(t, err)

@@ -1,10 +1,11 @@
-package delta
+package fstree
 
 import (
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"github.com/turnsnap/turnsnap/delta"
 	"math/rand"
 	"os"
 	"path/filepath"
@@ -23,9 +24,9 @@ type recordingSaver struct {
 	failAt   int // fail the failAt-th SaveBlob (1-based); 0: never
 }
 
-func (r *recordingSaver) SaveBlob(_ context.Context, t BlobType, id ID, data []byte) (bool, error) {
+func (r *recordingSaver) SaveBlob(_ context.Context, t delta.BlobType, id delta.ID, data []byte) (bool, error) {
 	r.calls = append(r.calls, fmt.Sprintf("%s %s %d", t, id, len(data)))
-	if Hash(data) != id {
+	if delta.Hash(data) != id {
 		return false, fmt.Errorf("blob %s: data does not hash to its id", id.Short())
 	}
 	if r.failAt > 0 && len(r.calls) == r.failAt {
@@ -34,7 +35,7 @@ func (r *recordingSaver) SaveBlob(_ context.Context, t BlobType, id ID, data []b
 	return true, nil
 }
 
-func (r *recordingSaver) PrepareBlob(_ context.Context, t BlobType, id ID, plain []byte) {
+func (r *recordingSaver) PrepareBlob(_ context.Context, t delta.BlobType, id delta.ID, plain []byte) {
 	r.prepared.Add(1)
 }
 
@@ -91,7 +92,7 @@ func TestPipelineSavesInSerialOrder(t *testing.T) {
 	dir := t.TempDir()
 	writeMixed(t, dir, 1, 60, 600<<10)
 	ctx := context.Background()
-	var roots []ID
+	var roots []delta.ID
 	var calls [][]string
 	for _, workers := range []int{1, 2, 4} {
 		rec := &recordingSaver{}

@@ -1,8 +1,9 @@
-package delta
+package fstree
 
 import (
 	"bytes"
 	"crypto/sha256"
+	"github.com/turnsnap/turnsnap/delta"
 	"math/rand"
 	"strconv"
 	"strings"
@@ -37,13 +38,13 @@ func BenchmarkContent(b *testing.B) {
 	if testing.Short() {
 		data = data[:4<<20]
 	}
-	codec, err := NewCodec()
+	codec, err := delta.NewCodec()
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer codec.Close()
 	chunks := func(fn func([]byte)) {
-		ChunkReader(bytes.NewReader(data), func(c []byte) error { fn(c); return nil })
+		delta.ChunkReader(bytes.NewReader(data), func(c []byte) error { fn(c); return nil })
 	}
 	b.Run("chunk", func(b *testing.B) {
 		b.SetBytes(int64(len(data)))
@@ -54,32 +55,32 @@ func BenchmarkContent(b *testing.B) {
 	b.Run("hash-blake3", func(b *testing.B) {
 		b.SetBytes(int64(len(data)))
 		for b.Loop() {
-			for o := 0; o < len(data); o += ChunkAverage {
-				Hash(data[o : o+ChunkAverage])
+			for o := 0; o < len(data); o += delta.ChunkAverage {
+				delta.Hash(data[o : o+delta.ChunkAverage])
 			}
 		}
 	})
 	b.Run("hash-blake3-keyed", func(b *testing.B) {
-		ids := NewDataKey().IDs() // against hash-blake3: the cost of keyed IDs
+		ids := delta.NewDataKey().IDs() // against hash-blake3: the cost of keyed IDs
 		b.SetBytes(int64(len(data)))
 		for b.Loop() {
-			for o := 0; o < len(data); o += ChunkAverage {
-				ids.Hash(data[o : o+ChunkAverage])
+			for o := 0; o < len(data); o += delta.ChunkAverage {
+				ids.Hash(data[o : o+delta.ChunkAverage])
 			}
 		}
 	})
 	b.Run("hash-sha256", func(b *testing.B) {
 		b.SetBytes(int64(len(data)))
 		for b.Loop() {
-			for o := 0; o < len(data); o += ChunkAverage {
-				sha256.Sum256(data[o : o+ChunkAverage])
+			for o := 0; o < len(data); o += delta.ChunkAverage {
+				sha256.Sum256(data[o : o+delta.ChunkAverage])
 			}
 		}
 	})
 	b.Run("chunk+hash", func(b *testing.B) {
 		b.SetBytes(int64(len(data)))
 		for b.Loop() {
-			chunks(func(c []byte) { Hash(c) })
+			chunks(func(c []byte) { delta.Hash(c) })
 		}
 	})
 	b.Run("chunk+hash+compress", func(b *testing.B) {
@@ -89,7 +90,7 @@ func BenchmarkContent(b *testing.B) {
 		for b.Loop() {
 			stored = 0
 			chunks(func(c []byte) {
-				Hash(c)
+				delta.Hash(c)
 				out, ok := codec.Compress(buf[:0], c)
 				buf = out[:0]
 				if ok {

@@ -1,9 +1,10 @@
-package delta
+package fstree
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/turnsnap/turnsnap/delta"
 	"path"
 	"slices"
 	"strings"
@@ -165,13 +166,13 @@ func (fl dirFlags) bits() uint8 {
 
 // reuse is the tracked scan's shortcut for entry rel (stat st): an
 // unchanged directory comes whole from Prev. ok=false: scan the entry.
-func (s *scanner) reuse(dirFD int, rel, name string, st *unix.Stat_t, prev CacheEntry, hit bool, fl dirFlags) (Entry, ID, bool, error) {
+func (s *scanner) reuse(dirFD int, rel, name string, st *unix.Stat_t, prev CacheEntry, hit bool, fl dirFlags) (delta.Entry, delta.ID, bool, error) {
 	if st.Mode&unix.S_IFMT == unix.S_IFREG && st.Nlink > 1 {
 		n := uint64(st.Nlink)
 		if s.opts.TreeLinks != nil && !fl.merged {
 			var err error
 			if n, err = s.opts.TreeLinks(dirFD, name, rel, st); err != nil {
-				return Entry{}, ID{}, false, fmt.Errorf("scan %s: %w", s.where(rel), err)
+				return delta.Entry{}, delta.ID{}, false, fmt.Errorf("scan %s: %w", s.where(rel), err)
 			}
 		}
 		if n > 1 {
@@ -180,19 +181,19 @@ func (s *scanner) reuse(dirFD int, rel, name string, st *unix.Stat_t, prev Cache
 			// touched): a later name points at the same first name, the
 			// first name is read as any file is.
 			if fl.merged || s.opts.Changed.touches(rel) || !s.opts.Prev.isLinkName(rel) {
-				return Entry{}, ID{}, false, fmt.Errorf("scan %s: multiply-linked file: %w", s.where(rel), ErrMustWalk)
+				return delta.Entry{}, delta.ID{}, false, fmt.Errorf("scan %s: multiply-linked file: %w", s.where(rel), ErrMustWalk)
 			}
 			if primary, ok := s.opts.Prev.Links[rel]; ok {
-				return Entry{Name: name, Type: TypeHardlink, Target: primary}, ID{}, true, nil
+				return delta.Entry{Name: name, Type: delta.TypeHardlink, Target: primary}, delta.ID{}, true, nil
 			}
 			if !hit {
-				return Entry{}, ID{}, false, fmt.Errorf("scan %s: hardlinked file changed: %w", s.where(rel), ErrMustWalk)
+				return delta.Entry{}, delta.ID{}, false, fmt.Errorf("scan %s: hardlinked file changed: %w", s.where(rel), ErrMustWalk)
 			}
 		}
 	}
-	if !hit || fl.merged || prev.Entry.Type != TypeDir || prev.State == (ID{}) ||
+	if !hit || fl.merged || prev.Entry.Type != delta.TypeDir || prev.State == (delta.ID{}) ||
 		prev.StateFlags != fl.bits() || s.opts.Changed.touches(rel) {
-		return Entry{}, ID{}, false, nil
+		return delta.Entry{}, delta.ID{}, false, nil
 	}
 	e := prev.Entry
 	e.Name = name

@@ -1,6 +1,7 @@
-package delta
+package fstree
 
 import (
+	"github.com/turnsnap/turnsnap/delta"
 	"path"
 	"slices"
 )
@@ -20,23 +21,23 @@ import (
 
 // keptDir is a kept directory of the target whose children changed.
 type keptDir struct {
-	flags   dirFlags // how a scan lists it
-	entries []Entry  // the target's
-	tree    ID       // the target's tree of it
+	flags   dirFlags      // how a scan lists it
+	entries []delta.Entry // the target's
+	tree    delta.ID      // the target's tree of it
 }
 
 // StateKey returns the target's state key as Verify computed it; ok is
 // false when some directory's key was not known.
-func (p *DiffPlan) StateKey() (ID, bool) { return p.stateKey, p.stateKey != ID{} }
+func (p *DiffPlan) StateKey() (delta.ID, bool) { return p.stateKey, p.stateKey != delta.ID{} }
 
 // noteState gives the fresh cache entry of kept directory rel (target
 // entry e) its state key and subtree, once its children are verified.
-func (p *DiffPlan) noteState(rel string, e *Entry, fresh map[string]CacheEntry) {
+func (p *DiffPlan) noteState(rel string, e *delta.Entry, fresh map[string]CacheEntry) {
 	ce, ok := fresh[rel]
 	if !ok {
 		return
 	}
-	var key ID
+	var key delta.ID
 	if _, kept := p.kept[rel]; kept {
 		if key, ok = p.stateOf(rel, fresh); !ok {
 			return
@@ -63,19 +64,19 @@ func (p *DiffPlan) noteState(rel string, e *Entry, fresh map[string]CacheEntry) 
 // home's always does). That is checked on the first such directory, by
 // hashing, and then trusted for the plan: a scheme that names one tree as
 // another scheme does names every tree so.
-func (p *DiffPlan) stateOf(rel string, fresh map[string]CacheEntry) (ID, bool) {
+func (p *DiffPlan) stateOf(rel string, fresh map[string]CacheEntry) (delta.ID, bool) {
 	kd := p.kept[rel]
 	cf := kd.flags
 	if p.idsAgree == 1 && !slices.ContainsFunc(kd.entries, isDir) {
 		return kd.tree, true
 	}
-	st := &Tree{Entries: make([]Entry, 0, len(kd.entries))}
+	st := &delta.Tree{Entries: make([]delta.Entry, 0, len(kd.entries))}
 	for _, e := range kd.entries {
-		if e.Type == TypeDir {
+		if e.Type == delta.TypeDir {
 			crel := path.Join(rel, e.Name)
 			key, ok := p.childState(crel, &e, cf, fresh)
 			if !ok {
-				return ID{}, false
+				return delta.ID{}, false
 			}
 			if !cf.merged && !cf.opaque && key == p.opts.IDs.EmptyTree() && p.opts.Residue != nil && p.opts.Residue(crel, &e) {
 				continue
@@ -96,17 +97,17 @@ func (p *DiffPlan) stateOf(rel string, fresh map[string]CacheEntry) (ID, bool) {
 	return key, true
 }
 
-func isDir(e Entry) bool { return e.Type == TypeDir }
+func isDir(e delta.Entry) bool { return e.Type == delta.TypeDir }
 
 // childState is the state key of subdirectory crel (target entry e) of a
 // directory listed with flags cf.
-func (p *DiffPlan) childState(crel string, e *Entry, cf dirFlags, fresh map[string]CacheEntry) (ID, bool) {
+func (p *DiffPlan) childState(crel string, e *delta.Entry, cf dirFlags, fresh map[string]CacheEntry) (delta.ID, bool) {
 	ce, ok := fresh[crel]
 	if !ok {
 		ce, ok = p.opts.LiveCache.Get(crel)
 	}
-	if !ok || ce.Entry.Type != TypeDir || ce.Entry.Subtree != e.Subtree || ce.State == (ID{}) || ce.StateFlags != cf.bits() {
-		return ID{}, false
+	if !ok || ce.Entry.Type != delta.TypeDir || ce.Entry.Subtree != e.Subtree || ce.State == (delta.ID{}) || ce.StateFlags != cf.bits() {
+		return delta.ID{}, false
 	}
 	return ce.State, true
 }
@@ -114,5 +115,5 @@ func (p *DiffPlan) childState(crel string, e *Entry, cf dirFlags, fresh map[stri
 // lookupDir returns the cache entry of directory rel if it has a state key.
 func (c *ScanCache) lookupDir(rel string) (CacheEntry, bool) {
 	ce, ok := c.Get(rel)
-	return ce, ok && ce.Entry.Type == TypeDir && ce.State != (ID{})
+	return ce, ok && ce.Entry.Type == delta.TypeDir && ce.State != (delta.ID{})
 }

@@ -1,4 +1,4 @@
-package delta
+package fstree
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/turnsnap/turnsnap/delta"
 	"io"
 	"math"
 	"os"
@@ -42,9 +43,9 @@ func CleanPath(p string) (string, error) {
 	if rel == "" {
 		return "", nil
 	}
-	if !ValidPath(rel) {
+	if !delta.ValidPath(rel) {
 		return "", fmt.Errorf("path %q: not a clean in-sandbox path (no \"..\" or \".\" components, no NUL, names up to %d bytes): %w",
-			p, maxName, errdefs.ErrInvalid)
+			p, delta.MaxEntryName, errdefs.ErrInvalid)
 	}
 	return rel, nil
 }
@@ -70,11 +71,11 @@ func CleanPath(p string) (string, error) {
 // primary this call restored (or found equal) stays a hardlink; one whose
 // primary is elsewhere becomes a copy of it. paths must be clean
 // (CleanPath) and not empty; nested ones are covered by their ancestor.
-func RestorePaths(ctx context.Context, l Layers, dstFD int, paths []string, opts ApplyOptions) ([]PathRestore, error) {
+func RestorePaths(ctx context.Context, l delta.Layers, dstFD int, paths []string, opts ApplyOptions) ([]PathRestore, error) {
 	paths = coverPaths(paths)
 	r := &pathRestorer{
 		applier: applier{opts: opts, rootFD: dstFD, merge: false, files: map[string]bool{},
-			budget: Footprint{Entries: math.MaxUint64}},
+			budget: delta.Footprint{Entries: math.MaxUint64}},
 		state: l, loc: map[string]string{},
 	}
 	var out []PathRestore
@@ -113,7 +114,7 @@ func coverPaths(paths []string) []string {
 
 type pathRestorer struct {
 	applier
-	state Layers
+	state delta.Layers
 	kept  int64 // entries already as in the state, left alone
 	xbuf  []byte
 	// loc maps each restored top path to where it is now relative to
@@ -123,7 +124,7 @@ type pathRestorer struct {
 
 func (r *pathRestorer) one(ctx context.Context, p string) (PathRestore, error) {
 	res := PathRestore{Path: p}
-	e, sub, ok, err := LookupDir(ctx, r.opts.Loader, r.state, p)
+	e, sub, ok, err := delta.LookupDir(ctx, r.opts.Loader, r.state, p)
 	if err != nil {
 		return res, err
 	}
@@ -163,15 +164,15 @@ func (r *pathRestorer) one(ctx context.Context, p string) (PathRestore, error) {
 // and file watchers see only what really changes, and an overlay root does
 // not copy up what it need not. Anything else is built under a temporary
 // name and renamed over the old one.
-func (r *pathRestorer) put(ctx context.Context, dirFD int, rel string, e *Entry, sub Layers, exists bool, st *unix.Stat_t) error {
+func (r *pathRestorer) put(ctx context.Context, dirFD int, rel string, e *delta.Entry, sub delta.Layers, exists bool, st *unix.Stat_t) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if err := CheckEntry(e, true); err != nil {
+	if err := delta.CheckEntry(e, true); err != nil {
 		return err
 	}
 	isDir := exists && st.Mode&unix.S_IFMT == unix.S_IFDIR
-	if e.Type == TypeDir && isDir {
+	if e.Type == delta.TypeDir && isDir {
 		fd, err := fsat.Open(dirFD, e.Name, unix.O_RDONLY|unix.O_DIRECTORY)
 		if err != nil {
 			return err
@@ -186,7 +187,7 @@ func (r *pathRestorer) put(ctx context.Context, dirFD int, rel string, e *Entry,
 		}
 		if same {
 			r.kept++
-			if e.Type == TypeFile {
+			if e.Type == delta.TypeFile {
 				r.files[rel] = true
 			}
 			return nil
@@ -203,7 +204,7 @@ func (r *pathRestorer) put(ctx context.Context, dirFD int, rel string, e *Entry,
 	}
 	// Only a directory (old or new) needs the old name gone first: rename
 	// replaces anything else atomically.
-	if exists && (isDir || e.Type == TypeDir) {
+	if exists && (isDir || e.Type == delta.TypeDir) {
 		if err := removeAt(dirFD, e.Name); err != nil {
 			removeAt(dirFD, tmp)
 			return err
@@ -218,7 +219,7 @@ func (r *pathRestorer) put(ctx context.Context, dirFD int, rel string, e *Entry,
 
 // sync makes the existing directory fd (path rel) hold exactly the merged
 // entries of sub: names it has beyond them are removed, the others put.
-func (r *pathRestorer) sync(ctx context.Context, fd int, rel string, e *Entry, sub Layers) error {
+func (r *pathRestorer) sync(ctx context.Context, fd int, rel string, e *delta.Entry, sub delta.Layers) error {
 	entries, subs, err := r.list(ctx, sub)
 	if err != nil {
 		return err
@@ -251,8 +252,8 @@ func (r *pathRestorer) sync(ctx context.Context, fd int, rel string, e *Entry, s
 }
 
 // list is ListDir of a merged directory, each entry resolved.
-func (r *pathRestorer) list(ctx context.Context, sub Layers) ([]Entry, []Layers, error) {
-	entries, subs, err := ListDir(ctx, r.opts.Loader, sub)
+func (r *pathRestorer) list(ctx context.Context, sub delta.Layers) ([]delta.Entry, []delta.Layers, error) {
+	entries, subs, err := delta.ListDir(ctx, r.opts.Loader, sub)
 	for i := range entries {
 		resolved(&entries[i])
 	}
@@ -267,8 +268,8 @@ func (r *pathRestorer) list(ctx context.Context, sub Layers) ([]Entry, []Layers,
 // a healthy checkpoint is full of them; refusing them as entries outside
 // a writable layer (CheckEntry) called such checkpoints corrupt. On an
 // overlay root the kernel marks what is made through the mount itself.
-func resolved(e *Entry) {
-	if e.Type == TypeDir {
+func resolved(e *delta.Entry) {
+	if e.Type == delta.TypeDir {
 		e.Opaque = false
 	}
 }
@@ -281,29 +282,29 @@ var errDiffers = errors.New("content differs")
 // number and, for a file, every chunk's hash (the file is read). A
 // multiply-linked file is never the same: its other names would change
 // with it. Hardlink entries are always made anew.
-func (r *pathRestorer) same(ctx context.Context, dirFD int, e *Entry, st *unix.Stat_t) (bool, error) {
-	kinds := map[Type]uint32{TypeFile: unix.S_IFREG, TypeSymlink: unix.S_IFLNK, TypeFIFO: unix.S_IFIFO,
-		TypeSocket: unix.S_IFSOCK, TypeCharDev: unix.S_IFCHR, TypeBlockDev: unix.S_IFBLK}
+func (r *pathRestorer) same(ctx context.Context, dirFD int, e *delta.Entry, st *unix.Stat_t) (bool, error) {
+	kinds := map[delta.Type]uint32{delta.TypeFile: unix.S_IFREG, delta.TypeSymlink: unix.S_IFLNK, delta.TypeFIFO: unix.S_IFIFO,
+		delta.TypeSocket: unix.S_IFSOCK, delta.TypeCharDev: unix.S_IFCHR, delta.TypeBlockDev: unix.S_IFBLK}
 	kind, ok := kinds[e.Type]
-	if !ok || st.Mode&unix.S_IFMT != kind || st.Mode&modeMask != e.Mode || st.Uid != e.UID || st.Gid != e.GID ||
-		unix.TimespecToNsec(st.Mtim) != e.MtimeNs || (e.Type == TypeFile && (st.Nlink != 1 || uint64(st.Size) != e.Size)) {
+	if !ok || st.Mode&unix.S_IFMT != kind || st.Mode&delta.ModeMask != e.Mode || st.Uid != e.UID || st.Gid != e.GID ||
+		unix.TimespecToNsec(st.Mtim) != e.MtimeNs || (e.Type == delta.TypeFile && (st.Nlink != 1 || uint64(st.Size) != e.Size)) {
 		return false, nil
 	}
-	if (e.Type == TypeCharDev || e.Type == TypeBlockDev) && st.Rdev != e.Rdev {
+	if (e.Type == delta.TypeCharDev || e.Type == delta.TypeBlockDev) && st.Rdev != e.Rdev {
 		return false, nil
 	}
 	if r.xbuf == nil {
 		r.xbuf = make([]byte, xattrBufSize)
 	}
-	xs, err := fsat.Xattrs(dirFD, e.Name, r.xbuf, func(n string) bool { return strings.HasPrefix(n, overlayXattrPrefix) })
-	if err != nil || !slices.EqualFunc(xs, e.Xattrs, func(a, b Xattr) bool { return a.Name == b.Name && string(a.Value) == string(b.Value) }) {
+	xs, err := fsat.Xattrs(dirFD, e.Name, r.xbuf, func(n string) bool { return strings.HasPrefix(n, delta.OverlayXattrPrefix) })
+	if err != nil || !slices.EqualFunc(xs, e.Xattrs, func(a, b delta.Xattr) bool { return a.Name == b.Name && string(a.Value) == string(b.Value) }) {
 		return false, nil
 	}
 	switch e.Type {
-	case TypeSymlink:
+	case delta.TypeSymlink:
 		t, err := fsat.Readlink(dirFD, e.Name)
 		return err == nil && t == e.Target, nil
-	case TypeFile:
+	case delta.TypeFile:
 		if !e.Resolved() {
 			return false, nil // cannot compare: rewrite it
 		}
@@ -324,7 +325,7 @@ func (r *pathRestorer) same(ctx context.Context, dirFD int, e *Entry, st *unix.S
 		}
 		defer f.Close()
 		i := 0
-		err = NewChunker().Chunk(f, st.Size, func(data []byte) error {
+		err = delta.NewChunker().Chunk(f, st.Size, func(data []byte) error {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
@@ -389,7 +390,7 @@ func (r *pathRestorer) parent(ctx context.Context, rel string, create bool) (fd 
 }
 
 func (r *pathRestorer) setDirMeta(ctx context.Context, rel string) error {
-	e, _, ok, err := LookupDir(ctx, r.opts.Loader, r.state, rel)
+	e, _, ok, err := delta.LookupDir(ctx, r.opts.Loader, r.state, rel)
 	if err != nil || !ok {
 		return err
 	}
@@ -403,12 +404,12 @@ func (r *pathRestorer) setDirMeta(ctx context.Context, rel string) error {
 
 // build creates e (named e.Name in dirFD) with everything below it; rel is
 // its path in the state.
-func (r *pathRestorer) build(ctx context.Context, dirFD int, rel string, e *Entry, sub Layers) error {
+func (r *pathRestorer) build(ctx context.Context, dirFD int, rel string, e *delta.Entry, sub delta.Layers) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	switch e.Type {
-	case TypeDir:
+	case delta.TypeDir:
 		r.stats.Entries++
 		if err := unix.Mkdirat(dirFD, e.Name, 0o700); err != nil {
 			return err
@@ -425,7 +426,7 @@ func (r *pathRestorer) build(ctx context.Context, dirFD int, rel string, e *Entr
 		for i := range entries {
 			c := &entries[i]
 			crel := path.Join(rel, c.Name)
-			if err := CheckEntry(c, true); err != nil {
+			if err := delta.CheckEntry(c, true); err != nil {
 				return fmt.Errorf("/%s: %w", crel, err)
 			}
 			if err := r.build(ctx, fd, crel, c, subs[i]); err != nil {
@@ -433,9 +434,9 @@ func (r *pathRestorer) build(ctx context.Context, dirFD int, rel string, e *Entr
 			}
 		}
 		return setMeta(metaTarget{fd: fd}, e)
-	case TypeHardlink:
+	case delta.TypeHardlink:
 		return r.link(ctx, dirFD, rel, e)
-	case TypeWhiteout:
+	case delta.TypeWhiteout:
 		return fmt.Errorf("whiteout in a merged state: %w", errdefs.ErrCorrupt)
 	}
 	return r.entry(ctx, dirFD, rel, e)
@@ -443,7 +444,7 @@ func (r *pathRestorer) build(ctx context.Context, dirFD int, rel string, e *Entr
 
 // link makes a hardlink to its primary where this call restored it, and
 // a copy of the primary otherwise (its other names are not this restore's).
-func (r *pathRestorer) link(ctx context.Context, dirFD int, rel string, e *Entry) error {
+func (r *pathRestorer) link(ctx context.Context, dirFD int, rel string, e *delta.Entry) error {
 	if r.files[e.Target] {
 		r.stats.Entries++
 		tfd, err := fsat.Open(r.rootFD, r.where(e.Target), unix.O_PATH)
@@ -453,11 +454,11 @@ func (r *pathRestorer) link(ctx context.Context, dirFD int, rel string, e *Entry
 		defer unix.Close(tfd)
 		return unix.Linkat(tfd, "", dirFD, e.Name, unix.AT_EMPTY_PATH)
 	}
-	primary, ok, err := Lookup(ctx, r.opts.Loader, r.state, e.Target)
+	primary, ok, err := delta.Lookup(ctx, r.opts.Loader, r.state, e.Target)
 	if err != nil {
 		return err
 	}
-	if !ok || primary.Type != TypeFile {
+	if !ok || primary.Type != delta.TypeFile {
 		return fmt.Errorf("hardlink to %q, which is not a file of the checkpoint: %w", e.Target, errdefs.ErrCorrupt)
 	}
 	primary.Name = e.Name
@@ -501,8 +502,8 @@ func randomHex() string {
 // written. On an error w may hold a prefix of the content: the caller must
 // not present it as the file. (Restores write files with WriteContent,
 // which keeps holes as holes.)
-func StreamContent(ctx context.Context, loader BlobLoader, w io.Writer, e *Entry) (uint64, error) {
-	if e.Type != TypeFile {
+func StreamContent(ctx context.Context, loader delta.BlobLoader, w io.Writer, e *delta.Entry) (uint64, error) {
+	if e.Type != delta.TypeFile {
 		return 0, fmt.Errorf("%s is a %s, not a file: %w", e.Name, e.Type, errdefs.ErrInvalid)
 	}
 	var zero [64 << 10]byte
@@ -517,16 +518,16 @@ func StreamContent(ctx context.Context, loader BlobLoader, w io.Writer, e *Entry
 		}
 		return nil
 	}
-	chunks, err := chunksOf(ctx, loader, e)
+	chunks, err := delta.LoadChunks(ctx, loader, e)
 	if err != nil {
 		return 0, err
 	}
-	runs := dataRuns(e.Size, e.Holes)
+	runs := delta.DataRuns(e.Size, e.Holes)
 	for _, c := range chunks {
 		if n > e.DataSize() {
 			break // already more than declared: CheckFileSize says so
 		}
-		data, err := loader.LoadBlob(ctx, BlobData, c)
+		data, err := loader.LoadBlob(ctx, delta.BlobData, c)
 		if err != nil {
 			return pos, fmt.Errorf("chunk %s: %w", c.Short(), err)
 		}
@@ -547,7 +548,7 @@ func StreamContent(ctx context.Context, loader BlobLoader, w io.Writer, e *Entry
 			}
 		}
 	}
-	if err := CheckFileSize(e, n); err != nil {
+	if err := delta.CheckFileSize(e, n); err != nil {
 		return pos, err
 	}
 	return pos, pad(e.Size)

@@ -1,9 +1,10 @@
-package delta
+package fstree
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/turnsnap/turnsnap/delta"
 	"os"
 	"path"
 	"slices"
@@ -51,7 +52,7 @@ func (p *DiffPlan) applyAt(ctx context.Context, root string, mounted bool) (*Dif
 	defer unix.Close(rootFD)
 	a := &applier{opts: ApplyOptions{Loader: p, AllowDevices: p.opts.AllowDevices, Plain: p.opts.Plain},
 		root: root, rootFD: rootFD, files: map[string]bool{}, anyLink: true,
-		budget: Footprint{Entries: MaxStateEntries}, mounted: mounted}
+		budget: delta.Footprint{Entries: delta.MaxStateEntries}, mounted: mounted}
 	res := &DiffResult{}
 	for i := range p.changes {
 		c := &p.changes[i]
@@ -99,12 +100,12 @@ func (p *DiffPlan) apply(ctx context.Context, a *applier, c *change, res *DiffRe
 	e := c.target
 	switch c.how {
 	case changeCreate:
-		if e.Type == TypeFile {
+		if e.Type == delta.TypeFile {
 			a.files[c.rel] = true
 		}
 		return a.entry(ctx, dirFD, c.rel, e)
 	case changeRewrite, changeMeta:
-		if e.Type != TypeFile {
+		if e.Type != delta.TypeFile {
 			// A node kept (fifo, socket, device): its kind is checked by
 			// the plan's scan, and metadata is set without following.
 			var st unix.Stat_t
@@ -139,7 +140,7 @@ func (p *DiffPlan) apply(ctx context.Context, a *applier, c *change, res *DiffRe
 // O_PATH first and checked to be a regular file (a fifo or a device must
 // never be opened for writing), then reopened for writing through its own
 // descriptor, which follows nothing.
-func (p *DiffPlan) rewrite(ctx context.Context, a *applier, dirFD int, name string, e *Entry, content bool) error {
+func (p *DiffPlan) rewrite(ctx context.Context, a *applier, dirFD int, name string, e *delta.Entry, content bool) error {
 	pfd, err := fsat.Open(dirFD, name, unix.O_PATH)
 	if err != nil {
 		return err
@@ -330,7 +331,7 @@ func (p *DiffPlan) verifyOne(ctx context.Context, s *scanner, rootFD int, c *cha
 		return nil
 	}
 	want := c.target
-	if want.Type == TypeHardlink {
+	if want.Type == delta.TypeHardlink {
 		var a, b unix.Stat_t
 		if err := fsat.Lstat(dirFD, name, &a); err != nil {
 			return err
@@ -377,7 +378,7 @@ func (p *DiffPlan) Sync(res *DiffResult, fresh map[string]CacheEntry) error {
 	defer unix.Close(rootFD)
 	todo := map[string]bool{"": true}
 	for rel, ce := range fresh {
-		if ce.Entry.Type == TypeFile || ce.Entry.Type == TypeDir {
+		if ce.Entry.Type == delta.TypeFile || ce.Entry.Type == delta.TypeDir {
 			todo[rel] = true
 		}
 		dir, _ := splitRel(rel)

@@ -1,8 +1,8 @@
-package delta
+package fstree
 
 import (
 	"context"
-	"runtime"
+	"github.com/turnsnap/turnsnap/delta"
 	"sync"
 	"sync/atomic"
 )
@@ -24,29 +24,20 @@ import (
 // concurrent use and must not keep plain. A saver that wraps another
 // forwards it with Prepare.
 type BlobPreparer interface {
-	PrepareBlob(ctx context.Context, t BlobType, id ID, plain []byte)
+	PrepareBlob(ctx context.Context, t delta.BlobType, id delta.ID, plain []byte)
 }
 
 // Prepare calls s's PrepareBlob if it has one.
-func Prepare(ctx context.Context, s BlobSaver, t BlobType, id ID, plain []byte) {
+func Prepare(ctx context.Context, s delta.BlobSaver, t delta.BlobType, id delta.ID, plain []byte) {
 	if p, ok := s.(BlobPreparer); ok {
 		p.PrepareBlob(ctx, t, id, plain)
 	}
 }
 
-// Workers is the number of pipeline workers n asks for: n itself, or
-// GOMAXPROCS for 0.
-func Workers(n int) int {
-	if n <= 0 {
-		return runtime.GOMAXPROCS(0)
-	}
-	return n
-}
-
 // job is one blob on its way through the pipeline.
 type job struct {
-	t      BlobType
-	id     ID
+	t      delta.BlobType
+	id     delta.ID
 	data   []byte
 	hashed bool          // id is known at submission (trees)
 	claim  atomic.Bool   // set by whoever hashes and prepares it: a worker, or the scanner
@@ -68,8 +59,8 @@ func (p *pipeline) process(j *job) {
 }
 
 type pipeline struct {
-	scheme IDs
-	saver  BlobSaver
+	scheme delta.IDs
+	saver  delta.BlobSaver
 	work   chan *job // to the workers
 	order  chan *job // to the saver, in submission order
 	wg     sync.WaitGroup
@@ -90,10 +81,10 @@ const maxInFlight = 128
 
 // startPipeline starts the workers and the saver; ctx is the scan's, and
 // the saver's SaveBlob calls run under it.
-func startPipeline(ctx context.Context, ids IDs, saver BlobSaver, workers int) *pipeline {
+func startPipeline(ctx context.Context, ids delta.IDs, saver delta.BlobSaver, workers int) *pipeline {
 	n := max(maxInFlight, 4*workers)
 	p := &pipeline{scheme: ids, saver: saver, work: make(chan *job, n), order: make(chan *job, n), saved: make(chan struct{})}
-	p.pool.New = func() any { b := make([]byte, 0, ChunkMax); return &b }
+	p.pool.New = func() any { b := make([]byte, 0, delta.ChunkMax); return &b }
 	for range workers {
 		p.wg.Add(1)
 		go p.worker()
@@ -108,7 +99,7 @@ func (p *pipeline) copyOf(b []byte) []byte {
 }
 
 func (p *pipeline) release(j *job) {
-	if cap(j.data) == ChunkMax {
+	if cap(j.data) == delta.ChunkMax {
 		b := j.data[:0]
 		p.pool.Put(&b)
 	}
@@ -156,8 +147,8 @@ func (p *pipeline) submit(ctx context.Context, j *job) error {
 // idle for the workers to reach the file's last chunks, the scanner
 // processes each job no worker has claimed yet itself: it waits at most
 // for the jobs the workers hold at that moment.
-func (p *pipeline) ids(ctx context.Context, jobs []*job) ([]ID, error) {
-	out := make([]ID, len(jobs))
+func (p *pipeline) ids(ctx context.Context, jobs []*job) ([]delta.ID, error) {
+	out := make([]delta.ID, len(jobs))
 	for i := len(jobs) - 1; i >= 0; i-- {
 		p.process(jobs[i]) // the last are the least likely to be claimed
 	}

@@ -1,8 +1,9 @@
-package delta
+package fstree
 
 import (
 	"context"
 	"fmt"
+	"github.com/turnsnap/turnsnap/delta"
 	"path"
 )
 
@@ -67,20 +68,20 @@ func (p *DiffPlan) Mountable(ctx context.Context, inLower func(rel string) (bool
 
 // overlayForms says where e (at rel), or its subtree read through l,
 // holds a whiteout or an opaque directory ("" if nowhere).
-func overlayForms(ctx context.Context, l BlobLoader, e *Entry, rel string, depth int) (string, error) {
+func overlayForms(ctx context.Context, l delta.BlobLoader, e *delta.Entry, rel string, depth int) (string, error) {
 	switch {
 	case e == nil:
 		return "", nil
-	case e.Type == TypeWhiteout:
+	case e.Type == delta.TypeWhiteout:
 		return fmt.Sprintf("/%s is a whiteout", rel), nil
-	case e.Type != TypeDir:
+	case e.Type != delta.TypeDir:
 		return "", nil
 	case e.Opaque:
 		return fmt.Sprintf("/%s is an opaque directory", rel), nil
-	case depth > MaxDepth:
-		return "", corruptAt(rel, "directories nested more than %d deep", MaxDepth)
+	case depth > delta.MaxDepth:
+		return "", delta.CorruptAt(rel, "directories nested more than %d deep", delta.MaxDepth)
 	}
-	t, err := LoadTree(ctx, l, e.Subtree)
+	t, err := delta.LoadTree(ctx, l, e.Subtree)
 	if err != nil {
 		return "", fmt.Errorf("/%s: %w", rel, err)
 	}

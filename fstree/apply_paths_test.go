@@ -1,8 +1,11 @@
-package delta
+package fstree
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"github.com/turnsnap/turnsnap/delta"
 	"os"
 	"path/filepath"
 	"strings"
@@ -37,7 +40,7 @@ func FuzzCleanPath(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if rel != "" && !ValidPath(rel) {
+		if rel != "" && !delta.ValidPath(rel) {
 			t.Fatalf("CleanPath(%q) = %q, not a valid path", p, rel)
 		}
 		for _, c := range strings.Split(rel, "/") {
@@ -55,32 +58,32 @@ func TestRestorePathsRules(t *testing.T) {
 	requireRoot(t)
 	ctx := context.Background()
 	mem := newMem()
-	put := func(tr *Tree) ID {
+	put := func(tr *delta.Tree) delta.ID {
 		data := tr.Encode()
-		id := Hash(data)
-		mem.SaveBlob(ctx, BlobTree, id, data)
+		id := delta.Hash(data)
+		mem.SaveBlob(ctx, delta.BlobTree, id, data)
 		return id
 	}
-	chunk := func(s string) ID {
-		id := Hash([]byte(s))
-		mem.SaveBlob(ctx, BlobData, id, []byte(s))
+	chunk := func(s string) delta.ID {
+		id := delta.Hash([]byte(s))
+		mem.SaveBlob(ctx, delta.BlobData, id, []byte(s))
 		return id
 	}
 	good, bad := chunk("good\n"), chunk("bad!\n")
 	mem.m[bad][0] ^= 1
-	sub := put(&Tree{Entries: []Entry{{Name: "f", Type: TypeFile, Mode: 0o600, MtimeNs: 1e18, Size: 5, Chunks: []ID{good}}}})
-	root := put(&Tree{Entries: []Entry{
-		{Name: "broken", Type: TypeFile, Mode: 0o644, Size: 5, Chunks: []ID{bad}},
-		{Name: "d", Type: TypeDir, Mode: 0o755, Subtree: sub},
-		{Name: "link", Type: TypeHardlink, Target: "d/f"},
-		{Name: "sda", Type: TypeBlockDev, Mode: 0o660, Rdev: unix.Mkdev(8, 0)},
+	sub := put(&delta.Tree{Entries: []delta.Entry{{Name: "f", Type: delta.TypeFile, Mode: 0o600, MtimeNs: 1e18, Size: 5, Chunks: []delta.ID{good}}}})
+	root := put(&delta.Tree{Entries: []delta.Entry{
+		{Name: "broken", Type: delta.TypeFile, Mode: 0o644, Size: 5, Chunks: []delta.ID{bad}},
+		{Name: "d", Type: delta.TypeDir, Mode: 0o755, Subtree: sub},
+		{Name: "link", Type: delta.TypeHardlink, Target: "d/f"},
+		{Name: "sda", Type: delta.TypeBlockDev, Mode: 0o660, Rdev: unix.Mkdev(8, 0)},
 	}})
 	dst := t.TempDir()
 	os.WriteFile(filepath.Join(dst, "broken"), []byte("old\n"), 0o644)
 	fd, err := fsat.OpenDir(dst)
 	must(t, err)
 	defer unix.Close(fd)
-	l := Layers{root}
+	l := delta.Layers{root}
 	_, err = RestorePaths(ctx, l, fd, []string{"sda"}, ApplyOptions{Loader: mem})
 	if !errors.Is(err, errdefs.ErrPrecondition) {
 		t.Fatalf("block device: %v, want ErrPrecondition", err)
@@ -102,5 +105,33 @@ func TestRestorePathsRules(t *testing.T) {
 	names, _ := os.ReadDir(dst)
 	if len(names) != 2 {
 		t.Fatalf("left behind: %v", names)
+	}
+}
+
+// TestStreamContentLoadsChunkList: given an indirect entry whose chunk list
+// was never loaded, StreamContent loads the list, then the chunks (here
+// never stored: the first one is not found).
+func TestStreamContentLoadsChunkList(t *testing.T) {
+	ctx := context.Background()
+	mem := newMem()
+	chunks := make([]delta.ID, 40)
+	for i := range chunks {
+		chunks[i] = delta.Hash(fmt.Appendf(nil, "chunk %d", i))
+	}
+	tr := &delta.Tree{Entries: []delta.Entry{{Name: "big", Type: delta.TypeFile, Mode: 0o644, Size: 40 * delta.ChunkAverage, Chunks: chunks}}}
+	_, data, err := delta.SaveTree(ctx, delta.IDs{}, tr, func(ctx context.Context, id delta.ID, data []byte) error {
+		_, err := mem.SaveBlob(ctx, delta.BlobTree, id, data)
+		return err
+	})
+	must(t, err)
+	shallow, err := delta.DecodeTree(data)
+	must(t, err)
+	e := shallow.Find("big")
+	if !e.Indirect() || e.Resolved() {
+		t.Fatal("the saved tree's big file names no chunk list")
+	}
+	var buf bytes.Buffer
+	if _, err := StreamContent(ctx, mem, &buf, e); err == nil || !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("stream of an entry without stored chunks: %v (want the first chunk not found)", err)
 	}
 }

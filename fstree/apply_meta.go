@@ -1,8 +1,9 @@
-package delta
+package fstree
 
 import (
 	"errors"
 	"fmt"
+	"github.com/turnsnap/turnsnap/delta"
 	"strings"
 
 	"github.com/turnsnap/turnsnap/internal/fsat"
@@ -23,7 +24,7 @@ type metaTarget struct {
 // bits and file capabilities, so it goes first; the mtime goes last because
 // every other change would move it). xattrs the entry does not list are
 // removed, except overlay's own trusted.overlay.* bookkeeping.
-func setMeta(t metaTarget, e *Entry) error {
+func setMeta(t metaTarget, e *delta.Entry) error {
 	ts := []unix.Timespec{unix.NsecToTimespec(e.MtimeNs), unix.NsecToTimespec(e.MtimeNs)}
 	if t.fd >= 0 {
 		if err := unix.Fchown(t.fd, int(e.UID), int(e.GID)); err != nil {
@@ -43,7 +44,7 @@ func setMeta(t metaTarget, e *Entry) error {
 	if err := unix.Fchownat(t.dirFD, t.name, int(e.UID), int(e.GID), unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		return fmt.Errorf("chown: %w", err)
 	}
-	if e.Type != TypeSymlink {
+	if e.Type != delta.TypeSymlink {
 		// The name is a node this call just made (not a symlink), so the
 		// lack of a no-follow chmod is harmless.
 		if err := unix.Fchmodat(t.dirFD, t.name, e.Mode, 0); err != nil {
@@ -82,7 +83,7 @@ func (t metaTarget) remove(name string) error {
 
 // syncXattrs makes the target's xattrs exactly want (sorted), leaving
 // overlay's own trusted.overlay.* bookkeeping alone.
-func (t metaTarget) syncXattrs(want []Xattr) error {
+func (t metaTarget) syncXattrs(want []delta.Xattr) error {
 	buf := make([]byte, xattrBufSize)
 	n, err := t.list(buf)
 	if err != nil && !errors.Is(err, unix.ENOTSUP) {

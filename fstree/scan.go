@@ -1,9 +1,17 @@
-package delta
+// Package fstree holds the filesystem algorithms on real directory trees,
+// in package delta's format: the scan of a directory into trees and chunks
+// (Scan, ScanChanged, the ScanCache that lets a scan skip unchanged files),
+// the safe materialisation of a tree into a directory (Materialise,
+// ApplyLayer, RestorePaths), and the in-place diff apply a rollback uses
+// (PlanDiff, DiffPlan). Every walk goes through descriptors and never
+// follows a symlink (internal/fsat).
+package fstree
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/turnsnap/turnsnap/delta"
 	"math"
 	"path"
 	"slices"
@@ -17,9 +25,9 @@ import (
 type ScanOptions struct {
 	// Saver receives every new chunk and tree. Nil hashes without storing,
 	// which is how a restore re-derives the tree it has just written.
-	Saver BlobSaver
+	Saver delta.BlobSaver
 	// IDs is the home's content ID scheme (zero: plain BLAKE3).
-	IDs IDs
+	IDs delta.IDs
 	// Prev is the cache of the last committed scan of the same directory.
 	// Files whose inode, size, mtime, ctime and mode all match are not read.
 	Prev *ScanCache
@@ -28,11 +36,11 @@ type ScanOptions struct {
 	// marks an opaque directory). rel is root-relative. Return false to leave
 	// the entry out. Entries taken from Prev arrive already translated, so
 	// Translate must be idempotent.
-	Translate func(rel string, st *unix.Stat_t, e *Entry) (keep bool, err error)
+	Translate func(rel string, st *unix.Stat_t, e *delta.Entry) (keep bool, err error)
 	// Residue reports directories that carry no state of their own: an overlay
 	// copy-up left behind by a change that was later undone. They stay in the
 	// tree but are left out of the state key, so such a turn classifies as skip.
-	Residue func(rel string, e *Entry) bool
+	Residue func(rel string, e *delta.Entry) bool
 	// Redirect lets a backend list a directory from somewhere else: overlay
 	// lists a renamed base directory (trusted.overlay.redirect), whose upper
 	// holds only what changed, through the mount, so its merged contents are
@@ -41,7 +49,7 @@ type ScanOptions struct {
 	// descriptor, which the scan closes, or -1 to list the directory itself.
 	// Entries below a redirected directory are already merged: they are not
 	// passed to Translate, Residue or Redirect.
-	Redirect func(dirFD int, name, rel string, e *Entry) (int, error)
+	Redirect func(dirFD int, name, rel string, e *delta.Entry) (int, error)
 	// LinkID, when set, gives the identity by which a multiply-linked file
 	// outside redirected directories is matched to its other names (default:
 	// its device and inode). Overlay sets it when a redirect was listed, so
@@ -89,12 +97,12 @@ type ScanStats struct {
 
 // ScanResult is a scanned state.
 type ScanResult struct {
-	Root ID // tree of the directory's contents
+	Root delta.ID // tree of the directory's contents
 	// StateKey hashes the recovery-relevant state only: the tree without
 	// directory mtimes and without residue directories. Two scans with equal
 	// StateKeys are the same state for classification (a turn that created and
 	// deleted a temp file changes a directory mtime and nothing else).
-	StateKey ID
+	StateKey delta.ID
 	Cache    *ScanCache
 	Stats    ScanStats
 }
@@ -120,7 +128,7 @@ type scanner struct {
 	files     *FileReader
 	xbuf      []byte
 	racyAfter int64
-	empty     ID // the empty tree's ID under opts.IDs
+	empty     delta.ID // the empty tree's ID under opts.IDs
 	// shallow stops entry at a directory's own entry (a diff's verify
 	// checks the children it wrote one by one).
 	shallow bool
@@ -184,24 +192,24 @@ type dirFlags struct {
 
 // dir builds and saves the tree of directory rel, open as fd. It returns
 // the tree's ID and its state key.
-func (s *scanner) dir(ctx context.Context, fd int, rel string, fl dirFlags) (ID, ID, error) {
+func (s *scanner) dir(ctx context.Context, fd int, rel string, fl dirFlags) (delta.ID, delta.ID, error) {
 	if err := ctx.Err(); err != nil {
-		return ID{}, ID{}, err
+		return delta.ID{}, delta.ID{}, err
 	}
 	s.stats.Dirs++
 	names, err := fsat.ReadDirNames(fd)
 	if err != nil {
-		return ID{}, ID{}, fmt.Errorf("scan %s: %w", s.where(rel), err)
+		return delta.ID{}, delta.ID{}, fmt.Errorf("scan %s: %w", s.where(rel), err)
 	}
 	slices.Sort(names)
-	t := &Tree{Entries: make([]Entry, 0, len(names))}
-	st := &Tree{Entries: make([]Entry, 0, len(names))}
+	t := &delta.Tree{Entries: make([]delta.Entry, 0, len(names))}
+	st := &delta.Tree{Entries: make([]delta.Entry, 0, len(names))}
 	subdirs := false // st differs from t only in subdirectory entries
-	var lists []ChunkListBlob
+	var lists []delta.ChunkListBlob
 	for _, name := range names {
 		crel := path.Join(rel, name)
-		var e Entry
-		var key ID
+		var e delta.Entry
+		var key delta.ID
 		var keep bool
 		for attempt := 0; ; attempt++ {
 			e, key, keep, err = s.entry(ctx, fd, crel, name, fl)
@@ -209,11 +217,11 @@ func (s *scanner) dir(ctx context.Context, fd int, rel string, fl dirFlags) (ID,
 				break
 			}
 			if attempt == raceRetries {
-				return ID{}, ID{}, fmt.Errorf("scan %s: kept changing while it was scanned", s.where(crel))
+				return delta.ID{}, delta.ID{}, fmt.Errorf("scan %s: kept changing while it was scanned", s.where(crel))
 			}
 		}
 		if err != nil {
-			return ID{}, ID{}, err
+			return delta.ID{}, delta.ID{}, err
 		}
 		if !keep {
 			continue
@@ -224,7 +232,7 @@ func (s *scanner) dir(ctx context.Context, fd int, rel string, fl dirFlags) (ID,
 			lists = append(lists, l)
 		}
 		t.Entries = append(t.Entries, e)
-		if e.Type == TypeDir {
+		if e.Type == delta.TypeDir {
 			subdirs = true
 			// The cheap test first: Residue looks at the lower layer on disk.
 			if !fl.merged && !fl.opaque && key == s.empty && s.opts.Residue != nil && s.opts.Residue(crel, &e) {
@@ -236,17 +244,17 @@ func (s *scanner) dir(ctx context.Context, fd int, rel string, fl dirFlags) (ID,
 		st.Entries = append(st.Entries, e)
 	}
 	if err := t.Check(); err != nil {
-		return ID{}, ID{}, fmt.Errorf("scan %s: %w", s.where(rel), err)
+		return delta.ID{}, delta.ID{}, fmt.Errorf("scan %s: %w", s.where(rel), err)
 	}
 	for _, l := range lists {
-		if err := s.files.Save(ctx, BlobTree, l.ID, l.Data); err != nil {
-			return ID{}, ID{}, fmt.Errorf("save chunk list of %s: %w", s.where(rel), err)
+		if err := s.files.Save(ctx, delta.BlobTree, l.ID, l.Data); err != nil {
+			return delta.ID{}, delta.ID{}, fmt.Errorf("save chunk list of %s: %w", s.where(rel), err)
 		}
 	}
 	data := t.Encode()
 	id := s.opts.IDs.Hash(data)
-	if err := s.files.Save(ctx, BlobTree, id, data); err != nil {
-		return ID{}, ID{}, fmt.Errorf("save tree of %s: %w", s.where(rel), err)
+	if err := s.files.Save(ctx, delta.BlobTree, id, data); err != nil {
+		return delta.ID{}, delta.ID{}, fmt.Errorf("save tree of %s: %w", s.where(rel), err)
 	}
 	if !subdirs {
 		return id, id, nil // the same entries, the same encoding
@@ -254,28 +262,20 @@ func (s *scanner) dir(ctx context.Context, fd int, rel string, fl dirFlags) (ID,
 	return id, s.opts.IDs.Hash(st.Encode()), nil
 }
 
-// emptyTreeID is the plain ID of the empty tree; IDs.EmptyTree gives it
-// under any scheme.
-var emptyTreeID = Hash((&Tree{}).Encode())
-
-// EmptyTree returns the plain ID of the tree with no entries (tests and
-// plaintext-only tools); a home's code uses its IDs.EmptyTree.
-func EmptyTree() ID { return emptyTreeID }
-
 // entry looks at name in the directory open as dirFD. errRaced means the
 // name changed under it and is to be looked at again.
-func (s *scanner) entry(ctx context.Context, dirFD int, rel, name string, fl dirFlags) (Entry, ID, bool, error) {
+func (s *scanner) entry(ctx context.Context, dirFD int, rel, name string, fl dirFlags) (delta.Entry, delta.ID, bool, error) {
 	var st unix.Stat_t
 	if err := unix.Fstatat(dirFD, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		if errors.Is(err, unix.ENOENT) {
-			return Entry{}, ID{}, false, nil // deleted while we walked: not part of this state
+			return delta.Entry{}, delta.ID{}, false, nil // deleted while we walked: not part of this state
 		}
-		return Entry{}, ID{}, false, fmt.Errorf("scan %s: %w", s.where(rel), err)
+		return delta.Entry{}, delta.ID{}, false, fmt.Errorf("scan %s: %w", s.where(rel), err)
 	}
 	s.stats.Entries++
 	fresh := cacheKeyOf(&st)
-	e := Entry{
-		Name: name, Mode: st.Mode & modeMask, UID: st.Uid, GID: st.Gid,
+	e := delta.Entry{
+		Name: name, Mode: st.Mode & delta.ModeMask, UID: st.Uid, GID: st.Gid,
 		MtimeNs: unix.TimespecToNsec(st.Mtim),
 	}
 	prev, hit := s.opts.Prev.lookup(rel, fresh)
@@ -292,39 +292,39 @@ func (s *scanner) entry(ctx context.Context, dirFD int, rel, name string, fl dir
 	}
 	switch st.Mode & unix.S_IFMT {
 	case unix.S_IFREG:
-		e.Type = TypeFile
+		e.Type = delta.TypeFile
 	case unix.S_IFDIR:
-		e.Type = TypeDir
+		e.Type = delta.TypeDir
 	case unix.S_IFLNK:
-		e.Type = TypeSymlink
+		e.Type = delta.TypeSymlink
 	case unix.S_IFCHR:
-		e.Type, e.Rdev = TypeCharDev, st.Rdev
+		e.Type, e.Rdev = delta.TypeCharDev, st.Rdev
 	case unix.S_IFBLK:
-		e.Type, e.Rdev = TypeBlockDev, st.Rdev
+		e.Type, e.Rdev = delta.TypeBlockDev, st.Rdev
 	case unix.S_IFIFO:
-		e.Type = TypeFIFO
+		e.Type = delta.TypeFIFO
 	case unix.S_IFSOCK:
-		e.Type = TypeSocket
+		e.Type = delta.TypeSocket
 	default:
-		return Entry{}, ID{}, false, fmt.Errorf("scan %s: unknown file type %#o", s.where(rel), st.Mode&unix.S_IFMT)
+		return delta.Entry{}, delta.ID{}, false, fmt.Errorf("scan %s: unknown file type %#o", s.where(rel), st.Mode&unix.S_IFMT)
 	}
 	// Only regular files are hardlinks in the format. Other multiply-linked
 	// inodes are recorded name by name: overlayfs (since Linux 5.8) links
 	// every whiteout to one shared 0:0 device, and each of those names is a
 	// whiteout of its own.
 	var linkKey *[2]uint64 // set: the first name of a multiply-linked file
-	if e.Type == TypeFile && st.Nlink > 1 {
+	if e.Type == delta.TypeFile && st.Nlink > 1 {
 		ino := [2]uint64{st.Dev, st.Ino}
 		if s.opts.LinkID != nil && !fl.merged {
 			var err error
 			if ino, err = s.opts.LinkID(dirFD, name, rel, &st); err != nil {
-				return Entry{}, ID{}, false, fmt.Errorf("scan %s: %w", s.where(rel), err)
+				return delta.Entry{}, delta.ID{}, false, fmt.Errorf("scan %s: %w", s.where(rel), err)
 			}
 		}
 		if primary, ok := s.links[ino]; ok {
-			link := Entry{Name: name, Type: TypeHardlink, Target: primary}
+			link := delta.Entry{Name: name, Type: delta.TypeHardlink, Target: primary}
 			s.next.noteLink(rel, primary)
-			return link, ID{}, true, nil
+			return link, delta.ID{}, true, nil
 		}
 		linkKey = &ino
 	}
@@ -334,37 +334,37 @@ func (s *scanner) entry(ctx context.Context, dirFD int, rel, name string, fl dir
 		// idempotent: it sees the opaque flag here, not the raw xattr.
 		e.Xattrs, e.Opaque = prev.Entry.Xattrs, prev.Entry.Opaque
 	} else if e.Xattrs, err = fsat.Xattrs(dirFD, name, s.xbuf, nil); err != nil {
-		return Entry{}, ID{}, false, fmt.Errorf("scan %s: %w", s.where(rel), err)
+		return delta.Entry{}, delta.ID{}, false, fmt.Errorf("scan %s: %w", s.where(rel), err)
 	}
 	if s.opts.beforeOpen != nil {
 		s.opts.beforeOpen(rel)
 	}
 	switch e.Type {
-	case TypeSymlink:
+	case delta.TypeSymlink:
 		if e.Target, err = fsat.Readlink(dirFD, name); err != nil {
-			return Entry{}, ID{}, false, s.raced(rel, err)
+			return delta.Entry{}, delta.ID{}, false, s.raced(rel, err)
 		}
-	case TypeFile:
+	case delta.TypeFile:
 		if hit {
 			e.SetContent(prev.Entry.Content())
 			s.stats.CacheHits++
 		} else if fresh, err = s.file(ctx, dirFD, rel, &st, &e); err != nil {
-			return Entry{}, ID{}, false, err
+			return delta.Entry{}, delta.ID{}, false, err
 		}
 	}
 	if s.opts.Translate != nil && !fl.merged {
 		keep, err := s.opts.Translate(rel, &st, &e)
 		if err != nil {
-			return Entry{}, ID{}, false, fmt.Errorf("scan %s: %w", s.where(rel), err)
+			return delta.Entry{}, delta.ID{}, false, fmt.Errorf("scan %s: %w", s.where(rel), err)
 		}
 		if !keep {
-			return Entry{}, ID{}, false, nil
+			return delta.Entry{}, delta.ID{}, false, nil
 		}
 	}
-	var key ID
-	if e.Type == TypeDir && !s.shallow {
+	var key delta.ID
+	if e.Type == delta.TypeDir && !s.shallow {
 		if e.Subtree, key, err = s.subdir(ctx, dirFD, rel, &st, &e, fl); err != nil {
-			return Entry{}, ID{}, false, err
+			return delta.Entry{}, delta.ID{}, false, err
 		}
 	}
 	if linkKey != nil {
@@ -373,7 +373,7 @@ func (s *scanner) entry(ctx context.Context, dirFD int, rel, name string, fl dir
 		s.links[*linkKey] = rel
 	}
 	ce := CacheEntry{Key: fresh, Entry: e, Racy: fresh.CtimeNs >= s.racyAfter}
-	if e.Type == TypeDir {
+	if e.Type == delta.TypeDir {
 		ce.State, ce.StateFlags = key, fl.bits()
 	}
 	ce.Entry.Name = ""
@@ -395,12 +395,12 @@ func (s *scanner) raced(rel string, err error) error {
 
 // subdir opens directory e (stat st) below dirFD, checks it is still the
 // inode that was stat-ed, and scans it.
-func (s *scanner) subdir(ctx context.Context, dirFD int, rel string, st *unix.Stat_t, e *Entry, fl dirFlags) (ID, ID, error) {
+func (s *scanner) subdir(ctx context.Context, dirFD int, rel string, st *unix.Stat_t, e *delta.Entry, fl dirFlags) (delta.ID, delta.ID, error) {
 	fd := -1
 	if s.opts.Redirect != nil && !fl.merged {
 		var err error
 		if fd, err = s.opts.Redirect(dirFD, e.Name, rel, e); err != nil {
-			return ID{}, ID{}, fmt.Errorf("scan %s: %w", s.where(rel), err)
+			return delta.ID{}, delta.ID{}, fmt.Errorf("scan %s: %w", s.where(rel), err)
 		}
 		fl.merged = fd >= 0
 	}
@@ -408,12 +408,12 @@ func (s *scanner) subdir(ctx context.Context, dirFD int, rel string, st *unix.St
 	if fd < 0 {
 		var err error
 		if fd, err = fsat.Open(dirFD, e.Name, unix.O_RDONLY|unix.O_DIRECTORY); err != nil {
-			return ID{}, ID{}, s.raced(rel, err)
+			return delta.ID{}, delta.ID{}, s.raced(rel, err)
 		}
 		var now unix.Stat_t
 		if err := unix.Fstat(fd, &now); err != nil || !fsat.SameFile(&now, st) {
 			unix.Close(fd)
-			return ID{}, ID{}, errRaced
+			return delta.ID{}, delta.ID{}, errRaced
 		}
 	}
 	defer unix.Close(fd)
