@@ -66,7 +66,12 @@ func TestCLIExec(t *testing.T) {
 		done <- code
 	}()
 	var pid int
-	waitFor(t, "the exec's shell to run", func() bool { pid = findProcess(marker); return pid > 0 })
+	// Found and catching USR1: as the container's init, a shell that has
+	// not yet run its trap would ignore the signal.
+	waitFor(t, "the exec's shell to trap USR1", func() bool {
+		pid = findProcess(marker)
+		return pid > 0 && catches(pid, syscall.SIGUSR1)
+	})
 	if out, code := run(t, home, "status"); code != 0 {
 		t.Fatalf("status while exec runs (lock-wait 0): exit %d: %s", code, out)
 	}
@@ -97,8 +102,9 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-// findProcess returns the pid of a process whose command line holds arg
-// as a whole argument, 0 when there is none.
+// findProcess returns the pid of the shell whose command line holds arg as
+// a whole argument (not runc's, which names the same arguments), 0 when
+// there is none.
 func findProcess(arg string) int {
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
@@ -107,9 +113,25 @@ func findProcess(arg string) int {
 			continue
 		}
 		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err == nil && slices.Contains(strings.Split(string(b), "\x00"), arg) {
+		args := strings.Split(string(b), "\x00")
+		if err == nil && (args[0] == "sh" || strings.HasSuffix(args[0], "/sh")) && slices.Contains(args, arg) {
 			return pid
 		}
 	}
 	return 0
+}
+
+// catches reports whether process pid has a handler for sig (SigCgt).
+func catches(pid int, sig syscall.Signal) bool {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "status"))
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "SigCgt:"); ok {
+			mask, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			return err == nil && mask&(1<<(uint(sig)-1)) != 0
+		}
+	}
+	return false
 }
