@@ -30,6 +30,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -37,6 +38,7 @@ import (
 
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/engine"
+	"github.com/turnsnap/turnsnap/engine/llmproxy"
 	"github.com/turnsnap/turnsnap/internal/miniotest"
 	"github.com/turnsnap/turnsnap/upload"
 	"github.com/zeebo/blake3"
@@ -157,8 +159,9 @@ type gen struct {
 }
 
 // remember records checkpoint id as the writer made it (its record, by the
-// engine's log) and what root showed when it was taken.
-func (g *gen) remember(sandbox string, id delta.ID, root string) {
+// engine's log) and what root showed when it was taken; journal is the
+// model exchanges its journal holds, if the writer gave it one.
+func (g *gen) remember(sandbox string, id delta.ID, root string, journal map[string]JournalExpect) {
 	g.t.Helper()
 	log, err := g.e.Log(g.ctx, sandbox)
 	must(g.t, err)
@@ -169,6 +172,9 @@ func (g *gen) remember(sandbox string, id delta.ID, root string) {
 		c := CheckpointManifest{Version: le.Version, Class: string(le.Class), SandboxID: le.SandboxID, ProcChange: le.ProcChange, Files: listing(g.t, root)}
 		if le.Conv != nil {
 			c.Conv = le.Conv.String()
+		}
+		if le.Journal != nil {
+			c.Journal = journal
 		}
 		g.m.Checkpoints[id.String()] = c
 		return
@@ -227,7 +233,7 @@ touch -d @1700000000 a.txt empty hard1 big.txt huge.txt dir/sub.txt dir2/keep op
 	cr, err := e.CreateSandbox(ctx, "agent", engine.CreateOptions{Base: base})
 	must(t, err)
 	defer e.RemoveSandbox(ctx, "agent")
-	g.remember("agent", cr.Checkpoint.ID, cr.Root)
+	g.remember("agent", cr.Checkpoint.ID, cr.Root, nil)
 
 	// Turn 1, closed by a model call (record version 3): whiteouts, an
 	// opaque directory, hardlinks in the layer, a sparse file in the layer,
@@ -239,10 +245,18 @@ touch dir2/tmp; rm dir2/tmp; mkdir newdir; printf 'f\n' > newdir/f; ln newdir/f 
 printf 'TST\001\000' > newdir/tree-bytes
 truncate -s 200000 newdir/sparse; printf 'x' | dd of=newdir/sparse bs=1 seek=100000 conv=notrunc status=none
 touch -d @1700000100 a.txt opq/n newdir/f newdir/empty newdir/tree-bytes newdir/sparse`)
+	// The model call that closed it goes into the sandbox's journal, whole
+	// ("TSJ1").
+	j := llmproxy.NewTreeJournal(e.IDs(), e.Blobs())
+	req0 := []byte(`{"model":"m","messages":[{"role":"system","content":"` + strings.Repeat("You are a careful agent. ", 60) + `"},{"role":"user","content":"turn one"}]}`)
 	conv := delta.Hash([]byte("formatcheck conversation"))
-	c1, err := e.Checkpoint(ctx, "agent", engine.CheckpointOptions{Message: "turn one", Conv: &conv})
+	j1 := map[string]JournalExpect{}
+	journalPut(t, j, j1, conv, 0, req0, []byte(`{"choices":[{"message":{"content":"one"}}]}`))
+	snap := j.Snapshot("agent", 1)
+	c1, err := e.Checkpoint(ctx, "agent", engine.CheckpointOptions{Message: "turn one", Conv: &conv, Journal: snap.Save})
 	must(t, err)
-	g.remember("agent", c1.ID, cr.Root)
+	j.Committed(ctx, snap)
+	g.remember("agent", c1.ID, cr.Root, j1)
 	if _, err := e.Tag(ctx, "good", c1.ID.String()); err != nil {
 		t.Fatal(err)
 	}
@@ -250,13 +264,24 @@ touch -d @1700000100 a.txt opq/n newdir/f newdir/empty newdir/tree-bytes newdir/
 	// Turn 2 changes nothing and is recorded on request: class skip.
 	c2, err := e.Checkpoint(ctx, "agent", engine.CheckpointOptions{RecordSkips: true})
 	must(t, err)
-	g.remember("agent", c2.ID, cr.Root)
+	g.remember("agent", c2.ID, cr.Root, j1)
 
 	// Turn 3: a second indirect file, in the layer.
 	sh(t, cr.Root, `i=0; while [ $i -lt 50000 ]; do echo "another large file, line $i, named by a chunk list in the writable layer"; i=$((i+1)); done > newdir/huge2; touch -d @1700000300 newdir/huge2`)
-	c3, err := e.Checkpoint(ctx, "agent", engine.CheckpointOptions{})
+	// Its model call extends turn one's request: a "TSJ2" delta against it,
+	// in a journal tree whose "prev" is turn one's.
+	conv3 := delta.Hash([]byte("formatcheck conversation, turn three"))
+	j3 := map[string]JournalExpect{}
+	for k, v := range j1 {
+		j3[k] = v
+	}
+	req2 := append(append([]byte(nil), req0[:len(req0)-2]...), []byte(`,{"role":"assistant","content":"one"},{"role":"user","content":"turn three"}]}`)...)
+	journalPut(t, j, j3, conv3, 2, req2, []byte(`{"choices":[{"message":{"content":"three"}}]}`))
+	snap = j.Snapshot("agent", 3)
+	c3, err := e.Checkpoint(ctx, "agent", engine.CheckpointOptions{Conv: &conv3, Journal: snap.Save})
 	must(t, err)
-	g.remember("agent", c3.ID, cr.Root)
+	j.Committed(ctx, snap)
+	g.remember("agent", c3.ID, cr.Root, j3)
 
 	br, err := e.Branch(ctx, c1.ID.String(), "copy", engine.BranchOptions{})
 	must(t, err)
@@ -264,7 +289,7 @@ touch -d @1700000100 a.txt opq/n newdir/f newdir/empty newdir/tree-bytes newdir/
 	sh(t, br.Root, `rm a.txt; printf 'copy\n' > c.txt; touch -d @1700000200 c.txt`)
 	c4, err := e.Checkpoint(ctx, "copy", engine.CheckpointOptions{})
 	must(t, err)
-	g.remember("copy", c4.ID, br.Root)
+	g.remember("copy", c4.ID, br.Root, j1)
 
 	// Two-phase retention leaves a mark object: turn 0 and the skip record
 	// of agent are marked, not deleted (a head and a tag keep the rest).
@@ -309,6 +334,14 @@ touch -d @1700000100 a.txt opq/n newdir/f newdir/empty newdir/tree-bytes newdir/
 		return os.WriteFile(p, b, 0o644)
 	}))
 	writeJSON(t, filepath.Join("testdata", name+".json"), g.m)
+}
+
+// journalPut records one model exchange in j and in the manifest's view
+// of the journal, want.
+func journalPut(t *testing.T, j *llmproxy.TreeJournal, want map[string]JournalExpect, conv delta.ID, turn int, req, resp []byte) {
+	must(t, j.Put(context.Background(), "agent", &llmproxy.Entry{Conv: conv, Turn: turn, Shape: llmproxy.ShapeChat,
+		Status: 200, ContentType: "application/json", Request: req, Response: resp}))
+	want[conv.String()+"."+strconv.Itoa(turn)] = JournalExpect{Request: blake3Hex(string(req)), Response: blake3Hex(string(resp))}
 }
 
 func readHomeID(t *testing.T, home string) string {

@@ -62,6 +62,14 @@ type CheckpointManifest struct {
 	Conv       string            `json:"conv,omitempty"`
 	ProcChange string            `json:"proc_change,omitempty"`
 	Files      map[string]Expect `json:"files"`
+	// Journal is what the record's journal holds, by file name.
+	Journal map[string]JournalExpect `json:"journal,omitempty"`
+}
+
+// JournalExpect is one model exchange: BLAKE3 of its request and response.
+type JournalExpect struct {
+	Request  string `json:"request"`
+	Response string `json:"response"`
 }
 
 // RefManifest is a ref's target and, for a pushed head, its owner line.
@@ -869,7 +877,7 @@ func TestFixtureStoresReadFromTheDocument(t *testing.T) {
 	common := []string{"zstd blob", "empty file", "file of several chunks", "residue dir", "whiteout", "opaque dir",
 		"hardlink in a layer", "tree version 1", "file", "dir", "symlink", "hardlink", "class fs"}
 	today := append(common, "tree version 2", "tree version 3", "chunk list", "sparse file", "record version 2",
-		"record version 3", "class skip", "owner line", "mark object", "chardev", "blockdev", "fifo")
+		"record version 3", "class skip", "journal", "journal chain", "journal delta", "owner line", "mark object", "chardev", "blockdev", "fifo")
 	t.Run("store", func(t *testing.T) {
 		readFixture(t, "store", legacyManifest(t, "expected.json"), append(common, "record version 1", "legacy sandbox"))
 	})
@@ -1025,6 +1033,20 @@ func (r *reader) checkRecord(hexID string, rec record, records map[string]record
 			r.fail("record %s: a skip record whose trees are not its parent's", name)
 		}
 	}
+	if rec.Journal != "" || len(exp.Journal) > 0 {
+		jx, err := parseHex(rec.Journal)
+		if err != nil {
+			r.fail("record %s: no journal; its writer gave it %d exchanges", name, len(exp.Journal))
+		}
+		got := r.journal(jx)
+		if exp.Version != 0 && fmt.Sprint(got) != fmt.Sprint(exp.Journal) {
+			r.fail("record %s: journal %v; its writer stored %v", name, got, exp.Journal)
+		}
+	}
+	if rec.ProcTree != "" {
+		px, _ := parseHex(rec.ProcTree)
+		r.procImage(px)
+	}
 	got := r.merge(base, layer)
 	for p, x := range exp.Files {
 		e, ok := got[p]
@@ -1176,20 +1198,7 @@ func (r *reader) compare(what string, e entry, x Expect) {
 	}
 	switch e.typ {
 	case tFile:
-		var data []byte
-		for _, c := range e.chunks {
-			data = append(data, r.blob(c, 1)...)
-		}
-		// "Sparse files": the chunks' bytes laid into the data runs, zeros
-		// in the holes.
-		var content []byte
-		for _, h := range e.holes {
-			k := min(h[0], uint64(len(data)))
-			content = append(content, data[:k]...)
-			data = data[k:]
-			content = append(content, make([]byte, h[1])...)
-		}
-		content = append(content, data...)
+		content := r.content(e)
 		if uint64(len(content)) != e.size || blake3Hex(string(content)) != x.Content || (x.Size != 0 && x.Size != int64(e.size)) {
 			r.fail("%s: content differs (%d bytes, size %d, the sandbox had %d)", what, len(content), e.size, x.Size)
 		}
@@ -1216,6 +1225,209 @@ func (r *reader) compare(what string, e entry, x Expect) {
 	if len(xs) != len(x.Xattrs) || fmt.Sprint(xs) != fmt.Sprint(x.Xattrs) && len(xs) > 0 {
 		r.fail("%s: xattrs %v, the sandbox had %v", what, xs, x.Xattrs)
 	}
+}
+
+// content is a file entry's bytes: "Sparse files", the chunks' bytes laid
+// into the data runs, zeros in the holes.
+func (r *reader) content(e entry) []byte {
+	var data []byte
+	for _, c := range e.chunks {
+		data = append(data, r.blob(c, 1)...)
+	}
+	var content []byte
+	for _, h := range e.holes {
+		k := min(h[0], uint64(len(data)))
+		content = append(content, data[:k]...)
+		data = data[k:]
+		content = append(content, make([]byte, h[1])...)
+	}
+	return append(content, data...)
+}
+
+var journalName = regexp.MustCompile(`^([0-9a-f]{64})\.(-1|0|[1-9][0-9]*)$`)
+
+// journal is "Model-call journal": the exchanges a journal tree's chain
+// holds, by file name, as BLAKE3 of each request and response.
+func (r *reader) journal(root id) map[string]JournalExpect {
+	what := "journal " + root.String()
+	var levels []map[string][]byte // the chain, newest first
+	total := 0
+	for x := &root; x != nil; {
+		if len(levels) == 4096 {
+			r.fail("%s: a chain of more than 4,096 trees", what)
+		}
+		level := map[string][]byte{}
+		var prev *id
+		for _, e := range r.tree(*x) {
+			switch {
+			case e.name == "prev" && e.typ == tDir && e.mode == 0o700 && e.uid == 0 && e.gid == 0 && e.mtime == 0 && !e.opaque && len(e.xattrs) == 0:
+				sub := e.subtree
+				prev = &sub
+			case journalName.MatchString(e.name) && e.typ == tFile && e.mode == 0o600 && e.uid == 0 && e.gid == 0 && e.mtime == 0 && len(e.xattrs) == 0 && len(e.holes) == 0:
+				if e.size > 64<<20 {
+					r.fail("%s: %s: %d bytes, over 64 MiB", what, e.name, e.size)
+				}
+				level[e.name] = r.content(e)
+			default:
+				r.fail("%s: tree %s: entry %q is not a journal's", what, *x, e.name)
+			}
+		}
+		if prev != nil && len(level) == 0 {
+			r.fail("%s: tree %s: prev and no file", what, *x)
+		}
+		if total += len(level); total > 65536 {
+			r.fail("%s: more than 65,536 files", what)
+		}
+		if prev != nil {
+			r.seen["journal chain"]++
+		}
+		levels = append(levels, level)
+		x = prev
+	}
+	type parsed struct {
+		h         map[string]any
+		mid, resp []byte
+		delta     bool
+		base      string
+		prefix    int
+		suffix    int
+		req       string
+	}
+	parse := func(name string, b []byte) parsed {
+		var p parsed
+		switch {
+		case bytes.HasPrefix(b, []byte("TSJ1")):
+		case bytes.HasPrefix(b, []byte("TSJ2")):
+			p.delta = true
+		default:
+			r.fail("%s: %s: no TSJ1 or TSJ2 magic", what, name)
+		}
+		hb, rest := r.str(what+": "+name, b[4:])
+		var mid, resp string
+		mid, rest = r.str(what+": "+name, rest)
+		resp, rest = r.str(what+": "+name, rest)
+		if len(rest) != 0 {
+			r.fail("%s: %s: trailing bytes", what, name)
+		}
+		var h struct {
+			Conv            string  `json:"conv"`
+			Turn            int     `json:"turn"`
+			Shape           string  `json:"shape"`
+			Stream          bool    `json:"stream"`
+			Status          int     `json:"status"`
+			ContentType     string  `json:"content_type"`
+			ContentEncoding string  `json:"content_encoding"`
+			Base            *string `json:"base"`
+			Prefix          *int    `json:"prefix"`
+			Suffix          *int    `json:"suffix"`
+			Req             *string `json:"req"`
+		}
+		strictJSON(r, what+": "+name, []byte(hb), &h)
+		m := journalName.FindStringSubmatch(name)
+		if h.Conv != m[1] || strconv.Itoa(h.Turn) != m[2] {
+			r.fail("%s: %s: its header says conv %s turn %d", what, name, h.Conv, h.Turn)
+		}
+		if p.delta != (h.Base != nil && h.Prefix != nil && h.Suffix != nil && h.Req != nil) ||
+			(!p.delta && (h.Base != nil || h.Prefix != nil || h.Suffix != nil || h.Req != nil)) {
+			r.fail("%s: %s: delta fields do not match the magic", what, name)
+		}
+		p.mid, p.resp = []byte(mid), []byte(resp)
+		if p.delta {
+			bm := journalName.FindStringSubmatch(*h.Base)
+			if bm == nil || bm[2] == "-1" || *h.Prefix < 0 || *h.Suffix < 0 {
+				r.fail("%s: %s: base %q", what, name, *h.Base)
+			}
+			if bt, _ := strconv.Atoi(bm[2]); bt >= h.Turn {
+				r.fail("%s: %s: base of a later turn", what, name)
+			}
+			p.base, p.prefix, p.suffix, p.req = *h.Base, *h.Prefix, *h.Suffix, *h.Req
+		}
+		return p
+	}
+	var request func(level int, name string, depth int) []byte
+	request = func(level int, name string, depth int) []byte {
+		for l := level; l < len(levels); l++ {
+			b, ok := levels[l][name]
+			if !ok {
+				continue
+			}
+			p := parse(name, b)
+			if !p.delta {
+				return p.mid
+			}
+			if depth > 65536 {
+				r.fail("%s: %s: a delta cycle", what, name)
+			}
+			r.seen["journal delta"]++
+			base := request(l, p.base, depth+1)
+			if p.prefix+p.suffix > len(base) {
+				r.fail("%s: %s: prefix and suffix exceed the base's request", what, name)
+			}
+			req := append(append(append([]byte(nil), base[:p.prefix]...), p.mid...), base[len(base)-p.suffix:]...)
+			if blake3Hex(string(req)) != p.req {
+				r.fail("%s: %s: the rebuilt request does not hash to req", what, name)
+			}
+			return req
+		}
+		r.fail("%s: delta base %s is absent", what, name)
+		return nil
+	}
+	out := map[string]JournalExpect{}
+	for l := len(levels) - 1; l >= 0; l-- { // the newest tree's file wins
+		for name, b := range levels[l] {
+			out[name] = JournalExpect{Request: blake3Hex(string(request(l, name, 0))), Response: blake3Hex(string(parse(name, b).resp))}
+		}
+	}
+	r.seen["journal"]++
+	return out
+}
+
+// procImage is "Process images": a plain state whose root holds
+// turnsnap.json, turnsnap's description of the image.
+func (r *reader) procImage(x id) {
+	what := "process image " + x.String()
+	var meta []byte
+	var walk func(t id, at string)
+	walk = func(t id, at string) {
+		for _, e := range r.tree(t) {
+			if e.typ == tWhiteout || e.opaque {
+				r.fail("%s: %s%s: a whiteout or opaque directory in a plain state", what, at, e.name)
+			}
+			if e.typ == tFile {
+				b := r.content(e)
+				if at == "" && e.name == "turnsnap.json" {
+					meta = b
+				}
+			}
+			if e.typ == tDir {
+				walk(e.subtree, at+e.name+"/")
+			}
+		}
+	}
+	walk(x, "")
+	var m struct {
+		Format    int    `json:"format"`
+		Container string `json:"container"`
+		Options   struct {
+			Hostname string   `json:"hostname"`
+			Env      []string `json:"env"`
+			Init     []string `json:"init"`
+		} `json:"options"`
+		Host     json.RawMessage `json:"host"`
+		Taken    string          `json:"taken"`
+		Bytes    int64           `json:"bytes"`
+		Files    int64           `json:"files"`
+		DumpTime int64           `json:"dump_time"`
+	}
+	if meta == nil {
+		r.fail("%s: no turnsnap.json", what)
+	}
+	strictJSON(r, what+": turnsnap.json", meta, &m)
+	r.checkTime(what, m.Taken)
+	if m.Format != 1 {
+		r.fail("%s: turnsnap.json format %d", what, m.Format)
+	}
+	r.seen["process image"]++
 }
 
 func blake3Hex(s string) string {
