@@ -176,6 +176,7 @@ func (g *gen) remember(sandbox string, id delta.ID, root string, journal map[str
 		if le.Journal != nil {
 			c.Journal = journal
 		}
+		c.ProcImage = le.ProcTree != nil
 		g.m.Checkpoints[id.String()] = c
 		return
 	}
@@ -291,6 +292,11 @@ touch -d @1700000100 a.txt opq/n newdir/f newdir/empty newdir/tree-bytes newdir/
 	must(t, err)
 	g.remember("copy", c4.ID, br.Root, j1)
 
+	if !sealed {
+		defer e.RemoveSandbox(ctx, "procs")
+		g.processes()
+	}
+
 	// Two-phase retention leaves a mark object: turn 0 and the skip record
 	// of agent are marked, not deleted (a head and a tag keep the rest).
 	pr, err := e.Prune(ctx, engine.PruneOptions{KeepLast: 1, Grace: time.Hour})
@@ -342,6 +348,37 @@ func journalPut(t *testing.T, j *llmproxy.TreeJournal, want map[string]JournalEx
 	must(t, j.Put(context.Background(), "agent", &llmproxy.Entry{Conv: conv, Turn: turn, Shape: llmproxy.ShapeChat,
 		Status: 200, ContentType: "application/json", Request: req, Response: resp}))
 	want[conv.String()+"."+strconv.Itoa(turn)] = JournalExpect{Request: blake3Hex(string(req)), Response: blake3Hex(string(resp))}
+}
+
+// processes makes a checkpoint with a process image (record version 4)
+// in a sandbox whose base is two small static programs: testdata/tinysh.c
+// stands in for the /bin/sh the container's keeper and turnsnap's detach
+// run, and as "pause" only sleeps. A busybox base would pass 1 MB.
+func (g *gen) processes() {
+	t := g.t
+	if _, err := exec.LookPath("runc"); err != nil {
+		t.Fatalf("the process image needs runc: %v", err)
+	}
+	base := t.TempDir()
+	for _, d := range []string{"bin", "proc", "dev", "sys", "tmp", "root"} {
+		must(t, os.MkdirAll(filepath.Join(base, d), 0o755))
+	}
+	src, err := filepath.Abs(filepath.Join("testdata", "tinysh.c"))
+	must(t, err)
+	sh(t, base, "gcc -static -nostdlib -Os -fno-stack-protector -fno-asynchronous-unwind-tables -Wl,--build-id=none -s -o bin/sh "+src+
+		" && ln -s sh bin/pause && touch -h -d @1700000000 bin/sh bin/pause")
+	cr, err := g.e.CreateSandbox(g.ctx, "procs", engine.CreateOptions{Base: base})
+	must(t, err)
+	g.remember("procs", cr.Checkpoint.ID, cr.Root, nil)
+	_, err = g.e.Exec(g.ctx, "procs", []string{"/bin/pause"}, engine.ExecOptions{Detach: true})
+	must(t, err)
+	time.Sleep(300 * time.Millisecond)
+	c, err := g.e.Checkpoint(g.ctx, "procs", engine.CheckpointOptions{})
+	must(t, err)
+	if c.ProcessChange == "" {
+		t.Fatalf("a turn that started a process: class %s, no process change", c.Class)
+	}
+	g.remember("procs", c.ID, cr.Root, nil)
 }
 
 func readHomeID(t *testing.T, home string) string {

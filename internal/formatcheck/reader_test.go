@@ -64,6 +64,8 @@ type CheckpointManifest struct {
 	Files      map[string]Expect `json:"files"`
 	// Journal is what the record's journal holds, by file name.
 	Journal map[string]JournalExpect `json:"journal,omitempty"`
+	// ProcImage says the record names a process image.
+	ProcImage bool `json:"proc_image,omitempty"`
 }
 
 // JournalExpect is one model exchange: BLAKE3 of its request and response.
@@ -885,7 +887,8 @@ func TestFixtureStoresReadFromTheDocument(t *testing.T) {
 		readFixture(t, "store-v3", legacyManifest(t, "expected-v3.json"), append(common, "chunk list", "tree version 3", "record version 2"))
 	})
 	t.Run("bucket", func(t *testing.T) {
-		readFixture(t, "bucket", manifest(t, "bucket.json"), append(today, "socket", "blob stored as the other type"))
+		readFixture(t, "bucket", manifest(t, "bucket.json"), append(today, "socket", "blob stored as the other type",
+			"record version 4", "process image"))
 	})
 	t.Run("sealed", func(t *testing.T) {
 		readFixture(t, "sealed", manifest(t, "sealed.json"), append(today, "encrypted store", "keyed content IDs", "sealed pack", "sealed object"))
@@ -1043,9 +1046,15 @@ func (r *reader) checkRecord(hexID string, rec record, records map[string]record
 			r.fail("record %s: journal %v; its writer stored %v", name, got, exp.Journal)
 		}
 	}
+	if exp.Version != 0 && exp.ProcImage != (rec.ProcTree != "") {
+		r.fail("record %s: process image %q; its writer made one: %v", name, rec.ProcTree, exp.ProcImage)
+	}
 	if rec.ProcTree != "" {
 		px, _ := parseHex(rec.ProcTree)
 		r.procImage(px)
+		if len(rec.Host) == 0 {
+			r.fail("record %s: a process image without host", name)
+		}
 	}
 	got := r.merge(base, layer)
 	for p, x := range exp.Files {
@@ -1285,7 +1294,6 @@ func (r *reader) journal(root id) map[string]JournalExpect {
 		x = prev
 	}
 	type parsed struct {
-		h         map[string]any
 		mid, resp []byte
 		delta     bool
 		base      string
@@ -1398,6 +1406,9 @@ func (r *reader) procImage(x id) {
 				if at == "" && e.name == "turnsnap.json" {
 					meta = b
 				}
+			}
+			if at == "" && !strings.HasSuffix(e.name, ".img") && e.name != "descriptors.json" && e.name != "turnsnap.json" {
+				r.fail("%s: %s is not a CRIU image, descriptors.json or turnsnap.json", what, e.name)
 			}
 			if e.typ == tDir {
 				walk(e.subtree, at+e.name+"/")
