@@ -593,6 +593,25 @@ func (r *reader) tree(x id) []entry {
 			r.fail("%s: unknown type %d", what, e.typ)
 		}
 		r.seen[typeNames[e.typ]]++
+		// Rules 2 to 5 and "Numeric ranges".
+		for j, xa := range e.xattrs {
+			if xa[0] == "" || len(xa[0]) > 255 || len(xa[1]) > 65536 || (j > 0 && e.xattrs[j-1][0] >= xa[0]) {
+				r.fail("%s: xattr %q breaks rule 2 or a limit", what, xa[0])
+			}
+		}
+		if (e.typ == tHardlink || e.typ == tWhiteout) && (e.mode != 0 || e.uid != 0 || e.gid != 0 || e.mtime != 0 || len(e.xattrs) != 0) {
+			r.fail("%s: a hardlink or whiteout with metadata (rule 5)", what)
+		}
+		if (e.typ == tSymlink || e.typ == tHardlink) && (e.target == "" || len(e.target) > 4095 || strings.Contains(e.target, "\x00")) {
+			r.fail("%s: target of %d bytes", what, len(e.target))
+		}
+		if e.typ == tHardlink && (strings.HasPrefix(e.target, "/") || slicesContains(strings.Split(e.target, "/"), "") ||
+			slicesContains(strings.Split(e.target, "/"), ".") || slicesContains(strings.Split(e.target, "/"), "..")) {
+			r.fail("%s: hardlink target %q is not a clean relative path", what, e.target)
+		}
+		if len(e.name) > 255 || e.uid >= 1<<32 || e.gid >= 1<<32 || e.size > 1<<44 {
+			r.fail("%s: over a numeric limit", what)
+		}
 		if i > 0 && es[i-1].name >= e.name || flags&^1 != 0 || e.mode&^07777 != 0 || e.name == "" ||
 			strings.ContainsAny(e.name, "/\x00") || e.name == "." || e.name == ".." || (e.opaque && e.typ != tDir) {
 			r.fail("%s: breaks a tree invariant", what)
@@ -721,10 +740,19 @@ func (r *reader) stateKey(x id, base []entry) id {
 // by root-relative path.
 func (r *reader) merge(baseTree, layer id) map[string]entry {
 	out := map[string]entry{}
+	var files map[string]bool // file entries met so far in this tree, in canonical order
 	var walk func(x id, at string, fromLayer bool)
 	walk = func(x id, at string, fromLayer bool) {
 		for _, e := range r.tree(x) {
 			p := strings.TrimPrefix(at+"/"+e.name, "/")
+			// "Hardlink targets": a file of the same tree, earlier in
+			// canonical order (rules 5 and 6).
+			if e.typ == tFile {
+				files[p] = true
+			}
+			if e.typ == tHardlink && !files[e.target] {
+				r.fail("tree %s: %s: hardlink to %q, no earlier file of the same tree", x, p, e.target)
+			}
 			if !fromLayer && (e.typ == tWhiteout || e.opaque) {
 				r.fail("tree %s: %s: a whiteout or opaque directory in a plain state", x, p)
 			}
@@ -754,7 +782,9 @@ func (r *reader) merge(baseTree, layer id) map[string]entry {
 			}
 		}
 	}
+	files = map[string]bool{}
 	walk(baseTree, "", false)
+	files = map[string]bool{}
 	walk(layer, "", true)
 	return out
 }
@@ -1466,5 +1496,64 @@ func TestReaderImportsNoTurnsnapPackage(t *testing.T) {
 				t.Errorf("%s imports %s: the reader must work from docs/FORMAT.md alone", f, im.Path.Value)
 			}
 		}
+	}
+}
+
+// TestSealedDamageIsReportedByObject damages a copy of the encrypted
+// bucket: a byte of a sealed tag flipped, and one sandbox object stored
+// under the other's name (the seal binds the name, "Encrypted stores").
+// Each is an error naming its object.
+func TestSealedDamageIsReportedByObject(t *testing.T) {
+	want := manifest(t, "sealed.json")
+	src := filepath.Join("testdata", "sealed")
+	dst := t.TempDir()
+	var sandboxes []string
+	err := filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		name := filepath.ToSlash(strings.TrimPrefix(p, src+"/"))
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		if name == "refs/tags/good" {
+			b[len(b)/2] ^= 1
+		}
+		if strings.HasPrefix(name, "sandboxes/") {
+			sandboxes = append(sandboxes, name)
+		}
+		if err := os.MkdirAll(filepath.Join(dst, filepath.Dir(name)), 0o755); err != nil {
+			return err
+		}
+		return os.WriteFile(filepath.Join(dst, name), b, 0o644)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sort.Strings(sandboxes)
+	if len(sandboxes) < 2 {
+		t.Fatal("the sealed fixture has fewer than two sandboxes")
+	}
+	b, err := os.ReadFile(filepath.Join(dst, sandboxes[0]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dst, sandboxes[1]), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := openStore(t, dst, filepath.Join("testdata", want.KeyFile))
+	readAll(r, want)
+	for _, name := range []string{"refs/tags/good", sandboxes[1]} {
+		found := false
+		for _, err := range r.errs {
+			found = found || strings.Contains(err.Error(), "object "+name+": sealed bytes do not open")
+		}
+		if !found {
+			t.Errorf("no error says %s does not open; the reader said: %v", name, errors.Join(r.errs...))
+		}
+	}
+	if len(r.errs) != 2 {
+		t.Errorf("%d errors for two damaged objects: %v", len(r.errs), errors.Join(r.errs...))
 	}
 }
