@@ -13,7 +13,8 @@ package formatcheck
 //	go test -count=1 -run TestWriteFixtures ./internal/formatcheck -update
 //
 // It rewrites testdata/bucket, testdata/sealed (an encrypted home's bucket
-// and its key file) and testdata/damaged (a damaged copy of testdata/store),
+// and its key file), testdata/sealed-plainlocal (the same of a home whose
+// local store is plaintext) and testdata/damaged (a damaged copy of testdata/store),
 // with their manifests. testdata/store (record and tree version 1) and
 // testdata/store-v3 (the first chunk lists) were written by older writers
 // and are kept as they are: the old formats every reader must still read.
@@ -144,8 +145,9 @@ func TestWriteFixtures(t *testing.T) {
 	if !*update {
 		t.Skip("the fixtures are checked in; -update regenerates them (root, overlayfs, MinIO)")
 	}
-	t.Run("bucket", func(t *testing.T) { writeBucket(t, "bucket", false) })
-	t.Run("sealed", func(t *testing.T) { writeBucket(t, "sealed", true) })
+	t.Run("bucket", func(t *testing.T) { writeBucket(t, "bucket", false, false) })
+	t.Run("sealed", func(t *testing.T) { writeBucket(t, "sealed", true, false) })
+	t.Run("sealed-plainlocal", func(t *testing.T) { writeBucket(t, "sealed-plainlocal", true, true) })
 	t.Run("damaged", writeDamaged)
 }
 
@@ -183,7 +185,7 @@ func (g *gen) remember(sandbox string, id delta.ID, root string, journal map[str
 	g.t.Fatalf("checkpoint %s not in the log of %s", id.Short(), sandbox)
 }
 
-func writeBucket(t *testing.T, name string, sealed bool) {
+func writeBucket(t *testing.T, name string, sealed, plainLocal bool) {
 	ctx := context.Background()
 	srv := miniotest.Start(t)
 	t.Setenv("AWS_ACCESS_KEY_ID", srv.AccessKey)
@@ -200,7 +202,7 @@ func writeBucket(t *testing.T, name string, sealed bool) {
 		os.Remove(keyFile)
 		_, err := engine.GenerateKeyFile(keyFile)
 		must(t, err)
-		setup.KeyFile = keyFile
+		setup.KeyFile, setup.PlainLocal = keyFile, plainLocal
 		g.m.KeyFile = name + ".key"
 	}
 	_, err = e.Setup(ctx, setup)

@@ -229,10 +229,13 @@ func openStore(t *testing.T, dir, keyFile string) *reader {
 			if m == nil || m[2][:2] != m[1] {
 				r.fail("object %s: not a pack name", name)
 			}
-			if got := r.contentID(data); got.String() != m[2] {
+			found := r.readHeader(name, data)
+			if got := r.contentID(data); got.String() != m[2] && r.plainLayoutID(data, found).String() != m[2] {
 				r.fail("pack %s: content hashes to %s, not to its name", name, got)
 			}
-			r.readHeader(name, data)
+			for _, f := range found {
+				r.index[f.x] = append(r.index[f.x], f.l)
+			}
 		})
 	}
 	return r
@@ -335,7 +338,44 @@ func (r *reader) take(what string, b []byte, n uint64) ([]byte, []byte) {
 	return b[:n], b[n:]
 }
 
-func (r *reader) readHeader(name string, data []byte) {
+// packEntry is one blob a pack header lists.
+type packEntry struct {
+	x id
+	l loc
+}
+
+// plainLayoutID is "Plaintext local store": the ID of a sealed pack's
+// plaintext layout (every blob opened, contiguous in the same order, the
+// plaintext header and a "TSP1" footer), which names a pack a home with a
+// plaintext local store uploaded. Zero for a plaintext store.
+func (r *reader) plainLayoutID(data []byte, found []packEntry) id {
+	if r.seal == nil {
+		return id{}
+	}
+	var blobs, header []byte
+	header = binary.AppendUvarint(header, uint64(len(found)))
+	for _, f := range found {
+		ad := append([]byte("turnsnap/blob/v1"), f.l.typ)
+		ad = append(ad, f.x[:]...)
+		sealed := data[f.l.off : f.l.off+f.l.length]
+		stored, err := r.seal.Open(nil, sealed[:24], sealed[24:], ad)
+		if err != nil {
+			r.fail("pack %s: blob %s: sealed bytes do not open: %v", f.l.pack, f.x, err)
+		}
+		header = append(header, f.l.typ)
+		header = append(header, f.x[:]...)
+		header = binary.AppendUvarint(header, uint64(len(blobs)))
+		header = binary.AppendUvarint(header, uint64(len(stored)))
+		header = binary.AppendUvarint(header, f.l.raw)
+		header = append(header, f.l.comp)
+		blobs = append(blobs, stored...)
+	}
+	plain := append(append(blobs, header...), binary.LittleEndian.AppendUint32(nil, uint32(len(header)))...)
+	r.seen["pack named by its plaintext layout"]++
+	return r.contentID(append(plain, "TSP1"...))
+}
+
+func (r *reader) readHeader(name string, data []byte) []packEntry {
 	what := "pack " + name
 	magic := "TSP1"
 	if r.seal != nil {
@@ -366,10 +406,7 @@ func (r *reader) readHeader(name string, data []byte) {
 	}
 	var next uint64
 	local := map[id]bool{}
-	var found []struct {
-		x id
-		l loc
-	}
+	var found []packEntry
 	for range n {
 		var l loc
 		var x id
@@ -403,17 +440,12 @@ func (r *reader) readHeader(name string, data []byte) {
 		}
 		local[x] = true
 		next = l.off + l.length
-		found = append(found, struct {
-			x id
-			l loc
-		}{x, l})
+		found = append(found, packEntry{x, l})
 	}
 	if len(h) != 0 || next != start {
 		r.fail("%s: header does not end the blobs exactly", what)
 	}
-	for _, f := range found {
-		r.index[f.x] = append(r.index[f.x], f.l)
-	}
+	return found
 }
 
 // blob is "Blob storage": any copy of the blob that checks out, opened,
@@ -904,7 +936,8 @@ func (r *reader) readRecord(name string) record {
 // and "store-v3", written with the first chunk lists (local stores, both
 // from older writers, which every later reader must still read); "bucket"
 // and "sealed", buckets today's writer pushed (gen_test.go), the second
-// from an encrypted home with keyed content IDs.
+// from an encrypted home with keyed content IDs, and "sealed-plainlocal",
+// the bucket of an encrypted home whose local store is plaintext.
 func TestFixtureStoresReadFromTheDocument(t *testing.T) {
 	common := []string{"zstd blob", "empty file", "file of several chunks", "residue dir", "whiteout", "opaque dir",
 		"hardlink in a layer", "tree version 1", "file", "dir", "symlink", "hardlink", "class fs"}
@@ -922,6 +955,10 @@ func TestFixtureStoresReadFromTheDocument(t *testing.T) {
 	})
 	t.Run("sealed", func(t *testing.T) {
 		readFixture(t, "sealed", manifest(t, "sealed.json"), append(today, "encrypted store", "keyed content IDs", "sealed pack", "sealed object"))
+	})
+	t.Run("sealed-plainlocal", func(t *testing.T) {
+		readFixture(t, "sealed-plainlocal", manifest(t, "sealed-plainlocal.json"), append(today, "encrypted store", "keyed content IDs",
+			"sealed pack", "sealed object", "pack named by its plaintext layout"))
 	})
 }
 
