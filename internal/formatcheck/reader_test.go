@@ -1,37 +1,30 @@
 package formatcheck
 
 // A reader of docs/FORMAT.md written from the document alone: it imports
-// none of turnsnap's packages, only BLAKE3 and zstd, and every rule below
-// cites the section it comes from.
+// none of turnsnap's packages (TestReaderImportsNoTurnsnapPackage checks),
+// only BLAKE3, zstd and XChaCha20-Poly1305, and every rule below cites the
+// section it comes from. It reports each damage it meets as an error naming
+// the object, and reads on, as `turnsnap verify --store-only` does.
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/binary"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
+	"sort"
+	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/klauspost/compress/zstd"
 	"github.com/zeebo/blake3"
+	"golang.org/x/crypto/chacha20poly1305"
 )
-
-// Expect is what a path looked like in the mounted sandbox when the fixture
-// was made (gen_test.go).
-type Expect struct {
-	Type    string            `json:"type"`
-	Mode    uint32            `json:"mode,omitempty"`
-	Content string            `json:"blake3,omitempty"` // of the file's content
-	Target  string            `json:"target,omitempty"`
-	MtimeNs int64             `json:"mtime_ns,omitempty"`
-	Xattrs  map[string]string `json:"xattrs,omitempty"`
-}
 
 type id [32]byte
 
@@ -74,26 +67,78 @@ type entry struct {
 
 const (
 	tFile, tDir, tSymlink, tHardlink, tWhiteout = 1, 2, 3, 4, 5
+	tChardev, tBlockdev, tFifo, tSocket         = 6, 7, 8, 9
 	maxData, maxTree                            = 262144, 33554432 // "Limits"
 	maxInline, maxListChunks                    = 16, 1048575      // "Indirect chunk lists"
+	maxRecord, maxSmall, maxMarks               = 1 << 20, 64 << 10, 32 << 20
+	maxHoles                                    = 65536
+	sealOverhead                                = 24 + 16 // "Encrypted stores": nonce and tag
 )
 
+var typeNames = map[byte]string{tFile: "file", tDir: "dir", tSymlink: "symlink", tHardlink: "hardlink",
+	tWhiteout: "whiteout", tChardev: "chardev", tBlockdev: "blockdev", tFifo: "fifo", tSocket: "socket"}
+
+// damage is one thing wrong with the store, raised by fail and collected by
+// try: the reader goes on with the next object, as a verifier does.
+type damage struct{ err error }
+
 type reader struct {
-	t       *testing.T
 	objects map[string][]byte
-	index   map[id]loc
+	index   map[id][]loc
+	trees   map[id][]entry
 	dec     *zstd.Decoder
 	seen    map[string]int // what the fixture exercised, for the coverage check
+	errs    []error
+
+	// "Encrypted stores": nil for a plaintext store.
+	seal interface {
+		Open(dst, nonce, ciphertext, additionalData []byte) ([]byte, error)
+	}
+	idKey *[32]byte // "Content IDs": keyed BLAKE3, nil for plain
 }
 
-func openStore(t *testing.T, dir string) *reader {
-	r := &reader{t: t, objects: map[string][]byte{}, index: map[id]loc{}, seen: map[string]int{}}
+func (r *reader) fail(format string, a ...any) {
+	panic(damage{fmt.Errorf(format, a...)})
+}
+
+// try runs one unit of reading and collects the damage it meets.
+func (r *reader) try(f func()) (ok bool) {
+	defer func() {
+		if v := recover(); v != nil {
+			d, isDamage := v.(damage)
+			if !isDamage {
+				panic(v)
+			}
+			r.errs = append(r.errs, d.err)
+			ok = false
+		}
+	}()
+	f()
+	return true
+}
+
+// contentID is "Content IDs": the store's scheme.
+func (r *reader) contentID(b []byte) id {
+	if r.idKey == nil {
+		return blake3.Sum256(b)
+	}
+	h, _ := blake3.NewKeyed(r.idKey[:])
+	var x id
+	h.Write(b)
+	copy(x[:], h.Sum(nil))
+	return x
+}
+
+// openStore reads every object of a store directory. keyFile, for an
+// encrypted store, is the master key file.
+func openStore(t *testing.T, dir, keyFile string) *reader {
+	r := &reader{objects: map[string][]byte{}, index: map[id][]loc{}, trees: map[id][]entry{}, seen: map[string]int{}}
 	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
 			return err
 		}
 		b, err := os.ReadFile(p)
-		r.objects[strings.TrimPrefix(p, dir+"/")] = b
+		r.objects[filepath.ToSlash(strings.TrimPrefix(p, dir+"/"))] = b
 		return err
 	})
 	if err != nil {
@@ -102,168 +147,391 @@ func openStore(t *testing.T, dir string) *reader {
 	if r.dec, err = zstd.NewReader(nil, zstd.WithDecodeAllCapLimit(true)); err != nil {
 		t.Fatal(err)
 	}
+	if keyFile != "" {
+		r.try(func() { r.unwrapKey(keyFile) })
+	}
 	// "Finding a blob without the catalog": every pack header.
 	packName := regexp.MustCompile(`^packs/([0-9a-f]{2})/([0-9a-f]{64})$`)
-	for name, data := range r.objects {
+	var names []string
+	for name := range r.objects {
+		names = append(names, name)
+	}
+	sort.Strings(names) // a stable order, so a blob's first good copy is the same each run
+	for _, name := range names {
 		if !strings.HasPrefix(name, "packs/") {
 			continue
 		}
-		m := packName.FindStringSubmatch(name)
-		if m == nil || m[2][:2] != m[1] {
-			t.Fatalf("%s: not a pack name", name)
-		}
-		if got := blake3.Sum256(data); hex.EncodeToString(got[:]) != m[2] {
-			t.Fatalf("%s: pack ID is not BLAKE3 of the whole pack", name)
-		}
-		r.readHeader(name, data)
+		r.try(func() {
+			data := r.objects[name]
+			m := packName.FindStringSubmatch(name)
+			if m == nil || m[2][:2] != m[1] {
+				r.fail("object %s: not a pack name", name)
+			}
+			found := r.readHeader(name, data)
+			if got := r.contentID(data); got.String() != m[2] && r.plainLayoutID(data, found).String() != m[2] {
+				r.fail("pack %s: content hashes to %s, not to its name", name, got)
+			}
+			for _, f := range found {
+				r.index[f.x] = append(r.index[f.x], f.l)
+			}
+		})
 	}
 	return r
 }
 
-func uvarint(t *testing.T, b []byte) (uint64, []byte) {
+// unwrapKey is "Encrypted stores": the key file gives the master key, the
+// master key opens keys/<id>, the data key derives the sealing key and the
+// content ID key.
+func (r *reader) unwrapKey(keyFile string) {
+	data, err := os.ReadFile(keyFile)
+	if err != nil {
+		r.fail("key file: %v", err)
+	}
+	var kf struct {
+		Version int    `json:"version"`
+		Kind    string `json:"kind"`
+		Key     string `json:"key"`
+	}
+	strictJSON(r, keyFile, data, &kf)
+	master, err := base64.StdEncoding.DecodeString(kf.Key)
+	if err != nil || len(master) != 32 || kf.Version != 1 || kf.Kind != "turnsnap-master-key" {
+		r.fail("key file %s: not a version 1 turnsnap master key", keyFile)
+	}
+	derive := func(ctx string, key []byte) []byte {
+		out := make([]byte, 32)
+		blake3.DeriveKey(ctx, key, out)
+		return out
+	}
+	keyID := hex.EncodeToString(derive("turnsnap 2026-12 master key id v1", master)[:16])
+	name := "keys/" + keyID
+	obj, ok := r.objects[name]
+	if !ok {
+		r.fail("object %s: no key object for the key file's master key", name)
+	}
+	var ko struct {
+		Version int    `json:"version"`
+		Sealed  string `json:"sealed"`
+		IDs     string `json:"ids,omitempty"`
+	}
+	strictJSON(r, name, obj, &ko)
+	sealed, err := base64.StdEncoding.DecodeString(ko.Sealed)
+	if err != nil || ko.Version != 1 || (ko.IDs != "" && ko.IDs != "blake3-keyed") || len(sealed) < sealOverhead {
+		r.fail("object %s: version %d, ids %q: not a key object", name, ko.Version, ko.IDs)
+	}
+	ad := "turnsnap/data-key/v1" + keyID
+	if ko.IDs != "" {
+		ad += "/ids=" + ko.IDs
+	}
+	kek, _ := chacha20poly1305.NewX(derive("turnsnap 2026-12 master key wrapping v1", master))
+	dataKey, err := kek.Open(nil, sealed[:24], sealed[24:], []byte(ad))
+	if err != nil || len(dataKey) != 32 {
+		r.fail("object %s: the master key does not open the data key", name)
+	}
+	r.seal, _ = chacha20poly1305.NewX(derive("turnsnap 2026-12 object sealing v1", dataKey))
+	if ko.IDs != "" {
+		r.idKey = (*[32]byte)(derive("turnsnap 2026-12 content ids v1", dataKey))
+		r.seen["keyed content IDs"]++
+	}
+	r.seen["encrypted store"]++
+}
+
+// object returns an object's plaintext: as stored in a plaintext store, or
+// opened from its "TSX1" form in an encrypted one.
+func (r *reader) object(name string) []byte {
+	data, ok := r.objects[name]
+	if !ok {
+		r.fail("object %s: missing", name)
+	}
+	if r.seal == nil {
+		if bytes.HasPrefix(data, []byte("TSX1")) {
+			r.fail("object %s: sealed, and the store has no key", name)
+		}
+		return data
+	}
+	rest, ok := bytes.CutPrefix(data, []byte("TSX1"))
+	if !ok || len(rest) < sealOverhead {
+		r.fail("object %s: not sealed in an encrypted store", name)
+	}
+	plain, err := r.seal.Open(nil, rest[:24], rest[24:], []byte("TSX1"+name))
+	if err != nil {
+		r.fail("object %s: sealed bytes do not open: %v", name, err)
+	}
+	r.seen["sealed object"]++
+	return plain
+}
+
+func (r *reader) uvarint(what string, b []byte) (uint64, []byte) {
 	v, n := binary.Uvarint(b)
 	if n <= 0 {
-		t.Fatal("bad uvarint")
+		r.fail("%s: bad uvarint", what)
 	}
 	return v, b[n:]
 }
 
-func (r *reader) readHeader(name string, data []byte) {
-	t := r.t
-	if len(data) < 8 || string(data[len(data)-4:]) != "TSP1" {
-		t.Fatalf("%s: no footer", name)
+// take returns the first n bytes of b, or fails naming what was cut short.
+func (r *reader) take(what string, b []byte, n uint64) ([]byte, []byte) {
+	if uint64(len(b)) < n {
+		r.fail("%s: truncated", what)
+	}
+	return b[:n], b[n:]
+}
+
+// packEntry is one blob a pack header lists.
+type packEntry struct {
+	x id
+	l loc
+}
+
+// plainLayoutID is "Plaintext local store": the ID of a sealed pack's
+// plaintext layout (every blob opened, contiguous in the same order, the
+// plaintext header and a "TSP1" footer), which names a pack a home with a
+// plaintext local store uploaded. Zero for a plaintext store.
+func (r *reader) plainLayoutID(data []byte, found []packEntry) id {
+	if r.seal == nil {
+		return id{}
+	}
+	var blobs, header []byte
+	header = binary.AppendUvarint(header, uint64(len(found)))
+	for _, f := range found {
+		ad := append([]byte("turnsnap/blob/v1"), f.l.typ)
+		ad = append(ad, f.x[:]...)
+		sealed := data[f.l.off : f.l.off+f.l.length]
+		stored, err := r.seal.Open(nil, sealed[:24], sealed[24:], ad)
+		if err != nil {
+			r.fail("pack %s: blob %s: sealed bytes do not open: %v", f.l.pack, f.x, err)
+		}
+		header = append(header, f.l.typ)
+		header = append(header, f.x[:]...)
+		header = binary.AppendUvarint(header, uint64(len(blobs)))
+		header = binary.AppendUvarint(header, uint64(len(stored)))
+		header = binary.AppendUvarint(header, f.l.raw)
+		header = append(header, f.l.comp)
+		blobs = append(blobs, stored...)
+	}
+	plain := append(append(blobs, header...), binary.LittleEndian.AppendUint32(nil, uint32(len(header)))...)
+	r.seen["pack named by its plaintext layout"]++
+	return r.contentID(append(plain, "TSP1"...))
+}
+
+func (r *reader) readHeader(name string, data []byte) []packEntry {
+	what := "pack " + name
+	magic := "TSP1"
+	if r.seal != nil {
+		magic = "TSE1" // "Encrypted stores": SealedPack
+	}
+	if len(data) < 8 || string(data[len(data)-4:]) != magic {
+		r.fail("%s: no %q footer", what, magic)
 	}
 	hlen := uint64(binary.LittleEndian.Uint32(data[len(data)-8:]))
+	if hlen > uint64(len(data))-8 {
+		r.fail("%s: header length %d does not fit", what, hlen)
+	}
 	start := uint64(len(data)) - 8 - hlen
 	h := data[start : len(data)-8]
-	n, h := uvarint(t, h)
+	if r.seal != nil {
+		if len(h) < sealOverhead {
+			r.fail("%s: sealed header too short", what)
+		}
+		var err error
+		if h, err = r.seal.Open(nil, h[:24], h[24:], []byte("turnsnap/pack-header/v1")); err != nil {
+			r.fail("%s: sealed header does not open: %v", what, err)
+		}
+		r.seen["sealed pack"]++
+	}
+	n, h := r.uvarint(what, h)
 	if n == 0 {
-		t.Fatalf("%s: writers never write an empty pack", name)
+		r.seen["empty pack"]++
 	}
 	var next uint64
+	local := map[id]bool{}
+	var found []packEntry
 	for range n {
 		var l loc
 		var x id
-		l.pack, l.typ = name, h[0]
-		copy(x[:], h[1:33])
-		h = h[33:]
-		l.off, h = uvarint(t, h)
-		l.length, h = uvarint(t, h)
-		l.raw, h = uvarint(t, h)
-		l.comp, h = h[0], h[1:]
+		var head []byte
+		head, h = r.take(what, h, 33)
+		l.pack, l.typ = name, head[0]
+		copy(x[:], head[1:])
+		l.off, h = r.uvarint(what, h)
+		l.length, h = r.uvarint(what, h)
+		l.raw, h = r.uvarint(what, h)
+		var c []byte
+		c, h = r.take(what, h, 1)
+		l.comp = c[0]
+		stored := l.length
+		if r.seal != nil {
+			stored -= sealOverhead // "Encrypted stores": length counts nonce and tag
+		}
 		switch {
 		case l.off != next:
-			t.Fatalf("%s: blob %s not where the previous ends", name, x)
+			r.fail("%s: blob %s not where the previous ends", what, x)
 		case l.typ != 1 && l.typ != 2, l.comp > 1:
-			t.Fatalf("%s: unknown type or compression", name)
+			r.fail("%s: blob %s: unknown type %d or compression %d", what, x, l.typ, l.comp)
 		case l.typ == 1 && l.raw > maxData, l.typ == 2 && l.raw > maxTree:
-			t.Fatalf("%s: raw_length over the limit", name)
-		case l.comp == 0 && l.raw != l.length:
-			t.Fatalf("%s: uncompressed with raw_length != length", name)
+			r.fail("%s: blob %s: raw_length %d over the limit", what, x, l.raw)
+		case r.seal != nil && l.length < sealOverhead:
+			r.fail("%s: blob %s: shorter than the seal", what, x)
+		case l.comp == 0 && l.raw != stored:
+			r.fail("%s: blob %s: uncompressed with raw_length %d != stored length %d", what, x, l.raw, stored)
+		case local[x]:
+			r.fail("%s: blob %s twice", what, x)
 		}
+		local[x] = true
 		next = l.off + l.length
-		r.index[x] = l
+		found = append(found, packEntry{x, l})
 	}
 	if len(h) != 0 || next != start {
-		t.Fatalf("%s: header does not end the blobs exactly", name)
+		r.fail("%s: header does not end the blobs exactly", what)
 	}
+	return found
 }
 
-// blob is "Blob storage": bounded decompression, then the hash.
+// blob is "Blob storage": any copy of the blob that checks out, opened,
+// decompressed within its limit, and hashed.
 func (r *reader) blob(x id, typ byte) []byte {
-	t := r.t
-	l, ok := r.index[x]
-	if !ok {
-		t.Fatalf("blob %s (type %d) in no pack", x, typ)
+	var last error
+	for _, l := range r.index[x] {
+		var out []byte
+		if r.try(func() { out = r.blobAt(x, typ, l) }) {
+			return out
+		}
+		last = r.errs[len(r.errs)-1]
+		r.errs = r.errs[:len(r.errs)-1]
 	}
+	if last != nil {
+		panic(damage{last})
+	}
+	r.fail("blob %s (%s) in no pack", x, map[byte]string{1: "data", 2: "tree"}[typ])
+	return nil
+}
+
+func (r *reader) blobAt(x id, typ byte, l loc) []byte {
+	what := fmt.Sprintf("blob %s in pack %s", x, l.pack)
 	if l.typ != typ {
 		// "Content IDs": the same bytes as the other type serve, within
 		// this type's limit.
 		if most := map[byte]uint64{1: maxData, 2: maxTree}[typ]; l.raw > most {
-			t.Fatalf("blob %s: stored as type %d, %d bytes, over type %d's limit", x, l.typ, l.raw, typ)
+			r.fail("%s: stored as type %d, %d bytes, over type %d's limit", what, l.typ, l.raw, typ)
 		}
 		r.seen["blob stored as the other type"]++
 	}
 	b := r.objects[l.pack][l.off : l.off+l.length]
+	if r.seal != nil {
+		ad := append([]byte("turnsnap/blob/v1"), l.typ)
+		ad = append(ad, x[:]...)
+		var err error
+		if b, err = r.seal.Open(nil, b[:24], b[24:], ad); err != nil {
+			r.fail("%s: sealed bytes do not open: %v", what, err)
+		}
+	}
 	if l.comp == 1 {
 		r.seen["zstd blob"]++
 		out, err := r.dec.DecodeAll(b, make([]byte, 0, l.raw+1))
 		if err != nil || uint64(len(out)) != l.raw {
-			t.Fatalf("blob %s: zstd frame is not %d bytes: %v", x, l.raw, err)
+			r.fail("%s: zstd frame is not %d bytes: %v", what, l.raw, err)
 		}
 		b = out
 	}
-	if blake3.Sum256(b) != x {
-		t.Fatalf("blob %s: plaintext does not hash to its ID", x)
+	if r.contentID(b) != x {
+		r.fail("%s: plaintext does not hash to its ID", what)
 	}
 	return b
 }
 
-func str(t *testing.T, b []byte) (string, []byte) {
-	n, b := uvarint(t, b)
-	return string(b[:n]), b[n:]
+func (r *reader) str(what string, b []byte) (string, []byte) {
+	n, b := r.uvarint(what, b)
+	s, b := r.take(what, b, n)
+	return string(s), b
 }
 
 func (r *reader) tree(x id) []entry {
-	t := r.t
+	if es, ok := r.trees[x]; ok {
+		return es
+	}
+	what := "tree " + x.String()
 	data := r.blob(x, 2)
 	if len(data) < 4 || !bytes.HasPrefix(data, []byte("TST")) || data[3] < 1 || data[3] > 3 {
-		t.Fatalf("tree %s: bad magic or unknown version", x)
+		r.fail("%s: bad magic or unknown version", what)
 	}
 	version := data[3]
 	r.seen[fmt.Sprintf("tree version %d", version)]++
-	n, b := uvarint(t, data[4:])
+	n, b := r.uvarint(what, data[4:])
+	if n > uint64(len(b))/10 {
+		r.fail("%s: %d entries cannot fit", what, n)
+	}
 	es := make([]entry, n)
 	for i := range es {
 		e := &es[i]
-		e.name, b = str(t, b)
-		e.typ, b = b[0], b[1:]
-		e.mode, b = uvarint(t, b)
-		e.uid, b = uvarint(t, b)
-		e.gid, b = uvarint(t, b)
+		e.name, b = r.str(what, b)
+		what := what + ": entry " + strconv.Quote(e.name)
+		var t []byte
+		t, b = r.take(what, b, 1)
+		e.typ = t[0]
+		e.mode, b = r.uvarint(what, b)
+		e.uid, b = r.uvarint(what, b)
+		e.gid, b = r.uvarint(what, b)
 		var k int
 		e.mtime, k = binary.Varint(b)
+		if k <= 0 {
+			r.fail("%s: bad varint", what)
+		}
 		b = b[k:]
-		flags := b[0]
-		e.opaque, b = flags&1 != 0, b[1:]
+		var fl []byte
+		fl, b = r.take(what, b, 1)
+		flags := fl[0]
+		e.opaque = flags&1 != 0
 		var nx uint64
-		nx, b = uvarint(t, b)
+		nx, b = r.uvarint(what, b)
 		for range nx {
 			var xn, xv string
-			xn, b = str(t, b)
-			xv, b = str(t, b)
+			xn, b = r.str(what, b)
+			xv, b = r.str(what, b)
 			e.xattrs = append(e.xattrs, [2]string{xn, xv})
 		}
+		var raw []byte
 		switch e.typ {
 		case tFile:
 			var nc uint64
-			e.size, b = uvarint(t, b)
-			nc, b = uvarint(t, b)
+			e.size, b = r.uvarint(what, b)
+			nc, b = r.uvarint(what, b)
 			if version == 3 && nc > maxInline {
 				// "Indirect chunk lists": one ID, the count bounded first.
 				if nc > maxListChunks {
-					t.Fatalf("tree %s: %s: %d chunks, over the list limit", x, e.name, nc)
+					r.fail("%s: %d chunks, over the list limit", what, nc)
 				}
-				copy(e.list[:], b)
-				b = b[32:]
+				raw, b = r.take(what, b, 32)
+				copy(e.list[:], raw)
 			} else {
 				if nc > uint64(len(b))/32 {
-					t.Fatalf("tree %s: %s: %d chunks exceed the tree", x, e.name, nc)
+					r.fail("%s: %d chunks exceed the tree", what, nc)
 				}
 				for range nc {
 					var c id
-					copy(c[:], b)
-					e.chunks, b = append(e.chunks, c), b[32:]
+					raw, b = r.take(what, b, 32)
+					copy(c[:], raw)
+					e.chunks = append(e.chunks, c)
 				}
 			}
 			if version >= 2 {
 				var nh uint64
-				nh, b = uvarint(t, b)
-				for range nh {
+				nh, b = r.uvarint(what, b)
+				if nh > maxHoles {
+					r.fail("%s: %d holes", what, nh)
+				}
+				var end uint64
+				for j := range nh {
 					var h [2]uint64
-					h[0], b = uvarint(t, b)
-					h[1], b = uvarint(t, b)
+					h[0], b = r.uvarint(what, b)
+					h[1], b = r.uvarint(what, b)
+					// "Tree" rule 9: holes of length >= 1, apart, inside the size.
+					if h[1] == 0 || (j > 0 && h[0] == 0) || end+h[0]+h[1] > e.size || end+h[0]+h[1] < end {
+						r.fail("%s: hole %d breaks rule 9", what, j)
+					}
+					end += h[0] + h[1]
 					e.holes = append(e.holes, h)
+				}
+				if nh > 0 {
+					r.seen["sparse file"]++
 				}
 			}
 			// "Chunks": an empty file has no chunks; nc <= data <= nc*256KiB,
@@ -273,7 +541,7 @@ func (r *reader) tree(x id) []entry {
 				data -= h[1]
 			}
 			if nc > data || data > nc*maxData {
-				t.Fatalf("tree %s: %s: %d data bytes in %d chunks", x, e.name, data, nc)
+				r.fail("%s: %d data bytes in %d chunks", what, data, nc)
 			}
 			if e.list != (id{}) {
 				e.chunks = r.chunkList(e.list, nc)
@@ -284,38 +552,63 @@ func (r *reader) tree(x id) []entry {
 				r.seen["file of several chunks"]++
 			}
 		case tDir:
-			copy(e.subtree[:], b)
-			b = b[32:]
+			raw, b = r.take(what, b, 32)
+			copy(e.subtree[:], raw)
 		case tSymlink, tHardlink:
-			e.target, b = str(t, b)
-		case 6, 7:
-			e.rdev, b = uvarint(t, b)
+			e.target, b = r.str(what, b)
+		case tChardev, tBlockdev:
+			e.rdev, b = r.uvarint(what, b)
+		case tWhiteout, tFifo, tSocket:
+		default:
+			r.fail("%s: unknown type %d", what, e.typ)
 		}
-		if i > 0 && es[i-1].name >= e.name || flags&^1 != 0 || e.mode&^07777 != 0 {
-			t.Fatalf("tree %s: entry %q breaks a tree invariant", x, e.name)
+		r.seen[typeNames[e.typ]]++
+		// Rules 2 to 5 and "Numeric ranges".
+		for j, xa := range e.xattrs {
+			if xa[0] == "" || len(xa[0]) > 255 || len(xa[1]) > 65536 || (j > 0 && e.xattrs[j-1][0] >= xa[0]) {
+				r.fail("%s: xattr %q breaks rule 2 or a limit", what, xa[0])
+			}
+		}
+		if (e.typ == tHardlink || e.typ == tWhiteout) && (e.mode != 0 || e.uid != 0 || e.gid != 0 || e.mtime != 0 || len(e.xattrs) != 0) {
+			r.fail("%s: a hardlink or whiteout with metadata (rule 5)", what)
+		}
+		if (e.typ == tSymlink || e.typ == tHardlink) && (e.target == "" || len(e.target) > 4095 || strings.Contains(e.target, "\x00")) {
+			r.fail("%s: target of %d bytes", what, len(e.target))
+		}
+		if e.typ == tHardlink && (strings.HasPrefix(e.target, "/") || slicesContains(strings.Split(e.target, "/"), "") ||
+			slicesContains(strings.Split(e.target, "/"), ".") || slicesContains(strings.Split(e.target, "/"), "..")) {
+			r.fail("%s: hardlink target %q is not a clean relative path", what, e.target)
+		}
+		if len(e.name) > 255 || e.uid >= 1<<32 || e.gid >= 1<<32 || e.size > 1<<44 {
+			r.fail("%s: over a numeric limit", what)
+		}
+		if i > 0 && es[i-1].name >= e.name || flags&^1 != 0 || e.mode&^07777 != 0 || e.name == "" ||
+			strings.ContainsAny(e.name, "/\x00") || e.name == "." || e.name == ".." || (e.opaque && e.typ != tDir) {
+			r.fail("%s: breaks a tree invariant", what)
 		}
 	}
 	if len(b) != 0 {
-		t.Fatalf("tree %s: trailing bytes", x)
+		r.fail("%s: trailing bytes", what)
 	}
 	if !bytes.Equal(encode(es), data) { // rule 7
-		t.Fatalf("tree %s: not canonically encoded", x)
+		r.fail("%s: not canonically encoded", what)
 	}
+	r.trees[x] = es
 	return es
 }
 
 // chunkList is "Indirect chunk lists": a tree blob with its own magic,
 // canonical, of exactly the entry's nc chunks.
 func (r *reader) chunkList(x id, nc uint64) []id {
-	t := r.t
+	what := "chunk list " + x.String()
 	data := r.blob(x, 2)
 	if !bytes.HasPrefix(data, []byte("TSL\x01")) {
-		t.Fatalf("chunk list %s: bad magic or version", x)
+		r.fail("%s: bad magic or version", what)
 	}
-	n, b := uvarint(t, data[4:])
+	n, b := r.uvarint(what, data[4:])
 	if n != nc || n <= maxInline || n > maxListChunks || uint64(len(b)) != 32*n ||
 		len(data)-4-len(b) != len(binary.AppendUvarint(nil, n)) {
-		t.Fatalf("chunk list %s: %d chunks in %d bytes, its entry says %d", x, n, len(b), nc)
+		r.fail("%s: %d chunks in %d bytes, its entry says %d", what, n, len(b), nc)
 	}
 	r.seen["chunk list"]++
 	out := make([]id, n)
@@ -379,7 +672,7 @@ func encode(es []entry) []byte {
 			b = append(b, e.subtree[:]...)
 		case tSymlink, tHardlink:
 			s(e.target)
-		case 6, 7:
+		case tChardev, tBlockdev:
 			b = binary.AppendUvarint(b, e.rdev)
 		}
 	}
@@ -401,7 +694,7 @@ func (r *reader) stateKey(x id, base []entry) id {
 				}
 			}
 			e.mtime, e.subtree = 0, r.stateKey(e.subtree, sub)
-			empty := blake3.Sum256([]byte("TST\x01\x00"))
+			empty := r.contentID([]byte("TST\x01\x00"))
 			if !e.opaque && e.subtree == empty && bd != nil && bd.mode == e.mode && bd.uid == e.uid &&
 				bd.gid == e.gid && fmt.Sprint(bd.xattrs) == fmt.Sprint(e.xattrs) {
 				r.seen["residue dir"]++
@@ -410,17 +703,29 @@ func (r *reader) stateKey(x id, base []entry) id {
 		}
 		out = append(out, e)
 	}
-	return blake3.Sum256(encode(out))
+	return r.contentID(encode(out))
 }
 
 // merge is "Writable layers and layer stacks": the state a process sees,
 // by root-relative path.
 func (r *reader) merge(baseTree, layer id) map[string]entry {
 	out := map[string]entry{}
+	var files map[string]bool // file entries met so far in this tree, in canonical order
 	var walk func(x id, at string, fromLayer bool)
 	walk = func(x id, at string, fromLayer bool) {
 		for _, e := range r.tree(x) {
 			p := strings.TrimPrefix(at+"/"+e.name, "/")
+			// "Hardlink targets": a file of the same tree, earlier in
+			// canonical order (rules 5 and 6).
+			if e.typ == tFile {
+				files[p] = true
+			}
+			if e.typ == tHardlink && !files[e.target] {
+				r.fail("tree %s: %s: hardlink to %q, no earlier file of the same tree", x, p, e.target)
+			}
+			if !fromLayer && (e.typ == tWhiteout || e.opaque) {
+				r.fail("tree %s: %s: a whiteout or opaque directory in a plain state", x, p)
+			}
 			if fromLayer {
 				if old, ok := out[p]; ok && !(e.typ == tDir && !e.opaque && old.typ == tDir) {
 					for q := range out { // the name is replaced: drop what was below it
@@ -447,228 +752,9 @@ func (r *reader) merge(baseTree, layer id) map[string]entry {
 			}
 		}
 	}
+	files = map[string]bool{}
 	walk(baseTree, "", false)
+	files = map[string]bool{}
 	walk(layer, "", true)
 	return out
-}
-
-// record is "Record": every field, nothing else.
-type record struct {
-	Version  int             `json:"version"`
-	Sandbox  string          `json:"sandbox"`
-	ID       string          `json:"sandbox_id,omitempty"` // "Sandbox identity", record version 2
-	Parent   string          `json:"parent"`
-	Turn     int64           `json:"turn"`
-	Class    string          `json:"class"`
-	Backend  string          `json:"backend"`
-	BaseTree string          `json:"base_tree"`
-	FSTree   string          `json:"fs_tree"`
-	StateKey string          `json:"state_key"`
-	ProcTree string          `json:"proc_tree,omitempty"`
-	Host     json.RawMessage `json:"host,omitempty"`
-	Message  string          `json:"message,omitempty"`
-	Created  string          `json:"created"`
-	Stats    struct {
-		Entries, FilesRead, BytesRead, BlobsNew, BytesNew, ObjectsNew, DurationNs, PauseNs *int64
-	} `json:"-"`
-	RawStats map[string]int64 `json:"stats"`
-}
-
-func strictJSON(t *testing.T, name string, data []byte, v any) {
-	d := json.NewDecoder(bytes.NewReader(data))
-	d.DisallowUnknownFields()
-	if err := d.Decode(v); err != nil {
-		t.Fatalf("%s: %v", name, err)
-	}
-}
-
-func checkTime(t *testing.T, what, s string) {
-	tm, err := time.Parse(time.RFC3339Nano, s)
-	if err != nil || !strings.HasSuffix(s, "Z") || tm.Format(time.RFC3339Nano) != s {
-		t.Fatalf("%s: time %q is not RFC 3339 UTC with trimmed nanoseconds", what, s)
-	}
-}
-
-// TestFixtureStoreReadsFromTheDocument reads two fixture stores: "store",
-// written before indirect chunk lists (every tree version 1), which every
-// later reader must still read, and "store-v3", written with them (a file
-// of more than 16 chunks names a chunk list in a version 3 tree).
-func TestFixtureStoreReadsFromTheDocument(t *testing.T) {
-	common := []string{"zstd blob", "empty file", "file of several chunks", "residue dir", "whiteout", "opaque dir", "hardlink in a layer", "tree version 1"}
-	t.Run("store", func(t *testing.T) { readFixture(t, "store", "expected.json", common) })
-	t.Run("store-v3", func(t *testing.T) {
-		readFixture(t, "store-v3", "expected-v3.json", append(common, "chunk list", "tree version 3"))
-	})
-}
-
-func readFixture(t *testing.T, store, expected string, exercised []string) {
-	r := openStore(t, filepath.Join("testdata", store))
-	var want map[string]map[string]Expect
-	data, err := os.ReadFile(filepath.Join("testdata", expected))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := json.Unmarshal(data, &want); err != nil {
-		t.Fatal(err)
-	}
-	records := map[string]record{}
-	stats := []string{"entries", "files_read", "bytes_read", "blobs_new", "bytes_new", "objects_new", "duration_ns", "pause_ns"}
-	for name, data := range r.objects {
-		hexID, ok := strings.CutPrefix(name, "records/")
-		if !ok {
-			continue
-		}
-		if x := blake3.Sum256(data); hex.EncodeToString(x[:]) != hexID {
-			t.Fatalf("%s: name is not BLAKE3 of the record", name)
-		}
-		var rec record
-		strictJSON(t, name, data, &rec)
-		for k := range rec.RawStats {
-			if !strings.Contains(strings.Join(stats, " "), k) {
-				t.Fatalf("%s: stats field %q is not in the document", name, k)
-			}
-		}
-		checkTime(t, name, rec.Created)
-		// Record versions 1 and 2 ("Versioning and change log"): neither
-		// fixture has a model-call journal or a process change.
-		if rec.Version < 1 || rec.Version > 2 || (rec.Version == 2) != (rec.ID != "") || (rec.Class != "fs" && rec.Class != "process" && rec.Class != "full" && rec.Class != "skip") {
-			t.Fatalf("%s: version %d class %q", name, rec.Version, rec.Class)
-		}
-		records[hexID] = rec
-	}
-	if len(records) != len(want) {
-		t.Fatalf("%d records, fixture made %d checkpoints", len(records), len(want))
-	}
-	for hexID, rec := range records {
-		base, _ := parseHex(rec.BaseTree)
-		layer, _ := parseHex(rec.FSTree)
-		if sk := r.stateKey(layer, r.tree(base)); sk.String() != rec.StateKey {
-			t.Errorf("record %s: state key per the document is %s, the record says %s", hexID[:12], sk, rec.StateKey)
-		}
-		if rec.Turn == 0 && (rec.Parent != "" || rec.StateKey != blake3Hex("TST\x01\x00")) {
-			t.Errorf("record %s: turn 0 has a parent or a non-empty layer", hexID[:12])
-		}
-		if rec.Parent != "" {
-			p, ok := records[rec.Parent]
-			if !ok || rec.Turn != p.Turn+1 {
-				t.Errorf("record %s: parent %s missing or turn not parent's + 1", hexID[:12], rec.Parent)
-			}
-		}
-		got := r.merge(base, layer)
-		exp := want[hexID]
-		for p, x := range exp {
-			e, ok := got[p]
-			if !ok {
-				t.Errorf("record %s: %s missing from the state", hexID[:12], p)
-				continue
-			}
-			r.compare(t, hexID[:12]+" "+p, e, x)
-		}
-		for p := range got {
-			if _, ok := exp[p]; !ok {
-				t.Errorf("record %s: %s in the state, not in the sandbox", hexID[:12], p)
-			}
-		}
-	}
-	for _, what := range exercised {
-		if r.seen[what] == 0 {
-			t.Errorf("the fixture has no %s: regenerate it (gen_test.go)", what)
-		}
-	}
-	// "Store layout": refs, tags and sandbox objects.
-	for name, data := range r.objects {
-		switch {
-		case strings.HasPrefix(name, "refs/heads/"), strings.HasPrefix(name, "refs/tags/"):
-			s := string(data)
-			if !strings.HasSuffix(s, "\n") || len(s) != 65 {
-				t.Fatalf("%s: not 64 hex digits and a newline", name)
-			}
-			if _, ok := records[s[:64]]; !ok {
-				t.Fatalf("%s names no record", name)
-			}
-		case strings.HasPrefix(name, "sandboxes/"):
-			var sb struct {
-				ID       string          `json:"id,omitempty"`   // "Sandbox identity"
-				Home     string          `json:"home,omitempty"` // "Sandbox identity"
-				Name     string          `json:"name"`
-				Backend  string          `json:"backend"`
-				BaseTree string          `json:"base_tree"`
-				Origin   string          `json:"origin"`
-				Created  string          `json:"created"`
-				Config   json.RawMessage `json:"config,omitempty"`
-			}
-			strictJSON(t, name, data, &sb)
-			checkTime(t, name, sb.Created)
-			// Named by name before "Sandbox identity", by ID since.
-			if key := strings.TrimPrefix(name, "sandboxes/"); sb.Name != key && (sb.ID == "" || sb.ID != key) {
-				t.Fatalf("%s: names sandbox %q", name, sb.Name)
-			}
-			// "Record", lineage: a branch's first record has the origin as parent.
-			if sb.Origin != "" {
-				found := false
-				for _, rec := range records {
-					if rec.Sandbox == sb.Name && records[rec.Parent].Sandbox != sb.Name {
-						found = rec.Parent == sb.Origin
-					}
-				}
-				if !found {
-					t.Errorf("%s: no first record whose parent is the origin %s", name, sb.Origin)
-				}
-			}
-		case strings.HasPrefix(name, "packs/"), strings.HasPrefix(name, "records/"):
-		default:
-			t.Errorf("%s: an object the document does not list", name)
-		}
-	}
-}
-
-func blake3Hex(s string) string {
-	x := blake3.Sum256([]byte(s))
-	return hex.EncodeToString(x[:])
-}
-
-func (r *reader) compare(t *testing.T, what string, e entry, x Expect) {
-	types := map[byte]string{tFile: "file", tDir: "dir", tSymlink: "symlink", tHardlink: "hardlink"}
-	if types[e.typ] != x.Type {
-		t.Errorf("%s: %s in the store, %s in the sandbox", what, types[e.typ], x.Type)
-		return
-	}
-	switch e.typ {
-	case tFile:
-		var data []byte
-		for _, c := range e.chunks {
-			data = append(data, r.blob(c, 1)...)
-		}
-		// "Sparse files": the chunks' bytes laid into the data runs, zeros
-		// in the holes.
-		var content []byte
-		for _, h := range e.holes {
-			k := min(h[0], uint64(len(data)))
-			content = append(content, data[:k]...)
-			data = data[k:]
-			content = append(content, make([]byte, h[1])...)
-		}
-		content = append(content, data...)
-		if uint64(len(content)) != e.size || blake3Hex(string(content)) != x.Content {
-			t.Errorf("%s: content differs (%d bytes, size %d)", what, len(content), e.size)
-		}
-		if e.mtime != x.MtimeNs {
-			t.Errorf("%s: mtime %d, sandbox had %d", what, e.mtime, x.MtimeNs)
-		}
-	case tSymlink, tHardlink:
-		if e.target != x.Target {
-			t.Errorf("%s: target %q, sandbox had %q", what, e.target, x.Target)
-		}
-		return
-	}
-	if uint32(e.mode) != x.Mode {
-		t.Errorf("%s: mode %o, sandbox had %o", what, e.mode, x.Mode)
-	}
-	xs := map[string]string{}
-	for _, xa := range e.xattrs {
-		xs[xa[0]] = xa[1]
-	}
-	if len(xs) != len(x.Xattrs) || fmt.Sprint(xs) != fmt.Sprint(x.Xattrs) && len(xs) > 0 {
-		t.Errorf("%s: xattrs %v, sandbox had %v", what, xs, x.Xattrs)
-	}
 }
