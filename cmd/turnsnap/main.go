@@ -143,7 +143,7 @@ func (a *app) stdout() io.Writer { return a.w }
 // blockAtPhaseEnv is a test hook: TURNSNAP_TEST_BLOCK_AT=PHASE:FILE makes a
 // checkpoint, rollback or gc create FILE and then block for ever when it
 // reaches PHASE (engine.PhaseFreeze ... engine.PhaseCommit, a rollback's
-// "rollback: layer-rewrite", engine.PhaseGCLocked), so a test can SIGKILL
+// "rollback: layer-rewrite", retention.PhaseGCLocked), so a test can SIGKILL
 // turnsnap at exactly that point.
 const blockAtPhaseEnv = "TURNSNAP_TEST_BLOCK_AT"
 
