@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/engine/retention"
 )
 
 // writeRandom writes size bytes of seeded pseudo-random (incompressible,
@@ -84,7 +85,7 @@ func TestSmallChangeNextToHugeFile(t *testing.T) {
 	if fileDigest(t, filepath.Join(br.Root, "huge.bin")) != want {
 		t.Fatal("branch: the huge file differs")
 	}
-	if _, err := e.GC(ctx, GCOptions{}); err != nil {
+	if _, err := e.Retention().GC(ctx, retention.GCOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := e.VerifyStore(ctx, ""); err != nil {
@@ -164,7 +165,7 @@ func TestChunkListsSealedPushedRebuilt(t *testing.T) {
 	must(t, fh.Close())
 	_, err = e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
-	_, err = e.Prune(ctx, PruneOptions{KeepLast: 1})
+	_, err = e.Retention().Prune(ctx, retention.PruneOptions{KeepLast: 1})
 	must(t, err)
 	checkAll(t, e)
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/engine/content"
+	"github.com/turnsnap/turnsnap/engine/retention"
 	"github.com/turnsnap/turnsnap/internal/rootfs"
 	"github.com/turnsnap/turnsnap/overlay"
 	"github.com/turnsnap/turnsnap/proc"
@@ -112,8 +113,9 @@ type Engine struct {
 	keepLines lineMemo     // retention's lines by head (frozen.go)
 	// freezeOnBranch: layers are frozen for branches only (Options).
 	freezeOnBranch bool
-	admit          *admission // checkpoint admission (admit.go)
-	headTrees      headTrees  // each sandbox's last turn's trees (headtrees.go)
+	admit          *admission           // checkpoint admission (admit.go)
+	retention      *retention.Retention // prune, forget, policies, gc (retention_deps.go)
+	headTrees      headTrees            // each sandbox's last turn's trees (headtrees.go)
 	// receiptOff leaves a restore's receipt unchecked: only the receipt's
 	// benchmark sets it, for its baseline (BenchmarkRollbackReceipt).
 	receiptOff bool
@@ -211,6 +213,7 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	ob.SetIDs(e.ids())
 	ob.SetLoader(func() delta.BlobLoader { return e.repo }) // stacked roots' scans (frozen.go)
 	e.backends = map[string]rootfs.Backend{overlay.Name: ob}
+	e.retention = e.newRetention()
 	e.cleanProcWork() // process images a killed turnsnap left (procrecover.go)
 	ok = true
 	return e, nil

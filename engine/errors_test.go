@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/turnsnap/turnsnap/engine/retention"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
 
@@ -35,11 +36,11 @@ func TestErrorsNameSubjectOnce(t *testing.T) {
 		}()},
 		{"verify of a missing tag", `"nosuchtag"`, func() error { _, err := e.Verify(ctx, "nosuchtag"); return err }()},
 		{"forget of a missing sandbox", "agnet", func() error {
-			_, err := e.Forget(ctx, ForgetOptions{Sandbox: "agnet", Policy: RetentionPolicy{KeepLast: 1}})
+			_, err := e.Retention().Forget(ctx, retention.ForgetOptions{Sandbox: "agnet", Policy: retention.Policy{KeepLast: 1}})
 			return err
 		}()},
-		{"policy of a missing sandbox", "agnet", e.SetPolicy(ctx, PolicyOptions{Sandbox: "agnet", Policy: RetentionPolicy{KeepLast: 1}})},
-		{"policies of a missing sandbox", "agnet", func() error { _, err := e.ShowPolicies(ctx, "agnet"); return err }()},
+		{"policy of a missing sandbox", "agnet", e.Retention().SetPolicy(ctx, retention.PolicyOptions{Sandbox: "agnet", Policy: retention.Policy{KeepLast: 1}})},
+		{"policies of a missing sandbox", "agnet", func() error { _, err := e.Retention().ShowPolicies(ctx, "agnet"); return err }()},
 		{"processes of a missing sandbox", "agnet", func() error { _, err := e.Processes(ctx, "agnet", ProcessesOptions{}); return err }()},
 	} {
 		if !errors.Is(tc.err, errdefs.ErrNotFound) {

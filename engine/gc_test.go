@@ -15,6 +15,7 @@ import (
 
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/engine/retention"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
 
@@ -44,14 +45,14 @@ func TestPruneThenGCReclaimsOnlyDeadPacks(t *testing.T) {
 	_, err = e.Tag(ctx, "keeper", ids[1].String())
 	must(t, err)
 	before := countObjects(t, e.local)
-	pr, err := e.Prune(ctx, PruneOptions{KeepLast: 2})
+	pr, err := e.Retention().Prune(ctx, retention.PruneOptions{KeepLast: 2})
 	must(t, err)
 	// Kept: the newest two and the tag; deleted: turn 0, turns 1 and 3 of
 	// the five edits (ids[0], ids[2]).
 	if len(pr.Deleted) != 3 {
 		t.Fatalf("prune deleted %d checkpoints, want 3: %v", len(pr.Deleted), pr.Deleted)
 	}
-	gr, err := e.GC(ctx, GCOptions{Grace: -1})
+	gr, err := e.Retention().GC(ctx, retention.GCOptions{Grace: -1})
 	must(t, err)
 	if gr.Deleted < 2 || gr.DeletedBytes < 400<<10 {
 		t.Fatalf("gc reclaimed %d packs, %d bytes: %+v", gr.Deleted, gr.DeletedBytes, gr)
@@ -123,12 +124,12 @@ func TestGCWithTwoHostsNeverDeletesReferencedPacks(t *testing.T) {
 	// host leaves dead packs, so the gc below collects for real, not
 	// vacuously.
 	for _, e := range homes {
-		_, err := e.Prune(ctx, PruneOptions{KeepLast: 1})
+		_, err := e.Retention().Prune(ctx, retention.PruneOptions{KeepLast: 1})
 		must(t, err)
 		_, err = e.Push(ctx, PushOptions{})
 		must(t, err)
 	}
-	gr, err := homes[0].GC(ctx, GCOptions{Grace: -1})
+	gr, err := homes[0].Retention().GC(ctx, retention.GCOptions{Grace: -1})
 	must(t, err)
 	if deleted := collected.Load() + int64(gr.Deleted); deleted == 0 {
 		t.Fatal("no gc deleted any pack: the test exercised nothing")
@@ -171,9 +172,9 @@ func TestPushRestoresAPackAnotherHostCollected(t *testing.T) {
 	write(t, filepath.Join(cr2.Root, "kept-in-P"), string(inP)) // the same bytes: reused from P
 	c2, err := b.Checkpoint(ctx, "s2", CheckpointOptions{})
 	must(t, err)
-	_, err = b.Prune(ctx, PruneOptions{KeepLast: 1}) // the bucket loses every record naming P
+	_, err = b.Retention().Prune(ctx, retention.PruneOptions{KeepLast: 1}) // the bucket loses every record naming P
 	must(t, err)
-	gr, err := a.GC(ctx, GCOptions{Grace: -1})
+	gr, err := a.Retention().GC(ctx, retention.GCOptions{Grace: -1})
 	must(t, err)
 	if gr.Deleted == 0 {
 		t.Fatalf("host A's gc collected nothing: %+v", gr)
@@ -223,12 +224,12 @@ func hostLoop(ctx context.Context, e *Engine, name, root string, seed int64) err
 				}
 			}
 		case op == 2:
-			if _, err := e.Prune(ctx, PruneOptions{KeepLast: 2}); err != nil {
+			if _, err := e.Retention().Prune(ctx, retention.PruneOptions{KeepLast: 2}); err != nil {
 				return fmt.Errorf("%s step %d prune: %w", name, step, err)
 			}
 		default:
 			if err := retry(func() error {
-				r, err := e.GC(ctx, GCOptions{Grace: -1})
+				r, err := e.Retention().GC(ctx, retention.GCOptions{Grace: -1})
 				if err == nil {
 					collected.Add(int64(r.Deleted))
 				}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/engine/llmproxy"
+	"github.com/turnsnap/turnsnap/engine/retention"
 )
 
 // A model-call journal is one of the checkpoint's roots: it is stored with
@@ -54,9 +55,9 @@ func TestJournalFollowsCheckpoint(t *testing.T) {
 		t.Fatalf("a turn without a model call: journal %v (want %v carried), conv %v", plain.Journal, last.Journal, plain.Conv)
 	}
 	checkAll(t, e)
-	_, err = e.Prune(ctx, PruneOptions{KeepLast: 1})
+	_, err = e.Retention().Prune(ctx, retention.PruneOptions{KeepLast: 1})
 	must(t, err)
-	_, err = e.GC(ctx, GCOptions{})
+	_, err = e.Retention().GC(ctx, retention.GCOptions{})
 	must(t, err)
 	checkAll(t, e)
 	_, err = e.RebuildCatalog(ctx)

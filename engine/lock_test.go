@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/engine/retention"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/internal/faultproxy"
 	"github.com/turnsnap/turnsnap/upload"
@@ -112,7 +113,7 @@ func TestKilledPushLeavesAStaleLock(t *testing.T) {
 	// litter it is.
 	data, _ := json.Marshal(locks0.Lock)
 	must(t, upload.PutBytes(ctx, b.remote, locks0.Name, data))
-	if _, err := b.GC(ctx, GCOptions{Grace: time.Hour}); err != nil {
+	if _, err := b.Retention().GC(ctx, retention.GCOptions{Grace: time.Hour}); err != nil {
 		t.Fatalf("gc beside a stale lock: %v", err)
 	}
 	if locks, _ = b.Locks(ctx); len(locks) != 0 {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/engine/retention"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/upload"
 )
@@ -93,7 +94,7 @@ func TestTwoHomesNeverCoOwnASandbox(t *testing.T) {
 
 	// A does not know yet, but its retention reads the bucket's heads: the
 	// sandbox is b's now, and a prunes none of it.
-	pr, err := a.Prune(ctx, PruneOptions{KeepLast: 1})
+	pr, err := a.Retention().Prune(ctx, retention.PruneOptions{KeepLast: 1})
 	must(t, err)
 	if len(pr.Deleted) != 0 || len(pr.Marked) != 0 {
 		t.Fatalf("a pruned a sandbox b adopted: deleted %v, marked %v", pr.Deleted, pr.Marked)

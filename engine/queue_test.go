@@ -9,6 +9,7 @@ import (
 
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/engine/retention"
 	"github.com/turnsnap/turnsnap/internal/faultproxy"
 )
 
@@ -42,12 +43,12 @@ func TestPruneBeforeFirstSyncNeverWedgesTheQueue(t *testing.T) {
 	e, ids := historyHome(t, 4)
 	_, err := e.Init(ctx, remoteCfg(srv.Endpoint, "wedge"))
 	must(t, err)
-	pr, err := e.Prune(ctx, PruneOptions{KeepLast: 1})
+	pr, err := e.Retention().Prune(ctx, retention.PruneOptions{KeepLast: 1})
 	must(t, err)
 	if len(pr.Deleted) != 4 {
 		t.Fatalf("prune deleted %d, want 4", len(pr.Deleted))
 	}
-	_, err = e.GC(ctx, GCOptions{Grace: -1})
+	_, err = e.Retention().GC(ctx, retention.GCOptions{Grace: -1})
 	must(t, err)
 	for i := range 2 {
 		if _, err := e.Push(ctx, PushOptions{}); err != nil {

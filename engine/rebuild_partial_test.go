@@ -17,6 +17,7 @@ import (
 
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/engine/retention"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/internal/hostile"
 	"github.com/turnsnap/turnsnap/upload"
@@ -464,11 +465,11 @@ func TestRebuildAfterAPruneElsewhereLeftAHeadDangling(t *testing.T) {
 	}
 	_, err = a.Push(ctx, PushOptions{})
 	must(t, err)
-	_, err = a.Prune(ctx, PruneOptions{KeepLast: 2})
+	_, err = a.Retention().Prune(ctx, retention.PruneOptions{KeepLast: 2})
 	must(t, err)
 	_, err = a.Push(ctx, PushOptions{})
 	must(t, err)
-	_, err = a.GC(ctx, GCOptions{Grace: -1})
+	_, err = a.Retention().GC(ctx, retention.GCOptions{Grace: -1})
 	must(t, err)
 	if remoteRecords(t, a)[branched.String()] {
 		// A prune that keeps what other homes' heads name (being fixed

@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/engine/retention"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/upload"
 )
@@ -87,13 +87,25 @@ func (sb *sharedBucket) restorable(t *testing.T, want int) {
 	}
 }
 
+// loadMarks reads e's mark object in the bucket (none: an empty one).
+func loadMarks(t *testing.T, e *Engine) *delta.Marks {
+	t.Helper()
+	name := delta.MarkName(e.config.HomeID)
+	data, err := upload.ReadAllMax(context.Background(), e.remote, name, delta.MaxMarksObject)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return &delta.Marks{Version: 1, Home: e.config.HomeID}
+	}
+	must(t, err)
+	m, err := delta.DecodeMarks(name, data)
+	must(t, err)
+	return m
+}
+
 // ageMarks moves e's mark object d into the past, as if its grace had
 // passed.
 func ageMarks(t *testing.T, e *Engine, d time.Duration) {
 	t.Helper()
-	ctx := context.Background()
-	m, err := e.loadMarks(ctx)
-	must(t, err)
+	m := loadMarks(t, e)
 	if len(m.Records) == 0 {
 		t.Fatal("no mark object to age")
 	}
@@ -101,15 +113,15 @@ func ageMarks(t *testing.T, e *Engine, d time.Duration) {
 		m.Records[i].Marked = m.Records[i].Marked.Add(-d)
 		m.Records[i].Due = m.Records[i].Due.Add(-d)
 	}
-	must(t, e.saveMarks(ctx, m))
+	data, err := delta.EncodeMarks(m)
+	must(t, err)
+	must(t, upload.PutBytes(context.Background(), e.remote, delta.MarkName(e.config.HomeID), data))
 }
 
 func markedIDs(t *testing.T, e *Engine) []delta.ID {
 	t.Helper()
-	m, err := e.loadMarks(context.Background())
-	must(t, err)
 	var out []delta.ID
-	for _, mk := range m.Records {
+	for _, mk := range loadMarks(t, e).Records {
 		out = append(out, mk.ID)
 	}
 	return out
@@ -139,7 +151,7 @@ func TestPruneKeepsWhatAnotherHomeBranched(t *testing.T) {
 
 			ids = append(ids, turns(t, a, "x", cr.Root, 2)...)
 			push(t, a)
-			pr, err := a.Prune(ctx, PruneOptions{KeepLast: 2}) // no grace: swept in this run
+			pr, err := a.Retention().Prune(ctx, retention.PruneOptions{KeepLast: 2}) // no grace: swept in this run
 			must(t, err)
 			if slices.Contains(pr.Deleted, ids[3]) {
 				t.Fatalf("a's prune deleted %s, the head of b's xc", ids[3].Short())
@@ -147,7 +159,7 @@ func TestPruneKeepsWhatAnotherHomeBranched(t *testing.T) {
 			if len(pr.Deleted) != 4 || len(pr.Marked) != 0 {
 				t.Fatalf("a's prune deleted %v, marked %v; want x's first 4 deleted", pr.Deleted, pr.Marked)
 			}
-			_, err = a.GC(ctx, GCOptions{Grace: -1})
+			_, err = a.Retention().GC(ctx, retention.GCOptions{Grace: -1})
 			must(t, err)
 			if !remoteRecords(t, a)[ids[3].String()] {
 				t.Fatalf("record %s, b's head, is gone from the bucket", ids[3].Short())
@@ -172,7 +184,7 @@ func TestSweepSparesABranchMadeAfterTheMark(t *testing.T) {
 	push(t, a)
 	before := len(remoteRecords(t, a))
 
-	pr, err := a.Prune(ctx, PruneOptions{KeepLast: 1, Grace: time.Hour})
+	pr, err := a.Retention().Prune(ctx, retention.PruneOptions{KeepLast: 1, Grace: time.Hour})
 	must(t, err)
 	if len(pr.Deleted) != 0 || len(pr.Marked) != 4 {
 		t.Fatalf("prune with a grace deleted %v and marked %d; want nothing deleted, 4 marked", pr.Deleted, len(pr.Marked))
@@ -190,7 +202,7 @@ func TestSweepSparesABranchMadeAfterTheMark(t *testing.T) {
 	}
 	// A gc before the grace is over sweeps nothing, and the marked records
 	// keep their packs.
-	gr, err := a.GC(ctx, GCOptions{Grace: -1})
+	gr, err := a.Retention().GC(ctx, retention.GCOptions{Grace: -1})
 	must(t, err)
 	if gr.RecordsSwept != 0 {
 		t.Fatalf("gc before the grace swept %d records", gr.RecordsSwept)
@@ -208,7 +220,7 @@ func TestSweepSparesABranchMadeAfterTheMark(t *testing.T) {
 	push(t, b)
 
 	ageMarks(t, a, time.Hour)
-	gr, err = a.GC(ctx, GCOptions{Grace: -1})
+	gr, err = a.Retention().GC(ctx, retention.GCOptions{Grace: -1})
 	must(t, err)
 	if gr.RecordsSwept != 3 {
 		t.Fatalf("gc after the grace swept %d records, want 3 (all marked but b's branch point)", gr.RecordsSwept)
@@ -224,7 +236,7 @@ func TestSweepSparesABranchMadeAfterTheMark(t *testing.T) {
 		t.Fatalf("still marked after the sweep: %v", got)
 	}
 	// Pinned by b's refs now: a later prune does not mark it again.
-	pr, err = a.Prune(ctx, PruneOptions{KeepLast: 1, Grace: time.Hour})
+	pr, err = a.Retention().Prune(ctx, retention.PruneOptions{KeepLast: 1, Grace: time.Hour})
 	must(t, err)
 	if len(pr.Marked) != 0 || len(pr.Deleted) != 0 {
 		t.Fatalf("a second prune marked %v, deleted %v", pr.Marked, pr.Deleted)
@@ -254,17 +266,17 @@ func TestGraceZeroSweepHonoursEveryRef(t *testing.T) {
 	turns(t, b, "xc", br.Root, 1) // xc's head is its own now; only its origin names ids[1]
 	push(t, b)
 
-	pr, err := a.Prune(ctx, PruneOptions{KeepLast: 1})
+	pr, err := a.Retention().Prune(ctx, retention.PruneOptions{KeepLast: 1})
 	must(t, err)
 	if len(pr.Deleted) != 3 || slices.Contains(pr.Deleted, ids[0]) || slices.Contains(pr.Deleted, ids[1]) {
 		t.Fatalf("prune deleted %v; want x's first checkpoint, %s and %s", pr.Deleted, ids[2].Short(), ids[3].Short())
 	}
 
 	// The sweep's own look at the bucket: mark, then b tags a marked
-	// checkpoint, then sweep with no pins from a's catalog.
+	// checkpoint, then sweep.
 	ids = append(ids, turns(t, a, "x", cr.Root, 2)...)
 	push(t, a)
-	pr, err = a.Prune(ctx, PruneOptions{KeepLast: 1, Grace: time.Hour})
+	pr, err = a.Retention().Prune(ctx, retention.PruneOptions{KeepLast: 1, Grace: time.Hour})
 	must(t, err)
 	if len(pr.Marked) != 2 {
 		t.Fatalf("prune marked %d, want 2 (%s, %s)", len(pr.Marked), ids[4].Short(), ids[5].Short())
@@ -274,21 +286,23 @@ func TestGraceZeroSweepHonoursEveryRef(t *testing.T) {
 	_, err = b.Tag(ctx, "late", ids[5].String())
 	must(t, err)
 	push(t, b)
-	m, err := a.loadMarks(ctx)
+	// A gc after the grace sweeps. a's catalog pins neither record (its
+	// head is newer, and it has not seen b's tag): only the sweep's own
+	// reading of the bucket keeps ids[5].
+	ageMarks(t, a, 2*time.Hour)
+	gr, err := a.Retention().GC(ctx, retention.GCOptions{Grace: -1})
 	must(t, err)
-	r := &retired{deleted: map[delta.ID]bool{}, marked: map[delta.ID]time.Time{}}
-	must(t, a.sweep(ctx, m, pinned{}, time.Now().Add(2*time.Hour), r))
-	if !r.deleted[ids[4]] || r.deleted[ids[5]] || len(r.deleted) != 1 {
-		t.Fatalf("sweep deleted %v; want only %s", r.deleted, ids[4].Short())
+	inBucket := remoteRecords(t, a)
+	if gr.RecordsSwept != 1 || inBucket[ids[4].String()] {
+		t.Fatalf("sweep deleted %d records (%s still in the bucket: %v); want only %s",
+			gr.RecordsSwept, ids[4].Short(), inBucket[ids[4].String()], ids[4].Short())
 	}
 	if got := markedIDs(t, a); len(got) != 0 {
 		t.Fatalf("still marked after the sweep: %v", got)
 	}
-	if !remoteRecords(t, a)[ids[5].String()] {
+	if !inBucket[ids[5].String()] {
 		t.Fatalf("record %s, tagged by b before the sweep, is gone", ids[5].Short())
 	}
-	_, err = a.GC(ctx, GCOptions{Grace: -1})
-	must(t, err)
 	sb.restorable(t, 2)
 }
 
@@ -309,12 +323,12 @@ func TestPushReuploadsARefTargetSweptMeanwhile(t *testing.T) {
 
 	ids = append(ids, turns(t, a, "x", cr.Root, 2)...)
 	push(t, a)
-	pr, err := a.Prune(ctx, PruneOptions{KeepLast: 2})
+	pr, err := a.Retention().Prune(ctx, retention.PruneOptions{KeepLast: 2})
 	must(t, err)
 	if !slices.Contains(pr.Deleted, ids[3]) {
 		t.Fatalf("prune kept %s, which no ref in the bucket names yet: the test exercises nothing", ids[3].Short())
 	}
-	_, err = a.GC(ctx, GCOptions{Grace: -1})
+	_, err = a.Retention().GC(ctx, retention.GCOptions{Grace: -1})
 	must(t, err)
 	if remoteRecords(t, a)[ids[3].String()] {
 		t.Fatal("record still in the bucket after the sweep")
@@ -345,46 +359,5 @@ func TestPushRefusesARefToAMissingRecord(t *testing.T) {
 	}
 	if _, err := a.remote.Stat(ctx, delta.RefName(delta.RefTag, "gone")); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("the tag reached the bucket: %v", err)
-	}
-}
-
-// bucketPins reads every kind of ref: heads with and without an owner
-// line, tags, and branch origins; a damaged ref fails it (retention that
-// cannot see every ref deletes nothing).
-func TestBucketPins(t *testing.T) {
-	ctx := context.Background()
-	s, err := upload.NewLocal(t.TempDir())
-	must(t, err)
-	id := func(s string) delta.ID { return delta.Hash([]byte(s)) }
-	put := func(name string, data []byte) { must(t, upload.PutBytes(ctx, s, name, data)) }
-	sbA, sbB, home := delta.NewSandboxID(), delta.NewSandboxID(), delta.NewSandboxID()
-	put(delta.RefName(delta.RefHead, sbA), delta.EncodeRef(id("plain head")))
-	put(delta.RefName(delta.RefHead, sbB), delta.EncodeHead(id("owned head"), delta.Owner{Home: home, Epoch: 3}))
-	put(delta.RefName(delta.RefTag, "release"), delta.EncodeRef(id("tagged")))
-	for _, d := range []delta.Sandbox{
-		{ID: sbA, Home: home, Name: "a", Backend: "overlay", BaseTree: id("base"), Origin: id("origin")},
-		{ID: sbB, Home: home, Name: "b", Backend: "overlay", BaseTree: id("base")}, // from a base: no origin
-	} {
-		data, err := json.Marshal(d)
-		must(t, err)
-		put(delta.SandboxName(d.ID), data)
-	}
-	pin := pinned{}
-	must(t, bucketPins(ctx, s, pin))
-	for what, want := range map[string]delta.ID{"head": id("plain head"), "owned head": id("owned head"), "tag": id("tagged"), "origin": id("origin")} {
-		if len(pin[want]) == 0 {
-			t.Errorf("%s %s not pinned: %v", what, want.Short(), pin)
-		}
-	}
-	if len(pin) != 4 {
-		t.Errorf("pinned %d checkpoints, want 4: %v", len(pin), pin)
-	}
-	if why := strings.Join(pin[id("origin")], ","); !strings.Contains(why, "branched: a") {
-		t.Errorf("origin pinned for %q", why)
-	}
-
-	put(delta.RefName(delta.RefHead, delta.NewSandboxID()), []byte("not a ref\n"))
-	if err := bucketPins(ctx, s, pinned{}); !errors.Is(err, errdefs.ErrCorrupt) {
-		t.Fatalf("bucketPins over a damaged head: %v, want ErrCorrupt", err)
 	}
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/engine/retention"
 )
 
 // Scale benchmarks for the history operations (issue 9, item 3): `init` on
@@ -170,7 +171,7 @@ func BenchmarkScalePrune(b *testing.B) {
 		stop := peakHeap()
 		b.StartTimer()
 		start := time.Now()
-		pr, err := e.Prune(context.Background(), PruneOptions{KeepLast: 1})
+		pr, err := e.Retention().Prune(context.Background(), retention.PruneOptions{KeepLast: 1})
 		el := time.Since(start)
 		b.StopTimer()
 		must(b, err)

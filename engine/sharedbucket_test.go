@@ -12,6 +12,7 @@ import (
 
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/engine/retention"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/upload"
 )
@@ -78,7 +79,7 @@ func TestTwoHomesOneBucketNoCrossTalk(t *testing.T) {
 	}
 
 	// B prunes: its own old checkpoints go, A's all stay in the bucket.
-	pr, err := b.Prune(ctx, PruneOptions{KeepLast: 1})
+	pr, err := b.Retention().Prune(ctx, retention.PruneOptions{KeepLast: 1})
 	must(t, err)
 	if len(pr.Deleted) != 3 {
 		t.Fatalf("b's prune deleted %d checkpoints, want its own 3: %v", len(pr.Deleted), pr.Deleted)
@@ -113,7 +114,7 @@ func TestTwoHomesOneBucketNoCrossTalk(t *testing.T) {
 		t.Fatalf("rebuild on c: %d sandboxes, %d checkpoints; want 2, 5", rep.Sandboxes, rep.Checkpoints)
 	}
 	// C owns neither: its prune deletes nothing.
-	pr, err = c.Prune(ctx, PruneOptions{KeepLast: 1})
+	pr, err = c.Retention().Prune(ctx, retention.PruneOptions{KeepLast: 1})
 	must(t, err)
 	if len(pr.Deleted) != 0 {
 		t.Fatalf("a home that owns nothing pruned %v", pr.Deleted)
@@ -240,7 +241,7 @@ func TestPruneReclaimsARemovedOwnSandbox(t *testing.T) {
 		must(t, err)
 	}
 	must(t, e.RemoveSandbox(ctx, "gone"))
-	pr, err := e.Prune(ctx, PruneOptions{KeepLast: 1})
+	pr, err := e.Retention().Prune(ctx, retention.PruneOptions{KeepLast: 1})
 	must(t, err)
 	if len(pr.Deleted) != 3 || pr.Kept != 1 {
 		t.Fatalf("prune of a removed own sandbox: deleted %d, kept %d; want 3, 1", len(pr.Deleted), pr.Kept)

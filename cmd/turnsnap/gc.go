@@ -5,12 +5,12 @@ import (
 	"fmt"
 
 	"github.com/spf13/cobra"
-	"github.com/turnsnap/turnsnap/engine"
 	"github.com/turnsnap/turnsnap/engine/api"
+	"github.com/turnsnap/turnsnap/engine/retention"
 )
 
 func (a *app) gcCmd() *cobra.Command {
-	var opts engine.GCOptions
+	var opts retention.GCOptions
 	c := &cobra.Command{
 		Use:   "gc [--grace DURATION] [--dry-run]",
 		Short: "Delete packs no checkpoint references, locally and in the bucket",
@@ -40,7 +40,7 @@ see docs/STORAGE.md for the protocol that keeps shared buckets safe.`,
 		}
 		return nil
 	})
-	c.Flags().DurationVar(&opts.Grace, "grace", engine.DefaultGCGrace, "never delete packs younger than this")
+	c.Flags().DurationVar(&opts.Grace, "grace", retention.DefaultGCGrace, "never delete packs younger than this")
 	c.Flags().BoolVar(&opts.DryRun, "dry-run", false, "report what would be deleted, delete nothing")
 	return c
 }
@@ -58,7 +58,7 @@ checkpoints are listed as "marked ..., deleted after DATE". Without a remote
 records are deleted at once.`
 
 func (a *app) pruneCmd() *cobra.Command {
-	var opts engine.PruneOptions
+	var opts retention.PruneOptions
 	var gc bool
 	c := &cobra.Command{
 		Use:   "prune --keep-last N [--grace DURATION] [--gc]",
@@ -110,7 +110,7 @@ For a finer policy (hourly, daily, within a span) see 'turnsnap forget'.
 		return nil
 	})
 	c.Flags().IntVar(&opts.KeepLast, "keep-last", 0, "checkpoints to keep per sandbox (required, >= 1)")
-	c.Flags().DurationVar(&opts.Grace, "grace", engine.DefaultRecordGrace, "with a remote: keep pruned records marked this long before a later run deletes them (0: delete in this run)")
+	c.Flags().DurationVar(&opts.Grace, "grace", retention.DefaultRecordGrace, "with a remote: keep pruned records marked this long before a later run deletes them (0: delete in this run)")
 	c.Flags().BoolVar(&opts.DryRun, "dry-run", false, "report what would be deleted, delete nothing")
 	c.Flags().BoolVar(&gc, "gc", false, "run gc afterwards")
 	c.MarkFlagRequired("keep-last")

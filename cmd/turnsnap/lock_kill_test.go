@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/turnsnap/turnsnap/delta"
-	"github.com/turnsnap/turnsnap/engine"
+	"github.com/turnsnap/turnsnap/engine/retention"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/internal/miniotest"
 	"github.com/turnsnap/turnsnap/internal/testenv"
@@ -62,7 +62,7 @@ func TestKilledGCBlocksOnlyOtherHostsForItsWindow(t *testing.T) {
 
 	// gc on h1, killed while it holds its lock.
 	flag := filepath.Join(dir, "gc-locked")
-	gc := cli(h1, []string{testhook.BlockAtEnv + "=" + engine.PhaseGCLocked + ":" + flag}, "gc")
+	gc := cli(h1, []string{testhook.BlockAtEnv + "=" + retention.PhaseGCLocked + ":" + flag}, "gc")
 	var gcOut strings.Builder
 	gc.Stdout, gc.Stderr = &gcOut, &gcOut
 	must(t, gc.Start())

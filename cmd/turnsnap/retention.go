@@ -7,12 +7,12 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"github.com/turnsnap/turnsnap/engine"
 	"github.com/turnsnap/turnsnap/engine/api"
+	"github.com/turnsnap/turnsnap/engine/retention"
 )
 
 // policyFlags binds the --keep-* flags shared by forget and policy set.
-func policyFlags(c *cobra.Command, p *engine.RetentionPolicy) {
+func policyFlags(c *cobra.Command, p *retention.Policy) {
 	f := c.Flags()
 	f.IntVar(&p.KeepLast, "keep-last", 0, "keep the newest N checkpoints")
 	f.StringVar(&p.KeepWithin, "keep-within", "", "keep checkpoints taken within this span before the newest one (36h, 7d, 2w)")
@@ -37,7 +37,7 @@ rolled back to it, or took a checkpoint on top of it). Only checkpoints of
 sandboxes this home created are deleted.`
 
 func (a *app) forgetCmd() *cobra.Command {
-	var opts engine.ForgetOptions
+	var opts retention.ForgetOptions
 	var gc bool
 	var grace time.Duration
 	c := &cobra.Command{
@@ -71,7 +71,7 @@ space.
 	c.Flags().BoolVar(&opts.All, "all", false, "every sandbox this home created")
 	c.Flags().BoolVar(&opts.DryRun, "dry-run", false, "list what would be kept and deleted, delete nothing")
 	c.Flags().BoolVar(&gc, "gc", false, "run gc afterwards")
-	c.Flags().DurationVar(&grace, "grace", engine.DefaultRecordGrace, "with a remote: keep dropped records marked this long before a later run deletes them (0: delete in this run)")
+	c.Flags().DurationVar(&grace, "grace", retention.DefaultRecordGrace, "with a remote: keep dropped records marked this long before a later run deletes them (0: delete in this run)")
 	return c
 }
 
@@ -129,13 +129,13 @@ for a host without the daemon).
 
 ` + retentionRules,
 	}
-	var p engine.RetentionPolicy
+	var p retention.Policy
 	set := &cobra.Command{
 		Use:   "set [NAME] --keep-...",
 		Short: "Set the policy of a sandbox (or of the home, without NAME)",
 		Args:  cobra.MaximumNArgs(1),
 		RunE: a.withService(nil, func(ctx context.Context, s service, args []string) error {
-			opts := engine.PolicyOptions{Policy: p}
+			opts := retention.PolicyOptions{Policy: p}
 			if len(args) == 1 {
 				opts.Sandbox = args[0]
 			}
@@ -195,12 +195,12 @@ for a host without the daemon).
 		return a.printForget(r)
 	})
 	apply.Flags().BoolVar(&gc, "gc", false, "run gc afterwards")
-	apply.Flags().DurationVar(&grace, "grace", engine.DefaultRecordGrace, "with a remote: keep dropped records marked this long before a later run deletes them (0: delete in this run)")
+	apply.Flags().DurationVar(&grace, "grace", retention.DefaultRecordGrace, "with a remote: keep dropped records marked this long before a later run deletes them (0: delete in this run)")
 	c.AddCommand(set, show, clear, apply)
 	return c
 }
 
-func (a *app) showPolicies(v *engine.PolicyView, name string) error {
+func (a *app) showPolicies(v *retention.PolicyView, name string) error {
 	if a.json {
 		return printJSON(a.stdout(), v)
 	}
@@ -218,7 +218,7 @@ func (a *app) showPolicies(v *engine.PolicyView, name string) error {
 	return nil
 }
 
-func policyText(p *engine.RetentionPolicy) string {
+func policyText(p *retention.Policy) string {
 	if p == nil || p.IsZero() {
 		return "none"
 	}

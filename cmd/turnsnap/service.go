@@ -14,6 +14,7 @@ import (
 	"github.com/turnsnap/turnsnap/engine"
 	"github.com/turnsnap/turnsnap/engine/api"
 	"github.com/turnsnap/turnsnap/engine/api/client"
+	"github.com/turnsnap/turnsnap/engine/retention"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
 
@@ -44,7 +45,7 @@ type service interface {
 	Status(ctx context.Context) (*engine.StatusReport, error)
 	Sync(ctx context.Context, req api.SyncRequest) (*api.Synced, error)
 	Prune(ctx context.Context, req api.PruneRequest) (*api.Pruned, error)
-	GC(ctx context.Context, req api.GCRequest) (*engine.GCReport, error)
+	GC(ctx context.Context, req api.GCRequest) (*retention.GCReport, error)
 	Init(ctx context.Context, req api.InitRequest) (*api.Initialised, error)
 	RebuildCatalog(ctx context.Context, req api.RebuildRequest) (*api.Rebuilt, error)
 	everydayService
@@ -62,9 +63,9 @@ type everydayService interface {
 	Processes(ctx context.Context, name string) (*engine.ProcessList, error)
 	Forget(ctx context.Context, req api.ForgetRequest) (*api.Forgotten, error)
 	ApplyPolicies(ctx context.Context, req api.ApplyPoliciesRequest) (*api.Forgotten, error)
-	ShowPolicies(ctx context.Context, sandbox string) (*engine.PolicyView, error)
-	SetPolicy(ctx context.Context, req engine.PolicyOptions) (*engine.PolicyView, error)
-	ClearPolicy(ctx context.Context, sandbox string) (*engine.PolicyView, error)
+	ShowPolicies(ctx context.Context, sandbox string) (*retention.PolicyView, error)
+	SetPolicy(ctx context.Context, req retention.PolicyOptions) (*retention.PolicyView, error)
+	ClearPolicy(ctx context.Context, sandbox string) (*retention.PolicyView, error)
 }
 
 var (

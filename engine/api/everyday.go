@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/turnsnap/turnsnap/engine"
+	"github.com/turnsnap/turnsnap/engine/retention"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
 
@@ -36,13 +37,13 @@ type RestorePathsRequest struct {
 	To string `json:"to,omitempty"`
 }
 
-// ForgetRequest is POST /v1/forget: engine.ForgetOptions, and GC to run
+// ForgetRequest is POST /v1/forget: retention.ForgetOptions, and GC to run
 // gc afterwards.
 type ForgetRequest struct {
-	engine.ForgetOptions
+	retention.ForgetOptions
 	GC bool `json:"gc,omitempty"`
 	// GraceMS: with a remote, how long dropped records stay marked before
-	// a later run deletes them; absent: engine.DefaultRecordGrace, 0: this
+	// a later run deletes them; absent: retention.DefaultRecordGrace, 0: this
 	// run sweeps them.
 	GraceMS *int64 `json:"grace_ms,omitempty"`
 }
@@ -56,7 +57,7 @@ type ApplyPoliciesRequest struct {
 // recordGrace is a request's record grace: absent is the default.
 func recordGrace(ms *int64, what string) (time.Duration, error) {
 	if ms == nil {
-		return engine.DefaultRecordGrace, nil
+		return retention.DefaultRecordGrace, nil
 	}
 	if *ms < 0 {
 		return 0, invalidf("%s: negative grace", what)
@@ -67,8 +68,8 @@ func recordGrace(ms *int64, what string) (time.Duration, error) {
 // Forgotten is what forget and policy apply did: the engine's report and,
 // with GC, the gc that followed (null otherwise).
 type Forgotten struct {
-	engine.ForgetReport
-	GC *engine.GCReport `json:"gc"`
+	retention.ForgetReport
+	GC *retention.GCReport `json:"gc"`
 }
 
 // MaxRestorePaths bounds one restore request's paths.
@@ -136,7 +137,7 @@ func (s *Service) Forget(ctx context.Context, req ForgetRequest) (*Forgotten, er
 		return nil, err
 	}
 	req.ForgetOptions.Grace = grace
-	r, err := s.E.Forget(ctx, req.ForgetOptions)
+	r, err := s.E.Retention().Forget(ctx, req.ForgetOptions)
 	if err != nil {
 		return nil, err
 	}
@@ -150,16 +151,16 @@ func (s *Service) ApplyPolicies(ctx context.Context, req ApplyPoliciesRequest) (
 	if err != nil {
 		return nil, err
 	}
-	r, err := s.E.ApplyPolicies(ctx, grace)
+	r, err := s.E.Retention().ApplyPolicies(ctx, grace)
 	if err != nil {
 		return nil, err
 	}
 	return s.forgotten(ctx, r, req.GC)
 }
 
-func (s *Service) forgotten(ctx context.Context, r *engine.ForgetReport, gc bool) (*Forgotten, error) {
+func (s *Service) forgotten(ctx context.Context, r *retention.ForgetReport, gc bool) (*Forgotten, error) {
 	if r.Sandboxes == nil {
-		r.Sandboxes = []engine.ForgetSandbox{}
+		r.Sandboxes = []retention.ForgetSandbox{}
 	}
 	if !r.DryRun {
 		s.Monitor.forgot(r)
@@ -167,7 +168,7 @@ func (s *Service) forgotten(ctx context.Context, r *engine.ForgetReport, gc bool
 	}
 	out := &Forgotten{ForgetReport: *r}
 	if gc && !r.DryRun {
-		g, err := s.E.GC(ctx, engine.GCOptions{Grace: engine.DefaultGCGrace})
+		g, err := s.E.Retention().GC(ctx, retention.GCOptions{Grace: retention.DefaultGCGrace})
 		if err != nil {
 			return nil, fmt.Errorf("forgot %d checkpoints, then gc: %w", r.CheckpointsDeleted, err)
 		}
@@ -179,20 +180,20 @@ func (s *Service) forgotten(ctx context.Context, r *engine.ForgetReport, gc bool
 
 // ShowPolicies is the home's policy and the one each sandbox (or only
 // sandbox, if set) follows.
-func (s *Service) ShowPolicies(ctx context.Context, sandbox string) (*engine.PolicyView, error) {
-	v, err := s.E.ShowPolicies(ctx, sandbox)
+func (s *Service) ShowPolicies(ctx context.Context, sandbox string) (*retention.PolicyView, error) {
+	v, err := s.E.Retention().ShowPolicies(ctx, sandbox)
 	if err != nil {
 		return nil, err
 	}
 	if v.Sandboxes == nil {
-		v.Sandboxes = []engine.SandboxPolicy{}
+		v.Sandboxes = []retention.SandboxPolicy{}
 	}
 	return v, nil
 }
 
 // SetPolicy stores a policy and returns the policies as they now are.
-func (s *Service) SetPolicy(ctx context.Context, req engine.PolicyOptions) (*engine.PolicyView, error) {
-	if err := s.E.SetPolicy(ctx, req); err != nil {
+func (s *Service) SetPolicy(ctx context.Context, req retention.PolicyOptions) (*retention.PolicyView, error) {
+	if err := s.E.Retention().SetPolicy(ctx, req); err != nil {
 		return nil, err
 	}
 	return s.ShowPolicies(ctx, req.Sandbox)
@@ -200,8 +201,8 @@ func (s *Service) SetPolicy(ctx context.Context, req engine.PolicyOptions) (*eng
 
 // ClearPolicy removes a sandbox's policy (or the home's, for "") and
 // returns the policies as they now are.
-func (s *Service) ClearPolicy(ctx context.Context, sandbox string) (*engine.PolicyView, error) {
-	if err := s.E.ClearPolicy(ctx, engine.PolicyOptions{Sandbox: sandbox}); err != nil {
+func (s *Service) ClearPolicy(ctx context.Context, sandbox string) (*retention.PolicyView, error) {
+	if err := s.E.Retention().ClearPolicy(ctx, retention.PolicyOptions{Sandbox: sandbox}); err != nil {
 		return nil, err
 	}
 	return s.ShowPolicies(ctx, sandbox)
@@ -243,13 +244,13 @@ func (s *Server) everydayRoutes() {
 	route(s, "POST /v1/forget", func(ctx context.Context, _ *http.Request, req ForgetRequest) (*Forgotten, error) {
 		return sv.Forget(ctx, req)
 	})
-	route(s, "GET /v1/policies", func(ctx context.Context, r *http.Request, _ none) (*engine.PolicyView, error) {
+	route(s, "GET /v1/policies", func(ctx context.Context, r *http.Request, _ none) (*retention.PolicyView, error) {
 		return sv.ShowPolicies(ctx, r.URL.Query().Get("sandbox"))
 	})
-	route(s, "PUT /v1/policies", func(ctx context.Context, _ *http.Request, req engine.PolicyOptions) (*engine.PolicyView, error) {
+	route(s, "PUT /v1/policies", func(ctx context.Context, _ *http.Request, req retention.PolicyOptions) (*retention.PolicyView, error) {
 		return sv.SetPolicy(ctx, req)
 	})
-	route(s, "DELETE /v1/policies", func(ctx context.Context, r *http.Request, _ none) (*engine.PolicyView, error) {
+	route(s, "DELETE /v1/policies", func(ctx context.Context, r *http.Request, _ none) (*retention.PolicyView, error) {
 		return sv.ClearPolicy(ctx, r.URL.Query().Get("sandbox"))
 	})
 	route(s, "POST /v1/policies/apply", func(ctx context.Context, _ *http.Request, req ApplyPoliciesRequest) (*Forgotten, error) {
@@ -365,14 +366,14 @@ func CatTrailerError(tr http.Header, ref, path string) error {
 }
 
 // gced publishes a gc that ran (a dry run changes nothing).
-func (m *Monitor) gced(r *engine.GCReport) {
+func (m *Monitor) gced(r *retention.GCReport) {
 	if r != nil && !r.DryRun {
 		m.changed(Event{Type: EventGC, Deleted: r.Deleted, DurationMS: r.DurationMillis})
 	}
 }
 
 // forgot counts the checkpoints a retention run deleted.
-func (m *Monitor) forgot(r *engine.ForgetReport) {
+func (m *Monitor) forgot(r *retention.ForgetReport) {
 	if m == nil || r.CheckpointsDeleted <= 0 {
 		return
 	}

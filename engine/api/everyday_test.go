@@ -16,8 +16,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/turnsnap/turnsnap/engine"
 	"github.com/turnsnap/turnsnap/engine/api"
+	"github.com/turnsnap/turnsnap/engine/retention"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
 
@@ -130,11 +130,11 @@ func TestAPIEverydayRoutes(t *testing.T) {
 		}
 	}
 
-	v, err := f.c.SetPolicy(ctx, engine.PolicyOptions{Sandbox: "s", Policy: engine.RetentionPolicy{KeepLast: 1}})
+	v, err := f.c.SetPolicy(ctx, retention.PolicyOptions{Sandbox: "s", Policy: retention.Policy{KeepLast: 1}})
 	if err != nil || len(v.Sandboxes) != 1 || v.Sandboxes[0].Policy == nil || v.Sandboxes[0].Policy.KeepLast != 1 {
 		t.Fatalf("set policy: %+v, %v", v, err)
 	}
-	dry, err := f.c.Forget(ctx, api.ForgetRequest{ForgetOptions: engine.ForgetOptions{Sandbox: "s", Policy: engine.RetentionPolicy{KeepLast: 1}, DryRun: true}})
+	dry, err := f.c.Forget(ctx, api.ForgetRequest{ForgetOptions: retention.ForgetOptions{Sandbox: "s", Policy: retention.Policy{KeepLast: 1}, DryRun: true}})
 	if err != nil || !dry.DryRun || dry.CheckpointsDeleted != 2 || dry.GC != nil {
 		t.Fatalf("forget --dry-run: %+v, %v", dry, err)
 	}
@@ -196,8 +196,8 @@ func TestAPICatStalledReader(t *testing.T) {
 	fctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
 	start := time.Now()
-	if _, err := f.c.Forget(fctx, api.ForgetRequest{ForgetOptions: engine.ForgetOptions{Sandbox: "s",
-		Policy: engine.RetentionPolicy{KeepLast: 10}, DryRun: true}}); err != nil {
+	if _, err := f.c.Forget(fctx, api.ForgetRequest{ForgetOptions: retention.ForgetOptions{Sandbox: "s",
+		Policy: retention.Policy{KeepLast: 10}, DryRun: true}}); err != nil {
 		t.Fatalf("forget while a cat reader stalls: %v (after %s)", err, time.Since(start))
 	}
 }

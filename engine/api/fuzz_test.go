@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/turnsnap/turnsnap/engine"
+	"github.com/turnsnap/turnsnap/engine/retention"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
 
@@ -24,7 +24,7 @@ func FuzzDecodeRequest(f *testing.F) {
 	s := &Server{maxBody: 1 << 16}
 	f.Fuzz(func(t *testing.T, body string) {
 		for _, v := range []any{&CheckpointRequest{}, &BranchRequest{}, &ExecRequest{}, &InitRequest{},
-			&ForgetRequest{}, &RestorePathsRequest{}, &engine.PolicyOptions{}, &ApplyPoliciesRequest{}} {
+			&ForgetRequest{}, &RestorePathsRequest{}, &retention.PolicyOptions{}, &ApplyPoliciesRequest{}} {
 			r := httptest.NewRequest("POST", "/v1/x", strings.NewReader(body))
 			err := s.decode(httptest.NewRecorder(), r, v)
 			if err != nil {

@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/engine"
+	"github.com/turnsnap/turnsnap/engine/retention"
 )
 
 // Options configures New.
@@ -329,7 +330,7 @@ func (s *Server) routes() {
 	route(s, "POST /v1/prune", func(ctx context.Context, _ *http.Request, req PruneRequest) (*Pruned, error) {
 		return sv.Prune(ctx, req)
 	})
-	route(s, "POST /v1/gc", func(ctx context.Context, _ *http.Request, req GCRequest) (*engine.GCReport, error) {
+	route(s, "POST /v1/gc", func(ctx context.Context, _ *http.Request, req GCRequest) (*retention.GCReport, error) {
 		return sv.GC(ctx, req)
 	})
 	route(s, "POST /v1/init", func(ctx context.Context, _ *http.Request, req InitRequest) (*Initialised, error) {

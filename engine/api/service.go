@@ -9,6 +9,7 @@ import (
 	"github.com/turnsnap/turnsnap/btrfs"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/engine"
+	"github.com/turnsnap/turnsnap/engine/retention"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/upload/sched"
 )
@@ -411,20 +412,20 @@ func (s *Service) Prune(ctx context.Context, req PruneRequest) (*Pruned, error) 
 	if err != nil {
 		return nil, err
 	}
-	r, err := s.E.Prune(ctx, engine.PruneOptions{KeepLast: req.KeepLast, DryRun: req.DryRun, Grace: grace})
+	r, err := s.E.Retention().Prune(ctx, retention.PruneOptions{KeepLast: req.KeepLast, DryRun: req.DryRun, Grace: grace})
 	if err != nil {
 		return nil, err
 	}
 	out := &Pruned{Deleted: r.Deleted, NDeleted: len(r.Deleted), Kept: r.Kept, Checkpoints: r.Checkpoints,
 		Marked: r.Marked, NMarked: len(r.Marked)}
 	if out.Checkpoints == nil {
-		out.Checkpoints = []engine.RetentionEntry{}
+		out.Checkpoints = []retention.Entry{}
 	}
 	if !req.DryRun {
 		s.Monitor.changed(Event{Type: EventForget, Deleted: len(r.Deleted)})
 	}
 	if req.GC && !req.DryRun {
-		if out.GC, err = s.E.GC(ctx, engine.GCOptions{Grace: engine.DefaultGCGrace}); err != nil {
+		if out.GC, err = s.E.Retention().GC(ctx, retention.GCOptions{Grace: retention.DefaultGCGrace}); err != nil {
 			return nil, err
 		}
 		s.Monitor.gced(out.GC)
@@ -432,15 +433,15 @@ func (s *Service) Prune(ctx context.Context, req PruneRequest) (*Pruned, error) 
 	return out, nil
 }
 
-func (s *Service) GC(ctx context.Context, req GCRequest) (*engine.GCReport, error) {
-	grace := engine.DefaultGCGrace
+func (s *Service) GC(ctx context.Context, req GCRequest) (*retention.GCReport, error) {
+	grace := retention.DefaultGCGrace
 	if req.GraceMS != nil {
 		if *req.GraceMS < 0 {
 			return nil, invalidf("gc: negative grace")
 		}
 		grace = time.Duration(*req.GraceMS) * time.Millisecond
 	}
-	r, err := s.E.GC(ctx, engine.GCOptions{Grace: grace, DryRun: req.DryRun})
+	r, err := s.E.Retention().GC(ctx, retention.GCOptions{Grace: grace, DryRun: req.DryRun})
 	if err == nil {
 		s.Monitor.gced(r)
 	}

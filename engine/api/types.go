@@ -5,6 +5,7 @@ import (
 
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/engine"
+	"github.com/turnsnap/turnsnap/engine/retention"
 )
 
 // The wire types. Each response is exactly the object the CLI prints with
@@ -304,7 +305,7 @@ type PruneRequest struct {
 	DryRun   bool `json:"dry_run,omitempty"`
 	GC       bool `json:"gc,omitempty"` // run gc afterwards
 	// GraceMS: with a remote, how long pruned records stay marked before a
-	// later run deletes them; absent: engine.DefaultRecordGrace, 0: this
+	// later run deletes them; absent: retention.DefaultRecordGrace, 0: this
 	// run sweeps them (after re-reading every ref in the bucket).
 	GraceMS *int64 `json:"grace_ms,omitempty"`
 }
@@ -314,19 +315,19 @@ type Pruned struct {
 	Deleted  []delta.ID `json:"deleted"`
 	NDeleted int        `json:"checkpoints_deleted"`
 	// Checkpoints describes each deleted checkpoint, for the text report.
-	Checkpoints []engine.RetentionEntry `json:"checkpoints"`
-	GC          *engine.GCReport        `json:"gc"`
-	Kept        int                     `json:"checkpoints_kept"`
+	Checkpoints []retention.Entry   `json:"checkpoints"`
+	GC          *retention.GCReport `json:"gc"`
+	Kept        int                 `json:"checkpoints_kept"`
 	// Marked are checkpoints marked for deletion, each deleted by a later
 	// prune, forget or gc after its delete_after unless a ref names it.
-	Marked  []engine.RetentionEntry `json:"marked"`
-	NMarked int                     `json:"checkpoints_marked"`
+	Marked  []retention.Entry `json:"marked"`
+	NMarked int               `json:"checkpoints_marked"`
 }
 
 // GCRequest is POST /v1/gc.
 type GCRequest struct {
 	// GraceMS: never delete packs younger than this; absent: the default
-	// (engine.DefaultGCGrace), 0: none kept for their age.
+	// (retention.DefaultGCGrace), 0: none kept for their age.
 	GraceMS *int64 `json:"grace_ms,omitempty"`
 	DryRun  bool   `json:"dry_run,omitempty"`
 }

@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/turnsnap/turnsnap/delta"
-	"github.com/turnsnap/turnsnap/engine"
 	"github.com/turnsnap/turnsnap/engine/api"
+	"github.com/turnsnap/turnsnap/engine/retention"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
 
@@ -383,7 +383,7 @@ func (wk *worker) prune(ctx context.Context) {
 // releasedBy is what a prune released: what it deleted, and what it only
 // marked (a later run deletes it after the grace, without naming it
 // again: a marked checkpoint is released by the run that marked it).
-func releasedBy(deleted []delta.ID, marked []engine.RetentionEntry) []delta.ID {
+func releasedBy(deleted []delta.ID, marked []retention.Entry) []delta.ID {
 	out := append([]delta.ID(nil), deleted...)
 	for _, m := range marked {
 		out = append(out, m.ID)
@@ -405,8 +405,8 @@ func (wk *worker) forget(ctx context.Context) {
 		if !wk.caps.forgetGrace {
 			wk.skip("forget --grace 0")
 		}
-		f, err = wk.h.c.Forget(ctx, api.ForgetRequest{ForgetOptions: engine.ForgetOptions{All: true,
-			Policy: engine.RetentionPolicy{KeepLast: keep}}})
+		f, err = wk.h.c.Forget(ctx, api.ForgetRequest{ForgetOptions: retention.ForgetOptions{All: true,
+			Policy: retention.Policy{KeepLast: keep}}})
 	}
 	wk.retention(op, keep, start, err)
 	if err != nil {

@@ -23,6 +23,7 @@ import (
 
 	"github.com/turnsnap/turnsnap/engine"
 	"github.com/turnsnap/turnsnap/engine/api"
+	"github.com/turnsnap/turnsnap/engine/retention"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
 
@@ -254,8 +255,8 @@ func (c *Client) Prune(ctx context.Context, req api.PruneRequest) (*api.Pruned, 
 	return call[api.Pruned](ctx, c, http.MethodPost, "/v1/prune", req)
 }
 
-func (c *Client) GC(ctx context.Context, req api.GCRequest) (*engine.GCReport, error) {
-	return call[engine.GCReport](ctx, c, http.MethodPost, "/v1/gc", req)
+func (c *Client) GC(ctx context.Context, req api.GCRequest) (*retention.GCReport, error) {
+	return call[retention.GCReport](ctx, c, http.MethodPost, "/v1/gc", req)
 }
 
 func (c *Client) Init(ctx context.Context, req api.InitRequest) (*api.Initialised, error) {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/turnsnap/turnsnap/engine"
 	"github.com/turnsnap/turnsnap/engine/api"
+	"github.com/turnsnap/turnsnap/engine/retention"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
 
@@ -99,14 +100,14 @@ func policyQuery(sandbox string) string {
 	return "/v1/policies?sandbox=" + url.QueryEscape(sandbox)
 }
 
-func (c *Client) ShowPolicies(ctx context.Context, sandbox string) (*engine.PolicyView, error) {
-	return call[engine.PolicyView](ctx, c, http.MethodGet, policyQuery(sandbox), nil)
+func (c *Client) ShowPolicies(ctx context.Context, sandbox string) (*retention.PolicyView, error) {
+	return call[retention.PolicyView](ctx, c, http.MethodGet, policyQuery(sandbox), nil)
 }
 
-func (c *Client) SetPolicy(ctx context.Context, req engine.PolicyOptions) (*engine.PolicyView, error) {
-	return call[engine.PolicyView](ctx, c, http.MethodPut, "/v1/policies", req)
+func (c *Client) SetPolicy(ctx context.Context, req retention.PolicyOptions) (*retention.PolicyView, error) {
+	return call[retention.PolicyView](ctx, c, http.MethodPut, "/v1/policies", req)
 }
 
-func (c *Client) ClearPolicy(ctx context.Context, sandbox string) (*engine.PolicyView, error) {
-	return call[engine.PolicyView](ctx, c, http.MethodDelete, policyQuery(sandbox), nil)
+func (c *Client) ClearPolicy(ctx context.Context, sandbox string) (*retention.PolicyView, error) {
+	return call[retention.PolicyView](ctx, c, http.MethodDelete, policyQuery(sandbox), nil)
 }

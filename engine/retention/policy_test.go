@@ -1,4 +1,4 @@
-package engine
+package retention
 
 import (
 	"errors"
@@ -21,7 +21,7 @@ func fakeHistory(times ...time.Time) []*delta.Checkpoint {
 	return out
 }
 
-func keptTurns(keep []RetentionEntry) []int {
+func keptTurns(keep []Entry) []int {
 	var out []int
 	for _, k := range keep {
 		out = append(out, k.Turn)
@@ -39,20 +39,20 @@ func TestApplyPolicyRules(t *testing.T) {
 	cps := fakeHistory(d(2, 10), d(2, 11), d(2, 11).Add(15*time.Minute), d(3, 9), d(9, 9), d(16, 9), d(30, 9), d(30, 10))
 	for _, tc := range []struct {
 		name string
-		p    RetentionPolicy
+		p    Policy
 		want []int
 	}{
-		{"last", RetentionPolicy{KeepLast: 2}, []int{6, 7}},
-		{"hourly", RetentionPolicy{KeepHourly: 3}, []int{5, 6, 7}},
-		{"daily", RetentionPolicy{KeepDaily: 4}, []int{3, 4, 5, 7}},
-		{"weekly", RetentionPolicy{KeepWeekly: 3}, []int{4, 5, 7}},
-		{"monthly", RetentionPolicy{KeepMonthly: 5}, []int{7}},
-		{"within", RetentionPolicy{KeepWithin: "14d"}, []int{6, 7}}, // Nov 16 09:30 is 14d1h before the newest
-		{"within more", RetentionPolicy{KeepWithin: "15d"}, []int{5, 6, 7}},
-		{"within hours", RetentionPolicy{KeepWithin: "90m"}, []int{6, 7}},
-		{"union", RetentionPolicy{KeepLast: 1, KeepWeekly: 2}, []int{5, 7}},
+		{"last", Policy{KeepLast: 2}, []int{6, 7}},
+		{"hourly", Policy{KeepHourly: 3}, []int{5, 6, 7}},
+		{"daily", Policy{KeepDaily: 4}, []int{3, 4, 5, 7}},
+		{"weekly", Policy{KeepWeekly: 3}, []int{4, 5, 7}},
+		{"monthly", Policy{KeepMonthly: 5}, []int{7}},
+		{"within", Policy{KeepWithin: "14d"}, []int{6, 7}}, // Nov 16 09:30 is 14d1h before the newest
+		{"within more", Policy{KeepWithin: "15d"}, []int{5, 6, 7}},
+		{"within hours", Policy{KeepWithin: "90m"}, []int{6, 7}},
+		{"union", Policy{KeepLast: 1, KeepWeekly: 2}, []int{5, 7}},
 	} {
-		keep, drop := applyPolicy(tc.p, cps, pinned{}, nil, "s")
+		keep, drop := applyPolicy(tc.p, cps, Pins{}, nil, "s")
 		if got := keptTurns(keep); !slices.Equal(got, tc.want) {
 			t.Errorf("%s: kept turns %v, want %v", tc.name, got, tc.want)
 		}
@@ -61,14 +61,14 @@ func TestApplyPolicyRules(t *testing.T) {
 		}
 	}
 	// Nov 2 has turns 0, 1, 2: daily keeps 2 (the newest of the day), never 0 or 1.
-	keep, _ := applyPolicy(RetentionPolicy{KeepDaily: 100}, cps, pinned{}, nil, "s")
+	keep, _ := applyPolicy(Policy{KeepDaily: 100}, cps, Pins{}, nil, "s")
 	if got := keptTurns(keep); !slices.Equal(got, []int{2, 3, 4, 5, 7}) {
 		t.Fatalf("daily 100: %v", got)
 	}
-	pin := pinned{}
-	pin.add(cps[0].ID, "head of s")
+	pin := Pins{}
+	pin.Add(cps[0].ID, "head of s")
 	tags := map[delta.ID][]string{cps[1].ID: {"release-1"}}
-	keep, _ = applyPolicy(RetentionPolicy{KeepLast: 1, KeepTags: []string{"release-*"}}, cps, pin, tags, "s")
+	keep, _ = applyPolicy(Policy{KeepLast: 1, KeepTags: []string{"release-*"}}, cps, pin, tags, "s")
 	if got := keptTurns(keep); !slices.Equal(got, []int{0, 1, 7}) {
 		t.Fatalf("pins and tags: kept %v, want [0 1 7]", got)
 	}
@@ -80,7 +80,7 @@ func TestApplyPolicyRules(t *testing.T) {
 }
 
 func TestRetentionPolicyValidate(t *testing.T) {
-	for _, p := range []RetentionPolicy{
+	for _, p := range []Policy{
 		{KeepLast: -1}, {KeepDaily: maxKeep + 1}, {KeepWithin: "0h"}, {KeepWithin: "-3h"}, {KeepWithin: "7x"},
 		{KeepWithin: "d"}, {KeepWithin: "99999999d"}, {KeepTags: []string{"["}}, {KeepTags: []string{""}},
 	} {

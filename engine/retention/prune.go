@@ -1,4 +1,4 @@
-package engine
+package retention
 
 import (
 	"context"
@@ -28,11 +28,11 @@ type PruneReport struct {
 	Kept    int        `json:"checkpoints_kept"`
 	Deleted []delta.ID `json:"deleted"`
 	// Checkpoints describes each deleted checkpoint (for the text report).
-	Checkpoints []RetentionEntry `json:"-"`
+	Checkpoints []Entry `json:"-"`
 	// Marked are the checkpoints marked for deletion and not deleted yet:
 	// each is deleted by a prune, forget or gc after its DeleteAfter,
 	// unless a ref in the bucket names it by then.
-	Marked []RetentionEntry `json:"marked"`
+	Marked []Entry `json:"marked"`
 }
 
 // Prune deletes checkpoints beyond the newest KeepLast of each sandbox,
@@ -52,22 +52,23 @@ type PruneReport struct {
 // With a remote, what is pinned includes every ref in the bucket (any
 // home's heads, tags, branch origins), and deletion is two-phase (mark,
 // grace, sweep: see retire).
-func (e *Engine) Prune(ctx context.Context, opts PruneOptions) (*PruneReport, error) {
-	defer e.exclusive()()
+func (rt *Retention) Prune(ctx context.Context, opts PruneOptions) (*PruneReport, error) {
+	defer rt.d.Exclusive()()
+	o := rt.op()
 	if opts.KeepLast < 1 {
 		return nil, fmt.Errorf("prune: --keep-last must be at least 1: %w", errdefs.ErrInvalid)
 	}
-	h, err := e.loadHistory(ctx)
+	h, err := o.d.LoadHistory(ctx)
 	if err != nil {
 		return nil, err
 	}
-	if err := e.addBucketPins(ctx, h); err != nil {
+	if err := o.addBucketPins(ctx, h); err != nil {
 		return nil, fmt.Errorf("prune: %w", err)
 	}
-	rep := &PruneReport{Deleted: []delta.ID{}, Marked: []RetentionEntry{}}
+	rep := &PruneReport{Deleted: []delta.ID{}, Marked: []Entry{}}
 	var drop []*delta.Checkpoint
 	covered := map[string]bool{}
-	for key, cps := range h.bySandbox {
+	for key, cps := range h.BySandbox {
 		if !h.mayPrune(key) {
 			rep.Kept += len(cps)
 			continue
@@ -75,7 +76,7 @@ func (e *Engine) Prune(ctx context.Context, opts PruneOptions) (*PruneReport, er
 		covered[key] = true
 		slices.SortFunc(cps, func(a, b *delta.Checkpoint) int { return b.Created.Compare(a.Created) })
 		for i, cp := range cps {
-			if i < opts.KeepLast || h.pin[cp.ID] != nil {
+			if i < opts.KeepLast || h.Pin[cp.ID] != nil {
 				rep.Kept++
 				continue
 			}
@@ -83,10 +84,10 @@ func (e *Engine) Prune(ctx context.Context, opts PruneOptions) (*PruneReport, er
 		}
 	}
 	slices.SortFunc(drop, func(a, b *delta.Checkpoint) int { return a.Created.Compare(b.Created) })
-	r, err := e.retire(ctx, h, drop, covered, opts.Grace, opts.DryRun)
+	r, err := o.retire(ctx, h, drop, covered, opts.Grace, opts.DryRun)
 	if r != nil {
 		for _, cp := range append(r.swept, drop...) {
-			en := RetentionEntry{ID: cp.ID, Sandbox: h.label(cp), Turn: cp.Turn, Created: cp.Created}
+			en := Entry{ID: cp.ID, Sandbox: h.label(cp), Turn: cp.Turn, Created: cp.Created}
 			switch due, marked := r.marked[cp.ID]; {
 			case r.deleted[cp.ID]:
 				rep.Deleted = append(rep.Deleted, cp.ID)
@@ -103,7 +104,7 @@ func (e *Engine) Prune(ctx context.Context, opts PruneOptions) (*PruneReport, er
 		return rep, err
 	}
 	if !opts.DryRun {
-		e.dropFrozen(ctx)
+		o.d.DropFrozen(ctx)
 	}
 	return rep, nil
 }
@@ -117,23 +118,23 @@ const pruneBatch = 500
 // then the local store, then the catalog with the upload queue (a record
 // that is gone must not stay queued: a push could never send it) and the
 // refcounts.
-func (e *Engine) deleteCheckpoints(ctx context.Context, cps []*delta.Checkpoint) error {
+func (o *op) deleteCheckpoints(ctx context.Context, cps []*delta.Checkpoint) error {
 	names := map[string]bool{}
 	var roots []delta.ID
 	for _, cp := range cps {
 		name := delta.RecordName(cp.ID)
-		if e.remote != nil {
-			if err := e.remote.Delete(ctx, name); err != nil {
+		if o.Remote != nil {
+			if err := o.Remote.Delete(ctx, name); err != nil {
 				return fmt.Errorf("checkpoint %s: delete remote record: %w", cp.ID.Short(), err)
 			}
 		}
-		if err := e.local.Delete(ctx, name); err != nil {
+		if err := o.Local.Delete(ctx, name); err != nil {
 			return fmt.Errorf("checkpoint %s: delete record: %w", cp.ID.Short(), err)
 		}
 		names[name] = true
 		roots = append(roots, cp.Roots()...)
 	}
-	err := e.cat.Update(ctx, func(tx *catalog.Tx) error {
+	err := o.Catalog.Update(ctx, func(tx *catalog.Tx) error {
 		if _, err := tx.DequeueNames(names); err != nil {
 			return err
 		}
@@ -147,20 +148,20 @@ func (e *Engine) deleteCheckpoints(ctx context.Context, cps []*delta.Checkpoint)
 	if err != nil {
 		return err
 	}
-	return e.releaseRefs(ctx, roots)
+	return o.releaseRefs(ctx, roots)
 }
 
 // releaseRefs drops one reference to each root and cascades into the
 // children of trees whose count reaches zero, the mirror of how commits
 // count (a tree counts its children once, when it is first stored). It
 // works level by level, a bounded batch of decrements per transaction.
-func (e *Engine) releaseRefs(ctx context.Context, roots []delta.ID) error {
+func (o *op) releaseRefs(ctx context.Context, roots []delta.ID) error {
 	for len(roots) > 0 {
 		n := min(len(roots), releaseBatch)
 		batch := roots[:n]
 		roots = roots[n:]
 		var zero []delta.ID
-		err := e.cat.Update(ctx, func(tx *catalog.Tx) error {
+		err := o.Catalog.Update(ctx, func(tx *catalog.Tx) error {
 			zero = zero[:0]
 			for _, id := range batch {
 				left, err := tx.AddRefCount(id, -1)
@@ -182,7 +183,7 @@ func (e *Engine) releaseRefs(ctx context.Context, roots []delta.ID) error {
 		for _, id := range zero {
 			// A tree, or a chunk list (stored as a tree blob), releases
 			// what it counted when it was stored.
-			data, err := e.repo.LoadBlob(ctx, delta.BlobTree, id)
+			data, err := o.Blobs.LoadBlob(ctx, delta.BlobTree, id)
 			if err != nil {
 				continue // a chunk, or a tree we cannot read: nothing to cascade
 			}

@@ -1,4 +1,4 @@
-package engine
+package retention
 
 import (
 	"bytes"
@@ -18,12 +18,12 @@ import (
 // single sandboxes, which ApplyPolicies carries out. A sandbox's own policy
 // replaces the home's for it (no rule of the home's is merged in).
 type Policies struct {
-	Version int              `json:"version"` // policiesVersion
-	Home    *RetentionPolicy `json:"home,omitempty"`
+	Version int     `json:"version"` // policiesVersion
+	Home    *Policy `json:"home,omitempty"`
 	// Sandboxes maps a sandbox's key (its id; a legacy sandbox's name) to
 	// its policy, so a sandbox removed and made again under the same name
 	// does not inherit the old one's.
-	Sandboxes map[string]RetentionPolicy `json:"sandboxes,omitempty"`
+	Sandboxes map[string]Policy `json:"sandboxes,omitempty"`
 }
 
 const (
@@ -34,7 +34,7 @@ const (
 	maxPolicies     = 10000
 )
 
-func (h home) policiesFile() string { return filepath.Join(string(h), "retention.json") }
+func (rt *Retention) policiesFile() string { return filepath.Join(rt.d.Home, "retention.json") }
 
 // DecodePolicies parses the bytes of HOME/retention.json strictly: at most
 // MaxPoliciesSize, no unknown fields or trailing data, a known version,
@@ -59,7 +59,7 @@ func DecodePolicies(data []byte) (*Policies, error) {
 	if len(p.Sandboxes) > maxPolicies {
 		return nil, fmt.Errorf("retention policies: %d sandboxes, at most %d: %w", len(p.Sandboxes), maxPolicies, errdefs.ErrCorrupt)
 	}
-	check := func(who string, rp RetentionPolicy) error {
+	check := func(who string, rp Policy) error {
 		if err := rp.Validate(); err != nil {
 			return fmt.Errorf("retention policies: %s: %v: %w", who, errors.Unwrap(err), errdefs.ErrCorrupt)
 		}
@@ -82,39 +82,39 @@ func DecodePolicies(data []byte) (*Policies, error) {
 }
 
 // loadPolicies reads the home's policies; a home without the file has none.
-func (e *Engine) loadPolicies() (*Policies, error) {
-	f, err := os.Open(e.home.policiesFile())
+func (rt *Retention) loadPolicies() (*Policies, error) {
+	f, err := os.Open(rt.policiesFile())
 	if errors.Is(err, os.ErrNotExist) {
 		return &Policies{Version: policiesVersion}, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("home %s: retention policies: %w", e.home, err)
+		return nil, fmt.Errorf("home %s: retention policies: %w", rt.d.Home, err)
 	}
 	defer f.Close()
 	data, err := io.ReadAll(io.LimitReader(f, MaxPoliciesSize+1))
 	if err != nil {
-		return nil, fmt.Errorf("home %s: retention policies: %w", e.home, err)
+		return nil, fmt.Errorf("home %s: retention policies: %w", rt.d.Home, err)
 	}
 	p, err := DecodePolicies(data)
 	if err != nil {
-		return nil, fmt.Errorf("home %s: %w", e.home, err)
+		return nil, fmt.Errorf("home %s: %w", rt.d.Home, err)
 	}
 	return p, nil
 }
 
 // savePolicies writes the file whole: a temporary file, fsync, rename, and
 // an fsync of the home, so a crash leaves the old policies or the new.
-func (e *Engine) savePolicies(p *Policies) error {
+func (rt *Retention) savePolicies(p *Policies) error {
 	p.Version = policiesVersion
 	data, err := json.MarshalIndent(p, "", "  ")
 	if err != nil {
 		return err
 	}
-	path := e.home.policiesFile()
+	path := rt.policiesFile()
 	tmp := path + ".tmp"
 	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
-		return fmt.Errorf("home %s: retention policies: %w", e.home, err)
+		return fmt.Errorf("home %s: retention policies: %w", rt.d.Home, err)
 	}
 	_, err = f.Write(append(data, '\n'))
 	if err == nil {
@@ -127,11 +127,11 @@ func (e *Engine) savePolicies(p *Policies) error {
 		err = os.Rename(tmp, path)
 	}
 	if err == nil {
-		err = fsat.SyncDir(string(e.home))
+		err = fsat.SyncDir(rt.d.Home)
 	}
 	if err != nil {
 		os.Remove(tmp)
-		return fmt.Errorf("home %s: retention policies: %w", e.home, err)
+		return fmt.Errorf("home %s: retention policies: %w", rt.d.Home, err)
 	}
 	return nil
 }

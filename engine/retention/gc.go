@@ -1,4 +1,4 @@
-package engine
+package retention
 
 import (
 	"context"
@@ -21,7 +21,8 @@ import (
 const DefaultGCGrace = time.Hour
 
 // PhaseGCLocked is reached when a gc holds the bucket's gc lock and is
-// about to list packs (Options.AtPhase): tests kill gc there.
+// about to list packs (Deps.Phase, the engine's Options.AtPhase): tests
+// kill gc there.
 const PhaseGCLocked = "gc-locked"
 
 // GCOptions configures GC.
@@ -55,14 +56,15 @@ type GCReport struct {
 // it is live and it is older than the grace period. Packs with some live
 // blobs are kept whole (their dead bytes are reported; repacking is future
 // work).
-func (e *Engine) GC(ctx context.Context, opts GCOptions) (*GCReport, error) {
-	defer e.exclusive()()
-	e.progressPhase("gc", 0)
+func (rt *Retention) GC(ctx context.Context, opts GCOptions) (*GCReport, error) {
+	defer rt.d.Exclusive()()
+	o := rt.op()
+	o.d.ProgressPhase("gc", 0)
 	start := time.Now()
 	grace := opts.Grace
 	rep := &GCReport{DryRun: opts.DryRun}
-	if e.remote != nil {
-		lock, err := e.syncer().Lock(ctx, "gc")
+	if o.Remote != nil {
+		lock, err := o.d.LockBucket(ctx, "gc")
 		if err != nil {
 			return nil, err
 		}
@@ -72,13 +74,13 @@ func (e *Engine) GC(ctx context.Context, opts GCOptions) (*GCReport, error) {
 		var cancel context.CancelFunc
 		ctx, cancel = lock.Context(ctx)
 		defer cancel()
-		e.phase(PhaseGCLocked)
+		o.d.Phase(PhaseGCLocked)
 		// Records this home marked whose grace is over go first, under
 		// the same lock, so that their packs are collected in this run.
 		// A marked record not yet swept is still in records/ below, and
 		// keeps its packs live.
 		if !opts.DryRun {
-			n, err := e.sweepForGC(ctx)
+			n, err := o.sweepForGC(ctx)
 			rep.RecordsSwept = n
 			if err != nil {
 				return rep, fmt.Errorf("gc: sweep marked records: %w", err)
@@ -92,12 +94,12 @@ func (e *Engine) GC(ctx context.Context, opts GCOptions) (*GCReport, error) {
 	}
 	packs := map[delta.ID]*packInfo{}
 	locs := map[delta.ID]catalog.BlobLocation{}
-	err := e.store.List(ctx, delta.PackPrefix, func(oi upload.ObjectInfo) error {
+	err := o.Store.List(ctx, delta.PackPrefix, func(oi upload.ObjectInfo) error {
 		id, ok := delta.ParsePackName(oi.Name)
 		if !ok {
 			return nil
 		}
-		entries, err := e.readPackHeader(ctx, oi.Name)
+		entries, err := o.d.ReadPackHeader(ctx, oi.Name)
 		if err != nil {
 			return err
 		}
@@ -113,13 +115,13 @@ func (e *Engine) GC(ctx context.Context, opts GCOptions) (*GCReport, error) {
 	rep.Packs = len(packs)
 	// Mark.
 	live := map[delta.ID]bool{}
-	w := &content.Walker{Loader: e.loaderFor(locs), Seen: live, Visit: func(delta.ID, delta.BlobType) error { return nil }}
-	err = e.store.List(ctx, delta.RecordPrefix, func(oi upload.ObjectInfo) error {
+	w := &content.Walker{Loader: o.d.LoaderFor(locs), Seen: live, Visit: func(delta.ID, delta.BlobType) error { return nil }}
+	err = o.Store.List(ctx, delta.RecordPrefix, func(oi upload.ObjectInfo) error {
 		id, err := delta.ParseID(strings.TrimPrefix(oi.Name, delta.RecordPrefix))
 		if err != nil {
 			return nil
 		}
-		data, err := upload.ReadAllMax(ctx, e.store, oi.Name, delta.MaxRecordSize)
+		data, err := upload.ReadAllMax(ctx, o.Store, oi.Name, delta.MaxRecordSize)
 		if errors.Is(err, errdefs.ErrNotFound) {
 			return nil // pruned since the listing: it protects nothing any more
 		}
@@ -181,17 +183,17 @@ func (e *Engine) GC(ctx context.Context, opts GCOptions) (*GCReport, error) {
 		doomedEntries += len(p.entries)
 		if len(doomed) == gcBatch || doomedEntries >= gcBatchEntries {
 			doomedEntries = 0
-			if err := e.deletePacks(ctx, doomed); err != nil {
+			if err := o.deletePacks(ctx, doomed); err != nil {
 				return rep, err
 			}
 			doomed = doomed[:0]
 		}
 	}
-	if err := e.deletePacks(ctx, doomed); err != nil {
+	if err := o.deletePacks(ctx, doomed); err != nil {
 		return rep, err
 	}
 	if !opts.DryRun {
-		e.dropFrozen(ctx)
+		o.d.DropFrozen(ctx)
 	}
 	rep.DurationMillis = float64(time.Since(start).Microseconds()) / 1000
 	return rep, nil
@@ -213,24 +215,24 @@ const (
 // the catalog's blob index (only entries that point at each pack: another
 // copy of a blob may live elsewhere) and the upload queue, in one
 // transaction and one scan of the queue for the batch.
-func (e *Engine) deletePacks(ctx context.Context, packs []deadPack) error {
+func (o *op) deletePacks(ctx context.Context, packs []deadPack) error {
 	if len(packs) == 0 {
 		return nil
 	}
 	names := map[string]bool{}
 	for _, p := range packs {
 		name := delta.PackName(p.id)
-		if e.remote != nil {
-			if err := e.remote.Delete(ctx, name); err != nil {
+		if o.Remote != nil {
+			if err := o.Remote.Delete(ctx, name); err != nil {
 				return fmt.Errorf("gc: delete %s: %w", name, err)
 			}
 		}
-		if err := e.local.Delete(ctx, name); err != nil {
+		if err := o.Local.Delete(ctx, name); err != nil {
 			return fmt.Errorf("gc: delete %s: %w", name, err)
 		}
 		names[name] = true
 	}
-	return e.cat.Update(ctx, func(tx *catalog.Tx) error {
+	return o.Catalog.Update(ctx, func(tx *catalog.Tx) error {
 		// A pruned checkpoint's packs may still be queued for upload.
 		if _, err := tx.DequeueNames(names); err != nil {
 			return err

@@ -1,4 +1,4 @@
-package engine
+package retention
 
 import (
 	"context"
@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/turnsnap/turnsnap/catalog"
@@ -44,136 +43,12 @@ const DefaultRecordGrace = time.Hour
 // Without a remote no other home can name a record: deletion is at once,
 // as it always was, and no mark object exists.
 
-// bucketPins adds to pin every checkpoint a ref in the bucket names: every
-// home's heads, every tag, and the origin of every sandbox description.
-// A ref or description that cannot be read fails the call: retention that
-// cannot see every ref deletes nothing. The objects are read
-// bucketPinReaders at a time (a fleet's bucket holds one head and one
-// description per sandbox, each a round trip).
-func bucketPins(ctx context.Context, s upload.Store, pin pinned) error {
-	return bucketRefs(ctx, s, pin, nil)
-}
-
-// bucketRefs is bucketPins that also gives, in owners (when not nil), the
-// owner line of every head that has one, by sandbox key: a home whose
-// sandbox another home adopted must stop pruning it even before it learns
-// of the adoption by a fenced push.
-func bucketRefs(ctx context.Context, s upload.Store, pin pinned, owners map[string]delta.Owner) error {
-	var names []string
-	for _, prefix := range []string{delta.HeadPrefix, delta.TagPrefix, delta.SandboxPrefix} {
-		err := s.List(ctx, prefix, func(oi upload.ObjectInfo) error { names = append(names, oi.Name); return nil })
-		if err != nil {
-			return fmt.Errorf("list the bucket's %s: %w", prefix, err)
-		}
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var mu sync.Mutex
-	var firstErr error
-	work := make(chan string)
-	var wg sync.WaitGroup
-	for range min(bucketPinReaders, len(names)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for name := range work {
-				id, why, owner, err := readPin(ctx, s, name)
-				mu.Lock()
-				switch {
-				case err != nil && firstErr == nil:
-					firstErr = err
-					cancel()
-				case err == nil && !id.IsZero():
-					pin.add(id, why)
-					if owners != nil && !owner.IsZero() {
-						owners[strings.TrimPrefix(name, delta.HeadPrefix)] = owner
-					}
-				}
-				mu.Unlock()
-			}
-		}()
-	}
-	for _, name := range names {
-		if ctx.Err() != nil {
-			break
-		}
-		work <- name
-	}
-	close(work)
-	wg.Wait()
-	if firstErr != nil {
-		return fmt.Errorf("read the bucket's refs: %w", firstErr)
-	}
-	return ctx.Err()
-}
-
-// bucketPinReaders bounds the ref reads of bucketPins in flight.
-const bucketPinReaders = 8
-
-// readPin reads one head, tag or sandbox description: the checkpoint it
-// names (zero for none: a description made from a base, or an object
-// removed since the listing) and why it pins it.
-func readPin(ctx context.Context, s upload.Store, name string) (delta.ID, string, delta.Owner, error) {
-	limit := int64(delta.MaxSmallObject)
-	if strings.HasPrefix(name, delta.SandboxPrefix) {
-		limit = delta.MaxSandboxObject
-	}
-	data, err := upload.ReadAllMax(ctx, s, name, limit)
-	if errors.Is(err, errdefs.ErrNotFound) {
-		return delta.ID{}, "", delta.Owner{}, nil // removed since the listing: it names nothing now
-	}
-	if err != nil {
-		return delta.ID{}, "", delta.Owner{}, fmt.Errorf("object %s: %w", name, err)
-	}
-	if key, ok := strings.CutPrefix(name, delta.SandboxPrefix); ok {
-		sb, err := delta.DecodeSandbox(name, data)
-		if err != nil {
-			return delta.ID{}, "", delta.Owner{}, err // names the object
-		}
-		return sb.Origin, "branched: " + sb.Name + " (" + key + ")", delta.Owner{}, nil
-	}
-	id, owner, err := delta.ParseHead(data)
-	if err != nil {
-		return delta.ID{}, "", delta.Owner{}, fmt.Errorf("object %s: %w", name, err)
-	}
-	if tag, ok := strings.CutPrefix(name, delta.TagPrefix); ok {
-		return id, "tag " + tag, delta.Owner{}, nil
-	}
-	return id, "head in the bucket: " + strings.TrimPrefix(name, delta.HeadPrefix), owner, nil
-}
-
-// addBucketPins pins, in h, what the bucket's refs name and this catalog
-// does not already pin (this home's own reasons read better).
-func (e *Engine) addBucketPins(ctx context.Context, h *history) error {
-	if e.remote == nil {
-		return nil
-	}
-	b := pinned{}
-	owners := map[string]delta.Owner{}
-	if err := bucketRefs(ctx, e.remote, b, owners); err != nil {
-		return err
-	}
-	for id, why := range b {
-		if len(h.pin[id]) == 0 {
-			h.pin[id] = why
-		}
-	}
-	// The bucket's head says who owns a sandbox now: this home's catalog
-	// may not know yet that another home adopted one of its sandboxes.
-	for key, o := range owners {
-		if o.Home != e.config.HomeID && h.owned[key] {
-			h.owned[key] = false
-		}
-	}
-	return nil
-}
-
 // loadMarks reads this home's mark object; none is an empty one.
-func (e *Engine) loadMarks(ctx context.Context) (*delta.Marks, error) {
-	name := delta.MarkName(e.config.HomeID)
-	data, err := upload.ReadAllMax(ctx, e.remote, name, delta.MaxMarksObject)
+func (o *op) loadMarks(ctx context.Context) (*delta.Marks, error) {
+	name := delta.MarkName(o.HomeID)
+	data, err := upload.ReadAllMax(ctx, o.Remote, name, delta.MaxMarksObject)
 	if errors.Is(err, errdefs.ErrNotFound) {
-		return &delta.Marks{Version: 1, Home: e.config.HomeID}, nil
+		return &delta.Marks{Version: 1, Home: o.HomeID}, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("object %s: %w", name, err)
@@ -182,10 +57,10 @@ func (e *Engine) loadMarks(ctx context.Context) (*delta.Marks, error) {
 }
 
 // saveMarks writes this home's mark object, or removes it when empty.
-func (e *Engine) saveMarks(ctx context.Context, m *delta.Marks) error {
-	name := delta.MarkName(e.config.HomeID)
+func (o *op) saveMarks(ctx context.Context, m *delta.Marks) error {
+	name := delta.MarkName(o.HomeID)
 	if len(m.Records) == 0 {
-		if err := e.remote.Delete(ctx, name); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		if err := o.Remote.Delete(ctx, name); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 			return fmt.Errorf("object %s: %w", name, err)
 		}
 		return nil
@@ -194,7 +69,7 @@ func (e *Engine) saveMarks(ctx context.Context, m *delta.Marks) error {
 	if err != nil {
 		return err
 	}
-	if err := upload.PutBytes(ctx, e.remote, name, data); err != nil {
+	if err := upload.PutBytes(ctx, o.Remote, name, data); err != nil {
 		return fmt.Errorf("object %s: %w", name, err)
 	}
 	return nil
@@ -212,20 +87,20 @@ type retired struct {
 // a remote; with one, through the mark object, sweeping what is due. h must
 // hold the bucket's pins (addBucketPins). A dry run changes nothing and
 // says what a real run would do with the dropped records.
-func (e *Engine) retire(ctx context.Context, h *history, drop []*delta.Checkpoint, covered map[string]bool, grace time.Duration, dryRun bool) (*retired, error) {
+func (o *op) retire(ctx context.Context, h *History, drop []*delta.Checkpoint, covered map[string]bool, grace time.Duration, dryRun bool) (*retired, error) {
 	r := &retired{deleted: map[delta.ID]bool{}, marked: map[delta.ID]time.Time{}}
 	now := time.Now().UTC()
-	if e.remote == nil {
+	if o.Remote == nil {
 		for _, cp := range drop {
 			r.deleted[cp.ID] = true
 		}
 		if dryRun {
 			return r, nil
 		}
-		return r, e.deleteInBatches(ctx, drop)
+		return r, o.deleteInBatches(ctx, drop)
 	}
 	grace = max(grace, 0)
-	m, err := e.loadMarks(ctx)
+	m, err := o.loadMarks(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -239,7 +114,7 @@ func (e *Engine) retire(ctx context.Context, h *history, drop []*delta.Checkpoin
 	// that is sooner (--grace 0 means now).
 	has := map[delta.ID]bool{}
 	m.Records = slices.DeleteFunc(m.Records, func(mk delta.Mark) bool {
-		if len(h.pin[mk.ID]) > 0 || covered[mk.Sandbox] && !dropped[mk.ID] {
+		if len(h.Pin[mk.ID]) > 0 || covered[mk.Sandbox] && !dropped[mk.ID] {
 			return true
 		}
 		has[mk.ID] = true
@@ -258,7 +133,7 @@ func (e *Engine) retire(ctx context.Context, h *history, drop []*delta.Checkpoin
 			continue
 		}
 		if len(m.Records) >= delta.MaxMarks {
-			e.log.Warn("mark object full: the rest of the checkpoints to delete wait for a later run",
+			o.d.Log.Warn("mark object full: the rest of the checkpoints to delete wait for a later run",
 				"checkpoint", cp.ID.Short(), "limit", delta.MaxMarks)
 			break
 		}
@@ -283,11 +158,11 @@ func (e *Engine) retire(ctx context.Context, h *history, drop []*delta.Checkpoin
 	}
 	// The intent is in the bucket before anything is deleted.
 	if !slices.Equal(orig, m.Records) {
-		if err := e.saveMarks(ctx, m); err != nil {
+		if err := o.saveMarks(ctx, m); err != nil {
 			return nil, err
 		}
 	}
-	if err := e.sweep(ctx, m, h.pin, now, r); err != nil {
+	if err := o.sweep(ctx, m, h.Pin, now, r); err != nil {
 		return r, err
 	}
 	for id := range r.deleted {
@@ -300,13 +175,13 @@ func (e *Engine) retire(ctx context.Context, h *history, drop []*delta.Checkpoin
 // sweep takes the bucket's gc lock and sweeps m's due records (sweepLocked).
 // A bucket locked by another host's push leaves them marked for a later
 // run: nothing is lost by waiting, and the run that marked them succeeds.
-func (e *Engine) sweep(ctx context.Context, m *delta.Marks, local pinned, now time.Time, r *retired) error {
+func (o *op) sweep(ctx context.Context, m *delta.Marks, local Pins, now time.Time, r *retired) error {
 	if !slices.ContainsFunc(m.Records, func(mk delta.Mark) bool { return !mk.Due.After(now) }) {
 		return nil
 	}
-	lock, err := e.syncer().Lock(ctx, "gc")
+	lock, err := o.d.LockBucket(ctx, "gc")
 	if errors.Is(err, errdefs.ErrUnavailable) {
-		e.log.Info("bucket busy: marked checkpoints are deleted by a later prune, forget or gc", "err", err)
+		o.d.Log.Info("bucket busy: marked checkpoints are deleted by a later prune, forget or gc", "err", err)
 		return nil
 	}
 	if err != nil {
@@ -315,23 +190,23 @@ func (e *Engine) sweep(ctx context.Context, m *delta.Marks, local pinned, now ti
 	defer lock.Release(ctx)
 	ctx, cancel := lock.Context(ctx)
 	defer cancel()
-	return e.sweepLocked(ctx, m, local, now, r)
+	return o.sweepLocked(ctx, m, local, now, r)
 }
 
 // sweepLocked deletes m's records due at now that no ref names: it re-reads
 // every ref in the bucket first, with the gc lock held (no push uploads a
 // ref meanwhile), and unmarks a due record a ref (or local, this home's
 // catalog's pins) names. m is saved with what is left.
-func (e *Engine) sweepLocked(ctx context.Context, m *delta.Marks, local pinned, now time.Time, r *retired) error {
-	fresh := pinned{}
+func (o *op) sweepLocked(ctx context.Context, m *delta.Marks, local Pins, now time.Time, r *retired) error {
+	fresh := Pins{}
 	owners := map[string]delta.Owner{}
-	if err := bucketRefs(ctx, e.remote, fresh, owners); err != nil {
+	if err := bucketRefs(ctx, o.Remote, fresh, owners); err != nil {
 		return err
 	}
 	// A record of a sandbox another home has adopted since it was marked is
 	// that home's to keep or drop now.
 	adopted := map[delta.ID]bool{}
-	if err := e.view(ctx, func(tx *catalog.Tx) error {
+	if err := o.Catalog.View(ctx, func(tx *catalog.Tx) error {
 		for _, mk := range m.Records {
 			cp, err := tx.Checkpoint(mk.ID)
 			if errors.Is(err, errdefs.ErrNotFound) {
@@ -340,7 +215,7 @@ func (e *Engine) sweepLocked(ctx context.Context, m *delta.Marks, local pinned, 
 			if err != nil {
 				return err
 			}
-			if o, ok := owners[cp.SandboxKey()]; ok && o.Home != e.config.HomeID {
+			if ow, ok := owners[cp.SandboxKey()]; ok && ow.Home != o.HomeID {
 				adopted[mk.ID] = true
 			}
 		}
@@ -355,11 +230,11 @@ func (e *Engine) sweepLocked(ctx context.Context, m *delta.Marks, local pinned, 
 		case mk.Due.After(now):
 			return false
 		case adopted[mk.ID]:
-			e.log.Info("unmarking a checkpoint of a sandbox another home adopted", "checkpoint", mk.ID.Short())
+			o.d.Log.Info("unmarking a checkpoint of a sandbox another home adopted", "checkpoint", mk.ID.Short())
 			changed = true
 			return true
 		case len(fresh[mk.ID]) > 0 || len(local[mk.ID]) > 0:
-			e.log.Info("unmarking a checkpoint a ref names again", "checkpoint", mk.ID.Short(),
+			o.d.Log.Info("unmarking a checkpoint a ref names again", "checkpoint", mk.ID.Short(),
 				"ref", strings.Join(append(fresh[mk.ID], local[mk.ID]...), ", "))
 			changed = true
 			return true
@@ -369,13 +244,13 @@ func (e *Engine) sweepLocked(ctx context.Context, m *delta.Marks, local pinned, 
 	})
 	if len(doomed) == 0 {
 		if changed {
-			return e.saveMarks(ctx, m)
+			return o.saveMarks(ctx, m)
 		}
 		return nil
 	}
 	var cps []*delta.Checkpoint
 	var orphans []delta.ID // marked, but this catalog no longer indexes them
-	err := e.view(ctx, func(tx *catalog.Tx) error {
+	err := o.Catalog.View(ctx, func(tx *catalog.Tx) error {
 		for _, id := range doomed {
 			cp, err := tx.Checkpoint(id)
 			switch {
@@ -394,14 +269,14 @@ func (e *Engine) sweepLocked(ctx context.Context, m *delta.Marks, local pinned, 
 	}
 	for _, id := range orphans {
 		name := delta.RecordName(id)
-		for _, s := range []upload.Store{e.remote, e.local} {
+		for _, s := range []upload.Store{o.Remote, o.Local} {
 			if err := s.Delete(ctx, name); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 				return fmt.Errorf("checkpoint %s: delete record: %w", id.Short(), err)
 			}
 		}
 		r.deleted[id] = true
 	}
-	if err := e.deleteInBatches(ctx, cps); err != nil {
+	if err := o.deleteInBatches(ctx, cps); err != nil {
 		return err
 	}
 	for _, cp := range cps {
@@ -413,13 +288,13 @@ func (e *Engine) sweepLocked(ctx context.Context, m *delta.Marks, local pinned, 
 		gone[id] = true
 	}
 	m.Records = slices.DeleteFunc(m.Records, func(mk delta.Mark) bool { return gone[mk.ID] })
-	return e.saveMarks(ctx, m)
+	return o.saveMarks(ctx, m)
 }
 
 // sweepForGC sweeps this home's due marks under the gc lock GC holds, so
 // that the records it deletes no longer keep their packs live.
-func (e *Engine) sweepForGC(ctx context.Context) (int, error) {
-	m, err := e.loadMarks(ctx)
+func (o *op) sweepForGC(ctx context.Context) (int, error) {
+	m, err := o.loadMarks(ctx)
 	if err != nil {
 		return 0, err
 	}
@@ -427,27 +302,27 @@ func (e *Engine) sweepForGC(ctx context.Context) (int, error) {
 	if !slices.ContainsFunc(m.Records, func(mk delta.Mark) bool { return !mk.Due.After(now) }) {
 		return 0, nil
 	}
-	h, err := e.loadHistory(ctx)
+	h, err := o.d.LoadHistory(ctx)
 	if err != nil {
 		return 0, err
 	}
 	r := &retired{deleted: map[delta.ID]bool{}, marked: map[delta.ID]time.Time{}}
-	if err := e.sweepLocked(ctx, m, h.pin, now, r); err != nil {
+	if err := o.sweepLocked(ctx, m, h.Pin, now, r); err != nil {
 		return len(r.deleted), err
 	}
 	if len(r.deleted) > 0 {
-		e.dropFrozen(ctx)
+		o.d.DropFrozen(ctx)
 	}
 	return len(r.deleted), nil
 }
 
 // deleteInBatches deletes cps, oldest first, pruneBatch at a time.
-func (e *Engine) deleteInBatches(ctx context.Context, cps []*delta.Checkpoint) error {
+func (o *op) deleteInBatches(ctx context.Context, cps []*delta.Checkpoint) error {
 	cps = slices.Clone(cps)
 	slices.SortFunc(cps, func(a, b *delta.Checkpoint) int { return a.Created.Compare(b.Created) })
 	for len(cps) > 0 {
 		n := min(len(cps), pruneBatch)
-		if err := e.deleteCheckpoints(ctx, cps[:n]); err != nil {
+		if err := o.deleteCheckpoints(ctx, cps[:n]); err != nil {
 			return err
 		}
 		cps = cps[n:]

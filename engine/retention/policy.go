@@ -1,4 +1,4 @@
-package engine
+package retention
 
 import (
 	"fmt"
@@ -12,11 +12,11 @@ import (
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
 
-// RetentionPolicy says which checkpoints of a sandbox to keep, in the style
+// Policy says which checkpoints of a sandbox to keep, in the style
 // of restic's forget policy: a checkpoint is kept when any rule keeps it.
 // Heads, tagged checkpoints and checkpoints another sandbox was branched
 // from are kept whatever the policy says.
-type RetentionPolicy struct {
+type Policy struct {
 	// KeepLast keeps the newest N checkpoints.
 	KeepLast int `json:"keep_last,omitempty"`
 	// KeepWithin keeps every checkpoint taken within this span before the
@@ -42,13 +42,13 @@ const maxKeep = 1 << 20
 
 // IsZero reports whether the policy has no rule (and so would keep only
 // what is always kept: Forget refuses it, as restic does).
-func (p RetentionPolicy) IsZero() bool {
+func (p Policy) IsZero() bool {
 	return p.KeepLast == 0 && p.KeepWithin == "" && p.KeepHourly == 0 && p.KeepDaily == 0 &&
 		p.KeepWeekly == 0 && p.KeepMonthly == 0 && len(p.KeepTags) == 0
 }
 
 // Validate checks every field.
-func (p RetentionPolicy) Validate() error {
+func (p Policy) Validate() error {
 	for _, n := range []struct {
 		name string
 		v    int
@@ -97,8 +97,8 @@ func ParseWithin(s string) (time.Duration, error) {
 	return d, nil
 }
 
-// RetentionEntry is one checkpoint a policy kept or would delete, and why.
-type RetentionEntry struct {
+// Entry is one checkpoint a policy kept or would delete, and why.
+type Entry struct {
 	ID      delta.ID  `json:"id"`
 	Sandbox string    `json:"sandbox"`
 	Turn    int       `json:"turn"`
@@ -112,11 +112,12 @@ type RetentionEntry struct {
 	DeleteAfter time.Time `json:"delete_after,omitzero"`
 }
 
-// pinned is what no policy may delete, with the reason: heads, tags and
+// Pins is what no policy may delete, with the reason: heads, tags and
 // the checkpoints other sandboxes continue from.
-type pinned map[delta.ID][]string
+type Pins map[delta.ID][]string
 
-func (p pinned) add(id delta.ID, why string) {
+// Add pins id for why (once).
+func (p Pins) Add(id delta.ID, why string) {
 	if !slices.Contains(p[id], why) {
 		p[id] = append(p[id], why)
 	}
@@ -124,7 +125,7 @@ func (p pinned) add(id delta.ID, why string) {
 
 // applyPolicy splits one sandbox's checkpoints into kept and deleted,
 // newest first. tagsOf gives the tags naming a checkpoint.
-func applyPolicy(p RetentionPolicy, cps []*delta.Checkpoint, pin pinned, tagsOf map[delta.ID][]string, label string) (keep, drop []RetentionEntry) {
+func applyPolicy(p Policy, cps []*delta.Checkpoint, pin Pins, tagsOf map[delta.ID][]string, label string) (keep, drop []Entry) {
 	cps = slices.Clone(cps)
 	slices.SortFunc(cps, func(a, b *delta.Checkpoint) int {
 		if c := b.Created.Compare(a.Created); c != 0 {
@@ -156,7 +157,7 @@ func applyPolicy(p RetentionPolicy, cps []*delta.Checkpoint, pin pinned, tagsOf 
 		b.seen = map[string]bool{}
 	}
 	for i, cp := range cps {
-		e := RetentionEntry{ID: cp.ID, Sandbox: label, Turn: cp.Turn, Created: cp.Created}
+		e := Entry{ID: cp.ID, Sandbox: label, Turn: cp.Turn, Created: cp.Created}
 		if i < p.KeepLast {
 			e.Reasons = append(e.Reasons, fmt.Sprintf("last %d", p.KeepLast))
 		}

@@ -1,4 +1,4 @@
-package engine
+package retention
 
 import (
 	"cmp"
@@ -16,10 +16,10 @@ type ForgetOptions struct {
 	// Sandbox names the one sandbox to apply the policy to; All applies
 	// it to every sandbox this home may prune (including removed ones
 	// whose checkpoints remain). Exactly one of the two is set.
-	Sandbox string          `json:"sandbox,omitempty"`
-	All     bool            `json:"all,omitempty"`
-	Policy  RetentionPolicy `json:"policy"`
-	DryRun  bool            `json:"dry_run,omitempty"`
+	Sandbox string `json:"sandbox,omitempty"`
+	All     bool   `json:"all,omitempty"`
+	Policy  Policy `json:"policy"`
+	DryRun  bool   `json:"dry_run,omitempty"`
 	// Grace is as PruneOptions.Grace: with a remote, how long dropped
 	// records stay marked before a later run may delete them; 0 sweeps in
 	// this run. The API carries it as grace_ms (absent: DefaultRecordGrace).
@@ -35,18 +35,18 @@ type ForgetReport struct {
 	CheckpointsMarked  int             `json:"checkpoints_marked"`
 	// Swept are checkpoints an earlier run marked, of sandboxes this run
 	// did not decide for, deleted now that their grace is over.
-	Swept []RetentionEntry `json:"swept"`
+	Swept []Entry `json:"swept"`
 }
 
 // ForgetSandbox is one sandbox's part of a ForgetReport, newest first.
 type ForgetSandbox struct {
-	Sandbox string           `json:"sandbox"`
-	Policy  RetentionPolicy  `json:"policy"`
-	Kept    []RetentionEntry `json:"kept"`
-	Deleted []RetentionEntry `json:"deleted"`
+	Sandbox string  `json:"sandbox"`
+	Policy  Policy  `json:"policy"`
+	Kept    []Entry `json:"kept"`
+	Deleted []Entry `json:"deleted"`
 	// Marked are dropped checkpoints marked for deletion, not deleted yet
 	// (each with its DeleteAfter); see PruneReport.Marked.
-	Marked []RetentionEntry `json:"marked"`
+	Marked []Entry `json:"marked"`
 }
 
 // Forget deletes the checkpoints a retention policy does not keep (restic's
@@ -54,7 +54,7 @@ type ForgetSandbox struct {
 // checkpoints and checkpoints another sandbox continues from always stay.
 // Deleting works as Prune's does (records everywhere, then the catalog and
 // refcounts); run gc afterwards to reclaim the packs.
-func (e *Engine) Forget(ctx context.Context, opts ForgetOptions) (*ForgetReport, error) {
+func (rt *Retention) Forget(ctx context.Context, opts ForgetOptions) (*ForgetReport, error) {
 	if (opts.Sandbox == "") == !opts.All {
 		return nil, fmt.Errorf("forget: name one sandbox or --all: %w", errdefs.ErrInvalid)
 	}
@@ -64,17 +64,18 @@ func (e *Engine) Forget(ctx context.Context, opts ForgetOptions) (*ForgetReport,
 	if opts.Policy.IsZero() {
 		return nil, fmt.Errorf("forget: no --keep-* rule given, so nothing would be kept but heads, tags and branch points; give at least one: %w", errdefs.ErrInvalid)
 	}
-	defer e.exclusive()()
-	h, err := e.loadHistory(ctx)
+	defer rt.d.Exclusive()()
+	o := rt.op()
+	h, err := o.d.LoadHistory(ctx)
 	if err != nil {
 		return nil, err
 	}
-	if err := e.addBucketPins(ctx, h); err != nil {
+	if err := o.addBucketPins(ctx, h); err != nil {
 		return nil, fmt.Errorf("forget: %w", err)
 	}
-	plan := map[string]RetentionPolicy{}
+	plan := map[string]Policy{}
 	if opts.All {
-		for key := range h.bySandbox {
+		for key := range h.BySandbox {
 			if h.mayPrune(key) {
 				plan[key] = opts.Policy
 			}
@@ -86,12 +87,12 @@ func (e *Engine) Forget(ctx context.Context, opts ForgetOptions) (*ForgetReport,
 		}
 		plan[key] = opts.Policy
 	}
-	return e.forget(ctx, h, plan, opts.Grace, opts.DryRun)
+	return o.forget(ctx, h, plan, opts.Grace, opts.DryRun)
 }
 
 // ownedKey is the key of the live sandbox name, if this home may prune it.
-func (h *history) ownedKey(name string) (string, error) {
-	key, ok := h.keys[name]
+func (h *History) ownedKey(name string) (string, error) {
+	key, ok := h.Keys[name]
 	if !ok {
 		if !delta.ValidRefName(name) {
 			return "", fmt.Errorf("sandbox %q: name is not valid: %w", name, errdefs.ErrInvalid)
@@ -107,41 +108,41 @@ func (h *history) ownedKey(name string) (string, error) {
 
 // forget applies plan (sandbox key -> policy) with the engine's exclusive
 // lock held; h holds the bucket's pins.
-func (e *Engine) forget(ctx context.Context, h *history, plan map[string]RetentionPolicy, grace time.Duration, dryRun bool) (*ForgetReport, error) {
-	rep := &ForgetReport{DryRun: dryRun, Sandboxes: []ForgetSandbox{}, Swept: []RetentionEntry{}}
+func (o *op) forget(ctx context.Context, h *History, plan map[string]Policy, grace time.Duration, dryRun bool) (*ForgetReport, error) {
+	rep := &ForgetReport{DryRun: dryRun, Sandboxes: []ForgetSandbox{}, Swept: []Entry{}}
 	var drop []*delta.Checkpoint
 	byID := map[delta.ID]*delta.Checkpoint{}
 	covered := map[string]bool{}
 	for key := range plan {
 		covered[key] = true
-		for _, cp := range h.bySandbox[key] {
+		for _, cp := range h.BySandbox[key] {
 			byID[cp.ID] = cp
 		}
 	}
 	type part struct {
 		key     string
-		policy  RetentionPolicy
-		keep    []RetentionEntry
-		dropped []RetentionEntry
+		policy  Policy
+		keep    []Entry
+		dropped []Entry
 	}
 	var parts []part
 	for key, p := range plan {
-		cps := h.bySandbox[key]
+		cps := h.BySandbox[key]
 		if len(cps) == 0 {
 			continue
 		}
-		keep, del := applyPolicy(p, cps, h.pin, h.tags, h.label(cps[0]))
+		keep, del := applyPolicy(p, cps, h.Pin, h.Tags, h.label(cps[0]))
 		parts = append(parts, part{key, p, keep, del})
 		for _, d := range del {
 			drop = append(drop, byID[d.ID])
 		}
 	}
-	r, err := e.retire(ctx, h, drop, covered, grace, dryRun)
+	r, err := o.retire(ctx, h, drop, covered, grace, dryRun)
 	if r == nil {
 		return rep, err
 	}
 	for _, pt := range parts {
-		s := ForgetSandbox{Sandbox: h.label(h.bySandbox[pt.key][0]), Policy: pt.policy, Kept: pt.keep}
+		s := ForgetSandbox{Sandbox: h.label(h.BySandbox[pt.key][0]), Policy: pt.policy, Kept: pt.keep}
 		for _, d := range pt.dropped {
 			switch due, marked := r.marked[d.ID]; {
 			case r.deleted[d.ID]:
@@ -161,16 +162,16 @@ func (e *Engine) forget(ctx context.Context, h *history, plan map[string]Retenti
 		rep.Sandboxes = append(rep.Sandboxes, s)
 	}
 	for _, cp := range r.swept {
-		rep.Swept = append(rep.Swept, RetentionEntry{ID: cp.ID, Sandbox: h.label(cp), Turn: cp.Turn, Created: cp.Created})
+		rep.Swept = append(rep.Swept, Entry{ID: cp.ID, Sandbox: h.label(cp), Turn: cp.Turn, Created: cp.Created})
 		rep.CheckpointsDeleted++
 	}
 	slices.SortFunc(rep.Sandboxes, func(a, b ForgetSandbox) int { return cmp.Compare(a.Sandbox, b.Sandbox) })
 	return rep, err
 }
 
-func orNone(l []RetentionEntry) []RetentionEntry {
+func orNone(l []Entry) []Entry {
 	if l == nil {
-		return []RetentionEntry{}
+		return []Entry{}
 	}
 	return l
 }
@@ -183,21 +184,22 @@ func orNone(l []RetentionEntry) []RetentionEntry {
 //
 // With a remote, dropped records are marked for grace before a later run
 // deletes them (see Forget); the daemon passes DefaultRecordGrace.
-func (e *Engine) ApplyPolicies(ctx context.Context, grace time.Duration) (*ForgetReport, error) {
-	defer e.exclusive()()
-	pol, err := e.loadPolicies()
+func (rt *Retention) ApplyPolicies(ctx context.Context, grace time.Duration) (*ForgetReport, error) {
+	defer rt.d.Exclusive()()
+	o := rt.op()
+	pol, err := rt.loadPolicies()
 	if err != nil {
 		return nil, err
 	}
-	h, err := e.loadHistory(ctx)
+	h, err := o.d.LoadHistory(ctx)
 	if err != nil {
 		return nil, err
 	}
-	if err := e.addBucketPins(ctx, h); err != nil {
+	if err := o.addBucketPins(ctx, h); err != nil {
 		return nil, fmt.Errorf("policy apply: %w", err)
 	}
-	plan := map[string]RetentionPolicy{}
-	for _, key := range h.keys {
+	plan := map[string]Policy{}
+	for _, key := range h.Keys {
 		if !h.mayPrune(key) {
 			continue
 		}
@@ -207,47 +209,47 @@ func (e *Engine) ApplyPolicies(ctx context.Context, grace time.Duration) (*Forge
 			plan[key] = *pol.Home
 		}
 	}
-	return e.forget(ctx, h, plan, grace, false)
+	return o.forget(ctx, h, plan, grace, false)
 }
 
 // PolicyOptions names what SetPolicy and ClearPolicy change: a sandbox's
 // policy, or the home's when Sandbox is empty.
 type PolicyOptions struct {
-	Sandbox string          `json:"sandbox,omitempty"`
-	Policy  RetentionPolicy `json:"policy"` // SetPolicy only
+	Sandbox string `json:"sandbox,omitempty"`
+	Policy  Policy `json:"policy"` // SetPolicy only
 }
 
 // PolicyView is what ShowPolicies reports.
 type PolicyView struct {
-	Home      *RetentionPolicy `json:"home"`
-	Sandboxes []SandboxPolicy  `json:"sandboxes"`
+	Home      *Policy         `json:"home"`
+	Sandboxes []SandboxPolicy `json:"sandboxes"`
 }
 
 // SandboxPolicy is the policy that applies to one sandbox and where it
 // comes from: "sandbox" (its own), "home", or "none".
 type SandboxPolicy struct {
-	Sandbox string           `json:"sandbox"`
-	Policy  *RetentionPolicy `json:"policy"`
-	Source  string           `json:"source"`
+	Sandbox string  `json:"sandbox"`
+	Policy  *Policy `json:"policy"`
+	Source  string  `json:"source"`
 }
 
 // SetPolicy stores a retention policy for a sandbox or the home, replacing
 // the one it had. ApplyPolicies carries it out.
-func (e *Engine) SetPolicy(ctx context.Context, opts PolicyOptions) error {
+func (rt *Retention) SetPolicy(ctx context.Context, opts PolicyOptions) error {
 	if err := opts.Policy.Validate(); err != nil {
 		return err
 	}
 	if opts.Policy.IsZero() {
 		return fmt.Errorf("policy set: no --keep-* rule given (use `policy clear` to remove a policy): %w", errdefs.ErrInvalid)
 	}
-	return e.editPolicies(ctx, opts.Sandbox, func(p *Policies, key string) {
+	return rt.editPolicies(ctx, opts.Sandbox, func(p *Policies, key string) {
 		if key == "" {
 			rp := opts.Policy
 			p.Home = &rp
 			return
 		}
 		if p.Sandboxes == nil {
-			p.Sandboxes = map[string]RetentionPolicy{}
+			p.Sandboxes = map[string]Policy{}
 		}
 		p.Sandboxes[key] = opts.Policy
 	})
@@ -255,8 +257,8 @@ func (e *Engine) SetPolicy(ctx context.Context, opts PolicyOptions) error {
 
 // ClearPolicy removes a sandbox's policy (it then follows the home's) or
 // the home's.
-func (e *Engine) ClearPolicy(ctx context.Context, opts PolicyOptions) error {
-	return e.editPolicies(ctx, opts.Sandbox, func(p *Policies, key string) {
+func (rt *Retention) ClearPolicy(ctx context.Context, opts PolicyOptions) error {
+	return rt.editPolicies(ctx, opts.Sandbox, func(p *Policies, key string) {
 		if key == "" {
 			p.Home = nil
 		} else {
@@ -265,11 +267,11 @@ func (e *Engine) ClearPolicy(ctx context.Context, opts PolicyOptions) error {
 	})
 }
 
-func (e *Engine) editPolicies(ctx context.Context, sandbox string, edit func(*Policies, string)) error {
-	defer e.exclusive()()
+func (rt *Retention) editPolicies(ctx context.Context, sandbox string, edit func(*Policies, string)) error {
+	defer rt.d.Exclusive()()
 	key := ""
 	if sandbox != "" {
-		h, err := e.loadHistory(ctx)
+		h, err := rt.d.LoadHistory(ctx)
 		if err != nil {
 			return err
 		}
@@ -277,33 +279,33 @@ func (e *Engine) editPolicies(ctx context.Context, sandbox string, edit func(*Po
 			return err
 		}
 	}
-	p, err := e.loadPolicies()
+	p, err := rt.loadPolicies()
 	if err != nil {
 		return err
 	}
 	edit(p, key)
-	return e.savePolicies(p)
+	return rt.savePolicies(p)
 }
 
 // ShowPolicies reports the home's policy and, for each live sandbox (or the
 // one named), the policy that applies to it.
-func (e *Engine) ShowPolicies(ctx context.Context, sandbox string) (*PolicyView, error) {
-	defer e.shared()()
-	p, err := e.loadPolicies()
+func (rt *Retention) ShowPolicies(ctx context.Context, sandbox string) (*PolicyView, error) {
+	defer rt.d.Shared()()
+	p, err := rt.loadPolicies()
 	if err != nil {
 		return nil, err
 	}
-	h, err := e.loadHistory(ctx)
+	h, err := rt.d.LoadHistory(ctx)
 	if err != nil {
 		return nil, err
 	}
 	v := &PolicyView{Home: p.Home, Sandboxes: []SandboxPolicy{}}
-	names := make([]string, 0, len(h.keys))
-	for n := range h.keys {
+	names := make([]string, 0, len(h.Keys))
+	for n := range h.Keys {
 		names = append(names, n)
 	}
 	if sandbox != "" {
-		if _, ok := h.keys[sandbox]; !ok {
+		if _, ok := h.Keys[sandbox]; !ok {
 			return nil, fmt.Errorf("sandbox %s: %w", sandbox, errdefs.ErrNotFound)
 		}
 		names = []string{sandbox}
@@ -311,7 +313,7 @@ func (e *Engine) ShowPolicies(ctx context.Context, sandbox string) (*PolicyView,
 	slices.Sort(names)
 	for _, n := range names {
 		sp := SandboxPolicy{Sandbox: n, Source: "none"}
-		if rp, ok := p.Sandboxes[h.keys[n]]; ok {
+		if rp, ok := p.Sandboxes[h.Keys[n]]; ok {
 			sp.Policy, sp.Source = &rp, "sandbox"
 		} else if p.Home != nil {
 			sp.Policy, sp.Source = p.Home, "home"
