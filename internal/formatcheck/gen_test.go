@@ -39,6 +39,7 @@ import (
 
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/engine"
+	"github.com/turnsnap/turnsnap/engine/retention"
 	"github.com/turnsnap/turnsnap/engine/llmproxy"
 	"github.com/turnsnap/turnsnap/internal/miniotest"
 	"github.com/turnsnap/turnsnap/upload"
@@ -301,7 +302,7 @@ touch -d @1700000100 a.txt opq/n newdir/f newdir/empty newdir/tree-bytes newdir/
 
 	// Two-phase retention leaves a mark object: turn 0 and the skip record
 	// of agent are marked, not deleted (a head and a tag keep the rest).
-	pr, err := e.Prune(ctx, engine.PruneOptions{KeepLast: 1, Grace: time.Hour})
+	pr, err := e.Retention().Prune(ctx, retention.PruneOptions{KeepLast: 1, Grace: time.Hour})
 	must(t, err)
 	homeID := readHomeID(t, home)
 	for _, m := range pr.Marked {
