@@ -16,6 +16,7 @@ import (
 
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/engine/admission"
 	"github.com/turnsnap/turnsnap/engine/content"
 	"github.com/turnsnap/turnsnap/internal/rootfs"
 	"github.com/turnsnap/turnsnap/overlay"
@@ -61,7 +62,7 @@ type Options struct {
 	FreezeOnBranch bool
 	// MaxCheckpoints is how many checkpoints run their heavy phases (scan,
 	// store, commit) at once; the others queue, urgent ones first
-	// (admit.go). 0 means GOMAXPROCS; negative, no limit.
+	// (engine/admission). 0 means GOMAXPROCS; negative, no limit.
 	MaxCheckpoints int
 }
 
@@ -112,8 +113,8 @@ type Engine struct {
 	keepLines lineMemo     // retention's lines by head (frozen.go)
 	// freezeOnBranch: layers are frozen for branches only (Options).
 	freezeOnBranch bool
-	admit          *admission // checkpoint admission (admit.go)
-	headTrees      headTrees  // each sandbox's last turn's trees (headtrees.go)
+	admit          *admission.Scheduler // checkpoint admission
+	headTrees      headTrees            // each sandbox's last turn's trees (headtrees.go)
 	// receiptOff leaves a restore's receipt unchecked: only the receipt's
 	// benchmark sets it, for its baseline (BenchmarkRollbackReceipt).
 	receiptOff bool
@@ -139,7 +140,7 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &Engine{home: h, lock: lock, log: log, atPhase: opts.AtPhase, admit: newAdmission(opts.MaxCheckpoints)}
+	e := &Engine{home: h, lock: lock, log: log, atPhase: opts.AtPhase, admit: admission.New(opts.MaxCheckpoints)}
 	e.commits.Hold = &commitLock{e: e}
 	e.commits.Shared = func(int) { e.phase(PhaseCommitGroup) }
 	e.track.on = opts.TrackChanges
@@ -245,6 +246,11 @@ func (e *Engine) Home() string { return string(e.home) }
 
 // Store returns the object store, for tools and tests that inspect it.
 func (e *Engine) Store() upload.Store { return e.store }
+
+// Admission returns the checkpoint admission scheduler: its Stats are
+// served as metrics, and background work (the daemon's pusher) yields to
+// urgent checkpoints through it.
+func (e *Engine) Admission() *admission.Scheduler { return e.admit }
 
 func (e *Engine) view(ctx context.Context, fn func(tx *catalog.Tx) error) error {
 	return e.cat.View(ctx, fn)

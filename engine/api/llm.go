@@ -109,7 +109,7 @@ func (l *LLM) Checkpoint(ctx context.Context, t llmproxy.Turn) (llmproxy.Committ
 	// calls the state it captures already holds.
 	snap := l.journal.Snapshot(t.Sandbox, t.Number)
 	// The reply ready before the checkpoint committed moves it to the
-	// engine's urgent lane (engine/admit.go).
+	// engine's urgent lane (engine/admission).
 	opts := engine.CheckpointOptions{Journal: snap.Save, Urgent: t.Urgent}
 	if !t.Conv.IsZero() {
 		conv := t.Conv
