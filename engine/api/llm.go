@@ -56,7 +56,7 @@ func NewLLM(ctx context.Context, svc *Service, opts LLMOptions) (*LLM, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	l := &LLM{svc: svc, opts: opts, journal: llmproxy.NewTreeJournal(svc.E.IDs(), svc.E.Blobs()),
+	l := &LLM{svc: svc, opts: opts, journal: llmproxy.NewTreeJournal(svc.E.Keys().IDs(), svc.E.Blobs()),
 		ups: NewUpstreams(svc.E.Home()), log: opts.Logger}
 	p, err := llmproxy.New(llmproxy.Options{Upstream: opts.Upstream, UpstreamFor: l.upstreamFor, Turns: l,
 		Journal: l.journal, ReplayFor: l.replayFor, Gate: opts.Gate, GateTimeout: opts.GateTimeout, Strict: opts.Strict,

@@ -1,4 +1,7 @@
-package engine
+// Package keys is a home's encryption: its master key files, the data key
+// they wrap, the sealing wrappers over the home's stores, setting up
+// encryption and rotating the master key (docs/SECURITY.md).
+package keys
 
 import (
 	"context"
@@ -8,23 +11,21 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
-	"github.com/turnsnap/turnsnap/engine/content"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/upload"
 )
 
-// EncryptionConfig says which master key opens this home's store. The key
-// itself stays in its file; only the path and the key's public ID are
-// kept in config.json.
-type EncryptionConfig struct {
+// Config says which master key opens this home's store (config.json's
+// "encryption"). The key itself stays in its file; only the path and the
+// key's public ID are kept in config.json.
+type Config struct {
 	KeyFile string `json:"key_file"`
 	KeyID   string `json:"key_id"`
 	// IDs is the content ID scheme (delta.SchemeKeyed for homes made since
 	// keyed IDs). Absent means plain BLAKE3: an encrypted home made before
 	// keyed IDs keeps the IDs its checkpoints have; it is never switched.
-	// The store's key object says the same, and loadKeys checks they agree.
+	// The store's key object says the same, and Load checks they agree.
 	IDs string `json:"ids,omitempty"`
 	// PlainLocal says the local store and catalog are plaintext
 	// (--encrypt-local=false): objects are sealed on their way to the
@@ -33,7 +34,7 @@ type EncryptionConfig struct {
 }
 
 // scheme is c's content ID scheme, "" read as plain.
-func (c *EncryptionConfig) scheme() string {
+func (c *Config) scheme() string {
 	if c.IDs == "" {
 		return delta.SchemePlain
 	}
@@ -93,76 +94,123 @@ func GenerateKeyFile(path string) (string, error) {
 	return m.ID(), f.Close()
 }
 
-// ids returns the home's content ID scheme: keyed BLAKE3 for an encrypted
-// home made since keyed IDs, plain BLAKE3 otherwise (delta.Keys.IDs).
-func (e *Engine) ids() delta.IDs { return e.keys.IDs() }
+// Deps is what a Ring needs of the engine that owns it.
+type Deps struct {
+	// Home names the home in errors.
+	Home string
+	// Local and Remote are the raw stores, beneath the sealing wrappers;
+	// Remote is nil without a remote (SetRemote gives one later).
+	Local, Remote upload.Store
+	// Config is the home's encryption configuration, nil for a plaintext
+	// home.
+	Config *Config
+	// Save writes c as the home's encryption configuration (config.json)
+	// and makes it the engine's.
+	Save func(c *Config) error
+	// Wired is told the sealed stores each time they change: the local
+	// one, the remote one (nil without a remote), and the store the
+	// engine reads and writes (the local one, or with a remote the local
+	// one in front of the remote one).
+	Wired func(local, remote, store upload.Store)
+	// Renew is called when SetUp has made a home encrypted, with the new
+	// keys in place: the engine remakes its catalog under them (the
+	// catalog of an empty home holds nothing the store does not) and
+	// passes the new ID scheme on.
+	Renew func(ctx context.Context) error
+	// Exclusive takes the engine's maintenance lock for Rotate: no turn
+	// runs while the key changes.
+	Exclusive func() (release func())
+}
 
-// IDs returns the home's content ID scheme, for code outside the engine
-// that names content (the LLM journal).
-func (e *Engine) IDs() delta.IDs { return e.ids() }
+// Ring owns a home's keys: the data key (nil for a plaintext home), whether
+// the local store and catalog are plaintext (--encrypt-local=false: only
+// the remote is sealed), and the raw stores the sealing wrappers go over.
+type Ring struct {
+	d Deps
+	// rawLocal and rawRemote are the stores beneath the sealing wrappers;
+	// local and remote are the wrapped ones (the raw ones until Load).
+	rawLocal, rawRemote upload.Store
+	local, remote       upload.Store
+	keys                *delta.Keys
+	plainLocal          bool
+	config              *Config
+}
+
+// New returns the ring of a home with d's stores and configuration. Load
+// opens its data key.
+func New(d Deps) *Ring {
+	return &Ring{d: d, rawLocal: d.Local, rawRemote: d.Remote, local: d.Local, remote: d.Remote,
+		config: d.Config, plainLocal: d.Config != nil && d.Config.PlainLocal}
+}
+
+// IDs returns the home's content ID scheme: keyed BLAKE3 for an encrypted
+// home made since keyed IDs, plain BLAKE3 otherwise (delta.Keys.IDs).
+func (r *Ring) IDs() delta.IDs { return r.keys.IDs() }
+
+// Encrypted reports whether the home has a data key.
+func (r *Ring) Encrypted() bool { return r.keys != nil }
 
 // PlainLocal reports whether this encrypted home keeps its local store
 // and catalog in plaintext (--encrypt-local=false).
-func (e *Engine) PlainLocal() bool { return e.plainLocal }
+func (r *Ring) PlainLocal() bool { return r.plainLocal }
 
-// localKeys returns the keys the local store and catalog are sealed with:
+// LocalKeys returns the keys the local store and catalog are sealed with:
 // nil for a plaintext home and for one whose local store is plaintext.
 // Readers of the store's packs use them too: the remote of a plaintext-
 // local home shows packs in the plaintext layout (upload.SealedRemote).
-func (e *Engine) localKeys() *delta.Keys {
-	if e.plainLocal {
+func (r *Ring) LocalKeys() *delta.Keys {
+	if r.plainLocal {
 		return nil
 	}
-	return e.keys
+	return r.keys
 }
 
-// newRepo returns the content repository over the engine's stores.
-func (e *Engine) newRepo() *content.Repo {
-	return content.NewSealedIDs(e.store, e.cat, e.codec, e.meter, e.localKeys(), e.ids())
+// Load opens the data key named by the configuration, from the local
+// store or else the remote one, and wires the sealed stores.
+func (r *Ring) Load(ctx context.Context) error {
+	if err := r.load(ctx); err != nil {
+		return err
+	}
+	r.wire()
+	return nil
 }
 
-func (e *Engine) catalogOptions(readOnly bool) catalog.Options {
-	return catalog.Options{Logger: e.log, EncryptionKey: e.localKeys().CatalogKey(), ReadOnly: readOnly}
-}
-
-// loadKeys opens the data key named by the configuration, from the local
-// store or else the remote one.
-func (e *Engine) loadKeys(ctx context.Context) error {
-	ec := e.config.Encryption
+func (r *Ring) load(ctx context.Context) error {
+	ec := r.config
 	if ec == nil {
 		return nil
 	}
 	m, err := ReadKeyFile(ec.KeyFile)
 	if err != nil {
-		return fmt.Errorf("home %s is encrypted: %w", e.home, err)
+		return fmt.Errorf("home %s is encrypted: %w", r.d.Home, err)
 	}
 	if m.ID() != ec.KeyID {
 		return fmt.Errorf("home %s is encrypted with key %s; key file %s holds key %s: %w",
-			e.home, ec.KeyID, ec.KeyFile, m.ID(), errdefs.ErrKey)
+			r.d.Home, ec.KeyID, ec.KeyFile, m.ID(), errdefs.ErrKey)
 	}
-	k, _, err := e.findKeys(ctx, m)
+	k, _, err := r.findKeys(ctx, m)
 	if err != nil {
 		return err
 	}
 	if k == nil {
-		return fmt.Errorf("home %s: key %s: no wrapped data key %s in the store: %w", e.home, m.ID(), delta.KeyName(m.ID()), errdefs.ErrKey)
+		return fmt.Errorf("home %s: key %s: no wrapped data key %s in the store: %w", r.d.Home, m.ID(), delta.KeyName(m.ID()), errdefs.ErrKey)
 	}
 	if got := k.IDs().Scheme(); got != ec.scheme() {
 		// Checking under the wrong scheme would fail every blob; say why.
 		return fmt.Errorf("home %s: config.json names content IDs %q, the store's data key %s %q: %w",
-			e.home, ec.scheme(), delta.KeyName(m.ID()), got, errdefs.ErrCorrupt)
+			r.d.Home, ec.scheme(), delta.KeyName(m.ID()), got, errdefs.ErrCorrupt)
 	}
-	e.keys = k
+	r.keys = k
 	return nil
 }
 
 // findKeys looks for the data key m wraps: locally, then remotely. It
 // returns nil Keys, and the names of the key objects present, when m
 // wraps none.
-func (e *Engine) findKeys(ctx context.Context, m *delta.MasterKey) (*delta.Keys, []string, error) {
+func (r *Ring) findKeys(ctx context.Context, m *delta.MasterKey) (*delta.Keys, []string, error) {
 	name := delta.KeyName(m.ID())
 	var others []string
-	for _, s := range []upload.Store{e.local, e.remote} {
+	for _, s := range []upload.Store{r.local, r.remote} {
 		if s == nil {
 			continue
 		}
@@ -173,7 +221,7 @@ func (e *Engine) findKeys(ctx context.Context, m *delta.MasterKey) (*delta.Keys,
 				return nil, nil, fmt.Errorf("object %s: %w", name, err)
 			}
 			// Keep a copy on every tier, so either alone opens the store.
-			for _, t := range []upload.Store{e.local, e.remote} {
+			for _, t := range []upload.Store{r.local, r.remote} {
 				if t != nil && t != s {
 					if _, err := t.Stat(ctx, name); errors.Is(err, errdefs.ErrNotFound) {
 						if err := upload.PutBytes(ctx, t, name, data); err != nil {
@@ -187,7 +235,7 @@ func (e *Engine) findKeys(ctx context.Context, m *delta.MasterKey) (*delta.Keys,
 		if !errors.Is(err, errdefs.ErrNotFound) {
 			return nil, nil, err
 		}
-		got, err := e.keyObjects(ctx, s)
+		got, err := keyObjects(ctx, s)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -196,7 +244,7 @@ func (e *Engine) findKeys(ctx context.Context, m *delta.MasterKey) (*delta.Keys,
 	return nil, others, nil
 }
 
-func (e *Engine) keyObjects(ctx context.Context, s upload.Store) ([]string, error) {
+func keyObjects(ctx context.Context, s upload.Store) ([]string, error) {
 	var names []string
 	err := s.List(ctx, delta.KeyPrefix, func(oi upload.ObjectInfo) error {
 		names = append(names, oi.Name)
@@ -205,19 +253,42 @@ func (e *Engine) keyObjects(ctx context.Context, s upload.Store) ([]string, erro
 	return names, err
 }
 
-// wireStores wraps the raw stores for the engine's keys (nil keys: a
-// plaintext store, whose wrapper refuses sealed objects with ErrKey).
-func (e *Engine) wireStores(rawLocal, rawRemote upload.Store) {
-	e.local = upload.Sealed(rawLocal, e.localKeys())
-	e.remote = nil
-	e.store = e.local
-	if rawRemote != nil {
-		if e.plainLocal && e.keys != nil {
-			e.remote = upload.SealedRemote(rawRemote, e.keys)
+// wire wraps the raw stores for the ring's keys (nil keys: a plaintext
+// store, whose wrapper refuses sealed objects with ErrKey) and tells the
+// engine.
+func (r *Ring) wire() {
+	r.local = upload.Sealed(r.rawLocal, r.LocalKeys())
+	r.remote = nil
+	store := r.local
+	if r.rawRemote != nil {
+		if r.plainLocal && r.keys != nil {
+			r.remote = upload.SealedRemote(r.rawRemote, r.keys)
 		} else {
-			e.remote = upload.Sealed(rawRemote, e.keys)
+			r.remote = upload.Sealed(r.rawRemote, r.keys)
 		}
-		e.store = upload.NewTiered(e.local, e.remote)
+		store = upload.NewTiered(r.local, r.remote)
+	}
+	if r.d.Wired != nil {
+		r.d.Wired(r.local, r.remote, store)
+	}
+}
+
+// SetRemote makes raw the home's remote store (beneath its sealing
+// wrapper) and wires the stores again.
+func (r *Ring) SetRemote(raw upload.Store) {
+	r.rawRemote = raw
+	r.wire()
+}
+
+// Mark remembers the ring's remote store and keys; the function it
+// returns puts them back and wires the stores again, for a setup that
+// fails: the remote is the home's only once its queue and config are
+// saved.
+func (r *Ring) Mark() (restore func()) {
+	raw, k, plain := r.rawRemote, r.keys, r.plainLocal
+	return func() {
+		r.rawRemote, r.keys, r.plainLocal = raw, k, plain
+		r.wire()
 	}
 }
 
@@ -237,12 +308,12 @@ func holdsData(ctx context.Context, s upload.Store) (bool, error) {
 	return false, nil
 }
 
-// setUpEncryption makes keyFile's master key this home's. The store's
+// SetUp makes keyFile's master key this home's. The store's
 // existing data key is used when the key opens one (a second host, a
 // rerun); otherwise a new store gets a new data key. A store that holds
 // plaintext data, or whose data key this master key does not open, is
 // refused.
-func (e *Engine) setUpEncryption(ctx context.Context, keyFile string, plainLocal bool) error {
+func (r *Ring) SetUp(ctx context.Context, keyFile string, plainLocal bool) error {
 	abs, err := filepath.Abs(keyFile)
 	if err != nil {
 		return err
@@ -251,21 +322,21 @@ func (e *Engine) setUpEncryption(ctx context.Context, keyFile string, plainLocal
 	if err != nil {
 		return err
 	}
-	if ec := e.config.Encryption; ec != nil {
+	if ec := r.config; ec != nil {
 		if ec.KeyID != m.ID() {
 			return fmt.Errorf("home %s is encrypted with key %s, not %s (rotate with `turnsnap key rotate`): %w",
-				e.home, ec.KeyID, m.ID(), errdefs.ErrKey)
+				r.d.Home, ec.KeyID, m.ID(), errdefs.ErrKey)
 		}
 		if ec.PlainLocal != plainLocal {
 			return fmt.Errorf("home %s: --encrypt-local=%v is chosen when a home is encrypted (objects are never rewritten): %w",
-				e.home, !ec.PlainLocal, errdefs.ErrPrecondition)
+				r.d.Home, !ec.PlainLocal, errdefs.ErrPrecondition)
 		}
 		return nil
 	}
-	rawLocal, rawRemote := e.rawStores()
+	rawLocal, rawRemote := r.Raw()
 	_, err = rawLocal.Stat(ctx, delta.KeyName(m.ID()))
 	localHadKey := err == nil
-	k, others, err := e.findKeys(ctx, m)
+	k, others, err := r.findKeys(ctx, m)
 	if err != nil {
 		return err
 	}
@@ -281,19 +352,19 @@ func (e *Engine) setUpEncryption(ctx context.Context, keyFile string, plainLocal
 			return err
 		} else if has && k == nil {
 			return fmt.Errorf("home %s: the store already holds unencrypted checkpoints; encryption is chosen when a store is created (objects are never rewritten): %w",
-				e.home, errdefs.ErrPrecondition)
+				r.d.Home, errdefs.ErrPrecondition)
 		}
 	}
 	if has, err := holdsData(ctx, rawLocal); err != nil {
 		return err
 	} else if has && !localHadKey {
 		// The bucket is encrypted but this home's own data is not.
-		return fmt.Errorf("home %s: the local store holds unencrypted checkpoints and the remote store is encrypted: %w", e.home, errdefs.ErrPrecondition)
+		return fmt.Errorf("home %s: the local store holds unencrypted checkpoints and the remote store is encrypted: %w", r.d.Home, errdefs.ErrPrecondition)
 	}
 	if k != nil && plainLocal && !k.IDs().Keyed() {
 		// A plaintext pack's name goes to the bucket; only a keyed ID
 		// makes that safe.
-		return fmt.Errorf("home %s: --encrypt-local=false needs keyed content IDs, and this store was made before them: %w", e.home, errdefs.ErrPrecondition)
+		return fmt.Errorf("home %s: --encrypt-local=false needs keyed content IDs, and this store was made before them: %w", r.d.Home, errdefs.ErrPrecondition)
 	}
 	if k == nil {
 		k = delta.NewDataKey()
@@ -307,48 +378,37 @@ func (e *Engine) setUpEncryption(ctx context.Context, keyFile string, plainLocal
 			}
 		}
 	}
-	// The catalog of an empty home holds nothing the store does not; it
-	// is made again, encrypted.
-	if err := e.cat.Close(); err != nil {
+	// The engine makes its catalog again, encrypted (Deps.Renew).
+	r.keys, r.plainLocal = k, plainLocal
+	if err := r.d.Renew(ctx); err != nil {
 		return err
 	}
-	e.cat = nil
-	if err := os.RemoveAll(e.home.catalogDir()); err != nil {
-		return err
-	}
-	e.keys, e.plainLocal = k, plainLocal
-	if ob := e.overlayBackend(); ob != nil {
-		ob.SetIDs(e.ids())
-	}
-	if e.cat, err = catalog.Open(ctx, e.home.catalogDir(), e.catalogOptions(false)); err != nil {
-		return err
-	}
-	c := *e.config
 	// The scheme is the store's (its key object's): a second host joining
 	// a store made before keyed IDs keeps plain ones.
-	c.Encryption = &EncryptionConfig{KeyFile: abs, KeyID: m.ID(), IDs: idsField(k), PlainLocal: plainLocal}
-	if err := saveConfig(e.home, &c); err != nil {
+	c := &Config{KeyFile: abs, KeyID: m.ID(), IDs: idsField(k), PlainLocal: plainLocal}
+	if err := r.d.Save(c); err != nil {
 		return err
 	}
-	e.config = &c
-	e.wireStores(rawLocal, rawRemote)
+	r.config = c
+	r.wire()
 	return nil
 }
 
-// rawStores returns the stores beneath the sealing wrappers.
-func (e *Engine) rawStores() (upload.Store, upload.Store) { return e.rawLocal, e.rawRemote }
+// Raw returns the stores beneath the sealing wrappers (the remote one nil
+// without a remote).
+func (r *Ring) Raw() (local, remote upload.Store) { return r.rawLocal, r.rawRemote }
 
-// refuseIfEncrypted fails with ErrKey when this home has no key but the
+// RefuseIfEncrypted fails with ErrKey when this home has no key but the
 // store it reads holds wrapped data keys.
-func (e *Engine) refuseIfEncrypted(ctx context.Context) error {
-	if e.keys != nil {
+func (r *Ring) RefuseIfEncrypted(ctx context.Context) error {
+	if r.keys != nil {
 		return nil
 	}
-	for _, s := range []upload.Store{e.rawLocal, e.rawRemote} {
+	for _, s := range []upload.Store{r.rawLocal, r.rawRemote} {
 		if s == nil {
 			continue
 		}
-		names, err := e.keyObjects(ctx, s)
+		names, err := keyObjects(ctx, s)
 		if err != nil {
 			return err
 		}
@@ -360,20 +420,20 @@ func (e *Engine) refuseIfEncrypted(ctx context.Context) error {
 	return nil
 }
 
-// RotateReport says what RotateKey did.
+// RotateReport says what Rotate did.
 type RotateReport struct {
 	OldKey, NewKey string
 }
 
-// RotateKey makes newKeyFile's master key the one that opens this home's
+// Rotate makes newKeyFile's master key the one that opens this home's
 // store: the data key is wrapped again under the new master key (on the
 // remote store first, then locally), the configuration switches to it, and
 // the old wrapping is deleted. No data object is rewritten, so it costs a
 // few small writes whatever the store holds.
-func (e *Engine) RotateKey(ctx context.Context, newKeyFile string) (*RotateReport, error) {
-	defer e.exclusive()()
-	if e.keys == nil {
-		return nil, fmt.Errorf("home %s is not encrypted: %w", e.home, errdefs.ErrPrecondition)
+func (r *Ring) Rotate(ctx context.Context, newKeyFile string) (*RotateReport, error) {
+	defer r.d.Exclusive()()
+	if r.keys == nil {
+		return nil, fmt.Errorf("home %s is not encrypted: %w", r.d.Home, errdefs.ErrPrecondition)
 	}
 	abs, err := filepath.Abs(newKeyFile)
 	if err != nil {
@@ -383,25 +443,24 @@ func (e *Engine) RotateKey(ctx context.Context, newKeyFile string) (*RotateRepor
 	if err != nil {
 		return nil, err
 	}
-	old := e.config.Encryption.KeyID
+	old := r.config.KeyID
 	if m.ID() == old {
 		return nil, fmt.Errorf("key file %s holds the current key %s: %w", abs, old, errdefs.ErrInvalid)
 	}
-	obj := m.WrapKeys(e.keys)
-	for _, s := range []upload.Store{e.rawRemote, e.rawLocal} {
+	obj := m.WrapKeys(r.keys)
+	for _, s := range []upload.Store{r.rawRemote, r.rawLocal} {
 		if s != nil {
 			if err := upload.PutBytes(ctx, s, delta.KeyName(m.ID()), obj); err != nil {
 				return nil, fmt.Errorf("object %s: %w", delta.KeyName(m.ID()), err)
 			}
 		}
 	}
-	c := *e.config
-	c.Encryption = &EncryptionConfig{KeyFile: abs, KeyID: m.ID(), IDs: e.config.Encryption.IDs, PlainLocal: e.plainLocal}
-	if err := saveConfig(e.home, &c); err != nil {
+	c := &Config{KeyFile: abs, KeyID: m.ID(), IDs: r.config.IDs, PlainLocal: r.plainLocal}
+	if err := r.d.Save(c); err != nil {
 		return nil, err
 	}
-	e.config = &c
-	for _, s := range []upload.Store{e.rawRemote, e.rawLocal} {
+	r.config = c
+	for _, s := range []upload.Store{r.rawRemote, r.rawLocal} {
 		if s != nil {
 			if err := s.Delete(ctx, delta.KeyName(old)); err != nil {
 				return nil, fmt.Errorf("object %s: %w", delta.KeyName(old), err)
@@ -413,9 +472,9 @@ func (e *Engine) RotateKey(ctx context.Context, newKeyFile string) (*RotateRepor
 
 // KeyID returns the ID of the master key opening this home's store, or ""
 // for a plaintext home.
-func (e *Engine) KeyID() string {
-	if e.config.Encryption == nil {
+func (r *Ring) KeyID() string {
+	if r.config == nil {
 		return ""
 	}
-	return e.config.Encryption.KeyID
+	return r.config.KeyID
 }
