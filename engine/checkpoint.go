@@ -31,7 +31,7 @@ type CheckpointOptions struct {
 	Journal func(ctx context.Context, s delta.BlobSaver) (*delta.ID, error)
 	// Urgent, if set, is closed when someone waits for this checkpoint right
 	// now (the LLM proxy holds a reply that is ready): while it waits for a
-	// slot, it moves to the urgent lane (admit.go).
+	// slot, it moves to the urgent lane (engine/admission).
 	Urgent <-chan struct{} `json:"-"`
 }
 
@@ -83,11 +83,11 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	if opts.Turn != nil && *opts.Turn < 0 {
 		return nil, fmt.Errorf("sandbox %s: turn %d: turns are numbered from 0: %w", name, *opts.Turn, errdefs.ErrInvalid)
 	}
-	slot, err := e.admit.admit(ctx, name, opts.Urgent) // admit.go: one of the checkpoint slots
+	slot, err := e.admit.Admit(ctx, name, opts.Urgent) // one of the checkpoint slots (engine/admission)
 	if err != nil {
 		return nil, err
 	}
-	defer slot.done()
+	defer slot.Done()
 	start := time.Now()
 	st, err := e.loadSandbox(ctx, name)
 	if err != nil {
@@ -176,7 +176,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 		ts.skipped(res, st.head.FSTree)
 		stats.DurationNs = time.Since(start).Nanoseconds()
 		if opts.RecordSkips {
-			slot.free() // a skip record's commit is fsyncs, as below
+			slot.Free() // a skip record's commit is fsyncs, as below
 			return e.recordSkip(ctx, op, st, turn, opts.Message, stats, start)
 		}
 		return &CheckpointResult{ID: st.head.ID, Sandbox: name, Class: delta.ClassSkip, Turn: turn,
@@ -227,7 +227,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	// them kept the next turn from starting, and kept concurrent commits
 	// from sharing a group transaction (catalog.Group). It still counts as
 	// urgent until it returns: background work waits for its commit too.
-	slot.free()
+	slot.Free()
 	e.progressPhase("commit", 0)
 	e.phase(PhaseCommit)
 	t = time.Now()

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/turnsnap/turnsnap/engine/keys"
 	"github.com/turnsnap/turnsnap/engine/remote"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/upload"
@@ -23,7 +24,7 @@ type Config struct {
 	HomeID string        `json:"home_id,omitempty"`
 	Remote *RemoteConfig `json:"remote,omitempty"`
 	// Encryption, if set, names the master key of an encrypted store.
-	Encryption *EncryptionConfig `json:"encryption,omitempty"`
+	Encryption *keys.Config `json:"encryption,omitempty"`
 	// FrozenKeep is how many of each sandbox's newest checkpoints keep a
 	// frozen layer on this host for cheap branches (frozen.go); nil means
 	// DefaultFrozenKeep, 0 turns frozen layers off.

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/engine/keys"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
 
@@ -60,7 +61,7 @@ func incompressible(marker string) string {
 func keyFile(t *testing.T) string {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), "master.key")
-	_, err := GenerateKeyFile(p)
+	_, err := keys.GenerateKeyFile(p)
 	must(t, err)
 	return p
 }
@@ -181,14 +182,15 @@ func TestRotateKeyRewrapsOnly(t *testing.T) {
 	agentTurn(t, cr.Root)
 	cp, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
-	before := countObjects(t, e.rawLocal)
+	rawLocal, _ := e.keys.Raw()
+	before := countObjects(t, rawLocal)
 	k2 := keyFile(t)
-	r, err := e.RotateKey(ctx, k2)
+	r, err := e.Keys().Rotate(ctx, k2)
 	must(t, err)
-	if after := countObjects(t, e.rawLocal); after != before {
+	if after := countObjects(t, rawLocal); after != before {
 		t.Fatalf("rotation changed the object count %d -> %d", before, after)
 	}
-	if _, err := e.rawLocal.Stat(ctx, delta.KeyName(r.OldKey)); !errors.Is(err, errdefs.ErrNotFound) {
+	if _, err := rawLocal.Stat(ctx, delta.KeyName(r.OldKey)); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("old key object still there: %v", err)
 	}
 	_, err = e.Verify(ctx, cp.ID.String())

@@ -16,7 +16,9 @@ import (
 
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/engine/admission"
 	"github.com/turnsnap/turnsnap/engine/content"
+	"github.com/turnsnap/turnsnap/engine/keys"
 	"github.com/turnsnap/turnsnap/engine/retention"
 	"github.com/turnsnap/turnsnap/internal/rootfs"
 	"github.com/turnsnap/turnsnap/overlay"
@@ -62,7 +64,7 @@ type Options struct {
 	FreezeOnBranch bool
 	// MaxCheckpoints is how many checkpoints run their heavy phases (scan,
 	// store, commit) at once; the others queue, urgent ones first
-	// (admit.go). 0 means GOMAXPROCS; negative, no limit.
+	// (engine/admission). 0 means GOMAXPROCS; negative, no limit.
 	MaxCheckpoints int
 }
 
@@ -77,22 +79,20 @@ type Engine struct {
 	// store is where the engine reads and writes objects: the local store,
 	// or with a remote configured, the local store in front of the remote
 	// one (writes stay local until pushed; reads fetch what is missing).
-	store  upload.Store
+	store upload.Store
+	// local and remote are store's tiers, beneath it: the sealing wrappers
+	// the keys put over the raw stores (engine/keys).
 	local  upload.Store
 	remote upload.Store // nil without a remote
-	// rawLocal and rawRemote are the stores beneath the sealing wrappers
-	// (crypt.go); keys is nil for a plaintext home. plainLocal says the
-	// local store and catalog of an encrypted home are plaintext
-	// (--encrypt-local=false): only the remote is sealed.
-	rawLocal, rawRemote upload.Store
-	keys                *delta.Keys
-	plainLocal          bool
-	config              *Config
-	cat                 *catalog.Catalog
-	codec               *delta.Codec
-	repo                *content.Repo
-	meter               *content.Meter // nil: no progress reporting
-	log                 *slog.Logger
+	// keys owns the home's encryption: its data key and the raw stores
+	// beneath the sealing wrappers (engine/keys).
+	keys   *keys.Ring
+	config *Config
+	cat    *catalog.Catalog
+	codec  *delta.Codec
+	repo   *content.Repo
+	meter  *content.Meter // nil: no progress reporting
+	log    *slog.Logger
 	// backends by name; the engine composes them, each owns its roots.
 	backends map[string]rootfs.Backend
 	rtMu     sync.Mutex
@@ -113,8 +113,8 @@ type Engine struct {
 	keepLines lineMemo     // retention's lines by head (frozen.go)
 	// freezeOnBranch: layers are frozen for branches only (Options).
 	freezeOnBranch bool
-	admit          *admission           // checkpoint admission (admit.go)
 	retention      *retention.Retention // prune, forget, policies, gc (retention_deps.go)
+	admit          *admission.Scheduler // checkpoint admission
 	headTrees      headTrees            // each sandbox's last turn's trees (headtrees.go)
 	// receiptOff leaves a restore's receipt unchecked: only the receipt's
 	// benchmark sets it, for its baseline (BenchmarkRollbackReceipt).
@@ -141,7 +141,7 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &Engine{home: h, lock: lock, log: log, atPhase: opts.AtPhase, admit: newAdmission(opts.MaxCheckpoints)}
+	e := &Engine{home: h, lock: lock, log: log, atPhase: opts.AtPhase, admit: admission.New(opts.MaxCheckpoints)}
 	e.commits.Hold = &commitLock{e: e}
 	e.commits.Shared = func(int) { e.phase(PhaseCommitGroup) }
 	e.track.on = opts.TrackChanges
@@ -153,7 +153,8 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 			e.Close()
 		}
 	}()
-	if e.rawLocal, err = upload.NewLocal(h.storeDir()); err != nil {
+	rawLocal, err := upload.NewLocal(h.storeDir())
+	if err != nil {
 		return nil, fmt.Errorf("home %s: store: %w", h, err)
 	}
 	if e.config, err = loadConfig(h); err != nil {
@@ -169,8 +170,9 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 		}
 		e.config = &c
 	}
+	var rawRemote upload.Store
 	if rc := e.config.Remote; rc != nil {
-		e.rawRemote = &lazyStore{connect: func(ctx context.Context) (upload.Store, error) {
+		rawRemote = &lazyStore{connect: func(ctx context.Context) (upload.Store, error) {
 			cfg, err := rc.s3Config()
 			if err != nil {
 				return nil, err
@@ -182,12 +184,39 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 			return upload.WithRetry(s, upload.RetryPolicy{Logger: log}), nil
 		}}
 	}
-	e.local, e.remote = e.rawLocal, e.rawRemote
-	e.plainLocal = e.config.Encryption != nil && e.config.Encryption.PlainLocal
-	if err := e.loadKeys(ctx); err != nil {
+	e.keys = keys.New(keys.Deps{Home: string(h), Local: rawLocal, Remote: rawRemote, Config: e.config.Encryption,
+		Save: func(ec *keys.Config) error {
+			c := *e.config
+			c.Encryption = ec
+			if err := saveConfig(h, &c); err != nil {
+				return err
+			}
+			e.config = &c
+			return nil
+		},
+		Wired: func(local, remote, store upload.Store) { e.local, e.remote, e.store = local, remote, store },
+		Renew: func(ctx context.Context) error {
+			// The catalog of an empty home holds nothing the store does
+			// not; it is made again, encrypted.
+			if err := e.cat.Close(); err != nil {
+				return err
+			}
+			e.cat = nil
+			if err := os.RemoveAll(h.catalogDir()); err != nil {
+				return err
+			}
+			if ob := e.overlayBackend(); ob != nil {
+				ob.SetIDs(e.ids())
+			}
+			var err error
+			e.cat, err = catalog.Open(ctx, h.catalogDir(), e.catalogOptions(false))
+			return err
+		},
+		Exclusive: e.exclusive,
+	})
+	if err := e.keys.Load(ctx); err != nil {
 		return nil, err
 	}
-	e.wireStores(e.rawLocal, e.rawRemote)
 	if !opts.ReadOnly {
 		// Before Badger writes anything: on a full filesystem its mmapped
 		// writes would kill the process instead of failing.
@@ -248,6 +277,31 @@ func (e *Engine) Home() string { return string(e.home) }
 
 // Store returns the object store, for tools and tests that inspect it.
 func (e *Engine) Store() upload.Store { return e.store }
+
+// Keys returns the home's keys: its encryption, key rotation, and the
+// content ID scheme.
+func (e *Engine) Keys() *keys.Ring { return e.keys }
+
+// ids returns the home's content ID scheme (keys.Ring.IDs).
+func (e *Engine) ids() delta.IDs { return e.keys.IDs() }
+
+// localKeys returns the keys the local store and catalog are sealed with
+// (keys.Ring.LocalKeys).
+func (e *Engine) localKeys() *delta.Keys { return e.keys.LocalKeys() }
+
+// newRepo returns the content repository over the engine's stores.
+func (e *Engine) newRepo() *content.Repo {
+	return content.NewSealedIDs(e.store, e.cat, e.codec, e.meter, e.localKeys(), e.ids())
+}
+
+func (e *Engine) catalogOptions(readOnly bool) catalog.Options {
+	return catalog.Options{Logger: e.log, EncryptionKey: e.localKeys().CatalogKey(), ReadOnly: readOnly}
+}
+
+// Admission returns the checkpoint admission scheduler: its Stats are
+// served as metrics, and background work (the daemon's pusher) yields to
+// urgent checkpoints through it.
+func (e *Engine) Admission() *admission.Scheduler { return e.admit }
 
 func (e *Engine) view(ctx context.Context, fn func(tx *catalog.Tx) error) error {
 	return e.cat.View(ctx, fn)

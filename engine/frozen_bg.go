@@ -150,7 +150,7 @@ func (e *Engine) runFreeze(j *freezeJob) {
 		<-j.prev.done
 	}
 	f.waitIdle(j)
-	e.admit.yield(context.Background()) // urgent checkpoints first (admit.go)
+	e.admit.Yield(context.Background()) // urgent checkpoints first (engine/admission)
 	f.sem <- struct{}{}
 	defer func() { <-f.sem }()
 	e.maint.RLock()

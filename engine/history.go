@@ -10,6 +10,8 @@ import (
 
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/engine/audit"
+	"github.com/turnsnap/turnsnap/engine/diffview"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
 
@@ -85,23 +87,40 @@ type DiffResult struct {
 	To      string `json:"to"`
 	// Changes is the raw list; Paths says the same for people and scripts
 	// (what each change did, sizes, patches), one entry per change.
-	Changes []delta.Change `json:"-"`
-	Paths   []PathChange   `json:"changes"`
+	Changes []delta.Change        `json:"-"`
+	Paths   []diffview.PathChange `json:"changes"`
 	// Interrupted is what an interrupted operation left on the sandbox
 	// (a diff reports it and finishes nothing): with a rollback pending,
 	// the live root may be partly the rollback's target.
 	Interrupted *Interrupted `json:"interrupted,omitempty"`
 }
 
+// Audit reports the sandbox's head lineage turn by turn (engine/audit).
+func (e *Engine) Audit(ctx context.Context, name string) (*audit.Report, error) {
+	log, err := e.Log(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	defer e.shared()()
+	var chain []*delta.Checkpoint
+	for _, l := range log {
+		if l.OnHead {
+			chain = append(chain, l.Checkpoint)
+		}
+	}
+	slices.Reverse(chain)
+	return audit.Build(ctx, name, chain, e.repo)
+}
+
 // Diff compares two states of a sandbox: from and to name checkpoints; an
 // empty from means the head, an empty to means the live root as it is now
 // (hashed, not stored).
 func (e *Engine) Diff(ctx context.Context, name, from, to string) (*DiffResult, error) {
-	return e.DiffWith(ctx, name, from, to, DiffOptions{})
+	return e.DiffWith(ctx, name, from, to, diffview.Options{})
 }
 
 // DiffWith is Diff with options (patches).
-func (e *Engine) DiffWith(ctx context.Context, name, from, to string, o DiffOptions) (*DiffResult, error) {
+func (e *Engine) DiffWith(ctx context.Context, name, from, to string, o diffview.Options) (*DiffResult, error) {
 	done, err := e.op(ctx, name)
 	if err != nil {
 		return nil, err
@@ -148,9 +167,7 @@ func (e *Engine) DiffWith(ctx context.Context, name, from, to string, o DiffOpti
 		return nil, fmt.Errorf("sandbox %s: diff: %w", name, err)
 	}
 	r := &DiffResult{Sandbox: name, From: aName, To: bName, Changes: changes, Interrupted: st.interrupted}
-	d := &describer{loader: loader, from: a, to: b, live: live, liveFD: -1, o: o}
-	defer d.close()
-	if r.Paths, err = d.describe(ctx, changes); err != nil {
+	if r.Paths, err = diffview.Describe(ctx, loader, a, b, live, changes, o); err != nil {
 		return nil, fmt.Errorf("sandbox %s: diff: %w", name, err)
 	}
 	return r, nil

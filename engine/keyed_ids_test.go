@@ -14,6 +14,7 @@ import (
 
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/engine/keys"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/overlay"
 	"github.com/turnsnap/turnsnap/upload"
@@ -130,7 +131,9 @@ func TestKeyedIDsPerKey(t *testing.T) {
 		_, err := e.Push(ctx, PushOptions{})
 		must(t, err)
 	}
-	na, nb := contentNames(t, a.rawRemote), contentNames(t, b.rawRemote)
+	_, aRemote := a.keys.Raw()
+	_, bRemote := b.keys.Raw()
+	na, nb := contentNames(t, aRemote), contentNames(t, bRemote)
 	if len(na) == 0 || len(nb) == 0 {
 		t.Fatalf("the tenants pushed %d and %d content objects", len(na), len(nb))
 	}
@@ -244,13 +247,13 @@ func TestKeyedIDsTrackFreezeRollback(t *testing.T) {
 func TestEncryptedHomeBeforeKeyedIDsKeepsPlainIDs(t *testing.T) {
 	ctx := context.Background()
 	kf := keyFile(t)
-	m, err := ReadKeyFile(kf)
+	m, err := keys.ReadKeyFile(kf)
 	must(t, err)
 	e := newEngine(t)
-	must(t, upload.PutBytes(ctx, e.rawLocal, delta.KeyName(m.ID()), m.WrapKeys(delta.NewDataKeyPlainIDs())))
+	must(t, upload.PutBytes(ctx, rawLocalOf(e), delta.KeyName(m.ID()), m.WrapKeys(delta.NewDataKeyPlainIDs())))
 	_, err = e.Setup(ctx, SetupOptions{KeyFile: kf})
 	must(t, err)
-	if e.config.Encryption.IDs != "" || e.ids().Keyed() || e.keys == nil {
+	if e.config.Encryption.IDs != "" || e.ids().Keyed() || !e.keys.Encrypted() {
 		t.Fatalf("an old-scheme store set up with scheme %q (keyed %v)", e.config.Encryption.IDs, e.ids().Keyed())
 	}
 	big := make([]byte, 300<<10)
@@ -283,14 +286,20 @@ func TestEncryptedHomeBeforeKeyedIDsKeepsPlainIDs(t *testing.T) {
 func TestPlainLocalNeedsKeyedIDs(t *testing.T) {
 	ctx := context.Background()
 	kf := keyFile(t)
-	m, err := ReadKeyFile(kf)
+	m, err := keys.ReadKeyFile(kf)
 	must(t, err)
 	e := newEngine(t)
-	must(t, upload.PutBytes(ctx, e.rawLocal, delta.KeyName(m.ID()), m.WrapKeys(delta.NewDataKeyPlainIDs())))
+	must(t, upload.PutBytes(ctx, rawLocalOf(e), delta.KeyName(m.ID()), m.WrapKeys(delta.NewDataKeyPlainIDs())))
 	if _, err := e.Setup(ctx, SetupOptions{KeyFile: kf, PlainLocal: true}); !errors.Is(err, errdefs.ErrPrecondition) {
 		t.Fatalf("--encrypt-local=false on a plain-ID store: %v, want ErrPrecondition", err)
 	}
 	if e.config.Encryption != nil {
 		t.Fatal("the refused setup left the home encrypted")
 	}
+}
+
+// rawLocalOf is e's local store beneath its sealing wrapper.
+func rawLocalOf(e *Engine) upload.Store {
+	l, _ := e.keys.Raw()
+	return l
 }

@@ -20,8 +20,8 @@ import (
 //     transactions), the content repository (safe for concurrent use) and
 //     the host's bases (prepared under baseMu).
 //   - A checkpoint, once it holds its sandbox's lock, also waits for one of
-//     the engine's checkpoint slots (admit.go): at most MaxCheckpoints run
-//     at once, urgent ones admitted first.
+//     the engine's checkpoint slots (engine/admission): at most
+//     MaxCheckpoints run at once, urgent ones admitted first.
 //   - Home-wide maintenance (gc, prune, catalog rebuild, init) holds the
 //     engine's exclusive lock: no turn runs during it. Every other operation
 //     holds it shared.

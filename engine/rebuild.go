@@ -112,7 +112,7 @@ func (e *Engine) RebuildCatalog(ctx context.Context) (*RebuildReport, error) {
 func (e *Engine) RebuildCatalogWith(ctx context.Context, opts RebuildOptions) (*RebuildReport, error) {
 	defer e.exclusive()()
 	e.progressPhase("rebuild", 0)
-	if err := e.refuseIfEncrypted(ctx); err != nil {
+	if err := e.keys.RefuseIfEncrypted(ctx); err != nil {
 		return nil, err
 	}
 	start := time.Now()

@@ -36,7 +36,7 @@ func (e *Engine) Init(ctx context.Context, rc RemoteConfig) (*InitReport, error)
 // SetupOptions says what Setup configures; either may be left out.
 type SetupOptions struct {
 	Remote *RemoteConfig
-	// KeyFile, if set, encrypts the store with this master key (crypt.go):
+	// KeyFile, if set, encrypts the store with this master key (engine/keys):
 	// a new store gets a new data key; a store (local or remote) already
 	// encrypted must be opened by it.
 	KeyFile string
@@ -56,11 +56,10 @@ func (e *Engine) Setup(ctx context.Context, opts SetupOptions) (_ *InitReport, e
 	}
 	// A setup that fails leaves the engine on the stores it had: the remote
 	// is the home's only once its queue and config are saved.
-	prevRaw, prevKeys, prevPlain := e.rawRemote, e.keys, e.plainLocal
+	restore := e.keys.Mark()
 	defer func() {
 		if err != nil {
-			e.rawRemote, e.keys, e.plainLocal = prevRaw, prevKeys, prevPlain
-			e.wireStores(e.rawLocal, e.rawRemote)
+			restore()
 			e.repo = e.newRepo()
 			if ob := e.overlayBackend(); ob != nil {
 				ob.SetIDs(e.ids())
@@ -82,15 +81,14 @@ func (e *Engine) Setup(ctx context.Context, opts SetupOptions) (_ *InitReport, e
 		if err != nil {
 			return nil, fmt.Errorf("remote %s: %w", rc.URL, err)
 		}
-		e.rawRemote = upload.WithRetry(s3, upload.RetryPolicy{Logger: e.log})
-		e.wireStores(e.rawLocal, e.rawRemote)
+		e.keys.SetRemote(upload.WithRetry(s3, upload.RetryPolicy{Logger: e.log}))
 		rep.Remote = rc.URL
 	}
 	if opts.KeyFile != "" {
-		if err := e.setUpEncryption(ctx, opts.KeyFile, opts.PlainLocal); err != nil {
+		if err := e.keys.SetUp(ctx, opts.KeyFile, opts.PlainLocal); err != nil {
 			return nil, err
 		}
-	} else if err := e.refuseIfEncrypted(ctx); err != nil {
+	} else if err := e.keys.RefuseIfEncrypted(ctx); err != nil {
 		return nil, err
 	}
 	if rc := opts.Remote; rc != nil {

@@ -14,7 +14,7 @@ import (
 	"strings"
 
 	"github.com/turnsnap/turnsnap/bench/harness"
-	"github.com/turnsnap/turnsnap/internal/auditview"
+	"github.com/turnsnap/turnsnap/engine/audit"
 )
 
 // Files are the names Write always creates in its directory; it adds
@@ -44,7 +44,7 @@ func Write(dir string, res *harness.Result, sum *harness.Summary) error {
 	for _, r := range res.Runs {
 		if r.Audit != nil {
 			var buf bytes.Buffer
-			if err := auditview.Write(&buf, r.Trace, r.Audit); err != nil {
+			if err := audit.WriteHTML(&buf, r.Trace, r.Audit); err != nil {
 				return err
 			}
 			files["audit-"+r.Trace+".html"] = buf.Bytes()

@@ -101,7 +101,7 @@ func testAgent(t *testing.T, a agentSpec) {
 		}
 	}
 	if len(turns) != 3 {
-		t.Fatalf("model-call checkpoints for turns %v, want 3, 5, 6 (the others are skips)", keys(turns))
+		t.Fatalf("model-call checkpoints for turns %v, want 3, 5, 6 (the others are skips)", turnNumbers(turns))
 	}
 	var bytesNew int64
 	for _, ev := range commits {
@@ -212,13 +212,13 @@ func testAgent(t *testing.T, a agentSpec) {
 	}
 	rturns := turnsSince(t, d, "s", t0)
 	if rturns[3].Conv == nil {
-		t.Fatalf("no checkpoint for the resumed session's turn 3: turns %v", keys(rturns))
+		t.Fatalf("no checkpoint for the resumed session's turn 3: turns %v", turnNumbers(rturns))
 	}
 	if out, _ := mustCLI(t, home, "cat", rturns[3].ID.String(), "/r3.txt"); out != "three\n" {
 		t.Fatalf("turn 3 holds r3.txt = %q", out)
 	}
 	if rturns[1].Conv == nil {
-		t.Fatalf("the turn before the crash was lost: turns %v", keys(rturns))
+		t.Fatalf("the turn before the crash was lost: turns %v", turnNumbers(rturns))
 	}
 	n := 0
 	for _, r := range ms.Requests() {
@@ -227,7 +227,7 @@ func testAgent(t *testing.T, a agentSpec) {
 		}
 	}
 	t.Logf("%s: the daemon was killed during model call 2; the agent's retry reached the new daemon (%d deliveries of call 2); turns after the restart: %v",
-		a.name, n, keys(rturns))
+		a.name, n, turnNumbers(rturns))
 
 	// The agent's session resumed in a new run (claude --continue, codex
 	// exec resume --last) on the new daemon: it carries the whole earlier
@@ -278,7 +278,7 @@ func roundAll(ds []time.Duration) []time.Duration {
 	return out
 }
 
-func keys(m map[int]api.LogEntry) []int {
+func turnNumbers(m map[int]api.LogEntry) []int {
 	var out []int
 	for k := range m {
 		out = append(out, k)

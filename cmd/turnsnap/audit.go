@@ -6,8 +6,7 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
-	"github.com/turnsnap/turnsnap/engine"
-	"github.com/turnsnap/turnsnap/internal/auditview"
+	"github.com/turnsnap/turnsnap/engine/audit"
 )
 
 func (a *app) auditCmd() *cobra.Command {
@@ -32,7 +31,7 @@ serves the home (GET /v1/sandboxes/NAME/audit), else read-only on the home.`,
 			}
 			switch {
 			case html:
-				return auditview.Write(a.stdout(), args[0], rep)
+				return audit.WriteHTML(a.stdout(), args[0], rep)
 			case a.json:
 				return printJSON(a.stdout(), rep)
 			}
@@ -43,7 +42,7 @@ serves the home (GET /v1/sandboxes/NAME/audit), else read-only on the home.`,
 	return c
 }
 
-func printAudit(a *app, rep *engine.AuditReport) error {
+func printAudit(a *app, rep *audit.Report) error {
 	w := a.stdout()
 	fmt.Fprintf(w, "sandbox %s: %d checkpoints, %s stored\n", rep.Sandbox, rep.Totals.Turns, bytesStr(rep.Totals.BytesNew))
 	for _, t := range rep.Turns {

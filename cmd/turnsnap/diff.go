@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/turnsnap/turnsnap/engine"
 	"github.com/turnsnap/turnsnap/engine/api"
+	"github.com/turnsnap/turnsnap/engine/diffview"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
 
@@ -97,7 +98,7 @@ bytes in base64 (README, "For scripts").`,
 	return c
 }
 
-func metaLine(m engine.MetaChange) string {
+func metaLine(m diffview.MetaChange) string {
 	switch m.Field {
 	case "xattr":
 		switch {

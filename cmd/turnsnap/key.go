@@ -6,6 +6,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/turnsnap/turnsnap/engine"
+	"github.com/turnsnap/turnsnap/engine/keys"
 )
 
 func (a *app) keyCmd() *cobra.Command {
@@ -21,7 +22,7 @@ host's store and off the bucket: whoever holds it reads every checkpoint of
 the store it opens, and without it nothing of that store can be read.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			id, err := engine.GenerateKeyFile(args[0])
+			id, err := keys.GenerateKeyFile(args[0])
 			if err != nil {
 				return err
 			}
@@ -43,7 +44,7 @@ hosts of the same bucket then need the new key file.`,
 		Args: cobra.NoArgs,
 	}
 	rot.RunE = a.withEngine(func(ctx context.Context, e *engine.Engine, _ []string) error {
-		r, err := e.RotateKey(ctx, newKey)
+		r, err := e.Keys().Rotate(ctx, newKey)
 		if err != nil {
 			return err
 		}

@@ -14,6 +14,7 @@ import (
 	"github.com/turnsnap/turnsnap/engine"
 	"github.com/turnsnap/turnsnap/engine/api"
 	"github.com/turnsnap/turnsnap/engine/api/client"
+	"github.com/turnsnap/turnsnap/engine/audit"
 	"github.com/turnsnap/turnsnap/engine/retention"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
@@ -59,7 +60,7 @@ type everydayService interface {
 	Ls(ctx context.Context, ref, path string) ([]engine.LsEntry, error)
 	RestorePaths(ctx context.Context, name string, req api.RestorePathsRequest) (*engine.RestorePathsResult, error)
 	Lineage(ctx context.Context) (*engine.Lineage, error)
-	Audit(ctx context.Context, name string) (*engine.AuditReport, error)
+	Audit(ctx context.Context, name string) (*audit.Report, error)
 	Processes(ctx context.Context, name string) (*engine.ProcessList, error)
 	Forget(ctx context.Context, req api.ForgetRequest) (*api.Forgotten, error)
 	ApplyPolicies(ctx context.Context, req api.ApplyPoliciesRequest) (*api.Forgotten, error)

@@ -2,16 +2,16 @@ package api
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/turnsnap/turnsnap/engine"
+	"github.com/turnsnap/turnsnap/engine/admission"
 )
 
-// admissionStats is what the admission collector needs of the engine.
+// admissionStats is what the admission collector needs of the scheduler.
 type admissionStats interface {
-	AdmissionStats() engine.AdmissionStats
+	Stats() admission.Stats
 }
 
 // admissionCollector serves the engine's checkpoint admission scheduler
-// (engine/admit.go) on /metrics, read at scrape time like the tracking
+// (engine/admission) on /metrics, read at scrape time like the tracking
 // counters: the engine keeps plain counters and needs no Prometheus.
 type admissionCollector struct {
 	e                                                        admissionStats
@@ -44,15 +44,15 @@ func (c *admissionCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *admissionCollector) Collect(ch chan<- prometheus.Metric) {
-	st := c.e.AdmissionStats()
+	st := c.e.Stats()
 	ch <- prometheus.MustNewConstMetric(c.slots, prometheus.GaugeValue, float64(st.Slots))
 	ch <- prometheus.MustNewConstMetric(c.running, prometheus.GaugeValue, float64(st.Running))
 	ch <- prometheus.MustNewConstMetric(c.depth, prometheus.GaugeValue, float64(st.Waiting-st.UrgentWaiting), "normal")
 	ch <- prometheus.MustNewConstMetric(c.depth, prometheus.GaugeValue, float64(st.UrgentWaiting), "urgent")
-	for lane, l := range map[string]engine.AdmitLane{"normal": st.Normal, "urgent": st.Urgent} {
-		buckets := make(map[float64]uint64, len(engine.AdmitWaitBounds))
+	for lane, l := range map[string]admission.Lane{"normal": st.Normal, "urgent": st.Urgent} {
+		buckets := make(map[float64]uint64, len(admission.WaitBounds))
 		var cum uint64
-		for i, b := range engine.AdmitWaitBounds {
+		for i, b := range admission.WaitBounds {
 			cum += l.Buckets[i]
 			buckets[b] = cum
 		}

@@ -7,17 +7,17 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/turnsnap/turnsnap/engine"
+	"github.com/turnsnap/turnsnap/engine/admission"
 )
 
-type fixedAdmission engine.AdmissionStats
+type fixedAdmission admission.Stats
 
-func (f fixedAdmission) AdmissionStats() engine.AdmissionStats { return engine.AdmissionStats(f) }
+func (f fixedAdmission) Stats() admission.Stats { return admission.Stats(f) }
 
 // The admission collector serves the scheduler's snapshot: queue depth by
 // lane, and the waits as a histogram whose buckets are cumulative.
 func TestAdmissionMetrics(t *testing.T) {
-	st := engine.AdmissionStats{Slots: 2, Running: 2, Waiting: 5, UrgentWaiting: 1, Promoted: 3, Cancelled: 1, Yields: 4}
+	st := admission.Stats{Slots: 2, Running: 2, Waiting: 5, UrgentWaiting: 1, Promoted: 3, Cancelled: 1, Yields: 4}
 	st.Urgent.Count, st.Urgent.WaitSum = 3, 30*time.Millisecond
 	st.Urgent.Buckets[0], st.Urgent.Buckets[3] = 1, 1 // 1 ms, 25 ms; one above 10 s
 	reg := prometheus.NewRegistry()

@@ -3,12 +3,12 @@ package api
 import (
 	"context"
 
-	"github.com/turnsnap/turnsnap/engine"
+	"github.com/turnsnap/turnsnap/engine/audit"
 )
 
 // Audit is GET /v1/sandboxes/{name}/audit: the sandbox's turns, what each
 // changed and cost, and what weaker recovery would have lost
-// (engine.AuditReport, printed as is by `turnsnap audit --json`).
-func (s *Service) Audit(ctx context.Context, name string) (*engine.AuditReport, error) {
+// (audit.Report, printed as is by `turnsnap audit --json`).
+func (s *Service) Audit(ctx context.Context, name string) (*audit.Report, error) {
 	return s.E.Audit(ctx, name)
 }

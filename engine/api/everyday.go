@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/turnsnap/turnsnap/engine"
+	"github.com/turnsnap/turnsnap/engine/diffview"
 	"github.com/turnsnap/turnsnap/engine/retention"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
@@ -81,12 +82,12 @@ func (s *Service) DiffPaths(ctx context.Context, name string, req DiffRequest) (
 	if req.From == "" && req.To != "" {
 		return nil, invalidf("diff of sandbox %s: a 'to' needs a 'from'", name)
 	}
-	r, err := s.E.DiffWith(ctx, name, req.From, req.To, engine.DiffOptions{Patch: req.Patch})
+	r, err := s.E.DiffWith(ctx, name, req.From, req.To, diffview.Options{Patch: req.Patch})
 	if err != nil {
 		return nil, err
 	}
 	if r.Paths == nil {
-		r.Paths = []engine.PathChange{}
+		r.Paths = []diffview.PathChange{}
 	}
 	return r, nil
 }

@@ -56,7 +56,7 @@ func NewLLM(ctx context.Context, svc *Service, opts LLMOptions) (*LLM, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	l := &LLM{svc: svc, opts: opts, journal: llmproxy.NewTreeJournal(svc.E.IDs(), svc.E.Blobs()),
+	l := &LLM{svc: svc, opts: opts, journal: llmproxy.NewTreeJournal(svc.E.Keys().IDs(), svc.E.Blobs()),
 		ups: NewUpstreams(svc.E.Home()), log: opts.Logger}
 	p, err := llmproxy.New(llmproxy.Options{Upstream: opts.Upstream, UpstreamFor: l.upstreamFor, Turns: l,
 		Journal: l.journal, ReplayFor: l.replayFor, Gate: opts.Gate, GateTimeout: opts.GateTimeout, Strict: opts.Strict,
@@ -109,7 +109,7 @@ func (l *LLM) Checkpoint(ctx context.Context, t llmproxy.Turn) (llmproxy.Committ
 	// calls the state it captures already holds.
 	snap := l.journal.Snapshot(t.Sandbox, t.Number)
 	// The reply ready before the checkpoint committed moves it to the
-	// engine's urgent lane (engine/admit.go).
+	// engine's urgent lane (engine/admission).
 	opts := engine.CheckpointOptions{Journal: snap.Save, Urgent: t.Urgent}
 	if !t.Conv.IsZero() {
 		conv := t.Conv

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/turnsnap/turnsnap/engine"
+	"github.com/turnsnap/turnsnap/engine/admission"
 )
 
 // TestLLMUrgentLane runs the daemon's wiring (api.LLM over a real engine
@@ -46,9 +47,9 @@ func TestLLMUrgentLane(t *testing.T) {
 		_, err := f.e.Checkpoint(ctx, name, engine.CheckpointOptions{})
 		errs <- err
 	}
-	waitFor := func(what string, ok func(engine.AdmissionStats) bool) {
+	waitFor := func(what string, ok func(admission.Stats) bool) {
 		deadline := time.Now().Add(time.Minute) // a bound for a broken build, not a timing
-		for st := f.e.AdmissionStats(); !ok(st); st = f.e.AdmissionStats() {
+		for st := f.e.Admission().Stats(); !ok(st); st = f.e.Admission().Stats() {
 			if time.Now().After(deadline) {
 				t.Fatalf("never saw %s: %+v", what, st)
 			}
@@ -58,7 +59,7 @@ func TestLLMUrgentLane(t *testing.T) {
 	go checkpoint("hold")
 	<-inScan
 	go checkpoint("other")
-	waitFor("other queued", func(st engine.AdmissionStats) bool { return st.Waiting == 1 })
+	waitFor("other queued", func(st admission.Stats) bool { return st.Waiting == 1 })
 	replied := make(chan string, 1)
 	go func() {
 		resp, err := http.Post(proxy.URL+"/llm/agent/v1/chat/completions", "application/json",
@@ -71,7 +72,7 @@ func TestLLMUrgentLane(t *testing.T) {
 		resp.Body.Close()
 		replied <- fmt.Sprint(resp.StatusCode, " ", string(b))
 	}()
-	waitFor("the agent's checkpoint promoted", func(st engine.AdmissionStats) bool { return st.Promoted == 1 && st.UrgentWaiting == 1 })
+	waitFor("the agent's checkpoint promoted", func(st admission.Stats) bool { return st.Promoted == 1 && st.UrgentWaiting == 1 })
 	close(release)
 	if r := <-replied; !strings.HasPrefix(r, "200 ") {
 		t.Fatalf("reply: %s", r)
@@ -92,7 +93,7 @@ func TestLLMUrgentLane(t *testing.T) {
 	if created["agent"] >= created["other"] {
 		t.Fatalf("the agent's checkpoint committed after other's, which it should have overtaken")
 	}
-	if st := f.e.AdmissionStats(); st.Urgent.Count != 1 || st.Normal.Count != 2 {
+	if st := f.e.Admission().Stats(); st.Urgent.Count != 1 || st.Normal.Count != 2 {
 		t.Fatalf("admissions %+v, want 1 urgent and 2 normal", st)
 	}
 }

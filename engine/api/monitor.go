@@ -148,7 +148,7 @@ func NewMonitor(log *slog.Logger, e *engine.Engine, extra ...prometheus.Collecto
 		m.uploads, m.upFailed, m.pushes, m.pushing, m.rate, m.restores, m.restoreSecs, m.errs, m.dropped, m.forgotten,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})}
 	if e != nil {
-		cs = append(cs, queueCollector{e}, newAdmissionCollector(e))
+		cs = append(cs, queueCollector{e}, newAdmissionCollector(e.Admission()))
 	}
 	for _, c := range append(cs, extra...) {
 		if err := m.reg.Register(c); err != nil {

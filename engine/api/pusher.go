@@ -136,9 +136,9 @@ func (p *Pusher) round(ctx context.Context) error {
 	}
 	if len(ws) == 0 {
 		// No one waits for this round: urgent checkpoints go first
-		// (engine/admit.go). Who asks meanwhile joins it; it starts after
+		// (engine/admission). Who asks meanwhile joins it; it starts after
 		// they asked.
-		p.e.YieldToUrgent(ctx)
+		p.e.Admission().Yield(ctx)
 		ws = take()
 	}
 	scope := ""
@@ -154,7 +154,7 @@ func (p *Pusher) round(ctx context.Context) error {
 	var mu sync.Mutex
 	var yield func(context.Context)
 	if len(ws) == 0 {
-		yield = p.e.UrgentYielder() // and again before each upload
+		yield = p.e.Admission().Yielder() // and again before each upload
 	}
 	p.mon.pushStarted()
 	rep, err := p.e.Push(ctx, engine.PushOptions{Sandbox: scope, Urgent: len(ws) > 0, Yield: yield, Progress: func(st sched.Stats) {

@@ -92,14 +92,14 @@ func TestPusherYieldsToUrgentCheckpoint(t *testing.T) {
 	if r := <-w.done; r.err != nil || depth() != 0 {
 		t.Fatalf("waited-for round: %v, %d objects left", r.err, depth())
 	}
-	if st := e.AdmissionStats(); st.Yields != 0 {
+	if st := e.Admission().Stats(); st.Yields != 0 {
 		t.Fatalf("a round someone waits for yielded: %+v", st)
 	}
 	// An idle round waits for the urgent checkpoint.
 	round := make(chan error, 1)
 	go func() { round <- p.round(ctx) }()
 	deadline := time.Now().Add(time.Minute) // a bound for a broken build, not a timing
-	for e.AdmissionStats().Yields == 0 {
+	for e.Admission().Stats().Yields == 0 {
 		if time.Now().After(deadline) {
 			t.Fatal("the idle round never yielded")
 		}

@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/engine"
+	"github.com/turnsnap/turnsnap/engine/audit"
 	"github.com/turnsnap/turnsnap/engine/retention"
 )
 
@@ -294,7 +295,7 @@ func (s *Server) routes() {
 		return sv.Log(ctx, r.PathValue("name"))
 	})
 	s.everydayRoutes() // everyday.go: diff, cat, ls, restore, lineage, ps, forget, policies
-	route(s, "GET /v1/sandboxes/{name}/audit", func(ctx context.Context, r *http.Request, _ none) (*engine.AuditReport, error) {
+	route(s, "GET /v1/sandboxes/{name}/audit", func(ctx context.Context, r *http.Request, _ none) (*audit.Report, error) {
 		return sv.Audit(ctx, r.PathValue("name"))
 	})
 	route(s, "POST /v1/sandboxes/{name}/rollback", func(ctx context.Context, r *http.Request, req RollbackRequest) (*Restore, error) {

@@ -461,7 +461,7 @@ func (s *Service) Init(ctx context.Context, req InitRequest) (*Initialised, erro
 	if err != nil {
 		return nil, err
 	}
-	return &Initialised{KeyID: s.E.KeyID(), IDs: s.E.IDs().Scheme(), EncryptLocal: s.E.KeyID() != "" && !s.E.PlainLocal(),
+	return &Initialised{KeyID: s.E.Keys().KeyID(), IDs: s.E.Keys().IDs().Scheme(), EncryptLocal: s.E.Keys().KeyID() != "" && !s.E.Keys().PlainLocal(),
 		Queued: r.Queued, QueuedBytes: r.QueuedBytes, Remote: r.Remote}, nil
 }
 

@@ -20,7 +20,7 @@ import (
 // the measured agent runs: the exposed delay is still the checkpoint's
 // remaining time, which the load lengthens.
 //
-// slots=default is the daemon's engine (engine/admit.go: GOMAXPROCS
+// slots=default is the daemon's engine (engine/admission: GOMAXPROCS
 // checkpoints at once, the rest queued). Its calls alternate, in one loop,
 // between the urgent lane (when the reply is ready first, the waiting
 // checkpoint goes ahead of the loaders' queued ones) and no lane (the
@@ -47,7 +47,7 @@ func BenchmarkGateModel20msLoaded(b *testing.B) {
 		reportPct(b, "nolane-exposed", nolane[0])
 		reportPct(b, "lane-excess", lane[1])
 		reportPct(b, "nolane-excess", nolane[1])
-		st := e.AdmissionStats()
+		st := e.Admission().Stats()
 		b.ReportMetric(float64(st.Promoted)/float64(b.N), "promoted/op")
 	})
 	b.Run("slots=unlimited", func(b *testing.B) {

@@ -39,8 +39,9 @@ import (
 
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/engine"
-	"github.com/turnsnap/turnsnap/engine/retention"
+	"github.com/turnsnap/turnsnap/engine/keys"
 	"github.com/turnsnap/turnsnap/engine/llmproxy"
+	"github.com/turnsnap/turnsnap/engine/retention"
 	"github.com/turnsnap/turnsnap/internal/miniotest"
 	"github.com/turnsnap/turnsnap/upload"
 	"github.com/zeebo/blake3"
@@ -201,7 +202,7 @@ func writeBucket(t *testing.T, name string, sealed, plainLocal bool) {
 	keyFile := filepath.Join("testdata", name+".key")
 	if sealed {
 		os.Remove(keyFile)
-		_, err := engine.GenerateKeyFile(keyFile)
+		_, err := keys.GenerateKeyFile(keyFile)
 		must(t, err)
 		setup.KeyFile, setup.PlainLocal = keyFile, plainLocal
 		g.m.KeyFile = name + ".key"
@@ -251,7 +252,7 @@ truncate -s 200000 newdir/sparse; printf 'x' | dd of=newdir/sparse bs=1 seek=100
 touch -d @1700000100 a.txt opq/n newdir/f newdir/empty newdir/tree-bytes newdir/sparse`)
 	// The model call that closed it goes into the sandbox's journal, whole
 	// ("TSJ1").
-	j := llmproxy.NewTreeJournal(e.IDs(), e.Blobs())
+	j := llmproxy.NewTreeJournal(e.Keys().IDs(), e.Blobs())
 	req0 := []byte(`{"model":"m","messages":[{"role":"system","content":"` + strings.Repeat("You are a careful agent. ", 60) + `"},{"role":"user","content":"turn one"}]}`)
 	conv := delta.Hash([]byte("formatcheck conversation"))
 	j1 := map[string]JournalExpect{}

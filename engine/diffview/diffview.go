@@ -1,8 +1,12 @@
-package engine
+// Package diffview renders a diff of two sandbox states for people and
+// scripts: each changed path with its sizes, the metadata that changed and,
+// on request, a unified patch of text files.
+package diffview
 
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -18,8 +22,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// DiffOptions configures DiffWith.
-type DiffOptions struct {
+// Options configures Describe (and the engine's DiffWith).
+type Options struct {
 	// Patch attaches a unified patch to each changed text file (a file is
 	// text when both sides are valid UTF-8 without NUL bytes and at most
 	// MaxPatchBytes); other files are marked Binary and their sizes say
@@ -29,7 +33,7 @@ type DiffOptions struct {
 	MaxPatchBytes int64
 }
 
-// DefaultMaxPatchBytes is the largest file side DiffWith turns into a patch.
+// DefaultMaxPatchBytes is the largest file side Describe turns into a patch.
 const DefaultMaxPatchBytes = 1 << 20
 
 // PathChange is one changed path of a diff, described for people and
@@ -48,7 +52,7 @@ type PathChange struct {
 	// Meta lists what changed of a modified entry: type, mode, owner,
 	// mtime, xattr (one per attribute), target, rdev, content.
 	Meta []MetaChange `json:"meta,omitempty"`
-	// Patch is the unified diff of a text file (DiffOptions.Patch), with
+	// Patch is the unified diff of a text file (Options.Patch), with
 	// a/PATH and b/PATH labels (/dev/null for a missing side).
 	Patch string `json:"patch,omitempty"`
 	// Binary says a patch was asked for but the content is not text (or
@@ -67,6 +71,16 @@ type MetaChange struct {
 	NewB64 string `json:"new_b64,omitempty"`
 }
 
+// Describe turns changes, the diff of states from and to, into
+// PathChanges, reading file contents for patches through loader or, when
+// live is not "", the newer side's from live, the mounted root it was
+// scanned from.
+func Describe(ctx context.Context, loader delta.BlobLoader, from, to delta.Layers, live string, changes []delta.Change, o Options) ([]PathChange, error) {
+	d := &describer{loader: loader, from: from, to: to, live: live, liveFD: -1, o: o}
+	defer d.close()
+	return d.describe(ctx, changes)
+}
+
 // describer turns delta.Changes into PathChanges, reading file contents
 // for patches from the store or, for the live side, from the mounted root.
 type describer struct {
@@ -74,7 +88,7 @@ type describer struct {
 	from, to delta.Layers
 	live     string // the mounted root when the newer side is live
 	liveFD   int
-	o        DiffOptions
+	o        Options
 }
 
 func (d *describer) close() {
@@ -266,6 +280,16 @@ func (d *describer) newContent(ctx context.Context, rel string, e *delta.Entry, 
 	}
 	defer f.Close()
 	return io.ReadAll(io.LimitReader(f, limit))
+}
+
+// b64 is the raw bytes of s, base64 (standard, padded), when s is not
+// valid UTF-8: JSON strings cannot carry such names losslessly (encoding/json
+// writes U+FFFD), so results carry both (README, "For scripts").
+func b64(s string) string {
+	if utf8.ValidString(s) {
+		return ""
+	}
+	return base64.StdEncoding.EncodeToString([]byte(s))
 }
 
 // isText is the patch rule: valid UTF-8 with no NUL byte.

@@ -1,8 +1,8 @@
-// Package auditview renders `turnsnap audit --html`: one self-contained
-// page (inline style and script, no network) that draws the audit's turns
-// from the JSON embedded in it. It takes the report as any JSON-encodable
-// value so that it needs nothing of the engine.
-package auditview
+package audit
+
+// The page of `turnsnap audit --html`: one self-contained page (inline
+// style and script, no network) that draws the audit's turns from the
+// report's JSON embedded in it.
 
 import (
 	"bytes"
@@ -66,8 +66,8 @@ table{border-collapse:collapse;font-size:.9em} td,th{padding:.1em .6em;text-alig
 </script></body></html>
 `))
 
-// Write renders the page for report (sandbox name title).
-func Write(w io.Writer, title string, report any) error {
+// WriteHTML renders the page for report (sandbox name title).
+func WriteHTML(w io.Writer, title string, report *Report) error {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(true) // <, >, & as \u escapes: the JSON cannot close its script element

@@ -1,4 +1,8 @@
-package engine
+// Package audit is the audit view of a sandbox's history: its head lineage
+// turn by turn, what each turn changed and cost, and what a weaker recovery
+// would have lost had the sandbox crashed right after it; as JSON (Report)
+// or one self-contained HTML page (WriteHTML).
+package audit
 
 import (
 	"context"
@@ -10,29 +14,29 @@ import (
 	"github.com/turnsnap/turnsnap/delta"
 )
 
-// MaxAuditFiles bounds the files listed for one turn; the counts are
+// MaxFiles bounds the files listed for one turn; the counts are
 // always complete.
-const MaxAuditFiles = 500
+const MaxFiles = 500
 
-// AuditReport is a sandbox's head lineage, one entry per checkpoint, oldest
+// Report is a sandbox's head lineage, one entry per checkpoint, oldest
 // first: what each turn changed, what it cost, and what a weaker recovery
 // would have lost had the sandbox crashed right after it.
-type AuditReport struct {
+type Report struct {
 	Sandbox string         `json:"sandbox"`
-	Turns   []AuditTurn    `json:"turns"`
-	Totals  AuditTotals    `json:"totals"`
+	Turns   []Turn         `json:"turns"`
+	Totals  Totals         `json:"totals"`
 	Classes map[string]int `json:"classes"`
 }
 
-// AuditTotals sums the turns.
-type AuditTotals struct {
+// Totals sums the turns.
+type Totals struct {
 	Turns      int     `json:"turns"`
 	BytesNew   int64   `json:"bytes_new"`
 	DurationMS float64 `json:"duration_ms"`
 }
 
-// AuditTurn is one checkpoint.
-type AuditTurn struct {
+// Turn is one checkpoint.
+type Turn struct {
 	Turn       int         `json:"turn"`
 	Checkpoint delta.ID    `json:"checkpoint"`
 	Parent     delta.ID    `json:"parent"`
@@ -45,18 +49,18 @@ type AuditTurn struct {
 	Added      int         `json:"added"`
 	Modified   int         `json:"modified"`
 	Deleted    int         `json:"deleted"`
-	// Files lists the changes since the parent (at most MaxAuditFiles).
-	Files     []AuditFile  `json:"files"`
-	Truncated bool         `json:"files_truncated,omitempty"`
-	Processes AuditProcess `json:"processes"`
+	// Files lists the changes since the parent (at most MaxFiles).
+	Files     []File  `json:"files"`
+	Truncated bool    `json:"files_truncated,omitempty"`
+	Processes Process `json:"processes"`
 	// ChatOnlyLoses is everything since the base; ChatFSLoses the
 	// processes' state.
-	ChatOnlyLoses AuditLoss `json:"chat_only_loses"`
-	ChatFSLoses   AuditLoss `json:"chat_fs_loses"`
+	ChatOnlyLoses Loss `json:"chat_only_loses"`
+	ChatFSLoses   Loss `json:"chat_fs_loses"`
 }
 
-// AuditFile is one changed path.
-type AuditFile struct {
+// File is one changed path.
+type File struct {
 	Path     string `json:"path"`
 	Change   string `json:"change"` // added, modified, deleted
 	Type     string `json:"type"`
@@ -68,9 +72,9 @@ type AuditFile struct {
 	Content bool     `json:"content,omitempty"`
 }
 
-// AuditProcess is the turn's process state, from the records: the image
+// Process is the turn's process state, from the records: the image
 // the checkpoint carries and how it relates to its parent's.
-type AuditProcess struct {
+type Process struct {
 	Image      bool   `json:"image"`
 	State      string `json:"state"` // none, started, changed, unchanged, ended
 	ImageBytes uint64 `json:"image_bytes"`
@@ -81,35 +85,23 @@ type AuditProcess struct {
 	Why string `json:"why,omitempty"`
 }
 
-// AuditLoss is what a recovery method would not bring back.
-type AuditLoss struct {
+// Loss is what a recovery method would not bring back.
+type Loss struct {
 	Paths     int    `json:"paths"`
 	Bytes     uint64 `json:"bytes"`
 	Processes bool   `json:"processes"`
 	Summary   string `json:"summary"`
 }
 
-// Audit reports the sandbox's head lineage turn by turn.
-func (e *Engine) Audit(ctx context.Context, name string) (*AuditReport, error) {
-	log, err := e.Log(ctx, name)
-	if err != nil {
-		return nil, err
-	}
-	defer e.shared()()
-	var chain []*delta.Checkpoint
-	for _, l := range log {
-		if l.OnHead {
-			chain = append(chain, l.Checkpoint)
-		}
-	}
-	slices.Reverse(chain)
-	rep := &AuditReport{Sandbox: name, Turns: []AuditTurn{}, Classes: map[string]int{}}
-	loader := delta.BlobLoader(e.repo)
+// Build reports chain, a sandbox's head lineage oldest first, turn by
+// turn, reading its trees through loader.
+func Build(ctx context.Context, sandbox string, chain []*delta.Checkpoint, loader delta.BlobLoader) (*Report, error) {
+	rep := &Report{Sandbox: sandbox, Turns: []Turn{}, Classes: map[string]int{}}
 	var parent *delta.Checkpoint
 	for _, cp := range chain {
-		t, err := e.auditTurn(ctx, loader, parent, cp)
+		t, err := turn(ctx, loader, parent, cp)
 		if err != nil {
-			return nil, fmt.Errorf("audit of sandbox %s: checkpoint %s: %w", name, cp.ID.Short(), err)
+			return nil, fmt.Errorf("audit of sandbox %s: checkpoint %s: %w", sandbox, cp.ID.Short(), err)
 		}
 		rep.Turns = append(rep.Turns, *t)
 		rep.Classes[string(cp.Class)]++
@@ -123,10 +115,10 @@ func (e *Engine) Audit(ctx context.Context, name string) (*AuditReport, error) {
 
 func layersOf(cp *delta.Checkpoint) delta.Layers { return delta.Layers{cp.BaseTree, cp.FSTree} }
 
-func (e *Engine) auditTurn(ctx context.Context, loader delta.BlobLoader, parent, cp *delta.Checkpoint) (*AuditTurn, error) {
-	t := &AuditTurn{Turn: cp.Turn, Checkpoint: cp.ID, Parent: cp.Parent, Class: cp.Class, Message: cp.Message,
+func turn(ctx context.Context, loader delta.BlobLoader, parent, cp *delta.Checkpoint) (*Turn, error) {
+	t := &Turn{Turn: cp.Turn, Checkpoint: cp.ID, Parent: cp.Parent, Class: cp.Class, Message: cp.Message,
 		Created: cp.Created, BytesNew: cp.Stats.BytesNew, DurationMS: float64(cp.Stats.DurationNs) / 1e6,
-		PauseMS: float64(cp.Stats.PauseNs) / 1e6, Files: []AuditFile{}}
+		PauseMS: float64(cp.Stats.PauseNs) / 1e6, Files: []File{}}
 	from := delta.Layers{cp.BaseTree}
 	if parent != nil {
 		from = layersOf(parent)
@@ -144,11 +136,11 @@ func (e *Engine) auditTurn(ctx context.Context, loader delta.BlobLoader, parent,
 		case delta.Deleted:
 			t.Deleted++
 		}
-		if len(t.Files) >= MaxAuditFiles {
+		if len(t.Files) >= MaxFiles {
 			t.Truncated = true
 			continue
 		}
-		f := AuditFile{Path: "/" + c.Path, Change: c.Kind.String(), Type: c.Type.String()}
+		f := File{Path: "/" + c.Path, Change: c.Kind.String(), Type: c.Type.String()}
 		now, err := lookupEntry(ctx, loader, layersOf(cp), c.Path)
 		if err != nil {
 			return nil, err
@@ -167,11 +159,11 @@ func (e *Engine) auditTurn(ctx context.Context, loader delta.BlobLoader, parent,
 			}
 		}
 		if c.Kind == delta.Modified && now != nil && was != nil {
-			f.Meta, f.Content = auditMetaChanges(was, now)
+			f.Meta, f.Content = metaChanges(was, now)
 		}
 		t.Files = append(t.Files, f)
 	}
-	if t.Processes, err = auditProcs(ctx, loader, parent, cp); err != nil {
+	if t.Processes, err = procs(ctx, loader, parent, cp); err != nil {
 		return nil, err
 	}
 	// What chat-only recovery (restart from the base) loses: every path
@@ -180,7 +172,7 @@ func (e *Engine) auditTurn(ctx context.Context, loader delta.BlobLoader, parent,
 	if err != nil {
 		return nil, err
 	}
-	lost := AuditLoss{Processes: t.Processes.Image}
+	lost := Loss{Processes: t.Processes.Image}
 	for _, c := range sinceBase {
 		lost.Paths++
 		if c.Kind != delta.Deleted && c.Type == delta.TypeFile {
@@ -194,16 +186,16 @@ func (e *Engine) auditTurn(ctx context.Context, loader delta.BlobLoader, parent,
 		lost.Summary += " and the running processes"
 	}
 	t.ChatOnlyLoses = lost
-	t.ChatFSLoses = AuditLoss{Processes: t.Processes.Image, Summary: "nothing: no process was running"}
+	t.ChatFSLoses = Loss{Processes: t.Processes.Image, Summary: "nothing: no process was running"}
 	if t.Processes.Image {
 		t.ChatFSLoses.Summary = fmt.Sprintf("the running processes and their memory (a %d-byte image)", t.Processes.ImageBytes)
 	}
 	return t, nil
 }
 
-// auditProcs compares the checkpoint's process image with its parent's.
-func auditProcs(ctx context.Context, loader delta.BlobLoader, parent, cp *delta.Checkpoint) (AuditProcess, error) {
-	p := AuditProcess{Why: cp.ProcChange}
+// procs compares the checkpoint's process image with its parent's.
+func procs(ctx context.Context, loader delta.BlobLoader, parent, cp *delta.Checkpoint) (Process, error) {
+	p := Process{Why: cp.ProcChange}
 	var prev *delta.ID
 	if parent != nil {
 		prev = parent.ProcTree
@@ -301,9 +293,9 @@ func lookupEntry(ctx context.Context, loader delta.BlobLoader, layers delta.Laye
 	return nil, nil
 }
 
-// auditMetaChanges says what differs between two entries of one path, as
-// the audit words it (diffview.go has the diff's structured form).
-func auditMetaChanges(was, now *delta.Entry) ([]string, bool) {
+// metaChanges says what differs between two entries of one path, as
+// the audit words it (engine/diffview has the diff's structured form).
+func metaChanges(was, now *delta.Entry) ([]string, bool) {
 	var m []string
 	if was.Mode != now.Mode {
 		m = append(m, fmt.Sprintf("mode %04o -> %04o", was.Mode, now.Mode))

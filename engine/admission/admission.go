@@ -1,4 +1,7 @@
-package engine
+// Package admission is the checkpoint admission scheduler: it bounds how
+// many checkpoints run their heavy phases at once, lets urgent ones go
+// first, and makes background work give way to them.
+package admission
 
 import (
 	"context"
@@ -8,7 +11,7 @@ import (
 	"time"
 )
 
-// Checkpoint admission (docs/ARCHITECTURE.md, "Concurrency").
+// Scheduler is checkpoint admission (docs/ARCHITECTURE.md, "Concurrency").
 //
 // Checkpoints of different sandboxes run side by side, but a checkpoint is
 // CPU and I/O bound (scan, hash, compress, store), so past a few at once
@@ -29,7 +32,9 @@ import (
 // Background work that no one waits for (the background freeze of frozen
 // layers, the pusher's rounds) yields to urgent checkpoints: it waits,
 // for at most yieldMax, while any urgent checkpoint waits or runs.
-type admission struct {
+//
+// A nil *Scheduler admits everything at once and never makes anyone yield.
+type Scheduler struct {
 	mu            sync.Mutex
 	slots         int // <= 0: unlimited
 	running       int
@@ -37,12 +42,25 @@ type admission struct {
 	urgentWaiting int
 	waiters       []*admitWaiter // in arrival order
 	yielders      []chan struct{}
-	stats         AdmissionStats
+	stats         Stats
+	hooks         Hooks
+}
 
-	// Test hooks, called without mu held.
-	onQueued  func(sandbox string, urgent bool) // a waiter joined the queue
-	onPromote func(sandbox string)              // a waiter was promoted by its Urgent channel
-	onGrant   func(sandbox string)              // a slot was granted (called under mu: must not block)
+// Hooks let tests see the scheduler's decisions as they happen, so they
+// can drive it in an exact order. Queued and Promoted are called without
+// the scheduler's lock held; Granted is called under it and must not block.
+type Hooks struct {
+	Queued   func(sandbox string, urgent bool) // a waiter joined the queue
+	Promoted func(sandbox string)              // a waiter was promoted by its urgent channel
+	Granted  func(sandbox string)              // a slot was granted
+}
+
+// SetHooks installs h, replacing any earlier hooks. Tests call it before
+// the scheduler's first use.
+func (a *Scheduler) SetHooks(h Hooks) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.hooks = h
 }
 
 type admitWaiter struct {
@@ -58,13 +76,13 @@ type admitWaiter struct {
 // forever.
 const yieldMax = 5 * time.Second
 
-// AdmitWaitBounds are the upper bounds, in seconds, of the admission wait
-// histogram in AdmissionStats.
-var AdmitWaitBounds = [...]float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}
+// WaitBounds are the upper bounds, in seconds, of the admission wait
+// histogram in Stats.
+var WaitBounds = [...]float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}
 
-// AdmissionStats is a snapshot of the checkpoint admission scheduler, for
+// Stats is a snapshot of the checkpoint admission scheduler, for
 // metrics (engine/api serves it on /metrics).
-type AdmissionStats struct {
+type Stats struct {
 	// Slots is how many checkpoints may run at once (0: unlimited).
 	Slots int
 	// Running, Waiting and UrgentWaiting are the checkpoints admitted and
@@ -72,7 +90,7 @@ type AdmissionStats struct {
 	Running, Waiting, UrgentWaiting int
 	// Normal and Urgent are the admissions so far, by the lane they were
 	// admitted in, with their waits.
-	Normal, Urgent AdmitLane
+	Normal, Urgent Lane
 	// Promoted counts waiters promoted to urgent while they waited;
 	// Cancelled, waiters whose context ended first.
 	Promoted, Cancelled uint64
@@ -80,19 +98,19 @@ type AdmissionStats struct {
 	Yields uint64
 }
 
-// AdmitLane is one lane's admissions and the time they waited.
-type AdmitLane struct {
+// Lane is one lane's admissions and the time they waited.
+type Lane struct {
 	Count   uint64
 	WaitSum time.Duration
-	// Buckets[i] counts waits of at most AdmitWaitBounds[i] seconds (not
+	// Buckets[i] counts waits of at most WaitBounds[i] seconds (not
 	// cumulative); the waits above the last bound are Count minus the sum.
-	Buckets [len(AdmitWaitBounds)]uint64
+	Buckets [len(WaitBounds)]uint64
 }
 
-func (l *AdmitLane) observe(d time.Duration) {
+func (l *Lane) observe(d time.Duration) {
 	l.Count++
 	l.WaitSum += d
-	for i, b := range AdmitWaitBounds {
+	for i, b := range WaitBounds {
 		if d.Seconds() <= b {
 			l.Buckets[i]++
 			return
@@ -100,29 +118,30 @@ func (l *AdmitLane) observe(d time.Duration) {
 	}
 }
 
-// newAdmission makes the scheduler for Options.MaxCheckpoints: 0 is
-// GOMAXPROCS (one checkpoint per core: their work is mostly CPU, hashing and
-// compressing), negative is unlimited.
-func newAdmission(max int) *admission {
+// New makes the scheduler for at most max checkpoints at once (the
+// engine's Options.MaxCheckpoints): 0 is GOMAXPROCS (one checkpoint per
+// core: their work is mostly CPU, hashing and compressing), negative is
+// unlimited.
+func New(max int) *Scheduler {
 	if max == 0 {
 		max = runtime.GOMAXPROCS(0)
 	}
-	return &admission{slots: max}
+	return &Scheduler{slots: max}
 }
 
-// admitted is a granted slot. free gives the slot back while the
+// Slot is a granted slot. Free gives the slot back while the
 // checkpoint goes on (its commit: fsyncs, no CPU), still counted as urgent
-// for the background work that yields to urgent checkpoints; done ends it
-// (and frees the slot if free was not called). Both may be called more
+// for the background work that yields to urgent checkpoints; Done ends it
+// (and frees the slot if Free was not called). Both may be called more
 // than once.
-type admitted struct{ free, done func() }
+type Slot struct{ Free, Done func() }
 
-// admit waits for a checkpoint slot for sandbox. urgent, if not nil, is
+// Admit waits for a checkpoint slot for sandbox. urgent, if not nil, is
 // closed when the checkpoint becomes urgent (it may be closed already).
 // A cancelled ctx removes the waiter from the queue and returns ctx's error.
-func (a *admission) admit(ctx context.Context, sandbox string, urgent <-chan struct{}) (admitted, error) {
+func (a *Scheduler) Admit(ctx context.Context, sandbox string, urgent <-chan struct{}) (Slot, error) {
 	if a == nil {
-		return admitted{free: func() {}, done: func() {}}, nil
+		return Slot{Free: func() {}, Done: func() {}}, nil
 	}
 	isUrgent := urgent != nil && isClosed(urgent)
 	now := time.Now()
@@ -138,7 +157,7 @@ func (a *admission) admit(ctx context.Context, sandbox string, urgent <-chan str
 	if isUrgent {
 		a.promoteLocked(w, true)
 	}
-	onQueued := a.onQueued
+	onQueued := a.hooks.Queued
 	a.mu.Unlock()
 	if onQueued != nil {
 		onQueued(sandbox, isUrgent)
@@ -153,7 +172,7 @@ func (a *admission) admit(ctx context.Context, sandbox string, urgent <-chan str
 		case <-urgent:
 			urgent = nil
 			a.mu.Lock()
-			onPromote := a.onPromote
+			onPromote := a.hooks.Promoted
 			if w.granted { // admitted meanwhile: it runs urgent from now on
 				if !w.urgent {
 					w.urgent = true
@@ -171,20 +190,20 @@ func (a *admission) admit(ctx context.Context, sandbox string, urgent <-chan str
 			a.mu.Lock()
 			if w.granted { // granted just as ctx ended: pass the slot on
 				a.mu.Unlock()
-				a.releaser(w, nil).done()
+				a.releaser(w, nil).Done()
 			} else {
 				a.removeLocked(w)
 				a.stats.Cancelled++
 				a.mu.Unlock()
 			}
-			return admitted{}, fmt.Errorf("sandbox %s: waiting for a checkpoint slot: %w", sandbox, ctx.Err())
+			return Slot{}, fmt.Errorf("sandbox %s: waiting for a checkpoint slot: %w", sandbox, ctx.Err())
 		}
 	}
 }
 
 // promoteLocked makes w and the earlier waiters of its sandbox urgent;
 // arrived says w came urgent (it is not counted as promoted).
-func (a *admission) promoteLocked(w *admitWaiter, arrived bool) {
+func (a *Scheduler) promoteLocked(w *admitWaiter, arrived bool) {
 	for _, o := range a.waiters {
 		if o.sandbox == w.sandbox && !o.urgent {
 			o.urgent = true
@@ -199,7 +218,7 @@ func (a *admission) promoteLocked(w *admitWaiter, arrived bool) {
 	}
 }
 
-func (a *admission) removeLocked(w *admitWaiter) {
+func (a *Scheduler) removeLocked(w *admitWaiter) {
 	for i, o := range a.waiters {
 		if o == w {
 			a.waiters = append(a.waiters[:i], a.waiters[i+1:]...)
@@ -213,11 +232,11 @@ func (a *admission) removeLocked(w *admitWaiter) {
 }
 
 // grantLocked admits w (already out of the queue).
-func (a *admission) grantLocked(w *admitWaiter) {
+func (a *Scheduler) grantLocked(w *admitWaiter) {
 	w.granted = true
 	a.running++
-	if a.onGrant != nil {
-		a.onGrant(w.sandbox)
+	if a.hooks.Granted != nil {
+		a.hooks.Granted(w.sandbox)
 	}
 	lane := &a.stats.Normal
 	if w.urgent {
@@ -231,7 +250,7 @@ func (a *admission) grantLocked(w *admitWaiter) {
 }
 
 // dispatchLocked fills free slots: the first urgent waiter, else the first.
-func (a *admission) dispatchLocked() {
+func (a *Scheduler) dispatchLocked() {
 	for a.running < a.slots && len(a.waiters) > 0 {
 		i := 0
 		if a.urgentWaiting > 0 {
@@ -254,7 +273,7 @@ func (a *admission) dispatchLocked() {
 // releaser returns w's release. A checkpoint admitted in the normal lane
 // that becomes urgent while it runs (urgent closes) counts as urgent from
 // then on, so background work yields to it.
-func (a *admission) releaser(w *admitWaiter, urgent <-chan struct{}) admitted {
+func (a *Scheduler) releaser(w *admitWaiter, urgent <-chan struct{}) Slot {
 	done := make(chan struct{})
 	if !w.urgent && urgent != nil {
 		go func() {
@@ -279,7 +298,7 @@ func (a *admission) releaser(w *admitWaiter, urgent <-chan struct{}) admitted {
 			a.dispatchLocked()
 		})
 	}
-	return admitted{free: free, done: func() {
+	return Slot{Free: free, Done: func() {
 		doneOnce.Do(func() {
 			free()
 			a.mu.Lock()
@@ -293,7 +312,7 @@ func (a *admission) releaser(w *admitWaiter, urgent <-chan struct{}) admitted {
 	}}
 }
 
-func (a *admission) wakeYieldersLocked() {
+func (a *Scheduler) wakeYieldersLocked() {
 	if a.urgentRunning+a.urgentWaiting > 0 {
 		return
 	}
@@ -303,16 +322,21 @@ func (a *admission) wakeYieldersLocked() {
 	a.yielders = nil
 }
 
-// yield is background work's courtesy: it returns once no urgent
-// checkpoint waits or runs, after at most yieldMax, or when ctx ends.
-func (a *admission) yield(ctx context.Context) { a.yieldFor(ctx, yieldMax) }
+// Yield is background work's courtesy (the background freeze, the
+// daemon's pusher): it returns once no urgent checkpoint waits or runs,
+// after at most a few seconds (yieldMax), or when ctx ends.
+func (a *Scheduler) Yield(ctx context.Context) { a.yieldFor(ctx, yieldMax) }
 
-// yielder is yield for background work that gives way many times (a push
-// round, before each upload): each call returns once no urgent checkpoint
-// waits or runs, and all calls together wait at most budget, so a stream
-// of urgent checkpoints slows the work but never stops it. Calls may run
-// at once; each one's wait is taken from the budget.
-func (a *admission) yielder(budget time.Duration) func(context.Context) {
+// Yielder is Yield for one piece of background work that gives way many
+// times (a push round, before each upload: PushOptions.Yield): each call
+// returns once no urgent checkpoint waits or runs, and all calls together
+// wait at most yieldMax, so a stream of urgent checkpoints slows the work
+// but never stops it.
+func (a *Scheduler) Yielder() func(context.Context) { return a.yielder(yieldMax) }
+
+// yielder is Yielder with its budget: calls may run at once; each one's
+// wait is taken from the budget.
+func (a *Scheduler) yielder(budget time.Duration) func(context.Context) {
 	var mu sync.Mutex
 	left := budget
 	return func(ctx context.Context) {
@@ -330,8 +354,8 @@ func (a *admission) yielder(budget time.Duration) func(context.Context) {
 	}
 }
 
-// yieldFor is yield waiting at most d.
-func (a *admission) yieldFor(ctx context.Context, d time.Duration) {
+// yieldFor is Yield waiting at most d.
+func (a *Scheduler) yieldFor(ctx context.Context, d time.Duration) {
 	if a == nil {
 		return
 	}
@@ -353,9 +377,10 @@ func (a *admission) yieldFor(ctx context.Context, d time.Duration) {
 	}
 }
 
-func (a *admission) snapshot() AdmissionStats {
+// Stats reports the scheduler's queue and counters.
+func (a *Scheduler) Stats() Stats {
 	if a == nil {
-		return AdmissionStats{}
+		return Stats{}
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -363,6 +388,17 @@ func (a *admission) snapshot() AdmissionStats {
 	st.Slots = max(a.slots, 0)
 	st.Running, st.Waiting, st.UrgentWaiting = a.running, len(a.waiters), a.urgentWaiting
 	return st
+}
+
+// UrgentRunning is how many urgent checkpoints run (slot held, or given
+// back for the commit and not yet done): what background work yields to.
+func (a *Scheduler) UrgentRunning() int {
+	if a == nil {
+		return 0
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.urgentRunning
 }
 
 func isClosed(ch <-chan struct{}) bool {
@@ -373,17 +409,3 @@ func isClosed(ch <-chan struct{}) bool {
 		return false
 	}
 }
-
-// AdmissionStats reports the checkpoint admission scheduler's queue and
-// counters.
-func (e *Engine) AdmissionStats() AdmissionStats { return e.admit.snapshot() }
-
-// YieldToUrgent lets background work (the daemon's pusher) give way: it
-// returns once no urgent checkpoint waits or runs, after at most a few
-// seconds, or when ctx ends.
-func (e *Engine) YieldToUrgent(ctx context.Context) { e.admit.yield(ctx) }
-
-// UrgentYielder is YieldToUrgent for one piece of background work that
-// gives way many times (PushOptions.Yield): all its calls together wait at
-// most a few seconds.
-func (e *Engine) UrgentYielder() func(context.Context) { return e.admit.yielder(yieldMax) }

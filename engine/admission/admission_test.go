@@ -1,17 +1,13 @@
-package engine
+package admission
 
 import (
 	"context"
 	"errors"
-	"path/filepath"
 	"runtime"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/turnsnap/turnsnap/delta"
 )
 
 // admitRig drives an admission scheduler deterministically: each acquire
@@ -19,7 +15,7 @@ import (
 // say it is queued before starting the next, so arrival order is exact.
 type admitRig struct {
 	t        *testing.T
-	a        *admission
+	a        *Scheduler
 	queued   chan string
 	promoted chan string
 	granted  chan grant
@@ -31,9 +27,11 @@ type grant struct {
 }
 
 func newAdmitRig(t *testing.T, slots int) *admitRig {
-	r := &admitRig{t: t, a: newAdmission(slots), queued: make(chan string, 64), promoted: make(chan string, 64), granted: make(chan grant, 64)}
-	r.a.onQueued = func(sb string, _ bool) { r.queued <- sb }
-	r.a.onPromote = func(sb string) { r.promoted <- sb }
+	r := &admitRig{t: t, a: New(slots), queued: make(chan string, 64), promoted: make(chan string, 64), granted: make(chan grant, 64)}
+	r.a.SetHooks(Hooks{
+		Queued:   func(sb string, _ bool) { r.queued <- sb },
+		Promoted: func(sb string) { r.promoted <- sb },
+	})
 	return r
 }
 
@@ -73,7 +71,7 @@ func (r *admitRig) order(release func(), want ...string) {
 		if g.name != w {
 			r.t.Fatalf("admitted %s, want %s (order %v)", g.name, w, want)
 		}
-		if st := r.a.snapshot(); st.Running != 1 {
+		if st := r.a.Stats(); st.Running != 1 {
 			r.t.Fatalf("%d running with one slot", st.Running)
 		}
 		g.release()
@@ -102,12 +100,12 @@ func TestAdmitUrgentOvertakesAndPromotion(t *testing.T) {
 	if got := <-r.promoted; got != "c" {
 		t.Fatalf("promoted %s, want c", got)
 	}
-	st := r.a.snapshot()
+	st := r.a.Stats()
 	if st.Waiting != 5 || st.UrgentWaiting != 2 || st.Promoted != 1 || st.Running != 1 || st.Slots != 1 {
 		t.Fatalf("stats %+v, want 5 waiting, 2 urgent, 1 promoted, 1 running of 1", st)
 	}
 	r.order(release, "promoted", "urgent", "n1", "n2", "n3")
-	st = r.a.snapshot()
+	st = r.a.Stats()
 	if st.Urgent.Count != 2 || st.Normal.Count != 4 || st.Waiting != 0 || st.Running != 0 {
 		t.Fatalf("stats %+v, want 2 urgent and 4 normal admissions, nothing left", st)
 	}
@@ -138,7 +136,7 @@ func TestAdmitCancelRemovesWaiter(t *testing.T) {
 	if err := <-errc; !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled waiter: %v", err)
 	}
-	if st := r.a.snapshot(); st.Waiting != 1 || st.Cancelled != 1 {
+	if st := r.a.Stats(); st.Waiting != 1 || st.Cancelled != 1 {
 		t.Fatalf("stats %+v, want 1 waiting, 1 cancelled", st)
 	}
 	r.order(release, "n1")
@@ -150,21 +148,21 @@ func TestAdmitBackgroundYieldsToUrgent(t *testing.T) {
 	r := newAdmitRig(t, 1)
 	bg := func() chan struct{} {
 		done := make(chan struct{})
-		before := r.a.snapshot().Yields
-		go func() { r.a.yield(context.Background()); close(done) }()
-		for r.a.snapshot().Yields == before { // it counts itself before it blocks
+		before := r.a.Stats().Yields
+		go func() { r.a.Yield(context.Background()); close(done) }()
+		for r.a.Stats().Yields == before { // it counts itself before it blocks
 			runtime.Gosched()
 		}
 		return done
 	}
-	r.a.yield(context.Background()) // nothing urgent: returns at once
+	r.a.Yield(context.Background()) // nothing urgent: returns at once
 	later := make(chan struct{})
 	rel, err := r.a.acquire(context.Background(), "a", later)
 	if err != nil {
 		t.Fatal(err)
 	}
 	close(later) // the reply is ready while the checkpoint runs
-	for r.a.snapshot().UrgentWaiting == 0 && !urgentRunning(r.a) {
+	for r.a.Stats().UrgentWaiting == 0 && !urgentRunning(r.a) {
 		runtime.Gosched()
 	}
 	done := bg()
@@ -178,7 +176,7 @@ func TestAdmitBackgroundYieldsToUrgent(t *testing.T) {
 	}
 	g.release()
 	<-done
-	if st := r.a.snapshot(); st.Yields != 1 || st.Running != 0 {
+	if st := r.a.Stats(); st.Yields != 1 || st.Running != 0 {
 		t.Fatalf("stats %+v", st)
 	}
 }
@@ -197,13 +195,13 @@ func TestAdmitYielderBudget(t *testing.T) {
 	defer rel()
 	y := r.a.yielder(20 * time.Millisecond)
 	y(context.Background()) // waits its budget out: the urgent one runs on
-	if st := r.a.snapshot(); st.Yields != 1 {
+	if st := r.a.Stats(); st.Yields != 1 {
 		t.Fatalf("stats %+v, want the one yield", st)
 	}
 	for range 3 {
 		y(context.Background()) // nothing left to wait
 	}
-	if st := r.a.snapshot(); st.Yields != 1 {
+	if st := r.a.Stats(); st.Yields != 1 {
 		t.Fatalf("stats %+v: a yielder past its budget queued again", st)
 	}
 
@@ -211,7 +209,7 @@ func TestAdmitYielderBudget(t *testing.T) {
 	y = r.a.yielder(time.Hour)
 	done := make(chan struct{})
 	go func() { y(context.Background()); close(done) }()
-	for r.a.snapshot().Yields == 1 {
+	for r.a.Stats().Yields == 1 {
 		runtime.Gosched()
 	}
 	select {
@@ -223,7 +221,7 @@ func TestAdmitYielderBudget(t *testing.T) {
 	<-done
 }
 
-func urgentRunning(a *admission) bool {
+func urgentRunning(a *Scheduler) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.urgentRunning > 0
@@ -232,7 +230,7 @@ func urgentRunning(a *admission) bool {
 // Many checkpoints at once, urgent or not, promoted or not, cancelled or
 // not: never more than the slots run, and every one is admitted or gone.
 func TestAdmitConcurrentBound(t *testing.T) {
-	a := newAdmission(2)
+	a := New(2)
 	var running, peak atomic.Int64
 	var wg sync.WaitGroup
 	for i := range 64 {
@@ -262,7 +260,7 @@ func TestAdmitConcurrentBound(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	st := a.snapshot()
+	st := a.Stats()
 	if peak.Load() > 2 || st.Running != 0 || st.Waiting != 0 || st.UrgentWaiting != 0 || urgentRunning(a) {
 		t.Fatalf("peak %d running, stats %+v", peak.Load(), st)
 	}
@@ -271,156 +269,11 @@ func TestAdmitConcurrentBound(t *testing.T) {
 	}
 }
 
-// Through Engine.Checkpoint, with one slot: while sandbox a's checkpoint
-// holds it (stopped at its scan), b queues, then c; c's reply becomes ready
-// (its Urgent closes) while it waits, so c runs before b. A queued
-// checkpoint whose context ends returns at once with the context's error and
-// leaves its sandbox free for the next turn.
-func TestAdmitEngineUrgentCheckpointOvertakes(t *testing.T) {
-	ctx := context.Background()
-	e := newEngine(t)
-	e.admit = newAdmission(1)
-	base := richBase(t)
-	for _, n := range []string{"a", "b", "c", "d"} {
-		res, err := e.CreateSandbox(ctx, n, CreateOptions{Base: base})
-		must(t, err)
-		write(t, filepath.Join(res.Root, "turn.txt"), n)
-	}
-	queued, promoted := make(chan string, 8), make(chan string, 8)
-	e.admit.onQueued = func(sb string, _ bool) { queued <- sb }
-	e.admit.onPromote = func(sb string) { promoted <- sb }
-	granted := make(chan string, 8)
-	e.admit.onGrant = func(sb string) { granted <- sb }
-	inA, block := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	e.atPhase = func(ph string) {
-		if ph == PhaseScan {
-			once.Do(func() { close(inA); <-block })
-		}
-	}
-	done := make(chan string, 4)
-	run := func(name string, opts CheckpointOptions) {
-		go func() {
-			r, err := e.Checkpoint(ctx, name, opts)
-			if err != nil || r.Class != delta.ClassFS {
-				t.Errorf("checkpoint %s: %v %+v", name, err, r)
-			}
-			done <- name
-		}()
-	}
-	run("a", CheckpointOptions{})
-	<-inA
-	run("b", CheckpointOptions{})
-	if sb := <-queued; sb != "b" {
-		t.Fatalf("queued %s, want b", sb)
-	}
-	urgent := make(chan struct{})
-	run("c", CheckpointOptions{Urgent: urgent})
-	if sb := <-queued; sb != "c" {
-		t.Fatalf("queued %s, want c", sb)
-	}
-	dctx, cancel := context.WithCancel(ctx)
-	derr := make(chan error, 1)
-	go func() { _, err := e.Checkpoint(dctx, "d", CheckpointOptions{}); derr <- err }()
-	if sb := <-queued; sb != "d" {
-		t.Fatalf("queued %s, want d", sb)
-	}
-	cancel()
-	if err := <-derr; !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "sandbox d") {
-		t.Fatalf("cancelled checkpoint: %v", err)
-	}
-	close(urgent)
-	if sb := <-promoted; sb != "c" {
-		t.Fatalf("promoted %s, want c", sb)
-	}
-	close(block)
-	// The slots go a, c, b. (They finish in about that order too, but a
-	// slot is given back before the commit's fsyncs, so the ends may
-	// overlap: the grants are the order admission decides.)
-	for range 3 {
-		<-done
-	}
-	for _, want := range []string{"a", "c", "b"} {
-		if got := <-granted; got != want {
-			t.Fatalf("slot granted to %s, want %s first (order a, c, b)", got, want)
-		}
-	}
-	if r, err := e.Checkpoint(ctx, "d", CheckpointOptions{}); err != nil || r.Class != delta.ClassFS {
-		t.Fatalf("d after its cancelled turn: %v %+v", err, r)
-	}
-	if got := <-granted; got != "d" {
-		t.Fatalf("slot granted to %s, want d", got)
-	}
-	st := e.AdmissionStats()
-	if st.Promoted != 1 || st.Cancelled != 1 || st.Urgent.Count != 1 || st.Normal.Count != 3 || st.Running != 0 {
-		t.Fatalf("stats %+v", st)
-	}
-}
-
-// TestAdmitSlotFreedBeforeCommit: a checkpoint gives its slot back before
-// its commit (fsyncs, no CPU), so with one slot another sandbox's turn runs
-// whole while the first one's commit is held; the first still counts as
-// urgent until it returns. Holding the slot through the commit had kept
-// concurrent commits from ever sharing a group transaction.
-func TestAdmitSlotFreedBeforeCommit(t *testing.T) {
-	ctx := context.Background()
-	e := newEngine(t)
-	e.admit = newAdmission(1)
-	base := richBase(t)
-	for _, n := range []string{"a", "b"} {
-		res, err := e.CreateSandbox(ctx, n, CreateOptions{Base: base})
-		must(t, err)
-		write(t, filepath.Join(res.Root, "turn.txt"), n)
-	}
-	inCommit, block := make(chan struct{}), make(chan struct{})
-	unblock := sync.OnceFunc(func() { close(block) })
-	defer unblock()       // a failed check must not leave a blocked for the engine's Close
-	var first atomic.Bool // only a's commit is held (Once would hold b's too)
-	e.atPhase = func(ph string) {
-		if ph == PhaseCommit && first.CompareAndSwap(false, true) {
-			close(inCommit)
-			<-block
-		}
-	}
-	urgent := make(chan struct{})
-	close(urgent)
-	aDone := make(chan error, 1)
-	go func() {
-		_, err := e.Checkpoint(ctx, "a", CheckpointOptions{Urgent: urgent})
-		aDone <- err
-	}()
-	<-inCommit
-	if st := e.AdmissionStats(); st.Running != 0 {
-		t.Fatalf("a holds its slot in the commit: %+v", st)
-	}
-	if got := e.admit.urgentNow(); got != 1 {
-		t.Fatalf("a in its commit counts as %d urgent checkpoints, want 1", got)
-	}
-	r, err := e.Checkpoint(ctx, "b", CheckpointOptions{})
-	if err != nil || r.Class != delta.ClassFS {
-		t.Fatalf("b while a commits: %v %+v", err, r)
-	}
-	unblock()
-	if err := <-aDone; err != nil {
-		t.Fatal(err)
-	}
-	if got := e.admit.urgentNow(); got != 0 {
-		t.Fatalf("%d urgent checkpoints after a returned", got)
-	}
-}
-
-// urgentNow is how many urgent checkpoints run (slot held or committing).
-func (a *admission) urgentNow() int {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.urgentRunning
-}
-
 // acquire is admit for the tests that need only the whole release.
-func (a *admission) acquire(ctx context.Context, sandbox string, urgent <-chan struct{}) (release func(), err error) {
-	s, err := a.admit(ctx, sandbox, urgent)
+func (a *Scheduler) acquire(ctx context.Context, sandbox string, urgent <-chan struct{}) (release func(), err error) {
+	s, err := a.Admit(ctx, sandbox, urgent)
 	if err != nil {
 		return nil, err
 	}
-	return s.done, nil
+	return s.Done, nil
 }
