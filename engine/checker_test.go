@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -14,7 +15,7 @@ import (
 // must fail when a count drifts from what a rebuild would make.
 func TestCheckerCatchesAWrongRefcount(t *testing.T) {
 	ctx := context.Background()
-	e := newEngine(t)
+	e := openEngineOracle(t, filepath.Join(t.TempDir(), "home"), false) // it breaks a count on purpose
 	cr, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: richBase(t)})
 	must(t, err)
 	agentTurn(t, cr.Root)

@@ -200,7 +200,7 @@ func TestCommandsThatExitAreNotProcessChanges(t *testing.T) {
 func TestRestoreRefusesAHostWithoutTheRecordedCPUFlags(t *testing.T) {
 	requireProcs(t)
 	ctx := context.Background()
-	e := newEngine(t)
+	e := openEngineOracle(t, filepath.Join(t.TempDir(), "home"), false) // it forges a record in the catalog
 	cr, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: busyboxBase(t)})
 	must(t, err)
 	_, err = e.Exec(ctx, "s", []string{"sleep", "100000"}, ExecOptions{Detach: true})

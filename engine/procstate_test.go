@@ -340,7 +340,7 @@ func waitFile(t *testing.T, p string) {
 func TestRollbackRefusesAnImageThatDoesNotFitItsFiles(t *testing.T) {
 	requireProcs(t)
 	ctx := context.Background()
-	e := newEngine(t)
+	e := openEngineOracle(t, filepath.Join(t.TempDir(), "home"), false) // it forges a record in the catalog
 	_, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: busyboxBase(t)})
 	must(t, err)
 	sh(t, e, "s", "mkdir /data && echo short > /data/log")

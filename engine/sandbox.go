@@ -411,6 +411,7 @@ func (e *Engine) RemoveSandboxWith(ctx context.Context, name string, o RemoveOpt
 			return err
 		}
 		if be, err = e.backend(sb.Backend, sb.Config); err != nil {
+			be = nil // the backend's error may come with a typed nil
 			// The root lives where this host cannot reach (a btrfs pool of
 			// another host, unmounted): forget the sandbox, say what stays.
 			e.log.Warn("sandbox root not reachable from this host; forgetting the sandbox, its root stays",
