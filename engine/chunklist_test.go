@@ -134,7 +134,7 @@ func TestChunkListsSealedPushedRebuilt(t *testing.T) {
 		t.Fatalf("the file does not name a chunk list: %+v", en)
 	}
 	checkAll(t, e)
-	_, err = e.Push(ctx, PushOptions{})
+	_, err = e.Remote().Push(ctx, PushOptions{})
 	must(t, err)
 
 	f := newEngine(t)

@@ -34,7 +34,7 @@ func TestPlainLocalSealedRemote(t *testing.T) {
 	write(t, filepath.Join(cr.Root, "secret.bin"), secret)
 	cp, err := a.Checkpoint(ctx, "half", CheckpointOptions{})
 	must(t, err)
-	_, err = a.Push(ctx, PushOptions{})
+	_, err = a.Remote().Push(ctx, PushOptions{})
 	must(t, err)
 	home := string(a.home)
 	must(t, a.Close())

@@ -93,7 +93,7 @@ func TestEncryptedBucketHoldsNoPlaintext(t *testing.T) {
 	if cp.Class != delta.ClassFull {
 		t.Fatalf("turn with a file and a process classed %s", cp.Class)
 	}
-	_, err = a.Push(ctx, PushOptions{})
+	_, err = a.Remote().Push(ctx, PushOptions{})
 	must(t, err)
 	must(t, a.Close()) // flush the catalog before grepping its files
 	for _, m := range []string{fileMark, memMark} {
@@ -161,7 +161,7 @@ func TestEncryptedBucketHoldsNoPlaintext(t *testing.T) {
 	write(t, filepath.Join(pr.Root, "secret.bin"), incompressible(plainMark))
 	_, err = p.Checkpoint(ctx, "p", CheckpointOptions{})
 	must(t, err)
-	_, err = p.Push(ctx, PushOptions{})
+	_, err = p.Remote().Push(ctx, PushOptions{})
 	must(t, err)
 	if len(filesHolding(t, srv.Dir, []byte(plainMark))) == 0 {
 		t.Fatal("control: a plaintext bucket does not show the marker either; the grep proves nothing")

@@ -17,6 +17,7 @@ import (
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/engine/content"
+	"github.com/turnsnap/turnsnap/engine/remote"
 	"github.com/turnsnap/turnsnap/internal/rootfs"
 	"github.com/turnsnap/turnsnap/overlay"
 	"github.com/turnsnap/turnsnap/proc"
@@ -79,6 +80,7 @@ type Engine struct {
 	store  upload.Store
 	local  upload.Store
 	remote upload.Store // nil without a remote
+	rem    *remote.Home // the remote side: push, ownership (Remote)
 	// rawLocal and rawRemote are the stores beneath the sealing wrappers
 	// (crypt.go); keys is nil for a plaintext home. plainLocal says the
 	// local store and catalog of an encrypted home are plaintext
@@ -140,6 +142,7 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{home: h, lock: lock, log: log, atPhase: opts.AtPhase, admit: newAdmission(opts.MaxCheckpoints)}
+	e.rem = e.newRemote()
 	e.commits.Hold = &commitLock{e: e}
 	e.commits.Shared = func(int) { e.phase(PhaseCommitGroup) }
 	e.track.on = opts.TrackChanges
@@ -168,7 +171,7 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 		e.config = &c
 	}
 	if rc := e.config.Remote; rc != nil {
-		e.rawRemote = &lazyStore{connect: func(ctx context.Context) (upload.Store, error) {
+		e.rawRemote = remote.Lazy(func(ctx context.Context) (upload.Store, error) {
 			cfg, err := rc.s3Config()
 			if err != nil {
 				return nil, err
@@ -178,7 +181,7 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 				return nil, fmt.Errorf("remote %s: %w", rc.URL, err)
 			}
 			return upload.WithRetry(s, upload.RetryPolicy{Logger: log}), nil
-		}}
+		})
 	}
 	e.local, e.remote = e.rawLocal, e.rawRemote
 	e.plainLocal = e.config.Encryption != nil && e.config.Encryption.PlainLocal

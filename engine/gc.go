@@ -62,7 +62,7 @@ func (e *Engine) GC(ctx context.Context, opts GCOptions) (*GCReport, error) {
 	grace := opts.Grace
 	rep := &GCReport{DryRun: opts.DryRun}
 	if e.remote != nil {
-		lock, err := e.syncer().Lock(ctx, "gc")
+		lock, err := e.rem.Syncer().Lock(ctx, "gc")
 		if err != nil {
 			return nil, err
 		}

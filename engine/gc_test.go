@@ -115,7 +115,7 @@ func TestGCWithTwoHostsNeverDeletesReferencedPacks(t *testing.T) {
 		}
 	}
 	for _, e := range homes {
-		_, err := e.Push(ctx, PushOptions{})
+		_, err := e.Remote().Push(ctx, PushOptions{})
 		must(t, err)
 	}
 	// Whatever the random loops did (their prunes may only have marked,
@@ -125,7 +125,7 @@ func TestGCWithTwoHostsNeverDeletesReferencedPacks(t *testing.T) {
 	for _, e := range homes {
 		_, err := e.Prune(ctx, PruneOptions{KeepLast: 1})
 		must(t, err)
-		_, err = e.Push(ctx, PushOptions{})
+		_, err = e.Remote().Push(ctx, PushOptions{})
 		must(t, err)
 	}
 	gr, err := homes[0].GC(ctx, GCOptions{Grace: -1})
@@ -163,7 +163,7 @@ func TestPushRestoresAPackAnotherHostCollected(t *testing.T) {
 	must(t, os.Remove(filepath.Join(cr.Root, "kept-in-P")))
 	_, err = b.Checkpoint(ctx, "s", CheckpointOptions{}) // s's head in the bucket no longer names P
 	must(t, err)
-	_, err = b.Push(ctx, PushOptions{})
+	_, err = b.Remote().Push(ctx, PushOptions{})
 	must(t, err)
 	settle()
 	cr2, err := b.CreateSandbox(ctx, "s2", CreateOptions{Base: richBase(t)})
@@ -178,7 +178,7 @@ func TestPushRestoresAPackAnotherHostCollected(t *testing.T) {
 	if gr.Deleted == 0 {
 		t.Fatalf("host A's gc collected nothing: %+v", gr)
 	}
-	_, err = b.Push(ctx, PushOptions{})
+	_, err = b.Remote().Push(ctx, PushOptions{})
 	must(t, err)
 	if !remoteRecords(t, b)[c2.ID.String()] {
 		t.Fatal("record not uploaded")
@@ -218,7 +218,7 @@ func hostLoop(ctx context.Context, e *Engine, name, root string, seed int64) err
 				return fmt.Errorf("%s step %d checkpoint: %w", name, step, err)
 			}
 			if rng.Intn(2) == 0 {
-				if err := retry(func() error { _, err := e.Push(ctx, PushOptions{}); return err }); err != nil {
+				if err := retry(func() error { _, err := e.Remote().Push(ctx, PushOptions{}); return err }); err != nil {
 					return fmt.Errorf("%s step %d push: %w", name, step, err)
 				}
 			}

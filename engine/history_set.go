@@ -5,6 +5,7 @@ import (
 
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/engine/remote"
 )
 
 // history is what prune and forget decide from: every checkpoint by
@@ -71,7 +72,7 @@ func (e *Engine) loadHistory(ctx context.Context) (*history, error) {
 			h.known[sb.Key()] = true
 			h.names[sb.Key()], h.keys[sb.Name] = sb.Name, sb.Key()
 			// The owner prunes: the creator, or the home that adopted it.
-			o, err := ownerOf(tx, sb)
+			o, err := remote.OwnerOf(tx, sb)
 			if err != nil {
 				return err
 			}

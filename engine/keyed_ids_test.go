@@ -127,7 +127,7 @@ func TestKeyedIDsPerKey(t *testing.T) {
 	}
 
 	for _, e := range []*Engine{a, b} {
-		_, err := e.Push(ctx, PushOptions{})
+		_, err := e.Remote().Push(ctx, PushOptions{})
 		must(t, err)
 	}
 	na, nb := contentNames(t, a.rawRemote), contentNames(t, b.rawRemote)

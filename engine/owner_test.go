@@ -61,7 +61,7 @@ func TestTwoHomesNeverCoOwnASandbox(t *testing.T) {
 	write(t, filepath.Join(cr.Root, "a1"), "a's first turn")
 	c1, err := a.Checkpoint(ctx, "x", CheckpointOptions{})
 	must(t, err)
-	_, err = a.Push(ctx, PushOptions{})
+	_, err = a.Remote().Push(ctx, PushOptions{})
 	must(t, err)
 	key := cr.Sandbox.Key()
 	if id, o := bucketHead(t, a, key); id != c1.ID || o != (delta.Owner{Home: a.config.HomeID, Epoch: 1}) {
@@ -78,7 +78,7 @@ func TestTwoHomesNeverCoOwnASandbox(t *testing.T) {
 		t.Fatalf("b's checkpoint of a's sandbox: %v; want ErrPrecondition", err)
 	}
 
-	rep, err := b.Adopt(ctx, x, AdoptOptions{})
+	rep, err := b.Remote().Adopt(ctx, x, AdoptOptions{})
 	must(t, err)
 	if rep.Owner != (delta.Owner{Home: b.config.HomeID, Epoch: 2}) || rep.Head != c1.ID {
 		t.Fatalf("adopt: owner %v head %s; want b at epoch 2 from %s", rep.Owner, rep.Head.Short(), c1.ID.Short())
@@ -88,7 +88,7 @@ func TestTwoHomesNeverCoOwnASandbox(t *testing.T) {
 	write(t, filepath.Join(root, "b1"), "b's turn")
 	cb, err := b.Checkpoint(ctx, x, CheckpointOptions{})
 	must(t, err)
-	_, err = b.Push(ctx, PushOptions{})
+	_, err = b.Remote().Push(ctx, PushOptions{})
 	must(t, err)
 
 	// A does not know yet, but its retention reads the bucket's heads: the
@@ -102,7 +102,7 @@ func TestTwoHomesNeverCoOwnASandbox(t *testing.T) {
 	write(t, filepath.Join(cr.Root, "a2"), "a's turn after the adoption")
 	ca, err := a.Checkpoint(ctx, "x", CheckpointOptions{})
 	must(t, err)
-	_, err = a.Push(ctx, PushOptions{})
+	_, err = a.Remote().Push(ctx, PushOptions{})
 	if !errors.Is(err, errdefs.ErrPrecondition) || !strings.Contains(err.Error(), "sandbox x") || !strings.Contains(err.Error(), b.config.HomeID) {
 		t.Fatalf("a's push after b adopted: %v; want a fence naming sandbox x and b's home", err)
 	}
@@ -111,7 +111,7 @@ func TestTwoHomesNeverCoOwnASandbox(t *testing.T) {
 	}
 	// Its record went up, but the turn was never accepted: it is not
 	// remotely durable, now or later.
-	if pending, err := a.PendingCheckpoints(ctx); err != nil || !pending[ca.ID] {
+	if pending, err := a.Remote().PendingCheckpoints(ctx); err != nil || !pending[ca.ID] {
 		t.Fatalf("a's fenced checkpoint %s is reported remotely durable (pending %v, %v)", ca.ID.Short(), pending, err)
 	}
 	// Fenced: a refuses the sandbox's turns from now on, and its next push
@@ -119,15 +119,15 @@ func TestTwoHomesNeverCoOwnASandbox(t *testing.T) {
 	if _, err := a.Checkpoint(ctx, "x", CheckpointOptions{}); !errors.Is(err, errdefs.ErrPrecondition) {
 		t.Fatalf("a's checkpoint once fenced: %v; want ErrPrecondition", err)
 	}
-	_, err = a.Push(ctx, PushOptions{})
+	_, err = a.Remote().Push(ctx, PushOptions{})
 	must(t, err)
-	if pending, _ := a.PendingCheckpoints(ctx); !pending[ca.ID] {
+	if pending, _ := a.Remote().PendingCheckpoints(ctx); !pending[ca.ID] {
 		t.Fatalf("a's fenced checkpoint %s became remotely durable with a later push", ca.ID.Short())
 	}
 	// A keeps its unpushed turn by branching it.
 	_, err = a.Branch(ctx, ca.ID.String(), "x-kept", BranchOptions{})
 	must(t, err)
-	_, err = a.Push(ctx, PushOptions{})
+	_, err = a.Remote().Push(ctx, PushOptions{})
 	must(t, err)
 
 	// A third home sees b's line as x's head.
@@ -161,24 +161,24 @@ func TestAdoptRespectsALiveLease(t *testing.T) {
 	}
 	cr, err := a.CreateSandbox(ctx, "y", CreateOptions{Base: richBase(t)})
 	must(t, err)
-	_, err = a.Push(ctx, PushOptions{})
+	_, err = a.Remote().Push(ctx, PushOptions{})
 	must(t, err)
-	must(t, a.RenewLease(ctx, time.Minute))
+	must(t, a.Remote().RenewLease(ctx, time.Minute))
 	_, err = b.RebuildCatalog(ctx)
 	must(t, err)
 	y := labelOf(t, b, cr.Sandbox.Key())
-	_, err = b.Adopt(ctx, y, AdoptOptions{})
+	_, err = b.Remote().Adopt(ctx, y, AdoptOptions{})
 	if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "--force") {
 		t.Fatalf("adopt while the owner's lease is live: %v; want ErrUnavailable naming --force", err)
 	}
-	rep, err := b.Adopt(ctx, y, AdoptOptions{Force: true})
+	rep, err := b.Remote().Adopt(ctx, y, AdoptOptions{Force: true})
 	must(t, err)
 	if rep.Lease == nil || !rep.Lease.Live || rep.Owner.Epoch != 2 {
 		t.Fatalf("forced adopt: lease %+v owner %v", rep.Lease, rep.Owner)
 	}
 	// A lease released (a clean shutdown) protects nothing.
-	must(t, a.ReleaseLease(ctx))
-	if lv, err := b.hostLease(ctx, a.config.HomeID); err != nil || lv != nil {
+	must(t, a.Remote().ReleaseLease(ctx))
+	if lv, err := b.Remote().HostLease(ctx, a.config.HomeID); err != nil || lv != nil {
 		t.Fatalf("released lease still read: %+v %v", lv, err)
 	}
 }
@@ -195,7 +195,7 @@ func TestConcurrentAdoptionsHaveOneWinnerPerEpoch(t *testing.T) {
 	must(t, err)
 	cr, err := a.CreateSandbox(ctx, "z", CreateOptions{Base: richBase(t)})
 	must(t, err)
-	_, err = a.Push(ctx, PushOptions{})
+	_, err = a.Remote().Push(ctx, PushOptions{})
 	must(t, err)
 	key := cr.Sandbox.Key()
 	const n = 3
@@ -214,7 +214,7 @@ func TestConcurrentAdoptionsHaveOneWinnerPerEpoch(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			reps[i], errs[i] = h.Adopt(ctx, labelOf(t, h, key), AdoptOptions{})
+			reps[i], errs[i] = h.Remote().Adopt(ctx, labelOf(t, h, key), AdoptOptions{})
 		}()
 	}
 	wg.Wait()
@@ -253,7 +253,7 @@ func TestConcurrentAdoptionsHaveOneWinnerPerEpoch(t *testing.T) {
 		if _, err := h.Checkpoint(ctx, z, CheckpointOptions{}); err != nil {
 			t.Fatalf("home %d: checkpoint after adopting: %v", i, err)
 		}
-		_, err = h.Push(ctx, PushOptions{})
+		_, err = h.Remote().Push(ctx, PushOptions{})
 		if h == top && err != nil {
 			t.Fatalf("the last adopter's push: %v", err)
 		}

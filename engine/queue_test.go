@@ -50,7 +50,7 @@ func TestPruneBeforeFirstSyncNeverWedgesTheQueue(t *testing.T) {
 	_, err = e.GC(ctx, GCOptions{Grace: -1})
 	must(t, err)
 	for i := range 2 {
-		if _, err := e.Push(ctx, PushOptions{}); err != nil {
+		if _, err := e.Remote().Push(ctx, PushOptions{}); err != nil {
 			t.Fatalf("push %d after prune before the first sync: %v", i+1, err)
 		}
 	}
@@ -112,7 +112,7 @@ func TestInitOnLongHistory(t *testing.T) {
 		}
 		return err
 	}))
-	_, err = e.Push(ctx, PushOptions{})
+	_, err = e.Remote().Push(ctx, PushOptions{})
 	must(t, err)
 	if recs := remoteRecords(t, e); len(recs) != len(ids) {
 		t.Fatalf("bucket has %d records, want %d", len(recs), len(ids))
@@ -149,7 +149,7 @@ func TestInitSavesTheRemoteOnlyAfterTheQueue(t *testing.T) {
 	}
 	_, err = e.Init(ctx, remoteCfg(srv.Endpoint, "late"))
 	must(t, err)
-	_, err = e.Push(ctx, PushOptions{})
+	_, err = e.Remote().Push(ctx, PushOptions{})
 	must(t, err)
 	if recs := remoteRecords(t, e); len(recs) != len(ids) {
 		t.Fatalf("bucket has %d records, want %d", len(recs), len(ids))

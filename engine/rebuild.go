@@ -505,7 +505,7 @@ func (e *Engine) carryUploads(ctx context.Context, cat *catalog.Catalog) error {
 	}
 	// Trees are read through the new catalog's blob index: the old one may
 	// be what was lost.
-	s := e.syncer()
+	s := e.rem.Syncer()
 	s.Blobs = content.NewSealedIDs(e.store, cat, e.codec, e.meter, e.localKeys(), e.ids())
 	if _, _, err := s.Backfill(ctx, cat); err != nil {
 		if len(old) == 0 {

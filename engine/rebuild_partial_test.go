@@ -389,7 +389,7 @@ func TestRebuildFromABucketWithBadObjects(t *testing.T) {
 	_, err := a.Init(ctx, cfg)
 	must(t, err)
 	hp := makeHealthyPair(t, a)
-	_, err = a.Push(ctx, PushOptions{})
+	_, err = a.Remote().Push(ctx, PushOptions{})
 	must(t, err)
 	want := map[string]SkipClass{}
 	for _, bc := range badObjects() {
@@ -445,7 +445,7 @@ func TestRebuildAfterAPruneElsewhereLeftAHeadDangling(t *testing.T) {
 	for i := range 4 {
 		branched = turn(i)
 	}
-	_, err = a.Push(ctx, PushOptions{})
+	_, err = a.Remote().Push(ctx, PushOptions{})
 	must(t, err)
 
 	// B learns x from the bucket, branches its head into xc and pushes.
@@ -455,18 +455,18 @@ func TestRebuildAfterAPruneElsewhereLeftAHeadDangling(t *testing.T) {
 	must(t, err)
 	_, err = b.Branch(ctx, branched.String(), "xc", BranchOptions{})
 	must(t, err)
-	_, err = b.Push(ctx, PushOptions{})
+	_, err = b.Remote().Push(ctx, PushOptions{})
 	must(t, err)
 
 	// A goes on, prunes to its last 2 and collects.
 	for i := 4; i < 6; i++ {
 		turn(i)
 	}
-	_, err = a.Push(ctx, PushOptions{})
+	_, err = a.Remote().Push(ctx, PushOptions{})
 	must(t, err)
 	_, err = a.Prune(ctx, PruneOptions{KeepLast: 2})
 	must(t, err)
-	_, err = a.Push(ctx, PushOptions{})
+	_, err = a.Remote().Push(ctx, PushOptions{})
 	must(t, err)
 	_, err = a.GC(ctx, GCOptions{Grace: -1})
 	must(t, err)

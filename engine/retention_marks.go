@@ -304,7 +304,7 @@ func (e *Engine) sweep(ctx context.Context, m *delta.Marks, local pinned, now ti
 	if !slices.ContainsFunc(m.Records, func(mk delta.Mark) bool { return !mk.Due.After(now) }) {
 		return nil
 	}
-	lock, err := e.syncer().Lock(ctx, "gc")
+	lock, err := e.rem.Syncer().Lock(ctx, "gc")
 	if errors.Is(err, errdefs.ErrUnavailable) {
 		e.log.Info("bucket busy: marked checkpoints are deleted by a later prune, forget or gc", "err", err)
 		return nil

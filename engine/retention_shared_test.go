@@ -57,7 +57,7 @@ func turns(t *testing.T, e *Engine, name, root string, n int) []delta.ID {
 
 func push(t *testing.T, e *Engine) {
 	t.Helper()
-	_, err := e.Push(context.Background(), PushOptions{})
+	_, err := e.Remote().Push(context.Background(), PushOptions{})
 	must(t, err)
 }
 
@@ -339,7 +339,7 @@ func TestPushRefusesARefToAMissingRecord(t *testing.T) {
 	must(t, err)
 	must(t, a.remote.Delete(ctx, delta.RecordName(ids[0])))
 	must(t, a.local.Delete(ctx, delta.RecordName(ids[0])))
-	_, err = a.Push(ctx, PushOptions{})
+	_, err = a.Remote().Push(ctx, PushOptions{})
 	if !errors.Is(err, errdefs.ErrNotFound) || !strings.Contains(err.Error(), ids[0].Short()) {
 		t.Fatalf("push of a tag naming a lost record: %v, want ErrNotFound naming %s", err, ids[0].Short())
 	}

@@ -59,7 +59,7 @@ func TestRemovedSandboxStaysRemovedAcrossRebuild(t *testing.T) {
 	e, _, _ := hostileHome(t, true)
 	_, err := e.Init(ctx, remoteCfg(srv.Endpoint, "rmrebuild"))
 	must(t, err)
-	_, err = e.Push(ctx, PushOptions{})
+	_, err = e.Remote().Push(ctx, PushOptions{})
 	must(t, err)
 	must(t, e.RemoveSandbox(ctx, "s"))
 	_, err = e.RebuildCatalog(ctx)
@@ -67,7 +67,7 @@ func TestRemovedSandboxStaysRemovedAcrossRebuild(t *testing.T) {
 	if sbs, _ := e.ListSandboxes(ctx); len(sbs) != 0 {
 		t.Fatalf("removed sandbox came back from the bucket: %+v", sbs)
 	}
-	_, err = e.Push(ctx, PushOptions{})
+	_, err = e.Remote().Push(ctx, PushOptions{})
 	must(t, err)
 	for _, name := range []string{"sandboxes/s", "refs/heads/s"} {
 		if _, err := e.remote.Stat(ctx, name); err == nil {

@@ -178,7 +178,7 @@ func BenchmarkScalePrune(b *testing.B) {
 			b.Fatalf("prune deleted %d, want %d", len(pr.Deleted), n)
 		}
 		reportScale(b, n, el, commit, stop())
-		if _, err := e.Push(context.Background(), PushOptions{}); err != nil {
+		if _, err := e.Remote().Push(context.Background(), PushOptions{}); err != nil {
 			b.Fatalf("push after prune: %v", err)
 		}
 	}

@@ -41,7 +41,7 @@ func TestTwoHomesOneBucketNoCrossTalk(t *testing.T) {
 			must(t, err)
 			own[h][c.ID] = true
 		}
-		_, err = e.Push(ctx, PushOptions{})
+		_, err = e.Remote().Push(ctx, PushOptions{})
 		must(t, err)
 	}
 	a, b := hosts["a"], hosts["b"]
@@ -94,7 +94,7 @@ func TestTwoHomesOneBucketNoCrossTalk(t *testing.T) {
 			t.Fatalf("a's checkpoint %s is gone from the bucket after b's prune", id.Short())
 		}
 	}
-	_, err = b.Push(ctx, PushOptions{})
+	_, err = b.Remote().Push(ctx, PushOptions{})
 	must(t, err)
 
 	// A rebuilds too: its "s" is its own, with all four checkpoints.
@@ -139,7 +139,7 @@ func TestRebuildRejectsImpostorsAndSkipsCorrupt(t *testing.T) {
 	agentTurn(t, cr.Root)
 	c1, err := a.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
-	_, err = a.Push(ctx, PushOptions{})
+	_, err = a.Remote().Push(ctx, PushOptions{})
 	must(t, err)
 
 	// A legacy sandbox as an older turnsnap wrote it: description under its

@@ -156,7 +156,7 @@ func TestCreateManySandboxesAtOnce(t *testing.T) {
 	go func() {
 		var err error
 		for pushCtx.Err() == nil && err == nil {
-			_, err = e.Push(pushCtx, PushOptions{})
+			_, err = e.Remote().Push(pushCtx, PushOptions{})
 		}
 		if pushCtx.Err() != nil {
 			err = nil

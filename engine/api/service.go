@@ -125,7 +125,7 @@ func (s *Service) RemoveSandbox(ctx context.Context, name string, catalogOnly bo
 }
 
 func (s *Service) AdoptSandbox(ctx context.Context, name string, req AdoptRequest) (*Adopted, error) {
-	r, err := s.E.Adopt(ctx, name, engine.AdoptOptions{Force: req.Force})
+	r, err := s.E.Remote().Adopt(ctx, name, engine.AdoptOptions{Force: req.Force})
 	if err != nil {
 		return nil, err
 	}
@@ -192,7 +192,7 @@ func (s *Service) Checkpoint(ctx context.Context, name string, req CheckpointReq
 		// have been refused this sandbox's head: the checkpoint is then
 		// fenced, and never remotely durable, though this round sent
 		// nothing and failed nothing.
-		fenced, err := s.E.Fenced(ctx, r.ID)
+		fenced, err := s.E.Remote().Fenced(ctx, r.ID)
 		if err != nil {
 			return nil, err
 		}
@@ -212,7 +212,7 @@ func (s *Service) push(ctx context.Context, sandbox string, urgent bool) (*engin
 	if s.Uploads != nil {
 		return s.Uploads.Wait(ctx, sandbox)
 	}
-	return s.E.Push(ctx, engine.PushOptions{Sandbox: sandbox, Urgent: urgent, Progress: s.PushProgress})
+	return s.E.Remote().Push(ctx, engine.PushOptions{Sandbox: sandbox, Urgent: urgent, Progress: s.PushProgress})
 }
 
 func (s *Service) Log(ctx context.Context, name string) ([]LogEntry, error) {
