@@ -140,7 +140,7 @@ func TestChunkListsSealedPushedRebuilt(t *testing.T) {
 	f := newEngine(t)
 	_, err = f.Setup(ctx, SetupOptions{Remote: &rc, KeyFile: key})
 	must(t, err)
-	rep, err := f.RebuildCatalog(ctx)
+	rep, err := f.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
 	if rep == nil {
 		t.Fatal("no rebuild report")

@@ -59,7 +59,7 @@ func TestPlainLocalSealedRemote(t *testing.T) {
 		b := newEngine(t)
 		_, err := b.Setup(ctx, SetupOptions{Remote: &rc, KeyFile: key, PlainLocal: plain})
 		must(t, err)
-		rep, err := b.RebuildCatalog(ctx)
+		rep, err := b.Rebuilder().RebuildCatalog(ctx)
 		must(t, err)
 		if rep.Checkpoints != 2 {
 			t.Fatalf("plaintext-local %v: rebuild found %d checkpoints, want 2", plain, rep.Checkpoints)

@@ -112,7 +112,7 @@ func TestEncryptedBucketHoldsNoPlaintext(t *testing.T) {
 	b := newEngine(t)
 	_, err = b.Setup(ctx, SetupOptions{Remote: &rc, KeyFile: key})
 	must(t, err)
-	rep, err := b.RebuildCatalog(ctx)
+	rep, err := b.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
 	if rep.Checkpoints != 2 {
 		t.Fatalf("rebuild from the sealed bucket found %d checkpoints, want 2", rep.Checkpoints)

@@ -17,6 +17,7 @@ import (
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/engine/content"
+	"github.com/turnsnap/turnsnap/engine/rebuild"
 	"github.com/turnsnap/turnsnap/engine/remote"
 	"github.com/turnsnap/turnsnap/internal/rootfs"
 	"github.com/turnsnap/turnsnap/overlay"
@@ -81,6 +82,8 @@ type Engine struct {
 	local  upload.Store
 	remote upload.Store // nil without a remote
 	rem    *remote.Home // the remote side: push, ownership (Remote)
+	// rebuilder rebuilds the catalog from the store (Rebuilder).
+	rebuilder *rebuild.Rebuilder
 	// rawLocal and rawRemote are the stores beneath the sealing wrappers
 	// (crypt.go); keys is nil for a plaintext home. plainLocal says the
 	// local store and catalog of an encrypted home are plaintext
@@ -143,6 +146,7 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	}
 	e := &Engine{home: h, lock: lock, log: log, atPhase: opts.AtPhase, admit: newAdmission(opts.MaxCheckpoints)}
 	e.rem = e.newRemote()
+	e.rebuilder = e.newRebuilder(log)
 	e.commits.Hold = &commitLock{e: e}
 	e.commits.Shared = func(int) { e.phase(PhaseCommitGroup) }
 	e.track.on = opts.TrackChanges
@@ -195,7 +199,7 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 		if err := e.checkRoom(0, 0); err != nil {
 			return nil, err
 		}
-		if err := finishRebuild(h); err != nil {
+		if err := rebuild.Finish(h.catalogDir()); err != nil {
 			return nil, err
 		}
 	}

@@ -78,7 +78,7 @@ func TestPruneThenGCReclaimsOnlyDeadPacks(t *testing.T) {
 	// Refcounts maintained through prune equal those a rebuild recomputes.
 	blobs := allBlobIDs(t, e)
 	maintained := refcounts(t, e, blobs)
-	_, err = e.RebuildCatalog(ctx)
+	_, err = e.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
 	if got := refcounts(t, e, blobs); fmt.Sprint(got) != fmt.Sprint(maintained) {
 		t.Fatal("refcounts after prune differ from a rebuild's")

@@ -64,7 +64,7 @@ func TestHostileLayersAreRefusedEverywhere(t *testing.T) {
 			must(t, err)
 			id, err := hostile.WriteRecord(ctx, e.local, c1, c.Root)
 			must(t, err)
-			if _, err := e.RebuildCatalog(ctx); err != nil {
+			if _, err := e.Rebuilder().RebuildCatalog(ctx); err != nil {
 				t.Fatalf("rebuild with a hostile layer in %s: %v", pack, err)
 			}
 			before := mergedState(t, cr.Root)
@@ -109,10 +109,10 @@ func TestLyingRawLengthIsCorruptNotAPanic(t *testing.T) {
 		e, _, c1 := hostileHome(t, true)
 		pack, err := hostile.WritePack(ctx, e.local, blobs)
 		must(t, err)
-		_, err = e.RebuildCatalogWith(ctx, RebuildOptions{Strict: true})
+		_, err = e.Rebuilder().RebuildCatalogWith(ctx, RebuildOptions{Strict: true})
 		wantCorrupt(t, "rebuild --strict", err, pack, blobs[0].ID.String(), "raw length")
 		// By default the pack is skipped, named, and the rest restored.
-		rep, err := e.RebuildCatalog(ctx)
+		rep, err := e.Rebuilder().RebuildCatalog(ctx)
 		must(t, err)
 		if len(rep.Skipped) != 1 || rep.Skipped[0].Name != pack || rep.Skipped[0].Class != SkipCorrupt ||
 			!strings.Contains(rep.Skipped[0].Error, "raw length") || rep.Checkpoints != 2 || rep.Sandboxes != 1 {
@@ -168,7 +168,7 @@ func TestVerifyReportsWhatARestoreWrites(t *testing.T) {
 	must(t, err)
 	id, err := hostile.WriteRecord(ctx, e.local, c1, root)
 	must(t, err)
-	_, err = e.RebuildCatalog(ctx)
+	_, err = e.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
 	rep, err := e.Verify(ctx, id.String())
 	must(t, err)

@@ -147,7 +147,7 @@ func TestKeyedIDsPerKey(t *testing.T) {
 	if c.config.Encryption.IDs != delta.SchemeKeyed || c.ids() != a.ids() {
 		t.Fatalf("the fresh home's scheme is %q, not its store's", c.config.Encryption.IDs)
 	}
-	_, err = c.RebuildCatalog(ctx)
+	_, err = c.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
 	_, err = c.Verify(ctx, cps[a].String())
 	must(t, err)

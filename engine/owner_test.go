@@ -68,7 +68,7 @@ func TestTwoHomesNeverCoOwnASandbox(t *testing.T) {
 		t.Fatalf("bucket head after a's push: %s %v; want %s owned by a at epoch 1", id.Short(), o, c1.ID.Short())
 	}
 
-	_, err = b.RebuildCatalog(ctx)
+	_, err = b.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
 	x := labelOf(t, b, key)
 	if _, err := b.Rollback(ctx, x, first.ID.String(), RollbackOptions{}); !errors.Is(err, errdefs.ErrPrecondition) || !strings.Contains(err.Error(), "adopt") {
@@ -134,7 +134,7 @@ func TestTwoHomesNeverCoOwnASandbox(t *testing.T) {
 	c := newEngine(t)
 	_, err = c.Init(ctx, cfg)
 	must(t, err)
-	_, err = c.RebuildCatalog(ctx)
+	_, err = c.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
 	sbs, err := c.ListSandboxes(ctx)
 	must(t, err)
@@ -164,7 +164,7 @@ func TestAdoptRespectsALiveLease(t *testing.T) {
 	_, err = a.Remote().Push(ctx, PushOptions{})
 	must(t, err)
 	must(t, a.Remote().RenewLease(ctx, time.Minute))
-	_, err = b.RebuildCatalog(ctx)
+	_, err = b.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
 	y := labelOf(t, b, cr.Sandbox.Key())
 	_, err = b.Remote().Adopt(ctx, y, AdoptOptions{})
@@ -204,7 +204,7 @@ func TestConcurrentAdoptionsHaveOneWinnerPerEpoch(t *testing.T) {
 		homes[i] = newEngine(t)
 		_, err := homes[i].Init(ctx, cfg)
 		must(t, err)
-		_, err = homes[i].RebuildCatalog(ctx)
+		_, err = homes[i].Rebuilder().RebuildCatalog(ctx)
 		must(t, err)
 	}
 	reps := make([]*AdoptReport, n)

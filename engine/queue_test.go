@@ -66,7 +66,7 @@ func TestPruneBeforeFirstSyncNeverWedgesTheQueue(t *testing.T) {
 	f := newEngine(t)
 	_, err = f.Init(ctx, remoteCfg(srv.Endpoint, "wedge"))
 	must(t, err)
-	_, err = f.RebuildCatalog(ctx)
+	_, err = f.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
 	if _, err := f.Verify(ctx, head.String()); err != nil {
 		t.Fatal(err)

@@ -355,7 +355,7 @@ func TestRebuildSkipsEachBadObjectAndRestoresTheRest(t *testing.T) {
 				must(t, os.Chtimes(filepath.Join(home, "store", object), old, old))
 			}
 			e := openEngineOracle(t, home, false) // the store stays hostile
-			_, err = e.RebuildCatalogWith(ctx, RebuildOptions{Strict: true})
+			_, err = e.Rebuilder().RebuildCatalogWith(ctx, RebuildOptions{Strict: true})
 			named := filepath.Base(object)
 			if bc.name == "head-naming-a-record-with-missing-trees" {
 				named = delta.RecordPrefix // it fails on the record first
@@ -366,7 +366,7 @@ func TestRebuildSkipsEachBadObjectAndRestoresTheRest(t *testing.T) {
 			if sbs, _ := e.ListSandboxes(ctx); len(sbs) != 0 {
 				t.Fatalf("a failed strict rebuild replaced the catalog: %d sandboxes", len(sbs))
 			}
-			rep, err := e.RebuildCatalog(ctx)
+			rep, err := e.Rebuilder().RebuildCatalog(ctx)
 			must(t, err)
 			wantSkipped(t, rep, object, class)
 			if rep.Sandboxes != 2 {
@@ -405,7 +405,7 @@ func TestRebuildFromABucketWithBadObjects(t *testing.T) {
 	d := newEngine(t)
 	_, err = d.Init(ctx, cfg)
 	must(t, err)
-	rep, err := d.RebuildCatalog(ctx)
+	rep, err := d.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
 	for object, class := range want {
 		wantSkipped(t, rep, object, class)
@@ -451,7 +451,7 @@ func TestRebuildAfterAPruneElsewhereLeftAHeadDangling(t *testing.T) {
 	// B learns x from the bucket, branches its head into xc and pushes.
 	_, err = b.Init(ctx, cfg)
 	must(t, err)
-	_, err = b.RebuildCatalog(ctx)
+	_, err = b.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
 	_, err = b.Branch(ctx, branched.String(), "xc", BranchOptions{})
 	must(t, err)
@@ -479,11 +479,11 @@ func TestRebuildAfterAPruneElsewhereLeftAHeadDangling(t *testing.T) {
 	d := newEngine(t)
 	_, err = d.Init(ctx, cfg)
 	must(t, err)
-	_, err = d.RebuildCatalogWith(ctx, RebuildOptions{Strict: true})
+	_, err = d.Rebuilder().RebuildCatalogWith(ctx, RebuildOptions{Strict: true})
 	if !errors.Is(err, errdefs.ErrCorrupt) || !strings.Contains(err.Error(), branched.Short()) {
 		t.Fatalf("strict rebuild: %v, want it to fail naming %s", err, branched.Short())
 	}
-	rep, err := d.RebuildCatalog(ctx)
+	rep, err := d.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
 	var xcHead string
 	for _, s := range rep.Skipped {
@@ -569,7 +569,7 @@ func TestRebuildKeepsWholeCheckpointsOfASkippedHead(t *testing.T) {
 	must(t, upload.PutBytes(ctx, store, headObj, delta.EncodeRef(badID)))
 	e := openEngineOracle(t, home, false)
 
-	rep, err := e.RebuildCatalog(ctx)
+	rep, err := e.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
 	wantSkipped(t, rep, rec, SkipMissingObjects)
 	wantSkipped(t, rep, headObj, SkipMissingObjects)
@@ -605,7 +605,7 @@ func TestRebuildKeepsWholeCheckpointsOfASkippedHead(t *testing.T) {
 	// the stored head is still reported, but s's root here is at c1.
 	must(t, upload.PutBytes(ctx, src.local, rec, mustRead(t, store, rec)))
 	must(t, upload.PutBytes(ctx, src.local, headObj, delta.EncodeRef(badID)))
-	rep, err = src.RebuildCatalog(ctx)
+	rep, err = src.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
 	wantSkipped(t, rep, headObj, SkipMissingObjects)
 	if rep.Sandboxes != 1 {

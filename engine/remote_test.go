@@ -86,7 +86,7 @@ func TestRestoreAnywhereFromTheBucket(t *testing.T) {
 	b := newEngine(t)
 	_, err = b.Init(ctx, remoteCfg(srv.Endpoint, "anywhere"))
 	must(t, err)
-	rep, err := b.RebuildCatalog(ctx)
+	rep, err := b.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
 	if rep.Checkpoints != 3 || rep.Sandboxes != 1 {
 		t.Fatalf("rebuild from the bucket found %d checkpoints, %d sandboxes", rep.Checkpoints, rep.Sandboxes)
@@ -207,7 +207,7 @@ func checkBucket(t *testing.T, srv *miniotest.Server, bucket string) {
 	f := newEngine(t)
 	_, err := f.Init(ctx, remoteCfg(srv.Endpoint, bucket))
 	must(t, err)
-	_, err = f.RebuildCatalog(ctx)
+	_, err = f.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
 	var ids []delta.ID
 	must(t, f.view(ctx, func(tx *catalog.Tx) error {

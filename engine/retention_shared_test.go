@@ -71,7 +71,7 @@ func (sb *sharedBucket) restorable(t *testing.T, want int) {
 	if _, err := c.VerifyStore(ctx, ""); err != nil {
 		t.Fatalf("verify --store-only of the bucket from a fresh home: %v", err)
 	}
-	rep, err := c.RebuildCatalog(ctx)
+	rep, err := c.Rebuilder().RebuildCatalog(ctx)
 	if err != nil {
 		t.Fatalf("rebuild from the bucket: %v", err)
 	}
@@ -131,7 +131,7 @@ func TestPruneKeepsWhatAnotherHomeBranched(t *testing.T) {
 			ids := turns(t, a, "x", cr.Root, 4)
 			push(t, a)
 
-			_, err := b.RebuildCatalog(ctx)
+			_, err := b.Rebuilder().RebuildCatalog(ctx)
 			must(t, err)
 			_, err = b.Branch(ctx, ids[3].String(), "xc", BranchOptions{})
 			must(t, err)
@@ -201,7 +201,7 @@ func TestSweepSparesABranchMadeAfterTheMark(t *testing.T) {
 		}
 	}
 
-	_, err = b.RebuildCatalog(ctx)
+	_, err = b.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
 	_, err = b.Branch(ctx, ids[1].String(), "xc", BranchOptions{})
 	must(t, err)
@@ -245,7 +245,7 @@ func TestGraceZeroSweepHonoursEveryRef(t *testing.T) {
 	ids := turns(t, a, "x", cr.Root, 5)
 	push(t, a)
 
-	_, err := b.RebuildCatalog(ctx)
+	_, err := b.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
 	_, err = b.Tag(ctx, "b-keeps", ids[0].String())
 	must(t, err)
@@ -269,7 +269,7 @@ func TestGraceZeroSweepHonoursEveryRef(t *testing.T) {
 	if len(pr.Marked) != 2 {
 		t.Fatalf("prune marked %d, want 2 (%s, %s)", len(pr.Marked), ids[4].Short(), ids[5].Short())
 	}
-	_, err = b.RebuildCatalog(ctx) // b learns of a's new checkpoints
+	_, err = b.Rebuilder().RebuildCatalog(ctx) // b learns of a's new checkpoints
 	must(t, err)
 	_, err = b.Tag(ctx, "late", ids[5].String())
 	must(t, err)
@@ -302,7 +302,7 @@ func TestPushReuploadsARefTargetSweptMeanwhile(t *testing.T) {
 	cr := smallSandbox(t, a, "x")
 	ids := turns(t, a, "x", cr.Root, 4)
 	push(t, a)
-	_, err := b.RebuildCatalog(ctx)
+	_, err := b.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
 	_, err = b.Branch(ctx, ids[3].String(), "xc", BranchOptions{})
 	must(t, err)

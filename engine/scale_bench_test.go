@@ -144,7 +144,7 @@ func BenchmarkScaleRebuild(b *testing.B) {
 		stop := peakHeap()
 		b.StartTimer()
 		start := time.Now()
-		rep, err := e.RebuildCatalog(context.Background())
+		rep, err := e.Rebuilder().RebuildCatalog(context.Background())
 		el := time.Since(start)
 		b.StopTimer()
 		must(b, err)

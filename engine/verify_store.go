@@ -221,7 +221,7 @@ func (e *Engine) headInStore(ctx context.Context, name string) (delta.ID, error)
 		if err != nil {
 			return err
 		}
-		sb, err := decodeSandboxObject(oi.Name, data)
+		sb, err := delta.DecodeSandbox(oi.Name, data)
 		if err != nil {
 			return err
 		}

@@ -465,7 +465,7 @@ func (s *Service) Init(ctx context.Context, req InitRequest) (*Initialised, erro
 }
 
 func (s *Service) RebuildCatalog(ctx context.Context, req RebuildRequest) (*Rebuilt, error) {
-	r, err := s.E.RebuildCatalogWith(ctx, engine.RebuildOptions{SkipCorrupt: req.SkipCorrupt, Strict: req.Strict})
+	r, err := s.E.Rebuilder().RebuildCatalogWith(ctx, engine.RebuildOptions{SkipCorrupt: req.SkipCorrupt, Strict: req.Strict})
 	if err != nil {
 		return nil, err
 	}
