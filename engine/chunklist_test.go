@@ -87,7 +87,7 @@ func TestSmallChangeNextToHugeFile(t *testing.T) {
 	if _, err := e.GC(ctx, GCOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.VerifyStore(ctx, ""); err != nil {
+	if _, err := e.Verifier().VerifyStore(ctx, ""); err != nil {
 		t.Fatalf("store-only verify after gc: %v", err)
 	}
 }
@@ -146,7 +146,7 @@ func TestChunkListsSealedPushedRebuilt(t *testing.T) {
 		t.Fatal("no rebuild report")
 	}
 	checkAll(t, f) // refcounts of the rebuilt catalog recounted through the list
-	_, err = f.Verify(ctx, c2.ID.String())
+	_, err = f.Verifier().Verify(ctx, c2.ID.String())
 	must(t, err)
 	br, err := f.Branch(ctx, c2.ID.String(), "copy", BranchOptions{})
 	must(t, err)

@@ -128,7 +128,7 @@ func TestEncryptedBucketHoldsNoPlaintext(t *testing.T) {
 	if out := sh(t, b, "cryptcopy", "cat /proc/[0-9]*/cmdline | tr '\\0' ' '"); !strings.Contains(out, memMark) {
 		t.Fatalf("restored processes do not hold the marker: %q", out)
 	}
-	_, err = b.Verify(ctx, cp.ID.String())
+	_, err = b.Verifier().Verify(ctx, cp.ID.String())
 	must(t, err)
 
 	// A fresh home without the key, and one with another key, fail cleanly.
@@ -191,13 +191,13 @@ func TestRotateKeyRewrapsOnly(t *testing.T) {
 	if _, err := e.rawLocal.Stat(ctx, delta.KeyName(r.OldKey)); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("old key object still there: %v", err)
 	}
-	_, err = e.Verify(ctx, cp.ID.String())
+	_, err = e.Verifier().Verify(ctx, cp.ID.String())
 	must(t, err)
 	home := string(e.home)
 	must(t, e.Close())
 	// The home now needs k2; k1 (through a new home) no longer opens it.
 	o := openEngine(t, home)
-	_, err = o.Verify(ctx, cp.ID.String())
+	_, err = o.Verifier().Verify(ctx, cp.ID.String())
 	must(t, err)
 	must(t, o.Close())
 	x := newEngine(t)

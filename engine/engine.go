@@ -16,6 +16,7 @@ import (
 
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/engine/check"
 	"github.com/turnsnap/turnsnap/engine/content"
 	"github.com/turnsnap/turnsnap/engine/rebuild"
 	"github.com/turnsnap/turnsnap/engine/remote"
@@ -84,6 +85,7 @@ type Engine struct {
 	rem    *remote.Home // the remote side: push, ownership (Remote)
 	// rebuilder rebuilds the catalog from the store (Rebuilder).
 	rebuilder *rebuild.Rebuilder
+	verifier  *check.Verifier // verify, against the catalog or the store
 	// rawLocal and rawRemote are the stores beneath the sealing wrappers
 	// (crypt.go); keys is nil for a plaintext home. plainLocal says the
 	// local store and catalog of an encrypted home are plaintext
@@ -147,6 +149,7 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	e := &Engine{home: h, lock: lock, log: log, atPhase: opts.AtPhase, admit: newAdmission(opts.MaxCheckpoints)}
 	e.rem = e.newRemote()
 	e.rebuilder = e.newRebuilder(log)
+	e.verifier = e.newVerifier()
 	e.commits.Hold = &commitLock{e: e}
 	e.commits.Shared = func(int) { e.phase(PhaseCommitGroup) }
 	e.track.on = opts.TrackChanges

@@ -33,7 +33,7 @@ func TestErrorsNameSubjectOnce(t *testing.T) {
 			_, err := e.Rollback(ctx, "agent", "123456789abc", RollbackOptions{})
 			return err
 		}()},
-		{"verify of a missing tag", `"nosuchtag"`, func() error { _, err := e.Verify(ctx, "nosuchtag"); return err }()},
+		{"verify of a missing tag", `"nosuchtag"`, func() error { _, err := e.Verifier().Verify(ctx, "nosuchtag"); return err }()},
 		{"forget of a missing sandbox", "agnet", func() error {
 			_, err := e.Forget(ctx, ForgetOptions{Sandbox: "agnet", Policy: RetentionPolicy{KeepLast: 1}})
 			return err

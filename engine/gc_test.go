@@ -60,7 +60,7 @@ func TestPruneThenGCReclaimsOnlyDeadPacks(t *testing.T) {
 		t.Fatalf("store has %d objects after prune+gc, had %d", n, before)
 	}
 	for _, id := range []delta.ID{ids[1], ids[3], ids[4]} {
-		if _, err := e.Verify(ctx, id.String()); err != nil {
+		if _, err := e.Verifier().Verify(ctx, id.String()); err != nil {
 			t.Fatalf("kept checkpoint %s after gc: %v", id.Short(), err)
 		}
 	}
@@ -241,7 +241,7 @@ func hostLoop(ctx context.Context, e *Engine, name, root string, seed int64) err
 	// Every checkpoint this host kept still verifies against what exists.
 	return e.view(ctx, func(tx *catalog.Tx) error {
 		return tx.ForEachCheckpoint(func(cp *delta.Checkpoint) error {
-			if _, err := e.Verify(ctx, cp.ID.String()); err != nil {
+			if _, err := e.Verifier().Verify(ctx, cp.ID.String()); err != nil {
 				return fmt.Errorf("%s: kept checkpoint %s: %w", name, cp.ID.Short(), err)
 			}
 			return nil

@@ -26,7 +26,7 @@ func TestVerifyNamesEveryCorruptObject(t *testing.T) {
 	agentTurn(t, cr.Root)
 	c, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
-	rep, err := e.Verify(ctx, c.ID.String())
+	rep, err := e.Verifier().Verify(ctx, c.ID.String())
 	must(t, err)
 	// The record, the base import's pack and this turn's pack at least.
 	if len(rep.Objects) < 3 || rep.Chunks == 0 || rep.Trees == 0 {
@@ -40,7 +40,7 @@ func TestVerifyNamesEveryCorruptObject(t *testing.T) {
 			bad := append([]byte(nil), orig...)
 			bad[at] ^= 0x01
 			must(t, os.WriteFile(p, bad, 0o600))
-			_, err := e.Verify(ctx, c.ID.String())
+			_, err := e.Verifier().Verify(ctx, c.ID.String())
 			if err == nil || !strings.Contains(err.Error(), obj) {
 				t.Errorf("byte %d of %s flipped: verify said %v, want an error naming the object", at, obj, err)
 			}
@@ -50,7 +50,7 @@ func TestVerifyNamesEveryCorruptObject(t *testing.T) {
 		}
 		must(t, os.WriteFile(p, orig, 0o600))
 	}
-	if _, err := e.Verify(ctx, c.ID.String()); err != nil {
+	if _, err := e.Verifier().Verify(ctx, c.ID.String()); err != nil {
 		t.Fatalf("verify after repairing every object: %v", err)
 	}
 	// A corrupt chunk is also caught on the restore path, naming the pack.
@@ -151,7 +151,7 @@ func TestCatalogRebuildKeepsLineage(t *testing.T) {
 	if got := refcounts(t, e, blobs); fmt.Sprint(got) != fmt.Sprint(wantRefs) {
 		t.Fatalf("refcounts after rebuild differ from those maintained by commits")
 	}
-	if _, err := e.Verify(ctx, c1.ID.String()); err != nil {
+	if _, err := e.Verifier().Verify(ctx, c1.ID.String()); err != nil {
 		t.Fatal(err)
 	}
 	checkAll(t, e)

@@ -149,7 +149,7 @@ func TestKeyedIDsPerKey(t *testing.T) {
 	}
 	_, err = c.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
-	_, err = c.Verify(ctx, cps[a].String())
+	_, err = c.Verifier().Verify(ctx, cps[a].String())
 	must(t, err)
 	br, err := c.Branch(ctx, cps[a].String(), "copy", BranchOptions{})
 	must(t, err)
@@ -269,7 +269,7 @@ func TestEncryptedHomeBeforeKeyedIDsKeepsPlainIDs(t *testing.T) {
 	if o.ids().Keyed() {
 		t.Fatal("reopening switched the home to keyed IDs")
 	}
-	_, err = o.Verify(ctx, cp.ID.String())
+	_, err = o.Verifier().Verify(ctx, cp.ID.String())
 	must(t, err)
 	br, err := o.Branch(ctx, cp.ID.String(), "copy", BranchOptions{})
 	must(t, err)

@@ -143,7 +143,7 @@ func TestTwoHomesNeverCoOwnASandbox(t *testing.T) {
 			t.Fatalf("third home: x's head is %s, want b's %s", s.Head.ID.Short(), cb.ID.Short())
 		}
 	}
-	if _, err := c.Verify(ctx, cb.ID.String()); err != nil {
+	if _, err := c.Verifier().Verify(ctx, cb.ID.String()); err != nil {
 		t.Fatalf("third home: verify b's head: %v", err)
 	}
 }

@@ -70,7 +70,7 @@ func (hp *healthyPair) checkRestored(t *testing.T, e *Engine, branch bool) {
 		if heads[name] != hp.heads[i].ID {
 			t.Fatalf("sandbox %s after the rebuild: head %s, want %s (sandboxes %v)", name, heads[name].Short(), hp.heads[i].ID.Short(), heads)
 		}
-		if _, err := e.Verify(ctx, hp.heads[i].ID.String()); err != nil {
+		if _, err := e.Verifier().Verify(ctx, hp.heads[i].ID.String()); err != nil {
 			t.Fatalf("verify of %s's head after the rebuild: %v", name, err)
 		}
 		if !branch {
@@ -512,7 +512,7 @@ func TestRebuildAfterAPruneElsewhereLeftAHeadDangling(t *testing.T) {
 		t.Fatalf("restored %d checkpoints of x, the bucket holds %d records", len(restored), len(inBucket))
 	}
 	for i, id := range restored {
-		_, err := d.Verify(ctx, id.String())
+		_, err := d.Verifier().Verify(ctx, id.String())
 		must(t, err)
 		br, err := d.Branch(ctx, id.String(), fmt.Sprintf("r%d", i), BranchOptions{})
 		must(t, err)

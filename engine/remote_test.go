@@ -99,7 +99,7 @@ func TestRestoreAnywhereFromTheBucket(t *testing.T) {
 	if got := mergedState(t, br.Root); got != want {
 		t.Fatalf("branch on the second host hashes to %s, want %s", got.Short(), want.Short())
 	}
-	if _, err := b.Verify(ctx, c2.ID.String()); err != nil {
+	if _, err := b.Verifier().Verify(ctx, c2.ID.String()); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -217,7 +217,7 @@ func checkBucket(t *testing.T, srv *miniotest.Server, bucket string) {
 		t.Fatal("bucket holds no records")
 	}
 	for _, id := range ids {
-		if _, err := f.Verify(ctx, id.String()); err != nil {
+		if _, err := f.Verifier().Verify(ctx, id.String()); err != nil {
 			t.Errorf("record %s in the bucket does not verify: %v", id.Short(), err)
 		}
 	}

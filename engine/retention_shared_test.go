@@ -68,7 +68,7 @@ func (sb *sharedBucket) restorable(t *testing.T, want int) {
 	t.Helper()
 	ctx := context.Background()
 	c := sb.home(t)
-	if _, err := c.VerifyStore(ctx, ""); err != nil {
+	if _, err := c.Verifier().VerifyStore(ctx, ""); err != nil {
 		t.Fatalf("verify --store-only of the bucket from a fresh home: %v", err)
 	}
 	rep, err := c.Rebuilder().RebuildCatalog(ctx)
@@ -81,7 +81,7 @@ func (sb *sharedBucket) restorable(t *testing.T, want int) {
 	sbs, err := c.ListSandboxes(ctx)
 	must(t, err)
 	for _, si := range sbs {
-		if _, err := c.Verify(ctx, si.Head.ID.String()); err != nil {
+		if _, err := c.Verifier().Verify(ctx, si.Head.ID.String()); err != nil {
 			t.Fatalf("head of %s (%s) from a fresh home: %v", si.Sandbox.Name, si.Head.ID.Short(), err)
 		}
 	}
@@ -152,7 +152,7 @@ func TestPruneKeepsWhatAnotherHomeBranched(t *testing.T) {
 			if !remoteRecords(t, a)[ids[3].String()] {
 				t.Fatalf("record %s, b's head, is gone from the bucket", ids[3].Short())
 			}
-			if _, err := a.VerifyStore(ctx, ""); err != nil {
+			if _, err := a.Verifier().VerifyStore(ctx, ""); err != nil {
 				t.Fatalf("a's verify --store-only after prune and gc: %v", err)
 			}
 			sb.restorable(t, 2)
@@ -196,7 +196,7 @@ func TestSweepSparesABranchMadeAfterTheMark(t *testing.T) {
 		t.Fatalf("gc before the grace swept %d records", gr.RecordsSwept)
 	}
 	for _, id := range ids {
-		if _, err := a.Verify(ctx, id.String()); err != nil {
+		if _, err := a.Verifier().Verify(ctx, id.String()); err != nil {
 			t.Fatalf("marked checkpoint %s after gc: %v", id.Short(), err)
 		}
 	}

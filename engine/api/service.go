@@ -351,7 +351,7 @@ func (s *Service) branchBackend(req BranchRequest) (string, btrfs.Options, error
 }
 
 func (s *Service) Verify(ctx context.Context, ref string) (*Verified, error) {
-	r, err := s.E.Verify(ctx, ref)
+	r, err := s.E.Verifier().Verify(ctx, ref)
 	if err != nil {
 		return nil, err
 	}
@@ -360,7 +360,7 @@ func (s *Service) Verify(ctx context.Context, ref string) (*Verified, error) {
 }
 
 func (s *Service) VerifyStore(ctx context.Context, req StoreVerifyRequest) (*StoreVerified, error) {
-	r, err := s.E.VerifyStore(ctx, req.Checkpoint)
+	r, err := s.E.Verifier().VerifyStore(ctx, req.Checkpoint)
 	if err != nil {
 		return nil, err
 	}
