@@ -34,7 +34,7 @@ func (e *Engine) Rebuilder() *rebuild.Rebuilder { return e.rebuilder }
 
 // newRebuilder makes this home's Rebuilder. A rebuild replaces the
 // catalog; the engine's blob reader follows it.
-func (e *Engine) newRebuilder(log *slog.Logger) *rebuild.Rebuilder {
+func newRebuilder(e *Engine, log *slog.Logger) *rebuild.Rebuilder {
 	return rebuild.New(rebuild.Deps{
 		CatalogDir:        e.home.catalogDir(),
 		Exclusive:         e.exclusive,

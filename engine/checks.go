@@ -22,7 +22,7 @@ type (
 func (e *Engine) Verifier() *check.Verifier { return e.verifier }
 
 // newVerifier makes this home's Verifier.
-func (e *Engine) newVerifier() *check.Verifier {
+func newVerifier(e *Engine) *check.Verifier {
 	return check.NewVerifier(check.Deps{
 		Shared:  e.shared,
 		Phase:   func(name string) { e.progressPhase(name, 0) },

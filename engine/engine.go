@@ -147,9 +147,9 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{home: h, lock: lock, log: log, atPhase: opts.AtPhase, admit: newAdmission(opts.MaxCheckpoints)}
-	e.rem = e.newRemote()
-	e.rebuilder = e.newRebuilder(log)
-	e.verifier = e.newVerifier()
+	e.rem = newRemote(e)
+	e.rebuilder = newRebuilder(e, log)
+	e.verifier = newVerifier(e)
 	e.commits.Hold = &commitLock{e: e}
 	e.commits.Shared = func(int) { e.phase(PhaseCommitGroup) }
 	e.track.on = opts.TrackChanges

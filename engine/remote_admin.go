@@ -37,7 +37,7 @@ func (e *Engine) Remote() *remote.Home { return e.rem }
 
 // newRemote makes the remote side of this home, reading the engine's
 // stores, catalog and config as they are at each call.
-func (e *Engine) newRemote() *remote.Home {
+func newRemote(e *Engine) *remote.Home {
 	return remote.New(remote.Deps{
 		Dir:     string(e.home),
 		Stores:  func() (upload.Store, upload.Store) { return e.local, e.remote },

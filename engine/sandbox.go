@@ -243,7 +243,7 @@ type sandboxState struct {
 	sb    *delta.Sandbox
 	head  *delta.Checkpoint
 	root  rootfs.Root
-	owner delta.Owner // who may write its head (owner.go)
+	owner delta.Owner // who may write its head (engine/remote/owner.go)
 	// interrupted is what an interrupted operation left (intent.go), as
 	// far as the load did not finish it: nil when nothing.
 	interrupted *Interrupted
