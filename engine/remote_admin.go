@@ -25,9 +25,6 @@ type (
 	LastPush     = remote.LastPush
 )
 
-// errNoRemote is returned by remote operations on a home without a remote.
-var errNoRemote = remote.ErrNoRemote
-
 // backfillSandbox attributes uploads that belong to no sandbox in particular.
 const backfillSandbox = remote.BackfillSandbox
 

@@ -7,7 +7,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 	"slices"
 	"strings"
@@ -22,72 +21,6 @@ import (
 	"github.com/turnsnap/turnsnap/upload"
 )
 
-// Report counts what a catalog rebuild found in the store and names
-// what it left out.
-type Report struct {
-	Packs       int
-	Blobs       int
-	Checkpoints int
-	Sandboxes   int
-	Refs        int
-	Duration    time.Duration
-	// Skipped lists every object the rebuild left out, each with the class
-	// of its fault. The rebuild is partial when it is not empty: everything
-	// else (every sandbox and checkpoint that is whole) was restored.
-	Skipped []SkippedObject
-	// Corrupt is the part of Skipped whose class is SkipCorrupt, as it was
-	// reported before Skipped existed.
-	Corrupt []CorruptObject
-}
-
-// Partial says whether the rebuild left anything out.
-func (r *Report) Partial() bool { return len(r.Skipped) > 0 }
-
-// SkipClass is why a rebuild left an object out.
-type SkipClass string
-
-const (
-	// SkipDangling: a head or tag names a checkpoint the store lacks (a
-	// prune on another home deleted it, or the ref was never valid).
-	SkipDangling SkipClass = "dangling"
-	// SkipMissingObjects: an object is readable but something it needs is
-	// in no pack (a record whose trees or chunks are gone), or a ref names
-	// such a record, or a sandbox description has no head.
-	SkipMissingObjects SkipClass = "missing_objects"
-	// SkipCorrupt: the object does not decode, breaks a rule of the format
-	// (a bad pack header, a declared size over a limit, a wrong hash, a
-	// record or head that contradicts its sandbox), or names an object that
-	// does.
-	SkipCorrupt SkipClass = "corrupt"
-)
-
-// SkippedObject is one object a rebuild left out.
-type SkippedObject struct {
-	Name  string    `json:"name"` // the store object, as named in the store
-	Class SkipClass `json:"class"`
-	// Sandbox is the label (on the home that wrote it) of the sandbox the
-	// object belongs to, when the rebuild could tell.
-	Sandbox string `json:"sandbox,omitempty"`
-	Error   string `json:"error"`
-}
-
-// Options configures a catalog rebuild.
-type Options struct {
-	// SkipCorrupt is what a rebuild does anyway (skip each object it cannot
-	// use and report it); it stays for callers written when failing was
-	// the default.
-	SkipCorrupt bool
-	// Strict fails the rebuild at the first object it would skip, naming it
-	// (ErrCorrupt), and keeps the old catalog.
-	Strict bool
-}
-
-// CorruptObject is an object a rebuild could not use.
-type CorruptObject struct {
-	Name  string `json:"name"`
-	Error string `json:"error"`
-}
-
 // rebuildMarker is written into a fully built replacement catalog; only a
 // marked one may take the live catalog's place (see Finish).
 const rebuildMarker = "REBUILD-COMPLETE"
@@ -96,50 +29,6 @@ const rebuildMarker = "REBUILD-COMPLETE"
 // catalogDir.
 func Dir(catalogDir string) string        { return catalogDir + ".new" }
 func retiredDir(catalogDir string) string { return catalogDir + ".old" }
-
-// Deps is what a Rebuilder needs of the engine. The catalog and stores are
-// function values: a rebuild replaces the catalog (SetCatalog), and setting
-// up a remote or keys replaces the stores.
-type Deps struct {
-	CatalogDir string
-	// Exclusive holds the engine's maintenance lock until release: a
-	// rebuild swaps the catalog under every operation.
-	Exclusive func() (release func())
-	// Phase names the long operation running, for progress reports.
-	Phase func(name string)
-	// RefuseIfEncrypted fails in a home whose key is not loaded.
-	RefuseIfEncrypted func(ctx context.Context) error
-	// CatalogOptions are the options a writable catalog opens with.
-	CatalogOptions func() catalog.Options
-	// Catalog is the live catalog, nil while it is swapped; SetCatalog
-	// replaces it (the engine remakes its blob reader on the new one).
-	Catalog    func() *catalog.Catalog
-	SetCatalog func(*catalog.Catalog)
-	// Stores are the engine's store (local in front of remote), the local
-	// one and the remote one (nil without a remote).
-	Stores func() (store, local, remote upload.Store)
-	// Keys reads this home's sealed objects (nil in a plaintext home).
-	Keys func() *delta.Keys
-	// Blobs reads blobs at given locations (content.Repo).
-	Blobs func() Locations
-	// BlobsOf reads trees through another catalog's blob index.
-	BlobsOf func(cat *catalog.Catalog) delta.BlobLoader
-	// Syncer is the remote side as it is now, to backfill the upload queue.
-	Syncer func() *remote.Syncer
-	HomeID func() string
-	Log    *slog.Logger
-}
-
-// Locations reads blobs at the locations given, not the catalog's.
-type Locations interface {
-	LoaderFor(locs map[delta.ID]catalog.BlobLocation) delta.BlobLoader
-}
-
-// Rebuilder rebuilds one home's catalog.
-type Rebuilder struct{ d Deps }
-
-// New makes a home's Rebuilder.
-func New(d Deps) *Rebuilder { return &Rebuilder{d: d} }
 
 // RebuildCatalog recreates the catalog from the object store alone: blob
 // locations from pack headers, checkpoints from records, sandboxes and refs
@@ -278,76 +167,6 @@ func (rb *run) readSmall(ctx context.Context, name string, max int64) (data []by
 		return nil, false, rb.bad(name, err)
 	}
 	return nil, false, err
-}
-
-// skipClassOf maps an object fault to its class.
-func skipClassOf(err error) SkipClass {
-	if errors.Is(err, errdefs.ErrCorrupt) {
-		return SkipCorrupt
-	}
-	return SkipMissingObjects
-}
-
-// rebuildBatch bounds the writes of one catalog transaction in a rebuild
-// (Badger refuses a transaction past its size limit).
-const rebuildBatch = 1000
-
-// packIndex is the blob index a rebuild makes from pack headers. A blob in
-// several packs (two hosts stored it, or a hostile pack claims its ID) is
-// located in the oldest pack, which held it before any later copy could
-// shadow it; a tree whose chosen copy does not verify is read from the
-// others (see treeLoader).
-type packIndex struct {
-	locs  map[delta.ID]catalog.BlobLocation
-	mtime map[delta.ID]time.Time // of the pack locs names, for blobs seen twice
-	alts  map[delta.ID][]catalog.BlobLocation
-}
-
-func (x *packIndex) add(id delta.ID, loc catalog.BlobLocation, mod time.Time) {
-	old, dup := x.locs[id]
-	if !dup {
-		x.locs[id] = loc
-		x.mtime[id] = mod
-		return
-	}
-	if mod.Before(x.mtime[id]) {
-		x.locs[id], x.mtime[id] = loc, mod
-		loc = old
-	}
-	x.alts[id] = append(x.alts[id], loc)
-}
-
-// treeLoader reads blobs at the index's locations only (a blob in no pack
-// is not found, whatever an old catalog says), and a tree whose copy does
-// not verify from the other copies, keeping the first that does and
-// reporting the pack of the bad copy (badCopy).
-type treeLoader struct {
-	blobs   Locations
-	x       *packIndex
-	badCopy func(pack string, err error) error
-}
-
-func (l treeLoader) LoadBlob(ctx context.Context, t delta.BlobType, id delta.ID) ([]byte, error) {
-	loc, ok := l.x.locs[id]
-	if !ok {
-		return nil, fmt.Errorf("blob %s is in no pack: %w", id.Short(), errdefs.ErrNotFound)
-	}
-	data, err := l.blobs.LoaderFor(map[delta.ID]catalog.BlobLocation{id: loc}).LoadBlob(ctx, t, id)
-	if err == nil || !check.Skippable(err) {
-		return data, err
-	}
-	for i, alt := range l.x.alts[id] {
-		d, aerr := l.blobs.LoaderFor(map[delta.ID]catalog.BlobLocation{id: alt}).LoadBlob(ctx, t, id)
-		if aerr == nil {
-			l.x.alts[id][i] = loc
-			l.x.locs[id] = alt
-			if err := l.badCopy(delta.PackName(loc.Pack), fmt.Errorf("%w; the copy in %s is used", err, delta.PackName(alt.Pack))); err != nil {
-				return nil, err
-			}
-			return d, nil
-		}
-	}
-	return nil, err
 }
 
 func (rb *run) fill(ctx context.Context, cat *catalog.Catalog) error {
