@@ -93,15 +93,39 @@ func (tx *Tx) ResolveCheckpoint(s string) (delta.ID, error) {
 }
 
 // ResolveCheckpointFor turns what a user typed into a checkpoint ID, for a
-// command about sandbox ("" if it names none): a full hex ID, a hex prefix
-// of at least MinPrefixLen digits that matches exactly one checkpoint, a
-// tag name, HEAD (sandbox's head) or NAME@HEAD (sandbox NAME's head), and
-// any of them followed by ~N: N first parents before it. A hex string that
-// matches a checkpoint wins over a tag of the same name; a tag is tried
-// when s is not hex or matches none. An ambiguous prefix or a malformed
-// reference is ErrInvalid; nothing found, or a walk that reaches the first
-// checkpoint or a pruned one, is ErrNotFound.
+// command about sandbox ("" if it names none), by the rules of
+// ResolveIn.
 func (tx *Tx) ResolveCheckpointFor(sandbox, s string) (delta.ID, error) {
+	return ResolveIn(txRefs{tx}, sandbox, s)
+}
+
+// RefSource is where ResolveIn looks a reference's parts up: the catalog
+// (a transaction), or a store read without one (verify --store-only).
+// Both resolve by the same rules because only these lookups differ.
+type RefSource interface {
+	// Head is the head of the sandbox labelled name; ErrNotFound if
+	// there is no such sandbox.
+	Head(name string) (delta.ID, error)
+	// Tag is the checkpoint tag name names; found is false when there is
+	// no such tag.
+	Tag(name string) (id delta.ID, found bool, err error)
+	// MatchPrefix returns up to limit IDs of checkpoints whose hex form
+	// starts with the lowercase hex string p.
+	MatchPrefix(p string, limit int) ([]delta.ID, error)
+	// Checkpoint reads a checkpoint; ErrNotFound if it is not there.
+	Checkpoint(id delta.ID) (*delta.Checkpoint, error)
+}
+
+// ResolveIn turns what a user typed into a checkpoint ID, for a command
+// about sandbox ("" if it names none), looking it up in src: a full hex
+// ID, a hex prefix of at least MinPrefixLen digits that matches exactly one
+// checkpoint, a tag name, HEAD (sandbox's head) or NAME@HEAD (sandbox
+// NAME's head), and any of them followed by ~N: N first parents before it.
+// A hex string that matches a checkpoint wins over a tag of the same name;
+// a tag is tried when s is not hex or matches none. An ambiguous prefix or
+// a malformed reference is ErrInvalid; nothing found, or a walk that
+// reaches the first checkpoint or a pruned one, is ErrNotFound.
+func ResolveIn(src RefSource, sandbox, s string) (delta.ID, error) {
 	r, err := ParseCheckpointRef(s)
 	if err != nil {
 		return delta.ID{}, err
@@ -116,21 +140,40 @@ func (tx *Tx) ResolveCheckpointFor(sandbox, s string) (delta.ID, error) {
 			return delta.ID{}, fmt.Errorf("checkpoint %q: this command names no sandbox whose HEAD it could be: write NAME@HEAD: %w",
 				s, errdefs.ErrInvalid)
 		}
-		if id, err = tx.GetRef(delta.RefHead, name); err != nil {
+		if id, err = src.Head(name); err != nil {
 			if errors.Is(err, errdefs.ErrNotFound) {
 				return delta.ID{}, fmt.Errorf("checkpoint %q: no sandbox %s: %w", s, name, errdefs.ErrNotFound)
 			}
 			return delta.ID{}, fmt.Errorf("checkpoint %q: %w", s, err)
 		}
-	} else if id, err = tx.resolveBase(r.Base); err != nil {
+	} else if id, err = resolveBase(src, r.Base); err != nil {
 		return delta.ID{}, err
 	}
-	return WalkBack(s, id, r.Back, func(id delta.ID) (*delta.Checkpoint, error) {
-		if err := tx.ctx.Err(); err != nil {
-			return nil, err
-		}
-		return tx.Checkpoint(id)
-	})
+	return WalkBack(s, id, r.Back, src.Checkpoint)
+}
+
+// txRefs is the catalog as a RefSource.
+type txRefs struct{ tx *Tx }
+
+func (t txRefs) Head(name string) (delta.ID, error) { return t.tx.GetRef(delta.RefHead, name) }
+
+func (t txRefs) Tag(name string) (delta.ID, bool, error) {
+	id, err := t.tx.GetRef(delta.RefTag, name)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return delta.ID{}, false, nil
+	}
+	return id, err == nil, err
+}
+
+func (t txRefs) MatchPrefix(p string, limit int) ([]delta.ID, error) {
+	return t.tx.matchPrefix(p, limit)
+}
+
+func (t txRefs) Checkpoint(id delta.ID) (*delta.Checkpoint, error) {
+	if err := t.tx.ctx.Err(); err != nil {
+		return nil, err
+	}
+	return t.tx.Checkpoint(id)
 }
 
 // WalkBack returns the checkpoint n first parents before id (ref is what
@@ -163,10 +206,10 @@ func WalkBack(ref string, id delta.ID, n int, get func(delta.ID) (*delta.Checkpo
 }
 
 // resolveBase resolves an ID, a prefix or a tag.
-func (tx *Tx) resolveBase(s string) (delta.ID, error) {
+func resolveBase(src RefSource, s string) (delta.ID, error) {
 	hexLike := isHex(s) && len(s) <= 2*len(delta.ID{})
 	if hexLike && len(s) >= MinPrefixLen {
-		matches, err := tx.matchPrefix(strings.ToLower(s), maxCandidates+1)
+		matches, err := src.MatchPrefix(strings.ToLower(s), maxCandidates+1)
 		if err != nil {
 			return delta.ID{}, fmt.Errorf("resolve checkpoint %q: %w", s, err)
 		}
@@ -174,16 +217,16 @@ func (tx *Tx) resolveBase(s string) (delta.ID, error) {
 		case len(matches) == 1:
 			return matches[0], nil
 		case len(matches) > 1:
-			return delta.ID{}, tx.ambiguous(s, matches)
+			return delta.ID{}, ambiguous(src, s, matches)
 		}
 	}
 	if delta.ValidRefName(s) {
-		id, err := tx.GetRef(delta.RefTag, s)
-		if err == nil {
-			return id, nil
-		}
-		if !errors.Is(err, errdefs.ErrNotFound) {
+		id, found, err := src.Tag(s)
+		if err != nil {
 			return delta.ID{}, err
+		}
+		if found {
+			return id, nil
 		}
 	}
 	if hexLike && len(s) < MinPrefixLen {
@@ -240,7 +283,7 @@ func (tx *Tx) matchPrefix(p string, limit int) ([]delta.ID, error) {
 // ambiguous builds the error for a prefix with several matches, naming each
 // candidate with enough digits to tell them apart and its sandbox and turn,
 // which is usually what the user recognises.
-func (tx *Tx) ambiguous(s string, matches []delta.ID) error {
+func ambiguous(src RefSource, s string, matches []delta.ID) error {
 	digits := min(max(delta.ShortLen, len(s)+4), 2*len(delta.ID{}))
 	var b strings.Builder
 	for i, id := range matches {
@@ -252,7 +295,7 @@ func (tx *Tx) ambiguous(s string, matches []delta.ID) error {
 			b.WriteString(", ")
 		}
 		b.WriteString(id.String()[:digits])
-		if cp, err := tx.Checkpoint(id); err == nil {
+		if cp, err := src.Checkpoint(id); err == nil {
 			fmt.Fprintf(&b, " (%s turn %d)", cp.Sandbox, cp.Turn)
 		}
 	}

@@ -84,7 +84,7 @@ func (e *Engine) BranchMany(ctx context.Context, ref string, names []string, o B
 	if o.Backend == "" {
 		o.Backend = cp.Backend
 		// Never another home's pool (foreign.go).
-		if cfg, err = e.branchConfig(ctx, cp); err != nil {
+		if cfg, err = e.rem.BranchConfig(ctx, cp); err != nil {
 			return nil, fmt.Errorf("%s: %w", subject, err)
 		}
 	} else if cfg, err = backendConfig(o.Backend, o.Btrfs); err != nil {
@@ -227,7 +227,7 @@ func (e *Engine) publishSandboxes(ctx context.Context, sbs []*delta.Sandbox, hea
 			if err := tx.PutSandbox(sb); err != nil {
 				return err
 			}
-			if err := e.queueRef(tx, sb.Name, delta.RefName(delta.RefHead, sb.Key()), head, delta.SandboxName(sb.Key())); err != nil {
+			if err := e.rem.QueueRef(tx, sb.Name, delta.RefName(delta.RefHead, sb.Key()), head, delta.SandboxName(sb.Key())); err != nil {
 				return err
 			}
 			if err := tx.SetRef(delta.Ref{Kind: delta.RefHead, Name: sb.Name, Target: head}); err != nil {

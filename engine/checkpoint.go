@@ -93,7 +93,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	if err != nil {
 		return nil, err
 	}
-	if err := e.mustOwn(st); err != nil {
+	if err := e.rem.MustOwn(st.sb, st.owner, st.head.ID); err != nil {
 		return nil, err
 	}
 	if err := st.root.Mount(ctx); err != nil {

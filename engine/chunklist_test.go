@@ -88,7 +88,7 @@ func TestSmallChangeNextToHugeFile(t *testing.T) {
 	if _, err := e.Retention().GC(ctx, retention.GCOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.VerifyStore(ctx, ""); err != nil {
+	if _, err := e.Verifier().VerifyStore(ctx, ""); err != nil {
 		t.Fatalf("store-only verify after gc: %v", err)
 	}
 }
@@ -135,19 +135,19 @@ func TestChunkListsSealedPushedRebuilt(t *testing.T) {
 		t.Fatalf("the file does not name a chunk list: %+v", en)
 	}
 	checkAll(t, e)
-	_, err = e.Push(ctx, PushOptions{})
+	_, err = e.Remote().Push(ctx, PushOptions{})
 	must(t, err)
 
 	f := newEngine(t)
 	_, err = f.Setup(ctx, SetupOptions{Remote: &rc, KeyFile: key})
 	must(t, err)
-	rep, err := f.RebuildCatalog(ctx)
+	rep, err := f.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
 	if rep == nil {
 		t.Fatal("no rebuild report")
 	}
 	checkAll(t, f) // refcounts of the rebuilt catalog recounted through the list
-	_, err = f.Verify(ctx, c2.ID.String())
+	_, err = f.Verifier().Verify(ctx, c2.ID.String())
 	must(t, err)
 	br, err := f.Branch(ctx, c2.ID.String(), "copy", BranchOptions{})
 	must(t, err)

@@ -70,7 +70,7 @@ func TestFailedCommitKeepsRecordedPacks(t *testing.T) {
 	}
 	e.atPhase = nil
 	ctx = context.Background()
-	if _, err := e.VerifyStore(ctx, ""); err != nil {
+	if _, err := e.Verifier().VerifyStore(ctx, ""); err != nil {
 		t.Fatalf("store-only verify after the failed commit: %v", err)
 	}
 	checkAll(t, e)

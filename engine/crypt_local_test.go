@@ -34,7 +34,7 @@ func TestPlainLocalSealedRemote(t *testing.T) {
 	write(t, filepath.Join(cr.Root, "secret.bin"), secret)
 	cp, err := a.Checkpoint(ctx, "half", CheckpointOptions{})
 	must(t, err)
-	_, err = a.Push(ctx, PushOptions{})
+	_, err = a.Remote().Push(ctx, PushOptions{})
 	must(t, err)
 	home := string(a.home)
 	must(t, a.Close())
@@ -45,7 +45,7 @@ func TestPlainLocalSealedRemote(t *testing.T) {
 		t.Fatalf("marker in plaintext in the bucket: %v", got)
 	}
 	a = openEngine(t, home)
-	_, err = a.Verify(ctx, cp.ID.String())
+	_, err = a.Verifier().Verify(ctx, cp.ID.String())
 	must(t, err)
 	// The choice is made once: a plaintext local store is never sealed later.
 	if _, err := a.Setup(ctx, SetupOptions{KeyFile: key}); !errors.Is(err, errdefs.ErrPrecondition) {
@@ -59,12 +59,12 @@ func TestPlainLocalSealedRemote(t *testing.T) {
 		b := newEngine(t)
 		_, err := b.Setup(ctx, SetupOptions{Remote: &rc, KeyFile: key, PlainLocal: plain})
 		must(t, err)
-		rep, err := b.RebuildCatalog(ctx)
+		rep, err := b.Rebuilder().RebuildCatalog(ctx)
 		must(t, err)
 		if rep.Checkpoints != 2 {
 			t.Fatalf("plaintext-local %v: rebuild found %d checkpoints, want 2", plain, rep.Checkpoints)
 		}
-		_, err = b.Verify(ctx, cp.ID.String())
+		_, err = b.Verifier().Verify(ctx, cp.ID.String())
 		must(t, err)
 		br, err := b.Branch(ctx, cp.ID.String(), "copy", BranchOptions{})
 		must(t, err)

@@ -94,7 +94,7 @@ func TestEncryptedBucketHoldsNoPlaintext(t *testing.T) {
 	if cp.Class != delta.ClassFull {
 		t.Fatalf("turn with a file and a process classed %s", cp.Class)
 	}
-	_, err = a.Push(ctx, PushOptions{})
+	_, err = a.Remote().Push(ctx, PushOptions{})
 	must(t, err)
 	must(t, a.Close()) // flush the catalog before grepping its files
 	for _, m := range []string{fileMark, memMark} {
@@ -113,7 +113,7 @@ func TestEncryptedBucketHoldsNoPlaintext(t *testing.T) {
 	b := newEngine(t)
 	_, err = b.Setup(ctx, SetupOptions{Remote: &rc, KeyFile: key})
 	must(t, err)
-	rep, err := b.RebuildCatalog(ctx)
+	rep, err := b.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
 	if rep.Checkpoints != 2 {
 		t.Fatalf("rebuild from the sealed bucket found %d checkpoints, want 2", rep.Checkpoints)
@@ -129,7 +129,7 @@ func TestEncryptedBucketHoldsNoPlaintext(t *testing.T) {
 	if out := sh(t, b, "cryptcopy", "cat /proc/[0-9]*/cmdline | tr '\\0' ' '"); !strings.Contains(out, memMark) {
 		t.Fatalf("restored processes do not hold the marker: %q", out)
 	}
-	_, err = b.Verify(ctx, cp.ID.String())
+	_, err = b.Verifier().Verify(ctx, cp.ID.String())
 	must(t, err)
 
 	// A fresh home without the key, and one with another key, fail cleanly.
@@ -162,7 +162,7 @@ func TestEncryptedBucketHoldsNoPlaintext(t *testing.T) {
 	write(t, filepath.Join(pr.Root, "secret.bin"), incompressible(plainMark))
 	_, err = p.Checkpoint(ctx, "p", CheckpointOptions{})
 	must(t, err)
-	_, err = p.Push(ctx, PushOptions{})
+	_, err = p.Remote().Push(ctx, PushOptions{})
 	must(t, err)
 	if len(filesHolding(t, srv.Dir, []byte(plainMark))) == 0 {
 		t.Fatal("control: a plaintext bucket does not show the marker either; the grep proves nothing")
@@ -193,13 +193,13 @@ func TestRotateKeyRewrapsOnly(t *testing.T) {
 	if _, err := rawLocal.Stat(ctx, delta.KeyName(r.OldKey)); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("old key object still there: %v", err)
 	}
-	_, err = e.Verify(ctx, cp.ID.String())
+	_, err = e.Verifier().Verify(ctx, cp.ID.String())
 	must(t, err)
 	home := string(e.home)
 	must(t, e.Close())
 	// The home now needs k2; k1 (through a new home) no longer opens it.
 	o := openEngine(t, home)
-	_, err = o.Verify(ctx, cp.ID.String())
+	_, err = o.Verifier().Verify(ctx, cp.ID.String())
 	must(t, err)
 	must(t, o.Close())
 	x := newEngine(t)

@@ -17,8 +17,11 @@ import (
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/engine/admission"
+	"github.com/turnsnap/turnsnap/engine/check"
 	"github.com/turnsnap/turnsnap/engine/content"
 	"github.com/turnsnap/turnsnap/engine/keys"
+	"github.com/turnsnap/turnsnap/engine/rebuild"
+	"github.com/turnsnap/turnsnap/engine/remote"
 	"github.com/turnsnap/turnsnap/engine/retention"
 	"github.com/turnsnap/turnsnap/internal/rootfs"
 	"github.com/turnsnap/turnsnap/overlay"
@@ -84,6 +87,10 @@ type Engine struct {
 	// the keys put over the raw stores (engine/keys).
 	local  upload.Store
 	remote upload.Store // nil without a remote
+	rem    *remote.Home // the remote side: push, ownership (Remote)
+	// rebuilder rebuilds the catalog from the store (Rebuilder).
+	rebuilder *rebuild.Rebuilder
+	verifier  *check.Verifier // verify, against the catalog or the store
 	// keys owns the home's encryption: its data key and the raw stores
 	// beneath the sealing wrappers (engine/keys).
 	keys   *keys.Ring
@@ -142,6 +149,9 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{home: h, lock: lock, log: log, atPhase: opts.AtPhase, admit: admission.New(opts.MaxCheckpoints)}
+	e.rem = newRemote(e)
+	e.rebuilder = newRebuilder(e, log)
+	e.verifier = newVerifier(e)
 	e.commits.Hold = &commitLock{e: e}
 	e.commits.Shared = func(int) { e.phase(PhaseCommitGroup) }
 	e.track.on = opts.TrackChanges
@@ -172,7 +182,7 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	}
 	var rawRemote upload.Store
 	if rc := e.config.Remote; rc != nil {
-		rawRemote = &lazyStore{connect: func(ctx context.Context) (upload.Store, error) {
+		rawRemote = remote.Lazy(func(ctx context.Context) (upload.Store, error) {
 			cfg, err := rc.s3Config()
 			if err != nil {
 				return nil, err
@@ -182,7 +192,7 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 				return nil, fmt.Errorf("remote %s: %w", rc.URL, err)
 			}
 			return upload.WithRetry(s, upload.RetryPolicy{Logger: log}), nil
-		}}
+		})
 	}
 	e.keys = keys.New(keys.Deps{Home: string(h), Local: rawLocal, Remote: rawRemote, Config: e.config.Encryption,
 		Save: func(ec *keys.Config) error {
@@ -223,7 +233,7 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 		if err := e.checkRoom(0, 0); err != nil {
 			return nil, err
 		}
-		if err := finishRebuild(h); err != nil {
+		if err := rebuild.Finish(h.catalogDir()); err != nil {
 			return nil, err
 		}
 	}

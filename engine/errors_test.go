@@ -34,7 +34,7 @@ func TestErrorsNameSubjectOnce(t *testing.T) {
 			_, err := e.Rollback(ctx, "agent", "123456789abc", RollbackOptions{})
 			return err
 		}()},
-		{"verify of a missing tag", `"nosuchtag"`, func() error { _, err := e.Verify(ctx, "nosuchtag"); return err }()},
+		{"verify of a missing tag", `"nosuchtag"`, func() error { _, err := e.Verifier().Verify(ctx, "nosuchtag"); return err }()},
 		{"forget of a missing sandbox", "agnet", func() error {
 			_, err := e.Retention().Forget(ctx, retention.ForgetOptions{Sandbox: "agnet", Policy: retention.Policy{KeepLast: 1}})
 			return err

@@ -319,7 +319,7 @@ func TestVerifyChecksTheFrozenLayer(t *testing.T) {
 	c, err := e.Resolve(ctx, res.ID.String())
 	must(t, err)
 	e.WaitFreezes()
-	rep, err := e.Verify(ctx, c.ID.String())
+	rep, err := e.Verifier().Verify(ctx, c.ID.String())
 	must(t, err)
 	if !rep.FrozenChecked {
 		t.Fatal("verify did not check the frozen layer")
@@ -329,7 +329,7 @@ func TestVerifyChecksTheFrozenLayer(t *testing.T) {
 	must(t, err)
 	data[0] ^= 1
 	must(t, os.WriteFile(layer, data, 0o644))
-	_, err = e.Verify(ctx, c.ID.String())
+	_, err = e.Verifier().Verify(ctx, c.ID.String())
 	if !errors.Is(err, errdefs.ErrCorrupt) || !strings.Contains(err.Error(), "frozen layer") {
 		t.Fatalf("verify of a damaged frozen layer: %v", err)
 	}

@@ -61,7 +61,7 @@ func TestPruneThenGCReclaimsOnlyDeadPacks(t *testing.T) {
 		t.Fatalf("store has %d objects after prune+gc, had %d", n, before)
 	}
 	for _, id := range []delta.ID{ids[1], ids[3], ids[4]} {
-		if _, err := e.Verify(ctx, id.String()); err != nil {
+		if _, err := e.Verifier().Verify(ctx, id.String()); err != nil {
 			t.Fatalf("kept checkpoint %s after gc: %v", id.Short(), err)
 		}
 	}
@@ -79,7 +79,7 @@ func TestPruneThenGCReclaimsOnlyDeadPacks(t *testing.T) {
 	// Refcounts maintained through prune equal those a rebuild recomputes.
 	blobs := allBlobIDs(t, e)
 	maintained := refcounts(t, e, blobs)
-	_, err = e.RebuildCatalog(ctx)
+	_, err = e.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
 	if got := refcounts(t, e, blobs); fmt.Sprint(got) != fmt.Sprint(maintained) {
 		t.Fatal("refcounts after prune differ from a rebuild's")
@@ -116,7 +116,7 @@ func TestGCWithTwoHostsNeverDeletesReferencedPacks(t *testing.T) {
 		}
 	}
 	for _, e := range homes {
-		_, err := e.Push(ctx, PushOptions{})
+		_, err := e.Remote().Push(ctx, PushOptions{})
 		must(t, err)
 	}
 	// Whatever the random loops did (their prunes may only have marked,
@@ -126,7 +126,7 @@ func TestGCWithTwoHostsNeverDeletesReferencedPacks(t *testing.T) {
 	for _, e := range homes {
 		_, err := e.Retention().Prune(ctx, retention.PruneOptions{KeepLast: 1})
 		must(t, err)
-		_, err = e.Push(ctx, PushOptions{})
+		_, err = e.Remote().Push(ctx, PushOptions{})
 		must(t, err)
 	}
 	gr, err := homes[0].Retention().GC(ctx, retention.GCOptions{Grace: -1})
@@ -164,7 +164,7 @@ func TestPushRestoresAPackAnotherHostCollected(t *testing.T) {
 	must(t, os.Remove(filepath.Join(cr.Root, "kept-in-P")))
 	_, err = b.Checkpoint(ctx, "s", CheckpointOptions{}) // s's head in the bucket no longer names P
 	must(t, err)
-	_, err = b.Push(ctx, PushOptions{})
+	_, err = b.Remote().Push(ctx, PushOptions{})
 	must(t, err)
 	settle()
 	cr2, err := b.CreateSandbox(ctx, "s2", CreateOptions{Base: richBase(t)})
@@ -179,7 +179,7 @@ func TestPushRestoresAPackAnotherHostCollected(t *testing.T) {
 	if gr.Deleted == 0 {
 		t.Fatalf("host A's gc collected nothing: %+v", gr)
 	}
-	_, err = b.Push(ctx, PushOptions{})
+	_, err = b.Remote().Push(ctx, PushOptions{})
 	must(t, err)
 	if !remoteRecords(t, b)[c2.ID.String()] {
 		t.Fatal("record not uploaded")
@@ -219,7 +219,7 @@ func hostLoop(ctx context.Context, e *Engine, name, root string, seed int64) err
 				return fmt.Errorf("%s step %d checkpoint: %w", name, step, err)
 			}
 			if rng.Intn(2) == 0 {
-				if err := retry(func() error { _, err := e.Push(ctx, PushOptions{}); return err }); err != nil {
+				if err := retry(func() error { _, err := e.Remote().Push(ctx, PushOptions{}); return err }); err != nil {
 					return fmt.Errorf("%s step %d push: %w", name, step, err)
 				}
 			}
@@ -242,7 +242,7 @@ func hostLoop(ctx context.Context, e *Engine, name, root string, seed int64) err
 	// Every checkpoint this host kept still verifies against what exists.
 	return e.view(ctx, func(tx *catalog.Tx) error {
 		return tx.ForEachCheckpoint(func(cp *delta.Checkpoint) error {
-			if _, err := e.Verify(ctx, cp.ID.String()); err != nil {
+			if _, err := e.Verifier().Verify(ctx, cp.ID.String()); err != nil {
 				return fmt.Errorf("%s: kept checkpoint %s: %w", name, cp.ID.Short(), err)
 			}
 			return nil

@@ -37,7 +37,7 @@ func openEngineOracle(t testing.TB, home string, oracle bool) *Engine {
 		// With a bucket shared by several hosts, records in it may name packs
 		// this host never had: the catalog-based checkAll is the oracle there.
 		if e.cat != nil && e.remote == nil && oracle && !t.Failed() {
-			if _, err := e.VerifyStore(context.Background(), ""); err != nil {
+			if _, err := e.Verifier().VerifyStore(context.Background(), ""); err != nil {
 				t.Errorf("final oracle: store-only verify of %s: %v", home, err)
 			}
 		}
@@ -45,7 +45,7 @@ func openEngineOracle(t testing.TB, home string, oracle bool) *Engine {
 		// here: every reference count, queue entry and pin as a rebuild
 		// would make them, every object the catalog names present.
 		if e.cat != nil && oracle && !t.Failed() {
-			if err := e.checker().All(context.Background(), e.cat); err != nil {
+			if err := e.Verifier().Checker().All(context.Background(), e.cat); err != nil {
 				t.Errorf("final oracle: checker of %s: %v", home, err)
 			}
 		}
@@ -88,7 +88,7 @@ func countObjects(t testing.TB, s upload.Store) int {
 // catalog verifies, and the refcounts equal a recount.
 func checkAll(t testing.TB, e *Engine) {
 	t.Helper()
-	if err := e.checker().All(context.Background(), e.cat); err != nil {
+	if err := e.verifier.Checker().All(context.Background(), e.cat); err != nil {
 		t.Fatalf("checker: %v", err)
 	}
 }

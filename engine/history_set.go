@@ -5,6 +5,7 @@ import (
 
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/engine/remote"
 	"github.com/turnsnap/turnsnap/engine/retention"
 )
 
@@ -46,7 +47,7 @@ func (e *Engine) loadHistory(ctx context.Context) (*retention.History, error) {
 			h.Known[sb.Key()] = true
 			h.Names[sb.Key()], h.Keys[sb.Name] = sb.Name, sb.Key()
 			// The owner prunes: the creator, or the home that adopted it.
-			o, err := ownerOf(tx, sb)
+			o, err := remote.OwnerOf(tx, sb)
 			if err != nil {
 				return err
 			}

@@ -64,20 +64,20 @@ func TestHostileLayersAreRefusedEverywhere(t *testing.T) {
 			must(t, err)
 			id, err := hostile.WriteRecord(ctx, e.local, c1, c.Root)
 			must(t, err)
-			if _, err := e.RebuildCatalog(ctx); err != nil {
+			if _, err := e.Rebuilder().RebuildCatalog(ctx); err != nil {
 				t.Fatalf("rebuild with a hostile layer in %s: %v", pack, err)
 			}
 			before := mergedState(t, cr.Root)
 			var ms runtime.MemStats
 			runtime.ReadMemStats(&ms)
 			alloc := ms.TotalAlloc
-			_, err = e.Verify(ctx, id.String())
+			_, err = e.Verifier().Verify(ctx, id.String())
 			wantCorrupt(t, "verify", err, c.Want)
 			runtime.ReadMemStats(&ms)
 			if grew := ms.TotalAlloc - alloc; grew > 64<<20 {
 				t.Errorf("verify allocated %d MiB", grew>>20)
 			}
-			_, err = e.VerifyStore(ctx, "")
+			_, err = e.Verifier().VerifyStore(ctx, "")
 			wantCorrupt(t, "verify --store-only", err, c.Want)
 			_, err = e.Rollback(ctx, "s", id.String(), RollbackOptions{})
 			wantCorrupt(t, "rollback", err, c.Want)
@@ -93,7 +93,7 @@ func TestHostileLayersAreRefusedEverywhere(t *testing.T) {
 				t.Error("a refused branch left its sandbox directory")
 			}
 			// The good checkpoint is untouched by all this.
-			if _, err := e.Verify(ctx, c1.ID.String()); err != nil {
+			if _, err := e.Verifier().Verify(ctx, c1.ID.String()); err != nil {
 				t.Fatalf("verify of the good checkpoint: %v", err)
 			}
 		})
@@ -109,16 +109,16 @@ func TestLyingRawLengthIsCorruptNotAPanic(t *testing.T) {
 		e, _, c1 := hostileHome(t, false) // it leaves a lie in the catalog
 		pack, err := hostile.WritePack(ctx, e.local, blobs)
 		must(t, err)
-		_, err = e.RebuildCatalogWith(ctx, RebuildOptions{Strict: true})
+		_, err = e.Rebuilder().RebuildCatalogWith(ctx, RebuildOptions{Strict: true})
 		wantCorrupt(t, "rebuild --strict", err, pack, blobs[0].ID.String(), "raw length")
 		// By default the pack is skipped, named, and the rest restored.
-		rep, err := e.RebuildCatalog(ctx)
+		rep, err := e.Rebuilder().RebuildCatalog(ctx)
 		must(t, err)
 		if len(rep.Skipped) != 1 || rep.Skipped[0].Name != pack || rep.Skipped[0].Class != SkipCorrupt ||
 			!strings.Contains(rep.Skipped[0].Error, "raw length") || rep.Checkpoints != 2 || rep.Sandboxes != 1 {
 			t.Fatalf("rebuild beside a lying pack: %+v", rep)
 		}
-		_, err = e.VerifyStore(ctx, "")
+		_, err = e.Verifier().VerifyStore(ctx, "")
 		wantCorrupt(t, "verify --store-only", err, pack, "raw length")
 		must(t, e.local.Delete(ctx, pack))
 
@@ -128,7 +128,7 @@ func TestLyingRawLengthIsCorruptNotAPanic(t *testing.T) {
 		loc.RawLength, loc.Compression = blobs[0].RawLength, uint8(delta.CompressionZstd)
 		must(t, e.cat.PutBlobs(ctx, map[delta.ID]catalog.BlobLocation{c1.FSTree: loc}))
 		name := delta.PackName(loc.Pack)
-		_, err = e.Verify(ctx, c1.ID.String())
+		_, err = e.Verifier().Verify(ctx, c1.ID.String())
 		wantCorrupt(t, "verify", err, c1.FSTree.String(), name)
 		_, err = e.Rollback(ctx, "s", c1.ID.String(), RollbackOptions{})
 		wantCorrupt(t, "rollback", err, c1.FSTree.String(), name)
@@ -142,14 +142,14 @@ func TestLyingRawLengthIsCorruptNotAPanic(t *testing.T) {
 func TestDamagedMaterialisedBaseIsRefused(t *testing.T) {
 	ctx := context.Background()
 	e, cr, c1 := hostileHome(t, true)
-	rep, err := e.Verify(ctx, c1.ID.String())
+	rep, err := e.Verifier().Verify(ctx, c1.ID.String())
 	must(t, err)
 	if !rep.BaseChecked {
 		t.Fatal("verify did not check the materialised base")
 	}
 	p := filepath.Join(e.home.basesDir(), cr.Sandbox.BaseTree.String(), "a.txt")
 	must(t, os.WriteFile(p, []byte("damaged\n"), 0o644))
-	_, err = e.Verify(ctx, c1.ID.String())
+	_, err = e.Verifier().Verify(ctx, c1.ID.String())
 	wantCorrupt(t, "verify", err, "bases/"+cr.Sandbox.BaseTree.String())
 	_, err = e.Branch(ctx, c1.ID.String(), "b", BranchOptions{})
 	wantCorrupt(t, "branch", err, "bases/"+cr.Sandbox.BaseTree.String())
@@ -168,11 +168,11 @@ func TestVerifyReportsWhatARestoreWrites(t *testing.T) {
 	must(t, err)
 	id, err := hostile.WriteRecord(ctx, e.local, c1, root)
 	must(t, err)
-	_, err = e.RebuildCatalog(ctx)
+	_, err = e.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
-	rep, err := e.Verify(ctx, id.String())
+	rep, err := e.Verifier().Verify(ctx, id.String())
 	must(t, err)
-	base, err := e.Verify(ctx, c1.ID.String())
+	base, err := e.Verifier().Verify(ctx, c1.ID.String())
 	must(t, err)
 	baseEntries := base.Entries - 1 // c1's layer holds b.txt
 	if got, want := rep.Entries-baseEntries, uint64(65536*2+4096+256+16); got != want {
@@ -226,7 +226,7 @@ func TestFileHoldingATreeEncoding(t *testing.T) {
 	}
 	// restores checks that a rollback of name to id puts want back at rel.
 	restores := func(e *Engine, name, root string, id delta.ID, rel, want string) {
-		if _, err := e.Verify(ctx, id.String()); err != nil {
+		if _, err := e.Verifier().Verify(ctx, id.String()); err != nil {
 			t.Fatalf("verify %s of %s: %v", id.Short(), name, err)
 		}
 		write(t, filepath.Join(root, rel), "changed\n")

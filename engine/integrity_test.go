@@ -13,6 +13,7 @@ import (
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/engine/content"
+	"github.com/turnsnap/turnsnap/engine/rebuild"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/upload"
 )
@@ -25,7 +26,7 @@ func TestVerifyNamesEveryCorruptObject(t *testing.T) {
 	agentTurn(t, cr.Root)
 	c, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
-	rep, err := e.Verify(ctx, c.ID.String())
+	rep, err := e.Verifier().Verify(ctx, c.ID.String())
 	must(t, err)
 	// The record, the base import's pack and this turn's pack at least.
 	if len(rep.Objects) < 3 || rep.Chunks == 0 || rep.Trees == 0 {
@@ -39,7 +40,7 @@ func TestVerifyNamesEveryCorruptObject(t *testing.T) {
 			bad := append([]byte(nil), orig...)
 			bad[at] ^= 0x01
 			must(t, os.WriteFile(p, bad, 0o600))
-			_, err := e.Verify(ctx, c.ID.String())
+			_, err := e.Verifier().Verify(ctx, c.ID.String())
 			if err == nil || !strings.Contains(err.Error(), obj) {
 				t.Errorf("byte %d of %s flipped: verify said %v, want an error naming the object", at, obj, err)
 			}
@@ -49,7 +50,7 @@ func TestVerifyNamesEveryCorruptObject(t *testing.T) {
 		}
 		must(t, os.WriteFile(p, orig, 0o600))
 	}
-	if _, err := e.Verify(ctx, c.ID.String()); err != nil {
+	if _, err := e.Verifier().Verify(ctx, c.ID.String()); err != nil {
 		t.Fatalf("verify after repairing every object: %v", err)
 	}
 	// A corrupt chunk is also caught on the restore path, naming the pack.
@@ -139,7 +140,7 @@ func TestCatalogRebuildKeepsLineage(t *testing.T) {
 	e.cat, err = catalog.Open(ctx, e.home.catalogDir(), catalog.Options{})
 	must(t, err)
 	e.repo = content.New(e.store, e.cat, e.codec, nil)
-	rep, err := e.RebuildCatalog(ctx)
+	rep, err := e.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
 	if rep.Checkpoints != 5 || rep.Sandboxes != 2 {
 		t.Fatalf("rebuild found %d checkpoints and %d sandboxes, want 5 and 2", rep.Checkpoints, rep.Sandboxes)
@@ -150,7 +151,7 @@ func TestCatalogRebuildKeepsLineage(t *testing.T) {
 	if got := refcounts(t, e, blobs); fmt.Sprint(got) != fmt.Sprint(wantRefs) {
 		t.Fatalf("refcounts after rebuild differ from those maintained by commits")
 	}
-	if _, err := e.Verify(ctx, c1.ID.String()); err != nil {
+	if _, err := e.Verifier().Verify(ctx, c1.ID.String()); err != nil {
 		t.Fatal(err)
 	}
 	checkAll(t, e)
@@ -173,7 +174,7 @@ func TestFreshHomeRestoresFromStoreAlone(t *testing.T) {
 		t.Fatalf("copy store: %v: %s", err, out)
 	}
 	e2 := openEngine(t, home2)
-	_, err = e2.RebuildCatalog(ctx)
+	_, err = e2.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
 	br, err := e2.Branch(ctx, c.ID.String(), "copy", BranchOptions{})
 	must(t, err)
@@ -195,13 +196,13 @@ func TestInterruptedRebuildKeepsOldCatalog(t *testing.T) {
 	must(t, err)
 	want := lineage(t, e)
 	// A rebuild that died before it finished leaves an unmarked directory.
-	must(t, os.MkdirAll(filepath.Join(e.home.rebuildDir(), "junk"), 0o700))
+	must(t, os.MkdirAll(filepath.Join(rebuild.Dir(e.home.catalogDir()), "junk"), 0o700))
 	must(t, e.Close())
 	e2 := openEngine(t, e.Home())
 	if got := lineage(t, e2); got != want {
 		t.Fatalf("catalog after an interrupted rebuild:\n%s\nwant:\n%s", got, want)
 	}
-	if _, err := os.Stat(e.home.rebuildDir()); !os.IsNotExist(err) {
+	if _, err := os.Stat(rebuild.Dir(e.home.catalogDir())); !os.IsNotExist(err) {
 		t.Fatal("unfinished rebuild directory left behind")
 	}
 }

@@ -346,7 +346,7 @@ func (e *Engine) moveHeadAfter(ctx context.Context, name string, sb *delta.Sandb
 		return err
 	}
 	err = e.cat.Update(ctx, func(tx *catalog.Tx) error {
-		if err := e.queueRef(tx, name, delta.RefName(delta.RefHead, sb.Key()), id, ""); err != nil {
+		if err := e.rem.QueueRef(tx, name, delta.RefName(delta.RefHead, sb.Key()), id, ""); err != nil {
 			return err
 		}
 		return tx.SetRef(delta.Ref{Kind: delta.RefHead, Name: name, Target: id})
@@ -373,7 +373,7 @@ func (e *Engine) AbandonRollback(ctx context.Context, name string) (*RestoreResu
 	if err != nil {
 		return nil, err
 	}
-	if err := e.mustOwn(st); err != nil {
+	if err := e.rem.MustOwn(st.sb, st.owner, st.head.ID); err != nil {
 		return nil, err
 	}
 	in, ok := e.pendingRollback(st.sb)

@@ -60,7 +60,7 @@ func TestJournalFollowsCheckpoint(t *testing.T) {
 	_, err = e.Retention().GC(ctx, retention.GCOptions{})
 	must(t, err)
 	checkAll(t, e)
-	_, err = e.RebuildCatalog(ctx)
+	_, err = e.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
 	checkAll(t, e)
 	// The journal reads back from the store after all that.

@@ -128,7 +128,7 @@ func TestKeyedIDsPerKey(t *testing.T) {
 	}
 
 	for _, e := range []*Engine{a, b} {
-		_, err := e.Push(ctx, PushOptions{})
+		_, err := e.Remote().Push(ctx, PushOptions{})
 		must(t, err)
 	}
 	_, aRemote := a.keys.Raw()
@@ -150,9 +150,9 @@ func TestKeyedIDsPerKey(t *testing.T) {
 	if c.config.Encryption.IDs != delta.SchemeKeyed || c.ids() != a.ids() {
 		t.Fatalf("the fresh home's scheme is %q, not its store's", c.config.Encryption.IDs)
 	}
-	_, err = c.RebuildCatalog(ctx)
+	_, err = c.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
-	_, err = c.Verify(ctx, cps[a].String())
+	_, err = c.Verifier().Verify(ctx, cps[a].String())
 	must(t, err)
 	br, err := c.Branch(ctx, cps[a].String(), "copy", BranchOptions{})
 	must(t, err)
@@ -272,7 +272,7 @@ func TestEncryptedHomeBeforeKeyedIDsKeepsPlainIDs(t *testing.T) {
 	if o.ids().Keyed() {
 		t.Fatal("reopening switched the home to keyed IDs")
 	}
-	_, err = o.Verify(ctx, cp.ID.String())
+	_, err = o.Verifier().Verify(ctx, cp.ID.String())
 	must(t, err)
 	br, err := o.Branch(ctx, cp.ID.String(), "copy", BranchOptions{})
 	must(t, err)

@@ -34,7 +34,7 @@ func TestHelperStalledPush(t *testing.T) {
 	}
 	e, err := Open(context.Background(), Options{Home: home})
 	must(t, err)
-	_, err = e.Push(context.Background(), PushOptions{})
+	_, err = e.Remote().Push(context.Background(), PushOptions{})
 	t.Fatalf("the stalled push returned: %v", err)
 }
 
@@ -91,7 +91,7 @@ func TestKilledPushLeavesAStaleLock(t *testing.T) {
 	child.Wait()
 	openEngine(t, homeA) // takes the home back, to unmount its sandbox at the end
 
-	locks, err := b.Locks(ctx)
+	locks, err := b.Remote().Locks(ctx)
 	must(t, err)
 	if len(locks) != 1 || locks[0].Kind != "push" || locks[0].StaleAfter != lockWindow || locks[0].PID != child.Process.Pid {
 		t.Fatalf("locks after the kill: %+v", locks)
@@ -101,12 +101,12 @@ func TestKilledPushLeavesAStaleLock(t *testing.T) {
 	}
 	locks0 := locks[0]
 	// unlock removes it at once.
-	removed, err := b.Unlock(ctx, false)
+	removed, err := b.Remote().Unlock(ctx, false)
 	must(t, err)
 	if len(removed) != 1 || removed[0].Name != locks[0].Name {
 		t.Fatalf("unlock removed %+v, want the stale lock", removed)
 	}
-	if locks, _ = b.Locks(ctx); len(locks) != 0 {
+	if locks, _ = b.Remote().Locks(ctx); len(locks) != 0 {
 		t.Fatalf("locks left after unlock: %+v", locks)
 	}
 	// Without unlock, a gc is not blocked by it and removes it as the
@@ -116,7 +116,7 @@ func TestKilledPushLeavesAStaleLock(t *testing.T) {
 	if _, err := b.Retention().GC(ctx, retention.GCOptions{Grace: time.Hour}); err != nil {
 		t.Fatalf("gc beside a stale lock: %v", err)
 	}
-	if locks, _ = b.Locks(ctx); len(locks) != 0 {
+	if locks, _ = b.Remote().Locks(ctx); len(locks) != 0 {
 		t.Fatalf("locks left after a gc listed the stale one: %+v", locks)
 	}
 }
@@ -145,7 +145,7 @@ func testLockHolderThatCannotRefreshCancels(t *testing.T, fault faultproxy.Fault
 	e := newEngine(t)
 	_, err = e.Init(ctx, remoteCfg(proxy.Addr, "refresh"))
 	must(t, err)
-	rs := e.syncer()
+	rs := e.rem.Syncer()
 	rs.Remote = upload.WithRetry(mustS3(t, e), upload.RetryPolicy{MaxAttempts: 1})
 	rs.LockStaleAfter = 3 * time.Second
 	l, err := rs.Lock(ctx, "gc")
@@ -168,7 +168,7 @@ func testLockHolderThatCannotRefreshCancels(t *testing.T, fault faultproxy.Fault
 		t.Fatalf("cause %v", context.Cause(lctx))
 	}
 	failLocks.Store(false)
-	removed, err := e.Unlock(ctx, true)
+	removed, err := e.Remote().Unlock(ctx, true)
 	must(t, err)
 	if len(removed) != 1 || !strings.HasPrefix(removed[0].Name, delta.LockPrefix+"gc-") {
 		t.Fatalf("unlock --all removed %+v", removed)

@@ -62,14 +62,14 @@ func TestTwoHomesNeverCoOwnASandbox(t *testing.T) {
 	write(t, filepath.Join(cr.Root, "a1"), "a's first turn")
 	c1, err := a.Checkpoint(ctx, "x", CheckpointOptions{})
 	must(t, err)
-	_, err = a.Push(ctx, PushOptions{})
+	_, err = a.Remote().Push(ctx, PushOptions{})
 	must(t, err)
 	key := cr.Sandbox.Key()
 	if id, o := bucketHead(t, a, key); id != c1.ID || o != (delta.Owner{Home: a.config.HomeID, Epoch: 1}) {
 		t.Fatalf("bucket head after a's push: %s %v; want %s owned by a at epoch 1", id.Short(), o, c1.ID.Short())
 	}
 
-	_, err = b.RebuildCatalog(ctx)
+	_, err = b.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
 	x := labelOf(t, b, key)
 	if _, err := b.Rollback(ctx, x, first.ID.String(), RollbackOptions{}); !errors.Is(err, errdefs.ErrPrecondition) || !strings.Contains(err.Error(), "adopt") {
@@ -79,7 +79,7 @@ func TestTwoHomesNeverCoOwnASandbox(t *testing.T) {
 		t.Fatalf("b's checkpoint of a's sandbox: %v; want ErrPrecondition", err)
 	}
 
-	rep, err := b.Adopt(ctx, x, AdoptOptions{})
+	rep, err := b.Remote().Adopt(ctx, x, AdoptOptions{})
 	must(t, err)
 	if rep.Owner != (delta.Owner{Home: b.config.HomeID, Epoch: 2}) || rep.Head != c1.ID {
 		t.Fatalf("adopt: owner %v head %s; want b at epoch 2 from %s", rep.Owner, rep.Head.Short(), c1.ID.Short())
@@ -89,7 +89,7 @@ func TestTwoHomesNeverCoOwnASandbox(t *testing.T) {
 	write(t, filepath.Join(root, "b1"), "b's turn")
 	cb, err := b.Checkpoint(ctx, x, CheckpointOptions{})
 	must(t, err)
-	_, err = b.Push(ctx, PushOptions{})
+	_, err = b.Remote().Push(ctx, PushOptions{})
 	must(t, err)
 
 	// A does not know yet, but its retention reads the bucket's heads: the
@@ -103,7 +103,7 @@ func TestTwoHomesNeverCoOwnASandbox(t *testing.T) {
 	write(t, filepath.Join(cr.Root, "a2"), "a's turn after the adoption")
 	ca, err := a.Checkpoint(ctx, "x", CheckpointOptions{})
 	must(t, err)
-	_, err = a.Push(ctx, PushOptions{})
+	_, err = a.Remote().Push(ctx, PushOptions{})
 	if !errors.Is(err, errdefs.ErrPrecondition) || !strings.Contains(err.Error(), "sandbox x") || !strings.Contains(err.Error(), b.config.HomeID) {
 		t.Fatalf("a's push after b adopted: %v; want a fence naming sandbox x and b's home", err)
 	}
@@ -112,7 +112,7 @@ func TestTwoHomesNeverCoOwnASandbox(t *testing.T) {
 	}
 	// Its record went up, but the turn was never accepted: it is not
 	// remotely durable, now or later.
-	if pending, err := a.PendingCheckpoints(ctx); err != nil || !pending[ca.ID] {
+	if pending, err := a.Remote().PendingCheckpoints(ctx); err != nil || !pending[ca.ID] {
 		t.Fatalf("a's fenced checkpoint %s is reported remotely durable (pending %v, %v)", ca.ID.Short(), pending, err)
 	}
 	// Fenced: a refuses the sandbox's turns from now on, and its next push
@@ -120,22 +120,22 @@ func TestTwoHomesNeverCoOwnASandbox(t *testing.T) {
 	if _, err := a.Checkpoint(ctx, "x", CheckpointOptions{}); !errors.Is(err, errdefs.ErrPrecondition) {
 		t.Fatalf("a's checkpoint once fenced: %v; want ErrPrecondition", err)
 	}
-	_, err = a.Push(ctx, PushOptions{})
+	_, err = a.Remote().Push(ctx, PushOptions{})
 	must(t, err)
-	if pending, _ := a.PendingCheckpoints(ctx); !pending[ca.ID] {
+	if pending, _ := a.Remote().PendingCheckpoints(ctx); !pending[ca.ID] {
 		t.Fatalf("a's fenced checkpoint %s became remotely durable with a later push", ca.ID.Short())
 	}
 	// A keeps its unpushed turn by branching it.
 	_, err = a.Branch(ctx, ca.ID.String(), "x-kept", BranchOptions{})
 	must(t, err)
-	_, err = a.Push(ctx, PushOptions{})
+	_, err = a.Remote().Push(ctx, PushOptions{})
 	must(t, err)
 
 	// A third home sees b's line as x's head.
 	c := newEngine(t)
 	_, err = c.Init(ctx, cfg)
 	must(t, err)
-	_, err = c.RebuildCatalog(ctx)
+	_, err = c.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
 	sbs, err := c.ListSandboxes(ctx)
 	must(t, err)
@@ -144,7 +144,7 @@ func TestTwoHomesNeverCoOwnASandbox(t *testing.T) {
 			t.Fatalf("third home: x's head is %s, want b's %s", s.Head.ID.Short(), cb.ID.Short())
 		}
 	}
-	if _, err := c.Verify(ctx, cb.ID.String()); err != nil {
+	if _, err := c.Verifier().Verify(ctx, cb.ID.String()); err != nil {
 		t.Fatalf("third home: verify b's head: %v", err)
 	}
 }
@@ -162,24 +162,24 @@ func TestAdoptRespectsALiveLease(t *testing.T) {
 	}
 	cr, err := a.CreateSandbox(ctx, "y", CreateOptions{Base: richBase(t)})
 	must(t, err)
-	_, err = a.Push(ctx, PushOptions{})
+	_, err = a.Remote().Push(ctx, PushOptions{})
 	must(t, err)
-	must(t, a.RenewLease(ctx, time.Minute))
-	_, err = b.RebuildCatalog(ctx)
+	must(t, a.Remote().RenewLease(ctx, time.Minute))
+	_, err = b.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
 	y := labelOf(t, b, cr.Sandbox.Key())
-	_, err = b.Adopt(ctx, y, AdoptOptions{})
+	_, err = b.Remote().Adopt(ctx, y, AdoptOptions{})
 	if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "--force") {
 		t.Fatalf("adopt while the owner's lease is live: %v; want ErrUnavailable naming --force", err)
 	}
-	rep, err := b.Adopt(ctx, y, AdoptOptions{Force: true})
+	rep, err := b.Remote().Adopt(ctx, y, AdoptOptions{Force: true})
 	must(t, err)
 	if rep.Lease == nil || !rep.Lease.Live || rep.Owner.Epoch != 2 {
 		t.Fatalf("forced adopt: lease %+v owner %v", rep.Lease, rep.Owner)
 	}
 	// A lease released (a clean shutdown) protects nothing.
-	must(t, a.ReleaseLease(ctx))
-	if lv, err := b.hostLease(ctx, a.config.HomeID); err != nil || lv != nil {
+	must(t, a.Remote().ReleaseLease(ctx))
+	if lv, err := b.Remote().HostLease(ctx, a.config.HomeID); err != nil || lv != nil {
 		t.Fatalf("released lease still read: %+v %v", lv, err)
 	}
 }
@@ -196,7 +196,7 @@ func TestConcurrentAdoptionsHaveOneWinnerPerEpoch(t *testing.T) {
 	must(t, err)
 	cr, err := a.CreateSandbox(ctx, "z", CreateOptions{Base: richBase(t)})
 	must(t, err)
-	_, err = a.Push(ctx, PushOptions{})
+	_, err = a.Remote().Push(ctx, PushOptions{})
 	must(t, err)
 	key := cr.Sandbox.Key()
 	const n = 3
@@ -205,7 +205,7 @@ func TestConcurrentAdoptionsHaveOneWinnerPerEpoch(t *testing.T) {
 		homes[i] = newEngine(t)
 		_, err := homes[i].Init(ctx, cfg)
 		must(t, err)
-		_, err = homes[i].RebuildCatalog(ctx)
+		_, err = homes[i].Rebuilder().RebuildCatalog(ctx)
 		must(t, err)
 	}
 	reps := make([]*AdoptReport, n)
@@ -215,7 +215,7 @@ func TestConcurrentAdoptionsHaveOneWinnerPerEpoch(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			reps[i], errs[i] = h.Adopt(ctx, labelOf(t, h, key), AdoptOptions{})
+			reps[i], errs[i] = h.Remote().Adopt(ctx, labelOf(t, h, key), AdoptOptions{})
 		}()
 	}
 	wg.Wait()
@@ -254,7 +254,7 @@ func TestConcurrentAdoptionsHaveOneWinnerPerEpoch(t *testing.T) {
 		if _, err := h.Checkpoint(ctx, z, CheckpointOptions{}); err != nil {
 			t.Fatalf("home %d: checkpoint after adopting: %v", i, err)
 		}
-		_, err = h.Push(ctx, PushOptions{})
+		_, err = h.Remote().Push(ctx, PushOptions{})
 		if h == top && err != nil {
 			t.Fatalf("the last adopter's push: %v", err)
 		}

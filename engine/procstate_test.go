@@ -230,7 +230,7 @@ func TestDeviceNodesAndSafeRestore(t *testing.T) {
 	sh(t, e, "s", "rm /tmp/sda")
 	detach(t, e, "s", "while true; do sleep 3600; done")
 	good := procCheckpoint(t, e, "s", delta.ClassFull)
-	if _, err := e.Verify(ctx, good.ID.String()); err != nil {
+	if _, err := e.Verifier().Verify(ctx, good.ID.String()); err != nil {
 		t.Fatalf("verify of a checkpoint with /tmp/null: %v", err)
 	}
 	pids := pidsOf(t, e, "s")
@@ -252,7 +252,7 @@ func TestDeviceNodesAndSafeRestore(t *testing.T) {
 	forged.FSTree, forged.ID, forged.Message = delta.Hash(data), [32]byte{}, "forged device"
 	must(t, e.putRecord(ctx, &forged))
 	must(t, e.cat.Update(ctx, func(tx *catalog.Tx) error { return tx.PutCheckpoint(&forged) }))
-	if _, err := e.Verify(ctx, forged.ID.String()); err == nil || !strings.Contains(err.Error(), "zz-sda") {
+	if _, err := e.Verifier().Verify(ctx, forged.ID.String()); err == nil || !strings.Contains(err.Error(), "zz-sda") {
 		t.Fatalf("verify of a checkpoint holding a block device: %v", err)
 	}
 	missing := *head

@@ -51,7 +51,7 @@ func TestPruneBeforeFirstSyncNeverWedgesTheQueue(t *testing.T) {
 	_, err = e.Retention().GC(ctx, retention.GCOptions{Grace: -1})
 	must(t, err)
 	for i := range 2 {
-		if _, err := e.Push(ctx, PushOptions{}); err != nil {
+		if _, err := e.Remote().Push(ctx, PushOptions{}); err != nil {
 			t.Fatalf("push %d after prune before the first sync: %v", i+1, err)
 		}
 	}
@@ -67,9 +67,9 @@ func TestPruneBeforeFirstSyncNeverWedgesTheQueue(t *testing.T) {
 	f := newEngine(t)
 	_, err = f.Init(ctx, remoteCfg(srv.Endpoint, "wedge"))
 	must(t, err)
-	_, err = f.RebuildCatalog(ctx)
+	_, err = f.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
-	if _, err := f.Verify(ctx, head.String()); err != nil {
+	if _, err := f.Verifier().Verify(ctx, head.String()); err != nil {
 		t.Fatal(err)
 	}
 	checkAll(t, e)
@@ -113,7 +113,7 @@ func TestInitOnLongHistory(t *testing.T) {
 		}
 		return err
 	}))
-	_, err = e.Push(ctx, PushOptions{})
+	_, err = e.Remote().Push(ctx, PushOptions{})
 	must(t, err)
 	if recs := remoteRecords(t, e); len(recs) != len(ids) {
 		t.Fatalf("bucket has %d records, want %d", len(recs), len(ids))
@@ -150,7 +150,7 @@ func TestInitSavesTheRemoteOnlyAfterTheQueue(t *testing.T) {
 	}
 	_, err = e.Init(ctx, remoteCfg(srv.Endpoint, "late"))
 	must(t, err)
-	_, err = e.Push(ctx, PushOptions{})
+	_, err = e.Remote().Push(ctx, PushOptions{})
 	must(t, err)
 	if recs := remoteRecords(t, e); len(recs) != len(ids) {
 		t.Fatalf("bucket has %d records, want %d", len(recs), len(ids))

@@ -71,7 +71,7 @@ func (hp *healthyPair) checkRestored(t *testing.T, e *Engine, branch bool) {
 		if heads[name] != hp.heads[i].ID {
 			t.Fatalf("sandbox %s after the rebuild: head %s, want %s (sandboxes %v)", name, heads[name].Short(), hp.heads[i].ID.Short(), heads)
 		}
-		if _, err := e.Verify(ctx, hp.heads[i].ID.String()); err != nil {
+		if _, err := e.Verifier().Verify(ctx, hp.heads[i].ID.String()); err != nil {
 			t.Fatalf("verify of %s's head after the rebuild: %v", name, err)
 		}
 		if !branch {
@@ -356,7 +356,7 @@ func TestRebuildSkipsEachBadObjectAndRestoresTheRest(t *testing.T) {
 				must(t, os.Chtimes(filepath.Join(home, "store", object), old, old))
 			}
 			e := openEngineOracle(t, home, false) // the store stays hostile
-			_, err = e.RebuildCatalogWith(ctx, RebuildOptions{Strict: true})
+			_, err = e.Rebuilder().RebuildCatalogWith(ctx, RebuildOptions{Strict: true})
 			named := filepath.Base(object)
 			if bc.name == "head-naming-a-record-with-missing-trees" {
 				named = delta.RecordPrefix // it fails on the record first
@@ -367,7 +367,7 @@ func TestRebuildSkipsEachBadObjectAndRestoresTheRest(t *testing.T) {
 			if sbs, _ := e.ListSandboxes(ctx); len(sbs) != 0 {
 				t.Fatalf("a failed strict rebuild replaced the catalog: %d sandboxes", len(sbs))
 			}
-			rep, err := e.RebuildCatalog(ctx)
+			rep, err := e.Rebuilder().RebuildCatalog(ctx)
 			must(t, err)
 			wantSkipped(t, rep, object, class)
 			if rep.Sandboxes != 2 {
@@ -390,7 +390,7 @@ func TestRebuildFromABucketWithBadObjects(t *testing.T) {
 	_, err := a.Init(ctx, cfg)
 	must(t, err)
 	hp := makeHealthyPair(t, a)
-	_, err = a.Push(ctx, PushOptions{})
+	_, err = a.Remote().Push(ctx, PushOptions{})
 	must(t, err)
 	want := map[string]SkipClass{}
 	for _, bc := range badObjects() {
@@ -406,7 +406,7 @@ func TestRebuildFromABucketWithBadObjects(t *testing.T) {
 	d := newEngine(t)
 	_, err = d.Init(ctx, cfg)
 	must(t, err)
-	rep, err := d.RebuildCatalog(ctx)
+	rep, err := d.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
 	for object, class := range want {
 		wantSkipped(t, rep, object, class)
@@ -446,28 +446,28 @@ func TestRebuildAfterAPruneElsewhereLeftAHeadDangling(t *testing.T) {
 	for i := range 4 {
 		branched = turn(i)
 	}
-	_, err = a.Push(ctx, PushOptions{})
+	_, err = a.Remote().Push(ctx, PushOptions{})
 	must(t, err)
 
 	// B learns x from the bucket, branches its head into xc and pushes.
 	_, err = b.Init(ctx, cfg)
 	must(t, err)
-	_, err = b.RebuildCatalog(ctx)
+	_, err = b.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
 	_, err = b.Branch(ctx, branched.String(), "xc", BranchOptions{})
 	must(t, err)
-	_, err = b.Push(ctx, PushOptions{})
+	_, err = b.Remote().Push(ctx, PushOptions{})
 	must(t, err)
 
 	// A goes on, prunes to its last 2 and collects.
 	for i := 4; i < 6; i++ {
 		turn(i)
 	}
-	_, err = a.Push(ctx, PushOptions{})
+	_, err = a.Remote().Push(ctx, PushOptions{})
 	must(t, err)
 	_, err = a.Retention().Prune(ctx, retention.PruneOptions{KeepLast: 2})
 	must(t, err)
-	_, err = a.Push(ctx, PushOptions{})
+	_, err = a.Remote().Push(ctx, PushOptions{})
 	must(t, err)
 	_, err = a.Retention().GC(ctx, retention.GCOptions{Grace: -1})
 	must(t, err)
@@ -480,11 +480,11 @@ func TestRebuildAfterAPruneElsewhereLeftAHeadDangling(t *testing.T) {
 	d := newEngine(t)
 	_, err = d.Init(ctx, cfg)
 	must(t, err)
-	_, err = d.RebuildCatalogWith(ctx, RebuildOptions{Strict: true})
+	_, err = d.Rebuilder().RebuildCatalogWith(ctx, RebuildOptions{Strict: true})
 	if !errors.Is(err, errdefs.ErrCorrupt) || !strings.Contains(err.Error(), branched.Short()) {
 		t.Fatalf("strict rebuild: %v, want it to fail naming %s", err, branched.Short())
 	}
-	rep, err := d.RebuildCatalog(ctx)
+	rep, err := d.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
 	var xcHead string
 	for _, s := range rep.Skipped {
@@ -513,7 +513,7 @@ func TestRebuildAfterAPruneElsewhereLeftAHeadDangling(t *testing.T) {
 		t.Fatalf("restored %d checkpoints of x, the bucket holds %d records", len(restored), len(inBucket))
 	}
 	for i, id := range restored {
-		_, err := d.Verify(ctx, id.String())
+		_, err := d.Verifier().Verify(ctx, id.String())
 		must(t, err)
 		br, err := d.Branch(ctx, id.String(), fmt.Sprintf("r%d", i), BranchOptions{})
 		must(t, err)
@@ -570,7 +570,7 @@ func TestRebuildKeepsWholeCheckpointsOfASkippedHead(t *testing.T) {
 	must(t, upload.PutBytes(ctx, store, headObj, delta.EncodeRef(badID)))
 	e := openEngineOracle(t, home, false)
 
-	rep, err := e.RebuildCatalog(ctx)
+	rep, err := e.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
 	wantSkipped(t, rep, rec, SkipMissingObjects)
 	wantSkipped(t, rep, headObj, SkipMissingObjects)
@@ -606,7 +606,7 @@ func TestRebuildKeepsWholeCheckpointsOfASkippedHead(t *testing.T) {
 	// the stored head is still reported, but s's root here is at c1.
 	must(t, upload.PutBytes(ctx, src.local, rec, mustRead(t, store, rec)))
 	must(t, upload.PutBytes(ctx, src.local, headObj, delta.EncodeRef(badID)))
-	rep, err = src.RebuildCatalog(ctx)
+	rep, err = src.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
 	wantSkipped(t, rep, headObj, SkipMissingObjects)
 	if rep.Sandboxes != 1 {

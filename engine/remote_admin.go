@@ -2,10 +2,7 @@ package engine
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -15,6 +12,52 @@ import (
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/upload"
 )
+
+// The remote side of a home is package remote's Home (Engine.Remote);
+// these are its types as the engine's callers name them.
+type (
+	PushOptions  = remote.PushOptions
+	PushReport   = remote.PushReport
+	LockInfo     = remote.LockInfo
+	AdoptOptions = remote.AdoptOptions
+	AdoptReport  = remote.AdoptReport
+	LeaseView    = remote.LeaseView
+	LastPush     = remote.LastPush
+)
+
+// backfillSandbox attributes uploads that belong to no sandbox in particular.
+const backfillSandbox = remote.BackfillSandbox
+
+// Remote is the remote side of this home: push, ownership and leases, the
+// bucket's locks.
+func (e *Engine) Remote() *remote.Home { return e.rem }
+
+// newRemote makes the remote side of this home, reading the engine's
+// stores, catalog and config as they are at each call.
+func newRemote(e *Engine) *remote.Home {
+	return remote.New(remote.Deps{
+		Dir:     string(e.home),
+		Stores:  func() (upload.Store, upload.Store) { return e.local, e.remote },
+		Catalog: func() *catalog.Catalog { return e.cat },
+		Blobs:   func() delta.BlobLoader { return e.repo },
+		Settings: func() remote.Settings {
+			s := remote.Settings{HomeID: e.config.HomeID}
+			if rc := e.config.Remote; rc != nil {
+				s.Concurrency, s.BandwidthBytes, s.URL = rc.Concurrency, rc.BandwidthBytes, rc.URL
+				s.LockStaleAfter = time.Duration(rc.LockStaleAfterNs)
+			}
+			return s
+		},
+		Log:    e.log,
+		Shared: e.shared,
+		Op:     e.op,
+		Rollback: func(ctx context.Context, sandbox string, id delta.ID) error {
+			_, err := e.Rollback(ctx, sandbox, id.String(), RollbackOptions{})
+			return err
+		},
+		SandboxDir: e.home.sandboxDir,
+	})
+}
 
 // InitReport says what Init did.
 type InitReport struct {
@@ -105,7 +148,7 @@ func (e *Engine) Setup(ctx context.Context, opts SetupOptions) (_ *InitReport, e
 		// must have its whole history queued, or `status` would report as
 		// sent what was never queued. An init that fails midway leaves no
 		// remote and a partial queue, which the next init completes.
-		s := e.syncer()
+		s := e.rem.Syncer()
 		s.Remote, s.URL = e.remote, rc.URL
 		var err error
 		if rep.Queued, rep.QueuedBytes, err = s.Backfill(ctx, e.cat); err != nil {
@@ -119,7 +162,7 @@ func (e *Engine) Setup(ctx context.Context, opts SetupOptions) (_ *InitReport, e
 		e.config = &c
 	} else if e.remote != nil {
 		var err error
-		if rep.Queued, rep.QueuedBytes, err = e.syncer().Backfill(ctx, e.cat); err != nil {
+		if rep.Queued, rep.QueuedBytes, err = e.rem.Syncer().Backfill(ctx, e.cat); err != nil {
 			return nil, err
 		}
 	}
@@ -163,30 +206,6 @@ type StatusReport struct {
 	LastPush *LastPush `json:"last_push,omitempty"`
 }
 
-// LastPush summarises one push.
-type LastPush struct {
-	Finished    time.Time `json:"finished"`
-	Uploaded    int       `json:"objects_uploaded"`
-	Bytes       int64     `json:"bytes_uploaded"`
-	BytesPerSec float64   `json:"bytes_per_sec"`
-	Error       string    `json:"error,omitempty"`
-}
-
-func (h home) lastPushFile() string { return filepath.Join(string(h), "last-push.json") }
-
-func (e *Engine) saveLastPush(r *PushReport, err error) {
-	lp := LastPush{Finished: time.Now().UTC(), Uploaded: r.Uploaded, Bytes: r.Bytes}
-	if s := r.Duration.Seconds(); s > 0 {
-		lp.BytesPerSec = float64(r.Bytes) / s
-	}
-	if err != nil {
-		lp.Error = err.Error()
-	}
-	if data, err := json.Marshal(lp); err == nil {
-		os.WriteFile(e.home.lastPushFile(), data, 0o600)
-	}
-}
-
 // Status reports what is still waiting for the remote store, per sandbox.
 // It reads only the catalog: no network.
 func (e *Engine) Status(ctx context.Context) (*StatusReport, error) {
@@ -195,12 +214,7 @@ func (e *Engine) Status(ctx context.Context) (*StatusReport, error) {
 	if e.config.Remote != nil {
 		rep.Remote = e.config.Remote.URL
 	}
-	if data, err := os.ReadFile(e.home.lastPushFile()); err == nil {
-		var lp LastPush
-		if json.Unmarshal(data, &lp) == nil {
-			rep.LastPush = &lp
-		}
-	}
+	rep.LastPush = e.rem.LastPush()
 	err := e.view(ctx, func(tx *catalog.Tx) error {
 		pending, err := tx.PendingUploads("")
 		if err != nil {
@@ -264,31 +278,4 @@ func (e *Engine) Status(ctx context.Context) (*StatusReport, error) {
 		return nil
 	})
 	return rep, err
-}
-
-// LockInfo is one lock object of the bucket (see remote.LockInfo).
-type LockInfo = remote.LockInfo
-
-// Unlock removes the bucket's stale lock objects, or with all every lock
-// object (only when no push or gc runs on any host).
-func (e *Engine) Unlock(ctx context.Context, all bool) ([]LockInfo, error) {
-	defer e.shared()()
-	if e.remote == nil {
-		return nil, errNoRemote
-	}
-	return e.syncer().Unlock(ctx, all)
-}
-
-// LockWindow is the stale window this home's bucket locks state.
-func (e *Engine) LockWindow() time.Duration { return e.syncer().StaleAfter() }
-
-// Locks lists the bucket's lock objects.
-func (e *Engine) Locks(ctx context.Context) ([]LockInfo, error) {
-	defer e.shared()()
-	if e.remote == nil {
-		return nil, errNoRemote
-	}
-	var out []LockInfo
-	err := e.syncer().ListLocks(ctx, func(li LockInfo) error { out = append(out, li); return nil })
-	return out, err
 }

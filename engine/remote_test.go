@@ -64,7 +64,7 @@ func TestRestoreAnywhereFromTheBucket(t *testing.T) {
 	if st.QueueDepth != ir.Queued || remoteRecords(t, a)[c1.ID.String()] {
 		t.Fatalf("before push: queue %d (want %d), record remote: %v", st.QueueDepth, ir.Queued, remoteRecords(t, a)[c1.ID.String()])
 	}
-	_, err = a.Push(ctx, PushOptions{})
+	_, err = a.Remote().Push(ctx, PushOptions{})
 	must(t, err)
 	// A turn after init is queued by its commit and pushed urgently.
 	write(t, filepath.Join(cr.Root, "after-init"), "x")
@@ -75,7 +75,7 @@ func TestRestoreAnywhereFromTheBucket(t *testing.T) {
 	if st.QueueDepth == 0 || st.Sandboxes[0].PendingCheckpoints != 1 {
 		t.Fatalf("a new checkpoint is not queued: %+v", st)
 	}
-	_, err = a.Push(ctx, PushOptions{Sandbox: "s", Urgent: true})
+	_, err = a.Remote().Push(ctx, PushOptions{Sandbox: "s", Urgent: true})
 	must(t, err)
 	if st, _ = a.Status(ctx); st.QueueDepth != 0 {
 		t.Fatalf("queue after push: %+v", st)
@@ -86,7 +86,7 @@ func TestRestoreAnywhereFromTheBucket(t *testing.T) {
 	b := newEngine(t)
 	_, err = b.Init(ctx, remoteCfg(srv.Endpoint, "anywhere"))
 	must(t, err)
-	rep, err := b.RebuildCatalog(ctx)
+	rep, err := b.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
 	if rep.Checkpoints != 3 || rep.Sandboxes != 1 {
 		t.Fatalf("rebuild from the bucket found %d checkpoints, %d sandboxes", rep.Checkpoints, rep.Sandboxes)
@@ -99,7 +99,7 @@ func TestRestoreAnywhereFromTheBucket(t *testing.T) {
 	if got := mergedState(t, br.Root); got != want {
 		t.Fatalf("branch on the second host hashes to %s, want %s", got.Short(), want.Short())
 	}
-	if _, err := b.Verify(ctx, c2.ID.String()); err != nil {
+	if _, err := b.Verifier().Verify(ctx, c2.ID.String()); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -132,7 +132,7 @@ func TestRemoteDurabilityIsNeverClaimedEarly(t *testing.T) {
 	must(t, err)
 	cr, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: richBase(t)})
 	must(t, err)
-	_, err = e.Push(ctx, PushOptions{})
+	_, err = e.Remote().Push(ctx, PushOptions{})
 	must(t, err) // retries ride out the transient faults
 
 	failPacks.Store(true)
@@ -142,7 +142,7 @@ func TestRemoteDurabilityIsNeverClaimedEarly(t *testing.T) {
 	c, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
 	pctx, cancel := context.WithTimeout(ctx, 6*time.Second)
-	_, err = e.Push(pctx, PushOptions{Sandbox: "s", Urgent: true})
+	_, err = e.Remote().Push(pctx, PushOptions{Sandbox: "s", Urgent: true})
 	cancel()
 	if err == nil {
 		t.Fatal("push claimed success while every pack PUT failed")
@@ -156,7 +156,7 @@ func TestRemoteDurabilityIsNeverClaimedEarly(t *testing.T) {
 		t.Fatalf("failed upload left the queue as %+v", st)
 	}
 	failPacks.Store(false)
-	_, err = e.Push(ctx, PushOptions{})
+	_, err = e.Remote().Push(ctx, PushOptions{})
 	must(t, err)
 	if !remoteRecords(t, e)[c.ID.String()] {
 		t.Fatal("record missing after a successful push")
@@ -179,7 +179,7 @@ func TestMinIOKilledDuringPush(t *testing.T) {
 	must(t, err)
 	done := make(chan error, 1)
 	go func() {
-		_, err := e.Push(ctx, PushOptions{})
+		_, err := e.Remote().Push(ctx, PushOptions{})
 		done <- err
 	}()
 	time.Sleep(300 * time.Millisecond)
@@ -190,7 +190,7 @@ func TestMinIOKilledDuringPush(t *testing.T) {
 		// Retries may run out while the server is down; a second push
 		// finishes what is left.
 		t.Logf("push across the crash: %v; pushing again", err)
-		_, err = e.Push(ctx, PushOptions{})
+		_, err = e.Remote().Push(ctx, PushOptions{})
 		must(t, err)
 	}
 	if !remoteRecords(t, e)[c.ID.String()] {
@@ -207,7 +207,7 @@ func checkBucket(t *testing.T, srv *miniotest.Server, bucket string) {
 	f := newEngine(t)
 	_, err := f.Init(ctx, remoteCfg(srv.Endpoint, bucket))
 	must(t, err)
-	_, err = f.RebuildCatalog(ctx)
+	_, err = f.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
 	var ids []delta.ID
 	must(t, f.view(ctx, func(tx *catalog.Tx) error {
@@ -217,7 +217,7 @@ func checkBucket(t *testing.T, srv *miniotest.Server, bucket string) {
 		t.Fatal("bucket holds no records")
 	}
 	for _, id := range ids {
-		if _, err := f.Verify(ctx, id.String()); err != nil {
+		if _, err := f.Verifier().Verify(ctx, id.String()); err != nil {
 			t.Errorf("record %s in the bucket does not verify: %v", id.Short(), err)
 		}
 	}
@@ -245,7 +245,7 @@ func TestPushYieldsBeforeEachUpload(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		rep, err := e.Push(ctx, PushOptions{Yield: func(context.Context) {
+		rep, err := e.Remote().Push(ctx, PushOptions{Yield: func(context.Context) {
 			calls.Add(1)
 			<-gate
 		}})

@@ -67,7 +67,7 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 	if err != nil {
 		return nil, err
 	}
-	if err := e.mustOwn(st); err != nil {
+	if err := e.rem.MustOwn(st.sb, st.owner, st.head.ID); err != nil {
 		return nil, err
 	}
 	if cp.BaseTree != st.head.BaseTree {

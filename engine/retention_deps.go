@@ -27,7 +27,7 @@ func (e *Engine) newRetention() *retention.Retention {
 		LoadHistory: e.loadHistory,
 		DropFrozen:  e.dropFrozen,
 		LockBucket: func(ctx context.Context, name string) (retention.BucketLock, error) {
-			l, err := e.syncer().Lock(ctx, name)
+			l, err := e.rem.Syncer().Lock(ctx, name)
 			if err != nil {
 				return nil, err // no typed nil in the interface
 			}

@@ -57,7 +57,7 @@ func turns(t *testing.T, e *Engine, name, root string, n int) []delta.ID {
 
 func push(t *testing.T, e *Engine) {
 	t.Helper()
-	_, err := e.Push(context.Background(), PushOptions{})
+	_, err := e.Remote().Push(context.Background(), PushOptions{})
 	must(t, err)
 }
 
@@ -68,10 +68,10 @@ func (sb *sharedBucket) restorable(t *testing.T, want int) {
 	t.Helper()
 	ctx := context.Background()
 	c := sb.home(t)
-	if _, err := c.VerifyStore(ctx, ""); err != nil {
+	if _, err := c.Verifier().VerifyStore(ctx, ""); err != nil {
 		t.Fatalf("verify --store-only of the bucket from a fresh home: %v", err)
 	}
-	rep, err := c.RebuildCatalog(ctx)
+	rep, err := c.Rebuilder().RebuildCatalog(ctx)
 	if err != nil {
 		t.Fatalf("rebuild from the bucket: %v", err)
 	}
@@ -81,7 +81,7 @@ func (sb *sharedBucket) restorable(t *testing.T, want int) {
 	sbs, err := c.ListSandboxes(ctx)
 	must(t, err)
 	for _, si := range sbs {
-		if _, err := c.Verify(ctx, si.Head.ID.String()); err != nil {
+		if _, err := c.Verifier().Verify(ctx, si.Head.ID.String()); err != nil {
 			t.Fatalf("head of %s (%s) from a fresh home: %v", si.Sandbox.Name, si.Head.ID.Short(), err)
 		}
 	}
@@ -143,7 +143,7 @@ func TestPruneKeepsWhatAnotherHomeBranched(t *testing.T) {
 			ids := turns(t, a, "x", cr.Root, 4)
 			push(t, a)
 
-			_, err := b.RebuildCatalog(ctx)
+			_, err := b.Rebuilder().RebuildCatalog(ctx)
 			must(t, err)
 			_, err = b.Branch(ctx, ids[3].String(), "xc", BranchOptions{})
 			must(t, err)
@@ -164,7 +164,7 @@ func TestPruneKeepsWhatAnotherHomeBranched(t *testing.T) {
 			if !remoteRecords(t, a)[ids[3].String()] {
 				t.Fatalf("record %s, b's head, is gone from the bucket", ids[3].Short())
 			}
-			if _, err := a.VerifyStore(ctx, ""); err != nil {
+			if _, err := a.Verifier().VerifyStore(ctx, ""); err != nil {
 				t.Fatalf("a's verify --store-only after prune and gc: %v", err)
 			}
 			sb.restorable(t, 2)
@@ -208,12 +208,12 @@ func TestSweepSparesABranchMadeAfterTheMark(t *testing.T) {
 		t.Fatalf("gc before the grace swept %d records", gr.RecordsSwept)
 	}
 	for _, id := range ids {
-		if _, err := a.Verify(ctx, id.String()); err != nil {
+		if _, err := a.Verifier().Verify(ctx, id.String()); err != nil {
 			t.Fatalf("marked checkpoint %s after gc: %v", id.Short(), err)
 		}
 	}
 
-	_, err = b.RebuildCatalog(ctx)
+	_, err = b.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
 	_, err = b.Branch(ctx, ids[1].String(), "xc", BranchOptions{})
 	must(t, err)
@@ -257,7 +257,7 @@ func TestGraceZeroSweepHonoursEveryRef(t *testing.T) {
 	ids := turns(t, a, "x", cr.Root, 5)
 	push(t, a)
 
-	_, err := b.RebuildCatalog(ctx)
+	_, err := b.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
 	_, err = b.Tag(ctx, "b-keeps", ids[0].String())
 	must(t, err)
@@ -281,7 +281,7 @@ func TestGraceZeroSweepHonoursEveryRef(t *testing.T) {
 	if len(pr.Marked) != 2 {
 		t.Fatalf("prune marked %d, want 2 (%s, %s)", len(pr.Marked), ids[4].Short(), ids[5].Short())
 	}
-	_, err = b.RebuildCatalog(ctx) // b learns of a's new checkpoints
+	_, err = b.Rebuilder().RebuildCatalog(ctx) // b learns of a's new checkpoints
 	must(t, err)
 	_, err = b.Tag(ctx, "late", ids[5].String())
 	must(t, err)
@@ -316,7 +316,7 @@ func TestPushReuploadsARefTargetSweptMeanwhile(t *testing.T) {
 	cr := smallSandbox(t, a, "x")
 	ids := turns(t, a, "x", cr.Root, 4)
 	push(t, a)
-	_, err := b.RebuildCatalog(ctx)
+	_, err := b.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
 	_, err = b.Branch(ctx, ids[3].String(), "xc", BranchOptions{})
 	must(t, err)
@@ -353,7 +353,7 @@ func TestPushRefusesARefToAMissingRecord(t *testing.T) {
 	must(t, err)
 	must(t, a.remote.Delete(ctx, delta.RecordName(ids[0])))
 	must(t, a.local.Delete(ctx, delta.RecordName(ids[0])))
-	_, err = a.Push(ctx, PushOptions{})
+	_, err = a.Remote().Push(ctx, PushOptions{})
 	if !errors.Is(err, errdefs.ErrNotFound) || !strings.Contains(err.Error(), ids[0].Short()) {
 		t.Fatalf("push of a tag naming a lost record: %v, want ErrNotFound naming %s", err, ids[0].Short())
 	}

@@ -40,7 +40,7 @@ func TestSandboxRmCompletesAKilledRm(t *testing.T) {
 			if _, err := os.Stat(dir); !os.IsNotExist(err) {
 				t.Fatalf("sandbox dir still there: %v", err)
 			}
-			if _, err := e.RebuildCatalog(ctx); err != nil {
+			if _, err := e.Rebuilder().RebuildCatalog(ctx); err != nil {
 				t.Fatal(err)
 			}
 			if sbs, _ := e.ListSandboxes(ctx); len(sbs) != 0 {
@@ -59,15 +59,15 @@ func TestRemovedSandboxStaysRemovedAcrossRebuild(t *testing.T) {
 	e, _, _ := hostileHome(t, true)
 	_, err := e.Init(ctx, remoteCfg(srv.Endpoint, "rmrebuild"))
 	must(t, err)
-	_, err = e.Push(ctx, PushOptions{})
+	_, err = e.Remote().Push(ctx, PushOptions{})
 	must(t, err)
 	must(t, e.RemoveSandbox(ctx, "s"))
-	_, err = e.RebuildCatalog(ctx)
+	_, err = e.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
 	if sbs, _ := e.ListSandboxes(ctx); len(sbs) != 0 {
 		t.Fatalf("removed sandbox came back from the bucket: %+v", sbs)
 	}
-	_, err = e.Push(ctx, PushOptions{})
+	_, err = e.Remote().Push(ctx, PushOptions{})
 	must(t, err)
 	for _, name := range []string{"sandboxes/s", "refs/heads/s"} {
 		if _, err := e.remote.Stat(ctx, name); err == nil {

@@ -12,6 +12,7 @@ import (
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/engine/content"
+	"github.com/turnsnap/turnsnap/engine/remote"
 	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/internal/rootfs"
@@ -195,7 +196,7 @@ func (e *Engine) commit(ctx context.Context, op *content.Op, cp *delta.Checkpoin
 		if err := tx.PutCheckpoint(cp); err != nil {
 			return err
 		}
-		if err := e.queueCommit(tx, op, cp, newSandbox); err != nil {
+		if err := e.rem.QueueCommit(tx, op, cp, newSandbox); err != nil {
 			return err
 		}
 		return tx.SetRef(delta.Ref{Kind: delta.RefHead, Name: cp.Sandbox, Target: cp.ID})
@@ -251,7 +252,7 @@ type sandboxState struct {
 	sb    *delta.Sandbox
 	head  *delta.Checkpoint
 	root  rootfs.Root
-	owner delta.Owner // who may write its head (owner.go)
+	owner delta.Owner // who may write its head (engine/remote/owner.go)
 	// interrupted is what an interrupted operation left (intent.go), as
 	// far as the load did not finish it: nil when nothing.
 	interrupted *Interrupted
@@ -314,14 +315,14 @@ func (e *Engine) readSandbox(ctx context.Context, name string) (*sandboxState, r
 		if st.head, err = tx.Checkpoint(id); err != nil {
 			return err
 		}
-		st.owner, err = ownerOf(tx, st.sb)
+		st.owner, err = remote.OwnerOf(tx, st.sb)
 		return err
 	})
 	if err != nil {
 		return nil, nil, "", err
 	}
-	if !e.rootHere(st.sb) {
-		return nil, nil, "", e.errForeignRoot(st.sb)
+	if !e.rem.RootHere(st.sb) {
+		return nil, nil, "", e.rem.ErrForeignRoot(st.sb)
 	}
 	be, err := e.backend(st.sb.Backend, st.sb.Config)
 	if err != nil {
@@ -378,6 +379,14 @@ func (e *Engine) RemoveSandbox(ctx context.Context, name string) error {
 // sandbox's root is still on disk.
 const PhaseRemoveCommitted = "remove: catalog committed"
 
+// RemoveOptions configures RemoveSandboxWith.
+type RemoveOptions struct {
+	// CatalogOnly forgets the sandbox (its description and head, here and,
+	// at the next push, in the bucket) without touching its root or
+	// processes: for a sandbox whose root is on another host.
+	CatalogOnly bool `json:"catalog_only,omitempty"`
+}
+
 // RemoveSandboxWith is RemoveSandbox with options: CatalogOnly leaves the
 // root and processes alone (a sandbox whose root is on another host).
 func (e *Engine) RemoveSandboxWith(ctx context.Context, name string, o RemoveOptions) error {
@@ -398,7 +407,7 @@ func (e *Engine) RemoveSandboxWith(ctx context.Context, name string, o RemoveOpt
 		}
 		return e.removeUnknown(ctx, name, err) // a killed create's or branch's root
 	}
-	if !o.CatalogOnly && !e.rootHere(sb) {
+	if !o.CatalogOnly && !e.rem.RootHere(sb) {
 		// Its root is on the host that recorded it: nothing here to
 		// remove, and its recorded pool path must not be touched.
 		e.log.Warn("sandbox root is on another host; forgetting the sandbox only", "sandbox", name)
@@ -433,7 +442,7 @@ func (e *Engine) RemoveSandboxWith(ctx context.Context, name string, o RemoveOpt
 		if err := tx.DeleteRef(delta.RefHead, name); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 			return err
 		}
-		if err := e.queueDelete(tx, name, delta.RefName(delta.RefHead, sb.Key()), delta.SandboxName(sb.Key())); err != nil {
+		if err := e.rem.QueueDelete(tx, name, delta.RefName(delta.RefHead, sb.Key()), delta.SandboxName(sb.Key())); err != nil {
 			return err
 		}
 		if sb.ID != "" && sb.Home == e.config.HomeID {

@@ -145,7 +145,7 @@ func BenchmarkScaleRebuild(b *testing.B) {
 		stop := peakHeap()
 		b.StartTimer()
 		start := time.Now()
-		rep, err := e.RebuildCatalog(context.Background())
+		rep, err := e.Rebuilder().RebuildCatalog(context.Background())
 		el := time.Since(start)
 		b.StopTimer()
 		must(b, err)
@@ -179,7 +179,7 @@ func BenchmarkScalePrune(b *testing.B) {
 			b.Fatalf("prune deleted %d, want %d", len(pr.Deleted), n)
 		}
 		reportScale(b, n, el, commit, stop())
-		if _, err := e.Push(context.Background(), PushOptions{}); err != nil {
+		if _, err := e.Remote().Push(context.Background(), PushOptions{}); err != nil {
 			b.Fatalf("push after prune: %v", err)
 		}
 	}

@@ -42,7 +42,7 @@ func TestTwoHomesOneBucketNoCrossTalk(t *testing.T) {
 			must(t, err)
 			own[h][c.ID] = true
 		}
-		_, err = e.Push(ctx, PushOptions{})
+		_, err = e.Remote().Push(ctx, PushOptions{})
 		must(t, err)
 	}
 	a, b := hosts["a"], hosts["b"]
@@ -55,7 +55,7 @@ func TestTwoHomesOneBucketNoCrossTalk(t *testing.T) {
 
 	// B rebuilds from the bucket: it now knows A's sandbox too, under
 	// another label, and its own "s" holds only its own history.
-	rep, err := b.RebuildCatalog(ctx)
+	rep, err := b.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
 	if rep.Sandboxes != 2 || rep.Checkpoints != 8 {
 		t.Fatalf("rebuild on b: %d sandboxes, %d checkpoints; want 2, 8", rep.Sandboxes, rep.Checkpoints)
@@ -95,11 +95,11 @@ func TestTwoHomesOneBucketNoCrossTalk(t *testing.T) {
 			t.Fatalf("a's checkpoint %s is gone from the bucket after b's prune", id.Short())
 		}
 	}
-	_, err = b.Push(ctx, PushOptions{})
+	_, err = b.Remote().Push(ctx, PushOptions{})
 	must(t, err)
 
 	// A rebuilds too: its "s" is its own, with all four checkpoints.
-	_, err = a.RebuildCatalog(ctx)
+	_, err = a.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
 	if got := checkpointsOf(t, a, "s"); !sameIDs(got, own["a"]) {
 		t.Fatalf("a's sandbox s after rebuild holds %v, want %v", got, own["a"])
@@ -108,7 +108,7 @@ func TestTwoHomesOneBucketNoCrossTalk(t *testing.T) {
 	c := newEngine(t)
 	_, err = c.Init(ctx, cfg)
 	must(t, err)
-	rep, err = c.RebuildCatalog(ctx)
+	rep, err = c.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
 	if rep.Sandboxes != 2 || rep.Checkpoints != 5 {
 		t.Fatalf("rebuild on c: %d sandboxes, %d checkpoints; want 2, 5", rep.Sandboxes, rep.Checkpoints)
@@ -140,7 +140,7 @@ func TestRebuildRejectsImpostorsAndSkipsCorrupt(t *testing.T) {
 	agentTurn(t, cr.Root)
 	c1, err := a.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
-	_, err = a.Push(ctx, PushOptions{})
+	_, err = a.Remote().Push(ctx, PushOptions{})
 	must(t, err)
 
 	// A legacy sandbox as an older turnsnap wrote it: description under its
@@ -167,14 +167,14 @@ func TestRebuildRejectsImpostorsAndSkipsCorrupt(t *testing.T) {
 	b := newEngine(t)
 	_, err = b.Init(ctx, remoteCfg(srv.Endpoint, "impostor"))
 	must(t, err)
-	_, err = b.RebuildCatalogWith(ctx, RebuildOptions{Strict: true})
+	_, err = b.Rebuilder().RebuildCatalogWith(ctx, RebuildOptions{Strict: true})
 	if !errors.Is(err, errdefs.ErrCorrupt) || !strings.Contains(err.Error(), strings.TrimPrefix(badRecord, delta.RecordPrefix)) && !strings.Contains(err.Error(), impostor) {
 		t.Fatalf("rebuild over damaged objects: %v, want ErrCorrupt naming one", err)
 	}
 	if sbs, _ := b.ListSandboxes(ctx); len(sbs) != 0 {
 		t.Fatalf("a failed rebuild replaced the catalog: %d sandboxes", len(sbs))
 	}
-	rep, err := b.RebuildCatalogWith(ctx, RebuildOptions{SkipCorrupt: true})
+	rep, err := b.Rebuilder().RebuildCatalogWith(ctx, RebuildOptions{SkipCorrupt: true})
 	must(t, err)
 	var skipped []string
 	for _, c := range rep.Corrupt {

@@ -90,7 +90,7 @@ func stressWorker(ctx context.Context, e *Engine, base string, w, turns int, ops
 			return err
 		}
 		points = append(points, point{r.ID, state})
-		if _, err := e.Verify(ctx, r.ID.String()); err != nil {
+		if _, err := e.Verifier().Verify(ctx, r.ID.String()); err != nil {
 			return fmt.Errorf("turn %d: %w", i, err)
 		}
 		ops.Add(1)
@@ -157,7 +157,7 @@ func TestCreateManySandboxesAtOnce(t *testing.T) {
 	go func() {
 		var err error
 		for pushCtx.Err() == nil && err == nil {
-			_, err = e.Push(pushCtx, PushOptions{})
+			_, err = e.Remote().Push(pushCtx, PushOptions{})
 		}
 		if pushCtx.Err() != nil {
 			err = nil

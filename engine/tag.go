@@ -48,7 +48,7 @@ func (e *Engine) Tag(ctx context.Context, name, ref string) (*delta.Checkpoint, 
 		return nil, err
 	}
 	err = e.cat.Update(ctx, func(tx *catalog.Tx) error {
-		if err := e.queueRef(tx, cp.Sandbox, delta.RefName(delta.RefTag, name), cp.ID, ""); err != nil {
+		if err := e.rem.QueueRef(tx, cp.Sandbox, delta.RefName(delta.RefTag, name), cp.ID, ""); err != nil {
 			return err
 		}
 		return tx.SetRef(delta.Ref{Kind: delta.RefTag, Name: name, Target: cp.ID})
@@ -73,7 +73,7 @@ func (e *Engine) Untag(ctx context.Context, name string) error {
 		return fmt.Errorf("tag %s: %w", name, err)
 	}
 	return e.cat.Update(ctx, func(tx *catalog.Tx) error {
-		if err := e.queueDelete(tx, backfillSandbox, delta.RefName(delta.RefTag, name)); err != nil {
+		if err := e.rem.QueueDelete(tx, backfillSandbox, delta.RefName(delta.RefTag, name)); err != nil {
 			return err
 		}
 		return tx.DeleteRef(delta.RefTag, name)

@@ -358,7 +358,7 @@ func TestTrackedCommitAfterSkipVerifies(t *testing.T) {
 		res, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 		must(t, err)
 		checkAgainstFullRead(t, e, "s", res, fmt.Sprintf("turn %d after a skip", turn))
-		if _, err := e.Verify(ctx, res.ID.String()); err != nil {
+		if _, err := e.Verifier().Verify(ctx, res.ID.String()); err != nil {
 			t.Fatalf("turn %d after a skip: %v (tracking %+v)", turn, err, e.TrackingStats())
 		}
 	}

@@ -101,7 +101,7 @@ func startLLM(ctx context.Context, log *slog.Logger, srv *api.Server, f llmFlags
 		return func(context.Context) {}, nil
 	}
 	gate, _ := llmproxy.ParseGate(f.gate)
-	if gate == llmproxy.GateRemote && !srv.Service().E.HasRemote() {
+	if gate == llmproxy.GateRemote && !srv.Service().E.Remote().HasRemote() {
 		return nil, fmt.Errorf("serve: --llm-gate remote needs a remote store (turnsnap init --remote URL first): %w", errdefs.ErrPrecondition)
 	}
 	l, err := net.Listen("tcp", f.listen)

@@ -270,9 +270,9 @@ func (a *app) serve(ctx context.Context, f serveFlags) error {
 	// The host lease says this home is alive, so that other homes do not
 	// adopt its sandboxes without --force.
 	pushWG.Add(1)
-	go func() { defer pushWG.Done(); api.RunLease(pushCtx, e, f.leaseTTL, log) }()
+	go func() { defer pushWG.Done(); api.RunLease(pushCtx, e.Remote(), f.leaseTTL, log) }()
 	pushWG.Add(1)
-	go func() { defer pushWG.Done(); api.RunLockSweeper(pushCtx, e, log) }()
+	go func() { defer pushWG.Done(); api.RunLockSweeper(pushCtx, e.Remote(), log) }()
 
 	srvAPI, err := api.New(e, api.Options{Logger: log, Uploads: pusher, Monitor: mon, MCP: mcpHandler(log)})
 	if err != nil {

@@ -146,7 +146,7 @@ func (a *app) openTenant(ctx context.Context, log *slog.Logger, spec api.TenantS
 	}
 	th.recovered = recoverInBackground(context.WithoutCancel(ctx), log, e)
 	var setup engine.SetupOptions
-	if spec.Remote != nil && !e.HasRemote() {
+	if spec.Remote != nil && !e.Remote().HasRemote() {
 		rc := *spec.Remote
 		setup.Remote = &rc
 	}

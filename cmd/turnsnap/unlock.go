@@ -29,7 +29,7 @@ still running on some host: use it only when none is.`,
 		if all && staleOnly {
 			return fmt.Errorf("unlock: --all and --stale-only exclude each other: %w", errdefs.ErrInvalid)
 		}
-		removed, err := e.Unlock(ctx, all)
+		removed, err := e.Remote().Unlock(ctx, all)
 		if err != nil {
 			return err
 		}

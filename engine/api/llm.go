@@ -141,7 +141,7 @@ func (l *LLM) Checkpoint(ctx context.Context, t llmproxy.Turn) (llmproxy.Committ
 // the wait joins the pusher's next round, which is urgent while anyone
 // waits.
 func (l *LLM) WaitRemote(ctx context.Context, t llmproxy.Turn, c llmproxy.Committed) error {
-	if !l.svc.E.HasRemote() {
+	if !l.svc.E.Remote().HasRemote() {
 		return fmt.Errorf("sandbox %s: the remote gate needs a remote store (turnsnap init --remote): %w", t.Sandbox, errdefs.ErrPrecondition)
 	}
 	select {
@@ -149,7 +149,7 @@ func (l *LLM) WaitRemote(ctx context.Context, t llmproxy.Turn, c llmproxy.Commit
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	pending, err := l.svc.E.PendingCheckpoints(ctx)
+	pending, err := l.svc.E.Remote().PendingCheckpoints(ctx)
 	if err != nil {
 		return err
 	}

@@ -60,7 +60,7 @@ func (p *Pusher) Kick() {
 
 // Committed implements Uploader.
 func (p *Pusher) Committed(sandbox string, id delta.ID) {
-	if !p.e.HasRemote() {
+	if !p.e.Remote().HasRemote() {
 		return
 	}
 	p.mu.Lock()
@@ -131,7 +131,7 @@ func (p *Pusher) round(ctx context.Context) error {
 		return ws
 	}
 	ws := take()
-	if !p.e.HasRemote() && len(ws) == 0 {
+	if !p.e.Remote().HasRemote() && len(ws) == 0 {
 		return nil
 	}
 	if len(ws) == 0 {
@@ -157,7 +157,7 @@ func (p *Pusher) round(ctx context.Context) error {
 		yield = p.e.Admission().Yielder() // and again before each upload
 	}
 	p.mon.pushStarted()
-	rep, err := p.e.Push(ctx, engine.PushOptions{Sandbox: scope, Urgent: len(ws) > 0, Yield: yield, Progress: func(st sched.Stats) {
+	rep, err := p.e.Remote().Push(ctx, engine.PushOptions{Sandbox: scope, Urgent: len(ws) > 0, Yield: yield, Progress: func(st sched.Stats) {
 		mu.Lock()
 		last = st
 		mu.Unlock()
@@ -168,7 +168,7 @@ func (p *Pusher) round(ctx context.Context) error {
 	for _, w := range ws {
 		w.done <- pushResult{rep, err}
 	}
-	if err != nil && p.e.HasRemote() {
+	if err != nil && p.e.Remote().HasRemote() {
 		p.log.Warn("background push failed; will retry", "err", err)
 	} else if rep != nil && rep.Uploaded > 0 {
 		p.log.Info("pushed", "uploaded", rep.Uploaded, "bytes", rep.Bytes, "duration", rep.Duration)
@@ -189,7 +189,7 @@ func (p *Pusher) announceDurable(ctx context.Context) {
 	if n == 0 {
 		return
 	}
-	pending, err := p.e.PendingCheckpoints(ctx)
+	pending, err := p.e.Remote().PendingCheckpoints(ctx)
 	if err != nil {
 		return
 	}

@@ -126,7 +126,7 @@ func (s *Service) RemoveSandbox(ctx context.Context, name string, catalogOnly bo
 }
 
 func (s *Service) AdoptSandbox(ctx context.Context, name string, req AdoptRequest) (*Adopted, error) {
-	r, err := s.E.Adopt(ctx, name, engine.AdoptOptions{Force: req.Force})
+	r, err := s.E.Remote().Adopt(ctx, name, engine.AdoptOptions{Force: req.Force})
 	if err != nil {
 		return nil, err
 	}
@@ -193,7 +193,7 @@ func (s *Service) Checkpoint(ctx context.Context, name string, req CheckpointReq
 		// have been refused this sandbox's head: the checkpoint is then
 		// fenced, and never remotely durable, though this round sent
 		// nothing and failed nothing.
-		fenced, err := s.E.Fenced(ctx, r.ID)
+		fenced, err := s.E.Remote().Fenced(ctx, r.ID)
 		if err != nil {
 			return nil, err
 		}
@@ -213,7 +213,7 @@ func (s *Service) push(ctx context.Context, sandbox string, urgent bool) (*engin
 	if s.Uploads != nil {
 		return s.Uploads.Wait(ctx, sandbox)
 	}
-	return s.E.Push(ctx, engine.PushOptions{Sandbox: sandbox, Urgent: urgent, Progress: s.PushProgress})
+	return s.E.Remote().Push(ctx, engine.PushOptions{Sandbox: sandbox, Urgent: urgent, Progress: s.PushProgress})
 }
 
 func (s *Service) Log(ctx context.Context, name string) ([]LogEntry, error) {
@@ -352,7 +352,7 @@ func (s *Service) branchBackend(req BranchRequest) (string, btrfs.Options, error
 }
 
 func (s *Service) Verify(ctx context.Context, ref string) (*Verified, error) {
-	r, err := s.E.Verify(ctx, ref)
+	r, err := s.E.Verifier().Verify(ctx, ref)
 	if err != nil {
 		return nil, err
 	}
@@ -361,7 +361,7 @@ func (s *Service) Verify(ctx context.Context, ref string) (*Verified, error) {
 }
 
 func (s *Service) VerifyStore(ctx context.Context, req StoreVerifyRequest) (*StoreVerified, error) {
-	r, err := s.E.VerifyStore(ctx, req.Checkpoint)
+	r, err := s.E.Verifier().VerifyStore(ctx, req.Checkpoint)
 	if err != nil {
 		return nil, err
 	}
@@ -466,7 +466,7 @@ func (s *Service) Init(ctx context.Context, req InitRequest) (*Initialised, erro
 }
 
 func (s *Service) RebuildCatalog(ctx context.Context, req RebuildRequest) (*Rebuilt, error) {
-	r, err := s.E.RebuildCatalogWith(ctx, engine.RebuildOptions{SkipCorrupt: req.SkipCorrupt, Strict: req.Strict})
+	r, err := s.E.Rebuilder().RebuildCatalogWith(ctx, engine.RebuildOptions{SkipCorrupt: req.SkipCorrupt, Strict: req.Strict})
 	if err != nil {
 		return nil, err
 	}

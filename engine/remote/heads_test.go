@@ -179,7 +179,7 @@ func TestWriteHeadRules(t *testing.T) {
 	if id, _ := read(); id != t1 {
 		t.Fatal("a fenced write changed the head")
 	}
-	// B adopts (as engine.Adopt does): epoch 2. A's next write is fenced
+	// B adopts (as Home.Adopt does): epoch 2. A's next write is fenced
 	// and A notes the new owner.
 	if _, err := remote.PutIf(ctx, name, delta.EncodeHead(t1, delta.Owner{Home: homeB, Epoch: 2}), remote.tags[name]); err != nil {
 		t.Fatal(err)

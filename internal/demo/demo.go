@@ -193,7 +193,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		if t.Class == delta.ClassSkip {
 			continue
 		}
-		if _, err := e.Verify(ctx, t.ID); err != nil {
+		if _, err := e.Verifier().Verify(ctx, t.ID); err != nil {
 			return nil, fmt.Errorf("demo: verify: %w", err)
 		}
 		rep.Verified++

@@ -312,7 +312,7 @@ touch -d @1700000100 a.txt opq/n newdir/f newdir/empty newdir/tree-bytes newdir/
 	if len(pr.Marked) == 0 || len(pr.Deleted) != 0 {
 		t.Fatalf("prune marked %d, deleted %d", len(pr.Marked), len(pr.Deleted))
 	}
-	_, err = e.Push(ctx, engine.PushOptions{})
+	_, err = e.Remote().Push(ctx, engine.PushOptions{})
 	must(t, err)
 
 	sbs, err := e.ListSandboxes(ctx)

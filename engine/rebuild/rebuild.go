@@ -1,4 +1,6 @@
-package engine
+// Package rebuild recreates a home's catalog from its object store alone
+// (docs/FORMAT.md): the store is the truth, the catalog an index of it.
+package rebuild
 
 import (
 	"cmp"
@@ -19,78 +21,14 @@ import (
 	"github.com/turnsnap/turnsnap/upload"
 )
 
-// RebuildReport counts what a catalog rebuild found in the store and names
-// what it left out.
-type RebuildReport struct {
-	Packs       int
-	Blobs       int
-	Checkpoints int
-	Sandboxes   int
-	Refs        int
-	Duration    time.Duration
-	// Skipped lists every object the rebuild left out, each with the class
-	// of its fault. The rebuild is partial when it is not empty: everything
-	// else (every sandbox and checkpoint that is whole) was restored.
-	Skipped []SkippedObject
-	// Corrupt is the part of Skipped whose class is SkipCorrupt, as it was
-	// reported before Skipped existed.
-	Corrupt []CorruptObject
-}
-
-// Partial says whether the rebuild left anything out.
-func (r *RebuildReport) Partial() bool { return len(r.Skipped) > 0 }
-
-// SkipClass is why a rebuild left an object out.
-type SkipClass string
-
-const (
-	// SkipDangling: a head or tag names a checkpoint the store lacks (a
-	// prune on another home deleted it, or the ref was never valid).
-	SkipDangling SkipClass = "dangling"
-	// SkipMissingObjects: an object is readable but something it needs is
-	// in no pack (a record whose trees or chunks are gone), or a ref names
-	// such a record, or a sandbox description has no head.
-	SkipMissingObjects SkipClass = "missing_objects"
-	// SkipCorrupt: the object does not decode, breaks a rule of the format
-	// (a bad pack header, a declared size over a limit, a wrong hash, a
-	// record or head that contradicts its sandbox), or names an object that
-	// does.
-	SkipCorrupt SkipClass = "corrupt"
-)
-
-// SkippedObject is one object a rebuild left out.
-type SkippedObject struct {
-	Name  string    `json:"name"` // the store object, as named in the store
-	Class SkipClass `json:"class"`
-	// Sandbox is the label (on the home that wrote it) of the sandbox the
-	// object belongs to, when the rebuild could tell.
-	Sandbox string `json:"sandbox,omitempty"`
-	Error   string `json:"error"`
-}
-
-// RebuildOptions configures a catalog rebuild.
-type RebuildOptions struct {
-	// SkipCorrupt is what a rebuild does anyway (skip each object it cannot
-	// use and report it); it stays for callers written when failing was
-	// the default.
-	SkipCorrupt bool
-	// Strict fails the rebuild at the first object it would skip, naming it
-	// (ErrCorrupt), and keeps the old catalog.
-	Strict bool
-}
-
-// CorruptObject is an object a rebuild could not use.
-type CorruptObject struct {
-	Name  string `json:"name"`
-	Error string `json:"error"`
-}
-
 // rebuildMarker is written into a fully built replacement catalog; only a
-// marked one may take the live catalog's place (see finishRebuild).
+// marked one may take the live catalog's place (see Finish).
 const rebuildMarker = "REBUILD-COMPLETE"
 
-func (h home) rebuildDir() string { return h.catalogDir() + ".new" }
-func (h home) retiredDir() string { return h.catalogDir() + ".old" }
+// Dir is where a rebuild builds the replacement of the catalog in
+// catalogDir.
+func Dir(catalogDir string) string        { return catalogDir + ".new" }
+func retiredDir(catalogDir string) string { return catalogDir + ".old" }
 
 // RebuildCatalog recreates the catalog from the object store alone: blob
 // locations from pack headers, checkpoints from records, sandboxes and refs
@@ -101,28 +39,29 @@ func (h home) retiredDir() string { return h.catalogDir() + ".old" }
 // It restores what it can: an object it cannot use (damaged or hostile, a
 // record whose trees or chunks are in no pack, a ref naming a checkpoint
 // the store lacks) is left out with everything that needs it, and named in
-// RebuildReport.Skipped; every whole sandbox and checkpoint is restored and
+// Report.Skipped; every whole sandbox and checkpoint is restored and
 // the catalog is swapped as for a complete rebuild. Only a failure to read
-// the store (or, with RebuildOptions.Strict, any skip) fails it.
-func (e *Engine) RebuildCatalog(ctx context.Context) (*RebuildReport, error) {
-	return e.RebuildCatalogWith(ctx, RebuildOptions{})
+// the store (or, with Options.Strict, any skip) fails it.
+func (r *Rebuilder) RebuildCatalog(ctx context.Context) (*Report, error) {
+	return r.RebuildCatalogWith(ctx, Options{})
 }
 
 // RebuildCatalogWith is RebuildCatalog with options.
-func (e *Engine) RebuildCatalogWith(ctx context.Context, opts RebuildOptions) (*RebuildReport, error) {
-	defer e.exclusive()()
-	e.progressPhase("rebuild", 0)
-	if err := e.keys.RefuseIfEncrypted(ctx); err != nil {
+func (r *Rebuilder) RebuildCatalogWith(ctx context.Context, opts Options) (*Report, error) {
+	defer r.d.Exclusive()()
+	r.d.Phase("rebuild")
+	if err := r.d.RefuseIfEncrypted(ctx); err != nil {
 		return nil, err
 	}
 	start := time.Now()
-	rep := &RebuildReport{}
-	rb := &rebuilder{e: e, opts: opts, rep: rep}
-	dir := e.home.rebuildDir()
+	rep := &Report{}
+	rb := &run{r: r, opts: opts, rep: rep}
+	rb.store, rb.local, rb.remote = r.d.Stores()
+	dir := Dir(r.d.CatalogDir)
 	if err := os.RemoveAll(dir); err != nil {
 		return nil, err
 	}
-	cat, err := catalog.Open(ctx, dir, e.catalogOptions(false))
+	cat, err := catalog.Open(ctx, dir, r.d.CatalogOptions())
 	if err != nil {
 		return nil, err
 	}
@@ -137,46 +76,49 @@ func (e *Engine) RebuildCatalogWith(ctx context.Context, opts RebuildOptions) (*
 	if err := os.WriteFile(dir+"/"+rebuildMarker, nil, 0o600); err != nil {
 		return nil, err
 	}
-	if err := e.cat.Close(); err != nil {
+	if err := r.d.Catalog().Close(); err != nil {
 		return nil, err
 	}
-	e.cat = nil
-	if err := finishRebuild(e.home); err != nil {
+	r.d.SetCatalog(nil)
+	if err := Finish(r.d.CatalogDir); err != nil {
 		return nil, err
 	}
-	if e.cat, err = catalog.Open(ctx, e.home.catalogDir(), e.catalogOptions(false)); err != nil {
+	live, err := catalog.Open(ctx, r.d.CatalogDir, r.d.CatalogOptions())
+	if err != nil {
 		return nil, err
 	}
-	e.repo = e.newRepo()
+	r.d.SetCatalog(live)
 	slices.SortFunc(rep.Skipped, func(a, b SkippedObject) int { return strings.Compare(a.Name, b.Name) })
 	slices.SortFunc(rep.Corrupt, func(a, b CorruptObject) int { return strings.Compare(a.Name, b.Name) })
 	rep.Duration = time.Since(start)
 	return rep, nil
 }
 
-// finishRebuild swaps a completed rebuilt catalog into place. It runs at
-// every open too, so a crash between the two renames is finished next time.
-func finishRebuild(h home) error {
-	if _, err := os.Stat(h.rebuildDir() + "/" + rebuildMarker); err != nil {
-		os.RemoveAll(h.rebuildDir()) // an unfinished rebuild is just discarded
+// Finish swaps a completed rebuilt catalog into catalogDir's place. It
+// runs at every open too, so a crash between the two renames is finished
+// next time.
+func Finish(catalogDir string) error {
+	if _, err := os.Stat(Dir(catalogDir) + "/" + rebuildMarker); err != nil {
+		os.RemoveAll(Dir(catalogDir)) // an unfinished rebuild is just discarded
 		return nil
 	}
-	os.RemoveAll(h.retiredDir())
-	if err := os.Rename(h.catalogDir(), h.retiredDir()); err != nil && !errors.Is(err, os.ErrNotExist) {
+	os.RemoveAll(retiredDir(catalogDir))
+	if err := os.Rename(catalogDir, retiredDir(catalogDir)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("catalog swap: %w", err)
 	}
-	if err := os.Rename(h.rebuildDir(), h.catalogDir()); err != nil {
+	if err := os.Rename(Dir(catalogDir), catalogDir); err != nil {
 		return fmt.Errorf("catalog swap: %w", err)
 	}
-	os.Remove(h.catalogDir() + "/" + rebuildMarker)
-	return os.RemoveAll(h.retiredDir())
+	os.Remove(catalogDir + "/" + rebuildMarker)
+	return os.RemoveAll(retiredDir(catalogDir))
 }
 
-// rebuilder is one rebuild's state: its options and what it found.
-type rebuilder struct {
-	e    *Engine
-	opts RebuildOptions
-	rep  *RebuildReport
+// run is one rebuild's state: its options, its stores and what it found.
+type run struct {
+	r                    *Rebuilder
+	store, local, remote upload.Store
+	opts                 Options
+	rep                  *Report
 	// owners are the owner lines of the bucket's heads, by sandbox key
 	// (docs/STORAGE.md, "Ownership and fencing").
 	owners map[string]delta.Owner
@@ -184,7 +126,7 @@ type rebuilder struct {
 
 // skip leaves an object out of the rebuild and reports it with its class,
 // or with Strict is the rebuild's error, naming the object once.
-func (rb *rebuilder) skip(name string, class SkipClass, sandbox string, err error) error {
+func (rb *run) skip(name string, class SkipClass, sandbox string, err error) error {
 	if _, base, _ := strings.Cut(name, "/"); !strings.Contains(err.Error(), base) {
 		err = fmt.Errorf("object %s: %w", name, err)
 	}
@@ -194,7 +136,7 @@ func (rb *rebuilder) skip(name string, class SkipClass, sandbox string, err erro
 		}
 		return err
 	}
-	rb.e.log.Warn("rebuild: skipping an object", "object", name, "class", class, "err", err)
+	rb.r.d.Log.Warn("rebuild: skipping an object", "object", name, "class", class, "err", err)
 	rb.rep.Skipped = append(rb.rep.Skipped, SkippedObject{Name: name, Class: class, Sandbox: sandbox, Error: err.Error()})
 	if class == SkipCorrupt {
 		rb.rep.Corrupt = append(rb.rep.Corrupt, CorruptObject{Name: name, Error: err.Error()})
@@ -203,7 +145,7 @@ func (rb *rebuilder) skip(name string, class SkipClass, sandbox string, err erro
 }
 
 // bad skips an object that does not decode or breaks a rule.
-func (rb *rebuilder) bad(name string, err error) error {
+func (rb *run) bad(name string, err error) error {
 	if !errors.Is(err, errdefs.ErrCorrupt) {
 		err = fmt.Errorf("%w: %w", err, errdefs.ErrCorrupt)
 	}
@@ -213,13 +155,13 @@ func (rb *rebuilder) bad(name string, err error) error {
 // readSmall reads a listed object of at most max bytes. An object over the
 // limit is skipped as corrupt; one gone since the listing (a prune or gc
 // on another home) is nothing to restore, and found is false.
-func (rb *rebuilder) readSmall(ctx context.Context, name string, max int64) (data []byte, found bool, err error) {
-	data, err = upload.ReadAllMax(ctx, rb.e.store, name, max)
+func (rb *run) readSmall(ctx context.Context, name string, max int64) (data []byte, found bool, err error) {
+	data, err = upload.ReadAllMax(ctx, rb.store, name, max)
 	switch {
 	case err == nil:
 		return data, true, nil
 	case errors.Is(err, errdefs.ErrNotFound):
-		rb.e.log.Info("rebuild: object gone since it was listed", "object", name)
+		rb.r.d.Log.Info("rebuild: object gone since it was listed", "object", name)
 		return nil, false, nil
 	case errors.Is(err, errdefs.ErrCorrupt) && !errors.Is(err, errdefs.ErrKey):
 		return nil, false, rb.bad(name, err)
@@ -227,85 +169,14 @@ func (rb *rebuilder) readSmall(ctx context.Context, name string, max int64) (dat
 	return nil, false, err
 }
 
-// skipClassOf maps an object fault to its class.
-func skipClassOf(err error) SkipClass {
-	if errors.Is(err, errdefs.ErrCorrupt) {
-		return SkipCorrupt
-	}
-	return SkipMissingObjects
-}
-
-// rebuildBatch bounds the writes of one catalog transaction in a rebuild
-// (Badger refuses a transaction past its size limit).
-const rebuildBatch = 1000
-
-// packIndex is the blob index a rebuild makes from pack headers. A blob in
-// several packs (two hosts stored it, or a hostile pack claims its ID) is
-// located in the oldest pack, which held it before any later copy could
-// shadow it; a tree whose chosen copy does not verify is read from the
-// others (see treeLoader).
-type packIndex struct {
-	locs  map[delta.ID]catalog.BlobLocation
-	mtime map[delta.ID]time.Time // of the pack locs names, for blobs seen twice
-	alts  map[delta.ID][]catalog.BlobLocation
-}
-
-func (x *packIndex) add(id delta.ID, loc catalog.BlobLocation, mod time.Time) {
-	old, dup := x.locs[id]
-	if !dup {
-		x.locs[id] = loc
-		x.mtime[id] = mod
-		return
-	}
-	if mod.Before(x.mtime[id]) {
-		x.locs[id], x.mtime[id] = loc, mod
-		loc = old
-	}
-	x.alts[id] = append(x.alts[id], loc)
-}
-
-// treeLoader reads blobs at the index's locations only (a blob in no pack
-// is not found, whatever an old catalog says), and a tree whose copy does
-// not verify from the other copies, keeping the first that does and
-// reporting the pack of the bad copy (badCopy).
-type treeLoader struct {
-	e       *Engine
-	x       *packIndex
-	badCopy func(pack string, err error) error
-}
-
-func (l treeLoader) LoadBlob(ctx context.Context, t delta.BlobType, id delta.ID) ([]byte, error) {
-	loc, ok := l.x.locs[id]
-	if !ok {
-		return nil, fmt.Errorf("blob %s is in no pack: %w", id.Short(), errdefs.ErrNotFound)
-	}
-	data, err := l.e.repo.LoaderFor(map[delta.ID]catalog.BlobLocation{id: loc}).LoadBlob(ctx, t, id)
-	if err == nil || !check.Skippable(err) {
-		return data, err
-	}
-	for i, alt := range l.x.alts[id] {
-		d, aerr := l.e.repo.LoaderFor(map[delta.ID]catalog.BlobLocation{id: alt}).LoadBlob(ctx, t, id)
-		if aerr == nil {
-			l.x.alts[id][i] = loc
-			l.x.locs[id] = alt
-			if err := l.badCopy(delta.PackName(loc.Pack), fmt.Errorf("%w; the copy in %s is used", err, delta.PackName(alt.Pack))); err != nil {
-				return nil, err
-			}
-			return d, nil
-		}
-	}
-	return nil, err
-}
-
-func (rb *rebuilder) fill(ctx context.Context, cat *catalog.Catalog) error {
-	e := rb.e
+func (rb *run) fill(ctx context.Context, cat *catalog.Catalog) error {
 	x := &packIndex{locs: map[delta.ID]catalog.BlobLocation{}, mtime: map[delta.ID]time.Time{}, alts: map[delta.ID][]catalog.BlobLocation{}}
-	err := e.store.List(ctx, "packs/", func(oi upload.ObjectInfo) error {
+	err := rb.store.List(ctx, "packs/", func(oi upload.ObjectInfo) error {
 		id, ok := delta.ParsePackName(oi.Name)
 		if !ok {
 			return nil // not ours; leave it
 		}
-		entries, err := e.readPackHeader(ctx, oi.Name)
+		entries, err := rb.readPackHeader(ctx, oi.Name)
 		if errors.Is(err, errdefs.ErrCorrupt) && !errors.Is(err, errdefs.ErrKey) {
 			return rb.bad(oi.Name, err)
 		}
@@ -327,7 +198,7 @@ func (rb *rebuilder) fill(ctx context.Context, cat *catalog.Catalog) error {
 	rb.rep.Blobs = len(x.locs)
 	// A sandbox removed here whose removal has not reached the bucket yet
 	// is still there remotely: the old catalog's queue says it is gone.
-	deleting := e.pendingDeletes(ctx)
+	deleting := rb.pendingDeletes(ctx)
 	byKey, err := rb.descriptions(ctx, deleting)
 	if err != nil {
 		return err
@@ -338,7 +209,7 @@ func (rb *rebuilder) fill(ctx context.Context, cat *catalog.Catalog) error {
 	}
 	// Only whole checkpoints are indexed: everything a restore of each
 	// needs is in some pack and decodes.
-	loader := treeLoader{e, x, rb.bad}
+	loader := treeLoader{rb.r.d.Blobs(), x, rb.bad}
 	whole := &check.Whole{Loader: loader, Has: func(id delta.ID) bool { _, ok := x.locs[id]; return ok }}
 	indexed := map[delta.ID]*delta.Checkpoint{}
 	notWhole := map[delta.ID]SkippedObject{}
@@ -378,7 +249,7 @@ func (rb *rebuilder) fill(ctx context.Context, cat *catalog.Catalog) error {
 		return err
 	}
 	rb.rep.Sandboxes, rb.rep.Refs = len(sbs), len(refs)
-	if err := e.carryUploads(ctx, cat); err != nil {
+	if err := rb.carryUploads(ctx, cat); err != nil {
 		return err
 	}
 	for len(good) > 0 {
@@ -421,9 +292,9 @@ func (rb *rebuilder) fill(ctx context.Context, cat *catalog.Catalog) error {
 // could not be indexed under its name), or claims a sandbox whose base it
 // does not share (every checkpoint of a sandbox is over the sandbox's base:
 // rollback refuses any other) is skipped as corrupt.
-func (rb *rebuilder) records(ctx context.Context, byKey map[string]*delta.Sandbox) ([]*delta.Checkpoint, error) {
+func (rb *run) records(ctx context.Context, byKey map[string]*delta.Sandbox) ([]*delta.Checkpoint, error) {
 	var cps []*delta.Checkpoint
-	err := rb.e.store.List(ctx, delta.RecordPrefix, func(oi upload.ObjectInfo) error {
+	err := rb.store.List(ctx, delta.RecordPrefix, func(oi upload.ObjectInfo) error {
 		id, err := delta.ParseID(strings.TrimPrefix(oi.Name, delta.RecordPrefix))
 		if err != nil || delta.RecordName(id) != oi.Name {
 			return nil // not ours; leave it
@@ -455,12 +326,13 @@ func (rb *rebuilder) records(ctx context.Context, byKey map[string]*delta.Sandbo
 // pendingDeletes names the objects the old catalog's upload queue still has
 // to delete remotely. An unreadable old catalog gives none: the bucket is
 // then all there is to go by.
-func (e *Engine) pendingDeletes(ctx context.Context) map[string]bool {
+func (rb *run) pendingDeletes(ctx context.Context) map[string]bool {
 	out := map[string]bool{}
-	if e.cat == nil || e.remote == nil {
+	old := rb.r.d.Catalog()
+	if old == nil || rb.remote == nil {
 		return out
 	}
-	e.cat.View(ctx, func(tx *catalog.Tx) error {
+	old.View(ctx, func(tx *catalog.Tx) error {
 		all, err := tx.PendingUploads("")
 		for _, p := range all {
 			if p.Delete {
@@ -474,10 +346,17 @@ func (e *Engine) pendingDeletes(ctx context.Context) map[string]bool {
 
 // readPackHeader reads a pack's header from the local copy, or straight from
 // the remote store (a range read, not a download of the whole pack).
-func (e *Engine) readPackHeader(ctx context.Context, name string) ([]delta.PackEntry, error) {
-	entries, err := e.localKeys().ReadPackHeader(ctx, upload.Ranges(e.local), name)
-	if errors.Is(err, errdefs.ErrNotFound) && e.remote != nil {
-		return e.localKeys().ReadPackHeader(ctx, upload.Ranges(e.remote), name)
+func (rb *run) readPackHeader(ctx context.Context, name string) ([]delta.PackEntry, error) {
+	return ReadPackHeader(ctx, rb.r.d.Keys(), rb.local, rb.remote, name)
+}
+
+// ReadPackHeader reads a pack's header from the local store, or straight
+// from the remote one (nil: none) when the local store lacks it: a range
+// read, not a download of the whole pack.
+func ReadPackHeader(ctx context.Context, keys *delta.Keys, local, remote upload.Store, name string) ([]delta.PackEntry, error) {
+	entries, err := keys.ReadPackHeader(ctx, upload.Ranges(local), name)
+	if errors.Is(err, errdefs.ErrNotFound) && remote != nil {
+		return keys.ReadPackHeader(ctx, upload.Ranges(remote), name)
 	}
 	return entries, err
 }
@@ -485,14 +364,14 @@ func (e *Engine) readPackHeader(ctx context.Context, name string) ([]delta.PackE
 // carryUploads keeps the upload queue across a rebuild: the old catalog's
 // queue if it is readable, plus anything local the bucket lacks (the only
 // source left when the old catalog is gone).
-func (e *Engine) carryUploads(ctx context.Context, cat *catalog.Catalog) error {
-	if e.remote == nil {
+func (rb *run) carryUploads(ctx context.Context, cat *catalog.Catalog) error {
+	if rb.remote == nil {
 		return nil
 	}
 	var old []catalog.PendingUpload
-	if e.cat != nil {
-		if err := e.cat.View(ctx, func(tx *catalog.Tx) (err error) { old, err = tx.PendingUploads(""); return err }); err != nil {
-			e.log.Warn("rebuild: old upload queue unreadable", "err", err)
+	if oc := rb.r.d.Catalog(); oc != nil {
+		if err := oc.View(ctx, func(tx *catalog.Tx) (err error) { old, err = tx.PendingUploads(""); return err }); err != nil {
+			rb.r.d.Log.Warn("rebuild: old upload queue unreadable", "err", err)
 		}
 	}
 	slices.SortFunc(old, func(a, b catalog.PendingUpload) int { return cmp.Compare(a.Seq, b.Seq) })
@@ -505,18 +384,13 @@ func (e *Engine) carryUploads(ctx context.Context, cat *catalog.Catalog) error {
 	}
 	// Trees are read through the new catalog's blob index: the old one may
 	// be what was lost.
-	s := e.syncer()
-	s.Blobs = content.NewSealedIDs(e.store, cat, e.codec, e.meter, e.localKeys(), e.ids())
+	s := rb.r.d.Syncer()
+	s.Blobs = rb.r.d.BlobsOf(cat)
 	if _, _, err := s.Backfill(ctx, cat); err != nil {
 		if len(old) == 0 {
 			return fmt.Errorf("rebuild: cannot tell what the remote store lacks: %w", err)
 		}
-		e.log.Warn("rebuild: remote not listed; kept the old upload queue", "err", err)
+		rb.r.d.Log.Warn("rebuild: remote not listed; kept the old upload queue", "err", err)
 	}
 	return nil
-}
-
-// loaderFor reads blobs using a location map instead of the catalog.
-func (e *Engine) loaderFor(locs map[delta.ID]catalog.BlobLocation) delta.BlobLoader {
-	return e.repo.LoaderFor(locs)
 }

@@ -1,4 +1,4 @@
-package engine
+package rebuild
 
 import (
 	"cmp"
@@ -17,9 +17,9 @@ import (
 // descriptions reads the sandbox descriptions of the store, by key. One
 // that does not decode, or describes a sandbox other than the one its
 // object name says (an impostor), is skipped as corrupt.
-func (rb *rebuilder) descriptions(ctx context.Context, deleting map[string]bool) (map[string]*delta.Sandbox, error) {
+func (rb *run) descriptions(ctx context.Context, deleting map[string]bool) (map[string]*delta.Sandbox, error) {
 	byKey := map[string]*delta.Sandbox{}
-	err := rb.e.store.List(ctx, delta.SandboxPrefix, func(oi upload.ObjectInfo) error {
+	err := rb.store.List(ctx, delta.SandboxPrefix, func(oi upload.ObjectInfo) error {
 		if deleting[oi.Name] {
 			return nil
 		}
@@ -27,7 +27,7 @@ func (rb *rebuilder) descriptions(ctx context.Context, deleting map[string]bool)
 		if !found {
 			return err
 		}
-		sb, err := decodeSandboxObject(oi.Name, data)
+		sb, err := delta.DecodeSandbox(oi.Name, data)
 		if err != nil {
 			return rb.bad(oi.Name, err)
 		}
@@ -42,7 +42,7 @@ func (rb *rebuilder) descriptions(ctx context.Context, deleting map[string]bool)
 
 // readRef reads and parses a listed head or tag; found is false when it is
 // gone or was skipped.
-func (rb *rebuilder) readRef(ctx context.Context, name string) (delta.ID, bool, error) {
+func (rb *run) readRef(ctx context.Context, name string) (delta.ID, bool, error) {
 	data, found, err := rb.readSmall(ctx, name, delta.MaxSmallObject)
 	if !found {
 		return delta.ID{}, false, err
@@ -57,7 +57,7 @@ func (rb *rebuilder) readRef(ctx context.Context, name string) (delta.ID, bool, 
 // refTarget checks that ref object name may point at target: an indexed
 // (whole) checkpoint. Otherwise the ref is skipped, dangling when the store
 // has no such record, with the record's own class when it was not whole.
-func (rb *rebuilder) refTarget(name, sandbox string, target delta.ID, indexed map[delta.ID]*delta.Checkpoint, notWhole map[delta.ID]SkippedObject) (bool, error) {
+func (rb *run) refTarget(name, sandbox string, target delta.ID, indexed map[delta.ID]*delta.Checkpoint, notWhole map[delta.ID]SkippedObject) (bool, error) {
 	if _, ok := indexed[target]; ok {
 		return true, nil
 	}
@@ -84,9 +84,9 @@ func (rb *rebuilder) refTarget(name, sandbox string, target delta.ID, indexed ma
 // (legacy sandboxes first, whose name is their key, then this home's, then
 // other homes', each oldest first); then it is the name with ".ID8"
 // appended. A head names its sandbox by key and takes that sandbox's label.
-func (rb *rebuilder) names(ctx context.Context, deleting map[string]bool, byKey map[string]*delta.Sandbox,
+func (rb *run) names(ctx context.Context, deleting map[string]bool, byKey map[string]*delta.Sandbox,
 	indexed map[delta.ID]*delta.Checkpoint, notWhole map[delta.ID]SkippedObject) ([]*delta.Sandbox, []delta.Ref, error) {
-	e := rb.e
+	log := rb.r.d.Log
 	heads := map[string]delta.ID{} // sandbox key → head, for the sandboxes restored
 	headSeen := map[string]bool{}  // sandbox keys whose head object was read (or skipped)
 	type legacyHead struct {
@@ -94,7 +94,7 @@ func (rb *rebuilder) names(ctx context.Context, deleting map[string]bool, byKey 
 		target       delta.ID
 	}
 	var orphans []legacyHead
-	err := e.store.List(ctx, delta.HeadPrefix, func(oi upload.ObjectInfo) error {
+	err := rb.store.List(ctx, delta.HeadPrefix, func(oi upload.ObjectInfo) error {
 		if deleting[oi.Name] {
 			return nil
 		}
@@ -135,7 +135,7 @@ func (rb *rebuilder) names(ctx context.Context, deleting map[string]bool, byKey 
 	if err != nil {
 		return nil, nil, fmt.Errorf("rebuild: refs: %w", err)
 	}
-	old := e.oldHeads(ctx)
+	old := rb.oldHeads(ctx)
 	var sbs []*delta.Sandbox
 	for key, sb := range byKey {
 		if _, ok := heads[key]; ok {
@@ -153,7 +153,7 @@ func (rb *rebuilder) names(ctx context.Context, deleting map[string]bool, byKey 
 		// store holds whole, keeps that head: its root here is at that
 		// checkpoint, and dropping the sandbox would orphan it.
 		if id, ok := old[key]; ok && indexed[id] != nil && indexed[id].BaseTree == sb.BaseTree {
-			e.log.Warn("rebuild: keeping this home's head of a sandbox whose stored head is unusable", "sandbox", sb.Name, "head", id)
+			log.Warn("rebuild: keeping this home's head of a sandbox whose stored head is unusable", "sandbox", sb.Name, "head", id)
 			for i, sk := range rb.rep.Skipped {
 				if sk.Name == delta.RefName(delta.RefHead, key) || sk.Name == delta.SandboxName(key) {
 					rb.rep.Skipped[i].Error += fmt.Sprintf("; this home's head of it, %s, is kept", id.Short())
@@ -163,11 +163,12 @@ func (rb *rebuilder) names(ctx context.Context, deleting map[string]bool, byKey 
 			sbs = append(sbs, sb)
 		}
 	}
+	homeID := rb.r.d.HomeID()
 	rank := func(sb *delta.Sandbox) int {
 		switch {
 		case sb.ID == "":
 			return 0 // a legacy sandbox's name is its key: it cannot move
-		case sb.Home != "" && sb.Home == e.config.HomeID:
+		case sb.Home != "" && sb.Home == homeID:
 			return 1
 		}
 		return 2
@@ -195,7 +196,7 @@ func (rb *rebuilder) names(ctx context.Context, deleting map[string]bool, byKey 
 		case taken[h.name]:
 			// A legacy head without its description, whose name another
 			// sandbox's label holds: it must not move that sandbox's head.
-			e.log.Warn("rebuild: ignoring a head whose sandbox is gone", "object", h.object)
+			log.Warn("rebuild: ignoring a head whose sandbox is gone", "object", h.object)
 			continue
 		case !delta.ValidRefName(h.name):
 			if err := rb.bad(h.object, fmt.Errorf("object %s: %q is not a valid sandbox name", h.object, h.name)); err != nil {
@@ -211,7 +212,7 @@ func (rb *rebuilder) names(ctx context.Context, deleting map[string]bool, byKey 
 		}
 		refs = append(refs, delta.Ref{Kind: delta.RefHead, Name: h.name, Target: h.target})
 	}
-	err = e.store.List(ctx, delta.TagPrefix, func(oi upload.ObjectInfo) error {
+	err = rb.store.List(ctx, delta.TagPrefix, func(oi upload.ObjectInfo) error {
 		if deleting[oi.Name] {
 			return nil
 		}
@@ -237,12 +238,13 @@ func (rb *rebuilder) names(ctx context.Context, deleting map[string]bool, byKey 
 
 // oldHeads reads the old catalog's sandbox heads by sandbox key; an
 // unreadable or absent old catalog gives none.
-func (e *Engine) oldHeads(ctx context.Context) map[string]delta.ID {
+func (rb *run) oldHeads(ctx context.Context) map[string]delta.ID {
 	out := map[string]delta.ID{}
-	if e.cat == nil {
+	old := rb.r.d.Catalog()
+	if old == nil {
 		return out
 	}
-	err := e.cat.View(ctx, func(tx *catalog.Tx) error {
+	err := old.View(ctx, func(tx *catalog.Tx) error {
 		sbs, err := tx.Sandboxes()
 		for _, sb := range sbs {
 			if id, err := tx.GetRef(delta.RefHead, sb.Name); err == nil {
@@ -252,22 +254,18 @@ func (e *Engine) oldHeads(ctx context.Context) map[string]delta.ID {
 		return err
 	})
 	if err != nil {
-		e.log.Warn("rebuild: old catalog's heads unreadable", "err", err)
+		rb.r.d.Log.Warn("rebuild: old catalog's heads unreadable", "err", err)
 	}
 	return out
 }
 
-func decodeSandboxObject(name string, data []byte) (*delta.Sandbox, error) {
-	return delta.DecodeSandbox(name, data)
-}
-
 // noteOwner reads the owner line of the bucket's head of sandbox key (the
 // local copy has none: only the bucket's head carries its writer).
-func (rb *rebuilder) noteOwner(ctx context.Context, object, key string) error {
-	if rb.e.remote == nil || !delta.ValidSandboxID(key) {
+func (rb *run) noteOwner(ctx context.Context, object, key string) error {
+	if rb.remote == nil || !delta.ValidSandboxID(key) {
 		return nil
 	}
-	data, err := upload.ReadAllMax(ctx, rb.e.remote, object, delta.MaxSmallObject)
+	data, err := upload.ReadAllMax(ctx, rb.remote, object, delta.MaxSmallObject)
 	if errors.Is(err, errdefs.ErrNotFound) {
 		return nil // not pushed yet: its creator owns it
 	}

@@ -1,4 +1,4 @@
-package engine
+package remote
 
 import (
 	"context"
@@ -19,18 +19,18 @@ import (
 // trusted only for a sandbox this home made whose root is here; anything
 // else asks for a pool of this host.
 
-// rootHere reports whether sb's root and pool are this home's to use: its
+// RootHere reports whether sb's root and pool are this home's to use: its
 // root directory exists on this home, or it is this home's own sandbox.
-func (e *Engine) rootHere(sb *delta.Sandbox) bool {
+func (e *Home) RootHere(sb *delta.Sandbox) bool {
 	if sb.Backend != btrfs.Name {
 		return true // overlay roots always live in this home
 	}
-	_, err := os.Stat(e.home.sandboxDir(sb.Name))
-	return err == nil || (sb.Home != "" && sb.Home == e.config.HomeID)
+	_, err := os.Stat(e.d.SandboxDir(sb.Name))
+	return err == nil || (sb.Home != "" && sb.Home == e.homeID())
 }
 
-// errForeignRoot is the refusal to touch a root recorded by another home.
-func (e *Engine) errForeignRoot(sb *delta.Sandbox) error {
+// ErrForeignRoot is the refusal to touch a root recorded by another home.
+func (e *Home) ErrForeignRoot(sb *delta.Sandbox) error {
 	var o btrfs.Options
 	json.Unmarshal(sb.Config, &o)
 	return fmt.Errorf("sandbox %s is a btrfs sandbox recorded by another home (pool %q there), and its root is not on this host; "+
@@ -38,10 +38,10 @@ func (e *Engine) errForeignRoot(sb *delta.Sandbox) error {
 		sb.Name, o.Pool, sb.Name, errdefs.ErrPrecondition)
 }
 
-// branchConfig picks the backend settings of a branch that named no backend:
+// BranchConfig picks the backend settings of a branch that named no backend:
 // those of the sandbox that took the checkpoint, if that sandbox's root is
 // here; for btrfs otherwise this host's pool, if this home uses exactly one.
-func (e *Engine) branchConfig(ctx context.Context, cp *delta.Checkpoint) (json.RawMessage, error) {
+func (e *Home) BranchConfig(ctx context.Context, cp *delta.Checkpoint) (json.RawMessage, error) {
 	var src *delta.Sandbox
 	pools := map[string]json.RawMessage{}
 	err := e.view(ctx, func(tx *catalog.Tx) error {
@@ -53,7 +53,7 @@ func (e *Engine) branchConfig(ctx context.Context, cp *delta.Checkpoint) (json.R
 			if sb.Key() == cp.SandboxKey() {
 				src = sb
 			}
-			if sb.Backend == btrfs.Name && sb.Home == e.config.HomeID && e.rootHere(sb) {
+			if sb.Backend == btrfs.Name && sb.Home == e.homeID() && e.RootHere(sb) {
 				var o btrfs.Options
 				if json.Unmarshal(sb.Config, &o) == nil && o.Pool != "" {
 					pools[o.Pool] = sb.Config
@@ -65,7 +65,7 @@ func (e *Engine) branchConfig(ctx context.Context, cp *delta.Checkpoint) (json.R
 	if err != nil {
 		return nil, err
 	}
-	if src != nil && src.Backend == cp.Backend && e.rootHere(src) {
+	if src != nil && src.Backend == cp.Backend && e.RootHere(src) {
 		return src.Config, nil
 	}
 	if cp.Backend != btrfs.Name {
@@ -78,12 +78,4 @@ func (e *Engine) branchConfig(ctx context.Context, cp *delta.Checkpoint) (json.R
 	}
 	return nil, fmt.Errorf("checkpoint %s was taken on btrfs in a sandbox whose pool is not this host's; "+
 		"say where its root goes here with --btrfs-pool DIR (or --backend overlay): %w", cp.ID.Short(), errdefs.ErrInvalid)
-}
-
-// RemoveOptions configures RemoveSandboxWith.
-type RemoveOptions struct {
-	// CatalogOnly forgets the sandbox (its description and head, here and,
-	// at the next push, in the bucket) without touching its root or
-	// processes: for a sandbox whose root is on another host.
-	CatalogOnly bool `json:"catalog_only,omitempty"`
 }

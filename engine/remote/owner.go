@@ -1,4 +1,4 @@
-package engine
+package remote
 
 import (
 	"context"
@@ -20,11 +20,11 @@ import (
 // local view, so that a home refuses at once what the bucket would refuse
 // at push, and the explicit takeover, Adopt.
 
-// ownerOf is the owner this home knows for sb: the one noted in the
+// OwnerOf is the owner this home knows for sb: the one noted in the
 // catalog (an adoption, a fence, a rebuild from owner lines), else the
 // home that created it. A legacy sandbox (no home) is owned by whoever
 // holds it, as before ownership existed.
-func ownerOf(tx *catalog.Tx, sb *delta.Sandbox) (delta.Owner, error) {
+func OwnerOf(tx *catalog.Tx, sb *delta.Sandbox) (delta.Owner, error) {
 	o, found, err := tx.SandboxOwner(sb.Key())
 	if err != nil || found {
 		return o, err
@@ -32,14 +32,15 @@ func ownerOf(tx *catalog.Tx, sb *delta.Sandbox) (delta.Owner, error) {
 	return delta.Owner{Home: sb.Home}, nil
 }
 
-// mustOwn refuses to change the head of a sandbox another home owns.
-func (e *Engine) mustOwn(st *sandboxState) error {
-	if st.owner.Home == "" || st.owner.Home == e.config.HomeID {
+// MustOwn refuses to change the head of sandbox sb, whose head is head and
+// whose known owner is owner (OwnerOf), when another home owns it.
+func (e *Home) MustOwn(sb *delta.Sandbox, owner delta.Owner, head delta.ID) error {
+	if owner.Home == "" || owner.Home == e.homeID() {
 		return nil
 	}
 	return fmt.Errorf("sandbox %s is owned by home %s (epoch %d), which alone writes its head in the shared bucket; "+
 		"continue it here under a new identity with `turnsnap branch %s NEW-NAME`, or take it over with `turnsnap sandbox adopt %s` (fences that home): %w",
-		st.sb.Name, st.owner.Home, st.owner.Epoch, st.head.ID.Short(), st.sb.Name, errdefs.ErrPrecondition)
+		sb.Name, owner.Home, owner.Epoch, head.Short(), sb.Name, errdefs.ErrPrecondition)
 }
 
 // AdoptOptions configures Adopt.
@@ -77,12 +78,13 @@ type LeaseView struct {
 // is refused by the bucket (it is fenced). The sandbox continues here from
 // the bucket's head, its last remotely durable checkpoint. Without Force an
 // owner whose host lease is live is not fenced.
-func (e *Engine) Adopt(ctx context.Context, name string, o AdoptOptions) (*AdoptReport, error) {
+func (e *Home) Adopt(ctx context.Context, name string, o AdoptOptions) (*AdoptReport, error) {
 	start := time.Now()
-	if e.remote == nil {
-		return nil, fmt.Errorf("sandbox %s: adopt: %w", name, errNoRemote)
+	rem := e.remote()
+	if rem == nil {
+		return nil, fmt.Errorf("sandbox %s: adopt: %w", name, ErrNoRemote)
 	}
-	cond, err := upload.AsConditional(e.remote)
+	cond, err := upload.AsConditional(rem)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: adopt: %w", name, err)
 	}
@@ -94,7 +96,7 @@ func (e *Engine) Adopt(ctx context.Context, name string, o AdoptOptions) (*Adopt
 	// the head this catalog knew, which the owner may have moved past:
 	// bring them to the bucket's head as a rollback does (processes too).
 	if rep.localHead != cp.ID {
-		if _, err := e.Rollback(ctx, name, cp.ID.String(), RollbackOptions{}); err != nil {
+		if err := e.d.Rollback(ctx, name, cp.ID); err != nil {
 			return rep, fmt.Errorf("sandbox %s: adopted (epoch %d), but its root is not yet at the adopted head %s (roll back to it): %w",
 				name, rep.Owner.Epoch, cp.ID.Short(), err)
 		}
@@ -104,8 +106,8 @@ func (e *Engine) Adopt(ctx context.Context, name string, o AdoptOptions) (*Adopt
 }
 
 // adopt is Adopt's takeover under the sandbox's operation lock.
-func (e *Engine) adopt(ctx context.Context, cond upload.Conditional, name string, o AdoptOptions) (*AdoptReport, *delta.Checkpoint, error) {
-	done, err := e.op(ctx, name)
+func (e *Home) adopt(ctx context.Context, cond upload.Conditional, name string, o AdoptOptions) (*AdoptReport, *delta.Checkpoint, error) {
+	done, err := e.d.Op(ctx, name)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -143,11 +145,11 @@ func (e *Engine) adopt(ctx context.Context, cond upload.Conditional, name string
 		owner = delta.Owner{Home: sb.Home}
 	}
 	rep.From, rep.Head = owner, target
-	if owner.Home == e.config.HomeID {
+	if owner.Home == e.homeID() {
 		rep.Owner, rep.Already = owner, true
-		return rep, nil, e.cat.Update(ctx, func(tx *catalog.Tx) error { return tx.SetSandboxOwner(key, owner) })
+		return rep, nil, e.d.Catalog().Update(ctx, func(tx *catalog.Tx) error { return tx.SetSandboxOwner(key, owner) })
 	}
-	if lv, err := e.hostLease(ctx, owner.Home); err != nil {
+	if lv, err := e.HostLease(ctx, owner.Home); err != nil {
 		return nil, nil, fmt.Errorf("sandbox %s: owner's lease: %w", name, err)
 	} else if lv != nil {
 		rep.Lease = lv
@@ -166,7 +168,7 @@ func (e *Engine) adopt(ctx context.Context, cond upload.Conditional, name string
 	if cp.SandboxKey() != key && cp.ID != sb.Origin {
 		return nil, nil, fmt.Errorf("sandbox %s: the bucket's head %s belongs to another sandbox: %w", name, target.Short(), errdefs.ErrCorrupt)
 	}
-	next := delta.Owner{Home: e.config.HomeID, Epoch: owner.Epoch + 1}
+	next := delta.Owner{Home: e.homeID(), Epoch: owner.Epoch + 1}
 	if _, err := cond.PutIf(ctx, headName, delta.EncodeHead(target, next), version); err != nil {
 		if errors.Is(err, upload.ErrConditionFailed) {
 			return nil, nil, fmt.Errorf("sandbox %s: its head moved while adopting (its owner pushed, or another home adopted it first); read it again and retry: %w", name, err)
@@ -174,24 +176,25 @@ func (e *Engine) adopt(ctx context.Context, cond upload.Conditional, name string
 		return nil, nil, fmt.Errorf("sandbox %s: adopt: %w", name, err)
 	}
 	rep.Owner = next
-	if err := e.cat.Update(ctx, func(tx *catalog.Tx) error { return tx.SetSandboxOwner(key, next) }); err != nil {
+	if err := e.d.Catalog().Update(ctx, func(tx *catalog.Tx) error { return tx.SetSandboxOwner(key, next) }); err != nil {
 		return nil, nil, fmt.Errorf("sandbox %s: adopted in the bucket (epoch %d) but not noted here (the next push learns it): %w", name, next.Epoch, err)
 	}
 	rep.localHead = localHead
 	return rep, cp, nil
 }
 
-// hostLease reads a home's host lease from the bucket; nil if it has none.
-func (e *Engine) hostLease(ctx context.Context, home string) (*LeaseView, error) {
+// HostLease reads a home's host lease from the bucket; nil if it has none.
+func (e *Home) HostLease(ctx context.Context, home string) (*LeaseView, error) {
 	name := delta.HostLeaseName(home)
-	info, err := e.remote.Stat(ctx, name)
+	rem := e.remote()
+	info, err := rem.Stat(ctx, name)
 	if errors.Is(err, errdefs.ErrNotFound) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, err
 	}
-	data, err := upload.ReadAllMax(ctx, e.remote, name, delta.MaxSmallObject)
+	data, err := upload.ReadAllMax(ctx, rem, name, delta.MaxSmallObject)
 	if errors.Is(err, errdefs.ErrNotFound) {
 		return nil, nil
 	}
@@ -201,7 +204,7 @@ func (e *Engine) hostLease(ctx context.Context, home string) (*LeaseView, error)
 	lv := &LeaseView{}
 	if err := json.Unmarshal(data, &lv.HostLease); err != nil {
 		// A lease nobody can read protects nothing, but say so.
-		e.log.Warn("host lease unreadable", "object", name, "err", err)
+		e.d.Log.Warn("host lease unreadable", "object", name, "err", err)
 		return nil, nil
 	}
 	now := time.Now()
@@ -216,25 +219,27 @@ func (e *Engine) hostLease(ctx context.Context, home string) (*LeaseView, error)
 
 // RenewLease writes this home's host lease: the daemon calls it every
 // ttl/3 so that other homes do not adopt its sandboxes without force.
-func (e *Engine) RenewLease(ctx context.Context, ttl time.Duration) error {
-	if e.remote == nil {
+func (e *Home) RenewLease(ctx context.Context, ttl time.Duration) error {
+	rem := e.remote()
+	if rem == nil {
 		return nil
 	}
 	host, _ := os.Hostname()
 	boot, _ := os.ReadFile("/proc/sys/kernel/random/boot_id")
-	l := delta.HostLease{Home: e.config.HomeID, Host: host, BootID: string(trimNL(boot)), PID: os.Getpid(),
+	l := delta.HostLease{Home: e.homeID(), Host: host, BootID: string(trimNL(boot)), PID: os.Getpid(),
 		Renewed: time.Now().UTC(), TTLNs: int64(ttl)}
 	data, _ := json.Marshal(l)
-	return upload.PutBytes(ctx, e.remote, delta.HostLeaseName(e.config.HomeID), data)
+	return upload.PutBytes(ctx, rem, delta.HostLeaseName(e.homeID()), data)
 }
 
 // ReleaseLease deletes this home's host lease (a daemon shutting down
 // cleanly): its sandboxes may then be adopted without force.
-func (e *Engine) ReleaseLease(ctx context.Context) error {
-	if e.remote == nil {
+func (e *Home) ReleaseLease(ctx context.Context) error {
+	rem := e.remote()
+	if rem == nil {
 		return nil
 	}
-	return e.remote.Delete(ctx, delta.HostLeaseName(e.config.HomeID))
+	return rem.Delete(ctx, delta.HostLeaseName(e.homeID()))
 }
 
 func trimNL(b []byte) []byte {

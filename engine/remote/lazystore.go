@@ -1,4 +1,4 @@
-package engine
+package remote
 
 import (
 	"context"
@@ -7,6 +7,12 @@ import (
 
 	"github.com/turnsnap/turnsnap/upload"
 )
+
+// Lazy returns a store that connects to the remote store on first use (see
+// lazyStore).
+func Lazy(connect func(context.Context) (upload.Store, error)) upload.Store {
+	return &lazyStore{connect: connect}
+}
 
 // lazyStore connects to the remote store on first use. Opening a home must
 // not need the network: checkpoints commit locally and only uploads, remote

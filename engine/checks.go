@@ -1,0 +1,77 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+
+	"github.com/turnsnap/turnsnap/catalog"
+	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/engine/check"
+	"github.com/turnsnap/turnsnap/upload"
+)
+
+// Verifying is package check's Verifier (Engine.Verifier); these are its
+// reports as the engine's callers name them.
+type (
+	VerifyReport = check.Report
+	StoreReport  = check.StoreReport
+)
+
+// Verifier verifies this home's checkpoints, against the catalog or the
+// store alone.
+func (e *Engine) Verifier() *check.Verifier { return e.verifier }
+
+// newVerifier makes this home's Verifier.
+func newVerifier(e *Engine) *check.Verifier {
+	return check.NewVerifier(check.Deps{
+		Shared:  e.shared,
+		Phase:   func(name string) { e.progressPhase(name, 0) },
+		Resolve: e.resolve,
+		Store:   func() upload.Store { return e.store },
+		Catalog: func() *catalog.Catalog { return e.cat },
+		Repo:    func() check.Repo { return e.repo },
+		Keys:    e.localKeys,
+		IDs:     e.ids,
+		HomeID:  func() string { return e.config.HomeID },
+		CheckBase: func(ctx context.Context, cp *delta.Checkpoint) (bool, error) {
+			return e.checkBase(ctx, cp.Sandbox, cp.Backend, cp.BaseTree, true)
+		},
+		CheckFrozen: func(ctx context.Context, cp *delta.Checkpoint) (bool, error) {
+			if ob := e.overlayBackend(); ob != nil {
+				return ob.VerifyFrozen(ctx, cp.FSTree)
+			}
+			return false, nil
+		},
+	})
+}
+
+// baseChecker is a backend that keeps materialised bases on this host.
+type baseChecker interface {
+	CheckBase(ctx context.Context, tree delta.ID, full bool) (bool, error)
+}
+
+// checkBase re-hashes the base tree as this host has it for backend, and
+// reports whether it had one. Restores pass full=false (a stat per entry),
+// verify full=true.
+func (e *Engine) checkBase(ctx context.Context, sandbox, backend string, tree delta.ID, full bool) (bool, error) {
+	var cfg json.RawMessage
+	e.view(ctx, func(tx *catalog.Tx) error {
+		if sb, err := tx.Sandbox(sandbox); err == nil && sb.Backend == backend {
+			cfg = sb.Config
+		}
+		return nil
+	})
+	be, err := e.backend(backend, cfg)
+	if err != nil {
+		return false, nil // a backend this host cannot run has no base here
+	}
+	return checkBaseOn(ctx, be, tree, full)
+}
+
+func checkBaseOn(ctx context.Context, be any, tree delta.ID, full bool) (bool, error) {
+	bc, ok := be.(baseChecker)
+	if !ok {
+		return false, nil
+	}
+	return bc.CheckBase(ctx, tree, full)
+}
