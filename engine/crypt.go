@@ -317,9 +317,7 @@ func (e *Engine) setUpEncryption(ctx context.Context, keyFile string, plainLocal
 		return err
 	}
 	e.keys, e.plainLocal = k, plainLocal
-	if ob := e.overlayBackend(); ob != nil {
-		ob.SetIDs(e.ids())
-	}
+	setBackendIDs(e.backends, e.ids())
 	if e.cat, err = catalog.Open(ctx, e.home.catalogDir(), e.catalogOptions(false)); err != nil {
 		return err
 	}

@@ -106,14 +106,9 @@ type Engine struct {
 	commits   catalog.Group
 	procCRIU  string       // CRIU binary; "" means proc's default
 	atPhase   func(string) // Options.AtPhase
-	track     trackers     // change tracking (track.go)
-	checked   stateMemo    // states that passed CheckState (rollback_track.go)
-	freezes   freezeJobs   // background freezes (frozen_bg.go)
-	keepLines lineMemo     // retention's lines by head (frozen.go)
-	// freezeOnBranch: layers are frozen for branches only (Options).
-	freezeOnBranch bool
-	admit          *admission // checkpoint admission (admit.go)
-	headTrees      headTrees  // each sandbox's last turn's trees (headtrees.go)
+	checked   stateMemo    // states that passed CheckState (rollback_memo.go)
+	admit     *admission   // checkpoint admission (admit.go)
+	headTrees headTrees    // each sandbox's last turn's trees (headtrees.go)
 	// receiptOff leaves a restore's receipt unchecked: only the receipt's
 	// benchmark sets it, for its baseline (BenchmarkRollbackReceipt).
 	receiptOff bool
@@ -142,8 +137,6 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	e := &Engine{home: h, lock: lock, log: log, atPhase: opts.AtPhase, admit: newAdmission(opts.MaxCheckpoints)}
 	e.commits.Hold = &commitLock{e: e}
 	e.commits.Shared = func(int) { e.phase(PhaseCommitGroup) }
-	e.track.on = opts.TrackChanges
-	e.freezeOnBranch = opts.FreezeOnBranch
 	e.readOnly = opts.ReadOnly
 	ok := false
 	defer func() {
@@ -207,23 +200,17 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	}
 	e.repo = e.newRepo()
 	e.repo.SetRoomCheck(e.checkRoom)
-	ob := overlay.NewBackend(h.basesDir())
-	ob.SetIDs(e.ids())
-	ob.SetLoader(func() delta.BlobLoader { return e.repo }) // stacked roots' scans (frozen.go)
-	e.backends = map[string]rootfs.Backend{overlay.Name: ob}
-	e.cleanProcWork() // process images a killed turnsnap left (procrecover.go)
+	e.backends = map[string]rootfs.Backend{overlay.Name: newOverlay(e, opts)} // backends.go
+	e.cleanProcWork()                                                         // process images a killed turnsnap left (procrecover.go)
 	ok = true
 	return e, nil
 }
 
-// Close waits for the background freezes, then releases the catalog and
-// the home lock.
+// Close stops the backends' background work (cancelling the background
+// freezes and waiting for them: a layer half built is never published),
+// then releases the catalog and the home lock.
 func (e *Engine) Close() error {
-	e.closeTrackers()
-	e.freezes.wait(true) // a layer half built is never published (frozen_bg.go)
-	if ob := e.overlayBackend(); ob != nil {
-		ob.WaitRemovals() // removed frozen layers' files (frozen.go)
-	}
+	closeBackends(e.backends)
 	var err error
 	if e.cat != nil {
 		err = e.cat.Close()

@@ -62,9 +62,7 @@ func (e *Engine) Setup(ctx context.Context, opts SetupOptions) (_ *InitReport, e
 			e.rawRemote, e.keys, e.plainLocal = prevRaw, prevKeys, prevPlain
 			e.wireStores(e.rawLocal, e.rawRemote)
 			e.repo = e.newRepo()
-			if ob := e.overlayBackend(); ob != nil {
-				ob.SetIDs(e.ids())
-			}
+			setBackendIDs(e.backends, e.ids())
 		}
 	}()
 	rep := &InitReport{}

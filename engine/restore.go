@@ -10,7 +10,6 @@ import (
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/internal/rootfs"
-	"github.com/turnsnap/turnsnap/overlay"
 )
 
 // RestoreResult reports a rollback or branch.
@@ -23,11 +22,12 @@ type RestoreResult struct {
 	// LiveScan says how an overlay rollback found the live state it
 	// diffed against: "tracked" (from the change tracker's record),
 	// "walk", or why the tracker's record could not be used (the
-	// overlay.Reason* names). Empty for other backends and branches.
+	// Reason* names of package overlay/track). Empty for other backends
+	// and branches.
 	LiveScan string
 	// Mounted says an overlay rollback wrote its diff through the mounted
 	// root, which stayed mounted (every name it touched is absent from
-	// the base: overlay.RestoreInfo.Mounted).
+	// the base: rootfs.RestoreInfo.Mounted).
 	Mounted bool
 	// Receipt proves what the restore made (receipt.go). A restore whose
 	// receipt is not OK returns it with a RestoreIncompleteError.
@@ -80,7 +80,7 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint %s: tree %s: %w", cp.ID.Short(), cp.FSTree.Short(), err)
 	}
-	if st.sb.Backend == overlay.Name {
+	if rootsInHome(st.sb.Backend) {
 		// The new layer is built in the home beside the live one, and the
 		// catalog must still be writable once it is.
 		if err := e.checkRoom(fp.Bytes, 0); err != nil {
@@ -101,9 +101,24 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 		return nil, err
 	}
 	defer cleanImg()
-	rt := e.trackRollback(ctx, name, st.root) // before the processes stop: their mappings
+	// Prepared before the processes stop: their mappings (rootfs.Rollbacker).
+	var rb rootfs.Rollback = plainRollback{e: e, name: name, root: st.root}
+	if r, ok := e.backends[st.sb.Backend].(rootfs.Rollbacker); ok {
+		rb = r.BeginRollback(ctx, name, st.root, func(ctx context.Context) ([]string, error) {
+			running, err := e.containerRunning(ctx, name)
+			if err != nil || !running {
+				return nil, err
+			}
+			r, _ := e.runtime(ctx)
+			ps, err := r.Snapshot(ctx, e.home.containerID(name))
+			if err != nil {
+				return nil, err
+			}
+			return sharedWritable(ps), nil
+		})
+	}
 	if err := e.stopProcesses(ctx, name); err != nil {
-		e.dropTracker(rt.detached())
+		rb.Abort()
 		return nil, err
 	}
 	// Root and head change in two steps; the intent makes them one for
@@ -130,7 +145,7 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 		return nil
 	}
 	e.progressPhase("restore", int64(fp.Bytes))
-	info, err := e.restoreRoot(rootfs.WithPhase(ctx, e.phase), name, st.root, cp, checked, rt, beforeWrite)
+	info, err := rb.Restore(rootfs.WithPhase(ctx, e.phase), cp, checked, beforeWrite)
 	if werr := intent.wait(); err == nil && werr != nil {
 		err = werr // a restore that wrote nothing (the root was the target)
 	}

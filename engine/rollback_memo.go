@@ -128,3 +128,36 @@ func (l memoLoader) KeepTree(id delta.ID, t *delta.Tree, size int) {
 	defer l.m.mu.Unlock()
 	l.m.decoded.put(id, t, size, decodedMemoBytes)
 }
+
+// stateMemoMax bounds the memo; past it an arbitrary entry goes.
+const stateMemoMax = 1024
+
+// checkState is delta.CheckState of tree through l (rules: a layer's),
+// from the memo when tree passed before.
+func (e *Engine) checkState(ctx context.Context, l *delta.CheckedLoader, tree delta.ID) (delta.Footprint, error) {
+	m := &e.checked
+	m.mu.Lock()
+	fp, ok := m.m[tree]
+	m.mu.Unlock()
+	if ok {
+		l.Checked(tree, delta.StateRules{})
+		return fp, nil
+	}
+	fp, err := l.CheckState(ctx, tree, delta.StateRules{})
+	if err != nil {
+		return fp, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.m == nil {
+		m.m = map[delta.ID]delta.Footprint{}
+	}
+	if len(m.m) >= stateMemoMax {
+		for k := range m.m {
+			delete(m.m, k)
+			break
+		}
+	}
+	m.m[tree] = fp
+	return fp, nil
+}

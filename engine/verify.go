@@ -7,6 +7,7 @@ import (
 
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/internal/rootfs"
 
 	"github.com/turnsnap/turnsnap/engine/check"
 )
@@ -36,8 +37,10 @@ func (e *Engine) Verify(ctx context.Context, ref string) (*VerifyReport, error) 
 		return rep, fmt.Errorf("checkpoint %s: %w", cp.ID.Short(), err)
 	}
 	// Branches of cp stack on its frozen layer and read it as it is.
-	if ob := e.overlayBackend(); ob != nil {
-		if rep.FrozenChecked, err = ob.VerifyFrozen(ctx, cp.FSTree); err != nil {
+	for _, f := range implementing[rootfs.Freezer](e.backends) {
+		checked, err := f.VerifyFrozen(ctx, cp.FSTree)
+		rep.FrozenChecked = rep.FrozenChecked || checked
+		if err != nil {
 			return rep, fmt.Errorf("checkpoint %s: %w", cp.ID.Short(), err)
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/turnsnap/turnsnap/internal/rootfs"
 	"github.com/turnsnap/turnsnap/internal/roottest"
 	"github.com/turnsnap/turnsnap/internal/testenv"
+	"github.com/turnsnap/turnsnap/overlay/track"
 )
 
 // TestConformanceTracked runs the whole root conformance suite with every
@@ -64,7 +65,7 @@ func (b *trackedBackend) wrap(r *Root) *trackedRoot {
 type trackedRoot struct {
 	*Root
 	b    *trackedBackend
-	tr   *Tracker
+	tr   *track.Tracker
 	last *delta.ScanResult
 }
 
@@ -76,9 +77,9 @@ func (r *trackedRoot) stop() {
 }
 
 func (r *trackedRoot) Scan(ctx context.Context, saver delta.BlobSaver) (*delta.ScanResult, error) {
-	if r.tr == nil || !r.tr.Watches(r.Root) {
+	if r.tr == nil || !r.tr.Watches(r.Root.Path()) {
 		r.stop()
-		tr, err := r.Root.Track(TrackOptions{})
+		tr, err := r.Root.Track(track.Options{})
 		if err != nil {
 			return nil, err
 		}

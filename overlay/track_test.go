@@ -15,6 +15,7 @@ import (
 
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/roottest"
+	"github.com/turnsnap/turnsnap/overlay/track"
 	"golang.org/x/sys/unix"
 )
 
@@ -64,7 +65,7 @@ func TestTrackedScanEqualsWalk(t *testing.T) {
 	t.Logf("seed %d (TURNSNAP_TRACK_SEED=%d reruns it)", seed, seed)
 	rng := rand.New(rand.NewSource(seed))
 	r, _, _ := newRoot(t, trackBase)
-	tr, err := r.Track(TrackOptions{})
+	tr, err := r.Track(track.Options{})
 	must(t, err)
 	defer func() { tr.Close() }()
 	ctx := context.Background()
@@ -83,7 +84,7 @@ func TestTrackedScanEqualsWalk(t *testing.T) {
 			must(t, tr.Close())
 			must(t, r.Unmount(ctx))
 			must(t, r.Mount(ctx))
-			if tr, err = r.Track(TrackOptions{}); err != nil {
+			if tr, err = r.Track(track.Options{}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -274,7 +275,7 @@ func mmapWrite(t *testing.T, p string, c byte) string {
 // from the record alone, and one write reads one file.
 func TestTrackedUnchangedTurnReadsNothing(t *testing.T) {
 	r, _, _ := newRoot(t, trackBase)
-	tr, err := r.Track(TrackOptions{})
+	tr, err := r.Track(track.Options{})
 	must(t, err)
 	defer tr.Close()
 	ctx := context.Background()
@@ -282,7 +283,7 @@ func TestTrackedUnchangedTurnReadsNothing(t *testing.T) {
 	roottest.Settle() // past the racy window: the cache is trusted
 	res, info, err := r.ScanTracked(ctx, nil, tr)
 	must(t, err)
-	if !info.Walked || info.Reason != ReasonStart {
+	if !info.Walked || info.Reason != track.ReasonStart {
 		t.Fatalf("first turn did not walk for its start: %+v", info)
 	}
 	must(t, r.Committed(res))
@@ -306,7 +307,7 @@ func TestTrackedUnchangedTurnReadsNothing(t *testing.T) {
 // one after is tracked again.
 func TestTrackerOverflowWalks(t *testing.T) {
 	r, _, _ := newRoot(t, trackBase)
-	tr, err := r.Track(TrackOptions{NoDrain: true})
+	tr, err := r.Track(track.Options{NoDrain: true})
 	must(t, err)
 	defer tr.Close()
 	ctx := context.Background()
@@ -327,7 +328,7 @@ func TestTrackerOverflowWalks(t *testing.T) {
 	// an event queued before it whose handle the kernel would not decode
 	// (CI has seen open_by_handle_at answer ENOMEM for the handle of a
 	// directory removed since; the tracker then walks, reason unresolved).
-	if !info.Walked || (info.Reason != ReasonOverflow && info.Reason != ReasonUnresolved) || tr.Stats().Overflows == 0 {
+	if !info.Walked || (info.Reason != track.ReasonOverflow && info.Reason != track.ReasonUnresolved) || tr.Stats().Overflows == 0 {
 		t.Fatalf("after an overflow: %+v, stats %+v", info, tr.Stats())
 	}
 	if res.StateKey != oracle(t, r).StateKey {
@@ -346,7 +347,7 @@ func TestTrackerOverflowWalks(t *testing.T) {
 // names it, not even at msync or munmap.
 func TestMmapStoresMakeNoEvent(t *testing.T) {
 	r, _, _ := newRoot(t, trackBase)
-	tr, err := r.Track(TrackOptions{})
+	tr, err := r.Track(track.Options{})
 	must(t, err)
 	defer tr.Close()
 	p := filepath.Join(r.Path(), "top")
@@ -355,7 +356,7 @@ func TestMmapStoresMakeNoEvent(t *testing.T) {
 	m, err := unix.Mmap(int(fh.Fd()), 0, 4, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	must(t, err)
 	fh.Close()
-	if got, why := tr.Changes(); why != ReasonStart {
+	if got, why := tr.Changes(); why != track.ReasonStart {
 		t.Fatalf("first record: %v %q", got, why)
 	}
 	tr.Reset(nil)
@@ -375,7 +376,7 @@ func TestMmapStoresMakeNoEvent(t *testing.T) {
 // burst need not fit the queue all at once; Close stops it.
 func TestTrackerDrainsInBackground(t *testing.T) {
 	r, _, _ := newRoot(t, trackBase)
-	tr, err := r.Track(TrackOptions{})
+	tr, err := r.Track(track.Options{})
 	must(t, err)
 	for i := range 100 {
 		must(t, os.WriteFile(filepath.Join(r.Path(), fmt.Sprintf("bg%d", i)), nil, 0o644))
@@ -391,7 +392,7 @@ func TestTrackerDrainsInBackground(t *testing.T) {
 	tr.Reset(&delta.ScanResult{})
 	must(t, tr.Close())
 	must(t, tr.Close()) // idempotent
-	if _, why := tr.Changes(); why != ReasonClosed {
+	if _, why := tr.Changes(); why != track.ReasonClosed {
 		t.Fatalf("a closed tracker's record: %q", why)
 	}
 }
@@ -402,7 +403,7 @@ func TestTrackerDrainsInBackground(t *testing.T) {
 // again.
 func TestTrackerQuietDropsOnlyItsProcess(t *testing.T) {
 	r, _, _ := newRoot(t, trackBase)
-	tr, err := r.Track(TrackOptions{})
+	tr, err := r.Track(track.Options{})
 	must(t, err)
 	defer tr.Close()
 	tr.Reset(oracle(t, r)) // a base, so Changes answers

@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/turnsnap/turnsnap/engine"
 	"github.com/turnsnap/turnsnap/internal/testenv"
 	"github.com/turnsnap/turnsnap/overlay"
+	frozenlayers "github.com/turnsnap/turnsnap/overlay/frozen"
 )
 
 // TestCLIBranchFanOut: `branch CKPT NAME --count N` and `branch CKPT A B`
@@ -93,7 +93,7 @@ func TestBranchKilledWhileFreezing(t *testing.T) {
 	}
 
 	flag := filepath.Join(t.TempDir(), "reached")
-	cmd := cli(home, []string{blockAtPhaseEnv + "=" + engine.PhaseFreezeLayer + ":" + flag}, "branch", c1.ID, "b1", "--json")
+	cmd := cli(home, []string{blockAtPhaseEnv + "=" + frozenlayers.PhaseLayer + ":" + flag}, "branch", c1.ID, "b1", "--json")
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
