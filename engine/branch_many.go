@@ -38,7 +38,7 @@ func BranchNames(prefix string, count int) ([]string, error) {
 // host, process image and base once, and records every new sandbox in one
 // catalog transaction: all are created or none is. On overlay with the
 // checkpoint's frozen layer kept here, each branch only mounts a stack
-// (frozen.go). The results are in the order of names.
+// (overlay/frozen). The results are in the order of names.
 func (e *Engine) BranchMany(ctx context.Context, ref string, names []string, o BranchOptions) ([]*RestoreResult, error) {
 	if len(names) == 0 || len(names) > MaxBranchMany {
 		return nil, fmt.Errorf("branch into %d sandboxes: want 1 to %d: %w", len(names), MaxBranchMany, errdefs.ErrInvalid)

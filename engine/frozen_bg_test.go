@@ -610,3 +610,55 @@ func directModeCheckpoint(t *testing.T) (*Engine, *CreateResult, *CheckpointResu
 	must(t, err)
 	return e, cr, c1, mergedState(t, cr.Root)
 }
+
+// TestCloseCancelsBackgroundFreeze: Close during a background freeze (held
+// at its start) cancels the freeze and waits for it: Close returns once
+// it has stopped, its layer is not published and nothing half-built is
+// left; the home opens again, and a branch then builds the layer itself.
+func TestCloseCancelsBackgroundFreeze(t *testing.T) {
+	ctx := context.Background()
+	home := filepath.Join(t.TempDir(), "home")
+	e := openEngine(t, home)
+	cr, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: richBase(t)})
+	must(t, err)
+	layerTurn(t, cr.Root)
+	started, release := holdFreeze(t, e)
+	c1, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
+	must(t, err)
+	waitHeld(t, started)
+	cp1, err := e.resolve(ctx, c1.ID.String())
+	must(t, err)
+	want := mergedState(t, cr.Root)
+	layers := overlayOf(e).Layers()
+	closed := make(chan error, 1)
+	go func() { closed <- e.Close() }()
+	time.Sleep(50 * time.Millisecond)
+	select {
+	case err := <-closed:
+		t.Fatalf("Close returned (%v) while its freeze ran", err)
+	default:
+	}
+	release()
+	select {
+	case err := <-closed:
+		must(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("Close did not return once its freeze was cancelled")
+	}
+	if layers.Has(cp1.FSTree) {
+		t.Fatal("a freeze cancelled by Close published its layer")
+	}
+	if left, _ := filepath.Glob(filepath.Join(home, "bases", ".frozen", ".tmp-*")); len(left) != 0 {
+		t.Fatalf("a freeze cancelled by Close left %v", left)
+	}
+	e2 := openEngine(t, home)
+	br, err := e2.Branch(ctx, c1.ID.String(), "b", BranchOptions{})
+	must(t, err)
+	if got := overlay.FrozenUser(e2.home.sandboxDir("b")); got != overlayOf(e2).Layers().Dir(cp1.FSTree) {
+		t.Fatalf("the branch after the reopen stacks on %q, want the layer it built", got)
+	}
+	if got := mergedState(t, br.Root); got != want {
+		t.Fatalf("branch hashes to %s, want %s", got.Short(), want.Short())
+	}
+	checkAll(t, e2)
+}

@@ -213,7 +213,7 @@ type BranchOptions struct {
 	FSOnly bool
 	// Materialise copies the checkpoint's layer from the store even when
 	// this host keeps it frozen (by default an overlay branch stacks on
-	// the frozen layer and copies nothing: frozen.go).
+	// the frozen layer and copies nothing: overlay/frozen).
 	Materialise bool
 }
 

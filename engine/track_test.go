@@ -198,7 +198,7 @@ func TestTrackedUnchangedTurnReadsNoFile(t *testing.T) {
 	overlayOf(e).SetTrackOptions(track.Options{})
 
 	// After a rollback the root has a tracker whose base is the restored
-	// state (rollback_track.go): the one that watched a diff written
+	// state (overlay/rollback.go): the one that watched a diff written
 	// through the mount, or a new one on the new mount of a diff written
 	// to the unmounted upper. So the next turn is tracked, and sees the
 	// restored state plus its change.

@@ -122,7 +122,7 @@ func (k *Keeper) keep() int {
 // files that did not change with the layer the root stacks on or with the
 // parent's layer, and made from a layer no retention rule keeps any more
 // when there is one (only the names that differ are touched). It runs in
-// the background (frozen_bg.go) or in a branch that needs the layer now;
+// the background (jobs.go) or in a branch that needs the layer now;
 // a failure costs only the accelerator (a branch of the checkpoint then
 // materialises) and is logged.
 //
