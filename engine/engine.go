@@ -17,6 +17,7 @@ import (
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/engine/content"
+	"github.com/turnsnap/turnsnap/engine/statememo"
 	"github.com/turnsnap/turnsnap/internal/rootfs"
 	"github.com/turnsnap/turnsnap/overlay"
 	"github.com/turnsnap/turnsnap/proc"
@@ -104,11 +105,11 @@ type Engine struct {
 	// commits shares one catalog transaction between concurrent commits
 	// (catalog.Group), run under commitMu and the index lock (commitLock).
 	commits   catalog.Group
-	procCRIU  string       // CRIU binary; "" means proc's default
-	atPhase   func(string) // Options.AtPhase
-	checked   stateMemo    // states that passed CheckState (rollback_memo.go)
-	admit     *admission   // checkpoint admission (admit.go)
-	headTrees headTrees    // each sandbox's last turn's trees (headtrees.go)
+	procCRIU  string         // CRIU binary; "" means proc's default
+	atPhase   func(string)   // Options.AtPhase
+	checked   statememo.Memo // states that passed CheckState, rollbacks' reads
+	admit     *admission     // checkpoint admission (admit.go)
+	headTrees headTrees      // each sandbox's last turn's trees (headtrees.go)
 	// receiptOff leaves a restore's receipt unchecked: only the receipt's
 	// benchmark sets it, for its baseline (BenchmarkRollbackReceipt).
 	receiptOff bool

@@ -75,8 +75,8 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 	}
 	// The restore plans its diff through the same loader: the target is
 	// checked (and its trees read) once.
-	checked := delta.NewCheckedLoader(e.rollbackLoader())
-	fp, err := e.checkState(ctx, checked, cp.FSTree)
+	checked := delta.NewCheckedLoader(e.checked.Loader(e.repo))
+	fp, err := e.checked.CheckState(ctx, checked, cp.FSTree)
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint %s: tree %s: %w", cp.ID.Short(), cp.FSTree.Short(), err)
 	}

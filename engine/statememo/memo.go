@@ -1,4 +1,10 @@
-package engine
+// Package statememo keeps what rollbacks read again and again: the trees
+// that passed delta.CheckState with their footprints, and the trees and
+// chunks a rollback's plan loads from the store. RL loops reset a sandbox
+// to one checkpoint over and over; each reset after the first then checks
+// and reads almost nothing. Every item is content-addressed and was
+// verified when first loaded, so the memo never changes an answer.
+package statememo
 
 import (
 	"context"
@@ -7,14 +13,14 @@ import (
 	"github.com/turnsnap/turnsnap/delta"
 )
 
-// stateMemo remembers the trees that passed delta.CheckState (with the
+// Memo remembers the trees that passed delta.CheckState (with the
 // rules a rollback applies) and their footprints, so rolling back to the
 // same checkpoint again does not check its whole state again (RL loops
 // reset to one checkpoint over and over). A check depends only on the
 // trees, which are content-addressed; what a rollback then reads from the
 // store (the trees on the diff's paths, the chunks it writes) is loaded
 // and verified by the plan before the first write, as always.
-type stateMemo struct {
+type Memo struct {
 	mu sync.Mutex
 	m  map[delta.ID]delta.Footprint
 	// trees keeps the trees rollbacks read (verified when first loaded):
@@ -78,11 +84,11 @@ func (b *boundedMemo[V]) put(id delta.ID, v V, size, budget int) {
 	b.bytes += size
 }
 
-// rollbackLoader is the store's loader with the memo in front.
-func (e *Engine) rollbackLoader() delta.BlobLoader { return memoLoader{m: &e.checked, next: e.repo} }
+// Loader is next (the store's loader) with the memo in front.
+func (m *Memo) Loader(next delta.BlobLoader) delta.BlobLoader { return memoLoader{m: m, next: next} }
 
 type memoLoader struct {
-	m    *stateMemo
+	m    *Memo
 	next delta.BlobLoader
 }
 
@@ -132,10 +138,9 @@ func (l memoLoader) KeepTree(id delta.ID, t *delta.Tree, size int) {
 // stateMemoMax bounds the memo; past it an arbitrary entry goes.
 const stateMemoMax = 1024
 
-// checkState is delta.CheckState of tree through l (rules: a layer's),
+// CheckState is delta.CheckState of tree through l (rules: a layer's),
 // from the memo when tree passed before.
-func (e *Engine) checkState(ctx context.Context, l *delta.CheckedLoader, tree delta.ID) (delta.Footprint, error) {
-	m := &e.checked
+func (m *Memo) CheckState(ctx context.Context, l *delta.CheckedLoader, tree delta.ID) (delta.Footprint, error) {
 	m.mu.Lock()
 	fp, ok := m.m[tree]
 	m.mu.Unlock()
