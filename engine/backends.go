@@ -15,10 +15,19 @@ import (
 	"github.com/turnsnap/turnsnap/overlay/frozen"
 )
 
-// newOverlay makes e's overlay backend (at Open), wired to the engine's
-// services: its frozen layers' policy reads the catalog and the store,
-// checks the home's room, and yields to urgent checkpoints; with
-// opts.TrackChanges it tracks its sandboxes' changes.
+// defaultBackend is the backend of a sandbox created without one (and of
+// a leftover root nothing names).
+const defaultBackend = overlay.Name
+
+// newBackends makes the backends without options (at Open): the overlay
+// backend, wired to the engine's services.
+func newBackends(e *Engine, opts Options) map[string]rootfs.Backend {
+	return map[string]rootfs.Backend{overlay.Name: newOverlay(e, opts)}
+}
+
+// newOverlay makes e's overlay backend: its frozen layers' policy reads
+// the catalog and the store, checks the home's room, and yields to urgent
+// checkpoints; with opts.TrackChanges it tracks its sandboxes' changes.
 func newOverlay(e *Engine, opts Options) *overlay.Backend {
 	ob := overlay.NewBackend(e.home.basesDir())
 	ob.SetIDs(e.ids())

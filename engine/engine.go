@@ -19,7 +19,6 @@ import (
 	"github.com/turnsnap/turnsnap/engine/content"
 	"github.com/turnsnap/turnsnap/engine/statememo"
 	"github.com/turnsnap/turnsnap/internal/rootfs"
-	"github.com/turnsnap/turnsnap/overlay"
 	"github.com/turnsnap/turnsnap/proc"
 	"github.com/turnsnap/turnsnap/upload"
 )
@@ -201,7 +200,7 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	}
 	e.repo = e.newRepo()
 	e.repo.SetRoomCheck(e.checkRoom)
-	e.backends = map[string]rootfs.Backend{overlay.Name: newOverlay(e, opts)} // backends.go
+	e.backends = newBackends(e, opts) // backends.go
 	e.cleanProcWork()                                                         // process images a killed turnsnap left (procrecover.go)
 	ok = true
 	return e, nil

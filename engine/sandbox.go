@@ -14,7 +14,6 @@ import (
 	"github.com/turnsnap/turnsnap/engine/content"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/internal/rootfs"
-	"github.com/turnsnap/turnsnap/overlay"
 )
 
 // CreateOptions configures CreateSandbox.
@@ -50,7 +49,7 @@ func (e *Engine) CreateSandbox(ctx context.Context, name string, opts CreateOpti
 		return nil, fmt.Errorf("sandbox name %q: use 1-64 of [A-Za-z0-9._-], not starting with '.' or '-': %w", name, errdefs.ErrInvalid)
 	}
 	if opts.Backend == "" {
-		opts.Backend = overlay.Name
+		opts.Backend = defaultBackend
 	}
 	cfg, err := backendConfig(opts.Backend, opts.Btrfs)
 	if err != nil {
