@@ -201,7 +201,7 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	e.repo = e.newRepo()
 	e.repo.SetRoomCheck(e.checkRoom)
 	e.backends = newBackends(e, opts) // backends.go
-	e.cleanProcWork()                                                         // process images a killed turnsnap left (procrecover.go)
+	e.cleanProcWork()                 // process images a killed turnsnap left (procrecover.go)
 	ok = true
 	return e, nil
 }
