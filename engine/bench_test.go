@@ -196,7 +196,7 @@ func BenchmarkScanUpper(b *testing.B) {
 func BenchmarkSmallTurn(b *testing.B) {
 	ctx := context.Background()
 	e := newEngine(b)
-	e.track.on = true
+	overlayOf(e).SetTracking(true, e.log)
 	cr := smallSandbox(b, e, "s")
 	var commitStart time.Time
 	e.atPhase = func(p string) {

@@ -15,7 +15,6 @@ import (
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/internal/rootfs"
-	"github.com/turnsnap/turnsnap/overlay"
 )
 
 // MaxBranchMany bounds one fan-out: each branch is a mount and a sandbox.
@@ -39,7 +38,7 @@ func BranchNames(prefix string, count int) ([]string, error) {
 // host, process image and base once, and records every new sandbox in one
 // catalog transaction: all are created or none is. On overlay with the
 // checkpoint's frozen layer kept here, each branch only mounts a stack
-// (frozen.go). The results are in the order of names.
+// (overlay/frozen). The results are in the order of names.
 func (e *Engine) BranchMany(ctx context.Context, ref string, names []string, o BranchOptions) ([]*RestoreResult, error) {
 	if len(names) == 0 || len(names) > MaxBranchMany {
 		return nil, fmt.Errorf("branch into %d sandboxes: want 1 to %d: %w", len(names), MaxBranchMany, errdefs.ErrInvalid)
@@ -118,14 +117,15 @@ func (e *Engine) BranchMany(ctx context.Context, ref string, names []string, o B
 	if err := ensureDir(filepath.Dir(e.home.sandboxDir(names[0]))); err != nil {
 		return nil, err
 	}
-	if !o.Materialise {
-		if err := e.freezeForBranch(ctx, be, cp, fp.Bytes); err != nil {
+	stacked := false
+	if f, ok := be.(rootfs.Freezer); ok && !o.Materialise {
+		if stacked, err = f.PrepareBranch(ctx, cp, fp.Bytes); err != nil {
 			return nil, fmt.Errorf("%s: %w", subject, err)
 		}
 	}
 	// As for a rollback (restore.go): roots copied into the home must
 	// leave the catalog its room. A stacked root copies nothing.
-	if ob, ok := be.(*overlay.Backend); ok && (o.Materialise || e.frozenKeep() == 0 || !ob.HasFrozen(cp.FSTree)) {
+	if rootsInHome(o.Backend) && !stacked {
 		if err := e.checkRoom(fp.Bytes*uint64(len(names)), 0); err != nil {
 			return nil, fmt.Errorf("%s: branch of %s: %w", subject, cp.ID.Short(), err)
 		}
@@ -140,7 +140,7 @@ func (e *Engine) BranchMany(ctx context.Context, ref string, names []string, o B
 	roots := make([]rootfs.Root, len(names))
 	errs := make([]error, len(names))
 	parallel(len(names), func(i int) {
-		roots[i], errs[i] = e.branchRoot(ctx, be, e.home.sandboxDir(names[i]), lower, cp, o.Materialise)
+		roots[i], errs[i] = branchRoot(ctx, be, e.home.sandboxDir(names[i]), lower, cp, o.Materialise, e.repo)
 		if errs[i] != nil && len(names) > 1 {
 			// One branch's root names its sandbox already.
 			errs[i] = fmt.Errorf("sandbox %s: %w", names[i], errs[i])
@@ -202,10 +202,10 @@ func (e *Engine) BranchMany(ctx context.Context, ref string, names []string, o B
 
 // branchWritten says how a branch's root was verified as it was made.
 func branchWritten(root rootfs.Root) string {
-	if r, ok := root.(*overlay.Root); ok && r.Stacked() {
-		return writtenHow(root, overlay.RestoreInfo{}, true)
+	if r, ok := root.(interface{ Stacked() bool }); ok && r.Stacked() {
+		return writtenHow(root, rootfs.RestoreInfo{}, true)
 	}
-	return writtenHow(root, overlay.RestoreInfo{}, false)
+	return writtenHow(root, rootfs.RestoreInfo{}, false)
 }
 
 // publishSandboxes records sandboxes whose head is an existing checkpoint:

@@ -9,6 +9,7 @@ import (
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/engine/content"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
+	"github.com/turnsnap/turnsnap/internal/rootfs"
 )
 
 // CheckpointOptions configures Checkpoint.
@@ -99,8 +100,8 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	if err := st.root.Mount(ctx); err != nil {
 		return nil, err
 	}
-	// Background freezes wait while turns are in flight (frozen_idle.go).
-	defer e.freezes.turnStarted()()
+	// Background freezes wait while turns are in flight (overlay/frozen).
+	defer turnStarted(e.backends)()
 	// The turn's pending writes live in op: a failed or skipped turn drops
 	// it and deletes the packs it wrote (Op.Discard keeps any that got
 	// indexed), so a turn that ran out of space leaves nothing behind.
@@ -129,15 +130,16 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	// compared with the head's before anything is committed.
 	trees := &treeMemo{next: e.headTrees.loader(name, e.repo), trees: map[delta.ID][]byte{}}
 	saver := teeTrees{memo: trees, next: deviceGuard{op}}
-	res, ts, err := e.scanRoot(ctx, name, st, pt, saver)
-	defer func() { ts.failed() }() // a turn that returns early leaves the tracker unsure
+	be := e.backends[st.sb.Backend] // nil: a backend without optional parts
+	res, ts, err := scanTurn(ctx, be, name, st, pt, saver)
+	defer func() { ts.Failed() }() // a turn that returns early leaves the tracker unsure
 	if err != nil {
 		return nil, err
 	}
 	if rescan, err := e.confirmIdle(ctx, name, pt, st.head); err != nil {
 		return nil, err
 	} else if rescan {
-		if res, ts, err = e.scanRoot(ctx, name, st, pt, saver); err != nil {
+		if res, ts, err = scanTurn(ctx, be, name, st, pt, saver); err != nil {
 			return nil, err
 		}
 	}
@@ -173,7 +175,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 				return nil, err
 			}
 		}
-		ts.skipped(res, st.head.FSTree)
+		ts.Skipped(res, st.head.FSTree)
 		stats.DurationNs = time.Since(start).Nanoseconds()
 		if opts.RecordSkips {
 			slot.Free() // a skip record's commit is fsyncs, as below
@@ -241,14 +243,19 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 		// turn skip processes no checkpoint holds.
 		e.settle(ctx, name)
 	}
-	if err := ts.saveCache(st.root, res); err != nil {
+	if err := ts.Committed(res); err != nil {
 		// The checkpoint is committed; a stale cache only costs a re-read.
 		e.log.Warn("scan cache not saved", "sandbox", name, "err", err)
 	}
-	ts.done(res)
 	// Branches of cp share its layer, frozen after this call returns
-	// (frozen_bg.go): the turn does not wait for it.
-	e.freezeLater(st, cp)
+	// (overlay/frozen): the turn does not wait for it.
+	if f, ok := be.(rootfs.Freezer); ok {
+		var parent delta.ID
+		if st.head != nil {
+			parent = st.head.FSTree
+		}
+		f.FreezeLater(name, parent, cp)
+	}
 	out := &CheckpointResult{ID: cp.ID, Sandbox: name, Class: cp.Class, Turn: turn, Parent: cp.Parent,
 		Stats: cp.Stats, Duration: time.Since(start), Phases: ph}
 	if pt.changed {

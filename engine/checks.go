@@ -7,6 +7,7 @@ import (
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/engine/check"
+	"github.com/turnsnap/turnsnap/internal/rootfs"
 	"github.com/turnsnap/turnsnap/upload"
 )
 
@@ -37,10 +38,15 @@ func newVerifier(e *Engine) *check.Verifier {
 			return e.checkBase(ctx, cp.Sandbox, cp.Backend, cp.BaseTree, true)
 		},
 		CheckFrozen: func(ctx context.Context, cp *delta.Checkpoint) (bool, error) {
-			if ob := e.overlayBackend(); ob != nil {
-				return ob.VerifyFrozen(ctx, cp.FSTree)
+			// Branches of cp stack on its frozen layer and read it as it is.
+			checked := false
+			for _, f := range implementing[rootfs.Freezer](e.backends) {
+				ok, err := f.VerifyFrozen(ctx, cp.FSTree)
+				if checked = checked || ok; err != nil {
+					return checked, err
+				}
 			}
-			return false, nil
+			return checked, nil
 		},
 	})
 }

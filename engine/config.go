@@ -26,8 +26,8 @@ type Config struct {
 	// Encryption, if set, names the master key of an encrypted store.
 	Encryption *keys.Config `json:"encryption,omitempty"`
 	// FrozenKeep is how many of each sandbox's newest checkpoints keep a
-	// frozen layer on this host for cheap branches (frozen.go); nil means
-	// DefaultFrozenKeep, 0 turns frozen layers off.
+	// frozen layer on this host for cheap branches (overlay/frozen); nil
+	// means frozen.DefaultKeep, 0 turns frozen layers off.
 	FrozenKeep *int `json:"frozen_keep,omitempty"`
 }
 

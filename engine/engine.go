@@ -23,8 +23,8 @@ import (
 	"github.com/turnsnap/turnsnap/engine/rebuild"
 	"github.com/turnsnap/turnsnap/engine/remote"
 	"github.com/turnsnap/turnsnap/engine/retention"
+	"github.com/turnsnap/turnsnap/engine/statememo"
 	"github.com/turnsnap/turnsnap/internal/rootfs"
-	"github.com/turnsnap/turnsnap/overlay"
 	"github.com/turnsnap/turnsnap/proc"
 	"github.com/turnsnap/turnsnap/upload"
 )
@@ -112,17 +112,12 @@ type Engine struct {
 	// commits shares one catalog transaction between concurrent commits
 	// (catalog.Group), run under commitMu and the index lock (commitLock).
 	commits   catalog.Group
-	procCRIU  string       // CRIU binary; "" means proc's default
-	atPhase   func(string) // Options.AtPhase
-	track     trackers     // change tracking (track.go)
-	checked   stateMemo    // states that passed CheckState (rollback_track.go)
-	freezes   freezeJobs   // background freezes (frozen_bg.go)
-	keepLines lineMemo     // retention's lines by head (frozen.go)
-	// freezeOnBranch: layers are frozen for branches only (Options).
-	freezeOnBranch bool
-	retention      *retention.Retention // prune, forget, policies, gc (retention_deps.go)
-	admit          *admission.Scheduler // checkpoint admission
-	headTrees      headTrees            // each sandbox's last turn's trees (headtrees.go)
+	procCRIU  string               // CRIU binary; "" means proc's default
+	atPhase   func(string)         // Options.AtPhase
+	checked   statememo.Memo       // states that passed CheckState, rollbacks' reads
+	admit     *admission.Scheduler // checkpoint admission
+	retention *retention.Retention // prune, forget, policies, gc (retention_deps.go)
+	headTrees headTrees            // each sandbox's last turn's trees (headtrees.go)
 	// receiptOff leaves a restore's receipt unchecked: only the receipt's
 	// benchmark sets it, for its baseline (BenchmarkRollbackReceipt).
 	receiptOff bool
@@ -154,8 +149,6 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	e.verifier = newVerifier(e)
 	e.commits.Hold = &commitLock{e: e}
 	e.commits.Shared = func(int) { e.phase(PhaseCommitGroup) }
-	e.track.on = opts.TrackChanges
-	e.freezeOnBranch = opts.FreezeOnBranch
 	e.readOnly = opts.ReadOnly
 	ok := false
 	defer func() {
@@ -215,9 +208,7 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 			if err := os.RemoveAll(h.catalogDir()); err != nil {
 				return err
 			}
-			if ob := e.overlayBackend(); ob != nil {
-				ob.SetIDs(e.ids())
-			}
+			setBackendIDs(e.backends, e.ids())
 			var err error
 			e.cat, err = catalog.Open(ctx, h.catalogDir(), e.catalogOptions(false))
 			return err
@@ -248,24 +239,18 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	}
 	e.repo = e.newRepo()
 	e.repo.SetRoomCheck(e.checkRoom)
-	ob := overlay.NewBackend(h.basesDir())
-	ob.SetIDs(e.ids())
-	ob.SetLoader(func() delta.BlobLoader { return e.repo }) // stacked roots' scans (frozen.go)
-	e.backends = map[string]rootfs.Backend{overlay.Name: ob}
+	e.backends = newBackends(e, opts) // backends.go
+	e.cleanProcWork()                 // process images a killed turnsnap left (procrecover.go)
 	e.retention = e.newRetention()
-	e.cleanProcWork() // process images a killed turnsnap left (procrecover.go)
 	ok = true
 	return e, nil
 }
 
-// Close waits for the background freezes, then releases the catalog and
-// the home lock.
+// Close stops the backends' background work (cancelling the background
+// freezes and waiting for them: a layer half built is never published),
+// then releases the catalog and the home lock.
 func (e *Engine) Close() error {
-	e.closeTrackers()
-	e.freezes.wait(true) // a layer half built is never published (frozen_bg.go)
-	if ob := e.overlayBackend(); ob != nil {
-		ob.WaitRemovals() // removed frozen layers' files (frozen.go)
-	}
+	closeBackends(e.backends)
 	var err error
 	if e.cat != nil {
 		err = e.cat.Close()

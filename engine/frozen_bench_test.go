@@ -12,6 +12,7 @@ import (
 
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/overlay"
+	"github.com/turnsnap/turnsnap/overlay/frozen"
 	"golang.org/x/sys/unix"
 )
 
@@ -108,16 +109,16 @@ func BenchmarkBranch8(b *testing.B) {
 
 	// The first freeze of a layer has no layer to link from: every file is
 	// copied from the live root and verified.
-	ob := e.overlayBackend()
+	ob := overlayOf(e)
 	cp, err := e.resolve(ctx, ckpt)
 	must(b, err)
 	run("freeze-whole-layer", func(b *testing.B) {
 		b.StopTimer()
-		_, err := ob.RemoveFrozen(cp.FSTree, func(string) bool { return false })
+		_, err := ob.Layers().Remove(cp.FSTree, func(string) bool { return false })
 		must(b, err)
-		ob.WaitRemovals()
+		ob.Layers().WaitRemovals()
 		b.StartTimer()
-		st, err := ob.Freeze(ctx, cp.FSTree, cr.Root, nil, e.repo, nil)
+		st, err := ob.Layers().Freeze(ctx, cp.FSTree, cr.Root, nil, e.repo, nil)
 		must(b, err)
 		if st.Copied != int64(files) {
 			b.Fatalf("freeze copied %d files, want %d", st.Copied, files)
@@ -146,7 +147,7 @@ func BenchmarkBranch8(b *testing.B) {
 	}
 	// The checkpoint call with its layer frozen in the background, against
 	// no freezing at all: the goal is within noise.
-	for _, keep := range []int{DefaultFrozenKeep, 0} {
+	for _, keep := range []int{frozen.DefaultKeep, 0} {
 		name := "checkpoint-10-files-background-freeze"
 		if keep == 0 {
 			name = "checkpoint-10-files-no-freeze-baseline"
@@ -166,11 +167,11 @@ func BenchmarkBranch8(b *testing.B) {
 	live, err := overlay.LiveUpper(e.home.sandboxDir("src"))
 	must(b, err)
 	var layers []delta.ID // oldest first
-	for _, t := range func() []delta.ID { ts, _ := ob.FrozenTrees(); return ts }() {
-		_, err := ob.RemoveFrozen(t, func(string) bool { return false })
+	for _, t := range func() []delta.ID { ts, _ := ob.Layers().Trees(); return ts }() {
+		_, err := ob.Layers().Remove(t, func(string) bool { return false })
 		must(b, err)
 	}
-	ob.WaitRemovals()
+	ob.Layers().WaitRemovals()
 	off := 0
 	e.config.FrozenKeep = &off
 	cut := func(b *testing.B) delta.ID {
@@ -183,11 +184,11 @@ func BenchmarkBranch8(b *testing.B) {
 	}
 	for range 2 {
 		t := cut(b)
-		src := &overlay.FreezeSource{}
+		src := &frozen.Source{}
 		if len(layers) > 0 {
 			src.Tree = layers[len(layers)-1]
 		}
-		_, err := ob.Freeze(ctx, t, live, src, e.repo, nil)
+		_, err := ob.Layers().Freeze(ctx, t, live, src, e.repo, nil)
 		must(b, err)
 		layers = append(layers, t)
 	}
@@ -198,21 +199,21 @@ func BenchmarkBranch8(b *testing.B) {
 		// parts of this benchmark left dirty: flush that first, for both.
 		unix.Sync()
 		prev, old := layers[len(layers)-1], layers[len(layers)-2]
-		src := &overlay.FreezeSource{Tree: prev}
+		src := &frozen.Source{Tree: prev}
 		if incremental {
-			src.Reuse, src.InUse = []delta.ID{old}, e.frozenInUse
+			src.Reuse, src.InUse = []delta.ID{old}, overlayOf(e).Keeper().InUse
 		}
 		b.StartTimer()
-		st, err := ob.Freeze(ctx, t, live, src, e.repo, nil)
+		st, err := ob.Layers().Freeze(ctx, t, live, src, e.repo, nil)
 		must(b, err)
 		b.StopTimer()
 		if st.Reused.IsZero() == incremental {
 			b.Fatalf("freeze reused %s, incremental %v", st.Reused.Short(), incremental)
 		}
 		if !incremental {
-			_, err := ob.RemoveFrozen(old, func(string) bool { return false })
+			_, err := ob.Layers().Remove(old, func(string) bool { return false })
 			must(b, err)
-			ob.WaitRemovals()
+			ob.Layers().WaitRemovals()
 		}
 		layers = append(layers[1:], t)
 		b.StartTimer()
@@ -233,7 +234,7 @@ func BenchmarkBranch8(b *testing.B) {
 		change(b)
 		r, err := e.Checkpoint(ctx, "src", CheckpointOptions{})
 		must(b, err)
-		waited := e.freezes.waited.Load()
+		waited := overlayOf(e).Keeper().Waited()
 		b.StartTimer()
 		rs, err := e.BranchMany(ctx, r.ID.String(), names, BranchOptions{})
 		must(b, err)
@@ -241,7 +242,7 @@ func BenchmarkBranch8(b *testing.B) {
 		if overlay.FrozenUser(e.home.sandboxDir(rs[0].Sandbox)) == "" {
 			b.Fatal("a branch right after its checkpoint does not stack")
 		}
-		if e.freezes.waited.Load() == waited {
+		if overlayOf(e).Keeper().Waited() == waited {
 			b.Log("the checkpoint's freeze was done before the branches came")
 		}
 		b.StartTimer()
@@ -279,11 +280,9 @@ func BenchmarkFrozenKeepSet(b *testing.B) {
 		b.Run(map[bool]string{false: "cold", true: "memo"}[memo], func(b *testing.B) {
 			for b.Loop() {
 				if !memo {
-					e.keepLines.mu.Lock()
-					e.keepLines.lines = nil
-					e.keepLines.mu.Unlock()
+					overlayOf(e).Keeper().ForgetLines()
 				}
-				keep, err := e.frozenKeepSet(ctx)
+				keep, err := overlayOf(e).Keeper().KeepSet(ctx)
 				if err != nil || len(keep) != 32 {
 					b.Fatalf("keep set of %d trees: %v", len(keep), err)
 				}

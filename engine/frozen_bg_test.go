@@ -19,6 +19,7 @@ import (
 	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/overlay"
+	"github.com/turnsnap/turnsnap/overlay/frozen"
 	"golang.org/x/sys/unix"
 )
 
@@ -30,7 +31,7 @@ func holdFreeze(t *testing.T, e *Engine) (started <-chan struct{}, release func(
 	at, rel := make(chan struct{}), make(chan struct{})
 	held := false
 	e.atPhase = func(p string) {
-		if p != PhaseFreezeStart || held {
+		if p != frozen.PhaseStart || held {
 			return
 		}
 		held = true
@@ -68,12 +69,12 @@ func TestBranchWaitsForBackgroundFreeze(t *testing.T) {
 	waitHeld(t, started)
 	cp1, err := e.resolve(ctx, c1.ID.String())
 	must(t, err)
-	ob := e.overlayBackend()
-	if ob.HasFrozen(cp1.FSTree) {
+	ob := overlayOf(e)
+	if ob.Layers().Has(cp1.FSTree) {
 		t.Fatal("the layer exists while its freeze is held")
 	}
 	want := mergedState(t, cr.Root)
-	waited := e.freezes.waited.Load()
+	waited := overlayOf(e).Keeper().Waited()
 	type result struct {
 		r   *RestoreResult
 		err error
@@ -83,7 +84,7 @@ func TestBranchWaitsForBackgroundFreeze(t *testing.T) {
 		r, err := e.Branch(ctx, c1.ID.String(), "b", BranchOptions{})
 		done <- result{r, err}
 	}()
-	for deadline := time.Now().Add(30 * time.Second); e.freezes.waited.Load() == waited; time.Sleep(time.Millisecond) {
+	for deadline := time.Now().Add(30 * time.Second); overlayOf(e).Keeper().Waited() == waited; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the branch never found the freeze pending")
 		}
@@ -96,7 +97,7 @@ func TestBranchWaitsForBackgroundFreeze(t *testing.T) {
 	release()
 	res := <-done
 	must(t, res.err)
-	if got := overlay.FrozenUser(e.home.sandboxDir("b")); got != ob.FrozenDir(cp1.FSTree) {
+	if got := overlay.FrozenUser(e.home.sandboxDir("b")); got != ob.Layers().Dir(cp1.FSTree) {
 		t.Fatalf("the branch made during the freeze stacks on %q, want the checkpoint's layer", got)
 	}
 	if got := mergedState(t, res.r.Root); got != want {
@@ -151,11 +152,11 @@ func TestFreezeIgnoresEditsAfterTheCut(t *testing.T) {
 	e.WaitFreezes()
 	cp2, err := e.resolve(ctx, c2.ID.String())
 	must(t, err)
-	ob := e.overlayBackend()
-	if !ob.HasFrozen(cp2.FSTree) {
+	ob := overlayOf(e)
+	if !ob.Layers().Has(cp2.FSTree) {
 		t.Fatal("no layer frozen")
 	}
-	got, err := fstree.Scan(ctx, ob.FrozenDir(cp2.FSTree), fstree.ScanOptions{Translate: overlay.Translate})
+	got, err := fstree.Scan(ctx, ob.Layers().Dir(cp2.FSTree), fstree.ScanOptions{Translate: overlay.Translate})
 	must(t, err)
 	if got.Root != cp2.FSTree {
 		t.Fatalf("the frozen layer hashes to %s, the checkpoint's tree is %s: an edit after the cut leaked", got.Root.Short(), cp2.FSTree.Short())
@@ -176,7 +177,7 @@ func TestFreezeIgnoresEditsAfterTheCut(t *testing.T) {
 // TestIncrementalFreezeOnTheLine: turn after turn, each layer from the
 // third on is made from the line's layer no longer kept (the same
 // directory, only the names that differ changed), every layer hashes to
-// its tree, and the layers kept stay DefaultFrozenKeep.
+// its tree, and the layers kept stay frozen.DefaultKeep.
 func TestIncrementalFreezeOnTheLine(t *testing.T) {
 	ctx := context.Background()
 	e := newEngine(t)
@@ -185,7 +186,7 @@ func TestIncrementalFreezeOnTheLine(t *testing.T) {
 	for i := range 30 {
 		write(t, filepath.Join(cr.Root, "keep", string(rune('a'+i%5)), string(rune('a'+i))), strings.Repeat("k", i))
 	}
-	ob := e.overlayBackend()
+	ob := overlayOf(e)
 	ino := func(dir string) uint64 {
 		var st unix.Stat_t
 		if unix.Stat(dir, &st) != nil {
@@ -202,7 +203,7 @@ func TestIncrementalFreezeOnTheLine(t *testing.T) {
 		}
 		unkept := map[uint64]bool{}
 		for id := range frozenSet(t, e) {
-			unkept[ino(ob.FrozenDir(id))] = true
+			unkept[ino(ob.Layers().Dir(id))] = true
 		}
 		c, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 		must(t, err)
@@ -210,15 +211,15 @@ func TestIncrementalFreezeOnTheLine(t *testing.T) {
 		e.WaitFreezes()
 		cp, err := e.resolve(ctx, c.ID.String())
 		must(t, err)
-		got, err := fstree.Scan(ctx, ob.FrozenDir(cp.FSTree), fstree.ScanOptions{Translate: overlay.Translate})
+		got, err := fstree.Scan(ctx, ob.Layers().Dir(cp.FSTree), fstree.ScanOptions{Translate: overlay.Translate})
 		must(t, err)
 		if got.Root != cp.FSTree {
 			t.Fatalf("turn %d: layer hashes to %s, tree %s", i, got.Root.Short(), cp.FSTree.Short())
 		}
-		if reused := unkept[ino(ob.FrozenDir(cp.FSTree))]; reused != (i >= 2) {
+		if reused := unkept[ino(ob.Layers().Dir(cp.FSTree))]; reused != (i >= 2) {
 			t.Fatalf("turn %d: layer made from an older one: %v", i, reused)
 		}
-		if n := len(frozenSet(t, e)); n != min(i+1, DefaultFrozenKeep) {
+		if n := len(frozenSet(t, e)); n != min(i+1, frozen.DefaultKeep) {
 			t.Fatalf("turn %d: %d layers kept", i, n)
 		}
 	}
@@ -243,10 +244,8 @@ func TestBranchBuildsAQueuedFreeze(t *testing.T) {
 	started, release := holdFreeze(t, e)
 	_, err = e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
-	waitHeld(t, started) // the first freeze holds one slot ...
-	for range cap(e.freezes.sem) - 1 {
-		e.freezes.sem <- struct{}{} // ... and these the others: no background freeze can start
-	}
+	waitHeld(t, started)                               // the first freeze holds one slot ...
+	releaseSlots := overlayOf(e).Keeper().TakeSlots(1) // ... and these the others: no background freeze can start
 	write(t, filepath.Join(cr.Root, "two"), "two\n")
 	c2, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
@@ -260,8 +259,8 @@ func TestBranchBuildsAQueuedFreeze(t *testing.T) {
 		}
 		done <- err
 	}()
-	waited := e.freezes.waited.Load()
-	for deadline := time.Now().Add(30 * time.Second); e.freezes.waited.Load() == waited; time.Sleep(time.Millisecond) {
+	waited := overlayOf(e).Keeper().Waited()
+	for deadline := time.Now().Add(30 * time.Second); overlayOf(e).Keeper().Waited() == waited; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the branch never found the freeze pending")
 		}
@@ -270,15 +269,13 @@ func TestBranchBuildsAQueuedFreeze(t *testing.T) {
 	must(t, <-done) // with both slots still taken: the branch built the layer
 	cp2, err := e.resolve(ctx, c2.ID.String())
 	must(t, err)
-	if got := overlay.FrozenUser(e.home.sandboxDir("b")); got != e.overlayBackend().FrozenDir(cp2.FSTree) {
+	if got := overlay.FrozenUser(e.home.sandboxDir("b")); got != overlayOf(e).Layers().Dir(cp2.FSTree) {
 		t.Fatalf("the branch stacks on %q", got)
 	}
 	if mergedState(t, root) != want {
 		t.Fatal("the branch differs from its checkpoint")
 	}
-	for range cap(e.freezes.sem) - 1 {
-		<-e.freezes.sem
-	}
+	releaseSlots()
 	e.WaitFreezes()
 	checkAll(t, e)
 }
@@ -299,21 +296,21 @@ func TestFreezePausesForTurns(t *testing.T) {
 	waitHeld(t, started) // running: past its wait for idle
 	cp1, err := e.resolve(ctx, c1.ID.String())
 	must(t, err)
-	ob := e.overlayBackend()
-	turnDone := e.freezes.turnStarted() // a turn arrives mid-freeze
-	paused := e.freezes.paused.Load()
+	ob := overlayOf(e)
+	turnDone := overlayOf(e).TurnStarted() // a turn arrives mid-freeze
+	paused := overlayOf(e).Keeper().Paused()
 	release()
-	for deadline := time.Now().Add(30 * time.Second); e.freezes.paused.Load() == paused; time.Sleep(time.Millisecond) {
+	for deadline := time.Now().Add(30 * time.Second); overlayOf(e).Keeper().Paused() == paused; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the freeze never paused for the turn in flight")
 		}
 	}
-	if ob.HasFrozen(cp1.FSTree) {
+	if ob.Layers().Has(cp1.FSTree) {
 		t.Fatal("the layer was published while its freeze paused")
 	}
 	turnDone()
 	e.WaitFreezes()
-	if !ob.HasFrozen(cp1.FSTree) {
+	if !ob.Layers().Has(cp1.FSTree) {
 		t.Fatal("the paused freeze never finished once the turn ended")
 	}
 	if _, err := ob.VerifyFrozen(ctx, cp1.FSTree); err != nil {
@@ -322,7 +319,7 @@ func TestFreezePausesForTurns(t *testing.T) {
 
 	// With a turn in flight from here on, a branch of the next checkpoint
 	// rushes its freeze, which then does not pause.
-	turnDone = e.freezes.turnStarted()
+	turnDone = overlayOf(e).TurnStarted()
 	defer turnDone()
 	write(t, filepath.Join(cr.Root, "src", "second.txt"), "second turn\n")
 	c2, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
@@ -332,7 +329,7 @@ func TestFreezePausesForTurns(t *testing.T) {
 	want := mergedState(t, cr.Root)
 	res, err := e.Branch(ctx, c2.ID.String(), "b", BranchOptions{})
 	must(t, err)
-	if got := overlay.FrozenUser(e.home.sandboxDir("b")); got != ob.FrozenDir(cp2.FSTree) {
+	if got := overlay.FrozenUser(e.home.sandboxDir("b")); got != ob.Layers().Dir(cp2.FSTree) {
 		t.Fatalf("the branch stacks on %q, want the checkpoint's layer", got)
 	}
 	if got := mergedState(t, res.Root); got != want {
@@ -360,7 +357,7 @@ func TestFrozenKeepSetFollowsHeads(t *testing.T) {
 				if err != nil {
 					continue
 				}
-				line, err := tx.Ancestors(head, e.frozenKeep())
+				line, err := tx.Ancestors(head, frozen.DefaultKeep)
 				if err != nil {
 					return err
 				}
@@ -375,7 +372,7 @@ func TestFrozenKeepSetFollowsHeads(t *testing.T) {
 	check := func(step string) {
 		t.Helper()
 		for range 2 { // cold, then from the memo
-			got, err := e.frozenKeepSet(ctx)
+			got, err := overlayOf(e).Keeper().KeepSet(ctx)
 			must(t, err)
 			if want := fresh(); !maps.Equal(got, want) || len(want) == 0 {
 				t.Fatalf("%s: keep set %v, want %v", step, got, want)
@@ -419,17 +416,15 @@ func TestFreezeOnBranch(t *testing.T) {
 	e, cr, c1, want := directModeCheckpoint(t)
 	cp1, err := e.resolve(ctx, c1.ID.String())
 	must(t, err)
-	ob := e.overlayBackend()
-	e.freezes.mu.Lock()
-	pending := e.freezes.pending
-	e.freezes.mu.Unlock()
-	if pending != 0 || ob.HasFrozen(cp1.FSTree) {
-		t.Fatalf("the checkpoint queued %d freezes, layer kept: %v", pending, ob.HasFrozen(cp1.FSTree))
+	ob := overlayOf(e)
+	pending := overlayOf(e).Keeper().Pending()
+	if pending != 0 || ob.Layers().Has(cp1.FSTree) {
+		t.Fatalf("the checkpoint queued %d freezes, layer kept: %v", pending, ob.Layers().Has(cp1.FSTree))
 	}
 	write(t, filepath.Join(cr.Root, "src", "main.go"), "changed after the checkpoint\n")
 	res, err := e.BranchMany(ctx, c1.ID.String(), []string{"b1", "b2", "b3"}, BranchOptions{})
 	must(t, err)
-	trees, err := ob.FrozenTrees()
+	trees, err := ob.Layers().Trees()
 	must(t, err)
 	if len(trees) != 1 || trees[0] != cp1.FSTree {
 		t.Fatalf("frozen layers %v, want the checkpoint's alone", trees)
@@ -439,7 +434,7 @@ func TestFreezeOnBranch(t *testing.T) {
 	}
 	for i, r := range res {
 		name := []string{"b1", "b2", "b3"}[i]
-		if got := overlay.FrozenUser(e.home.sandboxDir(name)); got != ob.FrozenDir(cp1.FSTree) {
+		if got := overlay.FrozenUser(e.home.sandboxDir(name)); got != ob.Layers().Dir(cp1.FSTree) {
 			t.Fatalf("%s stacks on %q", name, got)
 		}
 		if got := mergedState(t, r.Root); got != want {
@@ -459,7 +454,7 @@ func TestFreezeOnBranch(t *testing.T) {
 		e.WaitFreezes()
 		cp, err := e.resolve(ctx, c.ID.String())
 		must(t, err)
-		if !ob.HasFrozen(cp.FSTree) {
+		if !ob.Layers().Has(cp.FSTree) {
 			t.Fatalf("%s: the checkpoint after a branch kept no layer", name)
 		}
 	}
@@ -477,7 +472,7 @@ func TestConcurrentBranchesBuildOneLayer(t *testing.T) {
 	unblock := sync.OnceFunc(func() { close(release) })
 	t.Cleanup(unblock) // a failed test must not leave the build held (Close waits for it)
 	e.atPhase = func(p string) {
-		if p == PhaseFreezeStart && builds.Add(1) == 1 {
+		if p == frozen.PhaseStart && builds.Add(1) == 1 {
 			close(started)
 			<-release
 		}
@@ -495,9 +490,9 @@ func TestConcurrentBranchesBuildOneLayer(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the first branch never built its layer")
 	}
-	waited := e.freezes.waited.Load()
+	waited := overlayOf(e).Keeper().Waited()
 	go branch("b2")
-	for deadline := time.Now().Add(30 * time.Second); e.freezes.waited.Load() == waited; time.Sleep(time.Millisecond) {
+	for deadline := time.Now().Add(30 * time.Second); overlayOf(e).Keeper().Waited() == waited; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the second branch never found the first's build")
 		}
@@ -511,7 +506,7 @@ func TestConcurrentBranchesBuildOneLayer(t *testing.T) {
 	cp1, err := e.resolve(ctx, c1.ID.String())
 	must(t, err)
 	for _, name := range []string{"b1", "b2"} {
-		if got := overlay.FrozenUser(e.home.sandboxDir(name)); got != e.overlayBackend().FrozenDir(cp1.FSTree) {
+		if got := overlay.FrozenUser(e.home.sandboxDir(name)); got != overlayOf(e).Layers().Dir(cp1.FSTree) {
 			t.Fatalf("%s stacks on %q", name, got)
 		}
 		root, err := e.SandboxPath(ctx, name)
@@ -538,7 +533,7 @@ func TestBranchBuildKeepsRoom(t *testing.T) {
 	}
 	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
 	e := openEngine(t, filepath.Join(dir, "home"))
-	e.freezeOnBranch = true
+	overlayOf(e).Keeper().SetOnBranch(true)
 	base := t.TempDir()
 	write(t, filepath.Join(base, "a"), "base\n")
 	cr, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: base})
@@ -581,8 +576,8 @@ func TestBranchBuildKeepsRoom(t *testing.T) {
 	if !errors.Is(err, errdefs.ErrNoSpace) {
 		t.Fatalf("branch on a nearly full home: %v, want no space", err)
 	}
-	ob := e.overlayBackend()
-	if ob.HasFrozen(cp2.FSTree) {
+	ob := overlayOf(e)
+	if ob.Layers().Has(cp2.FSTree) {
 		t.Fatal("a layer was built into the catalog's reserve")
 	}
 	if _, err := os.Stat(e.home.sandboxDir("b")); !errors.Is(err, os.ErrNotExist) {
@@ -591,7 +586,7 @@ func TestBranchBuildKeepsRoom(t *testing.T) {
 	must(t, os.Remove(filler))
 	r, err := e.Branch(ctx, c2.ID.String(), "b", BranchOptions{})
 	must(t, err)
-	if got := overlay.FrozenUser(e.home.sandboxDir("b")); got != ob.FrozenDir(cp2.FSTree) {
+	if got := overlay.FrozenUser(e.home.sandboxDir("b")); got != ob.Layers().Dir(cp2.FSTree) {
 		t.Fatalf("the branch once space was freed stacks on %q", got)
 	}
 	if got, want := mergedState(t, r.Root), mergedState(t, cr.Root); got != want {
@@ -608,11 +603,63 @@ func directModeCheckpoint(t *testing.T) (*Engine, *CreateResult, *CheckpointResu
 	t.Helper()
 	ctx := context.Background()
 	e := newEngine(t)
-	e.freezeOnBranch = true
+	overlayOf(e).Keeper().SetOnBranch(true)
 	cr, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: richBase(t)})
 	must(t, err)
 	layerTurn(t, cr.Root)
 	c1, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
 	return e, cr, c1, mergedState(t, cr.Root)
+}
+
+// TestCloseCancelsBackgroundFreeze: Close during a background freeze (held
+// at its start) cancels the freeze and waits for it: Close returns once
+// it has stopped, its layer is not published and nothing half-built is
+// left; the home opens again, and a branch then builds the layer itself.
+func TestCloseCancelsBackgroundFreeze(t *testing.T) {
+	ctx := context.Background()
+	home := filepath.Join(t.TempDir(), "home")
+	e := openEngine(t, home)
+	cr, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: richBase(t)})
+	must(t, err)
+	layerTurn(t, cr.Root)
+	started, release := holdFreeze(t, e)
+	c1, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
+	must(t, err)
+	waitHeld(t, started)
+	cp1, err := e.resolve(ctx, c1.ID.String())
+	must(t, err)
+	want := mergedState(t, cr.Root)
+	layers := overlayOf(e).Layers()
+	closed := make(chan error, 1)
+	go func() { closed <- e.Close() }()
+	time.Sleep(50 * time.Millisecond)
+	select {
+	case err := <-closed:
+		t.Fatalf("Close returned (%v) while its freeze ran", err)
+	default:
+	}
+	release()
+	select {
+	case err := <-closed:
+		must(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("Close did not return once its freeze was cancelled")
+	}
+	if layers.Has(cp1.FSTree) {
+		t.Fatal("a freeze cancelled by Close published its layer")
+	}
+	if left, _ := filepath.Glob(filepath.Join(home, "bases", ".frozen", ".tmp-*")); len(left) != 0 {
+		t.Fatalf("a freeze cancelled by Close left %v", left)
+	}
+	e2 := openEngine(t, home)
+	br, err := e2.Branch(ctx, c1.ID.String(), "b", BranchOptions{})
+	must(t, err)
+	if got := overlay.FrozenUser(e2.home.sandboxDir("b")); got != overlayOf(e2).Layers().Dir(cp1.FSTree) {
+		t.Fatalf("the branch after the reopen stacks on %q, want the layer it built", got)
+	}
+	if got := mergedState(t, br.Root); got != want {
+		t.Fatalf("branch hashes to %s, want %s", got.Short(), want.Short())
+	}
+	checkAll(t, e2)
 }

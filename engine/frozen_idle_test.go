@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/turnsnap/turnsnap/overlay"
+	"github.com/turnsnap/turnsnap/overlay/frozen"
 )
 
 // TestFreezeWaitsForIdleUnlessNeeded: while another sandbox's checkpoint
@@ -19,7 +20,7 @@ import (
 func TestFreezeWaitsForIdleUnlessNeeded(t *testing.T) {
 	ctx := context.Background()
 	e := newEngine(t)
-	e.freezes.maxDefer = time.Hour // only idle or a rush can start a freeze
+	overlayOf(e).Keeper().SetMaxDefer(time.Hour) // only idle or a rush can start a freeze
 	base := richBase(t)
 	ca, err := e.CreateSandbox(ctx, "a", CreateOptions{Base: base})
 	must(t, err)
@@ -37,7 +38,7 @@ func TestFreezeWaitsForIdleUnlessNeeded(t *testing.T) {
 		case p == PhaseScan && armed.CompareAndSwap(true, false):
 			close(inScan)
 			<-release
-		case p == PhaseFreezeStart:
+		case p == frozen.PhaseStart:
 			started.Add(1)
 		}
 	}
@@ -85,7 +86,7 @@ func TestFreezeWaitsForIdleUnlessNeeded(t *testing.T) {
 	}
 	cp2, err := e.resolve(ctx, c2)
 	must(t, err)
-	if got := overlay.FrozenUser(e.home.sandboxDir("br")); got != e.overlayBackend().FrozenDir(cp2.FSTree) {
+	if got := overlay.FrozenUser(e.home.sandboxDir("br")); got != overlayOf(e).Layers().Dir(cp2.FSTree) {
 		t.Fatalf("the branch stacks on %q, want its checkpoint's layer", got)
 	}
 	if mergedState(t, res.root) != mergedState(t, cb.Root) {
@@ -101,7 +102,7 @@ func TestFreezeWaitsForIdleUnlessNeeded(t *testing.T) {
 	}
 	cp3, err := e.resolve(ctx, c3)
 	must(t, err)
-	if !e.overlayBackend().HasFrozen(cp3.FSTree) {
+	if !overlayOf(e).Layers().Has(cp3.FSTree) {
 		t.Fatal("WaitFreezes returned before the pending freeze was built")
 	}
 	select {

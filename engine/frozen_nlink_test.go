@@ -83,7 +83,7 @@ func TestFrozenLayerLinkCounts(t *testing.T) {
 	e.WaitFreezes()
 	cp2, err := e.resolve(ctx, c2.ID.String())
 	must(t, err)
-	if !e.overlayBackend().HasFrozen(cp2.FSTree) {
+	if !overlayOf(e).Layers().Has(cp2.FSTree) {
 		t.Fatal("no frozen layer for the second checkpoint")
 	}
 

@@ -8,12 +8,12 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/roottest"
 	"github.com/turnsnap/turnsnap/overlay"
+	"github.com/turnsnap/turnsnap/overlay/frozen"
 	"golang.org/x/sys/unix"
 )
 
@@ -82,11 +82,11 @@ func TestBranchStacksOnFrozenLayer(t *testing.T) {
 	layerTurn(t, cr.Root)
 	c1, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
-	ob := e.overlayBackend()
+	ob := overlayOf(e)
 	cp1, err := e.resolve(ctx, c1.ID.String())
 	must(t, err)
 	e.WaitFreezes()
-	if !ob.HasFrozen(cp1.FSTree) {
+	if !ob.Layers().Has(cp1.FSTree) {
 		t.Fatalf("checkpoint %s left no frozen layer", c1.ID.Short())
 	}
 	want := mergedState(t, cr.Root)
@@ -95,7 +95,7 @@ func TestBranchStacksOnFrozenLayer(t *testing.T) {
 	must(t, err)
 	mat, err := e.Branch(ctx, c1.ID.String(), "copied", BranchOptions{Materialise: true})
 	must(t, err)
-	if overlay.FrozenUser(e.home.sandboxDir("stacked")) != ob.FrozenDir(cp1.FSTree) {
+	if overlay.FrozenUser(e.home.sandboxDir("stacked")) != ob.Layers().Dir(cp1.FSTree) {
 		t.Fatal("the branch does not stack on the checkpoint's frozen layer")
 	}
 	if overlay.FrozenUser(e.home.sandboxDir("copied")) != "" {
@@ -140,7 +140,7 @@ func TestBranchStacksOnFrozenLayer(t *testing.T) {
 	// A branch of the stacked branch stacks on the branch's own layer.
 	bb, err := e.Branch(ctx, sc.ID.String(), "bb", BranchOptions{})
 	must(t, err)
-	if overlay.FrozenUser(e.home.sandboxDir("bb")) != ob.FrozenDir(scp.FSTree) {
+	if overlay.FrozenUser(e.home.sandboxDir("bb")) != ob.Layers().Dir(scp.FSTree) {
 		t.Fatal("a branch of a branch does not stack on its checkpoint's layer")
 	}
 	if got := mergedState(t, bb.Root); got != branchWant {
@@ -208,7 +208,7 @@ func TestBranchStacksOnFrozenLayer(t *testing.T) {
 func frozenSet(t *testing.T, e *Engine) map[delta.ID]bool {
 	t.Helper()
 	e.WaitFreezes()
-	ids, err := e.overlayBackend().FrozenTrees()
+	ids, err := overlayOf(e).Layers().Trees()
 	must(t, err)
 	out := map[delta.ID]bool{}
 	for _, id := range ids {
@@ -235,8 +235,8 @@ func TestBranchManyAndFrozenRetention(t *testing.T) {
 	for _, c := range []string{"one", "two", "three"} {
 		cps = append(cps, turn("s", cr.Root, c))
 	}
-	if got := frozenSet(t, e); len(got) != DefaultFrozenKeep || !got[cps[2].FSTree] || !got[cps[1].FSTree] {
-		t.Fatalf("frozen layers after 3 turns: %v, want the newest %d", got, DefaultFrozenKeep)
+	if got := frozenSet(t, e); len(got) != frozen.DefaultKeep || !got[cps[2].FSTree] || !got[cps[1].FSTree] {
+		t.Fatalf("frozen layers after 3 turns: %v, want the newest %d", got, frozen.DefaultKeep)
 	}
 
 	names, err := BranchNames("b", 8)
@@ -264,13 +264,13 @@ func TestBranchManyAndFrozenRetention(t *testing.T) {
 	}
 	// A checkpoint whose layer is no longer kept gets it built again for
 	// its branch, which stacks on it.
-	ob := e.overlayBackend()
-	if ob.HasFrozen(cps[0].FSTree) {
+	ob := overlayOf(e)
+	if ob.Layers().Has(cps[0].FSTree) {
 		t.Fatal("the oldest checkpoint's layer is still kept")
 	}
 	old, err := e.Branch(ctx, cps[0].ID.String(), "old", BranchOptions{})
 	must(t, err)
-	if overlay.FrozenUser(e.home.sandboxDir("old")) != ob.FrozenDir(cps[0].FSTree) {
+	if overlay.FrozenUser(e.home.sandboxDir("old")) != ob.Layers().Dir(cps[0].FSTree) {
 		t.Fatal("branch of a pruned layer does not stack on one built for it")
 	}
 	if _, err := os.Stat(filepath.Join(old.Root, "work/one")); err != nil {
@@ -288,7 +288,7 @@ func TestBranchManyAndFrozenRetention(t *testing.T) {
 	turn("b-1", b1, "b1-b")
 	turn("s", cr.Root, "four")
 	turn("s", cr.Root, "five")
-	must(t, e.pruneFrozen(ctx, time.Now()))
+	must(t, overlayOf(e).PruneFrozen(ctx))
 	if !frozenSet(t, e)[cps[2].FSTree] {
 		t.Fatal("a layer a live branch stacks on was pruned")
 	}
@@ -299,8 +299,8 @@ func TestBranchManyAndFrozenRetention(t *testing.T) {
 	if frozenSet(t, e)[cps[2].FSTree] {
 		t.Fatal("removing the last branch on a layer kept the layer")
 	}
-	if got := frozenSet(t, e); len(got) != DefaultFrozenKeep {
-		t.Fatalf("frozen layers at the end: %d, want %d (s's newest)", len(got), DefaultFrozenKeep)
+	if got := frozenSet(t, e); len(got) != frozen.DefaultKeep {
+		t.Fatalf("frozen layers at the end: %d, want %d (s's newest)", len(got), frozen.DefaultKeep)
 	}
 	checkAll(t, e)
 }
@@ -324,7 +324,7 @@ func TestVerifyChecksTheFrozenLayer(t *testing.T) {
 	if !rep.FrozenChecked {
 		t.Fatal("verify did not check the frozen layer")
 	}
-	layer := filepath.Join(e.overlayBackend().FrozenDir(c.FSTree), "work/notes.txt")
+	layer := filepath.Join(overlayOf(e).Layers().Dir(c.FSTree), "work/notes.txt")
 	data, err := os.ReadFile(layer)
 	must(t, err)
 	data[0] ^= 1
@@ -333,5 +333,5 @@ func TestVerifyChecksTheFrozenLayer(t *testing.T) {
 	if !errors.Is(err, errdefs.ErrCorrupt) || !strings.Contains(err.Error(), "frozen layer") {
 		t.Fatalf("verify of a damaged frozen layer: %v", err)
 	}
-	must(t, os.RemoveAll(e.overlayBackend().FrozenDir(c.FSTree)))
+	must(t, os.RemoveAll(overlayOf(e).Layers().Dir(c.FSTree)))
 }

@@ -213,7 +213,7 @@ func TestKeyedIDsTrackFreezeRollback(t *testing.T) {
 	e.WaitFreezes()
 	cp3, err := e.resolve(ctx, c3.ID.String())
 	must(t, err)
-	if !e.overlayBackend().HasFrozen(cp3.FSTree) {
+	if !overlayOf(e).Layers().Has(cp3.FSTree) {
 		t.Fatal("no frozen layer for the head checkpoint")
 	}
 	for _, o := range []BranchOptions{{}, {Materialise: true}} {
@@ -229,7 +229,7 @@ func TestKeyedIDsTrackFreezeRollback(t *testing.T) {
 		if res := scanOf(t, e, name); res.Root != cp3.FSTree || res.StateKey != cp3.StateKey {
 			t.Fatalf("branch %s scans to %s, its checkpoint is %s", name, res.Root.Short(), cp3.FSTree.Short())
 		}
-		if stacks := overlay.FrozenUser(e.home.sandboxDir(name)) == e.overlayBackend().FrozenDir(cp3.FSTree); stacks == o.Materialise {
+		if stacks := overlay.FrozenUser(e.home.sandboxDir(name)) == overlayOf(e).Layers().Dir(cp3.FSTree); stacks == o.Materialise {
 			t.Fatalf("branch %s: stacks on the frozen layer %v, materialised %v", name, stacks, o.Materialise)
 		}
 	}

@@ -11,7 +11,6 @@ import (
 
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
-	"github.com/turnsnap/turnsnap/overlay"
 	"github.com/turnsnap/turnsnap/proc"
 )
 
@@ -87,7 +86,7 @@ func (e *Engine) leftoverMark(name string) (*creatingMark, string) {
 // left (m: its marker, nil: unknown, removed as an overlay root), and
 // drops name from the marker.
 func (e *Engine) removeLeftover(ctx context.Context, name string, m *creatingMark, markFile string) error {
-	backend := overlay.Name
+	backend := defaultBackend
 	var cfg json.RawMessage
 	if m != nil {
 		backend, cfg = m.Backend, m.Config

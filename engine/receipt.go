@@ -10,7 +10,6 @@ import (
 	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/internal/rootfs"
-	"github.com/turnsnap/turnsnap/overlay"
 	"github.com/turnsnap/turnsnap/proc"
 	"golang.org/x/sys/unix"
 )
@@ -141,7 +140,7 @@ const (
 )
 
 // writtenHow describes how a restore verified what it wrote.
-func writtenHow(root rootfs.Root, info overlay.RestoreInfo, stacked bool) string {
+func writtenHow(root rootfs.Root, info rootfs.RestoreInfo, stacked bool) string {
 	switch {
 	case stacked:
 		return "stacked on the frozen layer (re-hashed when frozen)"
@@ -150,10 +149,10 @@ func writtenHow(root rootfs.Root, info overlay.RestoreInfo, stacked bool) string
 	case info.Live != "":
 		return "diff written, every name written read back and hashed, changed directories listed"
 	}
-	if _, ok := root.(*overlay.Root); ok {
-		return "layer rebuilt and re-hashed whole"
+	if _, ok := root.(restorePointRoot); ok {
+		return "layer re-derived by a scan, or a restore point naming the tree"
 	}
-	return "layer re-derived by a scan, or a restore point naming the tree"
+	return "layer rebuilt and re-hashed whole"
 }
 
 // receipt checks the files of a restore of cp onto root, then, if they
@@ -210,10 +209,15 @@ func (e *Engine) filesReceipt(ctx context.Context, name string, root rootfs.Root
 	trees := &treeMemo{next: e.repo, trees: map[delta.ID][]byte{}}
 	var res *fstree.ScanResult
 	var err error
-	switch ent := e.trackerOn(name, root); {
-	case ent != nil:
+	tracked := false
+	for _, ts := range implementing[rootfs.TurnScanner](e.backends) {
+		if res, tracked, err = ts.ScanRestored(ctx, name, root, trees); tracked {
+			break
+		}
+	}
+	switch {
+	case tracked:
 		f.Checked = "tracked scan of the mounted root"
-		res, _, err = ent.root.ScanTracked(ctx, trees, ent.tr)
 	case verified == cp.FSTree:
 		// The restore's own proof, and the root the sandbox sees is the
 		// mount of what it proved. (A proof of another layer for the same
@@ -252,21 +256,6 @@ func (e *Engine) filesReceipt(ctx context.Context, name string, root rootfs.Root
 	}
 }
 
-// trackerOn returns the change tracker the restore left on root (the
-// daemon's overlay rollback), or nil.
-func (e *Engine) trackerOn(name string, root rootfs.Root) *trackEntry {
-	r, ok := root.(*overlay.Root)
-	if !ok || !e.track.on {
-		return nil
-	}
-	e.track.mu.Lock()
-	defer e.track.mu.Unlock()
-	if ent := e.track.m[name]; ent != nil && ent.root == r {
-		return ent
-	}
-	return nil
-}
-
 // mountedRoot says why root's path is not the root a restore left
 // mounted ("" when it is): it must be a mount's root, of the backend's
 // filesystem (an overlay, or a bind of the btrfs generation). A restore
@@ -286,9 +275,9 @@ func mountedRoot(root rootfs.Root) string {
 	if err := unix.Statfs(p, &fs); err != nil {
 		return fmt.Sprintf("the root %s: %v", p, err)
 	}
-	want, name := int64(unix.BTRFS_SUPER_MAGIC), "btrfs"
-	if _, ok := root.(*overlay.Root); ok {
-		want, name = unix.OVERLAYFS_SUPER_MAGIC, "overlay"
+	want, name := int64(unix.OVERLAYFS_SUPER_MAGIC), "overlay"
+	if _, ok := root.(restorePointRoot); ok {
+		want, name = unix.BTRFS_SUPER_MAGIC, "btrfs"
 	}
 	if int64(fs.Type) != want {
 		return fmt.Sprintf("the root %s is not an %s mount (filesystem type %#x)", p, name, fs.Type)
@@ -296,10 +285,14 @@ func mountedRoot(root rootfs.Root) string {
 	return ""
 }
 
+// restorePointRoot is a root whose restores re-derive its layer from a
+// restore point of its filesystem (btrfs's generations), which it names.
+type restorePointRoot interface{ Restored() (delta.ID, error) }
+
 // restoredTree is the layer tree a restore onto root proved (zero: none
 // known): overlay's RestoreInfo, btrfs's live generation.
-func restoredTree(root rootfs.Root, info overlay.RestoreInfo) delta.ID {
-	if b, ok := root.(interface{ Restored() (delta.ID, error) }); ok {
+func restoredTree(root rootfs.Root, info rootfs.RestoreInfo) delta.ID {
+	if b, ok := root.(restorePointRoot); ok {
 		id, _ := b.Restored()
 		return id
 	}

@@ -104,9 +104,7 @@ func (e *Engine) Setup(ctx context.Context, opts SetupOptions) (_ *InitReport, e
 		if err != nil {
 			restore()
 			e.repo = e.newRepo()
-			if ob := e.overlayBackend(); ob != nil {
-				ob.SetIDs(e.ids())
-			}
+			setBackendIDs(e.backends, e.ids())
 		}
 	}()
 	rep := &InitReport{}

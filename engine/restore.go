@@ -11,7 +11,6 @@ import (
 	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/internal/rootfs"
-	"github.com/turnsnap/turnsnap/overlay"
 )
 
 // RestoreResult reports a rollback or branch.
@@ -24,11 +23,12 @@ type RestoreResult struct {
 	// LiveScan says how an overlay rollback found the live state it
 	// diffed against: "tracked" (from the change tracker's record),
 	// "walk", or why the tracker's record could not be used (the
-	// overlay.Reason* names). Empty for other backends and branches.
+	// Reason* names of package overlay/track). Empty for other backends
+	// and branches.
 	LiveScan string
 	// Mounted says an overlay rollback wrote its diff through the mounted
 	// root, which stayed mounted (every name it touched is absent from
-	// the base: overlay.RestoreInfo.Mounted).
+	// the base: rootfs.RestoreInfo.Mounted).
 	Mounted bool
 	// Receipt proves what the restore made (receipt.go). A restore whose
 	// receipt is not OK returns it with a RestoreIncompleteError.
@@ -76,12 +76,12 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 	}
 	// The restore plans its diff through the same loader: the target is
 	// checked (and its trees read) once.
-	checked := fstree.NewCheckedLoader(e.rollbackLoader())
-	fp, err := e.checkState(ctx, checked, cp.FSTree)
+	checked := fstree.NewCheckedLoader(e.checked.Loader(e.repo))
+	fp, err := e.checked.CheckState(ctx, checked, cp.FSTree)
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint %s: tree %s: %w", cp.ID.Short(), cp.FSTree.Short(), err)
 	}
-	if st.sb.Backend == overlay.Name {
+	if rootsInHome(st.sb.Backend) {
 		// The new layer is built in the home beside the live one, and the
 		// catalog must still be writable once it is.
 		if err := e.checkRoom(fp.Bytes, 0); err != nil {
@@ -102,9 +102,24 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 		return nil, err
 	}
 	defer cleanImg()
-	rt := e.trackRollback(ctx, name, st.root) // before the processes stop: their mappings
+	// Prepared before the processes stop: their mappings (rootfs.Rollbacker).
+	var rb rootfs.Rollback = plainRollback{e: e, name: name, root: st.root}
+	if r, ok := e.backends[st.sb.Backend].(rootfs.Rollbacker); ok {
+		rb = r.BeginRollback(ctx, name, st.root, func(ctx context.Context) ([]string, error) {
+			running, err := e.containerRunning(ctx, name)
+			if err != nil || !running {
+				return nil, err
+			}
+			r, _ := e.runtime(ctx)
+			ps, err := r.Snapshot(ctx, e.home.containerID(name))
+			if err != nil {
+				return nil, err
+			}
+			return sharedWritable(ps), nil
+		})
+	}
 	if err := e.stopProcesses(ctx, name); err != nil {
-		e.dropTracker(rt.detached())
+		rb.Abort()
 		return nil, err
 	}
 	// Root and head change in two steps; the intent makes them one for
@@ -131,7 +146,7 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 		return nil
 	}
 	e.progressPhase("restore", int64(fp.Bytes))
-	info, err := e.restoreRoot(rootfs.WithPhase(ctx, e.phase), name, st.root, cp, checked, rt, beforeWrite)
+	info, err := rb.Restore(rootfs.WithPhase(ctx, e.phase), cp, checked, beforeWrite)
 	if werr := intent.wait(); err == nil && werr != nil {
 		err = werr // a restore that wrote nothing (the root was the target)
 	}
@@ -199,7 +214,7 @@ type BranchOptions struct {
 	FSOnly bool
 	// Materialise copies the checkpoint's layer from the store even when
 	// this host keeps it frozen (by default an overlay branch stacks on
-	// the frozen layer and copies nothing: frozen.go).
+	// the frozen layer and copies nothing: overlay/frozen).
 	Materialise bool
 }
 

@@ -79,7 +79,7 @@ func BenchmarkRollbackByDiff(b *testing.B) {
 		must(b, err)
 		targets[s.name] = [2]string{c1.ID.String(), c2.ID.String()}
 	}
-	// The checkpoints' layers are frozen in the background (frozen_bg.go):
+	// The checkpoints' layers are frozen in the background (overlay/frozen):
 	// their writes must not land in the first sub-benchmark.
 	e.WaitFreezes()
 	te.WaitFreezes()

@@ -16,7 +16,6 @@ import (
 	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/internal/rootfs"
-	"github.com/turnsnap/turnsnap/overlay"
 )
 
 // CreateOptions configures CreateSandbox.
@@ -52,7 +51,7 @@ func (e *Engine) CreateSandbox(ctx context.Context, name string, opts CreateOpti
 		return nil, fmt.Errorf("sandbox name %q: use 1-64 of [A-Za-z0-9._-], not starting with '.' or '-': %w", name, errdefs.ErrInvalid)
 	}
 	if opts.Backend == "" {
-		opts.Backend = overlay.Name
+		opts.Backend = defaultBackend
 	}
 	cfg, err := backendConfig(opts.Backend, opts.Btrfs)
 	if err != nil {

@@ -75,10 +75,10 @@ func BenchmarkTrackedTurns(b *testing.B) {
 			b.ReportMetric(median(commits), "commit-median-ms")
 		})
 	}
-	e.track.on = false
+	overlayOf(e).SetTracking(false, e.log)
 	run("walk-unchanged", 0, delta.ClassSkip)
 	run("walk-10-files", 10, delta.ClassFS)
-	e.track.on = true
+	overlayOf(e).SetTracking(true, e.log)
 	_, err := e.Checkpoint(ctx, "bench", CheckpointOptions{}) // the tracker's first turn walks
 	must(b, err)
 	settle()

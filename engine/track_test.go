@@ -15,6 +15,7 @@ import (
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/testenv"
 	"github.com/turnsnap/turnsnap/overlay"
+	"github.com/turnsnap/turnsnap/overlay/track"
 )
 
 // These tests need root and overlayfs; the container test also runc and
@@ -141,13 +142,13 @@ func TestTrackedUnchangedTurnReadsNoFile(t *testing.T) {
 	settle()
 	first, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
-	if st := e.TrackingStats(); st.Walks[overlay.ReasonStart] != 1 || st.TrackedScans != 0 {
+	if st := e.TrackingStats(); st.Walks[track.ReasonStart] != 1 || st.TrackedScans != 0 {
 		t.Fatalf("first turn: %+v", st)
 	}
 	skip, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
 	if st := e.TrackingStats(); skip.Class != delta.ClassSkip || skip.Stats.FilesRead != 0 || skip.Stats.Entries != 0 ||
-		st.UnchangedTurns != 1 || st.Walks[overlay.ReasonStart] != 1 || len(st.Walks) != 1 {
+		st.UnchangedTurns != 1 || st.Walks[track.ReasonStart] != 1 || len(st.Walks) != 1 {
 		t.Fatalf("unchanged turn: %s, stats %+v, tracking %+v", skip.Class, skip.Stats, st)
 	}
 	write(t, filepath.Join(root, "etc/config"), "port=2\n")
@@ -161,7 +162,7 @@ func TestTrackedUnchangedTurnReadsNoFile(t *testing.T) {
 	// A real overflow: a tracker that does not drain, and more events than
 	// the kernel queue holds. The next turn must walk and see the change.
 	e.untrack("s")
-	e.track.opts = overlay.TrackOptions{NoDrain: true}
+	overlayOf(e).SetTrackOptions(track.Options{NoDrain: true})
 	write(t, filepath.Join(root, "etc/config"), "port=2.5\n")
 	_, err = e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err) // starts the non-draining tracker, walks, commits: its base
@@ -185,19 +186,19 @@ func TestTrackedUnchangedTurnReadsNoFile(t *testing.T) {
 	ovSt := e.TrackingStats()
 	walked := sumWalks(ovSt) - sumWalks(ovBefore)
 	if ov.Class == delta.ClassSkip || ovSt.Overflows == 0 || walked != 1 || ovSt.TrackedScans != ovBefore.TrackedScans ||
-		ovSt.Walks[overlay.ReasonOverflow]+ovSt.Walks[overlay.ReasonUnresolved] == ovBefore.Walks[overlay.ReasonOverflow]+ovBefore.Walks[overlay.ReasonUnresolved] {
+		ovSt.Walks[track.ReasonOverflow]+ovSt.Walks[track.ReasonUnresolved] == ovBefore.Walks[track.ReasonOverflow]+ovBefore.Walks[track.ReasonUnresolved] {
 		lastLoss := ""
-		if ent := e.track.m["s"]; ent != nil {
-			lastLoss = ent.tr.Stats().LastLoss
+		if tr := overlayOf(e).TrackerOf("s"); tr != nil {
+			lastLoss = tr.Stats().LastLoss
 		}
 		t.Fatalf("turn after an overflow: %s, tracking %+v (before %+v), last loss %q", ov.Class, ovSt, ovBefore, lastLoss)
 	}
 	checkAgainstFullRead(t, e, "s", ov, "turn after overflow")
 	e.untrack("s")
-	e.track.opts = overlay.TrackOptions{}
+	overlayOf(e).SetTrackOptions(track.Options{})
 
 	// After a rollback the root has a tracker whose base is the restored
-	// state (rollback_track.go): the one that watched a diff written
+	// state (overlay/rollback.go): the one that watched a diff written
 	// through the mount, or a new one on the new mount of a diff written
 	// to the unmounted upper. So the next turn is tracked, and sees the
 	// restored state plus its change.
@@ -205,14 +206,14 @@ func TestTrackedUnchangedTurnReadsNoFile(t *testing.T) {
 	must(t, err)
 	st, err := e.loadSandbox(ctx, "s")
 	must(t, err)
-	if ent := e.track.m["s"]; ent == nil || !ent.tr.Watches(st.root.(*overlay.Root)) {
+	if tr := overlayOf(e).TrackerOf("s"); tr == nil || !tr.Watches(st.root.Path()) {
 		t.Fatal("the restored root has no tracker on its new mount")
 	}
 	write(t, filepath.Join(root, "src/after-rollback"), "x")
 	before := e.TrackingStats()
 	rb, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
-	if after := e.TrackingStats(); after.Walks[overlay.ReasonStart] != before.Walks[overlay.ReasonStart] || after.TrackedScans != before.TrackedScans+1 {
+	if after := e.TrackingStats(); after.Walks[track.ReasonStart] != before.Walks[track.ReasonStart] || after.TrackedScans != before.TrackedScans+1 {
 		t.Fatalf("turn after rollback was not tracked: %+v", after)
 	}
 	checkAgainstFullRead(t, e, "s", rb, "turn after rollback")
@@ -223,7 +224,7 @@ func TestTrackedUnchangedTurnReadsNoFile(t *testing.T) {
 	write(t, filepath.Join(root, "src/after-reopen"), "y")
 	re, err := e2.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
-	if st := e2.TrackingStats(); re.Class == delta.ClassSkip || st.Walks[overlay.ReasonStart] != 1 || st.TrackedScans != 0 {
+	if st := e2.TrackingStats(); re.Class == delta.ClassSkip || st.Walks[track.ReasonStart] != 1 || st.TrackedScans != 0 {
 		t.Fatalf("first turn of a reopened engine: %s, %+v", re.Class, st)
 	}
 	checkAgainstFullRead(t, e2, "s", re, "first turn after reopen")
@@ -300,7 +301,7 @@ func testSharedMapping(t *testing.T, tracked bool) {
 	}
 	must(t, os.WriteFile(filepath.Join(base, "data.bin"), make([]byte, 4096), 0o644))
 	e := openTracking(t, filepath.Join(t.TempDir(), "home"))
-	e.track.on = tracked
+	overlayOf(e).SetTracking(tracked, e.log)
 	_, err = e.CreateSandbox(ctx, "s", CreateOptions{Base: base})
 	must(t, err)
 	_, err = e.Exec(ctx, "s", []string{"/bin/mapper", "/data.bin"}, ExecOptions{Detach: true})
@@ -383,7 +384,7 @@ func TestTrackedQuietStartGetsABase(t *testing.T) {
 			t.Fatalf("quiet turn %d: %s", turn, res.Class)
 		}
 	}
-	if st := e.TrackingStats(); st.Walks[overlay.ReasonStart] != 1 || st.UnchangedTurns != 2 {
+	if st := e.TrackingStats(); st.Walks[track.ReasonStart] != 1 || st.UnchangedTurns != 2 {
 		t.Fatalf("quiet turns after a start: %+v", st)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/internal/rootfs"
+	"github.com/turnsnap/turnsnap/overlay/frozen"
 )
 
 // Backend creates overlay roots. Bases are materialised once per host under
@@ -19,20 +20,29 @@ import (
 type Backend struct {
 	bases string
 	// loader reads the trees a stacked root composes its scans onto
-	// (SetLoader); frozen guards the frozen layers (frozen.go).
+	// (SetLoader); layers are the frozen layers roots stack on, keeper
+	// their policy (freezer.go; nil until SetFreezing: none kept).
 	loader func() delta.BlobLoader
-	frozen frozenState
+	layers *frozen.Layers
+	keeper *frozen.Keeper
 	keys   keyCache
 	memo   *cacheMemo // decoded scan caches of its roots (cachememo.go)
 	ids    delta.IDs  // the home's content ID scheme (SetIDs)
+	track  trackers   // change tracking (turnscan.go)
 }
 
-// NewBackend returns a backend keeping materialised bases in basesDir.
-func NewBackend(basesDir string) *Backend { return &Backend{bases: basesDir, memo: newCacheMemo()} }
+// NewBackend returns a backend keeping materialised bases (and frozen
+// layers) in basesDir.
+func NewBackend(basesDir string) *Backend {
+	return &Backend{bases: basesDir, memo: newCacheMemo(), layers: frozen.NewLayers(basesDir, Translate)}
+}
 
 // SetIDs sets the content ID scheme the backend's scans and checks use
 // (default: plain BLAKE3). Call it before the backend is used.
-func (b *Backend) SetIDs(ids delta.IDs) { b.ids = ids }
+func (b *Backend) SetIDs(ids delta.IDs) {
+	b.ids = ids
+	b.layers.SetIDs(ids)
+}
 
 // Name is "overlay".
 func (b *Backend) Name() string { return Name }

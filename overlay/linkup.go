@@ -135,7 +135,7 @@ func (r *Root) linkUp(g string) error {
 		return err
 	}
 	// A stacked generation's frozen layer has link groups of its own
-	// (frozen.go); other layers' names of a shared inode are not in it.
+	// (overlay/frozen); other layers' names of a shared inode are not in it.
 	if s, err := readStack(g); err != nil {
 		return err
 	} else if s != nil {

@@ -24,6 +24,13 @@
 // builds a whole new generation beside the live one and switches "current"
 // with one rename, so a crash leaves either the old state or the new one;
 // stale generations are removed on the next mount.
+//
+// The Backend also runs the overlay-only policy the engine reaches through
+// internal/rootfs's optional interfaces: frozen layers and their policy
+// (rootfs.Freezer: freezer.go over package overlay/frozen), change
+// tracking per sandbox (rootfs.TurnScanner: turnscan.go over package
+// overlay/track's fanotify trackers) and tracked rollbacks
+// (rootfs.Rollbacker: rollback.go).
 package overlay
 
 import (

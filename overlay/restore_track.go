@@ -8,6 +8,7 @@ import (
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/fsat"
+	"github.com/turnsnap/turnsnap/overlay/track"
 	"golang.org/x/sys/unix"
 )
 
@@ -25,7 +26,7 @@ type RestoreOptions struct {
 	// whole, the live state comes from it instead of a walk. RestoreWith
 	// closes it (its descriptor would keep the root from unmounting),
 	// unless it hands it back in RestoreInfo.Tracker.
-	Tracker *Tracker
+	Tracker *track.Tracker
 	// Reread names root-relative files the live scan reads whatever
 	// their stat says: files a process mapped shared and writable, whose
 	// stores make no event and need not move their stat.
@@ -34,7 +35,7 @@ type RestoreOptions struct {
 	// tracker whose base is the restored state, so the next turn (or
 	// rollback) is tracked too. Only a restore by diff does.
 	Track        bool
-	TrackOptions TrackOptions
+	TrackOptions track.Options
 	// StateKey is the target's state key (its checkpoint's), for the new
 	// tracker's base. Zero: the new tracker has no base (its first turn
 	// walks).
@@ -57,7 +58,7 @@ type RestoreInfo struct {
 	Fallback string
 	// Tracker is the tracker of the restored root (RestoreOptions.Track):
 	// nil if none could start. It is the caller's to close.
-	Tracker *Tracker
+	Tracker *track.Tracker
 	// Mounted says the diff was written through the mounted root, which
 	// stayed mounted (fstree.DiffPlan.Mountable).
 	Mounted bool
@@ -84,14 +85,14 @@ func (r *Root) liveState(ctx context.Context, upper, cacheFile string, loader de
 	var prev *fstree.ScanCache
 	if t := o.Tracker; t != nil {
 		paths, why := t.Changes()
-		if why == "" && !t.Watches(r) {
-			why = ReasonRemount
+		if why == "" && !t.Watches(r.Path()) {
+			why = track.ReasonRemount
 		}
-		base := t.base()
+		base := t.Base()
 		if why == "" && base == nil {
-			why = ReasonStart
+			why = track.ReasonStart
 		}
-		for p := range t.rereadSet() {
+		for p := range t.RereadSet() {
 			reread[p] = true
 		}
 		if why == "" {
@@ -104,12 +105,12 @@ func (r *Root) liveState(ctx context.Context, upper, cacheFile string, loader de
 			// A scan that cannot decide, or fails, leaves it to the walk.
 			why = "scan-failed"
 			if errors.Is(err, fstree.ErrMustWalk) {
-				why = ReasonHardlink
+				why = track.ReasonHardlink
 			}
 		}
 		info.Live = why
 		if base != nil {
-			prev = base.Cache // newer than the file (Tracker.Base)
+			prev = base.Cache // newer than the file (track.Tracker.Base)
 		}
 	}
 	if prev == nil {
@@ -186,7 +187,7 @@ func (r *Root) retrack(tree, stateKey delta.ID, cache *fstree.ScanCache, o Resto
 // rebase makes the restored state the base of t, a tracker that watched
 // the restore; without a state key t loses its base (Lost), so its next
 // turn walks.
-func rebase(t *Tracker, tree, stateKey delta.ID, cache *fstree.ScanCache) {
+func rebase(t *track.Tracker, tree, stateKey delta.ID, cache *fstree.ScanCache) {
 	if stateKey == (delta.ID{}) {
 		t.Lost()
 		return

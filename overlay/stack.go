@@ -149,16 +149,17 @@ func (b *Backend) CreateStacked(ctx context.Context, dir, base string, tree, sta
 			return fail(err)
 		}
 	}
-	data, _ := json.Marshal(stack{Frozen: b.FrozenDir(tree), Tree: tree, StateKey: stateKey})
-	// Under the frozen lock: once the stack file exists the layer is in use
-	// (FrozenUser), so RemoveFrozen never takes it from under this root.
-	b.frozen.mu.Lock()
-	if !b.HasFrozen(tree) {
-		b.frozen.mu.Unlock()
+	// Under the layers' lock: once the stack file exists the layer is in
+	// use (FrozenUser), so frozen.Layers.Remove never takes it from under
+	// this root.
+	layer, ok, release := b.layers.Hold(tree)
+	if !ok {
+		release()
 		return fail(fmt.Errorf("frozen layer of tree %s: %w", tree.Short(), errdefs.ErrNotFound))
 	}
+	data, _ := json.Marshal(stack{Frozen: layer, Tree: tree, StateKey: stateKey})
 	err = os.WriteFile(filepath.Join(g, stackFileName), data, 0o600)
-	b.frozen.mu.Unlock()
+	release()
 	if err == nil {
 		err = r.switchTo(g)
 	}
@@ -186,6 +187,18 @@ func FrozenUser(dir string) string {
 		}
 	}
 	return ""
+}
+
+// LiveUpper is the writable layer of the root kept in dir: its live
+// generation's upper. A freeze reads a checkpoint's files from there, not
+// through the mount, so it never keeps the mount busy (an unmount for a
+// rollback or a removal must not fail because of it).
+func LiveUpper(dir string) (string, error) {
+	g, err := Open(dir, "").gen()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(g, "upper"), nil
 }
 
 // Stacked reports whether the root's live generation stacks on a frozen

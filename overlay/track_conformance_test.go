@@ -10,6 +10,7 @@ import (
 	"github.com/turnsnap/turnsnap/internal/rootfs"
 	"github.com/turnsnap/turnsnap/internal/roottest"
 	"github.com/turnsnap/turnsnap/internal/testenv"
+	"github.com/turnsnap/turnsnap/overlay/track"
 )
 
 // TestConformanceTracked runs the whole root conformance suite with every
@@ -65,7 +66,7 @@ func (b *trackedBackend) wrap(r *Root) *trackedRoot {
 type trackedRoot struct {
 	*Root
 	b    *trackedBackend
-	tr   *Tracker
+	tr   *track.Tracker
 	last *fstree.ScanResult
 }
 
@@ -77,9 +78,9 @@ func (r *trackedRoot) stop() {
 }
 
 func (r *trackedRoot) Scan(ctx context.Context, saver delta.BlobSaver) (*fstree.ScanResult, error) {
-	if r.tr == nil || !r.tr.Watches(r.Root) {
+	if r.tr == nil || !r.tr.Watches(r.Root.Path()) {
 		r.stop()
-		tr, err := r.Root.Track(TrackOptions{})
+		tr, err := r.Root.Track(track.Options{})
 		if err != nil {
 			return nil, err
 		}

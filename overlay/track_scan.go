@@ -10,13 +10,14 @@ import (
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/fsat"
+	"github.com/turnsnap/turnsnap/overlay/track"
 	"golang.org/x/sys/unix"
 )
 
 // TrackedScan says how Root.ScanTracked decided.
 type TrackedScan struct {
 	// Walked is set when the full incremental walk ran; Reason says why
-	// (ReasonStart, ReasonOverflow ...).
+	// (track.ReasonStart, track.ReasonOverflow ...).
 	Walked bool
 	Reason string
 	// Paths is how many changed paths the events named.
@@ -34,7 +35,7 @@ type TrackedScan struct {
 // committed, and only then: the directories it takes whole name trees by
 // id, which must be stored. A skipped turn leaves the record as it is (it
 // keeps growing from the last committed scan); a failed one calls t.Lost.
-func (r *Root) ScanTracked(ctx context.Context, saver delta.BlobSaver, t *Tracker) (*fstree.ScanResult, TrackedScan, error) {
+func (r *Root) ScanTracked(ctx context.Context, saver delta.BlobSaver, t *track.Tracker) (*fstree.ScanResult, TrackedScan, error) {
 	g, err := r.gen()
 	if err != nil {
 		return nil, TrackedScan{}, err
@@ -45,18 +46,18 @@ func (r *Root) ScanTracked(ctx context.Context, saver delta.BlobSaver, t *Tracke
 		return nil, TrackedScan{}, fmt.Errorf("sandbox %s: %w", r.dir, err)
 	}
 	paths, why := t.Changes()
-	if !t.Watches(r) {
-		why = ReasonRemount
+	if !t.Watches(r.Path()) {
+		why = track.ReasonRemount
 	}
 	if why == "" && !r.trackable(g) {
-		why = ReasonLayout
+		why = track.ReasonLayout
 	}
-	base := t.base()
+	base := t.Base()
 	if why == "" && base == nil {
-		why = ReasonStart
+		why = track.ReasonStart
 	}
 	info := TrackedScan{Paths: len(paths)}
-	reread := t.rereadSet()
+	reread := t.RereadSet()
 	if why == "" && len(paths) == 0 {
 		return &fstree.ScanResult{Root: base.Root, StateKey: base.StateKey, Cache: base.Cache}, info, nil
 	}
@@ -69,11 +70,11 @@ func (r *Root) ScanTracked(ctx context.Context, saver delta.BlobSaver, t *Tracke
 		if !errors.Is(err, fstree.ErrMustWalk) {
 			return nil, info, err
 		}
-		why, info.Detail = ReasonHardlink, err.Error()
+		why, info.Detail = track.ReasonHardlink, err.Error()
 	}
 	info.Walked, info.Reason = true, why
 	// The walk builds on the newest committed cache: the record's base if
-	// it has one (the file may be older, see Tracker.Base), else the file.
+	// it has one (the file may be older, see track.Tracker.Base), else the file.
 	var prev *fstree.ScanCache
 	if base != nil {
 		prev = base.Cache
@@ -188,4 +189,9 @@ func (r *Root) ScanReread(ctx context.Context, saver delta.BlobSaver, reread []s
 		set[p] = true
 	}
 	return r.walkLayer(ctx, g, saver, nil, set)
+}
+
+// Track starts recording changes to the mounted root r (track.Start).
+func (r *Root) Track(opts track.Options) (*track.Tracker, error) {
+	return track.Start(r.dir, r.Path(), opts)
 }

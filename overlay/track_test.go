@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math/rand"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/roottest"
+	"github.com/turnsnap/turnsnap/overlay/track"
 	"golang.org/x/sys/unix"
 )
 
@@ -64,7 +64,7 @@ func TestTrackedScanEqualsWalk(t *testing.T) {
 	t.Logf("seed %d (TURNSNAP_TRACK_SEED=%d reruns it)", seed, seed)
 	rng := rand.New(rand.NewSource(seed))
 	r, _, _ := newRoot(t, trackBase)
-	tr, err := r.Track(TrackOptions{})
+	tr, err := r.Track(track.Options{})
 	must(t, err)
 	defer func() { tr.Close() }()
 	ctx := context.Background()
@@ -83,7 +83,7 @@ func TestTrackedScanEqualsWalk(t *testing.T) {
 			must(t, tr.Close())
 			must(t, r.Unmount(ctx))
 			must(t, r.Mount(ctx))
-			if tr, err = r.Track(TrackOptions{}); err != nil {
+			if tr, err = r.Track(track.Options{}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -274,7 +274,7 @@ func mmapWrite(t *testing.T, p string, c byte) string {
 // from the record alone, and one write reads one file.
 func TestTrackedUnchangedTurnReadsNothing(t *testing.T) {
 	r, _, _ := newRoot(t, trackBase)
-	tr, err := r.Track(TrackOptions{})
+	tr, err := r.Track(track.Options{})
 	must(t, err)
 	defer tr.Close()
 	ctx := context.Background()
@@ -282,7 +282,7 @@ func TestTrackedUnchangedTurnReadsNothing(t *testing.T) {
 	roottest.Settle() // past the racy window: the cache is trusted
 	res, info, err := r.ScanTracked(ctx, nil, tr)
 	must(t, err)
-	if !info.Walked || info.Reason != ReasonStart {
+	if !info.Walked || info.Reason != track.ReasonStart {
 		t.Fatalf("first turn did not walk for its start: %+v", info)
 	}
 	must(t, r.Committed(res))
@@ -306,7 +306,7 @@ func TestTrackedUnchangedTurnReadsNothing(t *testing.T) {
 // one after is tracked again.
 func TestTrackerOverflowWalks(t *testing.T) {
 	r, _, _ := newRoot(t, trackBase)
-	tr, err := r.Track(TrackOptions{NoDrain: true})
+	tr, err := r.Track(track.Options{NoDrain: true})
 	must(t, err)
 	defer tr.Close()
 	ctx := context.Background()
@@ -327,7 +327,7 @@ func TestTrackerOverflowWalks(t *testing.T) {
 	// an event queued before it whose handle the kernel would not decode
 	// (CI has seen open_by_handle_at answer ENOMEM for the handle of a
 	// directory removed since; the tracker then walks, reason unresolved).
-	if !info.Walked || (info.Reason != ReasonOverflow && info.Reason != ReasonUnresolved) || tr.Stats().Overflows == 0 {
+	if !info.Walked || (info.Reason != track.ReasonOverflow && info.Reason != track.ReasonUnresolved) || tr.Stats().Overflows == 0 {
 		t.Fatalf("after an overflow: %+v, stats %+v", info, tr.Stats())
 	}
 	if res.StateKey != oracle(t, r).StateKey {
@@ -346,7 +346,7 @@ func TestTrackerOverflowWalks(t *testing.T) {
 // names it, not even at msync or munmap.
 func TestMmapStoresMakeNoEvent(t *testing.T) {
 	r, _, _ := newRoot(t, trackBase)
-	tr, err := r.Track(TrackOptions{})
+	tr, err := r.Track(track.Options{})
 	must(t, err)
 	defer tr.Close()
 	p := filepath.Join(r.Path(), "top")
@@ -355,7 +355,7 @@ func TestMmapStoresMakeNoEvent(t *testing.T) {
 	m, err := unix.Mmap(int(fh.Fd()), 0, 4, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	must(t, err)
 	fh.Close()
-	if got, why := tr.Changes(); why != ReasonStart {
+	if got, why := tr.Changes(); why != track.ReasonStart {
 		t.Fatalf("first record: %v %q", got, why)
 	}
 	tr.Reset(nil)
@@ -367,68 +367,5 @@ func TestMmapStoresMakeNoEvent(t *testing.T) {
 	}
 	if got, why := tr.Changes(); len(got) != 0 || why != "" {
 		t.Fatalf("a store through a mapping made events (%v %q): the shared-map guard may be relaxed", got, why)
-	}
-}
-
-// TestTrackerDrainsInBackground: events leave the kernel queue without a
-// Changes call (the drain goroutine, woken by Go's poller), so a turn's
-// burst need not fit the queue all at once; Close stops it.
-func TestTrackerDrainsInBackground(t *testing.T) {
-	r, _, _ := newRoot(t, trackBase)
-	tr, err := r.Track(TrackOptions{})
-	must(t, err)
-	for i := range 100 {
-		must(t, os.WriteFile(filepath.Join(r.Path(), fmt.Sprintf("bg%d", i)), nil, 0o644))
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for tr.Stats().Events < 100 {
-		if time.Now().After(deadline) {
-			t.Fatalf("the drain read %d events of at least 100", tr.Stats().Events)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	tr.Changes()
-	tr.Reset(&fstree.ScanResult{})
-	must(t, tr.Close())
-	must(t, tr.Close()) // idempotent
-	if _, why := tr.Changes(); why != ReasonClosed {
-		t.Fatalf("a closed tracker's record: %q", why)
-	}
-}
-
-// TestTrackerQuietDropsOnlyItsProcess: while Quiet(self) holds, this
-// process's writes make no change in the record, another process's
-// writes at the same time do, and after end this process's writes count
-// again.
-func TestTrackerQuietDropsOnlyItsProcess(t *testing.T) {
-	r, _, _ := newRoot(t, trackBase)
-	tr, err := r.Track(TrackOptions{})
-	must(t, err)
-	defer tr.Close()
-	tr.Reset(oracle(t, r)) // a base, so Changes answers
-	root := r.Path()
-	roottest.Write(t, filepath.Join(root, "before"), "recorded\n")
-	end := tr.Quiet(os.Getpid())
-	roottest.Write(t, filepath.Join(root, "mine"), "dropped\n")
-	must(t, os.Chmod(filepath.Join(root, "top"), 0o600))
-	// A child process writes while the quiet window is open.
-	if out, err := exec.Command("sh", "-c", "echo other > "+filepath.Join(root, "other")).CombinedOutput(); err != nil {
-		t.Fatalf("child write: %v: %s", err, out)
-	}
-	end()
-	roottest.Write(t, filepath.Join(root, "after"), "recorded\n")
-	paths, why := tr.Changes()
-	if why != "" {
-		t.Fatalf("record unknown: %s", why)
-	}
-	for _, p := range []string{"before", "other", "after"} {
-		if !slices.Contains(paths, p) {
-			t.Errorf("%s is missing from the record %v", p, paths)
-		}
-	}
-	for _, p := range []string{"mine", "top"} {
-		if slices.Contains(paths, p) {
-			t.Errorf("%s, written inside the quiet window, is in the record %v", p, paths)
-		}
 	}
 }

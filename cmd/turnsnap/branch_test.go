@@ -8,10 +8,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/turnsnap/turnsnap/engine"
 	"github.com/turnsnap/turnsnap/internal/testenv"
 	"github.com/turnsnap/turnsnap/internal/testhook"
 	"github.com/turnsnap/turnsnap/overlay"
+	frozenlayers "github.com/turnsnap/turnsnap/overlay/frozen"
 )
 
 // TestCLIBranchFanOut: `branch CKPT NAME --count N` and `branch CKPT A B`
@@ -94,7 +94,7 @@ func TestBranchKilledWhileFreezing(t *testing.T) {
 	}
 
 	flag := filepath.Join(t.TempDir(), "reached")
-	cmd := cli(home, []string{testhook.BlockAtEnv + "=" + engine.PhaseFreezeLayer + ":" + flag}, "branch", c1.ID, "b1", "--json")
+	cmd := cli(home, []string{testhook.BlockAtEnv + "=" + frozenlayers.PhaseLayer + ":" + flag}, "branch", c1.ID, "b1", "--json")
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

@@ -130,11 +130,19 @@ func (a *app) openDirect(ro func(args []string) bool, fn func(ctx context.Contex
 		if err != nil {
 			return err
 		}
-		defer e.Close()
+		defer closeDirect(e)
 		err = fn(ctx, e, args)
 		pr.done()
 		return err
 	}
+}
+
+// closeDirect closes an engine the command opened, once the layers its
+// checkpoints queued are frozen: Close would cancel them, and in direct
+// mode only the freezes worth their cost are queued (FreezeOnBranch).
+func closeDirect(e *engine.Engine) {
+	e.WaitFreezes()
+	e.Close()
 }
 
 func (a *app) stdout() io.Writer { return a.w }

@@ -94,7 +94,7 @@ func (p *perCallService) with(ctx context.Context, readOnly bool, fn func(s mcps
 	if err != nil {
 		return err
 	}
-	defer e.Close()
+	defer closeDirect(e)
 	return fn(&api.Service{E: e})
 }
 

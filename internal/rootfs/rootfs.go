@@ -1,6 +1,7 @@
 // Package rootfs defines a sandbox's root filesystem as the engine drives it:
 // the Root and Backend interfaces that package overlay and package btrfs
-// implement and internal/roottest checks. It imports only the format.
+// implement and internal/roottest checks, and the optional interfaces a
+// backend may implement besides (optional.go). It imports only the format.
 package rootfs
 
 import (

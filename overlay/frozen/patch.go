@@ -1,4 +1,4 @@
-package overlay
+package frozen
 
 import (
 	"context"
@@ -13,7 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// An incremental freeze (FreezeSource.Reuse) does not build the new layer
+// An incremental freeze (Source.Reuse) does not build the new layer
 // from nothing: it takes a layer no retention rule keeps any more out of
 // the namespace and turns it into the new tree, touching only the names
 // whose entries differ between the two trees. The trees share unchanged
@@ -149,10 +149,10 @@ func sameEntry(a, b *delta.Entry) bool {
 // hasLinks reports whether tree id holds a hardlink entry anywhere. The
 // answer for every subtree is kept (bounded), so a tree sharing most of
 // its subtrees with one asked before loads only the new ones.
-func (b *Backend) hasLinks(ctx context.Context, loader delta.BlobLoader, id delta.ID) (bool, error) {
-	b.frozen.memoMu.Lock()
-	v, ok := b.frozen.links[id]
-	b.frozen.memoMu.Unlock()
+func (b *Layers) hasLinks(ctx context.Context, loader delta.BlobLoader, id delta.ID) (bool, error) {
+	b.memoMu.Lock()
+	v, ok := b.links[id]
+	b.memoMu.Unlock()
 	if ok {
 		return v, nil
 	}
@@ -175,12 +175,12 @@ func (b *Backend) hasLinks(ctx context.Context, loader delta.BlobLoader, id delt
 			}
 		}
 	}
-	b.frozen.memoMu.Lock()
-	if b.frozen.links == nil || len(b.frozen.links) > maxLinkMemo {
-		b.frozen.links = map[delta.ID]bool{}
+	b.memoMu.Lock()
+	if b.links == nil || len(b.links) > maxLinkMemo {
+		b.links = map[delta.ID]bool{}
 	}
-	b.frozen.links[id] = found
-	b.frozen.memoMu.Unlock()
+	b.links[id] = found
+	b.memoMu.Unlock()
 	return found, nil
 }
 

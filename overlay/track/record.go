@@ -1,4 +1,4 @@
-package overlay
+package track
 
 import (
 	"maps"
@@ -103,8 +103,8 @@ func (t *Tracker) Reread(paths []string) {
 	}
 }
 
-// rereadSet is the forced paths of the scan in progress (after Changes).
-func (t *Tracker) rereadSet() map[string]bool {
+// RereadSet is the forced paths of the scan in progress (after Changes).
+func (t *Tracker) RereadSet() map[string]bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if len(t.forced) == 0 {
@@ -134,7 +134,7 @@ func (t *Tracker) Unsure(reason string) {
 }
 
 // Stats returns the tracker's counters.
-func (t *Tracker) Stats() TrackStats {
+func (t *Tracker) Stats() Stats {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.stats

@@ -1,4 +1,4 @@
-package overlay
+package frozen
 
 import (
 	"context"
@@ -32,20 +32,31 @@ import (
 
 const frozenDirName = ".frozen"
 
+// NewLayers returns the frozen layers kept under basesDir (in its .frozen
+// directory). translate maps a layer's entries (in overlay upper form) to
+// the tree format, as a scan of an overlay upper does (overlay.Translate).
+func NewLayers(basesDir string, translate func(rel string, st *unix.Stat_t, e *delta.Entry) (bool, error)) *Layers {
+	return &Layers{top: filepath.Join(basesDir, frozenDirName), translate: translate}
+}
+
+// SetIDs sets the content ID scheme freezes and verifies use (default:
+// plain BLAKE3). Call it before the layers are used.
+func (b *Layers) SetIDs(ids delta.IDs) { b.ids = ids }
+
 // ErrNotFreezable marks a tree this host does not keep frozen: a device
 // node in a lower layer shared by many sandboxes would reach past each
 // one's device rules (such checkpoints are branched by materialising).
 var ErrNotFreezable = errors.New("tree cannot be kept as a frozen layer")
 
-// FreezeSource is a frozen layer a new one may share files with (Tree,
+// Source is a frozen layer a new one may share files with (Tree,
 // zero for none), and the layers it may be made from (Reuse).
-type FreezeSource struct {
+type Source struct {
 	Tree delta.ID
 	// Reuse lists layers the caller would remove now (no retention rule
 	// keeps them), best first. Freeze takes the first that no root stacks
 	// on (InUse, asked under the backend's lock) and no other freeze reads
 	// out of the namespace and changes it into the new layer name by name
-	// (frozen_patch.go): the cost of the change, not of the layer.
+	// (patch.go): the cost of the change, not of the layer.
 	Reuse []delta.ID
 	InUse func(dir string) bool
 	// Yield, if set, is called before each entry is made: background work
@@ -53,8 +64,8 @@ type FreezeSource struct {
 	Yield func()
 }
 
-// FreezeStats counts how a frozen layer was made.
-type FreezeStats struct {
+// Stats counts how a frozen layer was made.
+type Stats struct {
 	Entries   int64
 	Linked    int64 // files cloned from the source layer (reflink, else in-kernel copy; never a hardlink)
 	Copied    int64 // files copied from the live root, verified chunk by chunk
@@ -66,33 +77,36 @@ type FreezeStats struct {
 	Patched, Removed int64
 }
 
-// frozenState is the backend's lock over its frozen layers: publishing,
-// removing and stacking a root on one are serialised by it.
-type frozenState struct {
-	mu       sync.Mutex
-	swept    bool             // leftovers of earlier processes cleared
-	removing sync.WaitGroup   // deletions of removed layers in progress
-	reading  map[delta.ID]int // layers a freeze links files from: never reused
-	// links memoises hasLinks by tree (frozen_patch.go).
+// Layers is one host's frozen layers, in one directory (BASES/.frozen).
+// Its lock serialises publishing, removing and stacking a root on a layer.
+type Layers struct {
+	top       string    // the directory
+	ids       delta.IDs // the home's content ID scheme (SetIDs)
+	translate func(rel string, st *unix.Stat_t, e *delta.Entry) (bool, error)
+	mu        sync.Mutex
+	swept     bool             // leftovers of earlier processes cleared
+	removing  sync.WaitGroup   // deletions of removed layers in progress
+	reading   map[delta.ID]int // layers a freeze links files from: never reused
+	// links memoises hasLinks by tree (patch.go).
 	memoMu sync.Mutex
 	links  map[delta.ID]bool
 }
 
-// FrozenDir is where the frozen layer of tree lives (whether or not it
+// Dir is where the frozen layer of tree lives (whether or not it
 // exists).
-func (b *Backend) FrozenDir(tree delta.ID) string {
-	return filepath.Join(b.bases, frozenDirName, tree.String())
+func (b *Layers) Dir(tree delta.ID) string {
+	return filepath.Join(b.top, tree.String())
 }
 
-// HasFrozen reports whether this host keeps tree as a frozen layer.
-func (b *Backend) HasFrozen(tree delta.ID) bool {
-	st, err := os.Stat(b.FrozenDir(tree))
+// Has reports whether this host keeps tree as a frozen layer.
+func (b *Layers) Has(tree delta.ID) bool {
+	st, err := os.Stat(b.Dir(tree))
 	return err == nil && st.IsDir()
 }
 
-// FrozenTrees lists the trees this host keeps frozen.
-func (b *Backend) FrozenTrees() ([]delta.ID, error) {
-	ents, err := os.ReadDir(filepath.Join(b.bases, frozenDirName))
+// Trees lists the trees this host keeps frozen.
+func (b *Layers) Trees() ([]delta.ID, error) {
+	ents, err := os.ReadDir(b.top)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
@@ -115,19 +129,19 @@ func (b *Backend) FrozenTrees() ([]delta.ID, error) {
 // compared with the tree's), and read from loader (verified) where the
 // copy does not match. live may be "" (everything from src or the store).
 // With src.Reuse it may instead change an unkept layer into this one
-// (FreezeSource.Reuse, frozen_patch.go).
+// (Source.Reuse, patch.go).
 // built, if set, runs once the layer is built and synced, just before it is
 // published (a test's point to kill the process).
-func (b *Backend) Freeze(ctx context.Context, tree delta.ID, live string, src *FreezeSource, loader delta.BlobLoader, built func()) (FreezeStats, error) {
-	var stats FreezeStats
-	if b.HasFrozen(tree) {
+func (b *Layers) Freeze(ctx context.Context, tree delta.ID, live string, src *Source, loader delta.BlobLoader, built func()) (Stats, error) {
+	var stats Stats
+	if b.Has(tree) {
 		return stats, nil
 	}
-	top := filepath.Join(b.bases, frozenDirName)
+	top := b.top
 	if err := os.MkdirAll(top, 0o700); err != nil {
 		return stats, err
 	}
-	b.SweepFrozen()
+	b.Sweep()
 	f := &freezer{ids: b.ids, loader: loader, stats: &stats, xbuf: make([]byte, fsat.XattrBufSize), liveFD: -1, srcFD: -1}
 	if live != "" {
 		fd, err := fsat.OpenDir(live)
@@ -165,7 +179,7 @@ func (b *Backend) Freeze(ctx context.Context, tree delta.ID, live string, src *F
 			if tmp, err = os.MkdirTemp(top, ".tmp-"); err != nil {
 				return stats, err
 			}
-			stats = FreezeStats{}
+			stats = Stats{}
 			old = delta.ID{}
 		}
 	}
@@ -189,10 +203,10 @@ func (b *Backend) Freeze(ctx context.Context, tree delta.ID, live string, src *F
 	if built != nil {
 		built()
 	}
-	b.frozen.mu.Lock()
-	defer b.frozen.mu.Unlock()
-	if err := os.Rename(tmp, b.FrozenDir(tree)); err != nil {
-		if b.HasFrozen(tree) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := os.Rename(tmp, b.Dir(tree)); err != nil {
+		if b.Has(tree) {
 			return stats, nil // another operation froze the same tree
 		}
 		return stats, fmt.Errorf("freeze tree %s: %w", tree.Short(), err)
@@ -218,19 +232,19 @@ func (f *freezer) build(ctx context.Context, tmp string, tree, old, srcTree delt
 // takeLayer makes the directory a new layer of tree is built in: one of
 // src.Reuse taken out of the namespace (old names its tree), or else a new
 // empty one (old is zero). Either is a .tmp-* the sweep clears after a crash.
-func (b *Backend) takeLayer(ctx context.Context, top string, tree delta.ID, src *FreezeSource, loader delta.BlobLoader) (tmp string, old delta.ID, err error) {
+func (b *Layers) takeLayer(ctx context.Context, top string, tree delta.ID, src *Source, loader delta.BlobLoader) (tmp string, old delta.ID, err error) {
 	if cands := b.reusable(ctx, tree, src, loader); len(cands) > 0 {
-		b.frozen.mu.Lock()
-		defer b.frozen.mu.Unlock()
+		b.mu.Lock()
+		defer b.mu.Unlock()
 		for _, cand := range cands {
-			if b.frozen.reading[cand] > 0 || !b.HasFrozen(cand) || src.InUse(b.FrozenDir(cand)) {
+			if b.reading[cand] > 0 || !b.Has(cand) || src.InUse(b.Dir(cand)) {
 				continue
 			}
 			if tmp, err = os.MkdirTemp(top, ".tmp-"); err != nil {
 				return "", old, err
 			}
 			// rename(2) replaces the empty directory (os.Rename refuses to).
-			if err := unix.Rename(b.FrozenDir(cand), tmp); err != nil {
+			if err := unix.Rename(b.Dir(cand), tmp); err != nil {
 				os.Remove(tmp)
 				continue
 			}
@@ -243,8 +257,8 @@ func (b *Backend) takeLayer(ctx context.Context, top string, tree delta.ID, src 
 
 // reusable filters src.Reuse to the layers an incremental freeze of tree
 // may start from: a hardlink group may span unchanged subtrees, so trees
-// holding one (either side) are built in full (frozen_patch.go).
-func (b *Backend) reusable(ctx context.Context, tree delta.ID, src *FreezeSource, loader delta.BlobLoader) []delta.ID {
+// holding one (either side) are built in full (patch.go).
+func (b *Layers) reusable(ctx context.Context, tree delta.ID, src *Source, loader delta.BlobLoader) []delta.ID {
 	if src == nil || src.InUse == nil || len(src.Reuse) == 0 {
 		return nil
 	}
@@ -263,15 +277,15 @@ func (b *Backend) reusable(ctx context.Context, tree delta.ID, src *FreezeSource
 	return out
 }
 
-// SweepFrozen removes, once per process, what a killed freeze or removal
+// Sweep removes, once per process, what a killed freeze or removal
 // left (the home's lock keeps out any other process; this one's own
 // builds start after it).
-func (b *Backend) SweepFrozen() {
-	b.frozen.mu.Lock()
-	defer b.frozen.mu.Unlock()
-	if !b.frozen.swept {
-		b.frozen.swept = true
-		clearFrozenLeftovers(filepath.Join(b.bases, frozenDirName))
+func (b *Layers) Sweep() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.swept {
+		b.swept = true
+		clearFrozenLeftovers(b.top)
 	}
 }
 
@@ -285,23 +299,23 @@ func clearFrozenLeftovers(top string) {
 	}
 }
 
-// RemoveFrozen deletes the frozen layer of tree unless inUse (asked again
+// Remove deletes the frozen layer of tree unless inUse (asked again
 // under the backend's lock, so a root stacked meanwhile keeps its layer)
 // says a root stacks on it. It reports whether the layer was removed.
-func (b *Backend) RemoveFrozen(tree delta.ID, inUse func(dir string) bool) (bool, error) {
-	b.frozen.mu.Lock()
-	dir := b.FrozenDir(tree)
+func (b *Layers) Remove(tree delta.ID, inUse func(dir string) bool) (bool, error) {
+	b.mu.Lock()
+	dir := b.Dir(tree)
 	// A layer being read (a freeze's source, a verify) stays until the
 	// next retention pass: a removal under the reader would fail it.
-	if !b.HasFrozen(tree) || inUse(dir) || b.frozen.reading[tree] > 0 {
-		b.frozen.mu.Unlock()
+	if !b.Has(tree) || inUse(dir) || b.reading[tree] > 0 {
+		b.mu.Unlock()
 		return false, nil
 	}
 	gone, err := os.MkdirTemp(filepath.Dir(dir), ".rm-")
 	if err == nil {
 		err = os.Rename(dir, filepath.Join(gone, "layer"))
 	}
-	b.frozen.mu.Unlock()
+	b.mu.Unlock()
 	if err != nil {
 		if gone != "" {
 			os.Remove(gone)
@@ -311,50 +325,38 @@ func (b *Backend) RemoveFrozen(tree delta.ID, inUse func(dir string) bool) (bool
 	// Out of the namespace now: the unlinks (one per file of the layer)
 	// need not hold up the caller. A process that exits first leaves the
 	// .rm- dir to the next one's sweep; WaitRemovals waits for them.
-	b.frozen.removing.Add(1)
+	b.removing.Add(1)
 	go func() {
-		defer b.frozen.removing.Done()
+		defer b.removing.Done()
 		os.RemoveAll(gone)
 	}()
 	return true, nil
 }
 
-// WaitRemovals waits until the layers RemoveFrozen removed are deleted.
-func (b *Backend) WaitRemovals() { b.frozen.removing.Wait() }
+// WaitRemovals waits until the layers Remove removed are deleted.
+func (b *Layers) WaitRemovals() { b.removing.Wait() }
 
-// LiveUpper is the writable layer of the root kept in dir: its live
-// generation's upper. A freeze reads a checkpoint's files from there, not
-// through the mount, so it never keeps the mount busy (an unmount for a
-// rollback or a removal must not fail because of it).
-func LiveUpper(dir string) (string, error) {
-	g, err := Open(dir, "").gen()
-	if err != nil {
-		return "", err
-	}
-	return filepath.Join(g, "upper"), nil
-}
-
-// VerifyFrozen re-hashes this host's frozen layer of tree, if it keeps one,
+// Verify re-hashes this host's frozen layer of tree, if it keeps one,
 // and reports whether it did. A branch stacks on the layer and reads its
 // files as they are on disk, so damage there would reach every branch of
 // the checkpoint; a layer that no longer scans to its tree (upper form,
 // the home's ID scheme) is ErrCorrupt. Removing it is safe: a branch then
 // materialises from the store, and the next freeze builds it again.
-func (b *Backend) VerifyFrozen(ctx context.Context, tree delta.ID) (bool, error) {
+func (b *Layers) Verify(ctx context.Context, tree delta.ID) (bool, error) {
 	// Registered as a reader, so no freeze takes the layer to patch and no
 	// retention pass removes it under the scan (a verify of a layer that
 	// retention retired meanwhile read a half-patched tree).
 	fd, done, err := b.readLayer(tree)
 	if err != nil {
-		return true, fmt.Errorf("frozen layer %s: %w", b.FrozenDir(tree), err)
+		return true, fmt.Errorf("frozen layer %s: %w", b.Dir(tree), err)
 	}
 	if done == nil {
 		return false, nil
 	}
 	unix.Close(fd)
 	defer done()
-	dir := b.FrozenDir(tree)
-	res, err := fstree.Scan(ctx, dir, fstree.ScanOptions{IDs: b.ids, Translate: Translate, Quiescent: true})
+	dir := b.Dir(tree)
+	res, err := fstree.Scan(ctx, dir, fstree.ScanOptions{IDs: b.ids, Translate: b.translate, Quiescent: true})
 	if err != nil {
 		return true, fmt.Errorf("frozen layer %s: %w", dir, err)
 	}
@@ -368,24 +370,44 @@ func (b *Backend) VerifyFrozen(ctx context.Context, tree delta.ID) (bool, error)
 // readLayer opens tree's layer and counts a reader of it until done: a
 // freeze takes no layer that is being read (takeLayer). done is nil when
 // this host has no such layer.
-func (b *Backend) readLayer(tree delta.ID) (fd int, done func(), err error) {
-	b.frozen.mu.Lock()
-	defer b.frozen.mu.Unlock()
-	if !b.HasFrozen(tree) {
+func (b *Layers) readLayer(tree delta.ID) (fd int, done func(), err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.Has(tree) {
 		return -1, nil, nil
 	}
-	if fd, err = fsat.OpenDir(b.FrozenDir(tree)); err != nil {
+	if fd, err = fsat.OpenDir(b.Dir(tree)); err != nil {
 		return -1, nil, err
 	}
-	if b.frozen.reading == nil {
-		b.frozen.reading = map[delta.ID]int{}
+	if b.reading == nil {
+		b.reading = map[delta.ID]int{}
 	}
-	b.frozen.reading[tree]++
+	b.reading[tree]++
 	return fd, func() {
-		b.frozen.mu.Lock()
-		defer b.frozen.mu.Unlock()
-		if b.frozen.reading[tree]--; b.frozen.reading[tree] <= 0 {
-			delete(b.frozen.reading, tree)
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		if b.reading[tree]--; b.reading[tree] <= 0 {
+			delete(b.reading, tree)
 		}
 	}, nil
+}
+
+// Hold takes the layers' lock for a root about to stack on tree's layer:
+// while it is held no layer is published, removed or taken for a patch,
+// and once the root's stack file exists the layer is in use (InUse). ok
+// says the layer exists; release must be called either way.
+func (b *Layers) Hold(tree delta.ID) (dir string, ok bool, release func()) {
+	b.mu.Lock()
+	return b.Dir(tree), b.Has(tree), b.mu.Unlock
+}
+
+// syncFS flushes the filesystem holding dir: one syncfs for a whole
+// layer's files instead of an fsync each.
+func syncFS(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return unix.Syncfs(int(f.Fd()))
 }

@@ -1,4 +1,4 @@
-package engine
+package statememo
 
 import (
 	"context"
@@ -34,7 +34,7 @@ func (s *countingStore) LoadBlob(_ context.Context, t delta.BlobType, id delta.I
 func TestRollbackMemoBounds(t *testing.T) {
 	ctx := context.Background()
 	store := &countingStore{size: 1000, loads: map[delta.BlobType]int{}, fail: map[delta.ID]bool{}}
-	l := memoLoader{m: &stateMemo{}, next: store}
+	l := memoLoader{m: &Memo{}, next: store}
 	id := func(i int) delta.ID { return delta.Hash([]byte(fmt.Sprint(i))) }
 	for _, typ := range []delta.BlobType{delta.BlobTree, delta.BlobData} {
 		for range 3 {

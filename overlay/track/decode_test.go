@@ -1,4 +1,4 @@
-package overlay
+package track
 
 import (
 	"encoding/binary"

@@ -1,4 +1,4 @@
-package overlay
+package track
 
 import (
 	"errors"
@@ -25,7 +25,7 @@ const trackMask = unix.FAN_MODIFY | unix.FAN_ATTRIB | unix.FAN_CLOSE_WRITE | uni
 // walks, which costs no more than reading that many paths would.
 const maxTracked = 1 << 16
 
-// Walk reasons, as TrackStats and the engine's counters name them.
+// Walk reasons, as Stats and the engine's counters name them.
 const (
 	ReasonStart      = "start"      // no scan yet since the tracker started
 	ReasonOverflow   = "overflow"   // the kernel queue overflowed (FAN_Q_OVERFLOW)
@@ -39,15 +39,15 @@ const (
 	ReasonLayout     = "layout"     // the root's layout is one a tracked scan does not read (trackable)
 )
 
-// TrackOptions configures Track.
-type TrackOptions struct {
+// Options configures Start.
+type Options struct {
 	// NoDrain, for tests, leaves events in the kernel queue until Changes,
 	// so a test can overflow it for real.
 	NoDrain bool
 }
 
-// TrackStats counts a tracker's events.
-type TrackStats struct {
+// Stats counts a tracker's events.
+type Stats struct {
 	Events    uint64
 	Overflows uint64
 	Stale     uint64 // events on entries already deleted, dropped
@@ -57,7 +57,7 @@ type TrackStats struct {
 
 // Tracker records which paths of one mounted overlay root changed, from a
 // fanotify group with a filesystem mark on the overlay's superblock, so a
-// turn can scan only those (Root.ScanTracked). Its record is "since the
+// turn can scan only those (overlay.Root.ScanTracked). Its record is "since the
 // last Reset": Changes returns it (or why it is unknown), Reset starts the
 // next one once a scan is committed. Safe for concurrent use.
 type Tracker struct {
@@ -81,17 +81,18 @@ type Tracker struct {
 	takenWhy, pendingWhy string // why the record is unknown ("" known)
 	quiet                int32  // a process whose events are dropped (Quiet); 0 none
 	last                 *fstree.ScanResult
-	stats                TrackStats
+	stats                Stats
 	buf                  []byte
 }
 
-// Track starts recording changes to the mounted root r. Events made before
-// it returns are not in the record: the first turn walks (ReasonStart).
-func (r *Root) Track(opts TrackOptions) (*Tracker, error) {
+// Start starts recording changes to the overlay mounted at path (the root
+// of the sandbox kept in dir, which errors name). Events made before it
+// returns are not in the record: the first turn walks (ReasonStart).
+func Start(dir, path string, opts Options) (*Tracker, error) {
 	fd, err := unix.FanotifyInit(unix.FAN_CLASS_NOTIF|unix.FAN_REPORT_DFID_NAME|unix.FAN_REPORT_FID|
 		unix.FAN_CLOEXEC|unix.FAN_NONBLOCK, unix.O_RDONLY|unix.O_LARGEFILE)
 	if err != nil {
-		return nil, fmt.Errorf("sandbox %s: fanotify_init: %w", r.dir, err)
+		return nil, fmt.Errorf("sandbox %s: fanotify_init: %w", dir, err)
 	}
 	t := &Tracker{fd: fd, mountFD: -1, file: os.NewFile(uintptr(fd), "fanotify"), done: make(chan struct{}),
 		taken: map[string]bool{}, pending: map[string]bool{}, takenWhy: ReasonStart,
@@ -99,25 +100,25 @@ func (r *Root) Track(opts TrackOptions) (*Tracker, error) {
 		buf: make([]byte, 64<<10)}
 	// The root's mount options were checked when it was mounted; a mark
 	// on anything else (not mounted, or without nfs_export) fails below.
-	if mounted, err := mountinfo.Mounted(r.Path()); err != nil || !mounted {
+	if mounted, err := mountinfo.Mounted(path); err != nil || !mounted {
 		t.closeFDs()
-		return nil, fmt.Errorf("sandbox %s: track: root %s is not mounted (%v): %w", r.dir, r.Path(), err, errdefs.ErrPrecondition)
+		return nil, fmt.Errorf("sandbox %s: track: root %s is not mounted (%v): %w", dir, path, err, errdefs.ErrPrecondition)
 	}
-	if err := unix.FanotifyMark(fd, unix.FAN_MARK_ADD|unix.FAN_MARK_FILESYSTEM, trackMask, unix.AT_FDCWD, r.Path()); err != nil {
+	if err := unix.FanotifyMark(fd, unix.FAN_MARK_ADD|unix.FAN_MARK_FILESYSTEM, trackMask, unix.AT_FDCWD, path); err != nil {
 		t.closeFDs()
-		return nil, fmt.Errorf("sandbox %s: fanotify_mark on %s (needs index=on,nfs_export=on): %w", r.dir, r.Path(), errors.Join(err, errdefs.ErrPrecondition))
+		return nil, fmt.Errorf("sandbox %s: fanotify_mark on %s (needs index=on,nfs_export=on): %w", dir, path, errors.Join(err, errdefs.ErrPrecondition))
 	}
-	if t.mountFD, err = unix.Open(r.Path(), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
+	if t.mountFD, err = unix.Open(path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
 		t.closeFDs()
-		return nil, fmt.Errorf("sandbox %s: track: %w", r.dir, err)
+		return nil, fmt.Errorf("sandbox %s: track: %w", dir, err)
 	}
 	if t.prefix, err = os.Readlink("/proc/self/fd/" + strconv.Itoa(t.mountFD)); err != nil {
 		t.closeFDs()
-		return nil, fmt.Errorf("sandbox %s: track: %w", r.dir, err)
+		return nil, fmt.Errorf("sandbox %s: track: %w", dir, err)
 	}
 	if t.mntID, err = mountID(t.mountFD, ""); err != nil {
 		t.closeFDs()
-		return nil, fmt.Errorf("sandbox %s: track: %w", r.dir, err)
+		return nil, fmt.Errorf("sandbox %s: track: %w", dir, err)
 	}
 	if opts.NoDrain {
 		close(t.done)
@@ -126,7 +127,7 @@ func (r *Root) Track(opts TrackOptions) (*Tracker, error) {
 	rc, err := t.file.SyscallConn()
 	if err != nil {
 		t.closeFDs()
-		return nil, fmt.Errorf("sandbox %s: track: %w", r.dir, err)
+		return nil, fmt.Errorf("sandbox %s: track: %w", dir, err)
 	}
 	go t.drainLoop(rc)
 	return t, nil
@@ -337,11 +338,11 @@ func mountID(dirFD int, name string) (uint64, error) {
 	return stx.Mnt_id, nil
 }
 
-// Watches reports whether t still marks the mount at r's root: a root
-// unmounted and mounted again (a restore) is another superblock, whose
+// Watches reports whether t still marks the mount at path (a root's): a
+// root unmounted and mounted again (a restore) is another superblock, whose
 // changes t never sees.
-func (t *Tracker) Watches(r *Root) bool {
-	id, err := mountID(unix.AT_FDCWD, r.Path())
+func (t *Tracker) Watches(path string) bool {
+	id, err := mountID(unix.AT_FDCWD, path)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return err == nil && !t.closed && id == t.mntID

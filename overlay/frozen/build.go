@@ -1,4 +1,4 @@
-package overlay
+package frozen
 
 import (
 	"context"
@@ -23,9 +23,9 @@ type freezer struct {
 	rootFD int // the new layer's top
 	liveFD int // -1: no live root
 	srcFD  int // -1: no source layer
-	stats  *FreezeStats
+	stats  *Stats
 	xbuf   []byte
-	yield  func() // FreezeSource.Yield, or nil
+	yield  func() // Source.Yield, or nil
 }
 
 // dir fills the directory dstFD with tree id; srcID is the source layer's

@@ -1,4 +1,4 @@
-package engine
+package frozen
 
 import "time"
 
@@ -103,7 +103,7 @@ func (f *freezeJobs) sleepLocked(d time.Duration) {
 // pause returns once no checkpoint is in flight, or at once when j is
 // needed now (rushed, drained, closing) or has waited freezeMaxDefer since
 // it was queued. A running freeze calls it between entries
-// (overlay.FreezeSource.Yield): a turn that arrives meanwhile then shares
+// (Source.Yield): a turn that arrives meanwhile then shares
 // the cores with at most one entry's work of each freeze, not a layer's.
 func (f *freezeJobs) pause(j *freezeJob) {
 	counted := false

@@ -1,4 +1,4 @@
-package overlay
+package frozen_test
 
 import (
 	"context"
@@ -13,47 +13,10 @@ import (
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/internal/roottest"
 	"github.com/turnsnap/turnsnap/internal/testenv"
+	"github.com/turnsnap/turnsnap/overlay"
+	"github.com/turnsnap/turnsnap/overlay/frozen"
 	"golang.org/x/sys/unix"
 )
-
-func TestStackOptions(t *testing.T) {
-	got, err := StackOptions([]string{"/h/bases/.frozen/f", "/h/bases/b"}, "/h/s/gen-1/upper", "/h/s/gen-1/work")
-	if err != nil || got != "lowerdir=/h/bases/.frozen/f:/h/bases/b,upperdir=/h/s/gen-1/upper,workdir=/h/s/gen-1/work,"+FeatureOptions {
-		t.Fatalf("StackOptions = %q, %v", got, err)
-	}
-	if got, _ := StackOptions([]string{"/b"}, "/u", "/w"); got != "lowerdir=/b,upperdir=/u,workdir=/w,"+FeatureOptions {
-		t.Fatalf("a plain stack: %q", got)
-	}
-	for _, bad := range [][]string{nil, {"/f:x", "/b"}, {"rel", "/b"}, {"/f", "/g", "/b"}} {
-		if _, err := StackOptions(bad, "/u", "/w"); !errors.Is(err, errdefs.ErrInvalid) {
-			t.Errorf("lowers %q accepted: %v", bad, err)
-		}
-	}
-}
-
-// FuzzReadStack: a stack file is local, but a damaged one must be refused
-// (ErrCorrupt or ErrInvalid), never mounted with a path overlay would split.
-func FuzzReadStack(f *testing.F) {
-	f.Add([]byte(`{"frozen":"/h/bases/.frozen/x","tree":"` + delta.EmptyTree().String() + `","state_key":"` + delta.EmptyTree().String() + `"}`))
-	f.Add([]byte(`{"frozen":"/a:b","tree":"00"}`))
-	f.Add([]byte(`{}`))
-	f.Fuzz(func(t *testing.T, data []byte) {
-		g := t.TempDir()
-		if err := os.WriteFile(filepath.Join(g, stackFileName), data, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		s, err := readStack(g)
-		if err != nil {
-			if !errors.Is(err, errdefs.ErrCorrupt) && !errors.Is(err, errdefs.ErrInvalid) {
-				t.Fatalf("error of no class: %v", err)
-			}
-			return
-		}
-		if s == nil || s.Tree.IsZero() || checkOptionPath(s.Frozen) != nil {
-			t.Fatalf("accepted %+v", s)
-		}
-	})
-}
 
 // TestFreezeVerifiesTheLiveCopy: files whose live bytes no longer match
 // the tree come from the store; unchanged ones are hardlinks of the source
@@ -74,10 +37,10 @@ func TestFreezeVerifiesTheLiveCopy(t *testing.T) {
 	}
 	must(os.Symlink("same", filepath.Join(live, "a/link")))
 	must(unix.Mknod(filepath.Join(live, "gone"), unix.S_IFCHR, 0)) // a whiteout
-	res1, err := fstree.Scan(ctx, live, fstree.ScanOptions{Saver: store, Translate: Translate})
+	res1, err := fstree.Scan(ctx, live, fstree.ScanOptions{Saver: store, Translate: overlay.Translate})
 	must(err)
-	b := NewBackend(t.TempDir())
-	top := filepath.Join(b.bases, frozenDirName)
+	b := frozen.NewLayers(t.TempDir(), overlay.Translate)
+	top := b.Top()
 	must(os.MkdirAll(filepath.Join(top, ".tmp-killed/x"), 0o700))
 	st, err := b.Freeze(ctx, res1.Root, live, nil, store, nil)
 	must(err)
@@ -88,51 +51,51 @@ func TestFreezeVerifiesTheLiveCopy(t *testing.T) {
 		t.Fatal("a killed freeze's build was not swept")
 	}
 	roottest.Write(t, filepath.Join(live, "a/changes"), "changed again\n")
-	res2, err := fstree.Scan(ctx, live, fstree.ScanOptions{Saver: store, Translate: Translate})
+	res2, err := fstree.Scan(ctx, live, fstree.ScanOptions{Saver: store, Translate: overlay.Translate})
 	must(err)
 	// The sandbox moves on before the layer is made: the copy must not
 	// take its bytes.
 	roottest.Write(t, filepath.Join(live, "a/changes"), "changed after the cut\n")
-	st, err = b.Freeze(ctx, res2.Root, live, &FreezeSource{Tree: res1.Root}, store, nil)
+	st, err = b.Freeze(ctx, res2.Root, live, &frozen.Source{Tree: res1.Root}, store, nil)
 	must(err)
 	if st.Linked != 1 || st.FromStore != 1 || st.Copied != 0 {
 		t.Fatalf("second freeze: %+v", st)
 	}
-	dir := b.FrozenDir(res2.Root)
+	dir := b.Dir(res2.Root)
 	if data, _ := os.ReadFile(filepath.Join(dir, "a/changes")); string(data) != "changed again\n" {
 		t.Fatalf("frozen copy holds %q, the checkpoint has %q", data, "changed again\n")
 	}
 	var s1, s2 unix.Stat_t
-	must(unix.Stat(filepath.Join(b.FrozenDir(res1.Root), "a/same"), &s1))
+	must(unix.Stat(filepath.Join(b.Dir(res1.Root), "a/same"), &s1))
 	must(unix.Stat(filepath.Join(dir, "a/same"), &s2))
 	// Cloned from the source layer, never hardlinked to it: a lower
 	// layer's link count shows inside every sandbox stacked on it.
 	if s1.Ino == s2.Ino || s1.Nlink != 1 || s2.Nlink != 1 {
 		t.Fatalf("an unchanged file shares an inode with the source layer (links %d and %d)", s1.Nlink, s2.Nlink)
 	}
-	got, err := fstree.Scan(ctx, dir, fstree.ScanOptions{Translate: Translate})
+	got, err := fstree.Scan(ctx, dir, fstree.ScanOptions{Translate: overlay.Translate})
 	must(err)
 	if got.Root != res2.Root {
 		t.Fatalf("frozen layer hashes to %s, its tree is %s", got.Root.Short(), res2.Root.Short())
 	}
-	if ok, err := b.RemoveFrozen(res1.Root, func(string) bool { return true }); ok || err != nil {
+	if ok, err := b.Remove(res1.Root, func(string) bool { return true }); ok || err != nil {
 		t.Fatalf("a layer in use was removed: %v %v", ok, err)
 	}
-	if ok, err := b.RemoveFrozen(res1.Root, func(string) bool { return false }); !ok || err != nil {
+	if ok, err := b.Remove(res1.Root, func(string) bool { return false }); !ok || err != nil {
 		t.Fatalf("remove: %v %v", ok, err)
 	}
 	b.WaitRemovals()
-	if ids, _ := b.FrozenTrees(); len(ids) != 1 || ids[0] != res2.Root {
+	if ids, _ := b.Trees(); len(ids) != 1 || ids[0] != res2.Root {
 		t.Fatalf("frozen trees after removal: %v", ids)
 	}
 
 	must(unix.Mknod(filepath.Join(live, "null"), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))))
-	res3, err := fstree.Scan(ctx, live, fstree.ScanOptions{Saver: store, Translate: Translate})
+	res3, err := fstree.Scan(ctx, live, fstree.ScanOptions{Saver: store, Translate: overlay.Translate})
 	must(err)
-	if _, err := b.Freeze(ctx, res3.Root, live, nil, store, nil); !errors.Is(err, ErrNotFreezable) {
+	if _, err := b.Freeze(ctx, res3.Root, live, nil, store, nil); !errors.Is(err, frozen.ErrNotFreezable) {
 		t.Fatalf("a device node was frozen: %v", err)
 	}
-	if b.HasFrozen(res3.Root) {
+	if b.Has(res3.Root) {
 		t.Fatal("a failed freeze published a layer")
 	}
 }
@@ -168,14 +131,14 @@ func TestFreezeReusesUnkeptLayer(t *testing.T) {
 	must(os.Mkdir(p("op"), 0o755))
 	must(unix.Setxattr(p("op"), fstree.OpaqueXattr, []byte("y"), 0))
 	t1 := scan()
-	b := NewBackend(t.TempDir())
+	b := frozen.NewLayers(t.TempDir(), overlay.Translate)
 	_, err := b.Freeze(ctx, t1, live, nil, store, nil)
 	must(err)
 
 	roottest.Write(t, p("a/file"), "two\n")
 	must(os.Chmod(p("a/mode"), 0o600))
 	t2 := scan()
-	_, err = b.Freeze(ctx, t2, live, &FreezeSource{Tree: t1}, store, nil)
+	_, err = b.Freeze(ctx, t2, live, &frozen.Source{Tree: t1}, store, nil)
 	must(err)
 
 	roottest.Write(t, p("a/file"), "three\n")
@@ -197,43 +160,43 @@ func TestFreezeReusesUnkeptLayer(t *testing.T) {
 	roottest.Write(t, p("new/deep/y"), "after the cut\n")
 
 	inUse := func(string) bool { return true }
-	st, err := b.Freeze(ctx, t3, live, &FreezeSource{Tree: t2, Reuse: []delta.ID{t1}, InUse: inUse}, store, nil)
+	st, err := b.Freeze(ctx, t3, live, &frozen.Source{Tree: t2, Reuse: []delta.ID{t1}, InUse: inUse}, store, nil)
 	must(err)
-	if !st.Reused.IsZero() || !b.HasFrozen(t1) {
+	if !st.Reused.IsZero() || !b.Has(t1) {
 		t.Fatalf("a layer a root stacks on was reused: %+v", st)
 	}
-	_, err = b.RemoveFrozen(t3, func(string) bool { return false })
+	_, err = b.Remove(t3, func(string) bool { return false })
 	must(err)
 	b.WaitRemovals()
 
-	st, err = b.Freeze(ctx, t3, live, &FreezeSource{Tree: t2, Reuse: []delta.ID{t1}, InUse: func(string) bool { return false }}, store, nil)
+	st, err = b.Freeze(ctx, t3, live, &frozen.Source{Tree: t2, Reuse: []delta.ID{t1}, InUse: func(string) bool { return false }}, store, nil)
 	must(err)
-	if st.Reused != t1 || b.HasFrozen(t1) || st.Patched == 0 || st.Removed == 0 || st.FromStore != 1 {
-		t.Fatalf("incremental freeze: %+v (layer of t1 still kept: %v)", st, b.HasFrozen(t1))
+	if st.Reused != t1 || b.Has(t1) || st.Patched == 0 || st.Removed == 0 || st.FromStore != 1 {
+		t.Fatalf("incremental freeze: %+v (layer of t1 still kept: %v)", st, b.Has(t1))
 	}
 	if st.Entries > 12 {
 		t.Fatalf("incremental freeze wrote %d entries: it did not skip unchanged subtrees", st.Entries)
 	}
 	for _, c := range []struct{ tree delta.ID }{{t2}, {t3}} {
-		got, err := fstree.Scan(ctx, b.FrozenDir(c.tree), fstree.ScanOptions{Translate: Translate})
+		got, err := fstree.Scan(ctx, b.Dir(c.tree), fstree.ScanOptions{Translate: overlay.Translate})
 		must(err)
 		if got.Root != c.tree {
 			t.Fatalf("layer of %s hashes to %s", c.tree.Short(), got.Root.Short())
 		}
 	}
-	if data, _ := os.ReadFile(filepath.Join(b.FrozenDir(t2), "a/file")); string(data) != "two\n" {
+	if data, _ := os.ReadFile(filepath.Join(b.Dir(t2), "a/file")); string(data) != "two\n" {
 		t.Fatalf("the layer sharing files with the reused one changed: %q", data)
 	}
 
 	// A hardlink group may reach into unchanged subtrees: built in full.
 	must(os.Link(p("a/file"), p("keep/hard")))
 	t4 := scan()
-	st, err = b.Freeze(ctx, t4, live, &FreezeSource{Tree: t3, Reuse: []delta.ID{t2}, InUse: func(string) bool { return false }}, store, nil)
+	st, err = b.Freeze(ctx, t4, live, &frozen.Source{Tree: t3, Reuse: []delta.ID{t2}, InUse: func(string) bool { return false }}, store, nil)
 	must(err)
-	if !st.Reused.IsZero() || !b.HasFrozen(t2) {
+	if !st.Reused.IsZero() || !b.Has(t2) {
 		t.Fatalf("a tree with hardlinks was frozen incrementally: %+v", st)
 	}
-	got, err := fstree.Scan(ctx, b.FrozenDir(t4), fstree.ScanOptions{Translate: Translate})
+	got, err := fstree.Scan(ctx, b.Dir(t4), fstree.ScanOptions{Translate: overlay.Translate})
 	must(err)
 	if got.Root != t4 {
 		t.Fatal("the layer of a tree with hardlinks does not hash to it")
@@ -265,26 +228,26 @@ func TestFreezeReuseFallsBack(t *testing.T) {
 	t1 := scan()
 	roottest.Write(t, filepath.Join(live, "a/x"), "two\n")
 	t2 := scan()
-	b := NewBackend(t.TempDir())
+	b := frozen.NewLayers(t.TempDir(), overlay.Translate)
 	for _, tr := range []delta.ID{t1, t2} {
 		if _, err := b.Freeze(ctx, tr, live, nil, store, nil); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := b.hasLinks(ctx, store, tr); err != nil {
+		if _, err := b.HasLinks(ctx, store, tr); err != nil {
 			t.Fatal(err)
 		}
 	}
 	roottest.Write(t, filepath.Join(live, "b"), "three\n")
 	t3 := scan()
-	st, err := b.Freeze(ctx, t3, live, &FreezeSource{Tree: t2, Reuse: []delta.ID{t1}, InUse: func(string) bool { return false }}, refusing{store, t1}, nil)
-	if err != nil || !st.Reused.IsZero() || st.Linked != 1 || b.HasFrozen(t1) {
-		t.Fatalf("freeze with an unreadable reused tree: %+v %v (old layer kept: %v, so not taken)", st, err, b.HasFrozen(t1))
+	st, err := b.Freeze(ctx, t3, live, &frozen.Source{Tree: t2, Reuse: []delta.ID{t1}, InUse: func(string) bool { return false }}, refusing{store, t1}, nil)
+	if err != nil || !st.Reused.IsZero() || st.Linked != 1 || b.Has(t1) {
+		t.Fatalf("freeze with an unreadable reused tree: %+v %v (old layer kept: %v, so not taken)", st, err, b.Has(t1))
 	}
-	got, err := fstree.Scan(ctx, b.FrozenDir(t3), fstree.ScanOptions{Translate: Translate})
+	got, err := fstree.Scan(ctx, b.Dir(t3), fstree.ScanOptions{Translate: overlay.Translate})
 	if err != nil || got.Root != t3 {
 		t.Fatalf("fallback layer hashes to %v (%v), want %s", got, err, t3.Short())
 	}
-	if left, _ := filepath.Glob(filepath.Join(b.bases, frozenDirName, ".tmp-*")); len(left) != 0 {
+	if left, _ := filepath.Glob(filepath.Join(b.Top(), ".tmp-*")); len(left) != 0 {
 		t.Fatalf("left %v", left)
 	}
 }
@@ -298,18 +261,18 @@ func TestFrozenLayerBeingReadStays(t *testing.T) {
 	store := roottest.NewMemStore()
 	live := t.TempDir()
 	scan := func() delta.ID { return scanUpper(t, live, store) }
-	b := NewBackend(t.TempDir())
+	b := frozen.NewLayers(t.TempDir(), overlay.Translate)
 	var trees []delta.ID
 	for i := range 3 {
 		roottest.Write(t, filepath.Join(live, "f"), strings.Repeat("x", i+1))
 		trees = append(trees, scan())
-		src := &FreezeSource{}
+		src := &frozen.Source{}
 		if i > 0 {
 			src.Tree = trees[i-1]
 		}
 		if i == 2 {
 			// t0 is read meanwhile: the freeze must build afresh.
-			fd, done, err := b.readLayer(trees[0])
+			fd, done, err := b.ReadLayer(trees[0])
 			if err != nil || done == nil {
 				t.Fatalf("readLayer: %v", err)
 			}
@@ -318,12 +281,12 @@ func TestFrozenLayerBeingReadStays(t *testing.T) {
 			if err != nil || !st.Reused.IsZero() {
 				t.Fatalf("a layer being read was reused: %+v, %v", st, err)
 			}
-			if gone, err := b.RemoveFrozen(trees[0], func(string) bool { return false }); gone || err != nil || !b.HasFrozen(trees[0]) {
+			if gone, err := b.Remove(trees[0], func(string) bool { return false }); gone || err != nil || !b.Has(trees[0]) {
 				t.Fatalf("a layer being read was removed: %v, %v", gone, err)
 			}
 			unix.Close(fd)
 			done()
-			if gone, err := b.RemoveFrozen(trees[0], func(string) bool { return false }); !gone || err != nil {
+			if gone, err := b.Remove(trees[0], func(string) bool { return false }); !gone || err != nil {
 				t.Fatalf("the layer once read: removed %v, %v", gone, err)
 			}
 			b.WaitRemovals()
@@ -334,7 +297,7 @@ func TestFrozenLayerBeingReadStays(t *testing.T) {
 		}
 	}
 	for _, tr := range trees[1:] {
-		if ok, err := b.VerifyFrozen(ctx, tr); !ok || err != nil {
+		if ok, err := b.Verify(ctx, tr); !ok || err != nil {
 			t.Fatalf("layer %s: %v, %v", tr.Short(), ok, err)
 		}
 	}
@@ -344,7 +307,7 @@ func TestFrozenLayerBeingReadStays(t *testing.T) {
 // returns its tree.
 func scanUpper(t *testing.T, live string, store *roottest.MemStore) delta.ID {
 	t.Helper()
-	res, err := fstree.Scan(context.Background(), live, fstree.ScanOptions{Saver: store, Translate: Translate})
+	res, err := fstree.Scan(context.Background(), live, fstree.ScanOptions{Saver: store, Translate: overlay.Translate})
 	if err != nil {
 		t.Fatal(err)
 	}

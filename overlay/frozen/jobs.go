@@ -1,4 +1,4 @@
-package engine
+package frozen
 
 import (
 	"context"
@@ -8,17 +8,16 @@ import (
 	"time"
 
 	"github.com/turnsnap/turnsnap/delta"
-	"github.com/turnsnap/turnsnap/overlay"
 )
 
 // Background freezes (docs/ARCHITECTURE.md, "Frozen layers"). A committed
 // overlay checkpoint's layer is frozen after the checkpoint call returns,
-// so the turn's latency never includes it. The engine owns every freeze:
+// so the turn's latency never includes it. The Keeper owns every freeze:
 //
 //   - One at a time per sandbox, in checkpoint order (each waits for the
 //     sandbox's previous one, whose layer it then builds from), and at most
 //     backgroundFreezes() at once per engine, each once the engine is idle
-//     (frozen_idle.go) unless someone needs it now, and pausing between
+//     (idle.go) unless someone needs it now, and pausing between
 //     entries while a checkpoint is in flight.
 //   - It takes no sandbox lock, so the sandbox's next checkpoint never
 //     waits for it. It can still never publish a wrong layer: it reads the
@@ -32,12 +31,15 @@ import (
 //     operation holding the lock never waits for a job that waits for it:
 //     a branch of a checkpoint whose freeze has not started yet builds the
 //     layer itself (awaitFreeze), and waits only for one that is running.
-//   - Close waits for every freeze. A process killed meanwhile leaves only
-//     an unpublished .tmp-* build, which the next freeze or prune sweeps.
+//   - Each runs on the Keeper's context: Close cancels it and waits for
+//     every freeze, so a build in progress stops at its next entry and its
+//     unpublished .tmp-* is removed; one not started yet never starts. A
+//     process killed meanwhile leaves only such a .tmp-* build, which the
+//     next freeze or prune sweeps.
 
-// PhaseFreezeStart is reached when a background freeze (or a branch that
+// PhaseStart is reached when a background freeze (or a branch that
 // builds the layer itself) starts building a checkpoint's layer.
-const PhaseFreezeStart = "freeze-start"
+const PhaseStart = "freeze-start"
 
 // backgroundFreezes bounds the engine's concurrent background freezes: a
 // quarter of the cores, at least one. Each is disk and CPU work (links,
@@ -45,10 +47,10 @@ const PhaseFreezeStart = "freeze-start"
 // goroutines level with the turns': with one freeze per core, a turn that
 // arrived while freezes ran waited for a core (in BenchmarkConcurrentTurns'
 // paced phase, 2 cores, p99 4.9-8.9x the uncontended turn; with one freeze
-// and the pauses of frozen_idle.go, 2.7-4.3x, in interleaved runs).
+// and the pauses of idle.go, 2.7-4.3x, in interleaved runs).
 func backgroundFreezes() int { return max(1, runtime.GOMAXPROCS(0)/4) }
 
-// freezeJobs is the engine's set of pending freezes.
+// freezeJobs is the Keeper's set of pending freezes.
 type freezeJobs struct {
 	mu     sync.Mutex
 	sem    chan struct{}
@@ -62,9 +64,9 @@ type freezeJobs struct {
 	// (tests prove a branch stacked on a layer it waited for).
 	waited atomic.Int64
 	// paused counts the times a running freeze stopped for a checkpoint
-	// in flight (pause, frozen_idle.go).
+	// in flight (pause, idle.go).
 	paused atomic.Int64
-	// When the engine is idle (frozen_idle.go): checkpoints in flight,
+	// When the engine is idle (idle.go): checkpoints in flight,
 	// when the last one ended, closed and replaced to wake the waiting
 	// freezes, and WaitFreezes callers (who want every freeze now).
 	busy     int
@@ -95,26 +97,22 @@ type freezeJob struct {
 	rush    bool
 }
 
-// freezeLater queues the freeze of cp, just committed in st's sandbox.
-func (e *Engine) freezeLater(st *sandboxState, cp *delta.Checkpoint) {
-	ob := e.overlayBackend()
-	if ob == nil || st.sb.Backend != overlay.Name || e.frozenKeep() == 0 || ob.HasFrozen(cp.FSTree) {
+// FreezeLater queues the freeze of cp, just committed in sandbox, whose
+// head was parent (the parent checkpoint's fs tree; zero for none).
+func (k *Keeper) FreezeLater(sandbox string, parent delta.ID, cp *delta.Checkpoint) {
+	if k.keep() == 0 || k.d.Layers.Has(cp.FSTree) {
 		return
 	}
-	var parent delta.ID
-	if st.head != nil {
-		parent = st.head.FSTree
-	}
-	if e.freezeOnBranch && e.sourceLayer(ob, st.sb.Name, parent).IsZero() {
+	if k.d.OnBranch && k.sourceLayer(sandbox, parent).IsZero() {
 		return // a layer from nothing waits for a branch that wants it
 	}
-	live, err := overlay.LiveUpper(e.home.sandboxDir(st.sb.Name))
+	live, err := k.d.LiveUpper(k.sandboxDir(sandbox))
 	if err != nil {
-		e.log.Warn("frozen layer not kept; branches of this checkpoint copy it", "sandbox", st.sb.Name, "checkpoint", cp.ID.Short(), "err", err)
+		k.d.Log.Warn("frozen layer not kept; branches of this checkpoint copy it", "sandbox", sandbox, "checkpoint", cp.ID.Short(), "err", err)
 		return
 	}
-	j := &freezeJob{cp: cp, sandbox: st.sb.Name, live: live, parent: parent, done: make(chan struct{}), queued: time.Now()}
-	f := &e.freezes
+	j := &freezeJob{cp: cp, sandbox: sandbox, live: live, parent: parent, done: make(chan struct{}), queued: time.Now()}
+	f := &k.freezes
 	f.mu.Lock()
 	if f.closed || f.byTree[cp.FSTree] != nil {
 		f.mu.Unlock()
@@ -125,7 +123,7 @@ func (e *Engine) freezeLater(st *sandboxState, cp *delta.Checkpoint) {
 	f.last[j.sandbox], f.byTree[cp.FSTree] = j, j
 	f.pending++
 	f.mu.Unlock()
-	go e.runFreeze(j)
+	go k.runFreeze(j)
 }
 
 // initLocked makes the job maps and the slots on first use. The caller
@@ -138,8 +136,8 @@ func (f *freezeJobs) initLocked() {
 }
 
 // runFreeze is a queued freeze's goroutine.
-func (e *Engine) runFreeze(j *freezeJob) {
-	f := &e.freezes
+func (k *Keeper) runFreeze(j *freezeJob) {
+	f := &k.freezes
 	defer func() {
 		f.mu.Lock()
 		f.pending--
@@ -150,11 +148,15 @@ func (e *Engine) runFreeze(j *freezeJob) {
 		<-j.prev.done
 	}
 	f.waitIdle(j)
-	e.admit.Yield(context.Background()) // urgent checkpoints first (engine/admission)
+	ctx := k.ctx
+	if k.d.Yield != nil {
+		k.d.Yield(ctx) // urgent checkpoints first
+	}
 	f.sem <- struct{}{}
 	defer func() { <-f.sem }()
-	e.maint.RLock()
-	defer e.maint.RUnlock()
+	if k.d.Shared != nil {
+		defer k.d.Shared()()
+	}
 	f.mu.Lock()
 	mine := !j.claimed
 	j.claimed = true
@@ -162,16 +164,19 @@ func (e *Engine) runFreeze(j *freezeJob) {
 	if !mine {
 		return // a branch built it
 	}
-	ctx := context.Background()
+	if ctx.Err() != nil {
+		f.finish(j) // closing: a freeze not started never starts
+		return
+	}
 	// One look at retention serves both the question whether to build and
 	// which layers the build may reuse (it is a pass over every sandbox).
-	keep, err := e.frozenKeepSet(ctx)
+	keep, err := k.KeepSet(ctx)
 	built := false
-	if e.stillWanted(j, keep, err) {
+	if k.stillWanted(j, keep, err) {
 		if err != nil {
 			keep = nil // freeze looks again
 		}
-		e.freeze(ctx, j, keep)
+		k.freeze(ctx, j, keep)
 		built = true
 	}
 	// A job skipped changed nothing on disk: the retention pass is left to
@@ -179,8 +184,11 @@ func (e *Engine) runFreeze(j *freezeJob) {
 	if newest := f.finish(j); !built && !newest {
 		return
 	}
-	if err := e.pruneFrozen(ctx, j.cp.Created); err != nil {
-		e.log.Warn("frozen layers not pruned", "err", err)
+	if ctx.Err() != nil {
+		return // closing: the next process's passes prune
+	}
+	if err := k.prune(ctx, j.cp.Created); err != nil {
+		k.d.Log.Warn("frozen layers not pruned", "err", err)
 	}
 }
 
@@ -188,10 +196,10 @@ func (e *Engine) runFreeze(j *freezeJob) {
 // comes: a branch waits for it, or retention (keep, or kerr when it could
 // not be read) keeps it (not when the sandbox moved on past it meanwhile,
 // or is gone).
-func (e *Engine) stillWanted(j *freezeJob, keep map[delta.ID]bool, kerr error) bool {
-	e.freezes.mu.Lock()
+func (k *Keeper) stillWanted(j *freezeJob, keep map[delta.ID]bool, kerr error) bool {
+	k.freezes.mu.Lock()
 	waited := j.waiters > 0
-	e.freezes.mu.Unlock()
+	k.freezes.mu.Unlock()
 	return waited || kerr != nil || keep[j.cp.FSTree]
 }
 
@@ -215,8 +223,8 @@ func (f *freezeJobs) finish(j *freezeJob) (newest bool) {
 // that is running, or builds one not started yet itself (after the
 // sandbox's earlier freeze, whose layer it builds from). The caller holds
 // the engine's shared lock.
-func (e *Engine) awaitFreeze(ctx context.Context, tree delta.ID) error {
-	f := &e.freezes
+func (k *Keeper) awaitFreeze(ctx context.Context, tree delta.ID) error {
+	f := &k.freezes
 	counted := false
 	for {
 		f.mu.Lock()
@@ -252,7 +260,7 @@ func (e *Engine) awaitFreeze(ctx context.Context, tree delta.ID) error {
 		j.claimed = true
 		j.waiters++
 		f.mu.Unlock()
-		e.freeze(ctx, j, nil)
+		k.freeze(ctx, j, nil)
 		f.finish(j)
 		return nil
 	}
@@ -290,5 +298,15 @@ func (f *freezeJobs) wait(stop bool) {
 }
 
 // WaitFreezes waits until no background freeze is pending, the retention
-// pass after each included (tools, benchmarks and tests; Close does it too).
-func (e *Engine) WaitFreezes() { e.freezes.wait(false) }
+// pass after each included (tools, benchmarks and tests).
+func (k *Keeper) WaitFreezes() { k.freezes.wait(false) }
+
+// Close stops the background freezes: it cancels the ones running (each
+// stops at its next entry and removes its unpublished build), keeps those
+// not started from starting, and returns once none is left, and the
+// layers Prune removed are deleted.
+func (k *Keeper) Close() {
+	k.cancel()
+	k.freezes.wait(true)
+	k.d.Layers.WaitRemovals()
+}

@@ -1,20 +1,27 @@
-package engine
+// Package statememo keeps what rollbacks read again and again: the trees
+// that passed delta.CheckState with their footprints, and the trees and
+// chunks a rollback's plan loads from the store. RL loops reset a sandbox
+// to one checkpoint over and over; each reset after the first then checks
+// and reads almost nothing. Every item is content-addressed and was
+// verified when first loaded, so the memo never changes an answer.
+package statememo
 
 import (
 	"context"
 	"sync"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/fstree"
 )
 
-// stateMemo remembers the trees that passed delta.CheckState (with the
+// Memo remembers the trees that passed delta.CheckState (with the
 // rules a rollback applies) and their footprints, so rolling back to the
 // same checkpoint again does not check its whole state again (RL loops
 // reset to one checkpoint over and over). A check depends only on the
 // trees, which are content-addressed; what a rollback then reads from the
 // store (the trees on the diff's paths, the chunks it writes) is loaded
 // and verified by the plan before the first write, as always.
-type stateMemo struct {
+type Memo struct {
 	mu sync.Mutex
 	m  map[delta.ID]delta.Footprint
 	// trees keeps the trees rollbacks read (verified when first loaded):
@@ -78,11 +85,11 @@ func (b *boundedMemo[V]) put(id delta.ID, v V, size, budget int) {
 	b.bytes += size
 }
 
-// rollbackLoader is the store's loader with the memo in front.
-func (e *Engine) rollbackLoader() delta.BlobLoader { return memoLoader{m: &e.checked, next: e.repo} }
+// Loader is next (the store's loader) with the memo in front.
+func (m *Memo) Loader(next delta.BlobLoader) delta.BlobLoader { return memoLoader{m: m, next: next} }
 
 type memoLoader struct {
-	m    *stateMemo
+	m    *Memo
 	next delta.BlobLoader
 }
 
@@ -127,4 +134,36 @@ func (l memoLoader) KeepTree(id delta.ID, t *delta.Tree, size int) {
 	l.m.mu.Lock()
 	defer l.m.mu.Unlock()
 	l.m.decoded.put(id, t, size, decodedMemoBytes)
+}
+
+// stateMemoMax bounds the memo; past it an arbitrary entry goes.
+const stateMemoMax = 1024
+
+// CheckState is delta.CheckState of tree through l (rules: a layer's),
+// from the memo when tree passed before.
+func (m *Memo) CheckState(ctx context.Context, l *fstree.CheckedLoader, tree delta.ID) (delta.Footprint, error) {
+	m.mu.Lock()
+	fp, ok := m.m[tree]
+	m.mu.Unlock()
+	if ok {
+		l.Checked(tree, delta.StateRules{})
+		return fp, nil
+	}
+	fp, err := l.CheckState(ctx, tree, delta.StateRules{})
+	if err != nil {
+		return fp, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.m == nil {
+		m.m = map[delta.ID]delta.Footprint{}
+	}
+	if len(m.m) >= stateMemoMax {
+		for k := range m.m {
+			delete(m.m, k)
+			break
+		}
+	}
+	m.m[tree] = fp
+	return fp, nil
 }
