@@ -82,9 +82,9 @@ FUZZ_TARGETS := \
 	./delta:FuzzDecodeTree ./delta:FuzzDecodeChunkList ./delta:FuzzParseHead ./delta:FuzzDecodeBlob ./delta:FuzzCheckState \
 	./delta:FuzzParsePackHeader ./delta:FuzzReadPackBlobs ./engine/api:FuzzCatTrailer \
 	./delta:FuzzDecodeRecord ./delta:FuzzDecodeSandbox ./delta:FuzzSealedPackHeader ./delta:FuzzUnsealPack ./delta:FuzzOpenObject ./delta:FuzzKeyFiles ./delta:FuzzCleanPath \
-	./engine/llmproxy:FuzzParseRequest ./engine/llmproxy:FuzzCanonMatchesReference \
+	./llmproxy:FuzzParseRequest ./llmproxy:FuzzCanonMatchesReference \
 	./engine:FuzzDecodePolicies \
-	./engine/llmproxy:FuzzDecodeEntry ./engine/llmproxy:FuzzJournalTree ./engine/api:FuzzDecodeRequest ./engine/api:FuzzDecodeTenants \
+	./llmproxy:FuzzDecodeEntry ./llmproxy:FuzzJournalTree ./engine/api:FuzzDecodeRequest ./engine/api:FuzzDecodeTenants \
 	./proc:FuzzProcText ./proc:FuzzImageFiles ./overlay:FuzzSuperOptions ./overlay:FuzzReadStack \
 	./overlay:FuzzDecodeEvents ./bench/trace:FuzzParse ./internal/fsat:FuzzEachDirent ./internal/mounts:FuzzParseStatmount
 fuzz:

@@ -17,7 +17,7 @@ import (
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/engine/api"
 	"github.com/turnsnap/turnsnap/engine/api/client"
-	"github.com/turnsnap/turnsnap/engine/llmproxy"
+	"github.com/turnsnap/turnsnap/llmproxy"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
 

@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/turnsnap/turnsnap/engine/api"
-	"github.com/turnsnap/turnsnap/engine/llmproxy"
+	"github.com/turnsnap/turnsnap/llmproxy"
 )
 
 // BenchmarkLLMDaemonGate measures the daemon's wiring (api.LLM: the

@@ -11,7 +11,7 @@ import (
 	"testing"
 
 	"github.com/turnsnap/turnsnap/engine/api"
-	"github.com/turnsnap/turnsnap/engine/llmproxy"
+	"github.com/turnsnap/turnsnap/llmproxy"
 )
 
 // TestLLMRouteToMissingSandbox: a model call routed to a sandbox the home

@@ -12,7 +12,7 @@ import (
 	"sync"
 
 	"github.com/turnsnap/turnsnap/delta"
-	"github.com/turnsnap/turnsnap/engine/llmproxy"
+	"github.com/turnsnap/turnsnap/llmproxy"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/internal/fsat"
 )

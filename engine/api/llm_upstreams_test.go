@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/turnsnap/turnsnap/engine/llmproxy"
+	"github.com/turnsnap/turnsnap/llmproxy"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
 
