@@ -80,11 +80,11 @@ bench-go: deps
 FUZZTIME ?= 60s
 FUZZ_TARGETS := \
 	./delta:FuzzDecodeTree ./delta:FuzzDecodeChunkList ./delta:FuzzParseHead ./delta:FuzzDecodeBlob ./delta:FuzzCheckState \
-	./delta:FuzzParsePackHeader ./delta:FuzzReadPackBlobs ./engine/api:FuzzCatTrailer \
+	./delta:FuzzParsePackHeader ./delta:FuzzReadPackBlobs ./client:FuzzCatTrailer \
 	./delta:FuzzDecodeRecord ./delta:FuzzDecodeSandbox ./delta:FuzzSealedPackHeader ./delta:FuzzUnsealPack ./delta:FuzzOpenObject ./delta:FuzzKeyFiles ./delta:FuzzCleanPath \
 	./llmproxy:FuzzParseRequest ./llmproxy:FuzzCanonMatchesReference \
 	./engine:FuzzDecodePolicies \
-	./llmproxy:FuzzDecodeEntry ./llmproxy:FuzzJournalTree ./engine/api:FuzzDecodeRequest ./engine/api:FuzzDecodeTenants \
+	./llmproxy:FuzzDecodeEntry ./llmproxy:FuzzJournalTree ./server:FuzzDecodeRequest ./server/tenants:FuzzDecodeTenants \
 	./proc:FuzzProcText ./proc:FuzzImageFiles ./overlay:FuzzSuperOptions ./overlay:FuzzReadStack \
 	./overlay:FuzzDecodeEvents ./bench/trace:FuzzParse ./internal/fsat:FuzzEachDirent ./internal/mounts:FuzzParseStatmount
 fuzz:

@@ -5,8 +5,8 @@ import (
 	"fmt"
 
 	"github.com/spf13/cobra"
+	"github.com/turnsnap/turnsnap/api"
 	"github.com/turnsnap/turnsnap/engine"
-	"github.com/turnsnap/turnsnap/engine/api"
 )
 
 func (a *app) gcCmd() *cobra.Command {

@@ -22,6 +22,7 @@ import (
 // route to a sandbox that does not exist never reaches the gate: it is
 // answered 404, TestLLMRouteToMissingSandbox.)
 func TestLLMGateTimeoutAndStrict(t *testing.T) {
+	requireHoldHook(t)
 	home, roots := llmHome(t, "s", "broken")
 	current := filepath.Join(home, "sandboxes", "broken", "current")
 	up := newLLMStub(t, "up")

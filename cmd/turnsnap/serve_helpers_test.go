@@ -12,9 +12,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/turnsnap/turnsnap/engine/api/client"
+	"github.com/turnsnap/turnsnap/client"
 	"github.com/turnsnap/turnsnap/internal/testenv"
 	"github.com/turnsnap/turnsnap/proc"
+	"github.com/turnsnap/turnsnap/server"
 )
 
 // lockedBuffer collects a daemon's stderr while tests read it.
@@ -166,4 +167,17 @@ func normalise(s, home string) string {
 	s = normReceipt.ReplaceAllString(s, `${1}"HOW"`)
 	s = normSize.ReplaceAllString(s, "SIZE")
 	return normDur.ReplaceAllString(s, "DUR")
+}
+
+// holdAtPhaseEnv is the daemon's hold test hook (server.HoldAtPhaseEnv),
+// compiled in only with -tags turnsnaptest.
+const holdAtPhaseEnv = "TURNSNAP_TEST_HOLD_AT"
+
+// requireHoldHook stops t unless this test binary, which runs as the
+// daemon too, has the daemon's test hooks (go test -tags turnsnaptest).
+func requireHoldHook(t *testing.T) {
+	t.Helper()
+	if !server.TestHooks {
+		testenv.Missing(t, "the daemon's test hooks", "build the test with -tags turnsnaptest")
+	}
 }

@@ -38,6 +38,7 @@ func waitFile(t *testing.T, path string, what string) {
 // Then SIGTERM while a commit is held: the commit finishes, the daemon
 // exits 0 and the sandbox's process keeps running.
 func TestServeExecAndSIGTERM(t *testing.T) {
+	requireHoldHook(t)
 	testenv.RequireRoot(t)
 	base := busyboxBase(t)
 	home := filepath.Join(t.TempDir(), "home")

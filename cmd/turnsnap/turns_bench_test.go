@@ -17,8 +17,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/turnsnap/turnsnap/engine/api"
-	"github.com/turnsnap/turnsnap/engine/api/client"
+	"github.com/turnsnap/turnsnap/api"
+	"github.com/turnsnap/turnsnap/client"
 )
 
 // turnsClientEnv makes the test binary one agent of BenchmarkTurnsDaemon:
