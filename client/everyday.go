@@ -12,7 +12,7 @@ import (
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
 
-// The everyday commands' routes (engine/api/everyday.go).
+// The everyday commands' routes (server/everyday.go).
 
 func (c *Client) DiffPaths(ctx context.Context, name string, req api.DiffRequest) (*api.DiffResult, error) {
 	q := url.Values{}

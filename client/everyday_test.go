@@ -17,7 +17,7 @@ import (
 // server dropped mid-body, a body without the trailer and a corrupt
 // problem in the trailer are all errors, of their class. (A stand-in
 // server on 127.0.0.1 plays each peer; the real route and its damaged
-// chunk are tested in engine/api and cmd/turnsnap.)
+// chunk are tested in server and cmd/turnsnap.)
 func TestCatIncompleteStreams(t *testing.T) {
 	corrupt := `{"type":"x","title":"corrupt","status":422,"detail":"checkpoint abc: /f: object packs/ab/cd: hash mismatch","class":"corrupt"}`
 	for _, tc := range []struct {

@@ -33,7 +33,7 @@ func (c *countingBlobs) SaveBlob(ctx context.Context, t delta.BlobType, id delta
 }
 
 // sizeTurns takes a checkpoint per model call as the daemon does
-// (engine/api/llm.go) and measures, per checkpoint, the journal bytes it
+// (server/llm.go) and measures, per checkpoint, the journal bytes it
 // added to the store. Beside it, in the same run, it stores the same
 // exchanges as the journal did before deltas and chains (every entry whole
 // in a flat tree of all entries, legacySave): the baseline.

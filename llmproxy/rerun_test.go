@@ -11,7 +11,7 @@ import (
 	"github.com/turnsnap/turnsnap/delta"
 )
 
-// treeTurns is the daemon's use of a TreeJournal (engine/api/llm.go):
+// treeTurns is the daemon's use of a TreeJournal (server/llm.go):
 // each checkpoint saves the snapshot of the earlier turns' exchanges and
 // commits it, and the journal root each turn's checkpoint references is
 // kept for a rollback to restore.

@@ -52,7 +52,7 @@ type service interface {
 }
 
 // everydayService is the everyday commands' part of service
-// (engine/api/everyday.go).
+// (server/everyday.go).
 type everydayService interface {
 	DiffPaths(ctx context.Context, name string, req api.DiffRequest) (*api.DiffResult, error)
 	Cat(ctx context.Context, ref, path string, w io.Writer) error
