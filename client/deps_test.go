@@ -2,21 +2,20 @@ package client
 
 import (
 	"os/exec"
-	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
+
+	"github.com/turnsnap/turnsnap/internal/testenv"
 )
 
 // The client is for programs that drive a daemon, so it must not link the
 // engine, its storage or CRIU: only package api and the standard library
 // (and internal/errdefs, the error classes).
 func TestClientDependencies(t *testing.T) {
-	gocmd := filepath.Join(runtime.GOROOT(), "bin", "go")
-	if _, err := exec.LookPath(gocmd); err != nil {
-		if gocmd, err = exec.LookPath("go"); err != nil {
-			t.Skip("no go command to list the dependencies with")
-		}
+	// go test puts its own GOROOT/bin first on the PATH.
+	gocmd, err := exec.LookPath("go")
+	if err != nil {
+		testenv.Missing(t, "the go command", "go list lists the dependencies")
 	}
 	out, err := exec.Command(gocmd, "list", "-deps", ".").CombinedOutput()
 	if err != nil {

@@ -178,6 +178,6 @@ const holdAtPhaseEnv = "TURNSNAP_TEST_HOLD_AT"
 func requireHoldHook(t *testing.T) {
 	t.Helper()
 	if !server.TestHooks {
-		testenv.Missing(t, "the daemon's test hooks", "build the test with -tags turnsnaptest")
+		testenv.Missing(t, "the daemon's hold hook (TURNSNAP_TEST_HOLD_AT)", "build the test with -tags turnsnaptest")
 	}
 }
