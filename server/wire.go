@@ -1,8 +1,9 @@
 package server
 
 import (
-	"encoding/json"
 	"fmt"
+	"reflect"
+	"strings"
 	"time"
 
 	"github.com/turnsnap/turnsnap/api"
@@ -12,12 +13,12 @@ import (
 )
 
 // The engine's results in package api's wire types. The everyday types
-// the API was built around (a checkpoint, a restore, a log entry) are
-// converted field by field below; the engine's reports, which the API
-// serves whole (status, gc, diff, lineage, audit, ps, policies, forget,
-// receipts), go through wire: their api twins declare the same fields
-// with the same JSON names, so the report's JSON decodes into its twin
-// unchanged (wire_test.go holds each pair to the same JSON shape).
+// the API was built around (a checkpoint, a restore, a log entry, a
+// receipt) are converted by hand below; the engine's reports, which the
+// API serves whole (status, gc, diff, ls, lineage, audit, ps, policies,
+// forget), go through wire: their api twins declare the same fields with
+// the same JSON names (wire_test.go holds each pair to the same JSON
+// shape), so wire copies them by name.
 
 // ms is a duration as a duration_ms field carries it.
 func ms(d time.Duration) float64 { return api.MS(d) }
@@ -39,18 +40,149 @@ func idPtr(id *delta.ID) *api.ID {
 	return &v
 }
 
-// wire converts v (an engine report, or an api request) into its twin T
-// through its JSON, which is what the wire carries either way.
+// wire converts v (an engine report, or an api request) into its twin T,
+// field by field by JSON name: each string keeps its bytes (a path that is
+// not UTF-8 reaches the CLI's direct mode as it is), and a content ID
+// becomes its hex. A field of T that v lacks stays zero; a field whose
+// value does not convert is an error (wire_test.go holds each pair to one
+// shape, so none is expected).
 func wire[T any](v any) (T, error) {
 	var out T
-	data, err := json.Marshal(v)
-	if err != nil {
-		return out, fmt.Errorf("encoding %T: %w", v, err)
-	}
-	if err := json.Unmarshal(data, &out); err != nil {
-		return out, fmt.Errorf("decoding %T as %T: %w", v, out, err)
+	if err := convert(reflect.ValueOf(&out).Elem(), reflect.ValueOf(v)); err != nil {
+		return out, fmt.Errorf("converting %T to %T: %w", v, out, err)
 	}
 	return out, nil
+}
+
+var (
+	deltaIDType = reflect.TypeFor[delta.ID]()
+	apiIDType   = reflect.TypeFor[api.ID]()
+)
+
+// convert sets dst to src's value, as encoding/json would carry it across.
+func convert(dst, src reflect.Value) error {
+	if src.Kind() == reflect.Interface || (src.Kind() == reflect.Pointer && dst.Kind() != reflect.Pointer) {
+		if src.IsNil() {
+			return nil
+		}
+		return convert(dst, src.Elem())
+	}
+	st, dt := src.Type(), dst.Type()
+	switch {
+	case st.AssignableTo(dt):
+		dst.Set(src)
+		return nil
+	case st == deltaIDType && dt == apiIDType:
+		dst.Set(reflect.ValueOf(idOf(src.Interface().(delta.ID))))
+		return nil
+	case st == apiIDType && dt == deltaIDType:
+		id := delta.ID{}
+		if err := id.UnmarshalText([]byte(src.String())); err != nil {
+			return err
+		}
+		dst.Set(reflect.ValueOf(id))
+		return nil
+	}
+	switch dt.Kind() {
+	case reflect.Pointer:
+		if st.Kind() != reflect.Pointer {
+			return fmt.Errorf("%v into %v", st, dt)
+		}
+		if src.IsNil() {
+			return nil
+		}
+		v := reflect.New(dt.Elem())
+		if err := convert(v.Elem(), src.Elem()); err != nil {
+			return err
+		}
+		dst.Set(v)
+	case reflect.Slice:
+		if st.Kind() != reflect.Slice {
+			return fmt.Errorf("%v into %v", st, dt)
+		}
+		if src.IsNil() {
+			return nil
+		}
+		v := reflect.MakeSlice(dt, src.Len(), src.Len())
+		for i := range src.Len() {
+			if err := convert(v.Index(i), src.Index(i)); err != nil {
+				return err
+			}
+		}
+		dst.Set(v)
+	case reflect.Map:
+		if st.Kind() != reflect.Map {
+			return fmt.Errorf("%v into %v", st, dt)
+		}
+		if src.IsNil() {
+			return nil
+		}
+		v := reflect.MakeMapWithSize(dt, src.Len())
+		for it := src.MapRange(); it.Next(); {
+			k, e := reflect.New(dt.Key()).Elem(), reflect.New(dt.Elem()).Elem()
+			if err := convert(k, it.Key()); err != nil {
+				return err
+			}
+			if err := convert(e, it.Value()); err != nil {
+				return err
+			}
+			v.SetMapIndex(k, e)
+		}
+		dst.Set(v)
+	case reflect.Struct:
+		if st.Kind() != reflect.Struct {
+			return fmt.Errorf("%v into %v", st, dt)
+		}
+		from := map[string][]int{}
+		for name, index := range jsonFields(st, nil) {
+			from[name] = index
+		}
+		for name, index := range jsonFields(dt, nil) {
+			si, ok := from[name]
+			if !ok {
+				continue
+			}
+			if err := convert(dst.FieldByIndex(index), src.FieldByIndex(si)); err != nil {
+				return fmt.Errorf("%s: %w", name, err)
+			}
+		}
+	default:
+		if !st.ConvertibleTo(dt) || st.Kind() != dt.Kind() {
+			return fmt.Errorf("%v into %v", st, dt)
+		}
+		dst.Set(src.Convert(dt))
+	}
+	return nil
+}
+
+// jsonFields yields the fields of struct t that encoding/json encodes, by
+// their JSON names, with their index paths (embedded structs' fields
+// promoted).
+func jsonFields(t reflect.Type, prefix []int) func(func(string, []int) bool) {
+	return func(yield func(string, []int) bool) {
+		for i := range t.NumField() {
+			f := t.Field(i)
+			index := append(append([]int(nil), prefix...), i)
+			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+			if name == "-" || (!f.IsExported() && !f.Anonymous) {
+				continue
+			}
+			if f.Anonymous && name == "" && f.Type.Kind() == reflect.Struct {
+				for n, x := range jsonFields(f.Type, index) {
+					if !yield(n, x) {
+						return
+					}
+				}
+				continue
+			}
+			if name == "" {
+				name = f.Name
+			}
+			if !yield(name, index) {
+				return
+			}
+		}
+	}
 }
 
 // wirePtr is wire for a result the engine returns by pointer (nil stays
