@@ -1,3 +1,9 @@
+// Package tenants is `turnsnap serve --tenants FILE`: one daemon serving
+// several homes on one TCP listener. The tenants file (DecodeTenants)
+// names each tenant's home, token, key and remote; TenantRouter picks a
+// request's tenant by its bearer token; TenantGuard refuses what would
+// reach outside the tenant's home; Serve opens every home with package
+// server and serves them.
 package tenants
 
 import (
