@@ -84,11 +84,11 @@ bench-go: deps
 FUZZTIME ?= 60s
 FUZZ_TARGETS := \
 	./delta:FuzzDecodeTree ./delta:FuzzDecodeChunkList ./delta:FuzzParseHead ./delta:FuzzDecodeBlob ./delta:FuzzCheckState \
-	./delta:FuzzParsePackHeader ./delta:FuzzReadPackBlobs ./engine/api:FuzzCatTrailer \
+	./delta:FuzzParsePackHeader ./delta:FuzzReadPackBlobs ./client:FuzzCatTrailer \
 	./delta:FuzzDecodeRecord ./delta:FuzzDecodeSandbox ./delta:FuzzSealedPackHeader ./delta:FuzzUnsealPack ./delta:FuzzOpenObject ./delta:FuzzKeyFiles ./delta:FuzzCleanPath \
-	./engine/llmproxy:FuzzParseRequest ./engine/llmproxy:FuzzCanonMatchesReference \
+	./llmproxy:FuzzParseRequest ./llmproxy:FuzzCanonMatchesReference \
 	./engine:FuzzDecodePolicies \
-	./engine/llmproxy:FuzzDecodeEntry ./engine/llmproxy:FuzzJournalTree ./engine/api:FuzzDecodeRequest ./engine/api:FuzzDecodeTenants \
+	./llmproxy:FuzzDecodeEntry ./llmproxy:FuzzJournalTree ./server:FuzzDecodeRequest ./server/tenants:FuzzDecodeTenants \
 	./proc:FuzzProcText ./proc:FuzzImageFiles ./overlay:FuzzSuperOptions ./overlay:FuzzReadStack \
 	./overlay:FuzzDecodeEvents ./bench/trace:FuzzParse ./internal/fsat:FuzzEachDirent ./internal/mounts:FuzzParseStatmount
 fuzz:

@@ -9,8 +9,8 @@ import (
 	"testing"
 
 	"github.com/turnsnap/turnsnap/delta"
-	"github.com/turnsnap/turnsnap/engine/llmproxy"
 	"github.com/turnsnap/turnsnap/engine/retention"
+	"github.com/turnsnap/turnsnap/llmproxy"
 )
 
 // A model-call journal is one of the checkpoint's roots: it is stored with

@@ -11,10 +11,11 @@ import (
 	"testing"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/turnsnap/turnsnap/api"
 	"github.com/turnsnap/turnsnap/engine"
-	"github.com/turnsnap/turnsnap/engine/api"
 	"github.com/turnsnap/turnsnap/internal/testenv"
 	"github.com/turnsnap/turnsnap/mcpserver"
+	"github.com/turnsnap/turnsnap/server"
 )
 
 // These tests drive the tools with the Go SDK's own client over in-memory
@@ -23,7 +24,7 @@ import (
 // daemon's HTTP endpoint in cmd/turnsnap (mcp_test.go).
 
 type fixture struct {
-	svc  *api.Service
+	svc  *server.Service
 	base string
 	root string // the sandbox "agent"'s root
 }
@@ -37,7 +38,7 @@ func newFixture(t *testing.T) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &fixture{svc: &api.Service{E: e}, base: filepath.Join(dir, "base")}
+	f := &fixture{svc: &server.Service{E: e}, base: filepath.Join(dir, "base")}
 	t.Cleanup(func() {
 		sbs, _ := e.ListSandboxes(context.Background())
 		for _, s := range sbs {

@@ -21,21 +21,19 @@ import (
 	"unicode/utf8"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
-	"github.com/turnsnap/turnsnap/delta"
-	"github.com/turnsnap/turnsnap/engine"
-	"github.com/turnsnap/turnsnap/engine/api"
+	"github.com/turnsnap/turnsnap/api"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
 
 // Service is what the tools need of turnsnap: a subset of the CLI's
-// service, satisfied by api.Service (an engine in this process) and by
+// service, satisfied by server.Service (an engine in this process) and by
 // client.Client (the daemon).
 type Service interface {
 	Checkpoint(ctx context.Context, name string, req api.CheckpointRequest) (*api.Checkpoint, error)
 	Log(ctx context.Context, name string) ([]api.LogEntry, error)
-	DiffPaths(ctx context.Context, name string, req api.DiffRequest) (*engine.DiffResult, error)
+	DiffPaths(ctx context.Context, name string, req api.DiffRequest) (*api.DiffResult, error)
 	Cat(ctx context.Context, ref, path string, w io.Writer) error
-	RestorePaths(ctx context.Context, name string, req api.RestorePathsRequest) (*engine.RestorePathsResult, error)
+	RestorePaths(ctx context.Context, name string, req api.RestorePathsRequest) (*api.RestorePathsResult, error)
 	Rollback(ctx context.Context, name string, req api.RollbackRequest) (*api.Restore, error)
 	Branch(ctx context.Context, ref string, req api.BranchRequest) ([]api.Restore, error)
 }
@@ -116,7 +114,7 @@ type tools struct {
 // (not_found, invalid) from a busy sandbox (unavailable) without parsing
 // prose. The SDK returns it as a tool error (isError), not a protocol one.
 func toolErr(err error) error {
-	return fmt.Errorf("%s: %w", api.Class(err), err)
+	return fmt.Errorf("%s: %w", errdefs.Class(err), err)
 }
 
 // CheckpointInput is the checkpoint tool's input.
@@ -144,15 +142,8 @@ func (t *tools) checkpoint(ctx context.Context, _ *mcp.CallToolRequest, in Check
 	if err != nil {
 		return nil, nil, toolErr(err)
 	}
-	return nil, &Checkpoint{Sandbox: r.Sandbox, ID: r.ID.String(), Parent: idOrEmpty(r.Parent), Turn: r.Turn,
+	return nil, &Checkpoint{Sandbox: r.Sandbox, ID: r.ID.String(), Parent: r.Parent.String(), Turn: r.Turn,
 		Class: string(r.Class), BytesNew: r.BytesNew, Duration: api.Dur(r.DurationMS).Round(time.Microsecond).String()}, nil
-}
-
-func idOrEmpty(id delta.ID) string {
-	if id.IsZero() {
-		return ""
-	}
-	return id.String()
 }
 
 // LogInput is the log tool's input.
@@ -199,7 +190,7 @@ func (t *tools) log(ctx context.Context, _ *mcp.CallToolRequest, in LogInput) (*
 			out.More = len(entries) - limit
 			break
 		}
-		le := LogEntry{ID: e.ID.String(), Parent: idOrEmpty(e.Parent), Sandbox: e.Sandbox, Turn: e.Turn, Class: string(e.Class),
+		le := LogEntry{ID: e.ID.String(), Parent: e.Parent.String(), Sandbox: e.Sandbox, Turn: e.Turn, Class: string(e.Class),
 			Message: e.Message, Created: e.Created.UTC().Format(time.RFC3339Nano), BytesNew: e.BytesNew, Head: e.Head}
 		if len(e.Branches) > 0 {
 			le.Branches = e.Branches

@@ -8,8 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/turnsnap/turnsnap/api"
 	"github.com/turnsnap/turnsnap/bench/trace"
-	"github.com/turnsnap/turnsnap/engine/api"
 )
 
 // Result is everything one benchmark run measured.

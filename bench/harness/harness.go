@@ -22,7 +22,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/turnsnap/turnsnap/engine/api/client"
+	"github.com/turnsnap/turnsnap/client"
 	"github.com/turnsnap/turnsnap/proc"
 )
 

@@ -16,8 +16,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/turnsnap/turnsnap/engine"
-	"github.com/turnsnap/turnsnap/engine/api"
+	"github.com/turnsnap/turnsnap/api"
 )
 
 // minio is the bench's remote store: a real MinIO on 127.0.0.1 that the
@@ -113,7 +112,7 @@ func randHex(n int) string {
 // initRemote points the daemon's home at the bucket; the daemon's pusher
 // starts uploading at once.
 func (h *Harness) initRemote(ctx context.Context) error {
-	_, err := h.c.Init(ctx, api.InitRequest{Remote: &engine.RemoteConfig{
+	_, err := h.c.Init(ctx, api.InitRequest{Remote: &api.RemoteConfig{
 		URL: "s3://turnsnap-bench/home", Endpoint: h.minio.endpoint, Insecure: true}})
 	if err != nil {
 		return fmt.Errorf("turnsnap init --remote (MinIO on %s): %w", h.minio.endpoint, err)

@@ -13,9 +13,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/turnsnap/turnsnap/api"
 	"github.com/turnsnap/turnsnap/bench/trace"
-	"github.com/turnsnap/turnsnap/engine/api"
-	"github.com/turnsnap/turnsnap/engine/audit"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
 
@@ -59,7 +58,7 @@ type Run struct {
 	EndProbe *ProbeResult `json:"end_probe,omitempty"`
 	// Audit (turnsnap, first seed) is `turnsnap audit` of the sandbox
 	// after its verifier; the report writes it as audit-TRACE.html.
-	Audit *audit.Report `json:"-"`
+	Audit *api.AuditReport `json:"-"`
 	// End is when the run's time ended (its verifier done): a co-location
 	// batch's wall time leaves the teardown out.
 	End time.Time `json:"-"`
@@ -364,7 +363,7 @@ func (h *Harness) replay(ctx context.Context, t *trace.Trace, method string, see
 	return r
 }
 
-func auditTurns(a *audit.Report) []audit.Turn {
+func auditTurns(a *api.AuditReport) []api.AuditTurn {
 	if a == nil {
 		return nil
 	}

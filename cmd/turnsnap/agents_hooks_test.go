@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/turnsnap/turnsnap/engine/api"
+	"github.com/turnsnap/turnsnap/api"
 	"github.com/turnsnap/turnsnap/internal/modelserver"
 	"github.com/turnsnap/turnsnap/internal/testenv"
 )

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+	"github.com/turnsnap/turnsnap/api"
 	"github.com/turnsnap/turnsnap/engine/audit"
 )
 
@@ -42,7 +43,7 @@ serves the home (GET /v1/sandboxes/NAME/audit), else read-only on the home.`,
 	return c
 }
 
-func printAudit(a *app, rep *audit.Report) error {
+func printAudit(a *app, rep *api.AuditReport) error {
 	w := a.stdout()
 	fmt.Fprintf(w, "sandbox %s: %d checkpoints, %s stored\n", rep.Sandbox, rep.Totals.Turns, bytesStr(rep.Totals.BytesNew))
 	for _, t := range rep.Turns {

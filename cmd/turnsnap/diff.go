@@ -8,9 +8,7 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
-	"github.com/turnsnap/turnsnap/engine"
-	"github.com/turnsnap/turnsnap/engine/api"
-	"github.com/turnsnap/turnsnap/engine/diffview"
+	"github.com/turnsnap/turnsnap/api"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
 
@@ -98,7 +96,7 @@ bytes in base64 (README, "For scripts").`,
 	return c
 }
 
-func metaLine(m diffview.MetaChange) string {
+func metaLine(m api.MetaChange) string {
 	switch m.Field {
 	case "xattr":
 		switch {
@@ -124,7 +122,7 @@ func sizeStr(n *uint64) string {
 }
 
 // printDiffStat prints one line per change with its sizes and a summary.
-func printDiffStat(w io.Writer, r *engine.DiffResult) {
+func printDiffStat(w io.Writer, r *api.DiffResult) {
 	var added, modified, deleted int
 	var grew, shrank uint64
 	for _, c := range r.Paths {

@@ -6,12 +6,11 @@ import (
 	"io"
 	"strings"
 
-	"github.com/turnsnap/turnsnap/delta"
-	"github.com/turnsnap/turnsnap/engine"
+	"github.com/turnsnap/turnsnap/api"
 )
 
 // printLineage is `log --all`: every checkpoint of the home, children
-// before parents (engine.Lineage).
+// before parents (api.Lineage).
 func (a *app) printLineage(ctx context.Context, s service, graph bool) error {
 	l, err := s.Lineage(ctx)
 	if err != nil {
@@ -34,7 +33,7 @@ func (a *app) printLineage(ctx context.Context, s service, graph bool) error {
 	return nil
 }
 
-func lineageLine(c engine.LineageEntry) string {
+func lineageLine(c api.LineageEntry) string {
 	s := fmt.Sprintf("%s  turn %-3d %-4s %9s  %s  [%s]", c.ID.Short(), c.Turn, c.Class, bytesStr(c.BytesNew),
 		c.Created.Local().Format("2006-01-02 15:04:05"), c.Sandbox)
 	var tags []string
@@ -58,7 +57,7 @@ func lineageLine(c engine.LineageEntry) string {
 
 // graphNode is one row of drawGraph.
 type graphNode struct {
-	id, parent delta.ID
+	id, parent api.ID
 	line       string
 }
 
@@ -66,11 +65,11 @@ type graphNode struct {
 // without merges: one column per line of descent still waiting for its
 // parent. nodes must list every child before its parent.
 func drawGraph(w io.Writer, nodes []graphNode) {
-	listed := make(map[delta.ID]bool, len(nodes))
+	listed := make(map[api.ID]bool, len(nodes))
 	for _, n := range nodes {
 		listed[n.id] = true
 	}
-	var cols []delta.ID // what each column waits for
+	var cols []api.ID // what each column waits for
 	for _, l := range nodes {
 		first := -1
 		var mine []int

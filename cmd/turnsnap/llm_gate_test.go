@@ -12,6 +12,7 @@ import (
 	"github.com/turnsnap/turnsnap/engine"
 	"github.com/turnsnap/turnsnap/internal/miniotest"
 	"github.com/turnsnap/turnsnap/internal/testenv"
+	"github.com/turnsnap/turnsnap/internal/testhook"
 )
 
 // The gate's timeout and failure paths through a real daemon: a checkpoint
@@ -22,13 +23,14 @@ import (
 // route to a sandbox that does not exist never reaches the gate: it is
 // answered 404, TestLLMRouteToMissingSandbox.)
 func TestLLMGateTimeoutAndStrict(t *testing.T) {
+	requireHoldHook(t)
 	home, roots := llmHome(t, "s", "broken")
 	current := filepath.Join(home, "sandboxes", "broken", "current")
 	up := newLLMStub(t, "up")
 	hold := t.TempDir()
 	release := filepath.Join(hold, "release")
 	os.WriteFile(release, nil, 0o600) // not armed yet
-	env := []string{holdAtPhaseEnv + "=" + engine.PhaseCommit + ":" + hold}
+	env := []string{testhook.HoldAtEnv + "=" + engine.PhaseCommit + ":" + hold}
 	for _, strict := range []bool{true, false} {
 		args := []string{"--llm-listen", "127.0.0.1:0", "--llm-upstream", up.srv.URL, "--llm-gate-timeout", "300ms"}
 		if strict {

@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/turnsnap/turnsnap/engine/api"
+	"github.com/turnsnap/turnsnap/api"
 )
 
 // llmStub is a model upstream on 127.0.0.1 answering the OpenAI chat and

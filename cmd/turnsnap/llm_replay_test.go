@@ -4,7 +4,7 @@ import (
 	"context"
 	"testing"
 
-	"github.com/turnsnap/turnsnap/engine/api"
+	"github.com/turnsnap/turnsnap/api"
 )
 
 // Issue 24 A through a real daemon: on a fresh sandbox's live timeline the

@@ -7,7 +7,7 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
-	"github.com/turnsnap/turnsnap/engine/api"
+	"github.com/turnsnap/turnsnap/api"
 )
 
 func (a *app) logCmd() *cobra.Command {
@@ -83,7 +83,7 @@ func logLine(l api.LogEntry) string {
 	if len(tags) > 0 {
 		s += "  (" + strings.Join(tags, ", ") + ")"
 	}
-	if l.Conv != nil {
+	if l.Conv != nil && len(*l.Conv) >= 8 {
 		s += "  model call " + l.Conv.String()[:8]
 	}
 	if l.Message != "" {

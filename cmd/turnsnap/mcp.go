@@ -11,11 +11,12 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/spf13/cobra"
+	"github.com/turnsnap/turnsnap/api"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/engine"
-	"github.com/turnsnap/turnsnap/engine/api"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/mcpserver"
+	"github.com/turnsnap/turnsnap/server"
 )
 
 func (a *app) mcpCmd() *cobra.Command {
@@ -51,10 +52,10 @@ between calls. The daemon serves the same tools over streamable HTTP at
 	return c
 }
 
-// mcpHandler is the daemon's MCP endpoint (api.Options.MCP): the tools
+// mcpHandler is the daemon's MCP endpoint (server.Options.MCP): the tools
 // over streamable HTTP, on the server's own service.
-func mcpHandler(log *slog.Logger) func(*api.Service) http.Handler {
-	return func(s *api.Service) http.Handler {
+func mcpHandler(log *slog.Logger) func(*server.Service) http.Handler {
+	return func(s *server.Service) http.Handler {
 		return mcpserver.Handler(s, mcpserver.Options{Logger: log, Version: buildVersion()})
 	}
 }
@@ -95,7 +96,7 @@ func (p *perCallService) with(ctx context.Context, readOnly bool, fn func(s mcps
 		return err
 	}
 	defer closeDirect(e)
-	return fn(&api.Service{E: e})
+	return fn(&server.Service{E: e})
 }
 
 func (p *perCallService) Checkpoint(ctx context.Context, name string, req api.CheckpointRequest) (r *api.Checkpoint, err error) {
@@ -108,7 +109,7 @@ func (p *perCallService) Log(ctx context.Context, name string) (r []api.LogEntry
 	return r, err
 }
 
-func (p *perCallService) DiffPaths(ctx context.Context, name string, req api.DiffRequest) (r *engine.DiffResult, err error) {
+func (p *perCallService) DiffPaths(ctx context.Context, name string, req api.DiffRequest) (r *api.DiffResult, err error) {
 	err = p.with(ctx, true, func(s mcpserver.Service) error { r, err = s.DiffPaths(ctx, name, req); return err })
 	return r, err
 }
@@ -117,7 +118,7 @@ func (p *perCallService) Cat(ctx context.Context, ref, path string, w io.Writer)
 	return p.with(ctx, true, func(s mcpserver.Service) error { return s.Cat(ctx, ref, path, w) })
 }
 
-func (p *perCallService) RestorePaths(ctx context.Context, name string, req api.RestorePathsRequest) (r *engine.RestorePathsResult, err error) {
+func (p *perCallService) RestorePaths(ctx context.Context, name string, req api.RestorePathsRequest) (r *api.RestorePathsResult, err error) {
 	err = p.with(ctx, false, func(s mcpserver.Service) error { r, err = s.RestorePaths(ctx, name, req); return err })
 	return r, err
 }

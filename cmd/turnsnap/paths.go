@@ -10,7 +10,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/spf13/cobra"
-	"github.com/turnsnap/turnsnap/engine/api"
+	"github.com/turnsnap/turnsnap/api"
 )
 
 // One path at a time: cat, ls and restore of chosen paths.

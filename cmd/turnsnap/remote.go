@@ -10,14 +10,14 @@ import (
 
 	"github.com/dustin/go-humanize"
 	"github.com/spf13/cobra"
+	"github.com/turnsnap/turnsnap/api"
 	"github.com/turnsnap/turnsnap/engine"
-	"github.com/turnsnap/turnsnap/engine/api"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/upload/sched"
 )
 
 func (a *app) initCmd() *cobra.Command {
-	var rc engine.RemoteConfig
+	var rc api.RemoteConfig
 	var bw, keyFile string
 	var encryptLocal bool
 	c := &cobra.Command{
@@ -188,7 +188,7 @@ func (a *app) statusCmd() *cobra.Command {
 
 // uploadedCell is the UPLOADED column: a bar of the checkpoints that are
 // remote, never full while anything the sandbox needs is still queued.
-func uploadedCell(s engine.SandboxStatus) string {
+func uploadedCell(s api.SandboxStatus) string {
 	done, total := int64(s.Checkpoints-s.PendingCheckpoints), int64(s.Checkpoints)
 	if s.RemoteDurable {
 		if total == 0 {

@@ -7,12 +7,12 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"github.com/turnsnap/turnsnap/engine/api"
+	"github.com/turnsnap/turnsnap/api"
 	"github.com/turnsnap/turnsnap/engine/retention"
 )
 
 // policyFlags binds the --keep-* flags shared by forget and policy set.
-func policyFlags(c *cobra.Command, p *retention.Policy) {
+func policyFlags(c *cobra.Command, p *api.RetentionPolicy) {
 	f := c.Flags()
 	f.IntVar(&p.KeepLast, "keep-last", 0, "keep the newest N checkpoints")
 	f.StringVar(&p.KeepWithin, "keep-within", "", "keep checkpoints taken within this span before the newest one (36h, 7d, 2w)")
@@ -37,7 +37,7 @@ rolled back to it, or took a checkpoint on top of it). Only checkpoints of
 sandboxes this home created are deleted.`
 
 func (a *app) forgetCmd() *cobra.Command {
-	var opts retention.ForgetOptions
+	var opts api.ForgetOptions
 	var gc bool
 	var grace time.Duration
 	c := &cobra.Command{
@@ -129,13 +129,13 @@ for a host without the daemon).
 
 ` + retentionRules,
 	}
-	var p retention.Policy
+	var p api.RetentionPolicy
 	set := &cobra.Command{
 		Use:   "set [NAME] --keep-...",
 		Short: "Set the policy of a sandbox (or of the home, without NAME)",
 		Args:  cobra.MaximumNArgs(1),
 		RunE: a.withService(nil, func(ctx context.Context, s service, args []string) error {
-			opts := retention.PolicyOptions{Policy: p}
+			opts := api.PolicyOptions{Policy: p}
 			if len(args) == 1 {
 				opts.Sandbox = args[0]
 			}
@@ -200,7 +200,7 @@ for a host without the daemon).
 	return c
 }
 
-func (a *app) showPolicies(v *retention.PolicyView, name string) error {
+func (a *app) showPolicies(v *api.PolicyView, name string) error {
 	if a.json {
 		return printJSON(a.stdout(), v)
 	}
@@ -218,7 +218,7 @@ func (a *app) showPolicies(v *retention.PolicyView, name string) error {
 	return nil
 }
 
-func policyText(p *retention.Policy) string {
+func policyText(p *api.RetentionPolicy) string {
 	if p == nil || p.IsZero() {
 		return "none"
 	}

@@ -4,21 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"syscall"
-	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
-	"github.com/turnsnap/turnsnap/delta"
-	"github.com/turnsnap/turnsnap/engine/api"
-	"github.com/turnsnap/turnsnap/engine/api/client"
-	"github.com/turnsnap/turnsnap/engine/llmproxy"
+	"github.com/turnsnap/turnsnap/api"
+	"github.com/turnsnap/turnsnap/client"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
+	"github.com/turnsnap/turnsnap/llmproxy"
+	"github.com/turnsnap/turnsnap/server"
 )
 
 // llmService is what the LLM commands need of turnsnap, daemon or direct.
@@ -28,7 +24,7 @@ type llmService interface {
 }
 
 var (
-	_ llmService = (*api.Service)(nil)
+	_ llmService = (*server.Service)(nil)
 	_ llmService = (*client.Client)(nil)
 )
 
@@ -45,94 +41,14 @@ func setLLMUpstream(ctx context.Context, s service, name, upstream string) error
 	return err
 }
 
-// llmFlags are serve's LLM proxy flags.
-type llmFlags struct {
-	listen      string
-	upstream    string
-	gate        string
-	strict      bool
-	gateTimeout time.Duration
-	nonTurn     []string
-}
-
-func (f *llmFlags) register(fl *pflag.FlagSet) {
-	fl.StringVar(&f.listen, "llm-listen", "", "serve the LLM proxy on ADDR (loopback only: 127.0.0.1:PORT or [::1]:PORT) at http://ADDR/llm/{sandbox}/")
-	fl.StringVar(&f.upstream, "llm-upstream", "", "the LLM proxy's default upstream base URL (a sandbox's own: sandbox create --llm-upstream)")
-	fl.StringVar(&f.gate, "llm-gate", "local", "hold each model reply until its turn's checkpoint is committed: local, remote (in the bucket) or none")
-	fl.BoolVar(&f.strict, "llm-gate-strict", false, "answer 503 (problem+json) instead of the reply when the checkpoint failed or the gate timed out")
-	fl.DurationVar(&f.gateTimeout, "llm-gate-timeout", llmproxy.DefaultGateTimeout, "longest a reply waits at the gate")
-	fl.StringSliceVar(&f.nonTurn, "llm-non-turn", nil, "more path suffixes that never close a turn (repeatable)")
-}
-
-// check applies the rules before anything is opened. The proxy has no
-// authentication, so it listens on loopback only.
-func (f *llmFlags) check() error {
-	if f.listen == "" {
-		if f.upstream != "" || f.strict || f.gate != "local" || len(f.nonTurn) > 0 {
-			return fmt.Errorf("serve: the --llm-* flags are for --llm-listen: %w", errdefs.ErrInvalid)
-		}
-		return nil
-	}
-	host, _, err := net.SplitHostPort(f.listen)
-	if err != nil {
-		return fmt.Errorf("serve: --llm-listen %q: %v: %w", f.listen, err, errdefs.ErrInvalid)
-	}
-	if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
-		return fmt.Errorf("serve: refusing --llm-listen %s: the LLM proxy has no authentication, so it listens on a loopback address only (127.0.0.1:PORT or [::1]:PORT): %w", f.listen, errdefs.ErrInvalid)
-	}
-	if _, err := llmproxy.ParseGate(f.gate); err != nil {
-		return fmt.Errorf("serve: --llm-gate: %w", err)
-	}
-	if f.gateTimeout <= 0 {
-		return fmt.Errorf("serve: --llm-gate-timeout must be positive: %w", errdefs.ErrInvalid)
-	}
-	if f.upstream != "" {
-		if err := api.CheckUpstream(f.upstream); err != nil {
-			return fmt.Errorf("serve: --llm-upstream: %w", err)
-		}
-	}
-	return nil
-}
-
-// startLLM serves the LLM proxy of srv's home; stop shuts it down. Without
-// --llm-listen it does nothing.
-func startLLM(ctx context.Context, log *slog.Logger, srv *api.Server, f llmFlags, errc chan<- error) (stop func(context.Context), err error) {
-	if f.listen == "" {
-		return func(context.Context) {}, nil
-	}
-	gate, _ := llmproxy.ParseGate(f.gate)
-	if gate == llmproxy.GateRemote && !srv.Service().E.Remote().HasRemote() {
-		return nil, fmt.Errorf("serve: --llm-gate remote needs a remote store (turnsnap init --remote URL first): %w", errdefs.ErrPrecondition)
-	}
-	l, err := net.Listen("tcp", f.listen)
-	if err != nil {
-		return nil, fmt.Errorf("serve: --llm-listen: %w", err)
-	}
-	url := "http://" + l.Addr().String()
-	llm, err := api.NewLLM(ctx, srv.Service(), api.LLMOptions{URL: url, Upstream: f.upstream, Gate: gate,
-		Strict: f.strict, GateTimeout: f.gateTimeout, NonTurn: f.nonTurn, Logger: log, Registerer: srv.Monitor().Registry()})
-	if err != nil {
-		l.Close()
-		return nil, err
-	}
-	hs := &http.Server{Handler: llm.Handler(), ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
-	go func() {
-		if err := hs.Serve(l); !errors.Is(err, http.ErrServerClosed) {
-			errc <- err
-		}
-	}()
-	up := "(per sandbox only)"
-	if f.upstream != "" {
-		up = api.RedactURL(f.upstream)
-	}
-	log.Info("serving the LLM proxy", "url", url+"/llm/{sandbox}/", "gate", gate, "upstream", up)
-	return func(sctx context.Context) {
-		if err := hs.Shutdown(sctx); err != nil {
-			hs.Close()
-		}
-		llm.Close()
-	}, nil
+// registerLLMFlags defines serve's LLM proxy flags (--llm-*) into f.
+func registerLLMFlags(fl *pflag.FlagSet, f *server.LLMConfig) {
+	fl.StringVar(&f.Listen, "llm-listen", "", "serve the LLM proxy on ADDR (loopback only: 127.0.0.1:PORT or [::1]:PORT) at http://ADDR/llm/{sandbox}/")
+	fl.StringVar(&f.Upstream, "llm-upstream", "", "the LLM proxy's default upstream base URL (a sandbox's own: sandbox create --llm-upstream)")
+	fl.StringVar(&f.Gate, "llm-gate", "local", "hold each model reply until its turn's checkpoint is committed: local, remote (in the bucket) or none")
+	fl.BoolVar(&f.Strict, "llm-gate-strict", false, "answer 503 (problem+json) instead of the reply when the checkpoint failed or the gate timed out")
+	fl.DurationVar(&f.GateTimeout, "llm-gate-timeout", llmproxy.DefaultGateTimeout, "longest a reply waits at the gate")
+	fl.StringSliceVar(&f.NonTurn, "llm-non-turn", nil, "more path suffixes that never close a turn (repeatable)")
 }
 
 func (a *app) runCmd() *cobra.Command {
@@ -227,7 +143,7 @@ func (a *app) run(ctx context.Context, name string, argv []string, final bool) e
 			if exit == nil {
 				return fmt.Errorf("run %s: final checkpoint: %w", name, cerr)
 			}
-		case cp.Class == delta.ClassSkip:
+		case cp.Class == api.ClassSkip:
 			fmt.Fprintf(os.Stderr, "turnsnap run: agent exited (%s); nothing changed since the last checkpoint\n", status)
 		default:
 			fmt.Fprintf(os.Stderr, "turnsnap run: agent exited (%s); final checkpoint %s (%s, %d bytes new)\n", status, cp.ID.Short(), cp.Class, cp.BytesNew)

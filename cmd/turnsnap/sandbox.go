@@ -8,7 +8,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"github.com/turnsnap/turnsnap/engine/api"
+	"github.com/turnsnap/turnsnap/api"
+	"github.com/turnsnap/turnsnap/server"
 )
 
 func (a *app) sandboxCmd() *cobra.Command {
@@ -31,7 +32,7 @@ func (a *app) sandboxCmd() *cobra.Command {
 				}
 			}
 			if llmUpstream != "" {
-				if err := api.CheckUpstream(llmUpstream); err != nil {
+				if err := server.CheckUpstream(llmUpstream); err != nil {
 					return err
 				}
 			}

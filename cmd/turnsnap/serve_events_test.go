@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/turnsnap/turnsnap/engine/api"
+	"github.com/turnsnap/turnsnap/api"
 	"github.com/turnsnap/turnsnap/internal/testenv"
 )
 

@@ -11,10 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/turnsnap/turnsnap/api"
+	"github.com/turnsnap/turnsnap/client"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/engine"
-	"github.com/turnsnap/turnsnap/engine/api"
-	"github.com/turnsnap/turnsnap/engine/api/client"
 	"github.com/turnsnap/turnsnap/internal/testenv"
 	"github.com/turnsnap/turnsnap/internal/testhook"
 )
@@ -51,7 +51,7 @@ func TestServeKill9MidGroupCommit(t *testing.T) {
 	// Rounds of n concurrent turns until two commits share a transaction
 	// (they do as soon as one arrives while another's is being written).
 	grouped := false
-	var done []delta.ID // the checkpoints the API reported committed
+	var done []api.ID // the checkpoints the API reported committed
 	for round := 0; round < 50 && !grouped; round++ {
 		var wg sync.WaitGroup
 		var mu sync.Mutex

@@ -12,8 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/turnsnap/turnsnap/engine/api/client"
+	"github.com/turnsnap/turnsnap/client"
 	"github.com/turnsnap/turnsnap/internal/testenv"
+	"github.com/turnsnap/turnsnap/internal/testhook"
 	"github.com/turnsnap/turnsnap/proc"
 )
 
@@ -166,4 +167,13 @@ func normalise(s, home string) string {
 	s = normReceipt.ReplaceAllString(s, `${1}"HOW"`)
 	s = normSize.ReplaceAllString(s, "SIZE")
 	return normDur.ReplaceAllString(s, "DUR")
+}
+
+// requireHoldHook stops t unless this test binary, which runs as the
+// daemon too, has the daemon's test hooks (go test -tags turnsnaptest).
+func requireHoldHook(t *testing.T) {
+	t.Helper()
+	if !testhook.Enabled {
+		testenv.Missing(t, "the daemon's hold hook (TURNSNAP_TEST_HOLD_AT)", "build the test with -tags turnsnaptest")
+	}
 }

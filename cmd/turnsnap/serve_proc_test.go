@@ -39,12 +39,13 @@ func waitFile(t *testing.T, path string, what string) {
 // Then SIGTERM while a commit is held: the commit finishes, the daemon
 // exits 0 and the sandbox's process keeps running.
 func TestServeExecAndSIGTERM(t *testing.T) {
+	requireHoldHook(t)
 	testenv.RequireRoot(t)
 	base := busyboxBase(t)
 	home := filepath.Join(t.TempDir(), "home")
 	hold := t.TempDir()
 	os.WriteFile(filepath.Join(hold, "release"), nil, 0o600) // not armed yet
-	d := startDaemon(t, home, []string{holdAtPhaseEnv + "=" + engine.PhaseCommit + ":" + hold})
+	d := startDaemon(t, home, []string{testhook.HoldAtEnv + "=" + engine.PhaseCommit + ":" + hold})
 	t.Cleanup(func() { cliRun(t, home, "sandbox", "rm", "s") })
 	var created struct{ Root string }
 	out, _ := mustCLI(t, home, "sandbox", "create", "s", "--base", base, "--json")

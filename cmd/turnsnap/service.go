@@ -11,16 +11,15 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+	"github.com/turnsnap/turnsnap/api"
+	"github.com/turnsnap/turnsnap/client"
 	"github.com/turnsnap/turnsnap/engine"
-	"github.com/turnsnap/turnsnap/engine/api"
-	"github.com/turnsnap/turnsnap/engine/api/client"
-	"github.com/turnsnap/turnsnap/engine/audit"
-	"github.com/turnsnap/turnsnap/engine/retention"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
+	"github.com/turnsnap/turnsnap/server"
 )
 
 // service is what the commands need of turnsnap. Two things satisfy it:
-// api.Service over an engine this process opened (direct mode), and
+// server.Service over an engine this process opened (direct mode), and
 // client.Client, which asks the daemon serving the home. Both return the
 // same wire types, and the commands print those, so a command's output,
 // --json and exit code are the same either way. A command written against
@@ -43,34 +42,34 @@ type service interface {
 	Tags(ctx context.Context) ([]api.Tag, error)
 	SetTag(ctx context.Context, name string, req api.TagRequest) (*api.Tagged, error)
 	DeleteTag(ctx context.Context, name string) (*api.Untagged, error)
-	Status(ctx context.Context) (*engine.StatusReport, error)
+	Status(ctx context.Context) (*api.StatusReport, error)
 	Sync(ctx context.Context, req api.SyncRequest) (*api.Synced, error)
 	Prune(ctx context.Context, req api.PruneRequest) (*api.Pruned, error)
-	GC(ctx context.Context, req api.GCRequest) (*retention.GCReport, error)
+	GC(ctx context.Context, req api.GCRequest) (*api.GCReport, error)
 	Init(ctx context.Context, req api.InitRequest) (*api.Initialised, error)
 	RebuildCatalog(ctx context.Context, req api.RebuildRequest) (*api.Rebuilt, error)
 	everydayService
 }
 
 // everydayService is the everyday commands' part of service
-// (engine/api/everyday.go).
+// (server/everyday.go).
 type everydayService interface {
-	DiffPaths(ctx context.Context, name string, req api.DiffRequest) (*engine.DiffResult, error)
+	DiffPaths(ctx context.Context, name string, req api.DiffRequest) (*api.DiffResult, error)
 	Cat(ctx context.Context, ref, path string, w io.Writer) error
-	Ls(ctx context.Context, ref, path string) ([]engine.LsEntry, error)
-	RestorePaths(ctx context.Context, name string, req api.RestorePathsRequest) (*engine.RestorePathsResult, error)
-	Lineage(ctx context.Context) (*engine.Lineage, error)
-	Audit(ctx context.Context, name string) (*audit.Report, error)
-	Processes(ctx context.Context, name string) (*engine.ProcessList, error)
+	Ls(ctx context.Context, ref, path string) ([]api.LsEntry, error)
+	RestorePaths(ctx context.Context, name string, req api.RestorePathsRequest) (*api.RestorePathsResult, error)
+	Lineage(ctx context.Context) (*api.Lineage, error)
+	Audit(ctx context.Context, name string) (*api.AuditReport, error)
+	Processes(ctx context.Context, name string) (*api.ProcessList, error)
 	Forget(ctx context.Context, req api.ForgetRequest) (*api.Forgotten, error)
 	ApplyPolicies(ctx context.Context, req api.ApplyPoliciesRequest) (*api.Forgotten, error)
-	ShowPolicies(ctx context.Context, sandbox string) (*retention.PolicyView, error)
-	SetPolicy(ctx context.Context, req retention.PolicyOptions) (*retention.PolicyView, error)
-	ClearPolicy(ctx context.Context, sandbox string) (*retention.PolicyView, error)
+	ShowPolicies(ctx context.Context, sandbox string) (*api.PolicyView, error)
+	SetPolicy(ctx context.Context, req api.PolicyOptions) (*api.PolicyView, error)
+	ClearPolicy(ctx context.Context, sandbox string) (*api.PolicyView, error)
 }
 
 var (
-	_ service = (*api.Service)(nil)
+	_ service = (*server.Service)(nil)
 	_ service = (*client.Client)(nil)
 )
 
@@ -127,7 +126,7 @@ func (a *app) withService(ro func(args []string) bool, fn func(ctx context.Conte
 		return a.openDirect(ro, func(ctx context.Context, e *engine.Engine, args []string) error {
 			// The home is free while an exec'd command runs: an agent's test
 			// suite must not block `turnsnap status` from another terminal.
-			svc := &api.Service{E: e, BeforeExec: e.Close}
+			svc := &server.Service{E: e, BeforeExec: e.Close}
 			if pr := a.newProgress(ctx); pr != nil {
 				svc.PushProgress = pr.uploads
 				defer pr.done()
@@ -170,7 +169,7 @@ func reportError(stdout, stderr io.Writer, asJSON bool, err error) int {
 		code = exitUsage
 	}
 	if asJSON {
-		class := api.Class(err)
+		class := errdefs.Class(err)
 		if code == exitUsage {
 			class = "invalid"
 		}

@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/turnsnap/turnsnap/api"
+	"github.com/turnsnap/turnsnap/client"
 	"github.com/turnsnap/turnsnap/engine"
-	"github.com/turnsnap/turnsnap/engine/api"
-	"github.com/turnsnap/turnsnap/engine/api/client"
 	"github.com/turnsnap/turnsnap/internal/miniotest"
 	"github.com/turnsnap/turnsnap/internal/testenv"
 )

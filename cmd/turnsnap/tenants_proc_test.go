@@ -8,8 +8,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/turnsnap/turnsnap/engine/api"
-	"github.com/turnsnap/turnsnap/engine/api/client"
+	"github.com/turnsnap/turnsnap/api"
+	"github.com/turnsnap/turnsnap/client"
 	"github.com/turnsnap/turnsnap/internal/testenv"
 )
 

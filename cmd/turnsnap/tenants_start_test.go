@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/turnsnap/turnsnap/engine/api/client"
+	"github.com/turnsnap/turnsnap/client"
 	"github.com/turnsnap/turnsnap/internal/testenv"
 )
 

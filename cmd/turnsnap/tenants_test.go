@@ -13,15 +13,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/turnsnap/turnsnap/api"
+	"github.com/turnsnap/turnsnap/client"
 	"github.com/turnsnap/turnsnap/engine"
-	"github.com/turnsnap/turnsnap/engine/api"
-	"github.com/turnsnap/turnsnap/engine/api/client"
+	"github.com/turnsnap/turnsnap/server"
+	"github.com/turnsnap/turnsnap/server/tenants"
 )
 
 // tenantsFixture is a tenants file and the paths it names.
 type tenantsFixture struct {
 	dir, file string
-	specs     []api.TenantSpec
+	specs     []tenants.TenantSpec
 	tokens    []string
 }
 
@@ -37,7 +39,7 @@ func newTenants(t *testing.T, dir string, names ...string) *tenantsFixture {
 		}
 		bases := filepath.Join(dir, "bases", n)
 		os.MkdirAll(bases, 0o755)
-		fx.specs = append(fx.specs, api.TenantSpec{Name: n, Home: filepath.Join(dir, "homes", n), TokenFile: tf, Bases: bases})
+		fx.specs = append(fx.specs, tenants.TenantSpec{Name: n, Home: filepath.Join(dir, "homes", n), TokenFile: tf, Bases: bases})
 		fx.tokens = append(fx.tokens, tok)
 	}
 	return fx
@@ -45,7 +47,7 @@ func newTenants(t *testing.T, dir string, names ...string) *tenantsFixture {
 
 func (fx *tenantsFixture) write(t *testing.T) {
 	t.Helper()
-	data, err := json.MarshalIndent(api.TenantsFile{Tenants: fx.specs}, "", "  ")
+	data, err := json.MarshalIndent(tenants.TenantsFile{Tenants: fx.specs}, "", "  ")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +104,7 @@ func serverRoutes(t *testing.T) []string {
 		t.Fatal(err)
 	}
 	defer e.Close()
-	s, err := api.New(e, api.Options{MCP: mcpHandler(nil)})
+	s, err := server.New(e, server.Options{MCP: mcpHandler(nil)})
 	if err != nil {
 		t.Fatal(err)
 	}

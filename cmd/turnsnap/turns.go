@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"github.com/turnsnap/turnsnap/engine/api"
+	"github.com/turnsnap/turnsnap/api"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
 

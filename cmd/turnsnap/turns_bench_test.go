@@ -17,8 +17,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/turnsnap/turnsnap/engine/api"
-	"github.com/turnsnap/turnsnap/engine/api/client"
+	"github.com/turnsnap/turnsnap/api"
+	"github.com/turnsnap/turnsnap/client"
 )
 
 // turnsClientEnv makes the test binary one agent of BenchmarkTurnsDaemon:
@@ -70,7 +70,7 @@ func turnsClient(spec string) error {
 // in its own process, as on a host: a real `turnsnap serve` (change
 // tracking on, as it serves) and one client process per sandbox, each
 // closing fs turns of 10 changed files as fast as it can through the
-// socket. BenchmarkConcurrentTurns (engine/api) runs the same turns
+// socket. BenchmarkConcurrentTurns (server) runs the same turns
 // in-process, where the clients share the daemon's Go scheduler; here the
 // kernel schedules them, so the daemon's CPU priority can be set: it runs
 // at nice 0 and at nice -10 (every thread), each on a fresh home. Reported

@@ -81,7 +81,7 @@ const yieldMax = 5 * time.Second
 var WaitBounds = [...]float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}
 
 // Stats is a snapshot of the checkpoint admission scheduler, for
-// metrics (engine/api serves it on /metrics).
+// metrics (package server serves it on /metrics).
 type Stats struct {
 	// Slots is how many checkpoints may run at once (0: unlimited).
 	Slots int

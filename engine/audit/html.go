@@ -66,8 +66,10 @@ table{border-collapse:collapse;font-size:.9em} td,th{padding:.1em .6em;text-alig
 </script></body></html>
 `))
 
-// WriteHTML renders the page for report (sandbox name title).
-func WriteHTML(w io.Writer, title string, report *Report) error {
+// WriteHTML renders the page for report (sandbox name title): a *Report,
+// or its wire twin (api.AuditReport) as a client has it. The page reads
+// only the report's JSON, which the two share.
+func WriteHTML(w io.Writer, title string, report any) error {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(true) // <, >, & as \u escapes: the JSON cannot close its script element

@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/minio/minio-go/v7"
+	"github.com/turnsnap/turnsnap/api"
 	"github.com/turnsnap/turnsnap/delta"
-	"github.com/turnsnap/turnsnap/engine/api"
 	"github.com/turnsnap/turnsnap/internal/miniotest"
 )
 

@@ -51,7 +51,7 @@ const (
 	// lockWindow is the stale window the hosts' bucket locks state
 	// (remote.lock_stale_after_ns), short so that a run outlasts it many
 	// times. A lock whose holder died is swept by a live daemon within a
-	// sixth of its window after it goes stale (api.RunLockSweeper);
+	// sixth of its window after it goes stale (server.RunLockSweeper);
 	// lockSlack is that period plus what the sampler's period and clock
 	// reading add.
 	lockWindow = 15 * time.Second

@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/turnsnap/turnsnap/engine/api/client"
+	"github.com/turnsnap/turnsnap/client"
 )
 
 // turnsnapBin returns the turnsnap binary the hosts run: TURNSNAP_BIN when

@@ -11,9 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/turnsnap/turnsnap/api"
 	"github.com/turnsnap/turnsnap/delta"
-	"github.com/turnsnap/turnsnap/engine/api"
-	"github.com/turnsnap/turnsnap/engine/retention"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
 
@@ -128,7 +127,7 @@ func (wk *worker) create(ctx context.Context) {
 		}
 		return
 	}
-	wk.w.addSandbox(name, wk.h.i, cr.Checkpoint, start)
+	wk.w.addSandbox(name, wk.h.i, did(cr.Checkpoint), start)
 }
 
 // root mounts the sandbox (if need be) and returns its root.
@@ -164,7 +163,7 @@ func (wk *worker) checkpoint(ctx context.Context, name string) {
 	if err != nil {
 		return
 	}
-	wk.w.checkpointed(wk.h.i, name, cp.ID, digest, cp.RemoteDurable, start, time.Now())
+	wk.w.checkpointed(wk.h.i, name, did(cp.ID), digest, cp.RemoteDurable, start, time.Now())
 }
 
 // rollback moves one of this host's sandboxes back to a checkpoint of it
@@ -282,7 +281,7 @@ func (wk *worker) adopt(ctx context.Context) {
 		wk.logf("rollback of adopted %s to its head: %v", name, err)
 		return
 	}
-	wk.w.head(name, *sb.Head, wk.h.i, rbStart)
+	wk.w.head(name, did(*sb.Head), wk.h.i, rbStart)
 }
 
 // foreignWrite rolls back another host's sandbox here without adopting it
@@ -330,7 +329,7 @@ func (wk *worker) foreignWrite(ctx context.Context) {
 		return
 	}
 	wk.logf("foreign write to %s accepted: checkpoint %s remote-durable", name, cp.ID.Short())
-	wk.w.checkpointed(wk.h.i, name, cp.ID, digest, cp.RemoteDurable, start, time.Now())
+	wk.w.checkpointed(wk.h.i, name, did(cp.ID), digest, cp.RemoteDurable, start, time.Now())
 }
 
 // retention counts a prune or forget (keeping the newest keep of each
@@ -383,12 +382,22 @@ func (wk *worker) prune(ctx context.Context) {
 // releasedBy is what a prune released: what it deleted, and what it only
 // marked (a later run deletes it after the grace, without naming it
 // again: a marked checkpoint is released by the run that marked it).
-func releasedBy(deleted []delta.ID, marked []retention.Entry) []delta.ID {
-	out := append([]delta.ID(nil), deleted...)
+func releasedBy(deleted []api.ID, marked []api.RetentionEntry) []delta.ID {
+	var out []delta.ID
+	for _, id := range deleted {
+		out = append(out, did(id))
+	}
 	for _, m := range marked {
-		out = append(out, m.ID)
+		out = append(out, did(m.ID))
 	}
 	return out
+}
+
+// did is an ID the API returned, as the engine spells it (the zero ID
+// for "").
+func did(id api.ID) delta.ID {
+	v, _ := delta.ParseID(string(id))
+	return v
 }
 
 func (wk *worker) forget(ctx context.Context) {
@@ -405,8 +414,8 @@ func (wk *worker) forget(ctx context.Context) {
 		if !wk.caps.forgetGrace {
 			wk.skip("forget --grace 0")
 		}
-		f, err = wk.h.c.Forget(ctx, api.ForgetRequest{ForgetOptions: retention.ForgetOptions{All: true,
-			Policy: retention.Policy{KeepLast: keep}}})
+		f, err = wk.h.c.Forget(ctx, api.ForgetRequest{ForgetOptions: api.ForgetOptions{All: true,
+			Policy: api.RetentionPolicy{KeepLast: keep}}})
 	}
 	wk.retention(op, keep, start, err)
 	if err != nil {
@@ -415,7 +424,7 @@ func (wk *worker) forget(ctx context.Context) {
 	var ids []delta.ID
 	for _, s := range f.Sandboxes {
 		for _, d := range append(s.Deleted, s.Marked...) {
-			ids = append(ids, d.ID)
+			ids = append(ids, did(d.ID))
 		}
 	}
 	wk.w.release(ids...)

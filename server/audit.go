@@ -1,0 +1,14 @@
+package server
+
+import (
+	"context"
+
+	"github.com/turnsnap/turnsnap/api"
+)
+
+// Audit is GET /v1/sandboxes/{name}/audit: the sandbox's turns, what each
+// changed and cost, and what weaker recovery would have lost
+// (audit.Report, printed as is by `turnsnap audit --json`).
+func (s *Service) Audit(ctx context.Context, name string) (*api.AuditReport, error) {
+	return wirePtr[api.AuditReport](s.E.Audit(ctx, name))
+}
