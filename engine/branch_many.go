@@ -90,7 +90,7 @@ func (e *Engine) BranchMany(ctx context.Context, ref string, names []string, o B
 		return nil, fmt.Errorf("%s: %w", subject, err)
 	}
 	if !o.FSOnly {
-		if err := e.checkHost(ctx, cp); err != nil {
+		if err := e.procs.CheckHost(ctx, cp); err != nil {
 			return nil, err
 		}
 	}

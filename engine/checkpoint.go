@@ -112,7 +112,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	// scan and any dump below are one instant.
 	var ph Phases
 	t := time.Now()
-	pt, err := e.beginProcTurn(ctx, name, st.head)
+	pt, err := e.procs.BeginTurn(ctx, name, st.head)
 	if err != nil {
 		return nil, err
 	}
@@ -122,7 +122,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	resume := func() {
 		if !resumed {
 			resumed = true
-			pt.resume()
+			pt.Resume()
 		}
 	}
 	defer resume()
@@ -136,7 +136,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	if err != nil {
 		return nil, err
 	}
-	if rescan, err := e.confirmIdle(ctx, name, pt, st.head); err != nil {
+	if rescan, err := e.procs.ConfirmIdle(ctx, name, pt, st.head); err != nil {
 		return nil, err
 	} else if rescan {
 		if res, ts, err = scanTurn(ctx, be, name, st, pt, saver); err != nil {
@@ -160,7 +160,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 			return nil, err
 		}
 	}
-	if !fsChanged && !pt.changed {
+	if !fsChanged && !pt.Changed {
 		// Nothing recovery-relevant changed. The scan is worth keeping as
 		// the root's committed one only when it had to read files (racy or
 		// touched-but-equal entries), which the next scan would read
@@ -186,11 +186,11 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	}
 	// Unchanged processes keep the image they were last dumped with.
 	procTree, host := st.head.ProcTree, st.head.Host
-	if pt.changed {
+	if pt.Changed {
 		procTree, host = nil, nil
-		if pt.running && pt.cur.NeedsImage() {
+		if pt.Running && pt.Cur.NeedsImage() {
 			t = time.Now()
-			storeImage, err := e.dump(ctx, name, op)
+			storeImage, err := e.procs.Dump(ctx, name, op)
 			if err != nil {
 				return nil, err
 			}
@@ -214,16 +214,16 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	}
 	cp := &delta.Checkpoint{
 		Version: delta.RecordVersion, Sandbox: name, SandboxID: st.sb.ID, Parent: st.head.ID, Turn: turn,
-		Class: classify(fsChanged, pt.changed), Backend: st.sb.Backend, BaseTree: st.head.BaseTree,
+		Class: classify(fsChanged, pt.Changed), Backend: st.sb.Backend, BaseTree: st.head.BaseTree,
 		FSTree: res.Root, StateKey: res.StateKey, ProcTree: procTree, Host: host,
 		Conv: opts.Conv, Journal: journal, Message: opts.Message, Created: time.Now().UTC(), Stats: stats,
 	}
-	if pt.changed {
-		cp.ProcChange = delta.ProcChangeReason(pt.reason)
+	if pt.Changed {
+		cp.ProcChange = delta.ProcChangeReason(pt.Reason)
 	}
 	cp.Version = delta.VersionFor(cp)
 	cp.Stats.DurationNs = time.Since(start).Nanoseconds()
-	cp.Stats.PauseNs = pt.paused.Nanoseconds()
+	cp.Stats.PauseNs = pt.Paused.Nanoseconds()
 	// The slot bounds the turns that scan, hash and compress at once (CPU);
 	// the commit is fsyncs, which need no core: holding the slot through
 	// them kept the next turn from starting, and kept concurrent commits
@@ -238,10 +238,10 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	}
 	ph.Commit = time.Since(t)
 	e.headTrees.keep(name, trees) // the next turn compares with these
-	if pt.changed && pt.running {
+	if pt.Changed && pt.Running {
 		// Only now: a baseline taken before the commit could make the next
 		// turn skip processes no checkpoint holds.
-		e.settle(ctx, name)
+		e.procs.Settle(ctx, name)
 	}
 	if err := ts.Committed(res); err != nil {
 		// The checkpoint is committed; a stale cache only costs a re-read.
@@ -258,8 +258,8 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	}
 	out := &CheckpointResult{ID: cp.ID, Sandbox: name, Class: cp.Class, Turn: turn, Parent: cp.Parent,
 		Stats: cp.Stats, Duration: time.Since(start), Phases: ph}
-	if pt.changed {
-		out.ProcessChange = pt.reason
+	if pt.Changed {
+		out.ProcessChange = pt.Reason
 	}
 	return out, nil
 }

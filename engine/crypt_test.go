@@ -86,7 +86,7 @@ func TestEncryptedBucketHoldsNoPlaintext(t *testing.T) {
 	write(t, filepath.Join(cr.Root, "root/secret.txt"), "token="+fileMark+"\n")
 	write(t, filepath.Join(cr.Root, "root/secret.bin"), incompressible(fileMark))
 	// The marker lives only in the process: its argv and a shell variable.
-	_, err = a.Exec(ctx, "cryptsb", []string{"sh", "-c", "m=" + memMark + "; while :; do sleep 0.1; done"}, ExecOptions{Detach: true})
+	_, err = a.Processes().Exec(ctx, "cryptsb", []string{"sh", "-c", "m=" + memMark + "; while :; do sleep 0.1; done"}, ExecOptions{Detach: true})
 	must(t, err)
 	time.Sleep(1500 * time.Millisecond) // as the counter test: the detached start settles
 	cp, err := a.Checkpoint(ctx, "cryptsb", CheckpointOptions{})

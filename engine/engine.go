@@ -20,12 +20,12 @@ import (
 	"github.com/turnsnap/turnsnap/engine/check"
 	"github.com/turnsnap/turnsnap/engine/content"
 	"github.com/turnsnap/turnsnap/engine/keys"
+	"github.com/turnsnap/turnsnap/engine/procs"
 	"github.com/turnsnap/turnsnap/engine/rebuild"
 	"github.com/turnsnap/turnsnap/engine/remote"
 	"github.com/turnsnap/turnsnap/engine/retention"
 	"github.com/turnsnap/turnsnap/engine/statememo"
 	"github.com/turnsnap/turnsnap/internal/rootfs"
-	"github.com/turnsnap/turnsnap/proc"
 	"github.com/turnsnap/turnsnap/upload"
 )
 
@@ -102,8 +102,7 @@ type Engine struct {
 	log    *slog.Logger
 	// backends by name; the engine composes them, each owns its roots.
 	backends map[string]rootfs.Backend
-	rtMu     sync.Mutex
-	rt       *proc.Runtime // process runtime, made on first use
+	procs    *procs.Manager // the sandboxes' containers (procs.go)
 	// maint, sandboxes, baseMu and commitMu are the engine's locks (locks.go).
 	maint     sync.RWMutex
 	sandboxes sandboxLocks
@@ -112,7 +111,6 @@ type Engine struct {
 	// commits shares one catalog transaction between concurrent commits
 	// (catalog.Group), run under commitMu and the index lock (commitLock).
 	commits   catalog.Group
-	procCRIU  string               // CRIU binary; "" means proc's default
 	atPhase   func(string)         // Options.AtPhase
 	checked   statememo.Memo       // states that passed CheckState, rollbacks' reads
 	admit     *admission.Scheduler // checkpoint admission
@@ -144,6 +142,7 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{home: h, lock: lock, log: log, atPhase: opts.AtPhase, admit: admission.New(opts.MaxCheckpoints)}
+	e.procs = newProcs(e, h)
 	e.rem = newRemote(e)
 	e.rebuilder = newRebuilder(e, log)
 	e.verifier = newVerifier(e)
@@ -240,7 +239,7 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	e.repo = e.newRepo()
 	e.repo.SetRoomCheck(e.checkRoom)
 	e.backends = newBackends(e, opts) // backends.go
-	e.cleanProcWork()                 // process images a killed turnsnap left (procrecover.go)
+	e.procs.CleanWork()               // process images a killed turnsnap left (engine/procs)
 	e.retention = e.newRetention()
 	ok = true
 	return e, nil

@@ -41,7 +41,7 @@ func TestErrorsNameSubjectOnce(t *testing.T) {
 		}()},
 		{"policy of a missing sandbox", "agnet", e.Retention().SetPolicy(ctx, retention.PolicyOptions{Sandbox: "agnet", Policy: retention.Policy{KeepLast: 1}})},
 		{"policies of a missing sandbox", "agnet", func() error { _, err := e.Retention().ShowPolicies(ctx, "agnet"); return err }()},
-		{"processes of a missing sandbox", "agnet", func() error { _, err := e.Processes(ctx, "agnet", ProcessesOptions{}); return err }()},
+		{"processes of a missing sandbox", "agnet", func() error { _, err := e.Processes().List(ctx, "agnet", ProcessesOptions{}); return err }()},
 	} {
 		if !errors.Is(tc.err, errdefs.ErrNotFound) {
 			t.Errorf("%s: got %v, want ErrNotFound", tc.what, tc.err)

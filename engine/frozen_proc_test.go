@@ -21,7 +21,7 @@ func TestStackedBranchesRestoreProcesses(t *testing.T) {
 	e := newEngine(t)
 	_, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: busyboxBase(t)})
 	must(t, err)
-	_, err = e.Exec(ctx, "s", []string{"sh", "-c", counterScript}, ExecOptions{Detach: true})
+	_, err = e.Processes().Exec(ctx, "s", []string{"sh", "-c", counterScript}, ExecOptions{Detach: true})
 	must(t, err)
 	time.Sleep(1500 * time.Millisecond)
 	c1, err := e.Checkpoint(ctx, "s", CheckpointOptions{})

@@ -11,6 +11,7 @@ import (
 
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/engine/procs"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/internal/fsat"
 	"github.com/turnsnap/turnsnap/internal/rootfs"
@@ -64,31 +65,9 @@ type rollbackIntent struct {
 }
 
 // Interrupted says what an interrupted operation left on a sandbox, for
-// commands that report it rather than finish it (ps, diff, status).
-type Interrupted struct {
-	// Rollback is the checkpoint an interrupted rollback was moving to:
-	// the root may be partly rewritten, the head is still the old one.
-	Rollback *delta.ID `json:"rollback,omitempty"`
-	// ProcessesLost says why a finished rollback's processes were not
-	// restored (the checkpoint's processes do not run).
-	ProcessesLost string `json:"processes_lost,omitempty"`
-}
-
-// Describe is the one line a command prints about it on sandbox name.
-func (i *Interrupted) Describe(name string) string {
-	if i == nil {
-		return ""
-	}
-	var parts []string
-	if i.Rollback != nil {
-		parts = append(parts, fmt.Sprintf("an interrupted rollback to %s is pending: the root may be partly rewritten "+
-			"(the next command that changes the sandbox finishes it; `turnsnap rollback %s --abandon` discards it)", i.Rollback.Short(), name))
-	}
-	if i.ProcessesLost != "" {
-		parts = append(parts, "processes not restored: "+i.ProcessesLost)
-	}
-	return strings.Join(parts, "; ")
-}
+// commands that report it rather than finish it (ps, diff, status). It is
+// declared with the process listing that reports it (procs.ProcessList).
+type Interrupted = procs.Interrupted
 
 func (e *Engine) writeIntent(sb *delta.Sandbox, in rollbackIntent) error {
 	p := e.home.intentFile(sb)
@@ -284,7 +263,7 @@ func (e *Engine) finishRollback(ctx context.Context, name string, st *sandboxSta
 		return e.clearIntent(st.sb)
 	}
 	e.untrack(name) // a restore remounts the root; the next turn walks
-	if err := e.stopProcesses(ctx, name); err != nil {
+	if err := e.procs.Stop(ctx, name); err != nil {
 		return err
 	}
 	if err := st.root.Restore(rootfs.WithPhase(ctx, e.phase), cp.FSTree, e.repo); err != nil {
@@ -308,7 +287,7 @@ func (e *Engine) finishRollback(ctx context.Context, name string, st *sandboxSta
 // finishProcesses starts checkpoint cp's processes on st's restored root,
 // as the interrupted rollback would have.
 func (e *Engine) finishProcesses(ctx context.Context, name string, st *sandboxState, cp *delta.Checkpoint) error {
-	if err := e.checkHost(ctx, cp); err != nil {
+	if err := e.procs.CheckHost(ctx, cp); err != nil {
 		return err
 	}
 	img, clean, err := e.readyImage(ctx, cp, false)
@@ -316,7 +295,7 @@ func (e *Engine) finishProcesses(ctx context.Context, name string, st *sandboxSt
 		return err
 	}
 	defer clean()
-	if err := e.restoreProcesses(ctx, name, st.root.Path(), img, cp); err != nil {
+	if err := e.procs.Restore(ctx, name, st.root.Path(), img, cp); err != nil {
 		return err
 	}
 	e.acceptRestored(ctx, name, st.root, cp) // restoreturn.go
@@ -382,7 +361,7 @@ func (e *Engine) AbandonRollback(ctx context.Context, name string) (*RestoreResu
 	}
 	e.log.Warn("abandoning an interrupted rollback", "sandbox", name, "checkpoint", in.Target.Short(), "head", st.head.ID.Short())
 	e.untrack(name)
-	if err := e.stopProcesses(ctx, name); err != nil {
+	if err := e.procs.Stop(ctx, name); err != nil {
 		return nil, err
 	}
 	if _, err := os.Stat(e.home.sandboxDir(name)); err != nil {

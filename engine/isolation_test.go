@@ -161,7 +161,7 @@ func probeIsolation(t *testing.T, opts CreateOptions, paths []string, blockdev s
 	must(t, err)
 	other := filepath.Join(b.Root, "b-secret")
 	write(t, other, "sandbox b's file\n")
-	_, err = e.Exec(ctx, "b", []string{"sleep", "100000"}, ExecOptions{Detach: true})
+	_, err = e.Processes().Exec(ctx, "b", []string{"sleep", "100000"}, ExecOptions{Detach: true})
 	must(t, err)
 
 	// The daemon's socket is HOME/turnsnap.sock; this test listens there
@@ -207,7 +207,7 @@ func probeIsolation(t *testing.T, opts CreateOptions, paths []string, blockdev s
 
 	// Inside sandbox a: every attempt fails.
 	var out, errb bytes.Buffer
-	code, err := e.Exec(ctx, "a", append([]string{"/isoprobe", "-scratch", "/tmp"}, args...), ExecOptions{Stdout: &out, Stderr: &errb})
+	code, err := e.Processes().Exec(ctx, "a", append([]string{"/isoprobe", "-scratch", "/tmp"}, args...), ExecOptions{Stdout: &out, Stderr: &errb})
 	if err != nil || code != 0 {
 		t.Fatalf("probe in the sandbox: code %d, %v: %s", code, err, errb.String())
 	}

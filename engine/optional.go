@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/engine/procs"
 	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/internal/rootfs"
@@ -105,11 +106,11 @@ func (e *Engine) untrack(name string) {
 // backend's change record when it keeps one (rootfs.TurnScanner), else by
 // walking. The files its running processes map shared and writable are
 // read again whatever their stat says.
-func scanTurn(ctx context.Context, be rootfs.Backend, name string, st *sandboxState, pt *procTurn, saver delta.BlobSaver) (*fstree.ScanResult, rootfs.TurnScan, error) {
+func scanTurn(ctx context.Context, be rootfs.Backend, name string, st *sandboxState, pt *procs.Turn, saver delta.BlobSaver) (*fstree.ScanResult, rootfs.TurnScan, error) {
 	if ts, ok := be.(rootfs.TurnScanner); ok {
 		var shared []string
-		if pt.running {
-			shared = sharedWritable(pt.cur)
+		if pt.Running {
+			shared = sharedWritable(pt.Cur)
 		}
 		return ts.ScanTurn(ctx, name, st.root, shared, saver)
 	}

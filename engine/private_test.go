@@ -89,11 +89,11 @@ func TestProcessMemoryStaysPrivate(t *testing.T) {
 	rand.Read(tag)
 	marker := []byte("tsmark-" + hex.EncodeToString(tag))
 	script := fmt.Sprintf(`secret=$(printf 'tsmark-%%s' %s); while :; do sleep 1; done`, hex.EncodeToString(tag))
-	_, err = e.Exec(ctx, "s", []string{"sh", "-c", script}, ExecOptions{Detach: true})
+	_, err = e.Processes().Exec(ctx, "s", []string{"sh", "-c", script}, ExecOptions{Detach: true})
 	must(t, err)
 	time.Sleep(300 * time.Millisecond)
 
-	work, state := e.home.procWorkDir(), e.home.procStateRoot()
+	work, state := e.procs.WorkDir(), e.procs.StateRoot()
 	dumped := false
 	e.atPhase = func(p string) {
 		if p != PhaseDump {
@@ -114,7 +114,7 @@ func TestProcessMemoryStaysPrivate(t *testing.T) {
 	// The image a restore reads back from the store.
 	cp, err := e.Resolve(ctx, c.ID.String())
 	must(t, err)
-	img, done, err := e.processImage(ctx, cp)
+	img, done, err := e.procs.Image(ctx, cp)
 	must(t, err)
 	privateTree(t, "the image read back", work)
 	if len(memoryIn(t, img, "", marker, time.Time{})) == 0 {
@@ -141,7 +141,7 @@ func TestProcessMemoryStaysPrivate(t *testing.T) {
 	}
 	privateTree(t, "the state root's work dirs", filepath.Join(state, "work"))
 	privateTree(t, "the state root's bundles", filepath.Join(state, "bundles"))
-	privateTree(t, "the home's proc dir", e.home.procDir())
+	privateTree(t, "the home's proc dir", e.procs.Dir())
 	privateTree(t, "the store", e.home.storeDir())
 
 	home := e.Home()

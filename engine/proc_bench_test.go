@@ -35,7 +35,7 @@ func BenchmarkProcessCheckpoint(b *testing.B) {
 	e := newEngine(b)
 	cr, err := e.CreateSandbox(ctx, "big", CreateOptions{Base: base})
 	must(b, err)
-	_, err = e.Exec(ctx, "big", []string{"/bin/memhog", strconv.Itoa(mib), "/tmp/ready"}, ExecOptions{Detach: true})
+	_, err = e.Processes().Exec(ctx, "big", []string{"/bin/memhog", strconv.Itoa(mib), "/tmp/ready"}, ExecOptions{Detach: true})
 	must(b, err)
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
@@ -101,7 +101,7 @@ func BenchmarkSkipTurnWithContainer(b *testing.B) {
 		_, err = e.CreateSandbox(ctx, "s", CreateOptions{Base: base})
 		must(b, err)
 		if container {
-			_, err = e.Exec(ctx, "s", []string{"sh", "-c", "while true; do sleep 3600; done"}, ExecOptions{Detach: true})
+			_, err = e.Processes().Exec(ctx, "s", []string{"sh", "-c", "while true; do sleep 3600; done"}, ExecOptions{Detach: true})
 			must(b, err)
 		}
 		_, err = e.Checkpoint(ctx, "s", CheckpointOptions{})

@@ -63,7 +63,7 @@ func busyboxBase(t testing.TB) string {
 func sh(t testing.TB, e *Engine, sandbox, script string) string {
 	t.Helper()
 	var out, errb bytes.Buffer
-	code, err := e.Exec(context.Background(), sandbox, []string{"sh", "-c", script}, ExecOptions{Stdout: &out, Stderr: &errb})
+	code, err := e.Processes().Exec(context.Background(), sandbox, []string{"sh", "-c", script}, ExecOptions{Stdout: &out, Stderr: &errb})
 	if err != nil || code != 0 {
 		t.Fatalf("exec %q in %s: code %d err %v stderr %s", script, sandbox, code, err, errb.String())
 	}
@@ -89,7 +89,7 @@ func TestCounterContinuesAfterRollbackAndBranch(t *testing.T) {
 	e := newEngine(t)
 	_, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: busyboxBase(t)})
 	must(t, err)
-	_, err = e.Exec(ctx, "s", []string{"sh", "-c", counterScript}, ExecOptions{Detach: true})
+	_, err = e.Processes().Exec(ctx, "s", []string{"sh", "-c", counterScript}, ExecOptions{Detach: true})
 	must(t, err)
 	time.Sleep(1500 * time.Millisecond)
 	c1, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
@@ -147,7 +147,7 @@ func TestHTTPServerFromTurn3AnswersAfterRestore(t *testing.T) {
 	write(t, filepath.Join(cr.Root, "turn2"), "two")
 	_, err = e.Checkpoint(ctx, "web", CheckpointOptions{})
 	must(t, err)
-	_, err = e.Exec(ctx, "web", []string{"httpd", "-f", "-p", "8080", "-h", "/www"}, ExecOptions{Detach: true})
+	_, err = e.Processes().Exec(ctx, "web", []string{"httpd", "-f", "-p", "8080", "-h", "/www"}, ExecOptions{Detach: true})
 	must(t, err)
 	time.Sleep(300 * time.Millisecond)
 	c3, err := e.Checkpoint(ctx, "web", CheckpointOptions{})
@@ -174,7 +174,7 @@ func TestCommandsThatExitAreNotProcessChanges(t *testing.T) {
 	e := newEngine(t)
 	_, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: busyboxBase(t)})
 	must(t, err)
-	_, err = e.Exec(ctx, "s", []string{"sleep", "100000"}, ExecOptions{Detach: true})
+	_, err = e.Processes().Exec(ctx, "s", []string{"sleep", "100000"}, ExecOptions{Detach: true})
 	must(t, err)
 	first, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
@@ -203,7 +203,7 @@ func TestRestoreRefusesAHostWithoutTheRecordedCPUFlags(t *testing.T) {
 	e := openEngineOracle(t, filepath.Join(t.TempDir(), "home"), false) // it forges a record in the catalog
 	cr, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: busyboxBase(t)})
 	must(t, err)
-	_, err = e.Exec(ctx, "s", []string{"sleep", "100000"}, ExecOptions{Detach: true})
+	_, err = e.Processes().Exec(ctx, "s", []string{"sleep", "100000"}, ExecOptions{Detach: true})
 	must(t, err)
 	write(t, filepath.Join(cr.Root, "data"), "x")
 	c, err := e.Checkpoint(ctx, "s", CheckpointOptions{})

@@ -39,16 +39,16 @@ func procCheckpoint(t *testing.T, e *Engine, name string, want ...delta.Class) *
 
 func detach(t *testing.T, e *Engine, name, script string) {
 	t.Helper()
-	_, err := e.Exec(context.Background(), name, []string{"sh", "-c", script}, ExecOptions{Detach: true})
+	_, err := e.Processes().Exec(context.Background(), name, []string{"sh", "-c", script}, ExecOptions{Detach: true})
 	must(t, err)
 }
 
 // pidsOf lists the container pids of the sandbox's long-lived processes.
 func pidsOf(t *testing.T, e *Engine, name string) []int {
 	t.Helper()
-	rt, err := e.runtime(context.Background())
+	rt, err := e.procs.Runtime(context.Background())
 	must(t, err)
-	set, err := rt.Snapshot(context.Background(), e.home.containerID(name))
+	set, err := rt.Snapshot(context.Background(), e.procs.ContainerID(name))
 	must(t, err)
 	var pids []int
 	for _, p := range set.Procs {
@@ -91,15 +91,15 @@ func TestHomesWithTheSameSandboxNameShareNothing(t *testing.T) {
 	// one home's container leaves the other's running.
 	var paths [2]string
 	for i, e := range homes {
-		rt, err := e.runtime(ctx)
+		rt, err := e.procs.Runtime(ctx)
 		must(t, err)
-		st, err := rt.State(ctx, e.home.containerID("agent"))
+		st, err := rt.State(ctx, e.procs.ContainerID("agent"))
 		must(t, err)
 		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", st.InitPID))
 		must(t, err)
 		for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
-			if !strings.Contains(line, e.home.scope()) {
-				t.Fatalf("home %d: cgroup line %q lacks the home's scope %s", i, line, e.home.scope())
+			if !strings.Contains(line, e.procs.Scope()) {
+				t.Fatalf("home %d: cgroup line %q lacks the home's scope %s", i, line, e.procs.Scope())
 			}
 		}
 		paths[i] = string(b)
@@ -107,12 +107,12 @@ func TestHomesWithTheSameSandboxNameShareNothing(t *testing.T) {
 	if paths[0] == paths[1] {
 		t.Fatal("two homes' containers share cgroups")
 	}
-	rt0, _ := homes[0].runtime(ctx)
-	rt1, _ := homes[1].runtime(ctx)
-	must(t, rt0.Pause(ctx, homes[0].home.containerID("agent")))
-	st, err := rt1.Status(homes[1].home.containerID("agent"))
+	rt0, _ := homes[0].procs.Runtime(ctx)
+	rt1, _ := homes[1].procs.Runtime(ctx)
+	must(t, rt0.Pause(ctx, homes[0].procs.ContainerID("agent")))
+	st, err := rt1.Status(homes[1].procs.ContainerID("agent"))
 	must(t, err)
-	must(t, rt0.Resume(ctx, homes[0].home.containerID("agent")))
+	must(t, rt0.Resume(ctx, homes[0].procs.ContainerID("agent")))
 	if st != proc.Running {
 		t.Fatalf("pausing home 0's agent left home 1's %s", st)
 	}
@@ -297,7 +297,7 @@ func TestReplacedMappedLibraryDumpsProcesses(t *testing.T) {
 	e := newEngine(t)
 	cr, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: base})
 	must(t, err)
-	_, err = e.Exec(ctx, "s", []string{"/bin/mapper", "/lib/libdemo.so", "/tmp/ready"}, ExecOptions{Detach: true})
+	_, err = e.Processes().Exec(ctx, "s", []string{"/bin/mapper", "/lib/libdemo.so", "/tmp/ready"}, ExecOptions{Detach: true})
 	must(t, err)
 	waitFile(t, filepath.Join(cr.Root, "tmp/ready"))
 	procCheckpoint(t, e, "s", delta.ClassFull, delta.ClassProcess)

@@ -191,7 +191,7 @@ func (e *Engine) receiptProcesses(ctx context.Context, rc *Receipt, root rootfs.
 	if !procs || !rc.Files.Match {
 		return false, nil
 	}
-	if err := e.restoreProcesses(ctx, rc.Sandbox, root.Path(), img, cp); err != nil {
+	if err := e.procs.Restore(ctx, rc.Sandbox, root.Path(), img, cp); err != nil {
 		return false, err
 	}
 	e.acceptRestored(ctx, rc.Sandbox, root, cp) // restoreturn.go
@@ -308,11 +308,7 @@ func (e *Engine) processReceipt(ctx context.Context, name, img string) *ProcessR
 		return pr
 	}
 	pr.Want = want
-	rt, err := e.runtime(ctx)
-	if err == nil {
-		pr.Got, err = rt.Inventory(ctx, e.home.containerID(name))
-	}
-	if err != nil {
+	if pr.Got, err = e.procs.Inventory(ctx, name); err != nil {
 		pr.Missing = []string{"the container's processes do not read: " + err.Error()}
 		return pr
 	}
@@ -332,7 +328,7 @@ func (e *Engine) failReceipt(ctx context.Context, rc *Receipt) error {
 	} else {
 		state += ", its root as found (the next checkpoint records it)"
 	}
-	if err := e.stopProcesses(context.WithoutCancel(ctx), rc.Sandbox); err != nil {
+	if err := e.procs.Stop(context.WithoutCancel(ctx), rc.Sandbox); err != nil {
 		state += ", its processes not stopped (" + err.Error() + ")"
 	} else {
 		state += ", no process running"

@@ -111,9 +111,9 @@ func receiptSandbox(t *testing.T, e *Engine, name string, o CreateOptions) strin
 	o.Base = base
 	r, err := e.CreateSandbox(ctx, name, o)
 	must(t, err)
-	_, err = e.Exec(ctx, name, []string{"sh", "-c", stepperScript}, ExecOptions{Detach: true})
+	_, err = e.Processes().Exec(ctx, name, []string{"sh", "-c", stepperScript}, ExecOptions{Detach: true})
 	must(t, err)
-	_, err = e.Exec(ctx, name, []string{"httpd", "-f", "-p", "8080", "-h", "/www"}, ExecOptions{Detach: true})
+	_, err = e.Processes().Exec(ctx, name, []string{"httpd", "-f", "-p", "8080", "-h", "/www"}, ExecOptions{Detach: true})
 	must(t, err)
 	return r.Root
 }
@@ -217,9 +217,9 @@ func TestReceiptFailsClosed(t *testing.T) {
 			if ph != PhaseReceiptProcesses {
 				return
 			}
-			rt, err := e.runtime(ctx)
+			rt, err := e.procs.Runtime(ctx)
 			must(t, err)
-			set, err := rt.Snapshot(ctx, e.home.containerID("s"))
+			set, err := rt.Snapshot(ctx, e.procs.ContainerID("s"))
 			must(t, err)
 			for _, p := range set.Procs {
 				if p.Comm == "httpd" {
@@ -269,7 +269,7 @@ func checkIncomplete(t *testing.T, e *Engine, r *RestoreResult, err error) {
 	if !strings.Contains(err.Error(), "no process running") {
 		t.Fatalf("error does not name the state left: %v", err)
 	}
-	running, cerr := e.containerRunning(context.Background(), "s")
+	running, cerr := e.procs.Running(context.Background(), "s")
 	must(t, cerr)
 	if running {
 		t.Fatal("processes still run after restore_incomplete")

@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"os"
-	"path/filepath"
 
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
@@ -79,21 +78,10 @@ func (e *Engine) recoverSandbox(ctx context.Context, name string, rep *RecoverRe
 			rep.ProcessesLost = append(rep.ProcessesLost, name)
 		}
 	}
-	id := e.home.containerID(name)
-	if _, err := os.Stat(filepath.Join(e.home.procStateRoot(), "runc", id)); err != nil {
-		return nil
-	}
-	rt, err := e.runtime(ctx)
-	if err != nil {
-		return err
-	}
-	if fs, err := rt.Freeze(id); err == nil && fs.Frozen && fs.Stale() {
-		if _, err := e.recoverFreeze(ctx, name); err != nil {
-			return err
-		}
+	resumed, running, err := e.procs.Recover(ctx, name)
+	if resumed {
 		rep.Resumed = append(rep.Resumed, name)
 	}
-	running, err := e.containerRunning(ctx, name)
 	if err != nil {
 		return err
 	}

@@ -59,7 +59,7 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 		return nil, err
 	}
 	if !o.FSOnly {
-		if err := e.checkHost(ctx, cp); err != nil {
+		if err := e.procs.CheckHost(ctx, cp); err != nil {
 			return nil, err
 		}
 	}
@@ -106,19 +106,18 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 	var rb rootfs.Rollback = plainRollback{e: e, name: name, root: st.root}
 	if r, ok := e.backends[st.sb.Backend].(rootfs.Rollbacker); ok {
 		rb = r.BeginRollback(ctx, name, st.root, func(ctx context.Context) ([]string, error) {
-			running, err := e.containerRunning(ctx, name)
+			running, err := e.procs.Running(ctx, name)
 			if err != nil || !running {
 				return nil, err
 			}
-			r, _ := e.runtime(ctx)
-			ps, err := r.Snapshot(ctx, e.home.containerID(name))
+			ps, err := e.procs.Snapshot(ctx, name)
 			if err != nil {
 				return nil, err
 			}
 			return sharedWritable(ps), nil
 		})
 	}
-	if err := e.stopProcesses(ctx, name); err != nil {
+	if err := e.procs.Stop(ctx, name); err != nil {
 		rb.Abort()
 		return nil, err
 	}
@@ -238,7 +237,7 @@ func (e *Engine) readyImage(ctx context.Context, cp *delta.Checkpoint, fsOnly bo
 	if cp.ProcTree == nil || fsOnly {
 		return "", func() {}, nil
 	}
-	img, clean, err := e.processImage(ctx, cp)
+	img, clean, err := e.procs.Image(ctx, cp)
 	if err != nil {
 		return "", nil, err
 	}

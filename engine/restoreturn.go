@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 
@@ -45,14 +44,13 @@ import (
 //
 //	HOME/proc/NAME.restored   "<checkpoint id> <accepted state key>"
 
-func (h home) restoredFile(sandbox string) string {
-	return filepath.Join(h.procDir(), sandbox+".restored")
-}
+// The file's path is procs.Manager.RestoredFile: it goes with the
+// processes (procs.Manager.Stop removes it).
 
 // acceptRestored runs after cp's processes were restored onto root.
 // Failures only cost the next turn its skip, so they are logged.
 func (e *Engine) acceptRestored(ctx context.Context, name string, root rootfs.Root, cp *delta.Checkpoint) {
-	os.Remove(e.home.restoredFile(name))
+	os.Remove(e.procs.RestoredFile(name))
 	trees := &treeMemo{next: e.repo, trees: map[delta.ID][]byte{}}
 	res, err := root.Scan(ctx, trees)
 	if err != nil {
@@ -66,7 +64,7 @@ func (e *Engine) acceptRestored(ctx context.Context, name string, root rootfs.Ro
 			return
 		}
 		data := cp.ID.String() + " " + res.StateKey.String() + "\n"
-		if err := os.WriteFile(e.home.restoredFile(name), []byte(data), 0o600); err != nil {
+		if err := os.WriteFile(e.procs.RestoredFile(name), []byte(data), 0o600); err != nil {
 			e.log.Warn("record restored state", "sandbox", name, "err", err)
 		}
 		return // res names trees the store lacks: never the root's committed scan
@@ -79,7 +77,7 @@ func (e *Engine) acceptRestored(ctx context.Context, name string, root rootfs.Ro
 // restoredAs reports whether key is the state key accepted for head right
 // after its processes were restored.
 func (e *Engine) restoredAs(name string, head delta.ID, key delta.ID) bool {
-	data, err := os.ReadFile(e.home.restoredFile(name))
+	data, err := os.ReadFile(e.procs.RestoredFile(name))
 	if err != nil {
 		return false
 	}

@@ -74,7 +74,7 @@ func turnAfterProcessRestore(t *testing.T, opts CreateOptions) {
 	e := newEngine(t)
 	cr, err := e.CreateSandbox(ctx, "h", opts)
 	must(t, err)
-	_, err = e.Exec(ctx, "h", []string{"/bin/holder"}, ExecOptions{Detach: true})
+	_, err = e.Processes().Exec(ctx, "h", []string{"/bin/holder"}, ExecOptions{Detach: true})
 	must(t, err)
 	deadline := time.Now().Add(10 * time.Second)
 	for {

@@ -415,7 +415,7 @@ func (e *Engine) RemoveSandboxWith(ctx context.Context, name string, o RemoveOpt
 	e.untrack(name) // its descriptor on the root would keep it mounted
 	var be rootfs.Backend
 	if !o.CatalogOnly {
-		if err := e.stopProcesses(ctx, name); err != nil {
+		if err := e.procs.Stop(ctx, name); err != nil {
 			return err
 		}
 		if be, err = e.backend(sb.Backend, sb.Config); err != nil {

@@ -69,7 +69,7 @@ func TestSQLiteKeepsWritingAfterRollback(t *testing.T) {
 	cr, err := e.CreateSandbox(ctx, "db", CreateOptions{Base: sqliteBase(t)})
 	must(t, err)
 	sh(t, e, "db", "sqlite3 /data/app.db 'create table t(i integer)'")
-	_, err = e.Exec(ctx, "db", []string{"sh", "-c", sqliteWriter}, ExecOptions{Detach: true})
+	_, err = e.Processes().Exec(ctx, "db", []string{"sh", "-c", sqliteWriter}, ExecOptions{Detach: true})
 	must(t, err)
 	rows := func() int {
 		t.Helper()

@@ -304,7 +304,7 @@ func testSharedMapping(t *testing.T, tracked bool) {
 	overlayOf(e).SetTracking(tracked, e.log)
 	_, err = e.CreateSandbox(ctx, "s", CreateOptions{Base: base})
 	must(t, err)
-	_, err = e.Exec(ctx, "s", []string{"/bin/mapper", "/data.bin"}, ExecOptions{Detach: true})
+	_, err = e.Processes().Exec(ctx, "s", []string{"/bin/mapper", "/data.bin"}, ExecOptions{Detach: true})
 	must(t, err)
 	// The first turn must see the mapping: a checkpoint taken while the
 	// mapper is still opening the file (it copies it up) raced it.

@@ -86,7 +86,7 @@ func (s *Service) Lineage(ctx context.Context) (*api.Lineage, error) {
 }
 
 func (s *Service) Processes(ctx context.Context, name string) (*api.ProcessList, error) {
-	return wirePtr[api.ProcessList](s.E.Processes(ctx, name, engine.ProcessesOptions{}))
+	return wirePtr[api.ProcessList](s.E.Processes().List(ctx, name, engine.ProcessesOptions{}))
 }
 
 func (s *Service) Forget(ctx context.Context, req api.ForgetRequest) (*api.Forgotten, error) {

@@ -128,7 +128,7 @@ func (s *Service) AdoptSandbox(ctx context.Context, name string, req api.AdoptRe
 }
 
 func (s *Service) ResumeSandbox(ctx context.Context, name string) (*api.Resumed, error) {
-	r, err := s.E.ResumeSandbox(ctx, name)
+	r, err := s.E.Processes().Resume(ctx, name)
 	if err != nil {
 		return nil, err
 	}
@@ -144,7 +144,7 @@ func (s *Service) Exec(ctx context.Context, name string, req api.ExecRequest, st
 	if req.Log != "" && !req.Detach {
 		return nil, invalidf("sandbox %s: a log file is for a detached command", name)
 	}
-	run, err := s.E.PrepareExec(ctx, name)
+	run, err := s.E.Processes().PrepareExec(ctx, name)
 	if err != nil {
 		return nil, err
 	}

@@ -179,7 +179,7 @@ func (h *Harness) runtime(ctx context.Context) (*proc.Runtime, error) {
 }
 
 // scope and containerID repeat engine's naming of a home's containers
-// (engine/processes.go): the baselines reach the container the daemon
+// (engine/procs/procs.go): the baselines reach the container the daemon
 // runs, which the API does not expose.
 func scope(home string) string {
 	sum := sha256.Sum256([]byte(home))

@@ -83,7 +83,7 @@ func mustCLI(t *testing.T, home string, args ...string) (string, string) {
 
 // frozen reads the freezer state of the sandbox's container straight from
 // its cgroup, without turnsnap (which would heal it). The runc state root
-// and the container id derive from the home as engine/processes.go says.
+// and the container id derive from the home as engine/procs says (procs.go).
 func frozen(t *testing.T, home, sandbox string) bool {
 	t.Helper()
 	sum := sha256.Sum256([]byte(home))

@@ -210,7 +210,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 func turn(ctx context.Context, e *engine.Engine, rep *Report, name, root string, n int, s step, byTurn map[int]string) error {
 	var err error
 	if s.exec != nil {
-		_, err = e.Exec(ctx, name, s.exec, engine.ExecOptions{Detach: true})
+		_, err = e.Processes().Exec(ctx, name, s.exec, engine.ExecOptions{Detach: true})
 		time.Sleep(200 * time.Millisecond) // let it come up, as an agent would wait
 	} else {
 		err = s.do(root)
@@ -315,7 +315,7 @@ func processesAvailable() bool {
 // serverAnswers fetches the demo's page from inside the sandbox.
 func serverAnswers(ctx context.Context, e *engine.Engine, sandbox string) (string, error) {
 	var out strings.Builder
-	code, err := e.Exec(ctx, sandbox, []string{"wget", "-q", "-O", "-", "http://127.0.0.1:8080/"}, engine.ExecOptions{Stdout: &out})
+	code, err := e.Processes().Exec(ctx, sandbox, []string{"wget", "-q", "-O", "-", "http://127.0.0.1:8080/"}, engine.ExecOptions{Stdout: &out})
 	if err != nil {
 		return "", err
 	}

@@ -374,7 +374,7 @@ func (g *gen) processes() {
 	cr, err := g.e.CreateSandbox(g.ctx, "procs", engine.CreateOptions{Base: base})
 	must(t, err)
 	g.remember("procs", cr.Checkpoint.ID, cr.Root, nil)
-	_, err = g.e.Exec(g.ctx, "procs", []string{"/bin/pause"}, engine.ExecOptions{Detach: true})
+	_, err = g.e.Processes().Exec(g.ctx, "procs", []string{"/bin/pause"}, engine.ExecOptions{Detach: true})
 	must(t, err)
 	time.Sleep(300 * time.Millisecond)
 	c, err := g.e.Checkpoint(g.ctx, "procs", engine.CheckpointOptions{})

@@ -1,4 +1,4 @@
-package engine
+package procs
 
 import (
 	"context"
@@ -19,34 +19,6 @@ import (
 // (pid and start time) of the process that made them, so the next command
 // can tell them from work in progress and undo them.
 
-// Checkpoint phases, in order, as Options.AtPhase reports them.
-const (
-	PhaseFreeze = "freeze" // the container was just paused for the cut
-	PhaseScan   = "scan"   // the sandbox root was scanned (still paused if processes changed)
-	PhaseDump   = "dump"   // CRIU wrote the image; the container is still paused
-	PhaseStore  = "store"  // the container runs again; the image is about to be stored
-	PhaseCommit = "commit" // everything is stored; the checkpoint is about to be committed
-	// PhaseRecorded: the packs, the record and the head ref are in the
-	// store; the catalog transaction that indexes a small turn's blobs and
-	// adds the checkpoint is next.
-	PhaseRecorded = "recorded"
-	// PhaseCommitGroup: the catalog transaction that several concurrent
-	// checkpoints share (a group commit) holds all their writes and is
-	// about to commit.
-	PhaseCommitGroup = "commit-group"
-)
-
-// progressPhase shows the step under way in the progress report (Options.
-// Progress), with the bytes it will handle when known (0: unknown).
-func (e *Engine) progressPhase(name string, total int64) { e.meter.SetPhase(name, total) }
-
-// phase reports reaching a checkpoint phase to Options.AtPhase.
-func (e *Engine) phase(name string) {
-	if e.atPhase != nil {
-		e.atPhase(name)
-	}
-}
-
 // ensurePrivateDir makes dir (and parents) and makes sure only root can
 // enter it, even if it existed with looser permissions.
 func ensurePrivateDir(dir string) error {
@@ -56,20 +28,20 @@ func ensurePrivateDir(dir string) error {
 	return os.Chmod(dir, 0o700)
 }
 
-// procWork makes a fresh work directory for a process image, named after
-// this process (kind-PID.START-RANDOM) so that cleanProcWork can tell a
+// work makes a fresh work directory for a process image, named after
+// this process (kind-PID.START-RANDOM) so that CleanWork can tell a
 // leftover from a directory in use.
-func (e *Engine) procWork(kind string) (string, error) {
-	if err := ensurePrivateDir(e.home.procWorkDir()); err != nil {
+func (m *Manager) work(kind string) (string, error) {
+	if err := ensurePrivateDir(m.WorkDir()); err != nil {
 		return "", err
 	}
-	return os.MkdirTemp(e.home.procWorkDir(), kind+"-"+proc.Self().String()+"-")
+	return os.MkdirTemp(m.WorkDir(), kind+"-"+proc.Self().String()+"-")
 }
 
-// cleanProcWork removes the work directories of turnsnap processes that
+// CleanWork removes the work directories of turnsnap processes that
 // are gone: images that a killed checkpoint or rollback left behind.
-func (e *Engine) cleanProcWork() {
-	ents, err := os.ReadDir(e.home.procWorkDir())
+func (m *Manager) CleanWork() {
+	ents, err := os.ReadDir(m.WorkDir())
 	if err != nil {
 		return
 	}
@@ -80,23 +52,23 @@ func (e *Engine) cleanProcWork() {
 				continue
 			}
 		}
-		if err := os.RemoveAll(filepath.Join(e.home.procWorkDir(), ent.Name())); err != nil {
-			e.log.Warn("leftover process image not removed", "dir", ent.Name(), "err", err)
+		if err := os.RemoveAll(filepath.Join(m.WorkDir(), ent.Name())); err != nil {
+			m.d.Log.Warn("leftover process image not removed", "dir", ent.Name(), "err", err)
 			continue
 		}
-		e.log.Warn("removed a process image a killed turnsnap left behind", "dir", ent.Name())
+		m.d.Log.Warn("removed a process image a killed turnsnap left behind", "dir", ent.Name())
 	}
 }
 
 // recoverFreeze resumes the sandbox's container if it is frozen and no live
 // process holds the freeze (a turnsnap killed mid-checkpoint), and says so.
 // It reports whether it resumed the container.
-func (e *Engine) recoverFreeze(ctx context.Context, name string) (bool, error) {
-	rt, err := e.runtime(ctx)
+func (m *Manager) recoverFreeze(ctx context.Context, name string) (bool, error) {
+	rt, err := m.Runtime(ctx)
 	if err != nil {
 		return false, err
 	}
-	id := e.home.containerID(name)
+	id := m.ContainerID(name)
 	fs, err := rt.Freeze(id)
 	if err != nil {
 		return false, err
@@ -122,7 +94,7 @@ func (e *Engine) recoverFreeze(ctx context.Context, name string) (bool, error) {
 		}
 		return false, fmt.Errorf("sandbox %s: left frozen by %s; resume failed: %w", name, freezeHolder(fs), err)
 	}
-	e.log.Warn("sandbox was left frozen by a turnsnap that is gone; resumed it", "sandbox", name, "frozen_by", freezeHolder(fs))
+	m.d.Log.Warn("sandbox was left frozen by a turnsnap that is gone; resumed it", "sandbox", name, "frozen_by", freezeHolder(fs))
 	return true, nil
 }
 
@@ -137,7 +109,7 @@ func freezeHolder(fs proc.FreezeState) string {
 	return fmt.Sprintf("pid %d (%s)", fs.Holder.PID, state)
 }
 
-// ResumeResult reports ResumeSandbox.
+// ResumeResult reports Resume.
 type ResumeResult struct {
 	Sandbox string
 	// WasFrozen says the container was frozen and is now running.
@@ -146,23 +118,20 @@ type ResumeResult struct {
 	FrozenBy string
 }
 
-// ResumeSandbox thaws the sandbox's container whoever froze it: the
-// operator's way out when a container stays paused. A sandbox without a
-// running container is ErrPrecondition.
-func (e *Engine) ResumeSandbox(ctx context.Context, name string) (*ResumeResult, error) {
-	done, err := e.op(ctx, name)
+// Resume thaws the sandbox's container whoever froze it: the operator's
+// way out when a container stays paused. A sandbox without a running
+// container is ErrPrecondition.
+func (m *Manager) Resume(ctx context.Context, name string) (*ResumeResult, error) {
+	_, done, err := m.d.Load(ctx, name, true)
 	if err != nil {
 		return nil, err
 	}
 	defer done()
-	if _, err := e.loadSandbox(ctx, name); err != nil {
-		return nil, err
-	}
-	id := e.home.containerID(name)
-	if _, err := os.Stat(filepath.Join(e.home.procStateRoot(), "runc", id)); err != nil {
+	id := m.ContainerID(name)
+	if _, err := os.Stat(filepath.Join(m.StateRoot(), "runc", id)); err != nil {
 		return nil, fmt.Errorf("sandbox %s has no container: %w", name, errdefs.ErrPrecondition)
 	}
-	rt, err := e.runtime(ctx)
+	rt, err := m.Runtime(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -181,6 +150,29 @@ func (e *Engine) ResumeSandbox(ctx context.Context, name string) (*ResumeResult,
 	return res, nil
 }
 
+// Recover is the process half of the engine's check of a sandbox after a
+// crash (engine.Recover): a container a killed turnsnap left frozen is
+// resumed (resumed), and running says whether the container runs. A
+// sandbox that never had a container needs no runtime.
+func (m *Manager) Recover(ctx context.Context, name string) (resumed, running bool, err error) {
+	id := m.ContainerID(name)
+	if _, err := os.Stat(filepath.Join(m.StateRoot(), "runc", id)); err != nil {
+		return false, false, nil
+	}
+	rt, err := m.Runtime(ctx)
+	if err != nil {
+		return false, false, err
+	}
+	if fs, err := rt.Freeze(id); err == nil && fs.Frozen && fs.Stale() {
+		if _, err := m.recoverFreeze(ctx, name); err != nil {
+			return false, false, err
+		}
+		resumed = true
+	}
+	running, err = m.Running(ctx, name)
+	return resumed, running, err
+}
+
 // orphanDumpWait bounds the wait for a dump whose turnsnap was killed
 // (a CRIU dump of a sandbox takes well under a second per 100 MB).
 const orphanDumpWait = time.Minute
@@ -195,7 +187,7 @@ const freezeWatchInterval = 200 * time.Millisecond
 // killed turnsnap's last runc made after the exec began). A freeze a live
 // checkpoint holds is left alone: it ends with the checkpoint's cut. The
 // returned function stops the watch.
-func (e *Engine) watchFreeze(ctx context.Context, name string, rt *proc.Runtime) (stop func()) {
+func (m *Manager) watchFreeze(ctx context.Context, name string, rt *proc.Runtime) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
@@ -208,9 +200,9 @@ func (e *Engine) watchFreeze(ctx context.Context, name string, rt *proc.Runtime)
 				return
 			case <-t.C:
 			}
-			if fs, err := rt.Freeze(e.home.containerID(name)); err == nil && fs.Stale() {
-				if _, err := e.recoverFreeze(ctx, name); err != nil {
-					e.log.Warn("a stale freeze of a running exec's container not thawed", "sandbox", name, "err", err)
+			if fs, err := rt.Freeze(m.ContainerID(name)); err == nil && fs.Stale() {
+				if _, err := m.recoverFreeze(ctx, name); err != nil {
+					m.d.Log.Warn("a stale freeze of a running exec's container not thawed", "sandbox", name, "err", err)
 				}
 			}
 		}

@@ -1,4 +1,4 @@
-package engine
+package procs
 
 import (
 	"context"
@@ -8,7 +8,7 @@ import (
 	"github.com/turnsnap/turnsnap/delta"
 )
 
-// ProcessesOptions configures Processes. It has no fields yet; it is a
+// ProcessesOptions configures List. It has no fields yet; it is a
 // struct so the daemon's route and later filters need no new signature.
 type ProcessesOptions struct{}
 
@@ -30,7 +30,7 @@ type ProcessInfo struct {
 	InCheckpoint bool `json:"in_checkpoint"`
 }
 
-// ProcessList is what Processes reports.
+// ProcessList is what List reports.
 type ProcessList struct {
 	Sandbox string   `json:"sandbox"`
 	Running bool     `json:"running"` // the sandbox's container runs
@@ -44,37 +44,33 @@ type ProcessList struct {
 	Interrupted *Interrupted `json:"interrupted,omitempty"`
 }
 
-// Processes lists the sandbox's long-lived processes (the container's own
+// List lists the sandbox's long-lived processes (the container's own
 // keeper left out) and whether the head checkpoint holds each. It reads
 // /proc and runc's state and spawns nothing.
-func (e *Engine) Processes(ctx context.Context, name string, _ ProcessesOptions) (*ProcessList, error) {
-	done, err := e.op(ctx, name)
+func (m *Manager) List(ctx context.Context, name string, _ ProcessesOptions) (*ProcessList, error) {
+	st, done, err := m.d.Load(ctx, name, false) // reads only: finishes nobody's work
 	if err != nil {
 		return nil, err
 	}
 	defer done()
-	st, err := e.viewSandbox(ctx, name) // reads only: finishes nobody's work
-	if err != nil {
-		return nil, err
-	}
-	out := &ProcessList{Sandbox: name, Head: st.head.ID, HeadHasImage: st.head.ProcTree != nil, Processes: []ProcessInfo{},
-		Interrupted: st.interrupted}
-	running, err := e.containerRunning(ctx, name)
+	out := &ProcessList{Sandbox: name, Head: st.Head.ID, HeadHasImage: st.Head.ProcTree != nil, Processes: []ProcessInfo{},
+		Interrupted: st.Interrupted}
+	running, err := m.Running(ctx, name)
 	if err != nil || !running {
 		return out, err
 	}
 	out.Running = true
-	rt, err := e.runtime(ctx)
+	rt, err := m.Runtime(ctx)
 	if err != nil {
 		return nil, err
 	}
-	cur, err := rt.Snapshot(ctx, e.home.containerID(name))
+	cur, err := rt.Snapshot(ctx, m.ContainerID(name))
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", name, err)
 	}
 	held := map[[2]uint64]bool{}
 	if out.HeadHasImage {
-		for _, p := range e.loadBaseline(name).Procs {
+		for _, p := range m.baseline(name).Procs {
 			held[[2]uint64{uint64(p.PID), p.Start}] = true
 		}
 	}
