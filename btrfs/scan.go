@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/turnsnap/turnsnap/delta"
@@ -54,17 +55,15 @@ func (r *Root) Scan(ctx context.Context, saver delta.BlobSaver) (*fstree.ScanRes
 		return nil, err
 	}
 	h, rebuild := r.loadHead(live, meta, base, bi)
-	if saver != nil && len(h.Pending) > 0 && !rebuild {
-		if err := resavePending(ctx, r.b.opts.IDs, meta, h, saver); err != nil {
-			return nil, err
-		}
-	}
 	if !rebuild {
 		changed, err := changedSince(live, h.Gen)
 		if err != nil {
 			return nil, fmt.Errorf("sandbox %s: %w", r.dir, err)
 		}
 		if !changed {
+			if err := resavePending(ctx, r.b.opts.IDs, meta, h.Pending, nil, saver); err != nil {
+				return nil, err
+			}
 			return &fstree.ScanResult{Root: h.Root, StateKey: h.Key}, nil
 		}
 	}
@@ -128,9 +127,29 @@ func anyChanged(p string, gen uint64) (bool, error) {
 	return found, err
 }
 
-func resavePending(ctx context.Context, ids delta.IDs, meta metaDir, h *head, saver delta.BlobSaver) error {
-	for _, k := range h.Pending {
-		rec, err := meta.readRecord(k)
+// resavePending saves the trees of the pending directories as the scanned
+// state has them: cur's record of a directory if the walk changed it, else
+// the one in meta (cur nil: nothing changed). It runs after the walk, not
+// before: a pending tree the walk replaced (the root's, when the skip that
+// left it pending was followed by a change) is named by no checkpoint, and
+// storing it would count a reference to each of its children that no
+// record holds (check.CountRefs). A directory the walk dropped is skipped.
+func resavePending(ctx context.Context, ids delta.IDs, meta metaDir, pending []recKey, cur *walkResult, saver delta.BlobSaver) error {
+	if saver == nil {
+		return nil
+	}
+	for _, k := range pending {
+		if cur != nil && slices.Contains(cur.drop, k) {
+			continue
+		}
+		rec := (*record)(nil)
+		if cur != nil {
+			rec = cur.recs[k]
+		}
+		var err error
+		if rec == nil {
+			rec, err = meta.readRecord(k)
+		}
 		if err != nil || rec == nil {
 			return fmt.Errorf("scan state: pending tree of inode %d: %v", k.Ino, err)
 		}
@@ -164,6 +183,12 @@ func (r *Root) scanSnapshot(ctx context.Context, sbDir, g, baseRoot string, bi b
 		removeTree(dir)
 		return nil, fmt.Errorf("sandbox %s: %w", r.dir, err)
 	}
+	if !st.staged.rebuild { // a rebuild's walk saved every tree
+		if err := resavePending(ctx, r.b.opts.IDs, meta, h.Pending, st.staged.res, saver); err != nil {
+			removeTree(dir)
+			return nil, fmt.Errorf("sandbox %s: %w", r.dir, err)
+		}
+	}
 	out := &fstree.ScanResult{Root: st.head.Root, StateKey: st.head.Key, Stats: st.stats}
 	r.staged[out] = st.staged
 	if rebuild || st.head.Root == h.Root || st.head.Key == h.Key {
@@ -172,7 +197,7 @@ func (r *Root) scanSnapshot(ctx context.Context, sbDir, g, baseRoot string, bi b
 		// records forward now so the next turn starts from here. Trees the
 		// store may lack stay pending until a checkpoint stores them.
 		nh := *st.head
-		nh.Pending = h.Pending
+		nh.Pending = slices.DeleteFunc(slices.Clone(h.Pending), func(k recKey) bool { return slices.Contains(st.staged.res.drop, k) })
 		if rebuild || st.head.Root != h.Root {
 			for k := range st.staged.res.recs {
 				nh.Pending = append(nh.Pending, k)

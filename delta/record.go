@@ -85,7 +85,9 @@ type Class string
 
 const (
 	// ClassSkip: nothing changed since the parent. No record is written
-	// for a skip turn; the class is what Checkpoint reports for it.
+	// for a skip turn unless the caller asks for one (a record with its
+	// parent's roots, docs/FORMAT.md "Skip records"); the class is what
+	// Checkpoint reports for it.
 	ClassSkip Class = "skip"
 	// ClassFS: the filesystem changed; no process state was captured.
 	ClassFS Class = "fs"

@@ -265,16 +265,23 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 }
 
 // recordSkip commits a skip turn as a record of its own: the head's trees,
-// state key and process image (so its roots are referenced once more and
-// prune, gc and rebuild count it as any record), and no new objects.
+// state key, process image and model-call journal (so its roots are
+// referenced once more and prune, gc and rebuild count it as any record),
+// and no new objects. The journal is carried as a turn without a model
+// call carries it: a rollback to the skip, or a turn after it, must find
+// the journal its parent had (docs/FORMAT.md, "Skip records"). Its conv
+// and proc_change are not: they say what closed or changed the parent's
+// turn, not this one's.
 func (e *Engine) recordSkip(ctx context.Context, op *content.Op, st *sandboxState, turn int, msg string,
 	stats delta.Stats, start time.Time) (*CheckpointResult, error) {
 	h := st.head
 	cp := &delta.Checkpoint{
 		Version: delta.RecordVersion, Sandbox: st.sb.Name, SandboxID: st.sb.ID, Parent: h.ID, Turn: turn,
 		Class: delta.ClassSkip, Backend: st.sb.Backend, BaseTree: h.BaseTree, FSTree: h.FSTree,
-		StateKey: h.StateKey, ProcTree: h.ProcTree, Host: h.Host, Message: msg, Created: time.Now().UTC(), Stats: stats,
+		StateKey: h.StateKey, ProcTree: h.ProcTree, Host: h.Host, Journal: h.Journal, Message: msg,
+		Created: time.Now().UTC(), Stats: stats,
 	}
+	cp.Version = delta.VersionFor(cp) // 3 with a journal
 	e.phase(PhaseCommit)
 	if err := e.commit(ctx, op, cp, nil, cp.Roots()); err != nil {
 		return nil, err

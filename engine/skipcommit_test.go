@@ -65,6 +65,7 @@ func TestSkipNeverCommitsUnstoredTrees(t *testing.T) {
 			if next.Class == delta.ClassSkip {
 				t.Fatal("the turn after the skip changed a file and was skipped")
 			}
+			checkAll(t, e)
 			if _, err := e.Verifier().VerifyStore(ctx, ""); err != nil {
 				t.Fatalf("after a skip that read a file: %v", err)
 			}

@@ -158,6 +158,11 @@ func (r *reader) checkRecord(hexID string, rec record, records map[string]record
 		if ok && rec.Class == "skip" && (rec.BaseTree != p.BaseTree || rec.FSTree != p.FSTree || rec.StateKey != p.StateKey) {
 			r.fail("record %s: a skip record whose trees are not its parent's", name)
 		}
+		// Since 2026-12-07 a skip record carries its parent's journal;
+		// older ones carry none ("Skip records").
+		if ok && rec.Class == "skip" && (rec.Conv != "" || rec.ProcChange != "" || (rec.Journal != "" && rec.Journal != p.Journal)) {
+			r.fail("record %s: a skip record with a conv, a proc_change or a journal not its parent's", name)
+		}
 	}
 	if rec.Journal != "" || len(exp.Journal) > 0 {
 		jx, err := parseHex(rec.Journal)
