@@ -56,6 +56,9 @@ test: deps vet
 	TURNSNAP_REQUIRE_ALL=1 $(GO) test $(TESTTAGS) -race -count=1 -timeout 10m -run '^TestConcurrentOperations$$' ./engine
 	TURNSNAP_REQUIRE_ALL=1 TURNSNAP_BENCH_SMALL=1 $(GO) test $(TESTTAGS) -count=1 -run '^$$' -bench . -benchtime 1x $(PKGS)
 	$(GO) build -o $(BIN) ./cmd/turnsnap
+	@# The shipped binary is built without the test hooks: no test variable in it.
+	@if grep -aqE 'TURNSNAP_(TEST_|OVERLAY_RESTORE|KILLPOINT)' $(BIN); then \
+	  echo "$(BIN) names a test variable: a test hook is compiled into the shipped binary"; exit 1; fi
 	TURNSNAP_REQUIRE_ALL=1 TURNSNAP_BIN=$(CURDIR)/$(BIN) PYTHONDONTWRITEBYTECODE=1 pytest-3 -q -p no:cacheprovider clients/python/tests
 
 # The replayed-trace benchmark (docs/BENCH.md): every standard trace with

@@ -134,7 +134,9 @@ func BenchmarkRollbackByDiff(b *testing.B) {
 	b.Run("overlay/by-diff/tracked", byDiff("tracked", overlay.LiveTracked))
 	b.Run("overlay/by-diff/walk", byDiff("overlay", "walk"))
 	b.Run("overlay/materialise", func(b *testing.B) {
-		b.Setenv(overlay.RestoreModeEnv, "rebuild")
+		ob := overlayOf(engines["overlay"])
+		ob.SetRebuildRestores(true)
+		defer ob.SetRebuildRestores(false)
 		roll(b, "overlay", "")
 	})
 	b.Run("overlay/cp-a", func(b *testing.B) {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/fstree"
@@ -29,6 +30,8 @@ type Backend struct {
 	memo   *cacheMemo // decoded scan caches of its roots (cachememo.go)
 	ids    delta.IDs  // the home's content ID scheme (SetIDs)
 	track  trackers   // change tracking (turnscan.go)
+	// rebuildRestores: restores rebuild the layer (SetRebuildRestores).
+	rebuildRestores atomic.Bool
 }
 
 // NewBackend returns a backend keeping materialised bases (and frozen
@@ -155,7 +158,14 @@ func (b *Backend) root(dir, base string) *Root {
 	r.loader, r.keys = b.loader, &b.keys
 	r.memo = b.memo
 	r.ids = b.ids
+	r.rebuildAll = &b.rebuildRestores
 	return r
 }
+
+// SetRebuildRestores makes its roots' restores rebuild the whole layer, as
+// they did before restores by diff: the baseline the rollback benchmarks
+// measure the diff path against. A method, not an environment variable, so
+// nothing outside the program can switch a production daemon's restores.
+func (b *Backend) SetRebuildRestores(on bool) { b.rebuildRestores.Store(on) }
 
 var _ rootfs.Backend = (*Backend)(nil)

@@ -41,6 +41,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/moby/sys/mountinfo"
@@ -72,6 +73,9 @@ type Root struct {
 	// lastFallback says why the last Restore rebuilt the layer whole
 	// ("" if it applied a diff), for tests and diagnostics.
 	lastFallback string
+	// rebuildAll, if set and true, makes Restore rebuild the layer whole
+	// (Backend.SetRebuildRestores).
+	rebuildAll *atomic.Bool
 }
 
 // Open returns the overlay root kept in dir on top of the read-only lower

@@ -16,11 +16,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// RestoreModeEnv, set to "rebuild", makes Restore rebuild the whole layer
-// as it did before restores by diff: the baseline of the rollback
-// benchmarks, and a switch for an operator who suspects the diff path.
-const RestoreModeEnv = "TURNSNAP_OVERLAY_RESTORE"
-
 // Restore makes the writable layer exactly tree, rewriting only what
 // differs from the live layer (fstree.PlanDiff): files in both states keep
 // their inodes, and a rollback a few files away costs a few files.
@@ -65,11 +60,11 @@ func (r *Root) RestoreWith(ctx context.Context, tree delta.ID, loader delta.Blob
 		before = nil
 		return f()
 	}
-	if os.Getenv(RestoreModeEnv) == "rebuild" {
+	if r.rebuildAll != nil && r.rebuildAll.Load() {
 		if o.Tracker != nil {
 			o.Tracker.Close() // its descriptor would keep the root from unmounting
 		}
-		info.Fallback = "rebuild asked for (" + RestoreModeEnv + ")"
+		info.Fallback = "rebuild asked for (Backend.SetRebuildRestores)"
 		if err := o.BeforeWrite(); err != nil {
 			return info, err
 		}
