@@ -3,10 +3,13 @@ package engine
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/engine/check"
+	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/internal/rootfs"
 	"github.com/turnsnap/turnsnap/upload"
 )
@@ -60,13 +63,22 @@ type baseChecker interface {
 // reports whether it had one. Restores pass full=false (a stat per entry),
 // verify full=true.
 func (e *Engine) checkBase(ctx context.Context, sandbox, backend string, tree delta.ID, full bool) (bool, error) {
+	// The sandbox's own backend options, if it still exists (a checkpoint
+	// outlives its sandbox); a catalog that cannot be read is an error.
 	var cfg json.RawMessage
-	e.view(ctx, func(tx *catalog.Tx) error {
-		if sb, err := tx.Sandbox(sandbox); err == nil && sb.Backend == backend {
+	err := e.view(ctx, func(tx *catalog.Tx) error {
+		sb, err := tx.Sandbox(sandbox)
+		if err == nil && sb.Backend == backend {
 			cfg = sb.Config
 		}
-		return nil
+		if errors.Is(err, errdefs.ErrNotFound) {
+			return nil
+		}
+		return err
 	})
+	if err != nil {
+		return false, fmt.Errorf("sandbox %s: %w", sandbox, err)
+	}
 	be, err := e.backend(backend, cfg)
 	if err != nil {
 		return false, nil // a backend this host cannot run has no base here

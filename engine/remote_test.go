@@ -177,14 +177,26 @@ func TestMinIOKilledDuringPush(t *testing.T) {
 	must(t, os.WriteFile(filepath.Join(cr.Root, "big.bin"), big, 0o644))
 	c, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
+	// The server dies between the push's first and second uploads (Yield
+	// runs before each), so the push provably crosses the crash; the
+	// second upload then meets a dead server until the restart is done.
+	var uploads atomic.Int32
+	killed := make(chan struct{})
 	done := make(chan error, 1)
 	go func() {
-		_, err := e.Remote().Push(ctx, PushOptions{})
+		_, err := e.Remote().Push(ctx, PushOptions{Yield: func(context.Context) {
+			if uploads.Add(1) == 2 {
+				srv.Kill()
+				close(killed)
+			}
+		}})
 		done <- err
 	}()
-	time.Sleep(300 * time.Millisecond)
-	srv.Kill()
-	time.Sleep(time.Second)
+	select {
+	case <-killed:
+	case err := <-done:
+		t.Fatalf("the push ended before its second upload (%v): the test needs three packs", err)
+	}
 	must(t, srv.Restart())
 	if err := <-done; err != nil {
 		// Retries may run out while the server is down; a second push

@@ -148,7 +148,7 @@ func TestScanCacheSkipsUnchangedFiles(t *testing.T) {
 	for i := range 50 {
 		must(t, os.WriteFile(filepath.Join(dir, fmt.Sprintf("f%02d", i)), []byte(fmt.Sprint(i)), 0o644))
 	}
-	time.Sleep(2 * racyWindow)
+	time.Sleep(2 * RacyWindow)
 	r1, err := Scan(ctx, dir, ScanOptions{Saver: newMem()})
 	must(t, err)
 	if r1.Stats.FilesRead != 50 {

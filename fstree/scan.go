@@ -107,10 +107,10 @@ type ScanResult struct {
 	Stats    ScanStats
 }
 
-// racyWindow covers the coarse clock that stamps ctime: a file changed in the
+// RacyWindow covers the coarse clock that stamps ctime: a file changed in the
 // same clock tick as the scan that cached it could keep its ctime, so entries
 // that new are re-read next time (git's "racily clean" rule).
-const racyWindow = 50 * time.Millisecond
+const RacyWindow = 50 * time.Millisecond
 
 // xattrBufSize bounds one xattr list or value read; the kernel's own limit is 64 KiB.
 const xattrBufSize = fsat.XattrBufSize
@@ -160,7 +160,7 @@ func Scan(ctx context.Context, root string, opts ScanOptions) (*ScanResult, erro
 		next:      NewScanCache(),
 		links:     map[[2]uint64]string{},
 		xbuf:      make([]byte, xattrBufSize),
-		racyAfter: time.Now().Add(-racyWindow).UnixNano(),
+		racyAfter: time.Now().Add(-RacyWindow).UnixNano(),
 		empty:     opts.IDs.EmptyTree(),
 	}
 	s.files = NewFileReader(opts.IDs, opts.Saver, &s.stats, opts.Workers)

@@ -136,7 +136,7 @@ func (c *ScanCache) linkTouched(changed *ChangeSet) (string, bool) {
 }
 
 // lookupTracked lets a tracked scan trust a racy cache entry (one stamped
-// within racyWindow of the scan that made it) off the changed paths. The
+// within RacyWindow of the scan that made it) off the changed paths. The
 // racy rule guards against a change in the same clock tick as that scan's
 // read, which leaves ctime as it was; but the change record the cache is
 // the base of starts before that read, so any such change is a changed

@@ -81,9 +81,12 @@ func Write(t testing.TB, p, content string) {
 	must(t, os.WriteFile(p, []byte(content), 0o644))
 }
 
-// Settle waits out the racy window of scan caches, so the next scan may
-// trust what the previous one saw.
-func Settle() { time.Sleep(60 * time.Millisecond) }
+// Settle waits out the racy window of scan caches (fstree.RacyWindow, so
+// the two cannot drift apart), so the next scan may trust what the
+// previous one saw. A wait on the clock, not a guess: a scan trusts only
+// entries whose ctime is older than the window, and that age is what is
+// waited for; the margin covers the coarse timestamp clock's tick.
+func Settle() { time.Sleep(fstree.RacyWindow + 10*time.Millisecond) }
 
 // RichBase builds a base with every kind of entry the format records,
 // hardlinks included.

@@ -2,6 +2,8 @@ package frozen
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"path/filepath"
 
 	"github.com/turnsnap/turnsnap/delta"
@@ -68,12 +70,22 @@ func (k *Keeper) freezeForBranch(ctx context.Context, cp *delta.Checkpoint, size
 		j.live = live
 	}
 	if !cp.Parent.IsZero() {
-		k.d.View(ctx, func(tx Lines) error {
-			if parent, err := tx.Checkpoint(cp.Parent); err == nil {
+		// The parent's layer is only a source of links: a parent pruned
+		// since leaves none, but a catalog that cannot be read is the
+		// branch's error.
+		err := k.d.View(ctx, func(tx Lines) error {
+			parent, err := tx.Checkpoint(cp.Parent)
+			if err == nil {
 				j.parent = parent.FSTree
 			}
-			return nil
+			if errors.Is(err, errdefs.ErrNotFound) {
+				return nil
+			}
+			return err
 		})
+		if err != nil {
+			return fmt.Errorf("checkpoint %s: parent %s: %w", cp.ID.Short(), cp.Parent.Short(), err)
+		}
 	}
 	// Registered as a job already claimed: a concurrent branch of the same
 	// checkpoint waits for this build (awaitFreeze) instead of making its
