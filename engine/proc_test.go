@@ -91,7 +91,7 @@ func TestCounterContinuesAfterRollbackAndBranch(t *testing.T) {
 	must(t, err)
 	_, err = e.Processes().Exec(ctx, "s", []string{"sh", "-c", counterScript}, ExecOptions{Detach: true})
 	must(t, err)
-	time.Sleep(1500 * time.Millisecond)
+	waitCounter(t, e, "s", func(n int) bool { return n >= 20 })
 	c1, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
 	if c1.Class != delta.ClassFull && c1.Class != delta.ClassProcess {
@@ -104,10 +104,9 @@ func TestCounterContinuesAfterRollbackAndBranch(t *testing.T) {
 	if atCut < 20 {
 		t.Fatalf("counter only at %d", atCut)
 	}
-	time.Sleep(500 * time.Millisecond)
+	waitCounter(t, e, "s", func(n int) bool { return n > atCut+5 }) // it moved on past the cut
 	_, err = e.Rollback(ctx, "s", c1.ID.String(), RollbackOptions{})
 	must(t, err)
-	time.Sleep(300 * time.Millisecond)
 	if n := counter(t, e, "s"); n < atCut/2 || n > atCut+40 {
 		t.Fatalf("after rollback the counter is %d; at the cut it was about %d (a restarted process would be near 1)", n, atCut)
 	}
@@ -119,16 +118,32 @@ func TestCounterContinuesAfterRollbackAndBranch(t *testing.T) {
 			t.Fatalf("branch %s did not restore processes", b)
 		}
 	}
-	time.Sleep(300 * time.Millisecond)
 	n1, n2, n0 := counter(t, e, "b1"), counter(t, e, "b2"), counter(t, e, "s")
 	for name, n := range map[string]int{"b1": n1, "b2": n2} {
 		if n < atCut/2 {
 			t.Fatalf("branch %s counter %d restarted (cut at about %d)", name, n, atCut)
 		}
 	}
-	time.Sleep(300 * time.Millisecond)
-	if counter(t, e, "b1") <= n1 || counter(t, e, "b2") <= n2 || counter(t, e, "s") <= n0 {
-		t.Fatal("a counter stopped: the branches and the original do not all run side by side")
+	// Each counter moves on by itself: they all run side by side.
+	for name, from := range map[string]int{"b1": n1, "b2": n2, "s": n0} {
+		waitCounter(t, e, name, func(n int) bool { return n > from })
+	}
+}
+
+// waitCounter polls sandbox's counter until ok holds for it (a minute at
+// most: a counter that never gets there has stopped) and returns it.
+func waitCounter(t *testing.T, e *Engine, sandbox string, ok func(int) bool) int {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		n := counter(t, e, sandbox)
+		if ok(n) {
+			return n
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("counter in %s stuck at %d", sandbox, n)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 
