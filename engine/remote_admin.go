@@ -103,7 +103,7 @@ func (e *Engine) Setup(ctx context.Context, opts SetupOptions) (_ *InitReport, e
 	defer func() {
 		if err != nil {
 			restore()
-			e.repo = e.newRepo()
+			e.repo = newRepo(e)
 			setBackendIDs(e.backends, e.ids())
 		}
 	}()
@@ -140,7 +140,7 @@ func (e *Engine) Setup(ctx context.Context, opts SetupOptions) (_ *InitReport, e
 		}
 		e.config = &c
 	}
-	e.repo = e.newRepo()
+	e.repo = newRepo(e)
 	if rc := opts.Remote; rc != nil {
 		// Queue first, configure after: a home whose config names a remote
 		// must have its whole history queued, or `status` would report as
