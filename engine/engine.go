@@ -176,7 +176,7 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	var rawRemote upload.Store
 	if rc := e.config.Remote; rc != nil {
 		rawRemote = remote.Lazy(func(ctx context.Context) (upload.Store, error) {
-			cfg, err := rc.s3Config()
+			cfg, err := rc.S3Config()
 			if err != nil {
 				return nil, err
 			}

@@ -37,7 +37,7 @@ func (sb *sharedBucket) home(t *testing.T) *Engine {
 	t.Helper()
 	e := newEngine(t)
 	rc := sb.rc
-	_, err := e.Setup(context.Background(), SetupOptions{Remote: &rc, KeyFile: sb.key})
+	_, err := e.HomeSetup().Setup(context.Background(), SetupOptions{Remote: &rc, KeyFile: sb.key})
 	must(t, err)
 	return e
 }
