@@ -9,6 +9,8 @@ import (
 	"github.com/turnsnap/turnsnap/btrfs"
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/engine/leftover"
+	"github.com/turnsnap/turnsnap/engine/room"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/internal/rootfs"
 	"github.com/turnsnap/turnsnap/overlay"
@@ -46,7 +48,7 @@ func newOverlay(e *Engine, opts Options) *overlay.Backend {
 		View: func(ctx context.Context, fn func(frozen.Lines) error) error {
 			return e.view(ctx, func(tx *catalog.Tx) error { return fn(tx) })
 		},
-		Room:      func(need uint64) error { return e.checkRoom(need, 0) },
+		Room:      func(need uint64) error { return room.Check(string(e.home), e.cat, need, 0) },
 		Phase:     e.phase,
 		Shared:    e.shared,
 		Yield:     e.admit.Yield, // urgent checkpoints first (admit.go)
@@ -103,4 +105,16 @@ func backendConfig(name string, b btrfs.Options) (json.RawMessage, error) {
 		return nil, nil
 	}
 	return json.Marshal(b)
+}
+
+// leftovers are the creation markers of this home's creates and branches,
+// and the roots killed ones left (engine/leftover).
+func (e *Engine) leftovers() *leftover.Roots {
+	return leftover.New(leftover.Deps{
+		IntentsDir:     e.home.intentsDir(),
+		SandboxDir:     e.home.sandboxDir,
+		Backend:        e.backend,
+		DefaultBackend: defaultBackend,
+		Log:            e.log,
+	})
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/engine/room"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/internal/rootfs"
 )
@@ -126,11 +127,11 @@ func (e *Engine) BranchMany(ctx context.Context, ref string, names []string, o B
 	// As for a rollback (restore.go): roots copied into the home must
 	// leave the catalog its room. A stacked root copies nothing.
 	if rootsInHome(o.Backend) && !stacked {
-		if err := e.checkRoom(fp.Bytes*uint64(len(names)), 0); err != nil {
+		if err := room.Check(string(e.home), e.cat, fp.Bytes*uint64(len(names)), 0); err != nil {
 			return nil, fmt.Errorf("%s: branch of %s: %w", subject, cp.ID.Short(), err)
 		}
 	}
-	unmark, err := e.markCreating(names, o.Backend, cfg)
+	unmark, err := e.leftovers().Creating(names, o.Backend, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", subject, err)
 	}

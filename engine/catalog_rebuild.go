@@ -40,32 +40,21 @@ func newRebuilder(e *Engine, log *slog.Logger) *rebuild.Rebuilder {
 		Exclusive:         e.exclusive,
 		Phase:             func(name string) { e.progressPhase(name, 0) },
 		RefuseIfEncrypted: func(ctx context.Context) error { return e.keys.RefuseIfEncrypted(ctx) },
-		CatalogOptions:    func() catalog.Options { return e.catalogOptions(false) },
+		CatalogOptions:    func() catalog.Options { return catalogOptions(log, e.keys, false) },
 		Catalog:           func() *catalog.Catalog { return e.cat },
 		SetCatalog: func(c *catalog.Catalog) {
 			if e.cat = c; c != nil {
-				e.repo = e.newRepo()
+				e.repo = newRepo(e)
 			}
 		},
 		Stores: func() (upload.Store, upload.Store, upload.Store) { return e.store, e.local, e.remote },
-		Keys:   e.localKeys,
+		Keys:   func() *delta.Keys { return e.keys.LocalKeys() },
 		Blobs:  func() rebuild.Locations { return e.repo },
 		BlobsOf: func(cat *catalog.Catalog) delta.BlobLoader {
-			return content.NewSealedIDs(e.store, cat, e.codec, e.meter, e.localKeys(), e.ids())
+			return content.NewSealedIDs(e.store, cat, e.codec, e.meter, e.keys.LocalKeys(), e.keys.IDs())
 		},
 		Syncer: func() *remote.Syncer { return e.rem.Syncer() },
 		HomeID: func() string { return e.config.HomeID },
 		Log:    log,
 	})
-}
-
-// readPackHeader reads a pack's header from the local copy, or straight from
-// the remote store (a range read, not a download of the whole pack).
-func (e *Engine) readPackHeader(ctx context.Context, name string) ([]delta.PackEntry, error) {
-	return rebuild.ReadPackHeader(ctx, e.localKeys(), e.local, e.remote, name)
-}
-
-// loaderFor reads blobs using a location map instead of the catalog.
-func (e *Engine) loaderFor(locs map[delta.ID]catalog.BlobLocation) delta.BlobLoader {
-	return e.repo.LoaderFor(locs)
 }

@@ -34,7 +34,7 @@ func newVerifier(e *Engine) *check.Verifier {
 		Store:   func() upload.Store { return e.store },
 		Catalog: func() *catalog.Catalog { return e.cat },
 		Repo:    func() check.Repo { return e.repo },
-		Keys:    e.localKeys,
+		Keys:    func() *delta.Keys { return e.keys.LocalKeys() },
 		IDs:     e.ids,
 		HomeID:  func() string { return e.config.HomeID },
 		CheckBase: func(ctx context.Context, cp *delta.Checkpoint) (bool, error) {

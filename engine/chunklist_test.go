@@ -114,7 +114,7 @@ func TestChunkListsSealedPushedRebuilt(t *testing.T) {
 	rc := RemoteConfig{URL: "s3://lists/home", Endpoint: srv.Endpoint, Insecure: true}
 	key := keyFile(t)
 	e := newEngine(t)
-	_, err := e.Setup(ctx, SetupOptions{Remote: &rc, KeyFile: key})
+	_, err := e.HomeSetup().Setup(ctx, SetupOptions{Remote: &rc, KeyFile: key})
 	must(t, err)
 	cr := smallSandbox(t, e, "s")
 	big := filepath.Join(cr.Root, "big.bin")
@@ -139,7 +139,7 @@ func TestChunkListsSealedPushedRebuilt(t *testing.T) {
 	must(t, err)
 
 	f := newEngine(t)
-	_, err = f.Setup(ctx, SetupOptions{Remote: &rc, KeyFile: key})
+	_, err = f.HomeSetup().Setup(ctx, SetupOptions{Remote: &rc, KeyFile: key})
 	must(t, err)
 	rep, err := f.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)

@@ -22,7 +22,7 @@ func TestPlainLocalSealedRemote(t *testing.T) {
 	rc := remoteCfg(srv.Endpoint, "halfsealed")
 
 	a := newEngine(t)
-	_, err := a.Setup(ctx, SetupOptions{Remote: &rc, KeyFile: key, PlainLocal: true})
+	_, err := a.HomeSetup().Setup(ctx, SetupOptions{Remote: &rc, KeyFile: key, PlainLocal: true})
 	must(t, err)
 	if ec := a.config.Encryption; !ec.PlainLocal || ec.IDs != delta.SchemeKeyed {
 		t.Fatalf("config after init --encrypt-local=false: %+v", ec)
@@ -48,7 +48,7 @@ func TestPlainLocalSealedRemote(t *testing.T) {
 	_, err = a.Verifier().Verify(ctx, cp.ID.String())
 	must(t, err)
 	// The choice is made once: a plaintext local store is never sealed later.
-	if _, err := a.Setup(ctx, SetupOptions{KeyFile: key}); !errors.Is(err, errdefs.ErrPrecondition) {
+	if _, err := a.HomeSetup().Setup(ctx, SetupOptions{KeyFile: key}); !errors.Is(err, errdefs.ErrPrecondition) {
 		t.Errorf("init --encrypt-local=true on a plaintext-local home: %v, want ErrPrecondition", err)
 	}
 
@@ -57,7 +57,7 @@ func TestPlainLocalSealedRemote(t *testing.T) {
 	// fetched sealed as they are).
 	for _, plain := range []bool{true, false} {
 		b := newEngine(t)
-		_, err := b.Setup(ctx, SetupOptions{Remote: &rc, KeyFile: key, PlainLocal: plain})
+		_, err := b.HomeSetup().Setup(ctx, SetupOptions{Remote: &rc, KeyFile: key, PlainLocal: plain})
 		must(t, err)
 		rep, err := b.Rebuilder().RebuildCatalog(ctx)
 		must(t, err)
@@ -78,7 +78,7 @@ func TestPlainLocalSealedRemote(t *testing.T) {
 
 	// Without the key a fresh home fails cleanly.
 	c := newEngine(t)
-	if _, err := c.Init(ctx, rc); !errors.Is(err, errdefs.ErrKey) {
+	if _, err := c.HomeSetup().Init(ctx, rc); !errors.Is(err, errdefs.ErrKey) {
 		t.Errorf("init of the bucket without a key: %v, want ErrKey", err)
 	}
 }

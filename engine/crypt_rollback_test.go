@@ -13,7 +13,7 @@ import (
 func TestEncryptedRollbackKeepsInodes(t *testing.T) {
 	ctx := context.Background()
 	e := newEngine(t)
-	_, err := e.Setup(ctx, SetupOptions{KeyFile: keyFile(t)})
+	_, err := e.HomeSetup().Setup(ctx, SetupOptions{KeyFile: keyFile(t)})
 	must(t, err)
 	if e.repo.Keys() == nil {
 		t.Fatal("the home is not encrypted")

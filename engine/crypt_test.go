@@ -78,7 +78,7 @@ func TestEncryptedBucketHoldsNoPlaintext(t *testing.T) {
 	rc := remoteCfg(srv.Endpoint, "sealed")
 
 	a := newEngine(t)
-	_, err := a.Setup(ctx, SetupOptions{Remote: &rc, KeyFile: key})
+	_, err := a.HomeSetup().Setup(ctx, SetupOptions{Remote: &rc, KeyFile: key})
 	must(t, err)
 	cr, err := a.CreateSandbox(ctx, "cryptsb", CreateOptions{Base: busyboxBase(t)})
 	must(t, err)
@@ -111,7 +111,7 @@ func TestEncryptedBucketHoldsNoPlaintext(t *testing.T) {
 
 	// Another host with the key restores files and processes from the bucket.
 	b := newEngine(t)
-	_, err = b.Setup(ctx, SetupOptions{Remote: &rc, KeyFile: key})
+	_, err = b.HomeSetup().Setup(ctx, SetupOptions{Remote: &rc, KeyFile: key})
 	must(t, err)
 	rep, err := b.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
@@ -134,11 +134,11 @@ func TestEncryptedBucketHoldsNoPlaintext(t *testing.T) {
 
 	// A fresh home without the key, and one with another key, fail cleanly.
 	c := newEngine(t)
-	if _, err := c.Init(ctx, rc); !errors.Is(err, errdefs.ErrKey) {
+	if _, err := c.HomeSetup().Init(ctx, rc); !errors.Is(err, errdefs.ErrKey) {
 		t.Errorf("init of a sealed bucket without a key: %v, want ErrKey", err)
 	}
 	d := newEngine(t)
-	if _, err := d.Setup(ctx, SetupOptions{Remote: &rc, KeyFile: keyFile(t)}); !errors.Is(err, errdefs.ErrKey) {
+	if _, err := d.HomeSetup().Setup(ctx, SetupOptions{Remote: &rc, KeyFile: keyFile(t)}); !errors.Is(err, errdefs.ErrKey) {
 		t.Errorf("init with another key: %v, want ErrKey", err)
 	}
 	// A home whose key file went away does not open.
@@ -154,7 +154,7 @@ func TestEncryptedBucketHoldsNoPlaintext(t *testing.T) {
 	// The control: without a key the same kind of file shows in the bucket,
 	// so the greps above could have failed.
 	p := newEngine(t)
-	_, err = p.Init(ctx, remoteCfg(srv.Endpoint, "plain"))
+	_, err = p.HomeSetup().Init(ctx, remoteCfg(srv.Endpoint, "plain"))
 	must(t, err)
 	pr, err := p.CreateSandbox(ctx, "p", CreateOptions{Base: richBase(t)})
 	must(t, err)
@@ -175,7 +175,7 @@ func TestRotateKeyRewrapsOnly(t *testing.T) {
 	ctx := context.Background()
 	k1 := keyFile(t)
 	e := newEngine(t)
-	_, err := e.Setup(ctx, SetupOptions{KeyFile: k1})
+	_, err := e.HomeSetup().Setup(ctx, SetupOptions{KeyFile: k1})
 	must(t, err)
 	cr, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: richBase(t)})
 	must(t, err)
@@ -204,7 +204,7 @@ func TestRotateKeyRewrapsOnly(t *testing.T) {
 	must(t, o.Close())
 	x := newEngine(t)
 	must(t, os.CopyFS(x.home.storeDir(), os.DirFS(filepath.Join(home, "store"))))
-	if _, err := x.Setup(ctx, SetupOptions{KeyFile: k1}); !errors.Is(err, errdefs.ErrKey) {
+	if _, err := x.HomeSetup().Setup(ctx, SetupOptions{KeyFile: k1}); !errors.Is(err, errdefs.ErrKey) {
 		t.Errorf("old key after rotation: %v, want ErrKey", err)
 	}
 	// x holds a store it has no key for; empty it for the cleanup's checker.

@@ -24,6 +24,7 @@ import (
 	"github.com/turnsnap/turnsnap/engine/rebuild"
 	"github.com/turnsnap/turnsnap/engine/remote"
 	"github.com/turnsnap/turnsnap/engine/retention"
+	"github.com/turnsnap/turnsnap/engine/room"
 	"github.com/turnsnap/turnsnap/engine/statememo"
 	"github.com/turnsnap/turnsnap/internal/rootfs"
 	"github.com/turnsnap/turnsnap/upload"
@@ -175,7 +176,7 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	var rawRemote upload.Store
 	if rc := e.config.Remote; rc != nil {
 		rawRemote = remote.Lazy(func(ctx context.Context) (upload.Store, error) {
-			cfg, err := rc.s3Config()
+			cfg, err := rc.S3Config()
 			if err != nil {
 				return nil, err
 			}
@@ -209,7 +210,7 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 			}
 			setBackendIDs(e.backends, e.ids())
 			var err error
-			e.cat, err = catalog.Open(ctx, h.catalogDir(), e.catalogOptions(false))
+			e.cat, err = catalog.Open(ctx, h.catalogDir(), catalogOptions(log, e.keys, false))
 			return err
 		},
 		Exclusive: e.exclusive,
@@ -220,14 +221,14 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	if !opts.ReadOnly {
 		// Before Badger writes anything: on a full filesystem its mmapped
 		// writes would kill the process instead of failing.
-		if err := e.checkRoom(0, 0); err != nil {
+		if err := room.Check(string(h), e.cat, 0, 0); err != nil {
 			return nil, err
 		}
 		if err := rebuild.Finish(h.catalogDir()); err != nil {
 			return nil, err
 		}
 	}
-	if e.cat, err = catalog.Open(ctx, h.catalogDir(), e.catalogOptions(opts.ReadOnly)); err != nil {
+	if e.cat, err = catalog.Open(ctx, h.catalogDir(), catalogOptions(log, e.keys, opts.ReadOnly)); err != nil {
 		return nil, err
 	}
 	if e.codec, err = delta.NewCodec(); err != nil {
@@ -236,8 +237,8 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	if opts.Progress != nil {
 		e.meter = content.NewMeter(opts.Progress)
 	}
-	e.repo = e.newRepo()
-	e.repo.SetRoomCheck(e.checkRoom)
+	e.repo = newRepo(e)
+	e.repo.SetRoomCheck(func(need, held uint64) error { return room.Check(string(h), e.cat, need, held) })
 	e.backends = newBackends(e, opts) // backends.go
 	e.procs.CleanWork()               // process images a killed turnsnap left (engine/procs)
 	e.retention = e.newRetention()
@@ -279,17 +280,15 @@ func (e *Engine) Keys() *keys.Ring { return e.keys }
 // ids returns the home's content ID scheme (keys.Ring.IDs).
 func (e *Engine) ids() delta.IDs { return e.keys.IDs() }
 
-// localKeys returns the keys the local store and catalog are sealed with
-// (keys.Ring.LocalKeys).
-func (e *Engine) localKeys() *delta.Keys { return e.keys.LocalKeys() }
-
-// newRepo returns the content repository over the engine's stores.
-func (e *Engine) newRepo() *content.Repo {
-	return content.NewSealedIDs(e.store, e.cat, e.codec, e.meter, e.localKeys(), e.ids())
+// newRepo returns the content repository over the engine's stores and
+// catalog as they are now.
+func newRepo(e *Engine) *content.Repo {
+	return content.NewSealedIDs(e.store, e.cat, e.codec, e.meter, e.keys.LocalKeys(), e.keys.IDs())
 }
 
-func (e *Engine) catalogOptions(readOnly bool) catalog.Options {
-	return catalog.Options{Logger: e.log, EncryptionKey: e.localKeys().CatalogKey(), ReadOnly: readOnly}
+// catalogOptions opens the catalog sealed with the local keys.
+func catalogOptions(log *slog.Logger, k *keys.Ring, readOnly bool) catalog.Options {
+	return catalog.Options{Logger: log, EncryptionKey: k.LocalKeys().CatalogKey(), ReadOnly: readOnly}
 }
 
 // Admission returns the checkpoint admission scheduler: its Stats are

@@ -16,6 +16,7 @@ import (
 
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/engine/room"
 	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/overlay"
@@ -564,7 +565,7 @@ func TestBranchBuildKeepsRoom(t *testing.T) {
 	for {
 		var fs unix.Statfs_t
 		must(t, unix.Statfs(dir, &fs))
-		if availBytes(&fs) <= e.cat.Reserve()+12<<20 {
+		if room.AvailBytes(&fs) <= e.cat.Reserve()+12<<20 {
 			break
 		}
 		if _, err := f.Write(chunk); err != nil {

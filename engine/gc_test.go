@@ -97,7 +97,7 @@ func TestGCWithTwoHostsNeverDeletesReferencedPacks(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make(chan error, 2)
 	for i, e := range homes {
-		_, err := e.Init(ctx, remoteCfg(srv.Endpoint, "shared"))
+		_, err := e.HomeSetup().Init(ctx, remoteCfg(srv.Endpoint, "shared"))
 		must(t, err)
 		name := fmt.Sprintf("host%d", i)
 		cr, err := e.CreateSandbox(ctx, name, CreateOptions{Base: richBase(t)})
@@ -151,7 +151,7 @@ func TestPushRestoresAPackAnotherHostCollected(t *testing.T) {
 	srv := startMinIO(t)
 	a, b := newEngine(t), newEngine(t)
 	for _, e := range []*Engine{a, b} {
-		_, err := e.Init(ctx, remoteCfg(srv.Endpoint, "collected"))
+		_, err := e.HomeSetup().Init(ctx, remoteCfg(srv.Endpoint, "collected"))
 		must(t, err)
 	}
 	cr, err := b.CreateSandbox(ctx, "s", CreateOptions{Base: richBase(t)})

@@ -81,9 +81,9 @@ func TestKeyedIDsPerKey(t *testing.T) {
 	kA, kB := keyFile(t), keyFile(t)
 
 	a, b, p := newEngine(t), newEngine(t), newEngine(t)
-	_, err := a.Setup(ctx, SetupOptions{Remote: &rcA, KeyFile: kA})
+	_, err := a.HomeSetup().Setup(ctx, SetupOptions{Remote: &rcA, KeyFile: kA})
 	must(t, err)
-	_, err = b.Setup(ctx, SetupOptions{Remote: &rcB, KeyFile: kB})
+	_, err = b.HomeSetup().Setup(ctx, SetupOptions{Remote: &rcB, KeyFile: kB})
 	must(t, err)
 	cps := map[*Engine]delta.ID{}
 	for _, e := range []*Engine{a, b, p} {
@@ -145,7 +145,7 @@ func TestKeyedIDsPerKey(t *testing.T) {
 
 	// A fresh home with tenant a's key restores from the bucket and verifies.
 	c := newEngine(t)
-	_, err = c.Setup(ctx, SetupOptions{Remote: &rcA, KeyFile: kA})
+	_, err = c.HomeSetup().Setup(ctx, SetupOptions{Remote: &rcA, KeyFile: kA})
 	must(t, err)
 	if c.config.Encryption.IDs != delta.SchemeKeyed || c.ids() != a.ids() {
 		t.Fatalf("the fresh home's scheme is %q, not its store's", c.config.Encryption.IDs)
@@ -184,7 +184,7 @@ func TestKeyedIDsPerKey(t *testing.T) {
 func TestKeyedIDsTrackFreezeRollback(t *testing.T) {
 	ctx := context.Background()
 	e := openTracking(t, filepath.Join(t.TempDir(), "home"))
-	_, err := e.Setup(ctx, SetupOptions{KeyFile: keyFile(t)})
+	_, err := e.HomeSetup().Setup(ctx, SetupOptions{KeyFile: keyFile(t)})
 	must(t, err)
 	if !e.ids().Keyed() {
 		t.Fatal("the home's IDs are not keyed")
@@ -251,7 +251,7 @@ func TestEncryptedHomeBeforeKeyedIDsKeepsPlainIDs(t *testing.T) {
 	must(t, err)
 	e := newEngine(t)
 	must(t, upload.PutBytes(ctx, rawLocalOf(e), delta.KeyName(m.ID()), m.WrapKeys(delta.NewDataKeyPlainIDs())))
-	_, err = e.Setup(ctx, SetupOptions{KeyFile: kf})
+	_, err = e.HomeSetup().Setup(ctx, SetupOptions{KeyFile: kf})
 	must(t, err)
 	if e.config.Encryption.IDs != "" || e.ids().Keyed() || !e.keys.Encrypted() {
 		t.Fatalf("an old-scheme store set up with scheme %q (keyed %v)", e.config.Encryption.IDs, e.ids().Keyed())
@@ -290,7 +290,7 @@ func TestPlainLocalNeedsKeyedIDs(t *testing.T) {
 	must(t, err)
 	e := newEngine(t)
 	must(t, upload.PutBytes(ctx, rawLocalOf(e), delta.KeyName(m.ID()), m.WrapKeys(delta.NewDataKeyPlainIDs())))
-	if _, err := e.Setup(ctx, SetupOptions{KeyFile: kf, PlainLocal: true}); !errors.Is(err, errdefs.ErrPrecondition) {
+	if _, err := e.HomeSetup().Setup(ctx, SetupOptions{KeyFile: kf, PlainLocal: true}); !errors.Is(err, errdefs.ErrPrecondition) {
 		t.Fatalf("--encrypt-local=false on a plain-ID store: %v, want ErrPrecondition", err)
 	}
 	if e.config.Encryption != nil {

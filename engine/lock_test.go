@@ -65,12 +65,12 @@ func TestKilledPushLeavesAStaleLock(t *testing.T) {
 	must(t, err)
 	rc := remoteCfg(proxy.Addr, "killed")
 	rc.LockStaleAfterNs = int64(lockWindow)
-	_, err = a.Init(ctx, rc)
+	_, err = a.HomeSetup().Init(ctx, rc)
 	must(t, err)
 	must(t, a.Close()) // the child takes the home
 
 	b := newEngine(t)
-	_, err = b.Init(ctx, remoteCfg(srv.Endpoint, "killed"))
+	_, err = b.HomeSetup().Init(ctx, remoteCfg(srv.Endpoint, "killed"))
 	must(t, err)
 
 	child := exec.Command(os.Args[0], "-test.run=^TestHelperStalledPush$", "-test.v")
@@ -143,7 +143,7 @@ func testLockHolderThatCannotRefreshCancels(t *testing.T, fault faultproxy.Fault
 	must(t, err)
 	t.Cleanup(func() { proxy.Close() })
 	e := newEngine(t)
-	_, err = e.Init(ctx, remoteCfg(proxy.Addr, "refresh"))
+	_, err = e.HomeSetup().Init(ctx, remoteCfg(proxy.Addr, "refresh"))
 	must(t, err)
 	rs := e.rem.Syncer()
 	rs.Remote = upload.WithRetry(mustS3(t, e), upload.RetryPolicy{MaxAttempts: 1})
@@ -178,7 +178,7 @@ func testLockHolderThatCannotRefreshCancels(t *testing.T, fault faultproxy.Fault
 
 func mustS3(t *testing.T, e *Engine) upload.Store {
 	t.Helper()
-	cfg, err := e.config.Remote.s3Config()
+	cfg, err := e.config.Remote.S3Config()
 	must(t, err)
 	s, err := upload.NewS3(context.Background(), cfg)
 	must(t, err)

@@ -53,7 +53,7 @@ func TestTwoHomesNeverCoOwnASandbox(t *testing.T) {
 	cfg := remoteCfg(srv.Endpoint, "owners")
 	a, b := newEngine(t), newEngine(t)
 	for _, e := range []*Engine{a, b} {
-		_, err := e.Init(ctx, cfg)
+		_, err := e.HomeSetup().Init(ctx, cfg)
 		must(t, err)
 	}
 	cr, err := a.CreateSandbox(ctx, "x", CreateOptions{Base: richBase(t)})
@@ -133,7 +133,7 @@ func TestTwoHomesNeverCoOwnASandbox(t *testing.T) {
 
 	// A third home sees b's line as x's head.
 	c := newEngine(t)
-	_, err = c.Init(ctx, cfg)
+	_, err = c.HomeSetup().Init(ctx, cfg)
 	must(t, err)
 	_, err = c.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
@@ -157,7 +157,7 @@ func TestAdoptRespectsALiveLease(t *testing.T) {
 	cfg := remoteCfg(srv.Endpoint, "lease")
 	a, b := newEngine(t), newEngine(t)
 	for _, e := range []*Engine{a, b} {
-		_, err := e.Init(ctx, cfg)
+		_, err := e.HomeSetup().Init(ctx, cfg)
 		must(t, err)
 	}
 	cr, err := a.CreateSandbox(ctx, "y", CreateOptions{Base: richBase(t)})
@@ -192,7 +192,7 @@ func TestConcurrentAdoptionsHaveOneWinnerPerEpoch(t *testing.T) {
 	srv := startMinIO(t)
 	cfg := remoteCfg(srv.Endpoint, "race")
 	a := newEngine(t)
-	_, err := a.Init(ctx, cfg)
+	_, err := a.HomeSetup().Init(ctx, cfg)
 	must(t, err)
 	cr, err := a.CreateSandbox(ctx, "z", CreateOptions{Base: richBase(t)})
 	must(t, err)
@@ -203,7 +203,7 @@ func TestConcurrentAdoptionsHaveOneWinnerPerEpoch(t *testing.T) {
 	homes := make([]*Engine, n)
 	for i := range homes {
 		homes[i] = newEngine(t)
-		_, err := homes[i].Init(ctx, cfg)
+		_, err := homes[i].HomeSetup().Init(ctx, cfg)
 		must(t, err)
 		_, err = homes[i].Rebuilder().RebuildCatalog(ctx)
 		must(t, err)

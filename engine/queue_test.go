@@ -41,7 +41,7 @@ func TestPruneBeforeFirstSyncNeverWedgesTheQueue(t *testing.T) {
 	ctx := context.Background()
 	srv := startMinIO(t)
 	e, ids := historyHome(t, 4)
-	_, err := e.Init(ctx, remoteCfg(srv.Endpoint, "wedge"))
+	_, err := e.HomeSetup().Init(ctx, remoteCfg(srv.Endpoint, "wedge"))
 	must(t, err)
 	pr, err := e.Retention().Prune(ctx, retention.PruneOptions{KeepLast: 1})
 	must(t, err)
@@ -55,7 +55,7 @@ func TestPruneBeforeFirstSyncNeverWedgesTheQueue(t *testing.T) {
 			t.Fatalf("push %d after prune before the first sync: %v", i+1, err)
 		}
 	}
-	st, err := e.Status(ctx)
+	st, err := e.HomeSetup().Status(ctx)
 	must(t, err)
 	if st.QueueDepth != 0 {
 		t.Fatalf("queue after push: %+v", st)
@@ -65,7 +65,7 @@ func TestPruneBeforeFirstSyncNeverWedgesTheQueue(t *testing.T) {
 		t.Fatalf("bucket records %v, want only the head %s", recs, head.Short())
 	}
 	f := newEngine(t)
-	_, err = f.Init(ctx, remoteCfg(srv.Endpoint, "wedge"))
+	_, err = f.HomeSetup().Init(ctx, remoteCfg(srv.Endpoint, "wedge"))
 	must(t, err)
 	_, err = f.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
@@ -87,9 +87,9 @@ func TestInitOnLongHistory(t *testing.T) {
 	srv := startMinIO(t)
 	const n = 200
 	e, ids := historyHome(t, n)
-	ir, err := e.Init(ctx, remoteCfg(srv.Endpoint, "long"))
+	ir, err := e.HomeSetup().Init(ctx, remoteCfg(srv.Endpoint, "long"))
 	must(t, err)
-	st, err := e.Status(ctx)
+	st, err := e.HomeSetup().Status(ctx)
 	must(t, err)
 	var s *SandboxStatus
 	for i := range st.Sandboxes {
@@ -118,7 +118,7 @@ func TestInitOnLongHistory(t *testing.T) {
 	if recs := remoteRecords(t, e); len(recs) != len(ids) {
 		t.Fatalf("bucket has %d records, want %d", len(recs), len(ids))
 	}
-	if st, _ = e.Status(ctx); st.QueueDepth != 0 {
+	if st, _ = e.HomeSetup().Status(ctx); st.QueueDepth != 0 {
 		t.Fatalf("queue after push: %d", st.QueueDepth)
 	}
 }
@@ -138,17 +138,17 @@ func TestInitSavesTheRemoteOnlyAfterTheQueue(t *testing.T) {
 	})
 	must(t, err)
 	t.Cleanup(func() { proxy.Close() })
-	if _, err := e.Init(ctx, remoteCfg(proxy.Addr, "late")); err == nil {
+	if _, err := e.HomeSetup().Init(ctx, remoteCfg(proxy.Addr, "late")); err == nil {
 		t.Fatal("init succeeded though the bucket could not be listed")
 	}
 	cfg, err := loadConfig(e.home)
 	must(t, err)
-	st, err := e.Status(ctx)
+	st, err := e.HomeSetup().Status(ctx)
 	must(t, err)
 	if cfg.Remote != nil || e.remote != nil || st.Remote != "" {
 		t.Fatalf("a failed init saved the remote: config %+v, status %+v", cfg.Remote, st)
 	}
-	_, err = e.Init(ctx, remoteCfg(srv.Endpoint, "late"))
+	_, err = e.HomeSetup().Init(ctx, remoteCfg(srv.Endpoint, "late"))
 	must(t, err)
 	_, err = e.Remote().Push(ctx, PushOptions{})
 	must(t, err)

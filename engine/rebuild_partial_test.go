@@ -387,7 +387,7 @@ func TestRebuildFromABucketWithBadObjects(t *testing.T) {
 	srv := startMinIO(t)
 	cfg := remoteCfg(srv.Endpoint, "badobjects")
 	a := newEngine(t)
-	_, err := a.Init(ctx, cfg)
+	_, err := a.HomeSetup().Init(ctx, cfg)
 	must(t, err)
 	hp := makeHealthyPair(t, a)
 	_, err = a.Remote().Push(ctx, PushOptions{})
@@ -404,7 +404,7 @@ func TestRebuildFromABucketWithBadObjects(t *testing.T) {
 		}
 	}
 	d := newEngine(t)
-	_, err = d.Init(ctx, cfg)
+	_, err = d.HomeSetup().Init(ctx, cfg)
 	must(t, err)
 	rep, err := d.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
@@ -429,7 +429,7 @@ func TestRebuildAfterAPruneElsewhereLeftAHeadDangling(t *testing.T) {
 	srv := startMinIO(t)
 	cfg := remoteCfg(srv.Endpoint, "dangling")
 	a, b := newEngine(t), newEngine(t)
-	_, err := a.Init(ctx, cfg)
+	_, err := a.HomeSetup().Init(ctx, cfg)
 	must(t, err)
 	cr := smallSandbox(t, a, "x")
 	content := map[delta.ID]string{cr.Checkpoint.ID: ""}
@@ -450,7 +450,7 @@ func TestRebuildAfterAPruneElsewhereLeftAHeadDangling(t *testing.T) {
 	must(t, err)
 
 	// B learns x from the bucket, branches its head into xc and pushes.
-	_, err = b.Init(ctx, cfg)
+	_, err = b.HomeSetup().Init(ctx, cfg)
 	must(t, err)
 	_, err = b.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
@@ -478,7 +478,7 @@ func TestRebuildAfterAPruneElsewhereLeftAHeadDangling(t *testing.T) {
 	}
 
 	d := newEngine(t)
-	_, err = d.Init(ctx, cfg)
+	_, err = d.HomeSetup().Init(ctx, cfg)
 	must(t, err)
 	_, err = d.Rebuilder().RebuildCatalogWith(ctx, RebuildOptions{Strict: true})
 	if !errors.Is(err, errdefs.ErrCorrupt) || !strings.Contains(err.Error(), branched.Short()) {

@@ -54,12 +54,12 @@ func TestRestoreAnywhereFromTheBucket(t *testing.T) {
 	must(t, err)
 	// A home with history gets a remote: everything is queued, nothing is
 	// remote yet.
-	ir, err := a.Init(ctx, remoteCfg(srv.Endpoint, "anywhere"))
+	ir, err := a.HomeSetup().Init(ctx, remoteCfg(srv.Endpoint, "anywhere"))
 	must(t, err)
 	if ir.Queued < 5 {
 		t.Fatalf("init queued %d objects", ir.Queued)
 	}
-	st, err := a.Status(ctx)
+	st, err := a.HomeSetup().Status(ctx)
 	must(t, err)
 	if st.QueueDepth != ir.Queued || remoteRecords(t, a)[c1.ID.String()] {
 		t.Fatalf("before push: queue %d (want %d), record remote: %v", st.QueueDepth, ir.Queued, remoteRecords(t, a)[c1.ID.String()])
@@ -70,21 +70,21 @@ func TestRestoreAnywhereFromTheBucket(t *testing.T) {
 	write(t, filepath.Join(cr.Root, "after-init"), "x")
 	c2, err := a.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
-	st, err = a.Status(ctx)
+	st, err = a.HomeSetup().Status(ctx)
 	must(t, err)
 	if st.QueueDepth == 0 || st.Sandboxes[0].PendingCheckpoints != 1 {
 		t.Fatalf("a new checkpoint is not queued: %+v", st)
 	}
 	_, err = a.Remote().Push(ctx, PushOptions{Sandbox: "s", Urgent: true})
 	must(t, err)
-	if st, _ = a.Status(ctx); st.QueueDepth != 0 {
+	if st, _ = a.HomeSetup().Status(ctx); st.QueueDepth != 0 {
 		t.Fatalf("queue after push: %+v", st)
 	}
 	want := mergedState(t, cr.Root)
 
 	// Another host: empty home, no base dir, no catalog; only the bucket.
 	b := newEngine(t)
-	_, err = b.Init(ctx, remoteCfg(srv.Endpoint, "anywhere"))
+	_, err = b.HomeSetup().Init(ctx, remoteCfg(srv.Endpoint, "anywhere"))
 	must(t, err)
 	rep, err := b.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
@@ -128,7 +128,7 @@ func TestRemoteDurabilityIsNeverClaimedEarly(t *testing.T) {
 	must(t, err)
 	t.Cleanup(func() { proxy.Close() })
 	e := newEngine(t)
-	_, err = e.Init(ctx, remoteCfg(proxy.Addr, "durable"))
+	_, err = e.HomeSetup().Init(ctx, remoteCfg(proxy.Addr, "durable"))
 	must(t, err)
 	cr, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: richBase(t)})
 	must(t, err)
@@ -150,7 +150,7 @@ func TestRemoteDurabilityIsNeverClaimedEarly(t *testing.T) {
 	if remoteRecords(t, e)[c.ID.String()] {
 		t.Fatal("the bucket holds a record whose pack never arrived")
 	}
-	st, err := e.Status(ctx)
+	st, err := e.HomeSetup().Status(ctx)
 	must(t, err)
 	if st.Sandboxes[0].PendingCheckpoints != 1 {
 		t.Fatalf("failed upload left the queue as %+v", st)
@@ -168,7 +168,7 @@ func TestMinIOKilledDuringPush(t *testing.T) {
 	ctx := context.Background()
 	srv := startMinIO(t)
 	e := newEngine(t)
-	_, err := e.Init(ctx, remoteCfg(srv.Endpoint, "crash"))
+	_, err := e.HomeSetup().Init(ctx, remoteCfg(srv.Endpoint, "crash"))
 	must(t, err)
 	cr, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: richBase(t)})
 	must(t, err)
@@ -217,7 +217,7 @@ func checkBucket(t *testing.T, srv *miniotest.Server, bucket string) {
 	t.Helper()
 	ctx := context.Background()
 	f := newEngine(t)
-	_, err := f.Init(ctx, remoteCfg(srv.Endpoint, bucket))
+	_, err := f.HomeSetup().Init(ctx, remoteCfg(srv.Endpoint, bucket))
 	must(t, err)
 	_, err = f.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
@@ -242,7 +242,7 @@ func TestPushYieldsBeforeEachUpload(t *testing.T) {
 	ctx := context.Background()
 	srv := startMinIO(t)
 	e := newEngine(t)
-	_, err := e.Init(ctx, remoteCfg(srv.Endpoint, "yield"))
+	_, err := e.HomeSetup().Init(ctx, remoteCfg(srv.Endpoint, "yield"))
 	must(t, err)
 	cr, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: richBase(t)})
 	must(t, err)

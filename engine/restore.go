@@ -8,6 +8,7 @@ import (
 
 	"github.com/turnsnap/turnsnap/btrfs"
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/engine/room"
 	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/internal/rootfs"
@@ -84,7 +85,7 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 	if rootsInHome(st.sb.Backend) {
 		// The new layer is built in the home beside the live one, and the
 		// catalog must still be writable once it is.
-		if err := e.checkRoom(fp.Bytes, 0); err != nil {
+		if err := room.Check(string(e.home), e.cat, fp.Bytes, 0); err != nil {
 			return nil, fmt.Errorf("sandbox %s: rollback to %s: %w", name, cp.ID.Short(), err)
 		}
 	}

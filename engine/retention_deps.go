@@ -3,6 +3,9 @@ package engine
 import (
 	"context"
 
+	"github.com/turnsnap/turnsnap/catalog"
+	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/engine/rebuild"
 	"github.com/turnsnap/turnsnap/engine/retention"
 )
 
@@ -33,9 +36,16 @@ func (e *Engine) newRetention() *retention.Retention {
 			}
 			return l, nil
 		},
-		ReadPackHeader: e.readPackHeader,
-		LoaderFor:      e.loaderFor,
-		ProgressPhase:  e.progressPhase,
-		Phase:          e.phase,
+		// A pack's header from the local copy, or straight from the remote
+		// store (a range read, not a download of the whole pack).
+		ReadPackHeader: func(ctx context.Context, name string) ([]delta.PackEntry, error) {
+			return rebuild.ReadPackHeader(ctx, e.keys.LocalKeys(), e.local, e.remote, name)
+		},
+		// Blobs read through a location map instead of the catalog.
+		LoaderFor: func(locs map[delta.ID]catalog.BlobLocation) delta.BlobLoader {
+			return e.repo.LoaderFor(locs)
+		},
+		ProgressPhase: e.progressPhase,
+		Phase:         e.phase,
 	})
 }

@@ -41,7 +41,7 @@ func (sb *sharedBucket) homeWith(t *testing.T, oracle bool) *Engine {
 	t.Helper()
 	e := openEngineOracle(t, filepath.Join(t.TempDir(), "home"), oracle)
 	rc := sb.rc
-	_, err := e.Setup(context.Background(), SetupOptions{Remote: &rc, KeyFile: sb.key})
+	_, err := e.HomeSetup().Setup(context.Background(), SetupOptions{Remote: &rc, KeyFile: sb.key})
 	must(t, err)
 	return e
 }

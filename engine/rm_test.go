@@ -57,7 +57,7 @@ func TestRemovedSandboxStaysRemovedAcrossRebuild(t *testing.T) {
 	ctx := context.Background()
 	srv := startMinIO(t)
 	e, _, _ := hostileHome(t, true)
-	_, err := e.Init(ctx, remoteCfg(srv.Endpoint, "rmrebuild"))
+	_, err := e.HomeSetup().Init(ctx, remoteCfg(srv.Endpoint, "rmrebuild"))
 	must(t, err)
 	_, err = e.Remote().Push(ctx, PushOptions{})
 	must(t, err)

@@ -91,7 +91,7 @@ func (e *Engine) CreateSandbox(ctx context.Context, name string, opts CreateOpti
 	if err := ensureDir(filepath.Dir(e.home.sandboxDir(name))); err != nil {
 		return nil, err
 	}
-	unmark, err := e.markCreating([]string{name}, opts.Backend, cfg)
+	unmark, err := e.leftovers().Creating([]string{name}, opts.Backend, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -136,12 +136,13 @@ func (e *Engine) checkNewSandbox(ctx context.Context, name string) error {
 	}
 	if _, err := os.Lstat(e.home.sandboxDir(name)); err == nil {
 		// A root no catalog entry names: a killed create or branch's is
-		// removed here (leftover.go); any other is the operator's call.
-		m, p := e.leftoverMark(name)
+		// removed here (engine/leftover); any other is the operator's call.
+		l := e.leftovers()
+		m := l.Find(name)
 		if m == nil {
-			return e.errUnknownDir(name)
+			return l.ErrUnknown(name)
 		}
-		return e.removeLeftover(ctx, name, m, p)
+		return l.Remove(ctx, name, m)
 	}
 	return nil
 }
@@ -404,7 +405,7 @@ func (e *Engine) RemoveSandboxWith(ctx context.Context, name string, o RemoveOpt
 		if o.CatalogOnly {
 			return err
 		}
-		return e.removeUnknown(ctx, name, err) // a killed create's or branch's root
+		return e.leftovers().RemoveUnknown(ctx, name, err) // a killed create's or branch's root
 	}
 	if !o.CatalogOnly && !e.rem.RootHere(sb) {
 		// Its root is on the host that recorded it: nothing here to
@@ -433,7 +434,7 @@ func (e *Engine) RemoveSandboxWith(ctx context.Context, name string, o RemoveOpt
 	// other order would leave a catalog entry whose root is half gone.
 	unmark := func() {}
 	if be != nil {
-		if unmark, err = e.markCreating([]string{name}, sb.Backend, sb.Config); err != nil {
+		if unmark, err = e.leftovers().Creating([]string{name}, sb.Backend, sb.Config); err != nil {
 			return err
 		}
 	}

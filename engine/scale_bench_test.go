@@ -126,7 +126,7 @@ func BenchmarkScaleInit(b *testing.B) {
 		stop := peakHeap()
 		b.StartTimer()
 		start := time.Now()
-		ir, err := e.Init(context.Background(), remoteCfg(srv.Endpoint, fmt.Sprintf("init%d", i)))
+		ir, err := e.HomeSetup().Init(context.Background(), remoteCfg(srv.Endpoint, fmt.Sprintf("init%d", i)))
 		el := time.Since(start)
 		b.StopTimer()
 		must(b, err)
@@ -166,7 +166,7 @@ func BenchmarkScalePrune(b *testing.B) {
 	for i := range b.N {
 		b.StopTimer()
 		e, commit := scaleHome(b, n)
-		_, err := e.Init(context.Background(), remoteCfg(srv.Endpoint, fmt.Sprintf("prune%d", i)))
+		_, err := e.HomeSetup().Init(context.Background(), remoteCfg(srv.Endpoint, fmt.Sprintf("prune%d", i)))
 		must(b, err)
 		stop := peakHeap()
 		b.StartTimer()

@@ -31,7 +31,7 @@ func TestTwoHomesOneBucketNoCrossTalk(t *testing.T) {
 	own := map[string]map[delta.ID]bool{}
 	for _, h := range []string{"a", "b"} {
 		e := hosts[h]
-		_, err := e.Init(ctx, cfg)
+		_, err := e.HomeSetup().Init(ctx, cfg)
 		must(t, err)
 		cr, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: richBase(t)})
 		must(t, err)
@@ -106,7 +106,7 @@ func TestTwoHomesOneBucketNoCrossTalk(t *testing.T) {
 	}
 	// A third home sees both, and branches from either.
 	c := newEngine(t)
-	_, err = c.Init(ctx, cfg)
+	_, err = c.HomeSetup().Init(ctx, cfg)
 	must(t, err)
 	rep, err = c.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
@@ -133,7 +133,7 @@ func TestRebuildRejectsImpostorsAndSkipsCorrupt(t *testing.T) {
 	ctx := context.Background()
 	srv := startMinIO(t)
 	a := newEngine(t)
-	_, err := a.Init(ctx, remoteCfg(srv.Endpoint, "impostor"))
+	_, err := a.HomeSetup().Init(ctx, remoteCfg(srv.Endpoint, "impostor"))
 	must(t, err)
 	cr, err := a.CreateSandbox(ctx, "s", CreateOptions{Base: richBase(t)})
 	must(t, err)
@@ -165,7 +165,7 @@ func TestRebuildRejectsImpostorsAndSkipsCorrupt(t *testing.T) {
 	must(t, upload.PutBytes(ctx, a.remote, badRecord, []byte("{garbage")))
 
 	b := newEngine(t)
-	_, err = b.Init(ctx, remoteCfg(srv.Endpoint, "impostor"))
+	_, err = b.HomeSetup().Init(ctx, remoteCfg(srv.Endpoint, "impostor"))
 	must(t, err)
 	_, err = b.Rebuilder().RebuildCatalogWith(ctx, RebuildOptions{Strict: true})
 	if !errors.Is(err, errdefs.ErrCorrupt) || !strings.Contains(err.Error(), strings.TrimPrefix(badRecord, delta.RecordPrefix)) && !strings.Contains(err.Error(), impostor) {

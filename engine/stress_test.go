@@ -145,7 +145,7 @@ func TestCreateManySandboxesAtOnce(t *testing.T) {
 	ctx := context.Background()
 	srv := startMinIO(t)
 	e := newEngine(t)
-	if _, err := e.Init(ctx, remoteCfg(srv.Endpoint, "many")); err != nil {
+	if _, err := e.HomeSetup().Init(ctx, remoteCfg(srv.Endpoint, "many")); err != nil {
 		t.Fatal(err)
 	}
 	base := richBase(t)

@@ -231,7 +231,7 @@ func logRecovery(ctx context.Context, log *slog.Logger, e *engine.Engine, rep *e
 	if len(rep.Running) > 0 {
 		log.Info("reattached running containers", "sandboxes", strings.Join(rep.Running, ","))
 	}
-	if st, err := e.Status(ctx); err == nil && st.QueueDepth > 0 {
+	if st, err := e.HomeSetup().Status(ctx); err == nil && st.QueueDepth > 0 {
 		log.Info("resuming the upload queue", "objects", st.QueueDepth, "bytes", st.PendingBytes)
 	}
 }

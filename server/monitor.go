@@ -131,7 +131,7 @@ func (q queueCollector) Describe(ch chan<- *prometheus.Desc) {
 func (q queueCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	st, err := q.e.Status(ctx)
+	st, err := q.e.HomeSetup().Status(ctx)
 	if err != nil {
 		return
 	}

@@ -45,7 +45,7 @@ func TestPusherYieldsToUrgentCheckpoint(t *testing.T) {
 		}
 		e.Close()
 	})
-	if _, err := e.Init(ctx, engine.RemoteConfig{URL: "s3://yield/hosts", Endpoint: srv.Endpoint, Insecure: true}); err != nil {
+	if _, err := e.HomeSetup().Init(ctx, engine.RemoteConfig{URL: "s3://yield/hosts", Endpoint: srv.Endpoint, Insecure: true}); err != nil {
 		t.Fatal(err)
 	}
 	base := filepath.Join(dir, "base")
@@ -62,7 +62,7 @@ func TestPusherYieldsToUrgentCheckpoint(t *testing.T) {
 		t.Fatal(err)
 	}
 	depth := func() int {
-		st, err := e.Status(ctx)
+		st, err := e.HomeSetup().Status(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -57,7 +57,7 @@ func (s *Service) DeleteTag(ctx context.Context, name string) (*api.Untagged, er
 }
 
 func (s *Service) Status(ctx context.Context) (*api.StatusReport, error) {
-	return wirePtr[api.StatusReport](s.E.Status(ctx))
+	return wirePtr[api.StatusReport](s.E.HomeSetup().Status(ctx))
 }
 
 // Sync returns once everything queued (for req.Sandbox, or all) is in the
@@ -139,7 +139,7 @@ func (s *Service) Init(ctx context.Context, req api.InitRequest) (*api.Initialis
 		}
 		remote = &rc
 	}
-	r, err := s.E.Setup(ctx, engine.SetupOptions{Remote: remote, KeyFile: req.KeyFile,
+	r, err := s.E.HomeSetup().Setup(ctx, engine.SetupOptions{Remote: remote, KeyFile: req.KeyFile,
 		PlainLocal: req.EncryptLocal != nil && !*req.EncryptLocal})
 	if err != nil {
 		return nil, err

@@ -207,7 +207,7 @@ func writeBucket(t *testing.T, name string, sealed, plainLocal bool) {
 		setup.KeyFile, setup.PlainLocal = keyFile, plainLocal
 		g.m.KeyFile = name + ".key"
 	}
-	_, err = e.Setup(ctx, setup)
+	_, err = e.HomeSetup().Setup(ctx, setup)
 	must(t, err)
 
 	// The base: every entry type a base may hold, a file of more than 16

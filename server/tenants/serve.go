@@ -153,7 +153,7 @@ func openTenant(ctx context.Context, log *slog.Logger, cfg server.Config, spec T
 		setup.KeyFile = spec.KeyFile // the engine refuses a key other than the home's
 	}
 	if setup.Remote != nil || setup.KeyFile != "" {
-		if _, err := e.Setup(ctx, setup); err != nil {
+		if _, err := e.HomeSetup().Setup(ctx, setup); err != nil {
 			return fail(err)
 		}
 	}

@@ -1,4 +1,6 @@
-package engine
+// Package room checks, before a write, that the home's filesystem keeps
+// room for the catalog, and says how full it is as df would.
+package room
 
 import (
 	"fmt"
@@ -18,29 +20,30 @@ import (
 // the catalog's Reserve (16 MiB, 48 MiB once a long-running process may
 // fill a memtable).
 
-// checkRoom fails with errdefs.ErrNoSpace if the home's filesystem lacks
+// Check fails with errdefs.ErrNoSpace if the home's filesystem lacks
 // the catalog's reserve plus need, the bytes the caller is about to
 // write. held is what this command has written already and gives back if
 // it fails (a turn's packs). The error's figures are df's: the free space
 // it reports counts held and the catalog's own log (Close gives it back)
 // as free, which is what df shows once the command has exited, and what
 // it needs is all of them plus the reserve.
-func (e *Engine) checkRoom(need, held uint64) error {
+// home is the home directory; cat is its catalog, nil before it is open.
+func Check(home string, cat *catalog.Catalog, need, held uint64) error {
 	var fs unix.Statfs_t
-	if err := unix.Statfs(string(e.home), &fs); err != nil {
-		return fmt.Errorf("home %s: %w", e.home, err)
+	if err := unix.Statfs(home, &fs); err != nil {
+		return fmt.Errorf("home %s: %w", home, err)
 	}
-	free := availBytes(&fs)
+	free := AvailBytes(&fs)
 	reserve := uint64(catalog.OpenReserve)
-	if e.cat != nil {
-		reserve = e.cat.Reserve()
+	if cat != nil {
+		reserve = cat.Reserve()
 	}
 	if free >= reserve+need {
 		return nil
 	}
 	var log uint64 // only for the message: it lists the catalog's files
-	if e.cat != nil {
-		log = e.cat.Held()
+	if cat != nil {
+		log = cat.Held()
 	}
 	have := free + held + log
 	total := held + need + log + reserve
@@ -51,13 +54,13 @@ func (e *Engine) checkRoom(need, held uint64) error {
 	return fmt.Errorf("home filesystem is full: %s has %s free as df shows it%s, and turnsnap needs %s: %s to write "+
 		"and %s for the catalog (its log and the room its writes must find); free %s more and retry (read-only "+
 		"commands such as log, status and verify still work): %w",
-		e.home, bytesIEC(have), now, bytesIEC(total), bytesIEC(held+need), bytesIEC(log+reserve), bytesIEC(total-have), errdefs.ErrNoSpace)
+		home, bytesIEC(have), now, bytesIEC(total), bytesIEC(held+need), bytesIEC(log+reserve), bytesIEC(total-have), errdefs.ErrNoSpace)
 }
 
-// availBytes is the space an unprivileged writer may still use, as df
+// AvailBytes is the space an unprivileged writer may still use, as df
 // prints it: f_bavail counts blocks of f_frsize (f_bsize is only the
 // preferred I/O size, and differs on some filesystems).
-func availBytes(fs *unix.Statfs_t) uint64 {
+func AvailBytes(fs *unix.Statfs_t) uint64 {
 	unit := uint64(fs.Frsize)
 	if unit == 0 {
 		unit = uint64(fs.Bsize)
