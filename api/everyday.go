@@ -8,7 +8,7 @@ import (
 
 // DiffResult lists what differs between two states of a sandbox.
 //
-// The wire form of engine.DiffResult.
+// The wire form of history.DiffResult.
 type DiffResult struct {
 	Sandbox string `json:"sandbox"`
 	From    string `json:"from"` // checkpoint id, or "working" for the live root
@@ -23,7 +23,7 @@ type DiffResult struct {
 
 // LsEntry is one name in a checkpoint's directory.
 //
-// The wire form of engine.LsEntry.
+// The wire form of paths.LsEntry.
 type LsEntry struct {
 	Name string `json:"name"`
 	// NameB64 is the name's raw bytes, base64, when it is not valid UTF-8
@@ -46,7 +46,7 @@ type LsEntry struct {
 
 // RestorePathsResult reports a path restore.
 //
-// The wire form of engine.RestorePathsResult.
+// The wire form of paths.RestorePathsResult.
 type RestorePathsResult struct {
 	Sandbox    string         `json:"sandbox"`
 	Checkpoint ID             `json:"checkpoint"`
@@ -59,7 +59,7 @@ type RestorePathsResult struct {
 // Lineage is the whole home's history: every sandbox and every checkpoint
 // the catalog holds, children always before their parents.
 //
-// The wire form of engine.Lineage.
+// The wire form of history.Lineage.
 type Lineage struct {
 	Sandboxes   []LineageSandbox `json:"sandboxes"`
 	Checkpoints []LineageEntry   `json:"checkpoints"`
@@ -122,7 +122,7 @@ type Interrupted struct {
 
 // RestoredPath is what happened to one path.
 //
-// The wire form of engine.RestoredPath.
+// The wire form of paths.RestoredPath.
 type RestoredPath struct {
 	Path    string `json:"path"` // "/etc/app.conf"
 	PathB64 string `json:"path_b64,omitempty"`
@@ -139,7 +139,7 @@ type RestoredPath struct {
 
 // LineageSandbox is one live sandbox of the home in a Lineage.
 //
-// The wire form of engine.LineageSandbox.
+// The wire form of history.LineageSandbox.
 type LineageSandbox struct {
 	Name string `json:"name"`
 	Head ID     `json:"head"`
@@ -152,7 +152,7 @@ type LineageSandbox struct {
 // LineageEntry is one checkpoint of the home with the sandboxes that meet
 // it.
 //
-// The wire form of engine.LineageEntry.
+// The wire form of history.LineageEntry.
 type LineageEntry struct {
 	ID      ID        `json:"id"`
 	Parent  ID        `json:"parent"`

@@ -34,7 +34,7 @@ func (c *Client) DiffPaths(ctx context.Context, name string, req api.DiffRequest
 }
 
 // Cat streams the file at path in checkpoint ref to w as the daemon sends
-// it. As with engine.Cat, an error after w got bytes means the output is
+// it. As with paths.Ops.Cat, an error after w got bytes means the output is
 // incomplete: a chunk that failed its hash on the daemon comes back as the
 // daemon's corrupt error (from the response's trailer), a cut connection
 // as ErrUnavailable.

@@ -129,7 +129,7 @@ func BenchmarkCheckpoint(b *testing.B) {
 		b.ReportMetric(float64(newBytes)/float64(b.N), "new-bytes/op")
 	})
 	b.Run("rollback", func(b *testing.B) {
-		log, err := e.Log(ctx, "bench")
+		log, err := e.History().Log(ctx, "bench")
 		must(b, err)
 		target := log[len(log)-2].ID.String() // the checkpoint with all changed files
 		for b.Loop() {

@@ -129,7 +129,7 @@ func BenchmarkBtrfsVsOverlay(b *testing.B) {
 			b.Run("rollback", func(b *testing.B) {
 				for _, s := range sandboxes {
 					b.Run(s.name, func(b *testing.B) {
-						log, err := e.Log(ctx, s.name)
+						log, err := e.History().Log(ctx, s.name)
 						must(b, err)
 						alt := [2]string{targets[s.name], log[0].ID.String()}
 						n := 0

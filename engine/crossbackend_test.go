@@ -181,7 +181,7 @@ func TestBtrfsSandboxLifecycle(t *testing.T) {
 	if r.Class != delta.ClassSkip || r.Stats.FilesRead != 0 {
 		t.Fatalf("turn after rollback from the store: class %s, %d files read", r.Class, r.Stats.FilesRead)
 	}
-	log, err := e.Log(ctx, "s")
+	log, err := e.History().Log(ctx, "s")
 	must(t, err)
 	if _, err := e.Rollback(ctx, "s", log[len(log)-1].ID.String(), RollbackOptions{}); err != nil { // turn 0: the base
 		t.Fatal(err)

@@ -198,7 +198,7 @@ func TestDiff(t *testing.T) {
 	write(t, filepath.Join(cr.Root, "src/main.go"), "changed")
 	must(t, os.Remove(filepath.Join(cr.Root, "etc/config")))
 	write(t, filepath.Join(cr.Root, "added"), "a")
-	live, err := e.Diff(ctx, "s", "", "")
+	live, err := e.History().Diff(ctx, "s", "", "")
 	must(t, err)
 	got := map[string]delta.ChangeKind{}
 	for _, c := range live.Changes {
@@ -215,7 +215,7 @@ func TestDiff(t *testing.T) {
 	}
 	c, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
-	between, err := e.Diff(ctx, "s", cr.Checkpoint.ID.String(), c.ID.String())
+	between, err := e.History().Diff(ctx, "s", cr.Checkpoint.ID.String(), c.ID.String())
 	must(t, err)
 	if len(between.Changes) != len(live.Changes) {
 		t.Fatalf("checkpoint diff %v differs from live diff %v", between.Changes, live.Changes)

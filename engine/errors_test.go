@@ -28,7 +28,7 @@ func TestErrorsNameSubjectOnce(t *testing.T) {
 			return err
 		}()},
 		{"path of a missing sandbox", "agnet", func() error { _, err := e.SandboxPath(ctx, "agnet"); return err }()},
-		{"log of a missing sandbox", "agnet", func() error { _, err := e.Log(ctx, "agnet"); return err }()},
+		{"log of a missing sandbox", "agnet", func() error { _, err := e.History().Log(ctx, "agnet"); return err }()},
 		{"removal of a missing sandbox", "agnet", func() error { return e.RemoveSandbox(ctx, "agnet") }()},
 		{"rollback to a missing checkpoint", `"123456789abc"`, func() error {
 			_, err := e.Rollback(ctx, "agent", "123456789abc", RollbackOptions{})

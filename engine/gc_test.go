@@ -42,7 +42,7 @@ func TestPruneThenGCReclaimsOnlyDeadPacks(t *testing.T) {
 		must(t, err)
 		ids = append(ids, c.ID)
 	}
-	_, err = e.Tag(ctx, "keeper", ids[1].String())
+	_, err = e.History().Tag(ctx, "keeper", ids[1].String())
 	must(t, err)
 	before := countObjects(t, e.local)
 	pr, err := e.Retention().Prune(ctx, retention.PruneOptions{KeepLast: 2})
@@ -71,7 +71,7 @@ func TestPruneThenGCReclaimsOnlyDeadPacks(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(cr.Root, "blob1")); err != nil {
 		t.Fatalf("rollback to a tagged checkpoint after gc: %v", err)
 	}
-	log, err := e.Log(ctx, "s")
+	log, err := e.History().Log(ctx, "s")
 	must(t, err)
 	if len(log) != 3 {
 		t.Fatalf("log after prune has %d entries, want 3", len(log))

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/turnsnap/turnsnap/engine/paths"
 )
 
 // waiters is how many operations wait for sandbox name's lock.
@@ -39,7 +41,7 @@ func TestRestorePathsWaitsForTheSandboxLock(t *testing.T) {
 	must(t, err)
 	done := make(chan error, 1)
 	go func() {
-		_, err := e.RestorePaths(ctx, "s", c1.ID.String(), []string{"/restored.txt"}, RestorePathsOptions{})
+		_, err := e.Paths().RestorePaths(ctx, "s", c1.ID.String(), []string{"/restored.txt"}, paths.RestorePathsOptions{})
 		done <- err
 	}()
 	for deadline := time.Now().Add(30 * time.Second); e.sandboxes.waiters("s") == 0; {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/engine/history"
 	"github.com/turnsnap/turnsnap/engine/retention"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/internal/hostile"
@@ -528,18 +529,18 @@ func TestRebuildAfterAPruneElsewhereLeftAHeadDangling(t *testing.T) {
 	}
 	// x's log works; xc is not a sandbox here, and asking for it is
 	// "not found", not a crash; the whole home's lineage lists x's.
-	log, err := d.Log(ctx, "x")
+	log, err := d.History().Log(ctx, "x")
 	must(t, err)
 	if len(log) != len(restored) {
 		t.Fatalf("log x lists %d checkpoints, want %d", len(log), len(restored))
 	}
-	if _, err := d.Log(ctx, "xc"); !errors.Is(err, errdefs.ErrNotFound) {
+	if _, err := d.History().Log(ctx, "xc"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("log xc: %v, want not found", err)
 	}
 	if _, err := d.Branch(ctx, branched.String(), "from-gone", BranchOptions{}); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("branch of the pruned checkpoint: %v, want not found", err)
 	}
-	lin, err := d.Lineage(ctx, LineageOptions{})
+	lin, err := d.History().Lineage(ctx, history.LineageOptions{})
 	must(t, err)
 	if len(lin.Checkpoints) != len(restored) {
 		t.Fatalf("lineage lists %d checkpoints, want %d", len(lin.Checkpoints), len(restored))
@@ -577,13 +578,13 @@ func TestRebuildKeepsWholeCheckpointsOfASkippedHead(t *testing.T) {
 	if rep.Sandboxes != 0 || rep.Checkpoints != 2 {
 		t.Fatalf("rebuild: %d sandboxes, %d checkpoints; want 0, 2", rep.Sandboxes, rep.Checkpoints)
 	}
-	if _, err := e.Log(ctx, "s"); !errors.Is(err, errdefs.ErrNotFound) {
+	if _, err := e.History().Log(ctx, "s"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("log s: %v, want not found", err)
 	}
-	lin, err := e.Lineage(ctx, LineageOptions{})
+	lin, err := e.History().Lineage(ctx, history.LineageOptions{})
 	must(t, err)
 	for _, id := range []delta.ID{cr.Checkpoint.ID, c1.ID} {
-		if !slices.ContainsFunc(lin.Checkpoints, func(l LineageEntry) bool { return l.ID == id }) {
+		if !slices.ContainsFunc(lin.Checkpoints, func(l history.LineageEntry) bool { return l.ID == id }) {
 			t.Fatalf("lineage after the rebuild lacks %s: %+v", id.Short(), lin.Checkpoints)
 		}
 	}

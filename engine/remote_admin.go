@@ -23,9 +23,6 @@ type (
 	LastPush     = remote.LastPush
 )
 
-// backfillSandbox attributes uploads that belong to no sandbox in particular.
-const backfillSandbox = remote.BackfillSandbox
-
 // Remote is the remote side of this home: push, ownership and leases, the
 // bucket's locks.
 func (e *Engine) Remote() *remote.Home { return e.rem }

@@ -104,7 +104,7 @@ func turnAfterProcessRestore(t *testing.T, opts CreateOptions) {
 	idle, err := e.Checkpoint(ctx, "h", CheckpointOptions{})
 	must(t, err)
 	if idle.Class != delta.ClassSkip {
-		if d, err := e.Diff(ctx, "h", c1.ID.String(), idle.ID.String()); err == nil {
+		if d, err := e.History().Diff(ctx, "h", c1.ID.String(), idle.ID.String()); err == nil {
 			t.Logf("diff: %+v", d)
 		}
 		t.Fatalf("an idle turn after the restore classed %s (%s), read %d files", idle.Class, idle.ProcessChange, idle.Stats.FilesRead)

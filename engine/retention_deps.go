@@ -27,7 +27,7 @@ func (e *Engine) newRetention() *retention.Retention {
 		},
 		Exclusive:   e.exclusive,
 		Shared:      e.shared,
-		LoadHistory: e.loadHistory,
+		LoadHistory: func(ctx context.Context) (*retention.History, error) { return e.History().LoadHistory(ctx) },
 		DropFrozen:  e.dropFrozen,
 		LockBucket: func(ctx context.Context, name string) (retention.BucketLock, error) {
 			l, err := e.rem.Syncer().Lock(ctx, name)

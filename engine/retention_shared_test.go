@@ -263,7 +263,7 @@ func TestGraceZeroSweepHonoursEveryRef(t *testing.T) {
 
 	_, err := b.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
-	_, err = b.Tag(ctx, "b-keeps", ids[0].String())
+	_, err = b.History().Tag(ctx, "b-keeps", ids[0].String())
 	must(t, err)
 	br, err := b.Branch(ctx, ids[1].String(), "xc", BranchOptions{})
 	must(t, err)
@@ -287,7 +287,7 @@ func TestGraceZeroSweepHonoursEveryRef(t *testing.T) {
 	}
 	_, err = b.Rebuilder().RebuildCatalog(ctx) // b learns of a's new checkpoints
 	must(t, err)
-	_, err = b.Tag(ctx, "late", ids[5].String())
+	_, err = b.History().Tag(ctx, "late", ids[5].String())
 	must(t, err)
 	push(t, b)
 	// A gc after the grace sweeps. a's catalog pins neither record (its
@@ -353,7 +353,7 @@ func TestPushRefusesARefToAMissingRecord(t *testing.T) {
 	cr := smallSandbox(t, a, "x")
 	ids := turns(t, a, "x", cr.Root, 2)
 	push(t, a)
-	_, err := a.Tag(ctx, "gone", ids[0].String())
+	_, err := a.History().Tag(ctx, "gone", ids[0].String())
 	must(t, err)
 	must(t, a.remote.Delete(ctx, delta.RecordName(ids[0])))
 	must(t, a.local.Delete(ctx, delta.RecordName(ids[0])))

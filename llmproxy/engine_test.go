@@ -58,7 +58,7 @@ func TestEngineTurnsRollbackReplay(t *testing.T) {
 		orig = append(orig, first.step())
 	}
 	waitIdle(p)
-	log, err := e.Log(ctx, "bench")
+	log, err := e.History().Log(ctx, "bench")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,5 +10,5 @@ import (
 // changed and cost, and what weaker recovery would have lost
 // (audit.Report, printed as is by `turnsnap audit --json`).
 func (s *Service) Audit(ctx context.Context, name string) (*api.AuditReport, error) {
-	return wirePtr[api.AuditReport](s.E.Audit(ctx, name))
+	return wirePtr[api.AuditReport](s.E.History().Audit(ctx, name))
 }

@@ -12,6 +12,8 @@ import (
 	"github.com/turnsnap/turnsnap/api"
 	"github.com/turnsnap/turnsnap/engine"
 	"github.com/turnsnap/turnsnap/engine/diffview"
+	"github.com/turnsnap/turnsnap/engine/history"
+	"github.com/turnsnap/turnsnap/engine/paths"
 	"github.com/turnsnap/turnsnap/engine/retention"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
@@ -39,7 +41,7 @@ func (s *Service) DiffPaths(ctx context.Context, name string, req api.DiffReques
 	if req.From == "" && req.To != "" {
 		return nil, invalidf("diff of sandbox %s: a 'to' needs a 'from'", name)
 	}
-	r, err := s.E.DiffWith(ctx, name, req.From, req.To, diffview.Options{Patch: req.Patch})
+	r, err := s.E.History().DiffWith(ctx, name, req.From, req.To, diffview.Options{Patch: req.Patch})
 	if err != nil {
 		return nil, err
 	}
@@ -50,18 +52,18 @@ func (s *Service) DiffPaths(ctx context.Context, name string, req api.DiffReques
 }
 
 // Cat writes the file at path as it was in checkpoint ref to w; see
-// engine.Cat (an error after w got bytes means the output is incomplete).
+// paths.Ops.Cat (an error after w got bytes means the output is incomplete).
 func (s *Service) Cat(ctx context.Context, ref, path string, w io.Writer) error {
-	return s.E.Cat(ctx, ref, path, w)
+	return s.E.Paths().Cat(ctx, ref, path, w)
 }
 
 func (s *Service) Ls(ctx context.Context, ref, path string) ([]api.LsEntry, error) {
-	entries, err := s.E.Ls(ctx, ref, path)
+	entries, err := s.E.Paths().Ls(ctx, ref, path)
 	if err != nil {
 		return nil, err
 	}
 	if entries == nil {
-		entries = []engine.LsEntry{}
+		entries = []paths.LsEntry{}
 	}
 	return wire[[]api.LsEntry](entries)
 }
@@ -73,7 +75,7 @@ func (s *Service) RestorePaths(ctx context.Context, name string, req api.Restore
 	if len(req.Paths) == 0 || len(req.Paths) > api.MaxRestorePaths {
 		return nil, invalidf("restore into sandbox %s: give between 1 and %d paths, not %d", name, api.MaxRestorePaths, len(req.Paths))
 	}
-	r, err := s.E.RestorePaths(ctx, name, req.Checkpoint, req.Paths, engine.RestorePathsOptions{To: req.To})
+	r, err := s.E.Paths().RestorePaths(ctx, name, req.Checkpoint, req.Paths, paths.RestorePathsOptions{To: req.To})
 	if err == nil && req.To == "" {
 		s.Monitor.changed(api.Event{Type: api.EventRestore, Sandbox: name, Checkpoint: r.Checkpoint.String(), Paths: len(r.Paths), DurationMS: r.DurationMS})
 	}
@@ -82,7 +84,7 @@ func (s *Service) RestorePaths(ctx context.Context, name string, req api.Restore
 
 // Lineage is every checkpoint of the home, children before parents.
 func (s *Service) Lineage(ctx context.Context) (*api.Lineage, error) {
-	return wirePtr[api.Lineage](s.E.Lineage(ctx, engine.LineageOptions{}))
+	return wirePtr[api.Lineage](s.E.History().Lineage(ctx, history.LineageOptions{}))
 }
 
 func (s *Service) Processes(ctx context.Context, name string) (*api.ProcessList, error) {

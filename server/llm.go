@@ -168,7 +168,7 @@ func (l *LLM) WaitRemote(ctx context.Context, t llmproxy.Turn, c llmproxy.Commit
 // with the exchanges the restored state holds.
 func (l *LLM) restored(ctx context.Context, sandbox string) {
 	var root *delta.ID
-	log, err := l.svc.E.Log(ctx, sandbox)
+	log, err := l.svc.E.History().Log(ctx, sandbox)
 	if err == nil {
 		for _, e := range log {
 			if e.Head {

@@ -84,7 +84,7 @@ func TestLLMUrgentLane(t *testing.T) {
 	}
 	created := map[string]int64{}
 	for _, n := range []string{"agent", "other"} {
-		log, err := f.e.Log(ctx, n)
+		log, err := f.e.History().Log(ctx, n)
 		if err != nil || len(log) == 0 {
 			t.Fatalf("log of %s: %v", n, err)
 		}

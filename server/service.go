@@ -210,7 +210,7 @@ func (s *Service) push(ctx context.Context, sandbox string, urgent bool) (*engin
 }
 
 func (s *Service) Log(ctx context.Context, name string) ([]api.LogEntry, error) {
-	entries, err := s.E.Log(ctx, name)
+	entries, err := s.E.History().Log(ctx, name)
 	if err != nil {
 		return nil, err
 	}
@@ -231,7 +231,7 @@ func (s *Service) GetCheckpoint(ctx context.Context, ref string) (*api.LogEntry,
 	if err != nil {
 		return nil, err
 	}
-	if entries, err := s.E.Log(ctx, cp.Sandbox); err == nil {
+	if entries, err := s.E.History().Log(ctx, cp.Sandbox); err == nil {
 		for _, l := range entries {
 			if l.ID == cp.ID {
 				e := logEntryOf(l.Checkpoint, l.Head, l.OnHead)
@@ -247,7 +247,7 @@ func (s *Service) Diff(ctx context.Context, name, from, to string) (*api.Diff, e
 	if from == "" && to != "" {
 		return nil, invalidf("diff of sandbox %s: a 'to' needs a 'from'", name)
 	}
-	r, err := s.E.Diff(ctx, name, from, to)
+	r, err := s.E.History().Diff(ctx, name, from, to)
 	if err != nil {
 		return nil, err
 	}

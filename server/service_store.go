@@ -30,7 +30,7 @@ func (s *Service) VerifyStore(ctx context.Context, req api.StoreVerifyRequest) (
 }
 
 func (s *Service) Tags(ctx context.Context) ([]api.Tag, error) {
-	tags, err := s.E.Tags(ctx)
+	tags, err := s.E.History().Tags(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -42,7 +42,7 @@ func (s *Service) Tags(ctx context.Context) ([]api.Tag, error) {
 }
 
 func (s *Service) SetTag(ctx context.Context, name string, req api.TagRequest) (*api.Tagged, error) {
-	cp, err := s.E.Tag(ctx, name, req.Checkpoint)
+	cp, err := s.E.History().Tag(ctx, name, req.Checkpoint)
 	if err != nil {
 		return nil, err
 	}
@@ -50,7 +50,7 @@ func (s *Service) SetTag(ctx context.Context, name string, req api.TagRequest) (
 }
 
 func (s *Service) DeleteTag(ctx context.Context, name string) (*api.Untagged, error) {
-	if err := s.E.Untag(ctx, name); err != nil {
+	if err := s.E.History().Untag(ctx, name); err != nil {
 		return nil, err
 	}
 	return &api.Untagged{Deleted: true, Tag: name}, nil

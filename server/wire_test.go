@@ -15,6 +15,8 @@ import (
 	"github.com/turnsnap/turnsnap/engine"
 	"github.com/turnsnap/turnsnap/engine/audit"
 	"github.com/turnsnap/turnsnap/engine/diffview"
+	"github.com/turnsnap/turnsnap/engine/history"
+	"github.com/turnsnap/turnsnap/engine/paths"
 	"github.com/turnsnap/turnsnap/engine/retention"
 )
 
@@ -23,10 +25,10 @@ import (
 var wirePairs = []struct{ eng, wire any }{
 	{engine.StatusReport{}, api.StatusReport{}},
 	{retention.GCReport{}, api.GCReport{}},
-	{engine.DiffResult{}, api.DiffResult{}},
-	{engine.LsEntry{}, api.LsEntry{}},
-	{engine.RestorePathsResult{}, api.RestorePathsResult{}},
-	{engine.Lineage{}, api.Lineage{}},
+	{history.DiffResult{}, api.DiffResult{}},
+	{paths.LsEntry{}, api.LsEntry{}},
+	{paths.RestorePathsResult{}, api.RestorePathsResult{}},
+	{history.Lineage{}, api.Lineage{}},
 	{audit.Report{}, api.AuditReport{}},
 	{engine.ProcessList{}, api.ProcessList{}},
 	{retention.PolicyView{}, api.PolicyView{}},
@@ -240,11 +242,11 @@ func fixIDs(v reflect.Value) {
 // mode prints it quoted, byte for byte.
 func TestWireKeepsRawNames(t *testing.T) {
 	raw := "/bad\xffname"
-	d, err := wirePtr[api.DiffResult](&engine.DiffResult{Paths: []diffview.PathChange{{Path: raw}}}, nil)
+	d, err := wirePtr[api.DiffResult](&history.DiffResult{Paths: []diffview.PathChange{{Path: raw}}}, nil)
 	if err != nil || d.Paths[0].Path != raw {
 		t.Fatalf("diff path %q (%v)", d.Paths[0].Path, err)
 	}
-	ls, err := wire[[]api.LsEntry]([]engine.LsEntry{{Name: raw[1:]}})
+	ls, err := wire[[]api.LsEntry]([]paths.LsEntry{{Name: raw[1:]}})
 	if err != nil || ls[0].Name != raw[1:] {
 		t.Fatalf("ls name %q (%v)", ls[0].Name, err)
 	}

@@ -198,7 +198,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		}
 		rep.Verified++
 	}
-	d, err := e.Diff(ctx, "agent", rep.Turns[0].ID, "")
+	d, err := e.History().Diff(ctx, "agent", rep.Turns[0].ID, "")
 	if err != nil {
 		return nil, err
 	}

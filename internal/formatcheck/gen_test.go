@@ -167,7 +167,7 @@ type gen struct {
 // model exchanges its journal holds, if the writer gave it one.
 func (g *gen) remember(sandbox string, id delta.ID, root string, journal map[string]JournalExpect) {
 	g.t.Helper()
-	log, err := g.e.Log(g.ctx, sandbox)
+	log, err := g.e.History().Log(g.ctx, sandbox)
 	must(g.t, err)
 	for _, le := range log {
 		if le.ID != id {
@@ -262,7 +262,7 @@ touch -d @1700000100 a.txt opq/n newdir/f newdir/empty newdir/tree-bytes newdir/
 	must(t, err)
 	j.Committed(ctx, snap)
 	g.remember("agent", c1.ID, cr.Root, j1)
-	if _, err := e.Tag(ctx, "good", c1.ID.String()); err != nil {
+	if _, err := e.History().Tag(ctx, "good", c1.ID.String()); err != nil {
 		t.Fatal(err)
 	}
 

@@ -1,4 +1,4 @@
-package engine
+package history
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/engine/remote"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
 
@@ -27,28 +28,28 @@ func validTagName(name string) bool {
 // Tag names checkpoint ref. Tags are refs like heads: stored as objects
 // (so a rebuild keeps them) and indexed in the catalog. A tag can be used
 // wherever a checkpoint is expected.
-func (e *Engine) Tag(ctx context.Context, name, ref string) (*delta.Checkpoint, error) {
-	defer e.shared()()
+func (v *Views) Tag(ctx context.Context, name, ref string) (*delta.Checkpoint, error) {
+	defer v.d.Shared()()
 	if !validTagName(name) {
 		return nil, fmt.Errorf("tag name %q: use 1-64 of [A-Za-z0-9._-], not starting with '.' or '-', not only hex digits, not HEAD: %w",
 			name, errdefs.ErrInvalid)
 	}
-	cp, err := e.resolve(ctx, ref)
+	cp, err := v.d.Resolve(ctx, "", ref)
 	if err != nil {
 		return nil, err
 	}
-	err = e.view(ctx, func(tx *catalog.Tx) error {
+	err = v.d.View(ctx, func(tx *catalog.Tx) error {
 		_, err := tx.GetRef(delta.RefTag, name)
 		return err
 	})
 	if err == nil {
 		return nil, fmt.Errorf("tag %s: %w", name, errdefs.ErrExists)
 	}
-	if err := e.putRefObject(ctx, delta.RefTag, name, cp.ID); err != nil {
+	if err := v.d.PutRef(ctx, delta.RefTag, name, cp.ID); err != nil {
 		return nil, err
 	}
-	err = e.cat.Update(ctx, func(tx *catalog.Tx) error {
-		if err := e.rem.QueueRef(tx, cp.Sandbox, delta.RefName(delta.RefTag, name), cp.ID, ""); err != nil {
+	err = v.d.Update(ctx, func(tx *catalog.Tx) error {
+		if err := v.d.Queue.QueueRef(tx, cp.Sandbox, delta.RefName(delta.RefTag, name), cp.ID, ""); err != nil {
 			return err
 		}
 		return tx.SetRef(delta.Ref{Kind: delta.RefTag, Name: name, Target: cp.ID})
@@ -60,20 +61,20 @@ func (e *Engine) Tag(ctx context.Context, name, ref string) (*delta.Checkpoint, 
 }
 
 // Untag deletes a tag (the checkpoint stays).
-func (e *Engine) Untag(ctx context.Context, name string) error {
-	defer e.shared()()
-	err := e.view(ctx, func(tx *catalog.Tx) error {
+func (v *Views) Untag(ctx context.Context, name string) error {
+	defer v.d.Shared()()
+	err := v.d.View(ctx, func(tx *catalog.Tx) error {
 		_, err := tx.GetRef(delta.RefTag, name)
 		return err
 	})
 	if err != nil {
 		return fmt.Errorf("tag %s: %w", name, err)
 	}
-	if err := e.local.Delete(ctx, delta.RefName(delta.RefTag, name)); err != nil {
+	if err := v.d.DeleteLocal(ctx, delta.RefName(delta.RefTag, name)); err != nil {
 		return fmt.Errorf("tag %s: %w", name, err)
 	}
-	return e.cat.Update(ctx, func(tx *catalog.Tx) error {
-		if err := e.rem.QueueDelete(tx, backfillSandbox, delta.RefName(delta.RefTag, name)); err != nil {
+	return v.d.Update(ctx, func(tx *catalog.Tx) error {
+		if err := v.d.Queue.QueueDelete(tx, remote.BackfillSandbox, delta.RefName(delta.RefTag, name)); err != nil {
 			return err
 		}
 		return tx.DeleteRef(delta.RefTag, name)
@@ -81,10 +82,10 @@ func (e *Engine) Untag(ctx context.Context, name string) error {
 }
 
 // Tags lists every tag.
-func (e *Engine) Tags(ctx context.Context) ([]delta.Ref, error) {
-	defer e.shared()()
+func (v *Views) Tags(ctx context.Context) ([]delta.Ref, error) {
+	defer v.d.Shared()()
 	var refs []delta.Ref
-	err := e.view(ctx, func(tx *catalog.Tx) error {
+	err := v.d.View(ctx, func(tx *catalog.Tx) error {
 		var err error
 		refs, err = tx.Refs(delta.RefTag)
 		return err

@@ -1,4 +1,4 @@
-package engine
+package history
 
 import (
 	"context"
@@ -9,12 +9,13 @@ import (
 	"github.com/turnsnap/turnsnap/engine/retention"
 )
 
-// loadHistory is what retention decides from (retention.Deps.LoadHistory):
+// LoadHistory is what retention decides from (retention.Deps.LoadHistory):
 // every checkpoint by sandbox, who owns each sandbox, and what this
 // catalog pins.
-func (e *Engine) loadHistory(ctx context.Context) (*retention.History, error) {
+func (v *Views) LoadHistory(ctx context.Context) (*retention.History, error) {
 	h := retention.NewHistory()
-	err := e.view(ctx, func(tx *catalog.Tx) error {
+	homeID := v.d.HomeID()
+	err := v.d.View(ctx, func(tx *catalog.Tx) error {
 		heads, err := tx.Refs(delta.RefHead)
 		if err != nil {
 			return err
@@ -51,7 +52,7 @@ func (e *Engine) loadHistory(ctx context.Context) (*retention.History, error) {
 			if err != nil {
 				return err
 			}
-			h.Owned[sb.Key()] = o.Home == "" || o.Home == e.config.HomeID
+			h.Owned[sb.Key()] = o.Home == "" || o.Home == homeID
 		}
 		removed, err := tx.RemovedOwnSandboxes()
 		if err != nil {

@@ -1,4 +1,9 @@
-package engine
+// Package paths works one path at a time: read a file or a directory
+// listing out of any checkpoint (Cat, Ls), and put chosen paths of a
+// checkpoint back into a live sandbox or a host directory (RestorePaths).
+// Paths are in-sandbox ("/etc/app.conf" or "etc/app.conf"); ".." is
+// refused, never resolved.
+package paths
 
 import (
 	"context"
@@ -6,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"log/slog"
 	"os"
 	"time"
 	"unicode/utf8"
@@ -18,10 +24,39 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// One path at a time: read a file or a directory listing out of any
-// checkpoint (Cat, Ls), and put chosen paths of a checkpoint back into a
-// live sandbox or a host directory (RestorePaths). Paths are in-sandbox
-// ("/etc/app.conf" or "etc/app.conf"); ".." is refused, never resolved.
+// Deps is what the path operations need of the engine. Blobs and IDs are
+// function values: key changes and rebuilds replace them under the
+// engine's exclusive lock, and they are read at each call, under the
+// shared one.
+type Deps struct {
+	Log *slog.Logger
+	// View runs fn in a catalog transaction.
+	View func(ctx context.Context, fn func(tx *catalog.Tx) error) error
+	// Blobs reads trees and file contents; IDs is the home's content ID
+	// scheme.
+	Blobs func() delta.BlobLoader
+	IDs   func() delta.IDs
+	// Shared holds the engine's maintenance lock shared until release.
+	Shared func() (release func())
+	// Op holds sandbox name's operation lock (and Shared) until done: no
+	// checkpoint of the sandbox runs meanwhile.
+	Op func(ctx context.Context, name string) (done func(), err error)
+	// Resolve turns a checkpoint reference into a checkpoint, for a
+	// command about sandbox name ("" if none): HEAD is its head.
+	Resolve func(ctx context.Context, name, ref string) (*delta.Checkpoint, error)
+	// LiveRoot loads sandbox name (finishing interrupted work), mounts its
+	// root and returns the root's path. Called under Op.
+	LiveRoot func(ctx context.Context, name string) (string, error)
+}
+
+// Ops reads and restores paths of checkpoints. It keeps no state: the
+// engine makes one for each call.
+type Ops struct {
+	d Deps
+}
+
+// New returns the path operations over d.
+func New(d Deps) *Ops { return &Ops{d: d} }
 
 // b64 is the raw bytes of s, base64 (standard, padded), when s is not
 // valid UTF-8: JSON strings cannot carry such names losslessly (encoding/json
@@ -35,8 +70,8 @@ func b64(s string) string {
 
 // stateOf resolves ref (for a command about sandbox name, "" if none) and
 // returns the checkpoint and its merged state.
-func (e *Engine) stateOf(ctx context.Context, name, ref string) (*delta.Checkpoint, delta.Layers, error) {
-	cp, err := e.resolveFor(ctx, name, ref)
+func (ps *Ops) stateOf(ctx context.Context, name, ref string) (*delta.Checkpoint, delta.Layers, error) {
+	cp, err := ps.d.Resolve(ctx, name, ref)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -50,9 +85,9 @@ func (e *Engine) stateOf(ctx context.Context, name, ref string) (*delta.Checkpoi
 // hardlink is read through its primary. Directories, symlinks and special
 // files are ErrInvalid (saying what the path is), a missing path
 // ErrNotFound.
-func (e *Engine) Cat(ctx context.Context, ref, path string, w io.Writer) error {
-	defer e.shared()()
-	cp, l, err := e.stateOf(ctx, "", ref)
+func (ps *Ops) Cat(ctx context.Context, ref, path string, w io.Writer) error {
+	defer ps.d.Shared()()
+	cp, l, err := ps.stateOf(ctx, "", ref)
 	if err != nil {
 		return err
 	}
@@ -64,7 +99,7 @@ func (e *Engine) Cat(ctx context.Context, ref, path string, w io.Writer) error {
 	ent := delta.Entry{Type: delta.TypeDir}
 	if rel != "" {
 		var ok bool
-		if ent, ok, err = delta.Lookup(ctx, e.repo, l, rel); err != nil {
+		if ent, ok, err = delta.Lookup(ctx, ps.d.Blobs(), l, rel); err != nil {
 			return fmt.Errorf("%s: %w", where, err)
 		} else if !ok {
 			return fmt.Errorf("%s: no such file: %w", where, errdefs.ErrNotFound)
@@ -79,7 +114,7 @@ func (e *Engine) Cat(ctx context.Context, ref, path string, w io.Writer) error {
 	default:
 		return fmt.Errorf("%s is a %s, not a file: %w", where, ent.Type, errdefs.ErrInvalid)
 	}
-	if _, err := fstree.StreamContent(ctx, e.repo, w, &ent); err != nil {
+	if _, err := fstree.StreamContent(ctx, ps.d.Blobs(), w, &ent); err != nil {
 		return fmt.Errorf("%s: %w", where, err)
 	}
 	return nil
@@ -108,9 +143,9 @@ type LsEntry struct {
 
 // Ls lists the directory at path ("" or "/": the root) in checkpoint ref,
 // sorted by name; a path that is not a directory lists that one entry.
-func (e *Engine) Ls(ctx context.Context, ref, path string) ([]LsEntry, error) {
-	defer e.shared()()
-	cp, l, err := e.stateOf(ctx, "", ref)
+func (ps *Ops) Ls(ctx context.Context, ref, path string) ([]LsEntry, error) {
+	defer ps.d.Shared()()
+	cp, l, err := ps.stateOf(ctx, "", ref)
 	if err != nil {
 		return nil, err
 	}
@@ -119,7 +154,7 @@ func (e *Engine) Ls(ctx context.Context, ref, path string) ([]LsEntry, error) {
 		return nil, err
 	}
 	where := fmt.Sprintf("checkpoint %s: /%s", cp.ID.Short(), rel)
-	ent, sub, ok, err := delta.LookupDir(ctx, e.repo, l, rel)
+	ent, sub, ok, err := delta.LookupDir(ctx, ps.d.Blobs(), l, rel)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", where, err)
 	}
@@ -128,7 +163,7 @@ func (e *Engine) Ls(ctx context.Context, ref, path string) ([]LsEntry, error) {
 	}
 	entries := []delta.Entry{ent}
 	if ent.Type == delta.TypeDir {
-		if entries, _, err = delta.ListDir(ctx, e.repo, sub); err != nil {
+		if entries, _, err = delta.ListDir(ctx, ps.d.Blobs(), sub); err != nil {
 			return nil, fmt.Errorf("%s: %w", where, err)
 		}
 	}
@@ -136,7 +171,7 @@ func (e *Engine) Ls(ctx context.Context, ref, path string) ([]LsEntry, error) {
 	for _, x := range entries {
 		shown := x
 		if x.Type == delta.TypeHardlink {
-			p, ok, err := delta.Lookup(ctx, e.repo, l, x.Target)
+			p, ok, err := delta.Lookup(ctx, ps.d.Blobs(), l, x.Target)
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", where, err)
 			}
@@ -247,7 +282,7 @@ type RestoredPath struct {
 // checkpoint of it runs meanwhile; its processes keep running and see the
 // files change under them. The next checkpoint records the result as an
 // ordinary change. With o.To the paths go to that host directory instead.
-func (e *Engine) RestorePaths(ctx context.Context, name, ref string, paths []string, o RestorePathsOptions) (*RestorePathsResult, error) {
+func (ps *Ops) RestorePaths(ctx context.Context, name, ref string, paths []string, o RestorePathsOptions) (*RestorePathsResult, error) {
 	start := time.Now()
 	if len(paths) == 0 {
 		return nil, fmt.Errorf("restore: no paths given: %w", errdefs.ErrInvalid)
@@ -265,8 +300,8 @@ func (e *Engine) RestorePaths(ctx context.Context, name, ref string, paths []str
 	}
 	var target string
 	if o.To != "" {
-		defer e.shared()()
-		if err := e.view(ctx, func(tx *catalog.Tx) error { _, err := tx.Sandbox(name); return err }); err != nil {
+		defer ps.d.Shared()()
+		if err := ps.d.View(ctx, func(tx *catalog.Tx) error { _, err := tx.Sandbox(name); return err }); err != nil {
 			return nil, err
 		}
 		if err := os.MkdirAll(o.To, 0o755); err != nil {
@@ -274,21 +309,16 @@ func (e *Engine) RestorePaths(ctx context.Context, name, ref string, paths []str
 		}
 		target = o.To
 	} else {
-		done, err := e.op(ctx, name)
+		done, err := ps.d.Op(ctx, name)
 		if err != nil {
 			return nil, err
 		}
 		defer done()
-		st, err := e.loadSandbox(ctx, name)
-		if err != nil {
+		if target, err = ps.d.LiveRoot(ctx, name); err != nil {
 			return nil, err
 		}
-		if err := st.root.Mount(ctx); err != nil {
-			return nil, err
-		}
-		target = st.root.Path()
 	}
-	cp, l, err := e.stateOf(ctx, name, ref)
+	cp, l, err := ps.stateOf(ctx, name, ref)
 	if err != nil {
 		return nil, err
 	}
@@ -297,7 +327,7 @@ func (e *Engine) RestorePaths(ctx context.Context, name, ref string, paths []str
 		return nil, fmt.Errorf("sandbox %s: %w", name, err)
 	}
 	defer unix.Close(fd)
-	done, err := fstree.RestorePaths(ctx, l, fd, rels, fstree.ApplyOptions{Loader: e.repo, IDs: e.ids()})
+	done, err := fstree.RestorePaths(ctx, l, fd, rels, fstree.ApplyOptions{Loader: ps.d.Blobs(), IDs: ps.d.IDs()})
 	// Whatever was written is made durable, a failed restore's earlier
 	// paths included.
 	if serr := unix.Syncfs(fd); serr != nil && err == nil {
@@ -322,7 +352,7 @@ func (e *Engine) RestorePaths(ctx context.Context, name, ref string, paths []str
 	res.Duration = time.Since(start)
 	res.DurationMS = float64(res.Duration.Microseconds()) / 1000
 	if o.To == "" {
-		e.log.Debug("paths restored", "sandbox", name, "checkpoint", cp.ID.Short(), "paths", len(res.Paths))
+		ps.d.Log.Debug("paths restored", "sandbox", name, "checkpoint", cp.ID.Short(), "paths", len(res.Paths))
 	}
 	return res, nil
 }

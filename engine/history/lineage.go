@@ -1,4 +1,4 @@
-package engine
+package history
 
 import (
 	"bytes"
@@ -55,10 +55,10 @@ type Lineage struct {
 // off each other. Order: newest first, except that a checkpoint always
 // comes after every child it has in the list (so a host's clock running
 // behind another's never prints a parent above its child); ties by ID.
-func (e *Engine) Lineage(ctx context.Context, _ LineageOptions) (*Lineage, error) {
-	defer e.shared()()
+func (v *Views) Lineage(ctx context.Context, _ LineageOptions) (*Lineage, error) {
+	defer v.d.Shared()()
 	out := &Lineage{Sandboxes: []LineageSandbox{}, Checkpoints: []LineageEntry{}}
-	err := e.view(ctx, func(tx *catalog.Tx) error {
+	err := v.d.View(ctx, func(tx *catalog.Tx) error {
 		g, err := loadGraph(tx)
 		if err != nil {
 			return err
