@@ -154,7 +154,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	}
 	// A process restore's own marks on the root (restoreturn.go) are not
 	// the agent's: the key accepted right after it counts as the head's.
-	fsChanged := res.StateKey != st.head.StateKey && !e.restoredAs(name, st.head.ID, res.StateKey)
+	fsChanged := res.StateKey != st.head.StateKey && !e.receipts.RestoredAs(name, st.head.ID, res.StateKey)
 	if fsChanged {
 		if fsChanged, err = e.mergedChanged(ctx, name, st.head, res.Root, trees); err != nil {
 			return nil, err

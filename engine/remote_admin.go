@@ -235,7 +235,7 @@ func (e *Engine) Status(ctx context.Context) (*StatusReport, error) {
 		heads := map[string]delta.ID{}
 		for _, sb := range sbs {
 			s := get(sb.Name)
-			s.Interrupted = e.interrupted(sb)
+			s.Interrupted = e.intents().Interrupted(sb)
 			if h, err := tx.GetRef(delta.RefHead, sb.Name); err == nil {
 				heads[sb.Name] = h
 			}
