@@ -54,4 +54,3 @@ type Sandbox struct {
 	// Dir is the sandbox's directory in the home.
 	Dir string
 }
-
