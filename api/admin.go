@@ -96,7 +96,7 @@ type SandboxStatus struct {
 	// head needs.
 	WaitsFor []string `json:"waits_for,omitempty"`
 	// Interrupted is what an interrupted operation left on the sandbox
-	// (intent.go): a pending rollback, processes not restored.
+	// (engine/intent): a pending rollback, processes not restored.
 	Interrupted *Interrupted `json:"interrupted,omitempty"`
 }
 

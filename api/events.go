@@ -25,7 +25,7 @@ type Event struct {
 	BytesNew   int64              `json:"bytes_new,omitempty"`
 	DurationMS float64            `json:"duration_ms,omitempty"`
 	PhasesMS   map[string]float64 `json:"phases_ms,omitempty"`
-	// Receipt is a rollback's or branch's receipt (engine/receipt.go),
+	// Receipt is a rollback's or branch's receipt (engine/receipt),
 	// also when the restore failed as restore_incomplete.
 	Receipt *Receipt `json:"receipt,omitempty"`
 	// Deleted counts what a forget (checkpoints) or gc (packs) deleted.

@@ -36,7 +36,7 @@ type FilesReceipt struct {
 	Written string `json:"written"`
 	Checked string `json:"checked"`
 	// Noise is a difference accepted as no difference of state (a socket
-	// node's mtime: restoreturn.go).
+	// node's mtime: engine/receipt/restored.go).
 	Noise string `json:"noise,omitempty"`
 	// Mismatch names the first difference; empty when Match.
 	Mismatch string `json:"mismatch,omitempty"`

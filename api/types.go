@@ -189,7 +189,7 @@ type Restore struct {
 	Root       string  `json:"root"`
 	Sandbox    string  `json:"sandbox"`
 	Turn       int     `json:"turn"`
-	// Receipt proves what the restore made (engine/receipt.go).
+	// Receipt proves what the restore made (engine/receipt).
 	Receipt *Receipt `json:"receipt,omitempty"`
 }
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/engine/receipt"
 	"github.com/turnsnap/turnsnap/engine/room"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/internal/rootfs"
@@ -177,16 +178,16 @@ func (e *Engine) BranchMany(ctx context.Context, ref string, names []string, o B
 	for i, n := range names {
 		out[i] = &RestoreResult{Sandbox: n, Checkpoint: cp, Root: roots[i].Path()}
 	}
-	// Each branch's receipt (receipt.go): its files checked, side by side
+	// Each branch's receipt (engine/receipt): its files checked, side by side
 	// (a scan of its own root each), then its processes restored and
 	// checked, one container after another as before.
 	procs := cp.ProcTree != nil && !o.FSOnly
 	parallel(len(names), func(i int) {
-		out[i].Receipt = e.receiptFiles(ctx, "branch", names[i], roots[i], cp, branchWritten(roots[i]), delta.ID{})
+		out[i].Receipt = e.receipts.Files(ctx, "branch", names[i], roots[i], cp, branchWritten(roots[i]), delta.ID{})
 	})
 	for i, n := range names {
 		var err error
-		if out[i].Processes, err = e.receiptProcesses(ctx, out[i].Receipt, roots[i], cp, img, procs); err != nil {
+		if out[i].Processes, err = e.receipts.Processes(ctx, out[i].Receipt, roots[i], cp, img, procs); err != nil {
 			return out[:i+1], fmt.Errorf("sandbox %s created with the files of %s, processes not: %w", n, cp.ID.Short(), err)
 		}
 	}
@@ -195,7 +196,7 @@ func (e *Engine) BranchMany(ctx context.Context, ref string, names []string, o B
 	for _, r := range out {
 		r.Duration = d
 		if !r.Receipt.OK {
-			bad = append(bad, e.failReceipt(ctx, r.Receipt))
+			bad = append(bad, e.receipts.Fail(ctx, r.Receipt))
 		}
 	}
 	return out, errors.Join(bad...)
@@ -204,9 +205,9 @@ func (e *Engine) BranchMany(ctx context.Context, ref string, names []string, o B
 // branchWritten says how a branch's root was verified as it was made.
 func branchWritten(root rootfs.Root) string {
 	if r, ok := root.(interface{ Stacked() bool }); ok && r.Stacked() {
-		return writtenHow(root, rootfs.RestoreInfo{}, true)
+		return receipt.WrittenHow(root, rootfs.RestoreInfo{}, true)
 	}
-	return writtenHow(root, rootfs.RestoreInfo{}, false)
+	return receipt.WrittenHow(root, rootfs.RestoreInfo{}, false)
 }
 
 // publishSandboxes records sandboxes whose head is an existing checkpoint:

@@ -152,9 +152,9 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	stats := delta.Stats{
 		Entries: res.Stats.Entries, FilesRead: res.Stats.FilesRead, BytesRead: res.Stats.BytesRead,
 	}
-	// A process restore's own marks on the root (restoreturn.go) are not
+	// A process restore's own marks on the root (engine/receipt) are not
 	// the agent's: the key accepted right after it counts as the head's.
-	fsChanged := res.StateKey != st.head.StateKey && !e.restoredAs(name, st.head.ID, res.StateKey)
+	fsChanged := res.StateKey != st.head.StateKey && !e.receipts.RestoredAs(name, st.head.ID, res.StateKey)
 	if fsChanged {
 		if fsChanged, err = e.mergedChanged(ctx, name, st.head, res.Root, trees); err != nil {
 			return nil, err

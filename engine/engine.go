@@ -22,6 +22,7 @@ import (
 	"github.com/turnsnap/turnsnap/engine/keys"
 	"github.com/turnsnap/turnsnap/engine/procs"
 	"github.com/turnsnap/turnsnap/engine/rebuild"
+	"github.com/turnsnap/turnsnap/engine/receipt"
 	"github.com/turnsnap/turnsnap/engine/remote"
 	"github.com/turnsnap/turnsnap/engine/retention"
 	"github.com/turnsnap/turnsnap/engine/room"
@@ -117,11 +118,9 @@ type Engine struct {
 	admit     *admission.Scheduler // checkpoint admission
 	retention *retention.Retention // prune, forget, policies, gc (retention_deps.go)
 	headTrees headTrees            // each sandbox's last turn's trees (headtrees.go)
-	// receiptOff leaves a restore's receipt unchecked: only the receipt's
-	// benchmark sets it, for its baseline (BenchmarkRollbackReceipt).
-	receiptOff bool
+	receipts  *receipt.Checker     // restores' receipts (receipts.go)
 	// readOnly: opened with Options.ReadOnly; interrupted work is reported,
-	// not finished (intent.go).
+	// not finished (engine/intent).
 	readOnly bool
 }
 
@@ -144,6 +143,7 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	}
 	e := &Engine{home: h, lock: lock, log: log, atPhase: opts.AtPhase, admit: admission.New(opts.MaxCheckpoints)}
 	e.procs = newProcs(e, h)
+	e.receipts = newReceipts(e, receipt.Options{})
 	e.rem = newRemote(e)
 	e.rebuilder = newRebuilder(e, log)
 	e.verifier = newVerifier(e)

@@ -20,6 +20,7 @@ import (
 //	HOME/catalog/        Badger catalog (an index: rebuildable from store/)
 //	HOME/bases/ID/       materialised base trees, the overlay lower dirs
 //	HOME/sandboxes/NAME/ one sandbox's root and writable layer
+//	HOME/intents/        interrupted operations (engine/intent)
 type home string
 
 func (h home) lockFile() string              { return filepath.Join(string(h), "lock") }
@@ -27,6 +28,7 @@ func (h home) storeDir() string              { return filepath.Join(string(h), "
 func (h home) catalogDir() string            { return filepath.Join(string(h), "catalog") }
 func (h home) basesDir() string              { return filepath.Join(string(h), "bases") }
 func (h home) sandboxDir(name string) string { return filepath.Join(string(h), "sandboxes", name) }
+func (h home) intentsDir() string            { return filepath.Join(string(h), "intents") }
 
 // homeLock is the exclusive hold on a home. Badger allows one process per
 // database, and sandbox layers must not be rewritten by two processes at

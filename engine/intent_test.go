@@ -33,7 +33,7 @@ func TestLegacyNameKeyedIntent(t *testing.T) {
 			write(t, filepath.Join(cr.Root, "two.txt"), "turn 2\n")
 			c2, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 			must(t, err)
-			p := e.home.legacyIntentFile("s")
+			p := filepath.Join(e.home.intentsDir(), "rollback-s") // the legacy, name-keyed form
 			must(t, os.MkdirAll(filepath.Dir(p), 0o700))
 			write(t, p, c1.ID.String()+"\n")
 			at := cr.Sandbox.Created.Add(-tc.age)

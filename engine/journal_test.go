@@ -118,7 +118,7 @@ func TestSkipRecordKeepsJournal(t *testing.T) {
 	}
 	_, err = e.Rollback(ctx, "s", sr.ID.String(), RollbackOptions{})
 	must(t, err)
-	log, err := e.Log(ctx, "s")
+	log, err := e.History().Log(ctx, "s")
 	must(t, err)
 	var head *delta.Checkpoint
 	for _, le := range log {

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/turnsnap/turnsnap/engine/receipt"
 	"github.com/turnsnap/turnsnap/internal/btrfstest"
 )
 
@@ -17,7 +18,7 @@ import (
 // of a 2,000-file layer (the shape of BenchmarkRollbackByDiff: 2,000 files
 // of 10 KB, two checkpoints 4 files apart), with and without the receipt
 // in the same run: each iteration rolls back once with it and once
-// without (Engine.receiptOff), which first alternating, so both see the
+// without (receipt.Options.Unchecked), which first alternating, so both see the
 // same machine and the same targets. It reports each one's median rollback and their ratio
 // (receipt-ratio, the goal is under 1.10), and the median of the
 // receipt's own check (Receipt.Check) as a share of the rollback.
@@ -63,8 +64,8 @@ func BenchmarkRollbackReceipt(b *testing.B) {
 			var with, without, check []time.Duration
 			n := 0
 			roll := func(off bool) time.Duration {
-				e.receiptOff = off
-				defer func() { e.receiptOff = false }()
+				e.receipts = newReceipts(e, receipt.Options{Unchecked: off})
+				defer func() { e.receipts = newReceipts(e, receipt.Options{}) }()
 				t := time.Now()
 				r, err := e.Rollback(ctx, name, targets[n%2], RollbackOptions{})
 				d := time.Since(t)

@@ -87,7 +87,7 @@ func (e *Engine) HomeSetup() *setup.Home {
 		Catalog:     func() *catalog.Catalog { return e.cat },
 		Syncer:      e.rem.Syncer,
 		LastPush:    e.rem.LastPush,
-		Interrupted: e.interrupted,
+		Interrupted: func(sb *delta.Sandbox) *Interrupted { return e.intents().Interrupted(sb) },
 		Log:         e.log,
 	})
 }

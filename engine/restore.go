@@ -8,6 +8,8 @@ import (
 
 	"github.com/turnsnap/turnsnap/btrfs"
 	"github.com/turnsnap/turnsnap/delta"
+	intentpkg "github.com/turnsnap/turnsnap/engine/intent"
+	"github.com/turnsnap/turnsnap/engine/receipt"
 	"github.com/turnsnap/turnsnap/engine/room"
 	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
@@ -31,7 +33,7 @@ type RestoreResult struct {
 	// root, which stayed mounted (every name it touched is absent from
 	// the base: rootfs.RestoreInfo.Mounted).
 	Mounted bool
-	// Receipt proves what the restore made (receipt.go). A restore whose
+	// Receipt proves what the restore made (engine/receipt). A restore whose
 	// receipt is not OK returns it with a RestoreIncompleteError.
 	Receipt *Receipt
 }
@@ -123,7 +125,7 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 		return nil, err
 	}
 	// Root and head change in two steps; the intent makes them one for
-	// anyone who finds it (intent.go). It is written while the restore
+	// anyone who finds it (engine/intent). It is written while the restore
 	// reads (the live state, the plan), and is durable before the root's
 	// first write: a crash before that write needs no intent. From that
 	// write on the rollback ends at cp (now, or when the next command
@@ -133,8 +135,9 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 	if lost := st.interrupted; lost != nil && lost.ProcessesLost != "" {
 		e.log.Warn("the sandbox's processes had not been restored; this rollback replaces them", "sandbox", name, "why", lost.ProcessesLost)
 	}
+	intents := e.intents()
 	intent := startWrite(func() error {
-		return e.writeIntent(st.sb, rollbackIntent{Target: cp.ID, Processes: withProcs})
+		return intents.Write(st.sb, intentpkg.Rollback{Target: cp.ID, Processes: withProcs})
 	})
 	var head *asyncWrite
 	beforeWrite := func() error {
@@ -164,7 +167,7 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 				err = errors.Join(err, perr)
 			}
 		}
-		e.clearIntent(st.sb)
+		intents.Clear(st.sb)
 		return nil, err
 	}
 	e.phase("rollback: root switched")
@@ -172,26 +175,26 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 		return nil, err // the intent stays: the next load finishes the move
 	}
 	e.phase("rollback: head moved")
-	e.clearProcsLost(st.sb) // what ran before is replaced now
+	intents.ClearProcsLost(st.sb) // what ran before is replaced now
 	res := &RestoreResult{Sandbox: name, Checkpoint: cp, Root: st.root.Path(), LiveScan: info.Live, Mounted: info.Mounted}
 	// The files are checked, the processes restored and checked: the
-	// receipt (receipt.go). The intent stays until the processes run: a
+	// receipt (engine/receipt). The intent stays until the processes run: a
 	// rollback killed while it restores them is finished by the next
 	// command, processes included.
-	if res.Receipt, res.Processes, err = e.receipt(ctx, "rollback", name, st.root, cp, writtenHow(st.root, info, false), restoredTree(st.root, info), img, withProcs); err != nil {
-		e.noteProcsLost(st.sb, fmt.Sprintf("the rollback to %s restored the files; its processes: %v", cp.ID.Short(), err))
-		e.clearIntent(st.sb)
+	if res.Receipt, res.Processes, err = e.receipts.Check(ctx, "rollback", name, st.root, cp, receipt.WrittenHow(st.root, info, false), receipt.RestoredTree(st.root, info), img, withProcs); err != nil {
+		intents.NoteProcsLost(st.sb, fmt.Sprintf("the rollback to %s restored the files; its processes: %v", cp.ID.Short(), err))
+		intents.Clear(st.sb)
 		return nil, fmt.Errorf("files restored, processes not: %w", err)
 	}
 	if res.Processes {
 		e.phase("rollback: processes restored")
 	}
-	if err := e.clearIntent(st.sb); err != nil {
+	if err := intents.Clear(st.sb); err != nil {
 		return nil, err
 	}
 	res.Duration = time.Since(start)
 	if !res.Receipt.OK {
-		return res, e.failReceipt(ctx, res.Receipt)
+		return res, e.receipts.Fail(ctx, res.Receipt)
 	}
 	return res, nil
 }

@@ -98,7 +98,7 @@ func TestKilledRollbackKeepsRootAndHead(t *testing.T) {
 			}
 			st, err := e.viewSandbox(ctx, "s")
 			must(t, err)
-			if _, ok := e.pendingRollback(st.sb); ok {
+			if _, ok := e.intents().Pending(st.sb); ok {
 				t.Fatal("the intent outlived its rollback")
 			}
 			if got := inode(t, filepath.Join(root, "one.txt")); got != ino {

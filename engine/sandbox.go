@@ -253,7 +253,7 @@ type sandboxState struct {
 	head  *delta.Checkpoint
 	root  rootfs.Root
 	owner delta.Owner // who may write its head (engine/remote/owner.go)
-	// interrupted is what an interrupted operation left (intent.go), as
+	// interrupted is what an interrupted operation left (engine/intent), as
 	// far as the load did not finish it: nil when nothing.
 	interrupted *Interrupted
 }
@@ -273,16 +273,17 @@ func (e *Engine) loadSandbox(ctx context.Context, name string) (*sandboxState, e
 			return nil, err
 		}
 	}
+	intents := e.intents()
 	if !e.readOnly {
 		// Finishing writes the catalog: a read-only home reports the
 		// interrupted work (st.interrupted) and leaves it to a writer.
-		if in, ok := e.pendingRollback(st.sb); ok {
-			if err := e.finishRollback(ctx, name, st, in); err != nil {
+		if in, ok := intents.Pending(st.sb); ok {
+			if st.head, err = intents.Finish(ctx, name, st.intentSandbox(e.home.sandboxDir(name)), in); err != nil {
 				return nil, err
 			}
 		}
 	}
-	st.interrupted = e.interrupted(st.sb)
+	st.interrupted = intents.Interrupted(st.sb)
 	return st, nil
 }
 
@@ -295,7 +296,7 @@ func (e *Engine) viewSandbox(ctx context.Context, name string) (*sandboxState, e
 	if err != nil {
 		return nil, err
 	}
-	st.interrupted = e.interrupted(st.sb)
+	st.interrupted = e.intents().Interrupted(st.sb)
 	return st, nil
 }
 
@@ -476,10 +477,11 @@ func (e *Engine) RemoveSandboxWith(ctx context.Context, name string, o RemoveOpt
 	}
 	// An interrupted rollback of the sandbox is discarded with it, never
 	// finished, and never found by a later sandbox of this name.
-	if err := e.clearIntent(sb); err != nil {
+	intents := e.intents()
+	if err := intents.Clear(sb); err != nil {
 		return err
 	}
-	e.clearProcsLost(sb)
+	intents.ClearProcsLost(sb)
 	e.dropFrozen(ctx) // its frozen layers are kept for it no longer
 	return nil
 }

@@ -95,7 +95,7 @@ func TestCLIProgressOnSizelessPty(t *testing.T) {
 	if !strings.Contains(text, "restore: ") || !strings.Contains(text, "of 3.0 MiB (") {
 		t.Fatalf("progress line without phase or total: %q", text)
 	}
-	// The killed rollback is finished by the next command (intent.go).
+	// The killed rollback is finished by the next command (engine/intent).
 	var ck struct{ ID, Class string }
 	runJSON(t, home, &ck, "checkpoint", "s")
 	if ck.ID != c1.ID || ck.Class != "skip" {

@@ -56,7 +56,7 @@ func (m *Manager) baselineFile(sandbox string) string {
 }
 
 // RestoredFile is the engine's note of the state a process restore left
-// on the sandbox's root (engine/restoreturn.go): it lives with the
+// on the sandbox's root (engine/receipt/restored.go): it lives with the
 // processes, and Stop removes it with them.
 func (m *Manager) RestoredFile(sandbox string) string {
 	return filepath.Join(m.Dir(), sandbox+".restored")

@@ -1,8 +1,11 @@
-package engine
+// Package receipt checks what a restore made against the checkpoint it
+// restored, and accepts the traces a process restore leaves on the files.
+package receipt
 
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -48,6 +51,46 @@ import (
 // sockets); the restored container's from /proc. They must be equal:
 // every process of the image by pid and command, no other, and every
 // socket listening that listened.
+
+// Deps is what the receipts need of the engine.
+type Deps struct {
+	Log *slog.Logger
+	// Loader returns what restores read from (the engine's content repo,
+	// which a catalog rebuild or a new remote replaces).
+	Loader func() delta.BlobLoader
+	// Scanners returns the backends that scan a restored root through
+	// the record its restore left (rootfs.TurnScanner).
+	Scanners func() []rootfs.TurnScanner
+	Phase    func(string)
+	Procs    Processes
+}
+
+// Processes is what the receipts need of the sandboxes' containers
+// (procs.Manager).
+type Processes interface {
+	Restore(ctx context.Context, name, root, img string, cp *delta.Checkpoint) error
+	Inventory(ctx context.Context, name string) (proc.Inventory, error)
+	Stop(ctx context.Context, name string) error
+	// RestoredFile is where the state accepted after a process restore
+	// is kept (restored.go).
+	RestoredFile(name string) string
+}
+
+// Options configures a Checker.
+type Options struct {
+	// Unchecked leaves a restore's receipt unchecked: only the receipt's
+	// benchmark sets it, for its baseline (BenchmarkRollbackReceipt).
+	Unchecked bool
+}
+
+// Checker makes the receipts of a home's restores.
+type Checker struct {
+	d Deps
+	o Options
+}
+
+// New returns a Checker.
+func New(d Deps, o Options) *Checker { return &Checker{d: d, o: o} }
 
 // NotRestored is what a restore deliberately does not bring back
 // (docs/PROCESSES.md, "What a checkpoint captures"); every receipt lists it.
@@ -131,16 +174,16 @@ func (e *RestoreIncompleteError) Error() string {
 
 func (e *RestoreIncompleteError) Unwrap() error { return errdefs.ErrRestoreIncomplete }
 
-// PhaseReceiptFiles is reached once a restore's files are in place, before
+// PhaseFiles is reached once a restore's files are in place, before
 // the receipt checks them; PhaseReceiptProcesses once its processes run,
 // before it checks them. Tests change the sandbox there.
 const (
-	PhaseReceiptFiles     = "restore: receipt files"
-	PhaseReceiptProcesses = "restore: receipt processes"
+	PhaseFiles     = "restore: receipt files"
+	PhaseProcesses = "restore: receipt processes"
 )
 
-// writtenHow describes how a restore verified what it wrote.
-func writtenHow(root rootfs.Root, info rootfs.RestoreInfo, stacked bool) string {
+// WrittenHow describes how a restore verified what it wrote.
+func WrittenHow(root rootfs.Root, info rootfs.RestoreInfo, stacked bool) string {
 	switch {
 	case stacked:
 		return "stacked on the frozen layer (re-hashed when frozen)"
@@ -155,49 +198,49 @@ func writtenHow(root rootfs.Root, info rootfs.RestoreInfo, stacked bool) string 
 	return "layer rebuilt and re-hashed whole"
 }
 
-// receipt checks the files of a restore of cp onto root, then, if they
+// Check checks the files of a restore of cp onto root, then, if they
 // match and procs, restores cp's processes from the image in img and
 // checks them; processes says whether they were restored. An error is a
 // process restore that failed (the receipt is then nil); a difference is
 // a receipt that is not OK.
-func (e *Engine) receipt(ctx context.Context, kind, name string, root rootfs.Root, cp *delta.Checkpoint, written string, verified delta.ID, img string, procs bool) (*Receipt, bool, error) {
-	rc := e.receiptFiles(ctx, kind, name, root, cp, written, verified)
-	processes, err := e.receiptProcesses(ctx, rc, root, cp, img, procs)
+func (c *Checker) Check(ctx context.Context, kind, name string, root rootfs.Root, cp *delta.Checkpoint, written string, verified delta.ID, img string, procs bool) (*Receipt, bool, error) {
+	rc := c.Files(ctx, kind, name, root, cp, written, verified)
+	processes, err := c.Processes(ctx, rc, root, cp, img, procs)
 	if err != nil {
 		return nil, false, err
 	}
 	return rc, processes, nil
 }
 
-// receiptFiles is receipt's first half: the files, before any process.
-func (e *Engine) receiptFiles(ctx context.Context, kind, name string, root rootfs.Root, cp *delta.Checkpoint, written string, verified delta.ID) *Receipt {
-	e.phase(PhaseReceiptFiles)
+// Files is Check's first half: the files, before any process.
+func (c *Checker) Files(ctx context.Context, kind, name string, root rootfs.Root, cp *delta.Checkpoint, written string, verified delta.ID) *Receipt {
+	c.d.Phase(PhaseFiles)
 	start := time.Now()
 	rc := &Receipt{Kind: kind, Sandbox: name, Checkpoint: cp.ID, NotRestored: NotRestored(),
 		Files: FilesReceipt{Want: cp.FSTree, WantState: cp.StateKey, Written: written}}
-	if e.receiptOff {
+	if c.o.Unchecked {
 		rc.Files.Match, rc.Files.Mismatch = true, "unchecked (the receipt benchmark's baseline)"
 	} else {
-		e.filesReceipt(ctx, name, root, cp, verified, &rc.Files)
+		c.filesReceipt(ctx, name, root, cp, verified, &rc.Files)
 	}
 	rc.Check = time.Since(start)
 	rc.OK = rc.Files.Match
 	return rc
 }
 
-// receiptProcesses is receipt's second half: with procs and the files
+// Processes is Check's second half: with procs and the files
 // matching, the processes restored and checked.
-func (e *Engine) receiptProcesses(ctx context.Context, rc *Receipt, root rootfs.Root, cp *delta.Checkpoint, img string, procs bool) (bool, error) {
+func (c *Checker) Processes(ctx context.Context, rc *Receipt, root rootfs.Root, cp *delta.Checkpoint, img string, procs bool) (bool, error) {
 	if !procs || !rc.Files.Match {
 		return false, nil
 	}
-	if err := e.procs.Restore(ctx, rc.Sandbox, root.Path(), img, cp); err != nil {
+	if err := c.d.Procs.Restore(ctx, rc.Sandbox, root.Path(), img, cp); err != nil {
 		return false, err
 	}
-	e.acceptRestored(ctx, rc.Sandbox, root, cp) // restoreturn.go
-	e.phase(PhaseReceiptProcesses)
+	c.AcceptRestored(ctx, rc.Sandbox, root, cp) // restored.go
+	c.d.Phase(PhaseProcesses)
 	start := time.Now()
-	rc.Processes = e.processReceipt(ctx, rc.Sandbox, img)
+	rc.Processes = c.processReceipt(ctx, rc.Sandbox, img)
 	rc.Check += time.Since(start)
 	rc.OK = rc.Files.Match && rc.Processes.Match
 	return true, nil
@@ -205,12 +248,12 @@ func (e *Engine) receiptProcesses(ctx context.Context, rc *Receipt, root rootfs.
 
 // filesReceipt compares the restored root with cp (see above). verified
 // is the layer tree the restore proved it wrote (zero: none).
-func (e *Engine) filesReceipt(ctx context.Context, name string, root rootfs.Root, cp *delta.Checkpoint, verified delta.ID, f *FilesReceipt) {
-	trees := &treeMemo{next: e.repo, trees: map[delta.ID][]byte{}}
+func (c *Checker) filesReceipt(ctx context.Context, name string, root rootfs.Root, cp *delta.Checkpoint, verified delta.ID, f *FilesReceipt) {
+	trees := newTreeMemo(c.d.Loader())
 	var res *fstree.ScanResult
 	var err error
 	tracked := false
-	for _, ts := range implementing[rootfs.TurnScanner](e.backends) {
+	for _, ts := range c.d.Scanners() {
 		if res, tracked, err = ts.ScanRestored(ctx, name, root, trees); tracked {
 			break
 		}
@@ -243,8 +286,8 @@ func (e *Engine) filesReceipt(ctx context.Context, name string, root rootfs.Root
 		return
 	}
 	// Another backend's layer for the same state: the merged states must
-	// agree (onlyRestoreNoise with no change at all).
-	ok, why, err := onlyRestoreNoise(ctx, trees, cp, res.Root)
+	// agree (OnlyRestoreNoise with no change at all).
+	ok, why, err := OnlyRestoreNoise(ctx, trees, cp, res.Root)
 	switch {
 	case err != nil:
 		f.Mismatch = fmt.Sprintf("layer %s: %v", res.Root.Short(), err)
@@ -289,9 +332,9 @@ func mountedRoot(root rootfs.Root) string {
 // restore point of its filesystem (btrfs's generations), which it names.
 type restorePointRoot interface{ Restored() (delta.ID, error) }
 
-// restoredTree is the layer tree a restore onto root proved (zero: none
+// RestoredTree is the layer tree a restore onto root proved (zero: none
 // known): overlay's RestoreInfo, btrfs's live generation.
-func restoredTree(root rootfs.Root, info rootfs.RestoreInfo) delta.ID {
+func RestoredTree(root rootfs.Root, info rootfs.RestoreInfo) delta.ID {
 	if b, ok := root.(restorePointRoot); ok {
 		id, _ := b.Restored()
 		return id
@@ -300,7 +343,7 @@ func restoredTree(root rootfs.Root, info rootfs.RestoreInfo) delta.ID {
 }
 
 // processReceipt compares the sandbox's running container with the image.
-func (e *Engine) processReceipt(ctx context.Context, name, img string) *ProcessReceipt {
+func (c *Checker) processReceipt(ctx context.Context, name, img string) *ProcessReceipt {
 	pr := &ProcessReceipt{}
 	want, err := proc.ImageInventory(img)
 	if err != nil {
@@ -308,7 +351,7 @@ func (e *Engine) processReceipt(ctx context.Context, name, img string) *ProcessR
 		return pr
 	}
 	pr.Want = want
-	if pr.Got, err = e.procs.Inventory(ctx, name); err != nil {
+	if pr.Got, err = c.d.Procs.Inventory(ctx, name); err != nil {
 		pr.Missing = []string{"the container's processes do not read: " + err.Error()}
 		return pr
 	}
@@ -317,23 +360,23 @@ func (e *Engine) processReceipt(ctx context.Context, name, img string) *ProcessR
 	return pr
 }
 
-// failReceipt leaves a sandbox whose receipt found a difference in a
+// Fail leaves a sandbox whose receipt found a difference in a
 // state nothing runs on and returns the error naming it: its processes
 // are stopped (they would run on files, or beside processes, that are not
 // the checkpoint's), its head is cp, its root as the receipt found it.
-func (e *Engine) failReceipt(ctx context.Context, rc *Receipt) error {
+func (c *Checker) Fail(ctx context.Context, rc *Receipt) error {
 	state := fmt.Sprintf("with head %s", rc.Checkpoint.Short())
 	if rc.Files.Match {
 		state += ", its files the checkpoint's"
 	} else {
 		state += ", its root as found (the next checkpoint records it)"
 	}
-	if err := e.procs.Stop(context.WithoutCancel(ctx), rc.Sandbox); err != nil {
+	if err := c.d.Procs.Stop(context.WithoutCancel(ctx), rc.Sandbox); err != nil {
 		state += ", its processes not stopped (" + err.Error() + ")"
 	} else {
 		state += ", no process running"
 	}
-	e.log.Warn("restore incomplete", "sandbox", rc.Sandbox, "kind", rc.Kind, "checkpoint", rc.Checkpoint.Short(),
+	c.d.Log.Warn("restore incomplete", "sandbox", rc.Sandbox, "kind", rc.Kind, "checkpoint", rc.Checkpoint.Short(),
 		"files", rc.Files.Match, "mismatch", rc.Files.Mismatch)
 	return &RestoreIncompleteError{Receipt: rc, State: state}
 }

@@ -1,11 +1,13 @@
-package engine
+package receipt
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/rootfs"
@@ -19,7 +21,7 @@ import (
 // but the first turn after a process restore would see it and be classed
 // fs or full with nothing done.
 //
-// So right after a process restore the engine scans the root and compares
+// So right after a process restore the receipt scans the root and compares
 // it with the checkpoint just restored (delta.Diff over base + layer, which
 // already ignores directory mtimes and residue). If the only changes are
 // socket nodes whose mtime alone moved (same type, mode, owner, xattrs),
@@ -47,37 +49,37 @@ import (
 // The file's path is procs.Manager.RestoredFile: it goes with the
 // processes (procs.Manager.Stop removes it).
 
-// acceptRestored runs after cp's processes were restored onto root.
+// AcceptRestored runs after cp's processes were restored onto root.
 // Failures only cost the next turn its skip, so they are logged.
-func (e *Engine) acceptRestored(ctx context.Context, name string, root rootfs.Root, cp *delta.Checkpoint) {
-	os.Remove(e.procs.RestoredFile(name))
-	trees := &treeMemo{next: e.repo, trees: map[delta.ID][]byte{}}
+func (c *Checker) AcceptRestored(ctx context.Context, name string, root rootfs.Root, cp *delta.Checkpoint) {
+	os.Remove(c.d.Procs.RestoredFile(name))
+	trees := newTreeMemo(c.d.Loader())
 	res, err := root.Scan(ctx, trees)
 	if err != nil {
-		e.log.Warn("scan after process restore", "sandbox", name, "err", err)
+		c.d.Log.Warn("scan after process restore", "sandbox", name, "err", err)
 		return
 	}
 	if res.StateKey != cp.StateKey {
-		ok, why, err := onlyRestoreNoise(ctx, trees, cp, res.Root)
+		ok, why, err := OnlyRestoreNoise(ctx, trees, cp, res.Root)
 		if err != nil || !ok {
-			e.log.Info("the restore of processes changed files; the next turn records them", "sandbox", name, "change", why, "err", err)
+			c.d.Log.Info("the restore of processes changed files; the next turn records them", "sandbox", name, "change", why, "err", err)
 			return
 		}
 		data := cp.ID.String() + " " + res.StateKey.String() + "\n"
-		if err := os.WriteFile(e.procs.RestoredFile(name), []byte(data), 0o600); err != nil {
-			e.log.Warn("record restored state", "sandbox", name, "err", err)
+		if err := os.WriteFile(c.d.Procs.RestoredFile(name), []byte(data), 0o600); err != nil {
+			c.d.Log.Warn("record restored state", "sandbox", name, "err", err)
 		}
 		return // res names trees the store lacks: never the root's committed scan
 	}
 	if err := root.Committed(res); err != nil {
-		e.log.Warn("scan cache after process restore", "sandbox", name, "err", err)
+		c.d.Log.Warn("scan cache after process restore", "sandbox", name, "err", err)
 	}
 }
 
-// restoredAs reports whether key is the state key accepted for head right
+// RestoredAs reports whether key is the state key accepted for head right
 // after its processes were restored.
-func (e *Engine) restoredAs(name string, head delta.ID, key delta.ID) bool {
-	data, err := os.ReadFile(e.procs.RestoredFile(name))
+func (c *Checker) RestoredAs(name string, head delta.ID, key delta.ID) bool {
+	data, err := os.ReadFile(c.d.Procs.RestoredFile(name))
 	if err != nil {
 		return false
 	}
@@ -85,9 +87,9 @@ func (e *Engine) restoredAs(name string, head delta.ID, key delta.ID) bool {
 	return ok && id == head.String() && k == key.String()
 }
 
-// onlyRestoreNoise reports whether layer (on cp's base) differs from cp
+// OnlyRestoreNoise reports whether layer (on cp's base) differs from cp
 // only in socket nodes' mtimes; why names the first other change.
-func onlyRestoreNoise(ctx context.Context, loader delta.BlobLoader, cp *delta.Checkpoint, layer delta.ID) (bool, string, error) {
+func OnlyRestoreNoise(ctx context.Context, loader delta.BlobLoader, cp *delta.Checkpoint, layer delta.ID) (bool, string, error) {
 	from, to := delta.Layers{cp.BaseTree, cp.FSTree}, delta.Layers{cp.BaseTree, layer}
 	changes, err := delta.Diff(ctx, loader, from, to)
 	if err != nil {
@@ -114,4 +116,35 @@ func onlyRestoreNoise(ctx context.Context, loader delta.BlobLoader, cp *delta.Ch
 		}
 	}
 	return true, "", nil
+}
+
+// treeMemo keeps the trees of a scan in memory so they can be diffed
+// without storing anything; everything else comes from next.
+type treeMemo struct {
+	mu    sync.Mutex
+	next  delta.BlobLoader
+	trees map[delta.ID][]byte
+}
+
+func newTreeMemo(next delta.BlobLoader) *treeMemo {
+	return &treeMemo{next: next, trees: map[delta.ID][]byte{}}
+}
+
+func (m *treeMemo) SaveBlob(_ context.Context, t delta.BlobType, id delta.ID, data []byte) (bool, error) {
+	if t == delta.BlobTree {
+		m.mu.Lock()
+		m.trees[id] = bytes.Clone(data)
+		m.mu.Unlock()
+	}
+	return false, nil
+}
+
+func (m *treeMemo) LoadBlob(ctx context.Context, t delta.BlobType, id delta.ID) ([]byte, error) {
+	m.mu.Lock()
+	d, ok := m.trees[id]
+	m.mu.Unlock()
+	if ok {
+		return d, nil
+	}
+	return m.next.LoadBlob(ctx, t, id)
 }
