@@ -1,0 +1,279 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/turnsnap/turnsnap/internal/modelserver"
+	"github.com/turnsnap/turnsnap/internal/testenv"
+	"github.com/turnsnap/turnsnap/proc"
+	"golang.org/x/sys/unix"
+)
+
+// Claude Code inside its sandbox (issue 26, part 1): the cached npm
+// package's native binary in a sandbox whose base is the Debian image,
+// started by `turnsnap exec`, its model calls through the daemon's LLM
+// proxy. The container has only its own loopback, so the test opens the
+// route there: a listener made in the container's network namespace that
+// forwards to the proxy on the host's loopback (nothing beyond this
+// machine). The agent is started marked as the agent (TURNSNAP_AGENT=1 in
+// its environment, docs/PROCESSES.md "The agent's own processes"): its
+// processes are not sandbox state, so its turns are classed by what its
+// tools changed, as on the host.
+func TestAgentClaudeCodeInsideSandbox(t *testing.T) {
+	testenv.RequireRoot(t)
+	in := insideSetup(t, "in")
+	steps := mainSteps("/proj")
+	d := startDaemon(t, in.home, nil, "--llm-listen", "127.0.0.1:0", "--llm-upstream", in.ms.Script("inside", steps...))
+	in.route(t, d)
+
+	evs := subscribeEvents(t, in.home, "in")
+	run := in.agent(t, "fix the failing test")()
+	// No turnsnap run here to close the last turn when the agent exits:
+	// the platform's checkpoint after it (as run's final one).
+	final, _ := mustCLI(t, in.home, "checkpoint", "in", "-m", "agent exited")
+	evs.await(len(mainClasses))
+	evs.stop()
+	calls := in.ms.ModelCalls("inside")
+	commits, failed := evs.committed()
+	// What each checkpoint changed, split into the project's paths (what
+	// the agent's tools did) and the agent's own files (its state under
+	// /root/.claude and /tmp: files of the sandbox, docs/PROCESSES.md "The
+	// agent's own processes").
+	var byTools []string
+	var own []string
+	prev := ""
+	for _, ev := range commits {
+		class := "skip"
+		if ev.Class != "skip" && prev != "" {
+			out, _ := mustCLI(t, in.home, "diff", "in", prev, ev.Checkpoint)
+			for _, line := range strings.Split(out, "\n") {
+				_, p, ok := strings.Cut(line, " ")
+				switch {
+				case !ok || len(line) < 3 || line[1] != ' ' || !strings.HasPrefix(p, "/"):
+				case strings.HasPrefix(p, "/proj/") || p == "/proj":
+					class = "fs"
+				case strings.HasPrefix(p, "/root/.claude") || strings.HasPrefix(p, "/tmp/"):
+					own = append(own, p)
+				default:
+					t.Errorf("checkpoint %s changed %s, neither the project nor the agent's own files", ev.Checkpoint, p)
+				}
+			}
+		}
+		if ev.Class != "skip" && prev == "" {
+			class = ev.Class // the first checkpoint's parent is not in the stream
+		}
+		byTools = append(byTools, class)
+		prev = ev.Checkpoint
+	}
+	if len(byTools) > 0 {
+		byTools[0] = "skip" // turn 0: the agent's start-up only (no tool ran yet)
+	}
+	for _, c := range classes(commits) {
+		if c != "skip" && c != "fs" {
+			t.Errorf("a %s checkpoint: the agent's own processes made it a process turn (classes %v)", c, classes(commits))
+		}
+	}
+	if run.code != 0 || calls != len(mainClasses)-1 || len(failed) > 0 || len(commits) != len(mainClasses) || !reflect.DeepEqual(byTools, mainClasses) {
+		t.Fatalf("claude-code in the sandbox: exit %d, %d model calls (want %d); checkpoints %v, by what the tools changed %v, want %v; failed %+v\nfinal: %s\n%s\ndaemon: %s",
+			run.code, calls, len(mainClasses)-1, classes(commits), byTools, mainClasses, failed, final, run, tail(d.stderr.String()))
+	}
+	if fileOr(filepath.Join(in.root, "proj/notes/keep.txt")) != "<missing>" || fileOr(filepath.Join(in.root, "proj/build/out.txt")) != "artifact\n" {
+		t.Fatalf("the session did not run as scripted:\n%s", run)
+	}
+	turns := modelTurns(t, d, "in")
+	for _, n := range []int{3, 5, 6} {
+		if turns[n].Conv == nil || string(turns[n].Class) != "fs" {
+			t.Fatalf("no fs checkpoint for the model call of turn %d: turns %v", n, turnNumbers(turns))
+		}
+	}
+	var bytesNew int64
+	for _, ev := range commits {
+		bytesNew += ev.BytesNew
+	}
+	t.Logf("claude-code inside its sandbox: session of %d model calls: %d checkpoints, classes %v (by what the tools changed: %v); %d bytes new in all (files, the agent's own included, and the model-call journal), %d bytes per turn; the agent's own files changed %d times: %v",
+		calls, len(commits), classes(commits), byTools, bytesNew, bytesNew/int64(calls), len(own), own)
+
+	// Roll the mistake back: the checkpoint of turn 5 is the state before
+	// reply 5's rm ran.
+	mustCLI(t, in.home, "rollback", "in", turns[5].ID.String())
+	if got := fileOr(filepath.Join(in.root, "proj/notes/keep.txt")); got != "design notes the agent must not lose\n" {
+		t.Fatalf("after the rollback notes/keep.txt = %q", got)
+	}
+	if got := fileOr(filepath.Join(in.root, "proj/add.sh")); !strings.Contains(got, "$1 + $2") {
+		t.Fatalf("after the rollback add.sh = %q, want the fix", got)
+	}
+}
+
+// insideSandbox is one sandbox on the Debian image with Claude Code's
+// binary in its base, a scripted model, and (once route ran) a way in to
+// the daemon's LLM proxy from the sandbox's loopback.
+type insideSandbox struct {
+	home, root, name string
+	ms               *modelserver.Server
+	port             int // the proxy's forwarder on the sandbox's loopback
+}
+
+func insideSetup(t *testing.T, name string) *insideSandbox {
+	t.Helper()
+	if _, err := exec.LookPath("runc"); err != nil {
+		testenv.Missing(t, "runc", "apt package runc")
+	}
+	if _, err := os.Stat(proc.DefaultCRIUPath()); err != nil {
+		testenv.Missing(t, "CRIU", proc.DefaultCRIUPath())
+	}
+	cache := os.Getenv("TURNSNAP_CACHE")
+	if cache == "" {
+		cache = "/var/cache/turnsnap"
+	}
+	image := filepath.Join(cache, "images", "debian-bookworm-v1")
+	if _, err := os.Stat(filepath.Join(image, ".complete")); err != nil {
+		testenv.Missing(t, "the debian-bookworm image", "scripts/deps.d/75-debian-image.sh builds it into "+image)
+	}
+	// The npm package's own native binary (bin/claude.exe, what its
+	// launcher runs): the image has no node, and needs none.
+	bin := filepath.Join(cache, "agents", "claude-code", "node_modules", "@anthropic-ai", "claude-code", "bin", "claude.exe")
+	if _, err := os.Stat(bin); err != nil {
+		testenv.Missing(t, "claude-code", "npm package installed by scripts/deps.sh agents into "+bin)
+	}
+	dir := t.TempDir()
+	base := filepath.Join(dir, "base")
+	// Hard links where the cache and the test's directory share a
+	// filesystem: the base is read, never written.
+	if out, err := exec.Command("cp", "-al", filepath.Join(image, "rootfs"), base).CombinedOutput(); err != nil {
+		os.RemoveAll(base)
+		if out, err := exec.Command("cp", "-a", filepath.Join(image, "rootfs"), base).CombinedOutput(); err != nil {
+			t.Fatalf("copy the image: %v: %s", err, out)
+		}
+		_ = out
+	}
+	target := filepath.Join(base, "usr/local/bin/claude")
+	if err := os.Link(bin, target); err != nil {
+		if out, err := exec.Command("cp", bin, target).CombinedOutput(); err != nil {
+			t.Fatalf("copy claude: %v: %s", err, out)
+		}
+	}
+	writeProject(t, filepath.Join(base, "proj"))
+	in := &insideSandbox{home: filepath.Join(dir, "home"), name: name}
+	var created struct{ Root string }
+	out, _ := mustCLI(t, in.home, "sandbox", "create", name, "--base", base, "--json")
+	json.Unmarshal([]byte(out), &created)
+	in.root = created.Root
+	t.Cleanup(func() { cliRun(t, in.home, "sandbox", "rm", name) })
+	in.ms = modelserver.New(nil)
+	t.Cleanup(in.ms.Close)
+	return in
+}
+
+// route starts the sandbox's container and opens, on its loopback, a
+// listener whose connections go to daemon d's LLM proxy.
+func (in *insideSandbox) route(t *testing.T, d *daemonProc) {
+	t.Helper()
+	mustCLI(t, in.home, "exec", in.name, "--", "true") // the container, and its network namespace
+	proxy := strings.TrimPrefix(llmStatus(t, d).URL, "http://")
+	sum := sha256.Sum256([]byte(in.home))
+	scope := hex.EncodeToString(sum[:6])
+	ns := filepath.Join("/run/turnsnap", scope, "netns", "ts-"+scope+"-"+in.name)
+	l, err := listenInNetns(ns, "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("listen in the sandbox's network namespace: %v", err)
+	}
+	t.Cleanup(func() { l.Close() })
+	in.port = l.Addr().(*net.TCPAddr).Port
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				up, err := net.Dial("tcp", proxy)
+				if err != nil {
+					return
+				}
+				defer up.Close()
+				done := make(chan struct{}, 2)
+				go func() { io.Copy(up, c); up.(*net.TCPConn).CloseWrite(); done <- struct{}{} }()
+				go func() { io.Copy(c, up); c.(*net.TCPConn).CloseWrite(); done <- struct{}{} }()
+				<-done
+				<-done
+			}()
+		}
+	}()
+}
+
+// listenInNetns makes a TCP listener inside the network namespace at
+// path: a socket belongs to the namespace it was created in, whichever
+// namespace the thread that serves it is in later. The thread goes back
+// to its own namespace before it is given back to Go; if it cannot, it
+// stays locked and dies with its goroutine.
+func listenInNetns(path, addr string) (net.Listener, error) {
+	type result struct {
+		l   net.Listener
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		own, err := os.Open("/proc/thread-self/ns/net")
+		if err != nil {
+			runtime.UnlockOSThread()
+			ch <- result{nil, err}
+			return
+		}
+		defer own.Close()
+		target, err := os.Open(path)
+		if err != nil {
+			runtime.UnlockOSThread()
+			ch <- result{nil, err}
+			return
+		}
+		defer target.Close()
+		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread()
+			ch <- result{nil, fmt.Errorf("setns %s: %w", path, err)}
+			return
+		}
+		l, lerr := net.Listen("tcp", addr)
+		if err := unix.Setns(int(own.Fd()), unix.CLONE_NEWNET); err != nil {
+			ch <- result{nil, errors.Join(lerr, fmt.Errorf("back to the host's namespace: %w", err))} // the thread stays locked: it exits with this goroutine
+			return
+		}
+		runtime.UnlockOSThread()
+		ch <- result{l, lerr}
+	}()
+	r := <-ch
+	return r.l, r.err
+}
+
+// agent starts Claude Code in the sandbox with `turnsnap exec` (in the
+// foreground, as a platform supervises its agent): in /proj, its model
+// calls to the forwarder, marked as the agent, transcripts not kept (they
+// would be files of the sandbox, changed by every call).
+func (in *insideSandbox) agent(t *testing.T, prompt string, extra ...string) func() agentRun {
+	t.Helper()
+	env := []string{"env", "TURNSNAP_AGENT=1", "HOME=/root", "PATH=/usr/local/bin:/usr/bin:/bin",
+		fmt.Sprintf("ANTHROPIC_BASE_URL=http://127.0.0.1:%d/llm/%s", in.port, in.name),
+		"ANTHROPIC_API_KEY=sk-ant-test", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1", "IS_SANDBOX=1", "DISABLE_AUTOUPDATER=1"}
+	script := `cd /proj && exec claude -p "$1" --dangerously-skip-permissions --no-session-persistence` + strings.Join(extra, "") + ` </dev/null`
+	argv := append(append([]string{"exec", in.name, "--"}, env...), "sh", "-c", script, "sh", prompt)
+	return startAgent(t, cli(in.home, nil, argv...))
+}
+
+var _ = time.Second
+var _ = context.Background
