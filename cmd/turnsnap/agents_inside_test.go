@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -18,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/turnsnap/turnsnap/api"
 	"github.com/turnsnap/turnsnap/internal/modelserver"
 	"github.com/turnsnap/turnsnap/internal/testenv"
 	"github.com/turnsnap/turnsnap/proc"
@@ -116,6 +116,60 @@ func TestAgentClaudeCodeInsideSandbox(t *testing.T) {
 	}
 	if got := fileOr(filepath.Join(in.root, "proj/add.sh")); !strings.Contains(got, "$1 + $2") {
 		t.Fatalf("after the rollback add.sh = %q, want the fix", got)
+	}
+}
+
+// A rollback stops the agent running inside the sandbox, with every other
+// process of the sandbox, and the agent started again sees the rolled-back
+// files (docs/PROCESSES.md, "The agent's own processes": why it is not
+// kept running).
+func TestAgentInsideStoppedByRollback(t *testing.T) {
+	testenv.RequireRoot(t)
+	in := insideSetup(t, "rb")
+	d := startDaemon(t, in.home, nil, "--llm-listen", "127.0.0.1:0", "--llm-upstream",
+		in.ms.Script("long", modelserver.Bash("echo one > one.txt"), modelserver.Bash("python3 -c 'import time; time.sleep(60)'"), modelserver.Say("slept")))
+	in.route(t, d)
+	wait := in.agent(t, "write one.txt, then wait")
+	// The agent is in its second tool (a 60 s wait) once the model answered
+	// its second call; its first tool's file is in the checkpoint of that
+	// call.
+	deadline := time.Now().Add(agentTimeout)
+	for in.ms.ModelCalls("long") < 2 || fileOr(filepath.Join(in.root, "proj/one.txt")) != "one\n" {
+		if time.Now().After(deadline) {
+			t.Fatalf("the agent never reached its second tool")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(500 * time.Millisecond) // into the sleep
+	turns := modelTurns(t, d, "rb")
+	if turns[1].Conv == nil {
+		t.Fatalf("no checkpoint for model call 1: turns %v", turnNumbers(turns))
+	}
+	t0 := time.Now()
+	mustCLI(t, in.home, "rollback", "rb", turns[1].ID.String()+"~1")
+	run := wait()
+	if run.code == 0 || time.Since(t0) > 30*time.Second || in.ms.ModelCalls("long") != 2 {
+		t.Fatalf("the agent was not stopped by the rollback: %d model calls\n%s", in.ms.ModelCalls("long"), run)
+	}
+	if fileOr(filepath.Join(in.root, "proj/one.txt")) != "<missing>" {
+		t.Fatal("the rollback left one.txt")
+	}
+	t.Logf("the rollback stopped the agent in %s: %s", time.Since(t0).Round(time.Millisecond), strings.SplitN(run.String(), "\n", 2)[0])
+
+	// Started again (its supervisor's job), in the container the next exec
+	// starts: the route is opened there anew.
+	url := in.ms.Script("again", modelserver.Bash("test -e one.txt || echo ROLLED-BACK"), modelserver.Say("checked"))
+	if _, err := d.client(t).SetLLMUpstream(t.Context(), "rb", api.LLMUpstreamRequest{LLMUpstream: &url}); err != nil {
+		t.Fatal(err)
+	}
+	in.route(t, d)
+	again := in.agent(t, "check one.txt")()
+	var seen bool
+	for _, r := range in.ms.Requests() {
+		seen = seen || (r.Script == "again" && strings.Contains(string(r.Body), "ROLLED-BACK"))
+	}
+	if again.code != 0 || !seen {
+		t.Fatalf("the agent started again did not see the rolled-back files (saw ROLLED-BACK: %v)\n%s", seen, again)
 	}
 }
 
@@ -274,6 +328,3 @@ func (in *insideSandbox) agent(t *testing.T, prompt string, extra ...string) fun
 	argv := append(append([]string{"exec", in.name, "--"}, env...), "sh", "-c", script, "sh", prompt)
 	return startAgent(t, cli(in.home, nil, argv...))
 }
-
-var _ = time.Second
-var _ = context.Background
