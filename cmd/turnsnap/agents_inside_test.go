@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -8,6 +9,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
+	"net/http/httputil"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -173,6 +176,40 @@ func TestAgentInsideStoppedByRollback(t *testing.T) {
 	}
 }
 
+// The agent inside asks for the rollback itself, through the daemon's MCP
+// endpoint (reached from the sandbox's loopback like the proxy): the
+// rollback is done, and the agent, like any process of the sandbox, is
+// stopped by it.
+func TestAgentInsideRollsItselfBackThroughMCP(t *testing.T) {
+	testenv.RequireRoot(t)
+	in := insideSetup(t, "mb")
+	d := startDaemon(t, in.home, nil, "--llm-listen", "127.0.0.1:0", "--llm-upstream",
+		in.ms.Script("self", modelserver.Bash("echo one > one.txt"), modelserver.Bash("echo mistake > one.txt"),
+			// HEAD is the checkpoint of this call (the mistake), HEAD~1
+			// the one before it.
+			modelserver.Tool("mcp__turnsnap__rollback", map[string]any{"checkpoint": "HEAD~1"}),
+			modelserver.Bash("cat one.txt"), modelserver.Say("rolled back")))
+	in.route(t, d)
+	mcpPort := in.routeMCP(t)
+	cfg := fmt.Sprintf(`{"mcpServers":{"turnsnap":{"type":"http","url":"http://127.0.0.1:%d/v1/sandboxes/%s/mcp"}}}`, mcpPort, in.name)
+	run := in.agent(t, "write one.txt; roll back mistakes", " --strict-mcp-config --mcp-config '"+cfg+"'")()
+	if run.code == 0 || in.ms.ModelCalls("self") != 3 {
+		t.Fatalf("the agent was not stopped by its own rollback: %d model calls (want 3: it never reads the rollback's result)\n%s\ndaemon: %s",
+			in.ms.ModelCalls("self"), run, tail(d.stderr.String()))
+	}
+	// The rollback goes on without its caller (the agent dies when the
+	// rollback stops the sandbox's processes, before it restores files):
+	// the next command, an exec, waits for it, or finishes it from its
+	// intent if it was cut off.
+	direct := fileOr(filepath.Join(in.root, "proj/one.txt"))
+	got, errs := mustCLI(t, in.home, "exec", "mb", "--", "cat", "/proj/one.txt")
+	if got != "one\n" {
+		t.Fatalf("after the agent's own rollback one.txt = %q (before the next command: %q)\ndaemon: %s", got, direct, tail(d.stderr.String()))
+	}
+	t.Logf("the agent's own rollback stopped it: %s; one.txt as its exec returned: %q (the rollback was still restoring files); the next exec: %q",
+		strings.SplitN(run.String(), "\n", 2)[0], direct, errs)
+}
+
 // insideSandbox is one sandbox on the Debian image with Claude Code's
 // binary in its base, a scripted model, and (once route ran) a way in to
 // the daemon's LLM proxy from the sandbox's loopback.
@@ -239,10 +276,7 @@ func (in *insideSandbox) route(t *testing.T, d *daemonProc) {
 	t.Helper()
 	mustCLI(t, in.home, "exec", in.name, "--", "true") // the container, and its network namespace
 	proxy := strings.TrimPrefix(llmStatus(t, d).URL, "http://")
-	sum := sha256.Sum256([]byte(in.home))
-	scope := hex.EncodeToString(sum[:6])
-	ns := filepath.Join("/run/turnsnap", scope, "netns", "ts-"+scope+"-"+in.name)
-	l, err := listenInNetns(ns, "127.0.0.1:0")
+	l, err := listenInNetns(in.netns(), "127.0.0.1:0")
 	if err != nil {
 		t.Fatalf("listen in the sandbox's network namespace: %v", err)
 	}
@@ -269,6 +303,47 @@ func (in *insideSandbox) route(t *testing.T, d *daemonProc) {
 			}()
 		}
 	}()
+}
+
+// routeMCP opens, on the sandbox's loopback, the daemon's MCP endpoint of
+// this sandbox and nothing else of its API (the daemon's unix socket
+// carries no token: the route passes one path only).
+func (in *insideSandbox) routeMCP(t *testing.T) int {
+	t.Helper()
+	l, err := listenInNetns(in.netns(), "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("listen in the sandbox's network namespace: %v", err)
+	}
+	sock := filepath.Join(in.home, socketName)
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(r *httputil.ProxyRequest) {
+			r.Out.URL.Scheme, r.Out.URL.Host, r.Out.Host = "http", "turnsnap", "turnsnap"
+		},
+		Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", sock)
+		}},
+		FlushInterval: -1,
+	}
+	path := "/v1/sandboxes/" + in.name + "/mcp"
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != path {
+			http.NotFound(w, r)
+			return
+		}
+		rp.ServeHTTP(w, r)
+	})}
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// netns is the path of the sandbox's container's network namespace, named
+// from the home as engine/processes.go names it.
+func (in *insideSandbox) netns() string {
+	sum := sha256.Sum256([]byte(in.home))
+	scope := hex.EncodeToString(sum[:6])
+	return filepath.Join("/run/turnsnap", scope, "netns", "ts-"+scope+"-"+in.name)
 }
 
 // listenInNetns makes a TCP listener inside the network namespace at
@@ -323,7 +398,8 @@ func (in *insideSandbox) agent(t *testing.T, prompt string, extra ...string) fun
 	t.Helper()
 	env := []string{"env", "TURNSNAP_AGENT=1", "HOME=/root", "PATH=/usr/local/bin:/usr/bin:/bin",
 		fmt.Sprintf("ANTHROPIC_BASE_URL=http://127.0.0.1:%d/llm/%s", in.port, in.name),
-		"ANTHROPIC_API_KEY=sk-ant-test", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1", "IS_SANDBOX=1", "DISABLE_AUTOUPDATER=1"}
+		"ANTHROPIC_API_KEY=sk-ant-test", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1", "IS_SANDBOX=1", "DISABLE_AUTOUPDATER=1",
+		"ENABLE_TOOL_SEARCH=false"} // MCP tools offered whole (agents_mcp_test.go)
 	script := `cd /proj && exec claude -p "$1" --dangerously-skip-permissions --no-session-persistence` + strings.Join(extra, "") + ` </dev/null`
 	argv := append(append([]string{"exec", in.name, "--"}, env...), "sh", "-c", script, "sh", prompt)
 	return startAgent(t, cli(in.home, nil, argv...))
