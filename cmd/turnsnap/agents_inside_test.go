@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -15,7 +14,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -24,7 +22,6 @@ import (
 	"github.com/turnsnap/turnsnap/internal/modelserver"
 	"github.com/turnsnap/turnsnap/internal/testenv"
 	"github.com/turnsnap/turnsnap/proc"
-	"golang.org/x/sys/unix"
 )
 
 // Claude Code inside its sandbox (issue 26, part 1): the cached npm
@@ -244,13 +241,13 @@ func insideSetup(t *testing.T, name string) *insideSandbox {
 	dir := t.TempDir()
 	base := filepath.Join(dir, "base")
 	// Hard links where the cache and the test's directory share a
-	// filesystem: the base is read, never written.
-	if out, err := exec.Command("cp", "-al", filepath.Join(image, "rootfs"), base).CombinedOutput(); err != nil {
+	// filesystem (sandbox create only reads a base: it imports a copy),
+	// else a copy.
+	if err := exec.Command("cp", "-al", filepath.Join(image, "rootfs"), base).Run(); err != nil {
 		os.RemoveAll(base)
 		if out, err := exec.Command("cp", "-a", filepath.Join(image, "rootfs"), base).CombinedOutput(); err != nil {
 			t.Fatalf("copy the image: %v: %s", err, out)
 		}
-		_ = out
 	}
 	target := filepath.Join(base, "usr/local/bin/claude")
 	if err := os.Link(bin, target); err != nil {
@@ -276,7 +273,7 @@ func (in *insideSandbox) route(t *testing.T, d *daemonProc) {
 	t.Helper()
 	mustCLI(t, in.home, "exec", in.name, "--", "true") // the container, and its network namespace
 	proxy := strings.TrimPrefix(llmStatus(t, d).URL, "http://")
-	l, err := listenInNetns(in.netns(), "127.0.0.1:0")
+	l, err := proc.ListenInNetns(in.netns(), "127.0.0.1:0")
 	if err != nil {
 		t.Fatalf("listen in the sandbox's network namespace: %v", err)
 	}
@@ -310,7 +307,7 @@ func (in *insideSandbox) route(t *testing.T, d *daemonProc) {
 // carries no token: the route passes one path only).
 func (in *insideSandbox) routeMCP(t *testing.T) int {
 	t.Helper()
-	l, err := listenInNetns(in.netns(), "127.0.0.1:0")
+	l, err := proc.ListenInNetns(in.netns(), "127.0.0.1:0")
 	if err != nil {
 		t.Fatalf("listen in the sandbox's network namespace: %v", err)
 	}
@@ -344,50 +341,6 @@ func (in *insideSandbox) netns() string {
 	sum := sha256.Sum256([]byte(in.home))
 	scope := hex.EncodeToString(sum[:6])
 	return filepath.Join("/run/turnsnap", scope, "netns", "ts-"+scope+"-"+in.name)
-}
-
-// listenInNetns makes a TCP listener inside the network namespace at
-// path: a socket belongs to the namespace it was created in, whichever
-// namespace the thread that serves it is in later. The thread goes back
-// to its own namespace before it is given back to Go; if it cannot, it
-// stays locked and dies with its goroutine.
-func listenInNetns(path, addr string) (net.Listener, error) {
-	type result struct {
-		l   net.Listener
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread()
-		own, err := os.Open("/proc/thread-self/ns/net")
-		if err != nil {
-			runtime.UnlockOSThread()
-			ch <- result{nil, err}
-			return
-		}
-		defer own.Close()
-		target, err := os.Open(path)
-		if err != nil {
-			runtime.UnlockOSThread()
-			ch <- result{nil, err}
-			return
-		}
-		defer target.Close()
-		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-			runtime.UnlockOSThread()
-			ch <- result{nil, fmt.Errorf("setns %s: %w", path, err)}
-			return
-		}
-		l, lerr := net.Listen("tcp", addr)
-		if err := unix.Setns(int(own.Fd()), unix.CLONE_NEWNET); err != nil {
-			ch <- result{nil, errors.Join(lerr, fmt.Errorf("back to the host's namespace: %w", err))} // the thread stays locked: it exits with this goroutine
-			return
-		}
-		runtime.UnlockOSThread()
-		ch <- result{l, lerr}
-	}()
-	r := <-ch
-	return r.l, r.err
 }
 
 // agent starts Claude Code in the sandbox with `turnsnap exec` (in the
