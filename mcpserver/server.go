@@ -375,7 +375,10 @@ func (t *tools) rollback(ctx context.Context, _ *mcp.CallToolRequest, in Rollbac
 	if in.Checkpoint == "" {
 		return nil, nil, toolErr(fmt.Errorf("rollback sandbox %s: a checkpoint is needed: %w", t.name, errdefs.ErrInvalid))
 	}
-	r, err := t.svc.Rollback(ctx, t.name, api.RollbackRequest{Checkpoint: in.Checkpoint, FSOnly: in.FSOnly})
+	// Not cancelled with the call: a rollback stops every process of the
+	// sandbox, so an agent that runs inside it and asked for the rollback
+	// hangs up halfway (docs/PROCESSES.md, "The agent's own processes").
+	r, err := t.svc.Rollback(context.WithoutCancel(ctx), t.name, api.RollbackRequest{Checkpoint: in.Checkpoint, FSOnly: in.FSOnly})
 	if err != nil {
 		return nil, nil, toolErr(err)
 	}

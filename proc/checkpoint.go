@@ -8,7 +8,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/turnsnap/turnsnap/internal/errdefs"
@@ -115,7 +114,12 @@ func (r *Runtime) Checkpoint(ctx context.Context, id, imageDir string, opts Dump
 	}
 	// CRIU only warns about a process in the cgroup but outside the tree;
 	// one that appeared after the check above would be silently missing.
-	if b, _ := os.ReadFile(log); strings.Contains(string(b), "Unexpected process") {
+	// The agent's own processes (agent.go) are left out on purpose.
+	var agent []int
+	for _, p := range set.Agent {
+		agent = append(agent, p.HostPID)
+	}
+	if b, _ := os.ReadFile(log); len(leftOut(b, agent)) > 0 {
 		msg := criuLogErrors(log)
 		return meta, fmt.Errorf("container %s: checkpoint left out a process outside the container's tree: %s (work dir %s kept): %w",
 			id, msg, r.keepFailed(work), errdefs.ErrPrecondition)

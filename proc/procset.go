@@ -90,6 +90,9 @@ type ProcSet struct {
 	// keeper is in every image, so a replaced /bin/sh invalidates an image
 	// as a replaced server binary does.
 	Keeper []Ref `json:"keeper,omitempty"`
+	// Agent are the agent's own processes (AgentEnv, agent.go): not
+	// sandbox state, listed for ps and left out of dumps.
+	Agent []Process `json:"agent,omitempty"`
 	// Tmpfs digests the container's tmpfs mounts (/dev, /dev/shm).
 	Tmpfs []TmpfsState `json:"tmpfs,omitempty"`
 	// TmpfsPristine: the tmpfs mounts hold only what a new container's do.
@@ -142,25 +145,40 @@ func (r *Runtime) Snapshot(ctx context.Context, id string) (ProcSet, error) {
 	keeper := init != nil && slices.ContainsFunc(init.p.Cmdline, func(a string) bool {
 		return strings.Contains(a, keeperMarker)
 	})
+	parent := func(h int) (int, bool) {
+		x, ok := byHost[h]
+		if !ok {
+			return 0, false
+		}
+		return x.st.ppid, true
+	}
+	agentRoots := map[int]bool{}
 	for _, e := range byHost {
 		if par, ok := byHost[e.st.ppid]; ok && e.host != ci.InitPID {
 			e.p.PPID = par.p.PID
 		}
-		e.p.Outside = !descendsFrom(e.host, ci.InitPID, func(h int) (int, bool) {
-			x, ok := byHost[h]
-			if !ok {
-				return 0, false
-			}
-			return x.st.ppid, true
-		})
+		e.p.Outside = !descendsFrom(e.host, ci.InitPID, parent)
 		if keeper && (e.host == ci.InitPID || isKeeperSleep(e.st, init.st, ci.InitPID)) {
 			keeperRefs = append(keeperRefs, readRefs(e.host)...)
 			continue
+		}
+		if e.p.Outside {
+			root := outsideRoot(e.host, parent)
+			is, seen := agentRoots[root]
+			if !seen {
+				is = isAgentRoot(root)
+				agentRoots[root] = is
+			}
+			if is {
+				set.Agent = append(set.Agent, e.p)
+				continue
+			}
 		}
 		e.p.Refs = readRefs(e.host)
 		set.Procs = append(set.Procs, e.p)
 	}
 	slices.SortFunc(set.Procs, func(a, b Process) int { return a.PID - b.PID })
+	slices.SortFunc(set.Agent, func(a, b Process) int { return a.PID - b.PID })
 	set.Keeper = dedupeRefs(keeperRefs)
 	if set.Tmpfs, set.TmpfsPristine, err = readTmpfs(ci.InitPID); err != nil {
 		return set, fmt.Errorf("container %s: %w", id, err)

@@ -34,7 +34,10 @@ pid inside the sandbox and returns at once. Its output goes to --log PATH,
 an absolute path inside the sandbox whose directory exists (appended;
 default /dev/null). 'turnsnap ps NAME' lists such processes. Processes alive at a turn's end are
 checkpointed with CRIU by the next 'turnsnap checkpoint'. The turnsnap home
-is free while CMD runs; a checkpoint taken meanwhile is refused until it ends.`,
+is free while CMD runs; a checkpoint taken meanwhile is refused until it ends,
+unless CMD is the agent itself (TURNSNAP_AGENT=1 in its environment, e.g.
+exec NAME -- env TURNSNAP_AGENT=1 AGENT...): the agent's own processes are not
+sandbox state and a checkpoint leaves them out (docs/PROCESSES.md).`,
 		Args: cobra.MinimumNArgs(2),
 	}
 	c.RunE = a.withService(nil, func(ctx context.Context, s service, args []string) error {

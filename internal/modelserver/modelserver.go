@@ -41,17 +41,20 @@ const (
 	KindEdit  Kind = "edit"  // replace Old by New in Path
 	KindRead  Kind = "read"  // read Path (Claude Code's Edit wants it read first)
 	KindText  Kind = "text"  // the final answer: the agent's turn ends
+	KindTool  Kind = "tool"  // call the agent's tool Name with Input as it is (an MCP tool)
 )
 
 // Step is one model reply.
 type Step struct {
 	Kind    Kind
-	Command string // KindBash
-	Path    string // KindWrite, KindEdit, KindRead: absolute
-	Content string // KindWrite
-	Old     string // KindEdit
-	New     string // KindEdit
-	Text    string // KindText
+	Command string         // KindBash
+	Path    string         // KindWrite, KindEdit, KindRead: absolute
+	Content string         // KindWrite
+	Old     string         // KindEdit
+	New     string         // KindEdit
+	Text    string         // KindText
+	Name    string         // KindTool
+	Input   map[string]any // KindTool
 }
 
 // Bash is a shell-command step.
@@ -65,6 +68,13 @@ func Edit(path, old, new string) Step { return Step{Kind: KindEdit, Path: path, 
 
 // Read is a file-read step.
 func Read(path string) Step { return Step{Kind: KindRead, Path: path} }
+
+// Tool is a call of the agent's tool name with input, unchanged: a tool
+// the agent does not name itself, such as an MCP server's
+// (mcp__SERVER__TOOL in Claude Code). Anthropic Messages only.
+func Tool(name string, input map[string]any) Step {
+	return Step{Kind: KindTool, Name: name, Input: input}
+}
 
 // Say is the final text.
 func Say(text string) Step { return Step{Kind: KindText, Text: text} }
@@ -253,6 +263,8 @@ func anthropicTool(st Step) (name string, input map[string]any) {
 		return "Edit", map[string]any{"file_path": st.Path, "old_string": st.Old, "new_string": st.New}
 	case KindRead:
 		return "Read", map[string]any{"file_path": st.Path}
+	case KindTool:
+		return st.Name, st.Input
 	}
 	return "", nil
 }

@@ -130,3 +130,27 @@ func TestProtocols(t *testing.T) {
 		t.Fatalf("unknown script: %d", resp.StatusCode)
 	}
 }
+
+// A Tool step calls the named tool with its input unchanged (an MCP
+// server's tool, as Claude Code names it).
+func TestToolStep(t *testing.T) {
+	s := New(t.Logf)
+	defer s.Close()
+	base := s.Script("t", Tool("mcp__turnsnap__rollback", map[string]any{"checkpoint": "HEAD~1"}))
+	_, b := post(t, base+"/v1/messages", `{"model":"m","tools":[{"name":"mcp__turnsnap__rollback"}],"messages":[{"role":"user","content":"go"}]}`)
+	var m struct {
+		Content []struct {
+			Type  string
+			Name  string
+			Input map[string]any
+		}
+		StopReason string `json:"stop_reason"`
+	}
+	if err := json.Unmarshal([]byte(b), &m); err != nil {
+		t.Fatal(err)
+	}
+	if len(m.Content) != 1 || m.Content[0].Type != "tool_use" || m.Content[0].Name != "mcp__turnsnap__rollback" ||
+		m.Content[0].Input["checkpoint"] != "HEAD~1" || m.StopReason != "tool_use" {
+		t.Fatalf("reply %s", b)
+	}
+}

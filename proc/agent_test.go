@@ -1,0 +1,81 @@
+package proc
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The agent's processes are found from the root of their outside tree, and
+// a dump log's "Unexpected process" lines name only the others.
+func TestAgentRootsAndLeftOut(t *testing.T) {
+	// 10 is the init; 20 a command runc exec started (its parent 5 is runc,
+	// outside), 21 and 22 its descendants; 30 a process the init adopted.
+	parents := map[int]int{10: 1, 20: 5, 21: 20, 22: 21, 30: 10}
+	parent := func(h int) (int, bool) { p, ok := parents[h]; return p, ok }
+	for pid, want := range map[int]int{20: 20, 21: 20, 22: 20, 30: 10} {
+		if got := outsideRoot(pid, parent); got != want {
+			t.Errorf("outsideRoot(%d) = %d, want %d", pid, got, want)
+		}
+	}
+	log := []byte("(00.01) Warn (criu/cgroup.c:1): Unexpected process 4242 in the freezer cgroup (status 0x1)\n" +
+		"(00.01) Warn (criu/cgroup.c:1): Unexpected process 4243 in the freezer cgroup (status 0x1)\n")
+	if got := leftOut(log, []int{4242}); !slices.Equal(got, []int{4243}) {
+		t.Errorf("leftOut = %v, want [4243]", got)
+	}
+	if got := leftOut(log, []int{4242, 4243}); len(got) != 0 {
+		t.Errorf("leftOut with both the agent's = %v", got)
+	}
+	// This test's own environment has no marker; a child's with it would.
+	if isAgentRoot(os.Getpid()) && os.Getenv("TURNSNAP_AGENT") != "1" {
+		t.Error("a process without the marker reads as the agent")
+	}
+}
+
+// A command Exec started with AgentEnv is the agent's: Snapshot lists it
+// (and its children) apart from the sandbox's processes, and a dump of the
+// container goes ahead without it, holding the sandbox's own process.
+func TestAgentExecLeftOutOfSnapshotAndDump(t *testing.T) {
+	rt := newRuntime(t)
+	ctx := testCtx(t)
+	id := startKeeper(t, rt, busyboxRootfs(t))
+	if _, err := rt.ExecDetached(ctx, id, []string{"sleep", "1000"}, DetachOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	execCtx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _ = rt.Exec(execCtx, id, []string{"env", AgentEnv, "sh", "-c", "sleep 30; :"}, nil, nil, nil)
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	var s ProcSet
+	waitFor(t, 10*time.Second, "the agent and its child to show", func() bool {
+		var err error
+		s, err = rt.Snapshot(ctx, id)
+		return err == nil && len(s.Agent) == 2 && strings.Join(s.Agent[1].Cmdline, " ") == "sleep 30"
+	})
+	if len(s.Procs) != 1 || strings.Join(s.Procs[0].Cmdline, " ") != "sleep 1000" {
+		t.Fatalf("sandbox processes %v, want the detached sleep only (agent: %v)", s.Procs, s.Agent)
+	}
+	img := filepath.Join(t.TempDir(), "img")
+	if _, err := rt.Checkpoint(ctx, id, img, DumpOptions{}); err != nil {
+		t.Fatalf("Checkpoint while the agent runs: %v", err)
+	}
+	inv, err := ImageInventory(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range inv.Procs {
+		if p.PID == s.Agent[0].PID || p.PID == s.Agent[1].PID {
+			t.Errorf("the image holds the agent's process %+v (image: %+v)", p, inv.Procs)
+		}
+	}
+	if !slices.ContainsFunc(inv.Procs, func(p InventoryProc) bool { return p.PID == s.Procs[0].PID }) {
+		t.Errorf("the image lacks the sandbox's sleep: %+v", inv.Procs)
+	}
+}
