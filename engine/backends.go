@@ -32,7 +32,7 @@ func newBackends(e *Engine, opts Options) map[string]rootfs.Backend {
 // checkpoints; with opts.TrackChanges it tracks its sandboxes' changes.
 func newOverlay(e *Engine, opts Options) *overlay.Backend {
 	ob := overlay.NewBackend(e.home.basesDir())
-	ob.SetIDs(e.ids())
+	ob.SetIDs(e.keys.IDs())
 	ob.SetLoader(func() delta.BlobLoader { return e.repo }) // stacked roots' scans
 	ob.SetTracking(opts.TrackChanges, e.log)
 	ob.SetFreezing(frozen.Deps{
@@ -85,7 +85,7 @@ func (e *Engine) backend(name string, cfg json.RawMessage) (rootfs.Backend, erro
 			}
 		}
 		o.Logger = e.log
-		o.IDs = e.ids()
+		o.IDs = e.keys.IDs()
 		return btrfs.NewBackend(o)
 	}
 	have := []string{btrfs.Name}

@@ -67,7 +67,7 @@ func (e *Engine) BranchMany(ctx context.Context, ref string, names []string, o B
 		defer unlock()
 	}
 	start := time.Now()
-	cp, err := e.resolve(ctx, ref)
+	cp, err := e.resolveFor(ctx, "", ref)
 	if err != nil {
 		return nil, err
 	}
@@ -217,8 +217,8 @@ func (e *Engine) publishSandboxes(ctx context.Context, sbs []*delta.Sandbox, hea
 	// syncs share journal commits.
 	errs := make([]error, len(sbs))
 	parallel(len(sbs), func(i int) {
-		if errs[i] = e.putSandboxObject(ctx, sbs[i]); errs[i] == nil {
-			errs[i] = e.putRefObject(ctx, delta.RefHead, sbs[i].Key(), head)
+		if errs[i] = putSandboxObject(ctx, e.store, sbs[i]); errs[i] == nil {
+			errs[i] = putRefObject(ctx, e.store, delta.RefHead, sbs[i].Key(), head)
 		}
 	})
 	if err := errors.Join(errs...); err != nil {

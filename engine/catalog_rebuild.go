@@ -30,7 +30,7 @@ const (
 )
 
 // Rebuilder rebuilds this home's catalog from its object store.
-func (e *Engine) Rebuilder() *rebuild.Rebuilder { return e.rebuilder }
+func (e *Engine) Rebuilder() *rebuild.Rebuilder { return newRebuilder(e, e.log) }
 
 // newRebuilder makes this home's Rebuilder. A rebuild replaces the
 // catalog; the engine's blob reader follows it.

@@ -25,7 +25,7 @@ func TestCheckerCatchesAWrongRefcount(t *testing.T) {
 	cp, err := e.Resolve(ctx, c1.ID.String())
 	must(t, err)
 	must(t, e.cat.Update(ctx, func(tx *catalog.Tx) error { _, err := tx.AddRefCount(cp.FSTree, 1); return err }))
-	err = e.verifier.Checker().All(ctx, e.cat)
+	err = e.Verifier().Checker().All(ctx, e.cat)
 	if !errors.Is(err, errdefs.ErrCorrupt) || !strings.Contains(err.Error(), cp.FSTree.String()) {
 		t.Fatalf("checker after a refcount drift: %v, want ErrCorrupt naming %s", err, cp.FSTree.Short())
 	}

@@ -303,13 +303,6 @@ func classify(fs, procs bool) delta.Class {
 	return delta.ClassSkip
 }
 
-// resolve turns a user's checkpoint reference (full id, unique prefix,
-// tag, NAME@HEAD, each with an optional ~N) into a checkpoint, for a
-// command that names no sandbox (a bare HEAD is ErrInvalid).
-func (e *Engine) resolve(ctx context.Context, ref string) (*delta.Checkpoint, error) {
-	return e.resolveFor(ctx, "", ref)
-}
-
 // resolveFor is resolve for a command about sandbox name: HEAD and HEAD~N
 // are its head and that head's ancestors (catalog.ResolveCheckpointFor).
 func (e *Engine) resolveFor(ctx context.Context, name, ref string) (*delta.Checkpoint, error) {
@@ -330,7 +323,7 @@ func (e *Engine) resolveFor(ctx context.Context, name, ref string) (*delta.Check
 
 // Resolve is resolve for callers outside the engine.
 func (e *Engine) Resolve(ctx context.Context, ref string) (*delta.Checkpoint, error) {
-	return e.resolve(ctx, ref)
+	return e.resolveFor(ctx, "", ref)
 }
 
 // mergedChanged reports whether the merged state base+tree differs from

@@ -23,19 +23,19 @@ type (
 
 // Verifier verifies this home's checkpoints, against the catalog or the
 // store alone.
-func (e *Engine) Verifier() *check.Verifier { return e.verifier }
+func (e *Engine) Verifier() *check.Verifier { return newVerifier(e) }
 
 // newVerifier makes this home's Verifier.
 func newVerifier(e *Engine) *check.Verifier {
 	return check.NewVerifier(check.Deps{
 		Shared:  e.shared,
 		Phase:   func(name string) { e.progressPhase(name, 0) },
-		Resolve: e.resolve,
+		Resolve: e.Resolve,
 		Store:   func() upload.Store { return e.store },
 		Catalog: func() *catalog.Catalog { return e.cat },
 		Repo:    func() check.Repo { return e.repo },
 		Keys:    func() *delta.Keys { return e.keys.LocalKeys() },
-		IDs:     e.ids,
+		IDs:     func() delta.IDs { return e.keys.IDs() },
 		HomeID:  func() string { return e.config.HomeID },
 		CheckBase: func(ctx context.Context, cp *delta.Checkpoint) (bool, error) {
 			return e.checkBase(ctx, cp.Sandbox, cp.Backend, cp.BaseTree, true)

@@ -127,7 +127,7 @@ func TestChunkListsSealedPushedRebuilt(t *testing.T) {
 	if c2.Stats.BytesNew > 2<<10 {
 		t.Fatalf("a 2-byte turn next to the file stored %d bytes", c2.Stats.BytesNew)
 	}
-	cp, err := e.resolve(ctx, c2.ID.String())
+	cp, err := e.resolveFor(ctx, "", c2.ID.String())
 	must(t, err)
 	tr, err := delta.LoadTreeShallow(ctx, e.repo, cp.FSTree)
 	must(t, err)

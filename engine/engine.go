@@ -17,14 +17,12 @@ import (
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/engine/admission"
-	"github.com/turnsnap/turnsnap/engine/check"
 	"github.com/turnsnap/turnsnap/engine/content"
 	"github.com/turnsnap/turnsnap/engine/keys"
 	"github.com/turnsnap/turnsnap/engine/procs"
 	"github.com/turnsnap/turnsnap/engine/rebuild"
 	"github.com/turnsnap/turnsnap/engine/receipt"
 	"github.com/turnsnap/turnsnap/engine/remote"
-	"github.com/turnsnap/turnsnap/engine/retention"
 	"github.com/turnsnap/turnsnap/engine/room"
 	"github.com/turnsnap/turnsnap/engine/statememo"
 	"github.com/turnsnap/turnsnap/internal/rootfs"
@@ -90,9 +88,6 @@ type Engine struct {
 	local  upload.Store
 	remote upload.Store // nil without a remote
 	rem    *remote.Home // the remote side: push, ownership (Remote)
-	// rebuilder rebuilds the catalog from the store (Rebuilder).
-	rebuilder *rebuild.Rebuilder
-	verifier  *check.Verifier // verify, against the catalog or the store
 	// keys owns the home's encryption: its data key and the raw stores
 	// beneath the sealing wrappers (engine/keys).
 	keys   *keys.Ring
@@ -116,7 +111,6 @@ type Engine struct {
 	atPhase   func(string)         // Options.AtPhase
 	checked   statememo.Memo       // states that passed CheckState, rollbacks' reads
 	admit     *admission.Scheduler // checkpoint admission
-	retention *retention.Retention // prune, forget, policies, gc (retention_deps.go)
 	headTrees headTrees            // each sandbox's last turn's trees (headtrees.go)
 	receipts  *receipt.Checker     // restores' receipts (receipts.go)
 	// readOnly: opened with Options.ReadOnly; interrupted work is reported,
@@ -145,8 +139,6 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	e.procs = newProcs(e, h)
 	e.receipts = newReceipts(e, receipt.Options{})
 	e.rem = newRemote(e)
-	e.rebuilder = newRebuilder(e, log)
-	e.verifier = newVerifier(e)
 	e.commits.Hold = &commitLock{e: e}
 	e.commits.Shared = func(int) { e.phase(PhaseCommitGroup) }
 	e.readOnly = opts.ReadOnly
@@ -208,7 +200,7 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 			if err := os.RemoveAll(h.catalogDir()); err != nil {
 				return err
 			}
-			setBackendIDs(e.backends, e.ids())
+			setBackendIDs(e.backends, e.keys.IDs())
 			var err error
 			e.cat, err = catalog.Open(ctx, h.catalogDir(), catalogOptions(log, e.keys, false))
 			return err
@@ -241,7 +233,6 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	e.repo.SetRoomCheck(func(need, held uint64) error { return room.Check(string(h), e.cat, need, held) })
 	e.backends = newBackends(e, opts) // backends.go
 	e.procs.CleanWork()               // process images a killed turnsnap left (engine/procs)
-	e.retention = e.newRetention()
 	ok = true
 	return e, nil
 }
@@ -276,9 +267,6 @@ func (e *Engine) Store() upload.Store { return e.store }
 // Keys returns the home's keys: its encryption, key rotation, and the
 // content ID scheme.
 func (e *Engine) Keys() *keys.Ring { return e.keys }
-
-// ids returns the home's content ID scheme (keys.Ring.IDs).
-func (e *Engine) ids() delta.IDs { return e.keys.IDs() }
 
 // newRepo returns the content repository over the engine's stores and
 // catalog as they are now.

@@ -110,7 +110,7 @@ func BenchmarkBranch8(b *testing.B) {
 	// The first freeze of a layer has no layer to link from: every file is
 	// copied from the live root and verified.
 	ob := overlayOf(e)
-	cp, err := e.resolve(ctx, ckpt)
+	cp, err := e.resolveFor(ctx, "", ckpt)
 	must(b, err)
 	run("freeze-whole-layer", func(b *testing.B) {
 		b.StopTimer()
@@ -178,7 +178,7 @@ func BenchmarkBranch8(b *testing.B) {
 		change(b)
 		r, err := e.Checkpoint(ctx, "src", CheckpointOptions{})
 		must(b, err)
-		cp, err := e.resolve(ctx, r.ID.String())
+		cp, err := e.resolveFor(ctx, "", r.ID.String())
 		must(b, err)
 		return cp.FSTree
 	}

@@ -68,7 +68,7 @@ func TestBranchWaitsForBackgroundFreeze(t *testing.T) {
 	c1, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err) // returned with the freeze held: the turn does not wait for it
 	waitHeld(t, started)
-	cp1, err := e.resolve(ctx, c1.ID.String())
+	cp1, err := e.resolveFor(ctx, "", c1.ID.String())
 	must(t, err)
 	ob := overlayOf(e)
 	if ob.Layers().Has(cp1.FSTree) {
@@ -151,7 +151,7 @@ func TestFreezeIgnoresEditsAfterTheCut(t *testing.T) {
 	must(t, os.Link(p("other"), p("linked")))
 	release()
 	e.WaitFreezes()
-	cp2, err := e.resolve(ctx, c2.ID.String())
+	cp2, err := e.resolveFor(ctx, "", c2.ID.String())
 	must(t, err)
 	ob := overlayOf(e)
 	if !ob.Layers().Has(cp2.FSTree) {
@@ -210,7 +210,7 @@ func TestIncrementalFreezeOnTheLine(t *testing.T) {
 		must(t, err)
 		last = c.ID.String()
 		e.WaitFreezes()
-		cp, err := e.resolve(ctx, c.ID.String())
+		cp, err := e.resolveFor(ctx, "", c.ID.String())
 		must(t, err)
 		got, err := fstree.Scan(ctx, ob.Layers().Dir(cp.FSTree), fstree.ScanOptions{Translate: overlay.Translate})
 		must(t, err)
@@ -268,7 +268,7 @@ func TestBranchBuildsAQueuedFreeze(t *testing.T) {
 	}
 	release()
 	must(t, <-done) // with both slots still taken: the branch built the layer
-	cp2, err := e.resolve(ctx, c2.ID.String())
+	cp2, err := e.resolveFor(ctx, "", c2.ID.String())
 	must(t, err)
 	if got := overlay.FrozenUser(e.home.sandboxDir("b")); got != overlayOf(e).Layers().Dir(cp2.FSTree) {
 		t.Fatalf("the branch stacks on %q", got)
@@ -295,7 +295,7 @@ func TestFreezePausesForTurns(t *testing.T) {
 	c1, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
 	waitHeld(t, started) // running: past its wait for idle
-	cp1, err := e.resolve(ctx, c1.ID.String())
+	cp1, err := e.resolveFor(ctx, "", c1.ID.String())
 	must(t, err)
 	ob := overlayOf(e)
 	turnDone := overlayOf(e).TurnStarted() // a turn arrives mid-freeze
@@ -325,7 +325,7 @@ func TestFreezePausesForTurns(t *testing.T) {
 	write(t, filepath.Join(cr.Root, "src", "second.txt"), "second turn\n")
 	c2, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
-	cp2, err := e.resolve(ctx, c2.ID.String())
+	cp2, err := e.resolveFor(ctx, "", c2.ID.String())
 	must(t, err)
 	want := mergedState(t, cr.Root)
 	res, err := e.Branch(ctx, c2.ID.String(), "b", BranchOptions{})
@@ -415,7 +415,7 @@ func TestFrozenKeepSetFollowsHeads(t *testing.T) {
 func TestFreezeOnBranch(t *testing.T) {
 	ctx := context.Background()
 	e, cr, c1, want := directModeCheckpoint(t)
-	cp1, err := e.resolve(ctx, c1.ID.String())
+	cp1, err := e.resolveFor(ctx, "", c1.ID.String())
 	must(t, err)
 	ob := overlayOf(e)
 	pending := overlayOf(e).Keeper().Pending()
@@ -453,7 +453,7 @@ func TestFreezeOnBranch(t *testing.T) {
 		c, err := e.Checkpoint(ctx, name, CheckpointOptions{})
 		must(t, err)
 		e.WaitFreezes()
-		cp, err := e.resolve(ctx, c.ID.String())
+		cp, err := e.resolveFor(ctx, "", c.ID.String())
 		must(t, err)
 		if !ob.Layers().Has(cp.FSTree) {
 			t.Fatalf("%s: the checkpoint after a branch kept no layer", name)
@@ -504,7 +504,7 @@ func TestConcurrentBranchesBuildOneLayer(t *testing.T) {
 	if n := builds.Load(); n != 1 {
 		t.Fatalf("%d builds of one layer", n)
 	}
-	cp1, err := e.resolve(ctx, c1.ID.String())
+	cp1, err := e.resolveFor(ctx, "", c1.ID.String())
 	must(t, err)
 	for _, name := range []string{"b1", "b2"} {
 		if got := overlay.FrozenUser(e.home.sandboxDir(name)); got != overlayOf(e).Layers().Dir(cp1.FSTree) {
@@ -554,7 +554,7 @@ func TestBranchBuildKeepsRoom(t *testing.T) {
 	if c2.Stats.BytesRead >= 1<<20 {
 		t.Fatalf("the small turn read %d bytes", c2.Stats.BytesRead)
 	}
-	cp2, err := e.resolve(ctx, c2.ID.String())
+	cp2, err := e.resolveFor(ctx, "", c2.ID.String())
 	must(t, err)
 	// Leave the catalog's reserve and 12 MiB: room for the turn, not for
 	// the layer.
@@ -628,7 +628,7 @@ func TestCloseCancelsBackgroundFreeze(t *testing.T) {
 	c1, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
 	waitHeld(t, started)
-	cp1, err := e.resolve(ctx, c1.ID.String())
+	cp1, err := e.resolveFor(ctx, "", c1.ID.String())
 	must(t, err)
 	want := mergedState(t, cr.Root)
 	layers := overlayOf(e).Layers()

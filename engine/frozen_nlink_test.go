@@ -81,7 +81,7 @@ func TestFrozenLayerLinkCounts(t *testing.T) {
 	c2, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
 	e.WaitFreezes()
-	cp2, err := e.resolve(ctx, c2.ID.String())
+	cp2, err := e.resolveFor(ctx, "", c2.ID.String())
 	must(t, err)
 	if !overlayOf(e).Layers().Has(cp2.FSTree) {
 		t.Fatal("no frozen layer for the second checkpoint")

@@ -3,11 +3,12 @@ package engine
 import (
 	"context"
 	"errors"
-	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/turnsnap/turnsnap/internal/errdefs"
 
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/fstree"
@@ -83,7 +84,7 @@ func TestBranchStacksOnFrozenLayer(t *testing.T) {
 	c1, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
 	ob := overlayOf(e)
-	cp1, err := e.resolve(ctx, c1.ID.String())
+	cp1, err := e.resolveFor(ctx, "", c1.ID.String())
 	must(t, err)
 	e.WaitFreezes()
 	if !ob.Layers().Has(cp1.FSTree) {
@@ -126,8 +127,8 @@ func TestBranchStacksOnFrozenLayer(t *testing.T) {
 	must(t, err)
 	mc, err := e.Checkpoint(ctx, "copied", CheckpointOptions{})
 	must(t, err)
-	scp, _ := e.resolve(ctx, sc.ID.String())
-	mcp, _ := e.resolve(ctx, mc.ID.String())
+	scp, _ := e.resolveFor(ctx, "", sc.ID.String())
+	mcp, _ := e.resolveFor(ctx, "", mc.ID.String())
 	if scp.FSTree != mcp.FSTree || scp.StateKey != mcp.StateKey {
 		t.Fatalf("stacked branch checkpoints tree %s key %s, materialised %s key %s",
 			scp.FSTree.Short(), scp.StateKey.Short(), mcp.FSTree.Short(), mcp.StateKey.Short())
@@ -228,7 +229,7 @@ func TestBranchManyAndFrozenRetention(t *testing.T) {
 		write(t, filepath.Join(root, "work", content), content)
 		r, err := e.Checkpoint(ctx, name, CheckpointOptions{})
 		must(t, err)
-		cp, err := e.resolve(ctx, r.ID.String())
+		cp, err := e.resolveFor(ctx, "", r.ID.String())
 		must(t, err)
 		return cp
 	}

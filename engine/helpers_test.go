@@ -88,7 +88,7 @@ func countObjects(t testing.TB, s upload.Store) int {
 // catalog verifies, and the refcounts equal a recount.
 func checkAll(t testing.TB, e *Engine) {
 	t.Helper()
-	if err := e.verifier.Checker().All(context.Background(), e.cat); err != nil {
+	if err := e.Verifier().Checker().All(context.Background(), e.cat); err != nil {
 		t.Fatalf("checker: %v", err)
 	}
 }

@@ -33,12 +33,6 @@ func (e *Engine) intents() *intent.Intents {
 	})
 }
 
-// pendingRollback returns sb's interrupted rollback, if there is one
-// (intent.Intents.Pending), for recover.go.
-func (e *Engine) pendingRollback(sb *delta.Sandbox) (intent.Rollback, bool) {
-	return e.intents().Pending(sb)
-}
-
 // writeDurable replaces file p with body, durably (intent.WriteDurable):
 // the leftovers' marks share the intents directory (leftover.go).
 func writeDurable(p, body string) error { return intent.WriteDurable(p, body) }

@@ -94,14 +94,14 @@ func TestKeyedIDsPerKey(t *testing.T) {
 		must(t, err)
 		cps[e] = cp.ID
 	}
-	if a.config.Encryption.IDs != delta.SchemeKeyed || !a.ids().Keyed() || p.ids().Keyed() {
-		t.Fatalf("schemes: encrypted home %q (keyed %v), plaintext home keyed %v", a.config.Encryption.IDs, a.ids().Keyed(), p.ids().Keyed())
+	if a.config.Encryption.IDs != delta.SchemeKeyed || !a.keys.IDs().Keyed() || p.keys.IDs().Keyed() {
+		t.Fatalf("schemes: encrypted home %q (keyed %v), plaintext home keyed %v", a.config.Encryption.IDs, a.keys.IDs().Keyed(), p.keys.IDs().Keyed())
 	}
 	ca, cb, cpl := fileChunks(t, a, cps[a], "big.bin"), fileChunks(t, b, cps[b], "big.bin"), fileChunks(t, p, cps[p], "big.bin")
 	if want := plainChunks(t, delta.IDs{}, big); !slices.Equal(cpl, want) {
 		t.Fatal("a plaintext home's chunk IDs are not plain BLAKE3 of the chunks")
 	}
-	if want := plainChunks(t, a.ids(), big); !slices.Equal(ca, want) {
+	if want := plainChunks(t, a.keys.IDs(), big); !slices.Equal(ca, want) {
 		t.Fatal("an encrypted home's chunk IDs are not its keyed IDs")
 	}
 	seen := map[delta.ID]string{}
@@ -147,7 +147,7 @@ func TestKeyedIDsPerKey(t *testing.T) {
 	c := newEngine(t)
 	_, err = c.HomeSetup().Setup(ctx, SetupOptions{Remote: &rcA, KeyFile: kA})
 	must(t, err)
-	if c.config.Encryption.IDs != delta.SchemeKeyed || c.ids() != a.ids() {
+	if c.config.Encryption.IDs != delta.SchemeKeyed || c.keys.IDs() != a.keys.IDs() {
 		t.Fatalf("the fresh home's scheme is %q, not its store's", c.config.Encryption.IDs)
 	}
 	_, err = c.Rebuilder().RebuildCatalog(ctx)
@@ -186,7 +186,7 @@ func TestKeyedIDsTrackFreezeRollback(t *testing.T) {
 	e := openTracking(t, filepath.Join(t.TempDir(), "home"))
 	_, err := e.HomeSetup().Setup(ctx, SetupOptions{KeyFile: keyFile(t)})
 	must(t, err)
-	if !e.ids().Keyed() {
+	if !e.keys.IDs().Keyed() {
 		t.Fatal("the home's IDs are not keyed")
 	}
 	cr, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: richBase(t)})
@@ -211,7 +211,7 @@ func TestKeyedIDsTrackFreezeRollback(t *testing.T) {
 		t.Fatalf("no turn was tracked: %+v", st)
 	}
 	e.WaitFreezes()
-	cp3, err := e.resolve(ctx, c3.ID.String())
+	cp3, err := e.resolveFor(ctx, "", c3.ID.String())
 	must(t, err)
 	if !overlayOf(e).Layers().Has(cp3.FSTree) {
 		t.Fatal("no frozen layer for the head checkpoint")
@@ -253,8 +253,8 @@ func TestEncryptedHomeBeforeKeyedIDsKeepsPlainIDs(t *testing.T) {
 	must(t, upload.PutBytes(ctx, rawLocalOf(e), delta.KeyName(m.ID()), m.WrapKeys(delta.NewDataKeyPlainIDs())))
 	_, err = e.HomeSetup().Setup(ctx, SetupOptions{KeyFile: kf})
 	must(t, err)
-	if e.config.Encryption.IDs != "" || e.ids().Keyed() || !e.keys.Encrypted() {
-		t.Fatalf("an old-scheme store set up with scheme %q (keyed %v)", e.config.Encryption.IDs, e.ids().Keyed())
+	if e.config.Encryption.IDs != "" || e.keys.IDs().Keyed() || !e.keys.Encrypted() {
+		t.Fatalf("an old-scheme store set up with scheme %q (keyed %v)", e.config.Encryption.IDs, e.keys.IDs().Keyed())
 	}
 	big := make([]byte, 300<<10)
 	rand.Read(big)
@@ -269,7 +269,7 @@ func TestEncryptedHomeBeforeKeyedIDsKeepsPlainIDs(t *testing.T) {
 	home := string(e.home)
 	must(t, e.Close())
 	o := openEngine(t, home)
-	if o.ids().Keyed() {
+	if o.keys.IDs().Keyed() {
 		t.Fatal("reopening switched the home to keyed IDs")
 	}
 	_, err = o.Verifier().Verify(ctx, cp.ID.String())

@@ -250,7 +250,7 @@ func TestDeviceNodesAndSafeRestore(t *testing.T) {
 	must(t, op.Publish(ctx))
 	forged := *head
 	forged.FSTree, forged.ID, forged.Message = delta.Hash(data), [32]byte{}, "forged device"
-	must(t, e.putRecord(ctx, &forged))
+	must(t, putRecord(ctx, e.store, &forged))
 	must(t, e.cat.Update(ctx, func(tx *catalog.Tx) error { return tx.PutCheckpoint(&forged) }))
 	if _, err := e.Verifier().Verify(ctx, forged.ID.String()); err == nil || !strings.Contains(err.Error(), "zz-sda") {
 		t.Fatalf("verify of a checkpoint holding a block device: %v", err)
@@ -258,7 +258,7 @@ func TestDeviceNodesAndSafeRestore(t *testing.T) {
 	missing := *head
 	bogus := delta.Hash([]byte("no such image"))
 	missing.ProcTree, missing.ID, missing.Message = &bogus, [32]byte{}, "image lost"
-	must(t, e.putRecord(ctx, &missing))
+	must(t, putRecord(ctx, e.store, &missing))
 	must(t, e.cat.Update(ctx, func(tx *catalog.Tx) error { return tx.PutCheckpoint(&missing) }))
 	write(t, filepath.Join(cr.Root, "tmp/after"), "kept")
 	for _, bad := range []*delta.Checkpoint{&forged, &missing} {
@@ -354,7 +354,7 @@ func TestRollbackRefusesAnImageThatDoesNotFitItsFiles(t *testing.T) {
 	must(t, err)
 	old := *cb
 	old.ProcTree, old.Host, old.Class, old.ID, old.Message = ca.ProcTree, ca.Host, delta.ClassFS, [32]byte{}, "as an older turnsnap classed it"
-	must(t, e.putRecord(ctx, &old))
+	must(t, putRecord(ctx, e.store, &old))
 	must(t, e.cat.Update(ctx, func(tx *catalog.Tx) error { return tx.PutCheckpoint(&old) }))
 	pids := pidsOf(t, e, "s")
 	_, err = e.Rollback(ctx, "s", old.ID.String(), RollbackOptions{})

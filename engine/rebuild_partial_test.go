@@ -105,8 +105,8 @@ func putPack(ctx context.Context, s upload.Store, blobs []hostile.Blob, mangle f
 	return name, putNamed(ctx, s, name, mangle(data))
 }
 
-// putRecord stores cp's canonical encoding under its name.
-func putRecord(ctx context.Context, s upload.Store, cp *delta.Checkpoint) (string, error) {
+// storeRecord stores cp's canonical encoding under its name.
+func storeRecord(ctx context.Context, s upload.Store, cp *delta.Checkpoint) (string, error) {
 	data, id, err := delta.EncodeRecord(cp)
 	if err != nil {
 		return "", err
@@ -216,14 +216,14 @@ func badObjects() []badObject {
 			return name, SkipCorrupt, putNamed(ctx, s, name, data)
 		}},
 		{"record-naming-missing-trees", func(ctx context.Context, s upload.Store, hp *healthyPair) (string, SkipClass, error) {
-			name, err := putRecord(ctx, s, onTop(hp, delta.Hash([]byte("a tree in no pack"))))
+			name, err := storeRecord(ctx, s, onTop(hp, delta.Hash([]byte("a tree in no pack"))))
 			return name, SkipMissingObjects, err
 		}},
 		{"record-naming-missing-chunks", func(ctx context.Context, s upload.Store, hp *healthyPair) (string, SkipClass, error) {
 			if _, err := hostile.WritePack(ctx, s, []hostile.Blob{tree}); err != nil { // the tree, not its chunk
 				return "", "", err
 			}
-			name, err := putRecord(ctx, s, onTop(hp, tree.ID))
+			name, err := storeRecord(ctx, s, onTop(hp, tree.ID))
 			return name, SkipMissingObjects, err
 		}},
 		{"record-tree-does-not-decode", func(ctx context.Context, s upload.Store, hp *healthyPair) (string, SkipClass, error) {
@@ -231,14 +231,14 @@ func badObjects() []badObject {
 			if _, err := hostile.WritePack(ctx, s, []hostile.Blob{junk}); err != nil {
 				return "", "", err
 			}
-			name, err := putRecord(ctx, s, onTop(hp, junk.ID))
+			name, err := storeRecord(ctx, s, onTop(hp, junk.ID))
 			return name, SkipCorrupt, err
 		}},
 		{"record-naming-another-sandboxs-key", func(ctx context.Context, s upload.Store, hp *healthyPair) (string, SkipClass, error) {
 			// h1's layer put into h2's history: over h1's base, not h2's.
 			cp := onTop(hp, hp.heads[0].FSTree)
 			cp.SandboxID, cp.Sandbox = hp.heads[1].SandboxID, hp.heads[1].Sandbox
-			name, err := putRecord(ctx, s, cp)
+			name, err := storeRecord(ctx, s, cp)
 			return name, SkipCorrupt, err
 		}},
 		{"description-bad-json", func(ctx context.Context, s upload.Store, hp *healthyPair) (string, SkipClass, error) {
@@ -282,7 +282,7 @@ func badObjects() []badObject {
 			return name, SkipDangling, err
 		}},
 		{"head-naming-a-record-with-missing-trees", func(ctx context.Context, s upload.Store, hp *healthyPair) (string, SkipClass, error) {
-			rec, err := putRecord(ctx, s, onTop(hp, delta.Hash([]byte("another tree in no pack"))))
+			rec, err := storeRecord(ctx, s, onTop(hp, delta.Hash([]byte("another tree in no pack"))))
 			if err != nil {
 				return "", "", err
 			}
@@ -564,7 +564,7 @@ func TestRebuildKeepsWholeCheckpointsOfASkippedHead(t *testing.T) {
 	// no pack.
 	home, store := storeCopy(t, src)
 	bad := onTop(&healthyPair{heads: [2]*delta.Checkpoint{head}}, delta.Hash([]byte("lost layer")))
-	rec, err := putRecord(ctx, store, bad)
+	rec, err := storeRecord(ctx, store, bad)
 	must(t, err)
 	badID, _ := delta.ParseID(strings.TrimPrefix(rec, delta.RecordPrefix))
 	headObj := delta.RefName(delta.RefHead, cr.Sandbox.ID)

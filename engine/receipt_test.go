@@ -141,7 +141,7 @@ func receiptGenerations(t *testing.T, o CreateOptions) {
 	for gen := 1; gen <= 20; gen++ {
 		c, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 		must(t, err)
-		cp, err := e.resolve(ctx, c.ID.String())
+		cp, err := e.resolveFor(ctx, "", c.ID.String())
 		must(t, err)
 		atCP := independentDigest(t, root)
 		// The agent goes on: the process steps, a file is written and one

@@ -68,7 +68,7 @@ func (e *Engine) recoverSandbox(ctx context.Context, name string, rep *RecoverRe
 	if err := e.view(ctx, func(tx *catalog.Tx) (err error) { sb, err = tx.Sandbox(name); return err }); err != nil {
 		return err
 	}
-	if _, ok := e.pendingRollback(sb); ok {
+	if _, ok := e.intents().Pending(sb); ok {
 		st, err := e.loadSandbox(ctx, name)
 		if err != nil {
 			return err

@@ -82,7 +82,7 @@ func (e *Engine) HomeSetup() *setup.Home {
 			return nil
 		},
 		NewRepo:     func() { e.repo = newRepo(e) },
-		BackendIDs:  func() { setBackendIDs(e.backends, e.ids()) },
+		BackendIDs:  func() { setBackendIDs(e.backends, e.keys.IDs()) },
 		RemoteStore: func() upload.Store { return e.remote },
 		Catalog:     func() *catalog.Catalog { return e.cat },
 		Syncer:      e.rem.Syncer,

@@ -2,12 +2,13 @@ package engine
 
 import (
 	"context"
-	"github.com/turnsnap/turnsnap/internal/btrfstest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/turnsnap/turnsnap/internal/btrfstest"
 
 	"github.com/turnsnap/turnsnap/delta"
 )

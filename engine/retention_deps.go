@@ -12,12 +12,11 @@ import (
 // Retention is the home's retention: prune, forget, stored policies and gc
 // (package retention). Each of its operations takes the engine's
 // exclusive lock (ShowPolicies the shared one).
-func (e *Engine) Retention() *retention.Retention { return e.retention }
 
-// newRetention wires retention to this engine. Parts are read at each
+// Retention is prune, forget, policies and gc, wired to this engine. Parts are read at each
 // operation: setup, key changes and rebuilds replace the stores and the
 // catalog under the exclusive lock.
-func (e *Engine) newRetention() *retention.Retention {
+func (e *Engine) Retention() *retention.Retention {
 	return retention.New(retention.Deps{
 		Home: string(e.home),
 		Log:  e.log,

@@ -73,11 +73,11 @@ func (e *Engine) CreateSandbox(ctx context.Context, name string, opts CreateOpti
 	}
 	op := e.repo.Begin()
 	defer op.Discard(context.WithoutCancel(ctx)) // only what a failed import wrote
-	res, err := fstree.Scan(ctx, base, fstree.ScanOptions{Saver: op, IDs: e.ids()})
+	res, err := fstree.Scan(ctx, base, fstree.ScanOptions{Saver: op, IDs: e.keys.IDs()})
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: import base: %w", name, err)
 	}
-	empty := e.ids().EmptyTree()
+	empty := e.keys.IDs().EmptyTree()
 	if _, err := op.SaveBlob(ctx, delta.BlobTree, empty, (&delta.Tree{}).Encode()); err != nil {
 		return nil, err
 	}
@@ -159,7 +159,7 @@ func (e *Engine) commit(ctx context.Context, op *content.Op, cp *delta.Checkpoin
 	}
 	st := op.Stats()
 	cp.Stats.BlobsNew, cp.Stats.BytesNew, cp.Stats.ObjectsNew = st.BlobsNew, st.BytesNew, st.ObjectsNew
-	if err := e.putRecord(ctx, cp); err != nil {
+	if err := putRecord(ctx, e.store, cp); err != nil {
 		// A Put can fail after its rename ("written but maybe not
 		// durable"): a record that names the op's packs keeps them.
 		if _, serr := e.store.Stat(context.WithoutCancel(ctx), delta.RecordName(cp.ID)); serr == nil {
@@ -171,11 +171,11 @@ func (e *Engine) commit(ctx context.Context, op *content.Op, cp *delta.Checkpoin
 	// must not delete them (gc and a rebuild go by the record).
 	op.Keep()
 	if newSandbox != nil {
-		if err := e.putSandboxObject(ctx, newSandbox); err != nil {
+		if err := putSandboxObject(ctx, e.store, newSandbox); err != nil {
 			return err
 		}
 	}
-	if err := e.putRefObject(ctx, delta.RefHead, cp.SandboxKey(), cp.ID); err != nil {
+	if err := putRefObject(ctx, e.store, delta.RefHead, cp.SandboxKey(), cp.ID); err != nil {
 		return err
 	}
 	e.phase(PhaseRecorded)

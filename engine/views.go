@@ -19,7 +19,9 @@ func (e *Engine) History() *history.Views {
 		View:   e.view,
 		Update: func(ctx context.Context, fn func(tx *catalog.Tx) error) error { return e.cat.Update(ctx, fn) },
 		Blobs:  func() delta.BlobLoader { return e.repo },
-		PutRef: e.putRefObject,
+		PutRef: func(ctx context.Context, kind delta.RefKind, name string, id delta.ID) error {
+			return putRefObject(ctx, e.store, kind, name, id)
+		},
 		DeleteLocal: func(ctx context.Context, name string) error {
 			return e.local.Delete(ctx, name)
 		},
@@ -48,7 +50,7 @@ func (e *Engine) Paths() *paths.Ops {
 		Log:     e.log,
 		View:    e.view,
 		Blobs:   func() delta.BlobLoader { return e.repo },
-		IDs:     e.ids,
+		IDs:     func() delta.IDs { return e.keys.IDs() },
 		Shared:  e.shared,
 		Op:      e.op,
 		Resolve: e.resolveFor,
