@@ -21,7 +21,7 @@ import (
 func TestAdmitEngineUrgentCheckpointOvertakes(t *testing.T) {
 	ctx := context.Background()
 	e := newEngine(t)
-	e.admit = admission.New(1)
+	e.locks.admit = admission.New(1)
 	base := richBase(t)
 	for _, n := range []string{"a", "b", "c", "d"} {
 		res, err := e.CreateSandbox(ctx, n, CreateOptions{Base: base})
@@ -30,14 +30,14 @@ func TestAdmitEngineUrgentCheckpointOvertakes(t *testing.T) {
 	}
 	queued, promoted := make(chan string, 8), make(chan string, 8)
 	granted := make(chan string, 8)
-	e.admit.SetHooks(admission.Hooks{
+	e.locks.admit.SetHooks(admission.Hooks{
 		Queued:   func(sb string, _ bool) { queued <- sb },
 		Promoted: func(sb string) { promoted <- sb },
 		Granted:  func(sb string) { granted <- sb },
 	})
 	inA, block := make(chan struct{}), make(chan struct{})
 	var once sync.Once
-	e.atPhase = func(ph string) {
+	e.opts.AtPhase = func(ph string) {
 		if ph == PhaseScan {
 			once.Do(func() { close(inA); <-block })
 		}
@@ -109,7 +109,7 @@ func TestAdmitEngineUrgentCheckpointOvertakes(t *testing.T) {
 func TestAdmitSlotFreedBeforeCommit(t *testing.T) {
 	ctx := context.Background()
 	e := newEngine(t)
-	e.admit = admission.New(1)
+	e.locks.admit = admission.New(1)
 	base := richBase(t)
 	for _, n := range []string{"a", "b"} {
 		res, err := e.CreateSandbox(ctx, n, CreateOptions{Base: base})
@@ -120,7 +120,7 @@ func TestAdmitSlotFreedBeforeCommit(t *testing.T) {
 	unblock := sync.OnceFunc(func() { close(block) })
 	defer unblock()       // a failed check must not leave a blocked for the engine's Close
 	var first atomic.Bool // only a's commit is held (Once would hold b's too)
-	e.atPhase = func(ph string) {
+	e.opts.AtPhase = func(ph string) {
 		if ph == PhaseCommit && first.CompareAndSwap(false, true) {
 			close(inCommit)
 			<-block
@@ -137,7 +137,7 @@ func TestAdmitSlotFreedBeforeCommit(t *testing.T) {
 	if st := e.Admission().Stats(); st.Running != 0 {
 		t.Fatalf("a holds its slot in the commit: %+v", st)
 	}
-	if got := e.admit.UrgentRunning(); got != 1 {
+	if got := e.locks.admit.UrgentRunning(); got != 1 {
 		t.Fatalf("a in its commit counts as %d urgent checkpoints, want 1", got)
 	}
 	r, err := e.Checkpoint(ctx, "b", CheckpointOptions{})
@@ -148,7 +148,7 @@ func TestAdmitSlotFreedBeforeCommit(t *testing.T) {
 	if err := <-aDone; err != nil {
 		t.Fatal(err)
 	}
-	if got := e.admit.UrgentRunning(); got != 0 {
+	if got := e.locks.admit.UrgentRunning(); got != 0 {
 		t.Fatalf("%d urgent checkpoints after a returned", got)
 	}
 }

@@ -33,7 +33,7 @@ func newBackends(e *Engine, opts Options) map[string]rootfs.Backend {
 func newOverlay(e *Engine, opts Options) *overlay.Backend {
 	ob := overlay.NewBackend(e.home.basesDir())
 	ob.SetIDs(e.keys.IDs())
-	ob.SetLoader(func() delta.BlobLoader { return e.repo }) // stacked roots' scans
+	ob.SetLoader(func() delta.BlobLoader { return e.data.repo }) // stacked roots' scans
 	ob.SetTracking(opts.TrackChanges, e.log)
 	ob.SetFreezing(frozen.Deps{
 		Log: e.log,
@@ -44,14 +44,14 @@ func newOverlay(e *Engine, opts Options) *overlay.Backend {
 			return *e.config.FrozenKeep
 		},
 		OnBranch: opts.FreezeOnBranch,
-		Loader:   func() delta.BlobLoader { return e.repo },
+		Loader:   func() delta.BlobLoader { return e.data.repo },
 		View: func(ctx context.Context, fn func(frozen.Lines) error) error {
 			return e.view(ctx, func(tx *catalog.Tx) error { return fn(tx) })
 		},
 		Room:      func(need uint64) error { return room.Check(string(e.home), e.cat, need, 0) },
 		Phase:     e.phase,
 		Shared:    e.shared,
-		Yield:     e.admit.Yield, // urgent checkpoints first (admit.go)
+		Yield:     e.locks.admit.Yield, // urgent checkpoints first (admit.go)
 		Sandboxes: filepath.Join(string(e.home), "sandboxes"),
 	})
 	return ob

@@ -199,7 +199,7 @@ func BenchmarkSmallTurn(b *testing.B) {
 	overlayOf(e).SetTracking(true, e.log)
 	cr := smallSandbox(b, e, "s")
 	var commitStart time.Time
-	e.atPhase = func(p string) {
+	e.opts.AtPhase = func(p string) {
 		if p == PhaseCommit {
 			commitStart = time.Now()
 		}

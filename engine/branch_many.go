@@ -57,10 +57,10 @@ func (e *Engine) BranchMany(ctx context.Context, ref string, names []string, o B
 	}
 	// The engine's shared lock once, then every name's lock in one order,
 	// so two fan-outs sharing names cannot deadlock.
-	e.maint.RLock()
-	defer e.maint.RUnlock()
+	e.locks.maint.RLock()
+	defer e.locks.maint.RUnlock()
 	for _, n := range sorted {
-		unlock, err := e.sandboxes.lock(ctx, n)
+		unlock, err := e.locks.sandboxes.lock(ctx, n)
 		if err != nil {
 			return nil, err
 		}
@@ -100,7 +100,7 @@ func (e *Engine) BranchMany(ctx context.Context, ref string, names []string, o B
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", subject, err)
 	}
-	fp, err := delta.CheckState(ctx, e.repo, cp.FSTree, delta.StateRules{})
+	fp, err := delta.CheckState(ctx, e.data.repo, cp.FSTree, delta.StateRules{})
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint %s: tree %s: %w", cp.ID.Short(), cp.FSTree.Short(), err)
 	}
@@ -109,7 +109,7 @@ func (e *Engine) BranchMany(ctx context.Context, ref string, names []string, o B
 		return nil, err
 	}
 	defer cleanImg()
-	lower, err := e.prepareBase(ctx, be, cp.BaseTree, e.repo)
+	lower, err := e.prepareBase(ctx, be, cp.BaseTree, e.data.repo)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", subject, err)
 	}
@@ -142,7 +142,7 @@ func (e *Engine) BranchMany(ctx context.Context, ref string, names []string, o B
 	roots := make([]rootfs.Root, len(names))
 	errs := make([]error, len(names))
 	parallel(len(names), func(i int) {
-		roots[i], errs[i] = branchRoot(ctx, be, e.home.sandboxDir(names[i]), lower, cp, o.Materialise, e.repo)
+		roots[i], errs[i] = branchRoot(ctx, be, e.home.sandboxDir(names[i]), lower, cp, o.Materialise, e.data.repo)
 		if errs[i] != nil && len(names) > 1 {
 			// One branch's root names its sandbox already.
 			errs[i] = fmt.Errorf("sandbox %s: %w", names[i], errs[i])
@@ -217,8 +217,8 @@ func (e *Engine) publishSandboxes(ctx context.Context, sbs []*delta.Sandbox, hea
 	// syncs share journal commits.
 	errs := make([]error, len(sbs))
 	parallel(len(sbs), func(i int) {
-		if errs[i] = putSandboxObject(ctx, e.store, sbs[i]); errs[i] == nil {
-			errs[i] = putRefObject(ctx, e.store, delta.RefHead, sbs[i].Key(), head)
+		if errs[i] = putSandboxObject(ctx, e.stores.front, sbs[i]); errs[i] == nil {
+			errs[i] = putRefObject(ctx, e.stores.front, delta.RefHead, sbs[i].Key(), head)
 		}
 	})
 	if err := errors.Join(errs...); err != nil {

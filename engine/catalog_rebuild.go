@@ -44,14 +44,16 @@ func newRebuilder(e *Engine, log *slog.Logger) *rebuild.Rebuilder {
 		Catalog:           func() *catalog.Catalog { return e.cat },
 		SetCatalog: func(c *catalog.Catalog) {
 			if e.cat = c; c != nil {
-				e.repo = newRepo(e)
+				e.data.repo = newRepo(e)
 			}
 		},
-		Stores: func() (upload.Store, upload.Store, upload.Store) { return e.store, e.local, e.remote },
-		Keys:   func() *delta.Keys { return e.keys.LocalKeys() },
-		Blobs:  func() rebuild.Locations { return e.repo },
+		Stores: func() (upload.Store, upload.Store, upload.Store) {
+			return e.stores.front, e.stores.local, e.stores.remote
+		},
+		Keys:  func() *delta.Keys { return e.keys.LocalKeys() },
+		Blobs: func() rebuild.Locations { return e.data.repo },
 		BlobsOf: func(cat *catalog.Catalog) delta.BlobLoader {
-			return content.NewSealedIDs(e.store, cat, e.codec, e.meter, e.keys.LocalKeys(), e.keys.IDs())
+			return content.NewSealedIDs(e.stores.front, cat, e.data.codec, e.data.meter, e.keys.LocalKeys(), e.keys.IDs())
 		},
 		Syncer: func() *remote.Syncer { return e.rem.Syncer() },
 		HomeID: func() string { return e.config.HomeID },

@@ -84,7 +84,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	if opts.Turn != nil && *opts.Turn < 0 {
 		return nil, fmt.Errorf("sandbox %s: turn %d: turns are numbered from 0: %w", name, *opts.Turn, errdefs.ErrInvalid)
 	}
-	slot, err := e.admit.Admit(ctx, name, opts.Urgent) // one of the checkpoint slots (engine/admission)
+	slot, err := e.locks.admit.Admit(ctx, name, opts.Urgent) // one of the checkpoint slots (engine/admission)
 	if err != nil {
 		return nil, err
 	}
@@ -105,7 +105,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	// The turn's pending writes live in op: a failed or skipped turn drops
 	// it and deletes the packs it wrote (Op.Discard keeps any that got
 	// indexed), so a turn that ran out of space leaves nothing behind.
-	op := e.repo.Begin()
+	op := e.data.repo.Begin()
 	defer op.Discard(context.WithoutCancel(ctx))
 	e.progressPhase("scan", 0)
 	// Processes first: decide whether they changed and pause them, so the
@@ -128,7 +128,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	defer resume()
 	// The scan's trees are also kept in memory, so the merged state can be
 	// compared with the head's before anything is committed.
-	trees := &treeMemo{next: e.headTrees.loader(name, e.repo), trees: map[delta.ID][]byte{}}
+	trees := &treeMemo{next: e.memo.headTrees.loader(name, e.data.repo), trees: map[delta.ID][]byte{}}
 	saver := teeTrees{memo: trees, next: deviceGuard{op}}
 	be := e.backends[st.sb.Backend] // nil: a backend without optional parts
 	res, ts, err := scanTurn(ctx, be, name, st, pt, saver)
@@ -237,7 +237,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 		return nil, err
 	}
 	ph.Commit = time.Since(t)
-	e.headTrees.keep(name, trees) // the next turn compares with these
+	e.memo.headTrees.keep(name, trees) // the next turn compares with these
 	if pt.Changed && pt.Running {
 		// Only now: a baseline taken before the commit could make the next
 		// turn skip processes no checkpoint holds.

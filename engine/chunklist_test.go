@@ -129,7 +129,7 @@ func TestChunkListsSealedPushedRebuilt(t *testing.T) {
 	}
 	cp, err := e.resolveFor(ctx, "", c2.ID.String())
 	must(t, err)
-	tr, err := delta.LoadTreeShallow(ctx, e.repo, cp.FSTree)
+	tr, err := delta.LoadTreeShallow(ctx, e.data.repo, cp.FSTree)
 	must(t, err)
 	if en := tr.Find("big.bin"); en == nil || !en.Indirect() || en.NChunks < 40 {
 		t.Fatalf("the file does not name a chunk list: %+v", en)

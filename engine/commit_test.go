@@ -60,7 +60,7 @@ func TestFailedCommitKeepsRecordedPacks(t *testing.T) {
 	c1, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
 	write(t, filepath.Join(cr.Root, "two.txt"), "turn two, whose commit fails\n")
-	e.atPhase = func(p string) {
+	e.opts.AtPhase = func(p string) {
 		if p == PhaseRecorded {
 			cancel()
 		}
@@ -68,7 +68,7 @@ func TestFailedCommitKeepsRecordedPacks(t *testing.T) {
 	if _, err := e.Checkpoint(ctx, "s", CheckpointOptions{}); !errors.Is(err, context.Canceled) {
 		t.Fatalf("checkpoint cancelled after its record: %v, want context.Canceled", err)
 	}
-	e.atPhase = nil
+	e.opts.AtPhase = nil
 	ctx = context.Background()
 	if _, err := e.Verifier().VerifyStore(ctx, ""); err != nil {
 		t.Fatalf("store-only verify after the failed commit: %v", err)

@@ -15,7 +15,7 @@ func TestEncryptedRollbackKeepsInodes(t *testing.T) {
 	e := newEngine(t)
 	_, err := e.HomeSetup().Setup(ctx, SetupOptions{KeyFile: keyFile(t)})
 	must(t, err)
-	if e.repo.Keys() == nil {
+	if e.data.repo.Keys() == nil {
 		t.Fatal("the home is not encrypted")
 	}
 	base := t.TempDir()

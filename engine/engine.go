@@ -79,43 +79,62 @@ const DefaultLockWait = 30 * time.Second
 type Engine struct {
 	home home
 	lock *homeLock
-	// store is where the engine reads and writes objects: the local store,
-	// or with a remote configured, the local store in front of the remote
-	// one (writes stay local until pushed; reads fetch what is missing).
-	store upload.Store
-	// local and remote are store's tiers, beneath it: the sealing wrappers
-	// the keys put over the raw stores (engine/keys).
-	local  upload.Store
-	remote upload.Store // nil without a remote
-	rem    *remote.Home // the remote side: push, ownership (Remote)
-	// keys owns the home's encryption: its data key and the raw stores
-	// beneath the sealing wrappers (engine/keys).
-	keys   *keys.Ring
+	// opts are the options it was opened with (AtPhase, ReadOnly: an
+	// engine that reports interrupted work and does not finish it).
+	opts   Options
 	config *Config
-	cat    *catalog.Catalog
-	codec  *delta.Codec
-	repo   *content.Repo
-	meter  *content.Meter // nil: no progress reporting
 	log    *slog.Logger
+	// stores are the object stores; keys owns the home's encryption: its
+	// data key and the raw stores beneath the sealing wrappers.
+	stores tiers
+	keys   *keys.Ring
+	cat    *catalog.Catalog
+	data   contentParts
 	// backends by name; the engine composes them, each owns its roots.
 	backends map[string]rootfs.Backend
 	procs    *procs.Manager // the sandboxes' containers (procs.go)
-	// maint, sandboxes, baseMu and commitMu are the engine's locks (locks.go).
+	rem      *remote.Home   // the remote side: push, ownership (Remote)
+	receipts *receipt.Checker
+	locks    engineLocks // the engine's locks and its admission (locks.go)
+	memo     turnMemos
+}
+
+// tiers are the engine's object stores. front is where it reads and
+// writes objects: the local store, or with a remote configured, the local
+// store in front of the remote one (writes stay local until pushed; reads
+// fetch what is missing). local and remote are front's tiers, beneath it:
+// the sealing wrappers the keys put over the raw stores (engine/keys).
+type tiers struct {
+	front, local upload.Store
+	remote       upload.Store // nil without a remote
+}
+
+// contentParts read and write the content of the stores.
+type contentParts struct {
+	codec *delta.Codec
+	repo  *content.Repo
+	meter *content.Meter // nil: no progress reporting
+}
+
+// engineLocks are the engine's locks (locks.go) and its checkpoint
+// admission, which bounds how many checkpoints run at once.
+type engineLocks struct {
 	maint     sync.RWMutex
 	sandboxes sandboxLocks
-	baseMu    sync.Mutex
-	commitMu  sync.Mutex
+	base      sync.Mutex
+	commit    sync.Mutex
 	// commits shares one catalog transaction between concurrent commits
-	// (catalog.Group), run under commitMu and the index lock (commitLock).
-	commits   catalog.Group
-	atPhase   func(string)         // Options.AtPhase
-	checked   statememo.Memo       // states that passed CheckState, rollbacks' reads
-	admit     *admission.Scheduler // checkpoint admission
-	headTrees headTrees            // each sandbox's last turn's trees (headtrees.go)
-	receipts  *receipt.Checker     // restores' receipts (receipts.go)
-	// readOnly: opened with Options.ReadOnly; interrupted work is reported,
-	// not finished (engine/intent).
-	readOnly bool
+	// (catalog.Group), run under commit and the index lock (commitLock).
+	commits catalog.Group
+	admit   *admission.Scheduler
+}
+
+// turnMemos are what turns remember to skip work: states that passed
+// CheckState, rollbacks' reads (engine/statememo), and each sandbox's last
+// turn's trees (headtrees.go).
+type turnMemos struct {
+	checked   statememo.Memo
+	headTrees headTrees
 }
 
 // Open locks and opens the home, creating it on first use.
@@ -135,13 +154,13 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &Engine{home: h, lock: lock, log: log, atPhase: opts.AtPhase, admit: admission.New(opts.MaxCheckpoints)}
+	e := &Engine{home: h, lock: lock, log: log, opts: opts}
+	e.locks.admit = admission.New(opts.MaxCheckpoints)
 	e.procs = newProcs(e, h)
 	e.receipts = newReceipts(e, receipt.Options{})
 	e.rem = newRemote(e)
-	e.commits.Hold = &commitLock{e: e}
-	e.commits.Shared = func(int) { e.phase(PhaseCommitGroup) }
-	e.readOnly = opts.ReadOnly
+	e.locks.commits.Hold = &commitLock{e: e}
+	e.locks.commits.Shared = func(int) { e.phase(PhaseCommitGroup) }
 	ok := false
 	defer func() {
 		if !ok {
@@ -189,7 +208,9 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 			e.config = &c
 			return nil
 		},
-		Wired: func(local, remote, store upload.Store) { e.local, e.remote, e.store = local, remote, store },
+		Wired: func(local, remote, store upload.Store) {
+			e.stores.local, e.stores.remote, e.stores.front = local, remote, store
+		},
 		Renew: func(ctx context.Context) error {
 			// The catalog of an empty home holds nothing the store does
 			// not; it is made again, encrypted.
@@ -223,14 +244,14 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	if e.cat, err = catalog.Open(ctx, h.catalogDir(), catalogOptions(log, e.keys, opts.ReadOnly)); err != nil {
 		return nil, err
 	}
-	if e.codec, err = delta.NewCodec(); err != nil {
+	if e.data.codec, err = delta.NewCodec(); err != nil {
 		return nil, err
 	}
 	if opts.Progress != nil {
-		e.meter = content.NewMeter(opts.Progress)
+		e.data.meter = content.NewMeter(opts.Progress)
 	}
-	e.repo = newRepo(e)
-	e.repo.SetRoomCheck(func(need, held uint64) error { return room.Check(string(h), e.cat, need, held) })
+	e.data.repo = newRepo(e)
+	e.data.repo.SetRoomCheck(func(need, held uint64) error { return room.Check(string(h), e.cat, need, held) })
 	e.backends = newBackends(e, opts) // backends.go
 	e.procs.CleanWork()               // process images a killed turnsnap left (engine/procs)
 	ok = true
@@ -247,9 +268,9 @@ func (e *Engine) Close() error {
 		err = e.cat.Close()
 		e.cat = nil
 	}
-	if e.codec != nil {
-		e.codec.Close()
-		e.codec = nil
+	if e.data.codec != nil {
+		e.data.codec.Close()
+		e.data.codec = nil
 	}
 	if e.lock != nil {
 		e.lock.release()
@@ -262,7 +283,7 @@ func (e *Engine) Close() error {
 func (e *Engine) Home() string { return string(e.home) }
 
 // Store returns the object store, for tools and tests that inspect it.
-func (e *Engine) Store() upload.Store { return e.store }
+func (e *Engine) Store() upload.Store { return e.stores.front }
 
 // Keys returns the home's keys: its encryption, key rotation, and the
 // content ID scheme.
@@ -271,7 +292,7 @@ func (e *Engine) Keys() *keys.Ring { return e.keys }
 // newRepo returns the content repository over the engine's stores and
 // catalog as they are now.
 func newRepo(e *Engine) *content.Repo {
-	return content.NewSealedIDs(e.store, e.cat, e.codec, e.meter, e.keys.LocalKeys(), e.keys.IDs())
+	return content.NewSealedIDs(e.stores.front, e.cat, e.data.codec, e.data.meter, e.keys.LocalKeys(), e.keys.IDs())
 }
 
 // catalogOptions opens the catalog sealed with the local keys.
@@ -282,7 +303,7 @@ func catalogOptions(log *slog.Logger, k *keys.Ring, readOnly bool) catalog.Optio
 // Admission returns the checkpoint admission scheduler: its Stats are
 // served as metrics, and background work (the daemon's pusher) yields to
 // urgent checkpoints through it.
-func (e *Engine) Admission() *admission.Scheduler { return e.admit }
+func (e *Engine) Admission() *admission.Scheduler { return e.locks.admit }
 
 func (e *Engine) view(ctx context.Context, fn func(tx *catalog.Tx) error) error {
 	return e.cat.View(ctx, fn)

@@ -99,7 +99,7 @@ func TestUnchangedTurnsWriteNothing(t *testing.T) {
 	c1, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
 	settle()
-	objects := countObjects(t, e.store)
+	objects := countObjects(t, e.stores.front)
 
 	noop, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
@@ -125,7 +125,7 @@ func TestUnchangedTurnsWriteNothing(t *testing.T) {
 	if tmp.Class != delta.ClassSkip || tmp.Stats.BytesNew != 0 || tmp.Stats.FilesRead != 0 {
 		t.Fatalf("temp-file turn: class %s, %d new bytes, %d files read", tmp.Class, tmp.Stats.BytesNew, tmp.Stats.FilesRead)
 	}
-	if n := countObjects(t, e.store); n != objects {
+	if n := countObjects(t, e.stores.front); n != objects {
 		t.Fatalf("skip turns changed the store: %d objects, was %d", n, objects)
 	}
 	// One real change is noticed, and only that file is read.
@@ -144,7 +144,7 @@ func TestSecondSandboxOnSameBaseAddsNoBytes(t *testing.T) {
 	base := richBase(t)
 	_, err := e.CreateSandbox(ctx, "one", CreateOptions{Base: base})
 	must(t, err)
-	before := countObjects(t, e.store)
+	before := countObjects(t, e.stores.front)
 	r, err := e.CreateSandbox(ctx, "two", CreateOptions{Base: base})
 	must(t, err)
 	if c, err := e.Checkpoint(ctx, "two", CheckpointOptions{}); err != nil || c.Class != delta.ClassSkip {
@@ -154,7 +154,7 @@ func TestSecondSandboxOnSameBaseAddsNoBytes(t *testing.T) {
 		t.Fatalf("second import stored %d blobs in %d packs", r.Checkpoint.Stats.BlobsNew, r.Checkpoint.Stats.ObjectsNew)
 	}
 	// One record, one sandbox description, one head ref: metadata only.
-	if n := countObjects(t, e.store); n != before+3 {
+	if n := countObjects(t, e.stores.front); n != before+3 {
 		t.Fatalf("store grew by %d objects, want 3 metadata objects", n-before)
 	}
 	if _, err := e.CreateSandbox(ctx, "two", CreateOptions{Base: base}); !errors.Is(err, errdefs.ErrExists) {

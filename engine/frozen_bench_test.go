@@ -118,7 +118,7 @@ func BenchmarkBranch8(b *testing.B) {
 		must(b, err)
 		ob.Layers().WaitRemovals()
 		b.StartTimer()
-		st, err := ob.Layers().Freeze(ctx, cp.FSTree, cr.Root, nil, e.repo, nil)
+		st, err := ob.Layers().Freeze(ctx, cp.FSTree, cr.Root, nil, e.data.repo, nil)
 		must(b, err)
 		if st.Copied != int64(files) {
 			b.Fatalf("freeze copied %d files, want %d", st.Copied, files)
@@ -188,7 +188,7 @@ func BenchmarkBranch8(b *testing.B) {
 		if len(layers) > 0 {
 			src.Tree = layers[len(layers)-1]
 		}
-		_, err := ob.Layers().Freeze(ctx, t, live, src, e.repo, nil)
+		_, err := ob.Layers().Freeze(ctx, t, live, src, e.data.repo, nil)
 		must(b, err)
 		layers = append(layers, t)
 	}
@@ -204,7 +204,7 @@ func BenchmarkBranch8(b *testing.B) {
 			src.Reuse, src.InUse = []delta.ID{old}, overlayOf(e).Keeper().InUse
 		}
 		b.StartTimer()
-		st, err := ob.Layers().Freeze(ctx, t, live, src, e.repo, nil)
+		st, err := ob.Layers().Freeze(ctx, t, live, src, e.data.repo, nil)
 		must(b, err)
 		b.StopTimer()
 		if st.Reused.IsZero() == incremental {

@@ -31,7 +31,7 @@ import (
 func holdFreeze(t *testing.T, e *Engine) (started <-chan struct{}, release func()) {
 	at, rel := make(chan struct{}), make(chan struct{})
 	held := false
-	e.atPhase = func(p string) {
+	e.opts.AtPhase = func(p string) {
 		if p != frozen.PhaseStart || held {
 			return
 		}
@@ -472,7 +472,7 @@ func TestConcurrentBranchesBuildOneLayer(t *testing.T) {
 	started, release := make(chan struct{}), make(chan struct{})
 	unblock := sync.OnceFunc(func() { close(release) })
 	t.Cleanup(unblock) // a failed test must not leave the build held (Close waits for it)
-	e.atPhase = func(p string) {
+	e.opts.AtPhase = func(p string) {
 		if p == frozen.PhaseStart && builds.Add(1) == 1 {
 			close(started)
 			<-release

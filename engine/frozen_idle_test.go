@@ -33,7 +33,7 @@ func TestFreezeWaitsForIdleUnlessNeeded(t *testing.T) {
 	var once sync.Once
 	letGo := func() { once.Do(func() { close(release) }) }
 	defer letGo() // a failing test still lets the held turn end (Close waits for it)
-	e.atPhase = func(p string) {
+	e.opts.AtPhase = func(p string) {
 		switch {
 		case p == PhaseScan && armed.CompareAndSwap(true, false):
 			close(inScan)

@@ -44,7 +44,7 @@ func TestPruneThenGCReclaimsOnlyDeadPacks(t *testing.T) {
 	}
 	_, err = e.History().Tag(ctx, "keeper", ids[1].String())
 	must(t, err)
-	before := countObjects(t, e.local)
+	before := countObjects(t, e.stores.local)
 	pr, err := e.Retention().Prune(ctx, retention.PruneOptions{KeepLast: 2})
 	must(t, err)
 	// Kept: the newest two and the tag; deleted: turn 0, turns 1 and 3 of
@@ -57,7 +57,7 @@ func TestPruneThenGCReclaimsOnlyDeadPacks(t *testing.T) {
 	if gr.Deleted < 2 || gr.DeletedBytes < 400<<10 {
 		t.Fatalf("gc reclaimed %d packs, %d bytes: %+v", gr.Deleted, gr.DeletedBytes, gr)
 	}
-	if n := countObjects(t, e.local); n >= before {
+	if n := countObjects(t, e.stores.local); n >= before {
 		t.Fatalf("store has %d objects after prune+gc, had %d", n, before)
 	}
 	for _, id := range []delta.ID{ids[1], ids[3], ids[4]} {

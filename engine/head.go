@@ -49,7 +49,7 @@ func (e *Engine) moveHead(ctx context.Context, name string, sb *delta.Sandbox, i
 // sandbox's key (its id), so two homes' sandboxes of one name never share
 // a head (FORMAT.md).
 func (e *Engine) putHead(ctx context.Context, sb *delta.Sandbox, id delta.ID) error {
-	return putRefObject(ctx, e.store, delta.RefHead, sb.Key(), id)
+	return putRefObject(ctx, e.stores.front, delta.RefHead, sb.Key(), id)
 }
 
 // moveHeadAfter is moveHead whose ref object put (putHead of id) was

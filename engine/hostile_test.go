@@ -60,9 +60,9 @@ func TestHostileLayersAreRefusedEverywhere(t *testing.T) {
 		t.Run(c.Name, func(t *testing.T) {
 			ctx := context.Background()
 			e, cr, c1 := hostileHome(t, false) // the store stays hostile
-			pack, err := hostile.WritePack(ctx, e.local, c.Blobs)
+			pack, err := hostile.WritePack(ctx, e.stores.local, c.Blobs)
 			must(t, err)
-			id, err := hostile.WriteRecord(ctx, e.local, c1, c.Root)
+			id, err := hostile.WriteRecord(ctx, e.stores.local, c1, c.Root)
 			must(t, err)
 			if _, err := e.Rebuilder().RebuildCatalog(ctx); err != nil {
 				t.Fatalf("rebuild with a hostile layer in %s: %v", pack, err)
@@ -107,7 +107,7 @@ func TestLyingRawLengthIsCorruptNotAPanic(t *testing.T) {
 	ctx := context.Background()
 	for _, blobs := range hostile.LyingHeaders() {
 		e, _, c1 := hostileHome(t, false) // it leaves a lie in the catalog
-		pack, err := hostile.WritePack(ctx, e.local, blobs)
+		pack, err := hostile.WritePack(ctx, e.stores.local, blobs)
 		must(t, err)
 		_, err = e.Rebuilder().RebuildCatalogWith(ctx, RebuildOptions{Strict: true})
 		wantCorrupt(t, "rebuild --strict", err, pack, blobs[0].ID.String(), "raw length")
@@ -120,7 +120,7 @@ func TestLyingRawLengthIsCorruptNotAPanic(t *testing.T) {
 		}
 		_, err = e.Verifier().VerifyStore(ctx, "")
 		wantCorrupt(t, "verify --store-only", err, pack, "raw length")
-		must(t, e.local.Delete(ctx, pack))
+		must(t, e.stores.local.Delete(ctx, pack))
 
 		// The same lie in the catalog, for the layer tree and for a chunk.
 		var loc catalog.BlobLocation
@@ -164,9 +164,9 @@ func TestVerifyReportsWhatARestoreWrites(t *testing.T) {
 	ctx := context.Background()
 	e, _, c1 := hostileHome(t, true)
 	blobs, root := hostile.DAGBomb(16, 4) // 16^4 files, 16+256+4096+65536 dirs
-	_, err := hostile.WritePack(ctx, e.local, blobs)
+	_, err := hostile.WritePack(ctx, e.stores.local, blobs)
 	must(t, err)
-	id, err := hostile.WriteRecord(ctx, e.local, c1, root)
+	id, err := hostile.WriteRecord(ctx, e.stores.local, c1, root)
 	must(t, err)
 	_, err = e.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
@@ -214,13 +214,13 @@ func TestFileHoldingATreeEncoding(t *testing.T) {
 	treeOfD := func(e *Engine, id delta.ID) []byte {
 		cp, err := e.Resolve(ctx, id.String())
 		must(t, err)
-		top, err := delta.LoadTree(ctx, e.repo, cp.FSTree)
+		top, err := delta.LoadTree(ctx, e.data.repo, cp.FSTree)
 		must(t, err)
 		d := top.Find("d")
 		if d == nil {
 			t.Fatal("no d in the checkpoint's tree")
 		}
-		enc, err := e.repo.LoadBlob(ctx, delta.BlobTree, d.Subtree)
+		enc, err := e.data.repo.LoadBlob(ctx, delta.BlobTree, d.Subtree)
 		must(t, err)
 		return enc
 	}

@@ -139,7 +139,7 @@ func TestCatalogRebuildKeepsLineage(t *testing.T) {
 	must(t, os.RemoveAll(e.home.catalogDir()))
 	e.cat, err = catalog.Open(ctx, e.home.catalogDir(), catalog.Options{})
 	must(t, err)
-	e.repo = content.New(e.store, e.cat, e.codec, nil)
+	e.data.repo = content.New(e.stores.front, e.cat, e.data.codec, nil)
 	rep, err := e.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
 	if rep.Checkpoints != 5 || rep.Sandboxes != 2 {
@@ -212,8 +212,8 @@ func allBlobIDs(t *testing.T, e *Engine) []delta.ID {
 	t.Helper()
 	ctx := context.Background()
 	var out []delta.ID
-	must(t, e.store.List(ctx, delta.PackPrefix, func(oi upload.ObjectInfo) error {
-		entries, err := delta.ReadPackHeader(ctx, upload.Ranges(e.store), oi.Name)
+	must(t, e.stores.front.List(ctx, delta.PackPrefix, func(oi upload.ObjectInfo) error {
+		entries, err := delta.ReadPackHeader(ctx, upload.Ranges(e.stores.front), oi.Name)
 		for _, en := range entries {
 			out = append(out, en.ID)
 		}

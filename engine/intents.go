@@ -23,7 +23,7 @@ type Interrupted = procs.Interrupted
 // the directory, so it is made on demand.
 func (e *Engine) intents() *intent.Intents {
 	return intent.New(intent.Deps{
-		Dir: e.home.intentsDir(), Log: e.log, Loader: e.repo, Phase: e.phase, Procs: e.procs,
+		Dir: e.home.intentsDir(), Log: e.log, Loader: e.data.repo, Phase: e.phase, Procs: e.procs,
 		Checkpoint: func(ctx context.Context, id delta.ID) (cp *delta.Checkpoint, err error) {
 			err = e.view(ctx, func(tx *catalog.Tx) (err error) { cp, err = tx.Checkpoint(id); return err })
 			return cp, err

@@ -16,5 +16,5 @@ type engineBlobs struct{ e *Engine }
 func (b engineBlobs) LoadBlob(ctx context.Context, t delta.BlobType, id delta.ID) ([]byte, error) {
 	done := b.e.shared()
 	defer done()
-	return b.e.repo.LoadBlob(ctx, t, id)
+	return b.e.data.repo.LoadBlob(ctx, t, id)
 }

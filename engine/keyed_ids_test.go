@@ -31,7 +31,7 @@ func fileChunks(t *testing.T, e *Engine, id delta.ID, name string) []delta.ID {
 		cp, err = tx.Checkpoint(id)
 		return err
 	}))
-	tree, err := delta.LoadTree(ctx, e.repo, cp.FSTree)
+	tree, err := delta.LoadTree(ctx, e.data.repo, cp.FSTree)
 	must(t, err)
 	for _, en := range tree.Entries {
 		if en.Name == name {

@@ -112,7 +112,7 @@ func TestKilledPushLeavesAStaleLock(t *testing.T) {
 	// Without unlock, a gc is not blocked by it and removes it as the
 	// litter it is.
 	data, _ := json.Marshal(locks0.Lock)
-	must(t, upload.PutBytes(ctx, b.remote, locks0.Name, data))
+	must(t, upload.PutBytes(ctx, b.stores.remote, locks0.Name, data))
 	if _, err := b.Retention().GC(ctx, retention.GCOptions{Grace: time.Hour}); err != nil {
 		t.Fatalf("gc beside a stale lock: %v", err)
 	}

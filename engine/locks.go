@@ -96,34 +96,34 @@ func (l *sandboxLocks) unlock(name string) {
 // op begins an operation on sandbox name: the engine's shared lock, then
 // the sandbox's. done releases both.
 func (e *Engine) op(ctx context.Context, name string) (done func(), err error) {
-	e.maint.RLock()
-	unlock, err := e.sandboxes.lock(ctx, name)
+	e.locks.maint.RLock()
+	unlock, err := e.locks.sandboxes.lock(ctx, name)
 	if err != nil {
-		e.maint.RUnlock()
+		e.locks.maint.RUnlock()
 		return nil, err
 	}
-	return func() { unlock(); e.maint.RUnlock() }, nil
+	return func() { unlock(); e.locks.maint.RUnlock() }, nil
 }
 
 // shared begins an operation that touches no one sandbox's root (verify,
 // log, tags, push): it only keeps maintenance out.
 func (e *Engine) shared() (done func()) {
-	e.maint.RLock()
-	return e.maint.RUnlock
+	e.locks.maint.RLock()
+	return e.locks.maint.RUnlock
 }
 
 // exclusive begins home-wide maintenance: it waits for every operation in
 // flight and keeps new ones out until done.
 func (e *Engine) exclusive() (done func()) {
-	e.maint.Lock()
-	return e.maint.Unlock
+	e.locks.maint.Lock()
+	return e.locks.maint.Unlock
 }
 
 // prepareBase makes base tree available through be. Concurrent operations
 // on new sandboxes of one base would otherwise race to publish it.
 func (e *Engine) prepareBase(ctx context.Context, be rootfs.Backend, tree delta.ID, loader delta.BlobLoader) (string, error) {
-	e.baseMu.Lock()
-	defer e.baseMu.Unlock()
+	e.locks.base.Lock()
+	defer e.locks.base.Unlock()
 	return be.PrepareBase(ctx, tree, loader)
 }
 
@@ -138,12 +138,12 @@ type commitLock struct {
 }
 
 func (l *commitLock) Lock() {
-	l.e.commitMu.Lock()
-	l.held = l.e.repo.IndexLock()
+	l.e.locks.commit.Lock()
+	l.held = l.e.data.repo.IndexLock()
 	l.held.Lock()
 }
 
 func (l *commitLock) Unlock() {
 	l.held.Unlock()
-	l.e.commitMu.Unlock()
+	l.e.locks.commit.Unlock()
 }

@@ -20,7 +20,7 @@ import (
 // bucketHead reads a sandbox's head in the bucket with its owner line.
 func bucketHead(t *testing.T, e *Engine, key string) (delta.ID, delta.Owner) {
 	t.Helper()
-	data, err := upload.ReadAllMax(context.Background(), e.remote, delta.RefName(delta.RefHead, key), delta.MaxSmallObject)
+	data, err := upload.ReadAllMax(context.Background(), e.stores.remote, delta.RefName(delta.RefHead, key), delta.MaxSmallObject)
 	must(t, err)
 	id, o, err := delta.ParseHead(data)
 	must(t, err)

@@ -37,14 +37,14 @@ func TestRestorePathsWaitsForTheSandboxLock(t *testing.T) {
 	_, err = e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
 
-	unlock, err := e.sandboxes.lock(ctx, "s") // what a checkpoint in progress holds
+	unlock, err := e.locks.sandboxes.lock(ctx, "s") // what a checkpoint in progress holds
 	must(t, err)
 	done := make(chan error, 1)
 	go func() {
 		_, err := e.Paths().RestorePaths(ctx, "s", c1.ID.String(), []string{"/restored.txt"}, paths.RestorePathsOptions{})
 		done <- err
 	}()
-	for deadline := time.Now().Add(30 * time.Second); e.sandboxes.waiters("s") == 0; {
+	for deadline := time.Now().Add(30 * time.Second); e.locks.sandboxes.waiters("s") == 0; {
 		if time.Now().After(deadline) {
 			t.Fatal("restore never queued for the sandbox's lock")
 		}

@@ -21,11 +21,11 @@ const (
 
 // progressPhase shows the step under way in the progress report (Options.
 // Progress), with the bytes it will handle when known (0: unknown).
-func (e *Engine) progressPhase(name string, total int64) { e.meter.SetPhase(name, total) }
+func (e *Engine) progressPhase(name string, total int64) { e.data.meter.SetPhase(name, total) }
 
 // phase reports reaching a checkpoint phase to Options.AtPhase.
 func (e *Engine) phase(name string) {
-	if e.atPhase != nil {
-		e.atPhase(name)
+	if e.opts.AtPhase != nil {
+		e.opts.AtPhase(name)
 	}
 }

@@ -95,7 +95,7 @@ func TestProcessMemoryStaysPrivate(t *testing.T) {
 
 	work, state := e.procs.WorkDir(), e.procs.StateRoot()
 	dumped := false
-	e.atPhase = func(p string) {
+	e.opts.AtPhase = func(p string) {
 		if p != PhaseDump {
 			return
 		}
@@ -104,7 +104,7 @@ func TestProcessMemoryStaysPrivate(t *testing.T) {
 	}
 	c, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
-	e.atPhase = nil
+	e.opts.AtPhase = nil
 	if !dumped {
 		t.Fatalf("the marker is in no file of the dump's image (class %s): the test cannot see process memory", c.Class)
 	}

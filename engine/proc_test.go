@@ -234,7 +234,7 @@ func TestRestoreRefusesAHostWithoutTheRecordedCPUFlags(t *testing.T) {
 	must(t, err)
 	forged.ID = [32]byte{}
 	forged.Message = "taken on another machine"
-	must(t, putRecord(ctx, e.store, &forged))
+	must(t, putRecord(ctx, e.stores.front, &forged))
 	must(t, e.cat.Update(ctx, func(tx *catalog.Tx) error { return tx.PutCheckpoint(&forged) }))
 
 	_, err = e.Branch(ctx, forged.ID.String(), "elsewhere", BranchOptions{})

@@ -31,7 +31,7 @@ func (e *Engine) Processes() *procs.Manager { return e.procs }
 func newProcs(e *Engine, home home) *procs.Manager {
 	return procs.New(procs.Deps{
 		Home: string(home), Log: e.log, Phase: e.phase, Progress: e.progressPhase, IDs: func() delta.IDs { return e.keys.IDs() },
-		Loader: func() delta.BlobLoader { return e.repo },
+		Loader: func() delta.BlobLoader { return e.data.repo },
 		Load: func(ctx context.Context, name string, write bool) (*procs.Sandbox, func(), error) {
 			done, err := e.op(ctx, name)
 			if err != nil {

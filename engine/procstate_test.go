@@ -240,17 +240,17 @@ func TestDeviceNodesAndSafeRestore(t *testing.T) {
 	// processes survive the refused rollback.
 	head, err := e.Resolve(ctx, good.ID.String())
 	must(t, err)
-	tree, err := delta.LoadTree(ctx, e.repo, head.FSTree)
+	tree, err := delta.LoadTree(ctx, e.data.repo, head.FSTree)
 	must(t, err)
 	tree.Entries = append(tree.Entries, delta.Entry{Name: "zz-sda", Type: delta.TypeBlockDev, Mode: 0o600, Rdev: 8 << 8})
 	data := tree.Encode()
-	op := e.repo.Begin()
+	op := e.data.repo.Begin()
 	_, err = op.SaveBlob(ctx, delta.BlobTree, delta.Hash(data), data)
 	must(t, err)
 	must(t, op.Publish(ctx))
 	forged := *head
 	forged.FSTree, forged.ID, forged.Message = delta.Hash(data), [32]byte{}, "forged device"
-	must(t, putRecord(ctx, e.store, &forged))
+	must(t, putRecord(ctx, e.stores.front, &forged))
 	must(t, e.cat.Update(ctx, func(tx *catalog.Tx) error { return tx.PutCheckpoint(&forged) }))
 	if _, err := e.Verifier().Verify(ctx, forged.ID.String()); err == nil || !strings.Contains(err.Error(), "zz-sda") {
 		t.Fatalf("verify of a checkpoint holding a block device: %v", err)
@@ -258,7 +258,7 @@ func TestDeviceNodesAndSafeRestore(t *testing.T) {
 	missing := *head
 	bogus := delta.Hash([]byte("no such image"))
 	missing.ProcTree, missing.ID, missing.Message = &bogus, [32]byte{}, "image lost"
-	must(t, putRecord(ctx, e.store, &missing))
+	must(t, putRecord(ctx, e.stores.front, &missing))
 	must(t, e.cat.Update(ctx, func(tx *catalog.Tx) error { return tx.PutCheckpoint(&missing) }))
 	write(t, filepath.Join(cr.Root, "tmp/after"), "kept")
 	for _, bad := range []*delta.Checkpoint{&forged, &missing} {
@@ -354,7 +354,7 @@ func TestRollbackRefusesAnImageThatDoesNotFitItsFiles(t *testing.T) {
 	must(t, err)
 	old := *cb
 	old.ProcTree, old.Host, old.Class, old.ID, old.Message = ca.ProcTree, ca.Host, delta.ClassFS, [32]byte{}, "as an older turnsnap classed it"
-	must(t, putRecord(ctx, e.store, &old))
+	must(t, putRecord(ctx, e.stores.front, &old))
 	must(t, e.cat.Update(ctx, func(tx *catalog.Tx) error { return tx.PutCheckpoint(&old) }))
 	pids := pidsOf(t, e, "s")
 	_, err = e.Rollback(ctx, "s", old.ID.String(), RollbackOptions{})

@@ -145,7 +145,7 @@ func TestInitSavesTheRemoteOnlyAfterTheQueue(t *testing.T) {
 	must(t, err)
 	st, err := e.HomeSetup().Status(ctx)
 	must(t, err)
-	if cfg.Remote != nil || e.remote != nil || st.Remote != "" {
+	if cfg.Remote != nil || e.stores.remote != nil || st.Remote != "" {
 		t.Fatalf("a failed init saved the remote: config %+v, status %+v", cfg.Remote, st)
 	}
 	_, err = e.HomeSetup().Init(ctx, remoteCfg(srv.Endpoint, "late"))

@@ -399,7 +399,7 @@ func TestRebuildFromABucketWithBadObjects(t *testing.T) {
 		case "pack-truncated", "pack-raw-length-2^64-1", "record-bad-json", "record-naming-missing-trees",
 			"record-tree-does-not-decode", "record-naming-another-sandboxs-key", "description-under-the-wrong-key",
 			"head-malformed-owner-line", "head-dangling", "head-naming-a-record-with-missing-trees", "tag-dangling":
-			object, class, err := bc.put(ctx, a.remote, hp)
+			object, class, err := bc.put(ctx, a.stores.remote, hp)
 			must(t, err)
 			want[object] = class
 		}
@@ -475,7 +475,7 @@ func TestRebuildAfterAPruneElsewhereLeftAHeadDangling(t *testing.T) {
 	if remoteRecords(t, a)[branched.String()] {
 		// A prune that keeps what other homes' heads name (being fixed
 		// apart from this) leaves it: delete it as that prune did.
-		must(t, a.remote.Delete(ctx, delta.RecordName(branched)))
+		must(t, a.stores.remote.Delete(ctx, delta.RecordName(branched)))
 	}
 
 	d := newEngine(t)
@@ -605,8 +605,8 @@ func TestRebuildKeepsWholeCheckpointsOfASkippedHead(t *testing.T) {
 
 	// On the home that has s, the same store keeps s at this home's head:
 	// the stored head is still reported, but s's root here is at c1.
-	must(t, upload.PutBytes(ctx, src.local, rec, mustRead(t, store, rec)))
-	must(t, upload.PutBytes(ctx, src.local, headObj, delta.EncodeRef(badID)))
+	must(t, upload.PutBytes(ctx, src.stores.local, rec, mustRead(t, store, rec)))
+	must(t, upload.PutBytes(ctx, src.stores.local, headObj, delta.EncodeRef(badID)))
 	rep, err = src.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
 	wantSkipped(t, rep, headObj, SkipMissingObjects)
@@ -619,8 +619,8 @@ func TestRebuildKeepsWholeCheckpointsOfASkippedHead(t *testing.T) {
 		t.Fatalf("s after the rebuild on its home: %+v, want its head %s", sbs, c1.ID.Short())
 	}
 	// The store is made whole again for the final oracle.
-	must(t, src.local.Delete(ctx, rec))
-	must(t, upload.PutBytes(ctx, src.local, headObj, delta.EncodeRef(c1.ID)))
+	must(t, src.stores.local.Delete(ctx, rec))
+	must(t, upload.PutBytes(ctx, src.stores.local, headObj, delta.EncodeRef(c1.ID)))
 }
 
 func mustRead(t *testing.T, s upload.Store, name string) []byte {

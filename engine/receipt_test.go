@@ -200,12 +200,12 @@ func TestReceiptFailsClosed(t *testing.T) {
 	must(t, err)
 
 	t.Run("file", func(t *testing.T) {
-		e.atPhase = func(ph string) {
+		e.opts.AtPhase = func(ph string) {
 			if ph == PhaseReceiptFiles {
 				os.Remove(filepath.Join(root, "www/index.html"))
 			}
 		}
-		defer func() { e.atPhase = nil }()
+		defer func() { e.opts.AtPhase = nil }()
 		r, err := e.Rollback(ctx, "s", cp.ID.String(), RollbackOptions{})
 		checkIncomplete(t, e, r, err)
 		if ri := asIncomplete(t, err); ri.Receipt.Files.Match || !strings.Contains(ri.Receipt.Files.Mismatch, "www/index.html") {
@@ -213,7 +213,7 @@ func TestReceiptFailsClosed(t *testing.T) {
 		}
 	})
 	t.Run("process", func(t *testing.T) {
-		e.atPhase = func(ph string) {
+		e.opts.AtPhase = func(ph string) {
 			if ph != PhaseReceiptProcesses {
 				return
 			}
@@ -228,7 +228,7 @@ func TestReceiptFailsClosed(t *testing.T) {
 				}
 			}
 		}
-		defer func() { e.atPhase = nil }()
+		defer func() { e.opts.AtPhase = nil }()
 		r, err := e.Rollback(ctx, "s", cp.ID.String(), RollbackOptions{})
 		checkIncomplete(t, e, r, err)
 		ri := asIncomplete(t, err)
@@ -323,13 +323,13 @@ func TestReceiptTrackedSeesAWrite(t *testing.T) {
 		func() { must(t, os.Remove(filepath.Join(cr.Root, "src/f11.go"))) },
 		func() { write(t, filepath.Join(cr.Root, "src/f12.go"), "package f // 1X\n") }, // same size
 	} {
-		e.atPhase = func(ph string) {
+		e.opts.AtPhase = func(ph string) {
 			if ph == PhaseReceiptFiles {
 				tamper()
 			}
 		}
 		_, err := e.Rollback(ctx, "s", c2.ID.String(), RollbackOptions{})
-		e.atPhase = nil
+		e.opts.AtPhase = nil
 		ri := asIncomplete(t, err)
 		if ri.Receipt.Files.Match || ri.Receipt.Files.Mismatch == "" {
 			t.Fatalf("tampered root's receipt %+v", ri.Receipt.Files)
@@ -366,13 +366,13 @@ func TestReceiptUnmountedRoot(t *testing.T) {
 			write(t, filepath.Join(cr.Root, "b.txt"), "turn 2\n")
 			_, err = e.Checkpoint(ctx, "s", CheckpointOptions{})
 			must(t, err)
-			e.atPhase = func(ph string) {
+			e.opts.AtPhase = func(ph string) {
 				if ph == PhaseReceiptFiles {
 					must(t, syscall.Unmount(cr.Root, syscall.MNT_DETACH))
 				}
 			}
 			r, err := e.Rollback(ctx, "s", c1.ID.String(), RollbackOptions{})
-			e.atPhase = nil
+			e.opts.AtPhase = nil
 			checkIncomplete(t, e, r, err)
 			if m := asIncomplete(t, err).Receipt.Files.Mismatch; !strings.Contains(m, "not") {
 				t.Fatalf("mismatch %q", m)

@@ -28,7 +28,7 @@ const (
 func newReceipts(e *Engine, o receipt.Options) *receipt.Checker {
 	return receipt.New(receipt.Deps{
 		Log: e.log, Phase: e.phase, Procs: e.procs,
-		Loader:   func() delta.BlobLoader { return e.repo },
+		Loader:   func() delta.BlobLoader { return e.data.repo },
 		Scanners: func() []rootfs.TurnScanner { return implementing[rootfs.TurnScanner](e.backends) },
 	}, o)
 }

@@ -32,9 +32,9 @@ func (e *Engine) Remote() *remote.Home { return e.rem }
 func newRemote(e *Engine) *remote.Home {
 	return remote.New(remote.Deps{
 		Dir:     string(e.home),
-		Stores:  func() (upload.Store, upload.Store) { return e.local, e.remote },
+		Stores:  func() (upload.Store, upload.Store) { return e.stores.local, e.stores.remote },
 		Catalog: func() *catalog.Catalog { return e.cat },
-		Blobs:   func() delta.BlobLoader { return e.repo },
+		Blobs:   func() delta.BlobLoader { return e.data.repo },
 		Settings: func() remote.Settings {
 			s := remote.Settings{HomeID: e.config.HomeID}
 			if rc := e.config.Remote; rc != nil {
@@ -81,9 +81,9 @@ func (e *Engine) HomeSetup() *setup.Home {
 			e.config = &c
 			return nil
 		},
-		NewRepo:     func() { e.repo = newRepo(e) },
+		NewRepo:     func() { e.data.repo = newRepo(e) },
 		BackendIDs:  func() { setBackendIDs(e.backends, e.keys.IDs()) },
-		RemoteStore: func() upload.Store { return e.remote },
+		RemoteStore: func() upload.Store { return e.stores.remote },
 		Catalog:     func() *catalog.Catalog { return e.cat },
 		Syncer:      e.rem.Syncer,
 		LastPush:    e.rem.LastPush,

@@ -36,7 +36,7 @@ func remoteCfg(endpoint, bucket string) RemoteConfig {
 func remoteRecords(t *testing.T, e *Engine) map[string]bool {
 	t.Helper()
 	out := map[string]bool{}
-	must(t, e.remote.List(context.Background(), delta.RecordPrefix, func(oi upload.ObjectInfo) error {
+	must(t, e.stores.remote.List(context.Background(), delta.RecordPrefix, func(oi upload.ObjectInfo) error {
 		out[strings.TrimPrefix(oi.Name, delta.RecordPrefix)] = true
 		return nil
 	}))
@@ -91,7 +91,7 @@ func TestRestoreAnywhereFromTheBucket(t *testing.T) {
 	if rep.Checkpoints != 3 || rep.Sandboxes != 1 {
 		t.Fatalf("rebuild from the bucket found %d checkpoints, %d sandboxes", rep.Checkpoints, rep.Sandboxes)
 	}
-	if n := countObjects(t, b.local); n > 8 {
+	if n := countObjects(t, b.stores.local); n > 8 {
 		t.Fatalf("rebuild downloaded %d objects; it should read pack headers remotely", n)
 	}
 	br, err := b.Branch(ctx, c2.ID.String(), "copy", BranchOptions{})
@@ -269,7 +269,7 @@ func TestPushYieldsBeforeEachUpload(t *testing.T) {
 		}
 	}
 	for _, prefix := range []string{delta.PackPrefix, delta.RecordPrefix} {
-		must(t, e.remote.List(ctx, prefix, func(oi upload.ObjectInfo) error {
+		must(t, e.stores.remote.List(ctx, prefix, func(oi upload.ObjectInfo) error {
 			t.Errorf("%s reached the bucket while the push was yielding", oi.Name)
 			return nil
 		}))

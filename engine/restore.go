@@ -79,8 +79,8 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 	}
 	// The restore plans its diff through the same loader: the target is
 	// checked (and its trees read) once.
-	checked := fstree.NewCheckedLoader(e.checked.Loader(e.repo))
-	fp, err := e.checked.CheckState(ctx, checked, cp.FSTree)
+	checked := fstree.NewCheckedLoader(e.memo.checked.Loader(e.data.repo))
+	fp, err := e.memo.checked.CheckState(ctx, checked, cp.FSTree)
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint %s: tree %s: %w", cp.ID.Short(), cp.FSTree.Short(), err)
 	}
@@ -245,7 +245,7 @@ func (e *Engine) readyImage(ctx context.Context, cp *delta.Checkpoint, fsOnly bo
 	if err != nil {
 		return "", nil, err
 	}
-	if err := checkImageFiles(ctx, e.repo, cp, img); err != nil {
+	if err := checkImageFiles(ctx, e.data.repo, cp, img); err != nil {
 		clean()
 		return "", nil, err
 	}

@@ -21,8 +21,8 @@ func (e *Engine) Retention() *retention.Retention {
 		Home: string(e.home),
 		Log:  e.log,
 		Parts: func() retention.Parts {
-			return retention.Parts{HomeID: e.config.HomeID, Catalog: e.cat, Store: e.store,
-				Local: e.local, Remote: e.remote, Blobs: e.repo}
+			return retention.Parts{HomeID: e.config.HomeID, Catalog: e.cat, Store: e.stores.front,
+				Local: e.stores.local, Remote: e.stores.remote, Blobs: e.data.repo}
 		},
 		Exclusive:   e.exclusive,
 		Shared:      e.shared,
@@ -38,11 +38,11 @@ func (e *Engine) Retention() *retention.Retention {
 		// A pack's header from the local copy, or straight from the remote
 		// store (a range read, not a download of the whole pack).
 		ReadPackHeader: func(ctx context.Context, name string) ([]delta.PackEntry, error) {
-			return rebuild.ReadPackHeader(ctx, e.keys.LocalKeys(), e.local, e.remote, name)
+			return rebuild.ReadPackHeader(ctx, e.keys.LocalKeys(), e.stores.local, e.stores.remote, name)
 		},
 		// Blobs read through a location map instead of the catalog.
 		LoaderFor: func(locs map[delta.ID]catalog.BlobLocation) delta.BlobLoader {
-			return e.repo.LoaderFor(locs)
+			return e.data.repo.LoaderFor(locs)
 		},
 		ProgressPhase: e.progressPhase,
 		Phase:         e.phase,

@@ -95,7 +95,7 @@ func (sb *sharedBucket) restorable(t *testing.T, want int) {
 func loadMarks(t *testing.T, e *Engine) *delta.Marks {
 	t.Helper()
 	name := delta.MarkName(e.config.HomeID)
-	data, err := upload.ReadAllMax(context.Background(), e.remote, name, delta.MaxMarksObject)
+	data, err := upload.ReadAllMax(context.Background(), e.stores.remote, name, delta.MaxMarksObject)
 	if errors.Is(err, errdefs.ErrNotFound) {
 		return &delta.Marks{Version: 1, Home: e.config.HomeID}
 	}
@@ -119,7 +119,7 @@ func ageMarks(t *testing.T, e *Engine, d time.Duration) {
 	}
 	data, err := delta.EncodeMarks(m)
 	must(t, err)
-	must(t, upload.PutBytes(context.Background(), e.remote, delta.MarkName(e.config.HomeID), data))
+	must(t, upload.PutBytes(context.Background(), e.stores.remote, delta.MarkName(e.config.HomeID), data))
 }
 
 func markedIDs(t *testing.T, e *Engine) []delta.ID {
@@ -201,7 +201,7 @@ func TestSweepSparesABranchMadeAfterTheMark(t *testing.T) {
 	if n := len(remoteRecords(t, a)); n != before {
 		t.Fatalf("the bucket holds %d records after marking, had %d", n, before)
 	}
-	if got := listNames(t, a.remote, delta.MarkPrefix); len(got) != 1 || got[0] != delta.MarkName(a.config.HomeID) {
+	if got := listNames(t, a.stores.remote, delta.MarkPrefix); len(got) != 1 || got[0] != delta.MarkName(a.config.HomeID) {
 		t.Fatalf("mark objects in the bucket: %v", got)
 	}
 	// A gc before the grace is over sweeps nothing, and the marked records
@@ -355,13 +355,13 @@ func TestPushRefusesARefToAMissingRecord(t *testing.T) {
 	push(t, a)
 	_, err := a.History().Tag(ctx, "gone", ids[0].String())
 	must(t, err)
-	must(t, a.remote.Delete(ctx, delta.RecordName(ids[0])))
-	must(t, a.local.Delete(ctx, delta.RecordName(ids[0])))
+	must(t, a.stores.remote.Delete(ctx, delta.RecordName(ids[0])))
+	must(t, a.stores.local.Delete(ctx, delta.RecordName(ids[0])))
 	_, err = a.Remote().Push(ctx, PushOptions{})
 	if !errors.Is(err, errdefs.ErrNotFound) || !strings.Contains(err.Error(), ids[0].Short()) {
 		t.Fatalf("push of a tag naming a lost record: %v, want ErrNotFound naming %s", err, ids[0].Short())
 	}
-	if _, err := a.remote.Stat(ctx, delta.RefName(delta.RefTag, "gone")); !errors.Is(err, errdefs.ErrNotFound) {
+	if _, err := a.stores.remote.Stat(ctx, delta.RefName(delta.RefTag, "gone")); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("the tag reached the bucket: %v", err)
 	}
 }

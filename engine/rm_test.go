@@ -28,8 +28,8 @@ func TestSandboxRmCompletesAKilledRm(t *testing.T) {
 				must(t, os.RemoveAll(dir))
 			case "objects-gone":
 				must(t, os.RemoveAll(dir))
-				must(t, e.local.Delete(ctx, "refs/heads/s"))
-				must(t, e.local.Delete(ctx, "sandboxes/s"))
+				must(t, e.stores.local.Delete(ctx, "refs/heads/s"))
+				must(t, e.stores.local.Delete(ctx, "sandboxes/s"))
 			}
 			if err := e.RemoveSandbox(ctx, "s"); err != nil {
 				t.Fatalf("second sandbox rm after a kill (%s): %v", phase, err)
@@ -70,7 +70,7 @@ func TestRemovedSandboxStaysRemovedAcrossRebuild(t *testing.T) {
 	_, err = e.Remote().Push(ctx, PushOptions{})
 	must(t, err)
 	for _, name := range []string{"sandboxes/s", "refs/heads/s"} {
-		if _, err := e.remote.Stat(ctx, name); err == nil {
+		if _, err := e.stores.remote.Stat(ctx, name); err == nil {
 			t.Errorf("%s still in the bucket after the queued removal was pushed", name)
 		}
 	}

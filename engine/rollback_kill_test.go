@@ -26,7 +26,7 @@ func TestKilledRollbackHelper(t *testing.T) {
 	}
 	e, err := Open(context.Background(), Options{Home: home})
 	must(t, err)
-	e.atPhase = func(p string) {
+	e.opts.AtPhase = func(p string) {
 		if p == phase {
 			syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		}
@@ -156,7 +156,7 @@ func TestFailedRollbackKeepsHeadObject(t *testing.T) {
 		t.Helper()
 		st, err := e.loadSandbox(ctx, "s")
 		must(t, err)
-		data, err := upload.ReadAll(ctx, e.local, delta.RefName(delta.RefHead, st.sb.Key()))
+		data, err := upload.ReadAll(ctx, e.stores.local, delta.RefName(delta.RefHead, st.sb.Key()))
 		must(t, err)
 		id, err := delta.ParseRef(data)
 		must(t, err)
@@ -165,7 +165,7 @@ func TestFailedRollbackKeepsHeadObject(t *testing.T) {
 	f, err := os.Open(filepath.Join(cr.Root, "one.txt"))
 	must(t, err)
 	wrote := false
-	e.atPhase = func(p string) { wrote = wrote || p == "rollback: intent written" }
+	e.opts.AtPhase = func(p string) { wrote = wrote || p == "rollback: intent written" }
 	_, err = e.Rollback(ctx, "s", c1.ID.String(), RollbackOptions{})
 	if !errors.Is(err, errdefs.ErrPrecondition) {
 		t.Fatalf("rollback of a busy root: %v", err)

@@ -71,7 +71,7 @@ func (e *Engine) CreateSandbox(ctx context.Context, name string, opts CreateOpti
 	if fi, err := os.Stat(base); err != nil || !fi.IsDir() {
 		return nil, fmt.Errorf("sandbox %s: base %s is not a readable directory: %w", name, opts.Base, errdefs.ErrInvalid)
 	}
-	op := e.repo.Begin()
+	op := e.data.repo.Begin()
 	defer op.Discard(context.WithoutCancel(ctx)) // only what a failed import wrote
 	res, err := fstree.Scan(ctx, base, fstree.ScanOptions{Saver: op, IDs: e.keys.IDs()})
 	if err != nil {
@@ -95,7 +95,7 @@ func (e *Engine) CreateSandbox(ctx context.Context, name string, opts CreateOpti
 	if err != nil {
 		return nil, err
 	}
-	root, err := be.Create(ctx, e.home.sandboxDir(name), lower, empty, e.repo)
+	root, err := be.Create(ctx, e.home.sandboxDir(name), lower, empty, e.data.repo)
 	if err != nil {
 		unmark()
 		return nil, err
@@ -159,10 +159,10 @@ func (e *Engine) commit(ctx context.Context, op *content.Op, cp *delta.Checkpoin
 	}
 	st := op.Stats()
 	cp.Stats.BlobsNew, cp.Stats.BytesNew, cp.Stats.ObjectsNew = st.BlobsNew, st.BytesNew, st.ObjectsNew
-	if err := putRecord(ctx, e.store, cp); err != nil {
+	if err := putRecord(ctx, e.stores.front, cp); err != nil {
 		// A Put can fail after its rename ("written but maybe not
 		// durable"): a record that names the op's packs keeps them.
-		if _, serr := e.store.Stat(context.WithoutCancel(ctx), delta.RecordName(cp.ID)); serr == nil {
+		if _, serr := e.stores.front.Stat(context.WithoutCancel(ctx), delta.RecordName(cp.ID)); serr == nil {
 			op.Keep()
 		}
 		return err
@@ -171,11 +171,11 @@ func (e *Engine) commit(ctx context.Context, op *content.Op, cp *delta.Checkpoin
 	// must not delete them (gc and a rebuild go by the record).
 	op.Keep()
 	if newSandbox != nil {
-		if err := putSandboxObject(ctx, e.store, newSandbox); err != nil {
+		if err := putSandboxObject(ctx, e.stores.front, newSandbox); err != nil {
 			return err
 		}
 	}
-	if err := putRefObject(ctx, e.store, delta.RefHead, cp.SandboxKey(), cp.ID); err != nil {
+	if err := putRefObject(ctx, e.stores.front, delta.RefHead, cp.SandboxKey(), cp.ID); err != nil {
 		return err
 	}
 	e.phase(PhaseRecorded)
@@ -184,7 +184,7 @@ func (e *Engine) commit(ctx context.Context, op *content.Op, cp *delta.Checkpoin
 	// conflict and retry. Concurrent commits share one (a group commit,
 	// run under commitLock): each sees the ones before it in the
 	// transaction, and one fsync makes them all durable.
-	err = e.commits.Update(ctx, e.cat, func(tx *catalog.Tx) error {
+	err = e.locks.commits.Update(ctx, e.cat, func(tx *catalog.Tx) error {
 		if err := staged.Index(tx); err != nil {
 			return err
 		}
@@ -269,12 +269,12 @@ func (e *Engine) loadSandbox(ctx context.Context, name string) (*sandboxState, e
 		if err := ensureDir(filepath.Dir(e.home.sandboxDir(name))); err != nil {
 			return nil, err
 		}
-		if st.root, err = be.Create(ctx, e.home.sandboxDir(name), lower, st.head.FSTree, e.repo); err != nil {
+		if st.root, err = be.Create(ctx, e.home.sandboxDir(name), lower, st.head.FSTree, e.data.repo); err != nil {
 			return nil, err
 		}
 	}
 	intents := e.intents()
-	if !e.readOnly {
+	if !e.opts.ReadOnly {
 		// Finishing writes the catalog: a read-only home reports the
 		// interrupted work (st.interrupted) and leaves it to a writer.
 		if in, ok := intents.Pending(st.sb); ok {
@@ -329,7 +329,7 @@ func (e *Engine) readSandbox(ctx context.Context, name string) (*sandboxState, r
 	if err != nil {
 		return nil, nil, "", fmt.Errorf("sandbox %s: %w", name, err)
 	}
-	lower, err := e.prepareBase(ctx, be, st.head.BaseTree, e.repo)
+	lower, err := e.prepareBase(ctx, be, st.head.BaseTree, e.data.repo)
 	if err != nil {
 		return nil, nil, "", fmt.Errorf("sandbox %s: %w", name, err)
 	}
@@ -396,7 +396,7 @@ func (e *Engine) RemoveSandboxWith(ctx context.Context, name string, o RemoveOpt
 		return err
 	}
 	defer done()
-	e.headTrees.drop(name) // only a cache: dropping it even if the removal fails costs a read
+	e.memo.headTrees.drop(name) // only a cache: dropping it even if the removal fails costs a read
 	var sb *delta.Sandbox
 	if err := e.view(ctx, func(tx *catalog.Tx) error {
 		var err error
@@ -463,7 +463,7 @@ func (e *Engine) RemoveSandboxWith(ctx context.Context, name string, o RemoveOpt
 	// the bucket in order at the next push. Left behind, they would bring
 	// the sandbox back only to a catalog rebuild, which says so.
 	for _, obj := range []string{delta.RefName(delta.RefHead, sb.Key()), delta.SandboxName(sb.Key())} {
-		if err := e.local.Delete(ctx, obj); err != nil {
+		if err := e.stores.local.Delete(ctx, obj); err != nil {
 			e.log.Warn("sandbox removed; its local object stays", "sandbox", name, "object", obj, "err", err)
 		}
 	}

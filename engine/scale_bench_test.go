@@ -47,7 +47,7 @@ func synthHistory(tb testing.TB, e *Engine, name string, n int) time.Duration {
 	}))
 	start := time.Now()
 	for i := range n {
-		op := e.repo.Begin()
+		op := e.data.repo.Begin()
 		data := fmt.Appendf(nil, "synthetic turn %d of %s\n", i, sb.ID)
 		chunk := delta.Hash(data)
 		_, err := op.SaveBlob(ctx, delta.BlobData, chunk, data)

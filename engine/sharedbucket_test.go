@@ -46,10 +46,10 @@ func TestTwoHomesOneBucketNoCrossTalk(t *testing.T) {
 		must(t, err)
 	}
 	a, b := hosts["a"], hosts["b"]
-	if n := len(listNames(t, a.remote, delta.SandboxPrefix)); n != 2 {
+	if n := len(listNames(t, a.stores.remote, delta.SandboxPrefix)); n != 2 {
 		t.Fatalf("bucket holds %d sandbox descriptions, want 2 (one per home)", n)
 	}
-	if n := len(listNames(t, a.remote, delta.HeadPrefix)); n != 2 {
+	if n := len(listNames(t, a.stores.remote, delta.HeadPrefix)); n != 2 {
 		t.Fatalf("bucket holds %d heads, want 2 (one per home)", n)
 	}
 
@@ -151,18 +151,18 @@ func TestRebuildRejectsImpostorsAndSkipsCorrupt(t *testing.T) {
 	old.Version, old.SandboxID, old.Sandbox, old.Parent = 1, "", "old", delta.ID{}
 	data, oldID, err := delta.EncodeRecord(&old)
 	must(t, err)
-	must(t, upload.PutBytes(ctx, a.remote, delta.RecordName(oldID), data))
+	must(t, upload.PutBytes(ctx, a.stores.remote, delta.RecordName(oldID), data))
 	legacy, _ := json.Marshal(delta.Sandbox{Name: "old", Backend: cr.Sandbox.Backend, BaseTree: cr.Sandbox.BaseTree, Created: time.Now().UTC()})
-	must(t, upload.PutBytes(ctx, a.remote, delta.SandboxName("old"), legacy))
-	must(t, upload.PutBytes(ctx, a.remote, delta.RefName(delta.RefHead, "old"), delta.EncodeRef(oldID)))
+	must(t, upload.PutBytes(ctx, a.stores.remote, delta.SandboxName("old"), legacy))
+	must(t, upload.PutBytes(ctx, a.stores.remote, delta.RefName(delta.RefHead, "old"), delta.EncodeRef(oldID)))
 
 	// The impostor: s's description copied under another id's name.
-	real, err := upload.ReadAll(ctx, a.remote, delta.SandboxName(cr.Sandbox.ID))
+	real, err := upload.ReadAll(ctx, a.stores.remote, delta.SandboxName(cr.Sandbox.ID))
 	must(t, err)
 	impostor := delta.SandboxName(delta.NewSandboxID())
-	must(t, upload.PutBytes(ctx, a.remote, impostor, real))
+	must(t, upload.PutBytes(ctx, a.stores.remote, impostor, real))
 	badRecord := delta.RecordName(delta.Hash([]byte("not a record")))
-	must(t, upload.PutBytes(ctx, a.remote, badRecord, []byte("{garbage")))
+	must(t, upload.PutBytes(ctx, a.stores.remote, badRecord, []byte("{garbage")))
 
 	b := newEngine(t)
 	_, err = b.HomeSetup().Init(ctx, remoteCfg(srv.Endpoint, "impostor"))

@@ -49,7 +49,7 @@ func TestConcurrentOperations(t *testing.T) {
 	if n := ops.Load(); n < 200 {
 		t.Fatalf("%d operations, want at least 200", n)
 	}
-	t.Logf("%d operations; %d blobs stored twice by racing operations (left for gc)", ops.Load(), e.repo.Duplicates())
+	t.Logf("%d operations; %d blobs stored twice by racing operations (left for gc)", ops.Load(), e.data.repo.Duplicates())
 	checkAll(t, e)
 }
 

@@ -44,7 +44,7 @@ func BenchmarkTrackedTurns(b *testing.B) {
 	}
 	// The phases of each turn: start to scan done, to commit start, to end.
 	var marks []time.Time
-	e.atPhase = func(p string) {
+	e.opts.AtPhase = func(p string) {
 		if p == PhaseScan || p == PhaseCommit {
 			marks = append(marks, time.Now())
 		}

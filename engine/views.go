@@ -18,12 +18,12 @@ func (e *Engine) History() *history.Views {
 		HomeID: func() string { return e.config.HomeID },
 		View:   e.view,
 		Update: func(ctx context.Context, fn func(tx *catalog.Tx) error) error { return e.cat.Update(ctx, fn) },
-		Blobs:  func() delta.BlobLoader { return e.repo },
+		Blobs:  func() delta.BlobLoader { return e.data.repo },
 		PutRef: func(ctx context.Context, kind delta.RefKind, name string, id delta.ID) error {
-			return putRefObject(ctx, e.store, kind, name, id)
+			return putRefObject(ctx, e.stores.front, kind, name, id)
 		},
 		DeleteLocal: func(ctx context.Context, name string) error {
-			return e.local.Delete(ctx, name)
+			return e.stores.local.Delete(ctx, name)
 		},
 		Queue:   e.rem,
 		Shared:  e.shared,
@@ -49,7 +49,7 @@ func (e *Engine) Paths() *paths.Ops {
 	return paths.New(paths.Deps{
 		Log:     e.log,
 		View:    e.view,
-		Blobs:   func() delta.BlobLoader { return e.repo },
+		Blobs:   func() delta.BlobLoader { return e.data.repo },
 		IDs:     func() delta.IDs { return e.keys.IDs() },
 		Shared:  e.shared,
 		Op:      e.op,
