@@ -33,10 +33,6 @@ func (e *Engine) intents() *intent.Intents {
 	})
 }
 
-// writeDurable replaces file p with body, durably (intent.WriteDurable):
-// the leftovers' marks share the intents directory (leftover.go).
-func writeDurable(p, body string) error { return intent.WriteDurable(p, body) }
-
 // AbandonRollback discards the sandbox's interrupted rollback without
 // finishing it (intent.Intents.Abandon): the root goes back to the head
 // and the head's ref object names it again; the processes the rollback

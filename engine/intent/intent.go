@@ -77,36 +77,10 @@ func (s *Intents) Write(sb *delta.Sandbox, in Rollback) error {
 	if in.Processes {
 		body += "processes\n"
 	}
-	if err := WriteDurable(p, body); err != nil {
+	if err := fsat.WriteFileDurable(p, body); err != nil {
 		return fmt.Errorf("sandbox %s: rollback intent: %w", sb.Name, err)
 	}
 	return nil
-}
-
-// WriteDurable replaces file p with body: synced, renamed, directory synced.
-func WriteDurable(p, body string) error {
-	tmp := p + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
-	}
-	_, err = f.WriteString(body)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, p)
-	}
-	if err == nil {
-		err = fsat.SyncDir(filepath.Dir(p))
-	}
-	if err != nil {
-		os.Remove(tmp)
-	}
-	return err
 }
 
 // Clear removes sb's rollback intent (either form).
@@ -199,7 +173,7 @@ func (s *Intents) Interrupted(sb *delta.Sandbox) *Interrupted {
 func (s *Intents) NoteProcsLost(sb *delta.Sandbox, why string) {
 	s.d.Log.Warn("processes not restored", "sandbox", sb.Name, "why", why)
 	if err := os.MkdirAll(s.d.Dir, 0o700); err == nil {
-		err = WriteDurable(s.procsLostFile(sb), why+"\n")
+		err = fsat.WriteFileDurable(s.procsLostFile(sb), why+"\n")
 		if err != nil {
 			s.d.Log.Warn("processes-not-restored state not recorded", "sandbox", sb.Name, "err", err)
 		}

@@ -14,6 +14,7 @@ import (
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
+	"github.com/turnsnap/turnsnap/internal/fsat"
 	"github.com/turnsnap/turnsnap/internal/rootfs"
 )
 
@@ -130,7 +131,7 @@ func TestLegacyAndTornIntents(t *testing.T) {
 	if _, err := os.Stat(legacy); !os.IsNotExist(err) {
 		t.Fatalf("the older legacy intent stays: %v", err)
 	}
-	must(t, WriteDurable(filepath.Join(f.dir, sb.Key()+".rollback"), "not an id\n"))
+	must(t, fsat.WriteFileDurable(filepath.Join(f.dir, sb.Key()+".rollback"), "not an id\n"))
 	if _, ok := f.s.Pending(sb); ok {
 		t.Fatal("a torn intent applies")
 	}

@@ -82,7 +82,7 @@ func (r *Roots) Creating(names []string, backend string, cfg json.RawMessage) (f
 	}
 	p := f.Name()
 	f.Close()
-	if err := writeDurable(p, string(body)); err != nil {
+	if err := fsat.WriteFileDurable(p, string(body)); err != nil {
 		os.Remove(p)
 		return nil, fmt.Errorf("sandbox %s: creation marker: %w", names[0], err)
 	}
@@ -136,7 +136,7 @@ func (r *Roots) Remove(ctx context.Context, name string, mk *Mark) error {
 		if len(m.Names) == 0 {
 			os.Remove(mk.file)
 		} else if b, err := json.Marshal(m); err == nil {
-			writeDurable(mk.file, string(b))
+			fsat.WriteFileDurable(mk.file, string(b))
 		}
 	}
 	return nil
@@ -161,30 +161,4 @@ func (r *Roots) RemoveUnknown(ctx context.Context, name string, notFound error) 
 		return notFound
 	}
 	return r.Remove(ctx, name, r.Find(name))
-}
-
-// writeDurable replaces file p with body: synced, renamed, directory synced.
-func writeDurable(p, body string) error {
-	tmp := p + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
-	}
-	_, err = f.WriteString(body)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, p)
-	}
-	if err == nil {
-		err = fsat.SyncDir(filepath.Dir(p))
-	}
-	if err != nil {
-		os.Remove(tmp)
-	}
-	return err
 }

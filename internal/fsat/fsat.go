@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -206,4 +207,32 @@ func SyncDir(dir string) error {
 	}
 	defer f.Close()
 	return f.Sync()
+}
+
+// WriteFileDurable replaces file p with body (mode 0600) so that a crash
+// leaves either the old file or the new one, whole: written to p.tmp,
+// synced, renamed over p, and p's directory synced.
+func WriteFileDurable(p, body string) error {
+	tmp := p + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.WriteString(body)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, p)
+	}
+	if err == nil {
+		err = SyncDir(filepath.Dir(p))
+	}
+	if err != nil {
+		os.Remove(tmp)
+	}
+	return err
 }

@@ -82,3 +82,24 @@ func TestOpenLongPaths(t *testing.T) {
 		t.Fatalf("long path through a symlink: %v, want ELOOP or ENOTDIR", err)
 	}
 }
+
+// WriteFileDurable leaves the new content whole, no temporary file, and
+// replaces an existing file.
+func TestWriteFileDurable(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "f")
+	for _, body := range []string{"one\n", "two, longer\n", ""} {
+		if err := WriteFileDurable(p, body); err != nil {
+			t.Fatal(err)
+		}
+		got, err := os.ReadFile(p)
+		if err != nil || string(got) != body {
+			t.Fatalf("after writing %q: %q, %v", body, got, err)
+		}
+		if _, err := os.Stat(p + ".tmp"); !os.IsNotExist(err) {
+			t.Fatalf("temporary file left: %v", err)
+		}
+	}
+	if err := WriteFileDurable(filepath.Join(t.TempDir(), "no", "dir"), "x"); err == nil {
+		t.Fatal("a write into a missing directory succeeded")
+	}
+}
