@@ -13,7 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// The container's tmpfs mounts (/dev and /dev/shm, see makeSpec) live in
+// The container's tmpfs mounts (/dev and /dev/shm, see ocispec.Sandbox) live in
 // its mount namespace, not in the sandbox root, so the filesystem scan never
 // sees them: CRIU dumps their contents into the image. A command that wrote
 // /dev/shm and exited changes no process, so Snapshot also digests every

@@ -1,4 +1,4 @@
-package proc
+package ocispec
 
 // The container's seccomp filter: every system call is allowed except the
 // ones below, which fail with EPERM (clone3 with ENOSYS, so that libc falls
@@ -22,20 +22,20 @@ package proc
 // restored container is filtered as the original was; `runc exec` applies
 // it to every command. Agents that need nested containers or io_uring
 // cannot run under it; that is the point.
-type ociSeccomp struct {
-	DefaultAction string           `json:"defaultAction"`
-	Architectures []string         `json:"architectures"`
-	Syscalls      []ociSyscallRule `json:"syscalls"`
+type Seccomp struct {
+	DefaultAction string        `json:"defaultAction"`
+	Architectures []string      `json:"architectures"`
+	Syscalls      []SyscallRule `json:"syscalls"`
 }
 
-type ociSyscallRule struct {
+type SyscallRule struct {
 	Names    []string     `json:"names"`
 	Action   string       `json:"action"`
 	ErrnoRet *uint        `json:"errnoRet,omitempty"`
-	Args     []ociSyscArg `json:"args,omitempty"`
+	Args     []SyscallArg `json:"args,omitempty"`
 }
 
-type ociSyscArg struct {
+type SyscallArg struct {
 	Index    uint   `json:"index"`
 	Value    uint64 `json:"value"`
 	ValueTwo uint64 `json:"valueTwo"`
@@ -60,9 +60,9 @@ var deniedSyscalls = []string{
 // NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET.
 var cloneNamespaceFlags = []uint64{0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000}
 
-func sandboxSeccomp() *ociSeccomp {
+func sandboxSeccomp() *Seccomp {
 	eperm, enosys := uint(1), uint(38)
-	rules := []ociSyscallRule{
+	rules := []SyscallRule{
 		{Names: deniedSyscalls, Action: "SCMP_ACT_ERRNO", ErrnoRet: &eperm},
 		{Names: []string{"clone3"}, Action: "SCMP_ACT_ERRNO", ErrnoRet: &enosys},
 	}
@@ -70,10 +70,10 @@ func sandboxSeccomp() *ociSeccomp {
 	// conditions of one rule all hold. clone's flags are its first
 	// argument on x86-64 (and every architecture listed).
 	for _, f := range cloneNamespaceFlags {
-		rules = append(rules, ociSyscallRule{Names: []string{"clone"}, Action: "SCMP_ACT_ERRNO", ErrnoRet: &eperm,
-			Args: []ociSyscArg{{Index: 0, Value: f, ValueTwo: f, Op: "SCMP_CMP_MASKED_EQ"}}})
+		rules = append(rules, SyscallRule{Names: []string{"clone"}, Action: "SCMP_ACT_ERRNO", ErrnoRet: &eperm,
+			Args: []SyscallArg{{Index: 0, Value: f, ValueTwo: f, Op: "SCMP_CMP_MASKED_EQ"}}})
 	}
-	return &ociSeccomp{
+	return &Seccomp{
 		DefaultAction: "SCMP_ACT_ALLOW",
 		Architectures: []string{"SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32"},
 		Syscalls:      rules,
