@@ -90,7 +90,7 @@ FUZZ_TARGETS := \
 	./engine:FuzzDecodePolicies \
 	./engine/llmproxy:FuzzDecodeEntry ./engine/llmproxy:FuzzJournalTree ./engine/api:FuzzDecodeRequest ./engine/api:FuzzDecodeTenants \
 	./proc:FuzzProcText ./proc:FuzzImageFiles ./overlay:FuzzSuperOptions ./overlay:FuzzReadStack \
-	./overlay:FuzzDecodeEvents ./bench/trace:FuzzParse ./internal/fsat:FuzzEachDirent ./internal/mounts:FuzzParseStatmount
+	./overlay:FuzzDecodeEvents ./bench/trace:FuzzParse ./bench/layers:FuzzApplyLayer ./internal/fsat:FuzzEachDirent ./internal/mounts:FuzzParseStatmount
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 	  echo "== $${t#*:} ($${t%%:*}, $(FUZZTIME))"; \
