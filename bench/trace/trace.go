@@ -59,7 +59,11 @@ type Trace struct {
 	// recovered run's output and exit code must equal the fault-free
 	// run's (end_probe_match in the report).
 	Probe *Command `json:"probe,omitempty"`
-	Turns []Turn   `json:"turns"`
+	// Seeds (v2) caps how many of the bench's seeds replay the trace (0:
+	// all): a trace on a large image costs several times a small one's
+	// runs, and one crash point keeps `make bench` in its time.
+	Seeds int    `json:"seeds,omitempty"`
+	Turns []Turn `json:"turns"`
 	// src is the directory of the file Load read the trace from: a
 	// relative image dir is resolved against it.
 	src string
@@ -220,6 +224,14 @@ func (t Turn) StartsProcess() bool {
 	return false
 }
 
+// SeedCount is how many seeds replay the trace when the bench runs n.
+func (t *Trace) SeedCount(n int) int {
+	if t.Seeds > 0 && t.Seeds < n {
+		return t.Seeds
+	}
+	return n
+}
+
 // Dir is the working directory of a command that names cwd (empty: the
 // trace's, and the sandbox's default / without one).
 func (t *Trace) Dir(cwd string) string {
@@ -292,8 +304,11 @@ func (t *Trace) Check() error {
 	if len(t.Description) > MaxCmdBytes {
 		return bad("description over %d bytes", MaxCmdBytes)
 	}
-	if !v2 && (t.Cwd != "" || t.Probe != nil) {
-		return bad("cwd and probe need version 2")
+	if !v2 && (t.Cwd != "" || t.Probe != nil || t.Seeds != 0) {
+		return bad("cwd, probe and seeds need version 2")
+	}
+	if t.Seeds < 0 || t.Seeds > 1000 {
+		return bad("seeds %d, want 0 to 1000", t.Seeds)
 	}
 	if err := checkDir(t.Cwd); err != nil {
 		return bad("cwd: %v", err)

@@ -130,6 +130,8 @@ func TestParseV2Rejects(t *testing.T) {
 		"image neither":      strings.Replace(goodV2, `"base":{`, `"base":{"image":{},`, 1),
 		"image bad name":     strings.Replace(goodV2, `"base":{`, `"base":{"image":{"name":"Deb ian"},`, 1),
 		"empty probe":        strings.Replace(goodV2, `"cmd":"cat out"`, `"cmd":" "`, 1),
+		"seeds in v1":        strings.Replace(good, `"name":"t1",`, `"name":"t1","seeds":1,`, 1),
+		"negative seeds":     strings.Replace(goodV2, `"name":"t2",`, `"name":"t2","seeds":-1,`, 1),
 		"image oci and tar":  strings.Replace(goodV2, `"base":{`, `"base":{"image":{"oci":"l","tar":"b.tar"},`, 1),
 		"generate in v1":     strings.Replace(good, `"base":{`, `"base":{"generate":[{"kind":"vendor","dir":"v","packages":1}],`, 1),
 		"generate kind":      strings.Replace(goodV2, `"base":{`, `"base":{"generate":[{"kind":"npm","dir":"v","packages":1}],`, 1),
@@ -218,6 +220,13 @@ func TestGenerateAndImageKinds(t *testing.T) {
 			return nil
 		})
 		return n, hex.EncodeToString(h.Sum(nil))
+	}
+	if tr.SeedCount(2) != 2 {
+		t.Error("no seeds cap: want every seed")
+	}
+	tr.Seeds = 1
+	if tr.SeedCount(2) != 1 || tr.SeedCount(0) != 0 {
+		t.Error("seeds cap not applied")
 	}
 	g := tr.Base.Generate[0]
 	n1, d1 := digest(g)
