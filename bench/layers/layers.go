@@ -187,7 +187,7 @@ func (st *state) apply(ctx context.Context, r io.Reader, root *os.Root, layer bo
 				return fmt.Errorf("entry %s: %w", name, err)
 			}
 		}
-		mode := fs.FileMode(hdr.Mode) & (fs.ModePerm | fs.ModeSetuid | fs.ModeSetgid | fs.ModeSticky)
+		mode := fs.FileMode(hdr.Mode) & fs.ModePerm
 		if hdr.Mode&0o4000 != 0 {
 			mode |= fs.ModeSetuid
 		}
@@ -209,7 +209,7 @@ func (st *state) apply(ctx context.Context, r io.Reader, root *os.Root, layer bo
 				return fmt.Errorf("entry %s: %w", name, err)
 			}
 			dirTimes = append(dirTimes, dirTime{name, hdr.ModTime})
-		case tar.TypeReg, tar.TypeRegA:
+		case tar.TypeReg: // tar.Reader reports the old '\x00' type as TypeReg
 			if err := st.writeFile(root, name, tr, hdr.Size); err != nil {
 				return err
 			}

@@ -23,7 +23,6 @@ type entry struct {
 	name, body, link string
 	typ              byte
 	mode             int64
-	size             int64 // header size when body is not the content
 }
 
 func tarOf(t testing.TB, es ...entry) []byte {
