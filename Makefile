@@ -93,7 +93,7 @@ FUZZ_TARGETS := \
 	./engine:FuzzDecodePolicies \
 	./llmproxy:FuzzDecodeEntry ./llmproxy:FuzzJournalTree ./server:FuzzDecodeRequest ./server/tenants:FuzzDecodeTenants \
 	./proc:FuzzProcText ./proc:FuzzImageFiles ./overlay:FuzzSuperOptions ./overlay:FuzzReadStack \
-	./overlay:FuzzDecodeEvents ./bench/trace:FuzzParse ./internal/fsat:FuzzEachDirent ./internal/mounts:FuzzParseStatmount
+	./overlay:FuzzDecodeEvents ./bench/trace:FuzzParse ./bench/layers:FuzzApplyLayer ./internal/fsat:FuzzEachDirent ./internal/mounts:FuzzParseStatmount
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 	  echo "== $${t#*:} ($${t%%:*}, $(FUZZTIME))"; \

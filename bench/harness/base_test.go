@@ -1,6 +1,9 @@
 package harness
 
 import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
 	"errors"
 	"os"
 	"path/filepath"
@@ -78,5 +81,58 @@ func TestBaseFromImage(t *testing.T) {
 	}
 	if _, err := ImagePath(h.cfg.Cache, "nope"); !errors.Is(err, errdefs.ErrInvalid) {
 		t.Errorf("unknown image name: %v", err)
+	}
+}
+
+// A tarball base is unpacked (bounded, inside the base) and the trace's
+// files go on top; a symlink of the archive that points out of the base
+// does not carry a trace file outside it.
+func TestBaseFromTarball(t *testing.T) {
+	root := t.TempDir()
+	outside := filepath.Join(root, "outside")
+	os.Mkdir(outside, 0o755)
+	mk := func(name string, hostile bool) string {
+		var buf bytes.Buffer
+		z := gzip.NewWriter(&buf)
+		w := tar.NewWriter(z)
+		w.WriteHeader(&tar.Header{Name: "usr/bin/", Typeflag: tar.TypeDir, Mode: 0o755})
+		w.WriteHeader(&tar.Header{Name: "usr/bin/tool", Typeflag: tar.TypeReg, Mode: 0o755, Size: 5})
+		w.Write([]byte("tool\n"))
+		if hostile {
+			w.WriteHeader(&tar.Header{Name: "work", Typeflag: tar.TypeSymlink, Linkname: outside})
+		}
+		w.Close()
+		z.Close()
+		f := filepath.Join(root, name)
+		os.WriteFile(f, buf.Bytes(), 0o644)
+		return f
+	}
+	h := &Harness{cfg: Config{Work: filepath.Join(root, "work"), Cache: filepath.Join(root, "cache")}}
+	for _, hostile := range []bool{false, true} {
+		name := map[bool]string{false: "tgz", true: "evil"}[hostile]
+		f := mk(name+".tar.gz", hostile)
+		tr, err := trace.Parse([]byte(`{"version":2,"name":"` + name + `","base":{"image":{"tar":"` + f + `"},
+ "files":[{"path":"work/x","content":"trace\n"}]},"verify":{"cmd":"true"},"turns":[{"steps":[{"cmd":"true"}]}]}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		dir, err := h.base(tr)
+		if hostile {
+			if err == nil {
+				t.Error("a trace file was written through the archive's symlink out of the base")
+			}
+			if ents, _ := os.ReadDir(outside); len(ents) != 0 {
+				t.Fatalf("written outside the base: %v", ents)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		for p, c := range map[string]string{"usr/bin/tool": "tool\n", "work/x": "trace\n"} {
+			if b, err := os.ReadFile(filepath.Join(dir, p)); err != nil || string(b) != c {
+				t.Errorf("base %s: %q %v, want %q", p, b, err, c)
+			}
+		}
 	}
 }

@@ -76,7 +76,9 @@ func (h *Harness) Bench(ctx context.Context, traces []*trace.Trace) (*Result, er
 	h.mu.Lock()
 	h.tot = colo
 	if !h.cfg.ColocationOnly {
-		h.tot += len(traces) * h.cfg.Seeds * len(Methods)
+		for _, t := range traces {
+			h.tot += t.SeedCount(h.cfg.Seeds) * len(Methods)
+		}
 	}
 	h.mu.Unlock()
 	if h.minio != nil {
@@ -90,7 +92,7 @@ func (h *Harness) Bench(ctx context.Context, traces []*trace.Trace) (*Result, er
 		if h.cfg.ColocationOnly {
 			break
 		}
-		for seed := 1; seed <= h.cfg.Seeds; seed++ {
+		for seed := 1; seed <= t.SeedCount(h.cfg.Seeds); seed++ {
 			crash := h.crashTurn(t, seed)
 			for _, m := range Methods {
 				if err := ctx.Err(); err != nil {

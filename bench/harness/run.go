@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/turnsnap/turnsnap/api"
+	"github.com/turnsnap/turnsnap/bench/layers"
 	"github.com/turnsnap/turnsnap/bench/trace"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
@@ -184,6 +185,9 @@ func ImagePath(cache, name string) (string, error) {
 // imageRootfs copies the trace's image into dir: a copy, so that neither
 // the trace's files nor the daemon ever write into the image.
 func (h *Harness) imageRootfs(t *trace.Trace, dir string) error {
+	if oci, tarball := t.ImageOCI(), t.ImageTar(); oci != "" || tarball != "" {
+		return unpackImage(t, oci, tarball, dir)
+	}
 	src := t.ImageDir()
 	if t.Base.Image.Name != "" {
 		var err error
@@ -479,3 +483,23 @@ func sleep(ctx context.Context, d time.Duration) error {
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// unpackImage unpacks the trace's OCI layout or tarball into dir. Both
+// are untrusted input: bench/layers bounds them and keeps every write in
+// dir.
+func unpackImage(t *trace.Trace, oci, tarball, dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	var err error
+	if oci != "" {
+		err = layers.UnpackOCI(context.Background(), oci, dir, layers.DefaultLimits)
+	} else {
+		err = layers.UnpackTar(context.Background(), tarball, dir, layers.DefaultLimits)
+	}
+	if err != nil {
+		os.RemoveAll(dir)
+		return fmt.Errorf("trace %s: base image: %w", t.Name, err)
+	}
+	return nil
+}

@@ -59,22 +59,51 @@ type Trace struct {
 	// recovered run's output and exit code must equal the fault-free
 	// run's (end_probe_match in the report).
 	Probe *Command `json:"probe,omitempty"`
-	Turns []Turn   `json:"turns"`
+	// Seeds (v2) caps how many of the bench's seeds replay the trace (0:
+	// all): a trace on a large image costs several times a small one's
+	// runs, and one crash point keeps `make bench` in its time.
+	Seeds int    `json:"seeds,omitempty"`
+	Turns []Turn `json:"turns"`
 	// src is the directory of the file Load read the trace from: a
 	// relative image dir is resolved against it.
 	src string
 }
 
 // ImageDir is the host directory of the base image (empty without one or
-// with a named image).
+// with another kind of image).
 func (t *Trace) ImageDir() string {
-	if t.Base.Image == nil || t.Base.Image.Dir == "" {
+	if t.Base.Image == nil {
 		return ""
 	}
-	if filepath.IsAbs(t.Base.Image.Dir) {
-		return filepath.Clean(t.Base.Image.Dir)
+	return t.hostPath(t.Base.Image.Dir)
+}
+
+// ImageOCI is the host directory of the base's OCI image layout (empty
+// without one).
+func (t *Trace) ImageOCI() string {
+	if t.Base.Image == nil {
+		return ""
 	}
-	return filepath.Join(t.src, filepath.FromSlash(t.Base.Image.Dir))
+	return t.hostPath(t.Base.Image.OCI)
+}
+
+// ImageTar is the host file of the base's tarball (empty without one).
+func (t *Trace) ImageTar() string {
+	if t.Base.Image == nil {
+		return ""
+	}
+	return t.hostPath(t.Base.Image.Tar)
+}
+
+// hostPath resolves a path of the trace against its file's directory.
+func (t *Trace) hostPath(p string) string {
+	if p == "" {
+		return ""
+	}
+	if filepath.IsAbs(p) {
+		return filepath.Clean(p)
+	}
+	return filepath.Join(t.src, filepath.FromSlash(p))
 }
 
 // Base is the tree the sandbox starts from, besides the busybox rootfs the
@@ -86,13 +115,22 @@ type Base struct {
 	Image *Image   `json:"image,omitempty"`
 	Files []File   `json:"files,omitempty"`
 	Dirs  []string `json:"dirs,omitempty"`
+	// Generate (v2) writes generated trees (a vendored-dependency tree of
+	// thousands of files) on top of the image, before Files and Dirs:
+	// a large base without its files in the repository.
+	Generate []Generator `json:"generate,omitempty"`
 }
 
 // Image is a rootfs a v2 trace starts from: exactly one of Dir, a host
-// directory (relative: to the trace file's directory), and Name, an image
-// the harness builds and caches (docs/BENCH.md lists them).
+// directory; OCI, an OCI image layout (index.json, blobs/sha256/...) whose
+// layers are applied in order; Tar, a tarball (.tar, .tar.gz, .tar.zst)
+// of a root; and Name, an image the harness builds and caches
+// (docs/BENCH.md lists them). Relative paths are the trace file's
+// directory's.
 type Image struct {
 	Dir  string `json:"dir,omitempty"`
+	OCI  string `json:"oci,omitempty"`
+	Tar  string `json:"tar,omitempty"`
 	Name string `json:"name,omitempty"`
 }
 
@@ -186,6 +224,14 @@ func (t Turn) StartsProcess() bool {
 	return false
 }
 
+// SeedCount is how many seeds replay the trace when the bench runs n.
+func (t *Trace) SeedCount(n int) int {
+	if t.Seeds > 0 && t.Seeds < n {
+		return t.Seeds
+	}
+	return n
+}
+
 // Dir is the working directory of a command that names cwd (empty: the
 // trace's, and the sandbox's default / without one).
 func (t *Trace) Dir(cwd string) string {
@@ -258,8 +304,11 @@ func (t *Trace) Check() error {
 	if len(t.Description) > MaxCmdBytes {
 		return bad("description over %d bytes", MaxCmdBytes)
 	}
-	if !v2 && (t.Cwd != "" || t.Probe != nil) {
-		return bad("cwd and probe need version 2")
+	if !v2 && (t.Cwd != "" || t.Probe != nil || t.Seeds != 0) {
+		return bad("cwd, probe and seeds need version 2")
+	}
+	if t.Seeds < 0 || t.Seeds > 1000 {
+		return bad("seeds %d, want 0 to 1000", t.Seeds)
 	}
 	if err := checkDir(t.Cwd); err != nil {
 		return bad("cwd: %v", err)
@@ -270,16 +319,29 @@ func (t *Trace) Check() error {
 		}
 	}
 	if img := t.Base.Image; img != nil {
+		set := 0
+		for _, p := range []string{img.Dir, img.OCI, img.Tar, img.Name} {
+			if p != "" {
+				set++
+			}
+			if len(p) > 1024 || strings.ContainsRune(p, 0) {
+				return bad("base image path over 1024 bytes or with a NUL byte")
+			}
+		}
 		switch {
 		case !v2:
 			return bad("base image needs version 2")
-		case (img.Dir == "") == (img.Name == ""):
-			return bad("base image: exactly one of dir and name")
-		case len(img.Dir) > 1024 || strings.ContainsRune(img.Dir, 0):
-			return bad("base image dir over 1024 bytes or with a NUL byte")
+		case set != 1:
+			return bad("base image: exactly one of dir, oci, tar and name")
 		case img.Name != "" && !nameRE.MatchString(img.Name):
 			return bad("base image name must match %s", nameRE)
 		}
+	}
+	if len(t.Base.Generate) > 0 && !v2 {
+		return bad("base generate needs version 2")
+	}
+	if err := checkGenerate(t.Base.Generate); err != nil {
+		return bad("base generate: %v", err)
 	}
 	if len(t.Base.Files)+len(t.Base.Dirs) > MaxBaseFiles {
 		return bad("base has more than %d entries", MaxBaseFiles)
@@ -505,32 +567,46 @@ func LoadDir(dir string) ([]*Trace, error) {
 	return out, nil
 }
 
-// WriteBase writes the trace's base files and dirs under dir.
+// WriteBase writes the trace's generated trees, then its base dirs and
+// files, under dir. Every write goes through an os.Root: an image may hold
+// symlinks (a hostile one, pointing out of the root), and a base file is
+// never written through one outside dir.
 func (t *Trace) WriteBase(dir string) error {
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	for _, g := range t.Base.Generate {
+		if _, err := g.Write(root); err != nil {
+			return fmt.Errorf("trace %s: base generate %s in %s: %w", t.Name, g.Kind, g.Dir, err)
+		}
+	}
 	for _, d := range t.Base.Dirs {
-		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
-			return err
+		if err := root.MkdirAll(d, 0o755); err != nil {
+			return fmt.Errorf("trace %s: base dir %s: %w", t.Name, d, err)
 		}
 	}
 	for _, f := range t.Base.Files {
-		p := filepath.Join(dir, filepath.FromSlash(f.Path))
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			return err
+		if d := path.Dir(f.Path); d != "." {
+			if err := root.MkdirAll(d, 0o755); err != nil {
+				return fmt.Errorf("trace %s: base file %s: %w", t.Name, f.Path, err)
+			}
 		}
 		mode, _ := f.FileMode()
 		// A file of the image is replaced, not written through: the copy
 		// of an image may share its bytes (reflinks, hard links).
-		if err := os.Remove(p); err != nil && !os.IsNotExist(err) {
-			return err
+		if err := root.Remove(f.Path); err != nil && !os.IsNotExist(err) {
+			return fmt.Errorf("trace %s: base file %s: %w", t.Name, f.Path, err)
 		}
 		data, err := f.Data()
 		if err != nil {
 			return fmt.Errorf("trace %s: base file %s: %w", t.Name, f.Path, err)
 		}
-		if err := os.WriteFile(p, data, mode); err != nil {
-			return err
+		if err := root.WriteFile(f.Path, data, mode); err != nil {
+			return fmt.Errorf("trace %s: base file %s: %w", t.Name, f.Path, err)
 		}
-		if err := os.Chmod(p, mode); err != nil {
+		if err := root.Chmod(f.Path, mode); err != nil {
 			return err
 		}
 	}

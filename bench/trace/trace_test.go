@@ -1,8 +1,11 @@
 package trace
 
 import (
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -127,6 +130,13 @@ func TestParseV2Rejects(t *testing.T) {
 		"image neither":      strings.Replace(goodV2, `"base":{`, `"base":{"image":{},`, 1),
 		"image bad name":     strings.Replace(goodV2, `"base":{`, `"base":{"image":{"name":"Deb ian"},`, 1),
 		"empty probe":        strings.Replace(goodV2, `"cmd":"cat out"`, `"cmd":" "`, 1),
+		"seeds in v1":        strings.Replace(good, `"name":"t1",`, `"name":"t1","seeds":1,`, 1),
+		"negative seeds":     strings.Replace(goodV2, `"name":"t2",`, `"name":"t2","seeds":-1,`, 1),
+		"image oci and tar":  strings.Replace(goodV2, `"base":{`, `"base":{"image":{"oci":"l","tar":"b.tar"},`, 1),
+		"generate in v1":     strings.Replace(good, `"base":{`, `"base":{"generate":[{"kind":"vendor","dir":"v","packages":1}],`, 1),
+		"generate kind":      strings.Replace(goodV2, `"base":{`, `"base":{"generate":[{"kind":"npm","dir":"v","packages":1}],`, 1),
+		"generate too many":  strings.Replace(goodV2, `"base":{`, `"base":{"generate":[{"kind":"vendor","dir":"v","packages":5001}],`, 1),
+		"generate outside":   strings.Replace(goodV2, `"base":{`, `"base":{"generate":[{"kind":"vendor","dir":"../v","packages":1}],`, 1),
 	}
 	for name, in := range cases {
 		if _, err := Parse([]byte(in)); !errors.Is(err, errdefs.ErrInvalid) {
@@ -176,4 +186,56 @@ func FuzzParse(f *testing.F) {
 			}
 		}
 	})
+}
+
+// The vendor generator writes the same tree for the same seed (10,000+
+// files for 600 packages), another for another seed; an image is named
+// by exactly one of its kinds, relative to the trace's file.
+func TestGenerateAndImageKinds(t *testing.T) {
+	tr, err := Parse([]byte(strings.Replace(goodV2, `"base":{`, `"base":{"image":{"oci":"layout"},"generate":[{"kind":"vendor","dir":"app/node_modules","packages":600,"seed":3}],`, 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.src = "/traces"
+	if tr.ImageOCI() != "/traces/layout" || tr.ImageTar() != "" || tr.ImageDir() != "" {
+		t.Errorf("image paths: %q %q %q", tr.ImageOCI(), tr.ImageTar(), tr.ImageDir())
+	}
+	digest := func(g Generator) (int, string) {
+		dir := t.TempDir()
+		root, err := os.OpenRoot(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer root.Close()
+		n, err := g.Write(root)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := sha256.New()
+		filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
+			if err == nil && fi.Mode().IsRegular() {
+				b, _ := os.ReadFile(p)
+				fmt.Fprintf(h, "%s %v %d %x\n", strings.TrimPrefix(p, dir), fi.Mode(), fi.ModTime().Unix(), sha256.Sum256(b))
+			}
+			return nil
+		})
+		return n, hex.EncodeToString(h.Sum(nil))
+	}
+	if tr.SeedCount(2) != 2 {
+		t.Error("no seeds cap: want every seed")
+	}
+	tr.Seeds = 1
+	if tr.SeedCount(2) != 1 || tr.SeedCount(0) != 0 {
+		t.Error("seeds cap not applied")
+	}
+	g := tr.Base.Generate[0]
+	n1, d1 := digest(g)
+	n2, d2 := digest(g)
+	if n1 < 10000 || n1 != n2 || d1 != d2 {
+		t.Errorf("generator: %d files %s, then %d %s; want the same, at least 10,000", n1, d1, n2, d2)
+	}
+	g.Seed = 4
+	if _, d3 := digest(g); d3 == d1 {
+		t.Error("another seed wrote the same tree")
+	}
 }
