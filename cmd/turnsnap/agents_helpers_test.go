@@ -41,7 +41,7 @@ type agentSpec struct {
 }
 
 // agentBin is the CLI that scripts/deps.d/65-agents.sh installs.
-func agentBin(t *testing.T, name, bin string) string {
+func agentBin(t testing.TB, name, bin string) string {
 	t.Helper()
 	cache := os.Getenv("TURNSNAP_CACHE")
 	if cache == "" {
@@ -61,7 +61,7 @@ func agentBin(t *testing.T, name, bin string) string {
 // --dangerously-skip-permissions only with IS_SANDBOX=1; the
 // non-essential-traffic switch keeps it off the network (no telemetry, no
 // update checks), and a scratch HOME keeps its sessions out of the host's.
-func claudeCode(t *testing.T) agentSpec {
+func claudeCode(t testing.TB) agentSpec {
 	bin := agentBin(t, "claude-code", "claude")
 	home := t.TempDir()
 	return agentSpec{
@@ -78,7 +78,7 @@ func claudeCode(t *testing.T) agentSpec {
 // OPENAI_BASE_URL, so the script declares a provider whose base_url is
 // the OPENAI_BASE_URL that turnsnap run sets (the Responses API, over
 // HTTP: no websocket), with retries enough to outlast a daemon restart.
-func codex(t *testing.T) agentSpec {
+func codex(t testing.TB) agentSpec {
 	bin := agentBin(t, "codex", "codex")
 	home := t.TempDir()
 	os.MkdirAll(filepath.Join(home, ".codex"), 0o700)
@@ -102,7 +102,7 @@ type agentRun struct {
 
 // startAgent starts cmd with a deadline; the function it returns waits
 // for it.
-func startAgent(t *testing.T, cmd *exec.Cmd) func() agentRun {
+func startAgent(t testing.TB, cmd *exec.Cmd) func() agentRun {
 	t.Helper()
 	var out, errb lockedBuffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
@@ -153,7 +153,7 @@ type turnEvents struct {
 	done    chan struct{}
 }
 
-func subscribeEvents(t *testing.T, home, sandbox string) *turnEvents {
+func subscribeEvents(t testing.TB, home, sandbox string) *turnEvents {
 	t.Helper()
 	sock := filepath.Join(home, socketName)
 	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
@@ -271,7 +271,7 @@ func median(ds []time.Duration) time.Duration {
 // writeProject lays out the project the agents work on: a shell "library"
 // with a bug, its failing test, and notes that the agent's mistake
 // deletes.
-func writeProject(t *testing.T, dir string) {
+func writeProject(t testing.TB, dir string) {
 	t.Helper()
 	files := map[string]string{
 		"README":         "the agent's project\n",
