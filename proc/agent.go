@@ -2,11 +2,15 @@ package proc
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"regexp"
 	"slices"
 	"strconv"
+
+	"github.com/turnsnap/turnsnap/proc/ocispec"
 )
 
 // AgentEnv, in the environment of a command started through Exec, marks
@@ -22,6 +26,65 @@ import (
 // is adopted by the container's init once its shell exits, and is
 // sandbox state like any other.
 const AgentEnv = "TURNSNAP_AGENT=1"
+
+// AgentStateDir is where an agent inside its sandbox keeps its own state
+// (HOME, TMPDIR, XDG directories, CLAUDE_CONFIG_DIR): a tmpfs of the
+// container's own, not in the sandbox root, left out of the tmpfs digests
+// and emptied after a restore (ocispec.AgentStateDir, docs/PROCESSES.md
+// "The agent's own processes"). `turnsnap exec --agent` points the agent
+// there (AgentArgv).
+const AgentStateDir = ocispec.AgentStateDir
+
+// AgentArgv is argv started as the agent: env(1) marks it (AgentEnv) and
+// points its home, temporary and XDG directories and Claude Code's config
+// directory at AgentStateDir. Variables set by argv itself (an inner
+// `env HOME=...`) still win.
+func AgentArgv(argv []string) []string {
+	d := AgentStateDir
+	return append([]string{"env", AgentEnv, "HOME=" + d, "TMPDIR=" + d, // exists: the mount point itself
+		"XDG_CONFIG_HOME=" + d + "/.config", "XDG_CACHE_HOME=" + d + "/.cache",
+		"XDG_DATA_HOME=" + d + "/.local/share", "XDG_STATE_HOME=" + d + "/.local/state",
+		"CLAUDE_CONFIG_DIR=" + d + "/.claude"}, argv...)
+}
+
+// clearAgentState empties the agent's tmpfs (AgentStateDir) of the
+// container whose init is host pid. CRIU dumps every tmpfs of the
+// container's mount namespace, the agent's included, and restores its
+// contents; emptied, a restored container holds no agent state, as a new
+// one does: the agent started again after a rollback finds none. The
+// walk stays in the container's root (os.Root), whatever links a process
+// of the sandbox left there. A container without the mount (one started
+// before it was added) has nothing to empty.
+func clearAgentState(hostPID int) error {
+	root, err := os.OpenRoot(fmt.Sprintf("/proc/%d/root", hostPID))
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	dir, err := root.OpenRoot(AgentStateDir[1:])
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer dir.Close()
+	f, err := dir.Open(".")
+	if err != nil {
+		return err
+	}
+	names, err := f.Readdirnames(-1)
+	f.Close()
+	if err != nil {
+		return err
+	}
+	for _, name := range names {
+		if err := dir.RemoveAll(name); err != nil {
+			return err
+		}
+	}
+	return nil
+}
 
 // isAgentRoot reports whether host pid's environment holds AgentEnv. The
 // environment is the one the process was started with.

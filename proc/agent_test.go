@@ -79,3 +79,68 @@ func TestAgentExecLeftOutOfSnapshotAndDump(t *testing.T) {
 		t.Errorf("the image lacks the sandbox's sleep: %+v", inv.Procs)
 	}
 }
+
+// The agent's own files (AgentArgv points HOME, TMPDIR and the rest at
+// AgentStateDir) are not sandbox state: they are not in the sandbox root,
+// change no tmpfs digest, leave the container pristine, and a restored
+// container holds none of them, though the dump took the tmpfs whole.
+func TestAgentStateNotSandboxState(t *testing.T) {
+	rt := newRuntime(t)
+	ctx := testCtx(t)
+	rootfs := busyboxRootfs(t)
+	id := startKeeper(t, rt, rootfs)
+	before, err := rt.Snapshot(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	script := `mkdir -p "$CLAUDE_CONFIG_DIR" "$XDG_CACHE_HOME" && echo s > "$CLAUDE_CONFIG_DIR/session" && echo t > "$TMPDIR/sock" &&
+		echo c > "$XDG_CACHE_HOME/c" && chmod 700 "$HOME" && test "$HOME" = ` + AgentStateDir
+	var errOut strings.Builder
+	if code, err := rt.Exec(ctx, id, AgentArgv([]string{"sh", "-c", script}), nil, nil, &errOut); code != 0 || err != nil {
+		t.Fatalf("the agent's writes: exit %d, %v: %s", code, err, errOut.String())
+	}
+	after, err := rt.Snapshot(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if changed, why := Changed(before, after); changed || !after.TmpfsPristine || after.NeedsImage() {
+		t.Fatalf("the agent's own files changed the sandbox: %v %q, pristine %v (tmpfs %+v)", changed, why, after.TmpfsPristine, after.Tmpfs)
+	}
+	for _, tm := range after.Tmpfs {
+		if tm.Mount == AgentStateDir {
+			t.Errorf("the agent's tmpfs is digested: %+v", tm)
+		}
+	}
+	if ents, _ := os.ReadDir(filepath.Join(rootfs, "root")); len(ents) > 0 {
+		t.Errorf("the agent's files are in the sandbox root: %v", ents)
+	}
+	// A file of the sandbox's own in /dev/shm still is a change.
+	if code, err := rt.Exec(ctx, id, []string{"sh", "-c", "echo x > /dev/shm/x"}, nil, nil, nil); code != 0 || err != nil {
+		t.Fatalf("write /dev/shm: exit %d, %v", code, err)
+	}
+	if _, err := rt.ExecDetached(ctx, id, []string{"sleep", "1000"}, DetachOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	shm, err := rt.Snapshot(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if changed, _ := Changed(after, shm); !changed {
+		t.Fatal("a file in /dev/shm and a new process read as no change")
+	}
+	img := filepath.Join(t.TempDir(), "img")
+	if _, err := rt.Checkpoint(ctx, id, img, DumpOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	restored := newID(t, rt)
+	if _, err := rt.Restore(ctx, restored, copyRootfs(t, rootfs), img, RestoreOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	if code, err := rt.Exec(ctx, restored, []string{"sh", "-c", "ls -A " + AgentStateDir + "; cat /dev/shm/x"}, nil, &out, nil); code != 0 || err != nil {
+		t.Fatalf("look after the restore: exit %d, %v", code, err)
+	}
+	if out.String() != "x\n" {
+		t.Fatalf("after the restore: %q, want the agent's tmpfs empty and the sandbox's /dev/shm file kept", out.String())
+	}
+}

@@ -187,6 +187,14 @@ func (r *Runtime) Restore(ctx context.Context, newID, rootfs, imageDir string, o
 		return meta, fmt.Errorf("container %s: restore from %s: %v; %s (work dir %s kept)", newID, imageDir, err, msg, r.keepFailed(work))
 	}
 	os.RemoveAll(work)
+	st, err := r.State(ctx, newID)
+	if err == nil && st.InitPID > 0 {
+		err = clearAgentState(st.InitPID)
+	}
+	if err != nil {
+		_ = r.Delete(context.WithoutCancel(ctx), newID)
+		return meta, fmt.Errorf("container %s: restored from %s: empty the agent's state %s: %w", newID, imageDir, AgentStateDir, err)
+	}
 	return meta, nil
 }
 

@@ -108,6 +108,7 @@ func TestTmpfsMounts(t *testing.T) {
 26 22 0:23 / /sys/firmware ro - tmpfs tmpfs ro
 27 22 0:24 / /my\040cache rw - tmpfs tmpfs rw
 28 23 0:25 / /dev/pts rw - devpts devpts rw
+29 23 0:26 / /dev/turnsnap-agent rw,nosuid,nodev - tmpfs tmpfs rw,size=65536k
 `
 	got := tmpfsMounts([]byte(info))
 	want := []string{"/dev", "/dev/shm", "/my cache"}

@@ -88,7 +88,8 @@ func tmpfsMounts(mountinfo []byte) []string {
 		}
 		// runc masks /proc and /sys paths with read-only tmpfs mounts and
 		// binds of /dev/null (which mountinfo shows as tmpfs): not state.
-		if mp := unescapeMount(f[4]); !pseudoFS(mp) {
+		// The agent's own tmpfs is not sandbox state (AgentStateDir).
+		if mp := unescapeMount(f[4]); !pseudoFS(mp) && mp != AgentStateDir {
 			out = append(out, mp)
 		}
 	}
@@ -150,6 +151,12 @@ func digestMount(rootFD int, mnt string) (TmpfsState, bool, error) {
 				continue // removed meanwhile
 			}
 			p := rel + "/" + name
+			if mnt+p == AgentStateDir && s.Dev != top.Dev {
+				// The agent's tmpfs, mount point included (its root's mode
+				// and owner are the agent's to change). A directory of that
+				// name that is no mount is /dev's like any other file.
+				continue
+			}
 			st.Entries++
 			kind := s.Mode & unix.S_IFMT
 			if mnt == "/dev" && rel == "" {

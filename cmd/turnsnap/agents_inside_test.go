@@ -30,10 +30,10 @@ import (
 // proxy. The container has only its own loopback, so the test opens the
 // route there: a listener made in the container's network namespace that
 // forwards to the proxy on the host's loopback (nothing beyond this
-// machine). The agent is started marked as the agent (TURNSNAP_AGENT=1 in
-// its environment, docs/PROCESSES.md "The agent's own processes"): its
-// processes are not sandbox state, so its turns are classed by what its
-// tools changed, as on the host.
+// machine). The agent is started as the agent (`turnsnap exec --agent`,
+// docs/PROCESSES.md "The agent's own processes"): its processes and its
+// own files are not sandbox state, so turnsnap classes its turns by what
+// its tools changed, as on the host.
 func TestAgentClaudeCodeInsideSandbox(t *testing.T) {
 	testenv.RequireRoot(t)
 	in := insideSetup(t, "in")
@@ -50,50 +50,38 @@ func TestAgentClaudeCodeInsideSandbox(t *testing.T) {
 	evs.stop()
 	calls := in.ms.ModelCalls("inside")
 	commits, failed := evs.committed()
-	// What each checkpoint changed, split into the project's paths (what
-	// the agent's tools did) and the agent's own files (its state under
-	// /root/.claude and /tmp: files of the sandbox, docs/PROCESSES.md "The
-	// agent's own processes").
-	var byTools []string
-	var own []string
+	// Its own files (HOME, TMPDIR and its config under proc.AgentStateDir,
+	// a tmpfs that is not sandbox state) change every turn; turnsnap's own
+	// classes are what its tools changed, and what a checkpoint changed is
+	// the project's files only.
 	prev := ""
 	for _, ev := range commits {
-		class := "skip"
 		if ev.Class != "skip" && prev != "" {
 			out, _ := mustCLI(t, in.home, "diff", "in", prev, ev.Checkpoint)
 			for _, line := range strings.Split(out, "\n") {
 				_, p, ok := strings.Cut(line, " ")
-				switch {
-				case !ok || len(line) < 3 || line[1] != ' ' || !strings.HasPrefix(p, "/"):
-				case strings.HasPrefix(p, "/proj/") || p == "/proj":
-					class = "fs"
-				case strings.HasPrefix(p, "/root/.claude") || strings.HasPrefix(p, "/tmp/"):
-					own = append(own, p)
-				default:
-					t.Errorf("checkpoint %s changed %s, neither the project nor the agent's own files", ev.Checkpoint, p)
+				if ok && len(line) >= 3 && line[1] == ' ' && strings.HasPrefix(p, "/") && !strings.HasPrefix(p, "/proj/") && p != "/proj" {
+					t.Errorf("checkpoint %s (%s) changed %s, not a file of the project", ev.Checkpoint, ev.Class, p)
 				}
 			}
 		}
-		if ev.Class != "skip" && prev == "" {
-			class = ev.Class // the first checkpoint's parent is not in the stream
-		}
-		byTools = append(byTools, class)
 		prev = ev.Checkpoint
 	}
-	if len(byTools) > 0 {
-		byTools[0] = "skip" // turn 0: the agent's start-up only (no tool ran yet)
-	}
-	for _, c := range classes(commits) {
-		if c != "skip" && c != "fs" {
-			t.Errorf("a %s checkpoint: the agent's own processes made it a process turn (classes %v)", c, classes(commits))
-		}
-	}
-	if run.code != 0 || calls != len(mainClasses)-1 || len(failed) > 0 || len(commits) != len(mainClasses) || !reflect.DeepEqual(byTools, mainClasses) {
-		t.Fatalf("claude-code in the sandbox: exit %d, %d model calls (want %d); checkpoints %v, by what the tools changed %v, want %v; failed %+v\nfinal: %s\n%s\ndaemon: %s",
-			run.code, calls, len(mainClasses)-1, classes(commits), byTools, mainClasses, failed, final, run, tail(d.stderr.String()))
+	if run.code != 0 || calls != len(mainClasses)-1 || len(failed) > 0 || len(commits) != len(mainClasses) || !reflect.DeepEqual(classes(commits), mainClasses) {
+		t.Fatalf("claude-code in the sandbox: exit %d, %d model calls (want %d); checkpoints %v, want %v; failed %+v\nfinal: %s\n%s\ndaemon: %s",
+			run.code, calls, len(mainClasses)-1, classes(commits), mainClasses, failed, final, run, tail(d.stderr.String()))
 	}
 	if fileOr(filepath.Join(in.root, "proj/notes/keep.txt")) != "<missing>" || fileOr(filepath.Join(in.root, "proj/build/out.txt")) != "artifact\n" {
 		t.Fatalf("the session did not run as scripted:\n%s", run)
+	}
+	for _, p := range []string{"root/.claude", "tmp/claude-0", "tmp/cc-socks"} {
+		if _, err := os.Lstat(filepath.Join(in.root, p)); err == nil {
+			t.Errorf("the agent wrote /%s in the sandbox root: its state belongs in %s", p, proc.AgentStateDir)
+		}
+	}
+	own, _ := mustCLI(t, in.home, "exec", "in", "--", "sh", "-c", "cd "+proc.AgentStateDir+" && find . -maxdepth 2 | sort | head -20")
+	if !strings.Contains(own, "./.claude") {
+		t.Errorf("no Claude Code state in %s: %q", proc.AgentStateDir, own)
 	}
 	turns := modelTurns(t, d, "in")
 	for _, n := range []int{3, 5, 6} {
@@ -105,8 +93,8 @@ func TestAgentClaudeCodeInsideSandbox(t *testing.T) {
 	for _, ev := range commits {
 		bytesNew += ev.BytesNew
 	}
-	t.Logf("claude-code inside its sandbox: session of %d model calls: %d checkpoints, classes %v (by what the tools changed: %v); %d bytes new in all (files, the agent's own included, and the model-call journal), %d bytes per turn; the agent's own files changed %d times: %v",
-		calls, len(commits), classes(commits), byTools, bytesNew, bytesNew/int64(calls), len(own), own)
+	t.Logf("claude-code inside its sandbox: session of %d model calls: %d checkpoints, classes %v; %d bytes new in all (the project's files and the model-call journal), %d bytes per turn; the agent's own state in %s: %q",
+		calls, len(commits), classes(commits), bytesNew, bytesNew/int64(calls), proc.AgentStateDir, own)
 
 	// Roll the mistake back: the checkpoint of turn 5 is the state before
 	// reply 5's rm ran.
@@ -153,6 +141,10 @@ func TestAgentInsideStoppedByRollback(t *testing.T) {
 	}
 	if fileOr(filepath.Join(in.root, "proj/one.txt")) != "<missing>" {
 		t.Fatal("the rollback left one.txt")
+	}
+	// Nothing of the agent's own state survives the rollback.
+	if own, _ := mustCLI(t, in.home, "exec", "rb", "--", "ls", "-A", proc.AgentStateDir); own != "" {
+		t.Fatalf("after the rollback %s holds %q", proc.AgentStateDir, own)
 	}
 	t.Logf("the rollback stopped the agent in %s: %s", time.Since(t0).Round(time.Millisecond), strings.SplitN(run.String(), "\n", 2)[0])
 
@@ -345,15 +337,15 @@ func (in *insideSandbox) netns() string {
 
 // agent starts Claude Code in the sandbox with `turnsnap exec` (in the
 // foreground, as a platform supervises its agent): in /proj, its model
-// calls to the forwarder, marked as the agent, transcripts not kept (they
-// would be files of the sandbox, changed by every call).
+// calls to the forwarder, as the agent (--agent: not sandbox state, its
+// own files in proc.AgentStateDir), transcripts not kept.
 func (in *insideSandbox) agent(t *testing.T, prompt string, extra ...string) func() agentRun {
 	t.Helper()
-	env := []string{"env", "TURNSNAP_AGENT=1", "HOME=/root", "PATH=/usr/local/bin:/usr/bin:/bin",
+	env := []string{"env", "PATH=/usr/local/bin:/usr/bin:/bin",
 		fmt.Sprintf("ANTHROPIC_BASE_URL=http://127.0.0.1:%d/llm/%s", in.port, in.name),
 		"ANTHROPIC_API_KEY=sk-ant-test", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1", "IS_SANDBOX=1", "DISABLE_AUTOUPDATER=1",
 		"ENABLE_TOOL_SEARCH=false"} // MCP tools offered whole (agents_mcp_test.go)
 	script := `cd /proj && exec claude -p "$1" --dangerously-skip-permissions --no-session-persistence` + strings.Join(extra, "") + ` </dev/null`
-	argv := append(append([]string{"exec", in.name, "--"}, env...), "sh", "-c", script, "sh", prompt)
+	argv := append(append([]string{"exec", in.name, "--agent", "--"}, env...), "sh", "-c", script, "sh", prompt)
 	return startAgent(t, cli(in.home, nil, argv...))
 }

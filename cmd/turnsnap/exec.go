@@ -9,6 +9,8 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/turnsnap/turnsnap/api"
+	"github.com/turnsnap/turnsnap/internal/errdefs"
+	"github.com/turnsnap/turnsnap/proc"
 )
 
 // commandExit carries a sandboxed command's exit status out of cobra, so
@@ -20,6 +22,7 @@ func (c commandExit) Error() string { return fmt.Sprintf("command exited with st
 func (a *app) execCmd() *cobra.Command {
 	var detach bool
 	var logPath string
+	var agent bool
 	c := &cobra.Command{
 		Use:   "exec NAME [--detach [--log PATH]] -- CMD [ARGS...]",
 		Short: "Run a command inside the sandbox (its container starts on first use)",
@@ -37,11 +40,23 @@ checkpointed with CRIU by the next 'turnsnap checkpoint'. The turnsnap home
 is free while CMD runs; a checkpoint taken meanwhile is refused until it ends,
 unless CMD is the agent itself (TURNSNAP_AGENT=1 in its environment, e.g.
 exec NAME -- env TURNSNAP_AGENT=1 AGENT...): the agent's own processes are not
-sandbox state and a checkpoint leaves them out (docs/PROCESSES.md).`,
+sandbox state and a checkpoint leaves them out (docs/PROCESSES.md).
+
+--agent starts CMD as the agent: TURNSNAP_AGENT=1, and HOME, TMPDIR, the XDG
+directories and CLAUDE_CONFIG_DIR in ` + proc.AgentStateDir + `, a tmpfs of the
+container that is not sandbox state (the agent's own files neither make a
+turn a change nor survive a rollback). The sandbox needs env(1).`,
 		Args: cobra.MinimumNArgs(2),
 	}
 	c.RunE = a.withService(nil, func(ctx context.Context, s service, args []string) error {
-		req := api.ExecRequest{Argv: args[1:], Detach: detach, Log: logPath}
+		argv := args[1:]
+		if agent {
+			if detach {
+				return fmt.Errorf("exec %s: --agent runs in the foreground (a detached process is the sandbox's), not with --detach: %w", args[0], errdefs.ErrInvalid)
+			}
+			argv = proc.AgentArgv(argv)
+		}
+		req := api.ExecRequest{Argv: argv, Detach: detach, Log: logPath}
 		stdio := api.Stdio{In: os.Stdin, Out: os.Stdout, Err: os.Stderr}
 		if detach {
 			stdio = api.Stdio{}
@@ -63,6 +78,7 @@ sandbox state and a checkpoint leaves them out (docs/PROCESSES.md).`,
 		return nil
 	})
 	c.Flags().BoolVarP(&detach, "detach", "d", false, "start a long-lived process, print its pid and return at once")
+	c.Flags().BoolVar(&agent, "agent", false, "run CMD as the agent inside its sandbox: not sandbox state, its own files in "+proc.AgentStateDir)
 	c.Flags().StringVar(&logPath, "log", "", "with --detach: absolute path inside the sandbox for the process's stdout and stderr")
 	return c
 }

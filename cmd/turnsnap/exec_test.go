@@ -36,7 +36,7 @@ func TestCLIExec(t *testing.T) {
 		testenv.Missing(t, "busybox", "apt package busybox-static")
 	}
 	os.WriteFile(filepath.Join(base, "bin/busybox"), bb, 0o755)
-	for _, a := range []string{"sh", "sleep", "echo"} {
+	for _, a := range []string{"sh", "sleep", "echo", "env"} {
 		os.Symlink("busybox", filepath.Join(base, "bin", a))
 	}
 	t.Cleanup(func() { run(t, home, "sandbox", "rm", "s") })
@@ -53,6 +53,20 @@ func TestCLIExec(t *testing.T) {
 	got, _ := io.ReadAll(r)
 	if code != 3 || strings.TrimSpace(string(got)) != "inside" {
 		t.Fatalf("exec: exit %d, output %q; want 3 and %q", code, got, "inside")
+	}
+	// --agent: the agent's own files go to its tmpfs, not the root.
+	r, w, _ = os.Pipe()
+	os.Stdout = w
+	_, code = run(t, home, "exec", "s", "--agent", "--", "sh", "-c", `echo "$TURNSNAP_AGENT $HOME $TMPDIR $CLAUDE_CONFIG_DIR"`)
+	w.Close()
+	os.Stdout = stdout
+	got, _ = io.ReadAll(r)
+	d := proc.AgentStateDir
+	if want := "1 " + d + " " + d + " " + d + "/.claude"; code != 0 || strings.TrimSpace(string(got)) != want {
+		t.Fatalf("exec --agent: exit %d, output %q; want %q", code, got, want)
+	}
+	if out, code := run(t, home, "exec", "s", "--agent", "--detach", "--", "sleep", "1"); code == 0 || !strings.Contains(out, "--detach") {
+		t.Fatalf("exec --agent --detach: exit %d: %s; want a refusal", code, out)
 	}
 	// The home is free while a command runs: another command does not wait.
 	// The exec's shell is found running (by its marker argument) before

@@ -81,6 +81,15 @@ type DeviceRule struct {
 	Access string `json:"access"`
 }
 
+// AgentStateDir is a tmpfs of its own in every sandbox container, for the
+// state of an agent that runs inside its sandbox (HOME, TMPDIR, its config
+// directory: docs/PROCESSES.md, "The agent's own processes"). It is not
+// sandbox state: its mount point is in the /dev tmpfs, not in the sandbox
+// root, so the file scan never sees it; package proc leaves it out of the
+// tmpfs digests that decide process checkpoints and empties it after a
+// restore, so nothing of the agent's own state survives a rollback.
+const AgentStateDir = "/dev/turnsnap-agent"
+
 // sandboxCaps is Docker's default capability set: enough for an agent to
 // install packages (chown, setuid, mknod) without owning the host.
 var sandboxCaps = []string{
@@ -128,6 +137,10 @@ func Sandbox(rootfs, netns, cgroups string, p Params) Spec {
 				Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"}},
 			{Destination: "/dev/shm", Type: "tmpfs", Source: "shm",
 				Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
+			// The agent's own state (AgentStateDir): after /dev, so its
+			// mount point is made in the /dev tmpfs, not in the sandbox root.
+			{Destination: AgentStateDir, Type: "tmpfs", Source: "tmpfs",
+				Options: []string{"nosuid", "nodev", "mode=1777", "size=65536k"}},
 			{Destination: "/sys", Type: "sysfs", Source: "sysfs",
 				Options: []string{"nosuid", "noexec", "nodev", "ro"}},
 		},

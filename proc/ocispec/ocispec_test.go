@@ -20,6 +20,11 @@ func TestSpecHoldsNoHostPaths(t *testing.T) {
 			t.Error("/tmp must stay in the sandbox root")
 		}
 	}
+	i := slices.IndexFunc(s.Mounts, func(m Mount) bool { return m.Destination == AgentStateDir })
+	if i < 0 || s.Mounts[i].Type != "tmpfs" || !strings.HasPrefix(AgentStateDir, "/dev/") ||
+		slices.IndexFunc(s.Mounts, func(m Mount) bool { return m.Destination == "/dev" }) > i {
+		t.Errorf("mounts %+v: want the agent's tmpfs %s, mounted after /dev (its mount point is not in the root)", s.Mounts, AgentStateDir)
+	}
 	var ns []string
 	for _, n := range s.Linux.Namespaces {
 		ns = append(ns, n.Type)
