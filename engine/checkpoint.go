@@ -213,7 +213,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 		}
 	}
 	cp := &delta.Checkpoint{
-		Version: delta.RecordVersion, Sandbox: name, SandboxID: st.sb.ID, Parent: st.head.ID, Turn: turn,
+		Version: delta.RecordVersion, Sandbox: delta.SandboxName(name), SandboxID: st.sb.ID, Parent: st.head.ID, Turn: turn,
 		Class: classify(fsChanged, pt.Changed), Backend: st.sb.Backend, BaseTree: st.head.BaseTree,
 		FSTree: res.Root, StateKey: res.StateKey, ProcTree: procTree, Host: host,
 		Conv: opts.Conv, Journal: journal, Message: opts.Message, Created: time.Now().UTC(), Stats: stats,
@@ -286,7 +286,7 @@ func (e *Engine) recordSkip(ctx context.Context, op *content.Op, st *sandboxStat
 	if err := e.commit(ctx, op, cp, nil, cp.Roots()); err != nil {
 		return nil, err
 	}
-	return &CheckpointResult{ID: cp.ID, Sandbox: cp.Sandbox, Class: delta.ClassSkip, Turn: turn, Parent: h.ID,
+	return &CheckpointResult{ID: cp.ID, Sandbox: string(cp.Sandbox), Class: delta.ClassSkip, Turn: turn, Parent: h.ID,
 		Stats: cp.Stats, Duration: time.Since(start)}, nil
 }
 
@@ -308,7 +308,7 @@ func classify(fs, procs bool) delta.Class {
 func (e *Engine) resolveFor(ctx context.Context, name, ref string) (*delta.Checkpoint, error) {
 	var cp *delta.Checkpoint
 	err := e.view(ctx, func(tx *catalog.Tx) error {
-		id, err := tx.ResolveCheckpointFor(name, ref)
+		id, err := tx.ResolveCheckpointFor(delta.SandboxName(name), ref)
 		if err != nil {
 			return err
 		}

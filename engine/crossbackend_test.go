@@ -204,7 +204,7 @@ func (e *Engine) mustSandbox(t *testing.T, name string) *delta.Sandbox {
 	var sb *delta.Sandbox
 	must(t, e.view(context.Background(), func(tx *catalog.Tx) error {
 		var err error
-		sb, err = tx.Sandbox(name)
+		sb, err = tx.Sandbox(delta.SandboxName(name))
 		return err
 	}))
 	return sb

@@ -354,7 +354,7 @@ func TestFrozenKeepSetFollowsHeads(t *testing.T) {
 				return err
 			}
 			for _, sb := range sbs {
-				head, err := tx.GetRef(delta.RefHead, sb.Name)
+				head, err := tx.GetRef(delta.RefHead, string(sb.Name))
 				if err != nil {
 					continue
 				}

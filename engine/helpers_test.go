@@ -52,7 +52,7 @@ func openEngineOracle(t testing.TB, home string, oracle bool) *Engine {
 		if e.cat != nil {
 			sbs, _ := e.ListSandboxes(context.Background())
 			for _, s := range sbs {
-				e.RemoveSandbox(context.Background(), s.Sandbox.Name)
+				e.RemoveSandbox(context.Background(), string(s.Sandbox.Name))
 			}
 		}
 		e.Close()

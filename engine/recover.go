@@ -39,7 +39,7 @@ func (e *Engine) Recover(ctx context.Context) (*RecoverReport, error) {
 	err := e.view(ctx, func(tx *catalog.Tx) error {
 		sbs, err := tx.Sandboxes()
 		for _, sb := range sbs {
-			names = append(names, sb.Name)
+			names = append(names, string(sb.Name))
 		}
 		return err
 	})
@@ -65,7 +65,7 @@ func (e *Engine) recoverSandbox(ctx context.Context, name string, rep *RecoverRe
 	}
 	defer done()
 	var sb *delta.Sandbox
-	if err := e.view(ctx, func(tx *catalog.Tx) (err error) { sb, err = tx.Sandbox(name); return err }); err != nil {
+	if err := e.view(ctx, func(tx *catalog.Tx) (err error) { sb, err = tx.Sandbox(delta.SandboxName(name)); return err }); err != nil {
 		return err
 	}
 	if _, ok := e.intents().Pending(sb); ok {

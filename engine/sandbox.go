@@ -100,10 +100,10 @@ func (e *Engine) CreateSandbox(ctx context.Context, name string, opts CreateOpti
 		unmark()
 		return nil, err
 	}
-	sb := &delta.Sandbox{ID: delta.NewSandboxID(), Home: e.config.HomeID, Name: name, Backend: opts.Backend,
+	sb := &delta.Sandbox{ID: delta.NewSandboxID(), Home: e.config.HomeID, Name: delta.SandboxName(name), Backend: opts.Backend,
 		BaseTree: res.Root, Created: time.Now().UTC(), Config: cfg}
 	cp := &delta.Checkpoint{
-		Version: delta.RecordVersion, Sandbox: name, SandboxID: sb.ID, Turn: 0, Class: delta.ClassFS,
+		Version: delta.RecordVersion, Sandbox: delta.SandboxName(name), SandboxID: sb.ID, Turn: 0, Class: delta.ClassFS,
 		Backend: opts.Backend, BaseTree: res.Root, FSTree: empty,
 		// An empty layer's state key is the empty tree's (Create leaves the
 		// root scanned and its cache written, as Branch relies on too).
@@ -125,7 +125,7 @@ func (e *Engine) CreateSandbox(ctx context.Context, name string, opts CreateOpti
 
 func (e *Engine) checkNewSandbox(ctx context.Context, name string) error {
 	err := e.view(ctx, func(tx *catalog.Tx) error {
-		_, err := tx.Sandbox(name)
+		_, err := tx.Sandbox(delta.SandboxName(name))
 		return err
 	})
 	if err == nil {
@@ -175,7 +175,7 @@ func (e *Engine) commit(ctx context.Context, op *content.Op, cp *delta.Checkpoin
 			return err
 		}
 	}
-	if err := putRefObject(ctx, e.stores.front, delta.RefHead, cp.SandboxKey(), cp.ID); err != nil {
+	if err := putRefObject(ctx, e.stores.front, delta.RefHead, string(cp.SandboxKey()), cp.ID); err != nil {
 		return err
 	}
 	e.phase(PhaseRecorded)
@@ -199,7 +199,7 @@ func (e *Engine) commit(ctx context.Context, op *content.Op, cp *delta.Checkpoin
 		if err := e.rem.QueueCommit(tx, op, cp, newSandbox); err != nil {
 			return err
 		}
-		return tx.SetRef(delta.Ref{Kind: delta.RefHead, Name: cp.Sandbox, Target: cp.ID})
+		return tx.SetRef(delta.Ref{Kind: delta.RefHead, Name: string(cp.Sandbox), Target: cp.ID})
 	})
 	if err != nil {
 		return fmt.Errorf("checkpoint %s of sandbox %s: catalog: %w", cp.ID.Short(), cp.Sandbox, err)
@@ -227,11 +227,11 @@ func (e *Engine) ListSandboxes(ctx context.Context) ([]SandboxInfo, error) {
 		for _, sb := range sbs {
 			info := SandboxInfo{Sandbox: sb}
 			if be, err := e.backend(sb.Backend, sb.Config); err == nil {
-				info.Root = be.Open(e.home.sandboxDir(sb.Name), "").Path()
+				info.Root = be.Open(e.home.sandboxDir(string(sb.Name)), "").Path()
 			}
 			// A sandbox with no head yet lists without one; any other
 			// read error is the listing's.
-			id, err := tx.GetRef(delta.RefHead, sb.Name)
+			id, err := tx.GetRef(delta.RefHead, string(sb.Name))
 			if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 				return fmt.Errorf("sandbox %s: head: %w", sb.Name, err)
 			}
@@ -306,7 +306,7 @@ func (e *Engine) readSandbox(ctx context.Context, name string) (*sandboxState, r
 	st := &sandboxState{}
 	err := e.view(ctx, func(tx *catalog.Tx) error {
 		var err error
-		if st.sb, err = tx.Sandbox(name); err != nil {
+		if st.sb, err = tx.Sandbox(delta.SandboxName(name)); err != nil {
 			return err // names the sandbox
 		}
 		id, err := tx.GetRef(delta.RefHead, name)
@@ -343,7 +343,7 @@ func (e *Engine) readSandbox(ctx context.Context, name string) (*sandboxState, r
 // does not exist before it forwards anything).
 func (e *Engine) SandboxExists(ctx context.Context, name string) (bool, error) {
 	err := e.view(ctx, func(tx *catalog.Tx) error {
-		_, err := tx.Sandbox(name)
+		_, err := tx.Sandbox(delta.SandboxName(name))
 		return err
 	})
 	if errors.Is(err, errdefs.ErrNotFound) || errors.Is(err, errdefs.ErrInvalid) {
@@ -400,7 +400,7 @@ func (e *Engine) RemoveSandboxWith(ctx context.Context, name string, o RemoveOpt
 	var sb *delta.Sandbox
 	if err := e.view(ctx, func(tx *catalog.Tx) error {
 		var err error
-		sb, err = tx.Sandbox(name)
+		sb, err = tx.Sandbox(delta.SandboxName(name))
 		return err
 	}); err != nil {
 		if o.CatalogOnly {
@@ -443,7 +443,7 @@ func (e *Engine) RemoveSandboxWith(ctx context.Context, name string, o RemoveOpt
 		if err := tx.DeleteRef(delta.RefHead, name); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 			return err
 		}
-		if err := e.rem.QueueDelete(tx, name, delta.RefName(delta.RefHead, sb.Key()), delta.SandboxName(sb.Key())); err != nil {
+		if err := e.rem.QueueDelete(tx, name, delta.HeadObject(sb.Key()), delta.SandboxObject(sb.Key())); err != nil {
 			return err
 		}
 		if sb.ID != "" && sb.Home == e.config.HomeID {
@@ -452,7 +452,7 @@ func (e *Engine) RemoveSandboxWith(ctx context.Context, name string, o RemoveOpt
 				return err
 			}
 		}
-		return tx.DeleteSandbox(name)
+		return tx.DeleteSandbox(delta.SandboxName(name))
 	})
 	if err != nil {
 		unmark()
@@ -462,7 +462,7 @@ func (e *Engine) RemoveSandboxWith(ctx context.Context, name string, o RemoveOpt
 	// Local copies only: with a remote, the deletions queued above reach
 	// the bucket in order at the next push. Left behind, they would bring
 	// the sandbox back only to a catalog rebuild, which says so.
-	for _, obj := range []string{delta.RefName(delta.RefHead, sb.Key()), delta.SandboxName(sb.Key())} {
+	for _, obj := range []string{delta.HeadObject(sb.Key()), delta.SandboxObject(sb.Key())} {
 		if err := e.stores.local.Delete(ctx, obj); err != nil {
 			e.log.Warn("sandbox removed; its local object stays", "sandbox", name, "object", obj, "err", err)
 		}

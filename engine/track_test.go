@@ -30,7 +30,7 @@ func openTracking(t testing.TB, home string) *Engine {
 		if e.cat != nil {
 			sbs, _ := e.ListSandboxes(context.Background())
 			for _, s := range sbs {
-				e.RemoveSandbox(context.Background(), s.Sandbox.Name)
+				e.RemoveSandbox(context.Background(), string(s.Sandbox.Name))
 			}
 		}
 		e.Close()

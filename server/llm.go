@@ -197,7 +197,7 @@ func (l *LLM) restoredAll(ctx context.Context) error {
 		return err
 	}
 	for _, sb := range sbs {
-		l.restored(ctx, sb.Sandbox.Name)
+		l.restored(ctx, string(sb.Sandbox.Name))
 	}
 	return nil
 }
@@ -290,7 +290,7 @@ func (s *Service) LLMStatus(ctx context.Context) (*api.LLMStatus, error) {
 		return nil, err
 	}
 	for _, sb := range sbs {
-		row := api.LLMSandbox{Name: sb.Sandbox.Name, Upstream: redactOrEmpty(m[sb.Sandbox.Name]), Replay: off[sb.Sandbox.Name]}
+		row := api.LLMSandbox{Name: string(sb.Sandbox.Name), Upstream: redactOrEmpty(m[string(sb.Sandbox.Name)]), Replay: off[string(sb.Sandbox.Name)]}
 		if out.Proxy {
 			row.Route, _ = llmproxy.RouteURL(trimRoute(out.URL), row.Name)
 		}

@@ -41,7 +41,7 @@ func TestPusherYieldsToUrgentCheckpoint(t *testing.T) {
 	t.Cleanup(func() {
 		sbs, _ := e.ListSandboxes(context.Background())
 		for _, s := range sbs {
-			e.RemoveSandbox(context.Background(), s.Sandbox.Name)
+			e.RemoveSandbox(context.Background(), string(s.Sandbox.Name))
 		}
 		e.Close()
 	})

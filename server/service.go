@@ -70,10 +70,10 @@ func (s *Service) CreateSandbox(ctx context.Context, req api.CreateRequest) (*ap
 	if err != nil {
 		return nil, err
 	}
-	s.Monitor.changed(api.Event{Type: api.EventCreated, Sandbox: r.Sandbox.Name, Checkpoint: r.Checkpoint.ID.String(), DurationMS: ms(r.Duration)})
+	s.Monitor.changed(api.Event{Type: api.EventCreated, Sandbox: string(r.Sandbox.Name), Checkpoint: r.Checkpoint.ID.String(), DurationMS: ms(r.Duration)})
 	return &api.Created{Backend: r.Sandbox.Backend, BaseBytesRead: r.BaseStats.BytesRead, BaseFiles: r.BaseStats.Entries,
 		BaseTree: idOf(r.Sandbox.BaseTree), BytesNew: r.Checkpoint.Stats.BytesNew, Checkpoint: idOf(r.Checkpoint.ID),
-		DurationMS: ms(r.Duration), Name: r.Sandbox.Name, Root: r.Root}, nil
+		DurationMS: ms(r.Duration), Name: string(r.Sandbox.Name), Root: r.Root}, nil
 }
 
 func (s *Service) ListSandboxes(ctx context.Context) ([]api.Sandbox, error) {
@@ -231,7 +231,7 @@ func (s *Service) GetCheckpoint(ctx context.Context, ref string) (*api.LogEntry,
 	if err != nil {
 		return nil, err
 	}
-	if entries, err := s.E.History().Log(ctx, cp.Sandbox); err == nil {
+	if entries, err := s.E.History().Log(ctx, string(cp.Sandbox)); err == nil {
 		for _, l := range entries {
 			if l.ID == cp.ID {
 				e := logEntryOf(l.Checkpoint, l.Head, l.OnHead)

@@ -102,7 +102,7 @@ func (v *Views) Log(ctx context.Context, name string) ([]LogEntry, error) {
 	defer v.d.Shared()()
 	var out []LogEntry
 	err := v.d.View(ctx, func(tx *catalog.Tx) error {
-		if _, err := tx.Sandbox(name); err != nil {
+		if _, err := tx.Sandbox(delta.SandboxName(name)); err != nil {
 			return err // names the sandbox
 		}
 		head, err := tx.GetRef(delta.RefHead, name)
@@ -128,7 +128,7 @@ func (v *Views) Log(ctx context.Context, name string) ([]LogEntry, error) {
 			seen[cp.ID] = true
 			out = append(out, LogEntry{Checkpoint: cp, Head: cp.ID == head, OnHead: true})
 		}
-		own, err := tx.SandboxCheckpoints(name)
+		own, err := tx.SandboxCheckpoints(delta.SandboxName(name))
 		if err != nil {
 			return err
 		}

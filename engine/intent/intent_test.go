@@ -86,7 +86,7 @@ func newFixture(t *testing.T) *fixture {
 }
 
 func sandbox(name string) *delta.Sandbox {
-	return &delta.Sandbox{ID: delta.NewSandboxID(), Name: name, Created: time.Now().Add(-time.Minute)}
+	return &delta.Sandbox{ID: delta.NewSandboxID(), Name: delta.SandboxName(name), Created: time.Now().Add(-time.Minute)}
 }
 
 func TestWritePendingClear(t *testing.T) {
@@ -131,7 +131,7 @@ func TestLegacyAndTornIntents(t *testing.T) {
 	if _, err := os.Stat(legacy); !os.IsNotExist(err) {
 		t.Fatalf("the older legacy intent stays: %v", err)
 	}
-	must(t, fsat.WriteFileDurable(filepath.Join(f.dir, sb.Key()+".rollback"), "not an id\n"))
+	must(t, fsat.WriteFileDurable(filepath.Join(f.dir, string(sb.Key())+".rollback"), "not an id\n"))
 	if _, ok := f.s.Pending(sb); ok {
 		t.Fatal("a torn intent applies")
 	}

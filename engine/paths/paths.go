@@ -301,7 +301,7 @@ func (ps *Ops) RestorePaths(ctx context.Context, name, ref string, paths []strin
 	var target string
 	if o.To != "" {
 		defer ps.d.Shared()()
-		if err := ps.d.View(ctx, func(tx *catalog.Tx) error { _, err := tx.Sandbox(name); return err }); err != nil {
+		if err := ps.d.View(ctx, func(tx *catalog.Tx) error { _, err := tx.Sandbox(delta.SandboxName(name)); return err }); err != nil {
 			return nil, err
 		}
 		if err := os.MkdirAll(o.To, 0o755); err != nil {

@@ -120,7 +120,7 @@ func newHome(t *testing.T) *home {
 		Resolve: func(ctx context.Context, name, ref string) (*delta.Checkpoint, error) {
 			var cp *delta.Checkpoint
 			err := cat.View(ctx, func(tx *catalog.Tx) error {
-				id, err := tx.ResolveCheckpointFor(name, ref)
+				id, err := tx.ResolveCheckpointFor(delta.SandboxName(name), ref)
 				if err != nil {
 					return err
 				}

@@ -115,7 +115,7 @@ func (e *Home) adopt(ctx context.Context, cond upload.Conditional, name string, 
 	var sb *delta.Sandbox
 	var localHead delta.ID
 	err = e.view(ctx, func(tx *catalog.Tx) (err error) {
-		if sb, err = tx.Sandbox(name); err != nil {
+		if sb, err = tx.Sandbox(delta.SandboxName(name)); err != nil {
 			return err
 		}
 		localHead, err = tx.GetRef(delta.RefHead, name)
@@ -125,11 +125,11 @@ func (e *Home) adopt(ctx context.Context, cond upload.Conditional, name string, 
 		return nil, nil, err
 	}
 	key := sb.Key()
-	rep := &AdoptReport{Sandbox: name, Key: key}
+	rep := &AdoptReport{Sandbox: name, Key: string(key)}
 	if sb.ID == "" {
 		return nil, nil, fmt.Errorf("sandbox %s is a legacy sandbox (no id): it has no owner to take over from: %w", name, errdefs.ErrPrecondition)
 	}
-	headName := delta.RefName(delta.RefHead, key)
+	headName := delta.HeadObject(delta.SandboxKey(key))
 	data, version, err := cond.GetVersion(ctx, headName, delta.MaxSmallObject)
 	if errors.Is(err, errdefs.ErrNotFound) {
 		return nil, nil, fmt.Errorf("sandbox %s: its head is not in the bucket (its owner never pushed it), so there is nothing remotely durable to continue from: %w", name, errdefs.ErrPrecondition)

@@ -319,7 +319,7 @@ touch -d @1700000100 a.txt opq/n newdir/f newdir/empty newdir/tree-bytes newdir/
 	must(t, err)
 	for _, sb := range sbs {
 		// A pushed head carries its owner: the creating home, epoch 1.
-		g.m.Refs[delta.RefName(delta.RefHead, sb.Sandbox.Key())] = RefManifest{Target: sb.Head.ID.String(), Owner: sb.Sandbox.Home, Epoch: 1}
+		g.m.Refs[delta.HeadObject(sb.Sandbox.Key())] = RefManifest{Target: sb.Head.ID.String(), Owner: sb.Sandbox.Home, Epoch: 1}
 	}
 	g.m.Refs[delta.RefName(delta.RefTag, "good")] = RefManifest{Target: c1.ID.String()}
 
