@@ -112,7 +112,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	// scan and any dump below are one instant.
 	var ph Phases
 	t := time.Now()
-	pt, err := e.procs.BeginTurn(ctx, name, st.head)
+	pt, err := e.procs.BeginTurn(ctx, st.container, st.head)
 	if err != nil {
 		return nil, err
 	}
@@ -136,7 +136,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	if err != nil {
 		return nil, err
 	}
-	if rescan, err := e.procs.ConfirmIdle(ctx, name, pt, st.head); err != nil {
+	if rescan, err := e.procs.ConfirmIdle(ctx, st.container, pt, st.head); err != nil {
 		return nil, err
 	} else if rescan {
 		if res, ts, err = scanTurn(ctx, be, name, st, pt, saver); err != nil {
@@ -190,7 +190,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 		procTree, host = nil, nil
 		if pt.Running && pt.Cur.NeedsImage() {
 			t = time.Now()
-			storeImage, err := e.procs.Dump(ctx, name, op)
+			storeImage, err := e.procs.Dump(ctx, st.container, op)
 			if err != nil {
 				return nil, err
 			}
@@ -241,7 +241,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	if pt.Changed && pt.Running {
 		// Only now: a baseline taken before the commit could make the next
 		// turn skip processes no checkpoint holds.
-		e.procs.Settle(ctx, name)
+		e.procs.Settle(ctx, st.container)
 	}
 	if err := ts.Committed(res); err != nil {
 		// The checkpoint is committed; a stale cache only costs a re-read.

@@ -60,5 +60,5 @@ func (e *Engine) AbandonRollback(ctx context.Context, name string) (*RestoreResu
 // intentSandbox is st as the intents see it; dir is its directory in the
 // home.
 func (st *sandboxState) intentSandbox(dir string) intent.Sandbox {
-	return intent.Sandbox{Sandbox: st.sb, Root: st.root, Head: st.head, Dir: dir}
+	return intent.Sandbox{Sandbox: st.sb, Root: st.root, Head: st.head, Dir: dir, Container: st.container}
 }

@@ -269,7 +269,7 @@ func checkIncomplete(t *testing.T, e *Engine, r *RestoreResult, err error) {
 	if !strings.Contains(err.Error(), "no process running") {
 		t.Fatalf("error does not name the state left: %v", err)
 	}
-	running, cerr := e.procs.Running(context.Background(), "s")
+	running, cerr := e.procs.Running(context.Background(), e.procs.Container("s"))
 	must(t, cerr)
 	if running {
 		t.Fatal("processes still run after restore_incomplete")

@@ -109,18 +109,18 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 	var rb rootfs.Rollback = plainRollback{e: e, name: name, root: st.root}
 	if r, ok := e.backends[st.sb.Backend].(rootfs.Rollbacker); ok {
 		rb = r.BeginRollback(ctx, name, st.root, func(ctx context.Context) ([]string, error) {
-			running, err := e.procs.Running(ctx, name)
+			running, err := e.procs.Running(ctx, st.container)
 			if err != nil || !running {
 				return nil, err
 			}
-			ps, err := e.procs.Snapshot(ctx, name)
+			ps, err := e.procs.Snapshot(ctx, st.container)
 			if err != nil {
 				return nil, err
 			}
 			return sharedWritable(ps), nil
 		})
 	}
-	if err := e.procs.Stop(ctx, name); err != nil {
+	if err := e.procs.Stop(ctx, st.container); err != nil {
 		rb.Abort()
 		return nil, err
 	}

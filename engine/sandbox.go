@@ -12,6 +12,7 @@ import (
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/engine/content"
+	"github.com/turnsnap/turnsnap/engine/procs"
 	"github.com/turnsnap/turnsnap/engine/remote"
 	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
@@ -247,12 +248,18 @@ func (e *Engine) ListSandboxes(ctx context.Context) ([]SandboxInfo, error) {
 	return out, err
 }
 
-// sandboxState is what most operations need about a sandbox.
+// sandboxState is what most operations need about a sandbox, read once
+// per operation: its catalog name (also the key of its lock, its turn
+// tracker and its memos), its key (its objects in the store), its
+// container, its description, head and root.
 type sandboxState struct {
-	sb    *delta.Sandbox
-	head  *delta.Checkpoint
-	root  rootfs.Root
-	owner delta.Owner // who may write its head (engine/remote/owner.go)
+	name      delta.SandboxName
+	key       delta.SandboxKey
+	container procs.Container
+	sb        *delta.Sandbox
+	head      *delta.Checkpoint
+	root      rootfs.Root
+	owner     delta.Owner // who may write its head (engine/remote/owner.go)
 	// interrupted is what an interrupted operation left (engine/intent), as
 	// far as the load did not finish it: nil when nothing.
 	interrupted *Interrupted
@@ -322,6 +329,7 @@ func (e *Engine) readSandbox(ctx context.Context, name string) (*sandboxState, r
 	if err != nil {
 		return nil, nil, "", err
 	}
+	st.name, st.key, st.container = delta.SandboxName(name), st.sb.Key(), e.procs.Container(name)
 	if !e.rem.RootHere(st.sb) {
 		return nil, nil, "", e.rem.ErrForeignRoot(st.sb)
 	}
@@ -417,7 +425,7 @@ func (e *Engine) RemoveSandboxWith(ctx context.Context, name string, o RemoveOpt
 	e.untrack(name) // its descriptor on the root would keep it mounted
 	var be rootfs.Backend
 	if !o.CatalogOnly {
-		if err := e.procs.Stop(ctx, name); err != nil {
+		if err := e.procs.Stop(ctx, e.procs.Container(name)); err != nil {
 			return err
 		}
 		if be, err = e.backend(sb.Backend, sb.Config); err != nil {

@@ -207,7 +207,7 @@ func (s *Intents) Finish(ctx context.Context, name string, st Sandbox, in Rollba
 		return st.Head, s.Clear(st.Sandbox)
 	}
 	s.d.Untrack(name) // a restore remounts the root; the next turn walks
-	if err := s.d.Procs.Stop(ctx, name); err != nil {
+	if err := s.d.Procs.Stop(ctx, st.Container); err != nil {
 		return st.Head, err
 	}
 	if err := st.Root.Restore(rootfs.WithPhase(ctx, s.d.Phase), cp.FSTree, s.d.Loader); err != nil {
@@ -258,7 +258,7 @@ func (s *Intents) Abandon(ctx context.Context, name string, st Sandbox) error {
 	}
 	s.d.Log.Warn("abandoning an interrupted rollback", "sandbox", name, "checkpoint", in.Target.Short(), "head", st.Head.ID.Short())
 	s.d.Untrack(name)
-	if err := s.d.Procs.Stop(ctx, name); err != nil {
+	if err := s.d.Procs.Stop(ctx, st.Container); err != nil {
 		return err
 	}
 	if _, err := os.Stat(st.Dir); err != nil {

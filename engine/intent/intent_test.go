@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/engine/procs"
 	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/internal/fsat"
@@ -47,7 +48,7 @@ func (r *fakeRoot) Restore(_ context.Context, tree delta.ID, _ delta.BlobLoader)
 // fakeProcs counts stops and refuses every process restore.
 type fakeProcs struct{ stops int }
 
-func (p *fakeProcs) Stop(context.Context, string) error { p.stops++; return nil }
+func (p *fakeProcs) Stop(context.Context, procs.Container) error { p.stops++; return nil }
 func (p *fakeProcs) CheckHost(context.Context, *delta.Checkpoint) error {
 	return errors.New("no CRIU here")
 }
