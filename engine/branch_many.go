@@ -116,7 +116,7 @@ func (e *Engine) BranchMany(ctx context.Context, ref string, names []string, o B
 	if _, err := checkBaseOn(ctx, be, cp.BaseTree, false); err != nil {
 		return nil, fmt.Errorf("%s: %w", subject, err)
 	}
-	if err := ensureDir(filepath.Dir(e.home.sandboxDir(names[0]))); err != nil {
+	if err := ensureDir(filepath.Dir(e.home.sandboxDir(delta.SandboxName(names[0])))); err != nil {
 		return nil, err
 	}
 	stacked := false
@@ -142,7 +142,7 @@ func (e *Engine) BranchMany(ctx context.Context, ref string, names []string, o B
 	roots := make([]rootfs.Root, len(names))
 	errs := make([]error, len(names))
 	parallel(len(names), func(i int) {
-		roots[i], errs[i] = branchRoot(ctx, be, e.home.sandboxDir(names[i]), lower, cp, o.Materialise, e.data.repo)
+		roots[i], errs[i] = branchRoot(ctx, be, e.home.sandboxDir(delta.SandboxName(names[i])), lower, cp, o.Materialise, e.data.repo)
 		if errs[i] != nil && len(names) > 1 {
 			// One branch's root names its sandbox already.
 			errs[i] = fmt.Errorf("sandbox %s: %w", names[i], errs[i])

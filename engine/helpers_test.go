@@ -52,7 +52,7 @@ func openEngineOracle(t testing.TB, home string, oracle bool) *Engine {
 		if e.cat != nil {
 			sbs, _ := e.ListSandboxes(context.Background())
 			for _, s := range sbs {
-				e.RemoveSandbox(context.Background(), string(s.Sandbox.Name))
+				e.RemoveSandbox(context.Background(), s.Sandbox.Name)
 			}
 		}
 		e.Close()
@@ -98,7 +98,7 @@ func smallSandbox(t testing.TB, e *Engine, name string) *CreateResult {
 	t.Helper()
 	base := t.TempDir()
 	write(t, filepath.Join(base, "a.txt"), "base\n")
-	cr, err := e.CreateSandbox(context.Background(), name, CreateOptions{Base: base})
+	cr, err := e.CreateSandbox(context.Background(), delta.SandboxName(name), CreateOptions{Base: base})
 	must(t, err)
 	return cr
 }

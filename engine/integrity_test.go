@@ -80,7 +80,7 @@ func lineage(t *testing.T, e *Engine) string {
 	must(t, err)
 	for _, s := range sbs {
 		fmt.Fprintf(&b, "sandbox %s base=%s origin=%s head=%s\n", s.Sandbox.Name, s.Sandbox.BaseTree.Short(), s.Sandbox.Origin.Short(), s.Head.ID.Short())
-		log, err := e.History().Log(ctx, string(s.Sandbox.Name))
+		log, err := e.History().Log(ctx, s.Sandbox.Name)
 		must(t, err)
 		for _, l := range log {
 			var kids []delta.ID

@@ -72,22 +72,22 @@ func TestTwoHomesNeverCoOwnASandbox(t *testing.T) {
 	_, err = b.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
 	x := labelOf(t, b, string(key))
-	if _, err := b.Rollback(ctx, x, first.ID.String(), RollbackOptions{}); !errors.Is(err, errdefs.ErrPrecondition) || !strings.Contains(err.Error(), "adopt") {
+	if _, err := b.Rollback(ctx, delta.SandboxName(x), first.ID.String(), RollbackOptions{}); !errors.Is(err, errdefs.ErrPrecondition) || !strings.Contains(err.Error(), "adopt") {
 		t.Fatalf("b's rollback of a's sandbox: %v; want a refusal naming adopt", err)
 	}
-	if _, err := b.Checkpoint(ctx, x, CheckpointOptions{}); !errors.Is(err, errdefs.ErrPrecondition) {
+	if _, err := b.Checkpoint(ctx, delta.SandboxName(x), CheckpointOptions{}); !errors.Is(err, errdefs.ErrPrecondition) {
 		t.Fatalf("b's checkpoint of a's sandbox: %v; want ErrPrecondition", err)
 	}
 
-	rep, err := b.Remote().Adopt(ctx, x, AdoptOptions{})
+	rep, err := b.Remote().Adopt(ctx, delta.SandboxName(x), AdoptOptions{})
 	must(t, err)
 	if rep.Owner != (delta.Owner{Home: b.config.HomeID, Epoch: 2}) || rep.Head != c1.ID {
 		t.Fatalf("adopt: owner %v head %s; want b at epoch 2 from %s", rep.Owner, rep.Head.Short(), c1.ID.Short())
 	}
-	root, err := b.SandboxPath(ctx, x)
+	root, err := b.SandboxPath(ctx, delta.SandboxName(x))
 	must(t, err)
 	write(t, filepath.Join(root, "b1"), "b's turn")
-	cb, err := b.Checkpoint(ctx, x, CheckpointOptions{})
+	cb, err := b.Checkpoint(ctx, delta.SandboxName(x), CheckpointOptions{})
 	must(t, err)
 	_, err = b.Remote().Push(ctx, PushOptions{})
 	must(t, err)
@@ -168,11 +168,11 @@ func TestAdoptRespectsALiveLease(t *testing.T) {
 	_, err = b.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
 	y := labelOf(t, b, string(cr.Sandbox.Key()))
-	_, err = b.Remote().Adopt(ctx, y, AdoptOptions{})
+	_, err = b.Remote().Adopt(ctx, delta.SandboxName(y), AdoptOptions{})
 	if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "--force") {
 		t.Fatalf("adopt while the owner's lease is live: %v; want ErrUnavailable naming --force", err)
 	}
-	rep, err := b.Remote().Adopt(ctx, y, AdoptOptions{Force: true})
+	rep, err := b.Remote().Adopt(ctx, delta.SandboxName(y), AdoptOptions{Force: true})
 	must(t, err)
 	if rep.Lease == nil || !rep.Lease.Live || rep.Owner.Epoch != 2 {
 		t.Fatalf("forced adopt: lease %+v owner %v", rep.Lease, rep.Owner)
@@ -215,7 +215,7 @@ func TestConcurrentAdoptionsHaveOneWinnerPerEpoch(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			reps[i], errs[i] = h.Remote().Adopt(ctx, labelOf(t, h, string(key)), AdoptOptions{})
+			reps[i], errs[i] = h.Remote().Adopt(ctx, delta.SandboxName(labelOf(t, h, string(key))), AdoptOptions{})
 		}()
 	}
 	wg.Wait()
@@ -248,10 +248,10 @@ func TestConcurrentAdoptionsHaveOneWinnerPerEpoch(t *testing.T) {
 			continue
 		}
 		z := labelOf(t, h, string(key))
-		root, err := h.SandboxPath(ctx, z)
+		root, err := h.SandboxPath(ctx, delta.SandboxName(z))
 		must(t, err)
 		write(t, filepath.Join(root, "turn"), h.config.HomeID)
-		if _, err := h.Checkpoint(ctx, z, CheckpointOptions{}); err != nil {
+		if _, err := h.Checkpoint(ctx, delta.SandboxName(z), CheckpointOptions{}); err != nil {
 			t.Fatalf("home %d: checkpoint after adopting: %v", i, err)
 		}
 		_, err = h.Remote().Push(ctx, PushOptions{})

@@ -40,11 +40,11 @@ func makeHealthyPair(t *testing.T, e *Engine) *healthyPair {
 	for i, name := range hp.names {
 		base := t.TempDir()
 		write(t, filepath.Join(base, "a.txt"), "base of "+name+"\n")
-		cr, err := e.CreateSandbox(ctx, name, CreateOptions{Base: base})
+		cr, err := e.CreateSandbox(ctx, delta.SandboxName(name), CreateOptions{Base: base})
 		must(t, err)
 		hp.files[i] = "turn of " + name + "\n"
 		write(t, filepath.Join(cr.Root, "turn.txt"), hp.files[i])
-		r, err := e.Checkpoint(ctx, name, CheckpointOptions{})
+		r, err := e.Checkpoint(ctx, delta.SandboxName(name), CheckpointOptions{})
 		must(t, err)
 		hp.heads[i], err = e.Resolve(ctx, r.ID.String())
 		must(t, err)
@@ -78,7 +78,7 @@ func (hp *healthyPair) checkRestored(t *testing.T, e *Engine, branch bool) {
 		if !branch {
 			continue
 		}
-		br, err := e.Branch(ctx, hp.heads[i].ID.String(), name+"-copy", BranchOptions{})
+		br, err := e.Branch(ctx, hp.heads[i].ID.String(), delta.SandboxName(name+"-copy"), BranchOptions{})
 		must(t, err)
 		if got, err := os.ReadFile(filepath.Join(br.Root, "turn.txt")); err != nil || string(got) != hp.files[i] {
 			t.Fatalf("branch of %s's head: turn.txt %q %v, want %q", name, got, err, hp.files[i])
@@ -516,7 +516,7 @@ func TestRebuildAfterAPruneElsewhereLeftAHeadDangling(t *testing.T) {
 	for i, id := range restored {
 		_, err := d.Verifier().Verify(ctx, id.String())
 		must(t, err)
-		br, err := d.Branch(ctx, id.String(), fmt.Sprintf("r%d", i), BranchOptions{})
+		br, err := d.Branch(ctx, id.String(), delta.SandboxName(fmt.Sprintf("r%d", i)), BranchOptions{})
 		must(t, err)
 		got, err := os.ReadFile(filepath.Join(br.Root, "turn.txt"))
 		if content[id] == "" {

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/turnsnap/turnsnap/btrfs"
+	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/btrfstest"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/overlay"
@@ -109,7 +110,7 @@ func receiptSandbox(t *testing.T, e *Engine, name string, o CreateOptions) strin
 	base := busyboxBase(t)
 	must(t, os.MkdirAll(filepath.Join(base, "data"), 0o755))
 	o.Base = base
-	r, err := e.CreateSandbox(ctx, name, o)
+	r, err := e.CreateSandbox(ctx, delta.SandboxName(name), o)
 	must(t, err)
 	_, err = e.Processes().Exec(ctx, name, []string{"sh", "-c", stepperScript}, ExecOptions{Detach: true})
 	must(t, err)

@@ -42,7 +42,7 @@ func newFixture(t *testing.T) *fixture {
 	t.Cleanup(func() {
 		sbs, _ := e.ListSandboxes(context.Background())
 		for _, s := range sbs {
-			e.RemoveSandbox(context.Background(), string(s.Sandbox.Name))
+			e.RemoveSandbox(context.Background(), s.Sandbox.Name)
 		}
 		e.Close()
 	})

@@ -69,7 +69,7 @@ func serve(t testing.TB, hook func(string), opts ...func(*engine.Options)) *fixt
 		hs.Close()
 		sbs, _ := e.ListSandboxes(context.Background())
 		for _, s := range sbs {
-			e.RemoveSandbox(context.Background(), string(s.Sandbox.Name))
+			e.RemoveSandbox(context.Background(), s.Sandbox.Name)
 		}
 		e.Close()
 	})

@@ -125,12 +125,12 @@ func newHome(t *testing.T) *home {
 		DeleteLocal: local.Delete,
 		Queue:       rem,
 		Shared:      func() func() { maint.RLock(); return maint.RUnlock },
-		Op: func(context.Context, string) (func(), error) {
+		Op: func(context.Context, delta.SandboxName) (func(), error) {
 			maint.RLock()
 			h.ops++
 			return maint.RUnlock, nil
 		},
-		Resolve: func(ctx context.Context, name, ref string) (*delta.Checkpoint, error) {
+		Resolve: func(ctx context.Context, name delta.SandboxName, ref string) (*delta.Checkpoint, error) {
 			var cp *delta.Checkpoint
 			err := cat.View(ctx, func(tx *catalog.Tx) error {
 				id, err := tx.ResolveCheckpointFor(delta.SandboxName(name), ref)
@@ -208,7 +208,7 @@ func TestLog(t *testing.T) {
 	}
 	rows := func(name string) []row {
 		t.Helper()
-		log, err := h.v.Log(ctx, name)
+		log, err := h.v.Log(ctx, delta.SandboxName(name))
 		must(t, err)
 		var out []row
 		for _, l := range log {

@@ -67,7 +67,7 @@ func newTestHome(t *testing.T, id string, remote upload.Store, sbs []*delta.Sand
 		Settings: func() Settings { return Settings{HomeID: h.id, URL: "test://bucket"} },
 		Log:      slog.Default(),
 		Shared:   func() func() { return func() {} },
-		Op:       func(context.Context, string) (func(), error) { return func() {}, nil },
+		Op:       func(context.Context, delta.SandboxName) (func(), error) { return func() {}, nil },
 		Rollback: func(_ context.Context, _ string, id delta.ID) error {
 			h.rollbacks = append(h.rollbacks, id)
 			return nil

@@ -167,7 +167,7 @@ type gen struct {
 // model exchanges its journal holds, if the writer gave it one.
 func (g *gen) remember(sandbox string, id delta.ID, root string, journal map[string]JournalExpect) {
 	g.t.Helper()
-	log, err := g.e.History().Log(g.ctx, sandbox)
+	log, err := g.e.History().Log(g.ctx, delta.SandboxName(sandbox))
 	must(g.t, err)
 	for _, le := range log {
 		if le.ID != id {
