@@ -308,7 +308,7 @@ func classify(fs, procs bool) delta.Class {
 func (e *Engine) resolveFor(ctx context.Context, name delta.SandboxName, ref string) (*delta.Checkpoint, error) {
 	var cp *delta.Checkpoint
 	err := e.view(ctx, func(tx *catalog.Tx) error {
-		id, err := tx.ResolveCheckpointFor(delta.SandboxName(name), ref)
+		id, err := tx.ResolveCheckpointFor(name, ref)
 		if err != nil {
 			return err
 		}

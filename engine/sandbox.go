@@ -101,7 +101,7 @@ func (e *Engine) CreateSandbox(ctx context.Context, name delta.SandboxName, opts
 		unmark()
 		return nil, err
 	}
-	sb := &delta.Sandbox{ID: delta.NewSandboxID(), Home: e.config.HomeID, Name: delta.SandboxName(name), Backend: opts.Backend,
+	sb := &delta.Sandbox{ID: delta.NewSandboxID(), Home: e.config.HomeID, Name: name, Backend: opts.Backend,
 		BaseTree: res.Root, Created: time.Now().UTC(), Config: cfg}
 	cp := &delta.Checkpoint{
 		Version: delta.RecordVersion, Sandbox: delta.SandboxName(name), SandboxID: sb.ID, Turn: 0, Class: delta.ClassFS,
