@@ -10,7 +10,7 @@ import (
 func testRecord(sandbox string, parent delta.ID, turn int, created time.Time) *delta.Checkpoint {
 	return &delta.Checkpoint{
 		Version:  delta.RecordVersion,
-		Sandbox:  sandbox,
+		Sandbox:  delta.SandboxName(sandbox),
 		Parent:   parent,
 		Turn:     turn,
 		Class:    delta.ClassFS,

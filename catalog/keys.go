@@ -82,14 +82,14 @@ func childKey(parent, child delta.ID) []byte {
 }
 
 // sandboxCPPrefix is the scan prefix for all checkpoints of one sandbox.
-func sandboxCPPrefix(sandbox string) []byte {
+func sandboxCPPrefix(sandbox delta.SandboxKey) []byte {
 	k := make([]byte, 0, 2+len(sandbox)+8+idLen)
 	k = append(k, prefixSandboxCP)
 	k = append(k, sandbox...)
 	return append(k, 0)
 }
 
-func sandboxCPKey(sandbox string, created time.Time, id delta.ID) []byte {
+func sandboxCPKey(sandbox delta.SandboxKey, created time.Time, id delta.ID) []byte {
 	k := sandboxCPPrefix(sandbox)
 	// Flipping the sign bit makes the unsigned big-endian order match the
 	// signed order of UnixNano, so pre-1970 times (never expected, but
@@ -108,7 +108,7 @@ func idFromSuffix(key []byte) (delta.ID, bool) {
 	return id, true
 }
 
-func sandboxKey(name string) []byte { return append([]byte{prefixSandbox}, name...) }
+func sandboxKey(name delta.SandboxName) []byte { return append([]byte{prefixSandbox}, name...) }
 
 func refPrefix(kind delta.RefKind) []byte {
 	k := make([]byte, 0, 2+len(kind)+64)

@@ -11,24 +11,26 @@ import "github.com/turnsnap/turnsnap/delta"
 // lets a home refuse locally what the bucket would refuse at push.
 //
 //	0x00 "owner/" key → JSON delta.Owner
-func ownerKey(key string) []byte { return append([]byte{prefixMeta}, "owner/"+key...) }
+func ownerKey(key delta.SandboxKey) []byte {
+	return append([]byte{prefixMeta}, "owner/"+string(key)...)
+}
 
 // SandboxOwner returns the owner noted for the sandbox key, if any.
-func (tx *Tx) SandboxOwner(key string) (delta.Owner, bool, error) {
+func (tx *Tx) SandboxOwner(key delta.SandboxKey) (delta.Owner, bool, error) {
 	var o delta.Owner
-	found, err := tx.getJSON(ownerKey(key), &o, "owner of sandbox "+key)
+	found, err := tx.getJSON(ownerKey(key), &o, "owner of sandbox "+string(key))
 	return o, found, err
 }
 
 // SetSandboxOwner notes the owner of the sandbox key.
-func (tx *Tx) SetSandboxOwner(key string, o delta.Owner) error {
-	return tx.setJSON(ownerKey(key), o, "owner of sandbox "+key)
+func (tx *Tx) SetSandboxOwner(key delta.SandboxKey, o delta.Owner) error {
+	return tx.setJSON(ownerKey(key), o, "owner of sandbox "+string(key))
 }
 
 // DeleteSandboxOwner forgets the owner noted for key (the sandbox is gone
 // from this home).
-func (tx *Tx) DeleteSandboxOwner(key string) error {
-	return tx.del(ownerKey(key), "owner of sandbox "+key)
+func (tx *Tx) DeleteSandboxOwner(key delta.SandboxKey) error {
+	return tx.del(ownerKey(key), "owner of sandbox "+string(key))
 }
 
 // Fenced checkpoints: committed here on a sandbox another home had adopted,

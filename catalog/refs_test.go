@@ -157,7 +157,7 @@ func TestSandboxes(t *testing.T) {
 	base := delta.Hash([]byte("base"))
 	update(t, c, func(tx *Tx) error {
 		for _, n := range []string{"zeta", "alpha", "mid"} {
-			if err := tx.PutSandbox(&delta.Sandbox{Name: n, Backend: "overlay", BaseTree: base, Created: t0}); err != nil {
+			if err := tx.PutSandbox(&delta.Sandbox{Name: delta.SandboxName(n), Backend: "overlay", BaseTree: base, Created: t0}); err != nil {
 				return err
 			}
 		}
@@ -167,12 +167,12 @@ func TestSandboxes(t *testing.T) {
 		all, err := tx.Sandboxes()
 		var names []string
 		for _, sb := range all {
-			names = append(names, sb.Name)
+			names = append(names, string(sb.Name))
 		}
 		if err != nil || !slices.Equal(names, []string{"alpha", "mid", "zeta"}) {
 			t.Errorf("sandboxes: %v %v", names, err)
 		}
-		if only, err := tx.SandboxNames(); err != nil || !slices.Equal(only, names) {
+		if only, err := tx.SandboxNames(); err != nil || !slices.Equal(only, []delta.SandboxName{"alpha", "mid", "zeta"}) {
 			t.Errorf("sandbox names: %v %v, want %v", only, err, names)
 		}
 		if _, err := tx.Sandbox("nope"); !errors.Is(err, errdefs.ErrNotFound) || !strings.Contains(err.Error(), "nope") {
@@ -182,7 +182,7 @@ func TestSandboxes(t *testing.T) {
 	})
 	update(t, c, func(tx *Tx) error { return tx.DeleteSandbox("mid") })
 	view(t, c, func(tx *Tx) error {
-		if only, err := tx.SandboxNames(); err != nil || !slices.Equal(only, []string{"alpha", "zeta"}) {
+		if only, err := tx.SandboxNames(); err != nil || !slices.Equal(only, []delta.SandboxName{"alpha", "zeta"}) {
 			t.Errorf("sandbox names after a delete: %v %v", only, err)
 		}
 		return nil

@@ -29,12 +29,17 @@ type CheckpointRef struct {
 	// Head says the base is a sandbox's head: "HEAD" (the sandbox the
 	// command is about) or "NAME@HEAD" (Sandbox is NAME).
 	Head    bool
-	Sandbox string
+	Sandbox delta.SandboxName
 	// Base is the ID, prefix or tag when Head is false.
 	Base string
 	// Back is the N of "~N" ("~" alone is 1, as in git; "~2~3" is 5).
 	Back int
+	// text is what the user typed, for errors.
+	text string
 }
+
+// String is the reference as the user typed it.
+func (r CheckpointRef) String() string { return r.text }
 
 // ParseCheckpointRef parses what a user typed as a checkpoint:
 //
@@ -45,7 +50,7 @@ type CheckpointRef struct {
 // and Tag refuses it. Anything else with '@' or '~' is ErrInvalid saying
 // which forms exist.
 func ParseCheckpointRef(s string) (CheckpointRef, error) {
-	var r CheckpointRef
+	r := CheckpointRef{text: s}
 	bad := func(why string) error {
 		return fmt.Errorf("checkpoint %q: %s (forms: ID, ID prefix, TAG, HEAD, NAME@HEAD, each optionally followed by ~N): %w",
 			s, why, errdefs.ErrInvalid)
@@ -77,7 +82,7 @@ func ParseCheckpointRef(s string) (CheckpointRef, error) {
 	case hasAt && !delta.ValidRefName(name):
 		return r, bad(fmt.Sprintf("%q is not a sandbox name", name))
 	case hasAt:
-		r.Head, r.Sandbox = true, name
+		r.Head, r.Sandbox = true, delta.SandboxName(name)
 	case base == "HEAD":
 		r.Head = true
 	default:
@@ -92,11 +97,20 @@ func (tx *Tx) ResolveCheckpoint(s string) (delta.ID, error) {
 	return tx.ResolveCheckpointFor("", s)
 }
 
-// ResolveCheckpointFor turns what a user typed into a checkpoint ID, for a
-// command about sandbox ("" if it names none), by the rules of
-// ResolveIn.
-func (tx *Tx) ResolveCheckpointFor(sandbox, s string) (delta.ID, error) {
-	return ResolveIn(txRefs{tx}, sandbox, s)
+// ResolveCheckpointFor parses what a user typed (ParseCheckpointRef) and
+// resolves it (ResolveRef).
+func (tx *Tx) ResolveCheckpointFor(sandbox delta.SandboxName, s string) (delta.ID, error) {
+	r, err := ParseCheckpointRef(s)
+	if err != nil {
+		return delta.ID{}, err
+	}
+	return tx.ResolveRef(sandbox, r)
+}
+
+// ResolveRef turns a parsed reference into a checkpoint ID, for a command
+// about sandbox ("" if it names none), by the rules of ResolveIn.
+func (tx *Tx) ResolveRef(sandbox delta.SandboxName, r CheckpointRef) (delta.ID, error) {
+	return ResolveIn(txRefs{tx}, sandbox, r)
 }
 
 // RefSource is where ResolveIn looks a reference's parts up: the catalog
@@ -105,7 +119,7 @@ func (tx *Tx) ResolveCheckpointFor(sandbox, s string) (delta.ID, error) {
 type RefSource interface {
 	// Head is the head of the sandbox labelled name; ErrNotFound if
 	// there is no such sandbox.
-	Head(name string) (delta.ID, error)
+	Head(name delta.SandboxName) (delta.ID, error)
 	// Tag is the checkpoint tag name names; found is false when there is
 	// no such tag.
 	Tag(name string) (id delta.ID, found bool, err error)
@@ -116,8 +130,9 @@ type RefSource interface {
 	Checkpoint(id delta.ID) (*delta.Checkpoint, error)
 }
 
-// ResolveIn turns what a user typed into a checkpoint ID, for a command
-// about sandbox ("" if it names none), looking it up in src: a full hex
+// ResolveIn turns a parsed reference (ParseCheckpointRef) into a
+// checkpoint ID, for a command about sandbox ("" if it names none),
+// looking it up in src: a full hex
 // ID, a hex prefix of at least MinPrefixLen digits that matches exactly one
 // checkpoint, a tag name, HEAD (sandbox's head) or NAME@HEAD (sandbox
 // NAME's head), and any of them followed by ~N: N first parents before it.
@@ -125,12 +140,10 @@ type RefSource interface {
 // a tag is tried when s is not hex or matches none. An ambiguous prefix or
 // a malformed reference is ErrInvalid; nothing found, or a walk that
 // reaches the first checkpoint or a pruned one, is ErrNotFound.
-func ResolveIn(src RefSource, sandbox, s string) (delta.ID, error) {
-	r, err := ParseCheckpointRef(s)
-	if err != nil {
-		return delta.ID{}, err
-	}
+func ResolveIn(src RefSource, sandbox delta.SandboxName, r CheckpointRef) (delta.ID, error) {
+	s := r.String()
 	var id delta.ID
+	var err error
 	if r.Head {
 		name := r.Sandbox
 		if name == "" {
@@ -155,7 +168,7 @@ func ResolveIn(src RefSource, sandbox, s string) (delta.ID, error) {
 // txRefs is the catalog as a RefSource.
 type txRefs struct{ tx *Tx }
 
-func (t txRefs) Head(name string) (delta.ID, error) { return t.tx.GetRef(delta.RefHead, name) }
+func (t txRefs) Head(name delta.SandboxName) (delta.ID, error) { return t.tx.Head(name) }
 
 func (t txRefs) Tag(name string) (delta.ID, bool, error) {
 	id, err := t.tx.GetRef(delta.RefTag, name)

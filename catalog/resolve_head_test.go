@@ -42,7 +42,7 @@ func TestResolveCheckpointHead(t *testing.T) {
 			{"", "s@HEAD", s[3]}, {"", "s@HEAD~2", s[1]}, {"b", "s@HEAD~2", s[1]}, {"s", "b@HEAD~1", s[1]},
 			{"", "v1~1", s[1]}, {"", s[3].String()[:8] + "~3", s[0]}, {"b", "v1", s[2]},
 		} {
-			got, err := tx.ResolveCheckpointFor(tc.sandbox, tc.ref)
+			got, err := tx.ResolveCheckpointFor(delta.SandboxName(tc.sandbox), tc.ref)
 			if err != nil || got != tc.want {
 				t.Errorf("resolve %q for %q: %s %v, want %s", tc.ref, tc.sandbox, got.Short(), err, tc.want.Short())
 			}
@@ -72,7 +72,7 @@ func TestResolveCheckpointHead(t *testing.T) {
 			{"nosuch", "HEAD", errdefs.ErrNotFound, "no sandbox nosuch"},
 			{"s", "nope~1", errdefs.ErrNotFound, "no checkpoint or tag"},
 		} {
-			_, err := tx.ResolveCheckpointFor(tc.sandbox, tc.ref)
+			_, err := tx.ResolveCheckpointFor(delta.SandboxName(tc.sandbox), tc.ref)
 			if !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.says) {
 				t.Errorf("resolve %q for %q: %v, want %v saying %q", tc.ref, tc.sandbox, err, tc.want, tc.says)
 			}

@@ -255,27 +255,27 @@ func (tx *Tx) Ancestors(id delta.ID, limit int) ([]*delta.Checkpoint, error) {
 // Checkpoints are indexed by their sandbox's key (its id; a legacy sandbox's
 // name), so the label sandbox is resolved through the sandbox's entry; a
 // label with no entry (a removed sandbox) is taken as a legacy key.
-func (tx *Tx) SandboxCheckpoints(sandbox string) ([]*delta.Checkpoint, error) {
-	if !delta.ValidRefName(sandbox) {
+func (tx *Tx) SandboxCheckpoints(sandbox delta.SandboxName) ([]*delta.Checkpoint, error) {
+	if !delta.ValidRefName(string(sandbox)) {
 		return nil, fmt.Errorf("sandbox %q: name is not valid: %w", sandbox, errdefs.ErrInvalid)
 	}
-	key := sandbox
+	key := delta.SandboxKey(sandbox)
 	sb := new(delta.Sandbox)
-	if found, err := tx.getJSON(sandboxKey(sandbox), sb, "sandbox "+sandbox); err != nil {
+	if found, err := tx.getJSON(sandboxKey(sandbox), sb, "sandbox "+string(sandbox)); err != nil {
 		return nil, err
 	} else if found {
 		key = sb.Key()
 	}
-	return tx.checkpointsByKey(sandbox, key)
+	return tx.checkpointsByKey(string(sandbox), key)
 }
 
 // SandboxKeyCheckpoints returns the checkpoints of the sandbox whose key
 // (id, or legacy name) is key, in creation order.
-func (tx *Tx) SandboxKeyCheckpoints(key string) ([]*delta.Checkpoint, error) {
-	return tx.checkpointsByKey(key, key)
+func (tx *Tx) SandboxKeyCheckpoints(key delta.SandboxKey) ([]*delta.Checkpoint, error) {
+	return tx.checkpointsByKey(string(key), key)
 }
 
-func (tx *Tx) checkpointsByKey(sandbox, key string) ([]*delta.Checkpoint, error) {
+func (tx *Tx) checkpointsByKey(sandbox string, key delta.SandboxKey) ([]*delta.Checkpoint, error) {
 	var ids []delta.ID
 	err := tx.scan(sandboxCPPrefix(key), false, func(key, _ []byte) error {
 		id, _ := idFromSuffix(key)

@@ -19,16 +19,16 @@ func (tx *Tx) PutSandbox(sb *delta.Sandbox) error {
 	}
 	s := *sb
 	s.Created = s.Created.UTC()
-	return tx.setJSON(sandboxKey(s.Name), &s, "sandbox "+s.Name)
+	return tx.setJSON(sandboxKey(s.Name), &s, "sandbox "+string(s.Name))
 }
 
 // Sandbox returns the named sandbox's entry.
-func (tx *Tx) Sandbox(name string) (*delta.Sandbox, error) {
-	if !delta.ValidRefName(name) {
+func (tx *Tx) Sandbox(name delta.SandboxName) (*delta.Sandbox, error) {
+	if !delta.ValidRefName(string(name)) {
 		return nil, fmt.Errorf("sandbox %q: name is not valid: %w", name, errdefs.ErrInvalid)
 	}
 	sb := new(delta.Sandbox)
-	found, err := tx.getJSON(sandboxKey(name), sb, "sandbox "+name)
+	found, err := tx.getJSON(sandboxKey(name), sb, "sandbox "+string(name))
 	if err != nil {
 		return nil, err
 	}
@@ -58,10 +58,10 @@ func (tx *Tx) Sandboxes() ([]*delta.Sandbox, error) {
 // SandboxNames returns every sandbox's name, in name order, without
 // decoding the entries (a pass that needs only the names, such as frozen
 // layer retention's after every freeze, is then a key scan).
-func (tx *Tx) SandboxNames() ([]string, error) {
-	var out []string
+func (tx *Tx) SandboxNames() ([]delta.SandboxName, error) {
+	var out []delta.SandboxName
 	err := tx.scan([]byte{prefixSandbox}, false, func(key, _ []byte) error {
-		out = append(out, string(key[1:]))
+		out = append(out, delta.SandboxName(key[1:]))
 		return nil
 	})
 	if err != nil {
@@ -72,11 +72,11 @@ func (tx *Tx) SandboxNames() ([]string, error) {
 
 // DeleteSandbox removes the sandbox's entry only: its checkpoints, head ref
 // and blobs are the caller's to remove (or keep, for branches made from it).
-func (tx *Tx) DeleteSandbox(name string) error {
+func (tx *Tx) DeleteSandbox(name delta.SandboxName) error {
 	if _, err := tx.Sandbox(name); err != nil {
 		return err
 	}
-	return tx.del(sandboxKey(name), "sandbox "+name)
+	return tx.del(sandboxKey(name), "sandbox "+string(name))
 }
 
 // SetRef points a ref at a checkpoint, replacing any previous target. The
@@ -136,6 +136,23 @@ func (tx *Tx) Refs(kind delta.RefKind) ([]delta.Ref, error) {
 	return out, nil
 }
 
+// Head returns the head of the sandbox labelled name (the catalog keys
+// heads by name; the store by SandboxKey, delta.HeadObject).
+func (tx *Tx) Head(name delta.SandboxName) (delta.ID, error) {
+	return tx.GetRef(delta.RefHead, string(name))
+}
+
+// HeadRef is the catalog's head ref of the sandbox labelled name pointing
+// at id, for SetRef.
+func HeadRef(name delta.SandboxName, id delta.ID) delta.Ref {
+	return delta.Ref{Kind: delta.RefHead, Name: string(name), Target: id}
+}
+
+// DeleteHead removes the head of the sandbox labelled name.
+func (tx *Tx) DeleteHead(name delta.SandboxName) error {
+	return tx.DeleteRef(delta.RefHead, string(name))
+}
+
 // DeleteRef removes a ref; the checkpoint it pointed at is untouched.
 func (tx *Tx) DeleteRef(kind delta.RefKind, name string) error {
 	if _, err := tx.GetRef(kind, name); err != nil {
@@ -149,22 +166,22 @@ func (tx *Tx) DeleteRef(kind delta.RefKind, name string) error {
 // prune. A rebuild forgets these notes, which only makes prune keep more.
 //
 //	0x00 "removed-own/" key → empty
-func removedOwnKey(key string) []byte {
-	return append([]byte{prefixMeta}, "removed-own/"+key...)
+func removedOwnKey(key delta.SandboxKey) []byte {
+	return append([]byte{prefixMeta}, "removed-own/"+string(key)...)
 }
 
 // NoteRemovedOwnSandbox records that the sandbox with key (id, or legacy
 // name) was created on this home and removed.
-func (tx *Tx) NoteRemovedOwnSandbox(key string) error {
-	return tx.set(removedOwnKey(key), nil, "removed sandbox "+key)
+func (tx *Tx) NoteRemovedOwnSandbox(key delta.SandboxKey) error {
+	return tx.set(removedOwnKey(key), nil, "removed sandbox "+string(key))
 }
 
 // RemovedOwnSandboxes lists the keys noted by NoteRemovedOwnSandbox.
-func (tx *Tx) RemovedOwnSandboxes() ([]string, error) {
+func (tx *Tx) RemovedOwnSandboxes() ([]delta.SandboxKey, error) {
 	prefix := removedOwnKey("")
-	var out []string
+	var out []delta.SandboxKey
 	err := tx.scan(prefix, false, func(key, _ []byte) error {
-		out = append(out, string(key[len(prefix):]))
+		out = append(out, delta.SandboxKey(key[len(prefix):]))
 		return nil
 	})
 	return out, err

@@ -108,9 +108,12 @@ const MaxSmallObject = 64 << 10
 // RecordName is the store name of the record whose hash is id.
 func RecordName(id ID) string { return RecordPrefix + id.String() }
 
-// SandboxName is the store name of a sandbox's description; key is the
+// SandboxObject is the store name of a sandbox's description; key is the
 // sandbox's Key (its id, or a legacy sandbox's name).
-func SandboxName(key string) string { return SandboxPrefix + key }
+func SandboxObject(key SandboxKey) string { return SandboxPrefix + string(key) }
+
+// HeadObject is the store name of a sandbox's head, RefName(RefHead, key).
+func HeadObject(key SandboxKey) string { return RefName(RefHead, string(key)) }
 
 // RefName is the store name of the ref kind/name. A head's name is its
 // sandbox's Key, so two homes' sandboxes of one name keep separate heads;
@@ -133,7 +136,7 @@ func ParseRef(data []byte) (ID, error) {
 }
 
 // Sandbox describes a sandbox: what it was created from and how it is run.
-// It is stored as JSON under SandboxName(Name) and indexed by the catalog;
+// It is stored as JSON under SandboxObject(Key()) and indexed by the catalog;
 // its checkpoints and head are kept separately (records, RefHead) so that
 // checkpointing never rewrites it.
 type Sandbox struct {
@@ -144,12 +147,12 @@ type Sandbox struct {
 	ID string `json:"id,omitempty"`
 	// Home is the id of the home that created the sandbox, the only home
 	// whose prune may delete its checkpoints. Empty in legacy descriptions.
-	Home     string    `json:"home,omitempty"`
-	Name     string    `json:"name"` // label on its home (a ValidRefName)
-	Backend  string    `json:"backend"`
-	BaseTree ID        `json:"base_tree"`
-	Origin   ID        `json:"origin"` // checkpoint it was branched from; zero if created from a base
-	Created  time.Time `json:"created"`
+	Home     string      `json:"home,omitempty"`
+	Name     SandboxName `json:"name"` // label on its home (a ValidRefName)
+	Backend  string      `json:"backend"`
+	BaseTree ID          `json:"base_tree"`
+	Origin   ID          `json:"origin"` // checkpoint it was branched from; zero if created from a base
+	Created  time.Time   `json:"created"`
 	// Config is the backend's typed options as that backend encodes them
 	// (btrfs: btrfs.Options, {"pool": DIR}); absent for backends without
 	// options. It is kept as raw JSON so this package need not know every
@@ -161,7 +164,7 @@ type Sandbox struct {
 // Validate checks what every stored description must satisfy.
 func (sb *Sandbox) Validate() error {
 	switch {
-	case !ValidRefName(sb.Name):
+	case !ValidRefName(string(sb.Name)):
 		return fmt.Errorf("sandbox name %q is not valid", sb.Name)
 	case sb.Backend == "":
 		return fmt.Errorf("sandbox %s: backend is empty", sb.Name)
@@ -177,11 +180,11 @@ func (sb *Sandbox) Validate() error {
 
 // Key is what names the sandbox's description and head in the store: its
 // ID, or a legacy sandbox's Name.
-func (sb *Sandbox) Key() string {
+func (sb *Sandbox) Key() SandboxKey {
 	if sb.ID != "" {
-		return sb.ID
+		return SandboxKey(sb.ID)
 	}
-	return sb.Name
+	return SandboxKey(sb.Name)
 }
 
 // NewSandboxID returns a fresh random id, for a sandbox or a home.
@@ -251,7 +254,7 @@ func DecodeSandbox(name string, data []byte) (*Sandbox, error) {
 	if err := sb.Validate(); err != nil {
 		return nil, fmt.Errorf("object %s: %v: %w", name, err, errdefs.ErrCorrupt)
 	}
-	if want := SandboxName(sb.Key()); name != want {
+	if want := SandboxObject(sb.Key()); name != want {
 		return nil, fmt.Errorf("object %s: describes sandbox %s, which is stored as %s: %w", name, sb.Name, want, errdefs.ErrCorrupt)
 	}
 	return &sb, nil

@@ -39,7 +39,7 @@ func TestSandboxIdentity(t *testing.T) {
 		t.Fatalf("sandbox id %q", id)
 	}
 	sb := Sandbox{ID: id, Home: NewSandboxID(), Name: "s", Backend: "overlay", BaseTree: base}
-	if sb.Key() != id || sb.Validate() != nil || SandboxName(sb.Key()) != "sandboxes/"+id {
+	if string(sb.Key()) != id || sb.Validate() != nil || SandboxObject(sb.Key()) != "sandboxes/"+id {
 		t.Fatalf("id'd sandbox: key %q, %v", sb.Key(), sb.Validate())
 	}
 	for _, bad := range []string{"ABCDEF0123456789abcdef0123456789", "abc", id + "0", "../../../../../../../../../../../x"} {
@@ -66,7 +66,7 @@ func FuzzDecodeSandbox(f *testing.F) {
 			}
 			return
 		}
-		if sb.Validate() != nil || SandboxName(sb.Key()) != name {
+		if sb.Validate() != nil || SandboxObject(sb.Key()) != name {
 			t.Fatalf("accepted %+v under %s", sb, name)
 		}
 	})

@@ -124,9 +124,9 @@ type Stats struct {
 // Checkpoint is the checkpoint record: stored in the object store as an
 // object named by its hash, and indexed in the catalog by the same bytes.
 type Checkpoint struct {
-	ID      ID     `json:"-"`       // Hash of the encoded record; never inside it
-	Version int    `json:"version"` // record format version, RecordVersion
-	Sandbox string `json:"sandbox"` // a ValidRefName: the sandbox's label on the home that wrote it
+	ID      ID          `json:"-"`       // Hash of the encoded record; never inside it
+	Version int         `json:"version"` // record format version, RecordVersion
+	Sandbox SandboxName `json:"sandbox"` // a ValidRefName: the sandbox's label on the home that wrote it
 	// SandboxID is the identity of the sandbox (Sandbox.ID), which a label
 	// shared by two homes cannot give. Version 1 records never have one; in
 	// version 2 it is empty only for a legacy sandbox (one without an ID).
@@ -193,7 +193,7 @@ func (cp *Checkpoint) validate() error {
 		return fmt.Errorf("version 1 record has a sandbox_id")
 	case cp.SandboxID != "" && !ValidSandboxID(cp.SandboxID):
 		return fmt.Errorf("sandbox id %q is not valid", cp.SandboxID)
-	case !ValidRefName(cp.Sandbox):
+	case !ValidRefName(string(cp.Sandbox)):
 		return fmt.Errorf("sandbox name %q is not valid", cp.Sandbox)
 	case !cp.Class.known():
 		return fmt.Errorf("unknown class %q", cp.Class)
@@ -272,11 +272,11 @@ func DecodeRecord(id ID, data []byte) (*Checkpoint, error) {
 
 // SandboxKey is what identifies the checkpoint's sandbox across homes: its
 // sandbox id, or for a version 1 record its name.
-func (cp *Checkpoint) SandboxKey() string {
+func (cp *Checkpoint) SandboxKey() SandboxKey {
 	if cp.SandboxID != "" {
-		return cp.SandboxID
+		return SandboxKey(cp.SandboxID)
 	}
-	return cp.Sandbox
+	return SandboxKey(cp.Sandbox)
 }
 
 // MaxNameLen is the longest sandbox or tag name. Names appear in paths,

@@ -16,7 +16,7 @@ import (
 func testRecord(sandbox string, parent ID, turn int, created time.Time) *Checkpoint {
 	return &Checkpoint{
 		Version:  RecordVersion,
-		Sandbox:  sandbox,
+		Sandbox:  SandboxName(sandbox),
 		Parent:   parent,
 		Turn:     turn,
 		Class:    ClassFS,

@@ -24,7 +24,7 @@ func TestAdmitEngineUrgentCheckpointOvertakes(t *testing.T) {
 	e.locks.admit = admission.New(1)
 	base := richBase(t)
 	for _, n := range []string{"a", "b", "c", "d"} {
-		res, err := e.CreateSandbox(ctx, n, CreateOptions{Base: base})
+		res, err := e.CreateSandbox(ctx, delta.SandboxName(n), CreateOptions{Base: base})
 		must(t, err)
 		write(t, filepath.Join(res.Root, "turn.txt"), n)
 	}
@@ -45,7 +45,7 @@ func TestAdmitEngineUrgentCheckpointOvertakes(t *testing.T) {
 	done := make(chan string, 4)
 	run := func(name string, opts CheckpointOptions) {
 		go func() {
-			r, err := e.Checkpoint(ctx, name, opts)
+			r, err := e.Checkpoint(ctx, delta.SandboxName(name), opts)
 			if err != nil || r.Class != delta.ClassFS {
 				t.Errorf("checkpoint %s: %v %+v", name, err, r)
 			}
@@ -112,7 +112,7 @@ func TestAdmitSlotFreedBeforeCommit(t *testing.T) {
 	e.locks.admit = admission.New(1)
 	base := richBase(t)
 	for _, n := range []string{"a", "b"} {
-		res, err := e.CreateSandbox(ctx, n, CreateOptions{Base: base})
+		res, err := e.CreateSandbox(ctx, delta.SandboxName(n), CreateOptions{Base: base})
 		must(t, err)
 		write(t, filepath.Join(res.Root, "turn.txt"), n)
 	}

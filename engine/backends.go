@@ -112,7 +112,7 @@ func backendConfig(name string, b btrfs.Options) (json.RawMessage, error) {
 func (e *Engine) leftovers() *leftover.Roots {
 	return leftover.New(leftover.Deps{
 		IntentsDir:     e.home.intentsDir(),
-		SandboxDir:     e.home.sandboxDir,
+		SandboxDir:     func(name string) string { return e.home.sandboxDir(delta.SandboxName(name)) },
 		Backend:        e.backend,
 		DefaultBackend: defaultBackend,
 		Log:            e.log,

@@ -116,7 +116,7 @@ func (e *Engine) BranchMany(ctx context.Context, ref string, names []string, o B
 	if _, err := checkBaseOn(ctx, be, cp.BaseTree, false); err != nil {
 		return nil, fmt.Errorf("%s: %w", subject, err)
 	}
-	if err := ensureDir(filepath.Dir(e.home.sandboxDir(names[0]))); err != nil {
+	if err := ensureDir(filepath.Dir(e.home.sandboxDir(delta.SandboxName(names[0])))); err != nil {
 		return nil, err
 	}
 	stacked := false
@@ -142,7 +142,7 @@ func (e *Engine) BranchMany(ctx context.Context, ref string, names []string, o B
 	roots := make([]rootfs.Root, len(names))
 	errs := make([]error, len(names))
 	parallel(len(names), func(i int) {
-		roots[i], errs[i] = branchRoot(ctx, be, e.home.sandboxDir(names[i]), lower, cp, o.Materialise, e.data.repo)
+		roots[i], errs[i] = branchRoot(ctx, be, e.home.sandboxDir(delta.SandboxName(names[i])), lower, cp, o.Materialise, e.data.repo)
 		if errs[i] != nil && len(names) > 1 {
 			// One branch's root names its sandbox already.
 			errs[i] = fmt.Errorf("sandbox %s: %w", names[i], errs[i])
@@ -165,7 +165,7 @@ func (e *Engine) BranchMany(ctx context.Context, ref string, names []string, o B
 	}
 	sbs := make([]*delta.Sandbox, len(names))
 	for i, n := range names {
-		sbs[i] = &delta.Sandbox{ID: delta.NewSandboxID(), Home: e.config.HomeID, Name: n, Backend: o.Backend, Config: cfg,
+		sbs[i] = &delta.Sandbox{ID: delta.NewSandboxID(), Home: e.config.HomeID, Name: delta.SandboxName(n), Backend: o.Backend, Config: cfg,
 			BaseTree: cp.BaseTree, Origin: cp.ID, Created: time.Now().UTC()}
 	}
 	e.phase("branch: roots made") // the catalog does not know them yet
@@ -218,7 +218,7 @@ func (e *Engine) publishSandboxes(ctx context.Context, sbs []*delta.Sandbox, hea
 	errs := make([]error, len(sbs))
 	parallel(len(sbs), func(i int) {
 		if errs[i] = putSandboxObject(ctx, e.stores.front, sbs[i]); errs[i] == nil {
-			errs[i] = putRefObject(ctx, e.stores.front, delta.RefHead, sbs[i].Key(), head)
+			errs[i] = putRefObject(ctx, e.stores.front, delta.RefHead, string(sbs[i].Key()), head)
 		}
 	})
 	if err := errors.Join(errs...); err != nil {
@@ -229,10 +229,10 @@ func (e *Engine) publishSandboxes(ctx context.Context, sbs []*delta.Sandbox, hea
 			if err := tx.PutSandbox(sb); err != nil {
 				return err
 			}
-			if err := e.rem.QueueRef(tx, sb.Name, delta.RefName(delta.RefHead, sb.Key()), head, delta.SandboxName(sb.Key())); err != nil {
+			if err := e.rem.QueueRef(tx, string(sb.Name), delta.HeadObject(sb.Key()), head, delta.SandboxObject(sb.Key())); err != nil {
 				return err
 			}
-			if err := tx.SetRef(delta.Ref{Kind: delta.RefHead, Name: sb.Name, Target: head}); err != nil {
+			if err := tx.SetRef(delta.Ref{Kind: delta.RefHead, Name: string(sb.Name), Target: head}); err != nil {
 				return err
 			}
 		}

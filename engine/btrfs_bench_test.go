@@ -57,7 +57,7 @@ func BenchmarkBtrfsVsOverlay(b *testing.B) {
 	}
 	roots := map[string]string{}
 	for _, s := range sandboxes {
-		cr, err := e.CreateSandbox(ctx, s.name, s.opts)
+		cr, err := e.CreateSandbox(ctx, delta.SandboxName(s.name), s.opts)
 		must(b, err)
 		roots[s.name] = cr.Root
 	}
@@ -77,7 +77,7 @@ func BenchmarkBtrfsVsOverlay(b *testing.B) {
 				must(b, os.WriteFile(p, fileBody(rng, 512+rng.Intn(3584)), 0o644))
 			}
 			settle()
-			cp, err := e.Checkpoint(ctx, s.name, CheckpointOptions{})
+			cp, err := e.Checkpoint(ctx, delta.SandboxName(s.name), CheckpointOptions{})
 			must(b, err)
 			targets[s.name] = cp.ID.String()
 		}
@@ -88,7 +88,7 @@ func BenchmarkBtrfsVsOverlay(b *testing.B) {
 					b.Run(s.name, func(b *testing.B) {
 						var entries, read int64
 						for b.Loop() {
-							r, err := e.Checkpoint(ctx, s.name, CheckpointOptions{})
+							r, err := e.Checkpoint(ctx, delta.SandboxName(s.name), CheckpointOptions{})
 							must(b, err)
 							if r.Class != delta.ClassSkip {
 								b.Fatalf("no-op turn classed %s", r.Class)
@@ -113,7 +113,7 @@ func BenchmarkBtrfsVsOverlay(b *testing.B) {
 								must(b, os.WriteFile(p, fileBody(rng, 2048), 0o644))
 							}
 							b.StartTimer()
-							r, err := e.Checkpoint(ctx, s.name, CheckpointOptions{})
+							r, err := e.Checkpoint(ctx, delta.SandboxName(s.name), CheckpointOptions{})
 							must(b, err)
 							if r.Class != delta.ClassFS {
 								b.Fatalf("10-file turn classed %s", r.Class)
@@ -129,19 +129,19 @@ func BenchmarkBtrfsVsOverlay(b *testing.B) {
 			b.Run("rollback", func(b *testing.B) {
 				for _, s := range sandboxes {
 					b.Run(s.name, func(b *testing.B) {
-						log, err := e.History().Log(ctx, s.name)
+						log, err := e.History().Log(ctx, delta.SandboxName(s.name))
 						must(b, err)
 						alt := [2]string{targets[s.name], log[0].ID.String()}
 						n := 0
 						for b.Loop() {
-							if _, err := e.Rollback(ctx, s.name, alt[n%2], RollbackOptions{}); err != nil {
+							if _, err := e.Rollback(ctx, delta.SandboxName(s.name), alt[n%2], RollbackOptions{}); err != nil {
 								b.Fatal(err)
 							}
 							n++
 						}
 						// Leave the sandbox at its newest state for the next round.
 						if n%2 == 1 {
-							_, err := e.Rollback(ctx, s.name, alt[1], RollbackOptions{})
+							_, err := e.Rollback(ctx, delta.SandboxName(s.name), alt[1], RollbackOptions{})
 							must(b, err)
 						}
 					})

@@ -75,7 +75,7 @@ type Phases struct {
 // copy-up that changed nothing visible (`touch -a`, a chmod to the same
 // mode of a base file). So a turn is class fs exactly when its diff is
 // not empty.
-func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOptions) (*CheckpointResult, error) {
+func (e *Engine) Checkpoint(ctx context.Context, name delta.SandboxName, opts CheckpointOptions) (*CheckpointResult, error) {
 	done, err := e.op(ctx, name)
 	if err != nil {
 		return nil, err
@@ -84,7 +84,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	if opts.Turn != nil && *opts.Turn < 0 {
 		return nil, fmt.Errorf("sandbox %s: turn %d: turns are numbered from 0: %w", name, *opts.Turn, errdefs.ErrInvalid)
 	}
-	slot, err := e.locks.admit.Admit(ctx, name, opts.Urgent) // one of the checkpoint slots (engine/admission)
+	slot, err := e.locks.admit.Admit(ctx, string(name), opts.Urgent) // one of the checkpoint slots (engine/admission)
 	if err != nil {
 		return nil, err
 	}
@@ -112,7 +112,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	// scan and any dump below are one instant.
 	var ph Phases
 	t := time.Now()
-	pt, err := e.procs.BeginTurn(ctx, name, st.head)
+	pt, err := e.procs.BeginTurn(ctx, st.container, st.head)
 	if err != nil {
 		return nil, err
 	}
@@ -128,18 +128,18 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	defer resume()
 	// The scan's trees are also kept in memory, so the merged state can be
 	// compared with the head's before anything is committed.
-	trees := &treeMemo{next: e.memo.headTrees.loader(name, e.data.repo), trees: map[delta.ID][]byte{}}
+	trees := &treeMemo{next: e.memo.headTrees.loader(string(name), e.data.repo), trees: map[delta.ID][]byte{}}
 	saver := teeTrees{memo: trees, next: deviceGuard{op}}
 	be := e.backends[st.sb.Backend] // nil: a backend without optional parts
-	res, ts, err := scanTurn(ctx, be, name, st, pt, saver)
+	res, ts, err := scanTurn(ctx, be, string(name), st, pt, saver)
 	defer func() { ts.Failed() }() // a turn that returns early leaves the tracker unsure
 	if err != nil {
 		return nil, err
 	}
-	if rescan, err := e.procs.ConfirmIdle(ctx, name, pt, st.head); err != nil {
+	if rescan, err := e.procs.ConfirmIdle(ctx, st.container, pt, st.head); err != nil {
 		return nil, err
 	} else if rescan {
-		if res, ts, err = scanTurn(ctx, be, name, st, pt, saver); err != nil {
+		if res, ts, err = scanTurn(ctx, be, string(name), st, pt, saver); err != nil {
 			return nil, err
 		}
 	}
@@ -154,9 +154,9 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 	}
 	// A process restore's own marks on the root (engine/receipt) are not
 	// the agent's: the key accepted right after it counts as the head's.
-	fsChanged := res.StateKey != st.head.StateKey && !e.receipts.RestoredAs(name, st.head.ID, res.StateKey)
+	fsChanged := res.StateKey != st.head.StateKey && !e.receipts.RestoredAs(string(name), st.head.ID, res.StateKey)
 	if fsChanged {
-		if fsChanged, err = e.mergedChanged(ctx, name, st.head, res.Root, trees); err != nil {
+		if fsChanged, err = e.mergedChanged(ctx, string(name), st.head, res.Root, trees); err != nil {
 			return nil, err
 		}
 	}
@@ -181,7 +181,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 			slot.Free() // a skip record's commit is fsyncs, as below
 			return e.recordSkip(ctx, op, st, turn, opts.Message, stats, start)
 		}
-		return &CheckpointResult{ID: st.head.ID, Sandbox: name, Class: delta.ClassSkip, Turn: turn,
+		return &CheckpointResult{ID: st.head.ID, Sandbox: string(name), Class: delta.ClassSkip, Turn: turn,
 			Parent: st.head.ID, Stats: stats, Duration: time.Since(start), Phases: ph}, nil
 	}
 	// Unchanged processes keep the image they were last dumped with.
@@ -190,7 +190,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 		procTree, host = nil, nil
 		if pt.Running && pt.Cur.NeedsImage() {
 			t = time.Now()
-			storeImage, err := e.procs.Dump(ctx, name, op)
+			storeImage, err := e.procs.Dump(ctx, st.container, op)
 			if err != nil {
 				return nil, err
 			}
@@ -213,7 +213,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 		}
 	}
 	cp := &delta.Checkpoint{
-		Version: delta.RecordVersion, Sandbox: name, SandboxID: st.sb.ID, Parent: st.head.ID, Turn: turn,
+		Version: delta.RecordVersion, Sandbox: st.name, SandboxID: st.sb.ID, Parent: st.head.ID, Turn: turn,
 		Class: classify(fsChanged, pt.Changed), Backend: st.sb.Backend, BaseTree: st.head.BaseTree,
 		FSTree: res.Root, StateKey: res.StateKey, ProcTree: procTree, Host: host,
 		Conv: opts.Conv, Journal: journal, Message: opts.Message, Created: time.Now().UTC(), Stats: stats,
@@ -237,11 +237,11 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 		return nil, err
 	}
 	ph.Commit = time.Since(t)
-	e.memo.headTrees.keep(name, trees) // the next turn compares with these
+	e.memo.headTrees.keep(string(name), trees) // the next turn compares with these
 	if pt.Changed && pt.Running {
 		// Only now: a baseline taken before the commit could make the next
 		// turn skip processes no checkpoint holds.
-		e.procs.Settle(ctx, name)
+		e.procs.Settle(ctx, st.container)
 	}
 	if err := ts.Committed(res); err != nil {
 		// The checkpoint is committed; a stale cache only costs a re-read.
@@ -254,9 +254,9 @@ func (e *Engine) Checkpoint(ctx context.Context, name string, opts CheckpointOpt
 		if st.head != nil {
 			parent = st.head.FSTree
 		}
-		f.FreezeLater(name, parent, cp)
+		f.FreezeLater(string(name), parent, cp)
 	}
-	out := &CheckpointResult{ID: cp.ID, Sandbox: name, Class: cp.Class, Turn: turn, Parent: cp.Parent,
+	out := &CheckpointResult{ID: cp.ID, Sandbox: string(name), Class: cp.Class, Turn: turn, Parent: cp.Parent,
 		Stats: cp.Stats, Duration: time.Since(start), Phases: ph}
 	if pt.Changed {
 		out.ProcessChange = pt.Reason
@@ -276,7 +276,7 @@ func (e *Engine) recordSkip(ctx context.Context, op *content.Op, st *sandboxStat
 	stats delta.Stats, start time.Time) (*CheckpointResult, error) {
 	h := st.head
 	cp := &delta.Checkpoint{
-		Version: delta.RecordVersion, Sandbox: st.sb.Name, SandboxID: st.sb.ID, Parent: h.ID, Turn: turn,
+		Version: delta.RecordVersion, Sandbox: st.name, SandboxID: st.sb.ID, Parent: h.ID, Turn: turn,
 		Class: delta.ClassSkip, Backend: st.sb.Backend, BaseTree: h.BaseTree, FSTree: h.FSTree,
 		StateKey: h.StateKey, ProcTree: h.ProcTree, Host: h.Host, Journal: h.Journal, Message: msg,
 		Created: time.Now().UTC(), Stats: stats,
@@ -286,7 +286,7 @@ func (e *Engine) recordSkip(ctx context.Context, op *content.Op, st *sandboxStat
 	if err := e.commit(ctx, op, cp, nil, cp.Roots()); err != nil {
 		return nil, err
 	}
-	return &CheckpointResult{ID: cp.ID, Sandbox: cp.Sandbox, Class: delta.ClassSkip, Turn: turn, Parent: h.ID,
+	return &CheckpointResult{ID: cp.ID, Sandbox: string(cp.Sandbox), Class: delta.ClassSkip, Turn: turn, Parent: h.ID,
 		Stats: cp.Stats, Duration: time.Since(start)}, nil
 }
 
@@ -305,7 +305,7 @@ func classify(fs, procs bool) delta.Class {
 
 // resolveFor is resolve for a command about sandbox name: HEAD and HEAD~N
 // are its head and that head's ancestors (catalog.ResolveCheckpointFor).
-func (e *Engine) resolveFor(ctx context.Context, name, ref string) (*delta.Checkpoint, error) {
+func (e *Engine) resolveFor(ctx context.Context, name delta.SandboxName, ref string) (*delta.Checkpoint, error) {
 	var cp *delta.Checkpoint
 	err := e.view(ctx, func(tx *catalog.Tx) error {
 		id, err := tx.ResolveCheckpointFor(name, ref)

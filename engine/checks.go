@@ -38,7 +38,7 @@ func newVerifier(e *Engine) *check.Verifier {
 		IDs:     func() delta.IDs { return e.keys.IDs() },
 		HomeID:  func() string { return e.config.HomeID },
 		CheckBase: func(ctx context.Context, cp *delta.Checkpoint) (bool, error) {
-			return e.checkBase(ctx, cp.Sandbox, cp.Backend, cp.BaseTree, true)
+			return e.checkBase(ctx, string(cp.Sandbox), cp.Backend, cp.BaseTree, true)
 		},
 		CheckFrozen: func(ctx context.Context, cp *delta.Checkpoint) (bool, error) {
 			// Branches of cp stack on its frozen layer and read it as it is.
@@ -67,7 +67,7 @@ func (e *Engine) checkBase(ctx context.Context, sandbox, backend string, tree de
 	// outlives its sandbox); a catalog that cannot be read is an error.
 	var cfg json.RawMessage
 	err := e.view(ctx, func(tx *catalog.Tx) error {
-		sb, err := tx.Sandbox(sandbox)
+		sb, err := tx.Sandbox(delta.SandboxName(sandbox))
 		if err == nil && sb.Backend == backend {
 			cfg = sb.Config
 		}

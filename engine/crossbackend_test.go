@@ -160,7 +160,7 @@ func TestBtrfsSandboxLifecycle(t *testing.T) {
 
 	// With the restore points gone, rollback materialises from the store.
 	for _, name := range []string{"s", "b"} {
-		st, err := e.loadSandbox(ctx, name)
+		st, err := e.loadSandbox(ctx, delta.SandboxName(name))
 		must(t, err)
 		must(t, st.root.(*btrfs.Root).PruneRestorePoints(ctx, 0))
 	}
@@ -191,7 +191,7 @@ func TestBtrfsSandboxLifecycle(t *testing.T) {
 	}
 
 	for _, name := range []string{"s", "b"} {
-		must(t, e.RemoveSandbox(ctx, name))
+		must(t, e.RemoveSandbox(ctx, delta.SandboxName(name)))
 	}
 	left, _ := os.ReadDir(filepath.Join(pool, "sandboxes"))
 	if len(left) != 0 {
@@ -204,7 +204,7 @@ func (e *Engine) mustSandbox(t *testing.T, name string) *delta.Sandbox {
 	var sb *delta.Sandbox
 	must(t, e.view(context.Background(), func(tx *catalog.Tx) error {
 		var err error
-		sb, err = tx.Sandbox(name)
+		sb, err = tx.Sandbox(delta.SandboxName(name))
 		return err
 	}))
 	return sb

@@ -54,7 +54,7 @@ func BenchmarkBranch8(b *testing.B) {
 	clean := func(b *testing.B) {
 		b.StopTimer()
 		for _, n := range names {
-			must(b, e.RemoveSandbox(ctx, n))
+			must(b, e.RemoveSandbox(ctx, delta.SandboxName(n)))
 		}
 		b.StartTimer()
 	}
@@ -74,14 +74,14 @@ func BenchmarkBranch8(b *testing.B) {
 	})
 	run("stacked-8xBranch", func(b *testing.B) {
 		for _, n := range names {
-			_, err := e.Branch(ctx, ckpt, n, BranchOptions{})
+			_, err := e.Branch(ctx, ckpt, delta.SandboxName(n), BranchOptions{})
 			must(b, err)
 		}
 		clean(b)
 	})
 	run("materialised-8xBranch-baseline", func(b *testing.B) {
 		for _, n := range names {
-			_, err := e.Branch(ctx, ckpt, n, BranchOptions{Materialise: true})
+			_, err := e.Branch(ctx, ckpt, delta.SandboxName(n), BranchOptions{Materialise: true})
 			must(b, err)
 		}
 		clean(b)
@@ -239,7 +239,7 @@ func BenchmarkBranch8(b *testing.B) {
 		rs, err := e.BranchMany(ctx, r.ID.String(), names, BranchOptions{})
 		must(b, err)
 		b.StopTimer()
-		if overlay.FrozenUser(e.home.sandboxDir(rs[0].Sandbox)) == "" {
+		if overlay.FrozenUser(e.home.sandboxDir(delta.SandboxName(rs[0].Sandbox))) == "" {
 			b.Fatal("a branch right after its checkpoint does not stack")
 		}
 		if overlayOf(e).Keeper().Waited() == waited {
@@ -264,13 +264,13 @@ func BenchmarkFrozenKeepSet(b *testing.B) {
 	write(b, filepath.Join(base, "a"), "base\n")
 	for i := range 16 {
 		name := fmt.Sprintf("s%d", i)
-		cr, err := e.CreateSandbox(ctx, name, CreateOptions{Base: base})
+		cr, err := e.CreateSandbox(ctx, delta.SandboxName(name), CreateOptions{Base: base})
 		if err != nil {
 			b.Fatal(err)
 		}
 		for turn := range 2 {
 			write(b, filepath.Join(cr.Root, "f"), fmt.Sprintf("%s turn %d\n", name, turn))
-			if _, err := e.Checkpoint(ctx, name, CheckpointOptions{}); err != nil {
+			if _, err := e.Checkpoint(ctx, delta.SandboxName(name), CheckpointOptions{}); err != nil {
 				b.Fatal(err)
 			}
 		}

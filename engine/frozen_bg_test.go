@@ -354,7 +354,7 @@ func TestFrozenKeepSetFollowsHeads(t *testing.T) {
 				return err
 			}
 			for _, sb := range sbs {
-				head, err := tx.GetRef(delta.RefHead, sb.Name)
+				head, err := tx.GetRef(delta.RefHead, string(sb.Name))
 				if err != nil {
 					continue
 				}
@@ -384,11 +384,11 @@ func TestFrozenKeepSetFollowsHeads(t *testing.T) {
 	write(t, filepath.Join(base, "a"), "base\n")
 	var ids []delta.ID
 	for _, name := range []string{"s", "t"} {
-		cr, err := e.CreateSandbox(ctx, name, CreateOptions{Base: base})
+		cr, err := e.CreateSandbox(ctx, delta.SandboxName(name), CreateOptions{Base: base})
 		must(t, err)
 		for i := range 3 {
 			write(t, filepath.Join(cr.Root, "f"), fmt.Sprintf("%s turn %d\n", name, i))
-			c, err := e.Checkpoint(ctx, name, CheckpointOptions{})
+			c, err := e.Checkpoint(ctx, delta.SandboxName(name), CheckpointOptions{})
 			must(t, err)
 			ids = append(ids, c.ID)
 			check(fmt.Sprintf("%s checkpoint %d", name, i))
@@ -435,7 +435,7 @@ func TestFreezeOnBranch(t *testing.T) {
 	}
 	for i, r := range res {
 		name := []string{"b1", "b2", "b3"}[i]
-		if got := overlay.FrozenUser(e.home.sandboxDir(name)); got != ob.Layers().Dir(cp1.FSTree) {
+		if got := overlay.FrozenUser(e.home.sandboxDir(delta.SandboxName(name))); got != ob.Layers().Dir(cp1.FSTree) {
 			t.Fatalf("%s stacks on %q", name, got)
 		}
 		if got := mergedState(t, r.Root); got != want {
@@ -450,7 +450,7 @@ func TestFreezeOnBranch(t *testing.T) {
 			root = res[0].Root
 		}
 		write(t, filepath.Join(root, "next-"+name), "next turn\n")
-		c, err := e.Checkpoint(ctx, name, CheckpointOptions{})
+		c, err := e.Checkpoint(ctx, delta.SandboxName(name), CheckpointOptions{})
 		must(t, err)
 		e.WaitFreezes()
 		cp, err := e.resolveFor(ctx, "", c.ID.String())
@@ -480,7 +480,7 @@ func TestConcurrentBranchesBuildOneLayer(t *testing.T) {
 	}
 	done := make(chan error, 2)
 	branch := func(name string) {
-		_, err := e.Branch(ctx, c1.ID.String(), name, BranchOptions{})
+		_, err := e.Branch(ctx, c1.ID.String(), delta.SandboxName(name), BranchOptions{})
 		done <- err
 	}
 	go branch("b1")
@@ -507,10 +507,10 @@ func TestConcurrentBranchesBuildOneLayer(t *testing.T) {
 	cp1, err := e.resolveFor(ctx, "", c1.ID.String())
 	must(t, err)
 	for _, name := range []string{"b1", "b2"} {
-		if got := overlay.FrozenUser(e.home.sandboxDir(name)); got != overlayOf(e).Layers().Dir(cp1.FSTree) {
+		if got := overlay.FrozenUser(e.home.sandboxDir(delta.SandboxName(name))); got != overlayOf(e).Layers().Dir(cp1.FSTree) {
 			t.Fatalf("%s stacks on %q", name, got)
 		}
-		root, err := e.SandboxPath(ctx, name)
+		root, err := e.SandboxPath(ctx, delta.SandboxName(name))
 		must(t, err)
 		if got := mergedState(t, root); got != want {
 			t.Fatalf("%s hashes to %s, want %s", name, got.Short(), want.Short())

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/overlay"
 )
 
@@ -30,8 +31,8 @@ func TestStackedBranchesRestoreProcesses(t *testing.T) {
 	rs, err := e.BranchMany(ctx, c1.ID.String(), []string{"b1", "b2"}, BranchOptions{})
 	must(t, err)
 	for _, r := range rs {
-		if !r.Processes || overlay.FrozenUser(e.home.sandboxDir(r.Sandbox)) == "" {
-			t.Fatalf("branch %s: processes %v, stacked %q", r.Sandbox, r.Processes, overlay.FrozenUser(e.home.sandboxDir(r.Sandbox)))
+		if !r.Processes || overlay.FrozenUser(e.home.sandboxDir(delta.SandboxName(r.Sandbox))) == "" {
+			t.Fatalf("branch %s: processes %v, stacked %q", r.Sandbox, r.Processes, overlay.FrozenUser(e.home.sandboxDir(delta.SandboxName(r.Sandbox))))
 		}
 	}
 	time.Sleep(300 * time.Millisecond)

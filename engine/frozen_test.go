@@ -68,7 +68,7 @@ func branchTurn(t *testing.T, root, tag string) {
 
 func scanOf(t *testing.T, e *Engine, name string) *fstree.ScanResult {
 	t.Helper()
-	st, err := e.loadSandbox(context.Background(), name)
+	st, err := e.loadSandbox(context.Background(), delta.SandboxName(name))
 	must(t, err)
 	res, err := st.root.Scan(context.Background(), nil)
 	must(t, err)
@@ -111,7 +111,7 @@ func TestBranchStacksOnFrozenLayer(t *testing.T) {
 		if res := scanOf(t, e, n); res.Root != cp1.FSTree || res.StateKey != cp1.StateKey {
 			t.Fatalf("branch %s scans to %s (key %s), checkpoint has %s (key %s)", n, res.Root.Short(), res.StateKey.Short(), cp1.FSTree.Short(), cp1.StateKey.Short())
 		}
-		if r, err := e.Checkpoint(ctx, n, CheckpointOptions{}); err != nil || r.Class != delta.ClassSkip {
+		if r, err := e.Checkpoint(ctx, delta.SandboxName(n), CheckpointOptions{}); err != nil || r.Class != delta.ClassSkip {
 			t.Fatalf("untouched branch %s: %v, class %v", n, err, r)
 		}
 	}
@@ -227,7 +227,7 @@ func TestBranchManyAndFrozenRetention(t *testing.T) {
 	turn := func(name, root, content string) *delta.Checkpoint {
 		t.Helper()
 		write(t, filepath.Join(root, "work", content), content)
-		r, err := e.Checkpoint(ctx, name, CheckpointOptions{})
+		r, err := e.Checkpoint(ctx, delta.SandboxName(name), CheckpointOptions{})
 		must(t, err)
 		cp, err := e.resolveFor(ctx, "", r.ID.String())
 		must(t, err)
@@ -246,7 +246,7 @@ func TestBranchManyAndFrozenRetention(t *testing.T) {
 	must(t, err)
 	want := mergedState(t, cr.Root)
 	for i, r := range rs {
-		if r.Sandbox != names[i] || overlay.FrozenUser(e.home.sandboxDir(r.Sandbox)) == "" {
+		if r.Sandbox != names[i] || overlay.FrozenUser(e.home.sandboxDir(delta.SandboxName(r.Sandbox))) == "" {
 			t.Fatalf("fan-out branch %d (%s) does not stack", i, r.Sandbox)
 		}
 		if got := mergedState(t, r.Root); got != want {
@@ -282,7 +282,7 @@ func TestBranchManyAndFrozenRetention(t *testing.T) {
 	// b-1 moves on twice and s twice: cps[2]'s layer is on no line's
 	// newest two any more, but b-1 (and the others) still stack on it.
 	for _, n := range names[1:] {
-		must(t, e.RemoveSandbox(ctx, n))
+		must(t, e.RemoveSandbox(ctx, delta.SandboxName(n)))
 	}
 	b1 := rs[0].Root
 	turn("b-1", b1, "b1-a")

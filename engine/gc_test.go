@@ -100,7 +100,7 @@ func TestGCWithTwoHostsNeverDeletesReferencedPacks(t *testing.T) {
 		_, err := e.HomeSetup().Init(ctx, remoteCfg(srv.Endpoint, "shared"))
 		must(t, err)
 		name := fmt.Sprintf("host%d", i)
-		cr, err := e.CreateSandbox(ctx, name, CreateOptions{Base: richBase(t)})
+		cr, err := e.CreateSandbox(ctx, delta.SandboxName(name), CreateOptions{Base: richBase(t)})
 		must(t, err)
 		wg.Add(1)
 		go func(e *Engine, root string, seed int64) {
@@ -215,7 +215,7 @@ func hostLoop(ctx context.Context, e *Engine, name, root string, seed int64) err
 			if err := os.WriteFile(filepath.Join(root, "shared"), shared, 0o644); err != nil {
 				return err
 			}
-			if _, err := e.Checkpoint(ctx, name, CheckpointOptions{}); err != nil {
+			if _, err := e.Checkpoint(ctx, delta.SandboxName(name), CheckpointOptions{}); err != nil {
 				return fmt.Errorf("%s step %d checkpoint: %w", name, step, err)
 			}
 			if rng.Intn(2) == 0 {

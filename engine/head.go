@@ -49,7 +49,7 @@ func (e *Engine) moveHead(ctx context.Context, name string, sb *delta.Sandbox, i
 // sandbox's key (its id), so two homes' sandboxes of one name never share
 // a head (FORMAT.md).
 func (e *Engine) putHead(ctx context.Context, sb *delta.Sandbox, id delta.ID) error {
-	return putRefObject(ctx, e.stores.front, delta.RefHead, sb.Key(), id)
+	return putRefObject(ctx, e.stores.front, delta.RefHead, string(sb.Key()), id)
 }
 
 // moveHeadAfter is moveHead whose ref object put (putHead of id) was
@@ -63,7 +63,7 @@ func (e *Engine) moveHeadAfter(ctx context.Context, name string, sb *delta.Sandb
 		return err
 	}
 	err = e.cat.Update(ctx, func(tx *catalog.Tx) error {
-		if err := e.rem.QueueRef(tx, name, delta.RefName(delta.RefHead, sb.Key()), id, ""); err != nil {
+		if err := e.rem.QueueRef(tx, name, delta.HeadObject(sb.Key()), id, ""); err != nil {
 			return err
 		}
 		return tx.SetRef(delta.Ref{Kind: delta.RefHead, Name: name, Target: id})

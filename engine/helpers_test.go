@@ -98,7 +98,7 @@ func smallSandbox(t testing.TB, e *Engine, name string) *CreateResult {
 	t.Helper()
 	base := t.TempDir()
 	write(t, filepath.Join(base, "a.txt"), "base\n")
-	cr, err := e.CreateSandbox(context.Background(), name, CreateOptions{Base: base})
+	cr, err := e.CreateSandbox(context.Background(), delta.SandboxName(name), CreateOptions{Base: base})
 	must(t, err)
 	return cr
 }

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"golang.org/x/sys/unix"
 )
@@ -23,12 +24,14 @@ import (
 //	HOME/intents/        interrupted operations (engine/intent)
 type home string
 
-func (h home) lockFile() string              { return filepath.Join(string(h), "lock") }
-func (h home) storeDir() string              { return filepath.Join(string(h), "store") }
-func (h home) catalogDir() string            { return filepath.Join(string(h), "catalog") }
-func (h home) basesDir() string              { return filepath.Join(string(h), "bases") }
-func (h home) sandboxDir(name string) string { return filepath.Join(string(h), "sandboxes", name) }
-func (h home) intentsDir() string            { return filepath.Join(string(h), "intents") }
+func (h home) lockFile() string   { return filepath.Join(string(h), "lock") }
+func (h home) storeDir() string   { return filepath.Join(string(h), "store") }
+func (h home) catalogDir() string { return filepath.Join(string(h), "catalog") }
+func (h home) basesDir() string   { return filepath.Join(string(h), "bases") }
+func (h home) sandboxDir(name delta.SandboxName) string {
+	return filepath.Join(string(h), "sandboxes", string(name))
+}
+func (h home) intentsDir() string { return filepath.Join(string(h), "intents") }
 
 // homeLock is the exclusive hold on a home. Badger allows one process per
 // database, and sandbox layers must not be rewritten by two processes at

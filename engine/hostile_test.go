@@ -201,12 +201,12 @@ func TestFileHoldingATreeEncoding(t *testing.T) {
 	base := t.TempDir()
 	write(t, filepath.Join(base, "a.txt"), "base\n")
 	create := func(e *Engine, name string) string {
-		cr, err := e.CreateSandbox(ctx, name, CreateOptions{Base: base})
+		cr, err := e.CreateSandbox(ctx, delta.SandboxName(name), CreateOptions{Base: base})
 		must(t, err)
 		return cr.Root
 	}
 	checkpoint := func(e *Engine, name string) delta.ID {
-		r, err := e.Checkpoint(ctx, name, CheckpointOptions{})
+		r, err := e.Checkpoint(ctx, delta.SandboxName(name), CheckpointOptions{})
 		must(t, err)
 		return r.ID
 	}
@@ -231,7 +231,7 @@ func TestFileHoldingATreeEncoding(t *testing.T) {
 		}
 		write(t, filepath.Join(root, rel), "changed\n")
 		checkpoint(e, name)
-		if _, err := e.Rollback(ctx, name, id.String(), RollbackOptions{}); err != nil {
+		if _, err := e.Rollback(ctx, delta.SandboxName(name), id.String(), RollbackOptions{}); err != nil {
 			t.Fatalf("rollback of %s to %s: %v", name, id.Short(), err)
 		}
 		got, err := os.ReadFile(filepath.Join(root, rel))

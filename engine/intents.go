@@ -37,7 +37,7 @@ func (e *Engine) intents() *intent.Intents {
 // finishing it (intent.Intents.Abandon): the root goes back to the head
 // and the head's ref object names it again; the processes the rollback
 // stopped stay stopped. No interrupted rollback is ErrPrecondition.
-func (e *Engine) AbandonRollback(ctx context.Context, name string) (*RestoreResult, error) {
+func (e *Engine) AbandonRollback(ctx context.Context, name delta.SandboxName) (*RestoreResult, error) {
 	done, err := e.op(ctx, name)
 	if err != nil {
 		return nil, err
@@ -51,14 +51,14 @@ func (e *Engine) AbandonRollback(ctx context.Context, name string) (*RestoreResu
 	if err := e.rem.MustOwn(st.sb, st.owner, st.head.ID); err != nil {
 		return nil, err
 	}
-	if err := e.intents().Abandon(ctx, name, st.intentSandbox(e.home.sandboxDir(name))); err != nil {
+	if err := e.intents().Abandon(ctx, string(name), st.intentSandbox(e.home.sandboxDir(name))); err != nil {
 		return nil, err
 	}
-	return &RestoreResult{Sandbox: name, Checkpoint: st.head, Root: st.root.Path(), Duration: time.Since(start)}, nil
+	return &RestoreResult{Sandbox: string(name), Checkpoint: st.head, Root: st.root.Path(), Duration: time.Since(start)}, nil
 }
 
 // intentSandbox is st as the intents see it; dir is its directory in the
 // home.
 func (st *sandboxState) intentSandbox(dir string) intent.Sandbox {
-	return intent.Sandbox{Sandbox: st.sb, Root: st.root, Head: st.head, Dir: dir}
+	return intent.Sandbox{Sandbox: st.sb, Root: st.root, Head: st.head, Dir: dir, Container: st.container}
 }

@@ -221,7 +221,7 @@ func TestKeyedIDsTrackFreezeRollback(t *testing.T) {
 		if o.Materialise {
 			name = "copied"
 		}
-		br, err := e.Branch(ctx, c3.ID.String(), name, o)
+		br, err := e.Branch(ctx, c3.ID.String(), delta.SandboxName(name), o)
 		must(t, err)
 		if got := mergedState(t, br.Root); got != head {
 			t.Fatalf("branch %s hashes to %s, want %s", name, got.Short(), head.Short())
@@ -229,7 +229,7 @@ func TestKeyedIDsTrackFreezeRollback(t *testing.T) {
 		if res := scanOf(t, e, name); res.Root != cp3.FSTree || res.StateKey != cp3.StateKey {
 			t.Fatalf("branch %s scans to %s, its checkpoint is %s", name, res.Root.Short(), cp3.FSTree.Short())
 		}
-		if stacks := overlay.FrozenUser(e.home.sandboxDir(name)) == overlayOf(e).Layers().Dir(cp3.FSTree); stacks == o.Materialise {
+		if stacks := overlay.FrozenUser(e.home.sandboxDir(delta.SandboxName(name))) == overlayOf(e).Layers().Dir(cp3.FSTree); stacks == o.Materialise {
 			t.Fatalf("branch %s: stacks on the frozen layer %v, materialised %v", name, stacks, o.Materialise)
 		}
 	}

@@ -95,9 +95,9 @@ func (l *sandboxLocks) unlock(name string) {
 
 // op begins an operation on sandbox name: the engine's shared lock, then
 // the sandbox's. done releases both.
-func (e *Engine) op(ctx context.Context, name string) (done func(), err error) {
+func (e *Engine) op(ctx context.Context, name delta.SandboxName) (done func(), err error) {
 	e.locks.maint.RLock()
-	unlock, err := e.locks.sandboxes.lock(ctx, name)
+	unlock, err := e.locks.sandboxes.lock(ctx, string(name))
 	if err != nil {
 		e.locks.maint.RUnlock()
 		return nil, err

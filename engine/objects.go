@@ -27,7 +27,7 @@ func putSandboxObject(ctx context.Context, store upload.Store, sb *delta.Sandbox
 	if err != nil {
 		return err
 	}
-	if err := upload.PutBytes(ctx, store, delta.SandboxName(sb.Key()), data); err != nil {
+	if err := upload.PutBytes(ctx, store, delta.SandboxObject(sb.Key()), data); err != nil {
 		return fmt.Errorf("sandbox %s: write description: %w", sb.Name, err)
 	}
 	return nil

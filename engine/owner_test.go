@@ -20,7 +20,7 @@ import (
 // bucketHead reads a sandbox's head in the bucket with its owner line.
 func bucketHead(t *testing.T, e *Engine, key string) (delta.ID, delta.Owner) {
 	t.Helper()
-	data, err := upload.ReadAllMax(context.Background(), e.stores.remote, delta.RefName(delta.RefHead, key), delta.MaxSmallObject)
+	data, err := upload.ReadAllMax(context.Background(), e.stores.remote, delta.HeadObject(delta.SandboxKey(key)), delta.MaxSmallObject)
 	must(t, err)
 	id, o, err := delta.ParseHead(data)
 	must(t, err)
@@ -33,8 +33,8 @@ func labelOf(t *testing.T, e *Engine, key string) string {
 	sbs, err := e.ListSandboxes(context.Background())
 	must(t, err)
 	for _, s := range sbs {
-		if s.Sandbox.Key() == key {
-			return s.Sandbox.Name
+		if string(s.Sandbox.Key()) == key {
+			return string(s.Sandbox.Name)
 		}
 	}
 	t.Fatalf("home %s has no sandbox %s", e.Home(), key)
@@ -65,29 +65,29 @@ func TestTwoHomesNeverCoOwnASandbox(t *testing.T) {
 	_, err = a.Remote().Push(ctx, PushOptions{})
 	must(t, err)
 	key := cr.Sandbox.Key()
-	if id, o := bucketHead(t, a, key); id != c1.ID || o != (delta.Owner{Home: a.config.HomeID, Epoch: 1}) {
+	if id, o := bucketHead(t, a, string(key)); id != c1.ID || o != (delta.Owner{Home: a.config.HomeID, Epoch: 1}) {
 		t.Fatalf("bucket head after a's push: %s %v; want %s owned by a at epoch 1", id.Short(), o, c1.ID.Short())
 	}
 
 	_, err = b.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
-	x := labelOf(t, b, key)
-	if _, err := b.Rollback(ctx, x, first.ID.String(), RollbackOptions{}); !errors.Is(err, errdefs.ErrPrecondition) || !strings.Contains(err.Error(), "adopt") {
+	x := labelOf(t, b, string(key))
+	if _, err := b.Rollback(ctx, delta.SandboxName(x), first.ID.String(), RollbackOptions{}); !errors.Is(err, errdefs.ErrPrecondition) || !strings.Contains(err.Error(), "adopt") {
 		t.Fatalf("b's rollback of a's sandbox: %v; want a refusal naming adopt", err)
 	}
-	if _, err := b.Checkpoint(ctx, x, CheckpointOptions{}); !errors.Is(err, errdefs.ErrPrecondition) {
+	if _, err := b.Checkpoint(ctx, delta.SandboxName(x), CheckpointOptions{}); !errors.Is(err, errdefs.ErrPrecondition) {
 		t.Fatalf("b's checkpoint of a's sandbox: %v; want ErrPrecondition", err)
 	}
 
-	rep, err := b.Remote().Adopt(ctx, x, AdoptOptions{})
+	rep, err := b.Remote().Adopt(ctx, delta.SandboxName(x), AdoptOptions{})
 	must(t, err)
 	if rep.Owner != (delta.Owner{Home: b.config.HomeID, Epoch: 2}) || rep.Head != c1.ID {
 		t.Fatalf("adopt: owner %v head %s; want b at epoch 2 from %s", rep.Owner, rep.Head.Short(), c1.ID.Short())
 	}
-	root, err := b.SandboxPath(ctx, x)
+	root, err := b.SandboxPath(ctx, delta.SandboxName(x))
 	must(t, err)
 	write(t, filepath.Join(root, "b1"), "b's turn")
-	cb, err := b.Checkpoint(ctx, x, CheckpointOptions{})
+	cb, err := b.Checkpoint(ctx, delta.SandboxName(x), CheckpointOptions{})
 	must(t, err)
 	_, err = b.Remote().Push(ctx, PushOptions{})
 	must(t, err)
@@ -107,7 +107,7 @@ func TestTwoHomesNeverCoOwnASandbox(t *testing.T) {
 	if !errors.Is(err, errdefs.ErrPrecondition) || !strings.Contains(err.Error(), "sandbox x") || !strings.Contains(err.Error(), b.config.HomeID) {
 		t.Fatalf("a's push after b adopted: %v; want a fence naming sandbox x and b's home", err)
 	}
-	if id, o := bucketHead(t, a, key); id != cb.ID || o.Home != b.config.HomeID || o.Epoch != 2 {
+	if id, o := bucketHead(t, a, string(key)); id != cb.ID || o.Home != b.config.HomeID || o.Epoch != 2 {
 		t.Fatalf("bucket head after a's fenced push: %s %v; want b's %s", id.Short(), o, cb.ID.Short())
 	}
 	// Its record went up, but the turn was never accepted: it is not
@@ -167,12 +167,12 @@ func TestAdoptRespectsALiveLease(t *testing.T) {
 	must(t, a.Remote().RenewLease(ctx, time.Minute))
 	_, err = b.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
-	y := labelOf(t, b, cr.Sandbox.Key())
-	_, err = b.Remote().Adopt(ctx, y, AdoptOptions{})
+	y := labelOf(t, b, string(cr.Sandbox.Key()))
+	_, err = b.Remote().Adopt(ctx, delta.SandboxName(y), AdoptOptions{})
 	if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "--force") {
 		t.Fatalf("adopt while the owner's lease is live: %v; want ErrUnavailable naming --force", err)
 	}
-	rep, err := b.Remote().Adopt(ctx, y, AdoptOptions{Force: true})
+	rep, err := b.Remote().Adopt(ctx, delta.SandboxName(y), AdoptOptions{Force: true})
 	must(t, err)
 	if rep.Lease == nil || !rep.Lease.Live || rep.Owner.Epoch != 2 {
 		t.Fatalf("forced adopt: lease %+v owner %v", rep.Lease, rep.Owner)
@@ -215,7 +215,7 @@ func TestConcurrentAdoptionsHaveOneWinnerPerEpoch(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			reps[i], errs[i] = h.Remote().Adopt(ctx, labelOf(t, h, key), AdoptOptions{})
+			reps[i], errs[i] = h.Remote().Adopt(ctx, delta.SandboxName(labelOf(t, h, string(key))), AdoptOptions{})
 		}()
 	}
 	wg.Wait()
@@ -240,18 +240,18 @@ func TestConcurrentAdoptionsHaveOneWinnerPerEpoch(t *testing.T) {
 	if top == nil {
 		t.Fatal("no adoption succeeded")
 	}
-	if _, o := bucketHead(t, a, key); o.Home != top.config.HomeID || o.Epoch != topEpoch {
+	if _, o := bucketHead(t, a, string(key)); o.Home != top.config.HomeID || o.Epoch != topEpoch {
 		t.Fatalf("bucket owner %v, want the highest epoch's home %s at %d", o, top.config.HomeID, topEpoch)
 	}
 	for i, h := range homes {
 		if errs[i] != nil {
 			continue
 		}
-		z := labelOf(t, h, key)
-		root, err := h.SandboxPath(ctx, z)
+		z := labelOf(t, h, string(key))
+		root, err := h.SandboxPath(ctx, delta.SandboxName(z))
 		must(t, err)
 		write(t, filepath.Join(root, "turn"), h.config.HomeID)
-		if _, err := h.Checkpoint(ctx, z, CheckpointOptions{}); err != nil {
+		if _, err := h.Checkpoint(ctx, delta.SandboxName(z), CheckpointOptions{}); err != nil {
 			t.Fatalf("home %d: checkpoint after adopting: %v", i, err)
 		}
 		_, err = h.Remote().Push(ctx, PushOptions{})

@@ -112,7 +112,7 @@ func TestCounterContinuesAfterRollbackAndBranch(t *testing.T) {
 	}
 	// Two branches of one checkpoint run side by side, each from the cut.
 	for _, b := range []string{"b1", "b2"} {
-		r, err := e.Branch(ctx, c1.ID.String(), b, BranchOptions{})
+		r, err := e.Branch(ctx, c1.ID.String(), delta.SandboxName(b), BranchOptions{})
 		must(t, err)
 		if !r.Processes {
 			t.Fatalf("branch %s did not restore processes", b)

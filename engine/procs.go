@@ -33,7 +33,7 @@ func newProcs(e *Engine, home home) *procs.Manager {
 		Home: string(home), Log: e.log, Phase: e.phase, Progress: e.progressPhase, IDs: func() delta.IDs { return e.keys.IDs() },
 		Loader: func() delta.BlobLoader { return e.data.repo },
 		Load: func(ctx context.Context, name string, write bool) (*procs.Sandbox, func(), error) {
-			done, err := e.op(ctx, name)
+			done, err := e.op(ctx, delta.SandboxName(name))
 			if err != nil {
 				return nil, nil, err
 			}
@@ -41,7 +41,7 @@ func newProcs(e *Engine, home home) *procs.Manager {
 			if write {
 				load = e.loadSandbox
 			}
-			st, err := load(ctx, name)
+			st, err := load(ctx, delta.SandboxName(name))
 			if err != nil {
 				done()
 				return nil, nil, err

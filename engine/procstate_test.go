@@ -26,7 +26,7 @@ import (
 // procCheckpoint checkpoints and fails unless the turn is classed want.
 func procCheckpoint(t *testing.T, e *Engine, name string, want ...delta.Class) *CheckpointResult {
 	t.Helper()
-	r, err := e.Checkpoint(context.Background(), name, CheckpointOptions{})
+	r, err := e.Checkpoint(context.Background(), delta.SandboxName(name), CheckpointOptions{})
 	must(t, err)
 	for _, w := range want {
 		if r.Class == w {
@@ -134,7 +134,7 @@ func TestChangedReferencedFilesDumpProcesses(t *testing.T) {
 	}
 	for i, s := range steps {
 		name := fmt.Sprintf("s%d", i)
-		cr, err := e.CreateSandbox(ctx, name, CreateOptions{Base: base})
+		cr, err := e.CreateSandbox(ctx, delta.SandboxName(name), CreateOptions{Base: base})
 		must(t, err)
 		sh(t, e, name, "mkdir -p /data /opt && echo short > /data/log && cp /bin/busybox /opt/busybox")
 		detach(t, e, name, "exec 3</data/log; while true; do sleep 3600; done")
@@ -154,7 +154,7 @@ func TestChangedReferencedFilesDumpProcesses(t *testing.T) {
 		procCheckpoint(t, e, name, delta.ClassSkip)
 		sh(t, e, name, "echo later > /data/later")
 		procCheckpoint(t, e, name, delta.ClassFS)
-		res, err := e.Rollback(ctx, name, r.ID.String(), RollbackOptions{})
+		res, err := e.Rollback(ctx, delta.SandboxName(name), r.ID.String(), RollbackOptions{})
 		if err != nil {
 			t.Fatalf("%s: rollback to %s: %v", s.what, r.ID.Short(), err)
 		}

@@ -40,11 +40,11 @@ func makeHealthyPair(t *testing.T, e *Engine) *healthyPair {
 	for i, name := range hp.names {
 		base := t.TempDir()
 		write(t, filepath.Join(base, "a.txt"), "base of "+name+"\n")
-		cr, err := e.CreateSandbox(ctx, name, CreateOptions{Base: base})
+		cr, err := e.CreateSandbox(ctx, delta.SandboxName(name), CreateOptions{Base: base})
 		must(t, err)
 		hp.files[i] = "turn of " + name + "\n"
 		write(t, filepath.Join(cr.Root, "turn.txt"), hp.files[i])
-		r, err := e.Checkpoint(ctx, name, CheckpointOptions{})
+		r, err := e.Checkpoint(ctx, delta.SandboxName(name), CheckpointOptions{})
 		must(t, err)
 		hp.heads[i], err = e.Resolve(ctx, r.ID.String())
 		must(t, err)
@@ -65,7 +65,7 @@ func (hp *healthyPair) checkRestored(t *testing.T, e *Engine, branch bool) {
 	heads := map[string]delta.ID{}
 	for _, si := range sbs {
 		if si.Head != nil {
-			heads[si.Sandbox.Name] = si.Head.ID
+			heads[string(si.Sandbox.Name)] = si.Head.ID
 		}
 	}
 	for i, name := range hp.names {
@@ -78,7 +78,7 @@ func (hp *healthyPair) checkRestored(t *testing.T, e *Engine, branch bool) {
 		if !branch {
 			continue
 		}
-		br, err := e.Branch(ctx, hp.heads[i].ID.String(), name+"-copy", BranchOptions{})
+		br, err := e.Branch(ctx, hp.heads[i].ID.String(), delta.SandboxName(name+"-copy"), BranchOptions{})
 		must(t, err)
 		if got, err := os.ReadFile(filepath.Join(br.Root, "turn.txt")); err != nil || string(got) != hp.files[i] {
 			t.Fatalf("branch of %s's head: turn.txt %q %v, want %q", name, got, err, hp.files[i])
@@ -122,10 +122,10 @@ func ghost(ctx context.Context, s upload.Store, hp *healthyPair, base delta.ID, 
 	if err != nil {
 		return "", err
 	}
-	if err := putNamed(ctx, s, delta.SandboxName(sb.ID), data); err != nil {
+	if err := putNamed(ctx, s, delta.SandboxObject(delta.SandboxKey(sb.ID)), data); err != nil {
 		return "", err
 	}
-	name := delta.RefName(delta.RefHead, sb.ID)
+	name := delta.HeadObject(delta.SandboxKey(sb.ID))
 	return name, putNamed(ctx, s, name, head)
 }
 
@@ -242,19 +242,19 @@ func badObjects() []badObject {
 			return name, SkipCorrupt, err
 		}},
 		{"description-bad-json", func(ctx context.Context, s upload.Store, hp *healthyPair) (string, SkipClass, error) {
-			name := delta.SandboxName(delta.NewSandboxID())
+			name := delta.SandboxObject(delta.SandboxKey(delta.NewSandboxID()))
 			return name, SkipCorrupt, putNamed(ctx, s, name, []byte(`{"id": `))
 		}},
 		{"description-under-the-wrong-key", func(ctx context.Context, s upload.Store, hp *healthyPair) (string, SkipClass, error) {
-			real, err := upload.ReadAll(ctx, s, delta.SandboxName(hp.sbs[0].ID))
+			real, err := upload.ReadAll(ctx, s, delta.SandboxObject(delta.SandboxKey(hp.sbs[0].ID)))
 			if err != nil {
 				return "", "", err
 			}
-			name := delta.SandboxName(delta.NewSandboxID())
+			name := delta.SandboxObject(delta.SandboxKey(delta.NewSandboxID()))
 			return name, SkipCorrupt, putNamed(ctx, s, name, real)
 		}},
 		{"description-oversized", func(ctx context.Context, s upload.Store, hp *healthyPair) (string, SkipClass, error) {
-			name := delta.SandboxName(delta.NewSandboxID())
+			name := delta.SandboxObject(delta.SandboxKey(delta.NewSandboxID()))
 			return name, SkipCorrupt, putNamed(ctx, s, name, bytes.Repeat([]byte("{"), delta.MaxSmallObject+1))
 		}},
 		{"description-without-a-head", func(ctx context.Context, s upload.Store, hp *healthyPair) (string, SkipClass, error) {
@@ -263,7 +263,7 @@ func badObjects() []badObject {
 				return "", "", err
 			}
 			key := strings.TrimPrefix(head, delta.HeadPrefix)
-			return delta.SandboxName(key), SkipMissingObjects, s.Delete(ctx, head)
+			return delta.SandboxObject(delta.SandboxKey(key)), SkipMissingObjects, s.Delete(ctx, head)
 		}},
 		{"head-garbage", func(ctx context.Context, s upload.Store, hp *healthyPair) (string, SkipClass, error) {
 			name, err := ghost(ctx, s, hp, hp.sbs[0].BaseTree, []byte("\x00\x01garbage"))
@@ -516,7 +516,7 @@ func TestRebuildAfterAPruneElsewhereLeftAHeadDangling(t *testing.T) {
 	for i, id := range restored {
 		_, err := d.Verifier().Verify(ctx, id.String())
 		must(t, err)
-		br, err := d.Branch(ctx, id.String(), fmt.Sprintf("r%d", i), BranchOptions{})
+		br, err := d.Branch(ctx, id.String(), delta.SandboxName(fmt.Sprintf("r%d", i)), BranchOptions{})
 		must(t, err)
 		got, err := os.ReadFile(filepath.Join(br.Root, "turn.txt"))
 		if content[id] == "" {
@@ -567,7 +567,7 @@ func TestRebuildKeepsWholeCheckpointsOfASkippedHead(t *testing.T) {
 	rec, err := storeRecord(ctx, store, bad)
 	must(t, err)
 	badID, _ := delta.ParseID(strings.TrimPrefix(rec, delta.RecordPrefix))
-	headObj := delta.RefName(delta.RefHead, cr.Sandbox.ID)
+	headObj := delta.HeadObject(delta.SandboxKey(cr.Sandbox.ID))
 	must(t, upload.PutBytes(ctx, store, headObj, delta.EncodeRef(badID)))
 	e := openEngineOracle(t, home, false)
 

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/engine/receipt"
 	"github.com/turnsnap/turnsnap/internal/btrfstest"
 )
@@ -40,7 +41,7 @@ func BenchmarkRollbackReceipt(b *testing.B) {
 		opts  CreateOptions
 	}{{"overlay/walk", e, CreateOptions{Base: base}}, {"overlay/tracked", te, CreateOptions{Base: base}}, {"btrfs", e, btrfsOpts(pool, base)}} {
 		e, name := s.e, fmt.Sprintf("s%d", rng.Intn(1<<30))
-		cr, err := e.CreateSandbox(ctx, name, s.opts)
+		cr, err := e.CreateSandbox(ctx, delta.SandboxName(name), s.opts)
 		must(b, err)
 		for i := range nFiles {
 			p := filepath.Join(cr.Root, fmt.Sprintf("work%02d/f%05d.txt", i/200, i))
@@ -48,7 +49,7 @@ func BenchmarkRollbackReceipt(b *testing.B) {
 			must(b, os.WriteFile(p, fileBody(rng, size), 0o644))
 		}
 		settle()
-		c1, err := e.Checkpoint(ctx, name, CheckpointOptions{})
+		c1, err := e.Checkpoint(ctx, delta.SandboxName(name), CheckpointOptions{})
 		must(b, err)
 		for _, i := range []int{3, nFiles / 2} {
 			rewrite(b, filepath.Join(cr.Root, fmt.Sprintf("work%02d/f%05d.txt", i/200, i)), string(fileBody(rng, size)))
@@ -56,7 +57,7 @@ func BenchmarkRollbackReceipt(b *testing.B) {
 		must(b, os.WriteFile(filepath.Join(cr.Root, "work00/added.txt"), fileBody(rng, size), 0o644))
 		must(b, os.Remove(filepath.Join(cr.Root, fmt.Sprintf("work%02d/f%05d.txt", (nFiles-1)/200, nFiles-1))))
 		settle()
-		c2, err := e.Checkpoint(ctx, name, CheckpointOptions{})
+		c2, err := e.Checkpoint(ctx, delta.SandboxName(name), CheckpointOptions{})
 		must(b, err)
 		e.WaitFreezes()
 		targets := [2]string{c1.ID.String(), c2.ID.String()}
@@ -67,7 +68,7 @@ func BenchmarkRollbackReceipt(b *testing.B) {
 				e.receipts = newReceipts(e, receipt.Options{Unchecked: off})
 				defer func() { e.receipts = newReceipts(e, receipt.Options{}) }()
 				t := time.Now()
-				r, err := e.Rollback(ctx, name, targets[n%2], RollbackOptions{})
+				r, err := e.Rollback(ctx, delta.SandboxName(name), targets[n%2], RollbackOptions{})
 				d := time.Since(t)
 				n++
 				if err != nil {

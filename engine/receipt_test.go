@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/turnsnap/turnsnap/btrfs"
+	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/btrfstest"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/overlay"
@@ -109,7 +110,7 @@ func receiptSandbox(t *testing.T, e *Engine, name string, o CreateOptions) strin
 	base := busyboxBase(t)
 	must(t, os.MkdirAll(filepath.Join(base, "data"), 0o755))
 	o.Base = base
-	r, err := e.CreateSandbox(ctx, name, o)
+	r, err := e.CreateSandbox(ctx, delta.SandboxName(name), o)
 	must(t, err)
 	_, err = e.Processes().Exec(ctx, name, []string{"sh", "-c", stepperScript}, ExecOptions{Detach: true})
 	must(t, err)
@@ -269,7 +270,7 @@ func checkIncomplete(t *testing.T, e *Engine, r *RestoreResult, err error) {
 	if !strings.Contains(err.Error(), "no process running") {
 		t.Fatalf("error does not name the state left: %v", err)
 	}
-	running, cerr := e.procs.Running(context.Background(), "s")
+	running, cerr := e.procs.Running(context.Background(), e.procs.Container("s"))
 	must(t, cerr)
 	if running {
 		t.Fatal("processes still run after restore_incomplete")

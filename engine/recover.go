@@ -39,7 +39,7 @@ func (e *Engine) Recover(ctx context.Context) (*RecoverReport, error) {
 	err := e.view(ctx, func(tx *catalog.Tx) error {
 		sbs, err := tx.Sandboxes()
 		for _, sb := range sbs {
-			names = append(names, sb.Name)
+			names = append(names, string(sb.Name))
 		}
 		return err
 	})
@@ -48,7 +48,7 @@ func (e *Engine) Recover(ctx context.Context) (*RecoverReport, error) {
 	}
 	rep := &RecoverReport{Failed: map[string]string{}}
 	for _, name := range names {
-		if _, err := os.Stat(e.home.sandboxDir(name)); err != nil {
+		if _, err := os.Stat(e.home.sandboxDir(delta.SandboxName(name))); err != nil {
 			continue // not on this host (yet): nothing to repair
 		}
 		if err := e.recoverSandbox(ctx, name, rep); err != nil {
@@ -59,17 +59,17 @@ func (e *Engine) Recover(ctx context.Context) (*RecoverReport, error) {
 }
 
 func (e *Engine) recoverSandbox(ctx context.Context, name string, rep *RecoverReport) error {
-	done, err := e.op(ctx, name)
+	done, err := e.op(ctx, delta.SandboxName(name))
 	if err != nil {
 		return err
 	}
 	defer done()
 	var sb *delta.Sandbox
-	if err := e.view(ctx, func(tx *catalog.Tx) (err error) { sb, err = tx.Sandbox(name); return err }); err != nil {
+	if err := e.view(ctx, func(tx *catalog.Tx) (err error) { sb, err = tx.Sandbox(delta.SandboxName(name)); return err }); err != nil {
 		return err
 	}
 	if _, ok := e.intents().Pending(sb); ok {
-		st, err := e.loadSandbox(ctx, name)
+		st, err := e.loadSandbox(ctx, delta.SandboxName(name))
 		if err != nil {
 			return err
 		}

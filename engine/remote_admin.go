@@ -47,10 +47,10 @@ func newRemote(e *Engine) *remote.Home {
 		Shared: e.shared,
 		Op:     e.op,
 		Rollback: func(ctx context.Context, sandbox string, id delta.ID) error {
-			_, err := e.Rollback(ctx, sandbox, id.String(), RollbackOptions{})
+			_, err := e.Rollback(ctx, delta.SandboxName(sandbox), id.String(), RollbackOptions{})
 			return err
 		},
-		SandboxDir: e.home.sandboxDir,
+		SandboxDir: func(name string) string { return e.home.sandboxDir(delta.SandboxName(name)) },
 	})
 }
 

@@ -50,7 +50,7 @@ type RestoreResult struct {
 // may not hold are all refused before the sandbox is touched: its running
 // processes are stopped only once everything that can be checked
 // beforehand has been.
-func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptions) (*RestoreResult, error) {
+func (e *Engine) Rollback(ctx context.Context, name delta.SandboxName, ref string, o RollbackOptions) (*RestoreResult, error) {
 	done, err := e.op(ctx, name)
 	if err != nil {
 		return nil, err
@@ -93,7 +93,7 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 	}
 	// The base is shared by every sandbox on it: a damaged one is refused,
 	// not restored onto.
-	if _, err := e.checkBase(ctx, name, st.sb.Backend, cp.BaseTree, false); err != nil {
+	if _, err := e.checkBase(ctx, string(name), st.sb.Backend, cp.BaseTree, false); err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", name, err)
 	}
 	// Everything that can fail is checked before the running processes are
@@ -106,21 +106,21 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 	}
 	defer cleanImg()
 	// Prepared before the processes stop: their mappings (rootfs.Rollbacker).
-	var rb rootfs.Rollback = plainRollback{e: e, name: name, root: st.root}
+	var rb rootfs.Rollback = plainRollback{e: e, name: string(name), root: st.root}
 	if r, ok := e.backends[st.sb.Backend].(rootfs.Rollbacker); ok {
-		rb = r.BeginRollback(ctx, name, st.root, func(ctx context.Context) ([]string, error) {
-			running, err := e.procs.Running(ctx, name)
+		rb = r.BeginRollback(ctx, string(name), st.root, func(ctx context.Context) ([]string, error) {
+			running, err := e.procs.Running(ctx, st.container)
 			if err != nil || !running {
 				return nil, err
 			}
-			ps, err := e.procs.Snapshot(ctx, name)
+			ps, err := e.procs.Snapshot(ctx, st.container)
 			if err != nil {
 				return nil, err
 			}
 			return sharedWritable(ps), nil
 		})
 	}
-	if err := e.procs.Stop(ctx, name); err != nil {
+	if err := e.procs.Stop(ctx, st.container); err != nil {
 		rb.Abort()
 		return nil, err
 	}
@@ -171,17 +171,17 @@ func (e *Engine) Rollback(ctx context.Context, name, ref string, o RollbackOptio
 		return nil, err
 	}
 	e.phase("rollback: root switched")
-	if err := e.moveHeadAfter(ctx, name, st.sb, cp.ID, head); err != nil {
+	if err := e.moveHeadAfter(ctx, string(name), st.sb, cp.ID, head); err != nil {
 		return nil, err // the intent stays: the next load finishes the move
 	}
 	e.phase("rollback: head moved")
 	intents.ClearProcsLost(st.sb) // what ran before is replaced now
-	res := &RestoreResult{Sandbox: name, Checkpoint: cp, Root: st.root.Path(), LiveScan: info.Live, Mounted: info.Mounted}
+	res := &RestoreResult{Sandbox: string(name), Checkpoint: cp, Root: st.root.Path(), LiveScan: info.Live, Mounted: info.Mounted}
 	// The files are checked, the processes restored and checked: the
 	// receipt (engine/receipt). The intent stays until the processes run: a
 	// rollback killed while it restores them is finished by the next
 	// command, processes included.
-	if res.Receipt, res.Processes, err = e.receipts.Check(ctx, "rollback", name, st.root, cp, receipt.WrittenHow(st.root, info, false), receipt.RestoredTree(st.root, info), img, withProcs); err != nil {
+	if res.Receipt, res.Processes, err = e.receipts.Check(ctx, "rollback", string(name), st.root, cp, receipt.WrittenHow(st.root, info, false), receipt.RestoredTree(st.root, info), img, withProcs); err != nil {
 		intents.NoteProcsLost(st.sb, fmt.Sprintf("the rollback to %s restored the files; its processes: %v", cp.ID.Short(), err))
 		intents.Clear(st.sb)
 		return nil, fmt.Errorf("files restored, processes not: %w", err)
@@ -225,8 +225,8 @@ type BranchOptions struct {
 // is ref itself, so its first checkpoint records ref as parent: lineage
 // crosses sandboxes the way git commits cross branches. It is BranchMany
 // of one name, so one branch and a fan-out follow the same rules.
-func (e *Engine) Branch(ctx context.Context, ref, newName string, o BranchOptions) (*RestoreResult, error) {
-	rs, err := e.BranchMany(ctx, ref, []string{newName}, o)
+func (e *Engine) Branch(ctx context.Context, ref string, newName delta.SandboxName, o BranchOptions) (*RestoreResult, error) {
+	rs, err := e.BranchMany(ctx, ref, []string{string(newName)}, o)
 	if len(rs) == 0 {
 		return nil, err
 	}

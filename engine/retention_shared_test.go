@@ -52,7 +52,7 @@ func turns(t *testing.T, e *Engine, name, root string, n int) []delta.ID {
 	var ids []delta.ID
 	for range n {
 		write(t, filepath.Join(root, "turn"), fmt.Sprintf("%s turn %d %d", name, len(ids), time.Now().UnixNano()))
-		c, err := e.Checkpoint(context.Background(), name, CheckpointOptions{})
+		c, err := e.Checkpoint(context.Background(), delta.SandboxName(name), CheckpointOptions{})
 		must(t, err)
 		ids = append(ids, c.ID)
 	}

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/btrfstest"
 	"github.com/turnsnap/turnsnap/overlay"
 )
@@ -59,7 +60,7 @@ func BenchmarkRollbackByDiff(b *testing.B) {
 	}{{"overlay", e, CreateOptions{Base: base}}, {"tracked", te, CreateOptions{Base: base}}, {"btrfs", e, btrfsOpts(pool, base)}} {
 		e := s.e
 		engines[s.name] = e
-		cr, err := e.CreateSandbox(ctx, s.name, s.opts)
+		cr, err := e.CreateSandbox(ctx, delta.SandboxName(s.name), s.opts)
 		must(b, err)
 		for i := range nFiles {
 			p := filepath.Join(cr.Root, fmt.Sprintf("work%02d/f%05d.txt", i/200, i))
@@ -67,7 +68,7 @@ func BenchmarkRollbackByDiff(b *testing.B) {
 			must(b, os.WriteFile(p, fileBody(rng, size), 0o644))
 		}
 		settle()
-		c1, err := e.Checkpoint(ctx, s.name, CheckpointOptions{})
+		c1, err := e.Checkpoint(ctx, delta.SandboxName(s.name), CheckpointOptions{})
 		must(b, err)
 		for _, i := range []int{3, nFiles / 2} {
 			rewrite(b, filepath.Join(cr.Root, fmt.Sprintf("work%02d/f%05d.txt", i/200, i)), string(fileBody(rng, size)))
@@ -75,7 +76,7 @@ func BenchmarkRollbackByDiff(b *testing.B) {
 		must(b, os.WriteFile(filepath.Join(cr.Root, "work00/added.txt"), fileBody(rng, size), 0o644))
 		must(b, os.Remove(filepath.Join(cr.Root, fmt.Sprintf("work%02d/f%05d.txt", (nFiles-1)/200, nFiles-1))))
 		settle()
-		c2, err := e.Checkpoint(ctx, s.name, CheckpointOptions{})
+		c2, err := e.Checkpoint(ctx, delta.SandboxName(s.name), CheckpointOptions{})
 		must(b, err)
 		targets[s.name] = [2]string{c1.ID.String(), c2.ID.String()}
 	}
@@ -99,7 +100,7 @@ func BenchmarkRollbackByDiff(b *testing.B) {
 		var ds []time.Duration
 		for b.Loop() {
 			t := time.Now()
-			res, err := e.Rollback(ctx, name, alt[len(ds)%2], RollbackOptions{})
+			res, err := e.Rollback(ctx, delta.SandboxName(name), alt[len(ds)%2], RollbackOptions{})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -114,7 +115,7 @@ func BenchmarkRollbackByDiff(b *testing.B) {
 			}
 		}
 		if len(ds)%2 == 1 { // back to the newest for the next sub-benchmark
-			_, err := e.Rollback(ctx, name, alt[1], RollbackOptions{})
+			_, err := e.Rollback(ctx, delta.SandboxName(name), alt[1], RollbackOptions{})
 			must(b, err)
 		}
 		median(b, ds)
@@ -123,7 +124,7 @@ func BenchmarkRollbackByDiff(b *testing.B) {
 		return func(b *testing.B) {
 			// The file rewritten between the checkpoints keeps its inode:
 			// the diff path ran, not the rebuild.
-			p := filepath.Join(engines[name].home.sandboxDir(name), "root", "work00/f00003.txt")
+			p := filepath.Join(engines[name].home.sandboxDir(delta.SandboxName(name)), "root", "work00/f00003.txt")
 			before := inode(b, p)
 			roll(b, name, live)
 			if inode(b, p) != before {

@@ -156,7 +156,7 @@ func TestFailedRollbackKeepsHeadObject(t *testing.T) {
 		t.Helper()
 		st, err := e.loadSandbox(ctx, "s")
 		must(t, err)
-		data, err := upload.ReadAll(ctx, e.stores.local, delta.RefName(delta.RefHead, st.sb.Key()))
+		data, err := upload.ReadAll(ctx, e.stores.local, delta.HeadObject(st.sb.Key()))
 		must(t, err)
 		id, err := delta.ParseRef(data)
 		must(t, err)

@@ -23,7 +23,7 @@ import (
 func checkRolledBack(t *testing.T, e *Engine, name string, cp *delta.Checkpoint, merged delta.ID, what string) {
 	t.Helper()
 	ctx := context.Background()
-	st, err := e.loadSandbox(ctx, name)
+	st, err := e.loadSandbox(ctx, delta.SandboxName(name))
 	must(t, err)
 	full, err := st.root.(*overlay.Root).ScanFull(ctx)
 	must(t, err)

@@ -12,6 +12,7 @@ import (
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/engine/content"
+	"github.com/turnsnap/turnsnap/engine/procs"
 	"github.com/turnsnap/turnsnap/engine/remote"
 	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
@@ -39,7 +40,7 @@ type CreateResult struct {
 // CreateSandbox imports the base into the store (content-addressed, so a
 // second sandbox on the same base adds no bytes), materialises it once per
 // host as the overlay lower dir, mounts the sandbox, and commits turn 0.
-func (e *Engine) CreateSandbox(ctx context.Context, name string, opts CreateOptions) (*CreateResult, error) {
+func (e *Engine) CreateSandbox(ctx context.Context, name delta.SandboxName, opts CreateOptions) (*CreateResult, error) {
 	done, err := e.op(ctx, name)
 	if err != nil {
 		return nil, err
@@ -47,7 +48,7 @@ func (e *Engine) CreateSandbox(ctx context.Context, name string, opts CreateOpti
 	defer done()
 	start := time.Now()
 	e.progressPhase("import base", 0)
-	if !delta.ValidRefName(name) {
+	if !delta.ValidRefName(string(name)) {
 		return nil, fmt.Errorf("sandbox name %q: use 1-64 of [A-Za-z0-9._-], not starting with '.' or '-': %w", name, errdefs.ErrInvalid)
 	}
 	if opts.Backend == "" {
@@ -61,7 +62,7 @@ func (e *Engine) CreateSandbox(ctx context.Context, name string, opts CreateOpti
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", name, err)
 	}
-	if err := e.checkNewSandbox(ctx, name); err != nil {
+	if err := e.checkNewSandbox(ctx, string(name)); err != nil {
 		return nil, err
 	}
 	base, err := filepath.Abs(opts.Base)
@@ -91,7 +92,7 @@ func (e *Engine) CreateSandbox(ctx context.Context, name string, opts CreateOpti
 	if err := ensureDir(filepath.Dir(e.home.sandboxDir(name))); err != nil {
 		return nil, err
 	}
-	unmark, err := e.leftovers().Creating([]string{name}, opts.Backend, cfg)
+	unmark, err := e.leftovers().Creating([]string{string(name)}, opts.Backend, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -103,7 +104,7 @@ func (e *Engine) CreateSandbox(ctx context.Context, name string, opts CreateOpti
 	sb := &delta.Sandbox{ID: delta.NewSandboxID(), Home: e.config.HomeID, Name: name, Backend: opts.Backend,
 		BaseTree: res.Root, Created: time.Now().UTC(), Config: cfg}
 	cp := &delta.Checkpoint{
-		Version: delta.RecordVersion, Sandbox: name, SandboxID: sb.ID, Turn: 0, Class: delta.ClassFS,
+		Version: delta.RecordVersion, Sandbox: delta.SandboxName(name), SandboxID: sb.ID, Turn: 0, Class: delta.ClassFS,
 		Backend: opts.Backend, BaseTree: res.Root, FSTree: empty,
 		// An empty layer's state key is the empty tree's (Create leaves the
 		// root scanned and its cache written, as Branch relies on too).
@@ -125,7 +126,7 @@ func (e *Engine) CreateSandbox(ctx context.Context, name string, opts CreateOpti
 
 func (e *Engine) checkNewSandbox(ctx context.Context, name string) error {
 	err := e.view(ctx, func(tx *catalog.Tx) error {
-		_, err := tx.Sandbox(name)
+		_, err := tx.Sandbox(delta.SandboxName(name))
 		return err
 	})
 	if err == nil {
@@ -134,7 +135,7 @@ func (e *Engine) checkNewSandbox(ctx context.Context, name string) error {
 	if !errors.Is(err, errdefs.ErrNotFound) {
 		return err
 	}
-	if _, err := os.Lstat(e.home.sandboxDir(name)); err == nil {
+	if _, err := os.Lstat(e.home.sandboxDir(delta.SandboxName(name))); err == nil {
 		// A root no catalog entry names: a killed create or branch's is
 		// removed here (engine/leftover); any other is the operator's call.
 		l := e.leftovers()
@@ -175,7 +176,7 @@ func (e *Engine) commit(ctx context.Context, op *content.Op, cp *delta.Checkpoin
 			return err
 		}
 	}
-	if err := putRefObject(ctx, e.stores.front, delta.RefHead, cp.SandboxKey(), cp.ID); err != nil {
+	if err := putRefObject(ctx, e.stores.front, delta.RefHead, string(cp.SandboxKey()), cp.ID); err != nil {
 		return err
 	}
 	e.phase(PhaseRecorded)
@@ -199,7 +200,7 @@ func (e *Engine) commit(ctx context.Context, op *content.Op, cp *delta.Checkpoin
 		if err := e.rem.QueueCommit(tx, op, cp, newSandbox); err != nil {
 			return err
 		}
-		return tx.SetRef(delta.Ref{Kind: delta.RefHead, Name: cp.Sandbox, Target: cp.ID})
+		return tx.SetRef(delta.Ref{Kind: delta.RefHead, Name: string(cp.Sandbox), Target: cp.ID})
 	})
 	if err != nil {
 		return fmt.Errorf("checkpoint %s of sandbox %s: catalog: %w", cp.ID.Short(), cp.Sandbox, err)
@@ -231,7 +232,7 @@ func (e *Engine) ListSandboxes(ctx context.Context) ([]SandboxInfo, error) {
 			}
 			// A sandbox with no head yet lists without one; any other
 			// read error is the listing's.
-			id, err := tx.GetRef(delta.RefHead, sb.Name)
+			id, err := tx.GetRef(delta.RefHead, string(sb.Name))
 			if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 				return fmt.Errorf("sandbox %s: head: %w", sb.Name, err)
 			}
@@ -247,18 +248,24 @@ func (e *Engine) ListSandboxes(ctx context.Context) ([]SandboxInfo, error) {
 	return out, err
 }
 
-// sandboxState is what most operations need about a sandbox.
+// sandboxState is what most operations need about a sandbox, read once
+// per operation: its catalog name (also the key of its lock, its turn
+// tracker and its memos), its key (its objects in the store), its
+// container, its description, head and root.
 type sandboxState struct {
-	sb    *delta.Sandbox
-	head  *delta.Checkpoint
-	root  rootfs.Root
-	owner delta.Owner // who may write its head (engine/remote/owner.go)
+	name      delta.SandboxName
+	key       delta.SandboxKey
+	container procs.Container
+	sb        *delta.Sandbox
+	head      *delta.Checkpoint
+	root      rootfs.Root
+	owner     delta.Owner // who may write its head (engine/remote/owner.go)
 	// interrupted is what an interrupted operation left (engine/intent), as
 	// far as the load did not finish it: nil when nothing.
 	interrupted *Interrupted
 }
 
-func (e *Engine) loadSandbox(ctx context.Context, name string) (*sandboxState, error) {
+func (e *Engine) loadSandbox(ctx context.Context, name delta.SandboxName) (*sandboxState, error) {
 	st, be, lower, err := e.readSandbox(ctx, name)
 	if err != nil {
 		return nil, err
@@ -278,7 +285,7 @@ func (e *Engine) loadSandbox(ctx context.Context, name string) (*sandboxState, e
 		// Finishing writes the catalog: a read-only home reports the
 		// interrupted work (st.interrupted) and leaves it to a writer.
 		if in, ok := intents.Pending(st.sb); ok {
-			if st.head, err = intents.Finish(ctx, name, st.intentSandbox(e.home.sandboxDir(name)), in); err != nil {
+			if st.head, err = intents.Finish(ctx, string(name), st.intentSandbox(e.home.sandboxDir(name)), in); err != nil {
 				return nil, err
 			}
 		}
@@ -291,7 +298,7 @@ func (e *Engine) loadSandbox(ctx context.Context, name string) (*sandboxState, e
 // interrupted operation is reported in st.interrupted, never finished, so
 // reading a sandbox never waits for or depends on someone else's work.
 // A root absent here is not brought back.
-func (e *Engine) viewSandbox(ctx context.Context, name string) (*sandboxState, error) {
+func (e *Engine) viewSandbox(ctx context.Context, name delta.SandboxName) (*sandboxState, error) {
 	st, _, _, err := e.readSandbox(ctx, name)
 	if err != nil {
 		return nil, err
@@ -302,14 +309,14 @@ func (e *Engine) viewSandbox(ctx context.Context, name string) (*sandboxState, e
 
 // readSandbox reads the sandbox's catalog entries and opens its root
 // (without mounting or creating it).
-func (e *Engine) readSandbox(ctx context.Context, name string) (*sandboxState, rootfs.Backend, string, error) {
+func (e *Engine) readSandbox(ctx context.Context, name delta.SandboxName) (*sandboxState, rootfs.Backend, string, error) {
 	st := &sandboxState{}
 	err := e.view(ctx, func(tx *catalog.Tx) error {
 		var err error
-		if st.sb, err = tx.Sandbox(name); err != nil {
+		if st.sb, err = tx.Sandbox(delta.SandboxName(name)); err != nil {
 			return err // names the sandbox
 		}
-		id, err := tx.GetRef(delta.RefHead, name)
+		id, err := tx.GetRef(delta.RefHead, string(name))
 		if err != nil {
 			return fmt.Errorf("sandbox %s: head: %w", name, err)
 		}
@@ -322,6 +329,7 @@ func (e *Engine) readSandbox(ctx context.Context, name string) (*sandboxState, r
 	if err != nil {
 		return nil, nil, "", err
 	}
+	st.name, st.key, st.container = delta.SandboxName(name), st.sb.Key(), e.procs.Container(string(name))
 	if !e.rem.RootHere(st.sb) {
 		return nil, nil, "", e.rem.ErrForeignRoot(st.sb)
 	}
@@ -341,9 +349,9 @@ func (e *Engine) readSandbox(ctx context.Context, name string) (*sandboxState, r
 // one catalog entry and waits for no operation on the sandbox, for a
 // caller on a hot path (the LLM proxy refuses a route to a sandbox that
 // does not exist before it forwards anything).
-func (e *Engine) SandboxExists(ctx context.Context, name string) (bool, error) {
+func (e *Engine) SandboxExists(ctx context.Context, name delta.SandboxName) (bool, error) {
 	err := e.view(ctx, func(tx *catalog.Tx) error {
-		_, err := tx.Sandbox(name)
+		_, err := tx.Sandbox(delta.SandboxName(name))
 		return err
 	})
 	if errors.Is(err, errdefs.ErrNotFound) || errors.Is(err, errdefs.ErrInvalid) {
@@ -353,7 +361,7 @@ func (e *Engine) SandboxExists(ctx context.Context, name string) (bool, error) {
 }
 
 // SandboxPath returns the sandbox's mounted root, mounting it if needed.
-func (e *Engine) SandboxPath(ctx context.Context, name string) (string, error) {
+func (e *Engine) SandboxPath(ctx context.Context, name delta.SandboxName) (string, error) {
 	done, err := e.op(ctx, name)
 	if err != nil {
 		return "", err
@@ -372,7 +380,7 @@ func (e *Engine) SandboxPath(ctx context.Context, name string) (string, error) {
 // RemoveSandbox unmounts and deletes a sandbox's root and forgets its head.
 // Its checkpoints stay: other sandboxes may have branched from them, and
 // they remain restorable until pruned.
-func (e *Engine) RemoveSandbox(ctx context.Context, name string) error {
+func (e *Engine) RemoveSandbox(ctx context.Context, name delta.SandboxName) error {
 	return e.RemoveSandboxWith(ctx, name, RemoveOptions{})
 }
 
@@ -390,23 +398,23 @@ type RemoveOptions struct {
 
 // RemoveSandboxWith is RemoveSandbox with options: CatalogOnly leaves the
 // root and processes alone (a sandbox whose root is on another host).
-func (e *Engine) RemoveSandboxWith(ctx context.Context, name string, o RemoveOptions) error {
+func (e *Engine) RemoveSandboxWith(ctx context.Context, name delta.SandboxName, o RemoveOptions) error {
 	done, err := e.op(ctx, name)
 	if err != nil {
 		return err
 	}
 	defer done()
-	e.memo.headTrees.drop(name) // only a cache: dropping it even if the removal fails costs a read
+	e.memo.headTrees.drop(string(name)) // only a cache: dropping it even if the removal fails costs a read
 	var sb *delta.Sandbox
 	if err := e.view(ctx, func(tx *catalog.Tx) error {
 		var err error
-		sb, err = tx.Sandbox(name)
+		sb, err = tx.Sandbox(delta.SandboxName(name))
 		return err
 	}); err != nil {
 		if o.CatalogOnly {
 			return err
 		}
-		return e.leftovers().RemoveUnknown(ctx, name, err) // a killed create's or branch's root
+		return e.leftovers().RemoveUnknown(ctx, string(name), err) // a killed create's or branch's root
 	}
 	if !o.CatalogOnly && !e.rem.RootHere(sb) {
 		// Its root is on the host that recorded it: nothing here to
@@ -414,10 +422,10 @@ func (e *Engine) RemoveSandboxWith(ctx context.Context, name string, o RemoveOpt
 		e.log.Warn("sandbox root is on another host; forgetting the sandbox only", "sandbox", name)
 		o.CatalogOnly = true
 	}
-	e.untrack(name) // its descriptor on the root would keep it mounted
+	e.untrack(string(name)) // its descriptor on the root would keep it mounted
 	var be rootfs.Backend
 	if !o.CatalogOnly {
-		if err := e.procs.Stop(ctx, name); err != nil {
+		if err := e.procs.Stop(ctx, e.procs.Container(string(name))); err != nil {
 			return err
 		}
 		if be, err = e.backend(sb.Backend, sb.Config); err != nil {
@@ -435,15 +443,15 @@ func (e *Engine) RemoveSandboxWith(ctx context.Context, name string, o RemoveOpt
 	// other order would leave a catalog entry whose root is half gone.
 	unmark := func() {}
 	if be != nil {
-		if unmark, err = e.leftovers().Creating([]string{name}, sb.Backend, sb.Config); err != nil {
+		if unmark, err = e.leftovers().Creating([]string{string(name)}, sb.Backend, sb.Config); err != nil {
 			return err
 		}
 	}
 	err = e.cat.Update(ctx, func(tx *catalog.Tx) error {
-		if err := tx.DeleteRef(delta.RefHead, name); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		if err := tx.DeleteRef(delta.RefHead, string(name)); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 			return err
 		}
-		if err := e.rem.QueueDelete(tx, name, delta.RefName(delta.RefHead, sb.Key()), delta.SandboxName(sb.Key())); err != nil {
+		if err := e.rem.QueueDelete(tx, string(name), delta.HeadObject(sb.Key()), delta.SandboxObject(sb.Key())); err != nil {
 			return err
 		}
 		if sb.ID != "" && sb.Home == e.config.HomeID {
@@ -452,7 +460,7 @@ func (e *Engine) RemoveSandboxWith(ctx context.Context, name string, o RemoveOpt
 				return err
 			}
 		}
-		return tx.DeleteSandbox(name)
+		return tx.DeleteSandbox(delta.SandboxName(name))
 	})
 	if err != nil {
 		unmark()
@@ -462,7 +470,7 @@ func (e *Engine) RemoveSandboxWith(ctx context.Context, name string, o RemoveOpt
 	// Local copies only: with a remote, the deletions queued above reach
 	// the bucket in order at the next push. Left behind, they would bring
 	// the sandbox back only to a catalog rebuild, which says so.
-	for _, obj := range []string{delta.RefName(delta.RefHead, sb.Key()), delta.SandboxName(sb.Key())} {
+	for _, obj := range []string{delta.HeadObject(sb.Key()), delta.SandboxObject(sb.Key())} {
 		if err := e.stores.local.Delete(ctx, obj); err != nil {
 			e.log.Warn("sandbox removed; its local object stays", "sandbox", name, "object", obj, "err", err)
 		}

@@ -39,7 +39,7 @@ func synthHistory(tb testing.TB, e *Engine, name string, n int) time.Duration {
 	var sb *delta.Sandbox
 	var head delta.ID
 	must(tb, e.view(ctx, func(tx *catalog.Tx) (err error) {
-		if sb, err = tx.Sandbox(name); err != nil {
+		if sb, err = tx.Sandbox(delta.SandboxName(name)); err != nil {
 			return err
 		}
 		head, err = tx.GetRef(delta.RefHead, name)
@@ -57,7 +57,7 @@ func synthHistory(tb testing.TB, e *Engine, name string, n int) time.Duration {
 		tid := delta.Hash(tree)
 		_, err = op.SaveBlob(ctx, delta.BlobTree, tid, tree)
 		must(tb, err)
-		cp := &delta.Checkpoint{Version: delta.RecordVersion, Sandbox: name, SandboxID: sb.ID, Parent: head,
+		cp := &delta.Checkpoint{Version: delta.RecordVersion, Sandbox: delta.SandboxName(name), SandboxID: sb.ID, Parent: head,
 			Turn: i + 1, Class: delta.ClassFS, Backend: sb.Backend, BaseTree: sb.BaseTree, FSTree: tid,
 			StateKey: tid, Message: "synthetic", Created: time.Now().UTC()}
 		must(tb, e.commit(ctx, op, cp, nil, cp.Roots()))

@@ -68,7 +68,7 @@ func TestTwoHomesOneBucketNoCrossTalk(t *testing.T) {
 	var foreign string
 	for _, si := range sbs {
 		if si.Sandbox.Name != "s" {
-			foreign = si.Sandbox.Name
+			foreign = string(si.Sandbox.Name)
 			if !own["a"][si.Head.ID] {
 				t.Fatalf("a's sandbox on b (%s) has head %s, not a's", foreign, si.Head.ID.Short())
 			}
@@ -153,13 +153,13 @@ func TestRebuildRejectsImpostorsAndSkipsCorrupt(t *testing.T) {
 	must(t, err)
 	must(t, upload.PutBytes(ctx, a.stores.remote, delta.RecordName(oldID), data))
 	legacy, _ := json.Marshal(delta.Sandbox{Name: "old", Backend: cr.Sandbox.Backend, BaseTree: cr.Sandbox.BaseTree, Created: time.Now().UTC()})
-	must(t, upload.PutBytes(ctx, a.stores.remote, delta.SandboxName("old"), legacy))
-	must(t, upload.PutBytes(ctx, a.stores.remote, delta.RefName(delta.RefHead, "old"), delta.EncodeRef(oldID)))
+	must(t, upload.PutBytes(ctx, a.stores.remote, delta.SandboxObject(delta.SandboxKey("old")), legacy))
+	must(t, upload.PutBytes(ctx, a.stores.remote, delta.HeadObject(delta.SandboxKey("old")), delta.EncodeRef(oldID)))
 
 	// The impostor: s's description copied under another id's name.
-	real, err := upload.ReadAll(ctx, a.stores.remote, delta.SandboxName(cr.Sandbox.ID))
+	real, err := upload.ReadAll(ctx, a.stores.remote, delta.SandboxObject(delta.SandboxKey(cr.Sandbox.ID)))
 	must(t, err)
-	impostor := delta.SandboxName(delta.NewSandboxID())
+	impostor := delta.SandboxObject(delta.SandboxKey(delta.NewSandboxID()))
 	must(t, upload.PutBytes(ctx, a.stores.remote, impostor, real))
 	badRecord := delta.RecordName(delta.Hash([]byte("not a record")))
 	must(t, upload.PutBytes(ctx, a.stores.remote, badRecord, []byte("{garbage")))
@@ -207,7 +207,7 @@ func checkpointsOf(t *testing.T, e *Engine, sandbox string) []delta.ID {
 	t.Helper()
 	var out []delta.ID
 	must(t, e.view(context.Background(), func(tx *catalog.Tx) error {
-		cps, err := tx.SandboxCheckpoints(sandbox)
+		cps, err := tx.SandboxCheckpoints(delta.SandboxName(sandbox))
 		for _, cp := range cps {
 			out = append(out, cp.ID)
 		}

@@ -57,7 +57,7 @@ func TestConcurrentOperations(t *testing.T) {
 // iteration, a rollback and a branch every third turn.
 func stressWorker(ctx context.Context, e *Engine, base string, w, turns int, ops *atomic.Int64) error {
 	name := fmt.Sprintf("w%d", w)
-	cr, err := e.CreateSandbox(ctx, name, CreateOptions{Base: base})
+	cr, err := e.CreateSandbox(ctx, delta.SandboxName(name), CreateOptions{Base: base})
 	if err != nil {
 		return err
 	}
@@ -80,7 +80,7 @@ func stressWorker(ctx context.Context, e *Engine, base string, w, turns int, ops
 				return err
 			}
 		}
-		r, err := e.Checkpoint(ctx, name, CheckpointOptions{})
+		r, err := e.Checkpoint(ctx, delta.SandboxName(name), CheckpointOptions{})
 		if err != nil {
 			return fmt.Errorf("turn %d: %w", i, err)
 		}
@@ -99,14 +99,14 @@ func stressWorker(ctx context.Context, e *Engine, base string, w, turns int, ops
 		}
 		// Roll back to an earlier turn and check the tree is exactly it.
 		back := points[i/2]
-		if _, err := e.Rollback(ctx, name, back.id.String(), RollbackOptions{}); err != nil {
+		if _, err := e.Rollback(ctx, delta.SandboxName(name), back.id.String(), RollbackOptions{}); err != nil {
 			return fmt.Errorf("turn %d: %w", i, err)
 		}
 		ops.Add(1)
 		if got, err := scanRoot(ctx, root); err != nil || got != back.state {
 			return fmt.Errorf("turn %d: rollback to %s gives %s, want %s (%v)", i, back.id.Short(), got.Short(), back.state.Short(), err)
 		}
-		br, err := e.Branch(ctx, r.ID.String(), fmt.Sprintf("%s-b%d", name, i), BranchOptions{})
+		br, err := e.Branch(ctx, r.ID.String(), delta.SandboxName(fmt.Sprintf("%s-b%d", name, i)), BranchOptions{})
 		if err != nil {
 			return fmt.Errorf("turn %d: %w", i, err)
 		}
@@ -173,7 +173,7 @@ func TestCreateManySandboxesAtOnce(t *testing.T) {
 			defer wg.Done()
 			<-start
 			name := fmt.Sprintf("s%02d", i)
-			res, err := e.CreateSandbox(ctx, name, CreateOptions{Base: base})
+			res, err := e.CreateSandbox(ctx, delta.SandboxName(name), CreateOptions{Base: base})
 			if err != nil {
 				errs <- err
 				return
@@ -182,7 +182,7 @@ func TestCreateManySandboxesAtOnce(t *testing.T) {
 				errs <- err
 				return
 			}
-			if _, err := e.Checkpoint(ctx, name, CheckpointOptions{}); err != nil {
+			if _, err := e.Checkpoint(ctx, delta.SandboxName(name), CheckpointOptions{}); err != nil {
 				errs <- err
 			}
 		}()

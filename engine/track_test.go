@@ -48,7 +48,7 @@ func checkAgainstFullRead(t *testing.T, e *Engine, name string, res *CheckpointR
 func checkFullRead(t *testing.T, e *Engine, name string, res *CheckpointResult, what string, strict bool) {
 	t.Helper()
 	ctx := context.Background()
-	st, err := e.loadSandbox(ctx, name)
+	st, err := e.loadSandbox(ctx, delta.SandboxName(name))
 	must(t, err)
 	want, err := st.root.(*overlay.Root).ScanFull(ctx)
 	must(t, err)

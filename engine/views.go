@@ -30,7 +30,7 @@ func (e *Engine) History() *history.Views {
 		Op:      e.op,
 		Resolve: e.resolveFor,
 		ViewSandbox: func(ctx context.Context, name string) (*history.Sandbox, error) {
-			st, err := e.viewSandbox(ctx, name) // reads only: finishes nobody's work
+			st, err := e.viewSandbox(ctx, delta.SandboxName(name)) // reads only: finishes nobody's work
 			if err != nil {
 				return nil, err
 			}
@@ -55,7 +55,7 @@ func (e *Engine) Paths() *paths.Ops {
 		Op:      e.op,
 		Resolve: e.resolveFor,
 		LiveRoot: func(ctx context.Context, name string) (string, error) {
-			st, err := e.loadSandbox(ctx, name)
+			st, err := e.loadSandbox(ctx, delta.SandboxName(name))
 			if err != nil {
 				return "", err
 			}

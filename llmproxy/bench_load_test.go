@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/engine"
 )
 
@@ -78,11 +79,11 @@ func loaded(b *testing.B, e *engine.Engine, measure func()) {
 	os.WriteFile(filepath.Join(base, "README"), []byte("load\n"), 0o644)
 	for l := 0; l < loaders; l++ {
 		name := fmt.Sprintf("load%d", l)
-		res, err := e.CreateSandbox(ctx, name, engine.CreateOptions{Base: base})
+		res, err := e.CreateSandbox(ctx, delta.SandboxName(name), engine.CreateOptions{Base: base})
 		if err != nil {
 			b.Fatal(err)
 		}
-		b.Cleanup(func() { e.RemoveSandbox(context.Background(), name) })
+		b.Cleanup(func() { e.RemoveSandbox(context.Background(), delta.SandboxName(name)) })
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -96,7 +97,7 @@ func loaded(b *testing.B, e *engine.Engine, measure func()) {
 				}
 				// Not ctx: a turn in flight when the measurement ends
 				// finishes, so it counts as load that overlapped it.
-				if _, err := e.Checkpoint(context.Background(), name, engine.CheckpointOptions{}); err == nil {
+				if _, err := e.Checkpoint(context.Background(), delta.SandboxName(name), engine.CheckpointOptions{}); err == nil {
 					loadTurns.Add(1)
 				}
 			}

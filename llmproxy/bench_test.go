@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/engine"
 	"github.com/turnsnap/turnsnap/internal/testenv"
 )
@@ -157,7 +158,7 @@ func (et engineTurns) Checkpoint(ctx context.Context, t Turn) (Committed, error)
 	if t.Number >= 0 {
 		opts.Turn = &t.Number
 	}
-	r, err := et.e.Checkpoint(ctx, t.Sandbox, opts)
+	r, err := et.e.Checkpoint(ctx, delta.SandboxName(t.Sandbox), opts)
 	if err != nil {
 		return Committed{}, err
 	}

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/turnsnap/turnsnap/api"
+	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/engine"
 )
 
@@ -111,7 +112,7 @@ func BenchmarkConcurrentTurns(b *testing.B) {
 		}
 		croots := make([]string, sandboxes)
 		for i := range croots {
-			r, err := e.CreateSandbox(ctx, fmt.Sprintf("s%d", i), engine.CreateOptions{Base: f.base})
+			r, err := e.CreateSandbox(ctx, delta.SandboxName(fmt.Sprintf("s%d", i)), engine.CreateOptions{Base: f.base})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -122,7 +123,7 @@ func BenchmarkConcurrentTurns(b *testing.B) {
 			e, err := engine.Open(ctx, engine.Options{Home: home, LockWait: time.Minute})
 			if err == nil {
 				for i := range croots {
-					e.RemoveSandbox(ctx, fmt.Sprintf("s%d", i))
+					e.RemoveSandbox(ctx, delta.SandboxName(fmt.Sprintf("s%d", i)))
 				}
 				e.Close()
 			}
@@ -141,7 +142,7 @@ func BenchmarkConcurrentTurns(b *testing.B) {
 						errs <- err
 						return
 					}
-					_, err = e.Checkpoint(ctx, fmt.Sprintf("s%d", i), engine.CheckpointOptions{})
+					_, err = e.Checkpoint(ctx, delta.SandboxName(fmt.Sprintf("s%d", i)), engine.CheckpointOptions{})
 					e.Close()
 					if err != nil {
 						errs <- err

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/turnsnap/turnsnap/api"
+	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/engine"
 	"github.com/turnsnap/turnsnap/engine/diffview"
 	"github.com/turnsnap/turnsnap/engine/history"
@@ -41,7 +42,7 @@ func (s *Service) DiffPaths(ctx context.Context, name string, req api.DiffReques
 	if req.From == "" && req.To != "" {
 		return nil, invalidf("diff of sandbox %s: a 'to' needs a 'from'", name)
 	}
-	r, err := s.E.History().DiffWith(ctx, name, req.From, req.To, diffview.Options{Patch: req.Patch})
+	r, err := s.E.History().DiffWith(ctx, delta.SandboxName(name), req.From, req.To, diffview.Options{Patch: req.Patch})
 	if err != nil {
 		return nil, err
 	}
@@ -75,7 +76,7 @@ func (s *Service) RestorePaths(ctx context.Context, name string, req api.Restore
 	if len(req.Paths) == 0 || len(req.Paths) > api.MaxRestorePaths {
 		return nil, invalidf("restore into sandbox %s: give between 1 and %d paths, not %d", name, api.MaxRestorePaths, len(req.Paths))
 	}
-	r, err := s.E.Paths().RestorePaths(ctx, name, req.Checkpoint, req.Paths, paths.RestorePathsOptions{To: req.To})
+	r, err := s.E.Paths().RestorePaths(ctx, delta.SandboxName(name), req.Checkpoint, req.Paths, paths.RestorePathsOptions{To: req.To})
 	if err == nil && req.To == "" {
 		s.Monitor.changed(api.Event{Type: api.EventRestore, Sandbox: name, Checkpoint: r.Checkpoint.String(), Paths: len(r.Paths), DurationMS: r.DurationMS})
 	}

@@ -83,7 +83,7 @@ func (l *LLM) Close() { l.proxy.Close() }
 func (l *LLM) upstreamFor(ctx context.Context, sandbox string) (string, error) {
 	// A route to no sandbox is answered here: forwarded, its model call
 	// would be paid for and its turn's checkpoint fail.
-	if ok, err := l.svc.E.SandboxExists(ctx, sandbox); err != nil {
+	if ok, err := l.svc.E.SandboxExists(ctx, delta.SandboxName(sandbox)); err != nil {
 		return "", err
 	} else if !ok {
 		return "", fmt.Errorf("sandbox %s does not exist: %w", sandbox, errdefs.ErrNotFound)
@@ -123,7 +123,7 @@ func (l *LLM) Checkpoint(ctx context.Context, t llmproxy.Turn) (llmproxy.Committ
 	s := l.svc
 	s.Monitor.started(t.Sandbox)
 	start := time.Now()
-	r, err := s.E.Checkpoint(ctx, t.Sandbox, opts)
+	r, err := s.E.Checkpoint(ctx, delta.SandboxName(t.Sandbox), opts)
 	s.Monitor.checkpointed(t.Sandbox, r, err, time.Since(start))
 	if err != nil {
 		return llmproxy.Committed{}, err
@@ -168,7 +168,7 @@ func (l *LLM) WaitRemote(ctx context.Context, t llmproxy.Turn, c llmproxy.Commit
 // with the exchanges the restored state holds.
 func (l *LLM) restored(ctx context.Context, sandbox string) {
 	var root *delta.ID
-	log, err := l.svc.E.History().Log(ctx, sandbox)
+	log, err := l.svc.E.History().Log(ctx, delta.SandboxName(sandbox))
 	if err == nil {
 		for _, e := range log {
 			if e.Head {
@@ -197,7 +197,7 @@ func (l *LLM) restoredAll(ctx context.Context) error {
 		return err
 	}
 	for _, sb := range sbs {
-		l.restored(ctx, sb.Sandbox.Name)
+		l.restored(ctx, string(sb.Sandbox.Name))
 	}
 	return nil
 }
@@ -290,7 +290,7 @@ func (s *Service) LLMStatus(ctx context.Context) (*api.LLMStatus, error) {
 		return nil, err
 	}
 	for _, sb := range sbs {
-		row := api.LLMSandbox{Name: sb.Sandbox.Name, Upstream: redactOrEmpty(m[sb.Sandbox.Name]), Replay: off[sb.Sandbox.Name]}
+		row := api.LLMSandbox{Name: string(sb.Sandbox.Name), Upstream: redactOrEmpty(m[string(sb.Sandbox.Name)]), Replay: off[string(sb.Sandbox.Name)]}
 		if out.Proxy {
 			row.Route, _ = llmproxy.RouteURL(trimRoute(out.URL), row.Name)
 		}

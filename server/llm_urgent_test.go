@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/engine"
 	"github.com/turnsnap/turnsnap/engine/admission"
 )
@@ -44,7 +45,7 @@ func TestLLMUrgentLane(t *testing.T) {
 
 	errs := make(chan error, 3)
 	checkpoint := func(name string) {
-		_, err := f.e.Checkpoint(ctx, name, engine.CheckpointOptions{})
+		_, err := f.e.Checkpoint(ctx, delta.SandboxName(name), engine.CheckpointOptions{})
 		errs <- err
 	}
 	waitFor := func(what string, ok func(admission.Stats) bool) {
@@ -84,7 +85,7 @@ func TestLLMUrgentLane(t *testing.T) {
 	}
 	created := map[string]int64{}
 	for _, n := range []string{"agent", "other"} {
-		log, err := f.e.History().Log(ctx, n)
+		log, err := f.e.History().Log(ctx, delta.SandboxName(n))
 		if err != nil || len(log) == 0 {
 			t.Fatalf("log of %s: %v", n, err)
 		}

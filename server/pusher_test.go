@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/engine"
 	"github.com/turnsnap/turnsnap/internal/miniotest"
 	"github.com/turnsnap/turnsnap/internal/testenv"
@@ -52,7 +53,7 @@ func TestPusherYieldsToUrgentCheckpoint(t *testing.T) {
 	os.MkdirAll(base, 0o755)
 	os.WriteFile(filepath.Join(base, "a.txt"), []byte("base\n"), 0o644)
 	for _, n := range []string{"queued", "urgent"} {
-		res, err := e.CreateSandbox(ctx, n, engine.CreateOptions{Base: base})
+		res, err := e.CreateSandbox(ctx, delta.SandboxName(n), engine.CreateOptions{Base: base})
 		if err != nil {
 			t.Fatal(err)
 		}

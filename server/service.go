@@ -66,14 +66,14 @@ func (s *Service) CreateSandbox(ctx context.Context, req api.CreateRequest) (*ap
 	if req.Base == "" {
 		return nil, invalidf("sandbox %s: no base directory given", req.Name)
 	}
-	r, err := s.E.CreateSandbox(ctx, req.Name, engine.CreateOptions{Base: req.Base, Backend: backend, Btrfs: cfg})
+	r, err := s.E.CreateSandbox(ctx, delta.SandboxName(req.Name), engine.CreateOptions{Base: req.Base, Backend: backend, Btrfs: cfg})
 	if err != nil {
 		return nil, err
 	}
-	s.Monitor.changed(api.Event{Type: api.EventCreated, Sandbox: r.Sandbox.Name, Checkpoint: r.Checkpoint.ID.String(), DurationMS: ms(r.Duration)})
+	s.Monitor.changed(api.Event{Type: api.EventCreated, Sandbox: string(r.Sandbox.Name), Checkpoint: r.Checkpoint.ID.String(), DurationMS: ms(r.Duration)})
 	return &api.Created{Backend: r.Sandbox.Backend, BaseBytesRead: r.BaseStats.BytesRead, BaseFiles: r.BaseStats.Entries,
 		BaseTree: idOf(r.Sandbox.BaseTree), BytesNew: r.Checkpoint.Stats.BytesNew, Checkpoint: idOf(r.Checkpoint.ID),
-		DurationMS: ms(r.Duration), Name: r.Sandbox.Name, Root: r.Root}, nil
+		DurationMS: ms(r.Duration), Name: string(r.Sandbox.Name), Root: r.Root}, nil
 }
 
 func (s *Service) ListSandboxes(ctx context.Context) ([]api.Sandbox, error) {
@@ -102,7 +102,7 @@ func (s *Service) GetSandbox(ctx context.Context, name string) (*api.Sandbox, er
 }
 
 func (s *Service) SandboxPath(ctx context.Context, name string) (*api.SandboxPath, error) {
-	p, err := s.E.SandboxPath(ctx, name)
+	p, err := s.E.SandboxPath(ctx, delta.SandboxName(name))
 	if err != nil {
 		return nil, err
 	}
@@ -110,7 +110,7 @@ func (s *Service) SandboxPath(ctx context.Context, name string) (*api.SandboxPat
 }
 
 func (s *Service) RemoveSandbox(ctx context.Context, name string, catalogOnly bool) (*api.Removed, error) {
-	if err := s.E.RemoveSandboxWith(ctx, name, engine.RemoveOptions{CatalogOnly: catalogOnly}); err != nil {
+	if err := s.E.RemoveSandboxWith(ctx, delta.SandboxName(name), engine.RemoveOptions{CatalogOnly: catalogOnly}); err != nil {
 		return nil, err
 	}
 	s.Monitor.changed(api.Event{Type: api.EventRemoved, Sandbox: name})
@@ -119,7 +119,7 @@ func (s *Service) RemoveSandbox(ctx context.Context, name string, catalogOnly bo
 }
 
 func (s *Service) AdoptSandbox(ctx context.Context, name string, req api.AdoptRequest) (*api.Adopted, error) {
-	r, err := s.E.Remote().Adopt(ctx, name, engine.AdoptOptions{Force: req.Force})
+	r, err := s.E.Remote().Adopt(ctx, delta.SandboxName(name), engine.AdoptOptions{Force: req.Force})
 	if err != nil {
 		return nil, err
 	}
@@ -169,7 +169,7 @@ func (s *Service) Exec(ctx context.Context, name string, req api.ExecRequest, st
 func (s *Service) Checkpoint(ctx context.Context, name string, req api.CheckpointRequest) (*api.Checkpoint, error) {
 	s.Monitor.started(name)
 	start := time.Now()
-	r, err := s.E.Checkpoint(ctx, name, engine.CheckpointOptions{Turn: req.Turn, Message: req.Message, RecordSkips: req.RecordSkips})
+	r, err := s.E.Checkpoint(ctx, delta.SandboxName(name), engine.CheckpointOptions{Turn: req.Turn, Message: req.Message, RecordSkips: req.RecordSkips})
 	s.Monitor.checkpointed(name, r, err, time.Since(start))
 	if err != nil {
 		return nil, err
@@ -210,7 +210,7 @@ func (s *Service) push(ctx context.Context, sandbox string, urgent bool) (*engin
 }
 
 func (s *Service) Log(ctx context.Context, name string) ([]api.LogEntry, error) {
-	entries, err := s.E.History().Log(ctx, name)
+	entries, err := s.E.History().Log(ctx, delta.SandboxName(name))
 	if err != nil {
 		return nil, err
 	}
@@ -247,7 +247,7 @@ func (s *Service) Diff(ctx context.Context, name, from, to string) (*api.Diff, e
 	if from == "" && to != "" {
 		return nil, invalidf("diff of sandbox %s: a 'to' needs a 'from'", name)
 	}
-	r, err := s.E.History().Diff(ctx, name, from, to)
+	r, err := s.E.History().Diff(ctx, delta.SandboxName(name), from, to)
 	if err != nil {
 		return nil, err
 	}
@@ -263,7 +263,7 @@ func (s *Service) Rollback(ctx context.Context, name string, req api.RollbackReq
 		if req.Checkpoint != "" || req.FSOnly {
 			return nil, invalidf("rollback of sandbox %s: abandon takes no checkpoint and no fs_only", name)
 		}
-		r, err := s.E.AbandonRollback(ctx, name)
+		r, err := s.E.AbandonRollback(ctx, delta.SandboxName(name))
 		if err != nil {
 			return nil, err
 		}
@@ -273,7 +273,7 @@ func (s *Service) Rollback(ctx context.Context, name string, req api.RollbackReq
 		return nil, invalidf("rollback of sandbox %s: no checkpoint given", name)
 	}
 	start := time.Now()
-	r, err := s.E.Rollback(ctx, name, req.Checkpoint, engine.RollbackOptions{FSOnly: req.FSOnly})
+	r, err := s.E.Rollback(ctx, delta.SandboxName(name), req.Checkpoint, engine.RollbackOptions{FSOnly: req.FSOnly})
 	s.Monitor.restored(api.EventRollback, name, r, err, time.Since(start))
 	if err != nil {
 		return nil, err
@@ -304,7 +304,7 @@ func (s *Service) Branch(ctx context.Context, ref string, req api.BranchRequest)
 	o := engine.BranchOptions{Backend: backend, Btrfs: cfg, FSOnly: req.FSOnly, Materialise: req.Materialise}
 	start := time.Now()
 	if len(names) == 1 {
-		r, err := s.E.Branch(ctx, ref, names[0], o)
+		r, err := s.E.Branch(ctx, ref, delta.SandboxName(names[0]), o)
 		s.Monitor.restored(api.EventBranch, names[0], r, err, time.Since(start))
 		if err != nil {
 			return nil, err

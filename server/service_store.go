@@ -46,7 +46,7 @@ func (s *Service) SetTag(ctx context.Context, name string, req api.TagRequest) (
 	if err != nil {
 		return nil, err
 	}
-	return &api.Tagged{Checkpoint: idOf(cp.ID), Sandbox: cp.Sandbox, Tag: name, Turn: cp.Turn}, nil
+	return &api.Tagged{Checkpoint: idOf(cp.ID), Sandbox: string(cp.Sandbox), Tag: name, Turn: cp.Turn}, nil
 }
 
 func (s *Service) DeleteTag(ctx context.Context, name string) (*api.Untagged, error) {

@@ -228,7 +228,7 @@ func inventoryOf(inv proc.Inventory) api.Inventory {
 
 func sandboxOf(s engine.SandboxInfo) api.Sandbox {
 	row := api.Sandbox{Backend: s.Sandbox.Backend, BaseTree: idOf(s.Sandbox.BaseTree), Created: s.Sandbox.Created,
-		Name: s.Sandbox.Name, Origin: idOf(s.Sandbox.Origin), Root: s.Root}
+		Name: string(s.Sandbox.Name), Origin: idOf(s.Sandbox.Origin), Root: s.Root}
 	if s.Head != nil {
 		id, turn := idOf(s.Head.ID), s.Head.Turn
 		row.Head, row.Turn = &id, &turn
@@ -246,7 +246,7 @@ func checkpointOf(r *engine.CheckpointResult) *api.Checkpoint {
 func logEntryOf(cp *delta.Checkpoint, head, onHead bool) api.LogEntry {
 	return api.LogEntry{BaseTree: idOf(cp.BaseTree), Branches: []string{}, BytesNew: cp.Stats.BytesNew, Class: api.Class(cp.Class),
 		Created: cp.Created, FSTree: idOf(cp.FSTree), Head: head, ID: idOf(cp.ID), Message: cp.Message, OnHead: onHead,
-		Parent: idOf(cp.Parent), Sandbox: cp.Sandbox, Turn: cp.Turn, Conv: idPtr(cp.Conv)}
+		Parent: idOf(cp.Parent), Sandbox: string(cp.Sandbox), Turn: cp.Turn, Conv: idPtr(cp.Conv)}
 }
 
 func restoreOf(r *engine.RestoreResult) *api.Restore {

@@ -44,16 +44,16 @@ func (w *refWorld) put(t *testing.T, ctx context.Context, cps []*delta.Checkpoin
 		}
 		for _, sb := range sbs {
 			data, _ := json.Marshal(sb)
-			if err := upload.PutBytes(ctx, w.store, delta.SandboxName(sb.Key()), data); err != nil {
+			if err := upload.PutBytes(ctx, w.store, delta.SandboxObject(sb.Key()), data); err != nil {
 				return err
 			}
 			if err := tx.PutSandbox(sb); err != nil {
 				return err
 			}
-			if err := upload.PutBytes(ctx, w.store, delta.RefName(delta.RefHead, sb.Key()), delta.EncodeRef(heads[sb.Name])); err != nil {
+			if err := upload.PutBytes(ctx, w.store, delta.HeadObject(sb.Key()), delta.EncodeRef(heads[string(sb.Name)])); err != nil {
 				return err
 			}
-			if err := tx.SetRef(delta.Ref{Kind: delta.RefHead, Name: sb.Name, Target: heads[sb.Name]}); err != nil {
+			if err := tx.SetRef(delta.Ref{Kind: delta.RefHead, Name: string(sb.Name), Target: heads[string(sb.Name)]}); err != nil {
 				return err
 			}
 		}
@@ -177,7 +177,11 @@ func TestStoreAndCatalogResolveAlike(t *testing.T) {
 	for _, c := range cases {
 		var fromCat delta.ID
 		catErr := w.cat.View(ctx, func(tx *catalog.Tx) (err error) { fromCat, err = tx.ResolveCheckpoint(c.ref); return err })
-		fromStore, storeErr := ResolveInStore(ctx, w.store, w.homeID, c.ref, w.records)
+		var fromStore delta.ID
+		r, storeErr := catalog.ParseCheckpointRef(c.ref)
+		if storeErr == nil {
+			fromStore, storeErr = ResolveInStore(ctx, w.store, w.homeID, r, w.records)
+		}
 		for _, r := range []struct {
 			by  string
 			id  delta.ID

@@ -69,7 +69,11 @@ func (v *Verifier) VerifyStore(ctx context.Context, ref string) (*StoreReport, e
 	}
 	todo := records
 	if ref != "" {
-		id, err := ResolveInStore(ctx, store, v.d.HomeID(), ref, records)
+		r, err := catalog.ParseCheckpointRef(ref)
+		if err != nil {
+			return rep, err
+		}
+		id, err := ResolveInStore(ctx, store, v.d.HomeID(), r, records)
 		if err != nil {
 			return rep, err
 		}
@@ -138,7 +142,7 @@ func compareIDs(a, b delta.ID) int { return strings.Compare(a.String(), b.String
 // optional ~N walked through the store's records. With no catalog there is
 // no sandbox in context: a bare HEAD is invalid. homeID picks this home's
 // sandbox among several of one name.
-func ResolveInStore(ctx context.Context, store upload.Store, homeID, ref string, records []delta.ID) (delta.ID, error) {
+func ResolveInStore(ctx context.Context, store upload.Store, homeID string, ref catalog.CheckpointRef, records []delta.ID) (delta.ID, error) {
 	return catalog.ResolveIn(storeRefs{ctx, store, homeID, records}, "", ref)
 }
 
@@ -210,7 +214,7 @@ func (s storeRefs) Tag(name string) (delta.ID, bool, error) {
 // sandboxes' descriptions. Two sandboxes of one label (homes sharing the
 // bucket) resolve to this home's, as a rebuild names them, or are
 // ambiguous.
-func (s storeRefs) Head(name string) (delta.ID, error) {
+func (s storeRefs) Head(name delta.SandboxName) (delta.ID, error) {
 	ctx, store := s.ctx, s.store
 	var found []*delta.Sandbox
 	err := store.List(ctx, delta.SandboxPrefix, func(oi upload.ObjectInfo) error {
@@ -240,7 +244,7 @@ func (s storeRefs) Head(name string) (delta.ID, error) {
 	if len(found) == 0 {
 		return delta.ID{}, fmt.Errorf("no sandbox %s in the store: %w", name, errdefs.ErrNotFound)
 	}
-	head := delta.RefName(delta.RefHead, found[0].Key())
+	head := delta.HeadObject(found[0].Key())
 	data, err := upload.ReadAllMax(ctx, store, head, delta.MaxSmallObject)
 	if err != nil {
 		return delta.ID{}, fmt.Errorf("sandbox %s: %w", name, err)

@@ -104,7 +104,7 @@ func newHome(t *testing.T) *home {
 			if err := tx.PutSandbox(r.sb); err != nil {
 				return err
 			}
-			if err := tx.SetRef(delta.Ref{Kind: delta.RefHead, Name: r.sb.Name, Target: r.head}); err != nil {
+			if err := tx.SetRef(delta.Ref{Kind: delta.RefHead, Name: string(r.sb.Name), Target: r.head}); err != nil {
 				return err
 			}
 		}
@@ -125,15 +125,15 @@ func newHome(t *testing.T) *home {
 		DeleteLocal: local.Delete,
 		Queue:       rem,
 		Shared:      func() func() { maint.RLock(); return maint.RUnlock },
-		Op: func(context.Context, string) (func(), error) {
+		Op: func(context.Context, delta.SandboxName) (func(), error) {
 			maint.RLock()
 			h.ops++
 			return maint.RUnlock, nil
 		},
-		Resolve: func(ctx context.Context, name, ref string) (*delta.Checkpoint, error) {
+		Resolve: func(ctx context.Context, name delta.SandboxName, ref string) (*delta.Checkpoint, error) {
 			var cp *delta.Checkpoint
 			err := cat.View(ctx, func(tx *catalog.Tx) error {
-				id, err := tx.ResolveCheckpointFor(name, ref)
+				id, err := tx.ResolveCheckpointFor(delta.SandboxName(name), ref)
 				if err != nil {
 					return err
 				}
@@ -208,7 +208,7 @@ func TestLog(t *testing.T) {
 	}
 	rows := func(name string) []row {
 		t.Helper()
-		log, err := h.v.Log(ctx, name)
+		log, err := h.v.Log(ctx, delta.SandboxName(name))
 		must(t, err)
 		var out []row
 		for _, l := range log {
@@ -272,12 +272,12 @@ func TestLoadHistory(t *testing.T) {
 	if _, ok := hi.Pin[h.s0.ID]; ok {
 		t.Errorf("s0 pinned: %q", hi.Pin[h.s0.ID])
 	}
-	if !slices.Equal(hi.Tags[h.s2.ID], []string{"keep"}) || !hi.Owned[h.s.Key()] || !hi.Known[h.b.Key()] ||
-		hi.Names[h.b.Key()] != "b" || hi.Keys["s"] != h.s.Key() || len(hi.BySandbox[h.s.Key()]) != 3 {
+	if !slices.Equal(hi.Tags[h.s2.ID], []string{"keep"}) || !hi.Owned[string(h.s.Key())] || !hi.Known[string(h.b.Key())] ||
+		hi.Names[string(h.b.Key())] != "b" || hi.Keys["s"] != string(h.s.Key()) || len(hi.BySandbox[string(h.s.Key())]) != 3 {
 		t.Errorf("history: %+v", hi)
 	}
 	h.homeID = delta.NewSandboxID() // another home's view of the same catalog
-	if hi, err = h.v.LoadHistory(ctx); err != nil || hi.Owned[h.s.Key()] {
+	if hi, err = h.v.LoadHistory(ctx); err != nil || hi.Owned[string(h.s.Key())] {
 		t.Errorf("another home owns s: %v, %v", hi.Owned, err)
 	}
 }

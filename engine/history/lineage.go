@@ -64,7 +64,7 @@ func (v *Views) Lineage(ctx context.Context, _ LineageOptions) (*Lineage, error)
 			return err
 		}
 		for _, sb := range g.sandboxes {
-			ls := LineageSandbox{Name: sb.Name, Head: g.heads[sb.Name], Origin: sb.Origin}
+			ls := LineageSandbox{Name: string(sb.Name), Head: g.heads[string(sb.Name)], Origin: sb.Origin}
 			if cp := g.byID[sb.Origin]; cp != nil {
 				ls.OriginSandbox = g.label(cp)
 			}
@@ -72,7 +72,7 @@ func (v *Views) Lineage(ctx context.Context, _ LineageOptions) (*Lineage, error)
 		}
 		for _, cp := range g.ordered() {
 			out.Checkpoints = append(out.Checkpoints, LineageEntry{
-				ID: cp.ID, Parent: cp.Parent, Sandbox: g.label(cp), Removed: !g.live[cp.SandboxKey()],
+				ID: cp.ID, Parent: cp.Parent, Sandbox: g.label(cp), Removed: !g.live[string(cp.SandboxKey())],
 				Turn: cp.Turn, Class: cp.Class, Message: cp.Message, Created: cp.Created,
 				BytesNew: cp.Stats.BytesNew, Heads: g.headsAt[cp.ID], Branches: g.branchesAt(cp),
 			})
@@ -96,17 +96,17 @@ func branchMarks(tx *catalog.Tx, entries []LogEntry) error {
 	names := map[string]string{}
 	at := map[delta.ID][]*delta.Sandbox{} // checkpoint -> sandboxes whose origin or head it is
 	for _, sb := range sbs {
-		names[sb.Key()] = sb.Name
+		names[string(sb.Key())] = string(sb.Name)
 		at[sb.Origin] = append(at[sb.Origin], sb)
-		if h, err := tx.GetRef(delta.RefHead, sb.Name); err == nil && h != sb.Origin {
+		if h, err := tx.GetRef(delta.RefHead, string(sb.Name)); err == nil && h != sb.Origin {
 			at[h] = append(at[h], sb)
 		}
 	}
 	label := func(cp *delta.Checkpoint) string {
-		if n, ok := names[cp.SandboxKey()]; ok {
+		if n, ok := names[string(cp.SandboxKey())]; ok {
 			return n
 		}
-		return cp.Sandbox
+		return string(cp.Sandbox)
 	}
 	for i := range entries {
 		cp := entries[i].Checkpoint
@@ -118,7 +118,7 @@ func branchMarks(tx *catalog.Tx, entries []LogEntry) error {
 		}
 		for _, sb := range at[cp.ID] {
 			if sb.Key() != cp.SandboxKey() {
-				add(sb.Name)
+				add(string(sb.Name))
 			}
 		}
 		children, err := tx.Children(cp.ID)
@@ -161,14 +161,14 @@ func loadGraph(tx *catalog.Tx) (*graph, error) {
 	}
 	g.sandboxes = sbs
 	for _, sb := range sbs {
-		g.names[sb.Key()], g.live[sb.Key()] = sb.Name, true
+		g.names[string(sb.Key())], g.live[string(sb.Key())] = string(sb.Name), true
 	}
 	heads, err := tx.Refs(delta.RefHead)
 	if err != nil {
 		return nil, err
 	}
 	for _, r := range heads {
-		if _, err := tx.Sandbox(r.Name); err != nil {
+		if _, err := tx.Sandbox(delta.SandboxName(r.Name)); err != nil {
 			continue // a head with no live sandbox names nothing to draw
 		}
 		g.heads[r.Name] = r.Target
@@ -195,9 +195,9 @@ func loadGraph(tx *catalog.Tx) (*graph, error) {
 		}
 	}
 	for _, sb := range sbs {
-		for _, at := range []delta.ID{sb.Origin, g.heads[sb.Name]} {
+		for _, at := range []delta.ID{sb.Origin, g.heads[string(sb.Name)]} {
 			if cp := g.byID[at]; cp != nil && cp.SandboxKey() != sb.Key() {
-				add(at, sb.Name)
+				add(at, string(sb.Name))
 			}
 		}
 	}
@@ -213,10 +213,10 @@ func loadGraph(tx *catalog.Tx) (*graph, error) {
 // label is the name a checkpoint's sandbox goes by on this home: the live
 // sandbox's, else the one in the record.
 func (g *graph) label(cp *delta.Checkpoint) string {
-	if n, ok := g.names[cp.SandboxKey()]; ok {
+	if n, ok := g.names[string(cp.SandboxKey())]; ok {
 		return n
 	}
-	return cp.Sandbox
+	return string(cp.Sandbox)
 }
 
 func (g *graph) branchesAt(cp *delta.Checkpoint) []string {

@@ -45,24 +45,24 @@ func (v *Views) LoadHistory(ctx context.Context) (*retention.History, error) {
 			}
 		}
 		for _, sb := range g.sandboxes {
-			h.Known[sb.Key()] = true
-			h.Names[sb.Key()], h.Keys[sb.Name] = sb.Name, sb.Key()
+			h.Known[string(sb.Key())] = true
+			h.Names[string(sb.Key())], h.Keys[string(sb.Name)] = string(sb.Name), string(sb.Key())
 			// The owner prunes: the creator, or the home that adopted it.
 			o, err := remote.OwnerOf(tx, sb)
 			if err != nil {
 				return err
 			}
-			h.Owned[sb.Key()] = o.Home == "" || o.Home == homeID
+			h.Owned[string(sb.Key())] = o.Home == "" || o.Home == homeID
 		}
 		removed, err := tx.RemovedOwnSandboxes()
 		if err != nil {
 			return err
 		}
 		for _, k := range removed {
-			h.Owned[k] = true
+			h.Owned[string(k)] = true
 		}
 		for _, cp := range g.byID {
-			h.BySandbox[cp.SandboxKey()] = append(h.BySandbox[cp.SandboxKey()], cp)
+			h.BySandbox[string(cp.SandboxKey())] = append(h.BySandbox[string(cp.SandboxKey())], cp)
 		}
 		return nil
 	})

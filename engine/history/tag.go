@@ -49,7 +49,7 @@ func (v *Views) Tag(ctx context.Context, name, ref string) (*delta.Checkpoint, e
 		return nil, err
 	}
 	err = v.d.Update(ctx, func(tx *catalog.Tx) error {
-		if err := v.d.Queue.QueueRef(tx, cp.Sandbox, delta.RefName(delta.RefTag, name), cp.ID, ""); err != nil {
+		if err := v.d.Queue.QueueRef(tx, string(cp.Sandbox), delta.RefName(delta.RefTag, name), cp.ID, ""); err != nil {
 			return err
 		}
 		return tx.SetRef(delta.Ref{Kind: delta.RefTag, Name: name, Target: cp.ID})

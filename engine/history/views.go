@@ -42,10 +42,10 @@ type Deps struct {
 	// Shared holds the engine's maintenance lock shared until release.
 	Shared func() (release func())
 	// Op holds sandbox name's operation lock (and Shared) until done.
-	Op func(ctx context.Context, name string) (done func(), err error)
+	Op func(ctx context.Context, name delta.SandboxName) (done func(), err error)
 	// Resolve turns a checkpoint reference into a checkpoint, for a
 	// command about sandbox name ("" if none): HEAD is its head.
-	Resolve func(ctx context.Context, name, ref string) (*delta.Checkpoint, error)
+	Resolve func(ctx context.Context, name delta.SandboxName, ref string) (*delta.Checkpoint, error)
 	// ViewSandbox reads sandbox name for a command that only reads: an
 	// interrupted operation is reported, never finished. Called under Op.
 	ViewSandbox func(ctx context.Context, name string) (*Sandbox, error)
@@ -98,14 +98,14 @@ type LogEntry struct {
 // Log lists a sandbox's history newest first: the head and its ancestors
 // (across the branch point, for a branched sandbox), plus the sandbox's own
 // checkpoints that a rollback left off the head's line.
-func (v *Views) Log(ctx context.Context, name string) ([]LogEntry, error) {
+func (v *Views) Log(ctx context.Context, name delta.SandboxName) ([]LogEntry, error) {
 	defer v.d.Shared()()
 	var out []LogEntry
 	err := v.d.View(ctx, func(tx *catalog.Tx) error {
-		if _, err := tx.Sandbox(name); err != nil {
+		if _, err := tx.Sandbox(delta.SandboxName(name)); err != nil {
 			return err // names the sandbox
 		}
-		head, err := tx.GetRef(delta.RefHead, name)
+		head, err := tx.GetRef(delta.RefHead, string(name))
 		if err != nil {
 			return fmt.Errorf("sandbox %s: head: %w", name, err)
 		}
@@ -128,7 +128,7 @@ func (v *Views) Log(ctx context.Context, name string) ([]LogEntry, error) {
 			seen[cp.ID] = true
 			out = append(out, LogEntry{Checkpoint: cp, Head: cp.ID == head, OnHead: true})
 		}
-		own, err := tx.SandboxCheckpoints(name)
+		own, err := tx.SandboxCheckpoints(delta.SandboxName(name))
 		if err != nil {
 			return err
 		}
@@ -164,7 +164,7 @@ type DiffResult struct {
 }
 
 // Audit reports the sandbox's head lineage turn by turn (engine/audit).
-func (v *Views) Audit(ctx context.Context, name string) (*audit.Report, error) {
+func (v *Views) Audit(ctx context.Context, name delta.SandboxName) (*audit.Report, error) {
 	log, err := v.Log(ctx, name)
 	if err != nil {
 		return nil, err
@@ -177,24 +177,24 @@ func (v *Views) Audit(ctx context.Context, name string) (*audit.Report, error) {
 		}
 	}
 	slices.Reverse(chain)
-	return audit.Build(ctx, name, chain, v.d.Blobs())
+	return audit.Build(ctx, string(name), chain, v.d.Blobs())
 }
 
 // Diff compares two states of a sandbox: from and to name checkpoints; an
 // empty from means the head, an empty to means the live root as it is now
 // (hashed, not stored).
-func (v *Views) Diff(ctx context.Context, name, from, to string) (*DiffResult, error) {
+func (v *Views) Diff(ctx context.Context, name delta.SandboxName, from, to string) (*DiffResult, error) {
 	return v.DiffWith(ctx, name, from, to, diffview.Options{})
 }
 
 // DiffWith is Diff with options (patches).
-func (v *Views) DiffWith(ctx context.Context, name, from, to string, o diffview.Options) (*DiffResult, error) {
+func (v *Views) DiffWith(ctx context.Context, name delta.SandboxName, from, to string, o diffview.Options) (*DiffResult, error) {
 	done, err := v.d.Op(ctx, name)
 	if err != nil {
 		return nil, err
 	}
 	defer done()
-	st, err := v.d.ViewSandbox(ctx, name) // reads only: finishes nobody's work
+	st, err := v.d.ViewSandbox(ctx, string(name)) // reads only: finishes nobody's work
 	if err != nil {
 		return nil, err
 	}
@@ -234,7 +234,7 @@ func (v *Views) DiffWith(ctx context.Context, name, from, to string, o diffview.
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: diff: %w", name, err)
 	}
-	r := &DiffResult{Sandbox: name, From: aName, To: bName, Changes: changes, Interrupted: st.Interrupted}
+	r := &DiffResult{Sandbox: string(name), From: aName, To: bName, Changes: changes, Interrupted: st.Interrupted}
 	if r.Paths, err = diffview.Describe(ctx, loader, a, b, live, changes, o); err != nil {
 		return nil, fmt.Errorf("sandbox %s: diff: %w", name, err)
 	}

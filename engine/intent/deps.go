@@ -5,6 +5,7 @@ import (
 	"log/slog"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/engine/procs"
 	"github.com/turnsnap/turnsnap/internal/rootfs"
 )
 
@@ -35,7 +36,7 @@ type Deps struct {
 // Processes is what the intents need of the sandboxes' containers
 // (procs.Manager).
 type Processes interface {
-	Stop(ctx context.Context, name string) error
+	Stop(ctx context.Context, c procs.Container) error
 	CheckHost(ctx context.Context, cp *delta.Checkpoint) error
 	Restore(ctx context.Context, name, root, img string, cp *delta.Checkpoint) error
 }
@@ -53,4 +54,6 @@ type Sandbox struct {
 	Head    *delta.Checkpoint
 	// Dir is the sandbox's directory in the home.
 	Dir string
+	// Container is the sandbox's container (procs.Manager.Container).
+	Container procs.Container
 }

@@ -43,7 +43,7 @@ import (
 //	                             next container start or rollback clears it.
 
 func (s *Intents) intentFile(sb *delta.Sandbox) string {
-	return filepath.Join(s.d.Dir, sb.Key()+".rollback")
+	return filepath.Join(s.d.Dir, string(sb.Key())+".rollback")
 }
 
 // legacyIntentFile is where turnsnap before issue 24 kept the intent.
@@ -52,7 +52,7 @@ func (s *Intents) legacyIntentFile(name string) string {
 }
 
 func (s *Intents) procsLostFile(sb *delta.Sandbox) string {
-	return filepath.Join(s.d.Dir, sb.Key()+".procs-lost")
+	return filepath.Join(s.d.Dir, string(sb.Key())+".procs-lost")
 }
 
 // Rollback is an interrupted rollback as its intent file says.
@@ -73,7 +73,7 @@ func (s *Intents) Write(sb *delta.Sandbox, in Rollback) error {
 	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
 		return err
 	}
-	body := in.Target.String() + "\nsandbox " + sb.Name + "\n"
+	body := in.Target.String() + "\nsandbox " + string(sb.Name) + "\n"
 	if in.Processes {
 		body += "processes\n"
 	}
@@ -86,7 +86,7 @@ func (s *Intents) Write(sb *delta.Sandbox, in Rollback) error {
 // Clear removes sb's rollback intent (either form).
 func (s *Intents) Clear(sb *delta.Sandbox) error {
 	removed := false
-	for _, p := range []string{s.intentFile(sb), s.legacyIntentFile(sb.Name)} {
+	for _, p := range []string{s.intentFile(sb), s.legacyIntentFile(string(sb.Name))} {
 		err := os.Remove(p)
 		if err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("sandbox %s: rollback intent: %w", sb.Name, err)
@@ -107,7 +107,7 @@ func (s *Intents) Pending(sb *delta.Sandbox) (Rollback, bool) {
 	p := s.intentFile(sb)
 	data, err := os.ReadFile(p)
 	if errors.Is(err, os.ErrNotExist) {
-		p = s.legacyIntentFile(sb.Name)
+		p = s.legacyIntentFile(string(sb.Name))
 		fi, serr := os.Stat(p)
 		if serr != nil {
 			return Rollback{}, false
@@ -207,7 +207,7 @@ func (s *Intents) Finish(ctx context.Context, name string, st Sandbox, in Rollba
 		return st.Head, s.Clear(st.Sandbox)
 	}
 	s.d.Untrack(name) // a restore remounts the root; the next turn walks
-	if err := s.d.Procs.Stop(ctx, name); err != nil {
+	if err := s.d.Procs.Stop(ctx, st.Container); err != nil {
 		return st.Head, err
 	}
 	if err := st.Root.Restore(rootfs.WithPhase(ctx, s.d.Phase), cp.FSTree, s.d.Loader); err != nil {
@@ -258,7 +258,7 @@ func (s *Intents) Abandon(ctx context.Context, name string, st Sandbox) error {
 	}
 	s.d.Log.Warn("abandoning an interrupted rollback", "sandbox", name, "checkpoint", in.Target.Short(), "head", st.Head.ID.Short())
 	s.d.Untrack(name)
-	if err := s.d.Procs.Stop(ctx, name); err != nil {
+	if err := s.d.Procs.Stop(ctx, st.Container); err != nil {
 		return err
 	}
 	if _, err := os.Stat(st.Dir); err != nil {

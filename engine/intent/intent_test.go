@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/engine/procs"
 	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/internal/fsat"
@@ -47,7 +48,7 @@ func (r *fakeRoot) Restore(_ context.Context, tree delta.ID, _ delta.BlobLoader)
 // fakeProcs counts stops and refuses every process restore.
 type fakeProcs struct{ stops int }
 
-func (p *fakeProcs) Stop(context.Context, string) error { p.stops++; return nil }
+func (p *fakeProcs) Stop(context.Context, procs.Container) error { p.stops++; return nil }
 func (p *fakeProcs) CheckHost(context.Context, *delta.Checkpoint) error {
 	return errors.New("no CRIU here")
 }
@@ -86,7 +87,7 @@ func newFixture(t *testing.T) *fixture {
 }
 
 func sandbox(name string) *delta.Sandbox {
-	return &delta.Sandbox{ID: delta.NewSandboxID(), Name: name, Created: time.Now().Add(-time.Minute)}
+	return &delta.Sandbox{ID: delta.NewSandboxID(), Name: delta.SandboxName(name), Created: time.Now().Add(-time.Minute)}
 }
 
 func TestWritePendingClear(t *testing.T) {
@@ -131,7 +132,7 @@ func TestLegacyAndTornIntents(t *testing.T) {
 	if _, err := os.Stat(legacy); !os.IsNotExist(err) {
 		t.Fatalf("the older legacy intent stays: %v", err)
 	}
-	must(t, fsat.WriteFileDurable(filepath.Join(f.dir, sb.Key()+".rollback"), "not an id\n"))
+	must(t, fsat.WriteFileDurable(filepath.Join(f.dir, string(sb.Key())+".rollback"), "not an id\n"))
 	if _, ok := f.s.Pending(sb); ok {
 		t.Fatal("a torn intent applies")
 	}

@@ -40,10 +40,10 @@ type Deps struct {
 	Shared func() (release func())
 	// Op holds sandbox name's operation lock (and Shared) until done: no
 	// checkpoint of the sandbox runs meanwhile.
-	Op func(ctx context.Context, name string) (done func(), err error)
+	Op func(ctx context.Context, name delta.SandboxName) (done func(), err error)
 	// Resolve turns a checkpoint reference into a checkpoint, for a
 	// command about sandbox name ("" if none): HEAD is its head.
-	Resolve func(ctx context.Context, name, ref string) (*delta.Checkpoint, error)
+	Resolve func(ctx context.Context, name delta.SandboxName, ref string) (*delta.Checkpoint, error)
 	// LiveRoot loads sandbox name (finishing interrupted work), mounts its
 	// root and returns the root's path. Called under Op.
 	LiveRoot func(ctx context.Context, name string) (string, error)
@@ -71,7 +71,7 @@ func b64(s string) string {
 // stateOf resolves ref (for a command about sandbox name, "" if none) and
 // returns the checkpoint and its merged state.
 func (ps *Ops) stateOf(ctx context.Context, name, ref string) (*delta.Checkpoint, delta.Layers, error) {
-	cp, err := ps.d.Resolve(ctx, name, ref)
+	cp, err := ps.d.Resolve(ctx, delta.SandboxName(name), ref)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -282,7 +282,7 @@ type RestoredPath struct {
 // checkpoint of it runs meanwhile; its processes keep running and see the
 // files change under them. The next checkpoint records the result as an
 // ordinary change. With o.To the paths go to that host directory instead.
-func (ps *Ops) RestorePaths(ctx context.Context, name, ref string, paths []string, o RestorePathsOptions) (*RestorePathsResult, error) {
+func (ps *Ops) RestorePaths(ctx context.Context, name delta.SandboxName, ref string, paths []string, o RestorePathsOptions) (*RestorePathsResult, error) {
 	start := time.Now()
 	if len(paths) == 0 {
 		return nil, fmt.Errorf("restore: no paths given: %w", errdefs.ErrInvalid)
@@ -301,7 +301,7 @@ func (ps *Ops) RestorePaths(ctx context.Context, name, ref string, paths []strin
 	var target string
 	if o.To != "" {
 		defer ps.d.Shared()()
-		if err := ps.d.View(ctx, func(tx *catalog.Tx) error { _, err := tx.Sandbox(name); return err }); err != nil {
+		if err := ps.d.View(ctx, func(tx *catalog.Tx) error { _, err := tx.Sandbox(delta.SandboxName(name)); return err }); err != nil {
 			return nil, err
 		}
 		if err := os.MkdirAll(o.To, 0o755); err != nil {
@@ -314,11 +314,11 @@ func (ps *Ops) RestorePaths(ctx context.Context, name, ref string, paths []strin
 			return nil, err
 		}
 		defer done()
-		if target, err = ps.d.LiveRoot(ctx, name); err != nil {
+		if target, err = ps.d.LiveRoot(ctx, string(name)); err != nil {
 			return nil, err
 		}
 	}
-	cp, l, err := ps.stateOf(ctx, name, ref)
+	cp, l, err := ps.stateOf(ctx, string(name), ref)
 	if err != nil {
 		return nil, err
 	}
@@ -336,7 +336,7 @@ func (ps *Ops) RestorePaths(ctx context.Context, name, ref string, paths []strin
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: checkpoint %s: %w", name, cp.ID.Short(), err)
 	}
-	res := &RestorePathsResult{Sandbox: name, Checkpoint: cp.ID, Target: target, Paths: []RestoredPath{}}
+	res := &RestorePathsResult{Sandbox: string(name), Checkpoint: cp.ID, Target: target, Paths: []RestoredPath{}}
 	for _, d := range done {
 		action := "restored"
 		switch {

@@ -104,7 +104,7 @@ func newHome(t *testing.T) *home {
 		Blobs:  func() delta.BlobLoader { return repo },
 		IDs:    func() delta.IDs { return delta.IDs{} },
 		Shared: func() func() { maint.RLock(); return maint.RUnlock },
-		Op: func(ctx context.Context, name string) (func(), error) {
+		Op: func(ctx context.Context, name delta.SandboxName) (func(), error) {
 			maint.RLock()
 			h.mu.Lock()
 			h.locks++
@@ -117,10 +117,10 @@ func newHome(t *testing.T) *home {
 				maint.RUnlock()
 			}, nil
 		},
-		Resolve: func(ctx context.Context, name, ref string) (*delta.Checkpoint, error) {
+		Resolve: func(ctx context.Context, name delta.SandboxName, ref string) (*delta.Checkpoint, error) {
 			var cp *delta.Checkpoint
 			err := cat.View(ctx, func(tx *catalog.Tx) error {
-				id, err := tx.ResolveCheckpointFor(name, ref)
+				id, err := tx.ResolveCheckpointFor(delta.SandboxName(name), ref)
 				if err != nil {
 					return err
 				}

@@ -67,11 +67,12 @@ func (m *Manager) PrepareExec(ctx context.Context, name string) (ExecFunc, error
 	if err != nil {
 		return nil, err
 	}
-	running, err := m.Running(ctx, name)
+	c := m.Container(name)
+	running, err := m.Running(ctx, c)
 	if err != nil {
 		return nil, err
 	}
-	id := m.ContainerID(name)
+	id := c.ID
 	if running {
 		if fs, err := rt.Freeze(id); err == nil && fs.Frozen {
 			return nil, fmt.Errorf("sandbox %s: its container is frozen by %s (a checkpoint in progress?); wait, or thaw it with `turnsnap sandbox resume %s`: %w",

@@ -37,6 +37,19 @@ func (m *Manager) Scope() string {
 // ContainerID is the runc id of a sandbox's container: ts-SCOPE-NAME.
 func (m *Manager) ContainerID(sandbox string) string { return "ts-" + m.Scope() + "-" + sandbox }
 
+// Container is a sandbox's container as an operation holds it: the
+// sandbox's name and its runc id, computed once (Manager.Container) rather
+// than at every call.
+type Container struct {
+	Sandbox string
+	ID      string
+}
+
+// Container is the container of sandbox (ContainerID).
+func (m *Manager) Container(sandbox string) Container {
+	return Container{Sandbox: sandbox, ID: m.ContainerID(sandbox)}
+}
+
 // StateRoot keeps runc's state on tmpfs (it does not survive a reboot
 // anyway), one directory per home so homes never see each other's
 // containers.
@@ -89,8 +102,9 @@ func (m *Manager) Runtime(ctx context.Context) (*proc.Runtime, error) {
 // paused). It needs no runtime when no container was ever started,
 // and spawns nothing. A container left frozen by a turnsnap that died is
 // resumed here (recoverFreeze), so every command on the sandbox heals it.
-func (m *Manager) Running(ctx context.Context, sandbox string) (bool, error) {
-	id := m.ContainerID(sandbox)
+func (m *Manager) Running(ctx context.Context, c Container) (bool, error) {
+	sandbox := c.Sandbox
+	id := c.ID
 	if _, err := os.Stat(filepath.Join(m.StateRoot(), "runc", id)); err != nil {
 		return false, nil
 	}
@@ -117,12 +131,12 @@ func (m *Manager) Running(ctx context.Context, sandbox string) (bool, error) {
 
 // Snapshot lists the long-lived processes of the sandbox's container,
 // which must run (Running).
-func (m *Manager) Snapshot(ctx context.Context, name string) (proc.ProcSet, error) {
+func (m *Manager) Snapshot(ctx context.Context, c Container) (proc.ProcSet, error) {
 	rt, err := m.Runtime(ctx)
 	if err != nil {
 		return proc.ProcSet{}, err
 	}
-	return rt.Snapshot(ctx, m.ContainerID(name))
+	return rt.Snapshot(ctx, c.ID)
 }
 
 // Inventory is the sandbox's running container as a restore's receipt
@@ -156,9 +170,10 @@ func (pt *Turn) Resume() { pt.resume() }
 // paused at once, so the scan and the dump are one instant. Unchanged ones
 // are left running: freezing would itself look like activity next turn,
 // and ConfirmIdle checks after the scan that they stayed idle throughout.
-func (m *Manager) BeginTurn(ctx context.Context, name string, head *delta.Checkpoint) (*Turn, error) {
+func (m *Manager) BeginTurn(ctx context.Context, c Container, head *delta.Checkpoint) (*Turn, error) {
+	name := c.Sandbox
 	pt := &Turn{resume: func() {}}
-	running, err := m.Running(ctx, name)
+	running, err := m.Running(ctx, c)
 	if err != nil {
 		return nil, err
 	}
@@ -170,12 +185,12 @@ func (m *Manager) BeginTurn(ctx context.Context, name string, head *delta.Checkp
 	}
 	rt, _ := m.Runtime(ctx)
 	pt.Running = true
-	if pt.Cur, err = rt.Snapshot(ctx, m.ContainerID(name)); err != nil {
+	if pt.Cur, err = rt.Snapshot(ctx, c.ID); err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", name, err)
 	}
 	pt.Changed, pt.Reason = m.changed(name, pt.Cur, head)
 	if pt.Changed {
-		return pt, m.pause(ctx, name, pt)
+		return pt, m.pause(ctx, c, pt)
 	}
 	return pt, nil
 }
@@ -194,9 +209,10 @@ func (m *Manager) changed(name string, cur proc.ProcSet, head *delta.Checkpoint)
 }
 
 // pause freezes the container for the cut; pt.Resume thaws it.
-func (m *Manager) pause(ctx context.Context, name string, pt *Turn) error {
+func (m *Manager) pause(ctx context.Context, c Container, pt *Turn) error {
+	name := c.Sandbox
 	rt, _ := m.Runtime(ctx)
-	id := m.ContainerID(name)
+	id := c.ID
 	start := time.Now()
 	if err := rt.Pause(ctx, id); err != nil {
 		return fmt.Errorf("sandbox %s: pause for a consistent cut: %w", name, err)
@@ -215,18 +231,19 @@ func (m *Manager) pause(ctx context.Context, name string, pt *Turn) error {
 // unchanged and left running. If they did anything meanwhile, the files just
 // scanned may be theirs mid-change: it pauses them and reports that the turn
 // must rescan and dump (the cut is then taken properly).
-func (m *Manager) ConfirmIdle(ctx context.Context, name string, pt *Turn, head *delta.Checkpoint) (bool, error) {
+func (m *Manager) ConfirmIdle(ctx context.Context, c Container, pt *Turn, head *delta.Checkpoint) (bool, error) {
+	name := c.Sandbox
 	if !pt.Running || pt.Changed {
 		return false, nil
 	}
 	rt, _ := m.Runtime(ctx)
-	cur, err := rt.Snapshot(ctx, m.ContainerID(name))
+	cur, err := rt.Snapshot(ctx, c.ID)
 	if err != nil {
 		return false, fmt.Errorf("sandbox %s: %w", name, err)
 	}
 	if changed, reason := m.changed(name, cur, head); changed {
 		pt.Cur, pt.Changed, pt.Reason = cur, true, reason+" (during the scan)"
-		return true, m.pause(ctx, name, pt)
+		return true, m.pause(ctx, c, pt)
 	}
 	return false, nil
 }
@@ -237,13 +254,14 @@ func (m *Manager) ConfirmIdle(ctx context.Context, name string, pt *Turn, head *
 // returns, so the caller resumes the container before storing it: chunking
 // and compressing a 200 MB image takes about a second that the sandbox's
 // processes should not spend frozen.
-func (m *Manager) Dump(ctx context.Context, name string, saver delta.BlobSaver) (store func() (delta.ID, json.RawMessage, error), err error) {
+func (m *Manager) Dump(ctx context.Context, c Container, saver delta.BlobSaver) (store func() (delta.ID, json.RawMessage, error), err error) {
+	name := c.Sandbox
 	rt, _ := m.Runtime(ctx)
 	dir, err := m.work("image")
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", name, err)
 	}
-	meta, err := rt.Checkpoint(ctx, m.ContainerID(name), filepath.Join(dir, "img"), proc.DumpOptions{})
+	meta, err := rt.Checkpoint(ctx, c.ID, filepath.Join(dir, "img"), proc.DumpOptions{})
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("sandbox %s: %w", name, err)
@@ -263,12 +281,13 @@ func (m *Manager) Dump(ctx context.Context, name string, saver delta.BlobSaver) 
 }
 
 // Settle records the baseline the next turn compares against.
-func (m *Manager) Settle(ctx context.Context, name string) {
+func (m *Manager) Settle(ctx context.Context, c Container) {
+	name := c.Sandbox
 	rt, err := m.Runtime(ctx)
 	if err != nil {
 		return
 	}
-	set, err := rt.Baseline(ctx, m.ContainerID(name))
+	set, err := rt.Baseline(ctx, c.ID)
 	if err != nil {
 		m.d.Log.Warn("process baseline", "sandbox", name, "err", err)
 		return
@@ -310,13 +329,14 @@ func (m *Manager) CheckHost(ctx context.Context, cp *delta.Checkpoint) error {
 
 // Stop ends the sandbox's container, if any: a root is replaced
 // only with nothing running on it.
-func (m *Manager) Stop(ctx context.Context, name string) error {
-	running, err := m.Running(ctx, name)
+func (m *Manager) Stop(ctx context.Context, c Container) error {
+	name := c.Sandbox
+	running, err := m.Running(ctx, c)
 	if err != nil || !running {
 		return err
 	}
 	rt, _ := m.Runtime(ctx)
-	if err := rt.Delete(ctx, m.ContainerID(name)); err != nil {
+	if err := rt.Delete(ctx, c.ID); err != nil {
 		return fmt.Errorf("sandbox %s: stop processes: %w", name, err)
 	}
 	os.Remove(m.baselineFile(name))
@@ -354,10 +374,11 @@ func (m *Manager) Restore(ctx context.Context, name, root, img string, cp *delta
 	if err != nil {
 		return err
 	}
-	rt.Delete(ctx, m.ContainerID(name))
-	if _, err := rt.Restore(ctx, m.ContainerID(name), root, img, proc.RestoreOptions{}); err != nil {
+	c := m.Container(name)
+	rt.Delete(ctx, c.ID)
+	if _, err := rt.Restore(ctx, c.ID, root, img, proc.RestoreOptions{}); err != nil {
 		return fmt.Errorf("sandbox %s: restore processes of %s: %w", name, cp.ID.Short(), err)
 	}
-	m.Settle(ctx, name)
+	m.Settle(ctx, c)
 	return nil
 }

@@ -65,7 +65,7 @@ func runFixture(t *testing.T) (*fixture, string) {
 	root := busyboxRoot(t)
 	f := newFixture(t, root)
 	t.Cleanup(func() {
-		if err := f.m.Stop(context.Background(), "s"); err != nil {
+		if err := f.m.Stop(context.Background(), f.m.Container("s")); err != nil {
 			t.Errorf("stop: %v", err)
 		}
 		os.RemoveAll(f.m.StateRoot())
@@ -75,7 +75,7 @@ func runFixture(t *testing.T) (*fixture, string) {
 
 func pids(t *testing.T, m *Manager) []int {
 	t.Helper()
-	set, err := m.Snapshot(context.Background(), "s")
+	set, err := m.Snapshot(context.Background(), m.Container("s"))
 	must(t, err)
 	var out []int
 	for _, p := range set.Procs {
@@ -99,7 +99,7 @@ func TestExecStartsTheContainer(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(root, "tmp/f")); err != nil || string(b) != "file\n" {
 		t.Fatalf("the command's file on the root: %q %v", b, err)
 	}
-	if running, err := f.m.Running(ctx, "s"); err != nil || !running {
+	if running, err := f.m.Running(ctx, f.m.Container("s")); err != nil || !running {
 		t.Fatalf("after exec: running %v %v", running, err)
 	}
 	_, err = f.m.Exec(ctx, "s", []string{"no-such-command"}, ExecOptions{})
@@ -133,7 +133,7 @@ func TestTurnDumpsAndRestoresProcesses(t *testing.T) {
 	must(t, err)
 	time.Sleep(300 * time.Millisecond)
 
-	pt, err := f.m.BeginTurn(ctx, "s", f.head)
+	pt, err := f.m.BeginTurn(ctx, f.m.Container("s"), f.head)
 	must(t, err)
 	if !pt.Running || !pt.Changed || !strings.Contains(pt.Reason, "not yet in any checkpoint") {
 		t.Fatalf("first turn: %+v", pt)
@@ -141,7 +141,7 @@ func TestTurnDumpsAndRestoresProcesses(t *testing.T) {
 	if st, err := f.m.rt.Status(f.m.ContainerID("s")); err != nil || st != proc.Paused {
 		t.Fatalf("a changed turn left the container %s (%v)", st, err)
 	}
-	store, err := f.m.Dump(ctx, "s", f.blobs)
+	store, err := f.m.Dump(ctx, f.m.Container("s"), f.blobs)
 	must(t, err)
 	pt.Resume()
 	tree, host, err := store()
@@ -152,17 +152,17 @@ func TestTurnDumpsAndRestoresProcesses(t *testing.T) {
 	if ents, _ := os.ReadDir(f.m.WorkDir()); len(ents) != 0 {
 		t.Fatalf("the dump left %d work dirs", len(ents))
 	}
-	f.m.Settle(ctx, "s")
+	f.m.Settle(ctx, f.m.Container("s"))
 	cp := &delta.Checkpoint{ID: delta.Hash([]byte("cp")), ProcTree: &tree, Host: host}
 	f.head = cp
 	must(t, f.m.CheckHost(ctx, cp))
 
-	pt, err = f.m.BeginTurn(ctx, "s", cp)
+	pt, err = f.m.BeginTurn(ctx, f.m.Container("s"), cp)
 	must(t, err)
 	if !pt.Running || pt.Changed {
 		t.Fatalf("an idle turn after the dump: %+v", pt)
 	}
-	if rescan, err := f.m.ConfirmIdle(ctx, "s", pt, cp); err != nil || rescan {
+	if rescan, err := f.m.ConfirmIdle(ctx, f.m.Container("s"), pt, cp); err != nil || rescan {
 		t.Fatalf("confirm idle: %v %v", rescan, err)
 	}
 	pt.Resume()
@@ -175,8 +175,8 @@ func TestTurnDumpsAndRestoresProcesses(t *testing.T) {
 
 	must(t, os.MkdirAll(f.m.Dir(), 0o700))
 	must(t, os.WriteFile(f.m.RestoredFile("s"), []byte("x"), 0o600))
-	must(t, f.m.Stop(ctx, "s"))
-	if running, err := f.m.Running(ctx, "s"); err != nil || running {
+	must(t, f.m.Stop(ctx, f.m.Container("s")))
+	if running, err := f.m.Running(ctx, f.m.Container("s")); err != nil || running {
 		t.Fatalf("after stop: running %v %v", running, err)
 	}
 	for _, p := range []string{f.m.baselineFile("s"), f.m.RestoredFile("s")} {
@@ -184,7 +184,7 @@ func TestTurnDumpsAndRestoresProcesses(t *testing.T) {
 			t.Fatalf("stop left %s: %v", filepath.Base(p), err)
 		}
 	}
-	pt, err = f.m.BeginTurn(ctx, "s", cp)
+	pt, err = f.m.BeginTurn(ctx, f.m.Container("s"), cp)
 	must(t, err)
 	if pt.Running || !pt.Changed || !strings.Contains(pt.Reason, "ended") {
 		t.Fatalf("a turn after the processes ended: %+v", pt)

@@ -143,10 +143,10 @@ func TestNoContainerNeedsNoRuntime(t *testing.T) {
 	id := delta.Hash([]byte("head"))
 	f.head = &delta.Checkpoint{ID: id}
 	f.intr = &Interrupted{ProcessesLost: "test"}
-	if running, err := f.m.Running(ctx, "s"); err != nil || running {
+	if running, err := f.m.Running(ctx, f.m.Container("s")); err != nil || running {
 		t.Fatalf("running %v, %v", running, err)
 	}
-	must(t, f.m.Stop(ctx, "s"))
+	must(t, f.m.Stop(ctx, f.m.Container("s")))
 	if resumed, running, err := f.m.Recover(ctx, "s"); err != nil || resumed || running {
 		t.Fatalf("recover: resumed %v running %v err %v", resumed, running, err)
 	}

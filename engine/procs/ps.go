@@ -55,7 +55,8 @@ func (m *Manager) List(ctx context.Context, name string, _ ProcessesOptions) (*P
 	defer done()
 	out := &ProcessList{Sandbox: name, Head: st.Head.ID, HeadHasImage: st.Head.ProcTree != nil, Processes: []ProcessInfo{},
 		Interrupted: st.Interrupted}
-	running, err := m.Running(ctx, name)
+	c := m.Container(name)
+	running, err := m.Running(ctx, c)
 	if err != nil || !running {
 		return out, err
 	}
@@ -64,7 +65,7 @@ func (m *Manager) List(ctx context.Context, name string, _ ProcessesOptions) (*P
 	if err != nil {
 		return nil, err
 	}
-	cur, err := rt.Snapshot(ctx, m.ContainerID(name))
+	cur, err := rt.Snapshot(ctx, c.ID)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", name, err)
 	}

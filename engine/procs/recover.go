@@ -155,7 +155,8 @@ func (m *Manager) Resume(ctx context.Context, name string) (*ResumeResult, error
 // resumed (resumed), and running says whether the container runs. A
 // sandbox that never had a container needs no runtime.
 func (m *Manager) Recover(ctx context.Context, name string) (resumed, running bool, err error) {
-	id := m.ContainerID(name)
+	c := m.Container(name)
+	id := c.ID
 	if _, err := os.Stat(filepath.Join(m.StateRoot(), "runc", id)); err != nil {
 		return false, false, nil
 	}
@@ -169,7 +170,7 @@ func (m *Manager) Recover(ctx context.Context, name string) (resumed, running bo
 		}
 		resumed = true
 	}
-	running, err = m.Running(ctx, name)
+	running, err = m.Running(ctx, c)
 	return resumed, running, err
 }
 

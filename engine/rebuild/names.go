@@ -31,7 +31,7 @@ func (rb *run) descriptions(ctx context.Context, deleting map[string]bool) (map[
 		if err != nil {
 			return rb.bad(oi.Name, err)
 		}
-		byKey[sb.Key()] = sb
+		byKey[string(sb.Key())] = sb
 		return nil
 	})
 	if err != nil {
@@ -102,7 +102,7 @@ func (rb *run) names(ctx context.Context, deleting map[string]bool, byKey map[st
 		sb, described := byKey[key]
 		label := ""
 		if described {
-			label = sb.Name
+			label = string(sb.Name)
 			headSeen[key] = true
 		}
 		id, found, err := rb.readRef(ctx, oi.Name)
@@ -143,8 +143,8 @@ func (rb *run) names(ctx context.Context, deleting map[string]bool, byKey map[st
 			continue
 		}
 		if !headSeen[key] {
-			err := rb.skip(delta.SandboxName(key), SkipMissingObjects, sb.Name,
-				fmt.Errorf("sandbox %s: the store holds no head for it (%s)", sb.Name, delta.RefName(delta.RefHead, key)))
+			err := rb.skip(delta.SandboxObject(delta.SandboxKey(key)), SkipMissingObjects, string(sb.Name),
+				fmt.Errorf("sandbox %s: the store holds no head for it (%s)", sb.Name, delta.HeadObject(delta.SandboxKey(key))))
 			if err != nil {
 				return nil, nil, err
 			}
@@ -155,7 +155,7 @@ func (rb *run) names(ctx context.Context, deleting map[string]bool, byKey map[st
 		if id, ok := old[key]; ok && indexed[id] != nil && indexed[id].BaseTree == sb.BaseTree {
 			log.Warn("rebuild: keeping this home's head of a sandbox whose stored head is unusable", "sandbox", sb.Name, "head", id)
 			for i, sk := range rb.rep.Skipped {
-				if sk.Name == delta.RefName(delta.RefHead, key) || sk.Name == delta.SandboxName(key) {
+				if sk.Name == delta.HeadObject(delta.SandboxKey(key)) || sk.Name == delta.SandboxObject(delta.SandboxKey(key)) {
 					rb.rep.Skipped[i].Error += fmt.Sprintf("; this home's head of it, %s, is kept", id.Short())
 				}
 			}
@@ -180,16 +180,16 @@ func (rb *run) names(ctx context.Context, deleting map[string]bool, byKey map[st
 	var refs []delta.Ref
 	kept := sbs[:0]
 	for _, sb := range sbs {
-		if taken[sb.Name] {
+		if taken[string(sb.Name)] {
 			if sb.ID == "" {
 				// Cannot happen (one object per legacy name), but never merge.
 				continue
 			}
-			sb.Name = sb.Name[:min(len(sb.Name), delta.MaxNameLen-9)] + "." + sb.ID[:8]
+			sb.Name = sb.Name[:min(len(sb.Name), delta.MaxNameLen-9)] + delta.SandboxName("."+sb.ID[:8])
 		}
-		taken[sb.Name] = true
+		taken[string(sb.Name)] = true
 		kept = append(kept, sb)
-		refs = append(refs, delta.Ref{Kind: delta.RefHead, Name: sb.Name, Target: heads[sb.Key()]})
+		refs = append(refs, delta.Ref{Kind: delta.RefHead, Name: string(sb.Name), Target: heads[string(sb.Key())]})
 	}
 	for _, h := range orphans {
 		switch {
@@ -247,8 +247,8 @@ func (rb *run) oldHeads(ctx context.Context) map[string]delta.ID {
 	err := old.View(ctx, func(tx *catalog.Tx) error {
 		sbs, err := tx.Sandboxes()
 		for _, sb := range sbs {
-			if id, err := tx.GetRef(delta.RefHead, sb.Name); err == nil {
-				out[sb.Key()] = id
+			if id, err := tx.GetRef(delta.RefHead, string(sb.Name)); err == nil {
+				out[string(sb.Key())] = id
 			}
 		}
 		return err

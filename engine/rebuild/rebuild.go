@@ -221,7 +221,7 @@ func (rb *run) fill(ctx context.Context, cat *catalog.Catalog) error {
 		}
 		if err != nil {
 			name, class := delta.RecordName(cp.ID), skipClassOf(err)
-			if err := rb.skip(name, class, cp.Sandbox, err); err != nil {
+			if err := rb.skip(name, class, string(cp.Sandbox), err); err != nil {
 				return err
 			}
 			notWhole[cp.ID] = SkippedObject{Class: class, Error: err.Error()}
@@ -279,7 +279,7 @@ func (rb *run) fill(ctx context.Context, cat *catalog.Catalog) error {
 			}
 		}
 		for key, o := range rb.owners {
-			if err := tx.SetSandboxOwner(key, o); err != nil {
+			if err := tx.SetSandboxOwner(delta.SandboxKey(key), o); err != nil {
 				return err
 			}
 		}
@@ -310,7 +310,7 @@ func (rb *run) records(ctx context.Context, byKey map[string]*delta.Sandbox) ([]
 		if _, again, err := delta.EncodeRecord(cp); err != nil || again != id {
 			return rb.bad(oi.Name, fmt.Errorf("checkpoint %s: record is not in its canonical encoding (%v)", id, err))
 		}
-		if sb, ok := byKey[cp.SandboxKey()]; ok && cp.BaseTree != sb.BaseTree {
+		if sb, ok := byKey[string(cp.SandboxKey())]; ok && cp.BaseTree != sb.BaseTree {
 			return rb.bad(oi.Name, fmt.Errorf("checkpoint %s claims sandbox %s (%s), but is over base %s, not the sandbox's %s",
 				id, cp.SandboxKey(), sb.Name, cp.BaseTree.Short(), sb.BaseTree.Short()))
 		}

@@ -83,8 +83,8 @@ func TestRebuildSkipsWhatIsNotWhole(t *testing.T) {
 	gone := delta.Hash([]byte("pruned elsewhere"))
 	for name, data := range map[string][]byte{
 		delta.RecordName(id):                       data,
-		delta.SandboxName(sb.Key()):                desc,
-		delta.RefName(delta.RefHead, sb.Key()):     delta.EncodeRef(id),
+		delta.SandboxObject(sb.Key()):              desc,
+		delta.HeadObject(sb.Key()):                 delta.EncodeRef(id),
 		delta.RefName(delta.RefTag, "dangling"):    delta.EncodeRef(gone),
 		delta.RecordPrefix + "not-a-record-at-all": []byte("x"),
 	} {
@@ -115,7 +115,7 @@ func TestRebuildSkipsWhatIsNotWhole(t *testing.T) {
 	}
 	want := map[string]SkipClass{
 		delta.RecordName(id):                    SkipMissingObjects,
-		delta.RefName(delta.RefHead, sb.Key()):  SkipMissingObjects,
+		delta.HeadObject(sb.Key()):              SkipMissingObjects,
 		delta.RefName(delta.RefTag, "dangling"): SkipDangling,
 	}
 	if len(got) != len(want) || !rep.Partial() || rep.Checkpoints != 0 || rep.Sandboxes != 0 {

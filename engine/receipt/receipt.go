@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/engine/procs"
 	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/internal/rootfs"
@@ -70,7 +71,8 @@ type Deps struct {
 type Processes interface {
 	Restore(ctx context.Context, name, root, img string, cp *delta.Checkpoint) error
 	Inventory(ctx context.Context, name string) (proc.Inventory, error)
-	Stop(ctx context.Context, name string) error
+	Stop(ctx context.Context, c procs.Container) error
+	Container(name string) procs.Container
 	// RestoredFile is where the state accepted after a process restore
 	// is kept (restored.go).
 	RestoredFile(name string) string
@@ -371,7 +373,7 @@ func (c *Checker) Fail(ctx context.Context, rc *Receipt) error {
 	} else {
 		state += ", its root as found (the next checkpoint records it)"
 	}
-	if err := c.d.Procs.Stop(context.WithoutCancel(ctx), rc.Sandbox); err != nil {
+	if err := c.d.Procs.Stop(context.WithoutCancel(ctx), c.d.Procs.Container(rc.Sandbox)); err != nil {
 		state += ", its processes not stopped (" + err.Error() + ")"
 	} else {
 		state += ", no process running"

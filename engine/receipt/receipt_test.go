@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/engine/procs"
 	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/internal/rootfs"
@@ -64,8 +65,9 @@ func (p *fakeProcs) Restore(context.Context, string, string, string, *delta.Chec
 func (p *fakeProcs) Inventory(context.Context, string) (proc.Inventory, error) {
 	return proc.Inventory{}, errors.New("no container")
 }
-func (p *fakeProcs) Stop(context.Context, string) error { p.stops++; return nil }
-func (p *fakeProcs) RestoredFile(name string) string    { return filepath.Join(p.dir, name+".restored") }
+func (p *fakeProcs) Stop(context.Context, procs.Container) error { p.stops++; return nil }
+func (p *fakeProcs) Container(name string) procs.Container       { return procs.Container{Sandbox: name} }
+func (p *fakeProcs) RestoredFile(name string) string             { return filepath.Join(p.dir, name+".restored") }
 
 func newChecker(t *testing.T, memo *treeMemo, o Options) (*Checker, *fakeProcs) {
 	p := &fakeProcs{dir: t.TempDir()}

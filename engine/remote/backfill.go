@@ -38,7 +38,7 @@ func (e *Syncer) Backfill(ctx context.Context, cat *catalog.Catalog) (int, int64
 		}
 		sbs, err := tx.Sandboxes()
 		for _, sb := range sbs {
-			labels[sb.Key()] = sb.Name
+			labels[string(sb.Key())] = string(sb.Name)
 		}
 		return err
 	})
@@ -88,10 +88,10 @@ func (e *Syncer) Backfill(ctx context.Context, cat *catalog.Catalog) (int, int64
 			return 0, 0, fmt.Errorf("object %s: %w", p.Name, err)
 		}
 		p.Checkpoint = cp.ID
-		if l, ok := labels[cp.SandboxKey()]; ok {
+		if l, ok := labels[string(cp.SandboxKey())]; ok {
 			p.Sandbox = l
-		} else if delta.ValidRefName(cp.Sandbox) {
-			p.Sandbox = cp.Sandbox
+		} else if delta.ValidRefName(string(cp.Sandbox)) {
+			p.Sandbox = string(cp.Sandbox)
 		}
 		recs = append(recs, rec{p, cp})
 	}

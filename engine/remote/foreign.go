@@ -25,7 +25,7 @@ func (e *Home) RootHere(sb *delta.Sandbox) bool {
 	if sb.Backend != btrfs.Name {
 		return true // overlay roots always live in this home
 	}
-	_, err := os.Stat(e.d.SandboxDir(sb.Name))
+	_, err := os.Stat(e.d.SandboxDir(string(sb.Name)))
 	return err == nil || (sb.Home != "" && sb.Home == e.homeID())
 }
 

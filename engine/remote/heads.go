@@ -34,7 +34,7 @@ const headRetries = 3
 
 // writeHead uploads the local head p (refs/heads/KEY) as its owner.
 func (e *Syncer) writeHead(ctx context.Context, p job) error {
-	key := strings.TrimPrefix(p.Name, delta.HeadPrefix)
+	key := delta.SandboxKey(strings.TrimPrefix(p.Name, delta.HeadPrefix))
 	data, err := upload.ReadAllMax(ctx, e.Local, p.Name, delta.MaxSmallObject)
 	if err != nil {
 		return fmt.Errorf("queued upload %s: %w", p.Name, err)
@@ -119,7 +119,7 @@ func (e *Syncer) writeHead(ctx context.Context, p job) error {
 // headOwner decides as whom this home writes the head of sandbox key, given
 // the owner line of the bucket's head (zero when the bucket has none, or
 // no head: exists says which). It is ErrFenced when another home owns it.
-func (e *Syncer) headOwner(ctx context.Context, key string, have delta.Owner, exists bool) (delta.Owner, error) {
+func (e *Syncer) headOwner(ctx context.Context, key delta.SandboxKey, have delta.Owner, exists bool) (delta.Owner, error) {
 	if have.Home == e.HomeID {
 		return have, nil
 	}
@@ -154,7 +154,7 @@ func (e *Syncer) headOwner(ctx context.Context, key string, have delta.Owner, ex
 		return noted, nil
 	case found && noted.Home != "":
 		return delta.Owner{}, ErrFenced
-	case creator == "" && !delta.ValidSandboxID(key):
+	case creator == "" && !delta.ValidSandboxID(string(key)):
 		return delta.Owner{}, nil // a legacy sandbox: no owner, as before
 	case creator == e.HomeID || creator == "" && !exists:
 		return delta.Owner{Home: e.HomeID, Epoch: 1}, nil
@@ -179,7 +179,7 @@ func (e *Syncer) mayDelete(ctx context.Context, name string) (bool, error) {
 	if !delta.ValidSandboxID(key) {
 		return true, nil // legacy: no owner
 	}
-	head := delta.RefName(delta.RefHead, key)
+	head := delta.HeadObject(delta.SandboxKey(key))
 	data, err := upload.ReadAllMax(ctx, e.Remote, head, delta.MaxSmallObject)
 	if errors.Is(err, errdefs.ErrNotFound) {
 		return true, nil
@@ -194,14 +194,14 @@ func (e *Syncer) mayDelete(ctx context.Context, name string) (bool, error) {
 	if o.Home != "" {
 		return o.Home == e.HomeID, nil
 	}
-	desc, err := upload.ReadAllMax(ctx, e.Remote, delta.SandboxName(key), delta.MaxSandboxObject)
+	desc, err := upload.ReadAllMax(ctx, e.Remote, delta.SandboxObject(delta.SandboxKey(key)), delta.MaxSandboxObject)
 	if errors.Is(err, errdefs.ErrNotFound) {
 		return true, nil
 	}
 	if err != nil {
 		return false, err
 	}
-	sb, err := delta.DecodeSandbox(delta.SandboxName(key), desc)
+	sb, err := delta.DecodeSandbox(delta.SandboxObject(delta.SandboxKey(key)), desc)
 	if err != nil {
 		return false, err
 	}

@@ -126,7 +126,7 @@ func headSyncer(t *testing.T, remote upload.Store, home string, sbs ...*delta.Sa
 
 func headJob(t *testing.T, local upload.Store, key string, target delta.ID) job {
 	t.Helper()
-	name := delta.RefName(delta.RefHead, key)
+	name := delta.HeadObject(delta.SandboxKey(key))
 	if err := upload.PutBytes(context.Background(), local, name, delta.EncodeRef(target)); err != nil {
 		t.Fatal(err)
 	}
@@ -138,14 +138,14 @@ func TestWriteHeadRules(t *testing.T) {
 	homeA, homeB := delta.NewSandboxID(), delta.NewSandboxID()
 	sb := &delta.Sandbox{ID: delta.NewSandboxID(), Home: homeA, Name: "s", Backend: "overlay", BaseTree: delta.Hash([]byte("base"))}
 	key := sb.Key()
-	name := delta.RefName(delta.RefHead, key)
+	name := delta.HeadObject(delta.SandboxKey(key))
 	t1, t2 := delta.Hash([]byte("one")), delta.Hash([]byte("two"))
 	remote := newCondStore()
 	// A head is written only once its record is in the bucket.
 	ahead := delta.Hash([]byte("not pushed yet"))
 	{
 		a, localA := headSyncer(t, remote, homeA, sb)
-		if err := a.writeHead(ctx, headJob(t, localA, key, ahead)); !errors.Is(err, errHeadAhead) {
+		if err := a.writeHead(ctx, headJob(t, localA, string(key), ahead)); !errors.Is(err, errHeadAhead) {
 			t.Fatalf("head naming a record the bucket lacks: %v, want errHeadAhead", err)
 		}
 		if _, ok := remote.objs[name]; ok {
@@ -165,7 +165,7 @@ func TestWriteHeadRules(t *testing.T) {
 
 	// The creator writes the first head as epoch 1.
 	a, localA := headSyncer(t, remote, homeA, sb)
-	if err := a.writeHead(ctx, headJob(t, localA, key, t1)); err != nil {
+	if err := a.writeHead(ctx, headJob(t, localA, string(key), t1)); err != nil {
 		t.Fatal(err)
 	}
 	if id, o := read(); id != t1 || o != (delta.Owner{Home: homeA, Epoch: 1}) {
@@ -173,7 +173,7 @@ func TestWriteHeadRules(t *testing.T) {
 	}
 	// Another home that knows the sandbox but never adopted it is fenced.
 	b, localB := headSyncer(t, remote, homeB, sb)
-	if err := b.writeHead(ctx, headJob(t, localB, key, t2)); !errors.Is(err, ErrFenced) {
+	if err := b.writeHead(ctx, headJob(t, localB, string(key), t2)); !errors.Is(err, ErrFenced) {
 		t.Fatalf("non-owner's head write: %v, want ErrFenced", err)
 	}
 	if id, _ := read(); id != t1 {
@@ -184,7 +184,7 @@ func TestWriteHeadRules(t *testing.T) {
 	if _, err := remote.PutIf(ctx, name, delta.EncodeHead(t1, delta.Owner{Home: homeB, Epoch: 2}), remote.tags[name]); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.writeHead(ctx, headJob(t, localA, key, t2)); !errors.Is(err, ErrFenced) || !strings.Contains(err.Error(), homeB) {
+	if err := a.writeHead(ctx, headJob(t, localA, string(key), t2)); !errors.Is(err, ErrFenced) || !strings.Contains(err.Error(), homeB) {
 		t.Fatalf("old owner's head write after adoption: %v, want ErrFenced naming %s", err, homeB)
 	}
 	a.Cat.View(ctx, func(tx *catalog.Tx) error {
@@ -195,7 +195,7 @@ func TestWriteHeadRules(t *testing.T) {
 		return nil
 	})
 	// The adopter writes as epoch 2.
-	if err := b.writeHead(ctx, headJob(t, localB, key, t2)); err != nil {
+	if err := b.writeHead(ctx, headJob(t, localB, string(key), t2)); err != nil {
 		t.Fatal(err)
 	}
 	if id, o := read(); id != t2 || o != (delta.Owner{Home: homeB, Epoch: 2}) {
@@ -213,7 +213,7 @@ func TestWriteHeadRules(t *testing.T) {
 			remote.mu.Unlock()
 		}
 	}
-	if err := b.writeHead(ctx, headJob(t, localB, key, t1)); !errors.Is(err, ErrFenced) {
+	if err := b.writeHead(ctx, headJob(t, localB, string(key), t1)); !errors.Is(err, ErrFenced) {
 		t.Fatalf("a write racing an adoption: %v, want ErrFenced", err)
 	}
 	if id, o := read(); id != t2 || o.Epoch != 3 {
@@ -227,7 +227,7 @@ func TestWriteHeadNeedsConditionalWrites(t *testing.T) {
 	target := delta.Hash([]byte("x"))
 	plain.objs[delta.RecordName(target)] = []byte("record")
 	s, local := headSyncer(t, struct{ upload.Store }{plain}, sb.Home, sb)
-	err := s.writeHead(context.Background(), headJob(t, local, sb.Key(), target))
+	err := s.writeHead(context.Background(), headJob(t, local, string(sb.Key()), target))
 	if !errors.Is(err, errdefs.ErrPrecondition) || !strings.Contains(err.Error(), "conditional writes") {
 		t.Fatalf("head write on a store without conditional writes: %v", err)
 	}

@@ -39,7 +39,7 @@ type Deps struct {
 	// Shared holds the engine's maintenance lock shared until release.
 	Shared func() (release func())
 	// Op holds sandbox name's operation lock (and Shared) until done.
-	Op func(ctx context.Context, sandbox string) (done func(), err error)
+	Op func(ctx context.Context, sandbox delta.SandboxName) (done func(), err error)
 	// Rollback brings sandbox's root and head to checkpoint id, processes
 	// too (Adopt continues a sandbox from the bucket's head).
 	Rollback func(ctx context.Context, sandbox string, id delta.ID) error

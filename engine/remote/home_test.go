@@ -50,7 +50,7 @@ func newTestHome(t *testing.T, id string, remote upload.Store, sbs []*delta.Sand
 			if err := tx.PutSandbox(sb); err != nil {
 				return err
 			}
-			if err := tx.SetRef(delta.Ref{Kind: delta.RefHead, Name: sb.Name, Target: cps[len(cps)-1].ID}); err != nil {
+			if err := tx.SetRef(delta.Ref{Kind: delta.RefHead, Name: string(sb.Name), Target: cps[len(cps)-1].ID}); err != nil {
 				return err
 			}
 		}
@@ -67,7 +67,7 @@ func newTestHome(t *testing.T, id string, remote upload.Store, sbs []*delta.Sand
 		Settings: func() Settings { return Settings{HomeID: h.id, URL: "test://bucket"} },
 		Log:      slog.Default(),
 		Shared:   func() func() { return func() {} },
-		Op:       func(context.Context, string) (func(), error) { return func() {}, nil },
+		Op:       func(context.Context, delta.SandboxName) (func(), error) { return func() {}, nil },
 		Rollback: func(_ context.Context, _ string, id delta.ID) error {
 			h.rollbacks = append(h.rollbacks, id)
 			return nil
@@ -102,7 +102,7 @@ func testAdoption(t *testing.T, remote upload.Store) {
 	a := newTestHome(t, homeA, remote, []*delta.Sandbox{owner}, c1)
 	b := newTestHome(t, delta.NewSandboxID(), remote, []*delta.Sandbox{owner}, c1)
 	key := owner.Key()
-	head := delta.RefName(delta.RefHead, key)
+	head := delta.HeadObject(delta.SandboxKey(key))
 
 	// Not pushed yet: nothing remotely durable to continue from.
 	if _, err := b.Adopt(ctx, "s", AdoptOptions{}); !errors.Is(err, errdefs.ErrPrecondition) {
@@ -157,7 +157,7 @@ func testAdoption(t *testing.T, remote upload.Store) {
 	if err := upload.PutBytes(ctx, remote, delta.RecordName(c2.ID), []byte("record")); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.Syncer().writeHead(ctx, headJob(t, a.local, key, c2.ID)); !errors.Is(err, ErrFenced) {
+	if err := a.Syncer().writeHead(ctx, headJob(t, a.local, string(key), c2.ID)); !errors.Is(err, ErrFenced) {
 		t.Fatalf("old owner's head write: %v, want ErrFenced", err)
 	}
 	var known delta.Owner

@@ -78,7 +78,7 @@ type LeaseView struct {
 // is refused by the bucket (it is fenced). The sandbox continues here from
 // the bucket's head, its last remotely durable checkpoint. Without Force an
 // owner whose host lease is live is not fenced.
-func (e *Home) Adopt(ctx context.Context, name string, o AdoptOptions) (*AdoptReport, error) {
+func (e *Home) Adopt(ctx context.Context, name delta.SandboxName, o AdoptOptions) (*AdoptReport, error) {
 	start := time.Now()
 	rem := e.remote()
 	if rem == nil {
@@ -88,7 +88,7 @@ func (e *Home) Adopt(ctx context.Context, name string, o AdoptOptions) (*AdoptRe
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: adopt: %w", name, err)
 	}
-	rep, cp, err := e.adopt(ctx, cond, name, o)
+	rep, cp, err := e.adopt(ctx, cond, string(name), o)
 	if err != nil || rep.Already {
 		return rep, err
 	}
@@ -96,7 +96,7 @@ func (e *Home) Adopt(ctx context.Context, name string, o AdoptOptions) (*AdoptRe
 	// the head this catalog knew, which the owner may have moved past:
 	// bring them to the bucket's head as a rollback does (processes too).
 	if rep.localHead != cp.ID {
-		if err := e.d.Rollback(ctx, name, cp.ID); err != nil {
+		if err := e.d.Rollback(ctx, string(name), cp.ID); err != nil {
 			return rep, fmt.Errorf("sandbox %s: adopted (epoch %d), but its root is not yet at the adopted head %s (roll back to it): %w",
 				name, rep.Owner.Epoch, cp.ID.Short(), err)
 		}
@@ -107,7 +107,7 @@ func (e *Home) Adopt(ctx context.Context, name string, o AdoptOptions) (*AdoptRe
 
 // adopt is Adopt's takeover under the sandbox's operation lock.
 func (e *Home) adopt(ctx context.Context, cond upload.Conditional, name string, o AdoptOptions) (*AdoptReport, *delta.Checkpoint, error) {
-	done, err := e.d.Op(ctx, name)
+	done, err := e.d.Op(ctx, delta.SandboxName(name))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -115,7 +115,7 @@ func (e *Home) adopt(ctx context.Context, cond upload.Conditional, name string, 
 	var sb *delta.Sandbox
 	var localHead delta.ID
 	err = e.view(ctx, func(tx *catalog.Tx) (err error) {
-		if sb, err = tx.Sandbox(name); err != nil {
+		if sb, err = tx.Sandbox(delta.SandboxName(name)); err != nil {
 			return err
 		}
 		localHead, err = tx.GetRef(delta.RefHead, name)
@@ -125,11 +125,11 @@ func (e *Home) adopt(ctx context.Context, cond upload.Conditional, name string, 
 		return nil, nil, err
 	}
 	key := sb.Key()
-	rep := &AdoptReport{Sandbox: name, Key: key}
+	rep := &AdoptReport{Sandbox: name, Key: string(key)}
 	if sb.ID == "" {
 		return nil, nil, fmt.Errorf("sandbox %s is a legacy sandbox (no id): it has no owner to take over from: %w", name, errdefs.ErrPrecondition)
 	}
-	headName := delta.RefName(delta.RefHead, key)
+	headName := delta.HeadObject(delta.SandboxKey(key))
 	data, version, err := cond.GetVersion(ctx, headName, delta.MaxSmallObject)
 	if errors.Is(err, errdefs.ErrNotFound) {
 		return nil, nil, fmt.Errorf("sandbox %s: its head is not in the bucket (its owner never pushed it), so there is nothing remotely durable to continue from: %w", name, errdefs.ErrPrecondition)

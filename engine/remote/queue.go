@@ -40,7 +40,7 @@ func QueueCommit(tx *catalog.Tx, op Written, cp *delta.Checkpoint, newSandbox *d
 	var items []catalog.PendingUpload
 	var after []string
 	for _, w := range op.Written() {
-		items = append(items, catalog.PendingUpload{Sandbox: cp.Sandbox, Checkpoint: cp.ID, Name: w.Name, Size: w.Size})
+		items = append(items, catalog.PendingUpload{Sandbox: string(cp.Sandbox), Checkpoint: cp.ID, Name: w.Name, Size: w.Size})
 		after = append(after, w.Name)
 	}
 	for _, pack := range op.Reused() {
@@ -53,11 +53,11 @@ func QueueCommit(tx *catalog.Tx, op Written, cp *delta.Checkpoint, newSandbox *d
 	}
 	slices.Sort(after)
 	rec := delta.RecordName(cp.ID)
-	items = append(items, catalog.PendingUpload{Sandbox: cp.Sandbox, Checkpoint: cp.ID, Name: rec, After: after})
+	items = append(items, catalog.PendingUpload{Sandbox: string(cp.Sandbox), Checkpoint: cp.ID, Name: rec, After: after})
 	if newSandbox != nil {
-		items = append(items, catalog.PendingUpload{Sandbox: cp.Sandbox, Checkpoint: cp.ID, Name: delta.SandboxName(cp.SandboxKey()), After: []string{rec}})
+		items = append(items, catalog.PendingUpload{Sandbox: string(cp.Sandbox), Checkpoint: cp.ID, Name: delta.SandboxObject(cp.SandboxKey()), After: []string{rec}})
 	}
-	items = append(items, catalog.PendingUpload{Sandbox: cp.Sandbox, Checkpoint: cp.ID, Name: delta.RefName(delta.RefHead, cp.SandboxKey()), After: []string{rec}})
+	items = append(items, catalog.PendingUpload{Sandbox: string(cp.Sandbox), Checkpoint: cp.ID, Name: delta.HeadObject(cp.SandboxKey()), After: []string{rec}})
 	return tx.EnqueueUploads(items)
 }
 

@@ -101,7 +101,7 @@ func readPin(ctx context.Context, s upload.Store, name string) (delta.ID, string
 		if err != nil {
 			return delta.ID{}, "", delta.Owner{}, err // names the object
 		}
-		return sb.Origin, "branched: " + sb.Name + " (" + key + ")", delta.Owner{}, nil
+		return sb.Origin, "branched: " + string(sb.Name) + " (" + key + ")", delta.Owner{}, nil
 	}
 	id, owner, err := delta.ParseHead(data)
 	if err != nil {

@@ -137,7 +137,7 @@ func (o *op) retire(ctx context.Context, h *History, drop []*delta.Checkpoint, c
 				"checkpoint", cp.ID.Short(), "limit", delta.MaxMarks)
 			break
 		}
-		m.Records = append(m.Records, delta.Mark{ID: cp.ID, Sandbox: cp.SandboxKey(), Marked: now, Due: now.Add(grace)})
+		m.Records = append(m.Records, delta.Mark{ID: cp.ID, Sandbox: string(cp.SandboxKey()), Marked: now, Due: now.Add(grace)})
 	}
 	for _, mk := range m.Records {
 		r.marked[mk.ID] = mk.Due
@@ -215,7 +215,7 @@ func (o *op) sweepLocked(ctx context.Context, m *delta.Marks, local Pins, now ti
 			if err != nil {
 				return err
 			}
-			if ow, ok := owners[cp.SandboxKey()]; ok && ow.Home != o.HomeID {
+			if ow, ok := owners[string(cp.SandboxKey())]; ok && ow.Home != o.HomeID {
 				adopted[mk.ID] = true
 			}
 		}

@@ -66,8 +66,8 @@ func TestBucketPins(t *testing.T) {
 	id := func(s string) delta.ID { return delta.Hash([]byte(s)) }
 	put := func(name string, data []byte) { must(t, upload.PutBytes(ctx, s, name, data)) }
 	sbA, sbB, home := delta.NewSandboxID(), delta.NewSandboxID(), delta.NewSandboxID()
-	put(delta.RefName(delta.RefHead, sbA), delta.EncodeRef(id("plain head")))
-	put(delta.RefName(delta.RefHead, sbB), delta.EncodeHead(id("owned head"), delta.Owner{Home: home, Epoch: 3}))
+	put(delta.HeadObject(delta.SandboxKey(sbA)), delta.EncodeRef(id("plain head")))
+	put(delta.HeadObject(delta.SandboxKey(sbB)), delta.EncodeHead(id("owned head"), delta.Owner{Home: home, Epoch: 3}))
 	put(delta.RefName(delta.RefTag, "release"), delta.EncodeRef(id("tagged")))
 	for _, d := range []delta.Sandbox{
 		{ID: sbA, Home: home, Name: "a", Backend: "overlay", BaseTree: id("base"), Origin: id("origin")},
@@ -75,7 +75,7 @@ func TestBucketPins(t *testing.T) {
 	} {
 		data, err := json.Marshal(d)
 		must(t, err)
-		put(delta.SandboxName(d.ID), data)
+		put(delta.SandboxObject(delta.SandboxKey(d.ID)), data)
 	}
 	pin := Pins{}
 	must(t, bucketPins(ctx, s, pin))
@@ -91,7 +91,7 @@ func TestBucketPins(t *testing.T) {
 		t.Errorf("origin pinned for %q", why)
 	}
 
-	put(delta.RefName(delta.RefHead, delta.NewSandboxID()), []byte("not a ref\n"))
+	put(delta.HeadObject(delta.SandboxKey(delta.NewSandboxID())), []byte("not a ref\n"))
 	if err := bucketPins(ctx, s, Pins{}); !errors.Is(err, errdefs.ErrCorrupt) {
 		t.Fatalf("bucketPins over a damaged head: %v, want ErrCorrupt", err)
 	}

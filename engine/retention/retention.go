@@ -133,8 +133,8 @@ func (h *History) mayPrune(key string) bool {
 }
 
 func (h *History) label(cp *delta.Checkpoint) string {
-	if n, ok := h.Names[cp.SandboxKey()]; ok {
+	if n, ok := h.Names[string(cp.SandboxKey())]; ok {
 		return n
 	}
-	return cp.Sandbox
+	return string(cp.Sandbox)
 }

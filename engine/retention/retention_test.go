@@ -110,14 +110,14 @@ func (h *home) history(ctx context.Context) (*History, error) {
 			if err != nil {
 				return err
 			}
-			hi.BySandbox[got.SandboxKey()] = append(hi.BySandbox[got.SandboxKey()], got)
+			hi.BySandbox[string(got.SandboxKey())] = append(hi.BySandbox[string(got.SandboxKey())], got)
 		}
 		return nil
 	})
 	if len(h.cps) > 0 {
 		key := h.cps[0].SandboxKey()
-		hi.Owned[key], hi.Known[key] = true, true
-		hi.Names[key], hi.Keys["s"] = "s", key
+		hi.Owned[string(key)], hi.Known[string(key)] = true, true
+		hi.Names[string(key)], hi.Keys["s"] = "s", string(key)
 		hi.Pin.Add(h.cps[len(h.cps)-1].ID, "head of s")
 	}
 	return hi, err

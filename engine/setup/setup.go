@@ -219,10 +219,10 @@ func (h *Home) Status(ctx context.Context) (*StatusReport, error) {
 		}
 		heads := map[string]delta.ID{}
 		for _, sb := range sbs {
-			s := get(sb.Name)
+			s := get(string(sb.Name))
 			s.Interrupted = h.d.Interrupted(sb)
-			if h, err := tx.GetRef(delta.RefHead, sb.Name); err == nil {
-				heads[sb.Name] = h
+			if h, err := tx.GetRef(delta.RefHead, string(sb.Name)); err == nil {
+				heads[string(sb.Name)] = h
 			}
 			cps, err := tx.SandboxCheckpoints(sb.Name)
 			if err != nil {

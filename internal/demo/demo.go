@@ -94,7 +94,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	defer func() {
 		if !opts.Keep {
 			for _, name := range []string{"agent", "agent-alt"} {
-				e.RemoveSandbox(context.WithoutCancel(ctx), name)
+				e.RemoveSandbox(context.WithoutCancel(ctx), delta.SandboxName(name))
 			}
 		}
 		e.Close()
@@ -218,7 +218,7 @@ func turn(ctx context.Context, e *engine.Engine, rep *Report, name, root string,
 	if err != nil {
 		return fmt.Errorf("demo turn %d (%s): %w", n, s.action, err)
 	}
-	r, err := e.Checkpoint(ctx, name, engine.CheckpointOptions{Turn: &n, Message: s.action})
+	r, err := e.Checkpoint(ctx, delta.SandboxName(name), engine.CheckpointOptions{Turn: &n, Message: s.action})
 	if err != nil {
 		return err
 	}

@@ -270,7 +270,7 @@ func checkWriters(ctx context.Context, r *report, mc *minio.Client, w *world, ho
 		}
 		var sb delta.Sandbox
 		if json.Unmarshal(b, &sb) == nil {
-			names[strings.TrimPrefix(obj.Key, delta.SandboxPrefix)] = sb.Name
+			names[strings.TrimPrefix(obj.Key, delta.SandboxPrefix)] = string(sb.Name)
 		}
 	}
 	versions := map[string][]headVersion{}

@@ -167,7 +167,7 @@ type gen struct {
 // model exchanges its journal holds, if the writer gave it one.
 func (g *gen) remember(sandbox string, id delta.ID, root string, journal map[string]JournalExpect) {
 	g.t.Helper()
-	log, err := g.e.History().Log(g.ctx, sandbox)
+	log, err := g.e.History().Log(g.ctx, delta.SandboxName(sandbox))
 	must(g.t, err)
 	for _, le := range log {
 		if le.ID != id {
@@ -319,7 +319,7 @@ touch -d @1700000100 a.txt opq/n newdir/f newdir/empty newdir/tree-bytes newdir/
 	must(t, err)
 	for _, sb := range sbs {
 		// A pushed head carries its owner: the creating home, epoch 1.
-		g.m.Refs[delta.RefName(delta.RefHead, sb.Sandbox.Key())] = RefManifest{Target: sb.Head.ID.String(), Owner: sb.Sandbox.Home, Epoch: 1}
+		g.m.Refs[delta.HeadObject(sb.Sandbox.Key())] = RefManifest{Target: sb.Head.ID.String(), Owner: sb.Sandbox.Home, Epoch: 1}
 	}
 	g.m.Refs[delta.RefName(delta.RefTag, "good")] = RefManifest{Target: c1.ID.String()}
 

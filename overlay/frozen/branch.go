@@ -65,8 +65,8 @@ func (k *Keeper) freezeForBranch(ctx context.Context, cp *delta.Checkpoint, size
 	if ob.Has(cp.FSTree) {
 		return nil
 	}
-	j := &freezeJob{cp: cp, sandbox: cp.Sandbox, room: size, rush: true} // needed now: it does not pause
-	if live, err := k.d.LiveUpper(k.sandboxDir(cp.Sandbox)); err == nil {
+	j := &freezeJob{cp: cp, sandbox: string(cp.Sandbox), room: size, rush: true} // needed now: it does not pause
+	if live, err := k.d.LiveUpper(k.sandboxDir(string(cp.Sandbox))); err == nil {
 		j.live = live
 	}
 	if !cp.Parent.IsZero() {

@@ -81,7 +81,7 @@ type Deps struct {
 // Lines is what the policy reads of the catalog (a *catalog.Tx): the
 // sandboxes, their heads, and checkpoints' lines.
 type Lines interface {
-	SandboxNames() ([]string, error)
+	SandboxNames() ([]delta.SandboxName, error)
 	GetRef(kind delta.RefKind, name string) (delta.ID, error)
 	Ancestors(id delta.ID, limit int) ([]*delta.Checkpoint, error)
 	Checkpoint(id delta.ID) (*delta.Checkpoint, error)
@@ -220,7 +220,7 @@ func (k *Keeper) KeepSet(ctx context.Context) (map[delta.ID]bool, error) {
 			return err
 		}
 		for _, name := range names {
-			head, err := tx.GetRef(delta.RefHead, name)
+			head, err := tx.GetRef(delta.RefHead, string(name))
 			if err != nil {
 				continue
 			}

@@ -23,10 +23,10 @@ type catalogLines struct {
 	heads map[string]delta.ID
 }
 
-func (l *catalogLines) SandboxNames() ([]string, error) {
-	var out []string
+func (l *catalogLines) SandboxNames() ([]delta.SandboxName, error) {
+	var out []delta.SandboxName
 	for n := range l.heads {
-		out = append(out, n)
+		out = append(out, delta.SandboxName(n))
 	}
 	return out, nil
 }
