@@ -85,7 +85,7 @@ func (e *Engine) BranchMany(ctx context.Context, ref string, names []string, o B
 	if o.Backend == "" {
 		o.Backend = cp.Backend
 		// Never another home's pool (foreign.go).
-		if cfg, err = e.rem.BranchConfig(ctx, cp); err != nil {
+		if cfg, err = branchConfig(ctx, e.cat, e.home, e.config.HomeID, cp); err != nil {
 			return nil, fmt.Errorf("%s: %w", subject, err)
 		}
 	} else if cfg, err = backendConfig(o.Backend, o.Btrfs); err != nil {

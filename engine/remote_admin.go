@@ -50,7 +50,6 @@ func newRemote(e *Engine) *remote.Home {
 			_, err := e.Rollback(ctx, delta.SandboxName(sandbox), id.String(), RollbackOptions{})
 			return err
 		},
-		SandboxDir: func(name string) string { return e.home.sandboxDir(delta.SandboxName(name)) },
 	})
 }
 

@@ -330,8 +330,8 @@ func (e *Engine) readSandbox(ctx context.Context, name delta.SandboxName) (*sand
 		return nil, nil, "", err
 	}
 	st.name, st.key, st.container = delta.SandboxName(name), st.sb.Key(), e.procs.Container(string(name))
-	if !e.rem.RootHere(st.sb) {
-		return nil, nil, "", e.rem.ErrForeignRoot(st.sb)
+	if !rootHere(e.home, e.config.HomeID, st.sb) {
+		return nil, nil, "", errForeignRoot(st.sb)
 	}
 	be, err := e.backend(st.sb.Backend, st.sb.Config)
 	if err != nil {
@@ -416,7 +416,7 @@ func (e *Engine) RemoveSandboxWith(ctx context.Context, name delta.SandboxName, 
 		}
 		return e.leftovers().RemoveUnknown(ctx, string(name), err) // a killed create's or branch's root
 	}
-	if !o.CatalogOnly && !e.rem.RootHere(sb) {
+	if !o.CatalogOnly && !rootHere(e.home, e.config.HomeID, sb) {
 		// Its root is on the host that recorded it: nothing here to
 		// remove, and its recorded pool path must not be touched.
 		e.log.Warn("sandbox root is on another host; forgetting the sandbox only", "sandbox", name)

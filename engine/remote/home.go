@@ -43,8 +43,6 @@ type Deps struct {
 	// Rollback brings sandbox's root and head to checkpoint id, processes
 	// too (Adopt continues a sandbox from the bucket's head).
 	Rollback func(ctx context.Context, sandbox string, id delta.ID) error
-	// SandboxDir is where sandbox name's root would be in this home.
-	SandboxDir func(name string) string
 }
 
 // Home is the remote side of one turnsnap home: pushes and their queue,

@@ -72,7 +72,6 @@ func newTestHome(t *testing.T, id string, remote upload.Store, sbs []*delta.Sand
 			h.rollbacks = append(h.rollbacks, id)
 			return nil
 		},
-		SandboxDir: func(name string) string { return filepath.Join(dir, "sandboxes", name) },
 	})
 	return h
 }

@@ -1,4 +1,4 @@
-package remote
+package engine
 
 import (
 	"context"
@@ -19,18 +19,18 @@ import (
 // trusted only for a sandbox this home made whose root is here; anything
 // else asks for a pool of this host.
 
-// RootHere reports whether sb's root and pool are this home's to use: its
-// root directory exists on this home, or it is this home's own sandbox.
-func (e *Home) RootHere(sb *delta.Sandbox) bool {
+// rootHere reports whether sb's root and pool are home's to use: its root
+// directory exists on this home, or it is this home's (homeID) own sandbox.
+func rootHere(h home, homeID string, sb *delta.Sandbox) bool {
 	if sb.Backend != btrfs.Name {
 		return true // overlay roots always live in this home
 	}
-	_, err := os.Stat(e.d.SandboxDir(string(sb.Name)))
-	return err == nil || (sb.Home != "" && sb.Home == e.homeID())
+	_, err := os.Stat(h.sandboxDir(sb.Name))
+	return err == nil || (sb.Home != "" && sb.Home == homeID)
 }
 
-// ErrForeignRoot is the refusal to touch a root recorded by another home.
-func (e *Home) ErrForeignRoot(sb *delta.Sandbox) error {
+// errForeignRoot is the refusal to touch a root recorded by another home.
+func errForeignRoot(sb *delta.Sandbox) error {
 	var o btrfs.Options
 	json.Unmarshal(sb.Config, &o)
 	return fmt.Errorf("sandbox %s is a btrfs sandbox recorded by another home (pool %q there), and its root is not on this host; "+
@@ -38,13 +38,16 @@ func (e *Home) ErrForeignRoot(sb *delta.Sandbox) error {
 		sb.Name, o.Pool, sb.Name, errdefs.ErrPrecondition)
 }
 
-// BranchConfig picks the backend settings of a branch that named no backend:
-// those of the sandbox that took the checkpoint, if that sandbox's root is
-// here; for btrfs otherwise this host's pool, if this home uses exactly one.
-func (e *Home) BranchConfig(ctx context.Context, cp *delta.Checkpoint) (json.RawMessage, error) {
+// branchConfig picks the backend settings of a branch that named no
+// backend: those of the sandbox that took the checkpoint, if that
+// sandbox's root is here; for btrfs otherwise this host's pool, if this
+// home uses exactly one. Where roots live is the engine's to know, not the
+// remote side's: a catalog rebuilt from a shared bucket names roots of
+// other hosts.
+func branchConfig(ctx context.Context, cat *catalog.Catalog, h home, homeID string, cp *delta.Checkpoint) (json.RawMessage, error) {
 	var src *delta.Sandbox
 	pools := map[string]json.RawMessage{}
-	err := e.view(ctx, func(tx *catalog.Tx) error {
+	err := cat.View(ctx, func(tx *catalog.Tx) error {
 		sbs, err := tx.Sandboxes()
 		if err != nil {
 			return err
@@ -53,7 +56,7 @@ func (e *Home) BranchConfig(ctx context.Context, cp *delta.Checkpoint) (json.Raw
 			if sb.Key() == cp.SandboxKey() {
 				src = sb
 			}
-			if sb.Backend == btrfs.Name && sb.Home == e.homeID() && e.RootHere(sb) {
+			if sb.Backend == btrfs.Name && sb.Home == homeID && rootHere(h, homeID, sb) {
 				var o btrfs.Options
 				if json.Unmarshal(sb.Config, &o) == nil && o.Pool != "" {
 					pools[o.Pool] = sb.Config
@@ -65,7 +68,7 @@ func (e *Home) BranchConfig(ctx context.Context, cp *delta.Checkpoint) (json.Raw
 	if err != nil {
 		return nil, err
 	}
-	if src != nil && src.Backend == cp.Backend && e.RootHere(src) {
+	if src != nil && src.Backend == cp.Backend && rootHere(h, homeID, src) {
 		return src.Config, nil
 	}
 	if cp.Backend != btrfs.Name {
