@@ -44,6 +44,7 @@ type LLM struct {
 	journal *llmproxy.TreeJournal
 	ups     *Upstreams
 	log     *slog.Logger
+	routes  agentRoutes // in the sandboxes' containers (llm_route.go)
 }
 
 // NewLLM makes the proxy of svc's home and resets every sandbox's journal
@@ -78,7 +79,7 @@ func NewLLM(ctx context.Context, svc *Service, opts LLMOptions) (*LLM, error) {
 func (l *LLM) Handler() http.Handler { return l.proxy }
 
 // Close stops the proxy's checkpoints.
-func (l *LLM) Close() { l.proxy.Close() }
+func (l *LLM) Close() { l.routes.closeRoutes(); l.proxy.Close() }
 
 func (l *LLM) upstreamFor(ctx context.Context, sandbox string) (string, error) {
 	// A route to no sandbox is answered here: forwarded, its model call
@@ -221,6 +222,7 @@ func (s *Service) llmRemoved(ctx context.Context, name string) {
 func (s *Service) llmRestored(ctx context.Context, sandbox string) {
 	if s.LLM != nil {
 		s.LLM.restored(ctx, sandbox)
+		s.LLM.routeAgent(ctx, sandbox) // a restored container has a new network namespace
 	}
 }
 

@@ -148,6 +148,7 @@ func (s *Service) Exec(ctx context.Context, name string, req api.ExecRequest, st
 	if err != nil {
 		return nil, err
 	}
+	s.LLM.routeAgent(ctx, name) // the container runs: the agent's way to the proxy
 	if s.BeforeExec != nil {
 		if err := s.BeforeExec(); err != nil {
 			return nil, err

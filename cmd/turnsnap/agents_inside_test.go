@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -27,10 +26,10 @@ import (
 // Claude Code inside its sandbox (issue 26, part 1): the cached npm
 // package's native binary in a sandbox whose base is the Debian image,
 // started by `turnsnap exec`, its model calls through the daemon's LLM
-// proxy. The container has only its own loopback, so the test opens the
-// route there: a listener made in the container's network namespace that
-// forwards to the proxy on the host's loopback (nothing beyond this
-// machine). The agent is started as the agent (`turnsnap exec --agent`,
+// proxy. The container has only its own loopback: the daemon opens the
+// route there (proc.AgentLLMAddr, serving this sandbox's proxy only;
+// docs/LLM-PROXY.md "An agent inside its sandbox"), and `exec --agent`
+// points the agent's base URL at it. The agent is started as the agent (`turnsnap exec --agent`,
 // docs/PROCESSES.md "The agent's own processes"): its processes and its
 // own files are not sandbox state, so turnsnap classes its turns by what
 // its tools changed, as on the host.
@@ -39,7 +38,6 @@ func TestAgentClaudeCodeInsideSandbox(t *testing.T) {
 	in := insideSetup(t, "in")
 	steps := mainSteps("/proj")
 	d := startDaemon(t, in.home, nil, "--llm-listen", "127.0.0.1:0", "--llm-upstream", in.ms.Script("inside", steps...))
-	in.route(t, d)
 
 	evs := subscribeEvents(t, in.home, "in")
 	run := in.agent(t, "fix the failing test")()
@@ -116,7 +114,6 @@ func TestAgentInsideStoppedByRollback(t *testing.T) {
 	in := insideSetup(t, "rb")
 	d := startDaemon(t, in.home, nil, "--llm-listen", "127.0.0.1:0", "--llm-upstream",
 		in.ms.Script("long", modelserver.Bash("echo one > one.txt"), modelserver.Bash("python3 -c 'import time; time.sleep(60)'"), modelserver.Say("slept")))
-	in.route(t, d)
 	wait := in.agent(t, "write one.txt, then wait")
 	// The agent is in its second tool (a 60 s wait) once the model answered
 	// its second call; its first tool's file is in the checkpoint of that
@@ -149,12 +146,11 @@ func TestAgentInsideStoppedByRollback(t *testing.T) {
 	t.Logf("the rollback stopped the agent in %s: %s", time.Since(t0).Round(time.Millisecond), strings.SplitN(run.String(), "\n", 2)[0])
 
 	// Started again (its supervisor's job), in the container the next exec
-	// starts: the route is opened there anew.
+	// starts: the daemon opens the route there anew.
 	url := in.ms.Script("again", modelserver.Bash("test -e one.txt || echo ROLLED-BACK"), modelserver.Say("checked"))
 	if _, err := d.client(t).SetLLMUpstream(t.Context(), "rb", api.LLMUpstreamRequest{LLMUpstream: &url}); err != nil {
 		t.Fatal(err)
 	}
-	in.route(t, d)
 	again := in.agent(t, "check one.txt")()
 	var seen bool
 	for _, r := range in.ms.Requests() {
@@ -178,7 +174,7 @@ func TestAgentInsideRollsItselfBackThroughMCP(t *testing.T) {
 			// the one before it.
 			modelserver.Tool("mcp__turnsnap__rollback", map[string]any{"checkpoint": "HEAD~1"}),
 			modelserver.Bash("cat one.txt"), modelserver.Say("rolled back")))
-	in.route(t, d)
+	mustCLI(t, in.home, "exec", in.name, "--", "true") // the container, and its network namespace
 	mcpPort := in.routeMCP(t)
 	cfg := fmt.Sprintf(`{"mcpServers":{"turnsnap":{"type":"http","url":"http://127.0.0.1:%d/v1/sandboxes/%s/mcp"}}}`, mcpPort, in.name)
 	run := in.agent(t, "write one.txt; roll back mistakes", " --strict-mcp-config --mcp-config '"+cfg+"'")()
@@ -200,12 +196,10 @@ func TestAgentInsideRollsItselfBackThroughMCP(t *testing.T) {
 }
 
 // insideSandbox is one sandbox on the Debian image with Claude Code's
-// binary in its base, a scripted model, and (once route ran) a way in to
-// the daemon's LLM proxy from the sandbox's loopback.
+// binary in its base and a scripted model.
 type insideSandbox struct {
 	home, root, name string
 	ms               *modelserver.Server
-	port             int // the proxy's forwarder on the sandbox's loopback
 }
 
 func insideSetup(t *testing.T, name string) *insideSandbox {
@@ -259,41 +253,6 @@ func insideSetup(t *testing.T, name string) *insideSandbox {
 	return in
 }
 
-// route starts the sandbox's container and opens, on its loopback, a
-// listener whose connections go to daemon d's LLM proxy.
-func (in *insideSandbox) route(t *testing.T, d *daemonProc) {
-	t.Helper()
-	mustCLI(t, in.home, "exec", in.name, "--", "true") // the container, and its network namespace
-	proxy := strings.TrimPrefix(llmStatus(t, d).URL, "http://")
-	l, err := proc.ListenInNetns(in.netns(), "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("listen in the sandbox's network namespace: %v", err)
-	}
-	t.Cleanup(func() { l.Close() })
-	in.port = l.Addr().(*net.TCPAddr).Port
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				up, err := net.Dial("tcp", proxy)
-				if err != nil {
-					return
-				}
-				defer up.Close()
-				done := make(chan struct{}, 2)
-				go func() { io.Copy(up, c); up.(*net.TCPConn).CloseWrite(); done <- struct{}{} }()
-				go func() { io.Copy(c, up); c.(*net.TCPConn).CloseWrite(); done <- struct{}{} }()
-				<-done
-				<-done
-			}()
-		}
-	}()
-}
-
 // routeMCP opens, on the sandbox's loopback, the daemon's MCP endpoint of
 // this sandbox and nothing else of its API (the daemon's unix socket
 // carries no token: the route passes one path only).
@@ -337,12 +296,11 @@ func (in *insideSandbox) netns() string {
 
 // agent starts Claude Code in the sandbox with `turnsnap exec` (in the
 // foreground, as a platform supervises its agent): in /proj, its model
-// calls to the forwarder, as the agent (--agent: not sandbox state, its
+// calls to the daemon's route (the base URL exec --agent sets), as the agent (--agent: not sandbox state, its
 // own files in proc.AgentStateDir), transcripts not kept.
 func (in *insideSandbox) agent(t *testing.T, prompt string, extra ...string) func() agentRun {
 	t.Helper()
 	env := []string{"env", "PATH=/usr/local/bin:/usr/bin:/bin",
-		fmt.Sprintf("ANTHROPIC_BASE_URL=http://127.0.0.1:%d/llm/%s", in.port, in.name),
 		"ANTHROPIC_API_KEY=sk-ant-test", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1", "IS_SANDBOX=1", "DISABLE_AUTOUPDATER=1",
 		"ENABLE_TOOL_SEARCH=false"} // MCP tools offered whole (agents_mcp_test.go)
 	script := `cd /proj && exec claude -p "$1" --dangerously-skip-permissions --no-session-persistence` + strings.Join(extra, "") + ` </dev/null`

@@ -45,7 +45,10 @@ sandbox state and a checkpoint leaves them out (docs/PROCESSES.md).
 --agent starts CMD as the agent: TURNSNAP_AGENT=1, and HOME, TMPDIR, the XDG
 directories and CLAUDE_CONFIG_DIR in ` + proc.AgentStateDir + `, a tmpfs of the
 container that is not sandbox state (the agent's own files neither make a
-turn a change nor survive a rollback). The sandbox needs env(1).`,
+turn a change nor survive a rollback). The sandbox needs env(1).
+ANTHROPIC_BASE_URL and OPENAI_BASE_URL point at the daemon's LLM proxy for
+this sandbox, on the container's own loopback (` + proc.AgentLLMAddr + `, opened by
+serve --llm-listen; docs/LLM-PROXY.md), unless CMD sets them (env VAR=... CMD).`,
 		Args: cobra.MinimumNArgs(2),
 	}
 	c.RunE = a.withService(nil, func(ctx context.Context, s service, args []string) error {
@@ -54,7 +57,7 @@ turn a change nor survive a rollback). The sandbox needs env(1).`,
 			if detach {
 				return fmt.Errorf("exec %s: --agent runs in the foreground (a detached process is the sandbox's), not with --detach: %w", args[0], errdefs.ErrInvalid)
 			}
-			argv = proc.AgentArgv(argv)
+			argv = proc.AgentArgv(append(proc.AgentLLMEnv(args[0]), argv...))
 		}
 		req := api.ExecRequest{Argv: argv, Detach: detach, Log: logPath}
 		stdio := api.Stdio{In: os.Stdin, Out: os.Stdout, Err: os.Stderr}
