@@ -41,7 +41,9 @@ func TestAgentInsideRouteOwnSandboxOnly(t *testing.T) {
 		out, _ := mustCLI(t, in.home, "exec", "ra", "--", "python3", "-c", routeProbe, path)
 		return strings.TrimSpace(out)
 	}
-	refused := func(out string) bool { return strings.HasPrefix(out, "403 ") && strings.Contains(out, "Not this sandbox") }
+	refused := func(out string) bool {
+		return strings.HasPrefix(out, "403 ") && strings.Contains(out, "Not this sandbox")
+	}
 	check := func(when string) {
 		t.Helper()
 		own := probe("/llm/ra/v1/models")
