@@ -79,6 +79,7 @@ func startLLM(ctx context.Context, log *slog.Logger, srv *Server, f LLMConfig, e
 		l.Close()
 		return nil, err
 	}
+	llm.routes.api = srv // the sandboxes' MCP endpoints, through their routes
 	hs := &http.Server{Handler: llm.Handler(), ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	go func() {

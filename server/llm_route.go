@@ -33,6 +33,10 @@ type agentRoutes struct {
 	watch  sync.Once
 	stop   chan struct{}
 	closed bool // the proxy closed: no more routes
+	// api serves the sandbox's MCP endpoint through its route (the
+	// daemon's API handler, without the TCP listener's token: the route
+	// passes one path only); nil: MCP is not routed.
+	api http.Handler
 }
 
 // agentRoute is one route: the listener in the network namespace
@@ -110,11 +114,15 @@ func (l *LLM) routeAgent(ctx context.Context, sandbox string) {
 }
 
 // agentHandler is the proxy as sandbox's route serves it: its own routes
-// only. The proxy takes the sandbox from the path up to its next slash
+// only, and its own MCP endpoint. The proxy takes the sandbox from the path up to its next slash
 // and refuses dot segments after it, so the prefix decides.
 func (l *LLM) agentHandler(sandbox string) http.Handler {
-	prefix := "/llm/" + sandbox + "/"
+	prefix, mcp := "/llm/"+sandbox+"/", "/v1/sandboxes/"+sandbox+"/mcp"
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.EscapedPath() == mcp && l.routes.api != nil {
+			l.routes.api.ServeHTTP(w, r)
+			return
+		}
 		if !strings.HasPrefix(r.URL.EscapedPath(), prefix) {
 			writeRouteRefusal(w, sandbox)
 			return
@@ -127,7 +135,7 @@ func writeRouteRefusal(w http.ResponseWriter, sandbox string) {
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(http.StatusForbidden)
 	w.Write([]byte(`{"title":"Not this sandbox's route","status":403,"detail":"from inside sandbox ` + sandbox +
-		`, the LLM proxy serves /llm/` + sandbox + `/ only"}`))
+		`, the daemon serves /llm/` + sandbox + `/ and /v1/sandboxes/` + sandbox + `/mcp only"}`))
 }
 
 // watchRoutes keeps the routes in step with their containers until stop

@@ -1,14 +1,10 @@
 package main
 
 import (
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"net"
-	"net/http"
-	"net/http/httputil"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -162,7 +158,8 @@ func TestAgentInsideStoppedByRollback(t *testing.T) {
 }
 
 // The agent inside asks for the rollback itself, through the daemon's MCP
-// endpoint (reached from the sandbox's loopback like the proxy): the
+// endpoint (reached through the daemon's route on the sandbox's loopback,
+// like the proxy): the
 // rollback is done, and the agent, like any process of the sandbox, is
 // stopped by it.
 func TestAgentInsideRollsItselfBackThroughMCP(t *testing.T) {
@@ -174,9 +171,7 @@ func TestAgentInsideRollsItselfBackThroughMCP(t *testing.T) {
 			// the one before it.
 			modelserver.Tool("mcp__turnsnap__rollback", map[string]any{"checkpoint": "HEAD~1"}),
 			modelserver.Bash("cat one.txt"), modelserver.Say("rolled back")))
-	mustCLI(t, in.home, "exec", in.name, "--", "true") // the container, and its network namespace
-	mcpPort := in.routeMCP(t)
-	cfg := fmt.Sprintf(`{"mcpServers":{"turnsnap":{"type":"http","url":"http://127.0.0.1:%d/v1/sandboxes/%s/mcp"}}}`, mcpPort, in.name)
+	cfg := fmt.Sprintf(`{"mcpServers":{"turnsnap":{"type":"http","url":"http://%s/v1/sandboxes/%s/mcp"}}}`, proc.AgentLLMAddr, in.name)
 	run := in.agent(t, "write one.txt; roll back mistakes", " --strict-mcp-config --mcp-config '"+cfg+"'")()
 	if run.code == 0 || in.ms.ModelCalls("self") != 3 {
 		t.Fatalf("the agent was not stopped by its own rollback: %d model calls (want 3: it never reads the rollback's result)\n%s\ndaemon: %s",
@@ -251,39 +246,6 @@ func insideSetup(t *testing.T, name string) *insideSandbox {
 	in.ms = modelserver.New(nil)
 	t.Cleanup(in.ms.Close)
 	return in
-}
-
-// routeMCP opens, on the sandbox's loopback, the daemon's MCP endpoint of
-// this sandbox and nothing else of its API (the daemon's unix socket
-// carries no token: the route passes one path only).
-func (in *insideSandbox) routeMCP(t *testing.T) int {
-	t.Helper()
-	l, err := proc.ListenInNetns(in.netns(), "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("listen in the sandbox's network namespace: %v", err)
-	}
-	sock := filepath.Join(in.home, socketName)
-	rp := &httputil.ReverseProxy{
-		Rewrite: func(r *httputil.ProxyRequest) {
-			r.Out.URL.Scheme, r.Out.URL.Host, r.Out.Host = "http", "turnsnap", "turnsnap"
-		},
-		Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", sock)
-		}},
-		FlushInterval: -1,
-	}
-	path := "/v1/sandboxes/" + in.name + "/mcp"
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != path {
-			http.NotFound(w, r)
-			return
-		}
-		rp.ServeHTTP(w, r)
-	})}
-	go srv.Serve(l)
-	t.Cleanup(func() { srv.Close() })
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 // netns is the path of the sandbox's container's network namespace, named

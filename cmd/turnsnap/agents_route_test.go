@@ -50,7 +50,7 @@ func TestAgentInsideRouteOwnSandboxOnly(t *testing.T) {
 		if strings.HasPrefix(own, "ERR") || refused(own) {
 			t.Fatalf("%s: sandbox ra's own route: %s\ndaemon: %s", when, own, tail(d.stderr.String()))
 		}
-		for _, p := range []string{"/llm/rb/v1/models", "/llm/rb/v1/messages", "/llm/ra%2F..%2Frb/v1/models", "/v1/sandboxes", "/metrics"} {
+		for _, p := range []string{"/llm/rb/v1/models", "/llm/rb/v1/messages", "/llm/ra%2F..%2Frb/v1/models", "/v1/sandboxes", "/v1/sandboxes/rb/mcp", "/metrics"} {
 			if out := probe(p); !refused(out) {
 				t.Errorf("%s: from inside ra, %s answered %s, want refused", when, p, out)
 			}
