@@ -57,12 +57,12 @@ func TestCLIExec(t *testing.T) {
 	// --agent: the agent's own files go to its tmpfs, not the root.
 	r, w, _ = os.Pipe()
 	os.Stdout = w
-	_, code = run(t, home, "exec", "s", "--agent", "--", "sh", "-c", `echo "$TURNSNAP_AGENT $HOME $TMPDIR $CLAUDE_CONFIG_DIR"`)
+	_, code = run(t, home, "exec", "s", "--agent", "--", "env", "OPENAI_BASE_URL=mine", "sh", "-c", `echo "$TURNSNAP_AGENT $HOME $TMPDIR $CLAUDE_CONFIG_DIR $ANTHROPIC_BASE_URL $OPENAI_BASE_URL"`)
 	w.Close()
 	os.Stdout = stdout
 	got, _ = io.ReadAll(r)
 	d := proc.AgentStateDir
-	if want := "1 " + d + " " + d + " " + d + "/.claude"; code != 0 || strings.TrimSpace(string(got)) != want {
+	if want := "1 " + d + " " + d + " " + d + "/.claude http://" + proc.AgentLLMAddr + "/llm/s mine"; code != 0 || strings.TrimSpace(string(got)) != want {
 		t.Fatalf("exec --agent: exit %d, output %q; want %q", code, got, want)
 	}
 	if out, code := run(t, home, "exec", "s", "--agent", "--detach", "--", "sleep", "1"); code == 0 || !strings.Contains(out, "--detach") {
