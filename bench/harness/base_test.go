@@ -68,7 +68,7 @@ func TestBaseFromImage(t *testing.T) {
 	if _, err := h.base(named); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("named image not built: %v, want ErrNotFound", err)
 	}
-	cached := filepath.Join(h.cfg.Cache, "images", "debian-bookworm-v1")
+	cached := filepath.Join(h.cfg.Cache, "images", "debian-bookworm-v2")
 	os.MkdirAll(filepath.Join(cached, "rootfs", "usr/bin"), 0o755)
 	os.WriteFile(filepath.Join(cached, "rootfs", "usr/bin/python3"), []byte("py"), 0o755)
 	os.WriteFile(filepath.Join(cached, ".complete"), nil, 0o644)

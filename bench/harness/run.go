@@ -164,7 +164,7 @@ func busyboxRootfs(dir string) error {
 func imageVersion(name string) (int, bool) {
 	switch name {
 	case "debian-bookworm":
-		return 1, true
+		return 2, true
 	}
 	return 0, false
 }

@@ -209,12 +209,12 @@ func insideSetup(t *testing.T, name string) *insideSandbox {
 	if cache == "" {
 		cache = "/var/cache/turnsnap"
 	}
-	image := filepath.Join(cache, "images", "debian-bookworm-v1")
+	image := filepath.Join(cache, "images", "debian-bookworm-v2")
 	if _, err := os.Stat(filepath.Join(image, ".complete")); err != nil {
 		testenv.Missing(t, "the debian-bookworm image", "scripts/deps.d/75-debian-image.sh builds it into "+image)
 	}
 	// The npm package's own native binary (bin/claude.exe, what its
-	// launcher runs): the image has no node, and needs none.
+	// launcher runs): it needs no node (the image has one since v2).
 	bin := filepath.Join(cache, "agents", "claude-code", "node_modules", "@anthropic-ai", "claude-code", "bin", "claude.exe")
 	if _, err := os.Stat(bin); err != nil {
 		testenv.Missing(t, "claude-code", "npm package installed by scripts/deps.sh agents into "+bin)
