@@ -7,6 +7,7 @@ import (
 
 	"github.com/turnsnap/turnsnap/api"
 	"github.com/turnsnap/turnsnap/btrfs"
+	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/engine"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
@@ -63,10 +64,14 @@ func (s *Service) CreateSandbox(ctx context.Context, req api.CreateRequest) (*ap
 	if err != nil {
 		return nil, err
 	}
-	if req.Base == "" {
-		return nil, invalidf("sandbox %s: no base directory given", req.Name)
+	name, err := delta.ParseSandboxName(req.Name)
+	if err != nil {
+		return nil, err
 	}
-	r, err := s.E.CreateSandbox(ctx, delta.SandboxName(req.Name), engine.CreateOptions{Base: req.Base, Backend: backend, Btrfs: cfg})
+	if req.Base == "" {
+		return nil, invalidf("sandbox %s: no base directory given", name)
+	}
+	r, err := s.E.CreateSandbox(ctx, name, engine.CreateOptions{Base: req.Base, Backend: backend, Btrfs: cfg})
 	if err != nil {
 		return nil, err
 	}
@@ -102,7 +107,11 @@ func (s *Service) GetSandbox(ctx context.Context, name string) (*api.Sandbox, er
 }
 
 func (s *Service) SandboxPath(ctx context.Context, name string) (*api.SandboxPath, error) {
-	p, err := s.E.SandboxPath(ctx, delta.SandboxName(name))
+	sb, err := delta.ParseSandboxName(name)
+	if err != nil {
+		return nil, err
+	}
+	p, err := s.E.SandboxPath(ctx, sb)
 	if err != nil {
 		return nil, err
 	}
@@ -110,7 +119,11 @@ func (s *Service) SandboxPath(ctx context.Context, name string) (*api.SandboxPat
 }
 
 func (s *Service) RemoveSandbox(ctx context.Context, name string, catalogOnly bool) (*api.Removed, error) {
-	if err := s.E.RemoveSandboxWith(ctx, delta.SandboxName(name), engine.RemoveOptions{CatalogOnly: catalogOnly}); err != nil {
+	sb, err := delta.ParseSandboxName(name)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.E.RemoveSandboxWith(ctx, sb, engine.RemoveOptions{CatalogOnly: catalogOnly}); err != nil {
 		return nil, err
 	}
 	s.Monitor.changed(api.Event{Type: api.EventRemoved, Sandbox: name})
@@ -119,7 +132,11 @@ func (s *Service) RemoveSandbox(ctx context.Context, name string, catalogOnly bo
 }
 
 func (s *Service) AdoptSandbox(ctx context.Context, name string, req api.AdoptRequest) (*api.Adopted, error) {
-	r, err := s.E.Remote().Adopt(ctx, delta.SandboxName(name), engine.AdoptOptions{Force: req.Force})
+	sb, err := delta.ParseSandboxName(name)
+	if err != nil {
+		return nil, err
+	}
+	r, err := s.E.Remote().Adopt(ctx, sb, engine.AdoptOptions{Force: req.Force})
 	if err != nil {
 		return nil, err
 	}
@@ -167,9 +184,13 @@ func (s *Service) Exec(ctx context.Context, name string, req api.ExecRequest, st
 // Checkpoint closes a turn; with WaitRemote it returns once the
 // checkpoint is in the bucket.
 func (s *Service) Checkpoint(ctx context.Context, name string, req api.CheckpointRequest) (*api.Checkpoint, error) {
+	sb, err := delta.ParseSandboxName(name)
+	if err != nil {
+		return nil, err
+	}
 	s.Monitor.started(name)
 	start := time.Now()
-	r, err := s.E.Checkpoint(ctx, delta.SandboxName(name), engine.CheckpointOptions{Turn: req.Turn, Message: req.Message, RecordSkips: req.RecordSkips})
+	r, err := s.E.Checkpoint(ctx, sb, engine.CheckpointOptions{Turn: req.Turn, Message: req.Message, RecordSkips: req.RecordSkips})
 	s.Monitor.checkpointed(name, r, err, time.Since(start))
 	if err != nil {
 		return nil, err
@@ -210,7 +231,11 @@ func (s *Service) push(ctx context.Context, sandbox string, urgent bool) (*engin
 }
 
 func (s *Service) Log(ctx context.Context, name string) ([]api.LogEntry, error) {
-	entries, err := s.E.History().Log(ctx, delta.SandboxName(name))
+	sb, err := delta.ParseSandboxName(name)
+	if err != nil {
+		return nil, err
+	}
+	entries, err := s.E.History().Log(ctx, sb)
 	if err != nil {
 		return nil, err
 	}
@@ -227,7 +252,11 @@ func (s *Service) Log(ctx context.Context, name string) ([]api.LogEntry, error) 
 
 // GetCheckpoint is one checkpoint by reference (id, prefix, tag).
 func (s *Service) GetCheckpoint(ctx context.Context, ref string) (*api.LogEntry, error) {
-	cp, err := s.E.Resolve(ctx, ref)
+	r, err := catalog.ParseCheckpointRef(ref)
+	if err != nil {
+		return nil, err
+	}
+	cp, err := s.E.Resolve(ctx, r)
 	if err != nil {
 		return nil, err
 	}
@@ -247,7 +276,15 @@ func (s *Service) Diff(ctx context.Context, name, from, to string) (*api.Diff, e
 	if from == "" && to != "" {
 		return nil, invalidf("diff of sandbox %s: a 'to' needs a 'from'", name)
 	}
-	r, err := s.E.History().Diff(ctx, delta.SandboxName(name), from, to)
+	sb, err := delta.ParseSandboxName(name)
+	if err != nil {
+		return nil, err
+	}
+	fromRef, toRef, err := diffRefs(from, to)
+	if err != nil {
+		return nil, err
+	}
+	r, err := s.E.History().Diff(ctx, sb, fromRef, toRef)
 	if err != nil {
 		return nil, err
 	}
@@ -259,11 +296,15 @@ func (s *Service) Diff(ctx context.Context, name, from, to string) (*api.Diff, e
 }
 
 func (s *Service) Rollback(ctx context.Context, name string, req api.RollbackRequest) (*api.Restore, error) {
+	sb, err := delta.ParseSandboxName(name)
+	if err != nil {
+		return nil, err
+	}
 	if req.Abandon {
 		if req.Checkpoint != "" || req.FSOnly {
 			return nil, invalidf("rollback of sandbox %s: abandon takes no checkpoint and no fs_only", name)
 		}
-		r, err := s.E.AbandonRollback(ctx, delta.SandboxName(name))
+		r, err := s.E.AbandonRollback(ctx, sb)
 		if err != nil {
 			return nil, err
 		}
@@ -272,8 +313,12 @@ func (s *Service) Rollback(ctx context.Context, name string, req api.RollbackReq
 	if req.Checkpoint == "" {
 		return nil, invalidf("rollback of sandbox %s: no checkpoint given", name)
 	}
+	ref, err := catalog.ParseCheckpointRef(req.Checkpoint)
+	if err != nil {
+		return nil, err
+	}
 	start := time.Now()
-	r, err := s.E.Rollback(ctx, delta.SandboxName(name), req.Checkpoint, engine.RollbackOptions{FSOnly: req.FSOnly})
+	r, err := s.E.Rollback(ctx, sb, ref, engine.RollbackOptions{FSOnly: req.FSOnly})
 	s.Monitor.restored(api.EventRollback, name, r, err, time.Since(start))
 	if err != nil {
 		return nil, err
@@ -285,6 +330,10 @@ func (s *Service) Rollback(ctx context.Context, name string, req api.RollbackReq
 // Branch makes one new sandbox from a checkpoint, or several (Names, or
 // Count of them: NAME-1 ... NAME-COUNT) through engine.BranchMany.
 func (s *Service) Branch(ctx context.Context, ref string, req api.BranchRequest) ([]api.Restore, error) {
+	cpRef, err := catalog.ParseCheckpointRef(ref)
+	if err != nil {
+		return nil, err
+	}
 	backend, cfg, err := s.branchBackend(req)
 	if err != nil {
 		return nil, err
@@ -301,10 +350,16 @@ func (s *Service) Branch(ctx context.Context, ref string, req api.BranchRequest)
 			return nil, err
 		}
 	}
+	sbs := make([]delta.SandboxName, len(names))
+	for i, n := range names {
+		if sbs[i], err = delta.ParseSandboxName(n); err != nil {
+			return nil, err
+		}
+	}
 	o := engine.BranchOptions{Backend: backend, Btrfs: cfg, FSOnly: req.FSOnly, Materialise: req.Materialise}
 	start := time.Now()
 	if len(names) == 1 {
-		r, err := s.E.Branch(ctx, ref, delta.SandboxName(names[0]), o)
+		r, err := s.E.Branch(ctx, cpRef, sbs[0], o)
 		s.Monitor.restored(api.EventBranch, names[0], r, err, time.Since(start))
 		if err != nil {
 			return nil, err
@@ -314,7 +369,7 @@ func (s *Service) Branch(ctx context.Context, ref string, req api.BranchRequest)
 	}
 	// Several: the checkpoint is checked once and all are recorded in one
 	// transaction, all or none.
-	rs, err := s.E.BranchMany(ctx, ref, names, o)
+	rs, err := s.E.BranchMany(ctx, cpRef, sbs, o)
 	out := []api.Restore{}
 	for _, r := range rs {
 		var rerr error
@@ -342,4 +397,21 @@ func (s *Service) branchBackend(req api.BranchRequest) (string, btrfs.Options, e
 		return "", btrfs.Options{}, nil
 	}
 	return backendConfig(req.Backend, req.BtrfsPool)
+}
+
+// diffRefs parses a diff's from and to: an empty one is the zero
+// reference (the head, the live root: history.Views.Diff).
+func diffRefs(from, to string) (catalog.CheckpointRef, catalog.CheckpointRef, error) {
+	var refs [2]catalog.CheckpointRef
+	for i, s := range []string{from, to} {
+		if s == "" {
+			continue
+		}
+		r, err := catalog.ParseCheckpointRef(s)
+		if err != nil {
+			return refs[0], refs[1], err
+		}
+		refs[i] = r
+	}
+	return refs[0], refs[1], nil
 }
