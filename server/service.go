@@ -323,7 +323,7 @@ func (s *Service) Rollback(ctx context.Context, name string, req api.RollbackReq
 	if err != nil {
 		return nil, err
 	}
-	s.llmRestored(ctx, name)
+	s.llmRestored(ctx, sb)
 	return restoreOf(r), nil
 }
 
@@ -364,20 +364,20 @@ func (s *Service) Branch(ctx context.Context, ref string, req api.BranchRequest)
 		if err != nil {
 			return nil, err
 		}
-		s.llmRestored(ctx, names[0])
+		s.llmRestored(ctx, sbs[0])
 		return []api.Restore{*restoreOf(r)}, nil
 	}
 	// Several: the checkpoint is checked once and all are recorded in one
 	// transaction, all or none.
 	rs, err := s.E.BranchMany(ctx, cpRef, sbs, o)
 	out := []api.Restore{}
-	for _, r := range rs {
+	for i, r := range rs {
 		var rerr error
 		if r.Receipt != nil && !r.Receipt.OK {
 			rerr = &engine.RestoreIncompleteError{Receipt: r.Receipt, State: "see the branch's error"}
 		}
 		s.Monitor.restored(api.EventBranch, r.Sandbox, r, rerr, time.Since(start))
-		s.llmRestored(ctx, r.Sandbox)
+		s.llmRestored(ctx, sbs[i]) // rs is in the order of sbs
 		out = append(out, *restoreOf(r))
 	}
 	if err != nil && len(rs) == 0 {
