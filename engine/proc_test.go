@@ -63,7 +63,7 @@ func busyboxBase(t testing.TB) string {
 func sh(t testing.TB, e *Engine, sandbox, script string) string {
 	t.Helper()
 	var out, errb bytes.Buffer
-	code, err := e.Processes().Exec(context.Background(), sandbox, []string{"sh", "-c", script}, ExecOptions{Stdout: &out, Stderr: &errb})
+	code, err := e.Processes().Exec(context.Background(), delta.SandboxName(sandbox), []string{"sh", "-c", script}, ExecOptions{Stdout: &out, Stderr: &errb})
 	if err != nil || code != 0 {
 		t.Fatalf("exec %q in %s: code %d err %v stderr %s", script, sandbox, code, err, errb.String())
 	}

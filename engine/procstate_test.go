@@ -39,7 +39,7 @@ func procCheckpoint(t *testing.T, e *Engine, name string, want ...delta.Class) *
 
 func detach(t *testing.T, e *Engine, name, script string) {
 	t.Helper()
-	_, err := e.Processes().Exec(context.Background(), name, []string{"sh", "-c", script}, ExecOptions{Detach: true})
+	_, err := e.Processes().Exec(context.Background(), delta.SandboxName(name), []string{"sh", "-c", script}, ExecOptions{Detach: true})
 	must(t, err)
 }
 

@@ -112,9 +112,9 @@ func receiptSandbox(t *testing.T, e *Engine, name string, o CreateOptions) strin
 	o.Base = base
 	r, err := e.CreateSandbox(ctx, delta.SandboxName(name), o)
 	must(t, err)
-	_, err = e.Processes().Exec(ctx, name, []string{"sh", "-c", stepperScript}, ExecOptions{Detach: true})
+	_, err = e.Processes().Exec(ctx, delta.SandboxName(name), []string{"sh", "-c", stepperScript}, ExecOptions{Detach: true})
 	must(t, err)
-	_, err = e.Processes().Exec(ctx, name, []string{"httpd", "-f", "-p", "8080", "-h", "/www"}, ExecOptions{Detach: true})
+	_, err = e.Processes().Exec(ctx, delta.SandboxName(name), []string{"httpd", "-f", "-p", "8080", "-h", "/www"}, ExecOptions{Detach: true})
 	must(t, err)
 	return r.Root
 }

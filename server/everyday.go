@@ -114,7 +114,11 @@ func (s *Service) Lineage(ctx context.Context) (*api.Lineage, error) {
 }
 
 func (s *Service) Processes(ctx context.Context, name string) (*api.ProcessList, error) {
-	return wirePtr[api.ProcessList](s.E.Processes().List(ctx, name, engine.ProcessesOptions{}))
+	sb, err := delta.ParseSandboxName(name)
+	if err != nil {
+		return nil, err
+	}
+	return wirePtr[api.ProcessList](s.E.Processes().List(ctx, sb, engine.ProcessesOptions{}))
 }
 
 func (s *Service) Forget(ctx context.Context, req api.ForgetRequest) (*api.Forgotten, error) {

@@ -145,7 +145,11 @@ func (s *Service) AdoptSandbox(ctx context.Context, name string, req api.AdoptRe
 }
 
 func (s *Service) ResumeSandbox(ctx context.Context, name string) (*api.Resumed, error) {
-	r, err := s.E.Processes().Resume(ctx, name)
+	sb, err := delta.ParseSandboxName(name)
+	if err != nil {
+		return nil, err
+	}
+	r, err := s.E.Processes().Resume(ctx, sb)
 	if err != nil {
 		return nil, err
 	}
@@ -155,13 +159,17 @@ func (s *Service) ResumeSandbox(ctx context.Context, name string) (*api.Resumed,
 // Exec runs a command in the sandbox with the given streams. For a
 // detached command it returns at once with the pid.
 func (s *Service) Exec(ctx context.Context, name string, req api.ExecRequest, stdio api.Stdio) (*api.Exited, error) {
+	sb, err := delta.ParseSandboxName(name)
+	if err != nil {
+		return nil, err
+	}
 	if len(req.Argv) == 0 || req.Argv[0] == "" {
 		return nil, invalidf("sandbox %s: exec needs a command", name)
 	}
 	if req.Log != "" && !req.Detach {
 		return nil, invalidf("sandbox %s: a log file is for a detached command", name)
 	}
-	run, err := s.E.Processes().PrepareExec(ctx, name)
+	run, err := s.E.Processes().PrepareExec(ctx, sb)
 	if err != nil {
 		return nil, err
 	}

@@ -94,8 +94,8 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	}
 	defer func() {
 		if !opts.Keep {
-			for _, name := range []string{"agent", "agent-alt"} {
-				e.RemoveSandbox(context.WithoutCancel(ctx), delta.SandboxName(name))
+			for _, name := range []delta.SandboxName{"agent", "agent-alt"} {
+				e.RemoveSandbox(context.WithoutCancel(ctx), name)
 			}
 		}
 		e.Close()
@@ -216,7 +216,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	return rep, nil
 }
 
-func turn(ctx context.Context, e *engine.Engine, rep *Report, name, root string, n int, s step, byTurn map[int]catalog.CheckpointRef) error {
+func turn(ctx context.Context, e *engine.Engine, rep *Report, name delta.SandboxName, root string, n int, s step, byTurn map[int]catalog.CheckpointRef) error {
 	var err error
 	if s.exec != nil {
 		_, err = e.Processes().Exec(ctx, name, s.exec, engine.ExecOptions{Detach: true})
@@ -227,12 +227,12 @@ func turn(ctx context.Context, e *engine.Engine, rep *Report, name, root string,
 	if err != nil {
 		return fmt.Errorf("demo turn %d (%s): %w", n, s.action, err)
 	}
-	r, err := e.Checkpoint(ctx, delta.SandboxName(name), engine.CheckpointOptions{Turn: &n, Message: s.action})
+	r, err := e.Checkpoint(ctx, name, engine.CheckpointOptions{Turn: &n, Message: s.action})
 	if err != nil {
 		return err
 	}
 	byTurn[n] = catalog.IDRef(r.ID)
-	rep.Turns = append(rep.Turns, Turn{Sandbox: name, Turn: n, Action: s.action, Class: r.Class, ID: r.ID.Short(),
+	rep.Turns = append(rep.Turns, Turn{Sandbox: string(name), Turn: n, Action: s.action, Class: r.Class, ID: r.ID.Short(),
 		BytesNew: r.Stats.BytesNew, Objects: r.Stats.ObjectsNew, Read: r.Stats.FilesRead, Duration: r.Duration})
 	return nil
 }
@@ -322,7 +322,7 @@ func processesAvailable() bool {
 }
 
 // serverAnswers fetches the demo's page from inside the sandbox.
-func serverAnswers(ctx context.Context, e *engine.Engine, sandbox string) (string, error) {
+func serverAnswers(ctx context.Context, e *engine.Engine, sandbox delta.SandboxName) (string, error) {
 	var out strings.Builder
 	code, err := e.Processes().Exec(ctx, sandbox, []string{"wget", "-q", "-O", "-", "http://127.0.0.1:8080/"}, engine.ExecOptions{Stdout: &out})
 	if err != nil {
