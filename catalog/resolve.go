@@ -41,6 +41,18 @@ type CheckpointRef struct {
 // String is the reference as the user typed it.
 func (r CheckpointRef) String() string { return r.text }
 
+// IsZero says r is the zero CheckpointRef, which no parse returns: callers
+// use it for "no reference given" (a diff's head or live root, verify's
+// every record).
+func (r CheckpointRef) IsZero() bool { return r == CheckpointRef{} }
+
+// IDRef is the reference to checkpoint id by its full ID, for a caller
+// that holds an ID rather than what a user typed.
+func IDRef(id delta.ID) CheckpointRef {
+	s := id.String()
+	return CheckpointRef{Base: s, text: s}
+}
+
 // ParseCheckpointRef parses what a user typed as a checkpoint:
 //
 //	ID | PREFIX | TAG | HEAD | NAME@HEAD, each optionally followed by ~N

@@ -133,7 +133,7 @@ func BenchmarkCheckpoint(b *testing.B) {
 		must(b, err)
 		target := log[len(log)-2].ID.String() // the checkpoint with all changed files
 		for b.Loop() {
-			if _, err := e.Rollback(ctx, "bench", target, RollbackOptions{}); err != nil {
+			if _, err := e.Rollback(ctx, "bench", mustRef(target), RollbackOptions{}); err != nil {
 				b.Fatal(err)
 			}
 		}

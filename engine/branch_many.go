@@ -41,14 +41,14 @@ func BranchNames(prefix string, count int) ([]string, error) {
 // catalog transaction: all are created or none is. On overlay with the
 // checkpoint's frozen layer kept here, each branch only mounts a stack
 // (overlay/frozen). The results are in the order of names.
-func (e *Engine) BranchMany(ctx context.Context, ref string, names []string, o BranchOptions) ([]*RestoreResult, error) {
+func (e *Engine) BranchMany(ctx context.Context, ref catalog.CheckpointRef, names []delta.SandboxName, o BranchOptions) ([]*RestoreResult, error) {
 	if len(names) == 0 || len(names) > MaxBranchMany {
 		return nil, fmt.Errorf("branch into %d sandboxes: want 1 to %d: %w", len(names), MaxBranchMany, errdefs.ErrInvalid)
 	}
 	sorted := slices.Clone(names)
 	slices.Sort(sorted)
 	for i, n := range sorted {
-		if !delta.ValidRefName(n) {
+		if !delta.ValidRefName(string(n)) {
 			return nil, fmt.Errorf("sandbox name %q: use 1-64 of [A-Za-z0-9._-], not starting with '.' or '-': %w", n, errdefs.ErrInvalid)
 		}
 		if i > 0 && sorted[i-1] == n {
@@ -60,7 +60,7 @@ func (e *Engine) BranchMany(ctx context.Context, ref string, names []string, o B
 	e.locks.maint.RLock()
 	defer e.locks.maint.RUnlock()
 	for _, n := range sorted {
-		unlock, err := e.locks.sandboxes.lock(ctx, n)
+		unlock, err := e.locks.sandboxes.lock(ctx, string(n))
 		if err != nil {
 			return nil, err
 		}
@@ -72,14 +72,18 @@ func (e *Engine) BranchMany(ctx context.Context, ref string, names []string, o B
 		return nil, err
 	}
 	for _, n := range names {
-		if err := e.checkNewSandbox(ctx, n); err != nil {
+		if err := e.checkNewSandbox(ctx, string(n)); err != nil {
 			return nil, err
 		}
 	}
 	// Errors of the steps all branches share name them.
-	subject := "sandbox " + names[0]
+	strs := make([]string, len(names))
+	for i, n := range names {
+		strs[i] = string(n)
+	}
+	subject := "sandbox " + strs[0]
 	if len(names) > 1 {
-		subject = "sandboxes " + strings.Join(names, ", ")
+		subject = "sandboxes " + strings.Join(strs, ", ")
 	}
 	var cfg json.RawMessage
 	if o.Backend == "" {
@@ -116,7 +120,7 @@ func (e *Engine) BranchMany(ctx context.Context, ref string, names []string, o B
 	if _, err := checkBaseOn(ctx, be, cp.BaseTree, false); err != nil {
 		return nil, fmt.Errorf("%s: %w", subject, err)
 	}
-	if err := ensureDir(filepath.Dir(e.home.sandboxDir(delta.SandboxName(names[0])))); err != nil {
+	if err := ensureDir(filepath.Dir(e.home.sandboxDir(names[0]))); err != nil {
 		return nil, err
 	}
 	stacked := false
@@ -132,7 +136,7 @@ func (e *Engine) BranchMany(ctx context.Context, ref string, names []string, o B
 			return nil, fmt.Errorf("%s: branch of %s: %w", subject, cp.ID.Short(), err)
 		}
 	}
-	unmark, err := e.leftovers().Creating(names, o.Backend, cfg)
+	unmark, err := e.leftovers().Creating(strs, o.Backend, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", subject, err)
 	}
@@ -142,7 +146,7 @@ func (e *Engine) BranchMany(ctx context.Context, ref string, names []string, o B
 	roots := make([]rootfs.Root, len(names))
 	errs := make([]error, len(names))
 	parallel(len(names), func(i int) {
-		roots[i], errs[i] = branchRoot(ctx, be, e.home.sandboxDir(delta.SandboxName(names[i])), lower, cp, o.Materialise, e.data.repo)
+		roots[i], errs[i] = branchRoot(ctx, be, e.home.sandboxDir(names[i]), lower, cp, o.Materialise, e.data.repo)
 		if errs[i] != nil && len(names) > 1 {
 			// One branch's root names its sandbox already.
 			errs[i] = fmt.Errorf("sandbox %s: %w", names[i], errs[i])
@@ -165,7 +169,7 @@ func (e *Engine) BranchMany(ctx context.Context, ref string, names []string, o B
 	}
 	sbs := make([]*delta.Sandbox, len(names))
 	for i, n := range names {
-		sbs[i] = &delta.Sandbox{ID: delta.NewSandboxID(), Home: e.config.HomeID, Name: delta.SandboxName(n), Backend: o.Backend, Config: cfg,
+		sbs[i] = &delta.Sandbox{ID: delta.NewSandboxID(), Home: e.config.HomeID, Name: n, Backend: o.Backend, Config: cfg,
 			BaseTree: cp.BaseTree, Origin: cp.ID, Created: time.Now().UTC()}
 	}
 	e.phase("branch: roots made") // the catalog does not know them yet
@@ -176,14 +180,14 @@ func (e *Engine) BranchMany(ctx context.Context, ref string, names []string, o B
 	unmark()
 	out := make([]*RestoreResult, len(names))
 	for i, n := range names {
-		out[i] = &RestoreResult{Sandbox: n, Checkpoint: cp, Root: roots[i].Path()}
+		out[i] = &RestoreResult{Sandbox: string(n), Checkpoint: cp, Root: roots[i].Path()}
 	}
 	// Each branch's receipt (engine/receipt): its files checked, side by side
 	// (a scan of its own root each), then its processes restored and
 	// checked, one container after another as before.
 	procs := cp.ProcTree != nil && !o.FSOnly
 	parallel(len(names), func(i int) {
-		out[i].Receipt = e.receipts.Files(ctx, "branch", names[i], roots[i], cp, branchWritten(roots[i]), delta.ID{})
+		out[i].Receipt = e.receipts.Files(ctx, "branch", strs[i], roots[i], cp, branchWritten(roots[i]), delta.ID{})
 	})
 	for i, n := range names {
 		var err error

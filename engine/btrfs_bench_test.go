@@ -134,14 +134,14 @@ func BenchmarkBtrfsVsOverlay(b *testing.B) {
 						alt := [2]string{targets[s.name], log[0].ID.String()}
 						n := 0
 						for b.Loop() {
-							if _, err := e.Rollback(ctx, delta.SandboxName(s.name), alt[n%2], RollbackOptions{}); err != nil {
+							if _, err := e.Rollback(ctx, delta.SandboxName(s.name), mustRef(alt[n%2]), RollbackOptions{}); err != nil {
 								b.Fatal(err)
 							}
 							n++
 						}
 						// Leave the sandbox at its newest state for the next round.
 						if n%2 == 1 {
-							_, err := e.Rollback(ctx, delta.SandboxName(s.name), alt[1], RollbackOptions{})
+							_, err := e.Rollback(ctx, delta.SandboxName(s.name), mustRef(alt[1]), RollbackOptions{})
 							must(b, err)
 						}
 					})

@@ -22,7 +22,7 @@ func TestCheckerCatchesAWrongRefcount(t *testing.T) {
 	c1, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
 	checkAll(t, e)
-	cp, err := e.Resolve(ctx, c1.ID.String())
+	cp, err := e.Resolve(ctx, mustRef(c1.ID.String()))
 	must(t, err)
 	must(t, e.cat.Update(ctx, func(tx *catalog.Tx) error { _, err := tx.AddRefCount(cp.FSTree, 1); return err }))
 	err = e.Verifier().Checker().All(ctx, e.cat)

@@ -304,11 +304,11 @@ func classify(fs, procs bool) delta.Class {
 }
 
 // resolveFor is resolve for a command about sandbox name: HEAD and HEAD~N
-// are its head and that head's ancestors (catalog.ResolveCheckpointFor).
-func (e *Engine) resolveFor(ctx context.Context, name delta.SandboxName, ref string) (*delta.Checkpoint, error) {
+// are its head and that head's ancestors (catalog.Tx.ResolveRef).
+func (e *Engine) resolveFor(ctx context.Context, name delta.SandboxName, ref catalog.CheckpointRef) (*delta.Checkpoint, error) {
 	var cp *delta.Checkpoint
 	err := e.view(ctx, func(tx *catalog.Tx) error {
-		id, err := tx.ResolveCheckpointFor(name, ref)
+		id, err := tx.ResolveRef(name, ref)
 		if err != nil {
 			return err
 		}
@@ -321,8 +321,9 @@ func (e *Engine) resolveFor(ctx context.Context, name delta.SandboxName, ref str
 	return cp, nil
 }
 
-// Resolve is resolve for callers outside the engine.
-func (e *Engine) Resolve(ctx context.Context, ref string) (*delta.Checkpoint, error) {
+// Resolve is resolve for callers outside the engine, which parse the
+// reference where a user gave it (catalog.ParseCheckpointRef).
+func (e *Engine) Resolve(ctx context.Context, ref catalog.CheckpointRef) (*delta.Checkpoint, error) {
 	return e.resolveFor(ctx, "", ref)
 }
 

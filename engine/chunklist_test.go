@@ -75,12 +75,12 @@ func TestSmallChangeNextToHugeFile(t *testing.T) {
 	checkAll(t, e) // refcounts recounted through the chunk list, every checkpoint verified
 
 	want := fileDigest(t, huge)
-	_, err = e.Rollback(ctx, "s", mid.ID.String(), RollbackOptions{})
+	_, err = e.Rollback(ctx, "s", mustRef(mid.ID.String()), RollbackOptions{})
 	must(t, err)
 	if got, _ := os.ReadFile(filepath.Join(cr.Root, "n.txt")); string(got) != "01" || fileDigest(t, huge) != want {
 		t.Fatalf("rollback: n.txt %q, huge file same %v", got, fileDigest(t, huge) == want)
 	}
-	br, err := e.Branch(ctx, mid.ID.String(), "b", BranchOptions{})
+	br, err := e.Branch(ctx, mustRef(mid.ID.String()), "b", BranchOptions{})
 	must(t, err)
 	if fileDigest(t, filepath.Join(br.Root, "huge.bin")) != want {
 		t.Fatal("branch: the huge file differs")
@@ -88,7 +88,7 @@ func TestSmallChangeNextToHugeFile(t *testing.T) {
 	if _, err := e.Retention().GC(ctx, retention.GCOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.Verifier().VerifyStore(ctx, ""); err != nil {
+	if _, err := e.Verifier().VerifyStore(ctx, mustRef("")); err != nil {
 		t.Fatalf("store-only verify after gc: %v", err)
 	}
 }
@@ -127,7 +127,7 @@ func TestChunkListsSealedPushedRebuilt(t *testing.T) {
 	if c2.Stats.BytesNew > 2<<10 {
 		t.Fatalf("a 2-byte turn next to the file stored %d bytes", c2.Stats.BytesNew)
 	}
-	cp, err := e.resolveFor(ctx, "", c2.ID.String())
+	cp, err := e.resolveFor(ctx, "", mustRef(c2.ID.String()))
 	must(t, err)
 	tr, err := delta.LoadTreeShallow(ctx, e.data.repo, cp.FSTree)
 	must(t, err)
@@ -147,9 +147,9 @@ func TestChunkListsSealedPushedRebuilt(t *testing.T) {
 		t.Fatal("no rebuild report")
 	}
 	checkAll(t, f) // refcounts of the rebuilt catalog recounted through the list
-	_, err = f.Verifier().Verify(ctx, c2.ID.String())
+	_, err = f.Verifier().Verify(ctx, mustRef(c2.ID.String()))
 	must(t, err)
-	br, err := f.Branch(ctx, c2.ID.String(), "copy", BranchOptions{})
+	br, err := f.Branch(ctx, mustRef(c2.ID.String()), "copy", BranchOptions{})
 	must(t, err)
 	if fileDigest(t, filepath.Join(br.Root, "big.bin")) != fileDigest(t, big) {
 		t.Fatal("the restored file differs")

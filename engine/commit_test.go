@@ -70,7 +70,7 @@ func TestFailedCommitKeepsRecordedPacks(t *testing.T) {
 	}
 	e.opts.AtPhase = nil
 	ctx = context.Background()
-	if _, err := e.Verifier().VerifyStore(ctx, ""); err != nil {
+	if _, err := e.Verifier().VerifyStore(ctx, mustRef("")); err != nil {
 		t.Fatalf("store-only verify after the failed commit: %v", err)
 	}
 	checkAll(t, e)

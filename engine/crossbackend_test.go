@@ -38,7 +38,7 @@ func TestBtrfsCheckpointRestoresIntoOverlay(t *testing.T) {
 		t.Fatalf("turn with edits classed %s", c1.Class)
 	}
 	// Branch into overlay: a btrfs checkpoint on a host without btrfs.
-	br, err := e.Branch(ctx, c1.ID.String(), "o", BranchOptions{Backend: overlay.Name})
+	br, err := e.Branch(ctx, mustRef(c1.ID.String()), "o", BranchOptions{Backend: overlay.Name})
 	must(t, err)
 	if got := mergedState(t, br.Root); got != want {
 		t.Fatalf("overlay branch of a btrfs checkpoint hashes to %s, want %s", got.Short(), want.Short())
@@ -52,7 +52,7 @@ func TestBtrfsCheckpointRestoresIntoOverlay(t *testing.T) {
 	// Rollback of an overlay sandbox on the same base to the btrfs checkpoint.
 	_, err = e.CreateSandbox(ctx, "o2", CreateOptions{Base: base})
 	must(t, err)
-	rb, err := e.Rollback(ctx, "o2", c1.ID.String(), RollbackOptions{})
+	rb, err := e.Rollback(ctx, "o2", mustRef(c1.ID.String()), RollbackOptions{})
 	must(t, err)
 	if got := mergedState(t, rb.Root); got != want {
 		t.Fatalf("overlay rollback to a btrfs checkpoint hashes to %s, want %s", got.Short(), want.Short())
@@ -62,7 +62,7 @@ func TestBtrfsCheckpointRestoresIntoOverlay(t *testing.T) {
 	want2 := mergedState(t, br.Root)
 	c2, err := e.Checkpoint(ctx, "o", CheckpointOptions{})
 	must(t, err)
-	back, err := e.Branch(ctx, c2.ID.String(), "b2", BranchOptions{Backend: btrfs.Name, Btrfs: btrfs.Options{Pool: pool}})
+	back, err := e.Branch(ctx, mustRef(c2.ID.String()), "b2", BranchOptions{Backend: btrfs.Name, Btrfs: btrfs.Options{Pool: pool}})
 	must(t, err)
 	if got := mergedState(t, back.Root); got != want2 {
 		t.Fatalf("btrfs branch of the overlay checkpoint hashes to %s, want %s", got.Short(), want2.Short())
@@ -80,7 +80,7 @@ func TestOverlayCheckpointRestoresIntoBtrfs(t *testing.T) {
 	want := mergedState(t, cr.Root)
 	c1, err := e.Checkpoint(ctx, "o", CheckpointOptions{})
 	must(t, err)
-	br, err := e.Branch(ctx, c1.ID.String(), "b", BranchOptions{Backend: btrfs.Name, Btrfs: btrfs.Options{Pool: pool}})
+	br, err := e.Branch(ctx, mustRef(c1.ID.String()), "b", BranchOptions{Backend: btrfs.Name, Btrfs: btrfs.Options{Pool: pool}})
 	must(t, err)
 	if got := mergedState(t, br.Root); got != want {
 		t.Fatalf("btrfs branch of an overlay checkpoint hashes to %s, want %s", got.Short(), want.Short())
@@ -101,7 +101,7 @@ func TestOverlayCheckpointRestoresIntoBtrfs(t *testing.T) {
 	// A sandbox of the other backend on the same base rolls back to it.
 	_, err = e.CreateSandbox(ctx, "b2", btrfsOpts(pool, base))
 	must(t, err)
-	rb, err := e.Rollback(ctx, "b2", c1.ID.String(), RollbackOptions{})
+	rb, err := e.Rollback(ctx, "b2", mustRef(c1.ID.String()), RollbackOptions{})
 	must(t, err)
 	if got := mergedState(t, rb.Root); got != want {
 		t.Fatalf("btrfs rollback to an overlay checkpoint hashes to %s, want %s", got.Short(), want.Short())
@@ -142,13 +142,13 @@ func TestBtrfsSandboxLifecycle(t *testing.T) {
 	h2 := mergedState(t, cr.Root)
 
 	// Local rollback (restore point), branch (another sandbox's point).
-	if _, err := e.Rollback(ctx, "s", c1.ID.String(), RollbackOptions{}); err != nil {
+	if _, err := e.Rollback(ctx, "s", mustRef(c1.ID.String()), RollbackOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if got := mergedState(t, cr.Root); got != h1 {
 		t.Fatalf("rollback gives %s, want %s", got.Short(), h1.Short())
 	}
-	br, err := e.Branch(ctx, c2.ID.String(), "b", BranchOptions{})
+	br, err := e.Branch(ctx, mustRef(c2.ID.String()), "b", BranchOptions{})
 	must(t, err)
 	if got := mergedState(t, br.Root); got != h2 {
 		t.Fatalf("branch gives %s, want %s", got.Short(), h2.Short())
@@ -164,13 +164,13 @@ func TestBtrfsSandboxLifecycle(t *testing.T) {
 		must(t, err)
 		must(t, st.root.(*btrfs.Root).PruneRestorePoints(ctx, 0))
 	}
-	if _, err := e.Rollback(ctx, "s", c2.ID.String(), RollbackOptions{}); err != nil {
+	if _, err := e.Rollback(ctx, "s", mustRef(c2.ID.String()), RollbackOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if got := mergedState(t, cr.Root); got != h2 {
 		t.Fatalf("rollback from the store gives %s, want %s", got.Short(), h2.Short())
 	}
-	if _, err := e.Rollback(ctx, "s", c1.ID.String(), RollbackOptions{}); err != nil {
+	if _, err := e.Rollback(ctx, "s", mustRef(c1.ID.String()), RollbackOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if got := mergedState(t, cr.Root); got != h1 {
@@ -183,7 +183,7 @@ func TestBtrfsSandboxLifecycle(t *testing.T) {
 	}
 	log, err := e.History().Log(ctx, "s")
 	must(t, err)
-	if _, err := e.Rollback(ctx, "s", log[len(log)-1].ID.String(), RollbackOptions{}); err != nil { // turn 0: the base
+	if _, err := e.Rollback(ctx, "s", mustRef(log[len(log)-1].ID.String()), RollbackOptions{}); err != nil { // turn 0: the base
 		t.Fatal(err)
 	}
 	if got := mergedState(t, cr.Root); got != h0 {

@@ -45,7 +45,7 @@ func TestPlainLocalSealedRemote(t *testing.T) {
 		t.Fatalf("marker in plaintext in the bucket: %v", got)
 	}
 	a = openEngine(t, home)
-	_, err = a.Verifier().Verify(ctx, cp.ID.String())
+	_, err = a.Verifier().Verify(ctx, mustRef(cp.ID.String()))
 	must(t, err)
 	// The choice is made once: a plaintext local store is never sealed later.
 	if _, err := a.HomeSetup().Setup(ctx, SetupOptions{KeyFile: key}); !errors.Is(err, errdefs.ErrPrecondition) {
@@ -64,9 +64,9 @@ func TestPlainLocalSealedRemote(t *testing.T) {
 		if rep.Checkpoints != 2 {
 			t.Fatalf("plaintext-local %v: rebuild found %d checkpoints, want 2", plain, rep.Checkpoints)
 		}
-		_, err = b.Verifier().Verify(ctx, cp.ID.String())
+		_, err = b.Verifier().Verify(ctx, mustRef(cp.ID.String()))
 		must(t, err)
-		br, err := b.Branch(ctx, cp.ID.String(), "copy", BranchOptions{})
+		br, err := b.Branch(ctx, mustRef(cp.ID.String()), "copy", BranchOptions{})
 		must(t, err)
 		if got, err := os.ReadFile(filepath.Join(br.Root, "secret.bin")); err != nil || string(got) != secret {
 			t.Fatalf("plaintext-local %v: restored file: %d bytes, %v", plain, len(got), err)

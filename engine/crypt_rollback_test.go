@@ -36,7 +36,7 @@ func TestEncryptedRollbackKeepsInodes(t *testing.T) {
 	settle()
 	_, err = e.Checkpoint(ctx, "c", CheckpointOptions{})
 	must(t, err)
-	_, err = e.Rollback(ctx, "c", c1.ID.String(), RollbackOptions{})
+	_, err = e.Rollback(ctx, "c", mustRef(c1.ID.String()), RollbackOptions{})
 	must(t, err)
 	if got := mergedState(t, cr.Root); got != want {
 		t.Fatalf("after the rollback the root hashes to %s, want %s", got.Short(), want.Short())

@@ -118,7 +118,7 @@ func TestEncryptedBucketHoldsNoPlaintext(t *testing.T) {
 	if rep.Checkpoints != 2 {
 		t.Fatalf("rebuild from the sealed bucket found %d checkpoints, want 2", rep.Checkpoints)
 	}
-	br, err := b.Branch(ctx, cp.ID.String(), "cryptcopy", BranchOptions{})
+	br, err := b.Branch(ctx, mustRef(cp.ID.String()), "cryptcopy", BranchOptions{})
 	must(t, err)
 	if !br.Processes {
 		t.Fatal("branch restored no processes")
@@ -129,7 +129,7 @@ func TestEncryptedBucketHoldsNoPlaintext(t *testing.T) {
 	if out := sh(t, b, "cryptcopy", "cat /proc/[0-9]*/cmdline | tr '\\0' ' '"); !strings.Contains(out, memMark) {
 		t.Fatalf("restored processes do not hold the marker: %q", out)
 	}
-	_, err = b.Verifier().Verify(ctx, cp.ID.String())
+	_, err = b.Verifier().Verify(ctx, mustRef(cp.ID.String()))
 	must(t, err)
 
 	// A fresh home without the key, and one with another key, fail cleanly.
@@ -193,13 +193,13 @@ func TestRotateKeyRewrapsOnly(t *testing.T) {
 	if _, err := rawLocal.Stat(ctx, delta.KeyName(r.OldKey)); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("old key object still there: %v", err)
 	}
-	_, err = e.Verifier().Verify(ctx, cp.ID.String())
+	_, err = e.Verifier().Verify(ctx, mustRef(cp.ID.String()))
 	must(t, err)
 	home := string(e.home)
 	must(t, e.Close())
 	// The home now needs k2; k1 (through a new home) no longer opens it.
 	o := openEngine(t, home)
-	_, err = o.Verifier().Verify(ctx, cp.ID.String())
+	_, err = o.Verifier().Verify(ctx, mustRef(cp.ID.String()))
 	must(t, err)
 	must(t, o.Close())
 	x := newEngine(t)

@@ -48,7 +48,7 @@ func TestRollbackAndBranchGiveIdenticalTrees(t *testing.T) {
 	write(t, filepath.Join(root, "etc/config"), "clobbered")
 	_, err = e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
-	if _, err := e.Rollback(ctx, "s", c1.ID.String(), RollbackOptions{}); err != nil {
+	if _, err := e.Rollback(ctx, "s", mustRef(c1.ID.String()), RollbackOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if got := mergedState(t, root); got != want {
@@ -65,7 +65,7 @@ func TestRollbackAndBranchGiveIdenticalTrees(t *testing.T) {
 	if st.Nlink != 2 {
 		t.Fatalf("hardlink count after rollback: %d", st.Nlink)
 	}
-	br, err := e.Branch(ctx, c1.ID.Short(), "b", BranchOptions{})
+	br, err := e.Branch(ctx, mustRef(c1.ID.Short()), "b", BranchOptions{})
 	must(t, err)
 	if got := mergedState(t, br.Root); got != want {
 		t.Fatalf("branch root hashes to %s, want %s", got.Short(), want.Short())
@@ -198,7 +198,7 @@ func TestDiff(t *testing.T) {
 	write(t, filepath.Join(cr.Root, "src/main.go"), "changed")
 	must(t, os.Remove(filepath.Join(cr.Root, "etc/config")))
 	write(t, filepath.Join(cr.Root, "added"), "a")
-	live, err := e.History().Diff(ctx, "s", "", "")
+	live, err := e.History().Diff(ctx, "s", mustRef(""), mustRef(""))
 	must(t, err)
 	got := map[string]delta.ChangeKind{}
 	for _, c := range live.Changes {
@@ -215,7 +215,7 @@ func TestDiff(t *testing.T) {
 	}
 	c, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
-	between, err := e.History().Diff(ctx, "s", cr.Checkpoint.ID.String(), c.ID.String())
+	between, err := e.History().Diff(ctx, "s", mustRef(cr.Checkpoint.ID.String()), mustRef(c.ID.String()))
 	must(t, err)
 	if len(between.Changes) != len(live.Changes) {
 		t.Fatalf("checkpoint diff %v differs from live diff %v", between.Changes, live.Changes)

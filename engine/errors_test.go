@@ -24,17 +24,17 @@ func TestErrorsNameSubjectOnce(t *testing.T) {
 	}{
 		{"checkpoint of a missing sandbox", "agnet", func() error { _, err := e.Checkpoint(ctx, "agnet", CheckpointOptions{}); return err }()},
 		{"rollback of a missing sandbox", "agnet", func() error {
-			_, err := e.Rollback(ctx, "agnet", cr.Checkpoint.ID.String(), RollbackOptions{})
+			_, err := e.Rollback(ctx, "agnet", mustRef(cr.Checkpoint.ID.String()), RollbackOptions{})
 			return err
 		}()},
 		{"path of a missing sandbox", "agnet", func() error { _, err := e.SandboxPath(ctx, "agnet"); return err }()},
 		{"log of a missing sandbox", "agnet", func() error { _, err := e.History().Log(ctx, "agnet"); return err }()},
 		{"removal of a missing sandbox", "agnet", func() error { return e.RemoveSandbox(ctx, "agnet") }()},
 		{"rollback to a missing checkpoint", `"123456789abc"`, func() error {
-			_, err := e.Rollback(ctx, "agent", "123456789abc", RollbackOptions{})
+			_, err := e.Rollback(ctx, "agent", mustRef("123456789abc"), RollbackOptions{})
 			return err
 		}()},
-		{"verify of a missing tag", `"nosuchtag"`, func() error { _, err := e.Verifier().Verify(ctx, "nosuchtag"); return err }()},
+		{"verify of a missing tag", `"nosuchtag"`, func() error { _, err := e.Verifier().Verify(ctx, mustRef("nosuchtag")); return err }()},
 		{"forget of a missing sandbox", "agnet", func() error {
 			_, err := e.Retention().Forget(ctx, retention.ForgetOptions{Sandbox: "agnet", Policy: retention.Policy{KeepLast: 1}})
 			return err

@@ -68,20 +68,20 @@ func BenchmarkBranch8(b *testing.B) {
 		})
 	}
 	run("stacked-BranchMany", func(b *testing.B) {
-		_, err := e.BranchMany(ctx, ckpt, names, BranchOptions{})
+		_, err := e.BranchMany(ctx, mustRef(ckpt), sandboxNames(names), BranchOptions{})
 		must(b, err)
 		clean(b)
 	})
 	run("stacked-8xBranch", func(b *testing.B) {
 		for _, n := range names {
-			_, err := e.Branch(ctx, ckpt, delta.SandboxName(n), BranchOptions{})
+			_, err := e.Branch(ctx, mustRef(ckpt), delta.SandboxName(n), BranchOptions{})
 			must(b, err)
 		}
 		clean(b)
 	})
 	run("materialised-8xBranch-baseline", func(b *testing.B) {
 		for _, n := range names {
-			_, err := e.Branch(ctx, ckpt, delta.SandboxName(n), BranchOptions{Materialise: true})
+			_, err := e.Branch(ctx, mustRef(ckpt), delta.SandboxName(n), BranchOptions{Materialise: true})
 			must(b, err)
 		}
 		clean(b)
@@ -110,7 +110,7 @@ func BenchmarkBranch8(b *testing.B) {
 	// The first freeze of a layer has no layer to link from: every file is
 	// copied from the live root and verified.
 	ob := overlayOf(e)
-	cp, err := e.resolveFor(ctx, "", ckpt)
+	cp, err := e.resolveFor(ctx, "", mustRef(ckpt))
 	must(b, err)
 	run("freeze-whole-layer", func(b *testing.B) {
 		b.StopTimer()
@@ -178,7 +178,7 @@ func BenchmarkBranch8(b *testing.B) {
 		change(b)
 		r, err := e.Checkpoint(ctx, "src", CheckpointOptions{})
 		must(b, err)
-		cp, err := e.resolveFor(ctx, "", r.ID.String())
+		cp, err := e.resolveFor(ctx, "", mustRef(r.ID.String()))
 		must(b, err)
 		return cp.FSTree
 	}
@@ -236,7 +236,7 @@ func BenchmarkBranch8(b *testing.B) {
 		must(b, err)
 		waited := overlayOf(e).Keeper().Waited()
 		b.StartTimer()
-		rs, err := e.BranchMany(ctx, r.ID.String(), names, BranchOptions{})
+		rs, err := e.BranchMany(ctx, mustRef(r.ID.String()), sandboxNames(names), BranchOptions{})
 		must(b, err)
 		b.StopTimer()
 		if overlay.FrozenUser(e.home.sandboxDir(delta.SandboxName(rs[0].Sandbox))) == "" {

@@ -68,7 +68,7 @@ func TestBranchWaitsForBackgroundFreeze(t *testing.T) {
 	c1, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err) // returned with the freeze held: the turn does not wait for it
 	waitHeld(t, started)
-	cp1, err := e.resolveFor(ctx, "", c1.ID.String())
+	cp1, err := e.resolveFor(ctx, "", mustRef(c1.ID.String()))
 	must(t, err)
 	ob := overlayOf(e)
 	if ob.Layers().Has(cp1.FSTree) {
@@ -82,7 +82,7 @@ func TestBranchWaitsForBackgroundFreeze(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		r, err := e.Branch(ctx, c1.ID.String(), "b", BranchOptions{})
+		r, err := e.Branch(ctx, mustRef(c1.ID.String()), "b", BranchOptions{})
 		done <- result{r, err}
 	}()
 	for deadline := time.Now().Add(30 * time.Second); overlayOf(e).Keeper().Waited() == waited; time.Sleep(time.Millisecond) {
@@ -151,7 +151,7 @@ func TestFreezeIgnoresEditsAfterTheCut(t *testing.T) {
 	must(t, os.Link(p("other"), p("linked")))
 	release()
 	e.WaitFreezes()
-	cp2, err := e.resolveFor(ctx, "", c2.ID.String())
+	cp2, err := e.resolveFor(ctx, "", mustRef(c2.ID.String()))
 	must(t, err)
 	ob := overlayOf(e)
 	if !ob.Layers().Has(cp2.FSTree) {
@@ -162,7 +162,7 @@ func TestFreezeIgnoresEditsAfterTheCut(t *testing.T) {
 	if got.Root != cp2.FSTree {
 		t.Fatalf("the frozen layer hashes to %s, the checkpoint's tree is %s: an edit after the cut leaked", got.Root.Short(), cp2.FSTree.Short())
 	}
-	b, err := e.Branch(ctx, c2.ID.String(), "b", BranchOptions{})
+	b, err := e.Branch(ctx, mustRef(c2.ID.String()), "b", BranchOptions{})
 	must(t, err)
 	if overlay.FrozenUser(e.home.sandboxDir("b")) == "" {
 		t.Fatal("the branch does not stack")
@@ -210,7 +210,7 @@ func TestIncrementalFreezeOnTheLine(t *testing.T) {
 		must(t, err)
 		last = c.ID.String()
 		e.WaitFreezes()
-		cp, err := e.resolveFor(ctx, "", c.ID.String())
+		cp, err := e.resolveFor(ctx, "", mustRef(c.ID.String()))
 		must(t, err)
 		got, err := fstree.Scan(ctx, ob.Layers().Dir(cp.FSTree), fstree.ScanOptions{Translate: overlay.Translate})
 		must(t, err)
@@ -224,7 +224,7 @@ func TestIncrementalFreezeOnTheLine(t *testing.T) {
 			t.Fatalf("turn %d: %d layers kept", i, n)
 		}
 	}
-	b, err := e.Branch(ctx, last, "b", BranchOptions{})
+	b, err := e.Branch(ctx, mustRef(last), "b", BranchOptions{})
 	must(t, err)
 	if overlay.FrozenUser(e.home.sandboxDir("b")) == "" || mergedState(t, b.Root) != mergedState(t, cr.Root) {
 		t.Fatal("a branch of the newest incremental layer does not stack or differs")
@@ -254,7 +254,7 @@ func TestBranchBuildsAQueuedFreeze(t *testing.T) {
 	done := make(chan error, 1)
 	var root string
 	go func() {
-		r, err := e.Branch(ctx, c2.ID.String(), "b", BranchOptions{})
+		r, err := e.Branch(ctx, mustRef(c2.ID.String()), "b", BranchOptions{})
 		if err == nil {
 			root = r.Root
 		}
@@ -268,7 +268,7 @@ func TestBranchBuildsAQueuedFreeze(t *testing.T) {
 	}
 	release()
 	must(t, <-done) // with both slots still taken: the branch built the layer
-	cp2, err := e.resolveFor(ctx, "", c2.ID.String())
+	cp2, err := e.resolveFor(ctx, "", mustRef(c2.ID.String()))
 	must(t, err)
 	if got := overlay.FrozenUser(e.home.sandboxDir("b")); got != overlayOf(e).Layers().Dir(cp2.FSTree) {
 		t.Fatalf("the branch stacks on %q", got)
@@ -295,7 +295,7 @@ func TestFreezePausesForTurns(t *testing.T) {
 	c1, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
 	waitHeld(t, started) // running: past its wait for idle
-	cp1, err := e.resolveFor(ctx, "", c1.ID.String())
+	cp1, err := e.resolveFor(ctx, "", mustRef(c1.ID.String()))
 	must(t, err)
 	ob := overlayOf(e)
 	turnDone := overlayOf(e).TurnStarted() // a turn arrives mid-freeze
@@ -325,10 +325,10 @@ func TestFreezePausesForTurns(t *testing.T) {
 	write(t, filepath.Join(cr.Root, "src", "second.txt"), "second turn\n")
 	c2, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
-	cp2, err := e.resolveFor(ctx, "", c2.ID.String())
+	cp2, err := e.resolveFor(ctx, "", mustRef(c2.ID.String()))
 	must(t, err)
 	want := mergedState(t, cr.Root)
-	res, err := e.Branch(ctx, c2.ID.String(), "b", BranchOptions{})
+	res, err := e.Branch(ctx, mustRef(c2.ID.String()), "b", BranchOptions{})
 	must(t, err)
 	if got := overlay.FrozenUser(e.home.sandboxDir("b")); got != ob.Layers().Dir(cp2.FSTree) {
 		t.Fatalf("the branch stacks on %q, want the checkpoint's layer", got)
@@ -394,10 +394,10 @@ func TestFrozenKeepSetFollowsHeads(t *testing.T) {
 			check(fmt.Sprintf("%s checkpoint %d", name, i))
 		}
 	}
-	_, err := e.Branch(ctx, ids[1].String(), "b", BranchOptions{})
+	_, err := e.Branch(ctx, mustRef(ids[1].String()), "b", BranchOptions{})
 	must(t, err)
 	check("branch")
-	_, err = e.Rollback(ctx, "s", ids[0].String(), RollbackOptions{})
+	_, err = e.Rollback(ctx, "s", mustRef(ids[0].String()), RollbackOptions{})
 	must(t, err)
 	check("rollback")
 	must(t, e.RemoveSandbox(ctx, "t"))
@@ -415,7 +415,7 @@ func TestFrozenKeepSetFollowsHeads(t *testing.T) {
 func TestFreezeOnBranch(t *testing.T) {
 	ctx := context.Background()
 	e, cr, c1, want := directModeCheckpoint(t)
-	cp1, err := e.resolveFor(ctx, "", c1.ID.String())
+	cp1, err := e.resolveFor(ctx, "", mustRef(c1.ID.String()))
 	must(t, err)
 	ob := overlayOf(e)
 	pending := overlayOf(e).Keeper().Pending()
@@ -423,7 +423,7 @@ func TestFreezeOnBranch(t *testing.T) {
 		t.Fatalf("the checkpoint queued %d freezes, layer kept: %v", pending, ob.Layers().Has(cp1.FSTree))
 	}
 	write(t, filepath.Join(cr.Root, "src", "main.go"), "changed after the checkpoint\n")
-	res, err := e.BranchMany(ctx, c1.ID.String(), []string{"b1", "b2", "b3"}, BranchOptions{})
+	res, err := e.BranchMany(ctx, mustRef(c1.ID.String()), sandboxNames([]string{"b1", "b2", "b3"}), BranchOptions{})
 	must(t, err)
 	trees, err := ob.Layers().Trees()
 	must(t, err)
@@ -453,7 +453,7 @@ func TestFreezeOnBranch(t *testing.T) {
 		c, err := e.Checkpoint(ctx, delta.SandboxName(name), CheckpointOptions{})
 		must(t, err)
 		e.WaitFreezes()
-		cp, err := e.resolveFor(ctx, "", c.ID.String())
+		cp, err := e.resolveFor(ctx, "", mustRef(c.ID.String()))
 		must(t, err)
 		if !ob.Layers().Has(cp.FSTree) {
 			t.Fatalf("%s: the checkpoint after a branch kept no layer", name)
@@ -480,7 +480,7 @@ func TestConcurrentBranchesBuildOneLayer(t *testing.T) {
 	}
 	done := make(chan error, 2)
 	branch := func(name string) {
-		_, err := e.Branch(ctx, c1.ID.String(), delta.SandboxName(name), BranchOptions{})
+		_, err := e.Branch(ctx, mustRef(c1.ID.String()), delta.SandboxName(name), BranchOptions{})
 		done <- err
 	}
 	go branch("b1")
@@ -504,7 +504,7 @@ func TestConcurrentBranchesBuildOneLayer(t *testing.T) {
 	if n := builds.Load(); n != 1 {
 		t.Fatalf("%d builds of one layer", n)
 	}
-	cp1, err := e.resolveFor(ctx, "", c1.ID.String())
+	cp1, err := e.resolveFor(ctx, "", mustRef(c1.ID.String()))
 	must(t, err)
 	for _, name := range []string{"b1", "b2"} {
 		if got := overlay.FrozenUser(e.home.sandboxDir(delta.SandboxName(name))); got != overlayOf(e).Layers().Dir(cp1.FSTree) {
@@ -554,7 +554,7 @@ func TestBranchBuildKeepsRoom(t *testing.T) {
 	if c2.Stats.BytesRead >= 1<<20 {
 		t.Fatalf("the small turn read %d bytes", c2.Stats.BytesRead)
 	}
-	cp2, err := e.resolveFor(ctx, "", c2.ID.String())
+	cp2, err := e.resolveFor(ctx, "", mustRef(c2.ID.String()))
 	must(t, err)
 	// Leave the catalog's reserve and 12 MiB: room for the turn, not for
 	// the layer.
@@ -573,7 +573,7 @@ func TestBranchBuildKeepsRoom(t *testing.T) {
 		}
 	}
 	f.Close()
-	_, err = e.Branch(ctx, c2.ID.String(), "b", BranchOptions{})
+	_, err = e.Branch(ctx, mustRef(c2.ID.String()), "b", BranchOptions{})
 	if !errors.Is(err, errdefs.ErrNoSpace) {
 		t.Fatalf("branch on a nearly full home: %v, want no space", err)
 	}
@@ -585,7 +585,7 @@ func TestBranchBuildKeepsRoom(t *testing.T) {
 		t.Fatalf("the refused branch left its directory: %v", err)
 	}
 	must(t, os.Remove(filler))
-	r, err := e.Branch(ctx, c2.ID.String(), "b", BranchOptions{})
+	r, err := e.Branch(ctx, mustRef(c2.ID.String()), "b", BranchOptions{})
 	must(t, err)
 	if got := overlay.FrozenUser(e.home.sandboxDir("b")); got != ob.Layers().Dir(cp2.FSTree) {
 		t.Fatalf("the branch once space was freed stacks on %q", got)
@@ -628,7 +628,7 @@ func TestCloseCancelsBackgroundFreeze(t *testing.T) {
 	c1, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
 	waitHeld(t, started)
-	cp1, err := e.resolveFor(ctx, "", c1.ID.String())
+	cp1, err := e.resolveFor(ctx, "", mustRef(c1.ID.String()))
 	must(t, err)
 	want := mergedState(t, cr.Root)
 	layers := overlayOf(e).Layers()
@@ -654,7 +654,7 @@ func TestCloseCancelsBackgroundFreeze(t *testing.T) {
 		t.Fatalf("a freeze cancelled by Close left %v", left)
 	}
 	e2 := openEngine(t, home)
-	br, err := e2.Branch(ctx, c1.ID.String(), "b", BranchOptions{})
+	br, err := e2.Branch(ctx, mustRef(c1.ID.String()), "b", BranchOptions{})
 	must(t, err)
 	if got := overlay.FrozenUser(e2.home.sandboxDir("b")); got != overlayOf(e2).Layers().Dir(cp1.FSTree) {
 		t.Fatalf("the branch after the reopen stacks on %q, want the layer it built", got)

@@ -70,7 +70,7 @@ func TestFreezeWaitsForIdleUnlessNeeded(t *testing.T) {
 	}
 	br := make(chan result, 1)
 	go func() {
-		r, err := e.Branch(ctx, c2, "br", BranchOptions{})
+		r, err := e.Branch(ctx, mustRef(c2), "br", BranchOptions{})
 		if err != nil {
 			br <- result{err: err}
 			return
@@ -84,7 +84,7 @@ func TestFreezeWaitsForIdleUnlessNeeded(t *testing.T) {
 	case <-time.After(time.Minute):
 		t.Fatal("the branch waited for the engine to be idle")
 	}
-	cp2, err := e.resolveFor(ctx, "", c2)
+	cp2, err := e.resolveFor(ctx, "", mustRef(c2))
 	must(t, err)
 	if got := overlay.FrozenUser(e.home.sandboxDir("br")); got != overlayOf(e).Layers().Dir(cp2.FSTree) {
 		t.Fatalf("the branch stacks on %q, want its checkpoint's layer", got)
@@ -100,7 +100,7 @@ func TestFreezeWaitsForIdleUnlessNeeded(t *testing.T) {
 	case <-time.After(time.Minute):
 		t.Fatal("WaitFreezes waited for the engine to be idle")
 	}
-	cp3, err := e.resolveFor(ctx, "", c3)
+	cp3, err := e.resolveFor(ctx, "", mustRef(c3))
 	must(t, err)
 	if !overlayOf(e).Layers().Has(cp3.FSTree) {
 		t.Fatal("WaitFreezes returned before the pending freeze was built")

@@ -81,15 +81,15 @@ func TestFrozenLayerLinkCounts(t *testing.T) {
 	c2, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
 	e.WaitFreezes()
-	cp2, err := e.resolveFor(ctx, "", c2.ID.String())
+	cp2, err := e.resolveFor(ctx, "", mustRef(c2.ID.String()))
 	must(t, err)
 	if !overlayOf(e).Layers().Has(cp2.FSTree) {
 		t.Fatal("no frozen layer for the second checkpoint")
 	}
 
-	b1, err := e.Branch(ctx, c2.ID.String(), "b1", BranchOptions{})
+	b1, err := e.Branch(ctx, mustRef(c2.ID.String()), "b1", BranchOptions{})
 	must(t, err)
-	b2, err := e.Branch(ctx, c2.ID.String(), "b2", BranchOptions{})
+	b2, err := e.Branch(ctx, mustRef(c2.ID.String()), "b2", BranchOptions{})
 	must(t, err)
 	checkLinks(t, "branch b1", b1.Root)
 	f2 := checkLinks(t, "branch b2", b2.Root)
@@ -97,10 +97,10 @@ func TestFrozenLayerLinkCounts(t *testing.T) {
 	if data, _ := os.ReadFile(filepath.Join(b2.Root, "dir/four.txt")); string(data) != "four\n" {
 		t.Fatalf("a write in one branch shows in another: %q", data)
 	}
-	_, err = e.Rollback(ctx, "s", c1.ID.String(), RollbackOptions{})
+	_, err = e.Rollback(ctx, "s", mustRef(c1.ID.String()), RollbackOptions{})
 	must(t, err)
 	fs := checkLinks(t, "rollback", cr.Root)
-	_, err = e.Rollback(ctx, "b1", c1.ID.String(), RollbackOptions{})
+	_, err = e.Rollback(ctx, "b1", mustRef(c1.ID.String()), RollbackOptions{})
 	must(t, err)
 	f1 := checkLinks(t, "rollback of a branch", b1.Root)
 	owner := map[[2]uint64]string{}

@@ -28,7 +28,7 @@ func TestStackedBranchesRestoreProcesses(t *testing.T) {
 	c1, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
 	atCut := counter(t, e, "s")
-	rs, err := e.BranchMany(ctx, c1.ID.String(), []string{"b1", "b2"}, BranchOptions{})
+	rs, err := e.BranchMany(ctx, mustRef(c1.ID.String()), sandboxNames([]string{"b1", "b2"}), BranchOptions{})
 	must(t, err)
 	for _, r := range rs {
 		if !r.Processes || overlay.FrozenUser(e.home.sandboxDir(delta.SandboxName(r.Sandbox))) == "" {
@@ -44,7 +44,7 @@ func TestStackedBranchesRestoreProcesses(t *testing.T) {
 	c2, err := e.Checkpoint(ctx, "b1", CheckpointOptions{})
 	must(t, err)
 	atCut2 := counter(t, e, "b1")
-	bb, err := e.Branch(ctx, c2.ID.String(), "bb", BranchOptions{})
+	bb, err := e.Branch(ctx, mustRef(c2.ID.String()), "bb", BranchOptions{})
 	must(t, err)
 	if !bb.Processes || overlay.FrozenUser(e.home.sandboxDir("bb")) == "" {
 		t.Fatal("branch of a stacked branch: not stacked or no processes")

@@ -84,7 +84,7 @@ func TestBranchStacksOnFrozenLayer(t *testing.T) {
 	c1, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
 	ob := overlayOf(e)
-	cp1, err := e.resolveFor(ctx, "", c1.ID.String())
+	cp1, err := e.resolveFor(ctx, "", mustRef(c1.ID.String()))
 	must(t, err)
 	e.WaitFreezes()
 	if !ob.Layers().Has(cp1.FSTree) {
@@ -92,9 +92,9 @@ func TestBranchStacksOnFrozenLayer(t *testing.T) {
 	}
 	want := mergedState(t, cr.Root)
 
-	st, err := e.Branch(ctx, c1.ID.String(), "stacked", BranchOptions{})
+	st, err := e.Branch(ctx, mustRef(c1.ID.String()), "stacked", BranchOptions{})
 	must(t, err)
-	mat, err := e.Branch(ctx, c1.ID.String(), "copied", BranchOptions{Materialise: true})
+	mat, err := e.Branch(ctx, mustRef(c1.ID.String()), "copied", BranchOptions{Materialise: true})
 	must(t, err)
 	if overlay.FrozenUser(e.home.sandboxDir("stacked")) != ob.Layers().Dir(cp1.FSTree) {
 		t.Fatal("the branch does not stack on the checkpoint's frozen layer")
@@ -127,8 +127,8 @@ func TestBranchStacksOnFrozenLayer(t *testing.T) {
 	must(t, err)
 	mc, err := e.Checkpoint(ctx, "copied", CheckpointOptions{})
 	must(t, err)
-	scp, _ := e.resolveFor(ctx, "", sc.ID.String())
-	mcp, _ := e.resolveFor(ctx, "", mc.ID.String())
+	scp, _ := e.resolveFor(ctx, "", mustRef(sc.ID.String()))
+	mcp, _ := e.resolveFor(ctx, "", mustRef(mc.ID.String()))
 	if scp.FSTree != mcp.FSTree || scp.StateKey != mcp.StateKey {
 		t.Fatalf("stacked branch checkpoints tree %s key %s, materialised %s key %s",
 			scp.FSTree.Short(), scp.StateKey.Short(), mcp.FSTree.Short(), mcp.StateKey.Short())
@@ -139,7 +139,7 @@ func TestBranchStacksOnFrozenLayer(t *testing.T) {
 	branchWant := mergedState(t, st.Root)
 
 	// A branch of the stacked branch stacks on the branch's own layer.
-	bb, err := e.Branch(ctx, sc.ID.String(), "bb", BranchOptions{})
+	bb, err := e.Branch(ctx, mustRef(sc.ID.String()), "bb", BranchOptions{})
 	must(t, err)
 	if overlay.FrozenUser(e.home.sandboxDir("bb")) != ob.Layers().Dir(scp.FSTree) {
 		t.Fatal("a branch of a branch does not stack on its checkpoint's layer")
@@ -172,14 +172,14 @@ func TestBranchStacksOnFrozenLayer(t *testing.T) {
 
 	// Renames in a stacked root (of a frozen layer's directory, of a base
 	// directory merged with one) record the state a copy restores.
-	bs, err := e.Branch(ctx, sc.ID.String(), "renames", BranchOptions{})
+	bs, err := e.Branch(ctx, mustRef(sc.ID.String()), "renames", BranchOptions{})
 	must(t, err)
 	roottest.Move(t, filepath.Join(bs.Root, "src/new"), filepath.Join(bs.Root, "renamed-layer-dir"))
 	roottest.Move(t, filepath.Join(bs.Root, "src"), filepath.Join(bs.Root, "renamed-merged-dir"))
 	roottest.Move(t, filepath.Join(bs.Root, "doomed"), filepath.Join(bs.Root, "renamed-opaque-dir"))
 	rc, err := e.Checkpoint(ctx, "renames", CheckpointOptions{})
 	must(t, err)
-	copyOf, err := e.Branch(ctx, rc.ID.String(), "renames-copy", BranchOptions{Materialise: true})
+	copyOf, err := e.Branch(ctx, mustRef(rc.ID.String()), "renames-copy", BranchOptions{Materialise: true})
 	must(t, err)
 	if a, b := mergedState(t, bs.Root), mergedState(t, copyOf.Root); a != b {
 		t.Fatalf("renames in a stacked root: checkpoint restores to %s, the root is %s", b.Short(), a.Short())
@@ -190,13 +190,13 @@ func TestBranchStacksOnFrozenLayer(t *testing.T) {
 
 	// Rollback of a stacked branch: to a checkpoint of another line, and
 	// back to its own; the root is a plain one afterwards.
-	if _, err := e.Rollback(ctx, "bb", sc.ID.String(), RollbackOptions{}); err != nil {
+	if _, err := e.Rollback(ctx, "bb", mustRef(sc.ID.String()), RollbackOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if got := mergedState(t, bb.Root); got != branchWant {
 		t.Fatal("rollback of a stacked branch did not restore its checkpoint")
 	}
-	if _, err := e.Rollback(ctx, "bb", bbc.ID.String(), RollbackOptions{}); err != nil {
+	if _, err := e.Rollback(ctx, "bb", mustRef(bbc.ID.String()), RollbackOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if data, _ := os.ReadFile(filepath.Join(bb.Root, "src/main.go")); string(data) != "bb only" {
@@ -229,7 +229,7 @@ func TestBranchManyAndFrozenRetention(t *testing.T) {
 		write(t, filepath.Join(root, "work", content), content)
 		r, err := e.Checkpoint(ctx, delta.SandboxName(name), CheckpointOptions{})
 		must(t, err)
-		cp, err := e.resolveFor(ctx, "", r.ID.String())
+		cp, err := e.resolveFor(ctx, "", mustRef(r.ID.String()))
 		must(t, err)
 		return cp
 	}
@@ -242,7 +242,7 @@ func TestBranchManyAndFrozenRetention(t *testing.T) {
 
 	names, err := BranchNames("b", 8)
 	must(t, err)
-	rs, err := e.BranchMany(ctx, cps[2].ID.String(), names, BranchOptions{})
+	rs, err := e.BranchMany(ctx, mustRef(cps[2].ID.String()), sandboxNames(names), BranchOptions{})
 	must(t, err)
 	want := mergedState(t, cr.Root)
 	for i, r := range rs {
@@ -254,10 +254,10 @@ func TestBranchManyAndFrozenRetention(t *testing.T) {
 		}
 	}
 	// All or none: one taken name fails the whole fan-out, before anything.
-	if _, err := e.BranchMany(ctx, cps[2].ID.String(), []string{"new1", "b-3"}, BranchOptions{}); err == nil {
+	if _, err := e.BranchMany(ctx, mustRef(cps[2].ID.String()), sandboxNames([]string{"new1", "b-3"}), BranchOptions{}); err == nil {
 		t.Fatal("a fan-out onto an existing sandbox succeeded")
 	}
-	if _, err := e.BranchMany(ctx, cps[2].ID.String(), []string{"x", "x"}, BranchOptions{}); err == nil {
+	if _, err := e.BranchMany(ctx, mustRef(cps[2].ID.String()), sandboxNames([]string{"x", "x"}), BranchOptions{}); err == nil {
 		t.Fatal("a fan-out with a name twice succeeded")
 	}
 	if _, err := e.SandboxPath(ctx, "new1"); err == nil {
@@ -269,7 +269,7 @@ func TestBranchManyAndFrozenRetention(t *testing.T) {
 	if ob.Layers().Has(cps[0].FSTree) {
 		t.Fatal("the oldest checkpoint's layer is still kept")
 	}
-	old, err := e.Branch(ctx, cps[0].ID.String(), "old", BranchOptions{})
+	old, err := e.Branch(ctx, mustRef(cps[0].ID.String()), "old", BranchOptions{})
 	must(t, err)
 	if overlay.FrozenUser(e.home.sandboxDir("old")) != ob.Layers().Dir(cps[0].FSTree) {
 		t.Fatal("branch of a pruned layer does not stack on one built for it")
@@ -317,10 +317,10 @@ func TestVerifyChecksTheFrozenLayer(t *testing.T) {
 	write(t, filepath.Join(cr.Root, "work/notes.txt"), "the agent's notes\n")
 	res, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
-	c, err := e.Resolve(ctx, res.ID.String())
+	c, err := e.Resolve(ctx, mustRef(res.ID.String()))
 	must(t, err)
 	e.WaitFreezes()
-	rep, err := e.Verifier().Verify(ctx, c.ID.String())
+	rep, err := e.Verifier().Verify(ctx, mustRef(c.ID.String()))
 	must(t, err)
 	if !rep.FrozenChecked {
 		t.Fatal("verify did not check the frozen layer")
@@ -330,7 +330,7 @@ func TestVerifyChecksTheFrozenLayer(t *testing.T) {
 	must(t, err)
 	data[0] ^= 1
 	must(t, os.WriteFile(layer, data, 0o644))
-	_, err = e.Verifier().Verify(ctx, c.ID.String())
+	_, err = e.Verifier().Verify(ctx, mustRef(c.ID.String()))
 	if !errors.Is(err, errdefs.ErrCorrupt) || !strings.Contains(err.Error(), "frozen layer") {
 		t.Fatalf("verify of a damaged frozen layer: %v", err)
 	}

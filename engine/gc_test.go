@@ -42,7 +42,7 @@ func TestPruneThenGCReclaimsOnlyDeadPacks(t *testing.T) {
 		must(t, err)
 		ids = append(ids, c.ID)
 	}
-	_, err = e.History().Tag(ctx, "keeper", ids[1].String())
+	_, err = e.History().Tag(ctx, "keeper", mustRef(ids[1].String()))
 	must(t, err)
 	before := countObjects(t, e.stores.local)
 	pr, err := e.Retention().Prune(ctx, retention.PruneOptions{KeepLast: 2})
@@ -61,11 +61,11 @@ func TestPruneThenGCReclaimsOnlyDeadPacks(t *testing.T) {
 		t.Fatalf("store has %d objects after prune+gc, had %d", n, before)
 	}
 	for _, id := range []delta.ID{ids[1], ids[3], ids[4]} {
-		if _, err := e.Verifier().Verify(ctx, id.String()); err != nil {
+		if _, err := e.Verifier().Verify(ctx, mustRef(id.String())); err != nil {
 			t.Fatalf("kept checkpoint %s after gc: %v", id.Short(), err)
 		}
 	}
-	if _, err := e.Rollback(ctx, "s", "keeper", RollbackOptions{}); err != nil {
+	if _, err := e.Rollback(ctx, "s", mustRef("keeper"), RollbackOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(filepath.Join(cr.Root, "blob1")); err != nil {
@@ -242,7 +242,7 @@ func hostLoop(ctx context.Context, e *Engine, name, root string, seed int64) err
 	// Every checkpoint this host kept still verifies against what exists.
 	return e.view(ctx, func(tx *catalog.Tx) error {
 		return tx.ForEachCheckpoint(func(cp *delta.Checkpoint) error {
-			if _, err := e.Verifier().Verify(ctx, cp.ID.String()); err != nil {
+			if _, err := e.Verifier().Verify(ctx, mustRef(cp.ID.String())); err != nil {
 				return fmt.Errorf("%s: kept checkpoint %s: %w", name, cp.ID.Short(), err)
 			}
 			return nil

@@ -37,7 +37,7 @@ func openEngineOracle(t testing.TB, home string, oracle bool) *Engine {
 		// With a bucket shared by several hosts, records in it may name packs
 		// this host never had: the catalog-based checkAll is the oracle there.
 		if e.cat != nil && e.stores.remote == nil && oracle && !t.Failed() {
-			if _, err := e.Verifier().VerifyStore(context.Background(), ""); err != nil {
+			if _, err := e.Verifier().VerifyStore(context.Background(), mustRef("")); err != nil {
 				t.Errorf("final oracle: store-only verify of %s: %v", home, err)
 			}
 		}

@@ -31,7 +31,7 @@ func hostileHome(t *testing.T, oracle bool) (*Engine, *CreateResult, *delta.Chec
 	write(t, filepath.Join(cr.Root, "b.txt"), "turn 1\n")
 	r, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
-	c1, err := e.Resolve(ctx, r.ID.String())
+	c1, err := e.Resolve(ctx, mustRef(r.ID.String()))
 	must(t, err)
 	return e, cr, c1
 }
@@ -71,15 +71,15 @@ func TestHostileLayersAreRefusedEverywhere(t *testing.T) {
 			var ms runtime.MemStats
 			runtime.ReadMemStats(&ms)
 			alloc := ms.TotalAlloc
-			_, err = e.Verifier().Verify(ctx, id.String())
+			_, err = e.Verifier().Verify(ctx, mustRef(id.String()))
 			wantCorrupt(t, "verify", err, c.Want)
 			runtime.ReadMemStats(&ms)
 			if grew := ms.TotalAlloc - alloc; grew > 64<<20 {
 				t.Errorf("verify allocated %d MiB", grew>>20)
 			}
-			_, err = e.Verifier().VerifyStore(ctx, "")
+			_, err = e.Verifier().VerifyStore(ctx, mustRef(""))
 			wantCorrupt(t, "verify --store-only", err, c.Want)
-			_, err = e.Rollback(ctx, "s", id.String(), RollbackOptions{})
+			_, err = e.Rollback(ctx, "s", mustRef(id.String()), RollbackOptions{})
 			wantCorrupt(t, "rollback", err, c.Want)
 			if ok, _ := mountinfo.Mounted(cr.Root); !ok {
 				t.Error("a refused rollback left the root unmounted")
@@ -87,13 +87,13 @@ func TestHostileLayersAreRefusedEverywhere(t *testing.T) {
 			if after := mergedState(t, cr.Root); after != before {
 				t.Error("a refused rollback changed the live root")
 			}
-			_, err = e.Branch(ctx, id.String(), "b", BranchOptions{})
+			_, err = e.Branch(ctx, mustRef(id.String()), "b", BranchOptions{})
 			wantCorrupt(t, "branch", err, c.Want)
 			if _, err := os.Stat(e.home.sandboxDir("b")); err == nil {
 				t.Error("a refused branch left its sandbox directory")
 			}
 			// The good checkpoint is untouched by all this.
-			if _, err := e.Verifier().Verify(ctx, c1.ID.String()); err != nil {
+			if _, err := e.Verifier().Verify(ctx, mustRef(c1.ID.String())); err != nil {
 				t.Fatalf("verify of the good checkpoint: %v", err)
 			}
 		})
@@ -118,7 +118,7 @@ func TestLyingRawLengthIsCorruptNotAPanic(t *testing.T) {
 			!strings.Contains(rep.Skipped[0].Error, "raw length") || rep.Checkpoints != 2 || rep.Sandboxes != 1 {
 			t.Fatalf("rebuild beside a lying pack: %+v", rep)
 		}
-		_, err = e.Verifier().VerifyStore(ctx, "")
+		_, err = e.Verifier().VerifyStore(ctx, mustRef(""))
 		wantCorrupt(t, "verify --store-only", err, pack, "raw length")
 		must(t, e.stores.local.Delete(ctx, pack))
 
@@ -128,11 +128,11 @@ func TestLyingRawLengthIsCorruptNotAPanic(t *testing.T) {
 		loc.RawLength, loc.Compression = blobs[0].RawLength, uint8(delta.CompressionZstd)
 		must(t, e.cat.PutBlobs(ctx, map[delta.ID]catalog.BlobLocation{c1.FSTree: loc}))
 		name := delta.PackName(loc.Pack)
-		_, err = e.Verifier().Verify(ctx, c1.ID.String())
+		_, err = e.Verifier().Verify(ctx, mustRef(c1.ID.String()))
 		wantCorrupt(t, "verify", err, c1.FSTree.String(), name)
-		_, err = e.Rollback(ctx, "s", c1.ID.String(), RollbackOptions{})
+		_, err = e.Rollback(ctx, "s", mustRef(c1.ID.String()), RollbackOptions{})
 		wantCorrupt(t, "rollback", err, c1.FSTree.String(), name)
-		_, err = e.Branch(ctx, c1.ID.String(), "b", BranchOptions{})
+		_, err = e.Branch(ctx, mustRef(c1.ID.String()), "b", BranchOptions{})
 		wantCorrupt(t, "branch", err, c1.FSTree.String(), name)
 	}
 }
@@ -142,18 +142,18 @@ func TestLyingRawLengthIsCorruptNotAPanic(t *testing.T) {
 func TestDamagedMaterialisedBaseIsRefused(t *testing.T) {
 	ctx := context.Background()
 	e, cr, c1 := hostileHome(t, true)
-	rep, err := e.Verifier().Verify(ctx, c1.ID.String())
+	rep, err := e.Verifier().Verify(ctx, mustRef(c1.ID.String()))
 	must(t, err)
 	if !rep.BaseChecked {
 		t.Fatal("verify did not check the materialised base")
 	}
 	p := filepath.Join(e.home.basesDir(), cr.Sandbox.BaseTree.String(), "a.txt")
 	must(t, os.WriteFile(p, []byte("damaged\n"), 0o644))
-	_, err = e.Verifier().Verify(ctx, c1.ID.String())
+	_, err = e.Verifier().Verify(ctx, mustRef(c1.ID.String()))
 	wantCorrupt(t, "verify", err, "bases/"+cr.Sandbox.BaseTree.String())
-	_, err = e.Branch(ctx, c1.ID.String(), "b", BranchOptions{})
+	_, err = e.Branch(ctx, mustRef(c1.ID.String()), "b", BranchOptions{})
 	wantCorrupt(t, "branch", err, "bases/"+cr.Sandbox.BaseTree.String())
-	_, err = e.Rollback(ctx, "s", cr.Checkpoint.ID.String(), RollbackOptions{})
+	_, err = e.Rollback(ctx, "s", mustRef(cr.Checkpoint.ID.String()), RollbackOptions{})
 	wantCorrupt(t, "rollback", err, "bases/"+cr.Sandbox.BaseTree.String())
 }
 
@@ -170,9 +170,9 @@ func TestVerifyReportsWhatARestoreWrites(t *testing.T) {
 	must(t, err)
 	_, err = e.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
-	rep, err := e.Verifier().Verify(ctx, id.String())
+	rep, err := e.Verifier().Verify(ctx, mustRef(id.String()))
 	must(t, err)
-	base, err := e.Verifier().Verify(ctx, c1.ID.String())
+	base, err := e.Verifier().Verify(ctx, mustRef(c1.ID.String()))
 	must(t, err)
 	baseEntries := base.Entries - 1 // c1's layer holds b.txt
 	if got, want := rep.Entries-baseEntries, uint64(65536*2+4096+256+16); got != want {
@@ -212,7 +212,7 @@ func TestFileHoldingATreeEncoding(t *testing.T) {
 	}
 	// treeOfD is the encoding of d's tree in name's head.
 	treeOfD := func(e *Engine, id delta.ID) []byte {
-		cp, err := e.Resolve(ctx, id.String())
+		cp, err := e.Resolve(ctx, mustRef(id.String()))
 		must(t, err)
 		top, err := delta.LoadTree(ctx, e.data.repo, cp.FSTree)
 		must(t, err)
@@ -226,12 +226,12 @@ func TestFileHoldingATreeEncoding(t *testing.T) {
 	}
 	// restores checks that a rollback of name to id puts want back at rel.
 	restores := func(e *Engine, name, root string, id delta.ID, rel, want string) {
-		if _, err := e.Verifier().Verify(ctx, id.String()); err != nil {
+		if _, err := e.Verifier().Verify(ctx, mustRef(id.String())); err != nil {
 			t.Fatalf("verify %s of %s: %v", id.Short(), name, err)
 		}
 		write(t, filepath.Join(root, rel), "changed\n")
 		checkpoint(e, name)
-		if _, err := e.Rollback(ctx, delta.SandboxName(name), id.String(), RollbackOptions{}); err != nil {
+		if _, err := e.Rollback(ctx, delta.SandboxName(name), mustRef(id.String()), RollbackOptions{}); err != nil {
 			t.Fatalf("rollback of %s to %s: %v", name, id.Short(), err)
 		}
 		got, err := os.ReadFile(filepath.Join(root, rel))

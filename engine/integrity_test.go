@@ -26,7 +26,7 @@ func TestVerifyNamesEveryCorruptObject(t *testing.T) {
 	agentTurn(t, cr.Root)
 	c, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
-	rep, err := e.Verifier().Verify(ctx, c.ID.String())
+	rep, err := e.Verifier().Verify(ctx, mustRef(c.ID.String()))
 	must(t, err)
 	// The record, the base import's pack and this turn's pack at least.
 	if len(rep.Objects) < 3 || rep.Chunks == 0 || rep.Trees == 0 {
@@ -40,7 +40,7 @@ func TestVerifyNamesEveryCorruptObject(t *testing.T) {
 			bad := append([]byte(nil), orig...)
 			bad[at] ^= 0x01
 			must(t, os.WriteFile(p, bad, 0o600))
-			_, err := e.Verifier().Verify(ctx, c.ID.String())
+			_, err := e.Verifier().Verify(ctx, mustRef(c.ID.String()))
 			if err == nil || !strings.Contains(err.Error(), obj) {
 				t.Errorf("byte %d of %s flipped: verify said %v, want an error naming the object", at, obj, err)
 			}
@@ -50,7 +50,7 @@ func TestVerifyNamesEveryCorruptObject(t *testing.T) {
 		}
 		must(t, os.WriteFile(p, orig, 0o600))
 	}
-	if _, err := e.Verifier().Verify(ctx, c.ID.String()); err != nil {
+	if _, err := e.Verifier().Verify(ctx, mustRef(c.ID.String())); err != nil {
 		t.Fatalf("verify after repairing every object: %v", err)
 	}
 	// A corrupt chunk is also caught on the restore path, naming the pack.
@@ -63,7 +63,7 @@ func TestVerifyNamesEveryCorruptObject(t *testing.T) {
 			bad[i] ^= 0xff
 		}
 		must(t, os.WriteFile(p, bad, 0o600))
-		_, err := e.Branch(ctx, c.ID.String(), "from-corrupt", BranchOptions{})
+		_, err := e.Branch(ctx, mustRef(c.ID.String()), "from-corrupt", BranchOptions{})
 		if err == nil {
 			t.Fatal("branch from a corrupt pack succeeded")
 		}
@@ -120,12 +120,12 @@ func TestCatalogRebuildKeepsLineage(t *testing.T) {
 	write(t, filepath.Join(cr.Root, "second"), "2")
 	_, err = e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
-	_, err = e.Rollback(ctx, "s", c1.ID.String(), RollbackOptions{})
+	_, err = e.Rollback(ctx, "s", mustRef(c1.ID.String()), RollbackOptions{})
 	must(t, err)
 	write(t, filepath.Join(cr.Root, "third"), "3")
 	_, err = e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
-	br, err := e.Branch(ctx, c1.ID.String(), "b", BranchOptions{})
+	br, err := e.Branch(ctx, mustRef(c1.ID.String()), "b", BranchOptions{})
 	must(t, err)
 	write(t, filepath.Join(br.Root, "in-b"), "b")
 	_, err = e.Checkpoint(ctx, "b", CheckpointOptions{Turn: new(int)})
@@ -151,7 +151,7 @@ func TestCatalogRebuildKeepsLineage(t *testing.T) {
 	if got := refcounts(t, e, blobs); fmt.Sprint(got) != fmt.Sprint(wantRefs) {
 		t.Fatalf("refcounts after rebuild differ from those maintained by commits")
 	}
-	if _, err := e.Verifier().Verify(ctx, c1.ID.String()); err != nil {
+	if _, err := e.Verifier().Verify(ctx, mustRef(c1.ID.String())); err != nil {
 		t.Fatal(err)
 	}
 	checkAll(t, e)
@@ -176,7 +176,7 @@ func TestFreshHomeRestoresFromStoreAlone(t *testing.T) {
 	e2 := openEngine(t, home2)
 	_, err = e2.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
-	br, err := e2.Branch(ctx, c.ID.String(), "copy", BranchOptions{})
+	br, err := e2.Branch(ctx, mustRef(c.ID.String()), "copy", BranchOptions{})
 	must(t, err)
 	if got := mergedState(t, br.Root); got != want {
 		t.Fatalf("branch on a fresh home hashes to %s, want %s", got.Short(), want.Short())

@@ -40,7 +40,7 @@ func TestJournalFollowsCheckpoint(t *testing.T) {
 		r, err := e.Checkpoint(ctx, "s", CheckpointOptions{Conv: &conv, Journal: snap.Save})
 		must(t, err)
 		j.Committed(ctx, snap)
-		last, err = e.Resolve(ctx, r.ID.String())
+		last, err = e.Resolve(ctx, mustRef(r.ID.String()))
 		must(t, err)
 		if last.Version != delta.RecordVersionLLM || last.Journal == nil || *last.Conv != conv {
 			t.Fatalf("turn %d: version %d journal %v conv %v", turn, last.Version, last.Journal, last.Conv)
@@ -49,7 +49,7 @@ func TestJournalFollowsCheckpoint(t *testing.T) {
 	write(t, filepath.Join(res.Root, "plain"), "a turn with no model call\n")
 	r, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
-	plain, err := e.Resolve(ctx, r.ID.String())
+	plain, err := e.Resolve(ctx, mustRef(r.ID.String()))
 	must(t, err)
 	if plain.Journal == nil || *plain.Journal != *last.Journal || plain.Conv != nil {
 		t.Fatalf("a turn without a model call: journal %v (want %v carried), conv %v", plain.Journal, last.Journal, plain.Conv)
@@ -95,14 +95,14 @@ func TestSkipRecordKeepsJournal(t *testing.T) {
 	r1, err := e.Checkpoint(ctx, "s", CheckpointOptions{Conv: &conv, Journal: snap.Save})
 	must(t, err)
 	j.Committed(ctx, snap)
-	parent, err := e.Resolve(ctx, r1.ID.String())
+	parent, err := e.Resolve(ctx, mustRef(r1.ID.String()))
 	must(t, err)
 	sr, err := e.Checkpoint(ctx, "s", CheckpointOptions{RecordSkips: true})
 	must(t, err)
 	if sr.Class != delta.ClassSkip || sr.ID == r1.ID {
 		t.Fatalf("the unchanged turn: class %s, id %s (parent %s); the test needs a skip record", sr.Class, sr.ID.Short(), r1.ID.Short())
 	}
-	skip, err := e.Resolve(ctx, sr.ID.String())
+	skip, err := e.Resolve(ctx, mustRef(sr.ID.String()))
 	must(t, err)
 	if skip.Journal == nil || *skip.Journal != *parent.Journal || skip.Version != delta.RecordVersionLLM || skip.Conv != nil {
 		t.Fatalf("skip record: version %d, journal %v, conv %v; want version %d and its parent's journal %v, no conv",
@@ -111,12 +111,12 @@ func TestSkipRecordKeepsJournal(t *testing.T) {
 	write(t, filepath.Join(cr.Root, "later.txt"), "a turn with no model call\n")
 	r3, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
-	after, err := e.Resolve(ctx, r3.ID.String())
+	after, err := e.Resolve(ctx, mustRef(r3.ID.String()))
 	must(t, err)
 	if after.Journal == nil || *after.Journal != *parent.Journal {
 		t.Fatalf("the turn after the skip record: journal %v, want %v carried", after.Journal, parent.Journal)
 	}
-	_, err = e.Rollback(ctx, "s", sr.ID.String(), RollbackOptions{})
+	_, err = e.Rollback(ctx, "s", mustRef(sr.ID.String()), RollbackOptions{})
 	must(t, err)
 	log, err := e.History().Log(ctx, "s")
 	must(t, err)

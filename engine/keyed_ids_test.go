@@ -152,9 +152,9 @@ func TestKeyedIDsPerKey(t *testing.T) {
 	}
 	_, err = c.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
-	_, err = c.Verifier().Verify(ctx, cps[a].String())
+	_, err = c.Verifier().Verify(ctx, mustRef(cps[a].String()))
 	must(t, err)
-	br, err := c.Branch(ctx, cps[a].String(), "copy", BranchOptions{})
+	br, err := c.Branch(ctx, mustRef(cps[a].String()), "copy", BranchOptions{})
 	must(t, err)
 	if got, err := os.ReadFile(filepath.Join(br.Root, "big.bin")); err != nil || !bytes.Equal(got, big) {
 		t.Fatalf("restored file: %d bytes, %v", len(got), err)
@@ -211,7 +211,7 @@ func TestKeyedIDsTrackFreezeRollback(t *testing.T) {
 		t.Fatalf("no turn was tracked: %+v", st)
 	}
 	e.WaitFreezes()
-	cp3, err := e.resolveFor(ctx, "", c3.ID.String())
+	cp3, err := e.resolveFor(ctx, "", mustRef(c3.ID.String()))
 	must(t, err)
 	if !overlayOf(e).Layers().Has(cp3.FSTree) {
 		t.Fatal("no frozen layer for the head checkpoint")
@@ -221,7 +221,7 @@ func TestKeyedIDsTrackFreezeRollback(t *testing.T) {
 		if o.Materialise {
 			name = "copied"
 		}
-		br, err := e.Branch(ctx, c3.ID.String(), delta.SandboxName(name), o)
+		br, err := e.Branch(ctx, mustRef(c3.ID.String()), delta.SandboxName(name), o)
 		must(t, err)
 		if got := mergedState(t, br.Root); got != head {
 			t.Fatalf("branch %s hashes to %s, want %s", name, got.Short(), head.Short())
@@ -233,7 +233,7 @@ func TestKeyedIDsTrackFreezeRollback(t *testing.T) {
 			t.Fatalf("branch %s: stacks on the frozen layer %v, materialised %v", name, stacks, o.Materialise)
 		}
 	}
-	_, err = e.Rollback(ctx, "s", c1.ID.String(), RollbackOptions{})
+	_, err = e.Rollback(ctx, "s", mustRef(c1.ID.String()), RollbackOptions{})
 	must(t, err)
 	if got := mergedState(t, cr.Root); got != want {
 		t.Fatalf("after the rollback the root hashes to %s, want %s", got.Short(), want.Short())
@@ -272,9 +272,9 @@ func TestEncryptedHomeBeforeKeyedIDsKeepsPlainIDs(t *testing.T) {
 	if o.keys.IDs().Keyed() {
 		t.Fatal("reopening switched the home to keyed IDs")
 	}
-	_, err = o.Verifier().Verify(ctx, cp.ID.String())
+	_, err = o.Verifier().Verify(ctx, mustRef(cp.ID.String()))
 	must(t, err)
-	br, err := o.Branch(ctx, cp.ID.String(), "copy", BranchOptions{})
+	br, err := o.Branch(ctx, mustRef(cp.ID.String()), "copy", BranchOptions{})
 	must(t, err)
 	if got, err := os.ReadFile(filepath.Join(br.Root, "big.bin")); err != nil || !bytes.Equal(got, big) {
 		t.Fatalf("restored file: %d bytes, %v", len(got), err)

@@ -72,7 +72,7 @@ func TestTwoHomesNeverCoOwnASandbox(t *testing.T) {
 	_, err = b.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
 	x := labelOf(t, b, string(key))
-	if _, err := b.Rollback(ctx, delta.SandboxName(x), first.ID.String(), RollbackOptions{}); !errors.Is(err, errdefs.ErrPrecondition) || !strings.Contains(err.Error(), "adopt") {
+	if _, err := b.Rollback(ctx, delta.SandboxName(x), mustRef(first.ID.String()), RollbackOptions{}); !errors.Is(err, errdefs.ErrPrecondition) || !strings.Contains(err.Error(), "adopt") {
 		t.Fatalf("b's rollback of a's sandbox: %v; want a refusal naming adopt", err)
 	}
 	if _, err := b.Checkpoint(ctx, delta.SandboxName(x), CheckpointOptions{}); !errors.Is(err, errdefs.ErrPrecondition) {
@@ -126,7 +126,7 @@ func TestTwoHomesNeverCoOwnASandbox(t *testing.T) {
 		t.Fatalf("a's fenced checkpoint %s became remotely durable with a later push", ca.ID.Short())
 	}
 	// A keeps its unpushed turn by branching it.
-	_, err = a.Branch(ctx, ca.ID.String(), "x-kept", BranchOptions{})
+	_, err = a.Branch(ctx, mustRef(ca.ID.String()), "x-kept", BranchOptions{})
 	must(t, err)
 	_, err = a.Remote().Push(ctx, PushOptions{})
 	must(t, err)
@@ -144,7 +144,7 @@ func TestTwoHomesNeverCoOwnASandbox(t *testing.T) {
 			t.Fatalf("third home: x's head is %s, want b's %s", s.Head.ID.Short(), cb.ID.Short())
 		}
 	}
-	if _, err := c.Verifier().Verify(ctx, cb.ID.String()); err != nil {
+	if _, err := c.Verifier().Verify(ctx, mustRef(cb.ID.String())); err != nil {
 		t.Fatalf("third home: verify b's head: %v", err)
 	}
 }

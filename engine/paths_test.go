@@ -41,7 +41,7 @@ func TestRestorePathsWaitsForTheSandboxLock(t *testing.T) {
 	must(t, err)
 	done := make(chan error, 1)
 	go func() {
-		_, err := e.Paths().RestorePaths(ctx, "s", c1.ID.String(), []string{"/restored.txt"}, paths.RestorePathsOptions{})
+		_, err := e.Paths().RestorePaths(ctx, "s", mustRef(c1.ID.String()), []string{"/restored.txt"}, paths.RestorePathsOptions{})
 		done <- err
 	}()
 	for deadline := time.Now().Add(30 * time.Second); e.locks.sandboxes.waiters("s") == 0; {

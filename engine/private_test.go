@@ -112,7 +112,7 @@ func TestProcessMemoryStaysPrivate(t *testing.T) {
 	noneLeft(t, "after the checkpoint", filepath.Join(state, "work"))
 
 	// The image a restore reads back from the store.
-	cp, err := e.Resolve(ctx, c.ID.String())
+	cp, err := e.Resolve(ctx, mustRef(c.ID.String()))
 	must(t, err)
 	img, done, err := e.procs.Image(ctx, cp)
 	must(t, err)
@@ -123,9 +123,9 @@ func TestProcessMemoryStaysPrivate(t *testing.T) {
 	done()
 	noneLeft(t, "after reading an image back", work)
 
-	_, err = e.Rollback(ctx, "s", c.ID.String(), RollbackOptions{})
+	_, err = e.Rollback(ctx, "s", mustRef(c.ID.String()), RollbackOptions{})
 	must(t, err)
-	r, err := e.Branch(ctx, c.ID.String(), "b", BranchOptions{})
+	r, err := e.Branch(ctx, mustRef(c.ID.String()), "b", BranchOptions{})
 	must(t, err)
 	if !r.Processes {
 		t.Fatal("the branch did not restore processes")

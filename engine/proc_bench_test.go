@@ -68,7 +68,7 @@ func BenchmarkProcessCheckpoint(b *testing.B) {
 		pauses += time.Duration(r.Stats.PauseNs)
 		newBytes += r.Stats.BytesNew
 		start := time.Now()
-		_, err = e.Rollback(ctx, "big", first.ID.String(), RollbackOptions{})
+		_, err = e.Rollback(ctx, "big", mustRef(first.ID.String()), RollbackOptions{})
 		must(b, err)
 		restores += time.Since(start)
 	}

@@ -63,7 +63,7 @@ func busyboxBase(t testing.TB) string {
 func sh(t testing.TB, e *Engine, sandbox, script string) string {
 	t.Helper()
 	var out, errb bytes.Buffer
-	code, err := e.Processes().Exec(context.Background(), sandbox, []string{"sh", "-c", script}, ExecOptions{Stdout: &out, Stderr: &errb})
+	code, err := e.Processes().Exec(context.Background(), delta.SandboxName(sandbox), []string{"sh", "-c", script}, ExecOptions{Stdout: &out, Stderr: &errb})
 	if err != nil || code != 0 {
 		t.Fatalf("exec %q in %s: code %d err %v stderr %s", script, sandbox, code, err, errb.String())
 	}
@@ -105,14 +105,14 @@ func TestCounterContinuesAfterRollbackAndBranch(t *testing.T) {
 		t.Fatalf("counter only at %d", atCut)
 	}
 	waitCounter(t, e, "s", func(n int) bool { return n > atCut+5 }) // it moved on past the cut
-	_, err = e.Rollback(ctx, "s", c1.ID.String(), RollbackOptions{})
+	_, err = e.Rollback(ctx, "s", mustRef(c1.ID.String()), RollbackOptions{})
 	must(t, err)
 	if n := counter(t, e, "s"); n < atCut/2 || n > atCut+40 {
 		t.Fatalf("after rollback the counter is %d; at the cut it was about %d (a restarted process would be near 1)", n, atCut)
 	}
 	// Two branches of one checkpoint run side by side, each from the cut.
 	for _, b := range []string{"b1", "b2"} {
-		r, err := e.Branch(ctx, c1.ID.String(), delta.SandboxName(b), BranchOptions{})
+		r, err := e.Branch(ctx, mustRef(c1.ID.String()), delta.SandboxName(b), BranchOptions{})
 		must(t, err)
 		if !r.Processes {
 			t.Fatalf("branch %s did not restore processes", b)
@@ -176,7 +176,7 @@ func TestHTTPServerFromTurn3AnswersAfterRestore(t *testing.T) {
 	if c4.Class != delta.ClassFull {
 		t.Fatalf("turn 4 stopped the server and deleted a file, classed %s", c4.Class)
 	}
-	_, err = e.Rollback(ctx, "web", c3.ID.String(), RollbackOptions{})
+	_, err = e.Rollback(ctx, "web", mustRef(c3.ID.String()), RollbackOptions{})
 	must(t, err)
 	if got := sh(t, e, "web", "wget -q -O - http://127.0.0.1:8080/index.html"); got != "hello from turn 3" {
 		t.Fatalf("server after restore answered %q", got)
@@ -223,7 +223,7 @@ func TestRestoreRefusesAHostWithoutTheRecordedCPUFlags(t *testing.T) {
 	write(t, filepath.Join(cr.Root, "data"), "x")
 	c, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
-	orig, err := e.Resolve(ctx, c.ID.String())
+	orig, err := e.Resolve(ctx, mustRef(c.ID.String()))
 	must(t, err)
 	// The same checkpoint as if taken on a CPU with a flag this one lacks.
 	var facts proc.HostFacts
@@ -237,7 +237,7 @@ func TestRestoreRefusesAHostWithoutTheRecordedCPUFlags(t *testing.T) {
 	must(t, putRecord(ctx, e.stores.front, &forged))
 	must(t, e.cat.Update(ctx, func(tx *catalog.Tx) error { return tx.PutCheckpoint(&forged) }))
 
-	_, err = e.Branch(ctx, forged.ID.String(), "elsewhere", BranchOptions{})
+	_, err = e.Branch(ctx, mustRef(forged.ID.String()), "elsewhere", BranchOptions{})
 	if !errors.Is(err, errdefs.ErrPrecondition) || !strings.Contains(err.Error(), "turnsnap_imaginary_flag") ||
 		!strings.Contains(err.Error(), "--fs-only") {
 		t.Fatalf("restore on a host without the flag: %v", err)
@@ -245,7 +245,7 @@ func TestRestoreRefusesAHostWithoutTheRecordedCPUFlags(t *testing.T) {
 	if _, err := os.Stat(e.home.sandboxDir("elsewhere")); !os.IsNotExist(err) {
 		t.Fatal("a refused branch left a sandbox behind")
 	}
-	r, err := e.Branch(ctx, forged.ID.String(), "elsewhere", BranchOptions{FSOnly: true})
+	r, err := e.Branch(ctx, mustRef(forged.ID.String()), "elsewhere", BranchOptions{FSOnly: true})
 	must(t, err)
 	if r.Processes {
 		t.Fatal("--fs-only restored processes")

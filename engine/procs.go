@@ -32,8 +32,8 @@ func newProcs(e *Engine, home home) *procs.Manager {
 	return procs.New(procs.Deps{
 		Home: string(home), Log: e.log, Phase: e.phase, Progress: e.progressPhase, IDs: func() delta.IDs { return e.keys.IDs() },
 		Loader: func() delta.BlobLoader { return e.data.repo },
-		Load: func(ctx context.Context, name string, write bool) (*procs.Sandbox, func(), error) {
-			done, err := e.op(ctx, delta.SandboxName(name))
+		Load: func(ctx context.Context, name delta.SandboxName, write bool) (*procs.Sandbox, func(), error) {
+			done, err := e.op(ctx, name)
 			if err != nil {
 				return nil, nil, err
 			}
@@ -41,7 +41,7 @@ func newProcs(e *Engine, home home) *procs.Manager {
 			if write {
 				load = e.loadSandbox
 			}
-			st, err := load(ctx, delta.SandboxName(name))
+			st, err := load(ctx, name)
 			if err != nil {
 				done()
 				return nil, nil, err

@@ -39,7 +39,7 @@ func procCheckpoint(t *testing.T, e *Engine, name string, want ...delta.Class) *
 
 func detach(t *testing.T, e *Engine, name, script string) {
 	t.Helper()
-	_, err := e.Processes().Exec(context.Background(), name, []string{"sh", "-c", script}, ExecOptions{Detach: true})
+	_, err := e.Processes().Exec(context.Background(), delta.SandboxName(name), []string{"sh", "-c", script}, ExecOptions{Detach: true})
 	must(t, err)
 }
 
@@ -154,7 +154,7 @@ func TestChangedReferencedFilesDumpProcesses(t *testing.T) {
 		procCheckpoint(t, e, name, delta.ClassSkip)
 		sh(t, e, name, "echo later > /data/later")
 		procCheckpoint(t, e, name, delta.ClassFS)
-		res, err := e.Rollback(ctx, delta.SandboxName(name), r.ID.String(), RollbackOptions{})
+		res, err := e.Rollback(ctx, delta.SandboxName(name), mustRef(r.ID.String()), RollbackOptions{})
 		if err != nil {
 			t.Fatalf("%s: rollback to %s: %v", s.what, r.ID.Short(), err)
 		}
@@ -185,7 +185,7 @@ func TestTmpfsAndQueuedBytesAreProcessState(t *testing.T) {
 		t.Fatalf("shm turn: reason %q", r.ProcessChange)
 	}
 	procCheckpoint(t, e, "s", delta.ClassSkip)
-	b, err := e.Branch(ctx, r.ID.String(), "shm-branch", BranchOptions{})
+	b, err := e.Branch(ctx, mustRef(r.ID.String()), "shm-branch", BranchOptions{})
 	must(t, err)
 	if !b.Processes {
 		t.Fatal("branch of a checkpoint with /dev/shm contents restored no container")
@@ -205,7 +205,7 @@ func TestTmpfsAndQueuedBytesAreProcessState(t *testing.T) {
 	}
 	sh(t, e, "s", "dd if=/tmp/pipe bs=4 count=1 2>/dev/null >/dev/null") // drain
 	procCheckpoint(t, e, "s", delta.ClassFull, delta.ClassProcess)
-	_, err = e.Rollback(ctx, "s", q.ID.String(), RollbackOptions{})
+	_, err = e.Rollback(ctx, "s", mustRef(q.ID.String()), RollbackOptions{})
 	must(t, err)
 	if got := sh(t, e, "s", "dd if=/tmp/pipe bs=4 count=1 2>/dev/null"); got != "msg" {
 		t.Fatalf("after rollback the pipe holds %q, want the queued msg", got)
@@ -230,7 +230,7 @@ func TestDeviceNodesAndSafeRestore(t *testing.T) {
 	sh(t, e, "s", "rm /tmp/sda")
 	detach(t, e, "s", "while true; do sleep 3600; done")
 	good := procCheckpoint(t, e, "s", delta.ClassFull)
-	if _, err := e.Verifier().Verify(ctx, good.ID.String()); err != nil {
+	if _, err := e.Verifier().Verify(ctx, mustRef(good.ID.String())); err != nil {
 		t.Fatalf("verify of a checkpoint with /tmp/null: %v", err)
 	}
 	pids := pidsOf(t, e, "s")
@@ -238,7 +238,7 @@ func TestDeviceNodesAndSafeRestore(t *testing.T) {
 	// A checkpoint whose files hold a block device (made elsewhere, or by an
 	// older turnsnap): verify and rollback refuse it, and the running
 	// processes survive the refused rollback.
-	head, err := e.Resolve(ctx, good.ID.String())
+	head, err := e.Resolve(ctx, mustRef(good.ID.String()))
 	must(t, err)
 	tree, err := delta.LoadTree(ctx, e.data.repo, head.FSTree)
 	must(t, err)
@@ -252,7 +252,7 @@ func TestDeviceNodesAndSafeRestore(t *testing.T) {
 	forged.FSTree, forged.ID, forged.Message = delta.Hash(data), [32]byte{}, "forged device"
 	must(t, putRecord(ctx, e.stores.front, &forged))
 	must(t, e.cat.Update(ctx, func(tx *catalog.Tx) error { return tx.PutCheckpoint(&forged) }))
-	if _, err := e.Verifier().Verify(ctx, forged.ID.String()); err == nil || !strings.Contains(err.Error(), "zz-sda") {
+	if _, err := e.Verifier().Verify(ctx, mustRef(forged.ID.String())); err == nil || !strings.Contains(err.Error(), "zz-sda") {
 		t.Fatalf("verify of a checkpoint holding a block device: %v", err)
 	}
 	missing := *head
@@ -262,7 +262,7 @@ func TestDeviceNodesAndSafeRestore(t *testing.T) {
 	must(t, e.cat.Update(ctx, func(tx *catalog.Tx) error { return tx.PutCheckpoint(&missing) }))
 	write(t, filepath.Join(cr.Root, "tmp/after"), "kept")
 	for _, bad := range []*delta.Checkpoint{&forged, &missing} {
-		if _, err := e.Rollback(ctx, "s", bad.ID.String(), RollbackOptions{}); err == nil {
+		if _, err := e.Rollback(ctx, "s", mustRef(bad.ID.String()), RollbackOptions{}); err == nil {
 			t.Fatalf("rollback to %q succeeded", bad.Message)
 		}
 		if got := pidsOf(t, e, "s"); fmt.Sprint(got) != fmt.Sprint(pids) {
@@ -273,7 +273,7 @@ func TestDeviceNodesAndSafeRestore(t *testing.T) {
 		}
 	}
 	// The pseudo device comes back with the good checkpoint.
-	_, err = e.Rollback(ctx, "s", good.ID.String(), RollbackOptions{})
+	_, err = e.Rollback(ctx, "s", mustRef(good.ID.String()), RollbackOptions{})
 	must(t, err)
 	if got := sh(t, e, "s", "stat -c %t:%T:%F /tmp/null"); got != "1:3:character special file" {
 		t.Fatalf("/tmp/null after rollback: %q", got)
@@ -310,7 +310,7 @@ func TestReplacedMappedLibraryDumpsProcesses(t *testing.T) {
 	}
 	sh(t, e, "s", "rm /lib/libdemo.so")
 	procCheckpoint(t, e, "s", delta.ClassFS)
-	res, err := e.Rollback(ctx, "s", r.ID.String(), RollbackOptions{})
+	res, err := e.Rollback(ctx, "s", mustRef(r.ID.String()), RollbackOptions{})
 	must(t, err)
 	if !res.Processes || fmt.Sprint(pidsOf(t, e, "s")) != fmt.Sprint(pids) {
 		t.Fatalf("rollback: processes %v %v, want %v", res.Processes, pidsOf(t, e, "s"), pids)
@@ -348,23 +348,23 @@ func TestRollbackRefusesAnImageThatDoesNotFitItsFiles(t *testing.T) {
 	a := procCheckpoint(t, e, "s", delta.ClassFull)
 	sh(t, e, "s", "echo 'longer new content' > /data/log")
 	b := procCheckpoint(t, e, "s", delta.ClassFull)
-	ca, err := e.Resolve(ctx, a.ID.String())
+	ca, err := e.Resolve(ctx, mustRef(a.ID.String()))
 	must(t, err)
-	cb, err := e.Resolve(ctx, b.ID.String())
+	cb, err := e.Resolve(ctx, mustRef(b.ID.String()))
 	must(t, err)
 	old := *cb
 	old.ProcTree, old.Host, old.Class, old.ID, old.Message = ca.ProcTree, ca.Host, delta.ClassFS, [32]byte{}, "as an older turnsnap classed it"
 	must(t, putRecord(ctx, e.stores.front, &old))
 	must(t, e.cat.Update(ctx, func(tx *catalog.Tx) error { return tx.PutCheckpoint(&old) }))
 	pids := pidsOf(t, e, "s")
-	_, err = e.Rollback(ctx, "s", old.ID.String(), RollbackOptions{})
+	_, err = e.Rollback(ctx, "s", mustRef(old.ID.String()), RollbackOptions{})
 	if !errors.Is(err, errdefs.ErrPrecondition) || !strings.Contains(err.Error(), "/data/log") || !strings.Contains(err.Error(), "--fs-only") {
 		t.Fatalf("rollback to a checkpoint whose image does not fit: %v", err)
 	}
 	if got := pidsOf(t, e, "s"); fmt.Sprint(got) != fmt.Sprint(pids) {
 		t.Fatalf("the refused rollback left processes %v, want %v", got, pids)
 	}
-	r, err := e.Rollback(ctx, "s", old.ID.String(), RollbackOptions{FSOnly: true})
+	r, err := e.Rollback(ctx, "s", mustRef(old.ID.String()), RollbackOptions{FSOnly: true})
 	must(t, err)
 	if r.Processes {
 		t.Fatal("--fs-only restored processes")

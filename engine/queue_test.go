@@ -69,7 +69,7 @@ func TestPruneBeforeFirstSyncNeverWedgesTheQueue(t *testing.T) {
 	must(t, err)
 	_, err = f.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
-	if _, err := f.Verifier().Verify(ctx, head.String()); err != nil {
+	if _, err := f.Verifier().Verify(ctx, mustRef(head.String())); err != nil {
 		t.Fatal(err)
 	}
 	checkAll(t, e)

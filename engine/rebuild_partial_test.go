@@ -46,7 +46,7 @@ func makeHealthyPair(t *testing.T, e *Engine) *healthyPair {
 		write(t, filepath.Join(cr.Root, "turn.txt"), hp.files[i])
 		r, err := e.Checkpoint(ctx, delta.SandboxName(name), CheckpointOptions{})
 		must(t, err)
-		hp.heads[i], err = e.Resolve(ctx, r.ID.String())
+		hp.heads[i], err = e.Resolve(ctx, mustRef(r.ID.String()))
 		must(t, err)
 		hp.sbs[i] = cr.Sandbox
 	}
@@ -72,13 +72,13 @@ func (hp *healthyPair) checkRestored(t *testing.T, e *Engine, branch bool) {
 		if heads[name] != hp.heads[i].ID {
 			t.Fatalf("sandbox %s after the rebuild: head %s, want %s (sandboxes %v)", name, heads[name].Short(), hp.heads[i].ID.Short(), heads)
 		}
-		if _, err := e.Verifier().Verify(ctx, hp.heads[i].ID.String()); err != nil {
+		if _, err := e.Verifier().Verify(ctx, mustRef(hp.heads[i].ID.String())); err != nil {
 			t.Fatalf("verify of %s's head after the rebuild: %v", name, err)
 		}
 		if !branch {
 			continue
 		}
-		br, err := e.Branch(ctx, hp.heads[i].ID.String(), delta.SandboxName(name+"-copy"), BranchOptions{})
+		br, err := e.Branch(ctx, mustRef(hp.heads[i].ID.String()), delta.SandboxName(name+"-copy"), BranchOptions{})
 		must(t, err)
 		if got, err := os.ReadFile(filepath.Join(br.Root, "turn.txt")); err != nil || string(got) != hp.files[i] {
 			t.Fatalf("branch of %s's head: turn.txt %q %v, want %q", name, got, err, hp.files[i])
@@ -455,7 +455,7 @@ func TestRebuildAfterAPruneElsewhereLeftAHeadDangling(t *testing.T) {
 	must(t, err)
 	_, err = b.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
-	_, err = b.Branch(ctx, branched.String(), "xc", BranchOptions{})
+	_, err = b.Branch(ctx, mustRef(branched.String()), "xc", BranchOptions{})
 	must(t, err)
 	_, err = b.Remote().Push(ctx, PushOptions{})
 	must(t, err)
@@ -514,9 +514,9 @@ func TestRebuildAfterAPruneElsewhereLeftAHeadDangling(t *testing.T) {
 		t.Fatalf("restored %d checkpoints of x, the bucket holds %d records", len(restored), len(inBucket))
 	}
 	for i, id := range restored {
-		_, err := d.Verifier().Verify(ctx, id.String())
+		_, err := d.Verifier().Verify(ctx, mustRef(id.String()))
 		must(t, err)
-		br, err := d.Branch(ctx, id.String(), delta.SandboxName(fmt.Sprintf("r%d", i)), BranchOptions{})
+		br, err := d.Branch(ctx, mustRef(id.String()), delta.SandboxName(fmt.Sprintf("r%d", i)), BranchOptions{})
 		must(t, err)
 		got, err := os.ReadFile(filepath.Join(br.Root, "turn.txt"))
 		if content[id] == "" {
@@ -537,7 +537,7 @@ func TestRebuildAfterAPruneElsewhereLeftAHeadDangling(t *testing.T) {
 	if _, err := d.History().Log(ctx, "xc"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("log xc: %v, want not found", err)
 	}
-	if _, err := d.Branch(ctx, branched.String(), "from-gone", BranchOptions{}); !errors.Is(err, errdefs.ErrNotFound) {
+	if _, err := d.Branch(ctx, mustRef(branched.String()), "from-gone", BranchOptions{}); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("branch of the pruned checkpoint: %v, want not found", err)
 	}
 	lin, err := d.History().Lineage(ctx, history.LineageOptions{})
@@ -558,7 +558,7 @@ func TestRebuildKeepsWholeCheckpointsOfASkippedHead(t *testing.T) {
 	write(t, filepath.Join(cr.Root, "turn.txt"), "one\n")
 	c1, err := src.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
-	head, err := src.Resolve(ctx, c1.ID.String())
+	head, err := src.Resolve(ctx, mustRef(c1.ID.String()))
 	must(t, err)
 	// On a copy of the store, the head moves to a record whose layer is in
 	// no pack.
@@ -588,7 +588,7 @@ func TestRebuildKeepsWholeCheckpointsOfASkippedHead(t *testing.T) {
 			t.Fatalf("lineage after the rebuild lacks %s: %+v", id.Short(), lin.Checkpoints)
 		}
 	}
-	br, err := e.Branch(ctx, c1.ID.String(), "again", BranchOptions{})
+	br, err := e.Branch(ctx, mustRef(c1.ID.String()), "again", BranchOptions{})
 	must(t, err)
 	if got, err := os.ReadFile(filepath.Join(br.Root, "turn.txt")); err != nil || string(got) != "one\n" {
 		t.Fatalf("branch of the whole checkpoint: %q %v", got, err)

@@ -68,7 +68,7 @@ func BenchmarkRollbackReceipt(b *testing.B) {
 				e.receipts = newReceipts(e, receipt.Options{Unchecked: off})
 				defer func() { e.receipts = newReceipts(e, receipt.Options{}) }()
 				t := time.Now()
-				r, err := e.Rollback(ctx, delta.SandboxName(name), targets[n%2], RollbackOptions{})
+				r, err := e.Rollback(ctx, delta.SandboxName(name), mustRef(targets[n%2]), RollbackOptions{})
 				d := time.Since(t)
 				n++
 				if err != nil {

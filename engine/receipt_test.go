@@ -112,9 +112,9 @@ func receiptSandbox(t *testing.T, e *Engine, name string, o CreateOptions) strin
 	o.Base = base
 	r, err := e.CreateSandbox(ctx, delta.SandboxName(name), o)
 	must(t, err)
-	_, err = e.Processes().Exec(ctx, name, []string{"sh", "-c", stepperScript}, ExecOptions{Detach: true})
+	_, err = e.Processes().Exec(ctx, delta.SandboxName(name), []string{"sh", "-c", stepperScript}, ExecOptions{Detach: true})
 	must(t, err)
-	_, err = e.Processes().Exec(ctx, name, []string{"httpd", "-f", "-p", "8080", "-h", "/www"}, ExecOptions{Detach: true})
+	_, err = e.Processes().Exec(ctx, delta.SandboxName(name), []string{"httpd", "-f", "-p", "8080", "-h", "/www"}, ExecOptions{Detach: true})
 	must(t, err)
 	return r.Root
 }
@@ -142,7 +142,7 @@ func receiptGenerations(t *testing.T, o CreateOptions) {
 	for gen := 1; gen <= 20; gen++ {
 		c, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 		must(t, err)
-		cp, err := e.resolveFor(ctx, "", c.ID.String())
+		cp, err := e.resolveFor(ctx, "", mustRef(c.ID.String()))
 		must(t, err)
 		atCP := independentDigest(t, root)
 		// The agent goes on: the process steps, a file is written and one
@@ -155,7 +155,7 @@ func receiptGenerations(t *testing.T, o CreateOptions) {
 		if independentDigest(t, root) == atCP {
 			t.Fatalf("gen %d: the change did not change the digest", gen)
 		}
-		r, err := e.Rollback(ctx, "s", cp.ID.String(), RollbackOptions{})
+		r, err := e.Rollback(ctx, "s", mustRef(cp.ID.String()), RollbackOptions{})
 		must(t, err)
 		rc := r.Receipt
 		if rc == nil || !rc.OK || !rc.Files.Match || rc.Processes == nil || !rc.Processes.Match {
@@ -207,7 +207,7 @@ func TestReceiptFailsClosed(t *testing.T) {
 			}
 		}
 		defer func() { e.opts.AtPhase = nil }()
-		r, err := e.Rollback(ctx, "s", cp.ID.String(), RollbackOptions{})
+		r, err := e.Rollback(ctx, "s", mustRef(cp.ID.String()), RollbackOptions{})
 		checkIncomplete(t, e, r, err)
 		if ri := asIncomplete(t, err); ri.Receipt.Files.Match || !strings.Contains(ri.Receipt.Files.Mismatch, "www/index.html") {
 			t.Fatalf("files receipt %+v", ri.Receipt.Files)
@@ -230,7 +230,7 @@ func TestReceiptFailsClosed(t *testing.T) {
 			}
 		}
 		defer func() { e.opts.AtPhase = nil }()
-		r, err := e.Rollback(ctx, "s", cp.ID.String(), RollbackOptions{})
+		r, err := e.Rollback(ctx, "s", mustRef(cp.ID.String()), RollbackOptions{})
 		checkIncomplete(t, e, r, err)
 		ri := asIncomplete(t, err)
 		if !ri.Receipt.Files.Match || ri.Receipt.Processes == nil || ri.Receipt.Processes.Match ||
@@ -240,7 +240,7 @@ func TestReceiptFailsClosed(t *testing.T) {
 		}
 	})
 	// Nothing changed since: a plain rollback proves itself again.
-	r, err := e.Rollback(ctx, "s", cp.ID.String(), RollbackOptions{})
+	r, err := e.Rollback(ctx, "s", mustRef(cp.ID.String()), RollbackOptions{})
 	must(t, err)
 	if !r.Receipt.OK {
 		t.Fatalf("receipt after the failures: %+v", r.Receipt)
@@ -315,7 +315,7 @@ func TestReceiptTrackedSeesAWrite(t *testing.T) {
 	write(t, filepath.Join(cr.Root, "src/f07.go"), "package f // turn 2\n")
 	c2, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
-	r, err := e.Rollback(ctx, "s", c1.ID.String(), RollbackOptions{})
+	r, err := e.Rollback(ctx, "s", mustRef(c1.ID.String()), RollbackOptions{})
 	must(t, err)
 	if !r.Receipt.OK || r.LiveScan != overlay.LiveTracked {
 		t.Fatalf("tracked rollback: live scan %q, receipt %+v", r.LiveScan, r.Receipt)
@@ -329,14 +329,14 @@ func TestReceiptTrackedSeesAWrite(t *testing.T) {
 				tamper()
 			}
 		}
-		_, err := e.Rollback(ctx, "s", c2.ID.String(), RollbackOptions{})
+		_, err := e.Rollback(ctx, "s", mustRef(c2.ID.String()), RollbackOptions{})
 		e.opts.AtPhase = nil
 		ri := asIncomplete(t, err)
 		if ri.Receipt.Files.Match || ri.Receipt.Files.Mismatch == "" {
 			t.Fatalf("tampered root's receipt %+v", ri.Receipt.Files)
 		}
 		// Back to a state the store has, by a rollback that proves itself.
-		r, err := e.Rollback(ctx, "s", c1.ID.String(), RollbackOptions{})
+		r, err := e.Rollback(ctx, "s", mustRef(c1.ID.String()), RollbackOptions{})
 		must(t, err)
 		if !r.Receipt.OK {
 			t.Fatalf("receipt %+v", r.Receipt)
@@ -372,14 +372,14 @@ func TestReceiptUnmountedRoot(t *testing.T) {
 					must(t, syscall.Unmount(cr.Root, syscall.MNT_DETACH))
 				}
 			}
-			r, err := e.Rollback(ctx, "s", c1.ID.String(), RollbackOptions{})
+			r, err := e.Rollback(ctx, "s", mustRef(c1.ID.String()), RollbackOptions{})
 			e.opts.AtPhase = nil
 			checkIncomplete(t, e, r, err)
 			if m := asIncomplete(t, err).Receipt.Files.Mismatch; !strings.Contains(m, "not") {
 				t.Fatalf("mismatch %q", m)
 			}
 			// A rollback mounts the root again and proves itself.
-			r, err = e.Rollback(ctx, "s", c1.ID.String(), RollbackOptions{})
+			r, err = e.Rollback(ctx, "s", mustRef(c1.ID.String()), RollbackOptions{})
 			must(t, err)
 			if !r.Receipt.OK || r.Receipt.Files.Got != r.Receipt.Files.Want && r.Receipt.Files.Noise == "" {
 				t.Fatalf("receipt %+v", r.Receipt)

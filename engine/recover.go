@@ -35,11 +35,11 @@ type RecoverReport struct {
 // next command and no sandbox waits for another's repair. Upload work needs nothing here:
 // the queue is in the catalog, and the next push resumes it.
 func (e *Engine) Recover(ctx context.Context) (*RecoverReport, error) {
-	var names []string
+	var names []delta.SandboxName
 	err := e.view(ctx, func(tx *catalog.Tx) error {
 		sbs, err := tx.Sandboxes()
 		for _, sb := range sbs {
-			names = append(names, string(sb.Name))
+			names = append(names, sb.Name)
 		}
 		return err
 	})
@@ -48,45 +48,45 @@ func (e *Engine) Recover(ctx context.Context) (*RecoverReport, error) {
 	}
 	rep := &RecoverReport{Failed: map[string]string{}}
 	for _, name := range names {
-		if _, err := os.Stat(e.home.sandboxDir(delta.SandboxName(name))); err != nil {
+		if _, err := os.Stat(e.home.sandboxDir(name)); err != nil {
 			continue // not on this host (yet): nothing to repair
 		}
 		if err := e.recoverSandbox(ctx, name, rep); err != nil {
-			rep.Failed[name] = err.Error()
+			rep.Failed[string(name)] = err.Error()
 		}
 	}
 	return rep, nil
 }
 
-func (e *Engine) recoverSandbox(ctx context.Context, name string, rep *RecoverReport) error {
-	done, err := e.op(ctx, delta.SandboxName(name))
+func (e *Engine) recoverSandbox(ctx context.Context, name delta.SandboxName, rep *RecoverReport) error {
+	done, err := e.op(ctx, name)
 	if err != nil {
 		return err
 	}
 	defer done()
 	var sb *delta.Sandbox
-	if err := e.view(ctx, func(tx *catalog.Tx) (err error) { sb, err = tx.Sandbox(delta.SandboxName(name)); return err }); err != nil {
+	if err := e.view(ctx, func(tx *catalog.Tx) (err error) { sb, err = tx.Sandbox(name); return err }); err != nil {
 		return err
 	}
 	if _, ok := e.intents().Pending(sb); ok {
-		st, err := e.loadSandbox(ctx, delta.SandboxName(name))
+		st, err := e.loadSandbox(ctx, name)
 		if err != nil {
 			return err
 		}
-		rep.RollbacksFinished = append(rep.RollbacksFinished, name)
+		rep.RollbacksFinished = append(rep.RollbacksFinished, string(name))
 		if st.interrupted != nil && st.interrupted.ProcessesLost != "" {
-			rep.ProcessesLost = append(rep.ProcessesLost, name)
+			rep.ProcessesLost = append(rep.ProcessesLost, string(name))
 		}
 	}
 	resumed, running, err := e.procs.Recover(ctx, name)
 	if resumed {
-		rep.Resumed = append(rep.Resumed, name)
+		rep.Resumed = append(rep.Resumed, string(name))
 	}
 	if err != nil {
 		return err
 	}
 	if running {
-		rep.Running = append(rep.Running, name)
+		rep.Running = append(rep.Running, string(name))
 	}
 	return nil
 }

@@ -47,7 +47,7 @@ func newRemote(e *Engine) *remote.Home {
 		Shared: e.shared,
 		Op:     e.op,
 		Rollback: func(ctx context.Context, sandbox string, id delta.ID) error {
-			_, err := e.Rollback(ctx, delta.SandboxName(sandbox), id.String(), RollbackOptions{})
+			_, err := e.Rollback(ctx, delta.SandboxName(sandbox), catalog.IDRef(id), RollbackOptions{})
 			return err
 		},
 	})

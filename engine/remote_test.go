@@ -94,12 +94,12 @@ func TestRestoreAnywhereFromTheBucket(t *testing.T) {
 	if n := countObjects(t, b.stores.local); n > 8 {
 		t.Fatalf("rebuild downloaded %d objects; it should read pack headers remotely", n)
 	}
-	br, err := b.Branch(ctx, c2.ID.String(), "copy", BranchOptions{})
+	br, err := b.Branch(ctx, mustRef(c2.ID.String()), "copy", BranchOptions{})
 	must(t, err)
 	if got := mergedState(t, br.Root); got != want {
 		t.Fatalf("branch on the second host hashes to %s, want %s", got.Short(), want.Short())
 	}
-	if _, err := b.Verifier().Verify(ctx, c2.ID.String()); err != nil {
+	if _, err := b.Verifier().Verify(ctx, mustRef(c2.ID.String())); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -229,7 +229,7 @@ func checkBucket(t *testing.T, srv *miniotest.Server, bucket string) {
 		t.Fatal("bucket holds no records")
 	}
 	for _, id := range ids {
-		if _, err := f.Verifier().Verify(ctx, id.String()); err != nil {
+		if _, err := f.Verifier().Verify(ctx, mustRef(id.String())); err != nil {
 			t.Errorf("record %s in the bucket does not verify: %v", id.Short(), err)
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/turnsnap/turnsnap/btrfs"
+	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
 	intentpkg "github.com/turnsnap/turnsnap/engine/intent"
 	"github.com/turnsnap/turnsnap/engine/receipt"
@@ -50,7 +51,7 @@ type RestoreResult struct {
 // may not hold are all refused before the sandbox is touched: its running
 // processes are stopped only once everything that can be checked
 // beforehand has been.
-func (e *Engine) Rollback(ctx context.Context, name delta.SandboxName, ref string, o RollbackOptions) (*RestoreResult, error) {
+func (e *Engine) Rollback(ctx context.Context, name delta.SandboxName, ref catalog.CheckpointRef, o RollbackOptions) (*RestoreResult, error) {
 	done, err := e.op(ctx, name)
 	if err != nil {
 		return nil, err
@@ -225,8 +226,8 @@ type BranchOptions struct {
 // is ref itself, so its first checkpoint records ref as parent: lineage
 // crosses sandboxes the way git commits cross branches. It is BranchMany
 // of one name, so one branch and a fan-out follow the same rules.
-func (e *Engine) Branch(ctx context.Context, ref string, newName delta.SandboxName, o BranchOptions) (*RestoreResult, error) {
-	rs, err := e.BranchMany(ctx, ref, []string{string(newName)}, o)
+func (e *Engine) Branch(ctx context.Context, ref catalog.CheckpointRef, newName delta.SandboxName, o BranchOptions) (*RestoreResult, error) {
+	rs, err := e.BranchMany(ctx, ref, []delta.SandboxName{newName}, o)
 	if len(rs) == 0 {
 		return nil, err
 	}

@@ -96,7 +96,7 @@ func turnAfterProcessRestore(t *testing.T, opts CreateOptions) {
 	write(t, filepath.Join(cr.Root, "later.txt"), "a later turn\n")
 	_, err = e.Checkpoint(ctx, "h", CheckpointOptions{})
 	must(t, err)
-	r, err := e.Rollback(ctx, "h", c1.ID.String(), RollbackOptions{})
+	r, err := e.Rollback(ctx, "h", mustRef(c1.ID.String()), RollbackOptions{})
 	must(t, err)
 	if !r.Processes {
 		t.Fatal("the rollback did not restore the holder")
@@ -105,7 +105,7 @@ func turnAfterProcessRestore(t *testing.T, opts CreateOptions) {
 	idle, err := e.Checkpoint(ctx, "h", CheckpointOptions{})
 	must(t, err)
 	if idle.Class != delta.ClassSkip {
-		if d, err := e.History().Diff(ctx, "h", c1.ID.String(), idle.ID.String()); err == nil {
+		if d, err := e.History().Diff(ctx, "h", mustRef(c1.ID.String()), mustRef(idle.ID.String())); err == nil {
 			t.Logf("diff: %+v", d)
 		}
 		t.Fatalf("an idle turn after the restore classed %s (%s), read %d files", idle.Class, idle.ProcessChange, idle.Stats.FilesRead)

@@ -72,7 +72,7 @@ func (sb *sharedBucket) restorable(t *testing.T, want int) {
 	t.Helper()
 	ctx := context.Background()
 	c := sb.home(t)
-	if _, err := c.Verifier().VerifyStore(ctx, ""); err != nil {
+	if _, err := c.Verifier().VerifyStore(ctx, mustRef("")); err != nil {
 		t.Fatalf("verify --store-only of the bucket from a fresh home: %v", err)
 	}
 	rep, err := c.Rebuilder().RebuildCatalog(ctx)
@@ -85,7 +85,7 @@ func (sb *sharedBucket) restorable(t *testing.T, want int) {
 	sbs, err := c.ListSandboxes(ctx)
 	must(t, err)
 	for _, si := range sbs {
-		if _, err := c.Verifier().Verify(ctx, si.Head.ID.String()); err != nil {
+		if _, err := c.Verifier().Verify(ctx, mustRef(si.Head.ID.String())); err != nil {
 			t.Fatalf("head of %s (%s) from a fresh home: %v", si.Sandbox.Name, si.Head.ID.Short(), err)
 		}
 	}
@@ -149,7 +149,7 @@ func TestPruneKeepsWhatAnotherHomeBranched(t *testing.T) {
 
 			_, err := b.Rebuilder().RebuildCatalog(ctx)
 			must(t, err)
-			_, err = b.Branch(ctx, ids[3].String(), "xc", BranchOptions{})
+			_, err = b.Branch(ctx, mustRef(ids[3].String()), "xc", BranchOptions{})
 			must(t, err)
 			push(t, b)
 
@@ -168,7 +168,7 @@ func TestPruneKeepsWhatAnotherHomeBranched(t *testing.T) {
 			if !remoteRecords(t, a)[ids[3].String()] {
 				t.Fatalf("record %s, b's head, is gone from the bucket", ids[3].Short())
 			}
-			if _, err := a.Verifier().VerifyStore(ctx, ""); err != nil {
+			if _, err := a.Verifier().VerifyStore(ctx, mustRef("")); err != nil {
 				t.Fatalf("a's verify --store-only after prune and gc: %v", err)
 			}
 			sb.restorable(t, 2)
@@ -212,14 +212,14 @@ func TestSweepSparesABranchMadeAfterTheMark(t *testing.T) {
 		t.Fatalf("gc before the grace swept %d records", gr.RecordsSwept)
 	}
 	for _, id := range ids {
-		if _, err := a.Verifier().Verify(ctx, id.String()); err != nil {
+		if _, err := a.Verifier().Verify(ctx, mustRef(id.String())); err != nil {
 			t.Fatalf("marked checkpoint %s after gc: %v", id.Short(), err)
 		}
 	}
 
 	_, err = b.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
-	_, err = b.Branch(ctx, ids[1].String(), "xc", BranchOptions{})
+	_, err = b.Branch(ctx, mustRef(ids[1].String()), "xc", BranchOptions{})
 	must(t, err)
 	push(t, b)
 
@@ -263,9 +263,9 @@ func TestGraceZeroSweepHonoursEveryRef(t *testing.T) {
 
 	_, err := b.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
-	_, err = b.History().Tag(ctx, "b-keeps", ids[0].String())
+	_, err = b.History().Tag(ctx, "b-keeps", mustRef(ids[0].String()))
 	must(t, err)
-	br, err := b.Branch(ctx, ids[1].String(), "xc", BranchOptions{})
+	br, err := b.Branch(ctx, mustRef(ids[1].String()), "xc", BranchOptions{})
 	must(t, err)
 	turns(t, b, "xc", br.Root, 1) // xc's head is its own now; only its origin names ids[1]
 	push(t, b)
@@ -287,7 +287,7 @@ func TestGraceZeroSweepHonoursEveryRef(t *testing.T) {
 	}
 	_, err = b.Rebuilder().RebuildCatalog(ctx) // b learns of a's new checkpoints
 	must(t, err)
-	_, err = b.History().Tag(ctx, "late", ids[5].String())
+	_, err = b.History().Tag(ctx, "late", mustRef(ids[5].String()))
 	must(t, err)
 	push(t, b)
 	// A gc after the grace sweeps. a's catalog pins neither record (its
@@ -322,7 +322,7 @@ func TestPushReuploadsARefTargetSweptMeanwhile(t *testing.T) {
 	push(t, a)
 	_, err := b.Rebuilder().RebuildCatalog(ctx)
 	must(t, err)
-	_, err = b.Branch(ctx, ids[3].String(), "xc", BranchOptions{})
+	_, err = b.Branch(ctx, mustRef(ids[3].String()), "xc", BranchOptions{})
 	must(t, err)
 
 	ids = append(ids, turns(t, a, "x", cr.Root, 2)...)
@@ -353,7 +353,7 @@ func TestPushRefusesARefToAMissingRecord(t *testing.T) {
 	cr := smallSandbox(t, a, "x")
 	ids := turns(t, a, "x", cr.Root, 2)
 	push(t, a)
-	_, err := a.History().Tag(ctx, "gone", ids[0].String())
+	_, err := a.History().Tag(ctx, "gone", mustRef(ids[0].String()))
 	must(t, err)
 	must(t, a.stores.remote.Delete(ctx, delta.RecordName(ids[0])))
 	must(t, a.stores.local.Delete(ctx, delta.RecordName(ids[0])))

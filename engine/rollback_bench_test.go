@@ -100,7 +100,7 @@ func BenchmarkRollbackByDiff(b *testing.B) {
 		var ds []time.Duration
 		for b.Loop() {
 			t := time.Now()
-			res, err := e.Rollback(ctx, delta.SandboxName(name), alt[len(ds)%2], RollbackOptions{})
+			res, err := e.Rollback(ctx, delta.SandboxName(name), mustRef(alt[len(ds)%2]), RollbackOptions{})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -115,7 +115,7 @@ func BenchmarkRollbackByDiff(b *testing.B) {
 			}
 		}
 		if len(ds)%2 == 1 { // back to the newest for the next sub-benchmark
-			_, err := e.Rollback(ctx, delta.SandboxName(name), alt[1], RollbackOptions{})
+			_, err := e.Rollback(ctx, delta.SandboxName(name), mustRef(alt[1]), RollbackOptions{})
 			must(b, err)
 		}
 		median(b, ds)

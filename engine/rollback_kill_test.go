@@ -31,7 +31,7 @@ func TestKilledRollbackHelper(t *testing.T) {
 			syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		}
 	}
-	e.Rollback(context.Background(), "s", target, RollbackOptions{})
+	e.Rollback(context.Background(), "s", mustRef(target), RollbackOptions{})
 	t.Fatal("not killed")
 }
 
@@ -166,7 +166,7 @@ func TestFailedRollbackKeepsHeadObject(t *testing.T) {
 	must(t, err)
 	wrote := false
 	e.opts.AtPhase = func(p string) { wrote = wrote || p == "rollback: intent written" }
-	_, err = e.Rollback(ctx, "s", c1.ID.String(), RollbackOptions{})
+	_, err = e.Rollback(ctx, "s", mustRef(c1.ID.String()), RollbackOptions{})
 	if !errors.Is(err, errdefs.ErrPrecondition) {
 		t.Fatalf("rollback of a busy root: %v", err)
 	}
@@ -182,7 +182,7 @@ func TestFailedRollbackKeepsHeadObject(t *testing.T) {
 		t.Fatalf("a failed rollback left its intent: %v, %v", st.interrupted, err)
 	}
 	must(t, f.Close())
-	_, err = e.Rollback(ctx, "s", c1.ID.String(), RollbackOptions{})
+	_, err = e.Rollback(ctx, "s", mustRef(c1.ID.String()), RollbackOptions{})
 	must(t, err)
 	if got := headObject(); got != c1.ID {
 		t.Fatalf("after the rollback the head object names %s, want %s", got.Short(), c1.ID.Short())

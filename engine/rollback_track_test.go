@@ -80,7 +80,7 @@ func rollbackDifferential(t *testing.T, tracked bool, area string) {
 		res, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 		must(t, err)
 		checkAgainstFullRead(t, e, "s", res, what)
-		cp, err := e.Resolve(ctx, res.ID.String())
+		cp, err := e.Resolve(ctx, mustRef(res.ID.String()))
 		must(t, err)
 		history = append(history, point{cp, merged})
 	}
@@ -88,7 +88,7 @@ func rollbackDifferential(t *testing.T, tracked bool, area string) {
 	mounted := 0
 	rollback := func(to point, what string) *RestoreResult {
 		t.Helper()
-		res, err := e.Rollback(ctx, "s", to.cp.ID.String(), RollbackOptions{})
+		res, err := e.Rollback(ctx, "s", mustRef(to.cp.ID.String()), RollbackOptions{})
 		must(t, err)
 		lives[res.LiveScan]++
 		if res.Mounted {
@@ -263,7 +263,7 @@ func TestRollbackBringsBackADeletedCopiedUpBaseFile(t *testing.T) {
 				t.Helper()
 				res, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 				must(t, err)
-				cp, err := e.Resolve(ctx, res.ID.String())
+				cp, err := e.Resolve(ctx, mustRef(res.ID.String()))
 				must(t, err)
 				return cp
 			}
@@ -273,10 +273,10 @@ func TestRollbackBringsBackADeletedCopiedUpBaseFile(t *testing.T) {
 			c1 := take()
 			write(t, p("etc/config"), "port=3\n")
 			take()
-			_, err := e.Rollback(ctx, "s", c1.ID.String(), RollbackOptions{}) // rewrites it in place
+			_, err := e.Rollback(ctx, "s", mustRef(c1.ID.String()), RollbackOptions{}) // rewrites it in place
 			must(t, err)
 			must(t, os.RemoveAll(p("etc")))
-			_, err = e.Rollback(ctx, "s", c0.ID.String(), RollbackOptions{})
+			_, err = e.Rollback(ctx, "s", mustRef(c0.ID.String()), RollbackOptions{})
 			must(t, err)
 			if got, err := os.ReadFile(p("etc/config")); err != nil || string(got) != "port=1\n" {
 				t.Fatalf("the base file after the rollback: %q, %v", got, err)
@@ -315,7 +315,7 @@ func TestTrackedRollbackAfterRollback(t *testing.T) {
 	c2 := take()
 	for i, to := range []point2{c1, c2, c1, c2, c1} {
 		write(t, p(fmt.Sprintf("w%d/f%02d", i%4, 10+i)), "uncommitted")
-		res, err := e.Rollback(ctx, "s", to.cp.ID.String(), RollbackOptions{})
+		res, err := e.Rollback(ctx, "s", mustRef(to.cp.ID.String()), RollbackOptions{})
 		must(t, err)
 		if res.LiveScan != overlay.LiveTracked {
 			t.Fatalf("rollback %d found the live state by %q, want it tracked", i, res.LiveScan)
@@ -343,7 +343,7 @@ func takePoint(t *testing.T, e *Engine, root string) point2 {
 	merged := mergedState(t, root)
 	res, err := e.Checkpoint(context.Background(), "s", CheckpointOptions{})
 	must(t, err)
-	cp, err := e.Resolve(context.Background(), res.ID.String())
+	cp, err := e.Resolve(context.Background(), mustRef(res.ID.String()))
 	must(t, err)
 	return point2{cp, merged}
 }
@@ -364,7 +364,7 @@ func TestMountedRollbackRemovesARenamedBaseFile(t *testing.T) {
 			take := func() point2 { t.Helper(); return takePoint(t, e, cr.Root) }
 			rollback := func(to point2, mounted bool, what string) {
 				t.Helper()
-				res, err := e.Rollback(ctx, "s", to.cp.ID.String(), RollbackOptions{})
+				res, err := e.Rollback(ctx, "s", mustRef(to.cp.ID.String()), RollbackOptions{})
 				must(t, err)
 				if res.Mounted != mounted {
 					t.Fatalf("%s: written through the mount: %v, want %v", what, res.Mounted, mounted)

@@ -329,7 +329,7 @@ func (e *Engine) readSandbox(ctx context.Context, name delta.SandboxName) (*sand
 	if err != nil {
 		return nil, nil, "", err
 	}
-	st.name, st.key, st.container = delta.SandboxName(name), st.sb.Key(), e.procs.Container(string(name))
+	st.name, st.key, st.container = delta.SandboxName(name), st.sb.Key(), e.procs.Container(name)
 	if !rootHere(e.home, e.config.HomeID, st.sb) {
 		return nil, nil, "", errForeignRoot(st.sb)
 	}
@@ -425,7 +425,7 @@ func (e *Engine) RemoveSandboxWith(ctx context.Context, name delta.SandboxName, 
 	e.untrack(string(name)) // its descriptor on the root would keep it mounted
 	var be rootfs.Backend
 	if !o.CatalogOnly {
-		if err := e.procs.Stop(ctx, e.procs.Container(string(name))); err != nil {
+		if err := e.procs.Stop(ctx, e.procs.Container(name)); err != nil {
 			return err
 		}
 		if be, err = e.backend(sb.Backend, sb.Config); err != nil {

@@ -192,7 +192,7 @@ func TestRebuildRejectsImpostorsAndSkipsCorrupt(t *testing.T) {
 	if got := checkpointsOf(t, b, "s"); len(got) != 2 {
 		t.Fatalf("sandbox s holds %v, want its 2 checkpoints", got)
 	}
-	_, err = b.Branch(ctx, oldID.String(), "from-old", BranchOptions{})
+	_, err = b.Branch(ctx, mustRef(oldID.String()), "from-old", BranchOptions{})
 	must(t, err)
 }
 

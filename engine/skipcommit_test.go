@@ -66,7 +66,7 @@ func TestSkipNeverCommitsUnstoredTrees(t *testing.T) {
 				t.Fatal("the turn after the skip changed a file and was skipped")
 			}
 			checkAll(t, e)
-			if _, err := e.Verifier().VerifyStore(ctx, ""); err != nil {
+			if _, err := e.Verifier().VerifyStore(ctx, mustRef("")); err != nil {
 				t.Fatalf("after a skip that read a file: %v", err)
 			}
 		})

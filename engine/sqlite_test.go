@@ -99,7 +99,7 @@ func TestSQLiteKeepsWritingAfterRollback(t *testing.T) {
 	must(t, err)
 	atCut := rows()
 	waitRows(atCut + 10) // the database moves on past the checkpoint
-	r, err := e.Rollback(ctx, "db", c1.ID.String(), RollbackOptions{})
+	r, err := e.Rollback(ctx, "db", mustRef(c1.ID.String()), RollbackOptions{})
 	must(t, err)
 	if !r.Processes {
 		t.Fatal("the rollback did not restore the writer")

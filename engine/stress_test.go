@@ -90,7 +90,7 @@ func stressWorker(ctx context.Context, e *Engine, base string, w, turns int, ops
 			return err
 		}
 		points = append(points, point{r.ID, state})
-		if _, err := e.Verifier().Verify(ctx, r.ID.String()); err != nil {
+		if _, err := e.Verifier().Verify(ctx, mustRef(r.ID.String())); err != nil {
 			return fmt.Errorf("turn %d: %w", i, err)
 		}
 		ops.Add(1)
@@ -99,14 +99,14 @@ func stressWorker(ctx context.Context, e *Engine, base string, w, turns int, ops
 		}
 		// Roll back to an earlier turn and check the tree is exactly it.
 		back := points[i/2]
-		if _, err := e.Rollback(ctx, delta.SandboxName(name), back.id.String(), RollbackOptions{}); err != nil {
+		if _, err := e.Rollback(ctx, delta.SandboxName(name), mustRef(back.id.String()), RollbackOptions{}); err != nil {
 			return fmt.Errorf("turn %d: %w", i, err)
 		}
 		ops.Add(1)
 		if got, err := scanRoot(ctx, root); err != nil || got != back.state {
 			return fmt.Errorf("turn %d: rollback to %s gives %s, want %s (%v)", i, back.id.Short(), got.Short(), back.state.Short(), err)
 		}
-		br, err := e.Branch(ctx, r.ID.String(), delta.SandboxName(fmt.Sprintf("%s-b%d", name, i)), BranchOptions{})
+		br, err := e.Branch(ctx, mustRef(r.ID.String()), delta.SandboxName(fmt.Sprintf("%s-b%d", name, i)), BranchOptions{})
 		if err != nil {
 			return fmt.Errorf("turn %d: %w", i, err)
 		}

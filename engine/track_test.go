@@ -52,7 +52,7 @@ func checkFullRead(t *testing.T, e *Engine, name string, res *CheckpointResult, 
 	must(t, err)
 	want, err := st.root.(*overlay.Root).ScanFull(ctx)
 	must(t, err)
-	cp, err := e.Resolve(ctx, res.ID.String())
+	cp, err := e.Resolve(ctx, mustRef(res.ID.String()))
 	must(t, err)
 	if cp.StateKey != want.StateKey || (strict && res.Class != delta.ClassSkip && cp.FSTree != want.Root) {
 		t.Fatalf("%s: checkpoint %s (%s) has state %s tree %s, a full read of the layer %s/%s; tracking %+v",
@@ -202,7 +202,7 @@ func TestTrackedUnchangedTurnReadsNoFile(t *testing.T) {
 	// through the mount, or a new one on the new mount of a diff written
 	// to the unmounted upper. So the next turn is tracked, and sees the
 	// restored state plus its change.
-	_, err = e.Rollback(ctx, "s", first.ID.String(), RollbackOptions{})
+	_, err = e.Rollback(ctx, "s", mustRef(first.ID.String()), RollbackOptions{})
 	must(t, err)
 	st, err := e.loadSandbox(ctx, "s")
 	must(t, err)
@@ -359,7 +359,7 @@ func TestTrackedCommitAfterSkipVerifies(t *testing.T) {
 		res, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 		must(t, err)
 		checkAgainstFullRead(t, e, "s", res, fmt.Sprintf("turn %d after a skip", turn))
-		if _, err := e.Verifier().Verify(ctx, res.ID.String()); err != nil {
+		if _, err := e.Verifier().Verify(ctx, mustRef(res.ID.String())); err != nil {
 			t.Fatalf("turn %d after a skip: %v (tracking %+v)", turn, err, e.TrackingStats())
 		}
 	}

@@ -69,7 +69,7 @@ func TestEngineTurnsRollbackReplay(t *testing.T) {
 		t.Fatalf("newest checkpoint: turn %d message %q", log[0].Checkpoint.Turn, log[0].Checkpoint.Message)
 	}
 	id2 := jt.turn[2]
-	if _, err := e.Rollback(ctx, "bench", id2.String(), engine.RollbackOptions{}); err != nil {
+	if _, err := e.Rollback(ctx, "bench", mustRef(id2.String()), engine.RollbackOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if err := j.Reset(ctx, "bench", jt.refs[id2]); err != nil {

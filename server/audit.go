@@ -11,5 +11,9 @@ import (
 // changed and cost, and what weaker recovery would have lost
 // (audit.Report, printed as is by `turnsnap audit --json`).
 func (s *Service) Audit(ctx context.Context, name string) (*api.AuditReport, error) {
-	return wirePtr[api.AuditReport](s.E.History().Audit(ctx, delta.SandboxName(name)))
+	sb, err := delta.ParseSandboxName(name)
+	if err != nil {
+		return nil, err
+	}
+	return wirePtr[api.AuditReport](s.E.History().Audit(ctx, sb))
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/turnsnap/turnsnap/api"
+	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/engine"
 	"github.com/turnsnap/turnsnap/engine/diffview"
@@ -42,7 +43,15 @@ func (s *Service) DiffPaths(ctx context.Context, name string, req api.DiffReques
 	if req.From == "" && req.To != "" {
 		return nil, invalidf("diff of sandbox %s: a 'to' needs a 'from'", name)
 	}
-	r, err := s.E.History().DiffWith(ctx, delta.SandboxName(name), req.From, req.To, diffview.Options{Patch: req.Patch})
+	sb, err := delta.ParseSandboxName(name)
+	if err != nil {
+		return nil, err
+	}
+	from, to, err := diffRefs(req.From, req.To)
+	if err != nil {
+		return nil, err
+	}
+	r, err := s.E.History().DiffWith(ctx, sb, from, to, diffview.Options{Patch: req.Patch})
 	if err != nil {
 		return nil, err
 	}
@@ -55,11 +64,19 @@ func (s *Service) DiffPaths(ctx context.Context, name string, req api.DiffReques
 // Cat writes the file at path as it was in checkpoint ref to w; see
 // paths.Ops.Cat (an error after w got bytes means the output is incomplete).
 func (s *Service) Cat(ctx context.Context, ref, path string, w io.Writer) error {
-	return s.E.Paths().Cat(ctx, ref, path, w)
+	r, err := catalog.ParseCheckpointRef(ref)
+	if err != nil {
+		return err
+	}
+	return s.E.Paths().Cat(ctx, r, path, w)
 }
 
 func (s *Service) Ls(ctx context.Context, ref, path string) ([]api.LsEntry, error) {
-	entries, err := s.E.Paths().Ls(ctx, ref, path)
+	r, err := catalog.ParseCheckpointRef(ref)
+	if err != nil {
+		return nil, err
+	}
+	entries, err := s.E.Paths().Ls(ctx, r, path)
 	if err != nil {
 		return nil, err
 	}
@@ -76,7 +93,15 @@ func (s *Service) RestorePaths(ctx context.Context, name string, req api.Restore
 	if len(req.Paths) == 0 || len(req.Paths) > api.MaxRestorePaths {
 		return nil, invalidf("restore into sandbox %s: give between 1 and %d paths, not %d", name, api.MaxRestorePaths, len(req.Paths))
 	}
-	r, err := s.E.Paths().RestorePaths(ctx, delta.SandboxName(name), req.Checkpoint, req.Paths, paths.RestorePathsOptions{To: req.To})
+	sb, err := delta.ParseSandboxName(name)
+	if err != nil {
+		return nil, err
+	}
+	ref, err := catalog.ParseCheckpointRef(req.Checkpoint)
+	if err != nil {
+		return nil, err
+	}
+	r, err := s.E.Paths().RestorePaths(ctx, sb, ref, req.Paths, paths.RestorePathsOptions{To: req.To})
 	if err == nil && req.To == "" {
 		s.Monitor.changed(api.Event{Type: api.EventRestore, Sandbox: name, Checkpoint: r.Checkpoint.String(), Paths: len(r.Paths), DurationMS: r.DurationMS})
 	}
@@ -89,7 +114,11 @@ func (s *Service) Lineage(ctx context.Context) (*api.Lineage, error) {
 }
 
 func (s *Service) Processes(ctx context.Context, name string) (*api.ProcessList, error) {
-	return wirePtr[api.ProcessList](s.E.Processes().List(ctx, name, engine.ProcessesOptions{}))
+	sb, err := delta.ParseSandboxName(name)
+	if err != nil {
+		return nil, err
+	}
+	return wirePtr[api.ProcessList](s.E.Processes().List(ctx, sb, engine.ProcessesOptions{}))
 }
 
 func (s *Service) Forget(ctx context.Context, req api.ForgetRequest) (*api.Forgotten, error) {

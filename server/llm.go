@@ -84,7 +84,11 @@ func (l *LLM) Close() { l.routes.closeRoutes(); l.proxy.Close() }
 func (l *LLM) upstreamFor(ctx context.Context, sandbox string) (string, error) {
 	// A route to no sandbox is answered here: forwarded, its model call
 	// would be paid for and its turn's checkpoint fail.
-	if ok, err := l.svc.E.SandboxExists(ctx, delta.SandboxName(sandbox)); err != nil {
+	name, err := delta.ParseSandboxName(sandbox)
+	if err != nil {
+		return "", err
+	}
+	if ok, err := l.svc.E.SandboxExists(ctx, name); err != nil {
 		return "", err
 	} else if !ok {
 		return "", fmt.Errorf("sandbox %s does not exist: %w", sandbox, errdefs.ErrNotFound)
@@ -121,10 +125,14 @@ func (l *LLM) Checkpoint(ctx context.Context, t llmproxy.Turn) (llmproxy.Committ
 		n := t.Number
 		opts.Turn = &n
 	}
+	name, err := delta.ParseSandboxName(t.Sandbox)
+	if err != nil {
+		return llmproxy.Committed{}, err
+	}
 	s := l.svc
 	s.Monitor.started(t.Sandbox)
 	start := time.Now()
-	r, err := s.E.Checkpoint(ctx, delta.SandboxName(t.Sandbox), opts)
+	r, err := s.E.Checkpoint(ctx, name, opts)
 	s.Monitor.checkpointed(t.Sandbox, r, err, time.Since(start))
 	if err != nil {
 		return llmproxy.Committed{}, err
@@ -167,9 +175,10 @@ func (l *LLM) WaitRemote(ctx context.Context, t llmproxy.Turn, c llmproxy.Commit
 // restored resets sandbox's journal to its head's: after a rollback, a
 // branch or a restore from the bucket, a replaying agent is answered only
 // with the exchanges the restored state holds.
-func (l *LLM) restored(ctx context.Context, sandbox string) {
+func (l *LLM) restored(ctx context.Context, name delta.SandboxName) {
+	sandbox := string(name)
 	var root *delta.ID
-	log, err := l.svc.E.History().Log(ctx, delta.SandboxName(sandbox))
+	log, err := l.svc.E.History().Log(ctx, name)
 	if err == nil {
 		for _, e := range log {
 			if e.Head {
@@ -198,7 +207,7 @@ func (l *LLM) restoredAll(ctx context.Context) error {
 		return err
 	}
 	for _, sb := range sbs {
-		l.restored(ctx, string(sb.Sandbox.Name))
+		l.restored(ctx, sb.Sandbox.Name)
 	}
 	return nil
 }
@@ -219,7 +228,7 @@ func (s *Service) llmRemoved(ctx context.Context, name string) {
 }
 
 // llmRestored is the hook the restoring service methods call.
-func (s *Service) llmRestored(ctx context.Context, sandbox string) {
+func (s *Service) llmRestored(ctx context.Context, sandbox delta.SandboxName) {
 	if s.LLM != nil {
 		s.LLM.restored(ctx, sandbox)
 		s.LLM.routeAgent(ctx, sandbox) // a restored container has a new network namespace

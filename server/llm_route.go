@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/proc"
 )
 
@@ -65,10 +66,11 @@ func netnsID(path string) (id [2]uint64, ok bool) {
 // gone. A nil LLM (no proxy served) does nothing. Failing to open it is
 // logged, not returned: the command or restore that called it goes on
 // (a process of the sandbox may hold the address).
-func (l *LLM) routeAgent(ctx context.Context, sandbox string) {
+func (l *LLM) routeAgent(ctx context.Context, name delta.SandboxName) {
 	if l == nil {
 		return
 	}
+	sandbox := string(name)
 	procs := l.svc.E.Processes()
 	rt, err := procs.Runtime(ctx)
 	if err != nil {
@@ -156,7 +158,7 @@ func (l *LLM) watchRoutes(stop <-chan struct{}) {
 		}
 		l.routes.mu.Unlock()
 		for _, name := range names {
-			l.routeAgent(context.Background(), name)
+			l.routeAgent(context.Background(), delta.SandboxName(name)) // a name routeAgent was given
 		}
 	}
 }

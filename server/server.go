@@ -194,9 +194,11 @@ func route[Req, Resp any](s *Server, pattern string, fn func(ctx context.Context
 			writeProblem(w, err)
 			return
 		}
-		if name := r.PathValue("name"); strings.Contains(pattern, "{name}") && !delta.ValidRefName(name) {
-			writeProblem(w, invalidf("sandbox name %q", name))
-			return
+		if strings.Contains(pattern, "{name}") {
+			if _, err := delta.ParseSandboxName(r.PathValue("name")); err != nil {
+				writeProblem(w, err)
+				return
+			}
 		}
 		resp, err := fn(r.Context(), r, req)
 		if err != nil {
@@ -246,8 +248,8 @@ func (s *Server) mcpRoutes() {
 	h := s.mcp(s.svc)
 	for _, method := range []string{http.MethodPost, http.MethodGet, http.MethodDelete} {
 		s.handle(method+" /v1/sandboxes/{name}/mcp", func(w http.ResponseWriter, r *http.Request) {
-			if name := r.PathValue("name"); !delta.ValidRefName(name) {
-				writeProblem(w, invalidf("sandbox name %q", name))
+			if _, err := delta.ParseSandboxName(r.PathValue("name")); err != nil {
+				writeProblem(w, err)
 				return
 			}
 			h.ServeHTTP(w, r)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/turnsnap/turnsnap/api"
 	"github.com/turnsnap/turnsnap/btrfs"
+	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/engine"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
@@ -63,10 +64,14 @@ func (s *Service) CreateSandbox(ctx context.Context, req api.CreateRequest) (*ap
 	if err != nil {
 		return nil, err
 	}
-	if req.Base == "" {
-		return nil, invalidf("sandbox %s: no base directory given", req.Name)
+	name, err := delta.ParseSandboxName(req.Name)
+	if err != nil {
+		return nil, err
 	}
-	r, err := s.E.CreateSandbox(ctx, delta.SandboxName(req.Name), engine.CreateOptions{Base: req.Base, Backend: backend, Btrfs: cfg})
+	if req.Base == "" {
+		return nil, invalidf("sandbox %s: no base directory given", name)
+	}
+	r, err := s.E.CreateSandbox(ctx, name, engine.CreateOptions{Base: req.Base, Backend: backend, Btrfs: cfg})
 	if err != nil {
 		return nil, err
 	}
@@ -102,7 +107,11 @@ func (s *Service) GetSandbox(ctx context.Context, name string) (*api.Sandbox, er
 }
 
 func (s *Service) SandboxPath(ctx context.Context, name string) (*api.SandboxPath, error) {
-	p, err := s.E.SandboxPath(ctx, delta.SandboxName(name))
+	sb, err := delta.ParseSandboxName(name)
+	if err != nil {
+		return nil, err
+	}
+	p, err := s.E.SandboxPath(ctx, sb)
 	if err != nil {
 		return nil, err
 	}
@@ -110,7 +119,11 @@ func (s *Service) SandboxPath(ctx context.Context, name string) (*api.SandboxPat
 }
 
 func (s *Service) RemoveSandbox(ctx context.Context, name string, catalogOnly bool) (*api.Removed, error) {
-	if err := s.E.RemoveSandboxWith(ctx, delta.SandboxName(name), engine.RemoveOptions{CatalogOnly: catalogOnly}); err != nil {
+	sb, err := delta.ParseSandboxName(name)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.E.RemoveSandboxWith(ctx, sb, engine.RemoveOptions{CatalogOnly: catalogOnly}); err != nil {
 		return nil, err
 	}
 	s.Monitor.changed(api.Event{Type: api.EventRemoved, Sandbox: name})
@@ -119,7 +132,11 @@ func (s *Service) RemoveSandbox(ctx context.Context, name string, catalogOnly bo
 }
 
 func (s *Service) AdoptSandbox(ctx context.Context, name string, req api.AdoptRequest) (*api.Adopted, error) {
-	r, err := s.E.Remote().Adopt(ctx, delta.SandboxName(name), engine.AdoptOptions{Force: req.Force})
+	sb, err := delta.ParseSandboxName(name)
+	if err != nil {
+		return nil, err
+	}
+	r, err := s.E.Remote().Adopt(ctx, sb, engine.AdoptOptions{Force: req.Force})
 	if err != nil {
 		return nil, err
 	}
@@ -128,7 +145,11 @@ func (s *Service) AdoptSandbox(ctx context.Context, name string, req api.AdoptRe
 }
 
 func (s *Service) ResumeSandbox(ctx context.Context, name string) (*api.Resumed, error) {
-	r, err := s.E.Processes().Resume(ctx, name)
+	sb, err := delta.ParseSandboxName(name)
+	if err != nil {
+		return nil, err
+	}
+	r, err := s.E.Processes().Resume(ctx, sb)
 	if err != nil {
 		return nil, err
 	}
@@ -138,17 +159,21 @@ func (s *Service) ResumeSandbox(ctx context.Context, name string) (*api.Resumed,
 // Exec runs a command in the sandbox with the given streams. For a
 // detached command it returns at once with the pid.
 func (s *Service) Exec(ctx context.Context, name string, req api.ExecRequest, stdio api.Stdio) (*api.Exited, error) {
+	sb, err := delta.ParseSandboxName(name)
+	if err != nil {
+		return nil, err
+	}
 	if len(req.Argv) == 0 || req.Argv[0] == "" {
 		return nil, invalidf("sandbox %s: exec needs a command", name)
 	}
 	if req.Log != "" && !req.Detach {
 		return nil, invalidf("sandbox %s: a log file is for a detached command", name)
 	}
-	run, err := s.E.Processes().PrepareExec(ctx, name)
+	run, err := s.E.Processes().PrepareExec(ctx, sb)
 	if err != nil {
 		return nil, err
 	}
-	s.LLM.routeAgent(ctx, name) // the container runs: the agent's way to the proxy
+	s.LLM.routeAgent(ctx, sb) // the container runs: the agent's way to the proxy
 	if s.BeforeExec != nil {
 		if err := s.BeforeExec(); err != nil {
 			return nil, err
@@ -168,9 +193,13 @@ func (s *Service) Exec(ctx context.Context, name string, req api.ExecRequest, st
 // Checkpoint closes a turn; with WaitRemote it returns once the
 // checkpoint is in the bucket.
 func (s *Service) Checkpoint(ctx context.Context, name string, req api.CheckpointRequest) (*api.Checkpoint, error) {
+	sb, err := delta.ParseSandboxName(name)
+	if err != nil {
+		return nil, err
+	}
 	s.Monitor.started(name)
 	start := time.Now()
-	r, err := s.E.Checkpoint(ctx, delta.SandboxName(name), engine.CheckpointOptions{Turn: req.Turn, Message: req.Message, RecordSkips: req.RecordSkips})
+	r, err := s.E.Checkpoint(ctx, sb, engine.CheckpointOptions{Turn: req.Turn, Message: req.Message, RecordSkips: req.RecordSkips})
 	s.Monitor.checkpointed(name, r, err, time.Since(start))
 	if err != nil {
 		return nil, err
@@ -211,7 +240,11 @@ func (s *Service) push(ctx context.Context, sandbox string, urgent bool) (*engin
 }
 
 func (s *Service) Log(ctx context.Context, name string) ([]api.LogEntry, error) {
-	entries, err := s.E.History().Log(ctx, delta.SandboxName(name))
+	sb, err := delta.ParseSandboxName(name)
+	if err != nil {
+		return nil, err
+	}
+	entries, err := s.E.History().Log(ctx, sb)
 	if err != nil {
 		return nil, err
 	}
@@ -228,7 +261,11 @@ func (s *Service) Log(ctx context.Context, name string) ([]api.LogEntry, error) 
 
 // GetCheckpoint is one checkpoint by reference (id, prefix, tag).
 func (s *Service) GetCheckpoint(ctx context.Context, ref string) (*api.LogEntry, error) {
-	cp, err := s.E.Resolve(ctx, ref)
+	r, err := catalog.ParseCheckpointRef(ref)
+	if err != nil {
+		return nil, err
+	}
+	cp, err := s.E.Resolve(ctx, r)
 	if err != nil {
 		return nil, err
 	}
@@ -248,7 +285,15 @@ func (s *Service) Diff(ctx context.Context, name, from, to string) (*api.Diff, e
 	if from == "" && to != "" {
 		return nil, invalidf("diff of sandbox %s: a 'to' needs a 'from'", name)
 	}
-	r, err := s.E.History().Diff(ctx, delta.SandboxName(name), from, to)
+	sb, err := delta.ParseSandboxName(name)
+	if err != nil {
+		return nil, err
+	}
+	fromRef, toRef, err := diffRefs(from, to)
+	if err != nil {
+		return nil, err
+	}
+	r, err := s.E.History().Diff(ctx, sb, fromRef, toRef)
 	if err != nil {
 		return nil, err
 	}
@@ -260,11 +305,15 @@ func (s *Service) Diff(ctx context.Context, name, from, to string) (*api.Diff, e
 }
 
 func (s *Service) Rollback(ctx context.Context, name string, req api.RollbackRequest) (*api.Restore, error) {
+	sb, err := delta.ParseSandboxName(name)
+	if err != nil {
+		return nil, err
+	}
 	if req.Abandon {
 		if req.Checkpoint != "" || req.FSOnly {
 			return nil, invalidf("rollback of sandbox %s: abandon takes no checkpoint and no fs_only", name)
 		}
-		r, err := s.E.AbandonRollback(ctx, delta.SandboxName(name))
+		r, err := s.E.AbandonRollback(ctx, sb)
 		if err != nil {
 			return nil, err
 		}
@@ -273,19 +322,27 @@ func (s *Service) Rollback(ctx context.Context, name string, req api.RollbackReq
 	if req.Checkpoint == "" {
 		return nil, invalidf("rollback of sandbox %s: no checkpoint given", name)
 	}
+	ref, err := catalog.ParseCheckpointRef(req.Checkpoint)
+	if err != nil {
+		return nil, err
+	}
 	start := time.Now()
-	r, err := s.E.Rollback(ctx, delta.SandboxName(name), req.Checkpoint, engine.RollbackOptions{FSOnly: req.FSOnly})
+	r, err := s.E.Rollback(ctx, sb, ref, engine.RollbackOptions{FSOnly: req.FSOnly})
 	s.Monitor.restored(api.EventRollback, name, r, err, time.Since(start))
 	if err != nil {
 		return nil, err
 	}
-	s.llmRestored(ctx, name)
+	s.llmRestored(ctx, sb)
 	return restoreOf(r), nil
 }
 
 // Branch makes one new sandbox from a checkpoint, or several (Names, or
 // Count of them: NAME-1 ... NAME-COUNT) through engine.BranchMany.
 func (s *Service) Branch(ctx context.Context, ref string, req api.BranchRequest) ([]api.Restore, error) {
+	cpRef, err := catalog.ParseCheckpointRef(ref)
+	if err != nil {
+		return nil, err
+	}
 	backend, cfg, err := s.branchBackend(req)
 	if err != nil {
 		return nil, err
@@ -302,28 +359,34 @@ func (s *Service) Branch(ctx context.Context, ref string, req api.BranchRequest)
 			return nil, err
 		}
 	}
+	sbs := make([]delta.SandboxName, len(names))
+	for i, n := range names {
+		if sbs[i], err = delta.ParseSandboxName(n); err != nil {
+			return nil, err
+		}
+	}
 	o := engine.BranchOptions{Backend: backend, Btrfs: cfg, FSOnly: req.FSOnly, Materialise: req.Materialise}
 	start := time.Now()
 	if len(names) == 1 {
-		r, err := s.E.Branch(ctx, ref, delta.SandboxName(names[0]), o)
+		r, err := s.E.Branch(ctx, cpRef, sbs[0], o)
 		s.Monitor.restored(api.EventBranch, names[0], r, err, time.Since(start))
 		if err != nil {
 			return nil, err
 		}
-		s.llmRestored(ctx, names[0])
+		s.llmRestored(ctx, sbs[0])
 		return []api.Restore{*restoreOf(r)}, nil
 	}
 	// Several: the checkpoint is checked once and all are recorded in one
 	// transaction, all or none.
-	rs, err := s.E.BranchMany(ctx, ref, names, o)
+	rs, err := s.E.BranchMany(ctx, cpRef, sbs, o)
 	out := []api.Restore{}
-	for _, r := range rs {
+	for i, r := range rs {
 		var rerr error
 		if r.Receipt != nil && !r.Receipt.OK {
 			rerr = &engine.RestoreIncompleteError{Receipt: r.Receipt, State: "see the branch's error"}
 		}
 		s.Monitor.restored(api.EventBranch, r.Sandbox, r, rerr, time.Since(start))
-		s.llmRestored(ctx, r.Sandbox)
+		s.llmRestored(ctx, sbs[i]) // rs is in the order of sbs
 		out = append(out, *restoreOf(r))
 	}
 	if err != nil && len(rs) == 0 {
@@ -343,4 +406,21 @@ func (s *Service) branchBackend(req api.BranchRequest) (string, btrfs.Options, e
 		return "", btrfs.Options{}, nil
 	}
 	return backendConfig(req.Backend, req.BtrfsPool)
+}
+
+// diffRefs parses a diff's from and to: an empty one is the zero
+// reference (the head, the live root: history.Views.Diff).
+func diffRefs(from, to string) (catalog.CheckpointRef, catalog.CheckpointRef, error) {
+	var refs [2]catalog.CheckpointRef
+	for i, s := range []string{from, to} {
+		if s == "" {
+			continue
+		}
+		r, err := catalog.ParseCheckpointRef(s)
+		if err != nil {
+			return refs[0], refs[1], err
+		}
+		refs[i] = r
+	}
+	return refs[0], refs[1], nil
 }

@@ -8,12 +8,17 @@ import (
 	"time"
 
 	"github.com/turnsnap/turnsnap/api"
+	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/engine"
 	"github.com/turnsnap/turnsnap/engine/retention"
 )
 
 func (s *Service) Verify(ctx context.Context, ref string) (*api.Verified, error) {
-	r, err := s.E.Verifier().Verify(ctx, ref)
+	cpRef, err := catalog.ParseCheckpointRef(ref)
+	if err != nil {
+		return nil, err
+	}
+	r, err := s.E.Verifier().Verify(ctx, cpRef)
 	if err != nil {
 		return nil, err
 	}
@@ -22,7 +27,14 @@ func (s *Service) Verify(ctx context.Context, ref string) (*api.Verified, error)
 }
 
 func (s *Service) VerifyStore(ctx context.Context, req api.StoreVerifyRequest) (*api.StoreVerified, error) {
-	r, err := s.E.Verifier().VerifyStore(ctx, req.Checkpoint)
+	var ref catalog.CheckpointRef // zero: every record
+	if req.Checkpoint != "" {
+		var err error
+		if ref, err = catalog.ParseCheckpointRef(req.Checkpoint); err != nil {
+			return nil, err
+		}
+	}
+	r, err := s.E.Verifier().VerifyStore(ctx, ref)
 	if err != nil {
 		return nil, err
 	}
@@ -42,7 +54,11 @@ func (s *Service) Tags(ctx context.Context) ([]api.Tag, error) {
 }
 
 func (s *Service) SetTag(ctx context.Context, name string, req api.TagRequest) (*api.Tagged, error) {
-	cp, err := s.E.History().Tag(ctx, name, req.Checkpoint)
+	ref, err := catalog.ParseCheckpointRef(req.Checkpoint)
+	if err != nil {
+		return nil, err
+	}
+	cp, err := s.E.History().Tag(ctx, name, ref)
 	if err != nil {
 		return nil, err
 	}

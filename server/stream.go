@@ -95,8 +95,8 @@ func (o output) Write(b []byte) (int, error) {
 
 func (s *Server) exec(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
-	if !delta.ValidRefName(name) {
-		writeProblem(w, invalidf("sandbox name %q", name))
+	if _, err := delta.ParseSandboxName(name); err != nil {
+		writeProblem(w, err)
 		return
 	}
 	dec := json.NewDecoder(io.LimitReader(r.Body, s.maxBody))

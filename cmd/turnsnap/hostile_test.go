@@ -31,7 +31,7 @@ func TestCLIHostileStoreExitsCorrupt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	parent, err := e.Resolve(ctx, c1.ID)
+	parent, err := e.Resolve(ctx, mustRef(c1.ID))
 	e.Close()
 	if err != nil {
 		t.Fatal(err)

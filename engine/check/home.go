@@ -24,7 +24,7 @@ type Deps struct {
 	// Phase names the long operation running, for progress reports.
 	Phase func(name string)
 	// Resolve finds the checkpoint a user's reference names in the catalog.
-	Resolve func(ctx context.Context, ref string) (*delta.Checkpoint, error)
+	Resolve func(ctx context.Context, ref catalog.CheckpointRef) (*delta.Checkpoint, error)
 	Store   func() upload.Store
 	Catalog func() *catalog.Catalog
 	Repo    func() Repo
@@ -54,7 +54,7 @@ func NewVerifier(d Deps) *Verifier { return &Verifier{d: d} }
 // It applies every rule a restore applies and re-hashes the base this host
 // has materialised for the checkpoint. The first problem is returned as an
 // error naming the object.
-func (v *Verifier) Verify(ctx context.Context, ref string) (*Report, error) {
+func (v *Verifier) Verify(ctx context.Context, ref catalog.CheckpointRef) (*Report, error) {
 	defer v.d.Shared()()
 	v.d.Phase("verify")
 	cp, err := v.d.Resolve(ctx, ref)

@@ -25,10 +25,10 @@ type StoreReport struct {
 // VerifyStore checks the store without the catalog, the way restic's
 // checker does: it indexes every blob by reading every pack's header, then
 // verifies checkpoint ref (a full or unique-prefix ID, or a tag), or every
-// record if ref is empty, exactly as Verify does, and checks that every
+// record if ref is zero, exactly as Verify does, and checks that every
 // head and tag names a record the store holds. It is the oracle for a store
 // whose catalog may be wrong or gone.
-func (v *Verifier) VerifyStore(ctx context.Context, ref string) (*StoreReport, error) {
+func (v *Verifier) VerifyStore(ctx context.Context, ref catalog.CheckpointRef) (*StoreReport, error) {
 	rep := &StoreReport{}
 	store, keys, repo := v.d.Store(), v.d.Keys(), v.d.Repo()
 	index := map[delta.ID]catalog.BlobLocation{}
@@ -68,12 +68,8 @@ func (v *Verifier) VerifyStore(ctx context.Context, ref string) (*StoreReport, e
 		return rep, err
 	}
 	todo := records
-	if ref != "" {
-		r, err := catalog.ParseCheckpointRef(ref)
-		if err != nil {
-			return rep, err
-		}
-		id, err := ResolveInStore(ctx, store, v.d.HomeID(), r, records)
+	if !ref.IsZero() {
+		id, err := ResolveInStore(ctx, store, v.d.HomeID(), ref, records)
 		if err != nil {
 			return rep, err
 		}

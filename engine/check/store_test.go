@@ -44,18 +44,18 @@ func TestVerifyStoreNamesADanglingRef(t *testing.T) {
 		t.Fatal(err)
 	}
 	v := storeVerifier(store)
-	rep, err := v.VerifyStore(ctx, "")
+	rep, err := v.VerifyStore(ctx, mustRef(""))
 	if err != nil || rep.Packs != 0 || rep.Refs != 0 || len(rep.Checkpoints) != 0 {
 		t.Fatalf("an empty store: %+v, %v", rep, err)
 	}
-	if _, err := v.VerifyStore(ctx, "nosuch"); !errors.Is(err, errdefs.ErrNotFound) {
+	if _, err := v.VerifyStore(ctx, mustRef("nosuch")); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("verify of a reference the store lacks: %v", err)
 	}
 	tag := delta.RefName(delta.RefTag, "gone")
 	if err := upload.PutBytes(ctx, store, tag, delta.EncodeRef(delta.Hash([]byte("pruned")))); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := v.VerifyStore(ctx, ""); !errors.Is(err, errdefs.ErrCorrupt) || !strings.Contains(err.Error(), tag) {
+	if _, err := v.VerifyStore(ctx, mustRef("")); !errors.Is(err, errdefs.ErrCorrupt) || !strings.Contains(err.Error(), tag) {
 		t.Fatalf("a tag naming a record the store lacks: %v", err)
 	}
 }

@@ -130,10 +130,10 @@ func newHome(t *testing.T) *home {
 			h.ops++
 			return maint.RUnlock, nil
 		},
-		Resolve: func(ctx context.Context, name delta.SandboxName, ref string) (*delta.Checkpoint, error) {
+		Resolve: func(ctx context.Context, name delta.SandboxName, ref catalog.CheckpointRef) (*delta.Checkpoint, error) {
 			var cp *delta.Checkpoint
 			err := cat.View(ctx, func(tx *catalog.Tx) error {
-				id, err := tx.ResolveCheckpointFor(delta.SandboxName(name), ref)
+				id, err := tx.ResolveRef(name, ref)
 				if err != nil {
 					return err
 				}
@@ -256,7 +256,7 @@ func TestLineage(t *testing.T) {
 func TestLoadHistory(t *testing.T) {
 	ctx := context.Background()
 	h := newHome(t)
-	_, err := h.v.Tag(ctx, "keep", h.s2.ID.String())
+	_, err := h.v.Tag(ctx, "keep", mustRef(h.s2.ID.String()))
 	must(t, err)
 	hi, err := h.v.LoadHistory(ctx)
 	must(t, err)

@@ -28,7 +28,7 @@ func validTagName(name string) bool {
 // Tag names checkpoint ref. Tags are refs like heads: stored as objects
 // (so a rebuild keeps them) and indexed in the catalog. A tag can be used
 // wherever a checkpoint is expected.
-func (v *Views) Tag(ctx context.Context, name, ref string) (*delta.Checkpoint, error) {
+func (v *Views) Tag(ctx context.Context, name string, ref catalog.CheckpointRef) (*delta.Checkpoint, error) {
 	defer v.d.Shared()()
 	if !validTagName(name) {
 		return nil, fmt.Errorf("tag name %q: use 1-64 of [A-Za-z0-9._-], not starting with '.' or '-', not only hex digits, not HEAD: %w",

@@ -45,7 +45,7 @@ type Deps struct {
 	Op func(ctx context.Context, name delta.SandboxName) (done func(), err error)
 	// Resolve turns a checkpoint reference into a checkpoint, for a
 	// command about sandbox name ("" if none): HEAD is its head.
-	Resolve func(ctx context.Context, name delta.SandboxName, ref string) (*delta.Checkpoint, error)
+	Resolve func(ctx context.Context, name delta.SandboxName, ref catalog.CheckpointRef) (*delta.Checkpoint, error)
 	// ViewSandbox reads sandbox name for a command that only reads: an
 	// interrupted operation is reported, never finished. Called under Op.
 	ViewSandbox func(ctx context.Context, name string) (*Sandbox, error)
@@ -180,15 +180,15 @@ func (v *Views) Audit(ctx context.Context, name delta.SandboxName) (*audit.Repor
 	return audit.Build(ctx, string(name), chain, v.d.Blobs())
 }
 
-// Diff compares two states of a sandbox: from and to name checkpoints; an
-// empty from means the head, an empty to means the live root as it is now
+// Diff compares two states of a sandbox: from and to name checkpoints; a
+// zero from means the head, a zero to means the live root as it is now
 // (hashed, not stored).
-func (v *Views) Diff(ctx context.Context, name delta.SandboxName, from, to string) (*DiffResult, error) {
+func (v *Views) Diff(ctx context.Context, name delta.SandboxName, from, to catalog.CheckpointRef) (*DiffResult, error) {
 	return v.DiffWith(ctx, name, from, to, diffview.Options{})
 }
 
 // DiffWith is Diff with options (patches).
-func (v *Views) DiffWith(ctx context.Context, name delta.SandboxName, from, to string, o diffview.Options) (*DiffResult, error) {
+func (v *Views) DiffWith(ctx context.Context, name delta.SandboxName, from, to catalog.CheckpointRef, o diffview.Options) (*DiffResult, error) {
 	done, err := v.d.Op(ctx, name)
 	if err != nil {
 		return nil, err
@@ -198,9 +198,9 @@ func (v *Views) DiffWith(ctx context.Context, name delta.SandboxName, from, to s
 	if err != nil {
 		return nil, err
 	}
-	layers := func(ref string) (delta.Layers, string, error) {
+	layers := func(ref catalog.CheckpointRef) (delta.Layers, string, error) {
 		cp := st.Head
-		if ref != "" {
+		if !ref.IsZero() {
 			if cp, err = v.d.Resolve(ctx, name, ref); err != nil {
 				return nil, "", err
 			}
@@ -215,7 +215,7 @@ func (v *Views) DiffWith(ctx context.Context, name delta.SandboxName, from, to s
 	var b delta.Layers
 	bName := "working"
 	live := ""
-	if to != "" {
+	if !to.IsZero() {
 		if b, bName, err = layers(to); err != nil {
 			return nil, err
 		}

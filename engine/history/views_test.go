@@ -21,16 +21,16 @@ func TestTags(t *testing.T) {
 	ctx := context.Background()
 	h := newHome(t)
 	for _, bad := range []string{"HEAD", "abc123", "-x", ""} {
-		if _, err := h.v.Tag(ctx, bad, h.s0.ID.String()); !errors.Is(err, errdefs.ErrInvalid) {
+		if _, err := h.v.Tag(ctx, bad, mustRef(h.s0.ID.String())); !errors.Is(err, errdefs.ErrInvalid) {
 			t.Errorf("tag %q: %v", bad, err)
 		}
 	}
-	cp, err := h.v.Tag(ctx, "release-1", "s@HEAD")
+	cp, err := h.v.Tag(ctx, "release-1", mustRef("s@HEAD"))
 	must(t, err)
 	if cp.ID != h.s1.ID {
 		t.Fatalf("tagged %s, want the head %s", cp.ID.Short(), h.s1.ID.Short())
 	}
-	if _, err := h.v.Tag(ctx, "release-1", h.s0.ID.String()); !errors.Is(err, errdefs.ErrExists) {
+	if _, err := h.v.Tag(ctx, "release-1", mustRef(h.s0.ID.String())); !errors.Is(err, errdefs.ErrExists) {
 		t.Errorf("a second tag of one name: %v", err)
 	}
 	name := delta.RefName(delta.RefTag, "release-1")
@@ -42,7 +42,7 @@ func TestTags(t *testing.T) {
 	if tags, err := h.v.Tags(ctx); err != nil || len(tags) != 1 || tags[0].Name != "release-1" || tags[0].Target != h.s1.ID {
 		t.Errorf("tags: %+v, %v", tags, err)
 	}
-	if got, err := h.v.d.Resolve(ctx, "", "release-1"); err != nil || got.ID != h.s1.ID {
+	if got, err := h.v.d.Resolve(ctx, "", mustRef("release-1")); err != nil || got.ID != h.s1.ID {
 		t.Errorf("a tag resolves as a checkpoint: %v", err)
 	}
 	queued := func(sandbox string) []catalog.PendingUpload {
@@ -87,7 +87,7 @@ func TestDiff(t *testing.T) {
 		}
 		return out
 	}
-	r, err := h.v.Diff(ctx, "s", h.s0.ID.String(), h.s1.ID.String())
+	r, err := h.v.Diff(ctx, "s", mustRef(h.s0.ID.String()), mustRef(h.s1.ID.String()))
 	must(t, err)
 	if r.From != h.s0.ID.String() || r.To != h.s1.ID.String() || len(r.Changes) != 2 {
 		t.Errorf("diff s0..s1: %+v", r)
@@ -96,7 +96,7 @@ func TestDiff(t *testing.T) {
 		t.Errorf("diff s0..s1: %q, want %q", got, want)
 	}
 	h.intr = &procs.Interrupted{ProcessesLost: "test"}
-	r, err = h.v.DiffWith(ctx, "s", "", "", diffview.Options{Patch: true})
+	r, err = h.v.DiffWith(ctx, "s", mustRef(""), mustRef(""), diffview.Options{Patch: true})
 	must(t, err)
 	if r.From != h.s1.ID.String() || r.To != "working" || r.Interrupted != h.intr || h.ops != 2 {
 		t.Errorf("diff head..working: %+v (sandbox locks %d)", r, h.ops)
@@ -104,7 +104,7 @@ func TestDiff(t *testing.T) {
 	if got, want := paths(r), []string{"modified /a.txt", "deleted /b.txt", "added /d.txt"}; !slices.Equal(got, want) {
 		t.Errorf("diff head..working: %q, want %q", got, want)
 	}
-	if _, err := h.v.Diff(ctx, "s", "nosuchtag", ""); !errors.Is(err, errdefs.ErrNotFound) {
+	if _, err := h.v.Diff(ctx, "s", mustRef("nosuchtag"), mustRef("")); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("diff from a missing checkpoint: %v", err)
 	}
 }

@@ -38,7 +38,7 @@ type Deps struct {
 type Processes interface {
 	Stop(ctx context.Context, c procs.Container) error
 	CheckHost(ctx context.Context, cp *delta.Checkpoint) error
-	Restore(ctx context.Context, name, root, img string, cp *delta.Checkpoint) error
+	Restore(ctx context.Context, c procs.Container, root, img string, cp *delta.Checkpoint) error
 }
 
 // Intents is the home's intents directory and the rules for what it holds.

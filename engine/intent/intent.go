@@ -217,7 +217,7 @@ func (s *Intents) Finish(ctx context.Context, name string, st Sandbox, in Rollba
 		return st.Head, err
 	}
 	if in.Processes && cp.ProcTree != nil && cp.ID == in.Target {
-		if err := s.finishProcesses(ctx, name, st.Root, cp); err != nil {
+		if err := s.finishProcesses(ctx, name, st.Container, st.Root, cp); err != nil {
 			s.NoteProcsLost(st.Sandbox, fmt.Sprintf("the interrupted rollback to %s was finished for files; its processes: %v", cp.ID.Short(), err))
 		} else {
 			s.ClearProcsLost(st.Sandbox)
@@ -229,7 +229,7 @@ func (s *Intents) Finish(ctx context.Context, name string, st Sandbox, in Rollba
 
 // finishProcesses starts checkpoint cp's processes on the restored root,
 // as the interrupted rollback would have.
-func (s *Intents) finishProcesses(ctx context.Context, name string, root rootfs.Root, cp *delta.Checkpoint) error {
+func (s *Intents) finishProcesses(ctx context.Context, name string, c procs.Container, root rootfs.Root, cp *delta.Checkpoint) error {
 	if err := s.d.Procs.CheckHost(ctx, cp); err != nil {
 		return err
 	}
@@ -238,7 +238,7 @@ func (s *Intents) finishProcesses(ctx context.Context, name string, root rootfs.
 		return err
 	}
 	defer clean()
-	if err := s.d.Procs.Restore(ctx, name, root.Path(), img, cp); err != nil {
+	if err := s.d.Procs.Restore(ctx, c, root.Path(), img, cp); err != nil {
 		return err
 	}
 	s.d.AcceptRestored(ctx, name, root, cp) // engine/receipt

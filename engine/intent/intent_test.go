@@ -52,7 +52,7 @@ func (p *fakeProcs) Stop(context.Context, procs.Container) error { p.stops++; re
 func (p *fakeProcs) CheckHost(context.Context, *delta.Checkpoint) error {
 	return errors.New("no CRIU here")
 }
-func (p *fakeProcs) Restore(context.Context, string, string, string, *delta.Checkpoint) error {
+func (p *fakeProcs) Restore(context.Context, procs.Container, string, string, *delta.Checkpoint) error {
 	return errors.New("not restored")
 }
 

@@ -43,7 +43,7 @@ type Deps struct {
 	Op func(ctx context.Context, name delta.SandboxName) (done func(), err error)
 	// Resolve turns a checkpoint reference into a checkpoint, for a
 	// command about sandbox name ("" if none): HEAD is its head.
-	Resolve func(ctx context.Context, name delta.SandboxName, ref string) (*delta.Checkpoint, error)
+	Resolve func(ctx context.Context, name delta.SandboxName, ref catalog.CheckpointRef) (*delta.Checkpoint, error)
 	// LiveRoot loads sandbox name (finishing interrupted work), mounts its
 	// root and returns the root's path. Called under Op.
 	LiveRoot func(ctx context.Context, name string) (string, error)
@@ -70,8 +70,8 @@ func b64(s string) string {
 
 // stateOf resolves ref (for a command about sandbox name, "" if none) and
 // returns the checkpoint and its merged state.
-func (ps *Ops) stateOf(ctx context.Context, name, ref string) (*delta.Checkpoint, delta.Layers, error) {
-	cp, err := ps.d.Resolve(ctx, delta.SandboxName(name), ref)
+func (ps *Ops) stateOf(ctx context.Context, name delta.SandboxName, ref catalog.CheckpointRef) (*delta.Checkpoint, delta.Layers, error) {
+	cp, err := ps.d.Resolve(ctx, name, ref)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -85,7 +85,7 @@ func (ps *Ops) stateOf(ctx context.Context, name, ref string) (*delta.Checkpoint
 // hardlink is read through its primary. Directories, symlinks and special
 // files are ErrInvalid (saying what the path is), a missing path
 // ErrNotFound.
-func (ps *Ops) Cat(ctx context.Context, ref, path string, w io.Writer) error {
+func (ps *Ops) Cat(ctx context.Context, ref catalog.CheckpointRef, path string, w io.Writer) error {
 	defer ps.d.Shared()()
 	cp, l, err := ps.stateOf(ctx, "", ref)
 	if err != nil {
@@ -143,7 +143,7 @@ type LsEntry struct {
 
 // Ls lists the directory at path ("" or "/": the root) in checkpoint ref,
 // sorted by name; a path that is not a directory lists that one entry.
-func (ps *Ops) Ls(ctx context.Context, ref, path string) ([]LsEntry, error) {
+func (ps *Ops) Ls(ctx context.Context, ref catalog.CheckpointRef, path string) ([]LsEntry, error) {
 	defer ps.d.Shared()()
 	cp, l, err := ps.stateOf(ctx, "", ref)
 	if err != nil {
@@ -282,7 +282,7 @@ type RestoredPath struct {
 // checkpoint of it runs meanwhile; its processes keep running and see the
 // files change under them. The next checkpoint records the result as an
 // ordinary change. With o.To the paths go to that host directory instead.
-func (ps *Ops) RestorePaths(ctx context.Context, name delta.SandboxName, ref string, paths []string, o RestorePathsOptions) (*RestorePathsResult, error) {
+func (ps *Ops) RestorePaths(ctx context.Context, name delta.SandboxName, ref catalog.CheckpointRef, paths []string, o RestorePathsOptions) (*RestorePathsResult, error) {
 	start := time.Now()
 	if len(paths) == 0 {
 		return nil, fmt.Errorf("restore: no paths given: %w", errdefs.ErrInvalid)
@@ -318,7 +318,7 @@ func (ps *Ops) RestorePaths(ctx context.Context, name delta.SandboxName, ref str
 			return nil, err
 		}
 	}
-	cp, l, err := ps.stateOf(ctx, string(name), ref)
+	cp, l, err := ps.stateOf(ctx, name, ref)
 	if err != nil {
 		return nil, err
 	}

@@ -117,10 +117,10 @@ func newHome(t *testing.T) *home {
 				maint.RUnlock()
 			}, nil
 		},
-		Resolve: func(ctx context.Context, name delta.SandboxName, ref string) (*delta.Checkpoint, error) {
+		Resolve: func(ctx context.Context, name delta.SandboxName, ref catalog.CheckpointRef) (*delta.Checkpoint, error) {
 			var cp *delta.Checkpoint
 			err := cat.View(ctx, func(tx *catalog.Tx) error {
-				id, err := tx.ResolveCheckpointFor(delta.SandboxName(name), ref)
+				id, err := tx.ResolveRef(name, ref)
 				if err != nil {
 					return err
 				}
@@ -153,7 +153,7 @@ func TestCat(t *testing.T) {
 		{h.now.ID.String(), "/etc/base.conf", "from the base\n"},
 	} {
 		var got bytes.Buffer
-		if err := h.ops.Cat(ctx, c.ref, c.path, &got); err != nil || got.String() != c.want {
+		if err := h.ops.Cat(ctx, mustRef(c.ref), c.path, &got); err != nil || got.String() != c.want {
 			t.Errorf("cat %s %s: %q, %v; want %q", c.ref, c.path, got.String(), err, c.want)
 		}
 	}
@@ -167,11 +167,11 @@ func TestCat(t *testing.T) {
 		{"/no-such", errdefs.ErrNotFound},
 		{"/etc/../etc/app.conf", errdefs.ErrInvalid},
 	} {
-		if err := h.ops.Cat(ctx, h.now.ID.String(), c.path, io.Discard); !errors.Is(err, c.class) {
+		if err := h.ops.Cat(ctx, mustRef(h.now.ID.String()), c.path, io.Discard); !errors.Is(err, c.class) {
 			t.Errorf("cat %s: %v, want %v", c.path, err, c.class)
 		}
 	}
-	if err := h.ops.Cat(ctx, "nosuchtag", "/etc/app.conf", io.Discard); !errors.Is(err, errdefs.ErrNotFound) {
+	if err := h.ops.Cat(ctx, mustRef("nosuchtag"), "/etc/app.conf", io.Discard); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("cat of a missing checkpoint: %v", err)
 	}
 }
@@ -179,7 +179,7 @@ func TestCat(t *testing.T) {
 func TestLs(t *testing.T) {
 	ctx := context.Background()
 	h := newHome(t)
-	root, err := h.ops.Ls(ctx, h.then.ID.String(), "/")
+	root, err := h.ops.Ls(ctx, mustRef(h.then.ID.String()), "/")
 	must(t, err)
 	var names []string
 	for _, e := range root {
@@ -191,7 +191,7 @@ func TestLs(t *testing.T) {
 	if root[0].Mode != "drwxr-xr-x" || root[1].Target != "etc/app.conf" || root[2].Mode != "-rw-r--r--" || root[2].Perm != "0644" {
 		t.Errorf("ls /: %+v", root)
 	}
-	etc, err := h.ops.Ls(ctx, h.then.ID.String(), "etc")
+	etc, err := h.ops.Ls(ctx, mustRef(h.then.ID.String()), "etc")
 	must(t, err)
 	if len(etc) != 3 || etc[0].Name != "app.conf" || etc[1].Name != "base.conf" || etc[2].Name != "hard" {
 		t.Fatalf("ls /etc: %+v", etc)
@@ -199,12 +199,12 @@ func TestLs(t *testing.T) {
 	if hard := etc[2]; hard.Type != "hardlink" || hard.Target != "/etc/app.conf" || hard.Size != 5 || hard.Mode != "-rw-r--r--" {
 		t.Errorf("a hardlink shows its primary's metadata and names it: %+v", hard)
 	}
-	one, err := h.ops.Ls(ctx, h.then.ID.String(), "/etc/app.conf")
+	one, err := h.ops.Ls(ctx, mustRef(h.then.ID.String()), "/etc/app.conf")
 	must(t, err)
 	if len(one) != 1 || one[0].Name != "app.conf" || one[0].Size != 5 {
 		t.Errorf("ls of a file: %+v", one)
 	}
-	if _, err := h.ops.Ls(ctx, h.then.ID.String(), "/nothing"); !errors.Is(err, errdefs.ErrNotFound) {
+	if _, err := h.ops.Ls(ctx, mustRef(h.then.ID.String()), "/nothing"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("ls of a missing path: %v", err)
 	}
 }
@@ -235,7 +235,7 @@ func TestModeString(t *testing.T) {
 func TestRestorePathsIntoTheLiveRoot(t *testing.T) {
 	ctx := context.Background()
 	h := newHome(t)
-	r, err := h.ops.RestorePaths(ctx, "s", h.then.ID.String(), []string{"/etc/app.conf", "stray", "/nothing"}, RestorePathsOptions{})
+	r, err := h.ops.RestorePaths(ctx, "s", mustRef(h.then.ID.String()), []string{"/etc/app.conf", "stray", "/nothing"}, RestorePathsOptions{})
 	must(t, err)
 	if h.locks != 1 || h.held {
 		t.Fatalf("sandbox lock taken %d times, held after: %v", h.locks, h.held)
@@ -267,7 +267,7 @@ func TestRestorePathsToADirectory(t *testing.T) {
 	ctx := context.Background()
 	h := newHome(t)
 	to := filepath.Join(t.TempDir(), "out")
-	r, err := h.ops.RestorePaths(ctx, "s", h.then.ID.String(), []string{"/etc"}, RestorePathsOptions{To: to})
+	r, err := h.ops.RestorePaths(ctx, "s", mustRef(h.then.ID.String()), []string{"/etc"}, RestorePathsOptions{To: to})
 	must(t, err)
 	if h.locks != 0 || r.Target != to || len(r.Paths) != 1 || r.Paths[0].Files != 2 {
 		t.Fatalf("locks %d, result %+v", h.locks, r)
@@ -280,7 +280,7 @@ func TestRestorePathsToADirectory(t *testing.T) {
 	if b, _ := os.ReadFile(filepath.Join(h.live, "etc/app.conf")); string(b) != "live\n" {
 		t.Errorf("the live root changed: %q", b)
 	}
-	if _, err := h.ops.RestorePaths(ctx, "nobody", h.then.ID.String(), []string{"/etc"}, RestorePathsOptions{To: to}); !errors.Is(err, errdefs.ErrNotFound) {
+	if _, err := h.ops.RestorePaths(ctx, "nobody", mustRef(h.then.ID.String()), []string{"/etc"}, RestorePathsOptions{To: to}); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("restore for a missing sandbox: %v", err)
 	}
 }
@@ -289,7 +289,7 @@ func TestRestorePathsRefuses(t *testing.T) {
 	ctx := context.Background()
 	h := newHome(t)
 	for _, p := range [][]string{nil, {"/"}, {"a/../b"}} {
-		if _, err := h.ops.RestorePaths(ctx, "s", h.then.ID.String(), p, RestorePathsOptions{}); !errors.Is(err, errdefs.ErrInvalid) {
+		if _, err := h.ops.RestorePaths(ctx, "s", mustRef(h.then.ID.String()), p, RestorePathsOptions{}); !errors.Is(err, errdefs.ErrInvalid) {
 			t.Errorf("restore of %q: %v", p, err)
 		}
 	}

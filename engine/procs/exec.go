@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/proc"
 )
@@ -32,7 +33,7 @@ type CommandError = proc.CommandError
 // on first use. It returns the command's exit code, or for Detach the
 // process's pid inside the sandbox. A command that cannot run is a
 // *CommandError.
-func (m *Manager) Exec(ctx context.Context, name string, argv []string, opts ExecOptions) (int, error) {
+func (m *Manager) Exec(ctx context.Context, name delta.SandboxName, argv []string, opts ExecOptions) (int, error) {
 	run, err := m.PrepareExec(ctx, name)
 	if err != nil {
 		return 0, err
@@ -48,7 +49,7 @@ type ExecFunc func(ctx context.Context, argv []string, opts ExecOptions) (int, e
 // closes the engine (freeing the home for other turnsnap commands) before a
 // long command runs. A checkpoint taken while such a command still runs is
 // refused by the process layer (its parent is outside the container).
-func (m *Manager) PrepareExec(ctx context.Context, name string) (ExecFunc, error) {
+func (m *Manager) PrepareExec(ctx context.Context, name delta.SandboxName) (ExecFunc, error) {
 	// The preparation (finishing an interrupted rollback, starting the
 	// container) is an operation on the sandbox like any other; the
 	// command itself runs outside the lock.
@@ -118,7 +119,7 @@ func (m *Manager) PrepareExec(ctx context.Context, name string) (ExecFunc, error
 
 // nameCommandError says which sandbox a command was not found in; the
 // runtime's other errors name the container (ts-SCOPE-NAME) already.
-func nameCommandError(sandbox string, err error) error {
+func nameCommandError(sandbox delta.SandboxName, err error) error {
 	var ce *CommandError
 	if errors.As(err, &ce) {
 		return fmt.Errorf("sandbox %s: %w", sandbox, err)

@@ -48,7 +48,7 @@ type Deps struct {
 	// and loads it, finishing what an interrupted operation left when
 	// write is set and only reading otherwise. done ends the operation;
 	// it is nil when err is not.
-	Load func(ctx context.Context, name string, write bool) (sb *Sandbox, done func(), err error)
+	Load func(ctx context.Context, name delta.SandboxName, write bool) (sb *Sandbox, done func(), err error)
 }
 
 // Sandbox is what Exec, Resume and List need of a sandbox the engine

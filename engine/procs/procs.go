@@ -41,13 +41,13 @@ func (m *Manager) ContainerID(sandbox string) string { return "ts-" + m.Scope() 
 // sandbox's name and its runc id, computed once (Manager.Container) rather
 // than at every call.
 type Container struct {
-	Sandbox string
+	Sandbox delta.SandboxName
 	ID      string
 }
 
 // Container is the container of sandbox (ContainerID).
-func (m *Manager) Container(sandbox string) Container {
-	return Container{Sandbox: sandbox, ID: m.ContainerID(sandbox)}
+func (m *Manager) Container(sandbox delta.SandboxName) Container {
+	return Container{Sandbox: sandbox, ID: m.ContainerID(string(sandbox))}
 }
 
 // StateRoot keeps runc's state on tmpfs (it does not survive a reboot
@@ -64,8 +64,8 @@ func (m *Manager) Dir() string { return filepath.Join(m.home, "proc") }
 // WorkDir is where process images are on their way to or from the store.
 func (m *Manager) WorkDir() string { return filepath.Join(m.Dir(), "work") }
 
-func (m *Manager) baselineFile(sandbox string) string {
-	return filepath.Join(m.Dir(), sandbox+".baseline.json")
+func (m *Manager) baselineFile(sandbox delta.SandboxName) string {
+	return filepath.Join(m.Dir(), string(sandbox)+".baseline.json")
 }
 
 // RestoredFile is the engine's note of the state a process restore left
@@ -195,7 +195,7 @@ func (m *Manager) BeginTurn(ctx context.Context, c Container, head *delta.Checkp
 	return pt, nil
 }
 
-func (m *Manager) changed(name string, cur proc.ProcSet, head *delta.Checkpoint) (bool, string) {
+func (m *Manager) changed(name delta.SandboxName, cur proc.ProcSet, head *delta.Checkpoint) (bool, string) {
 	if !cur.NeedsImage() {
 		return head.ProcTree != nil, "long-lived processes ended"
 	}
@@ -299,7 +299,7 @@ func (m *Manager) Settle(ctx context.Context, c Container) {
 	}
 }
 
-func (m *Manager) baseline(name string) proc.ProcSet {
+func (m *Manager) baseline(name delta.SandboxName) proc.ProcSet {
 	var set proc.ProcSet
 	if data, err := os.ReadFile(m.baselineFile(name)); err == nil {
 		json.Unmarshal(data, &set)
@@ -340,7 +340,7 @@ func (m *Manager) Stop(ctx context.Context, c Container) error {
 		return fmt.Errorf("sandbox %s: stop processes: %w", name, err)
 	}
 	os.Remove(m.baselineFile(name))
-	os.Remove(m.RestoredFile(name))
+	os.Remove(m.RestoredFile(string(name)))
 	return nil
 }
 
@@ -367,17 +367,16 @@ func (m *Manager) Image(ctx context.Context, cp *delta.Checkpoint) (string, func
 }
 
 // Restore brings a checkpoint's processes back in the sandbox's
-// container, on its (already restored) root, from an image Image
+// container c, on its (already restored) root, from an image Image
 // prepared.
-func (m *Manager) Restore(ctx context.Context, name, root, img string, cp *delta.Checkpoint) error {
+func (m *Manager) Restore(ctx context.Context, c Container, root, img string, cp *delta.Checkpoint) error {
 	rt, err := m.Runtime(ctx)
 	if err != nil {
 		return err
 	}
-	c := m.Container(name)
 	rt.Delete(ctx, c.ID)
 	if _, err := rt.Restore(ctx, c.ID, root, img, proc.RestoreOptions{}); err != nil {
-		return fmt.Errorf("sandbox %s: restore processes of %s: %w", name, cp.ID.Short(), err)
+		return fmt.Errorf("sandbox %s: restore processes of %s: %w", c.Sandbox, cp.ID.Short(), err)
 	}
 	m.Settle(ctx, c)
 	return nil

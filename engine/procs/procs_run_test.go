@@ -193,7 +193,7 @@ func TestTurnDumpsAndRestoresProcesses(t *testing.T) {
 	img, done, err := f.m.Image(ctx, cp)
 	must(t, err)
 	defer done()
-	must(t, f.m.Restore(ctx, "s", root, img, cp))
+	must(t, f.m.Restore(ctx, f.m.Container("s"), root, img, cp))
 	if got := pids(t, f.m); fmt.Sprint(got) != fmt.Sprint(before) {
 		t.Fatalf("restored processes %v, want %v", got, before)
 	}

@@ -79,7 +79,7 @@ func newFixture(t testing.TB, root string) *fixture {
 		Phase:  func(p string) { f.phases = append(f.phases, p) },
 		IDs:    func() delta.IDs { return delta.IDs{} },
 		Loader: func() delta.BlobLoader { return f.blobs },
-		Load: func(_ context.Context, name string, write bool) (*Sandbox, func(), error) {
+		Load: func(_ context.Context, name delta.SandboxName, write bool) (*Sandbox, func(), error) {
 			f.loads = append(f.loads, write)
 			if name != "s" {
 				return nil, nil, errdefs.ErrNotFound

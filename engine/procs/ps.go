@@ -47,13 +47,13 @@ type ProcessList struct {
 // List lists the sandbox's long-lived processes (the container's own
 // keeper left out) and whether the head checkpoint holds each. It reads
 // /proc and runc's state and spawns nothing.
-func (m *Manager) List(ctx context.Context, name string, _ ProcessesOptions) (*ProcessList, error) {
+func (m *Manager) List(ctx context.Context, name delta.SandboxName, _ ProcessesOptions) (*ProcessList, error) {
 	st, done, err := m.d.Load(ctx, name, false) // reads only: finishes nobody's work
 	if err != nil {
 		return nil, err
 	}
 	defer done()
-	out := &ProcessList{Sandbox: name, Head: st.Head.ID, HeadHasImage: st.Head.ProcTree != nil, Processes: []ProcessInfo{},
+	out := &ProcessList{Sandbox: string(name), Head: st.Head.ID, HeadHasImage: st.Head.ProcTree != nil, Processes: []ProcessInfo{},
 		Interrupted: st.Interrupted}
 	c := m.Container(name)
 	running, err := m.Running(ctx, c)

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/proc"
 )
@@ -63,12 +64,12 @@ func (m *Manager) CleanWork() {
 // recoverFreeze resumes the sandbox's container if it is frozen and no live
 // process holds the freeze (a turnsnap killed mid-checkpoint), and says so.
 // It reports whether it resumed the container.
-func (m *Manager) recoverFreeze(ctx context.Context, name string) (bool, error) {
+func (m *Manager) recoverFreeze(ctx context.Context, name delta.SandboxName) (bool, error) {
 	rt, err := m.Runtime(ctx)
 	if err != nil {
 		return false, err
 	}
-	id := m.ContainerID(name)
+	id := m.Container(name).ID
 	fs, err := rt.Freeze(id)
 	if err != nil {
 		return false, err
@@ -121,13 +122,13 @@ type ResumeResult struct {
 // Resume thaws the sandbox's container whoever froze it: the operator's
 // way out when a container stays paused. A sandbox without a running
 // container is ErrPrecondition.
-func (m *Manager) Resume(ctx context.Context, name string) (*ResumeResult, error) {
+func (m *Manager) Resume(ctx context.Context, name delta.SandboxName) (*ResumeResult, error) {
 	_, done, err := m.d.Load(ctx, name, true)
 	if err != nil {
 		return nil, err
 	}
 	defer done()
-	id := m.ContainerID(name)
+	id := m.Container(name).ID
 	if _, err := os.Stat(filepath.Join(m.StateRoot(), "runc", id)); err != nil {
 		return nil, fmt.Errorf("sandbox %s has no container: %w", name, errdefs.ErrPrecondition)
 	}
@@ -139,7 +140,7 @@ func (m *Manager) Resume(ctx context.Context, name string) (*ResumeResult, error
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", name, err)
 	}
-	res := &ResumeResult{Sandbox: name}
+	res := &ResumeResult{Sandbox: string(name)}
 	if !fs.Frozen {
 		return res, nil
 	}
@@ -154,7 +155,7 @@ func (m *Manager) Resume(ctx context.Context, name string) (*ResumeResult, error
 // crash (engine.Recover): a container a killed turnsnap left frozen is
 // resumed (resumed), and running says whether the container runs. A
 // sandbox that never had a container needs no runtime.
-func (m *Manager) Recover(ctx context.Context, name string) (resumed, running bool, err error) {
+func (m *Manager) Recover(ctx context.Context, name delta.SandboxName) (resumed, running bool, err error) {
 	c := m.Container(name)
 	id := c.ID
 	if _, err := os.Stat(filepath.Join(m.StateRoot(), "runc", id)); err != nil {
@@ -188,7 +189,7 @@ const freezeWatchInterval = 200 * time.Millisecond
 // killed turnsnap's last runc made after the exec began). A freeze a live
 // checkpoint holds is left alone: it ends with the checkpoint's cut. The
 // returned function stops the watch.
-func (m *Manager) watchFreeze(ctx context.Context, name string, rt *proc.Runtime) (stop func()) {
+func (m *Manager) watchFreeze(ctx context.Context, name delta.SandboxName, rt *proc.Runtime) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
@@ -201,7 +202,7 @@ func (m *Manager) watchFreeze(ctx context.Context, name string, rt *proc.Runtime
 				return
 			case <-t.C:
 			}
-			if fs, err := rt.Freeze(m.ContainerID(name)); err == nil && fs.Stale() {
+			if fs, err := rt.Freeze(m.Container(name).ID); err == nil && fs.Stale() {
 				if _, err := m.recoverFreeze(ctx, name); err != nil {
 					m.d.Log.Warn("a stale freeze of a running exec's container not thawed", "sandbox", name, "err", err)
 				}

@@ -69,10 +69,10 @@ type Deps struct {
 // Processes is what the receipts need of the sandboxes' containers
 // (procs.Manager).
 type Processes interface {
-	Restore(ctx context.Context, name, root, img string, cp *delta.Checkpoint) error
+	Restore(ctx context.Context, c procs.Container, root, img string, cp *delta.Checkpoint) error
 	Inventory(ctx context.Context, name string) (proc.Inventory, error)
 	Stop(ctx context.Context, c procs.Container) error
-	Container(name string) procs.Container
+	Container(name delta.SandboxName) procs.Container
 	// RestoredFile is where the state accepted after a process restore
 	// is kept (restored.go).
 	RestoredFile(name string) string
@@ -236,7 +236,7 @@ func (c *Checker) Processes(ctx context.Context, rc *Receipt, root rootfs.Root, 
 	if !procs || !rc.Files.Match {
 		return false, nil
 	}
-	if err := c.d.Procs.Restore(ctx, rc.Sandbox, root.Path(), img, cp); err != nil {
+	if err := c.d.Procs.Restore(ctx, c.d.Procs.Container(delta.SandboxName(rc.Sandbox)), root.Path(), img, cp); err != nil {
 		return false, err
 	}
 	c.AcceptRestored(ctx, rc.Sandbox, root, cp) // restored.go
@@ -373,7 +373,7 @@ func (c *Checker) Fail(ctx context.Context, rc *Receipt) error {
 	} else {
 		state += ", its root as found (the next checkpoint records it)"
 	}
-	if err := c.d.Procs.Stop(context.WithoutCancel(ctx), c.d.Procs.Container(rc.Sandbox)); err != nil {
+	if err := c.d.Procs.Stop(context.WithoutCancel(ctx), c.d.Procs.Container(delta.SandboxName(rc.Sandbox))); err != nil {
 		state += ", its processes not stopped (" + err.Error() + ")"
 	} else {
 		state += ", no process running"

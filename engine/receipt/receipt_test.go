@@ -59,15 +59,17 @@ type fakeProcs struct {
 	stops int
 }
 
-func (p *fakeProcs) Restore(context.Context, string, string, string, *delta.Checkpoint) error {
+func (p *fakeProcs) Restore(context.Context, procs.Container, string, string, *delta.Checkpoint) error {
 	return errors.New("not restored")
 }
 func (p *fakeProcs) Inventory(context.Context, string) (proc.Inventory, error) {
 	return proc.Inventory{}, errors.New("no container")
 }
 func (p *fakeProcs) Stop(context.Context, procs.Container) error { p.stops++; return nil }
-func (p *fakeProcs) Container(name string) procs.Container       { return procs.Container{Sandbox: name} }
-func (p *fakeProcs) RestoredFile(name string) string             { return filepath.Join(p.dir, name+".restored") }
+func (p *fakeProcs) Container(name delta.SandboxName) procs.Container {
+	return procs.Container{Sandbox: name}
+}
+func (p *fakeProcs) RestoredFile(name string) string { return filepath.Join(p.dir, name+".restored") }
 
 func newChecker(t *testing.T, memo *treeMemo, o Options) (*Checker, *fakeProcs) {
 	p := &fakeProcs{dir: t.TempDir()}

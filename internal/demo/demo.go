@@ -18,6 +18,7 @@ import (
 
 	"github.com/dustin/go-humanize"
 	"github.com/turnsnap/turnsnap/bench"
+	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/engine"
 	"github.com/turnsnap/turnsnap/proc"
@@ -93,8 +94,8 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	}
 	defer func() {
 		if !opts.Keep {
-			for _, name := range []string{"agent", "agent-alt"} {
-				e.RemoveSandbox(context.WithoutCancel(ctx), delta.SandboxName(name))
+			for _, name := range []delta.SandboxName{"agent", "agent-alt"} {
+				e.RemoveSandbox(context.WithoutCancel(ctx), name)
 			}
 		}
 		e.Close()
@@ -150,7 +151,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 			return os.WriteFile(filepath.Join(r, "README.md"), []byte("oops\n"), 0o644)
 		}},
 	}
-	byTurn := map[int]string{}
+	byTurn := map[int]catalog.CheckpointRef{}
 	for i, s := range steps {
 		if err := turn(ctx, e, rep, "agent", root, i+1, s, byTurn); err != nil {
 			return nil, err
@@ -186,19 +187,27 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	}
 	if err := turn(ctx, e, rep, "agent-alt", br.Root, 6, step{action: "branch: try another approach", do: func(r string) error {
 		return os.WriteFile(filepath.Join(r, "src/experiment.go"), []byte("package main\n"), 0o644)
-	}}, map[int]string{}); err != nil {
+	}}, map[int]catalog.CheckpointRef{}); err != nil {
 		return nil, err
 	}
 	for _, t := range rep.Turns {
 		if t.Class == delta.ClassSkip {
 			continue
 		}
-		if _, err := e.Verifier().Verify(ctx, t.ID); err != nil {
+		ref, err := catalog.ParseCheckpointRef(t.ID)
+		if err != nil {
+			return nil, err
+		}
+		if _, err := e.Verifier().Verify(ctx, ref); err != nil {
 			return nil, fmt.Errorf("demo: verify: %w", err)
 		}
 		rep.Verified++
 	}
-	d, err := e.History().Diff(ctx, "agent", rep.Turns[0].ID, "")
+	first, err := catalog.ParseCheckpointRef(rep.Turns[0].ID)
+	if err != nil {
+		return nil, err
+	}
+	d, err := e.History().Diff(ctx, "agent", first, catalog.CheckpointRef{})
 	if err != nil {
 		return nil, err
 	}
@@ -207,7 +216,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	return rep, nil
 }
 
-func turn(ctx context.Context, e *engine.Engine, rep *Report, name, root string, n int, s step, byTurn map[int]string) error {
+func turn(ctx context.Context, e *engine.Engine, rep *Report, name delta.SandboxName, root string, n int, s step, byTurn map[int]catalog.CheckpointRef) error {
 	var err error
 	if s.exec != nil {
 		_, err = e.Processes().Exec(ctx, name, s.exec, engine.ExecOptions{Detach: true})
@@ -218,12 +227,12 @@ func turn(ctx context.Context, e *engine.Engine, rep *Report, name, root string,
 	if err != nil {
 		return fmt.Errorf("demo turn %d (%s): %w", n, s.action, err)
 	}
-	r, err := e.Checkpoint(ctx, delta.SandboxName(name), engine.CheckpointOptions{Turn: &n, Message: s.action})
+	r, err := e.Checkpoint(ctx, name, engine.CheckpointOptions{Turn: &n, Message: s.action})
 	if err != nil {
 		return err
 	}
-	byTurn[n] = r.ID.String()
-	rep.Turns = append(rep.Turns, Turn{Sandbox: name, Turn: n, Action: s.action, Class: r.Class, ID: r.ID.Short(),
+	byTurn[n] = catalog.IDRef(r.ID)
+	rep.Turns = append(rep.Turns, Turn{Sandbox: string(name), Turn: n, Action: s.action, Class: r.Class, ID: r.ID.Short(),
 		BytesNew: r.Stats.BytesNew, Objects: r.Stats.ObjectsNew, Read: r.Stats.FilesRead, Duration: r.Duration})
 	return nil
 }
@@ -313,7 +322,7 @@ func processesAvailable() bool {
 }
 
 // serverAnswers fetches the demo's page from inside the sandbox.
-func serverAnswers(ctx context.Context, e *engine.Engine, sandbox string) (string, error) {
+func serverAnswers(ctx context.Context, e *engine.Engine, sandbox delta.SandboxName) (string, error) {
 	var out strings.Builder
 	code, err := e.Processes().Exec(ctx, sandbox, []string{"wget", "-q", "-O", "-", "http://127.0.0.1:8080/"}, engine.ExecOptions{Stdout: &out})
 	if err != nil {

@@ -262,7 +262,7 @@ touch -d @1700000100 a.txt opq/n newdir/f newdir/empty newdir/tree-bytes newdir/
 	must(t, err)
 	j.Committed(ctx, snap)
 	g.remember("agent", c1.ID, cr.Root, j1)
-	if _, err := e.History().Tag(ctx, "good", c1.ID.String()); err != nil {
+	if _, err := e.History().Tag(ctx, "good", mustRef(c1.ID.String())); err != nil {
 		t.Fatal(err)
 	}
 
@@ -288,7 +288,7 @@ touch -d @1700000100 a.txt opq/n newdir/f newdir/empty newdir/tree-bytes newdir/
 	j.Committed(ctx, snap)
 	g.remember("agent", c3.ID, cr.Root, j3)
 
-	br, err := e.Branch(ctx, c1.ID.String(), "copy", engine.BranchOptions{})
+	br, err := e.Branch(ctx, mustRef(c1.ID.String()), "copy", engine.BranchOptions{})
 	must(t, err)
 	defer e.RemoveSandbox(ctx, "copy")
 	sh(t, br.Root, `rm a.txt; printf 'copy\n' > c.txt; touch -d @1700000200 c.txt`)
