@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -42,7 +43,7 @@ type LLM struct {
 	opts    LLMOptions
 	proxy   *llmproxy.Proxy
 	journal *llmproxy.TreeJournal
-	ups     *Upstreams
+	ups     *llmproxy.Upstreams
 	log     *slog.Logger
 	routes  agentRoutes // in the sandboxes' containers (llm_route.go)
 }
@@ -51,7 +52,7 @@ type LLM struct {
 // to its head's (the index lives in memory). Close it when done.
 func NewLLM(ctx context.Context, svc *Service, opts LLMOptions) (*LLM, error) {
 	if opts.Upstream != "" {
-		if err := CheckUpstream(opts.Upstream); err != nil {
+		if err := llmproxy.CheckUpstream(opts.Upstream); err != nil {
 			return nil, err
 		}
 	}
@@ -59,7 +60,7 @@ func NewLLM(ctx context.Context, svc *Service, opts LLMOptions) (*LLM, error) {
 		opts.Logger = slog.Default()
 	}
 	l := &LLM{svc: svc, opts: opts, journal: llmproxy.NewTreeJournal(svc.E.Keys().IDs(), svc.E.Blobs()),
-		ups: NewUpstreams(svc.E.Home()), log: opts.Logger}
+		ups: llmproxy.NewUpstreams(svc.E.Home()), log: opts.Logger}
 	p, err := llmproxy.New(llmproxy.Options{Upstream: opts.Upstream, UpstreamFor: l.upstreamFor, Turns: l,
 		Journal: l.journal, ReplayFor: l.replayFor, Gate: opts.Gate, GateTimeout: opts.GateTimeout, Strict: opts.Strict,
 		NonTurn: opts.NonTurn, Registerer: opts.Registerer, Logger: opts.Logger})
@@ -215,7 +216,7 @@ func (l *LLM) restoredAll(ctx context.Context) error {
 // llmRemoved forgets a removed sandbox's upstream and journal, so a new
 // sandbox of the same name starts with neither.
 func (s *Service) llmRemoved(ctx context.Context, name string) {
-	ups := NewUpstreams(s.E.Home())
+	ups := llmproxy.NewUpstreams(s.E.Home())
 	if u, err := ups.Get(name); err == nil && u != "" {
 		ups.Set(name, "")
 	}
@@ -252,7 +253,7 @@ func (s *Service) SetLLMUpstream(ctx context.Context, name string, req api.LLMUp
 			return nil, invalidf("sandbox %s: %v", name, err)
 		}
 	}
-	ups := NewUpstreams(s.E.Home())
+	ups := llmproxy.NewUpstreams(s.E.Home())
 	if req.LLMUpstream != nil {
 		if err := ups.Set(name, *req.LLMUpstream); err != nil {
 			return nil, err
@@ -283,7 +284,7 @@ func (s *Service) SetLLMUpstream(ctx context.Context, name string, req api.LLMUp
 
 // LLMStatus lists the sandboxes' upstreams and, with the proxy, their routes.
 func (s *Service) LLMStatus(ctx context.Context) (*api.LLMStatus, error) {
-	m, off, err := NewUpstreams(s.E.Home()).Settings()
+	m, off, err := llmproxy.NewUpstreams(s.E.Home()).Settings()
 	if err != nil {
 		return nil, err
 	}
@@ -303,7 +304,7 @@ func (s *Service) LLMStatus(ctx context.Context) (*api.LLMStatus, error) {
 	for _, sb := range sbs {
 		row := api.LLMSandbox{Name: string(sb.Sandbox.Name), Upstream: redactOrEmpty(m[string(sb.Sandbox.Name)]), Replay: off[string(sb.Sandbox.Name)]}
 		if out.Proxy {
-			row.Route, _ = llmproxy.RouteURL(trimRoute(out.URL), row.Name)
+			row.Route, _ = llmproxy.RouteURL(strings.TrimSuffix(out.URL, "/"), row.Name)
 		}
 		out.Sandboxes = append(out.Sandboxes, row)
 	}
@@ -314,7 +315,7 @@ func redactOrEmpty(u string) string {
 	if u == "" {
 		return ""
 	}
-	return RedactURL(u)
+	return llmproxy.RedactURL(u)
 }
 
 // llmRoutes registers the LLM routes of the API.

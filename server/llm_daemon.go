@@ -51,7 +51,7 @@ func (f LLMConfig) check() error {
 		return fmt.Errorf("serve: --llm-gate-timeout must be positive: %w", errdefs.ErrInvalid)
 	}
 	if f.Upstream != "" {
-		if err := CheckUpstream(f.Upstream); err != nil {
+		if err := llmproxy.CheckUpstream(f.Upstream); err != nil {
 			return fmt.Errorf("serve: --llm-upstream: %w", err)
 		}
 	}
@@ -89,7 +89,7 @@ func startLLM(ctx context.Context, log *slog.Logger, srv *Server, f LLMConfig, e
 	}()
 	up := "(per sandbox only)"
 	if f.Upstream != "" {
-		up = RedactURL(f.Upstream)
+		up = llmproxy.RedactURL(f.Upstream)
 	}
 	log.Info("serving the LLM proxy", "url", url+"/llm/{sandbox}/", "gate", gate, "upstream", up)
 	return func(sctx context.Context) {

@@ -9,7 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/turnsnap/turnsnap/api"
-	"github.com/turnsnap/turnsnap/server"
+	"github.com/turnsnap/turnsnap/llmproxy"
 )
 
 func (a *app) sandboxCmd() *cobra.Command {
@@ -32,7 +32,7 @@ func (a *app) sandboxCmd() *cobra.Command {
 				}
 			}
 			if llmUpstream != "" {
-				if err := server.CheckUpstream(llmUpstream); err != nil {
+				if err := llmproxy.CheckUpstream(llmUpstream); err != nil {
 					return err
 				}
 			}

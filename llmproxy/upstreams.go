@@ -1,4 +1,4 @@
-package server
+package llmproxy
 
 import (
 	"bytes"
@@ -8,13 +8,11 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/internal/fsat"
-	"github.com/turnsnap/turnsnap/llmproxy"
 )
 
 // UpstreamsFile is the home's file of per-sandbox LLM upstreams.
@@ -111,7 +109,7 @@ func (u *Upstreams) read() (*upstreamsDoc, error) {
 		}
 	}
 	for name, r := range doc.Replay {
-		if !delta.ValidRefName(name) || r != string(llmproxy.ReplayOff) {
+		if !delta.ValidRefName(name) || r != string(ReplayOff) {
 			return nil, fmt.Errorf("llm upstreams %s: replay entry %q is not a sandbox set to off: %w", u.path, name, errdefs.ErrCorrupt)
 		}
 	}
@@ -134,17 +132,17 @@ func (u *Upstreams) Get(sandbox string) (string, error) {
 
 // Replay returns sandbox's replay setting (docs/LLM-PROXY.md, "When the
 // journal answers"): off, or auto when none is set.
-func (u *Upstreams) Replay(sandbox string) (llmproxy.Replay, error) {
+func (u *Upstreams) Replay(sandbox string) (Replay, error) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	doc, err := u.read()
 	if err != nil {
 		return "", err
 	}
-	if doc.Replay[sandbox] == string(llmproxy.ReplayOff) {
-		return llmproxy.ReplayOff, nil
+	if doc.Replay[sandbox] == string(ReplayOff) {
+		return ReplayOff, nil
 	}
-	return llmproxy.ReplayAuto, nil
+	return ReplayAuto, nil
 }
 
 // All returns the table.
@@ -189,12 +187,12 @@ func (u *Upstreams) Set(sandbox, raw string) error {
 }
 
 // SetReplay sets sandbox's replay setting (auto clears it).
-func (u *Upstreams) SetReplay(sandbox string, r llmproxy.Replay) error {
+func (u *Upstreams) SetReplay(sandbox string, r Replay) error {
 	if !delta.ValidRefName(sandbox) {
 		return invalidf("sandbox name %q", sandbox)
 	}
 	return u.update(func(doc *upstreamsDoc) {
-		if r == llmproxy.ReplayOff {
+		if r == ReplayOff {
 			if doc.Replay == nil {
 				doc.Replay = map[string]string{}
 			}
@@ -224,36 +222,13 @@ func (u *Upstreams) update(change func(*upstreamsDoc)) error {
 	if len(data) > maxUpstreamsFile {
 		return fmt.Errorf("llm upstreams: the table would exceed %d bytes: %w", maxUpstreamsFile, errdefs.ErrNoSpace)
 	}
-	return writeAtomic(u.path, append(data, '\n'))
-}
-
-// writeAtomic replaces path with data so that a crash leaves the old file
-// or the new one, never a part.
-func writeAtomic(path string, data []byte) error {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*")
-	if err != nil {
-		return fmt.Errorf("llm upstreams: %w", err)
-	}
-	tmp := f.Name()
-	defer os.Remove(tmp) // after the rename, a no-op
-	if _, err = f.Write(data); err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err == nil {
-		err = fsat.SyncDir(dir)
-	}
-	if err != nil {
-		return fmt.Errorf("llm upstreams %s: %w", path, err)
+	if err := fsat.WriteFileDurable(u.path, string(data)+"\n"); err != nil {
+		return fmt.Errorf("llm upstreams %s: %w", u.path, err)
 	}
 	return nil
 }
 
-// trimRoute is base without a trailing slash.
-func trimRoute(base string) string { return strings.TrimSuffix(base, "/") }
+// invalidf is an ErrInvalid error with a message.
+func invalidf(format string, args ...any) error {
+	return fmt.Errorf(format+": %w", append(args, errdefs.ErrInvalid)...)
+}

@@ -1,4 +1,4 @@
-package server
+package llmproxy
 
 import (
 	"errors"
@@ -8,7 +8,6 @@ import (
 	"testing"
 
 	"github.com/turnsnap/turnsnap/internal/errdefs"
-	"github.com/turnsnap/turnsnap/llmproxy"
 )
 
 // The upstreams table: credentials refused and never echoed, URLs redacted
@@ -40,16 +39,16 @@ func TestUpstreams(t *testing.T) {
 	}
 	// A replay setting of off is kept beside the upstreams; auto clears it,
 	// and a table without one is written as before.
-	if err := u.SetReplay("s", llmproxy.ReplayOff); err != nil {
+	if err := u.SetReplay("s", ReplayOff); err != nil {
 		t.Fatal(err)
 	}
-	if r, _ := u.Replay("s"); r != llmproxy.ReplayOff {
+	if r, _ := u.Replay("s"); r != ReplayOff {
 		t.Fatalf("Replay after off: %q", r)
 	}
-	if r, _ := u.Replay("t"); r != llmproxy.ReplayAuto {
+	if r, _ := u.Replay("t"); r != ReplayAuto {
 		t.Fatalf("Replay of an unset sandbox: %q", r)
 	}
-	if err := u.SetReplay("s", llmproxy.ReplayAuto); err != nil {
+	if err := u.SetReplay("s", ReplayAuto); err != nil {
 		t.Fatal(err)
 	}
 	if data, _ := os.ReadFile(filepath.Join(home, UpstreamsFile)); strings.Contains(string(data), "replay") {
