@@ -37,6 +37,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/engine"
 	"github.com/turnsnap/turnsnap/engine/keys"
@@ -469,4 +470,16 @@ func canonLess(a, b []string) bool {
 		}
 	}
 	return len(a) < len(b)
+}
+
+// mustRef parses a checkpoint reference the generator holds. It lives
+// here, in the one file that may import the writer's packages
+// (TestReaderImportsNoTurnsnapPackage), and panics on a reference that
+// does not parse: a mistake of the generator's.
+func mustRef(s string) catalog.CheckpointRef {
+	r, err := catalog.ParseCheckpointRef(s)
+	if err != nil {
+		panic(err)
+	}
+	return r
 }
