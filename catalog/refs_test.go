@@ -73,12 +73,12 @@ func TestResolveCheckpoint(t *testing.T) {
 			"v1":                              other,
 			"ffffffff":                        idA,
 		} {
-			got, err := tx.ResolveCheckpoint(s)
+			got, err := resolveText(tx, "", s)
 			if err != nil || got != want {
 				t.Errorf("resolve %q: %s %v, want %s", s, got, err, want)
 			}
 		}
-		_, err := tx.ResolveCheckpoint(idA.String()[:4])
+		_, err := resolveText(tx, "", idA.String()[:4])
 		if !errors.Is(err, errdefs.ErrInvalid) || !strings.Contains(err.Error(), "ambiguous") ||
 			!strings.Contains(err.Error(), idA.String()[:12]) || !strings.Contains(err.Error(), idB.String()[:12]) {
 			t.Errorf("ambiguous prefix: %v", err)
@@ -91,7 +91,7 @@ func TestResolveCheckpoint(t *testing.T) {
 			strings.Repeat("0", 64): errdefs.ErrNotFound,
 			"not/a name":            errdefs.ErrNotFound,
 		} {
-			if _, err := tx.ResolveCheckpoint(s); !errors.Is(err, want) {
+			if _, err := resolveText(tx, "", s); !errors.Is(err, want) {
 				t.Errorf("resolve %q: %v, want %v", s, err, want)
 			}
 		}

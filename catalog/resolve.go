@@ -103,22 +103,6 @@ func ParseCheckpointRef(s string) (CheckpointRef, error) {
 	return r, nil
 }
 
-// ResolveCheckpoint is ResolveCheckpointFor with no sandbox in context: a
-// bare HEAD is ErrInvalid there (NAME@HEAD works).
-func (tx *Tx) ResolveCheckpoint(s string) (delta.ID, error) {
-	return tx.ResolveCheckpointFor("", s)
-}
-
-// ResolveCheckpointFor parses what a user typed (ParseCheckpointRef) and
-// resolves it (ResolveRef).
-func (tx *Tx) ResolveCheckpointFor(sandbox delta.SandboxName, s string) (delta.ID, error) {
-	r, err := ParseCheckpointRef(s)
-	if err != nil {
-		return delta.ID{}, err
-	}
-	return tx.ResolveRef(sandbox, r)
-}
-
 // ResolveRef turns a parsed reference into a checkpoint ID, for a command
 // about sandbox ("" if it names none), by the rules of ResolveIn.
 func (tx *Tx) ResolveRef(sandbox delta.SandboxName, r CheckpointRef) (delta.ID, error) {

@@ -42,7 +42,7 @@ func TestResolveCheckpointHead(t *testing.T) {
 			{"", "s@HEAD", s[3]}, {"", "s@HEAD~2", s[1]}, {"b", "s@HEAD~2", s[1]}, {"s", "b@HEAD~1", s[1]},
 			{"", "v1~1", s[1]}, {"", s[3].String()[:8] + "~3", s[0]}, {"b", "v1", s[2]},
 		} {
-			got, err := tx.ResolveCheckpointFor(delta.SandboxName(tc.sandbox), tc.ref)
+			got, err := resolveText(tx, delta.SandboxName(tc.sandbox), tc.ref)
 			if err != nil || got != tc.want {
 				t.Errorf("resolve %q for %q: %s %v, want %s", tc.ref, tc.sandbox, got.Short(), err, tc.want.Short())
 			}
@@ -72,7 +72,7 @@ func TestResolveCheckpointHead(t *testing.T) {
 			{"nosuch", "HEAD", errdefs.ErrNotFound, "no sandbox nosuch"},
 			{"s", "nope~1", errdefs.ErrNotFound, "no checkpoint or tag"},
 		} {
-			_, err := tx.ResolveCheckpointFor(delta.SandboxName(tc.sandbox), tc.ref)
+			_, err := resolveText(tx, delta.SandboxName(tc.sandbox), tc.ref)
 			if !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.says) {
 				t.Errorf("resolve %q for %q: %v, want %v saying %q", tc.ref, tc.sandbox, err, tc.want, tc.says)
 			}
@@ -82,10 +82,10 @@ func TestResolveCheckpointHead(t *testing.T) {
 	// Prune s1: a walk through it stops at s2, naming it and the gap.
 	update(t, c, func(tx *Tx) error { return tx.DeleteCheckpoint(s[1]) })
 	view(t, c, func(tx *Tx) error {
-		if got, err := tx.ResolveCheckpointFor("s", "HEAD~1"); err != nil || got != s[2] {
+		if got, err := resolveText(tx, "s", "HEAD~1"); err != nil || got != s[2] {
 			t.Errorf("HEAD~1 above the pruned checkpoint: %s %v", got.Short(), err)
 		}
-		_, err := tx.ResolveCheckpointFor("s", "HEAD~2")
+		_, err := resolveText(tx, "s", "HEAD~2")
 		if !errors.Is(err, errdefs.ErrNotFound) || !strings.Contains(err.Error(), "stopped 1 back at "+s[2].Short()) ||
 			!strings.Contains(err.Error(), s[1].Short()+" is gone (pruned)") {
 			t.Errorf("walk past a pruned checkpoint: %v", err)

@@ -8,6 +8,7 @@ import (
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/engine/content"
+	"github.com/turnsnap/turnsnap/engine/statememo"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/internal/rootfs"
 )
@@ -128,7 +129,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name delta.SandboxName, opts Ch
 	defer resume()
 	// The scan's trees are also kept in memory, so the merged state can be
 	// compared with the head's before anything is committed.
-	trees := &treeMemo{next: e.memo.headTrees.loader(string(name), e.data.repo), trees: map[delta.ID][]byte{}}
+	trees := statememo.NewTrees(e.memo.headTrees.loader(string(name), e.data.repo))
 	saver := teeTrees{memo: trees, next: deviceGuard{op}}
 	be := e.backends[st.sb.Backend] // nil: a backend without optional parts
 	res, ts, err := scanTurn(ctx, be, string(name), st, pt, saver)
@@ -345,7 +346,7 @@ func (e *Engine) mergedChanged(ctx context.Context, name string, head *delta.Che
 
 // teeTrees saves every blob through next and also keeps the trees in memo.
 type teeTrees struct {
-	memo *treeMemo
+	memo *statememo.Trees
 	next delta.BlobSaver
 }
 

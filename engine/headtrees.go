@@ -4,6 +4,7 @@ import (
 	"sync"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/engine/statememo"
 )
 
 // headTrees keeps, per sandbox, the trees its last committed turn made, so
@@ -14,7 +15,7 @@ import (
 // ever, whatever the sandbox did since (a rollback only makes it miss).
 type headTrees struct {
 	mu        sync.Mutex
-	bySandbox map[string]*treeMemo
+	bySandbox map[string]*statememo.Trees
 }
 
 // headTreesMax bounds what one sandbox keeps: a small turn's trees are a
@@ -26,20 +27,14 @@ func (h *headTrees) loader(name string, next delta.BlobLoader) delta.BlobLoader 
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if m := h.bySandbox[name]; m != nil {
-		return &treeMemo{next: next, trees: m.trees}
+		return m.Over(next)
 	}
 	return next
 }
 
 // keep records the trees of name's turn just committed (memo's), if small.
-func (h *headTrees) keep(name string, memo *treeMemo) {
-	memo.mu.Lock()
-	size := 0
-	for _, t := range memo.trees {
-		size += len(t)
-	}
-	trees := memo.trees
-	memo.mu.Unlock()
+func (h *headTrees) keep(name string, memo *statememo.Trees) {
+	size := memo.Size()
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if size > headTreesMax {
@@ -47,9 +42,9 @@ func (h *headTrees) keep(name string, memo *treeMemo) {
 		return
 	}
 	if h.bySandbox == nil {
-		h.bySandbox = map[string]*treeMemo{}
+		h.bySandbox = map[string]*statememo.Trees{}
 	}
-	h.bySandbox[name] = &treeMemo{trees: trees}
+	h.bySandbox[name] = memo.Over(nil) // the trees, not the turn's loader
 }
 
 // drop forgets name's trees (the sandbox is removed).

@@ -7,6 +7,7 @@ import (
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/engine/history"
 	"github.com/turnsnap/turnsnap/engine/paths"
+	"github.com/turnsnap/turnsnap/engine/statememo"
 )
 
 // History returns the views of the home's history: log, audit, diff,
@@ -37,7 +38,7 @@ func (e *Engine) History() *history.Views {
 			return &history.Sandbox{Head: st.head, Root: st.root, Interrupted: st.interrupted}, nil
 		},
 		TreeMemo: func(next delta.BlobLoader) history.TreeStore {
-			return &treeMemo{next: next, trees: map[delta.ID][]byte{}}
+			return statememo.NewTrees(next)
 		},
 	})
 }

@@ -175,10 +175,12 @@ func TestStoreAndCatalogResolveAlike(t *testing.T) {
 		{"v1~x", delta.ID{}, errdefs.ErrInvalid},
 	}
 	for _, c := range cases {
-		var fromCat delta.ID
-		catErr := w.cat.View(ctx, func(tx *catalog.Tx) (err error) { fromCat, err = tx.ResolveCheckpoint(c.ref); return err })
-		var fromStore delta.ID
+		var fromCat, fromStore delta.ID
 		r, storeErr := catalog.ParseCheckpointRef(c.ref)
+		catErr := storeErr
+		if catErr == nil {
+			catErr = w.cat.View(ctx, func(tx *catalog.Tx) (err error) { fromCat, err = tx.ResolveRef("", r); return err })
+		}
 		if storeErr == nil {
 			fromStore, storeErr = ResolveInStore(ctx, w.store, w.homeID, r, w.records)
 		}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/engine/procs"
+	"github.com/turnsnap/turnsnap/engine/statememo"
 	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/internal/rootfs"
@@ -251,7 +252,7 @@ func (c *Checker) Processes(ctx context.Context, rc *Receipt, root rootfs.Root, 
 // filesReceipt compares the restored root with cp (see above). verified
 // is the layer tree the restore proved it wrote (zero: none).
 func (c *Checker) filesReceipt(ctx context.Context, name string, root rootfs.Root, cp *delta.Checkpoint, verified delta.ID, f *FilesReceipt) {
-	trees := newTreeMemo(c.d.Loader())
+	trees := statememo.NewTrees(c.d.Loader())
 	var res *fstree.ScanResult
 	var err error
 	tracked := false

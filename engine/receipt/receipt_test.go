@@ -14,6 +14,7 @@ import (
 
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/engine/procs"
+	"github.com/turnsnap/turnsnap/engine/statememo"
 	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/internal/rootfs"
@@ -28,7 +29,7 @@ func must(t *testing.T, err error) {
 }
 
 // noStore is a loader with nothing in it: every tree a test needs is a
-// scan's, kept in a treeMemo.
+// scan's, kept in a statememo.Trees.
 type noStore struct{}
 
 func (noStore) LoadBlob(_ context.Context, _ delta.BlobType, id delta.ID) ([]byte, error) {
@@ -71,7 +72,7 @@ func (p *fakeProcs) Container(name delta.SandboxName) procs.Container {
 }
 func (p *fakeProcs) RestoredFile(name string) string { return filepath.Join(p.dir, name+".restored") }
 
-func newChecker(t *testing.T, memo *treeMemo, o Options) (*Checker, *fakeProcs) {
+func newChecker(t *testing.T, memo *statememo.Trees, o Options) (*Checker, *fakeProcs) {
 	p := &fakeProcs{dir: t.TempDir()}
 	return New(Deps{Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Phase: func(string) {}, Procs: p,
 		Loader:   func() delta.BlobLoader { return memo },
@@ -81,7 +82,7 @@ func newChecker(t *testing.T, memo *treeMemo, o Options) (*Checker, *fakeProcs) 
 
 // layers scans an empty base and root (a file and a bound unix socket)
 // into memo and returns the checkpoint of that state.
-func layers(t *testing.T, memo *treeMemo) (*delta.Checkpoint, string) {
+func layers(t *testing.T, memo *statememo.Trees) (*delta.Checkpoint, string) {
 	ctx := context.Background()
 	base, root := t.TempDir(), t.TempDir()
 	must(t, os.WriteFile(filepath.Join(root, "f"), []byte("the agent's file\n"), 0o644))
@@ -98,7 +99,7 @@ func layers(t *testing.T, memo *treeMemo) (*delta.Checkpoint, string) {
 // A socket node's new mtime is restore noise; a changed file is not.
 func TestOnlyRestoreNoise(t *testing.T) {
 	ctx := context.Background()
-	memo := newTreeMemo(noStore{})
+	memo := statememo.NewTrees(noStore{})
 	cp, root := layers(t, memo)
 	later := time.Now().Add(time.Hour)
 	must(t, os.Chtimes(filepath.Join(root, "s.sock"), later, later))
@@ -122,7 +123,7 @@ func TestOnlyRestoreNoise(t *testing.T) {
 // for RestoredAs, and commits the scan of a state that is exactly it.
 func TestAcceptRestored(t *testing.T) {
 	ctx := context.Background()
-	memo := newTreeMemo(noStore{})
+	memo := statememo.NewTrees(noStore{})
 	cp, dir := layers(t, memo)
 	c, _ := newChecker(t, memo, Options{})
 	root := &dirRoot{dir: dir}
@@ -149,7 +150,7 @@ func TestAcceptRestored(t *testing.T) {
 // the checkpoint; a changed file fails it; Unchecked skips the check.
 func TestFilesReceipt(t *testing.T) {
 	ctx := context.Background()
-	memo := newTreeMemo(noStore{})
+	memo := statememo.NewTrees(noStore{})
 	cp, dir := layers(t, memo)
 	c, procs := newChecker(t, memo, Options{})
 	rc, restored, err := c.Check(ctx, "rollback", "s", &dirRoot{dir: dir}, cp, "test", delta.ID{}, "", false)
@@ -185,7 +186,7 @@ func TestFilesReceipt(t *testing.T) {
 // A root the restore proved but that is not mounted is a mismatch.
 func TestVerifiedRootMustBeMounted(t *testing.T) {
 	ctx := context.Background()
-	memo := newTreeMemo(noStore{})
+	memo := statememo.NewTrees(noStore{})
 	cp, dir := layers(t, memo)
 	c, _ := newChecker(t, memo, Options{})
 	rc := c.Files(ctx, "branch", "s", &dirRoot{dir: dir}, cp, "test", cp.FSTree)

@@ -1,15 +1,14 @@
 package receipt
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
 	"slices"
 	"strings"
-	"sync"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/engine/statememo"
 	"github.com/turnsnap/turnsnap/internal/rootfs"
 )
 
@@ -53,7 +52,7 @@ import (
 // Failures only cost the next turn its skip, so they are logged.
 func (c *Checker) AcceptRestored(ctx context.Context, name string, root rootfs.Root, cp *delta.Checkpoint) {
 	os.Remove(c.d.Procs.RestoredFile(name))
-	trees := newTreeMemo(c.d.Loader())
+	trees := statememo.NewTrees(c.d.Loader())
 	res, err := root.Scan(ctx, trees)
 	if err != nil {
 		c.d.Log.Warn("scan after process restore", "sandbox", name, "err", err)
@@ -116,35 +115,4 @@ func OnlyRestoreNoise(ctx context.Context, loader delta.BlobLoader, cp *delta.Ch
 		}
 	}
 	return true, "", nil
-}
-
-// treeMemo keeps the trees of a scan in memory so they can be diffed
-// without storing anything; everything else comes from next.
-type treeMemo struct {
-	mu    sync.Mutex
-	next  delta.BlobLoader
-	trees map[delta.ID][]byte
-}
-
-func newTreeMemo(next delta.BlobLoader) *treeMemo {
-	return &treeMemo{next: next, trees: map[delta.ID][]byte{}}
-}
-
-func (m *treeMemo) SaveBlob(_ context.Context, t delta.BlobType, id delta.ID, data []byte) (bool, error) {
-	if t == delta.BlobTree {
-		m.mu.Lock()
-		m.trees[id] = bytes.Clone(data)
-		m.mu.Unlock()
-	}
-	return false, nil
-}
-
-func (m *treeMemo) LoadBlob(ctx context.Context, t delta.BlobType, id delta.ID) ([]byte, error) {
-	m.mu.Lock()
-	d, ok := m.trees[id]
-	m.mu.Unlock()
-	if ok {
-		return d, nil
-	}
-	return m.next.LoadBlob(ctx, t, id)
 }
