@@ -20,7 +20,7 @@ export GOTOOLCHAIN := go1.27.3
 # not, so the shipped binary reads no test variables.
 TESTTAGS := -tags turnsnaptest
 
-.PHONY: all build demo test deps vet unit bench bench-realtime bench-go fuzz clean
+.PHONY: all build demo test deps vet unit bench bench-realtime bench-go bench-scale fuzz clean
 
 all: build
 
@@ -80,6 +80,16 @@ bench: deps build
 # sandboxes (docs/bench/REPORT.md section 2). About 10 minutes here.
 bench-realtime: deps build
 	./$(BIN) bench --traces bench/traces --sandboxes 32 --colocation-only --latency-scale 1 --out $(BENCH_OUT)-realtime
+
+# The real-size benchmarks (issue 27, docs/BENCH.md "Real sizes"): every
+# BenchmarkScale* once at full size (150,000-file repository, 1 GiB process,
+# fan-out to 64, 10,000 checkpoints, 64 sandboxes on one daemon). `make test`
+# runs the same benchmarks at small size (TURNSNAP_BENCH_SMALL) so they
+# cannot rot. The output (with the load during each run) goes to
+# BENCH_SCALE_OUT.
+BENCH_SCALE_OUT ?= bench-scale.txt
+bench-scale: deps
+	TURNSNAP_REQUIRE_ALL=1 $(GO) test $(TESTTAGS) -count=1 -run '^$$' -bench Scale -benchtime 1x -timeout 120m $(PKGS) | tee $(BENCH_SCALE_OUT)
 
 # The Go micro-benchmarks, five counts each.
 bench-go: deps
