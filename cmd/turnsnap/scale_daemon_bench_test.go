@@ -139,14 +139,22 @@ func pacedTurns(ctx context.Context, c *client.Client, name, root string, turns 
 // turn's event arrived.
 type commitArrivals struct {
 	mu   sync.Mutex
-	seen map[string]time.Time
+	seen map[string]arrival
+}
+
+// arrival is a committed event: when it came, and the engine's own
+// account of the turn (its time from admission to commit, by phase).
+type arrival struct {
+	at       time.Time
+	engineMS float64
+	phasesMS map[string]float64
 }
 
 func (l *commitArrivals) follow(ctx context.Context, c *client.Client) error {
 	return c.Events(ctx, "", func(ev api.Event) error {
 		if ev.Type == "committed" && ev.Checkpoint != "" {
 			l.mu.Lock()
-			l.seen[ev.Checkpoint] = time.Now()
+			l.seen[ev.Checkpoint] = arrival{at: time.Now(), engineMS: ev.DurationMS, phasesMS: ev.PhasesMS}
 			l.mu.Unlock()
 		}
 		return nil
@@ -168,7 +176,7 @@ func benchScaleSandboxes(b *testing.B, sandboxes, baseTurns int, run time.Durati
 	defer cancel()
 	rng := rand.New(rand.NewPCG(27, 4))
 
-	events := &commitArrivals{seen: map[string]time.Time{}}
+	events := &commitArrivals{seen: map[string]arrival{}}
 	evDone := make(chan error, 1)
 	ec := d.client(b)
 	go func() { evDone <- events.follow(ctx, ec) }()
@@ -189,6 +197,7 @@ func benchScaleSandboxes(b *testing.B, sandboxes, baseTurns int, run time.Durati
 	alone, err := pacedTurns(ctx, d.client(b), "s00", roots[0], baseTurns, time.Time{}, rng)
 	must(b, err)
 	one := sample()
+	oneM := scrapeGo(b, ctx, c)
 	for i := 1; i < sandboxes; i++ {
 		create(i)
 	}
@@ -249,18 +258,21 @@ func benchScaleSandboxes(b *testing.B, sandboxes, baseTurns int, run time.Durati
 	must(b, <-sampled)
 	must(b, errors.Join(errs...))
 	end := sample() // every sandbox has turned: tracked, its agent connected
+	endM := scrapeGo(b, ctx, c)
 	b.Logf("daemon fds at the end of the run (%d sandboxes), by kind: %v", sandboxes, fdKinds(pid, home))
 
 	// Every turn's committed event arrived (allow a second for the last).
 	var lags []time.Duration
+	arrived := map[string]arrival{}
 	waitUntil := time.Now().Add(time.Second)
 	for _, t := range append(alone, turns...) {
 		for {
 			events.mu.Lock()
-			at, ok := events.seen[t.id]
+			a, ok := events.seen[t.id]
 			events.mu.Unlock()
 			if ok {
-				lags = append(lags, at.Sub(t.replied))
+				lags = append(lags, a.at.Sub(t.replied))
+				arrived[t.id] = a
 				break
 			}
 			if time.Now().After(waitUntil) {
@@ -306,6 +318,41 @@ func benchScaleSandboxes(b *testing.B, sandboxes, baseTurns int, run time.Durati
 	b.ReportMetric(mib(peak.rss), fmt.Sprintf("rss-MiB-peak@%d", sandboxes))
 	b.ReportMetric(float64(end.rss-one.rss)/float64(sandboxes-1)/1024, "rss-KiB/sandbox")
 	b.ReportMetric(heapAlloc/(1<<20), "go-heap-MiB-peak")
+	// Where a sandbox's RSS goes, from the daemon's Go collector.
+	perSandbox := func(name string) float64 { return (endM[name] - oneM[name]) / float64(sandboxes-1) }
+	b.ReportMetric(perSandbox("go_goroutines"), "goroutines/sandbox")
+	b.ReportMetric(perSandbox("go_memstats_heap_inuse_bytes")/1024, "heap-inuse-KiB/sandbox")
+	b.ReportMetric(perSandbox("go_memstats_stack_inuse_bytes")/1024, "stack-KiB/sandbox")
+	b.ReportMetric(perSandbox("go_memstats_next_gc_bytes")/1024, "gc-target-KiB/sandbox")
+	// Where a turn's time goes: the engine's own time (after its
+	// admission slot) against the client's, over the run's turns and
+	// its slowest percent.
+	var engineT, outside []time.Duration
+	tail := pct(lat(turns), 0.99)
+	tailPhases := map[string]float64{}
+	var tailN int
+	var tailLat, tailEngine time.Duration
+	for _, t := range turns {
+		a := arrived[t.id]
+		ed := time.Duration(a.engineMS * float64(time.Millisecond))
+		engineT, outside = append(engineT, ed), append(outside, t.lat-ed)
+		if t.lat >= tail {
+			tailN++
+			tailLat, tailEngine = tailLat+t.lat, tailEngine+ed
+			for k, v := range a.phasesMS {
+				tailPhases[k] += v
+			}
+		}
+	}
+	for k := range tailPhases {
+		tailPhases[k] /= float64(max(tailN, 1))
+	}
+	b.ReportMetric(ms(pct(engineT, 0.5)), "engine-p50-ms")
+	b.ReportMetric(ms(pct(engineT, 0.99)), "engine-p99-ms")
+	b.ReportMetric(ms(pct(outside, 0.99)), "outside-engine-p99-ms")
+	b.ReportMetric(1000*endM["turnsnap_checkpoint_queue_wait_seconds_sum"]/max(endM["turnsnap_checkpoint_queue_wait_seconds_count"], 1), "admission-wait-mean-ms")
+	b.Logf("slowest %d turns (>= p99 %v): mean latency %v, of it in the engine %v; engine phases (mean ms): %v",
+		tailN, tail, tailLat/time.Duration(max(tailN, 1)), tailEngine/time.Duration(max(tailN, 1)), tailPhases)
 	b.ReportMetric(float64(idle.fds), "fds-idle")
 	b.ReportMetric(float64(one.fds), "fds@1")
 	b.ReportMetric(float64(created.fds), fmt.Sprintf("fds-created@%d", sandboxes))
@@ -328,16 +375,33 @@ func benchScaleSandboxes(b *testing.B, sandboxes, baseTurns int, run time.Durati
 	}
 }
 
-// metricValue is the first sample of metric name in Prometheus text (0 if
-// absent).
+// scrapeGo reads the daemon's /metrics for the figures that explain its
+// footprint and its turns' waits.
+func scrapeGo(b *testing.B, ctx context.Context, c *client.Client) map[string]float64 {
+	b.Helper()
+	text, err := c.Metrics(ctx)
+	must(b, err)
+	out := map[string]float64{}
+	for _, name := range []string{"go_goroutines", "go_memstats_heap_inuse_bytes", "go_memstats_stack_inuse_bytes",
+		"go_memstats_next_gc_bytes", "turnsnap_checkpoint_queue_wait_seconds_sum", "turnsnap_checkpoint_queue_wait_seconds_count"} {
+		out[name] = metricValue(text, name)
+	}
+	return out
+}
+
+// metricValue is the sum of metric name's samples over all their labels
+// in Prometheus text (0 if absent).
 func metricValue(text, name string) float64 {
+	var sum float64
 	for line := range strings.Lines(text) {
-		if rest, ok := strings.CutPrefix(line, name+" "); ok {
-			v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
-			if err == nil {
-				return v
-			}
+		rest, ok := strings.CutPrefix(line, name)
+		if !ok || rest == "" || (rest[0] != ' ' && rest[0] != '{') {
+			continue
+		}
+		f := strings.Fields(rest)
+		if v, err := strconv.ParseFloat(f[len(f)-1], 64); err == nil {
+			sum += v
 		}
 	}
-	return 0
+	return sum
 }
