@@ -67,6 +67,26 @@ func sampleDaemon(pid int) (daemonSample, error) {
 	return s, err
 }
 
+// daemonCPU is the CPU time (user and system) process pid has used, from
+// /proc/PID/stat (in clock ticks of 10 ms: USER_HZ is 100 on Linux).
+func daemonCPU(pid int) (time.Duration, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// The command name may hold spaces: the fields after it follow ")".
+	f := strings.Fields(string(data[strings.LastIndexByte(string(data), ')')+1:]))
+	if len(f) < 13 {
+		return 0, fmt.Errorf("/proc/%d/stat: %d fields after the name", pid, len(f))
+	}
+	utime, err1 := strconv.ParseInt(f[11], 10, 64)
+	stime, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err := errors.Join(err1, err2); err != nil {
+		return 0, fmt.Errorf("/proc/%d/stat: %w", pid, err)
+	}
+	return time.Duration(utime+stime) * 10 * time.Millisecond, nil
+}
+
 // fdKinds counts the daemon's open fds by what they are, for the log:
 // sockets and pipes by kind, anon inodes by name, files by their first
 // two path components (the home's path folded to HOME).
@@ -194,8 +214,15 @@ func benchScaleSandboxes(b *testing.B, sandboxes, baseTurns int, run time.Durati
 		roots[i] = cr.Root
 	}
 	create(0)
+	cpu := func() time.Duration {
+		d, err := daemonCPU(pid)
+		must(b, err)
+		return d
+	}
+	cpu0 := cpu()
 	alone, err := pacedTurns(ctx, d.client(b), "s00", roots[0], baseTurns, time.Time{}, rng)
 	must(b, err)
+	cpuAlone := cpu() - cpu0
 	one := sample()
 	oneM := scrapeGo(b, ctx, c)
 	for i := 1; i < sandboxes; i++ {
@@ -205,6 +232,7 @@ func benchScaleSandboxes(b *testing.B, sandboxes, baseTurns int, run time.Durati
 
 	// The run: every sandbox's agent, a sampler of the daemon's footprint
 	// and a scraper of /metrics.
+	cpu1 := cpu()
 	deadline := time.Now().Add(run)
 	var mu sync.Mutex
 	var turns []turnDone
@@ -257,6 +285,7 @@ func benchScaleSandboxes(b *testing.B, sandboxes, baseTurns int, run time.Durati
 	close(stopSampling)
 	must(b, <-sampled)
 	must(b, errors.Join(errs...))
+	cpuRun := cpu() - cpu1
 	end := sample() // every sandbox has turned: tracked, its agent connected
 	endM := scrapeGo(b, ctx, c)
 	b.Logf("daemon fds at the end of the run (%d sandboxes), by kind: %v", sandboxes, fdKinds(pid, home))
@@ -312,6 +341,14 @@ func benchScaleSandboxes(b *testing.B, sandboxes, baseTurns int, run time.Durati
 	b.ReportMetric(float64(all50)/float64(base50), "p50-x-alone")
 	b.ReportMetric(float64(all99)/float64(base99), "p99-x-alone")
 	b.ReportMetric(float64(len(turns))/run.Seconds(), "turns/s")
+	// The daemon's CPU per turn (everything it did meanwhile included:
+	// background freezes, event and metrics answers): a turn that costs
+	// the same CPU at 64 as alone but takes longer waited for the CPU.
+	cpuPerAlone := cpuAlone / time.Duration(len(alone))
+	cpuPerRun := cpuRun / time.Duration(len(turns))
+	b.ReportMetric(ms(cpuPerAlone), "daemon-cpu-ms/turn@1")
+	b.ReportMetric(ms(cpuPerRun), fmt.Sprintf("daemon-cpu-ms/turn@%d", sandboxes))
+	b.ReportMetric(cpuRun.Seconds()/run.Seconds(), fmt.Sprintf("daemon-cores@%d", sandboxes))
 	b.ReportMetric(mib(idle.rss), "rss-MiB-idle")
 	b.ReportMetric(mib(one.rss), "rss-MiB@1")
 	b.ReportMetric(mib(end.rss), fmt.Sprintf("rss-MiB@%d", sandboxes))

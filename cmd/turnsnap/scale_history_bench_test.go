@@ -25,7 +25,8 @@ import (
 // turn through the engine's commit path (write a file, Checkpoint). The
 // history commands then run as the CLI runs them, in this process (the
 // cobra command tree of main, the home opened directly, the text
-// renderers writing to a buffer): `log` of one sandbox, `log --all
+// renderers writing to a buffer): a real daemon's /metrics on the home,
+// `log` of one sandbox, `log --all
 // --graph`, `catalog rebuild` (from the store alone), `forget --all` with
 // a policy, and `gc`; and the catalog's size on disk is read. Each is
 // measured at two sizes in the same run (1,000 and 10,000; small: 100 and
@@ -44,7 +45,7 @@ func scaleN(full, small int) int {
 
 // historyOps are the measured commands, in the order they run on a home
 // (forget changes the history, gc reclaims what it dropped).
-var historyOps = []string{"log", "log-all-graph", "rebuild", "forget", "gc"}
+var historyOps = []string{"metrics", "log", "log-all-graph", "rebuild", "forget", "gc"}
 
 // historyRun is what one size measured.
 type historyRun struct {
@@ -98,6 +99,25 @@ func measureHistory(b *testing.B, n, sandboxes int) historyRun {
 	defer removeAll(b, home, sandboxes)
 	total := n + 1 // s00's turn 0 (a branch starts at its origin, no new checkpoint)
 	last := fmt.Sprintf("s%02d", sandboxes-1)
+
+	// A daemon on the home answers /metrics (the median of 5 scrapes):
+	// Prometheus scrapes it all day, whatever the history's length.
+	d := startDaemon(b, home, nil)
+	c := d.client(b)
+	var scrapes []time.Duration
+	for range 5 {
+		start := time.Now()
+		m, err := c.Metrics(ctx)
+		scrapes = append(scrapes, time.Since(start))
+		must(b, err)
+		if !strings.Contains(m, "turnsnap_upload_queue_depth") {
+			b.Fatalf("/metrics has no turnsnap_upload_queue_depth:\n%s", m)
+		}
+	}
+	run.op["metrics"] = median(scrapes)
+	if code := d.stop(b); code != 0 {
+		b.Fatalf("turnsnap serve exited %d", code)
+	}
 
 	timed := func(op string, args ...string) string {
 		start := time.Now()
