@@ -131,12 +131,14 @@ func (q queueCollector) Describe(ch chan<- *prometheus.Desc) {
 func (q queueCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	st, err := q.e.HomeSetup().Status(ctx)
+	// The queue's totals alone: Status would read the whole history at
+	// every scrape.
+	objects, bytes, err := q.e.HomeSetup().QueueTotals(ctx)
 	if err != nil {
 		return
 	}
-	ch <- prometheus.MustNewConstMetric(queueDepthDesc, prometheus.GaugeValue, float64(st.QueueDepth))
-	ch <- prometheus.MustNewConstMetric(queueBytesDesc, prometheus.GaugeValue, float64(st.PendingBytes))
+	ch <- prometheus.MustNewConstMetric(queueDepthDesc, prometheus.GaugeValue, float64(objects))
+	ch <- prometheus.MustNewConstMetric(queueBytesDesc, prometheus.GaugeValue, float64(bytes))
 }
 
 // Subscribe returns a channel of events from now on; cancel ends it.

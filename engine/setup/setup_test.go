@@ -91,3 +91,37 @@ func TestSetupStatusWithoutRemote(t *testing.T) {
 		t.Fatalf("a sandbox without a remote: %+v", s)
 	}
 }
+
+// TestQueueTotalsMatchStatus: the /metrics figures (QueueTotals, which
+// reads only the upload queue) are Status's, queue full or empty.
+func TestQueueTotalsMatchStatus(t *testing.T) {
+	ctx := context.Background()
+	h, cat, _ := newHome(t, nil)
+	check := func(wantObjects int, wantBytes int64) {
+		t.Helper()
+		objects, bytes, err := h.QueueTotals(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := h.Status(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if objects != wantObjects || bytes != wantBytes || st.QueueDepth != objects || st.PendingBytes != bytes {
+			t.Fatalf("QueueTotals %d objects, %d bytes; Status %d, %d; want %d, %d",
+				objects, bytes, st.QueueDepth, st.PendingBytes, wantObjects, wantBytes)
+		}
+	}
+	check(0, 0)
+	err := cat.Update(ctx, func(tx *catalog.Tx) error {
+		return tx.EnqueueUploads([]catalog.PendingUpload{
+			{Sandbox: "a", Name: "packs/00/one", Size: 100},
+			{Sandbox: "b", Name: "packs/00/two", Size: 20},
+			{Sandbox: "b", Name: delta.RecordPrefix + "three", Size: 3},
+		})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	check(3, 123)
+}
