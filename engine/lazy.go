@@ -235,6 +235,22 @@ func (e *Engine) WaitLazy(ctx context.Context, name delta.SandboxName) error {
 	}
 }
 
+// WaitLazyAll waits for every lazy restore of this engine (the CLI without
+// a daemon calls it before it exits) and returns their errors.
+func (e *Engine) WaitLazyAll(ctx context.Context) error {
+	e.lazy.mu.Lock()
+	names := make([]delta.SandboxName, 0, len(e.lazy.m))
+	for n := range e.lazy.m {
+		names = append(names, n)
+	}
+	e.lazy.mu.Unlock()
+	var errs []error
+	for _, n := range names {
+		errs = append(errs, e.WaitLazy(ctx, n))
+	}
+	return errors.Join(errs...)
+}
+
 // resumeLazy takes over a lazy restore a killed process left in st's root
 // (its live generation's state file says incomplete): its placeholders are
 // marked again and filled from the start. One whose placeholders were not
