@@ -37,6 +37,10 @@ func main() {
 		mask = unix.FAN_OPEN_PERM
 	case "both":
 		mask |= unix.FAN_OPEN_PERM
+	case "dir":
+		mask |= unix.FAN_ONDIR
+	case "dirsub":
+		mask |= unix.FAN_ONDIR | unix.FAN_EVENT_ON_CHILD
 	}
 	if err := unix.FanotifyMark(fd, flags, mask, unix.AT_FDCWD, mark); err != nil {
 		fmt.Println("mark PRE_ACCESS:", kind, mark, err)
@@ -65,7 +69,7 @@ func main() {
 					io += int(l)
 				}
 				fmt.Printf("event mask=%#x pid=%d path=%s%s\n", md.Mask, md.Pid, p, info)
-				if fill != "-" && md.Fd >= 0 {
+				if fill != "-" && md.Fd >= 0 && os.Getenv("MASK") != "dir" {
 					var st unix.Stat_t
 					unix.Fstat(int(md.Fd), &st)
 					data := []byte(strings.Repeat(fill, int(st.Size)/len(fill)+1))[:st.Size]
