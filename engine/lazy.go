@@ -54,9 +54,10 @@ func (l *lazyRestores) put(name delta.SandboxName, r *lazyRun) {
 
 // stop ends name's lazy restore, if one runs: its fetch-ahead is cancelled
 // and its listener closed. Unfilled files keep their markers and the state
-// file (a later load of the sandbox resumes), so stop is for removal and
-// for the engine's close.
-func (l *lazyRestores) stop(name delta.SandboxName) {
+// file (a later load of the sandbox resumes). detach leaves the keeper
+// holding the group (the engine's close: accesses wait for the next
+// engine); otherwise the keeper is stopped too (the sandbox's removal).
+func (l *lazyRestores) stop(name delta.SandboxName, detach bool) {
 	l.mu.Lock()
 	r := l.m[name]
 	delete(l.m, name)
@@ -64,7 +65,22 @@ func (l *lazyRestores) stop(name delta.SandboxName) {
 	if r != nil {
 		r.cancel()
 		<-r.done
-		_ = r.f.Close()
+		if detach {
+			_ = r.f.Detach()
+		} else {
+			_ = r.f.Close()
+		}
+	}
+}
+
+// stopLazy is stop for a sandbox being removed: also a keeper a killed
+// process left for its root.
+func (e *Engine) stopLazy(name delta.SandboxName) {
+	e.lazy.stop(name, false)
+	if gen, _, err := overlay.LiveLayer(e.home.sandboxDir(name)); err == nil {
+		if err := lazy.Release(gen); err != nil {
+			e.log.Warn("lazy restore: keeper of a removed sandbox", "sandbox", string(name), "err", err)
+		}
 	}
 }
 
@@ -76,7 +92,7 @@ func (l *lazyRestores) stopAll() {
 	}
 	l.mu.Unlock()
 	for _, n := range names {
-		l.stop(n)
+		l.stop(n, true)
 	}
 }
 
@@ -196,7 +212,7 @@ func (e *Engine) BranchLazy(ctx context.Context, ref catalog.CheckpointRef, newN
 }
 
 func (e *Engine) lazyConfig(name delta.SandboxName, gen, upper string, tree delta.ID) lazy.Config {
-	return lazy.Config{Sandbox: string(name), Dir: gen, Upper: upper, Tree: tree, Loader: e.data.repo, IDs: e.keys.IDs(), Log: e.log}
+	return lazy.Config{Sandbox: string(name), Dir: gen, Upper: upper, Tree: tree, Loader: e.data.repo, IDs: e.keys.IDs(), Log: e.log, Keeper: true}
 }
 
 // startLazy runs f's fetch-ahead in the background; the engine's close
@@ -208,7 +224,12 @@ func (e *Engine) startLazy(name delta.SandboxName, f *lazy.Filler) {
 	go func() {
 		defer close(r.done)
 		r.err = f.FetchAhead(ctx, nil)
-		if r.err != nil && !errors.Is(r.err, context.Canceled) {
+		if r.err == nil {
+			// Whole: the group (and its keeper) can go; accesses a dead
+			// predecessor read but never answered are let through now,
+			// onto filled files.
+			_ = f.Close()
+		} else if !errors.Is(r.err, context.Canceled) {
 			e.log.Error("lazy restore: fetch-ahead", "sandbox", string(name), "err", r.err)
 		}
 	}()

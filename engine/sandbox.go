@@ -426,7 +426,7 @@ func (e *Engine) RemoveSandboxWith(ctx context.Context, name delta.SandboxName, 
 		o.CatalogOnly = true
 	}
 	e.untrack(string(name)) // its descriptor on the root would keep it mounted
-	e.lazy.stop(name)       // its fills write into the root
+	e.stopLazy(name)        // its fills write into the root
 	var be rootfs.Backend
 	if !o.CatalogOnly {
 		if err := e.procs.Stop(ctx, e.procs.Container(name)); err != nil {

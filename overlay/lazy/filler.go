@@ -44,6 +44,11 @@ type Config struct {
 	AllowDevices bool
 	// Log receives one line per failed fill; nil means slog.Default().
 	Log *slog.Logger
+	// Keeper starts a process that holds the group (keeper.go), so an
+	// access while no daemon runs waits rather than reading holes, and
+	// Recover takes the group back from it. A daemon sets it; a Close
+	// stops the keeper, a crash leaves it.
+	Keeper bool
 }
 
 // Stats counts a filler's work.
@@ -83,6 +88,7 @@ type Filler struct {
 	events *os.File
 	gfd    int
 	upper  *os.File // a descriptor on the upper's filesystem, for open_by_handle_at
+	keeper *keeper  // nil without Config.Keeper
 	// ctx bounds the fills; Close cancels it and waits for answers.
 	ctx     context.Context
 	cancel  context.CancelFunc
@@ -96,6 +102,7 @@ type Filler struct {
 
 	filled, bytes, onDemand, failed atomic.Int64
 	readerDone                      chan struct{}
+	readerStarted                   bool // set before the reader starts, by markReady
 	closeOnce                       sync.Once
 }
 
@@ -104,11 +111,17 @@ type Filler struct {
 // and marked ready last, so a crash between leaves a root that Recover
 // refuses (the layer is made again).
 func Restore(ctx context.Context, cfg Config) (*Filler, error) {
-	f, err := newFiller(cfg)
+	f, err := newFiller(cfg, -1)
 	if err != nil {
 		return nil, err
 	}
-	if err := writeState(cfg.Dir, cfg.Tree, false); err != nil {
+	if cfg.Keeper {
+		if f.keeper, err = startKeeper(f.gfd); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("sandbox %s: lazy restore: %w", cfg.Sandbox, err)
+		}
+	}
+	if err := writeState(cfg.Dir, cfg.Tree, false, f.keeperPID()); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("sandbox %s: lazy restore state: %w", cfg.Sandbox, err)
 	}
@@ -123,11 +136,19 @@ func Restore(ctx context.Context, cfg Config) (*Filler, error) {
 	return f, nil
 }
 
-func newFiller(cfg Config) (*Filler, error) {
-	fd, err := unix.FanotifyInit(unix.FAN_CLASS_PRE_CONTENT|unix.FAN_CLOEXEC|unix.FAN_NONBLOCK|unix.FAN_UNLIMITED_QUEUE|unix.FAN_UNLIMITED_MARKS,
-		unix.O_RDWR|unix.O_LARGEFILE|unix.O_CLOEXEC)
-	if err != nil {
-		return nil, fmt.Errorf("sandbox %s: lazy restore: fanotify pre-content group: %w", cfg.Sandbox, err)
+// newFiller makes a filler on a new group, or on fd, a group taken over
+// from a keeper.
+func newFiller(cfg Config, fd int) (*Filler, error) {
+	if fd < 0 {
+		var err error
+		fd, err = unix.FanotifyInit(unix.FAN_CLASS_PRE_CONTENT|unix.FAN_CLOEXEC|unix.FAN_NONBLOCK|unix.FAN_UNLIMITED_QUEUE|unix.FAN_UNLIMITED_MARKS,
+			unix.O_RDWR|unix.O_LARGEFILE|unix.O_CLOEXEC)
+		if err != nil {
+			return nil, fmt.Errorf("sandbox %s: lazy restore: fanotify pre-content group: %w", cfg.Sandbox, err)
+		}
+	} else if err := unix.SetNonblock(fd, true); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("sandbox %s: lazy restore: %w", cfg.Sandbox, err)
 	}
 	gfd, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
@@ -146,21 +167,35 @@ func newFiller(cfg Config) (*Filler, error) {
 	if f.log == nil {
 		f.log = slog.Default()
 	}
-	go f.read()
 	return f, nil
 }
 
 // add marks the placeholder open as fd and remembers its entry.
-func (f *Filler) add(rel string, e *delta.Entry, fd int) error {
+func (f *Filler) add(rel string, e *delta.Entry, fd int) error { return f.addAt(rel, e, fd, "") }
+
+// addAt is add of the placeholder at path name (never followed), or of fd
+// when name is empty. Recover names files by path: opening one would raise
+// an event on a group taken over with its marks.
+func (f *Filler) addAt(rel string, e *delta.Entry, fd int, name string) error {
+	statFlags, handleFlags, markFlags := unix.AT_SYMLINK_NOFOLLOW, 0, uint(unix.FAN_MARK_ADD|unix.FAN_MARK_INODE)
+	if name == "" {
+		statFlags |= unix.AT_EMPTY_PATH
+		handleFlags = unix.AT_EMPTY_PATH
+	} else {
+		markFlags |= unix.FAN_MARK_DONT_FOLLOW
+	}
 	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
+	if err := unix.Fstatat(fd, name, &st, statFlags); err != nil {
 		return err
 	}
-	h, _, err := unix.NameToHandleAt(fd, "", unix.AT_EMPTY_PATH)
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return fmt.Errorf("placeholder /%s is not a regular file", rel)
+	}
+	h, _, err := unix.NameToHandleAt(fd, name, handleFlags)
 	if err != nil {
 		return fmt.Errorf("file handle: %w", err)
 	}
-	if err := unix.FanotifyMark(f.gfd, unix.FAN_MARK_ADD|unix.FAN_MARK_INODE, markMask, fd, ""); err != nil {
+	if err := unix.FanotifyMark(f.gfd, markFlags, markMask, fd, name); err != nil {
 		return fmt.Errorf("pre-content mark: %w", err)
 	}
 	f.mu.Lock()
@@ -172,12 +207,17 @@ func (f *Filler) add(rel string, e *delta.Entry, fd int) error {
 // markReady records that every placeholder is made and marked; the layer
 // is complete at once if it holds no file.
 func (f *Filler) markReady() error {
-	if err := writeState(f.cfg.Dir, f.cfg.Tree, true); err != nil {
+	if err := writeState(f.cfg.Dir, f.cfg.Tree, true, f.keeperPID()); err != nil {
 		return fmt.Errorf("sandbox %s: lazy restore state: %w", f.cfg.Sandbox, err)
 	}
 	f.mu.Lock()
 	f.ready = true
 	f.mu.Unlock()
+	// Events are read only from here: on a group taken over from a keeper,
+	// an access queued before every placeholder was known again would
+	// otherwise be let through unfilled.
+	f.readerStarted = true
+	go f.read()
 	return f.maybeDone()
 }
 
@@ -362,6 +402,25 @@ func (f *Filler) fill(ctx context.Context, fd int, p *pendingFile) error {
 	return nil
 }
 
+// Detach stops answering events as Close does, but leaves the keeper (if
+// any) holding the group: accesses then wait for the next process to
+// Recover the layer, rather than read holes. A daemon that shuts down with
+// a restore unfinished detaches.
+func (f *Filler) Detach() error {
+	if f.keeper != nil {
+		unix.Close(f.keeper.pidfd)
+		f.keeper = nil
+	}
+	return f.Close()
+}
+
+func (f *Filler) keeperPID() int {
+	if f.keeper == nil {
+		return 0
+	}
+	return f.keeper.pid
+}
+
 // Stats reports the filler's progress.
 func (f *Filler) Stats() Stats {
 	f.mu.Lock()
@@ -399,9 +458,14 @@ func (f *Filler) Err() error {
 func (f *Filler) Close() error {
 	var err error
 	f.closeOnce.Do(func() {
+		if f.keeper != nil {
+			f.keeper.stop()
+		}
 		f.cancel()
 		err = f.events.Close()
-		<-f.readerDone
+		if f.readerStarted {
+			<-f.readerDone
+		}
 		f.answers.Wait()
 		if cerr := unix.Close(f.gfd); err == nil {
 			err = cerr

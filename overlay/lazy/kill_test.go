@@ -118,9 +118,82 @@ func TestKillChild(t *testing.T) {
 	b.delay = 20 * time.Millisecond
 	dir := os.Getenv("LAZY_CHILD_DIR")
 	l := layout{dir: dir, upper: filepath.Join(dir, "upper")}
-	f, err := Restore(context.Background(), l.config(b, tree))
+	cfg := l.config(b, tree)
+	cfg.Keeper = os.Getenv("LAZY_CHILD_KEEPER") != ""
+	f, err := Restore(context.Background(), cfg)
 	must(t, err)
 	fmt.Println("ready")
+	if cfg.Keeper {
+		select {} // answer what comes, fetch nothing ahead, until killed
+	}
 	_ = f.FetchAhead(context.Background(), nil)
 	t.Fatal("the child finished before it was killed")
+}
+
+// TestKeeperHoldsAccessesWhileNoListenerRuns: with a keeper, an access to a
+// placeholder made while the listener is dead (SIGKILL) waits instead of
+// reading holes; the next process takes the group back from the keeper,
+// and once the layer is whole the waiting access reads the stored bytes.
+// The keeper is gone after the Close.
+func TestKeeperHoldsAccessesWhileNoListenerRuns(t *testing.T) {
+	srv, b := startBucket(t)
+	src := t.TempDir()
+	sample(t, src)
+	tree := stored(t, b, src)
+	l := newLayout(t)
+	cmd := exec.Command(os.Args[0], "-test.run=^TestKillChild$", "-test.v")
+	cmd.Env = append(os.Environ(), "LAZY_CHILD_ENDPOINT="+srv.Endpoint, "LAZY_CHILD_DIR="+l.dir, "LAZY_CHILD_TREE="+tree.String(), "LAZY_CHILD_KEEPER=1")
+	out, err := cmd.StdoutPipe()
+	must(t, err)
+	cmd.Stderr = os.Stderr
+	must(t, cmd.Start())
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	lines := bufio.NewScanner(out)
+	for lines.Scan() && lines.Text() != "ready" {
+	}
+	l.mount(t)
+	// The child answers nothing (it fetches nothing ahead and is killed
+	// before the reader starts): the read waits on the kept group.
+	must(t, cmd.Process.Signal(syscall.SIGKILL))
+	_ = cmd.Wait()
+	st, err := ReadState(l.dir)
+	must(t, err)
+	if st.Keeper == 0 {
+		t.Fatal("no keeper recorded in the state file")
+	}
+	reader := exec.Command("cat", filepath.Join(l.mnt, "src/mod03.py"))
+	var got bytes.Buffer
+	reader.Stdout = &got
+	must(t, reader.Start())
+	exited := make(chan error, 1)
+	go func() { exited <- reader.Wait() }()
+	select {
+	case err := <-exited:
+		t.Fatalf("the read finished with no listener running (%v): %q", err, got.String())
+	case <-time.After(700 * time.Millisecond):
+	}
+	cfg := l.config(b, delta.ID{})
+	cfg.Keeper = true
+	f, err := Recover(context.Background(), cfg)
+	must(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	must(t, f.FetchAhead(ctx, nil))
+	must(t, f.Close())
+	select {
+	case err := <-exited:
+		must(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the waiting read did not finish after the layer was whole")
+	}
+	want, _ := os.ReadFile(filepath.Join(src, "src/mod03.py"))
+	if !bytes.Equal(got.Bytes(), want) {
+		t.Fatalf("the read that waited got %d bytes, not the stored %d", got.Len(), len(want))
+	}
+	// Gone, or a zombie its new parent has not reaped yet.
+	if stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", st.Keeper)); err == nil {
+		if _, rest, _ := strings.Cut(string(stat), ") "); !strings.HasPrefix(rest, "Z") {
+			t.Errorf("keeper %d still runs after the Close: %s", st.Keeper, stat)
+		}
+	}
 }

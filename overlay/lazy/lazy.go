@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/turnsnap/turnsnap/delta"
@@ -48,9 +49,13 @@ const StateFile = "lazy-restore"
 // be made again rather than filled).
 const readyWord = "ready"
 
+// keeperWord prefixes the keeper's pid in the state file.
+const keeperWord = "keeper="
+
 // writeState records that the layer of the root in dir is being filled
-// from tree, ready or not.
-func writeState(dir string, tree delta.ID, ready bool) error {
+// from tree, ready or not, and the keeper process holding its group (0:
+// none).
+func writeState(dir string, tree delta.ID, ready bool, keeper int) error {
 	p := filepath.Join(dir, StateFile)
 	tmp := p + ".tmp"
 	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
@@ -60,6 +65,9 @@ func writeState(dir string, tree delta.ID, ready bool) error {
 	text := tree.String() + "\n"
 	if ready {
 		text += readyWord + "\n"
+	}
+	if keeper > 0 {
+		text += fmt.Sprintf("%s%d\n", keeperWord, keeper)
 	}
 	if _, err := f.WriteString(text); err != nil {
 		f.Close()
@@ -87,6 +95,9 @@ type State struct {
 	// Ready: every placeholder was made and marked, so Recover can finish
 	// the fill; otherwise the layer must be made again.
 	Ready bool
+	// Keeper is the pid of the process that held the group's descriptor
+	// (Config.Keeper), 0 if none.
+	Keeper int
 }
 
 // ReadState reads the state file of the root in dir.
@@ -100,14 +111,27 @@ func ReadState(dir string) (State, error) {
 		return State{}, err
 	}
 	lines := strings.Fields(string(b))
-	if len(lines) == 0 || len(lines) > 2 || (len(lines) == 2 && lines[1] != readyWord) {
+	if len(lines) == 0 || len(lines) > 3 {
 		return State{}, fmt.Errorf("%s: not a lazy restore state", p)
 	}
 	id, err := delta.ParseID(lines[0])
 	if err != nil {
 		return State{}, fmt.Errorf("%s: %w", p, err)
 	}
-	return State{Incomplete: true, Tree: id, Ready: len(lines) == 2}, nil
+	st := State{Incomplete: true, Tree: id}
+	for _, l := range lines[1:] {
+		switch {
+		case l == readyWord:
+			st.Ready = true
+		case strings.HasPrefix(l, keeperWord):
+			if st.Keeper, err = strconv.Atoi(strings.TrimPrefix(l, keeperWord)); err != nil || st.Keeper <= 0 {
+				return State{}, fmt.Errorf("%s: keeper %q", p, l)
+			}
+		default:
+			return State{}, fmt.Errorf("%s: not a lazy restore state", p)
+		}
+	}
+	return st, nil
 }
 
 // clearState says the root in dir is whole.

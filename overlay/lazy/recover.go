@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"path"
 	"path/filepath"
 
@@ -37,9 +38,34 @@ func Recover(ctx context.Context, cfg Config) (*Filler, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: lazy restore of %s: %w", cfg.Sandbox, st.Tree.Short(), err)
 	}
-	f, err := newFiller(cfg)
+	var (
+		k  *keeper
+		fd = -1
+	)
+	if cfg.Keeper && st.Keeper > 0 {
+		// The group the dead process used, with its marks: accesses made
+		// since wait on it, and are answered from here on.
+		if k, fd, err = adoptKeeper(st.Keeper); err != nil {
+			log := cfg.Log
+			if log == nil {
+				log = slog.Default()
+			}
+			log.Warn("lazy restore: keeper not taken over; a new group", "sandbox", cfg.Sandbox, "err", err)
+		}
+	}
+	f, err := newFiller(cfg, fd)
 	if err != nil {
+		if k != nil {
+			k.stop()
+		}
 		return nil, err
+	}
+	f.keeper = k
+	if cfg.Keeper && k == nil {
+		if f.keeper, err = startKeeper(f.gfd); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("sandbox %s: lazy restore: %w", cfg.Sandbox, err)
+		}
 	}
 	buf := make([]byte, 4096)
 	err = filepath.WalkDir(cfg.Upper, func(p string, d fs.DirEntry, err error) error {
@@ -58,12 +84,7 @@ func Recover(ctx context.Context, cfg Config) (*Filler, error) {
 		if !ok {
 			return fmt.Errorf("%s: placeholder for /%s, which tree %s has no file at", p, rel, st.Tree.Short())
 		}
-		fd, err := unix.Open(p, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return err
-		}
-		defer unix.Close(fd)
-		return f.add(rel, e, fd)
+		return f.addAt(rel, e, unix.AT_FDCWD, p)
 	})
 	if err == nil {
 		err = f.markReady()
