@@ -4,12 +4,16 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
+	"golang.org/x/sys/unix"
 )
 
 // TestLazyBranchFromTheBucket: a fresh home (catalog rebuilt from a real
@@ -97,4 +101,71 @@ func TestLazyBranchFromTheBucket(t *testing.T) {
 		t.Fatalf("resumed lazy branch hashes to %s, want %s", got.Short(), want.Short())
 	}
 	t.Logf("second branch: %d files pending when its engine closed", st.Pending)
+}
+
+// TestLazyBranchMissingPackNamesItAndTheSandbox: the bucket loses the data
+// packs after a lazy branch started. A read of a file whose chunks were in
+// them fails (EIO, never the placeholder's holes), and the restore's error
+// names the sandbox and the missing pack; the sandbox is not whole, so its
+// checkpoint is refused rather than recording placeholders.
+func TestLazyBranchMissingPackNamesItAndTheSandbox(t *testing.T) {
+	ctx := context.Background()
+	srv := startMinIO(t)
+	a := newEngine(t)
+	cr, err := a.CreateSandbox(ctx, "s", CreateOptions{Base: richBase(t)})
+	must(t, err)
+	big := make([]byte, 1<<20)
+	_, _ = rand.Read(big)
+	must(t, os.WriteFile(filepath.Join(cr.Root, "big.bin"), big, 0o644))
+	c1, err := a.Checkpoint(ctx, "s", CheckpointOptions{})
+	must(t, err)
+	_, err = a.HomeSetup().Init(ctx, remoteCfg(srv.Endpoint, "lazymiss"))
+	must(t, err)
+	_, err = a.Remote().Push(ctx, PushOptions{})
+	must(t, err)
+
+	b := openEngineOracle(t, filepath.Join(t.TempDir(), "home"), false) // its bucket is damaged on purpose
+	_, err = b.HomeSetup().Init(ctx, remoteCfg(srv.Endpoint, "lazymiss"))
+	must(t, err)
+	_, err = b.Rebuilder().RebuildCatalog(ctx)
+	must(t, err)
+	// The pack holding big.bin's first chunk goes before the branch (the
+	// branch's fetch-ahead would otherwise race the deletion).
+	cp1, err := b.Resolve(ctx, mustRef(c1.ID.String()))
+	must(t, err)
+	tr, err := delta.LoadTree(ctx, b.data.repo, cp1.FSTree)
+	must(t, err)
+	var chunk delta.ID
+	for _, en := range tr.Entries {
+		if en.Name == "big.bin" {
+			chunk = en.Chunks[0]
+		}
+	}
+	var loc catalog.BlobLocation
+	must(t, b.view(ctx, func(tx *catalog.Tx) error {
+		var found bool
+		var err error
+		if loc, found, err = tx.Blob(chunk); err == nil && !found {
+			err = errors.New("big.bin's chunk is in no pack")
+		}
+		return err
+	}))
+	gone := delta.PackName(loc.Pack)
+	must(t, b.stores.remote.Delete(ctx, gone))
+	br, err := b.BranchLazy(ctx, mustRef(c1.ID.String()), "lz", BranchOptions{})
+	must(t, err)
+	_, err = os.ReadFile(filepath.Join(br.Root, "big.bin"))
+	if !errors.Is(err, unix.EIO) {
+		t.Fatalf("read of a file whose pack is gone: %v, want EIO", err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	werr := b.WaitLazy(wctx, "lz")
+	if werr == nil || !strings.Contains(werr.Error(), "sandbox lz") || !strings.Contains(werr.Error(), gone) {
+		t.Fatalf("lazy restore with a data pack gone: %v; want the sandbox and %s named", werr, gone)
+	}
+	if _, err := b.Checkpoint(ctx, "lz", CheckpointOptions{}); err == nil {
+		t.Fatal("a checkpoint of a lazy branch that is not whole succeeded")
+	}
+	t.Logf("error: %v", werr)
 }

@@ -82,7 +82,8 @@ feed:
 		return err
 	}
 	if len(errs) > 0 {
-		return fmt.Errorf("sandbox %s: lazy restore: %d files not filled: %w", f.cfg.Sandbox, len(errs), errors.Join(errs[:min(len(errs), 3)]...))
+		// Each error names the sandbox and the file already.
+		return fmt.Errorf("%d file(s) not filled: %w", len(errs), errors.Join(errs[:min(len(errs), 3)]...))
 	}
 	return f.Wait(ctx)
 }
@@ -101,7 +102,7 @@ func (f *Filler) touch(p *pendingFile) error {
 		if ferr != nil && errors.Is(err, unix.EIO) {
 			return ferr // the fill's own error names the object
 		}
-		return fmt.Errorf("/%s: %w", p.rel, err)
+		return fmt.Errorf("sandbox %s: lazy restore of /%s: %w", f.cfg.Sandbox, p.rel, err)
 	}
 	return unix.Close(fd)
 }
