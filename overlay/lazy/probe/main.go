@@ -1,4 +1,17 @@
-// Command probe measures what fanotify pre-content events do on this kernel.
+// Command probe measures what fanotify pre-content events do on this
+// kernel (docs/STORAGE.md, "Lazy restore", records its answers):
+//
+//	probe inode|fs|mount MARKPATH FILL CMD...
+//
+// makes a FAN_CLASS_PRE_CONTENT group, marks MARKPATH (an inode, its
+// filesystem or its mount) for FAN_PRE_ACCESS, runs each CMD with sh -c in
+// another process, and prints every event (mask, pid, path, range record).
+// Each event's file is filled with FILL repeated to its size (@FILE: that
+// file's bytes; "-": nothing) through the event's descriptor, then allowed.
+// MASK=open marks FAN_OPEN_PERM instead, MASK=both both, MASK=dir adds
+// FAN_ONDIR; HANG=1 never answers (to see what an access gets when the
+// listener dies). Run it as root on throwaway mounts: a filesystem mark on
+// the host's root would hold every read of every process on it.
 package main
 
 import (
