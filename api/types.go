@@ -176,6 +176,13 @@ type BranchRequest struct {
 	Backend     string `json:"backend,omitempty"`
 	BtrfsPool   string `json:"btrfs_pool,omitempty"`
 	FSOnly      bool   `json:"fs_only,omitempty"`
+	// Lazy starts the one new sandbox before its files' bytes are on this
+	// host: each file is fetched on first access, the rest in the
+	// background (docs/STORAGE.md, "Lazy restore"). Overlay, one name, no
+	// processes (fs_only for a checkpoint with processes). The result has
+	// no receipt; checkpoints and rollbacks of the sandbox wait until its
+	// restore is whole.
+	Lazy bool `json:"lazy,omitempty"`
 }
 
 // MaxBranchCount bounds one fan-out request.

@@ -95,6 +95,9 @@ func (e *Engine) Checkpoint(ctx context.Context, name delta.SandboxName, opts Ch
 	if err != nil {
 		return nil, err
 	}
+	if err := e.wholeForWrite(ctx, st); err != nil { // never record a placeholder (lazy.go)
+		return nil, err
+	}
 	if err := e.rem.MustOwn(st.sb, st.owner, st.head.ID); err != nil {
 		return nil, err
 	}

@@ -97,6 +97,7 @@ type Engine struct {
 	receipts *receipt.Checker
 	locks    engineLocks // the engine's locks and its admission (locks.go)
 	memo     turnMemos
+	lazy     lazyRestores // lazy restores in progress (lazy.go)
 }
 
 // tiers are the engine's object stores. front is where it reads and
@@ -262,6 +263,7 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 // freezes and waiting for them: a layer half built is never published),
 // then releases the catalog and the home lock.
 func (e *Engine) Close() error {
+	e.lazy.stopAll()
 	closeBackends(e.backends)
 	var err error
 	if e.cat != nil {

@@ -71,6 +71,9 @@ func (e *Engine) Rollback(ctx context.Context, name delta.SandboxName, ref catal
 	if err != nil {
 		return nil, err
 	}
+	if err := e.wholeForWrite(ctx, st); err != nil { // never record a placeholder (lazy.go)
+		return nil, err
+	}
 	if err := e.rem.MustOwn(st.sb, st.owner, st.head.ID); err != nil {
 		return nil, err
 	}

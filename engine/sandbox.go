@@ -291,6 +291,9 @@ func (e *Engine) loadSandbox(ctx context.Context, name delta.SandboxName) (*sand
 		}
 	}
 	st.interrupted = intents.Interrupted(st.sb)
+	if err := e.resumeLazy(ctx, st); err != nil {
+		return nil, err
+	}
 	return st, nil
 }
 
@@ -423,6 +426,7 @@ func (e *Engine) RemoveSandboxWith(ctx context.Context, name delta.SandboxName, 
 		o.CatalogOnly = true
 	}
 	e.untrack(string(name)) // its descriptor on the root would keep it mounted
+	e.stopLazy(name)        // its fills write into the root
 	var be rootfs.Backend
 	if !o.CatalogOnly {
 		if err := e.procs.Stop(ctx, e.procs.Container(name)); err != nil {

@@ -29,6 +29,13 @@ type ApplyOptions struct {
 	// Plain says the tree is a complete state (a base, a process image)
 	// rather than a writable layer (StateRules.Plain).
 	Plain bool
+	// Placeholder, when set, makes every file entry a placeholder instead
+	// of writing its chunks: the file gets its size (one hole, no block
+	// written) and all its metadata, and then Placeholder is called with
+	// its root-relative path, its entry and its open descriptor (after the
+	// metadata, so what it adds stays). Lazy restore (overlay/lazy) fills
+	// the placeholders on first access.
+	Placeholder func(rel string, e *delta.Entry, fd int) error
 }
 
 // ApplyStats counts what an apply wrote.
@@ -212,7 +219,12 @@ func (a *applier) file(ctx context.Context, dirFD int, rel string, e *delta.Entr
 	}
 	f := os.NewFile(uintptr(fd), e.Name)
 	defer f.Close()
-	n, err := writeChunks(ctx, a.opts.Loader, f, e)
+	var n uint64
+	if a.opts.Placeholder != nil {
+		err = f.Truncate(int64(e.Size))
+	} else {
+		n, err = writeChunks(ctx, a.opts.Loader, f, e)
+	}
 	if err != nil {
 		return err
 	}
@@ -221,6 +233,11 @@ func (a *applier) file(ctx context.Context, dirFD int, rel string, e *delta.Entr
 	a.stats.Bytes += int64(n)
 	if err := setMeta(metaTarget{fd: fd}, e); err != nil {
 		return err
+	}
+	if a.opts.Placeholder != nil {
+		if err := a.opts.Placeholder(rel, e, fd); err != nil {
+			return err
+		}
 	}
 	return f.Close()
 }

@@ -367,8 +367,15 @@ func (s *Service) Branch(ctx context.Context, ref string, req api.BranchRequest)
 	}
 	o := engine.BranchOptions{Backend: backend, Btrfs: cfg, FSOnly: req.FSOnly, Materialise: req.Materialise}
 	start := time.Now()
+	if req.Lazy && len(names) != 1 {
+		return nil, invalidf("branch of %s: a lazy branch makes one sandbox, not %d", ref, len(names))
+	}
 	if len(names) == 1 {
-		r, err := s.E.Branch(ctx, cpRef, sbs[0], o)
+		branch := s.E.Branch
+		if req.Lazy {
+			branch = s.E.BranchLazy
+		}
+		r, err := branch(ctx, cpRef, sbs[0], o)
 		s.Monitor.restored(api.EventBranch, names[0], r, err, time.Since(start))
 		if err != nil {
 			return nil, err

@@ -142,6 +142,11 @@ func (a *app) openDirect(ro func(args []string) bool, fn func(ctx context.Contex
 // mode only the freezes worth their cost are queued (FreezeOnBranch).
 func closeDirect(e *engine.Engine) {
 	e.WaitFreezes()
+	// A lazy restore's files are filled by this process: without it their
+	// first access would read placeholders.
+	if err := e.WaitLazyAll(context.Background()); err != nil {
+		slog.Error("lazy restore", "err", err)
+	}
 	e.Close()
 }
 

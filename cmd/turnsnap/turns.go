@@ -97,10 +97,10 @@ stay stopped.`,
 
 func (a *app) branchCmd() *cobra.Command {
 	var backend, pool string
-	var fsOnly, materialise bool
+	var fsOnly, materialise, lazy bool
 	var count int
 	c := &cobra.Command{
-		Use:   "branch CHECKPOINT NEWNAME [NEWNAME...] [--count N] [--backend overlay|btrfs [--btrfs-pool PATH]]",
+		Use:   "branch CHECKPOINT NEWNAME [NEWNAME...] [--count N] [--backend overlay|btrfs [--btrfs-pool PATH]] [--lazy]",
 		Short: "Create new sandboxes whose roots equal a checkpoint",
 		Long: `Create one sandbox per NEWNAME whose root equals CHECKPOINT, with that
 checkpoint as its head. With --count N and one NEWNAME, N sandboxes
@@ -117,7 +117,14 @@ the checkpoint, if that sandbox's root is on this home. A btrfs checkpoint
 recorded by another home (a catalog rebuilt from a shared bucket, a fresh
 home) never reuses the pool path recorded there: the branch uses this home's
 btrfs pool if it has exactly one, and otherwise asks for --btrfs-pool DIR
-(exit 2).`,
+(exit 2).
+
+--lazy (one overlay sandbox) starts the sandbox before its files' bytes are
+on this host, as after a catalog rebuild on a fresh home: each file is
+fetched from the bucket on its first open, the rest in the background, and
+a checkpoint or rollback of the sandbox waits until it is whole
+(docs/STORAGE.md, "Lazy restore"). Without a daemon the command itself
+waits for the whole restore before it exits.`,
 		Args: cobra.MinimumNArgs(2),
 		RunE: a.withService(nil, func(ctx context.Context, s service, args []string) error {
 			if pool != "" {
@@ -128,7 +135,7 @@ btrfs pool if it has exactly one, and otherwise asks for --btrfs-pool DIR
 				pool = abs
 			}
 			rs, err := s.Branch(ctx, args[0], api.BranchRequest{Name: args[1], Names: args[2:], Count: count,
-				Materialise: materialise, Backend: backend, BtrfsPool: pool, FSOnly: fsOnly})
+				Materialise: materialise, Backend: backend, BtrfsPool: pool, FSOnly: fsOnly, Lazy: lazy})
 			if err != nil {
 				return err
 			}
@@ -151,6 +158,7 @@ btrfs pool if it has exactly one, and otherwise asks for --btrfs-pool DIR
 	c.Flags().BoolVar(&fsOnly, "fs-only", false, "restore the checkpoint's files only, not its processes")
 	c.Flags().IntVar(&count, "count", 0, fmt.Sprintf("fan out: make N sandboxes NEWNAME-1 ... NEWNAME-N (at most %d; --json then prints a list)", api.MaxBranchCount))
 	c.Flags().BoolVar(&materialise, "materialise", false, "copy the layer from the store instead of stacking on a frozen layer (kept, or built for the branch)")
+	c.Flags().BoolVar(&lazy, "lazy", false, "start the sandbox before its files are fetched: each on first access, the rest in the background (overlay, one sandbox)")
 	return c
 }
 

@@ -1,0 +1,121 @@
+package lazy
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/fstree"
+	"golang.org/x/sys/unix"
+)
+
+// scaleN is engine/scale_bench_test.go's: full size, or small under
+// TURNSNAP_BENCH_SMALL (make test runs every benchmark once that way).
+func scaleN(full, small int) int {
+	if os.Getenv("TURNSNAP_BENCH_SMALL") != "" {
+		return small
+	}
+	return full
+}
+
+// load1 is /proc/loadavg's 1-minute figure.
+func load1(b testing.TB) float64 {
+	data, err := os.ReadFile("/proc/loadavg")
+	must(b, err)
+	f, err := strconv.ParseFloat(strings.Fields(string(data))[0], 64)
+	must(b, err)
+	return f
+}
+
+// BenchmarkScaleLazyRestore: the first command in a restored sandbox whose
+// layer is only in the bucket (a real MinIO on 127.0.0.1, one object per
+// chunk and tree), lazily (placeholders, fills on first open) against a
+// full materialisation of the same layer, measured in the same iteration:
+// from the start of the restore to the end of a first command (a shell
+// reading a configuration file and listing a directory, through the overlay
+// mount). Full size 1.4 GiB (20,000 files of 16 KiB in 200 directories and
+// 17 files of 64 MiB); small 420 files, 22 MiB. It also reports the time a
+// fetch-ahead takes to make the lazy layer whole after that command.
+func BenchmarkScaleLazyRestore(b *testing.B) {
+	small, dirs, big, bigSize := scaleN(20000, 400), scaleN(200, 8), scaleN(17, 2), scaleN(64<<20, 8<<20)
+	_, bucket := startBucket(b)
+	src := b.TempDir()
+	rng := rand.NewChaCha8([32]byte{7})
+	for i := range small {
+		p := filepath.Join(src, "src", fmt.Sprintf("pkg%03d", i%dirs), fmt.Sprintf("mod%05d.py", i))
+		must(b, os.MkdirAll(filepath.Dir(p), 0o755))
+		data := make([]byte, 16<<10)
+		_, _ = rng.Read(data)
+		must(b, os.WriteFile(p, data, 0o644))
+	}
+	must(b, os.MkdirAll(filepath.Join(src, "data"), 0o755))
+	for i := range big {
+		data := make([]byte, bigSize)
+		_, _ = rng.Read(data)
+		must(b, os.WriteFile(filepath.Join(src, "data", fmt.Sprintf("blob%02d.bin", i)), data, 0o644))
+	}
+	must(b, os.MkdirAll(filepath.Join(src, "app"), 0o755))
+	must(b, os.WriteFile(filepath.Join(src, "app/config.json"), []byte(`{"port": 8080}`+"\n"), 0o644))
+	tree := stored(b, bucket, src)
+	must(b, os.RemoveAll(src))
+	// The checkpoint's metadata is local (as after a catalog rebuild and
+	// the trees' packs): both restores read trees from memory, chunks from
+	// the bucket.
+	bucket.trees = map[delta.ID][]byte{}
+	_, err := fileEntries(context.Background(), bucket, tree)
+	must(b, err)
+	total := int64(small)*16<<10 + int64(big)*int64(bigSize)
+	first := func(mnt string) {
+		out, err := exec.Command("sh", "-c", "cat "+mnt+"/app/config.json && ls "+mnt+"/src/pkg000 | wc -l").CombinedOutput()
+		if err != nil || !strings.HasPrefix(string(out), `{"port": 8080}`) {
+			b.Fatalf("first command: %q %v", out, err)
+		}
+	}
+	load0 := load1(b)
+	var lazyT, fullT, completeT time.Duration
+	for b.Loop() {
+		// Full materialisation, then the command.
+		l := newLayout(b)
+		t0 := time.Now()
+		_, err := fstree.Materialise(context.Background(), tree, l.upper, fstree.ApplyOptions{Loader: bucket})
+		must(b, err)
+		l.mount(b)
+		first(l.mnt)
+		fullT += time.Since(t0)
+		must(b, unix.Unmount(l.mnt, 0))
+		must(b, os.RemoveAll(l.dir))
+
+		// Lazy: placeholders, then the command; then the rest.
+		l = newLayout(b)
+		t0 = time.Now()
+		f, err := Restore(context.Background(), Config{Sandbox: "bench", Dir: l.dir, Upper: l.upper, Tree: tree, Loader: bucket})
+		must(b, err)
+		l.mount(b)
+		first(l.mnt)
+		lazyT += time.Since(t0)
+		t1 := time.Now()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+		must(b, f.FetchAhead(ctx, nil))
+		cancel()
+		completeT += time.Since(t1)
+		must(b, f.Close())
+		must(b, unix.Unmount(l.mnt, 0))
+		must(b, os.RemoveAll(l.dir))
+	}
+	n := float64(b.N)
+	b.ReportMetric(lazyT.Seconds()/n, "lazy_first_cmd_s")
+	b.ReportMetric(fullT.Seconds()/n, "full_first_cmd_s")
+	b.ReportMetric(fullT.Seconds()/lazyT.Seconds(), "full/lazy")
+	b.ReportMetric(completeT.Seconds()/n, "lazy_complete_s")
+	b.ReportMetric(float64(total)/(1<<20), "layer_MiB")
+	b.ReportMetric(load0, "load1_start")
+	b.ReportMetric(load1(b), "load1_end")
+}
