@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/overlay"
 )
@@ -53,6 +54,13 @@ func TestFanoutRestoresEveryServer(t *testing.T) {
 	if len(rs) != len(names) {
 		t.Fatalf("%d results for %d branches", len(rs), len(names))
 	}
+	// A branch's first turn is its own: nothing ran since its restore (its
+	// server not yet asked), so a skip.
+	r0, err := e.Checkpoint(ctx, delta.SandboxName(names[0]), CheckpointOptions{})
+	must(t, err)
+	if r0.Class != delta.ClassSkip {
+		t.Fatalf("the first turn of an untouched branch classed %s", r0.Class)
+	}
 	for i, r := range rs {
 		if r.Sandbox != names[i] {
 			t.Fatalf("result %d is %s, want %s (the order of the names)", i, r.Sandbox, names[i])
@@ -71,11 +79,9 @@ func TestFanoutRestoresEveryServer(t *testing.T) {
 	if _, err := httpGetIn(sandboxNetns(e, "web"), "127.0.0.1:8080", "/index.html"); err == nil {
 		t.Fatal("the parent's server, killed after the cut, answers again")
 	}
-	// A branch's turn after the fan-out is the branch's own: unchanged, a skip.
-	r, err := e.Checkpoint(ctx, delta.SandboxName(names[0]), CheckpointOptions{})
-	must(t, err)
-	if r.Class != delta.ClassSkip {
-		t.Fatalf("the first turn of an untouched branch classed %s", r.Class)
+	must(t, e.RemoveSandbox(ctx, delta.SandboxName(names[0])))
+	if _, err := os.Stat(filepath.Join(e.procs.StateRoot(), "runc", e.procs.ContainerID(names[0]))); !os.IsNotExist(err) {
+		t.Fatalf("branch %s removed, its container's state stays: %v", names[0], err)
 	}
 }
 
@@ -106,8 +112,10 @@ func TestKilledFanoutHelper(t *testing.T) {
 // checkpoint as its head and its files; whatever state its container was
 // left in (restored, half restored by a runc that died with turnsnap, or
 // never started), the next command on each heals it: a checkpoint
-// succeeds, removal leaves no container, mount or root behind, and the
-// same names branch again with every server answering.
+// succeeds, removal leaves no container state (runc's, and the root a
+// killed `runc restore` left bind-mounted in it: proc/deadstate.go) and
+// no root behind, and the same names branch again with every server
+// answering.
 func TestKilledFanoutRecovers(t *testing.T) {
 	requireProcs(t)
 	ctx := context.Background()
@@ -128,9 +136,13 @@ func TestKilledFanoutRecovers(t *testing.T) {
 	must(t, err)
 	for _, n := range names {
 		name := delta.SandboxName(n)
-		head, err := e.resolveFor(ctx, name, mustRef(""))
-		if err != nil || head.ID != c.ID {
-			t.Fatalf("branch %s after the kill: head %v, %v; want %s", n, head, err, c.ID.Short())
+		var head delta.ID
+		err := e.view(ctx, func(tx *catalog.Tx) (err error) {
+			head, err = tx.GetRef(delta.RefHead, n)
+			return err
+		})
+		if err != nil || head != c.ID {
+			t.Fatalf("branch %s after the kill: head %s, %v; want %s", n, head.Short(), err, c.ID.Short())
 		}
 		if _, err := e.Checkpoint(ctx, name, CheckpointOptions{}); err != nil {
 			t.Fatalf("branch %s after the kill: checkpoint: %v", n, err)
