@@ -67,6 +67,8 @@ func (e *Engine) BranchMany(ctx context.Context, ref catalog.CheckpointRef, name
 		defer unlock()
 	}
 	start := time.Now()
+	ph := &BranchPhases{}
+	mark := start
 	cp, err := e.resolveFor(ctx, "", ref)
 	if err != nil {
 		return nil, err
@@ -108,11 +110,13 @@ func (e *Engine) BranchMany(ctx context.Context, ref catalog.CheckpointRef, name
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint %s: tree %s: %w", cp.ID.Short(), cp.FSTree.Short(), err)
 	}
+	imgStart := time.Now()
 	img, cleanImg, err := e.readyImage(ctx, cp, o.FSOnly)
 	if err != nil {
 		return nil, err
 	}
 	defer cleanImg()
+	ph.Image = time.Since(imgStart)
 	lower, err := e.prepareBase(ctx, be, cp.BaseTree, e.data.repo)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", subject, err)
@@ -141,6 +145,7 @@ func (e *Engine) BranchMany(ctx context.Context, ref catalog.CheckpointRef, name
 		return nil, fmt.Errorf("%s: %w", subject, err)
 	}
 	e.progressPhase("restore", int64(fp.Bytes)*int64(len(names)))
+	ph.Prepare = lap(&mark)
 	// The roots are independent (a mount each, or a copy each): make them
 	// side by side, so their directory syncs share journal commits.
 	roots := make([]rootfs.Root, len(names))
@@ -167,6 +172,7 @@ func (e *Engine) BranchMany(ctx context.Context, ref catalog.CheckpointRef, name
 		undo()
 		return nil, err
 	}
+	ph.Roots = lap(&mark)
 	sbs := make([]*delta.Sandbox, len(names))
 	for i, n := range names {
 		sbs[i] = &delta.Sandbox{ID: delta.NewSandboxID(), Home: e.config.HomeID, Name: n, Backend: o.Backend, Config: cfg,
@@ -178,25 +184,23 @@ func (e *Engine) BranchMany(ctx context.Context, ref catalog.CheckpointRef, name
 		return nil, err
 	}
 	unmark()
+	ph.Catalog = lap(&mark)
 	out := make([]*RestoreResult, len(names))
 	for i, n := range names {
-		out[i] = &RestoreResult{Sandbox: string(n), Checkpoint: cp, Root: roots[i].Path()}
+		out[i] = &RestoreResult{Sandbox: string(n), Checkpoint: cp, Root: roots[i].Path(), Phases: ph}
 	}
 	// Each branch's receipt (engine/receipt): its files checked, side by side
 	// (a scan of its own root each), then its processes restored and
-	// checked, one container after another as before.
+	// checked, side by side too (fanout_procs.go).
 	procs := cp.ProcTree != nil && !o.FSOnly
 	parallel(len(names), func(i int) {
 		out[i].Receipt = e.receipts.Files(ctx, "branch", strs[i], roots[i], cp, branchWritten(roots[i]), delta.ID{})
 	})
-	for i, n := range names {
-		var err error
-		if out[i].Processes, err = e.receipts.Processes(ctx, out[i].Receipt, roots[i], cp, img, procs); err != nil {
-			return out[:i+1], fmt.Errorf("sandbox %s created with the files of %s, processes not: %w", n, cp.ID.Short(), err)
-		}
-	}
+	ph.Files = lap(&mark)
+	procErr := e.restoreBranchProcesses(ctx, out, roots, cp, img, procs)
+	ph.Processes = lap(&mark)
 	d := time.Since(start)
-	var bad []error
+	bad := []error{procErr}
 	for _, r := range out {
 		r.Duration = d
 		if !r.Receipt.OK {
@@ -249,10 +253,13 @@ func (e *Engine) publishSandboxes(ctx context.Context, sbs []*delta.Sandbox, hea
 const fanOutWorkers = 8
 
 // parallel runs fn(0) ... fn(n-1) on up to fanOutWorkers goroutines.
-func parallel(n int, fn func(i int)) {
+func parallel(n int, fn func(i int)) { parallelN(n, fanOutWorkers, fn) }
+
+// parallelN runs fn(0) ... fn(n-1) on up to workers goroutines.
+func parallelN(n, workers int, fn func(i int)) {
 	var wg sync.WaitGroup
 	next := make(chan int)
-	for range min(n, fanOutWorkers) {
+	for range min(n, max(workers, 1)) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -37,6 +37,9 @@ type RestoreResult struct {
 	// Receipt proves what the restore made (engine/receipt). A restore whose
 	// receipt is not OK returns it with a RestoreIncompleteError.
 	Receipt *Receipt
+	// Phases says where a branch's fan-out spent its time (fanout_phases.go);
+	// nil for rollbacks.
+	Phases *BranchPhases
 }
 
 // Rollback makes the sandbox's root exactly the state of checkpoint ref and

@@ -28,6 +28,7 @@ type Backend struct {
 	keeper *frozen.Keeper
 	keys   keyCache
 	memo   *cacheMemo // decoded scan caches of its roots (cachememo.go)
+	links  linkMemo   // hardlink groups of the lowers its roots sit on (linkmemo.go)
 	ids    delta.IDs  // the home's content ID scheme (SetIDs)
 	track  trackers   // change tracking (turnscan.go)
 	// rebuildRestores: restores rebuild the layer (SetRebuildRestores).
@@ -156,7 +157,7 @@ func (b *Backend) Open(dir, base string) rootfs.Root { return b.root(dir, base) 
 func (b *Backend) root(dir, base string) *Root {
 	r := Open(dir, base)
 	r.loader, r.keys = b.loader, &b.keys
-	r.memo = b.memo
+	r.memo, r.links = b.memo, &b.links
 	r.ids = b.ids
 	r.rebuildAll = &b.rebuildRestores
 	return r

@@ -61,11 +61,27 @@ func (r *Root) linkGroups(lower, cache string) ([]linkGroup, error) {
 			return st.Groups, nil
 		}
 	}
+	// The backend's memo (linkmemo.go) spares a new sandbox the walk.
+	groups, err := r.links.groups(lower, id, func() ([]linkGroup, error) { return walkGroups(fd, lower) })
+	if err != nil {
+		return nil, err
+	}
+	st := lowerLinksState{Lower: id, Groups: groups}
+	data, _ := json.Marshal(st)
+	if err := writeCacheFile(p, func(w *bufio.Writer) error { _, err := w.Write(data); return err }); err != nil {
+		return nil, err
+	}
+	return st.Groups, nil
+}
+
+// walkGroups finds the hardlink groups of the lower dir open as fd by
+// walking all of it.
+func walkGroups(fd int, lower string) ([]linkGroup, error) {
 	byIno := map[uint64][]string{}
 	if err := walkLinks(fd, "", byIno); err != nil {
 		return nil, fmt.Errorf("lower dir %s: %w", lower, err)
 	}
-	st := lowerLinksState{Lower: id, Groups: []linkGroup{}}
+	groups := []linkGroup{}
 	for _, names := range byIno {
 		if len(names) < 2 {
 			continue // its other names are outside the lower
@@ -75,14 +91,10 @@ func (r *Root) linkGroups(lower, cache string) ([]linkGroup, error) {
 		if err != nil {
 			return nil, err
 		}
-		st.Groups = append(st.Groups, linkGroup{Handle: h, Names: names})
+		groups = append(groups, linkGroup{Handle: h, Names: names})
 	}
-	slices.SortFunc(st.Groups, func(a, b linkGroup) int { return strings.Compare(a.Names[0], b.Names[0]) })
-	data, _ := json.Marshal(st)
-	if err := writeCacheFile(p, func(w *bufio.Writer) error { _, err := w.Write(data); return err }); err != nil {
-		return nil, err
-	}
-	return st.Groups, nil
+	slices.SortFunc(groups, func(a, b linkGroup) int { return strings.Compare(a.Names[0], b.Names[0]) })
+	return groups, nil
 }
 
 func walkLinks(dirFD int, rel string, byIno map[uint64][]string) error {

@@ -70,6 +70,8 @@ type Root struct {
 	ids    delta.IDs // the home's content ID scheme (plain without a backend)
 	// memo, if set, is the backend's memo of decoded scan caches.
 	memo *cacheMemo
+	// links, if set, is the backend's memo of lowers' hardlink groups.
+	links *linkMemo
 	// lastFallback says why the last Restore rebuilt the layer whole
 	// ("" if it applied a diff), for tests and diagnostics.
 	lastFallback string

@@ -99,6 +99,9 @@ func (r *Runtime) Delete(ctx context.Context, id string) error {
 		if _, err := r.runc(ctx, nil, "delete", "--force", id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 			return fmt.Errorf("container %s: %w", id, err)
 		}
+		if err := r.removeDeadState(id); err != nil { // deadstate.go
+			return err
+		}
 	}
 	if err := removeNetns(r.netnsPath(id)); err != nil {
 		return fmt.Errorf("container %s: %w", id, err)

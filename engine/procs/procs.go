@@ -332,10 +332,21 @@ func (m *Manager) CheckHost(ctx context.Context, cp *delta.Checkpoint) error {
 func (m *Manager) Stop(ctx context.Context, c Container) error {
 	name := c.Sandbox
 	running, err := m.Running(ctx, c)
-	if err != nil || !running {
+	if err != nil {
 		return err
 	}
-	rt, _ := m.Runtime(ctx)
+	if !running {
+		// A container that stopped, or the state a runc killed mid-restore
+		// left (proc's deadstate.go), still has its state, network
+		// namespace and bundle: removed with it.
+		if _, err := os.Stat(filepath.Join(m.StateRoot(), "runc", c.ID)); err != nil {
+			return nil
+		}
+	}
+	rt, err := m.Runtime(ctx)
+	if err != nil {
+		return err
+	}
 	if err := rt.Delete(ctx, c.ID); err != nil {
 		return fmt.Errorf("sandbox %s: stop processes: %w", name, err)
 	}
