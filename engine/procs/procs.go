@@ -274,7 +274,7 @@ func (m *Manager) Dump(ctx context.Context, c Container, saver delta.BlobSaver) 
 		defer os.RemoveAll(dir)
 		m.progress("store process image", 0)
 		m.phase(PhaseStore)
-		res, err := fstree.Scan(ctx, filepath.Join(dir, "img"), fstree.ScanOptions{Saver: saver, IDs: m.d.IDs(), Quiescent: true})
+		res, err := fstree.Scan(ctx, filepath.Join(dir, "img"), fstree.ScanOptions{Saver: phaseSaver{saver, m.phase}, IDs: m.d.IDs(), Quiescent: true})
 		if err != nil {
 			return delta.ID{}, nil, fmt.Errorf("sandbox %s: store process image: %w", name, err)
 		}
@@ -396,4 +396,16 @@ func (m *Manager) Restore(ctx context.Context, c Container, root, img string, cp
 	}
 	m.Settle(ctx, c)
 	return nil
+}
+
+// phaseSaver reports PhaseImageBlob for every blob of a process image it
+// passes on to the store.
+type phaseSaver struct {
+	next  delta.BlobSaver
+	phase func(string)
+}
+
+func (s phaseSaver) SaveBlob(ctx context.Context, t delta.BlobType, id delta.ID, plaintext []byte) (bool, error) {
+	s.phase(PhaseImageBlob)
+	return s.next.SaveBlob(ctx, t, id, plaintext)
 }

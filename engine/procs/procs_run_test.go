@@ -146,7 +146,15 @@ func TestTurnDumpsAndRestoresProcesses(t *testing.T) {
 	pt.Resume()
 	tree, host, err := store()
 	must(t, err)
-	if pt.Paused <= 0 || fmt.Sprint(f.phases) != "[freeze dump store]" {
+	blobs := 0
+	phases := slices.DeleteFunc(slices.Clone(f.phases), func(p string) bool {
+		if p == PhaseImageBlob {
+			blobs++
+		}
+		return p == PhaseImageBlob
+	})
+	if pt.Paused <= 0 || fmt.Sprint(phases) != "[freeze dump store]" || blobs == 0 ||
+		slices.Index(f.phases, PhaseImageBlob) < slices.Index(f.phases, PhaseStore) {
 		t.Fatalf("paused %v, phases %v", pt.Paused, f.phases)
 	}
 	// CRIU's own figures: it wrote pages, and the time it kept the
