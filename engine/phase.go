@@ -11,7 +11,7 @@ const (
 	// PhaseImageBlob: one blob of the process image is handed to the store
 	// (reported for each; only after PhaseStore).
 	PhaseImageBlob = procs.PhaseImageBlob
-	PhaseCommit = "commit"          // everything is stored; the checkpoint is about to be committed
+	PhaseCommit    = "commit" // everything is stored; the checkpoint is about to be committed
 	// PhaseRecorded: the packs, the record and the head ref are in the
 	// store; the catalog transaction that indexes a small turn's blobs and
 	// adds the checkpoint is next.
