@@ -60,21 +60,32 @@ func (r *Runtime) ensureKdat(ctx context.Context) (KdatState, error) {
 	if err := unix.Statfs(filepath.Dir(kdatPath), &st); err == nil && st.Type == unix.TMPFS_MAGIC {
 		return KdatNative, nil
 	}
-	target := filepath.Join(kdatDir, filepath.Base(kdatPath))
-	switch link, err := os.Readlink(kdatPath); {
-	case err == nil && link == target:
-		if fi, err := os.Stat(target); err == nil && fi.Mode().IsRegular() && fi.Size() > 0 {
-			return KdatLinked, nil
-		}
-	case errors.Is(err, fs.ErrNotExist):
-	default: // a file, or a link of someone else's
-		return KdatForeign, nil
+	if st, done := kdatLinked(); done {
+		return st, nil
 	}
 	if err := privateTmpfsDir(kdatDir); err != nil {
 		return "", err
 	}
-	// CRIU writes the file itself, so its layout is always CRIU's own.
+	// One maker at a time on the host: two would remove each other's file,
+	// and the loser's CRIU finds the other's temporary file and keeps
+	// nothing.
+	lock, err := os.OpenFile(filepath.Join(kdatDir, "lock"), os.O_CREATE|os.O_RDWR|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return "", fmt.Errorf("CRIU kernel-data cache: %w", err)
+	}
+	defer lock.Close()
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX); err != nil {
+		return "", fmt.Errorf("CRIU kernel-data cache: %w", err)
+	}
+	if st, done := kdatLinked(); done {
+		return st, nil
+	}
+	// CRIU writes the file itself, so its layout is always CRIU's own. A
+	// temporary file a failed save left behind would stop it (CRIU opens
+	// it O_EXCL and, on failure, removes the cache instead of it).
+	target := kdatTarget()
 	os.Remove(target)
+	os.Remove(target + ".tmp")
 	cmd := exec.CommandContext(ctx, "/bin/sh", "-c", `mount --bind "$1" /run && exec "$2" check`, "sh", kdatDir, r.cfg.CRIU)
 	cmd.Env = r.criuEnv()
 	cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS} // Go makes / private in it first
@@ -95,6 +106,26 @@ func (r *Runtime) ensureKdat(ctx context.Context) (KdatState, error) {
 		return "", fmt.Errorf("CRIU kernel-data cache: %w", err)
 	}
 	return KdatMade, nil
+}
+
+func kdatTarget() string { return filepath.Join(kdatDir, filepath.Base(kdatPath)) }
+
+// kdatLinked says whether the cache needs no work: turnsnap's link names a
+// cache file (KdatLinked), or /run/criu.kdat is someone else's
+// (KdatForeign). A missing link, or turnsnap's naming nothing, needs the
+// file made.
+func kdatLinked() (KdatState, bool) {
+	switch link, err := os.Readlink(kdatPath); {
+	case err == nil && link == kdatTarget():
+		if fi, err := os.Stat(link); err == nil && fi.Mode().IsRegular() && fi.Size() > 0 {
+			return KdatLinked, true
+		}
+		return "", false
+	case errors.Is(err, fs.ErrNotExist):
+		return "", false
+	default: // a file, or a link of someone else's
+		return KdatForeign, true
+	}
 }
 
 // privateTmpfsDir makes dir (0700, root's) on a tmpfs, or checks that the
