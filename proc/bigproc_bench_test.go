@@ -213,10 +213,12 @@ func directDump(b *testing.B, ctx context.Context, rt *Runtime, id, dir string) 
 //     to a tmpfs): direct-wall-ms, direct-frozen-ms, and the ratios
 //     x-direct-frozen (turnsnap's pause over CRIU's own frozen time in the
 //     direct run) and x-direct-wall;
+//   - the same cut with the image written to a tmpfs (/dev/shm) instead of
+//     disk: the metrics prefixed tmpfs-;
 //   - restore-ms: Restore of turnsnap's image into a new container, ready
 //     when its httpd answers.
 //
-// Which of the two dumps goes first alternates by iteration.
+// The order of the three dumps rotates by iteration.
 func BenchmarkScaleBigProcess(b *testing.B) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
@@ -226,7 +228,7 @@ func BenchmarkScaleBigProcess(b *testing.B) {
 	p := startBigProc(b, ctx, rt, mib)
 	tmpfs := filepath.Join("/dev/shm", fmt.Sprintf("turnsnap-bench-%d", os.Getpid()))
 	b.Cleanup(func() { os.RemoveAll(tmpfs) })
-	var ts phaseSeries
+	var ts, tsTmpfs phaseSeries
 	var dWall, dFrozen, restores []time.Duration
 	var image, dImage int64
 	b.ResetTimer()
@@ -243,12 +245,16 @@ func BenchmarkScaleBigProcess(b *testing.B) {
 			dWall, dFrozen, dImage = append(dWall, wall), append(dFrozen, ds.FreezingTime+ds.FrozenTime), n
 			os.RemoveAll(filepath.Join(tmpfs, strconv.Itoa(i)))
 		}
-		if i%2 == 0 {
-			turnsnap()
-			direct()
-		} else {
-			direct()
-			turnsnap()
+		turnsnapTmpfs := func() {
+			p.dirty(b)
+			dir := filepath.Join(tmpfs, "ts"+strconv.Itoa(i))
+			_, ph := cut(b, ctx, rt, p.id, dir)
+			tsTmpfs = append(tsTmpfs, ph)
+			os.RemoveAll(dir)
+		}
+		runs := []func(){turnsnap, direct, turnsnapTmpfs}
+		for k := range runs {
+			runs[(i+k)%len(runs)]()
 		}
 		rid := newID(b, rt)
 		start := time.Now()
@@ -268,6 +274,7 @@ func BenchmarkScaleBigProcess(b *testing.B) {
 	}
 	b.StopTimer()
 	ts.report(b, "")
+	tsTmpfs.report(b, "tmpfs-")
 	b.ReportMetric(float64(mib), "rss-MiB")
 	b.ReportMetric(float64(image)/(1<<20), "image-MiB")
 	b.ReportMetric(float64(dImage)/(1<<20), "direct-image-MiB")
