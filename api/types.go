@@ -134,8 +134,25 @@ type LogEntry struct {
 	Message  string    `json:"message"`
 	OnHead   bool      `json:"on_head"`
 	Parent   ID        `json:"parent"`
+	// PauseMS is how long the turn kept the sandbox's processes frozen
+	// (0: none were).
+	PauseMS float64 `json:"pause_ms,omitempty"`
+	// ProcDump is CRIU's own statistics of the dump of the checkpoint's
+	// process image (it may be a parent's, carried forward with the image).
+	ProcDump *ProcDump `json:"proc_dump,omitempty"`
 	Sandbox  string    `json:"sandbox"`
 	Turn     int       `json:"turn"`
+}
+
+// ProcDump is what CRIU measured while dumping a process image (its
+// stats-dump file, docs/PROCESSES.md "CRIU's own figures").
+type ProcDump struct {
+	FreezingMS   float64 `json:"freezing_ms"`
+	FrozenMS     float64 `json:"frozen_ms"` // CRIU's frozen_time
+	MemdumpMS    float64 `json:"memdump_ms"`
+	MemwriteMS   float64 `json:"memwrite_ms"`
+	PagesScanned uint64  `json:"pages_scanned"`
+	PagesWritten uint64  `json:"pages_written"`
 }
 
 // Change is one path of a diff.

@@ -77,6 +77,10 @@ func cloneCheckpoint(cp *delta.Checkpoint) *delta.Checkpoint {
 		v := *cp.Journal
 		out.Journal = &v
 	}
+	if cp.ProcDump != nil {
+		v := *cp.ProcDump
+		out.ProcDump = &v
+	}
 	if cp.Host != nil {
 		out.Host = json.RawMessage(slices.Clone([]byte(cp.Host)))
 	}

@@ -31,18 +31,21 @@ const RecordVersionLLM = 3
 const RecordVersionProc = 4
 
 // MaxRecordVersion is the newest record format this package reads.
-const MaxRecordVersion = RecordVersionProc
+const MaxRecordVersion = RecordVersionDump
 
 // MaxProcChangeLen bounds a record's proc_change: the reason is a summary
 // (at most three causes, proc.Changed), but it quotes command lines, which
 // have no bound of their own.
 const MaxProcChangeLen = 1024
 
-// VersionFor is the version a writer gives cp: RecordVersionProc when it
-// says why its processes changed, RecordVersionLLM when it has a model-call
-// field, RecordVersion otherwise.
+// VersionFor is the version a writer gives cp: RecordVersionDump when it
+// carries CRIU's dump statistics, RecordVersionProc when it says why its
+// processes changed, RecordVersionLLM when it has a model-call field,
+// RecordVersion otherwise.
 func VersionFor(cp *Checkpoint) int {
 	switch {
+	case cp.ProcDump != nil:
+		return RecordVersionDump
 	case cp.ProcChange != "":
 		return RecordVersionProc
 	case cp.Conv != nil || cp.Journal != nil:
@@ -146,6 +149,10 @@ type Checkpoint struct {
 	// flags, CRIU version), checked before processes are restored; kept as
 	// raw JSON so the catalog need not know the process layer's types.
 	Host json.RawMessage `json:"host,omitempty"`
+	// ProcDump is what CRIU measured while dumping ProcTree (frozen time,
+	// pages written), carried forward with the image like Host. Version 5
+	// only (delta/dumpstats.go).
+	ProcDump *DumpStats `json:"proc_dump,omitempty"`
 	// Conv is the conversation hash of the model call that closed this turn
 	// (the LLM proxy's turns), so `turnsnap log` can say which call the
 	// checkpoint precedes. Version 3 only.
@@ -203,6 +210,8 @@ func (cp *Checkpoint) validate() error {
 		return fmt.Errorf("fs tree is zero")
 	case cp.Turn < 0:
 		return fmt.Errorf("turn %d is negative", cp.Turn)
+	case cp.validDump() != nil:
+		return cp.validDump()
 	case cp.Created.IsZero():
 		// The sandbox index key orders by Created; a zero time would put the
 		// checkpoint before every real one and outside UnixNano's range.

@@ -31,6 +31,12 @@ func FuzzDecodeRecord(f *testing.F) {
 			FSTree: Hash(nil), StateKey: Hash(nil), Created: time.Unix(1, 2), ProcTree: &pt, ProcChange: "process 7 (sh) appeared"},
 		{Version: RecordVersionProc, Sandbox: "s", Turn: 7, Class: ClassFull, Backend: "overlay", BaseTree: Hash(nil),
 			FSTree: Hash(nil), StateKey: Hash(nil), Created: time.Unix(1, 2), ProcTree: &pt, Journal: &jt, ProcChange: "process 7 (sh) exited"},
+		// Version 5: CRIU's dump statistics, with and without a reason.
+		{Version: RecordVersionDump, Sandbox: "s", Turn: 8, Class: ClassProcess, Backend: "overlay", BaseTree: Hash(nil),
+			FSTree: Hash(nil), StateKey: Hash(nil), Created: time.Unix(1, 2), ProcTree: &pt, ProcChange: "process 7 (sh) ran",
+			ProcDump: &DumpStats{FreezingNs: 1, FrozenNs: 2, MemdumpNs: 3, MemwriteNs: 4, PagesScanned: 5, PagesWritten: 6}},
+		{Version: RecordVersionDump, Sandbox: "s", Turn: 9, Class: ClassFS, Backend: "overlay", BaseTree: Hash(nil),
+			FSTree: Hash(nil), StateKey: Hash(nil), Created: time.Unix(1, 2), ProcTree: &pt, ProcDump: &DumpStats{FrozenNs: 2}},
 	} {
 		data, _, err := EncodeRecord(cp)
 		if err != nil {

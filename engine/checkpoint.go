@@ -54,6 +54,9 @@ type CheckpointResult struct {
 	// Phases is where Duration went, for metrics (zero for a phase the
 	// turn did not reach).
 	Phases Phases
+	// ProcDump is CRIU's own statistics of the dump this turn took (nil
+	// when it took none; the record may still carry its parent's).
+	ProcDump *delta.DumpStats
 }
 
 // Phases splits a checkpoint's time by phase: Freeze is deciding about the
@@ -189,12 +192,13 @@ func (e *Engine) Checkpoint(ctx context.Context, name delta.SandboxName, opts Ch
 			Parent: st.head.ID, Stats: stats, Duration: time.Since(start), Phases: ph}, nil
 	}
 	// Unchanged processes keep the image they were last dumped with.
-	procTree, host := st.head.ProcTree, st.head.Host
+	procTree, host, dumped := st.head.ProcTree, st.head.Host, st.head.ProcDump
+	var dumpNow *delta.DumpStats
 	if pt.Changed {
-		procTree, host = nil, nil
+		procTree, host, dumped = nil, nil, nil
 		if pt.Running && pt.Cur.NeedsImage() {
 			t = time.Now()
-			storeImage, err := e.procs.Dump(ctx, st.container, op)
+			storeImage, stats, err := e.procs.Dump(ctx, st.container, op)
 			if err != nil {
 				return nil, err
 			}
@@ -206,7 +210,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name delta.SandboxName, opts Ch
 				return nil, err
 			}
 			ph.Store = time.Since(t)
-			procTree, host = &tree, h
+			procTree, host, dumped, dumpNow = &tree, h, stats, stats
 		}
 	}
 	resume()
@@ -219,7 +223,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name delta.SandboxName, opts Ch
 	cp := &delta.Checkpoint{
 		Version: delta.RecordVersion, Sandbox: st.name, SandboxID: st.sb.ID, Parent: st.head.ID, Turn: turn,
 		Class: classify(fsChanged, pt.Changed), Backend: st.sb.Backend, BaseTree: st.head.BaseTree,
-		FSTree: res.Root, StateKey: res.StateKey, ProcTree: procTree, Host: host,
+		FSTree: res.Root, StateKey: res.StateKey, ProcTree: procTree, Host: host, ProcDump: dumped,
 		Conv: opts.Conv, Journal: journal, Message: opts.Message, Created: time.Now().UTC(), Stats: stats,
 	}
 	if pt.Changed {
@@ -261,7 +265,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name delta.SandboxName, opts Ch
 		f.FreezeLater(string(name), parent, cp)
 	}
 	out := &CheckpointResult{ID: cp.ID, Sandbox: string(name), Class: cp.Class, Turn: turn, Parent: cp.Parent,
-		Stats: cp.Stats, Duration: time.Since(start), Phases: ph}
+		Stats: cp.Stats, Duration: time.Since(start), Phases: ph, ProcDump: dumpNow}
 	if pt.Changed {
 		out.ProcessChange = pt.Reason
 	}
@@ -282,10 +286,10 @@ func (e *Engine) recordSkip(ctx context.Context, op *content.Op, st *sandboxStat
 	cp := &delta.Checkpoint{
 		Version: delta.RecordVersion, Sandbox: st.name, SandboxID: st.sb.ID, Parent: h.ID, Turn: turn,
 		Class: delta.ClassSkip, Backend: st.sb.Backend, BaseTree: h.BaseTree, FSTree: h.FSTree,
-		StateKey: h.StateKey, ProcTree: h.ProcTree, Host: h.Host, Journal: h.Journal, Message: msg,
+		StateKey: h.StateKey, ProcTree: h.ProcTree, Host: h.Host, ProcDump: h.ProcDump, Journal: h.Journal, Message: msg,
 		Created: time.Now().UTC(), Stats: stats,
 	}
-	cp.Version = delta.VersionFor(cp) // 3 with a journal
+	cp.Version = delta.VersionFor(cp) // 3 with a journal, 5 with a process image's dump statistics
 	e.phase(PhaseCommit)
 	if err := e.commit(ctx, op, cp, nil, cp.Roots()); err != nil {
 		return nil, err

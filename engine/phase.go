@@ -8,7 +8,10 @@ const (
 	PhaseScan   = "scan"            // the sandbox root was scanned (still paused if processes changed)
 	PhaseDump   = procs.PhaseDump   // CRIU wrote the image; the container is still paused
 	PhaseStore  = procs.PhaseStore  // the container runs again; the image is about to be stored
-	PhaseCommit = "commit"          // everything is stored; the checkpoint is about to be committed
+	// PhaseImageBlob: one blob of the process image is handed to the store
+	// (reported for each; only after PhaseStore).
+	PhaseImageBlob = procs.PhaseImageBlob
+	PhaseCommit    = "commit" // everything is stored; the checkpoint is about to be committed
 	// PhaseRecorded: the packs, the record and the head ref are in the
 	// store; the catalog transaction that indexes a small turn's blobs and
 	// adds the checkpoint is next.

@@ -52,7 +52,7 @@ func BenchmarkProcessCheckpoint(b *testing.B) {
 	if first.Class != delta.ClassFull && first.Class != delta.ClassProcess {
 		b.Fatalf("first checkpoint classed %s", first.Class)
 	}
-	var redumpNew, pauses, restores time.Duration
+	var redumpNew, pauses, frozen, restores time.Duration
 	var newBytes int64
 	for b.Loop() {
 		// Wake the process without changing its memory (the Go runtime
@@ -66,6 +66,10 @@ func BenchmarkProcessCheckpoint(b *testing.B) {
 		}
 		redumpNew += r.Duration
 		pauses += time.Duration(r.Stats.PauseNs)
+		if r.ProcDump == nil {
+			b.Fatal("a process checkpoint without CRIU's statistics")
+		}
+		frozen += time.Duration(r.ProcDump.FrozenNs)
 		newBytes += r.Stats.BytesNew
 		start := time.Now()
 		_, err = e.Rollback(ctx, "big", mustRef(first.ID.String()), RollbackOptions{})
@@ -77,6 +81,7 @@ func BenchmarkProcessCheckpoint(b *testing.B) {
 	b.ReportMetric(float64(first.Stats.PauseNs)/1e6, "first-pause-ms")
 	b.ReportMetric(float64(first.Stats.BytesNew)/(1<<20), "image-stored-MiB")
 	b.ReportMetric(float64(pauses.Milliseconds())/n, "redump-pause-ms")
+	b.ReportMetric(float64(frozen.Milliseconds())/n, "redump-criu-frozen-ms") // CRIU's own share of the pause
 	b.ReportMetric(float64(newBytes)/n/(1<<10), "redump-new-KiB")
 	b.ReportMetric(100*float64(newBytes)/n/float64(first.Stats.BytesNew), "redump-new-%")
 	b.ReportMetric(float64(redumpNew.Milliseconds())/n, "redump-checkpoint-ms")

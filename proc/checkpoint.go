@@ -38,6 +38,9 @@ type ImageMeta struct {
 	Files int   `json:"files"`
 	// DumpTime is how long CRIU took, from runc's call to its return.
 	DumpTime time.Duration `json:"dump_time"`
+	// CRIU is CRIU's own statistics of the dump (frozen time, pages
+	// written); nil when CRIU wrote none (an image of an older turnsnap).
+	CRIU *DumpStats `json:"criu_stats,omitempty"`
 }
 
 // DumpOptions shape a Checkpoint. The zero value works.
@@ -123,6 +126,12 @@ func (r *Runtime) Checkpoint(ctx context.Context, id, imageDir string, opts Dump
 		msg := criuLogErrors(log)
 		return meta, fmt.Errorf("container %s: checkpoint left out a process outside the container's tree: %s (work dir %s kept): %w",
 			id, msg, r.keepFailed(work), errdefs.ErrPrecondition)
+	}
+	// CRIU writes its statistics into the work directory, which goes now.
+	if st, err := ReadDumpStats(filepath.Join(work, StatsDumpFile)); err == nil {
+		meta.CRIU = &st
+	} else {
+		r.log.Warn("no CRIU dump statistics", "container", id, "err", err)
 	}
 	os.RemoveAll(work)
 	if opts.Stop {

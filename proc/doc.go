@@ -55,5 +55,8 @@
 //
 // runc does the container work, CRIU the dumps (runc drives CRIU for
 // containers; see docs/PROCESSES.md for why), and go-criu probes CRIU's
-// version and features at New.
+// version and features at New. Checkpoint keeps CRIU's own statistics of
+// each dump (ImageMeta.CRIU, dumpstats.go), and New keeps CRIU's
+// kernel-data cache where the host's /run cannot (kdat.go), which takes
+// CRIU's kernel probe out of every dump's pause.
 package proc

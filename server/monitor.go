@@ -44,6 +44,7 @@ type Monitor struct {
 	turnSeconds prometheus.Histogram
 	phases      *prometheus.HistogramVec
 	pause       prometheus.Histogram
+	criuFrozen  prometheus.Histogram
 	bytesRead   prometheus.Counter
 	bytesNew    prometheus.Counter
 	uploaded    prometheus.Counter
@@ -76,6 +77,7 @@ func NewMonitor(log *slog.Logger, e *engine.Engine, extra ...prometheus.Collecto
 	m.turnSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "turnsnap_checkpoint_seconds", Help: "Checkpoint latency, end to end in the engine.", Buckets: buckets})
 	m.phases = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "turnsnap_checkpoint_phase_seconds", Help: "Checkpoint latency by phase (freeze, scan, dump, store, commit).", Buckets: buckets}, []string{"phase"})
 	m.pause = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "turnsnap_pause_seconds", Help: "How long a turn kept the sandbox's processes frozen (turns that paused them).", Buckets: buckets})
+	m.criuFrozen = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "turnsnap_criu_frozen_seconds", Help: "CRIU's own frozen_time of each process dump (its stats-dump), the part of a pause spent inside CRIU.", Buckets: buckets})
 	m.bytesRead = prometheus.NewCounter(prometheus.CounterOpts{Name: "turnsnap_checkpoint_bytes_read_total", Help: "File bytes read by checkpoint scans."})
 	m.bytesNew = prometheus.NewCounter(prometheus.CounterOpts{Name: "turnsnap_checkpoint_bytes_stored_total", Help: "Bytes of new objects checkpoints wrote to the local store."})
 	m.uploaded = prometheus.NewCounter(prometheus.CounterOpts{Name: "turnsnap_upload_bytes_total", Help: "Bytes of objects uploaded to the remote store (successful PUTs)."})
@@ -90,7 +92,7 @@ func NewMonitor(log *slog.Logger, e *engine.Engine, extra ...prometheus.Collecto
 	m.errs = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "turnsnap_errors_total", Help: "Failed API requests by error class."}, []string{"class"})
 	m.dropped = prometheus.NewCounter(prometheus.CounterOpts{Name: "turnsnap_events_dropped_total", Help: "Events a slow /v1/events reader missed."})
 	m.forgotten = prometheus.NewCounter(prometheus.CounterOpts{Name: "turnsnap_forgotten_checkpoints_total", Help: "Checkpoints deleted by retention policies (forget, policy apply, the --forget-interval schedule)."})
-	cs := []prometheus.Collector{m.turns, m.turnSeconds, m.phases, m.pause, m.bytesRead, m.bytesNew, m.uploaded, m.sent,
+	cs := []prometheus.Collector{m.turns, m.turnSeconds, m.phases, m.pause, m.criuFrozen, m.bytesRead, m.bytesNew, m.uploaded, m.sent,
 		m.uploads, m.upFailed, m.pushes, m.pushing, m.rate, m.restores, m.restoreSecs, m.errs, m.dropped, m.forgotten,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})}
 	if e != nil {
@@ -269,6 +271,9 @@ func (m *Monitor) checkpointed(sandbox string, r *engine.CheckpointResult, err e
 	}
 	if r.Stats.PauseNs > 0 {
 		m.pause.Observe(time.Duration(r.Stats.PauseNs).Seconds())
+	}
+	if r.ProcDump != nil {
+		m.criuFrozen.Observe(time.Duration(r.ProcDump.FrozenNs).Seconds())
 	}
 	m.bytesRead.Add(float64(r.Stats.BytesRead))
 	m.bytesNew.Add(float64(r.Stats.BytesNew))

@@ -246,7 +246,17 @@ func checkpointOf(r *engine.CheckpointResult) *api.Checkpoint {
 func logEntryOf(cp *delta.Checkpoint, head, onHead bool) api.LogEntry {
 	return api.LogEntry{BaseTree: idOf(cp.BaseTree), Branches: []string{}, BytesNew: cp.Stats.BytesNew, Class: api.Class(cp.Class),
 		Created: cp.Created, FSTree: idOf(cp.FSTree), Head: head, ID: idOf(cp.ID), Message: cp.Message, OnHead: onHead,
-		Parent: idOf(cp.Parent), Sandbox: string(cp.Sandbox), Turn: cp.Turn, Conv: idPtr(cp.Conv)}
+		Parent: idOf(cp.Parent), Sandbox: string(cp.Sandbox), Turn: cp.Turn, Conv: idPtr(cp.Conv),
+		PauseMS: ms(time.Duration(cp.Stats.PauseNs)), ProcDump: procDumpOf(cp.ProcDump)}
+}
+
+func procDumpOf(d *delta.DumpStats) *api.ProcDump {
+	if d == nil {
+		return nil
+	}
+	f := func(ns int64) float64 { return ms(time.Duration(ns)) }
+	return &api.ProcDump{FreezingMS: f(d.FreezingNs), FrozenMS: f(d.FrozenNs), MemdumpMS: f(d.MemdumpNs),
+		MemwriteMS: f(d.MemwriteNs), PagesScanned: d.PagesScanned, PagesWritten: d.PagesWritten}
 }
 
 func restoreOf(r *engine.RestoreResult) *api.Restore {

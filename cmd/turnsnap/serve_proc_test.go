@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/turnsnap/turnsnap/api"
 	"github.com/turnsnap/turnsnap/engine"
 	"github.com/turnsnap/turnsnap/internal/testenv"
 	"github.com/turnsnap/turnsnap/internal/testhook"
@@ -91,6 +92,28 @@ func TestServeExecAndSIGTERM(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	mustCLI(t, home, "checkpoint", "s") // the process is now in a checkpoint
+	// CRIU's own statistics of that dump: in the record (log --json through
+	// the daemon), inside the turn's pause, and in the daemon's histogram.
+	out, _ = mustCLI(t, home, "log", "s", "--json")
+	var logged []api.LogEntry
+	if err := json.Unmarshal([]byte(out), &logged); err != nil || len(logged) == 0 {
+		t.Fatalf("log --json: %q (%v)", out, err)
+	}
+	if d := logged[0].ProcDump; d == nil || d.FrozenMS <= 0 || d.FrozenMS > logged[0].PauseMS || d.PagesWritten == 0 {
+		t.Fatalf("head's CRIU statistics %+v, pause %v ms", d, logged[0].PauseMS)
+	}
+	hcm := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return net.Dial("unix", filepath.Join(home, socketName))
+	}}}
+	if resp, err := hcm.Get("http://turnsnap/metrics"); err != nil {
+		t.Fatal(err)
+	} else {
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if !strings.Contains(string(body), "turnsnap_criu_frozen_seconds_count 1\n") {
+			t.Fatalf("/metrics has no CRIU frozen time of the one dump:\n%s", body)
+		}
+	}
 	// ps through the daemon sees it, held by the head checkpoint.
 	out, _ = mustCLI(t, home, "--lock-wait", "0s", "ps", "s", "--json")
 	var ps struct {

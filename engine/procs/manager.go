@@ -22,6 +22,10 @@ const (
 	PhaseFreeze = "freeze" // the container was just paused for the cut
 	PhaseDump   = "dump"   // CRIU wrote the image; the container is still paused
 	PhaseStore  = "store"  // the container runs again; the image is about to be stored
+	// PhaseImageBlob is reported for every blob of the process image handed
+	// to the store (hashed, about to be compressed and packed): tests count
+	// it to prove none is while the container is frozen.
+	PhaseImageBlob = "image-blob"
 )
 
 // Deps is what a Manager needs of the engine.

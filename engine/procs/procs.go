@@ -254,30 +254,46 @@ func (m *Manager) ConfirmIdle(ctx context.Context, c Container, pt *Turn, head *
 // returns, so the caller resumes the container before storing it: chunking
 // and compressing a 200 MB image takes about a second that the sandbox's
 // processes should not spend frozen.
-func (m *Manager) Dump(ctx context.Context, c Container, saver delta.BlobSaver) (store func() (delta.ID, json.RawMessage, error), err error) {
+//
+// It also returns CRIU's own statistics of the dump (nil when CRIU wrote
+// none), which the record carries with the image.
+func (m *Manager) Dump(ctx context.Context, c Container, saver delta.BlobSaver) (store func() (delta.ID, json.RawMessage, error), dump *delta.DumpStats, err error) {
 	name := c.Sandbox
 	rt, _ := m.Runtime(ctx)
 	dir, err := m.work("image")
 	if err != nil {
-		return nil, fmt.Errorf("sandbox %s: %w", name, err)
+		return nil, nil, fmt.Errorf("sandbox %s: %w", name, err)
 	}
 	meta, err := rt.Checkpoint(ctx, c.ID, filepath.Join(dir, "img"), proc.DumpOptions{})
 	if err != nil {
 		os.RemoveAll(dir)
-		return nil, fmt.Errorf("sandbox %s: %w", name, err)
+		return nil, nil, fmt.Errorf("sandbox %s: %w", name, err)
 	}
 	m.phase(PhaseDump)
 	return func() (delta.ID, json.RawMessage, error) {
 		defer os.RemoveAll(dir)
 		m.progress("store process image", 0)
 		m.phase(PhaseStore)
-		res, err := fstree.Scan(ctx, filepath.Join(dir, "img"), fstree.ScanOptions{Saver: saver, IDs: m.d.IDs(), Quiescent: true})
+		res, err := fstree.Scan(ctx, filepath.Join(dir, "img"), fstree.ScanOptions{Saver: phaseSaver{saver, m.phase}, IDs: m.d.IDs(), Quiescent: true})
 		if err != nil {
 			return delta.ID{}, nil, fmt.Errorf("sandbox %s: store process image: %w", name, err)
 		}
 		host, err := json.Marshal(meta.Host)
 		return res.Root, host, err
-	}, nil
+	}, DumpStatsOf(meta.CRIU), nil
+}
+
+// DumpStatsOf is CRIU's statistics of a dump as a record carries them
+// (delta.DumpStats), nil for none. Times beyond the record's bound are
+// clamped to it: CRIU counts them in 32-bit microseconds, well below it.
+func DumpStatsOf(s *proc.DumpStats) *delta.DumpStats {
+	if s == nil {
+		return nil
+	}
+	ns := func(d time.Duration) int64 { return min(max(d.Nanoseconds(), 0), delta.MaxDumpNs) }
+	return &delta.DumpStats{FreezingNs: ns(s.FreezingTime), FrozenNs: ns(s.FrozenTime), MemdumpNs: ns(s.MemdumpTime),
+		MemwriteNs: ns(s.MemwriteTime), PagesScanned: s.PagesScanned, PagesWritten: s.PagesWritten,
+		PagesSkippedParent: s.PagesSkippedParent}
 }
 
 // Settle records the baseline the next turn compares against.
@@ -391,4 +407,16 @@ func (m *Manager) Restore(ctx context.Context, c Container, root, img string, cp
 	}
 	m.Settle(ctx, c)
 	return nil
+}
+
+// phaseSaver reports PhaseImageBlob for every blob of a process image it
+// passes on to the store.
+type phaseSaver struct {
+	next  delta.BlobSaver
+	phase func(string)
+}
+
+func (s phaseSaver) SaveBlob(ctx context.Context, t delta.BlobType, id delta.ID, plaintext []byte) (bool, error) {
+	s.phase(PhaseImageBlob)
+	return s.next.SaveBlob(ctx, t, id, plaintext)
 }

@@ -141,13 +141,26 @@ func TestTurnDumpsAndRestoresProcesses(t *testing.T) {
 	if st, err := f.m.rt.Status(f.m.ContainerID("s")); err != nil || st != proc.Paused {
 		t.Fatalf("a changed turn left the container %s (%v)", st, err)
 	}
-	store, err := f.m.Dump(ctx, f.m.Container("s"), f.blobs)
+	store, dump, err := f.m.Dump(ctx, f.m.Container("s"), f.blobs)
 	must(t, err)
 	pt.Resume()
 	tree, host, err := store()
 	must(t, err)
-	if pt.Paused <= 0 || fmt.Sprint(f.phases) != "[freeze dump store]" {
+	blobs := 0
+	phases := slices.DeleteFunc(slices.Clone(f.phases), func(p string) bool {
+		if p == PhaseImageBlob {
+			blobs++
+		}
+		return p == PhaseImageBlob
+	})
+	if pt.Paused <= 0 || fmt.Sprint(phases) != "[freeze dump store]" || blobs == 0 ||
+		slices.Index(f.phases, PhaseImageBlob) < slices.Index(f.phases, PhaseStore) {
 		t.Fatalf("paused %v, phases %v", pt.Paused, f.phases)
+	}
+	// CRIU's own figures: it wrote pages, and the time it kept the
+	// processes frozen lies inside turnsnap's freeze-to-thaw pause.
+	if dump == nil || dump.FrozenNs <= 0 || dump.FrozenNs > pt.Paused.Nanoseconds() || dump.PagesWritten == 0 {
+		t.Fatalf("CRIU statistics %+v (pause %v)", dump, pt.Paused)
 	}
 	if ents, _ := os.ReadDir(f.m.WorkDir()); len(ents) != 0 {
 		t.Fatalf("the dump left %d work dirs", len(ents))
