@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/turnsnap/turnsnap/api"
+	"github.com/turnsnap/turnsnap/internal/miniotest"
 	"github.com/turnsnap/turnsnap/internal/testenv"
 	pb "github.com/turnsnap/turnsnap/kube/snapshot/v1alpha1"
 )
@@ -139,8 +140,7 @@ func TestSnapshotProviderGRPC(t *testing.T) {
 	if err != nil || !sb.Head || string(sb.ID) != cp1.SnapshotUid || sb.Message != "one" {
 		t.Fatalf("checkpoint 1 over HTTP: %+v %v", sb, err)
 	}
-	// No shared bucket on this home: waiting for remote durability fails,
-	// naming the checkpoint, and never claims it.
+	// A waitRemoteDurable parameter that is not a boolean is refused.
 	if _, err := drv.Checkpoint(authed, &pb.CheckpointRequest{SandboxName: "src", Parameters: map[string]string{"waitRemoteDurable": "maybe"}}); status.Code(err) != codes.InvalidArgument {
 		t.Errorf("waitRemoteDurable=maybe: %v", err)
 	}
@@ -236,5 +236,65 @@ func TestSnapshotProviderGRPC(t *testing.T) {
 	cp3, err := driverClient(t, "unix://"+sock).Checkpoint(ctx, &pb.CheckpointRequest{SandboxName: "src"})
 	if err != nil || cp3.Class != "fs" || cp3.ParentUid != cp1.SnapshotUid {
 		t.Fatalf("checkpoint over the unix socket: %+v %v", cp3, err)
+	}
+}
+
+// With a shared bucket (a real MinIO): the SnapshotClass parameter
+// waitRemoteDurable makes Checkpoint return once the checkpoint is in the
+// bucket (remote_durable), and Delete is two-phase: the record is marked,
+// to be deleted after the grace (delete_after), and still restores
+// meanwhile.
+func TestSnapshotProviderGRPCRemote(t *testing.T) {
+	testenv.RequireRoot(t)
+	srv := miniotest.Start(t)
+	t.Setenv("AWS_ACCESS_KEY_ID", srv.AccessKey)
+	t.Setenv("AWS_SECRET_ACCESS_KEY", srv.SecretKey)
+	dir := t.TempDir()
+	home, base := filepath.Join(dir, "home"), filepath.Join(dir, "base")
+	os.MkdirAll(base, 0o755)
+	os.WriteFile(filepath.Join(base, "a"), []byte("a\n"), 0o644)
+	mustCLI(t, home, "init", "--remote", "s3://kep/team", "--endpoint", srv.Endpoint, "--insecure")
+	sock := filepath.Join(dir, "kep.sock")
+	d := startDaemon(t, home, nil, "--snapshot-grpc", sock)
+	c := d.client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	created, err := c.CreateSandbox(ctx, api.CreateRequest{Name: "s", Base: base})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, n := range []string{"s", "again"} {
+			cliRun(t, home, "sandbox", "rm", n)
+		}
+	})
+	drv := driverClient(t, "unix://"+grpcAddr(t, d))
+	os.WriteFile(filepath.Join(created.Root, "f"), []byte("one\n"), 0o644)
+	cp1, err := drv.Checkpoint(ctx, &pb.CheckpointRequest{SandboxName: "s", Parameters: map[string]string{"waitRemoteDurable": "true"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !cp1.RemoteDurable || cp1.DriverMetadata["remote_durable"] != "true" {
+		t.Errorf("checkpoint with waitRemoteDurable: %+v", cp1)
+	}
+	os.WriteFile(filepath.Join(created.Root, "f"), []byte("two\n"), 0o644)
+	if _, err := drv.Checkpoint(ctx, &pb.CheckpointRequest{SandboxName: "s", WaitRemoteDurable: true}); err != nil {
+		t.Fatal(err)
+	}
+	del, err := drv.Delete(ctx, &pb.DeleteRequest{SnapshotUid: cp1.SnapshotUid})
+	if err != nil {
+		t.Fatal(err)
+	}
+	after, perr := time.Parse(time.RFC3339, del.DeleteAfter)
+	if del.Deleted || !del.Marked || perr != nil || !after.After(time.Now()) {
+		t.Fatalf("delete with a bucket: %+v (%v), want marked for later", del, perr)
+	}
+	// Marked, not gone: it still restores until a later run deletes it.
+	br, err := drv.Restore(ctx, &pb.RestoreRequest{SandboxName: "again", SnapshotUid: cp1.SnapshotUid})
+	if err != nil || !br.Receipt.GetOk() {
+		t.Fatalf("restore of a marked checkpoint: %+v %v", br, err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(br.Root, "f")); !bytes.Equal(b, []byte("one\n")) {
+		t.Errorf("restored f: %q", b)
 	}
 }
