@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -296,5 +297,59 @@ func TestSnapshotProviderGRPCRemote(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(filepath.Join(br.Root, "f")); !bytes.Equal(b, []byte("one\n")) {
 		t.Errorf("restored f: %q", b)
+	}
+}
+
+// Fenced is FAILED_PRECONDITION: once another home adopted the sandbox,
+// the first home's Checkpoint that waits for remote durability is refused
+// (its head is fenced in the bucket). The adopting home owns the
+// sandbox's checkpoints, and may Delete them.
+func TestSnapshotProviderGRPCFenced(t *testing.T) {
+	testenv.RequireRoot(t)
+	srv := miniotest.Start(t)
+	t.Setenv("AWS_ACCESS_KEY_ID", srv.AccessKey)
+	t.Setenv("AWS_SECRET_ACCESS_KEY", srv.SecretKey)
+	dir := t.TempDir()
+	homeA, homeB, base := filepath.Join(dir, "a"), filepath.Join(dir, "b"), filepath.Join(dir, "base")
+	os.MkdirAll(base, 0o755)
+	os.WriteFile(filepath.Join(base, "f"), []byte("f\n"), 0o644)
+	remoteArgs := []string{"init", "--remote", "s3://fenced/fleet", "--endpoint", srv.Endpoint, "--insecure"}
+	mustCLI(t, homeA, remoteArgs...)
+	mustCLI(t, homeB, remoteArgs...)
+	mustCLI(t, homeA, "sandbox", "create", "s", "--base", base)
+	t.Cleanup(func() {
+		cliRun(t, homeA, "sandbox", "rm", "s")
+		cliRun(t, homeB, "sandbox", "rm", "s")
+	})
+	root, _ := mustCLI(t, homeA, "sandbox", "path", "s")
+	os.WriteFile(filepath.Join(strings.TrimSpace(root), "g"), []byte("g\n"), 0o644)
+	out, _ := mustCLI(t, homeA, "checkpoint", "s", "--json")
+	var cp struct{ ID string }
+	if err := json.Unmarshal([]byte(out), &cp); err != nil || cp.ID == "" {
+		t.Fatalf("checkpoint: %s %v", out, err)
+	}
+	os.WriteFile(filepath.Join(strings.TrimSpace(root), "g"), []byte("g2\n"), 0o644)
+	mustCLI(t, homeA, "checkpoint", "s")
+	mustCLI(t, homeA, "sync")
+	mustCLI(t, homeB, "catalog", "rebuild")
+	mustCLI(t, homeB, "sandbox", "adopt", "s")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	sockA := filepath.Join(dir, "a.sock")
+	dA := startDaemon(t, homeA, nil, "--snapshot-grpc", sockA)
+	os.WriteFile(filepath.Join(strings.TrimSpace(root), "late"), []byte("late\n"), 0o644)
+	_, err := driverClient(t, "unix://"+grpcAddr(t, dA)).Checkpoint(ctx,
+		&pb.CheckpointRequest{SandboxName: "s", WaitRemoteDurable: true})
+	wantCode(t, "home a's checkpoint after b adopted", err, codes.FailedPrecondition)
+	dA.stop(t)
+
+	// The adopting home owns the sandbox now, checkpoints before the
+	// adoption included: its Delete is the two-phase one.
+	sockB := filepath.Join(dir, "b.sock")
+	dB := startDaemon(t, homeB, nil, "--snapshot-grpc", sockB)
+	del, err := driverClient(t, "unix://"+grpcAddr(t, dB)).Delete(ctx, &pb.DeleteRequest{SnapshotUid: cp.ID})
+	if err != nil || !del.Marked {
+		t.Errorf("home b's delete of the adopted sandbox's checkpoint: %+v %v", del, err)
 	}
 }
