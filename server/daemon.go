@@ -56,7 +56,17 @@ type Config struct {
 	// MCP, if set, makes the MCP endpoint of a home's service
 	// (Options.MCP), logging to the daemon's log.
 	MCP func(log *slog.Logger) func(*Service) http.Handler
+	// Attach are more listeners on the home's service, started once the
+	// API serves and stopped at shutdown (the experimental snapshot gRPC
+	// provider, package kube/snapshot, which imports this package and so
+	// is passed in).
+	Attach []Attachment
 }
+
+// Attachment starts a listener on the daemon's service and returns the
+// function that stops it, letting calls in flight finish until its
+// context ends.
+type Attachment func(ctx context.Context, svc *Service, log *slog.Logger) (stop func(context.Context), err error)
 
 // MCPFor is Options.MCP for a home whose log is log.
 func (f Config) MCPFor(log *slog.Logger) func(*Service) http.Handler {
@@ -174,9 +184,26 @@ func Serve(ctx context.Context, f Config) error {
 		go func() { errc <- tcpSrv.Serve(tl) }()
 		log.Info("serving TCP", "addr", tl.Addr().String(), "tls", f.TLSCert != "")
 	}
+	var stops []func(context.Context)
+	for _, attach := range f.Attach {
+		stop, err := attach(ctx, srvAPI.Service(), log)
+		if err != nil {
+			for _, s := range servers {
+				s.Close()
+			}
+			for _, st := range stops {
+				st(ctx)
+			}
+			return err
+		}
+		stops = append(stops, stop)
+	}
 	select {
 	case <-ctx.Done():
 	case err := <-errc:
+		for _, st := range stops {
+			st(ctx)
+		}
 		return fmt.Errorf("serve: %w", err)
 	}
 	// Stop accepting; let requests in flight (a checkpoint committing)
@@ -184,6 +211,9 @@ func Serve(ctx context.Context, f Config) error {
 	sctx, cancel := context.WithTimeout(context.Background(), f.ShutdownTimeout)
 	defer cancel()
 	ShutdownServers(sctx, log, servers)
+	for _, st := range stops {
+		st(sctx)
+	}
 	stopLLM(sctx)
 	stopPush()
 	pushWG.Wait()

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/turnsnap/turnsnap/api"
+	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
 
@@ -69,4 +70,25 @@ func forgetOnSchedule(ctx context.Context, log *slog.Logger, svc *Service, inter
 		}
 	}()
 	return wg.Wait
+}
+
+// ForgetCheckpoint forgets the one checkpoint named by its full id (no
+// prefix or tag: a deletion names exactly what it deletes), under the
+// retention rules (retention.ForgetCheckpoint: heads, tags and branch
+// points stay). graceMS is as ForgetRequest.GraceMS. The experimental
+// snapshot provider's Delete calls it (package kube/snapshot).
+func (s *Service) ForgetCheckpoint(ctx context.Context, id string, graceMS *int64) (*api.Forgotten, error) {
+	cid, err := delta.ParseID(id)
+	if err != nil || cid.String() != id {
+		return nil, invalidf("checkpoint %q: not a full checkpoint id (64 lowercase hex digits)", id)
+	}
+	grace, err := recordGrace(graceMS, "forget checkpoint "+cid.Short())
+	if err != nil {
+		return nil, err
+	}
+	r, err := s.E.Retention().ForgetCheckpoint(ctx, cid, grace)
+	if err != nil {
+		return nil, err
+	}
+	return s.forgotten(ctx, r, false)
 }

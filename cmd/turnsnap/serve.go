@@ -2,10 +2,13 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/internal/errdefs"
+	"github.com/turnsnap/turnsnap/kube/snapshot"
 	"github.com/turnsnap/turnsnap/server"
 	"github.com/turnsnap/turnsnap/server/tenants"
 )
@@ -15,6 +18,9 @@ import (
 type serveFlags struct {
 	cfg     server.Config
 	tenants string
+	// snapshotGRPC is --snapshot-grpc: the EXPERIMENTAL KEP-0694 snapshot
+	// provider's address (package kube/snapshot).
+	snapshotGRPC string
 }
 
 func (a *app) serveCmd() *cobra.Command {
@@ -75,6 +81,7 @@ pointed at it.`,
 	fl.DurationVar(&f.cfg.LeaseTTL, "lease-ttl", delta.DefaultLeaseTTL, "host lease TTL in the shared bucket: renewed every third of it; another home adopts this one's sandboxes without --force only once it lapses")
 	fl.IntVar(&f.cfg.EventRing, "event-ring", server.DefaultEventRing, "recent events kept for /v1/events clients that resume with Last-Event-ID (one away longer gets a gap event)")
 	fl.IntVar(&f.cfg.CheckpointSlots, "checkpoint-slots", 0, "checkpoints that run at once, the others queue (urgent ones, whose model reply waits, first); 0: one per CPU, -1: no limit")
+	fl.StringVar(&f.snapshotGRPC, "snapshot-grpc", "", "EXPERIMENTAL: also serve the agent-sandbox KEP-0694 snapshot provider (gRPC Checkpoint/Restore/Delete) on an absolute unix socket path, or on loopback HOST:PORT with --token-file's bearer token (docs/SNAPSHOT-GRPC.md)")
 	registerLLMFlags(fl, &f.cfg.LLM)
 	return c
 }
@@ -86,6 +93,16 @@ func (a *app) serve(ctx context.Context, f serveFlags) error {
 	cfg.Home, cfg.LockWait, cfg.Verbose = a.home, a.lockWait, a.verbose
 	cfg.AtPhase = blockAtPhase()
 	cfg.MCP = mcpHandler
+	if f.snapshotGRPC != "" {
+		if f.tenants != "" {
+			return fmt.Errorf("serve: --snapshot-grpc serves one home, not --tenants: %w", errdefs.ErrInvalid)
+		}
+		ep, err := snapshot.ParseEndpoint(f.snapshotGRPC, cfg.TokenFile)
+		if err != nil {
+			return err
+		}
+		cfg.Attach = append(cfg.Attach, ep.Attachment())
+	}
 	if f.tenants != "" {
 		return tenants.Serve(ctx, cfg, f.tenants)
 	}
