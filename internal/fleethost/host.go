@@ -1,4 +1,4 @@
-package fleet
+package fleethost
 
 import (
 	"bytes"
@@ -19,9 +19,9 @@ import (
 	"github.com/turnsnap/turnsnap/client"
 )
 
-// turnsnapBin returns the turnsnap binary the hosts run: TURNSNAP_BIN when
+// TurnsnapBin returns the turnsnap binary the hosts run: TURNSNAP_BIN when
 // `make test` has built one, else one built here into t's temp dir.
-func turnsnapBin(t *testing.T) string {
+func TurnsnapBin(t testing.TB) string {
 	t.Helper()
 	if b := os.Getenv("TURNSNAP_BIN"); b != "" {
 		if _, err := os.Stat(b); err == nil {
@@ -40,18 +40,21 @@ func turnsnapBin(t *testing.T) string {
 	return bin
 }
 
-// host is one member of the fleet: a home, its daemon, run in its own
+// Host is one member of the fleet: a home, its daemon, run in its own
 // network namespace.
-type host struct {
-	i      int
-	name   string // h1 ...
-	home   string
-	homeID string
-	bin    string
-	net    *fleetNet
-	env    []string
-	log    string // the daemon's stderr, appended across restarts
-	c      *client.Client
+type Host struct {
+	I      int
+	Name   string // h1 ...
+	Home   string
+	HomeID string // set by whoever initialises the home
+	Bin    string
+	Net    *Net
+	Env    []string
+	Log    string         // the daemon's stderr, appended across restarts
+	C      *client.Client // the daemon's API over its unix socket
+	// ServeArgs are added to `turnsnap serve`'s arguments at each start
+	// (--listen, --kube-node ...).
+	ServeArgs []string
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -62,24 +65,31 @@ type host struct {
 	up chan struct{}
 }
 
-func newHost(t *testing.T, fn *fleetNet, i int, bin, dir string, env []string) *host {
-	h := &host{i: i, name: fmt.Sprintf("h%d", i), home: filepath.Join(dir, fmt.Sprintf("h%d", i), "home"),
-		bin: bin, net: fn, env: env, log: filepath.Join(dir, fmt.Sprintf("h%d", i), "daemon.log")}
-	if err := os.MkdirAll(filepath.Dir(h.home), 0o755); err != nil {
+// NewHost makes host i (1-based) of fn under dir: its home is
+// dir/hI/home, its daemon's log dir/hI/daemon.log. The daemon is stopped
+// when t ends.
+func NewHost(t testing.TB, fn *Net, i int, bin, dir string, env []string) *Host {
+	h := &Host{I: i, Name: fmt.Sprintf("h%d", i), Home: filepath.Join(dir, fmt.Sprintf("h%d", i), "home"),
+		Bin: bin, Net: fn, Env: env, Log: filepath.Join(dir, fmt.Sprintf("h%d", i), "daemon.log")}
+	if err := os.MkdirAll(filepath.Dir(h.Home), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	c, err := client.New(client.Options{Socket: filepath.Join(h.home, "turnsnap.sock")})
+	c, err := client.New(client.Options{Socket: filepath.Join(h.Home, "turnsnap.sock")})
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.c = c
+	h.C = c
 	h.up = make(chan struct{})
-	t.Cleanup(func() { h.stop() })
+	t.Cleanup(func() { h.Stop() })
 	return h
 }
 
-// waitUp waits until the daemon answers, or d passes.
-func (h *host) waitUp(d time.Duration) {
+// Dir is the host's own directory (its home's parent): files a test gives
+// the host (token, certificate, kubeconfig) go there.
+func (h *Host) Dir() string { return filepath.Dir(h.Home) }
+
+// WaitUp waits until the daemon answers, or d passes.
+func (h *Host) WaitUp(d time.Duration) {
 	h.mu.Lock()
 	up := h.up
 	h.mu.Unlock()
@@ -89,25 +99,25 @@ func (h *host) waitUp(d time.Duration) {
 	}
 }
 
-// cli runs turnsnap as a client (or directly on the home when no daemon
+// CLI runs turnsnap as a client (or directly on the home when no daemon
 // answers) inside the host's namespace, with --json; it returns stdout and
 // an error carrying stderr and the exit code.
-func (h *host) cli(ctx context.Context, args ...string) ([]byte, error) {
-	argv := h.net.inNS(h.i, append([]string{h.bin, "--home", h.home, "--lock-wait", "20s", "--json"}, args...)...)
+func (h *Host) CLI(ctx context.Context, args ...string) ([]byte, error) {
+	argv := h.Net.InNS(h.I, append([]string{h.Bin, "--home", h.Home, "--lock-wait", "20s", "--json"}, args...)...)
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
-	cmd.Env = append(os.Environ(), h.env...)
+	cmd.Env = append(os.Environ(), h.Env...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()
 	if err != nil {
-		return out.Bytes(), fmt.Errorf("%s: turnsnap %s: %w: %s", h.name, strings.Join(args, " "), err, strings.TrimSpace(errb.String()))
+		return out.Bytes(), fmt.Errorf("%s: turnsnap %s: %w: %s", h.Name, strings.Join(args, " "), err, strings.TrimSpace(errb.String()))
 	}
 	return out.Bytes(), nil
 }
 
-// cliJSON is cli decoding stdout into v.
-func (h *host) cliJSON(ctx context.Context, v any, args ...string) error {
-	out, err := h.cli(ctx, args...)
+// CLIJSON is CLI decoding stdout into v.
+func (h *Host) CLIJSON(ctx context.Context, v any, args ...string) error {
+	out, err := h.CLI(ctx, args...)
 	if err != nil {
 		return err
 	}
@@ -115,33 +125,33 @@ func (h *host) cliJSON(ctx context.Context, v any, args ...string) error {
 		return nil
 	}
 	if err := json.Unmarshal(out, v); err != nil {
-		return fmt.Errorf("%s: turnsnap %s: decoding %q: %w", h.name, strings.Join(args, " "), out, err)
+		return fmt.Errorf("%s: turnsnap %s: decoding %q: %w", h.Name, strings.Join(args, " "), out, err)
 	}
 	return nil
 }
 
-// help returns `turnsnap ARGS --help`, for the capability probes.
-func (h *host) help(args ...string) string {
-	out, _ := exec.Command(h.bin, append(args, "--help")...).CombinedOutput()
+// Help returns `turnsnap ARGS --help`, for the capability probes.
+func (h *Host) Help(args ...string) string {
+	out, _ := exec.Command(h.Bin, append(args, "--help")...).CombinedOutput()
 	return string(out)
 }
 
-// start starts the daemon and waits until it answers on its socket.
-func (h *host) start(ctx context.Context) error {
+// Start starts the daemon and waits until it answers on its socket.
+func (h *Host) Start(ctx context.Context) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.cmd != nil {
 		return nil
 	}
-	logf, err := os.OpenFile(h.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	logf, err := os.OpenFile(h.Log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return err
 	}
 	defer logf.Close()
 	fmt.Fprintf(logf, "==== fleet: start %s\n", time.Now().UTC().Format(time.RFC3339Nano))
-	argv := h.net.inNS(h.i, h.bin, "--home", h.home, "--lock-wait", "60s", "serve", "--log-format", "text")
+	argv := h.Net.InNS(h.I, append([]string{h.Bin, "--home", h.Home, "--lock-wait", "60s", "serve", "--log-format", "text"}, h.ServeArgs...)...)
 	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env = append(os.Environ(), h.env...)
+	cmd.Env = append(os.Environ(), h.Env...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// The daemon must not outlive the test binary.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -153,20 +163,20 @@ func (h *host) start(ctx context.Context) error {
 	deadline := time.Now().Add(90 * time.Second)
 	for {
 		pctx, cancel := context.WithTimeout(ctx, time.Second)
-		err := h.c.Ping(pctx)
+		err := h.C.Ping(pctx)
 		cancel()
 		if err == nil {
 			break
 		}
 		select {
 		case <-done:
-			return fmt.Errorf("%s: turnsnap serve exited at start (%v); see %s", h.name, cmd.ProcessState, h.log)
+			return fmt.Errorf("%s: turnsnap serve exited at start (%v); see %s", h.Name, cmd.ProcessState, h.Log)
 		default:
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			cmd.Process.Kill()
 			<-done
-			return fmt.Errorf("%s: turnsnap serve does not answer: %v; see %s", h.name, err, h.log)
+			return fmt.Errorf("%s: turnsnap serve does not answer: %v; see %s", h.Name, err, h.Log)
 		}
 		time.Sleep(50 * time.Millisecond) // polling the socket: the daemon has no readiness signal
 	}
@@ -177,7 +187,7 @@ func (h *host) start(ctx context.Context) error {
 
 // detach takes the running daemon's process from h (nil if none), so that
 // callers wait for h.up until the next start.
-func (h *host) detach() (*exec.Cmd, chan struct{}) {
+func (h *Host) detach() (*exec.Cmd, chan struct{}) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	cmd, done := h.cmd, h.done
@@ -188,8 +198,8 @@ func (h *host) detach() (*exec.Cmd, chan struct{}) {
 	return cmd, done
 }
 
-// kill SIGKILLs the daemon and waits for it to be gone.
-func (h *host) kill() bool {
+// Kill SIGKILLs the daemon and waits for it to be gone.
+func (h *Host) Kill() bool {
 	cmd, done := h.detach()
 	if cmd == nil {
 		return false
@@ -199,9 +209,9 @@ func (h *host) kill() bool {
 	return true
 }
 
-// stop sends SIGTERM (a daemon releases what it holds) and waits, killing
+// Stop sends SIGTERM (a daemon releases what it holds) and waits, killing
 // it after a minute.
-func (h *host) stop() error {
+func (h *Host) Stop() error {
 	cmd, done := h.detach()
 	if cmd == nil {
 		return nil
@@ -212,27 +222,27 @@ func (h *host) stop() error {
 	case <-time.After(time.Minute):
 		cmd.Process.Kill()
 		<-done
-		return errors.New(h.name + ": turnsnap serve did not stop on SIGTERM within a minute")
+		return errors.New(h.Name + ": turnsnap serve did not stop on SIGTERM within a minute")
 	}
 	if code := cmd.ProcessState.ExitCode(); code != 0 {
-		return fmt.Errorf("%s: turnsnap serve exited %d on SIGTERM; see %s", h.name, code, h.log)
+		return fmt.Errorf("%s: turnsnap serve exited %d on SIGTERM; see %s", h.Name, code, h.Log)
 	}
 	return nil
 }
 
-// logTail is the end of the daemon's log, for failure messages.
-func (h *host) logTail(n int) string {
-	b, _ := os.ReadFile(h.log)
+// LogTail is the end of the daemon's log, for failure messages.
+func (h *Host) LogTail(n int) string {
+	b, _ := os.ReadFile(h.Log)
 	if len(b) > n {
 		b = b[len(b)-n:]
 	}
 	return string(b)
 }
 
-// unmountUnder detaches every mount below dir, deepest first: daemons leave
+// UnmountUnder detaches every mount below dir, deepest first: daemons leave
 // their sandboxes mounted when they stop (by design), and t.TempDir's
 // removal cannot pass a mount.
-func unmountUnder(t *testing.T, dir string) {
+func UnmountUnder(t testing.TB, dir string) {
 	b, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
 		t.Error(err)
@@ -255,4 +265,28 @@ func unmountUnder(t *testing.T, dir string) {
 			t.Logf("fleet cleanup: unmounting %s: %v", p, err)
 		}
 	}
+}
+
+// InitRemote points the host's home at the bucket remote (s3://BUCKET) on
+// endpoint, running `turnsnap init` inside the host's namespace as its
+// daemon will reach the bucket, and sets h.HomeID from the home's config.
+func (h *Host) InitRemote(ctx context.Context, remote, endpoint string) error {
+	if _, err := h.CLI(ctx, "init", "--remote", remote, "--endpoint", endpoint, "--insecure"); err != nil {
+		return err
+	}
+	b, err := os.ReadFile(filepath.Join(h.Home, "config.json"))
+	if err != nil {
+		return err
+	}
+	var cfg struct {
+		HomeID string `json:"home_id"`
+	}
+	if err := json.Unmarshal(b, &cfg); err != nil {
+		return fmt.Errorf("%s: config.json: %w", h.Name, err)
+	}
+	if cfg.HomeID == "" {
+		return fmt.Errorf("%s: config.json has no home_id after init: %s", h.Name, b)
+	}
+	h.HomeID = cfg.HomeID
+	return nil
 }
