@@ -61,6 +61,17 @@ type Config struct {
 	// provider, package kube/snapshot, which imports this package and so
 	// is passed in).
 	Attach []Attachment
+	// Serving, if set, is called once every listener accepts (the node
+	// agent registers then, so that its endpoint answers when the
+	// controller reads it). ctx ends when the daemon starts to stop.
+	Serving func(ctx context.Context, s Serving)
+}
+
+// Serving is what Config.Serving learns about the running daemon.
+type Serving struct {
+	HomeID  string
+	TCPAddr string // the TCP listener's address ("" without Listen)
+	Log     *slog.Logger
 }
 
 // Attachment starts a listener on the daemon's service and returns the
@@ -161,6 +172,7 @@ func Serve(ctx context.Context, f Config) error {
 	forgetCtx, stopForget := context.WithCancel(ctx)
 	waitForget := forgetOnSchedule(forgetCtx, log, srvAPI.Service(), f.ForgetInterval)
 	defer func() { stopForget(); waitForget() }()
+	var tcpAddr string
 	if f.Listen != "" {
 		tl, err := net.Listen("tcp", f.Listen)
 		if err != nil {
@@ -183,6 +195,10 @@ func Serve(ctx context.Context, f Config) error {
 		}
 		go func() { errc <- tcpSrv.Serve(tl) }()
 		log.Info("serving TCP", "addr", tl.Addr().String(), "tls", f.TLSCert != "")
+		tcpAddr = tl.Addr().String()
+	}
+	if f.Serving != nil {
+		f.Serving(ctx, Serving{HomeID: e.HomeID(), TCPAddr: tcpAddr, Log: log})
 	}
 	var stops []func(context.Context)
 	for _, attach := range f.Attach {

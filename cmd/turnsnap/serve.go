@@ -9,6 +9,7 @@ import (
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/kube/snapshot"
+	"github.com/turnsnap/turnsnap/kube/node"
 	"github.com/turnsnap/turnsnap/server"
 	"github.com/turnsnap/turnsnap/server/tenants"
 )
@@ -21,6 +22,7 @@ type serveFlags struct {
 	// snapshotGRPC is --snapshot-grpc: the EXPERIMENTAL KEP-0694 snapshot
 	// provider's address (package kube/snapshot).
 	snapshotGRPC string
+	kube    node.DaemonOptions
 }
 
 func (a *app) serveCmd() *cobra.Command {
@@ -64,7 +66,16 @@ http://ADDR/llm/{sandbox}/: each model call an agent sends there is forwarded
 to the upstream (--llm-upstream, or the sandbox's own) and closes the
 sandbox's turn, checkpointed during the model's latency; the reply waits for
 the checkpoint (--llm-gate). turnsnap run NAME -- AGENT starts an agent
-pointed at it.`,
+pointed at it.
+
+--kube-node NAME registers the daemon with a Kubernetes API server as the
+turnsnap node NAME (docs/KUBERNETES.md): a coordination.k8s.io Lease
+turnsnap-node-NAME held by this home's id and renewed every third of
+--kube-lease-duration while serving, released on SIGTERM, and a Secret
+turnsnap-node-NAME with the endpoint, the --token-file token and the
+--tls-cert certificate, for the controller. It needs --listen; a missing
+--token-file, --tls-cert or --tls-key file is made (a random token, a
+self-signed certificate) and kept for the next start.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return a.serve(cmd.Context(), f) },
 	}
@@ -83,6 +94,7 @@ pointed at it.`,
 	fl.IntVar(&f.cfg.CheckpointSlots, "checkpoint-slots", 0, "checkpoints that run at once, the others queue (urgent ones, whose model reply waits, first); 0: one per CPU, -1: no limit")
 	fl.StringVar(&f.snapshotGRPC, "snapshot-grpc", "", "EXPERIMENTAL: also serve the agent-sandbox KEP-0694 snapshot provider (gRPC Checkpoint/Restore/Delete) on an absolute unix socket path, or on loopback HOST:PORT with --token-file's bearer token (docs/SNAPSHOT-GRPC.md)")
 	registerLLMFlags(fl, &f.cfg.LLM)
+	registerKubeNodeFlags(fl, &f.kube)
 	return c
 }
 
@@ -104,7 +116,17 @@ func (a *app) serve(ctx context.Context, f serveFlags) error {
 		cfg.Attach = append(cfg.Attach, ep.Attachment())
 	}
 	if f.tenants != "" {
+		if f.kube.Node != "" {
+			return fmt.Errorf("--kube-node serves one home, not --tenants: %w", errdefs.ErrInvalid)
+		}
 		return tenants.Serve(ctx, cfg, f.tenants)
+	}
+	if f.kube.Node != "" {
+		release, err := a.withKubeNode(&cfg, f.kube)
+		if err != nil {
+			return fmt.Errorf("%w: %w", err, errdefs.ErrInvalid)
+		}
+		defer release()
 	}
 	return server.Serve(ctx, cfg)
 }
