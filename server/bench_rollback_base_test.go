@@ -121,11 +121,12 @@ func benchRollbackBase(b *testing.B, baseFiles, changed, rounds int) {
 	b.ReportMetric(load1(b), "load1_end")
 }
 
-// mountID is the ID of the mount whose root p is.
+// mountID is the unique ID of the mount whose root p is (a plain mount
+// ID is reused once its mount is gone).
 func mountID(tb testing.TB, p string) uint64 {
 	var stx unix.Statx_t
-	if err := unix.Statx(unix.AT_FDCWD, p, unix.AT_SYMLINK_NOFOLLOW, unix.STATX_MNT_ID, &stx); err != nil {
-		tb.Fatal(err)
+	if err := unix.Statx(unix.AT_FDCWD, p, unix.AT_SYMLINK_NOFOLLOW, unix.STATX_MNT_ID_UNIQUE, &stx); err != nil || stx.Mask&unix.STATX_MNT_ID_UNIQUE == 0 {
+		tb.Fatalf("statx %s: no unique mount id: %v", p, err)
 	}
 	return stx.Mnt_id
 }
