@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -29,8 +30,9 @@ import (
 //   - remount: undo the removal of a base directory, which still unmounts
 //     and mounts the root (the mount ID must change).
 //
-// Reported: the three medians, base/agent and remount/base, and the
-// 1-minute load average at start and end. TURNSNAP_BENCH_SMALL shrinks the
+// Reported: the three medians, base/agent and remount/base, the median
+// time between the engine's rollback phases for base and remount, and
+// the 1-minute load average at start and end. TURNSNAP_BENCH_SMALL shrinks the
 // base to 300 files and the layer to 50.
 func BenchmarkScaleRollbackBaseFile(b *testing.B) {
 	sizes, changed, rounds := []int{2000, 150000}, 2000, 15
@@ -49,7 +51,19 @@ func BenchmarkScaleRollbackBaseFile(b *testing.B) {
 func benchRollbackBase(b *testing.B, baseFiles, changed, rounds int) {
 	ctx := context.Background()
 	loadStart := load1(b)
-	f := serve(b, nil, func(o *engine.Options) { o.TrackChanges = true })
+	// The engine's rollback phases, timed from the call (the daemon runs
+	// in this process): where a base file's rollback spends its time.
+	var mu sync.Mutex
+	var t0 time.Time
+	var marks map[string]time.Duration
+	hook := func(phase string) {
+		mu.Lock()
+		defer mu.Unlock()
+		if marks != nil {
+			marks[phase] = time.Since(t0)
+		}
+	}
+	f := serve(b, hook, func(o *engine.Options) { o.TrackChanges = true })
 	base := filepath.Join(filepath.Dir(f.base), "bigbase")
 	for i := range baseFiles {
 		dir := filepath.Join(base, fmt.Sprintf("d%03d", i/100))
@@ -76,6 +90,7 @@ func benchRollbackBase(b *testing.B, baseFiles, changed, rounds int) {
 	c1, err := f.c.Checkpoint(ctx, "s", api.CheckpointRequest{})
 	must(b, err)
 	f.e.WaitFreezes()
+	phases := map[string][]time.Duration{}
 	measure := func(what string, edit func(round int), remounts bool) time.Duration {
 		var ds []time.Duration
 		for round := range rounds {
@@ -85,11 +100,28 @@ func benchRollbackBase(b *testing.B, baseFiles, changed, rounds int) {
 			}
 			f.e.WaitFreezes() // the checkpoint's background freeze is not the rollback's
 			mnt := mountID(b, root)
-			t0 := time.Now()
+			mu.Lock()
+			t0, marks = time.Now(), map[string]time.Duration{}
+			mu.Unlock()
 			if _, err := f.c.Rollback(ctx, "s", api.RollbackRequest{Checkpoint: string(c1.ID)}); err != nil {
 				b.Fatalf("%s: rollback: %v", what, err)
 			}
-			ds = append(ds, time.Since(t0))
+			mu.Lock()
+			d := time.Since(t0)
+			ds = append(ds, d)
+			// Each phase's share: from the one before it (in the order
+			// reached) to it; "reply" is the rest, the receipt's check, the
+			// intent's removal and the API's answer.
+			prev := time.Duration(0)
+			for _, p := range []string{"rollback: checked", "rollback: intent written", "rollback: layer-rewrite", "rollback: root switched", "rollback: head moved", "restore: receipt files"} {
+				if at, ok := marks[p]; ok {
+					phases[what+"/"+p] = append(phases[what+"/"+p], at-prev)
+					prev = at
+				}
+			}
+			phases[what+"/reply"] = append(phases[what+"/reply"], d-prev)
+			marks = nil
+			mu.Unlock()
 			if again := mountID(b, root) != mnt; again != remounts {
 				b.Fatalf("%s: the rollback remounted the root: %v, want %v", what, again, remounts)
 			}
@@ -117,6 +149,18 @@ func benchRollbackBase(b *testing.B, baseFiles, changed, rounds int) {
 	b.ReportMetric(ms(remount), "remount_ms")
 	b.ReportMetric(float64(baseFile)/float64(agent), "x_base_vs_agent")
 	b.ReportMetric(float64(remount)/float64(baseFile), "x_remount_vs_base")
+	for _, p := range []struct{ phase, unit string }{
+		{"rollback: checked", "checks"}, {"rollback: intent written", "live_scan_plan_intent"}, {"rollback: layer-rewrite", "first_write"},
+		{"rollback: root switched", "apply_verify_sync"}, {"rollback: head moved", "head"},
+		{"restore: receipt files", "to_receipt"}, {"reply", "receipt_reply"},
+	} {
+		for _, what := range []string{"base", "remount"} {
+			if d := phases[what+"/"+p.phase]; len(d) > 0 {
+				slices.Sort(d)
+				b.ReportMetric(ms(d[len(d)/2]), what+"_"+p.unit+"_ms")
+			}
+		}
+	}
 	b.ReportMetric(loadStart, "load1_start")
 	b.ReportMetric(load1(b), "load1_end")
 }
