@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/fstree"
 	"golang.org/x/sys/unix"
 )
 
@@ -139,5 +140,45 @@ func baseRollbacks(t *testing.T, tracked bool) {
 	rollback(c1, true, "undo after the remount")
 	if _, err := e.Verifier().VerifyStore(ctx, mustRef("")); err != nil {
 		t.Fatalf("store verify: %v", err)
+	}
+}
+
+// TestRollbackOfBaseFilesUnmountedWhereACopyCannotBeExact: base files a
+// copy through the mount would not equal (a hardlinked one, a sparse one)
+// and more than fstree.MaxBaseCopyBytes to copy back take the unmounted
+// path, and the root is the checkpoint's after each.
+func TestRollbackOfBaseFilesUnmountedWhereACopyCannotBeExact(t *testing.T) {
+	ctx := context.Background()
+	e := openTracking(t, filepath.Join(t.TempDir(), "home"))
+	base := t.TempDir()
+	write(t, filepath.Join(base, "linked"), "two names\n")
+	must(t, os.Link(filepath.Join(base, "linked"), filepath.Join(base, "linked2")))
+	sparse, err := os.Create(filepath.Join(base, "sparse"))
+	must(t, err)
+	_, err = sparse.WriteAt([]byte("the end\n"), 4<<20)
+	must(t, err)
+	must(t, sparse.Close())
+	big := make([]byte, fstree.MaxBaseCopyBytes+1)
+	must(t, os.WriteFile(filepath.Join(base, "big"), big, 0o644))
+	write(t, filepath.Join(base, "README"), "readme\n")
+	cr, err := e.CreateSandbox(ctx, "s", CreateOptions{Base: base})
+	must(t, err)
+	write(t, filepath.Join(cr.Root, "agent.txt"), "turn 1\n")
+	settle()
+	merged := mergedState(t, cr.Root)
+	c1, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
+	must(t, err)
+	for _, name := range []string{"linked", "sparse", "big", "README"} {
+		write(t, filepath.Join(cr.Root, name), "edited\n")
+		_, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
+		must(t, err)
+		res, err := e.Rollback(ctx, "s", mustRef(c1.ID.String()), RollbackOptions{})
+		must(t, err)
+		if want := name == "README"; res.Mounted != want {
+			t.Fatalf("undoing an edit to %s: written through the mount: %v, want %v", name, res.Mounted, want)
+		}
+		if !res.Receipt.OK || mergedState(t, cr.Root) != merged {
+			t.Fatalf("undoing an edit to %s: the root is not the checkpoint's", name)
+		}
 	}
 }
