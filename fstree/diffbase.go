@@ -57,6 +57,7 @@ const (
 	baseCopy                   // the target has no upper entry: write the lower's file back
 	baseOver                   // the target's entry replaces the lower's: unlink through the mount, then create
 	baseDir                    // the target has no upper entry for a base directory the live upper holds: each name below made the lower's again, the directory given the lower's metadata
+	baseDirOver                // the target's upper directory over a base directory the live upper lacks: its names written into the merged directory, its metadata set (overlay copies the directory up)
 )
 
 // baseName is what the lower holds at a name.
@@ -107,6 +108,8 @@ func baseRule(c *change, b baseName) (baseHow, string) {
 		return 0, "below an opaque directory"
 	case b.dir && c.target == nil && c.live != nil && c.live.Type == delta.TypeDir && !c.live.Opaque:
 		return baseDir, "" // Mountable checks below it (baseDirRule)
+	case b.dir && c.target != nil && c.target.Type == delta.TypeDir && !c.target.Opaque && c.live == nil && c.how == changeCreate:
+		return baseDirOver, "" // Mountable checks below it (baseDirOverRule)
 	case b.dir:
 		return 0, "a base directory"
 	case c.live != nil && c.live.Type == delta.TypeDir:
@@ -138,6 +141,9 @@ func (p *DiffPlan) applyBase(ctx context.Context, a *applier, dirFD int, name st
 	case baseDir:
 		res.Removed = append(res.Removed, c.rel)
 		return p.copyBaseDir(ctx, a, dirFD, name, c.rel, c.live, 0, res)
+	case baseDirOver:
+		res.Written = append(res.Written, c.rel) // Verify reads the whole directory back
+		return p.mergeDir(ctx, a, dirFD, name, c.rel, c.target, 0)
 	}
 	// baseOver: the unlink leaves a whiteout (the lower holds the name),
 	// which the create replaces; a target whiteout is that unlink alone.
@@ -456,4 +462,95 @@ func (p *DiffPlan) verifyBaseDir(ctx context.Context, rel string, depth int) err
 		}
 	}
 	return nil
+}
+
+// baseDirOverRule checks the target's directory e (at rel, over a base
+// directory the live upper lacks): every name below it must be one the
+// mount writes exactly (baseDirOver), or why not.
+func (p *DiffPlan) baseDirOverRule(ctx context.Context, lowerFD int, rel string, e *delta.Entry, depth int) (string, error) {
+	if depth > delta.MaxDepth {
+		return "", delta.CorruptAt(rel, "directories nested more than %d deep", delta.MaxDepth)
+	}
+	t, err := delta.LoadTree(ctx, p, e.Subtree)
+	if err != nil {
+		return "", fmt.Errorf("/%s: %w", rel, err)
+	}
+	for i := range t.Entries {
+		ce := &t.Entries[i]
+		crel := path.Join(rel, ce.Name)
+		b, err := baseAt(lowerFD, crel)
+		if err != nil {
+			return "", err
+		}
+		switch {
+		case !b.present:
+			if why, err := overlayForms(ctx, p, ce, crel, depth+1); why != "" || err != nil {
+				return why, err
+			}
+		case ce.Type == delta.TypeDir && b.dir && !ce.Opaque:
+			if why, err := p.baseDirOverRule(ctx, lowerFD, crel, ce, depth+1); why != "" || err != nil {
+				return why, err
+			}
+		case ce.Type != delta.TypeDir && ce.Type != delta.TypeHardlink && !b.dir:
+		default:
+			return fmt.Sprintf("/%s is in the lower layer: not a plain name over a plain name", crel), nil
+		}
+	}
+	return "", nil
+}
+
+// mergeDir writes the target's directory e (at rel) into the merged
+// directory name (in dirFD, the mount) the base shows there: names the
+// base lacks are created, base names replaced (unlinked, then created;
+// a whiteout is the unlink alone), base directories merged the same way,
+// and the directory's metadata set last, which has overlay copy it up if
+// no name below did.
+func (p *DiffPlan) mergeDir(ctx context.Context, a *applier, dirFD int, name, rel string, e *delta.Entry, depth int) error {
+	if depth > delta.MaxDepth {
+		return delta.CorruptAt(rel, "directories nested more than %d deep", delta.MaxDepth)
+	}
+	t, err := delta.LoadTree(ctx, p, e.Subtree)
+	if err != nil {
+		return fmt.Errorf("/%s: %w", rel, err)
+	}
+	fd, err := fsat.Open(dirFD, name, unix.O_RDONLY|unix.O_DIRECTORY)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	lowerFD, err := fsat.OpenDir(p.lower)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(lowerFD)
+	for i := range t.Entries {
+		ce := &t.Entries[i]
+		crel := path.Join(rel, ce.Name)
+		b, err := baseAt(lowerFD, crel)
+		if err != nil {
+			return err
+		}
+		if b.present && ce.Type == delta.TypeDir {
+			if err := p.mergeDir(ctx, a, fd, ce.Name, crel, ce, depth+1); err != nil {
+				return err
+			}
+			continue
+		}
+		if b.present {
+			if err := ignoreENOENT(unix.Unlinkat(fd, ce.Name, 0)); err != nil {
+				return err
+			}
+			if ce.Type == delta.TypeWhiteout {
+				continue
+			}
+		}
+		if ce.Type == delta.TypeFile {
+			a.files[crel] = true
+		}
+		if err := a.entry(ctx, fd, crel, ce); err != nil {
+			return err
+		}
+	}
+	a.stats.Entries++
+	return setMeta(metaTarget{fd: fd}, e)
 }

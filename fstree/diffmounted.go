@@ -76,6 +76,12 @@ func (p *DiffPlan) Mountable(ctx context.Context, lower string) (string, error) 
 				}
 				b.size = n
 			}
+			if how == baseDirOver {
+				if why, err := p.baseDirOverRule(ctx, lowerFD, c.rel, c.target, 0); why != "" || err != nil {
+					p.base = nil
+					return why, err
+				}
+			}
 			if how == baseCopy || how == baseDir {
 				if copyBytes += b.size; copyBytes > MaxBaseCopyBytes {
 					p.base = nil
