@@ -112,6 +112,7 @@ func (e *Engine) Rollback(ctx context.Context, name delta.SandboxName, ref catal
 		return nil, err
 	}
 	defer cleanImg()
+	e.phase("rollback: checked") // the target, the base and the image
 	// Prepared before the processes stop: their mappings (rootfs.Rollbacker).
 	var rb rootfs.Rollback = plainRollback{e: e, name: string(name), root: st.root}
 	if r, ok := e.backends[st.sb.Backend].(rootfs.Rollbacker); ok {

@@ -40,72 +40,75 @@ func TestKilledRollbackHelper(t *testing.T) {
 // kills it after the first of the diff's changes (overlay/restore.go): the
 // next use finds the intent and finishes the rollback from the mixed
 // layer, by diff again, so one.txt, rewritten in place, keeps its inode
-// throughout. Each phase runs twice: with a diff of names the base lacks,
-// written through the mounted root (fstree.DiffPlan.Mountable), and with
-// one that also brings a base file back, written to the unmounted upper.
+// throughout. Each phase runs three times: with a diff of names the base
+// lacks, written through the mounted root (fstree.DiffPlan.Mountable);
+// with one that also brings an edited base file back, written through the
+// mount as a copy of the base's (fstree's diffbase.go); and with one that
+// brings back a base file a directory had replaced, written to the
+// unmounted upper.
 func TestKilledRollbackKeepsRootAndHead(t *testing.T) {
-	ctx := context.Background()
-	for _, tc := range []struct {
-		phase     string
-		touchBase bool
-	}{
-		{"rollback: intent written", false}, {"rollback: layer-rewrite", false}, {"rollback: root switched", false}, {"rollback: head moved", false},
-		{"rollback: intent written", true}, {"rollback: layer-rewrite", true}, {"rollback: root switched", true}, {"rollback: head moved", true},
-	} {
-		phase := tc.phase
-		name := phase + "/mounted"
-		if tc.touchBase {
-			name = phase + "/unmounted"
+	for _, phase := range []string{"rollback: intent written", "rollback: layer-rewrite", "rollback: root switched", "rollback: head moved"} {
+		for _, how := range []string{"mounted", "base-copy", "unmounted"} {
+			t.Run(phase+"/"+how, func(t *testing.T) {
+				killedRollback(t, phase, how)
+			})
 		}
-		t.Run(name, func(t *testing.T) {
-			home := filepath.Join(t.TempDir(), "home")
-			e := openEngine(t, home)
-			cr, c1 := firstTurn(t, e)
-			state1 := mergedState(t, cr.Root)
-			write(t, filepath.Join(cr.Root, "two.txt"), "turn 2\n")
-			write(t, filepath.Join(cr.Root, "three.txt"), "turn 2\n")
-			rewrite(t, filepath.Join(cr.Root, "one.txt"), "turn 2 rewrote it\n")
-			if tc.touchBase {
-				write(t, filepath.Join(cr.Root, "a.txt"), "copied up\n") // rollback brings the base's back
-			}
-			_, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
-			must(t, err)
-			state2 := mergedState(t, cr.Root)
-			ino := inode(t, filepath.Join(cr.Root, "one.txt"))
-			must(t, e.Close())
-
-			cmd := exec.Command(os.Args[0], "-test.run=^TestKilledRollbackHelper$", "-test.count=1")
-			cmd.Env = append(os.Environ(), "TS_KILL_HOME="+home, "TS_KILL_PHASE="+phase, "TS_KILL_TARGET="+c1.ID.String())
-			out, err := cmd.CombinedOutput()
-			if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
-				t.Fatalf("helper was not killed at %q: %v\n%s", phase, err, out)
-			}
-
-			e = openEngine(t, home)
-			root, err := e.SandboxPath(ctx, "s") // the next use of the sandbox
-			must(t, err)
-			var head delta.ID
-			must(t, e.view(ctx, func(tx *catalog.Tx) (err error) { head, err = tx.GetRef(delta.RefHead, "s"); return err }))
-			if ok, _ := mountinfo.Mounted(root); !ok {
-				t.Fatal("root not mounted after the killed rollback")
-			}
-			got := mergedState(t, root)
-			switch {
-			case head == c1.ID && got == state1:
-			case head != c1.ID && got == state2:
-			default:
-				t.Fatalf("after a kill at %q: head is c1: %v, root is state1: %v, state2: %v", phase, head == c1.ID, got == state1, got == state2)
-			}
-			st, err := e.viewSandbox(ctx, "s")
-			must(t, err)
-			if _, ok := e.intents().Pending(st.sb); ok {
-				t.Fatal("the intent outlived its rollback")
-			}
-			if got := inode(t, filepath.Join(root, "one.txt")); got != ino {
-				t.Fatalf("one.txt has inode %d after the killed rollback, had %d", got, ino)
-			}
-		})
 	}
+}
+
+func killedRollback(t *testing.T, phase, how string) {
+	ctx := context.Background()
+	home := filepath.Join(t.TempDir(), "home")
+	e := openEngine(t, home)
+	cr, c1 := firstTurn(t, e)
+	state1 := mergedState(t, cr.Root)
+	write(t, filepath.Join(cr.Root, "two.txt"), "turn 2\n")
+	write(t, filepath.Join(cr.Root, "three.txt"), "turn 2\n")
+	rewrite(t, filepath.Join(cr.Root, "one.txt"), "turn 2 rewrote it\n")
+	switch how {
+	case "base-copy":
+		write(t, filepath.Join(cr.Root, "a.txt"), "copied up\n") // rollback writes the base's back
+	case "unmounted":
+		must(t, os.Remove(filepath.Join(cr.Root, "a.txt")))
+		write(t, filepath.Join(cr.Root, "a.txt", "x"), "a directory over a base file\n")
+	}
+	_, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
+	must(t, err)
+	state2 := mergedState(t, cr.Root)
+	ino := inode(t, filepath.Join(cr.Root, "one.txt"))
+	must(t, e.Close())
+
+	cmd := exec.Command(os.Args[0], "-test.run=^TestKilledRollbackHelper$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "TS_KILL_HOME="+home, "TS_KILL_PHASE="+phase, "TS_KILL_TARGET="+c1.ID.String())
+	out, err := cmd.CombinedOutput()
+	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+		t.Fatalf("helper was not killed at %q: %v\n%s", phase, err, out)
+	}
+
+	e = openEngine(t, home)
+	root, err := e.SandboxPath(ctx, "s") // the next use of the sandbox
+	must(t, err)
+	var head delta.ID
+	must(t, e.view(ctx, func(tx *catalog.Tx) (err error) { head, err = tx.GetRef(delta.RefHead, "s"); return err }))
+	if ok, _ := mountinfo.Mounted(root); !ok {
+		t.Fatal("root not mounted after the killed rollback")
+	}
+	got := mergedState(t, root)
+	switch {
+	case head == c1.ID && got == state1:
+	case head != c1.ID && got == state2:
+	default:
+		t.Fatalf("after a kill at %q: head is c1: %v, root is state1: %v, state2: %v", phase, head == c1.ID, got == state1, got == state2)
+	}
+	st, err := e.viewSandbox(ctx, "s")
+	must(t, err)
+	if _, ok := e.intents().Pending(st.sb); ok {
+		t.Fatal("the intent outlived its rollback")
+	}
+	if got := inode(t, filepath.Join(root, "one.txt")); got != ino {
+		t.Fatalf("one.txt has inode %d after the killed rollback, had %d", got, ino)
+	}
+
 }
 
 // firstTurn makes sandbox s on a base holding a.txt and checkpoints its
@@ -149,7 +152,9 @@ func TestFailedRollbackKeepsHeadObject(t *testing.T) {
 	ctx := context.Background()
 	e := newEngine(t)
 	cr, c1 := firstTurn(t, e)
-	write(t, filepath.Join(cr.Root, "a.txt"), "copied up\n") // the rollback brings the base's back: it unmounts
+	// A directory over a base file: bringing the file back unmounts.
+	must(t, os.Remove(filepath.Join(cr.Root, "a.txt")))
+	write(t, filepath.Join(cr.Root, "a.txt", "x"), "a directory\n")
 	c2, err := e.Checkpoint(ctx, "s", CheckpointOptions{})
 	must(t, err)
 	headObject := func() delta.ID {

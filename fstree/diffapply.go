@@ -25,6 +25,10 @@ type DiffResult struct {
 	// Written lists the root-relative paths created, rewritten or given
 	// new metadata, in the order they were written.
 	Written []string
+	// BaseCopies lists the paths (also in Removed) where a mounted apply
+	// wrote a copy of the lower's file instead of removing the upper's
+	// entry (diffbase.go): the layer holds them beyond the target tree.
+	BaseCopies []string
 }
 
 // ErrPartial marks an error of Apply after its first write: the directory
@@ -81,6 +85,9 @@ func (p *DiffPlan) apply(ctx context.Context, a *applier, c *change, res *DiffRe
 		return err
 	}
 	defer unix.Close(dirFD)
+	if how, ok := p.base[c.rel]; ok && a.mounted {
+		return p.applyBase(ctx, a, dirFD, name, c, how, res)
+	}
 	if c.remove {
 		remove := p.remove
 		if a.mounted {
@@ -259,7 +266,7 @@ func (p *DiffPlan) Verify(ctx context.Context, res *DiffResult) (map[string]Cach
 	defer s.files.Close()
 	dbuf := make([]byte, fsat.DirBufSize)
 	for rel, want := range p.dirs {
-		if err := sameNames(rootFD, rel, want, dbuf); err != nil {
+		if err := sameNames(rootFD, rel, p.namesWithCopies(rel, want), dbuf); err != nil {
 			return nil, fmt.Errorf("verify %s:/%s: %w", p.root, rel, err)
 		}
 	}
@@ -323,6 +330,12 @@ func (p *DiffPlan) verifyOne(ctx context.Context, s *scanner, rootFD int, c *cha
 		return err
 	}
 	defer unix.Close(dirFD)
+	switch p.base[c.rel] {
+	case baseCopy:
+		return p.verifyBaseCopy(ctx, c.rel)
+	case baseDir:
+		return p.verifyBaseDir(ctx, c.rel, 0)
+	}
 	if c.target == nil {
 		var st unix.Stat_t
 		if err := unix.Fstatat(dirFD, name, &st, unix.AT_SYMLINK_NOFOLLOW); !errors.Is(err, unix.ENOENT) {
@@ -387,6 +400,15 @@ func (p *DiffPlan) Sync(res *DiffResult, fresh map[string]CacheEntry) error {
 	for _, rel := range res.Removed {
 		dir, _ := splitRel(rel)
 		todo[dir] = true
+	}
+	for _, rel := range res.BaseCopies {
+		dir, _ := splitRel(rel)
+		todo[dir] = true
+		// A copied file's content; a symlink is synced with its directory.
+		var st unix.Stat_t
+		if fsat.Lstat(rootFD, rel, &st) == nil && st.Mode&unix.S_IFMT != unix.S_IFLNK {
+			todo[rel] = true
+		}
 	}
 	rels := make([]string, 0, len(todo))
 	for rel := range todo {

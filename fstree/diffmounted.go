@@ -3,8 +3,11 @@ package fstree
 import (
 	"context"
 	"fmt"
-	"github.com/turnsnap/turnsnap/delta"
 	"path"
+
+	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/internal/fsat"
+	"golang.org/x/sys/unix"
 )
 
 // A diff is planned on an overlay's upper directory, and applying it there
@@ -16,27 +19,37 @@ import (
 // layer, the overlay maps each of those names straight to the same name
 // in the upper, so writing through the mount makes exactly the upper
 // changes the plan lists, and overlay keeps its own bookkeeping (index,
-// impure markers) as for any write a process makes. Mountable says when a
-// plan is such a diff; ApplyMounted applies it through the mount.
+// impure markers) as for any write a process makes. Names the lower holds
+// follow the rules of diffbase.go. Mountable says when a plan is such a
+// diff; ApplyMounted applies it through the mount.
 
 // Mountable reports whether the plan can be applied through an overlay
 // mount of the directory it was planned on (ApplyMounted): "" if it can,
-// else why not. inLower reports whether a root-relative path exists in
-// the overlay's lower layers; it must answer true whenever it cannot tell.
+// else why not. lower is the overlay's (only) lower layer.
 //
 // The rules, each a case where the mount would not write what the plan
 // lists:
-//   - A name (created, rewritten, given metadata or removed) that the
-//     lower holds: through the mount a removal leaves a whiteout, a
-//     rewrite of a lower file copies it up, and a restore that brings a
-//     lower file back means removing upper entries the mount hides.
-//     Directories kept with new metadata are the exception: they are in
-//     the upper already (the live tree has them), so the mount sets their
-//     metadata there.
+//   - A name the lower holds, unless baseRule (diffbase.go) finds a way
+//     to write it through the mount whose result is exact: a restore that
+//     brings a base file back writes a copy of it (the merged view is
+//     exact, the upper keeps a copy equal to the lower), one that deletes
+//     or replaces a base file unlinks it through the mount first (overlay
+//     leaves the whiteout the target holds). Base directories removed or
+//     restored, hardlinked or sparse base files, and anything below an
+//     opaque directory are left to the unmounted path. Directories kept
+//     with new metadata are the exception: they are in the upper already
+//     (the live tree has them), so the mount sets their metadata there.
 //   - An opaque marker or a whiteout to create, change or remove,
 //     anywhere in a subtree created or removed whole: those are overlay's
 //     own on-disk forms, which the mount neither shows nor writes.
-func (p *DiffPlan) Mountable(ctx context.Context, inLower func(rel string) (bool, error)) (string, error) {
+func (p *DiffPlan) Mountable(ctx context.Context, lower string) (string, error) {
+	lowerFD, err := fsat.OpenDir(lower)
+	if err != nil {
+		return "", fmt.Errorf("lower layer: %w", err)
+	}
+	defer unix.Close(lowerFD)
+	p.lower, p.base = lower, nil
+	var copyBytes int64
 	for i := range p.changes {
 		c := &p.changes[i]
 		if c.how == changeDirMeta {
@@ -45,20 +58,53 @@ func (p *DiffPlan) Mountable(ctx context.Context, inLower func(rel string) (bool
 			}
 			continue
 		}
-		in, err := inLower(c.rel)
+		b, err := baseAt(lowerFD, c.rel)
 		if err != nil {
 			return "", fmt.Errorf("/%s: %w", c.rel, err)
 		}
-		if in {
-			return fmt.Sprintf("/%s is in the lower layer", c.rel), nil
+		if b.present {
+			how, why := baseRule(c, b)
+			if why != "" {
+				p.base = nil
+				return fmt.Sprintf("/%s is in the lower layer: %s", c.rel, why), nil
+			}
+			if how == baseDir {
+				n, why, err := p.baseDirRule(ctx, lowerFD, c.rel, c.live, 0)
+				if why != "" || err != nil {
+					p.base = nil
+					return why, err
+				}
+				b.size = n
+			}
+			if how == baseDirOver {
+				if why, err := p.baseDirOverRule(ctx, lowerFD, c.rel, c.target, 0); why != "" || err != nil {
+					p.base = nil
+					return why, err
+				}
+			}
+			if how == baseCopy || how == baseDir {
+				if copyBytes += b.size; copyBytes > MaxBaseCopyBytes {
+					p.base = nil
+					return fmt.Sprintf("the base files to copy back exceed %d bytes", MaxBaseCopyBytes), nil
+				}
+			}
+			if how != baseInPlace {
+				if p.base == nil {
+					p.base = map[string]baseHow{}
+				}
+				p.base[c.rel] = how
+			}
+			continue // the rule checked every form the change writes
 		}
 		if c.remove {
 			if why, err := overlayForms(ctx, p.opts.Live, c.live, c.rel, 0); why != "" || err != nil {
+				p.base = nil
 				return why, err
 			}
 		}
 		if c.target != nil && c.how == changeCreate {
 			if why, err := overlayForms(ctx, p, c.target, c.rel, 0); why != "" || err != nil {
+				p.base = nil
 				return why, err
 			}
 		}

@@ -91,6 +91,9 @@ type change struct {
 	live   *delta.Entry // the live entry; nil: the name is new
 	target *delta.Entry // the target's entry; nil: removed only
 	how    changeKind
+	// opaque: the name is below a directory the target marks opaque, so
+	// nothing of the lower shows there (Mountable).
+	opaque bool
 }
 
 type changeKind uint8
@@ -123,6 +126,11 @@ type DiffPlan struct {
 	// idsAgree says whether a tree's ID and its hash under opts.IDs
 	// were seen to agree (1) or not (-1): the shortcut of stateOf.
 	idsAgree int8
+	// lower and base are Mountable's: the overlay's lower layer, and how
+	// ApplyMounted writes each changed name the lower holds
+	// (diffbase.go).
+	lower string
+	base  map[string]baseHow
 }
 
 // Empty reports whether the live state already is the target.
@@ -267,7 +275,7 @@ func (p *DiffPlan) entry(ctx context.Context, dirFD int, rel string, le, te *del
 	}
 	switch {
 	case te == nil:
-		p.changes = append(p.changes, change{rel: rel, remove: true, live: le})
+		p.changes = append(p.changes, change{rel: rel, remove: true, live: le, opaque: fl.opaque})
 		return nil
 	case le != nil && le.Type == delta.TypeDir && te.Type == delta.TypeDir:
 		fd, err := fsat.Open(dirFD, le.Name, unix.O_RDONLY|unix.O_DIRECTORY)
@@ -288,7 +296,7 @@ func (p *DiffPlan) entry(ctx context.Context, dirFD int, rel string, le, te *del
 		p.changes = append(p.changes, change{rel: rel, live: le, target: te, how: changeDirMeta})
 		return nil
 	case le != nil && le.Type == delta.TypeFile && te.Type == delta.TypeFile:
-		c := change{rel: rel, live: le, target: te, how: changeMeta}
+		c := change{rel: rel, live: le, target: te, how: changeMeta, opaque: fl.opaque}
 		if !delta.SameChunks(le, te) {
 			c.how = changeRewrite
 			if err := p.load(ctx, te); err != nil {
@@ -299,7 +307,7 @@ func (p *DiffPlan) entry(ctx context.Context, dirFD int, rel string, le, te *del
 		return nil
 	case le != nil && le.Type == te.Type && te.Type != delta.TypeSymlink && te.Type != delta.TypeHardlink &&
 		te.Type != delta.TypeWhiteout && le.Rdev == te.Rdev:
-		p.changes = append(p.changes, change{rel: rel, live: le, target: te, how: changeMeta})
+		p.changes = append(p.changes, change{rel: rel, live: le, target: te, how: changeMeta, opaque: fl.opaque})
 		return nil
 	}
 	if te.Type == delta.TypeDir {
@@ -309,7 +317,7 @@ func (p *DiffPlan) entry(ctx context.Context, dirFD int, rel string, le, te *del
 	} else if err := p.load(ctx, te); err != nil {
 		return fmt.Errorf("/%s: %w", rel, err)
 	}
-	p.changes = append(p.changes, change{rel: rel, remove: le != nil, live: le, target: te, how: changeCreate})
+	p.changes = append(p.changes, change{rel: rel, remove: le != nil, live: le, target: te, how: changeCreate, opaque: fl.opaque})
 	return nil
 }
 

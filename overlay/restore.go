@@ -254,6 +254,11 @@ func (r *Root) restoreDiff(ctx context.Context, tree delta.ID, loader delta.Blob
 			// (they came after Changes), so the next turn looks at those
 			// few names again; so it does at anything else that wrote.
 			rebase(t, tree, key, cache)
+			// Base copies are in the layer beyond the target tree (its
+			// writes were quiet): the next scan reads them, so the live
+			// state it finds, and a later rollback plans from, is the
+			// layer's (fstree's diffbase.go).
+			t.Reread(res.BaseCopies)
 			info.Tracker = t
 		} else {
 			r.retrack(tree, key, cache, o, info)

@@ -197,21 +197,11 @@ func rebase(t *track.Tracker, tree, stateKey delta.ID, cache *fstree.ScanCache) 
 
 // mountable says whether plan can be applied through the mounted root
 // (fstree.DiffPlan.Mountable): every name it touches is absent from the
-// base. A stacked root never gets here (restoreDiff rebuilds it), so the
-// base is the only lower layer.
+// base, or one whose write through the mount is exact (a base file
+// brought back as a copy, fstree's diffbase.go). A stacked root never gets
+// here (restoreDiff rebuilds it), so the base is the only lower layer.
 func (r *Root) mountable(ctx context.Context, plan *fstree.DiffPlan) (bool, error) {
-	baseFD, err := fsat.OpenDir(r.lower)
-	if err != nil {
-		return false, err
-	}
-	defer unix.Close(baseFD)
-	var st unix.Stat_t
-	why, err := plan.Mountable(ctx, func(rel string) (bool, error) {
-		// Anything but "no such name" (a symlink or a file on the way,
-		// a failed read) counts as there: the unmounted path is never
-		// wrong.
-		return !errors.Is(fsat.Lstat(baseFD, rel, &st), unix.ENOENT), nil
-	})
+	why, err := plan.Mountable(ctx, r.lower)
 	if err != nil || why != "" {
 		return false, err
 	}

@@ -288,8 +288,10 @@ func (c *Checker) filesReceipt(ctx context.Context, name string, root rootfs.Roo
 		f.Match = true
 		return
 	}
-	// Another backend's layer for the same state: the merged states must
-	// agree (OnlyRestoreNoise with no change at all).
+	// Another layer for the same state (another backend's, or one holding
+	// copies of base files a rollback wrote back through the mount,
+	// fstree's diffbase.go): the merged states must agree
+	// (OnlyRestoreNoise with no change at all).
 	ok, why, err := OnlyRestoreNoise(ctx, trees, cp, res.Root)
 	switch {
 	case err != nil:
@@ -298,7 +300,7 @@ func (c *Checker) filesReceipt(ctx context.Context, name string, root rootfs.Roo
 		f.Mismatch = why
 	default:
 		f.Match = true
-		f.Noise = "socket nodes' mtimes"
+		f.Noise = "another layer of the same merged state; at most socket nodes' mtimes differ"
 	}
 }
 
