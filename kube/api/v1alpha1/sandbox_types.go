@@ -96,6 +96,10 @@ type Receipt struct {
 	Checkpoint string `json:"checkpoint"`
 	// OK: the restored root (and processes) are the checkpoint's.
 	OK bool `json:"ok"`
+	// Tree is the checkpoint's layer tree (a SandboxCheckpoint's id of
+	// what every restore of it must reproduce).
+	// +optional
+	Tree string `json:"tree,omitempty"`
 	// Want and Got are the checkpoint's state key and the state key a
 	// scan of the restored root found (docs/FORMAT.md).
 	// +optional

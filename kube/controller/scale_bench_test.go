@@ -1,0 +1,142 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/turnsnap/turnsnap/api"
+	v1 "github.com/turnsnap/turnsnap/kube/api/v1alpha1"
+)
+
+// scaleN is full, or small under TURNSNAP_BENCH_SMALL (make test runs
+// every benchmark once that way).
+func scaleN(full, small int) int {
+	if os.Getenv("TURNSNAP_BENCH_SMALL") != "" {
+		return small
+	}
+	return full
+}
+
+// load1 is the 1-minute load average: the machine is shared, read the
+// seconds with it.
+func load1(b testing.TB) float64 {
+	data, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		b.Fatal(err)
+	}
+	f, err := strconv.ParseFloat(strings.Fields(string(data))[0], 64)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return f
+}
+
+// benchSource makes a running sandbox with a few files and a durable
+// SandboxCheckpoint of it, to fork.
+func benchSource(b *testing.B, f *fleet, name string) *v1.SandboxCheckpoint {
+	sb := newSandbox(b, f, name, v1.TurnsnapSandboxSpec{Base: f.base, NodeName: "n1"})
+	root := rootOf(b, f, sb)
+	for i := range 32 {
+		writeFile(b, filepath.Join(root, fmt.Sprintf("file%02d.txt", i)), strings.Repeat(fmt.Sprintf("line %d\n", i), 512))
+	}
+	return checkpointOf(b, f, name+"-cp", name)
+}
+
+// BenchmarkScaleKubeFork forks one checkpoint into 16 and 64 sandboxes
+// (4 and 8 small) over three node agents through the CRDs and the
+// controller: from the SandboxFork's creation to every child running with
+// its receipt. Baseline, in the same run: the same number of branches of
+// the same checkpoint made by one node agent in one request (the fan-out
+// of one host, no API server, no controller, no spreading).
+//
+// Metrics: forkN_s, directN_s (the baseline), forkN_ratio, and load1 at
+// the start and the end.
+//
+// Run: go test -tags turnsnaptest -run '^$' -bench ScaleKubeFork -benchtime 1x ./kube/controller/
+func BenchmarkScaleKubeFork(b *testing.B) {
+	sizes := []int{scaleN(16, 4), scaleN(64, 8)}
+	f := newFleet(b, 3)
+	f.startController()
+	loadStart := load1(b)
+	b.ResetTimer()
+	for i := range b.N {
+		b.StopTimer()
+		cp := benchSource(b, f, fmt.Sprintf("src%d", i))
+		// The baseline's node learns of the checkpoint outside the timing.
+		if _, err := f.agentNamed("n2").c.RebuildCatalog(context.Background(), api.RebuildRequest{}); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		for _, n := range sizes {
+			start := time.Now()
+			rs, err := f.agentNamed("n2").c.Branch(context.Background(), cp.Status.ID, api.BranchRequest{Name: fmt.Sprintf("direct%d-%d", i, n), Count: n})
+			if err != nil {
+				b.Fatal(err)
+			}
+			direct := time.Since(start)
+			if len(rs) != n {
+				b.Fatalf("direct fan-out of %d made %d", n, len(rs))
+			}
+			res := forkAndCheck(b, f, fmt.Sprintf("bf%d-%d", i, n), cp, n)
+			b.ReportMetric(res.took.Seconds(), fmt.Sprintf("fork%d_s", n))
+			b.ReportMetric(direct.Seconds(), fmt.Sprintf("direct%d_s", n))
+			b.ReportMetric(res.took.Seconds()/direct.Seconds(), fmt.Sprintf("fork%d_ratio", n))
+			b.Logf("fork of %d over 3 nodes: %v %v; one node's fan-out: %v", n, res.took, res.perNode, direct)
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(loadStart, "load1_start")
+	b.ReportMetric(load1(b), "load1_end")
+}
+
+// BenchmarkScaleKubeFailover kills a node agent (SIGKILL, its Lease no
+// longer renewed) in the middle of a turn and measures the time until the
+// controller has its sandbox running on another node, answering with its
+// last durable checkpoint's files. Baseline, in the same run: a branch of
+// the same checkpoint on another node, asked directly (the restore alone,
+// without the Lease's expiry, the controller and the adoption). The
+// Lease lasts 2 s here; a real fleet's (kube/node) lasts longer, and the
+// detection part grows with it.
+//
+// Metrics: failover_s, restore_direct_s, failover_ratio, lease_s, load1 at
+// the start and the end.
+//
+// Run: go test -tags turnsnaptest -run '^$' -bench ScaleKubeFailover -benchtime 1x ./kube/controller/
+func BenchmarkScaleKubeFailover(b *testing.B) {
+	f := newFleet(b, 3)
+	f.startController()
+	loadStart := load1(b)
+	b.ResetTimer()
+	for i := range b.N {
+		b.StopTimer()
+		name := fmt.Sprintf("fo%d", i)
+		// Baseline: a restore of a durable checkpoint on another node.
+		src := newSandbox(b, f, name+"-base", v1.TurnsnapSandboxSpec{Base: f.base, NodeName: "n1"})
+		writeFile(b, filepath.Join(rootOf(b, f, src), "durable.txt"), "durable turn\n")
+		cp := checkpointOf(b, f, name+"-base-cp", name+"-base")
+		n2 := f.agentNamed("n2")
+		if _, err := n2.c.RebuildCatalog(context.Background(), api.RebuildRequest{}); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		start := time.Now()
+		if _, err := n2.c.Branch(context.Background(), cp.Status.ID, api.BranchRequest{Name: name + "-direct"}); err != nil {
+			b.Fatal(err)
+		}
+		direct := time.Since(start)
+		took := failover(b, f, name)
+		b.ReportMetric(took.Seconds(), "failover_s")
+		b.ReportMetric(direct.Seconds(), "restore_direct_s")
+		b.ReportMetric(took.Seconds()/direct.Seconds(), "failover_ratio")
+	}
+	b.StopTimer()
+	b.ReportMetric(leaseSeconds, "lease_s")
+	b.ReportMetric(loadStart, "load1_start")
+	b.ReportMetric(load1(b), "load1_end")
+}
