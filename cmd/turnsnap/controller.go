@@ -73,6 +73,7 @@ func (a *app) controller(ctx context.Context, f controllerFlags) error {
 	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                  controller.Scheme(),
+		Cache:                   controller.CacheOptions(f.opts.Namespace),
 		Metrics:                 metricsserver.Options{BindAddress: f.metrics},
 		HealthProbeBindAddress:  f.probes,
 		LeaderElection:          f.leaderElect,

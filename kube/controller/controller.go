@@ -25,10 +25,13 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	crclient "sigs.k8s.io/controller-runtime/pkg/client"
 	crcontroller "sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
@@ -74,6 +77,17 @@ func Scheme() *runtime.Scheme {
 	utilruntime.Must(clientgoscheme.AddToScheme(s))
 	utilruntime.Must(v1.AddToScheme(s))
 	return s
+}
+
+// CacheOptions keeps the manager's cache of Secrets and Leases to the node
+// agents' namespace: the controller reads no other Secret, and its RBAC
+// need not let it (deploy/kubernetes/rbac.yaml).
+func CacheOptions(namespace string) cache.Options {
+	only := map[string]cache.Config{namespace: {}}
+	return cache.Options{ByObject: map[crclient.Object]cache.ByObject{
+		&corev1.Secret{}:        {Namespaces: only},
+		&coordinationv1.Lease{}: {Namespaces: only},
+	}}
 }
 
 // Logger is the controller-runtime logger over a slog logger.

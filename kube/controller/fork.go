@@ -33,14 +33,18 @@ func childNames(f *v1.SandboxFork) []string {
 	return out
 }
 
-func (r *forkReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+func (fr *forkReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	var f v1.SandboxFork
-	if err := r.c.Get(ctx, req.NamespacedName, &f); err != nil {
+	if err := fr.c.Get(ctx, req.NamespacedName, &f); err != nil {
 		return ctrl.Result{}, ignoreNotFound(err)
 	}
 	if f.Status.Phase == v1.ForkCompleted || f.Status.Phase == v1.ForkFailed {
 		return ctrl.Result{}, nil
 	}
+	// The fork's status is this reconciler's alone and made whole from the
+	// children each time: it is patched, so that the children's many
+	// changes do not make it conflict with itself.
+	r := &forkPatcher{forkReconciler: fr, orig: f.DeepCopy()}
 	st := &f.Status
 	if st.StartTime == nil {
 		now := metav1.NewTime(r.opts.Now())
@@ -152,7 +156,7 @@ func (r *forkReconciler) resolve(ctx context.Context, f *v1.SandboxFork) (id, no
 // makeChildren places the missing children and creates them. A child that
 // exists already (made by a controller that did not live to record it) is
 // left as it is: Create answers AlreadyExists.
-func (r *forkReconciler) makeChildren(ctx context.Context, f *v1.SandboxFork, missing []string, holds map[string]int,
+func (r *forkPatcher) makeChildren(ctx context.Context, f *v1.SandboxFork, missing []string, holds map[string]int,
 	have map[string]*v1.TurnsnapSandbox) (ctrl.Result, error) {
 	all, err := r.nodes.list(ctx)
 	if err != nil {
@@ -189,4 +193,14 @@ func (r *forkReconciler) makeChildren(ctx context.Context, f *v1.SandboxFork, mi
 		have[name] = k
 	}
 	return ctrl.Result{}, nil
+}
+
+// forkPatcher writes a fork's status as a merge patch from orig.
+type forkPatcher struct {
+	*forkReconciler
+	orig *v1.SandboxFork
+}
+
+func (p *forkPatcher) status(ctx context.Context, f *v1.SandboxFork) error {
+	return p.c.Status().Patch(ctx, f, crclient.MergeFrom(p.orig))
 }

@@ -346,7 +346,7 @@ func (f *fleet) startController() {
 	// A restarted controller is a new manager in this process: its
 	// controllers' names are those of the stopped one.
 	skip := true
-	mgr, err := ctrl.NewManager(f.cfg, ctrl.Options{Scheme: Scheme(), Metrics: metricsserver.Options{BindAddress: "0"},
+	mgr, err := ctrl.NewManager(f.cfg, ctrl.Options{Scheme: Scheme(), Cache: CacheOptions(f.ns), Metrics: metricsserver.Options{BindAddress: "0"},
 		Logger: Logger(f.log), Controller: config.Controller{SkipNameValidation: &skip}})
 	if err != nil {
 		f.t.Fatal(err)

@@ -283,7 +283,9 @@ func checkFork(t testing.TB, f *fleet, fk *v1.SandboxFork, cp *v1.SandboxCheckpo
 			t.Fatal(err)
 		}
 		for _, s := range list {
-			if strings.HasPrefix(s.Name, "work."+fk.Name+"-") {
+			// A node's catalog also lists the sandboxes it learnt from
+			// the bucket in a rebuild; only those it made have a root.
+			if _, err := os.Stat(s.Root); err == nil && strings.HasPrefix(s.Name, "work."+fk.Name+"-") {
 				where[s.Name] = append(where[s.Name], a.name)
 			}
 		}

@@ -2,7 +2,10 @@ package controller
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
+	"net/http"
 	"sort"
 	"strings"
 	"sync"
@@ -25,6 +28,7 @@ const (
 	NodeObjectPrefix = "turnsnap-node-"
 	SecretEndpoint   = "endpoint"
 	SecretToken      = "token"
+	SecretCA         = "ca.crt" // PEM that verifies the endpoint's TLS (none: plain HTTP)
 )
 
 // node is one node agent as the controller sees it.
@@ -33,11 +37,14 @@ type node struct {
 	Home     string
 	Endpoint string
 	Token    string
+	CA       string            // PEM, for an https endpoint
 	Labels   map[string]string // the Node object's, if there is one
 	Expires  time.Time         // renewTime + leaseDurationSeconds
 }
 
-func (n node) live(now time.Time) bool { return now.Before(n.Expires) }
+// live: held (a clean shutdown clears the holder) and renewed within its
+// duration.
+func (n node) live(now time.Time) bool { return n.Home != "" && now.Before(n.Expires) }
 
 // nodes reads the node agents from the cache and keeps one API client per
 // node (reused while its endpoint and token stay).
@@ -55,8 +62,8 @@ type nodes struct {
 }
 
 type cachedClient struct {
-	endpoint, token string
-	c               *client.Client
+	endpoint, token, ca string
+	c                   *client.Client
 }
 
 type nodeRebuild struct {
@@ -120,7 +127,7 @@ func (ns *nodes) fromLease(ctx context.Context, name string, l *coordinationv1.L
 		}
 		return nil, fmt.Errorf("node %s: reading its secret: %w", name, err)
 	}
-	n.Endpoint, n.Token = string(s.Data[SecretEndpoint]), string(s.Data[SecretToken])
+	n.Endpoint, n.Token, n.CA = string(s.Data[SecretEndpoint]), string(s.Data[SecretToken]), string(s.Data[SecretCA])
 	if n.Endpoint == "" {
 		return nil, nil
 	}
@@ -142,14 +149,23 @@ func (n node) matches(sel map[string]string) bool {
 func (ns *nodes) client(n node) (*client.Client, error) {
 	ns.mu.Lock()
 	defer ns.mu.Unlock()
-	if cc, ok := ns.clients[n.Name]; ok && cc.endpoint == n.Endpoint && cc.token == n.Token {
+	if cc, ok := ns.clients[n.Name]; ok && cc.endpoint == n.Endpoint && cc.token == n.Token && cc.ca == n.CA {
 		return cc.c, nil
 	}
-	c, err := client.New(client.Options{URL: n.Endpoint, Token: n.Token})
+	opts := client.Options{URL: n.Endpoint, Token: n.Token}
+	if n.CA != "" {
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM([]byte(n.CA)) {
+			return nil, fmt.Errorf("node %s: its secret's %s holds no PEM certificate", n.Name, SecretCA)
+		}
+		opts.HTTPClient = &http.Client{Transport: &http.Transport{
+			TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, MaxIdleConnsPerHost: 64}}
+	}
+	c, err := client.New(opts)
 	if err != nil {
 		return nil, fmt.Errorf("node %s: %w", n.Name, err)
 	}
-	ns.clients[n.Name] = cachedClient{endpoint: n.Endpoint, token: n.Token, c: c}
+	ns.clients[n.Name] = cachedClient{endpoint: n.Endpoint, token: n.Token, ca: n.CA, c: c}
 	return c, nil
 }
 

@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"testing"
@@ -14,7 +15,7 @@ import (
 
 // newAgents is a fleet of node agents and a bucket without an API server.
 func newAgents(t *testing.T, n int) *fleet {
-	f := &fleet{t: t, dir: t.TempDir()}
+	f := &fleet{t: t, dir: t.TempDir(), log: slog.New(slog.DiscardHandler)}
 	t.Cleanup(func() { unmountUnder(t, f.dir) })
 	f.minio = miniotest.Start(t)
 	f.bin = turnsnapBin(t)

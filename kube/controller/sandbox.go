@@ -155,34 +155,7 @@ func (r *sandboxReconciler) act(ctx context.Context, sb *v1.TurnsnapSandbox, n n
 	case actionAdopt:
 		receipt, err = r.adopt(nctx, c, n, name)
 	default:
-		var have *api.Sandbox
-		have, err = c.GetSandbox(nctx, name)
-		switch {
-		case err == nil:
-			st.Head = idOf(have.Head)
-			receipt = st.LastRestore // made before; its receipt, if it was recorded, stays
-		case !errors.Is(err, errdefs.ErrNotFound):
-		case st.Action == actionCreate:
-			var cr *api.Created
-			cr, err = c.CreateSandbox(nctx, api.CreateRequest{Name: name, Base: sb.Spec.Base, Backend: string(sb.Spec.Backend), BtrfsPool: sb.Spec.BtrfsPool})
-			if err == nil {
-				st.Head = cr.Checkpoint.String()
-				receipt = &v1.Receipt{Kind: actionCreate, Checkpoint: st.Head, OK: true}
-				// In the bucket from the start, so that a failover finds it.
-				_, err = c.Sync(nctx, api.SyncRequest{Sandbox: name})
-			}
-		default:
-			from := sb.Spec.FromCheckpoint
-			if st.Action == actionResume {
-				from = st.DurableCheckpoint
-			}
-			var rs *api.Restore
-			rs, err = r.branch(nctx, c, n, from, api.BranchRequest{Name: name, Backend: string(sb.Spec.Backend), BtrfsPool: sb.Spec.BtrfsPool})
-			if err == nil {
-				st.Head = rs.Checkpoint.String()
-				receipt = receiptOf(st.Action, rs)
-			}
-		}
+		receipt, err = r.make(nctx, c, n, sb)
 	}
 	if err != nil {
 		err = fmt.Errorf("sandbox %s/%s: %s on node %s: %w", sb.Namespace, sb.Name, st.Action, n.Name, err)
@@ -218,6 +191,76 @@ func (r *sandboxReconciler) act(ctx context.Context, sb *v1.TurnsnapSandbox, n n
 		return ctrl.Result{}, err
 	}
 	return ctrl.Result{RequeueAfter: recheck(n, r.opts.Now())}, nil
+}
+
+// make creates or branches the sandbox on its node, unless the node has
+// it already: a controller stopped between the call and the status write
+// lost the answer. A sandbox of the name that this action did not make
+// (its origin is not the branch source) is an entry the node's catalog
+// learnt from the bucket in a rebuild, while another node had it: it is
+// dropped from the catalog (the bucket is left alone) and the sandbox made.
+func (r *sandboxReconciler) make(ctx context.Context, c *client.Client, n node, sb *v1.TurnsnapSandbox) (*v1.Receipt, error) {
+	st := &sb.Status
+	name, from := st.SandboxName, branchSource(sb)
+	have, err := c.GetSandbox(ctx, name)
+	switch {
+	case err == nil && idOf(&have.Origin) == from:
+		st.Head = idOf(have.Head)
+		if st.LastRestore != nil || from == "" || st.Head != from {
+			return st.LastRestore, nil
+		}
+		// The receipt went with the answer: a rollback to the branch
+		// point proves the root again (and writes nothing when it is the
+		// checkpoint). Nobody was told the sandbox ran, so nobody changed
+		// it since.
+		rs, err := c.Rollback(ctx, name, api.RollbackRequest{Checkpoint: from})
+		if err != nil {
+			return nil, err
+		}
+		return receiptOf(st.Action, rs), nil
+	case err == nil:
+		r.opts.Log.Info("dropping a stale catalog entry before making the sandbox", "sandbox", sb.Namespace+"/"+sb.Name,
+			"node", n.Name, "origin", have.Origin.Short(), "want", short(from))
+		if _, err := c.RemoveSandbox(ctx, name, true); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+			return nil, err
+		}
+	case !errors.Is(err, errdefs.ErrNotFound):
+		return nil, err
+	}
+	var receipt *v1.Receipt
+	if st.Action == actionCreate {
+		cr, err := c.CreateSandbox(ctx, api.CreateRequest{Name: name, Base: sb.Spec.Base, Backend: string(sb.Spec.Backend), BtrfsPool: sb.Spec.BtrfsPool})
+		if err != nil {
+			return nil, err
+		}
+		st.Head = cr.Checkpoint.String()
+		receipt = &v1.Receipt{Kind: actionCreate, Checkpoint: st.Head, OK: true}
+	} else {
+		rs, err := r.branch(ctx, c, n, from, api.BranchRequest{Name: name, Backend: string(sb.Spec.Backend), BtrfsPool: sb.Spec.BtrfsPool})
+		if err != nil {
+			return nil, err
+		}
+		st.Head = rs.Checkpoint.String()
+		receipt = receiptOf(st.Action, rs)
+	}
+	// In the bucket from the start (its description and head), so that a
+	// failover finds it however soon its node dies.
+	if _, err := c.Sync(ctx, api.SyncRequest{Sandbox: name}); err != nil {
+		return nil, err
+	}
+	return receipt, nil
+}
+
+// branchSource is the checkpoint a branch or resume starts the sandbox
+// from ("" for the other actions).
+func branchSource(sb *v1.TurnsnapSandbox) string {
+	switch sb.Status.Action {
+	case actionBranch:
+		return sb.Spec.FromCheckpoint
+	case actionResume:
+		return sb.Status.DurableCheckpoint
+	}
+	return ""
 }
 
 // branch branches a checkpoint on the node, first bringing the bucket's
@@ -310,6 +353,13 @@ func (r *sandboxReconciler) suspend(ctx context.Context, sb *v1.TurnsnapSandbox,
 		_ = r.status(ctx, sb)
 		return ctrl.Result{}, err
 	}
+	if sb.Status.SuspendTag != "" {
+		// A suspend that got as far as the tag before: it may have
+		// removed the sandbox too.
+		if _, err := c.GetSandbox(nctx, name); errors.Is(err, errdefs.ErrNotFound) {
+			return r.suspended(ctx, sb, n, c, fail)
+		}
+	}
 	cp, err := c.Checkpoint(nctx, name, api.CheckpointRequest{Message: "suspend", WaitRemote: true})
 	if err != nil {
 		return fail("final checkpoint", err)
@@ -332,11 +382,25 @@ func (r *sandboxReconciler) suspend(ctx context.Context, sb *v1.TurnsnapSandbox,
 	if _, err := c.RemoveSandbox(nctx, name, false); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		return fail("removing it from the node", err)
 	}
+	return r.suspended(ctx, sb, n, c, fail)
+}
+
+// suspended finishes a suspend once the sandbox is off its node.
+func (r *sandboxReconciler) suspended(ctx context.Context, sb *v1.TurnsnapSandbox, n node, c *client.Client,
+	fail func(string, error) (ctrl.Result, error)) (ctrl.Result, error) {
+	// The removal reaches the bucket now, so that a node that rebuilds
+	// its catalog for the resume does not learn the old sandbox again.
+	nctx, cancel := r.nodeCtx(ctx)
+	defer cancel()
+	if _, err := c.Sync(nctx, api.SyncRequest{}); err != nil {
+		return fail("pushing the removal", err)
+	}
+	cp := sb.Status.DurableCheckpoint
 	sb.Status.Node, sb.Status.Phase, sb.Status.Action = "", v1.SandboxSuspended, ""
 	sb.Status.ObservedGeneration = sb.Generation
-	setCondition(&sb.Status.Conditions, sb.Generation, v1.ConditionSuspended, metav1.ConditionTrue, "Suspended", "final checkpoint "+cp.ID.Short()+" is in the bucket")
+	setCondition(&sb.Status.Conditions, sb.Generation, v1.ConditionSuspended, metav1.ConditionTrue, "Suspended", "final checkpoint "+short(cp)+" is in the bucket")
 	setCondition(&sb.Status.Conditions, sb.Generation, v1.ConditionPlaced, metav1.ConditionFalse, "Suspended", "suspended")
-	r.events.Eventf(sb, nil, corev1.EventTypeNormal, "Suspended", "suspend", "final checkpoint %s in the bucket; removed from node %s", cp.ID.Short(), n.Name)
+	r.events.Eventf(sb, nil, corev1.EventTypeNormal, "Suspended", "suspend", "final checkpoint %s in the bucket; removed from node %s", short(cp), n.Name)
 	return ctrl.Result{}, r.status(ctx, sb)
 }
 
