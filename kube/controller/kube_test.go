@@ -125,7 +125,8 @@ func TestKube(t *testing.T) {
 		if err != nil || got.Head == nil || got.Head.String() != cp.Status.ID {
 			t.Fatalf("node %s: sandbox head %v, %v; want %s", a.name, got, err, cp.Status.ID)
 		}
-		sb = waitFor(t, f, &v1.TurnsnapSandbox{}, "agent", wait, func(s *v1.TurnsnapSandbox) bool { return s.Status.DurableCheckpoint == cp.Status.ID })
+		// The sandbox notes it as what a failover or resume restores.
+		waitFor(t, f, &v1.TurnsnapSandbox{}, "agent", wait, func(s *v1.TurnsnapSandbox) bool { return s.Status.DurableCheckpoint == cp.Status.ID })
 		// A checkpoint the node took itself, recorded.
 		writeFile(t, filepath.Join(root, "notes.txt"), "turn two\n")
 		own, err := a.c.Checkpoint(context.Background(), "work.agent", api.CheckpointRequest{})

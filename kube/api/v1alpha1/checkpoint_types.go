@@ -99,7 +99,3 @@ type SandboxCheckpointList struct {
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []SandboxCheckpoint `json:"items"`
 }
-
-func init() {
-	SchemeBuilder.Register(&SandboxCheckpoint{}, &SandboxCheckpointList{})
-}

@@ -122,7 +122,3 @@ type SandboxForkList struct {
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []SandboxFork `json:"items"`
 }
-
-func init() {
-	SchemeBuilder.Register(&SandboxFork{}, &SandboxForkList{})
-}

@@ -12,15 +12,26 @@
 package v1alpha1
 
 import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"sigs.k8s.io/controller-runtime/pkg/scheme"
 )
 
-// GroupVersion is the API's group and version.
+// GroupVersion is the API's group and version. (Package variables by the
+// convention of Kubernetes API packages; nothing assigns them.)
 var GroupVersion = schema.GroupVersion{Group: "turnsnap.dev", Version: "v1alpha1"}
 
-// SchemeBuilder registers the types; AddToScheme adds them to a scheme.
-var (
-	SchemeBuilder = &scheme.Builder{GroupVersion: GroupVersion}
-	AddToScheme   = SchemeBuilder.AddToScheme
-)
+// AddToScheme adds the types to a scheme.
+func AddToScheme(s *runtime.Scheme) error {
+	b := runtime.NewSchemeBuilder(addKnownTypes)
+	return b.AddToScheme(s)
+}
+
+func addKnownTypes(s *runtime.Scheme) error {
+	s.AddKnownTypes(GroupVersion,
+		&TurnsnapSandbox{}, &TurnsnapSandboxList{},
+		&SandboxCheckpoint{}, &SandboxCheckpointList{},
+		&SandboxFork{}, &SandboxForkList{})
+	metav1.AddToGroupVersion(s, GroupVersion)
+	return nil
+}

@@ -185,7 +185,3 @@ type TurnsnapSandboxList struct {
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []TurnsnapSandbox `json:"items"`
 }
-
-func init() {
-	SchemeBuilder.Register(&TurnsnapSandbox{}, &TurnsnapSandboxList{})
-}
