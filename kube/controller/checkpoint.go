@@ -29,7 +29,7 @@ type checkpointReconciler struct{ *reconciler }
 
 func (r *checkpointReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	var cp v1.SandboxCheckpoint
-	if err := r.c.Get(ctx, req.NamespacedName, &cp); err != nil {
+	if err := r.live.Get(ctx, req.NamespacedName, &cp); err != nil {
 		return ctrl.Result{}, ignoreNotFound(err)
 	}
 	if cp.Status.Phase == v1.CheckpointCompleted || cp.Status.Phase == v1.CheckpointFailed {

@@ -95,7 +95,12 @@ func Logger(l *slog.Logger) logr.Logger { return logr.FromSlogHandler(l.Handler(
 
 // reconciler holds what the three reconcilers share.
 type reconciler struct {
-	c      crclient.Client
+	c crclient.Client
+	// live reads the object a reconcile acts on from the API server, not
+	// the cache: a cache that has not seen the reconciler's own last status
+	// write yet would have it act again (a second suspend, a rollback to
+	// prove a receipt it already has).
+	live   crclient.Reader
 	nodes  *nodes
 	events recorder.EventRecorder
 	opts   Options
@@ -112,6 +117,7 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 	}
 	r := &reconciler{
 		c:      mgr.GetClient(),
+		live:   mgr.GetAPIReader(),
 		nodes:  newNodes(mgr.GetClient(), opts.Namespace, opts.Now),
 		events: mgr.GetEventRecorder("turnsnap-controller"),
 		opts:   opts,

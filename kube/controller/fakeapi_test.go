@@ -45,7 +45,7 @@ func TestReconcilersOnRealAgents(t *testing.T) {
 	f.k = k
 	opts := Options{Namespace: f.ns, Log: f.log}
 	opts.defaults()
-	r := &reconciler{c: k, nodes: newNodes(k, f.ns, time.Now), events: events.NewFakeRecorder(1000), opts: opts}
+	r := &reconciler{c: k, live: k, nodes: newNodes(k, f.ns, time.Now), events: events.NewFakeRecorder(1000), opts: opts}
 	sr, cr, fr := &sandboxReconciler{r}, &checkpointReconciler{r}, &forkReconciler{r}
 	settle := func(rec ctrl.Reconciler, name string) {
 		t.Helper()

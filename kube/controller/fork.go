@@ -35,7 +35,7 @@ func childNames(f *v1.SandboxFork) []string {
 
 func (fr *forkReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	var f v1.SandboxFork
-	if err := fr.c.Get(ctx, req.NamespacedName, &f); err != nil {
+	if err := fr.live.Get(ctx, req.NamespacedName, &f); err != nil {
 		return ctrl.Result{}, ignoreNotFound(err)
 	}
 	if f.Status.Phase == v1.ForkCompleted || f.Status.Phase == v1.ForkFailed {

@@ -160,7 +160,7 @@ func TestKube(t *testing.T) {
 		if err := f.k.Create(ctx, fk); err != nil {
 			t.Fatal(err)
 		}
-		// Stop the controller once some children run and others do not.
+		// Stop the controller as soon as the fork has made children.
 		deadline := time.Now().Add(wait)
 		for {
 			var kids v1.TurnsnapSandboxList
@@ -173,7 +173,7 @@ func TestKube(t *testing.T) {
 					n++
 				}
 			}
-			if n >= 1 {
+			if len(kids.Items) >= 1 {
 				t.Logf("stopping the controller with %d of 12 children made, %d running", len(kids.Items), n)
 				break
 			}
@@ -375,6 +375,27 @@ func failover(t testing.TB, f *fleet, name string) time.Duration {
 	}
 	if sb.Status.Failovers < 1 || sb.Status.LastRestore == nil || sb.Status.LastRestore.Kind != actionAdopt {
 		t.Fatalf("restored sandbox status: %+v", sb.Status)
+	}
+	// Every sandbox the dead node had runs elsewhere now.
+	deadline = time.Now().Add(wait)
+	for {
+		var all v1.TurnsnapSandboxList
+		if err := f.k.List(ctx, &all, crclient.InNamespace("work")); err != nil {
+			t.Fatal(err)
+		}
+		left := []string{}
+		for _, x := range all.Items {
+			if x.Status.Node == dead.name || (x.Status.Phase != v1.SandboxRunning && x.Status.Phase != v1.SandboxSuspended) {
+				left = append(left, x.Name+"@"+x.Status.Node+":"+string(x.Status.Phase))
+			}
+		}
+		if len(left) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sandboxes not restored off %s: %v", dead.name, left)
+		}
+		time.Sleep(100 * time.Millisecond) // polling the API server
 	}
 	if sb.Status.LastRestore.Checkpoint != cp.Status.ID {
 		// The turn in flight may have reached the bucket before the kill:

@@ -57,7 +57,7 @@ func sandboxName(namespace, name string) string {
 
 func (r *sandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	var sb v1.TurnsnapSandbox
-	if err := r.c.Get(ctx, req.NamespacedName, &sb); err != nil {
+	if err := r.live.Get(ctx, req.NamespacedName, &sb); err != nil {
 		return ctrl.Result{}, ignoreNotFound(err)
 	}
 	if !sb.DeletionTimestamp.IsZero() {
