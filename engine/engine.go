@@ -282,6 +282,10 @@ func (e *Engine) Close() error {
 // Home returns the home directory.
 func (e *Engine) Home() string { return string(e.home) }
 
+// HomeID returns this home's id among the homes sharing a bucket (its
+// config's home_id): the identity a node agent registers under.
+func (e *Engine) HomeID() string { return e.config.HomeID }
+
 // Store returns the object store, for tools and tests that inspect it.
 func (e *Engine) Store() upload.Store { return e.stores.front }
 

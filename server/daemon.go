@@ -56,6 +56,17 @@ type Config struct {
 	// MCP, if set, makes the MCP endpoint of a home's service
 	// (Options.MCP), logging to the daemon's log.
 	MCP func(log *slog.Logger) func(*Service) http.Handler
+	// Serving, if set, is called once every listener accepts (the node
+	// agent registers then, so that its endpoint answers when the
+	// controller reads it). ctx ends when the daemon starts to stop.
+	Serving func(ctx context.Context, s Serving)
+}
+
+// Serving is what Config.Serving learns about the running daemon.
+type Serving struct {
+	HomeID  string
+	TCPAddr string // the TCP listener's address ("" without Listen)
+	Log     *slog.Logger
 }
 
 // MCPFor is Options.MCP for a home whose log is log.
@@ -151,6 +162,7 @@ func Serve(ctx context.Context, f Config) error {
 	forgetCtx, stopForget := context.WithCancel(ctx)
 	waitForget := forgetOnSchedule(forgetCtx, log, srvAPI.Service(), f.ForgetInterval)
 	defer func() { stopForget(); waitForget() }()
+	var tcpAddr string
 	if f.Listen != "" {
 		tl, err := net.Listen("tcp", f.Listen)
 		if err != nil {
@@ -173,6 +185,10 @@ func Serve(ctx context.Context, f Config) error {
 		}
 		go func() { errc <- tcpSrv.Serve(tl) }()
 		log.Info("serving TCP", "addr", tl.Addr().String(), "tls", f.TLSCert != "")
+		tcpAddr = tl.Addr().String()
+	}
+	if f.Serving != nil {
+		f.Serving(ctx, Serving{HomeID: e.HomeID(), TCPAddr: tcpAddr, Log: log})
 	}
 	select {
 	case <-ctx.Done():

@@ -2,10 +2,13 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/internal/errdefs"
+	"github.com/turnsnap/turnsnap/kube/node"
 	"github.com/turnsnap/turnsnap/server"
 	"github.com/turnsnap/turnsnap/server/tenants"
 )
@@ -15,6 +18,7 @@ import (
 type serveFlags struct {
 	cfg     server.Config
 	tenants string
+	kube    node.DaemonOptions
 }
 
 func (a *app) serveCmd() *cobra.Command {
@@ -58,7 +62,16 @@ http://ADDR/llm/{sandbox}/: each model call an agent sends there is forwarded
 to the upstream (--llm-upstream, or the sandbox's own) and closes the
 sandbox's turn, checkpointed during the model's latency; the reply waits for
 the checkpoint (--llm-gate). turnsnap run NAME -- AGENT starts an agent
-pointed at it.`,
+pointed at it.
+
+--kube-node NAME registers the daemon with a Kubernetes API server as the
+turnsnap node NAME (docs/KUBERNETES.md): a coordination.k8s.io Lease
+turnsnap-node-NAME held by this home's id and renewed every third of
+--kube-lease-duration while serving, released on SIGTERM, and a Secret
+turnsnap-node-NAME with the endpoint, the --token-file token and the
+--tls-cert certificate, for the controller. It needs --listen; a missing
+--token-file, --tls-cert or --tls-key file is made (a random token, a
+self-signed certificate) and kept for the next start.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return a.serve(cmd.Context(), f) },
 	}
@@ -76,6 +89,7 @@ pointed at it.`,
 	fl.IntVar(&f.cfg.EventRing, "event-ring", server.DefaultEventRing, "recent events kept for /v1/events clients that resume with Last-Event-ID (one away longer gets a gap event)")
 	fl.IntVar(&f.cfg.CheckpointSlots, "checkpoint-slots", 0, "checkpoints that run at once, the others queue (urgent ones, whose model reply waits, first); 0: one per CPU, -1: no limit")
 	registerLLMFlags(fl, &f.cfg.LLM)
+	registerKubeNodeFlags(fl, &f.kube)
 	return c
 }
 
@@ -87,7 +101,17 @@ func (a *app) serve(ctx context.Context, f serveFlags) error {
 	cfg.AtPhase = blockAtPhase()
 	cfg.MCP = mcpHandler
 	if f.tenants != "" {
+		if f.kube.Node != "" {
+			return fmt.Errorf("--kube-node serves one home, not --tenants: %w", errdefs.ErrInvalid)
+		}
 		return tenants.Serve(ctx, cfg, f.tenants)
+	}
+	if f.kube.Node != "" {
+		release, err := a.withKubeNode(&cfg, f.kube)
+		if err != nil {
+			return fmt.Errorf("%w: %w", err, errdefs.ErrInvalid)
+		}
+		defer release()
 	}
 	return server.Serve(ctx, cfg)
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/minio/minio-go/v7"
 	"github.com/turnsnap/turnsnap/api"
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/internal/fleethost"
 	"github.com/turnsnap/turnsnap/internal/miniotest"
 )
 
@@ -171,10 +172,10 @@ func checkHostHeads(ctx context.Context, r *report, hosts map[int]*host) {
 	for i := 1; i <= nHosts; i++ {
 		h := hosts[i]
 		lctx, cancel := context.WithTimeout(ctx, time.Minute)
-		sbs, err := h.c.ListSandboxes(lctx)
+		sbs, err := h.C.ListSandboxes(lctx)
 		cancel()
 		if err != nil {
-			r.fail("(b) every host's heads resolve", "%s: listing sandboxes: %v", h.name, err)
+			r.fail("(b) every host's heads resolve", "%s: listing sandboxes: %v", h.Name, err)
 			continue
 		}
 		for _, sb := range sbs {
@@ -183,11 +184,11 @@ func checkHostHeads(ctx context.Context, r *report, hosts map[int]*host) {
 			}
 			r.heads++
 			vctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-			_, err := h.c.Verify(vctx, sb.Head.String())
+			_, err := h.C.Verify(vctx, sb.Head.String())
 			cancel()
 			if err != nil {
 				r.headsUnresolved++
-				r.fail("(b) every host's heads resolve", "%s: sandbox %s's head %s: %v", h.name, sb.Name, sb.Head.Short(), err)
+				r.fail("(b) every host's heads resolve", "%s: sandbox %s's head %s: %v", h.Name, sb.Name, sb.Head.Short(), err)
 			}
 		}
 	}
@@ -394,7 +395,7 @@ func setString(s map[int]bool) string {
 // knows only the bucket, every checkpoint a host reported remote-durable
 // and no retention released branches, and its root has the digest the
 // test took before the checkpoint; every head in the bucket verifies.
-func checkRestores(ctx context.Context, r *report, h *host, fn *fleetNet, srv *miniotest.Server, mc *minio.Client, w *world, names map[string]string) {
+func checkRestores(ctx context.Context, r *report, h *host, fn *fleethost.Net, srv *miniotest.Server, mc *minio.Client, w *world, names map[string]string) {
 	const a = "(a) every durable, unreleased checkpoint restores byte for byte on a fresh host"
 	const b = "(b) every head in the bucket resolves on a fresh host"
 	// The bucket's heads first, from the bucket itself: each must name a
@@ -433,20 +434,20 @@ func checkRestores(ctx context.Context, r *report, h *host, fn *fleetNet, srv *m
 		r.fail(a, "fresh host: %v", err)
 		return
 	}
-	if err := h.start(ctx); err != nil {
+	if err := h.Start(ctx); err != nil {
 		r.fail(a, "fresh host: %v", err)
 		return
 	}
-	defer h.stop()
+	defer h.Stop()
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
-	rb, err := h.c.RebuildCatalog(rctx, api.RebuildRequest{})
+	rb, err := h.C.RebuildCatalog(rctx, api.RebuildRequest{})
 	cancel()
 	if err != nil {
 		// A failure of its own; then the checks go on from what a rebuild
 		// that skips the damage finds.
 		r.fail(a, "fresh host: catalog rebuild: %v", err)
 		rctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
-		rb, err = h.c.RebuildCatalog(rctx, api.RebuildRequest{SkipCorrupt: true})
+		rb, err = h.C.RebuildCatalog(rctx, api.RebuildRequest{SkipCorrupt: true})
 		cancel()
 		if err != nil {
 			r.fail(a, "fresh host: catalog rebuild --skip-corrupt: %v; no restore checked", err)
@@ -456,7 +457,7 @@ func checkRestores(ctx context.Context, r *report, h *host, fn *fleetNet, srv *m
 	r.t.Logf("fleet: fresh host rebuilt %d sandboxes, %d checkpoints, %d packs from the bucket", rb.Sandboxes, rb.Checkpoints, rb.Packs)
 	for _, id := range heads {
 		vctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-		_, err := h.c.Verify(vctx, id.String())
+		_, err := h.C.Verify(vctx, id.String())
 		cancel()
 		if err != nil {
 			r.headsUnresolved++
@@ -472,7 +473,7 @@ func checkRestores(ctx context.Context, r *report, h *host, fn *fleetNet, srv *m
 		r.restoresChecked++
 		name := fmt.Sprintf("check-%d", n)
 		bctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-		rs, err := h.c.Branch(bctx, c.id.String(), api.BranchRequest{Name: name})
+		rs, err := h.C.Branch(bctx, c.id.String(), api.BranchRequest{Name: name})
 		cancel()
 		if err != nil {
 			why, released := diagnoseRecord(ctx, mc, w, c)
@@ -495,7 +496,7 @@ func checkRestores(ctx context.Context, r *report, h *host, fn *fleetNet, srv *m
 			r.fail(a, "checkpoint %s of %s (%s): the branch's root differs from the root checkpointed (%v)", c.id.Short(), c.sandbox, hostName(c.host), err)
 		}
 		dctx, cancel := context.WithTimeout(ctx, time.Minute)
-		if _, err := h.c.RemoveSandbox(dctx, name, false); err != nil {
+		if _, err := h.C.RemoveSandbox(dctx, name, false); err != nil {
 			r.t.Logf("fleet: removing %s on the fresh host: %v", name, err)
 		}
 		cancel()

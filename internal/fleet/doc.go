@@ -6,5 +6,6 @@
 // head resolves, that no sandbox ever had two accepted writers and that no
 // lock outlived its window (docs/STORAGE.md, "The fleet test").
 //
-// The package has no code outside its tests.
+// The package has no code outside its tests; its hosts and their network
+// are package internal/fleethost's.
 package fleet

@@ -16,6 +16,7 @@ import (
 
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
+	"github.com/turnsnap/turnsnap/internal/fleethost"
 	"github.com/turnsnap/turnsnap/internal/miniotest"
 	"github.com/turnsnap/turnsnap/internal/testenv"
 )
@@ -44,6 +45,10 @@ func envInt(name string, def int) int {
 	}
 	return def
 }
+
+// host is one member of the fleet (package fleethost, shared with the
+// Kubernetes suite).
+type host = fleethost.Host
 
 const (
 	nHosts = 3
@@ -78,9 +83,9 @@ func TestFleet(t *testing.T) {
 	t.Logf("fleet: seed %d, %d operations (rerun: go test ./internal/fleet -run TestFleet -args -fleet.seed %d -fleet.ops %d)", seed, ops, seed, ops)
 	began := time.Now()
 
-	bin := turnsnapBin(t)
-	fn := setupNet(t, nHosts+1)
-	srv := miniotest.StartAt(t, fn.gateway())
+	bin := fleethost.TurnsnapBin(t)
+	fn := fleethost.SetupNet(t, nHosts+1)
+	srv := miniotest.StartAt(t, fn.Gateway())
 	mc, err := minio.New(srv.Endpoint, &minio.Options{Creds: credentials.NewStaticV4(srv.AccessKey, srv.SecretKey, "")})
 	if err != nil {
 		t.Fatal(err)
@@ -96,8 +101,8 @@ func TestFleet(t *testing.T) {
 	}
 
 	dir := t.TempDir()
-	t.Cleanup(func() { unmountUnder(t, dir) }) // after the daemons stop
-	if err := fn.registerDir(dir); err != nil {
+	t.Cleanup(func() { fleethost.UnmountUnder(t, dir) }) // after the daemons stop
+	if err := fn.RegisterDir(dir); err != nil {
 		t.Fatal(err)
 	}
 	base := makeBase(t, dir)
@@ -105,7 +110,7 @@ func TestFleet(t *testing.T) {
 	hosts := map[int]*host{}
 	homeIDs := map[string]int{}
 	for i := 1; i <= nHosts+1; i++ {
-		h := newHost(t, fn, i, bin, dir, env)
+		h := fleethost.NewHost(t, fn, i, bin, dir, env)
 		hosts[i] = h
 		if i > nHosts {
 			break // the fresh host starts empty, after the run
@@ -113,8 +118,8 @@ func TestFleet(t *testing.T) {
 		if err := initHome(ctx, h, fn, srv); err != nil {
 			t.Fatal(err)
 		}
-		homeIDs[h.homeID] = i
-		if err := h.start(ctx); err != nil {
+		homeIDs[h.HomeID] = i
+		if err := h.Start(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -162,7 +167,7 @@ func TestFleet(t *testing.T) {
 			defer wg.Done()
 			for k := 0; k < n; k++ {
 				if time.Now().After(deadline) {
-					t.Logf("fleet: %s stops after %d of its %d operations: the run's time is up", wk.h.name, k, n)
+					t.Logf("fleet: %s stops after %d of its %d operations: the run's time is up", wk.h.Name, k, n)
 					break
 				}
 				wk.step(ctx)
@@ -182,21 +187,21 @@ func TestFleet(t *testing.T) {
 		}
 	}
 	for i := 1; i <= nHosts; i++ {
-		if err := hosts[i].start(ctx); err != nil {
-			t.Errorf("restarting %s after the run: %v", hosts[i].name, err)
+		if err := hosts[i].Start(ctx); err != nil {
+			t.Errorf("restarting %s after the run: %v", hosts[i].Name, err)
 		}
 	}
 	for i := 1; i <= nHosts; i++ {
 		sctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
-		if _, err := hosts[i].c.Sync(sctx, syncReq()); err != nil {
-			t.Logf("fleet: final sync on %s: %v", hosts[i].name, err)
+		if _, err := hosts[i].C.Sync(sctx, syncReq()); err != nil {
+			t.Logf("fleet: final sync on %s: %v", hosts[i].Name, err)
 		}
 		cancel()
 	}
 	r := &report{t: t}
 	checkHostHeads(ctx, r, hosts)
 	for i := 1; i <= nHosts; i++ {
-		if err := hosts[i].stop(); err != nil {
+		if err := hosts[i].Stop(); err != nil {
 			r.fail("settle", "%v", err)
 		}
 	}
@@ -231,11 +236,11 @@ func TestFleet(t *testing.T) {
 
 // initHome points h's home at the bucket (inside h's namespace, as its
 // daemon will reach it) and shortens its lock window.
-func initHome(ctx context.Context, h *host, fn *fleetNet, srv *miniotest.Server) error {
-	if _, err := h.cli(ctx, "init", "--remote", "s3://"+bucket, "--endpoint", srv.Endpoint, "--insecure"); err != nil {
+func initHome(ctx context.Context, h *host, fn *fleethost.Net, srv *miniotest.Server) error {
+	if err := h.InitRemote(ctx, "s3://"+bucket, srv.Endpoint); err != nil {
 		return err
 	}
-	path := filepath.Join(h.home, "config.json")
+	path := filepath.Join(h.Home, "config.json")
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return err
@@ -246,13 +251,9 @@ func initHome(ctx context.Context, h *host, fn *fleetNet, srv *miniotest.Server)
 	}
 	remote, _ := cfg["remote"].(map[string]any)
 	if remote == nil {
-		return fmt.Errorf("%s: config.json has no remote after init: %s", h.name, b)
+		return fmt.Errorf("%s: config.json has no remote after init: %s", h.Name, b)
 	}
 	remote["lock_stale_after_ns"] = int64(lockWindow)
-	h.homeID, _ = cfg["home_id"].(string)
-	if h.homeID == "" {
-		return fmt.Errorf("%s: config.json has no home_id after init: %s", h.name, b)
-	}
 	b, err = json.MarshalIndent(cfg, "", "  ")
 	if err != nil {
 		return err
@@ -327,8 +328,8 @@ func chaos(t *testing.T, seed int64, ops int, hosts map[int]*host, srv *miniotes
 			continue
 		}
 		h := hosts[1+rng.IntN(nHosts)]
-		t.Logf("%s chaos: SIGKILL %s's daemon", time.Now().UTC().Format("15:04:05.000"), h.name)
-		if !h.kill() {
+		t.Logf("%s chaos: SIGKILL %s's daemon", time.Now().UTC().Format("15:04:05.000"), h.Name)
+		if !h.Kill() {
 			continue
 		}
 		w.mu.Lock()
@@ -337,11 +338,11 @@ func chaos(t *testing.T, seed int64, ops int, hosts map[int]*host, srv *miniotes
 		time.Sleep(time.Duration(rng.IntN(1000)) * time.Millisecond) // the outage itself
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		restart := time.Now()
-		err := h.start(ctx)
+		err := h.Start(ctx)
 		cancel()
-		t.Logf("%s chaos: %s's daemon answers again after %s", time.Now().UTC().Format("15:04:05.000"), h.name, time.Since(restart).Round(time.Millisecond))
+		t.Logf("%s chaos: %s's daemon answers again after %s", time.Now().UTC().Format("15:04:05.000"), h.Name, time.Since(restart).Round(time.Millisecond))
 		if err != nil {
-			w.problem("%s's daemon does not start again after SIGKILL: %v\n%s", h.name, err, h.logTail(3000))
+			w.problem("%s's daemon does not start again after SIGKILL: %v\n%s", h.Name, err, h.LogTail(3000))
 		}
 	}
 }

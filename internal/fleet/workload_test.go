@@ -24,12 +24,12 @@ type caps struct {
 }
 
 func probeCaps(h *host) caps {
-	adoptHelp := h.help("sandbox", "adopt")
+	adoptHelp := h.Help("sandbox", "adopt")
 	return caps{
 		// Without the subcommand, cobra prints the parent's help.
 		adopt:       strings.Contains(adoptHelp, "adopt NAME") || strings.Contains(adoptHelp, "sandbox adopt"),
-		pruneGrace:  strings.Contains(h.help("prune"), "--grace"),
-		forgetGrace: strings.Contains(h.help("forget"), "--grace"),
+		pruneGrace:  strings.Contains(h.Help("prune"), "--grace"),
+		forgetGrace: strings.Contains(h.Help("forget"), "--grace"),
 	}
 }
 
@@ -57,14 +57,14 @@ const maxSandboxes = 5
 const opTimeout = 2 * time.Minute
 
 func (wk *worker) step(ctx context.Context) {
-	wk.h.waitUp(opTimeout)
+	wk.h.WaitUp(opTimeout)
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
 	wk.w.mu.Lock()
 	wk.w.steps++
 	wk.w.mu.Unlock()
 	wk.sinceRebuild++
-	own := wk.w.writableOf(wk.h.i)
+	own := wk.w.writableOf(wk.h.I)
 	if len(own) == 0 || (wk.created < 2 && wk.rng.IntN(10) == 0) {
 		wk.create(ctx)
 		return
@@ -88,7 +88,7 @@ func (wk *worker) step(ctx context.Context) {
 	case r < 86:
 		wk.gc(ctx)
 	case r < 94:
-		_, err := wk.h.c.Sync(ctx, api.SyncRequest{})
+		_, err := wk.h.C.Sync(ctx, api.SyncRequest{})
 		wk.count("sync", err)
 	default:
 		wk.rebuild(ctx)
@@ -97,26 +97,26 @@ func (wk *worker) step(ctx context.Context) {
 
 func (wk *worker) count(op string, err error) {
 	if err != nil {
-		err = fmt.Errorf("%s: %w", wk.h.name, err)
+		err = fmt.Errorf("%s: %w", wk.h.Name, err)
 	}
 	wk.w.count(op, err)
 }
 
 func (wk *worker) logf(format string, args ...any) {
-	wk.t.Logf("%s %s: %s", time.Now().UTC().Format("15:04:05.000"), wk.h.name, fmt.Sprintf(format, args...))
+	wk.t.Logf("%s %s: %s", time.Now().UTC().Format("15:04:05.000"), wk.h.Name, fmt.Sprintf(format, args...))
 }
 
 func (wk *worker) create(ctx context.Context) {
 	if wk.created >= maxSandboxes {
-		if own := wk.w.writableOf(wk.h.i); len(own) > 0 {
+		if own := wk.w.writableOf(wk.h.I); len(own) > 0 {
 			wk.checkpoint(ctx, own[0])
 		}
 		return
 	}
 	wk.created++
-	name := fmt.Sprintf("%s-s%d", wk.h.name, wk.created)
+	name := fmt.Sprintf("%s-s%d", wk.h.Name, wk.created)
 	start := time.Now()
-	cr, err := wk.h.c.CreateSandbox(ctx, api.CreateRequest{Name: name, Base: wk.base})
+	cr, err := wk.h.C.CreateSandbox(ctx, api.CreateRequest{Name: name, Base: wk.base})
 	wk.count("create", err)
 	if err != nil {
 		// A create whose answer a kill lost may have made the sandbox
@@ -127,12 +127,12 @@ func (wk *worker) create(ctx context.Context) {
 		}
 		return
 	}
-	wk.w.addSandbox(name, wk.h.i, did(cr.Checkpoint), start)
+	wk.w.addSandbox(name, wk.h.I, did(cr.Checkpoint), start)
 }
 
 // root mounts the sandbox (if need be) and returns its root.
 func (wk *worker) root(ctx context.Context, name string) (string, error) {
-	p, err := wk.h.c.SandboxPath(ctx, name)
+	p, err := wk.h.C.SandboxPath(ctx, name)
 	if err != nil {
 		return "", err
 	}
@@ -148,22 +148,22 @@ func (wk *worker) checkpoint(ctx context.Context, name string) {
 		return
 	}
 	if err := mutate(wk.rng, root); err != nil {
-		wk.t.Errorf("%s: writing into %s's root: %v", wk.h.name, name, err)
+		wk.t.Errorf("%s: writing into %s's root: %v", wk.h.Name, name, err)
 		return
 	}
 	digest, err := treeDigest(root)
 	if err != nil {
-		wk.t.Errorf("%s: digest of %s's root: %v", wk.h.name, name, err)
+		wk.t.Errorf("%s: digest of %s's root: %v", wk.h.Name, name, err)
 		return
 	}
 	wait := wk.rng.IntN(10) < 8
 	start := time.Now()
-	cp, err := wk.h.c.Checkpoint(ctx, name, api.CheckpointRequest{WaitRemote: wait, Message: "fleet"})
+	cp, err := wk.h.C.Checkpoint(ctx, name, api.CheckpointRequest{WaitRemote: wait, Message: "fleet"})
 	wk.count("checkpoint", err)
 	if err != nil {
 		return
 	}
-	wk.w.checkpointed(wk.h.i, name, did(cp.ID), digest, cp.RemoteDurable, start, time.Now())
+	wk.w.checkpointed(wk.h.I, name, did(cp.ID), digest, cp.RemoteDurable, start, time.Now())
 }
 
 // rollback moves one of this host's sandboxes back to a checkpoint of it
@@ -176,18 +176,18 @@ func (wk *worker) rollback(ctx context.Context, name string) {
 	}
 	c := known[wk.rng.IntN(len(known))]
 	start := time.Now()
-	_, err := wk.h.c.Rollback(ctx, name, api.RollbackRequest{Checkpoint: c.id.String()})
+	_, err := wk.h.C.Rollback(ctx, name, api.RollbackRequest{Checkpoint: c.id.String()})
 	wk.count("rollback", err)
 	if err != nil {
 		return
 	}
-	wk.w.head(name, c.id, wk.h.i, start)
+	wk.w.head(name, c.id, wk.h.I, start)
 	root, err := wk.root(ctx, name)
 	if err != nil {
 		return
 	}
 	if d, err := treeDigest(root); err == nil && d != c.digest {
-		wk.w.problem("%s: rollback of %s to %s: the root's digest is not the one checkpointed", wk.h.name, name, c.id.Short())
+		wk.w.problem("%s: rollback of %s to %s: the root's digest is not the one checkpointed", wk.h.Name, name, c.id.Short())
 	}
 }
 
@@ -201,7 +201,7 @@ func (wk *worker) ensureRebuilt(ctx context.Context) bool {
 }
 
 func (wk *worker) rebuild(ctx context.Context) error {
-	_, err := wk.h.c.RebuildCatalog(ctx, api.RebuildRequest{})
+	_, err := wk.h.C.RebuildCatalog(ctx, api.RebuildRequest{})
 	wk.count("rebuild", err)
 	if err == nil {
 		wk.sinceRebuild = 0
@@ -216,7 +216,7 @@ func (wk *worker) branch(ctx context.Context) {
 		wk.sync(ctx)
 		return
 	}
-	cands := wk.w.durableOf(func(c *ckptInfo) bool { return c.host != wk.h.i })
+	cands := wk.w.durableOf(func(c *ckptInfo) bool { return c.host != wk.h.I })
 	if len(cands) == 0 {
 		cands = wk.w.durableOf(func(*ckptInfo) bool { return true })
 	}
@@ -225,9 +225,9 @@ func (wk *worker) branch(ctx context.Context) {
 	}
 	c := cands[wk.rng.IntN(len(cands))]
 	wk.branched++
-	name := fmt.Sprintf("%s-b%d", wk.h.name, wk.branched)
+	name := fmt.Sprintf("%s-b%d", wk.h.Name, wk.branched)
 	start := time.Now()
-	rs, err := wk.h.c.Branch(ctx, c.id.String(), api.BranchRequest{Name: name})
+	rs, err := wk.h.C.Branch(ctx, c.id.String(), api.BranchRequest{Name: name})
 	wk.count("branch", err)
 	if err != nil {
 		if !errors.Is(err, errdefs.ErrExists) {
@@ -235,16 +235,16 @@ func (wk *worker) branch(ctx context.Context) {
 		}
 		return
 	}
-	wk.w.addSandbox(name, wk.h.i, c.id, start)
+	wk.w.addSandbox(name, wk.h.I, c.id, start)
 	if len(rs) == 1 {
 		if d, err := treeDigest(rs[0].Root); err == nil && d != c.digest {
-			wk.w.problem("%s: branch %s of %s (%s's): the root's digest is not the one checkpointed", wk.h.name, name, c.id.Short(), hostName(c.host))
+			wk.w.problem("%s: branch %s of %s (%s's): the root's digest is not the one checkpointed", wk.h.Name, name, c.id.Short(), hostName(c.host))
 		}
 	}
 }
 
 func (wk *worker) sync(ctx context.Context) {
-	_, err := wk.h.c.Sync(ctx, api.SyncRequest{})
+	_, err := wk.h.C.Sync(ctx, api.SyncRequest{})
 	wk.count("sync", err)
 }
 
@@ -257,31 +257,31 @@ func (wk *worker) adopt(ctx context.Context) {
 		wk.sync(ctx)
 		return
 	}
-	foreign := wk.w.foreignOf(wk.h.i)
+	foreign := wk.w.foreignOf(wk.h.I)
 	if len(foreign) == 0 || !wk.ensureRebuilt(ctx) {
 		return
 	}
 	name := foreign[wk.rng.IntN(len(foreign))]
 	start := time.Now()
-	_, err := wk.h.cli(ctx, "sandbox", "adopt", name, "--force")
+	_, err := wk.h.CLI(ctx, "sandbox", "adopt", name, "--force")
 	wk.count("adopt", err)
 	if err != nil {
 		wk.logf("adopt %s: %v", name, err)
 		return
 	}
-	wk.w.adopted(wk.h.i, name, start, time.Now())
+	wk.w.adopted(wk.h.I, name, start, time.Now())
 	// Its root may not be on this host yet: a rollback to its head makes
 	// it, as after any rebuild.
-	sb, err := wk.h.c.GetSandbox(ctx, name)
+	sb, err := wk.h.C.GetSandbox(ctx, name)
 	if err != nil || sb.Head == nil {
 		return
 	}
 	rbStart := time.Now()
-	if _, err := wk.h.c.Rollback(ctx, name, api.RollbackRequest{Checkpoint: sb.Head.String()}); err != nil {
+	if _, err := wk.h.C.Rollback(ctx, name, api.RollbackRequest{Checkpoint: sb.Head.String()}); err != nil {
 		wk.logf("rollback of adopted %s to its head: %v", name, err)
 		return
 	}
-	wk.w.head(name, did(*sb.Head), wk.h.i, rbStart)
+	wk.w.head(name, did(*sb.Head), wk.h.I, rbStart)
 }
 
 // foreignWrite rolls back another host's sandbox here without adopting it
@@ -291,7 +291,7 @@ func (wk *worker) foreignWrite(ctx context.Context) {
 		wk.sync(ctx)
 		return
 	}
-	foreign := wk.w.foreignOf(wk.h.i)
+	foreign := wk.w.foreignOf(wk.h.I)
 	if len(foreign) == 0 || !wk.ensureRebuilt(ctx) {
 		return
 	}
@@ -302,34 +302,34 @@ func (wk *worker) foreignWrite(ctx context.Context) {
 	}
 	c := known[len(known)-1]
 	rbStart := time.Now()
-	_, err := wk.h.c.Rollback(ctx, name, api.RollbackRequest{Checkpoint: c.id.String()})
+	_, err := wk.h.C.Rollback(ctx, name, api.RollbackRequest{Checkpoint: c.id.String()})
 	if err != nil {
 		wk.count("foreign-write", err)
 		return
 	}
-	wk.w.head(name, c.id, wk.h.i, rbStart)
+	wk.w.head(name, c.id, wk.h.I, rbStart)
 	root, err := wk.root(ctx, name)
 	if err != nil {
 		wk.count("foreign-write", err)
 		return
 	}
 	if err := mutate(wk.rng, root); err != nil {
-		wk.t.Errorf("%s: writing into %s's root: %v", wk.h.name, name, err)
+		wk.t.Errorf("%s: writing into %s's root: %v", wk.h.Name, name, err)
 		return
 	}
 	digest, err := treeDigest(root)
 	if err != nil {
-		wk.t.Errorf("%s: digest of %s's root: %v", wk.h.name, name, err)
+		wk.t.Errorf("%s: digest of %s's root: %v", wk.h.Name, name, err)
 		return
 	}
 	start := time.Now()
-	cp, err := wk.h.c.Checkpoint(ctx, name, api.CheckpointRequest{WaitRemote: true, Message: "fleet foreign"})
+	cp, err := wk.h.C.Checkpoint(ctx, name, api.CheckpointRequest{WaitRemote: true, Message: "fleet foreign"})
 	wk.count("foreign-write", err)
 	if err != nil {
 		return
 	}
 	wk.logf("foreign write to %s accepted: checkpoint %s remote-durable", name, cp.ID.Short())
-	wk.w.checkpointed(wk.h.i, name, did(cp.ID), digest, cp.RemoteDurable, start, time.Now())
+	wk.w.checkpointed(wk.h.I, name, did(cp.ID), digest, cp.RemoteDurable, start, time.Now())
 }
 
 // retention counts a prune or forget (keeping the newest keep of each
@@ -340,7 +340,7 @@ func (wk *worker) retention(op string, keep int, start time.Time, err error) {
 	wk.count(op, err)
 	wk.w.mu.Lock()
 	defer wk.w.mu.Unlock()
-	wk.w.retentions = append(wk.w.retentions, retentionSpan{host: wk.h.i, op: op, keep: keep, start: start, end: time.Now(), err: err})
+	wk.w.retentions = append(wk.w.retentions, retentionSpan{host: wk.h.I, op: op, keep: keep, start: start, end: time.Now(), err: err})
 }
 
 func (wk *worker) skip(op string) {
@@ -363,7 +363,7 @@ func (wk *worker) prune(ctx context.Context) {
 				args = append(args, "--gc")
 			}
 			start := time.Now()
-			err = wk.h.cliJSON(ctx, &pr, args...)
+			err = wk.h.CLIJSON(ctx, &pr, args...)
 			wk.retention("prune-grace0", keep, start, err)
 			if err == nil {
 				wk.w.release(releasedBy(pr.Deleted, pr.Marked)...)
@@ -372,7 +372,7 @@ func (wk *worker) prune(ctx context.Context) {
 		}
 	}
 	start := time.Now()
-	p, err := wk.h.c.Prune(ctx, api.PruneRequest{KeepLast: keep, GC: withGC})
+	p, err := wk.h.C.Prune(ctx, api.PruneRequest{KeepLast: keep, GC: withGC})
 	wk.retention("prune", keep, start, err)
 	if err == nil {
 		wk.w.release(releasedBy(p.Deleted, p.Marked)...)
@@ -409,12 +409,12 @@ func (wk *worker) forget(ctx context.Context) {
 	if wk.rng.IntN(2) == 0 && wk.caps.forgetGrace {
 		op = "forget-grace0"
 		f = &api.Forgotten{}
-		err = wk.h.cliJSON(ctx, f, "forget", "--all", "--keep-last", fmt.Sprint(keep), "--grace", "0")
+		err = wk.h.CLIJSON(ctx, f, "forget", "--all", "--keep-last", fmt.Sprint(keep), "--grace", "0")
 	} else {
 		if !wk.caps.forgetGrace {
 			wk.skip("forget --grace 0")
 		}
-		f, err = wk.h.c.Forget(ctx, api.ForgetRequest{ForgetOptions: api.ForgetOptions{All: true,
+		f, err = wk.h.C.Forget(ctx, api.ForgetRequest{ForgetOptions: api.ForgetOptions{All: true,
 			Policy: api.RetentionPolicy{KeepLast: keep}}})
 	}
 	wk.retention(op, keep, start, err)
@@ -437,7 +437,7 @@ func (wk *worker) gc(ctx context.Context) {
 		zero := int64(0)
 		req.GraceMS, op = &zero, "gc-grace0"
 	}
-	_, err := wk.h.c.GC(ctx, req)
+	_, err := wk.h.C.GC(ctx, req)
 	wk.count(op, err)
 }
 

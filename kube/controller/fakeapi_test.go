@@ -17,6 +17,7 @@ import (
 
 	"github.com/turnsnap/turnsnap/api"
 	v1 "github.com/turnsnap/turnsnap/kube/api/v1alpha1"
+	kubenode "github.com/turnsnap/turnsnap/kube/node"
 )
 
 // TestReconcilersOnRealAgents drives the reconcilers by hand against
@@ -38,7 +39,7 @@ func TestReconcilersOnRealAgents(t *testing.T) {
 			&coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: NodeObjectPrefix + a.name, Namespace: f.ns},
 				Spec: coordinationv1.LeaseSpec{HolderIdentity: &home, RenewTime: &now, LeaseDurationSeconds: &hour}},
 			&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: NodeObjectPrefix + a.name, Namespace: f.ns},
-				Data: map[string][]byte{SecretEndpoint: []byte("http://" + a.addr), SecretToken: []byte(a.token)}})
+				Data: map[string][]byte{kubenode.SecretEndpoint: []byte("http://" + a.addr), kubenode.SecretToken: []byte(a.token)}})
 	}
 	k := fake.NewClientBuilder().WithScheme(Scheme()).WithObjects(objs...).
 		WithStatusSubresource(&v1.TurnsnapSandbox{}, &v1.SandboxCheckpoint{}, &v1.SandboxFork{}).Build()

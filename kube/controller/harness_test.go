@@ -33,6 +33,7 @@ import (
 	"github.com/turnsnap/turnsnap/client"
 	"github.com/turnsnap/turnsnap/internal/miniotest"
 	"github.com/turnsnap/turnsnap/internal/testenv"
+	kubenode "github.com/turnsnap/turnsnap/kube/node"
 )
 
 // The tests run a real kube-apiserver and etcd (envtest), real node
@@ -211,7 +212,7 @@ func (f *fleet) newAgent(ctx context.Context, name string) *agent {
 			t.Fatal(err)
 		}
 		sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: NodeObjectPrefix + name, Namespace: f.ns},
-			Data: map[string][]byte{SecretEndpoint: []byte("http://" + a.addr), SecretToken: []byte(a.token)}}
+			Data: map[string][]byte{kubenode.SecretEndpoint: []byte("http://" + a.addr), kubenode.SecretToken: []byte(a.token)}}
 		if err := f.k.Create(ctx, sec); err != nil {
 			t.Fatal(err)
 		}

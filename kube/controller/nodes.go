@@ -2,10 +2,7 @@ package controller
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"fmt"
-	"net/http"
 	"sort"
 	"strings"
 	"sync"
@@ -19,27 +16,22 @@ import (
 
 	"github.com/turnsnap/turnsnap/api"
 	"github.com/turnsnap/turnsnap/client"
+	kubenode "github.com/turnsnap/turnsnap/kube/node"
 )
 
-// What the node agents publish (kube/node): a Lease turnsnap-node-NAME
-// whose holderIdentity is the agent's home id, renewed while it lives, and
-// a Secret of the same name with the agent's endpoint and bearer token.
-const (
-	NodeObjectPrefix = "turnsnap-node-"
-	SecretEndpoint   = "endpoint"
-	SecretToken      = "token"
-	SecretCA         = "ca.crt" // PEM that verifies the endpoint's TLS (none: plain HTTP)
-)
+// NodeObjectPrefix starts the names of what each node agent publishes
+// (kube/node): a Lease NodeObjectPrefix+NAME whose holderIdentity is the
+// agent's home id, renewed while it lives, and a Secret of the same name
+// with the agent's endpoint, bearer token and certificate.
+const NodeObjectPrefix = kubenode.NamePrefix
 
 // node is one node agent as the controller sees it.
 type node struct {
-	Name     string
-	Home     string
-	Endpoint string
-	Token    string
-	CA       string            // PEM, for an https endpoint
-	Labels   map[string]string // the Node object's, if there is one
-	Expires  time.Time         // renewTime + leaseDurationSeconds
+	Name    string
+	Home    string
+	Secret  *corev1.Secret    // endpoint, token, certificate
+	Labels  map[string]string // the Node object's, if there is one
+	Expires time.Time         // renewTime + leaseDurationSeconds
 }
 
 // live: held (a clean shutdown clears the holder) and renewed within its
@@ -62,8 +54,8 @@ type nodes struct {
 }
 
 type cachedClient struct {
-	endpoint, token, ca string
-	c                   *client.Client
+	version string // the Secret's resourceVersion the client was made from
+	c       *client.Client
 }
 
 type nodeRebuild struct {
@@ -127,10 +119,10 @@ func (ns *nodes) fromLease(ctx context.Context, name string, l *coordinationv1.L
 		}
 		return nil, fmt.Errorf("node %s: reading its secret: %w", name, err)
 	}
-	n.Endpoint, n.Token, n.CA = string(s.Data[SecretEndpoint]), string(s.Data[SecretToken]), string(s.Data[SecretCA])
-	if n.Endpoint == "" {
+	if len(s.Data[kubenode.SecretEndpoint]) == 0 {
 		return nil, nil
 	}
+	n.Secret = &s
 	var kn corev1.Node
 	if err := ns.c.Get(ctx, crclient.ObjectKey{Name: name}, &kn); err == nil {
 		n.Labels = kn.Labels
@@ -149,23 +141,14 @@ func (n node) matches(sel map[string]string) bool {
 func (ns *nodes) client(n node) (*client.Client, error) {
 	ns.mu.Lock()
 	defer ns.mu.Unlock()
-	if cc, ok := ns.clients[n.Name]; ok && cc.endpoint == n.Endpoint && cc.token == n.Token && cc.ca == n.CA {
+	if cc, ok := ns.clients[n.Name]; ok && cc.version == n.Secret.ResourceVersion {
 		return cc.c, nil
 	}
-	opts := client.Options{URL: n.Endpoint, Token: n.Token}
-	if n.CA != "" {
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM([]byte(n.CA)) {
-			return nil, fmt.Errorf("node %s: its secret's %s holds no PEM certificate", n.Name, SecretCA)
-		}
-		opts.HTTPClient = &http.Client{Transport: &http.Transport{
-			TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, MaxIdleConnsPerHost: 64}}
-	}
-	c, err := client.New(opts)
+	c, err := kubenode.Client(n.Secret)
 	if err != nil {
 		return nil, fmt.Errorf("node %s: %w", n.Name, err)
 	}
-	ns.clients[n.Name] = cachedClient{endpoint: n.Endpoint, token: n.Token, ca: n.CA, c: c}
+	ns.clients[n.Name] = cachedClient{version: n.Secret.ResourceVersion, c: c}
 	return c, nil
 }
 

@@ -1,4 +1,9 @@
-package fleet
+// Package fleethost makes a fleet of hosts on one machine for tests: a
+// bridge in the root namespace and per host a network namespace with its
+// own address, home, home id and `turnsnap serve` (docs/STORAGE.md, "The
+// fleet test"). internal/fleet's chaos test and the Kubernetes suite
+// (internal/kubetest/kubefleet) both run on it.
+package fleethost
 
 import (
 	"crypto/rand"
@@ -25,18 +30,23 @@ const (
 	registryDir = "/run/turnsnap-fleet"
 )
 
-type fleetNet struct {
-	id     string // 4 hex digits, in every name this run makes
-	bridge string
-	subnet string // "10.213.X"
+// Net is one run's network: a bridge and the hosts' namespaces.
+type Net struct {
+	ID     string // 4 hex digits, in every name this run makes
+	Bridge string
+	Subnet string // "10.213.X"
 	hosts  []string
 }
 
-// nsName is the network namespace of host i (1-based).
-func (n *fleetNet) nsName(i int) string { return fmt.Sprintf("%s%sh%d", namePrefix, n.id, i) }
+// NSName is the network namespace of host i (1-based).
+func (n *Net) NSName(i int) string { return fmt.Sprintf("%s%sh%d", namePrefix, n.ID, i) }
 
-// gateway is the root namespace's address on the bridge.
-func (n *fleetNet) gateway() string { return n.subnet + ".1" }
+// Gateway is the root namespace's address on the bridge: a server the
+// hosts reach (MinIO, the Kubernetes API server) listens there.
+func (n *Net) Gateway() string { return n.Subnet + ".1" }
+
+// HostAddr is host i's address (1-based) on the bridge, in its namespace.
+func (n *Net) HostAddr(i int) string { return fmt.Sprintf("%s.%d", n.Subnet, 10+i) }
 
 func ipCmd(args ...string) error {
 	out, err := exec.Command("ip", args...).CombinedOutput()
@@ -48,7 +58,7 @@ func ipCmd(args ...string) error {
 
 // removeLeftovers deletes the namespaces and bridges of earlier runs whose
 // process is gone (a run killed before its cleanup ran).
-func removeLeftovers(t *testing.T) {
+func removeLeftovers(t testing.TB) {
 	entries, _ := os.ReadDir(registryDir)
 	live := map[string]bool{}
 	for _, e := range entries {
@@ -64,7 +74,7 @@ func removeLeftovers(t *testing.T) {
 		for _, dir := range lines[1:] {
 			if strings.HasPrefix(dir, os.TempDir()+"/") {
 				t.Logf("fleet: removing %s of a dead run", dir)
-				unmountUnder(t, dir)
+				UnmountUnder(t, dir)
 				os.RemoveAll(dir)
 			}
 		}
@@ -106,10 +116,10 @@ func alive(pid int) bool {
 	return i > 0 && i+2 < len(b) && b[i+2] != 'Z'
 }
 
-// registerDir records dir in this run's registry entry, so that a later
+// RegisterDir records dir in this run's registry entry, so that a later
 // run removes it if this one dies before its cleanup.
-func (n *fleetNet) registerDir(dir string) error {
-	f, err := os.OpenFile(filepath.Join(registryDir, n.id), os.O_APPEND|os.O_WRONLY, 0o644)
+func (n *Net) RegisterDir(dir string) error {
+	f, err := os.OpenFile(filepath.Join(registryDir, n.ID), os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
 		return err
 	}
@@ -118,9 +128,9 @@ func (n *fleetNet) registerDir(dir string) error {
 	return err
 }
 
-// setupNet makes the bridge and n namespaces, and removes them when t ends
+// SetupNet makes the bridge and n namespaces, and removes them when t ends
 // (even when it fails).
-func setupNet(t *testing.T, n int) *fleetNet {
+func SetupNet(t testing.TB, n int) *Net {
 	t.Helper()
 	if err := os.MkdirAll(registryDir, 0o755); err != nil {
 		t.Fatal(err)
@@ -128,8 +138,8 @@ func setupNet(t *testing.T, n int) *fleetNet {
 	removeLeftovers(t)
 	b := make([]byte, 2)
 	rand.Read(b)
-	fn := &fleetNet{id: hex.EncodeToString(b)}
-	reg := filepath.Join(registryDir, fn.id)
+	fn := &Net{ID: hex.EncodeToString(b)}
+	reg := filepath.Join(registryDir, fn.ID)
 	if err := os.WriteFile(reg, []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -140,21 +150,21 @@ func setupNet(t *testing.T, n int) *fleetNet {
 		x, _ := rand.Int(rand.Reader, big.NewInt(256))
 		cand := fmt.Sprintf("10.213.%d", x.Int64())
 		if !strings.Contains(string(addrs), cand+".") {
-			fn.subnet = cand
+			fn.Subnet = cand
 			break
 		}
 	}
-	if fn.subnet == "" {
+	if fn.Subnet == "" {
 		t.Fatal("fleet: no free 10.213.X.0/24 subnet")
 	}
-	fn.bridge = namePrefix + fn.id + "br"
+	fn.Bridge = namePrefix + fn.ID + "br"
 	t.Cleanup(func() {
 		for _, ns := range fn.hosts {
 			if err := ipCmd("netns", "del", ns); err != nil {
 				t.Errorf("fleet cleanup: %v", err)
 			}
 		}
-		if err := ipCmd("link", "del", fn.bridge); err != nil {
+		if err := ipCmd("link", "del", fn.Bridge); err != nil {
 			t.Errorf("fleet cleanup: %v", err)
 		}
 	})
@@ -164,28 +174,28 @@ func setupNet(t *testing.T, n int) *fleetNet {
 			t.Fatal(err)
 		}
 	}
-	must("link", "add", fn.bridge, "type", "bridge")
-	must("addr", "add", fn.gateway()+"/24", "dev", fn.bridge)
-	must("link", "set", fn.bridge, "up")
+	must("link", "add", fn.Bridge, "type", "bridge")
+	must("addr", "add", fn.Gateway()+"/24", "dev", fn.Bridge)
+	must("link", "set", fn.Bridge, "up")
 	for i := 1; i <= n; i++ {
-		ns := fn.nsName(i)
+		ns := fn.NSName(i)
 		must("netns", "add", ns)
 		fn.hosts = append(fn.hosts, ns)
-		veth := fmt.Sprintf("%s%sv%d", namePrefix, fn.id, i)
+		veth := fmt.Sprintf("%s%sv%d", namePrefix, fn.ID, i)
 		must("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
-		must("link", "set", veth, "master", fn.bridge)
+		must("link", "set", veth, "master", fn.Bridge)
 		must("link", "set", veth, "up")
-		must("-n", ns, "addr", "add", fmt.Sprintf("%s.%d/24", fn.subnet, 10+i), "dev", "eth0")
+		must("-n", ns, "addr", "add", fn.HostAddr(i)+"/24", "dev", "eth0")
 		must("-n", ns, "link", "set", "eth0", "up")
 		must("-n", ns, "link", "set", "lo", "up")
 	}
 	return fn
 }
 
-// inNS returns argv run inside host i's network namespace only: nsenter
+// InNS returns argv run inside host i's network namespace only: nsenter
 // --net keeps the mount namespace (unlike `ip netns exec`, which unshares
 // it), so the overlay roots a daemon mounts are the test's to read and
 // write, and nsenter execs argv in place, so its pid is the daemon's.
-func (n *fleetNet) inNS(i int, argv ...string) []string {
-	return append([]string{"nsenter", "--net=/run/netns/" + n.nsName(i), "--"}, argv...)
+func (n *Net) InNS(i int, argv ...string) []string {
+	return append([]string{"nsenter", "--net=/run/netns/" + n.NSName(i), "--"}, argv...)
 }
