@@ -26,9 +26,10 @@ import (
 // real manager against a real one). The test writes the node agents'
 // Leases and Secrets (kube/node's part) and calls Reconcile until each
 // object settles, as the manager's queue would.
-func TestReconcilersOnRealAgents(t *testing.T) {
-	ctx := context.Background()
-	f := newAgents(t, 3)
+// fakeAPI is n real node agents registered in a fake API client (their
+// Leases held for an hour), and the reconcilers' shared part over it.
+func fakeAPI(t testing.TB, n int) (*fleet, crclient.Client, *reconciler) {
+	f := newAgents(t, n)
 	f.ns = "turnsnap-system"
 	var objs []crclient.Object
 	now := metav1.NewMicroTime(time.Now())
@@ -46,7 +47,12 @@ func TestReconcilersOnRealAgents(t *testing.T) {
 	f.k = k
 	opts := Options{Namespace: f.ns, Log: f.log}
 	opts.defaults()
-	r := &reconciler{c: k, live: k, nodes: newNodes(k, f.ns, time.Now), events: events.NewFakeRecorder(1000), opts: opts}
+	return f, k, &reconciler{c: k, live: k, nodes: newNodes(k, f.ns, time.Now), events: events.NewFakeRecorder(100000), opts: opts}
+}
+
+func TestReconcilersOnRealAgents(t *testing.T) {
+	ctx := context.Background()
+	f, k, r := fakeAPI(t, 3)
 	sr, cr, fr := &sandboxReconciler{r}, &checkpointReconciler{r}, &forkReconciler{r}
 	settle := func(rec ctrl.Reconciler, name string) {
 		t.Helper()

@@ -14,7 +14,7 @@ import (
 )
 
 // newAgents is a fleet of node agents and a bucket without an API server.
-func newAgents(t *testing.T, n int) *fleet {
+func newAgents(t testing.TB, n int) *fleet {
 	f := &fleet{t: t, dir: t.TempDir(), log: slog.New(slog.DiscardHandler)}
 	t.Cleanup(func() { unmountUnder(t, f.dir) })
 	f.minio = miniotest.Start(t)

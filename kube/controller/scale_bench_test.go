@@ -7,8 +7,14 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	crclient "sigs.k8s.io/controller-runtime/pkg/client"
+	ctrl "sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/turnsnap/turnsnap/api"
 	v1 "github.com/turnsnap/turnsnap/kube/api/v1alpha1"
@@ -137,6 +143,112 @@ func BenchmarkScaleKubeFailover(b *testing.B) {
 	}
 	b.StopTimer()
 	b.ReportMetric(leaseSeconds, "lease_s")
+	b.ReportMetric(loadStart, "load1_start")
+	b.ReportMetric(load1(b), "load1_end")
+}
+
+// BenchmarkScaleForkWithoutAPIServer is BenchmarkScaleKubeFork with
+// controller-runtime's fake API client in place of kube-apiserver: the
+// reconcilers run as a manager would run them (the fork, then its
+// children, 8 at once), so the figures are the controller's and the node
+// agents' share of a fork, without the API server's. Sizes 16 and 64
+// (4 and 8 small) over three real node agents; baseline in the same run:
+// one node agent's own fan-out of the same number in one request.
+//
+// Metrics: forkN_s, directN_s, forkN_ratio, load1 at the start and the end.
+//
+// Run: go test -tags turnsnaptest -run '^$' -bench ScaleForkWithoutAPIServer -benchtime 1x ./kube/controller/
+func BenchmarkScaleForkWithoutAPIServer(b *testing.B) {
+	ctx := context.Background()
+	sizes := []int{scaleN(16, 4), scaleN(64, 8)}
+	f, k, r := fakeAPI(b, 3)
+	sr, cr, fr := &sandboxReconciler{r}, &checkpointReconciler{r}, &forkReconciler{r}
+	reconcile := func(rec ctrl.Reconciler, name string) {
+		for range 20 {
+			res, err := rec.Reconcile(ctx, ctrl.Request{NamespacedName: types.NamespacedName{Namespace: "work", Name: name}})
+			if err == nil && (res.RequeueAfter == 0 || res.RequeueAfter > waitRetry) {
+				return
+			}
+			if err != nil {
+				b.Logf("reconcile %s: %v (again)", name, err)
+			}
+		}
+	}
+	loadStart := load1(b)
+	b.ResetTimer()
+	for i := range b.N {
+		b.StopTimer()
+		src := fmt.Sprintf("src%d", i)
+		if err := k.Create(ctx, &v1.TurnsnapSandbox{ObjectMeta: metav1.ObjectMeta{Name: src, Namespace: "work"},
+			Spec: v1.TurnsnapSandboxSpec{Base: f.base, Backend: v1.BackendOverlay, NodeName: "n1"}}); err != nil {
+			b.Fatal(err)
+		}
+		reconcile(sr, src)
+		var sb v1.TurnsnapSandbox
+		if err := k.Get(ctx, crclient.ObjectKey{Namespace: "work", Name: src}, &sb); err != nil {
+			b.Fatal(err)
+		}
+		root := rootOf(b, f, &sb)
+		for j := range 32 {
+			writeFile(b, filepath.Join(root, fmt.Sprintf("file%02d.txt", j)), strings.Repeat(fmt.Sprintf("line %d\n", j), 512))
+		}
+		if err := k.Create(ctx, &v1.SandboxCheckpoint{ObjectMeta: metav1.ObjectMeta{Name: src + "-cp", Namespace: "work"},
+			Spec: v1.SandboxCheckpointSpec{SandboxRef: src}}); err != nil {
+			b.Fatal(err)
+		}
+		reconcile(cr, src+"-cp")
+		var cp v1.SandboxCheckpoint
+		if err := k.Get(ctx, crclient.ObjectKey{Namespace: "work", Name: src + "-cp"}, &cp); err != nil || cp.Status.Phase != v1.CheckpointCompleted {
+			b.Fatalf("checkpoint: %+v %v", cp.Status, err)
+		}
+		if _, err := f.agentNamed("n2").c.RebuildCatalog(ctx, api.RebuildRequest{}); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		for _, n := range sizes {
+			start := time.Now()
+			rs, err := f.agentNamed("n2").c.Branch(ctx, cp.Status.ID, api.BranchRequest{Name: fmt.Sprintf("direct%d-%d", i, n), Count: n})
+			if err != nil || len(rs) != n {
+				b.Fatalf("direct fan-out of %d: %d made, %v", n, len(rs), err)
+			}
+			direct := time.Since(start)
+			name := fmt.Sprintf("bf%d-%d", i, n)
+			start = time.Now()
+			if err := k.Create(ctx, &v1.SandboxFork{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "work"},
+				Spec: v1.SandboxForkSpec{CheckpointRef: cp.Name, Count: int32(n)}}); err != nil {
+				b.Fatal(err)
+			}
+			reconcile(fr, name)
+			kids := make(chan string, n)
+			for j := 1; j <= n; j++ {
+				kids <- fmt.Sprintf("%s-%d", name, j)
+			}
+			close(kids)
+			var wg sync.WaitGroup
+			for range r.opts.Workers {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for kid := range kids {
+						reconcile(sr, kid)
+					}
+				}()
+			}
+			wg.Wait()
+			reconcile(fr, name)
+			took := time.Since(start)
+			var fk v1.SandboxFork
+			if err := k.Get(ctx, crclient.ObjectKey{Namespace: "work", Name: name}, &fk); err != nil {
+				b.Fatal(err)
+			}
+			perNode := checkFork(b, f, &fk, &cp, n)
+			b.ReportMetric(took.Seconds(), fmt.Sprintf("fork%d_s", n))
+			b.ReportMetric(direct.Seconds(), fmt.Sprintf("direct%d_s", n))
+			b.ReportMetric(took.Seconds()/direct.Seconds(), fmt.Sprintf("fork%d_ratio", n))
+			b.Logf("fork of %d over 3 nodes (no API server): %v %v; one node's fan-out: %v", n, took, perNode, direct)
+		}
+	}
+	b.StopTimer()
 	b.ReportMetric(loadStart, "load1_start")
 	b.ReportMetric(load1(b), "load1_end")
 }
