@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -11,12 +12,14 @@ import (
 	"testing"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	crclient "sigs.k8s.io/controller-runtime/pkg/client"
 	ctrl "sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/turnsnap/turnsnap/api"
+	"github.com/turnsnap/turnsnap/internal/errdefs"
 	v1 "github.com/turnsnap/turnsnap/kube/api/v1alpha1"
 )
 
@@ -247,6 +250,120 @@ func BenchmarkScaleForkWithoutAPIServer(b *testing.B) {
 			b.ReportMetric(took.Seconds()/direct.Seconds(), fmt.Sprintf("fork%d_ratio", n))
 			b.Logf("fork of %d over 3 nodes (no API server): %v %v; one node's fan-out: %v", n, took, perNode, direct)
 		}
+	}
+	b.StopTimer()
+	b.ReportMetric(loadStart, "load1_start")
+	b.ReportMetric(load1(b), "load1_end")
+}
+
+// BenchmarkScaleFailoverWithoutAPIServer is the failover's share of the
+// controller and the node agents, with the fake API client: a sandbox on
+// n3 with a durable checkpoint; n3's agent is SIGKILLed and its Lease
+// marked expired at once (so the Lease's own duration, 3 s by default in
+// kubefleet and 15 s in kube/node, comes on top); measured from the kill
+// until the sandbox answers on another node with the checkpoint's file.
+// Baseline in the same run: a branch of the same checkpoint on another
+// node, asked directly.
+//
+// Metrics: failover_s, restore_direct_s, failover_ratio, load1 at the
+// start and the end.
+//
+// Run: go test -tags turnsnaptest -run '^$' -bench ScaleFailoverWithoutAPIServer -benchtime 1x ./kube/controller/
+func BenchmarkScaleFailoverWithoutAPIServer(b *testing.B) {
+	ctx := context.Background()
+	f, k, r := fakeAPI(b, 3)
+	sr, cr := &sandboxReconciler{r}, &checkpointReconciler{r}
+	reconcile := func(rec ctrl.Reconciler, name string) {
+		for range 20 {
+			res, err := rec.Reconcile(ctx, ctrl.Request{NamespacedName: types.NamespacedName{Namespace: "work", Name: name}})
+			if err == nil && (res.RequeueAfter == 0 || res.RequeueAfter > waitRetry) {
+				return
+			}
+		}
+	}
+	loadStart := load1(b)
+	b.ResetTimer()
+	for i := range b.N {
+		b.StopTimer()
+		name := fmt.Sprintf("fo%d", i)
+		if err := k.Create(ctx, &v1.TurnsnapSandbox{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "work"},
+			Spec: v1.TurnsnapSandboxSpec{Base: f.base, Backend: v1.BackendOverlay, NodeName: "n3"}}); err != nil {
+			b.Fatal(err)
+		}
+		reconcile(sr, name)
+		var sb v1.TurnsnapSandbox
+		if err := k.Get(ctx, crclient.ObjectKey{Namespace: "work", Name: name}, &sb); err != nil {
+			b.Fatal(err)
+		}
+		writeFile(b, filepath.Join(rootOf(b, f, &sb), "durable.txt"), "durable turn\n")
+		if err := k.Create(ctx, &v1.SandboxCheckpoint{ObjectMeta: metav1.ObjectMeta{Name: name + "-cp", Namespace: "work"},
+			Spec: v1.SandboxCheckpointSpec{SandboxRef: name}}); err != nil {
+			b.Fatal(err)
+		}
+		reconcile(cr, name+"-cp")
+		var cp v1.SandboxCheckpoint
+		if err := k.Get(ctx, crclient.ObjectKey{Namespace: "work", Name: name + "-cp"}, &cp); err != nil || !cp.Status.RemoteDurable {
+			b.Fatalf("checkpoint: %+v %v", cp.Status, err)
+		}
+		n1 := f.agentNamed("n1")
+		if _, err := n1.c.RebuildCatalog(ctx, api.RebuildRequest{}); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		start := time.Now()
+		if _, err := n1.c.Branch(ctx, cp.Status.ID, api.BranchRequest{Name: name + "-direct"}); err != nil {
+			b.Fatal(err)
+		}
+		direct := time.Since(start)
+
+		dead := f.agentNamed("n3")
+		killed := time.Now()
+		dead.kill()
+		var l coordinationv1.Lease
+		if err := k.Get(ctx, crclient.ObjectKey{Namespace: f.ns, Name: NodeObjectPrefix + "n3"}, &l); err != nil {
+			b.Fatal(err)
+		}
+		old := metav1.NewMicroTime(time.Now().Add(-2 * time.Hour))
+		l.Spec.RenewTime = &old
+		if err := k.Update(ctx, &l); err != nil {
+			b.Fatal(err)
+		}
+		reconcile(sr, name)
+		if err := k.Get(ctx, crclient.ObjectKey{Namespace: "work", Name: name}, &sb); err != nil {
+			b.Fatal(err)
+		}
+		if !running(&sb) || sb.Status.Node == "n3" {
+			b.Fatalf("after n3 died: %+v", sb.Status)
+		}
+		if got := readFile(b, filepath.Join(rootOf(b, f, &sb), "durable.txt")); got != "durable turn\n" {
+			b.Fatalf("restored durable.txt: %q", got)
+		}
+		took := time.Since(killed)
+		b.StopTimer()
+		b.ReportMetric(took.Seconds(), "failover_s")
+		b.ReportMetric(direct.Seconds(), "restore_direct_s")
+		b.ReportMetric(took.Seconds()/direct.Seconds(), "failover_ratio")
+		// n3 back, its Lease renewed, for the next round.
+		if err := dead.start(ctx); err != nil {
+			b.Fatal(err)
+		}
+		if err := k.Get(ctx, crclient.ObjectKey{Namespace: f.ns, Name: NodeObjectPrefix + "n3"}, &l); err != nil {
+			b.Fatal(err)
+		}
+		now := metav1.NewMicroTime(time.Now())
+		l.Spec.RenewTime = &now
+		if err := k.Update(ctx, &l); err != nil {
+			b.Fatal(err)
+		}
+		// A change on n3's old root, so that its turn is not a skip (a
+		// skip writes no head).
+		if p, err := dead.c.SandboxPath(ctx, sb.Status.SandboxName); err == nil {
+			writeFile(b, filepath.Join(p.Root, "late.txt"), "written by the dead node\n")
+		}
+		if _, err := dead.c.Checkpoint(ctx, sb.Status.SandboxName, api.CheckpointRequest{WaitRemote: true}); !errors.Is(err, errdefs.ErrPrecondition) {
+			b.Fatalf("the revived n3's checkpoint of %s after the failover: %v; want fenced (precondition)", name, err)
+		}
+		b.StartTimer()
 	}
 	b.StopTimer()
 	b.ReportMetric(loadStart, "load1_start")
