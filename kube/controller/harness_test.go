@@ -21,16 +21,17 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	crclient "sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/turnsnap/turnsnap/client"
+	"github.com/turnsnap/turnsnap/internal/kubetest"
 	"github.com/turnsnap/turnsnap/internal/miniotest"
 	"github.com/turnsnap/turnsnap/internal/testenv"
 	kubenode "github.com/turnsnap/turnsnap/kube/node"
@@ -45,25 +46,6 @@ import (
 // leaseSeconds is the node Leases' duration here: short, so that a dead
 // node is noticed within seconds.
 const leaseSeconds = 2
-
-// kubeAssets is the directory of the kube-apiserver and etcd binaries
-// (scripts/deps.d/80-kube.sh).
-func kubeAssets(t testing.TB) string {
-	if d := os.Getenv("KUBEBUILDER_ASSETS"); d != "" {
-		return d
-	}
-	cache := os.Getenv("TURNSNAP_CACHE")
-	if cache == "" {
-		cache = "/var/cache/turnsnap"
-	}
-	d := filepath.Join(cache, "kube", "v1.37.2")
-	for _, b := range []string{"kube-apiserver", "etcd"} {
-		if _, err := os.Stat(filepath.Join(d, b)); err != nil {
-			testenv.Missing(t, "kube-apiserver and etcd", d+" lacks "+b+"; scripts/deps.d/80-kube.sh builds them")
-		}
-	}
-	return d
-}
 
 // repoRoot is the module's root (this file is kube/controller/...).
 func repoRoot(t testing.TB) string {
@@ -137,9 +119,15 @@ type agent struct {
 
 func newFleet(t testing.TB, nodes int) *fleet {
 	testenv.RequireRoot(t)
-	assets := kubeAssets(t)
 	f := &fleet{t: t, dir: t.TempDir(), ns: "turnsnap-system"}
 	t.Cleanup(func() { unmountUnder(t, f.dir) })
+	// The API server first: without its binaries there is nothing to run.
+	scheme := Scheme()
+	if err := apiextensionsv1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	api := kubetest.Start(t, kubetest.Options{Scheme: scheme, CRDDirs: []string{filepath.Join(repoRoot(t), "deploy", "kubernetes", "crd")}})
+	f.cfg, f.k = api.Config, api.Client
 	f.minio = miniotest.Start(t)
 	logf, err := os.Create(filepath.Join(f.dir, "controller.log"))
 	if err != nil {
@@ -148,25 +136,6 @@ func newFleet(t testing.TB, nodes int) *fleet {
 	t.Cleanup(func() { logf.Close() })
 	f.log = slog.New(slog.NewTextHandler(logf, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	f.bin = turnsnapBin(t)
-	env := &envtest.Environment{
-		CRDDirectoryPaths:     []string{filepath.Join(repoRoot(t), "deploy", "kubernetes", "crd")},
-		ErrorIfCRDPathMissing: true,
-		BinaryAssetsDirectory: assets,
-	}
-	cfg, err := env.Start()
-	if err != nil {
-		t.Fatalf("envtest: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := env.Stop(); err != nil {
-			t.Logf("envtest stop: %v", err)
-		}
-	})
-	f.cfg = cfg
-	f.k, err = crclient.New(cfg, crclient.Options{Scheme: Scheme()})
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx := context.Background()
 	for _, ns := range []string{f.ns, "work"} {
 		if err := f.k.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
