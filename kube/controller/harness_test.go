@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -121,6 +122,9 @@ func newFleet(t testing.TB, nodes int) *fleet {
 	testenv.RequireRoot(t)
 	f := &fleet{t: t, dir: t.TempDir(), ns: "turnsnap-system"}
 	t.Cleanup(func() { unmountUnder(t, f.dir) })
+	// controller-runtime's global logger, which envtest's own clients use
+	// (unset, it prints a stack trace); the managers get theirs.
+	ctrl.SetLogger(logr.Discard())
 	// The API server first: without its binaries there is nothing to run.
 	scheme := Scheme()
 	if err := apiextensionsv1.AddToScheme(scheme); err != nil {
