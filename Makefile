@@ -20,7 +20,7 @@ export GOTOOLCHAIN := go1.27.3
 # not, so the shipped binary reads no test variables.
 TESTTAGS := -tags turnsnaptest
 
-.PHONY: all build demo test deps vet unit bench bench-realtime bench-go bench-scale fuzz clean
+.PHONY: all build demo test deps vet unit bench bench-realtime bench-go bench-scale fuzz clean kube-generate kube-generate-check
 
 all: build
 
@@ -112,6 +112,16 @@ fuzz:
 	  echo "== $${t#*:} ($${t%%:*}, $(FUZZTIME))"; \
 	  $(GO) test $(TESTTAGS) -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZTIME) "$${t%%:*}"; \
 	done
+
+# The turnsnap.dev CRDs and deep copies, generated from kube/api/v1alpha1
+# (docs/KUBERNETES.md); kube-generate-check fails when the committed ones
+# are stale.
+CONTROLLER_GEN := sigs.k8s.io/controller-tools/cmd/controller-gen@v0.23.0
+kube-generate:
+	$(GO) run $(CONTROLLER_GEN) object paths=./kube/api/... crd paths=./kube/api/... output:crd:artifacts:config=deploy/kubernetes/crd
+
+kube-generate-check:
+	TURNSNAP_KUBE_REGEN=1 $(GO) test -count=1 -run 'TestCRDs' ./kube/api/...
 
 clean:
 	rm -rf bin

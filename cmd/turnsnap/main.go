@@ -195,7 +195,7 @@ command's own status.`,
 	root.AddCommand(a.sandboxCmd(), a.checkpointCmd(), a.logCmd(), a.diffCmd(), a.rollbackCmd(),
 		a.branchCmd(), a.tagCmd(), a.verifyCmd(), a.catalogCmd(), a.initCmd(), a.syncCmd(),
 		a.statusCmd(), a.unlockCmd(), a.gcCmd(), a.pruneCmd(), a.execCmd(), a.demoCmd(), a.keyCmd(),
-		a.catCmd(), a.lsCmd(), a.restoreCmd(), a.serveCmd(), a.runCmd(), a.llmCmd(), a.benchCmd(), a.auditCmd(), a.mcpCmd())
+		a.catCmd(), a.lsCmd(), a.restoreCmd(), a.serveCmd(), a.runCmd(), a.llmCmd(), a.benchCmd(), a.auditCmd(), a.mcpCmd(), a.controllerCmd())
 	return root
 }
 
@@ -215,7 +215,7 @@ func needRoot(cmd *cobra.Command) error {
 		return nil
 	}
 	switch cmd.CommandPath() {
-	case "turnsnap", "turnsnap help", "turnsnap key generate":
+	case "turnsnap", "turnsnap help", "turnsnap key generate", "turnsnap controller":
 		return nil
 	}
 	if p := cmd.Parent(); p != nil && p.Name() == "completion" || cmd.Name() == "completion" {
