@@ -8,8 +8,8 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
-	"github.com/turnsnap/turnsnap/kube/snapshot"
 	"github.com/turnsnap/turnsnap/kube/node"
+	"github.com/turnsnap/turnsnap/kube/snapshot"
 	"github.com/turnsnap/turnsnap/server"
 	"github.com/turnsnap/turnsnap/server/tenants"
 )
@@ -22,7 +22,7 @@ type serveFlags struct {
 	// snapshotGRPC is --snapshot-grpc: the EXPERIMENTAL KEP-0694 snapshot
 	// provider's address (package kube/snapshot).
 	snapshotGRPC string
-	kube    node.DaemonOptions
+	kube         node.DaemonOptions
 }
 
 func (a *app) serveCmd() *cobra.Command {
