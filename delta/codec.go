@@ -104,47 +104,13 @@ func NewCodec() (*Codec, error) {
 // Compress appends the zstd frame of plain to dst. ok is false when
 // compression would not save at least 1/16 of the size; the caller then
 // stores the plaintext as is (already-compressed files, random data).
-//
-// A blob of probeMin bytes or more is probed first: when none of three
-// samples (its start, middle and end) compresses by 1/16, the blob is
-// taken to be incompressible and not compressed at all. Media, archives,
-// git packs and random data are much of a big repository's bytes, and
-// running the encoder over them was work for nothing (the create of a
-// 1.4 GiB repository spent a sixth of its CPU in the encoder). A blob
-// whose samples are all incompressible but whose rest is not is stored as
-// is: a little space, never a wrong byte.
 func (c *Codec) Compress(dst, plain []byte) (out []byte, ok bool) {
 	start := len(dst)
-	if len(plain) >= probeMin && !c.compressible(plain) {
-		return dst, false
-	}
 	out = c.enc.EncodeAll(plain, dst)
 	if len(out)-start > len(plain)-len(plain)/16 {
 		return out[:start], false
 	}
 	return out, true
-}
-
-// probeMin is the size from which Compress probes a blob before
-// compressing it (chunks average 64 KiB), and probeSample the size of each
-// sample. A compressible blob pays for one sample, at most 1/8 more work;
-// an incompressible one for three instead of the whole blob.
-const (
-	probeMin    = 32 << 10
-	probeSample = 4 << 10
-)
-
-// compressible says whether any of three samples of plain compresses by at
-// least 1/16 (the rule Compress applies to the whole blob).
-func (c *Codec) compressible(plain []byte) bool {
-	var buf [probeSample + 512]byte
-	for _, off := range []int{0, len(plain)/2 - probeSample/2, len(plain) - probeSample} {
-		sample := plain[off : off+probeSample]
-		if out := c.enc.EncodeAll(sample, buf[:0]); len(out) <= len(sample)-len(sample)/16 {
-			return true
-		}
-	}
-	return false
 }
 
 // Decompress returns the plaintext of a zstd frame whose plaintext is
