@@ -85,7 +85,7 @@ func (e *Engine) CreateSandbox(ctx context.Context, name delta.SandboxName, opts
 	if err := op.Publish(ctx); err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", name, err)
 	}
-	lower, err := e.prepareBase(ctx, be, res.Root, op)
+	lower, err := e.prepareImportedBase(ctx, be, res.Root, op, base)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", name, err)
 	}
@@ -122,6 +122,22 @@ func (e *Engine) CreateSandbox(ctx context.Context, name delta.SandboxName, opts
 	}
 	unmark()
 	return &CreateResult{Sandbox: sb, Checkpoint: cp, Root: root.Path(), BaseStats: res.Stats, Duration: time.Since(start)}, nil
+}
+
+// prepareImportedBase makes the base just imported from dir ready on this
+// host. Its files are copied from dir rather than loaded back from the
+// store (fstree.Source: no second read of the packs, decompression and
+// hashing of 1.4 GiB on a big repository); the backend verifies the copy
+// against tree before it publishes it, as it always does. If dir changed
+// since the scan the copy does not verify, and the base is materialised
+// from the store alone, which holds what was imported.
+func (e *Engine) prepareImportedBase(ctx context.Context, be rootfs.Backend, tree delta.ID, op *content.Op, dir string) (string, error) {
+	lower, err := e.prepareBase(ctx, be, tree, fstree.Source{BlobLoader: op, Dir: dir})
+	if errors.Is(err, errdefs.ErrCorrupt) {
+		e.log.Warn("the base changed while it was imported; materialising it from the store", "base", dir, "tree", tree.Short(), "err", err)
+		lower, err = e.prepareBase(ctx, be, tree, op)
+	}
+	return lower, err
 }
 
 func (e *Engine) checkNewSandbox(ctx context.Context, name string) error {

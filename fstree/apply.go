@@ -73,8 +73,9 @@ func ApplyLayer(ctx context.Context, tree delta.ID, dst string, opts ApplyOption
 // RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS, every name is created (O_EXCL, mkdirat, mknodat, symlinkat) or removed
 // relative to that descriptor, and hardlinks may only point at files this
 // call created. No host path is built from a tree's names, so paths of any
-// length work. Chunks are verified by the loader as they are read. The
-// caller syncs the filesystem and re-derives the tree to confirm the result.
+// length work. Chunks are verified by the loader as they are read, except
+// files copied from a Source's directory. The caller syncs the filesystem
+// and re-derives the tree to confirm the result (which a Source requires).
 func apply(ctx context.Context, tree delta.ID, dst string, opts ApplyOptions, merge bool) (ApplyStats, error) {
 	fp, err := checkBeforeApply(ctx, tree, dst, opts)
 	if err != nil {
@@ -85,7 +86,14 @@ func apply(ctx context.Context, tree delta.ID, dst string, opts ApplyOptions, me
 		return ApplyStats{}, fmt.Errorf("apply onto %s: %w", dst, err)
 	}
 	defer unix.Close(fd)
-	a := &applier{opts: opts, root: dst, rootFD: fd, merge: merge, files: map[string]bool{}, budget: fp}
+	a := &applier{opts: opts, root: dst, rootFD: fd, merge: merge, files: map[string]bool{}, budget: fp, srcFD: -1}
+	if src, ok := opts.Loader.(Source); ok && !merge {
+		// A directory that cannot be opened is no source: the store has it all.
+		if sfd, err := fsat.OpenDir(src.Dir); err == nil {
+			a.srcFD = sfd
+			defer unix.Close(sfd)
+		}
+	}
 	err = a.dir(ctx, fd, tree, "")
 	return a.stats, err
 }
@@ -104,6 +112,9 @@ type applier struct {
 	// mounted: a diff applied through the overlay mount of the planned
 	// upper (DiffPlan.ApplyMounted), which writes no overlay marker.
 	mounted bool
+	// srcFD is the directory of a Source loader (Materialise only), -1
+	// when there is none: files are copied from it, unverified (Source).
+	srcFD int
 }
 
 func (a *applier) dir(ctx context.Context, dirFD int, id delta.ID, rel string) error {
@@ -220,9 +231,14 @@ func (a *applier) file(ctx context.Context, dirFD int, rel string, e *delta.Entr
 	f := os.NewFile(uintptr(fd), e.Name)
 	defer f.Close()
 	var n uint64
-	if a.opts.Placeholder != nil {
+	copied := false
+	switch {
+	case a.opts.Placeholder != nil:
 		err = f.Truncate(int64(e.Size))
-	} else {
+	case a.srcFD >= 0:
+		n, copied, err = copyFromSource(a.srcFD, rel, f, e)
+	}
+	if err == nil && a.opts.Placeholder == nil && !copied {
 		n, err = writeChunks(ctx, a.opts.Loader, f, e)
 	}
 	if err != nil {
