@@ -35,6 +35,11 @@ anywhere, restored elsewhere when its node's Lease expires), SandboxCheckpoint
 and SandboxFork. It finds the node agents by their Leases and Secrets
 turnsnap-node-NAME in --namespace and calls each over TCP with its token.
 
+When agent-sandbox's Sandbox CRD (agents.x-k8s.io) is installed at start,
+a Sandbox that opts in (annotation turnsnap.dev/managed: "true" or runtime
+class turnsnap) gets a TurnsnapSandbox it owns, suspended and resumed with
+its spec.operatingMode.
+
 It uses the in-cluster configuration, or --kubeconfig (env KUBECONFIG).
 It needs no root and no turnsnap home.`,
 		Args: cobra.NoArgs,

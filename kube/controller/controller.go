@@ -12,6 +12,9 @@
 //     recorded with its id, class, bytes and remote durability.
 //   - SandboxFork: one checkpoint into N child TurnsnapSandboxes with
 //     deterministic names, spread over the live nodes.
+//   - agent-sandbox's Sandbox (agents.x-k8s.io), when its CRD is installed:
+//     an opted-in Sandbox gets a TurnsnapSandbox it owns, suspended and
+//     resumed with its operatingMode (agentsandbox.go).
 //
 // Every step that acts on a node is written to the object's status before
 // the call (status.action, status.node), so a controller restarted between
@@ -30,6 +33,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	asv1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	crclient "sigs.k8s.io/controller-runtime/pkg/client"
@@ -71,11 +75,13 @@ func (o *Options) defaults() {
 	}
 }
 
-// Scheme returns a scheme with the Kubernetes types and turnsnap.dev's.
+// Scheme returns a scheme with the Kubernetes types, turnsnap.dev's and
+// agent-sandbox's (agents.x-k8s.io).
 func Scheme() *runtime.Scheme {
 	s := runtime.NewScheme()
 	utilruntime.Must(clientgoscheme.AddToScheme(s))
 	utilruntime.Must(v1.AddToScheme(s))
+	utilruntime.Must(asv1.AddToScheme(s))
 	return s
 }
 
@@ -131,8 +137,22 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 		WithOptions(workers).Complete(&checkpointReconciler{r}); err != nil {
 		return err
 	}
-	return ctrl.NewControllerManagedBy(mgr).Named("sandboxfork").For(&v1.SandboxFork{}).
-		Owns(&v1.TurnsnapSandbox{}).WithOptions(workers).Complete(&forkReconciler{r})
+	if err := ctrl.NewControllerManagedBy(mgr).Named("sandboxfork").For(&v1.SandboxFork{}).
+		Owns(&v1.TurnsnapSandbox{}).WithOptions(workers).Complete(&forkReconciler{r}); err != nil {
+		return err
+	}
+	// agent-sandbox's Sandbox, where a platform already uses it: only when
+	// its CRD is installed (a CRD installed later needs a restart).
+	served, err := AgentSandboxServed(mgr.GetConfig())
+	if err != nil {
+		return err
+	}
+	if !served {
+		opts.Log.Info("agent-sandbox's Sandbox is not served: its reconciler is off")
+		return nil
+	}
+	opts.Log.Info("agent-sandbox's Sandbox is served: opted-in Sandboxes get a TurnsnapSandbox")
+	return setupAgentSandbox(mgr, r, workers)
 }
 
 // Field indexes of the cache.

@@ -80,15 +80,19 @@ func turnsnapBin(t testing.TB) string {
 
 // fleet is the API server, the bucket, the node agents and the controller.
 type fleet struct {
-	t      testing.TB
-	dir    string
-	ns     string
-	cfg    *rest.Config
-	k      crclient.Client
-	minio  *miniotest.Server
-	bin    string
-	base   string
-	agents []*agent
+	t   testing.TB
+	dir string
+	ns  string
+	cfg *rest.Config
+	k   crclient.Client
+	api *kubetest.Env
+	// ctrlCfg, if set, is the controller's identity instead of cfg's
+	// (asController: the ServiceAccount of deploy/kubernetes/rbac.yaml).
+	ctrlCfg *rest.Config
+	minio   *miniotest.Server
+	bin     string
+	base    string
+	agents  []*agent
 
 	// log is the controller's log, in DIR/controller.log (a goroutine
 	// must not log through t after the test ended).
@@ -118,7 +122,9 @@ type agent struct {
 	leaseDone chan struct{}
 }
 
-func newFleet(t testing.TB, nodes int) *fleet {
+// newFleet starts the API server with turnsnap's CRDs and those of
+// crdDirs, the bucket and nodes node agents.
+func newFleet(t testing.TB, nodes int, crdDirs ...string) *fleet {
 	testenv.RequireRoot(t)
 	f := &fleet{t: t, dir: t.TempDir(), ns: "turnsnap-system"}
 	t.Cleanup(func() { unmountUnder(t, f.dir) })
@@ -130,8 +136,8 @@ func newFleet(t testing.TB, nodes int) *fleet {
 	if err := apiextensionsv1.AddToScheme(scheme); err != nil {
 		t.Fatal(err)
 	}
-	api := kubetest.Start(t, kubetest.Options{Scheme: scheme, CRDDirs: []string{filepath.Join(repoRoot(t), "deploy", "kubernetes", "crd")}})
-	f.cfg, f.k = api.Config, api.Client
+	api := kubetest.Start(t, kubetest.Options{Scheme: scheme, CRDDirs: append([]string{filepath.Join(repoRoot(t), "deploy", "kubernetes", "crd")}, crdDirs...)})
+	f.cfg, f.k, f.api = api.Config, api.Client, api
 	f.minio = miniotest.Start(t)
 	logf, err := os.Create(filepath.Join(f.dir, "controller.log"))
 	if err != nil {
@@ -320,7 +326,11 @@ func (f *fleet) startController() {
 	// A restarted controller is a new manager in this process: its
 	// controllers' names are those of the stopped one.
 	skip := true
-	mgr, err := ctrl.NewManager(f.cfg, ctrl.Options{Scheme: Scheme(), Cache: CacheOptions(f.ns), Metrics: metricsserver.Options{BindAddress: "0"},
+	cfg := f.cfg
+	if f.ctrlCfg != nil {
+		cfg = f.ctrlCfg
+	}
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{Scheme: Scheme(), Cache: CacheOptions(f.ns), Metrics: metricsserver.Options{BindAddress: "0"},
 		Logger: Logger(f.log), Controller: config.Controller{SkipNameValidation: &skip}})
 	if err != nil {
 		f.t.Fatal(err)
@@ -333,6 +343,21 @@ func (f *fleet) startController() {
 	go func() { done <- mgr.Start(ctx) }()
 	f.stopCtrl, f.ctrlDone = cancel, done
 	f.t.Cleanup(f.stopController)
+}
+
+// asController has the controller run as the ServiceAccount of
+// deploy/kubernetes/rbac.yaml, whose objects it applies for real: a rule
+// missing there fails the test.
+func (f *fleet) asController() {
+	objs, err := kubetest.ReadManifestFile(filepath.Join(repoRoot(f.t), "deploy", "kubernetes", "rbac.yaml"))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if err := kubetest.Create(context.Background(), f.k, objs, false); err != nil {
+		f.t.Fatal(err)
+	}
+	u := f.api.AddUser(f.t, "system:serviceaccount:"+f.ns+":turnsnap-controller", "system:serviceaccounts", "system:serviceaccounts:"+f.ns)
+	f.ctrlCfg = u.Config
 }
 
 // stopController stops the controller and waits until it has.
