@@ -11,13 +11,14 @@ import (
 	"time"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/internal/benchenv"
 )
 
 // Benchmark sandbox shape: the issue asks for at least 20,000 base files and
 // 2,000 changed files. TURNSNAP_BENCH_SMALL (set by `make test`, which runs
 // each benchmark once so it cannot rot) shrinks it.
 func benchShape() (baseFiles, changed int) {
-	if os.Getenv("TURNSNAP_BENCH_SMALL") != "" {
+	if benchenv.Small() {
 		return 500, 50
 	}
 	return 20000, 2000

@@ -6,11 +6,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/turnsnap/turnsnap/bench/monorepo"
+	"github.com/turnsnap/turnsnap/internal/benchenv"
 	"github.com/turnsnap/turnsnap/internal/btrfstest"
 	"github.com/turnsnap/turnsnap/internal/testenv"
 	"golang.org/x/sys/unix"
@@ -22,19 +22,9 @@ func bigRepo(b *testing.B) (string, *monorepo.Tree) {
 	b.Helper()
 	dir := filepath.Join(b.TempDir(), "repo")
 	tr, err := monorepo.Generate(context.Background(), dir, monorepo.Options{Seed: 27,
-		Files: scaleN(monorepo.FullFiles, monorepo.SmallFiles), Bytes: int64(scaleN(monorepo.FullBytes, monorepo.SmallBytes))})
+		Files: benchenv.Size(monorepo.FullFiles, monorepo.SmallFiles), Bytes: int64(benchenv.Size(monorepo.FullBytes, monorepo.SmallBytes))})
 	must(b, err)
 	return dir, tr
-}
-
-// loadavg1 is /proc/loadavg's 1-minute figure: the machine is shared, and
-// every timing here is read with it.
-func loadavg1(b testing.TB) float64 {
-	data, err := os.ReadFile("/proc/loadavg")
-	must(b, err)
-	f, err := strconv.ParseFloat(strings.Fields(string(data))[0], 64)
-	must(b, err)
-	return f
 }
 
 // writeBack flushes every dirty page before a timed run, so that no run
@@ -107,7 +97,7 @@ func BenchmarkScaleBigRepoCreate(b *testing.B) {
 	b.ResetTimer()
 	for i := range b.N {
 		b.StopTimer()
-		load0 := loadavg1(b)
+		load0 := benchenv.Load1(b)
 		tmp := b.TempDir()
 		restic, resticCPU := resticBackup(b, filepath.Join(tmp, "restic"), tree)
 		tz, tzCPU := tarZstd(b, tree, filepath.Join(tmp, "tree.tar.zst"))
@@ -146,6 +136,6 @@ func BenchmarkScaleBigRepoCreate(b *testing.B) {
 		b.ReportMetric(ovCPU.Seconds()/resticCPU.Seconds(), "overlay_cpu_x_restic")
 		b.ReportMetric(btCPU.Seconds()/resticCPU.Seconds(), "btrfs_cpu_x_restic")
 		b.ReportMetric(load0, "load1_start")
-		b.ReportMetric(loadavg1(b), "load1_end")
+		b.ReportMetric(benchenv.Load1(b), "load1_end")
 	}
 }

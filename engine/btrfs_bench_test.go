@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/internal/benchenv"
 	"github.com/turnsnap/turnsnap/internal/btrfstest"
 )
 
@@ -18,7 +19,7 @@ import (
 // base files, half new ones; a dependency install easily adds 10,000).
 // TURNSNAP_BENCH_SMALL shrinks them for `make test`.
 func btrfsBenchShape() (baseFiles int, layers []int) {
-	if os.Getenv("TURNSNAP_BENCH_SMALL") != "" {
+	if benchenv.Small() {
 		return 500, []int{50, 200}
 	}
 	return 50000, []int{2000, 10000}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/internal/benchenv"
 	"golang.org/x/sys/unix"
 )
 
@@ -37,9 +38,9 @@ const fanoutPage = "hello from turn 3"
 // and end.
 func BenchmarkScaleFanout(b *testing.B) {
 	requireProcs(b)
-	fileCounts := []int{scaleN(2000, 200), scaleN(50000, 2000)}
+	fileCounts := []int{benchenv.Size(2000, 200), benchenv.Size(50000, 2000)}
 	counts := []int{1, 4, 16, 64}
-	if os.Getenv("TURNSNAP_BENCH_SMALL") != "" {
+	if benchenv.Small() {
 		counts = []int{1, 4}
 	}
 	perBranch := map[string]map[int]float64{} // N -> files -> ms per branch
@@ -65,7 +66,7 @@ func BenchmarkScaleFanout(b *testing.B) {
 func fanoutN(b *testing.B, e *Engine, ckpt string, files, n int, perBranch map[string]map[int]float64) {
 	ctx := context.Background()
 	b.Run(fmt.Sprintf("N=%d", n), func(b *testing.B) {
-		load0 := load1(b)
+		load0 := benchenv.Load1(b)
 		names, err := BranchNames("fo", n)
 		must(b, err)
 		var fan, seq time.Duration
@@ -113,7 +114,7 @@ func fanoutN(b *testing.B, e *Engine, ckpt string, files, n int, perBranch map[s
 		b.ReportMetric(perN(ph.Files), "files-ms/branch")
 		b.ReportMetric(perN(ph.Processes), "procs-ms/branch")
 		b.ReportMetric(load0, "load1-start")
-		b.ReportMetric(load1(b), "load1-end")
+		b.ReportMetric(benchenv.Load1(b), "load1-end")
 		key := strconv.Itoa(n)
 		if perBranch[key] == nil {
 			perBranch[key] = map[int]float64{}
@@ -238,13 +239,4 @@ func httpGetIn(nsPath, addr, path string) (string, error) {
 	}
 	body, err := io.ReadAll(d.c)
 	return string(body), err
-}
-
-// load1 is /proc/loadavg's 1-minute figure.
-func load1(tb testing.TB) float64 {
-	data, err := os.ReadFile("/proc/loadavg")
-	must(tb, err)
-	f, err := strconv.ParseFloat(strings.Fields(string(data))[0], 64)
-	must(tb, err)
-	return f
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/internal/benchenv"
 	"github.com/turnsnap/turnsnap/overlay"
 	"github.com/turnsnap/turnsnap/overlay/frozen"
 	"golang.org/x/sys/unix"
@@ -28,7 +29,7 @@ import (
 // checkpoint (waiting for its freeze). Ratios are logged (go test -v).
 func BenchmarkBranch8(b *testing.B) {
 	ctx := context.Background()
-	files := scaleN(2000, 200)
+	files := benchenv.Size(2000, 200)
 	rng := rand.New(rand.NewSource(3))
 	base := b.TempDir()
 	for i := range 20 {

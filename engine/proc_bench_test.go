@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/internal/benchenv"
 )
 
 // BenchmarkProcessCheckpoint measures a sandbox holding one large process
@@ -22,7 +23,7 @@ func BenchmarkProcessCheckpoint(b *testing.B) {
 	requireProcs(b)
 	ctx := context.Background()
 	mib := 200
-	if os.Getenv("TURNSNAP_BENCH_SMALL") != "" {
+	if benchenv.Small() {
 		mib = 20
 	}
 	base := busyboxBase(b)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/internal/benchenv"
 	"github.com/turnsnap/turnsnap/internal/btrfstest"
 	"github.com/turnsnap/turnsnap/overlay"
 )
@@ -19,7 +20,7 @@ import (
 // rollbackBenchShape is the layer: 2,000 files of 10 KB (20 MB) in
 // directories of 200, on a small base. TURNSNAP_BENCH_SMALL shrinks it.
 func rollbackBenchShape() (files, size int) {
-	if os.Getenv("TURNSNAP_BENCH_SMALL") != "" {
+	if benchenv.Small() {
 		return 200, 4 << 10
 	}
 	return 2000, 10 << 10

@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"fmt"
-	"os"
 	"runtime"
 	"runtime/metrics"
 	"sync"
@@ -13,6 +12,7 @@ import (
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/engine/retention"
+	"github.com/turnsnap/turnsnap/internal/benchenv"
 )
 
 // Scale benchmarks for the history operations (issue 9, item 3): `init` on
@@ -21,13 +21,6 @@ import (
 // tenfold or more. Each reports the operation's time per checkpoint against
 // the baseline of committing one checkpoint (measured in the same run, on
 // the same home), and the peak Go heap during the operation.
-
-func scaleN(full, small int) int {
-	if os.Getenv("TURNSNAP_BENCH_SMALL") != "" {
-		return small
-	}
-	return full
-}
 
 // synthHistory commits n small checkpoints to sandbox name through the
 // production commit path (content.Op, packs, record, head, catalog
@@ -117,7 +110,7 @@ func reportScale(b *testing.B, n int, op, commit time.Duration, peak uint64) {
 }
 
 func BenchmarkScaleInit(b *testing.B) {
-	n := scaleN(1000, 100)
+	n := benchenv.Size(1000, 100)
 	srv := startMinIO(b)
 	b.ResetTimer()
 	for i := range b.N {
@@ -138,7 +131,7 @@ func BenchmarkScaleInit(b *testing.B) {
 }
 
 func BenchmarkScaleRebuild(b *testing.B) {
-	n := scaleN(10000, 300)
+	n := benchenv.Size(10000, 300)
 	for range b.N {
 		b.StopTimer()
 		e, commit := scaleHome(b, n)
@@ -160,7 +153,7 @@ func BenchmarkScaleRebuild(b *testing.B) {
 // pushed yet (the queue update is part of the cost), with the bucket's
 // deletes.
 func BenchmarkScalePrune(b *testing.B) {
-	n := scaleN(5000, 200)
+	n := benchenv.Size(5000, 200)
 	srv := startMinIO(b)
 	b.ResetTimer()
 	for i := range b.N {

@@ -6,14 +6,13 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/turnsnap/turnsnap/api"
 	"github.com/turnsnap/turnsnap/engine"
+	"github.com/turnsnap/turnsnap/internal/benchenv"
 	"golang.org/x/sys/unix"
 )
 
@@ -36,7 +35,7 @@ import (
 // base to 300 files and the layer to 50.
 func BenchmarkScaleRollbackBaseFile(b *testing.B) {
 	sizes, changed, rounds := []int{2000, 150000}, 2000, 15
-	if os.Getenv("TURNSNAP_BENCH_SMALL") != "" {
+	if benchenv.Small() {
 		sizes, changed, rounds = []int{300}, 50, 3
 	}
 	for _, n := range sizes {
@@ -50,7 +49,7 @@ func BenchmarkScaleRollbackBaseFile(b *testing.B) {
 
 func benchRollbackBase(b *testing.B, baseFiles, changed, rounds int) {
 	ctx := context.Background()
-	loadStart := load1(b)
+	loadStart := benchenv.Load1(b)
 	// The engine's rollback phases, timed from the call (the daemon runs
 	// in this process): where a base file's rollback spends its time.
 	var mu sync.Mutex
@@ -172,7 +171,7 @@ func benchRollbackBase(b *testing.B, baseFiles, changed, rounds int) {
 		}
 	}
 	b.ReportMetric(loadStart, "load1_start")
-	b.ReportMetric(load1(b), "load1_end")
+	b.ReportMetric(benchenv.Load1(b), "load1_end")
 }
 
 // mountID is the unique ID of the mount whose root p is (a plain mount
@@ -183,19 +182,6 @@ func mountID(tb testing.TB, p string) uint64 {
 		tb.Fatalf("statx %s: no unique mount id: %v", p, err)
 	}
 	return stx.Mnt_id
-}
-
-// load1 is /proc/loadavg's 1-minute figure.
-func load1(tb testing.TB) float64 {
-	data, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	v, err := strconv.ParseFloat(strings.Fields(string(data))[0], 64)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return v
 }
 
 func must(tb testing.TB, err error) {

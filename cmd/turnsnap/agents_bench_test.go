@@ -12,13 +12,13 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/turnsnap/turnsnap/api"
+	"github.com/turnsnap/turnsnap/internal/benchenv"
 	"github.com/turnsnap/turnsnap/internal/modelserver"
 	"github.com/turnsnap/turnsnap/internal/testenv"
 )
@@ -237,7 +237,7 @@ func benchAgentPair(b *testing.B, a agentSpec) agentSessionPair {
 	for _, ev := range commits {
 		p.bytesNew += ev.BytesNew
 	}
-	p.load1 = load1(b)
+	p.load1 = benchenv.Load1(b)
 
 	_, err = c.RemoveSandbox(ctx, "s", false)
 	must(b, err)
@@ -275,15 +275,6 @@ func treeFiles(b testing.TB, root string) map[string]string {
 	})
 	must(b, err)
 	return out
-}
-
-// load1 is the 1-minute load average.
-func load1(b testing.TB) float64 {
-	data, err := os.ReadFile("/proc/loadavg")
-	must(b, err)
-	f, err := strconv.ParseFloat(strings.Fields(string(data))[0], 64)
-	must(b, err)
-	return f
 }
 
 func reportAgentPairs(b *testing.B, all []agentSessionPair) {

@@ -16,6 +16,7 @@ import (
 	"github.com/turnsnap/turnsnap/api"
 	"github.com/turnsnap/turnsnap/bench/monorepo"
 	"github.com/turnsnap/turnsnap/client"
+	"github.com/turnsnap/turnsnap/internal/benchenv"
 	"github.com/turnsnap/turnsnap/internal/testenv"
 )
 
@@ -29,7 +30,7 @@ type bigRepoShape struct {
 }
 
 func bigRepoSize() bigRepoShape {
-	if os.Getenv("TURNSNAP_BENCH_SMALL") != "" {
+	if benchenv.Small() {
 		return bigRepoShape{monorepo.SmallFiles, monorepo.SmallBytes, 20, 1000}
 	}
 	return bigRepoShape{monorepo.FullFiles, monorepo.FullBytes, 1000, 50000}
@@ -71,7 +72,7 @@ func BenchmarkScaleBigRepoTurns(b *testing.B) {
 		tree := filepath.Join(dir, "repo")
 		tr, err := monorepo.Generate(ctx, tree, monorepo.Options{Seed: 27, Files: shape.files, Bytes: shape.bytes})
 		must(b, err)
-		load0 := load1(b)
+		load0 := benchenv.Load1(b)
 		home := filepath.Join(dir, "home")
 		d := startDaemon(b, home, nil)
 		c := d.client(b)
@@ -79,7 +80,7 @@ func BenchmarkScaleBigRepoTurns(b *testing.B) {
 		cr, err := c.CreateSandbox(ctx, api.CreateRequest{Name: "big", Base: tree})
 		must(b, err)
 		createS := time.Since(start).Seconds()
-		note("create through the daemon: %.1f s (load %.1f)", createS, load1(b))
+		note("create through the daemon: %.1f s (load %.1f)", createS, benchenv.Load1(b))
 		root := cr.Root
 		checkpoint := func(want api.Class) (*api.Checkpoint, time.Duration) {
 			t0 := time.Now()
@@ -113,7 +114,7 @@ func BenchmarkScaleBigRepoTurns(b *testing.B) {
 		}
 
 		note("unchanged turns: p50 %v p99 %v; 10-file turns: p50 %v p99 %v, %.0f entries scanned a turn (load %.1f)",
-			pct(skips, 0.5), pct(skips, 0.99), pct(tens, 0.5), pct(tens, 0.99), mean(tenEntries), load1(b))
+			pct(skips, 0.5), pct(skips, 0.99), pct(tens, 0.5), pct(tens, 0.99), mean(tenEntries), benchenv.Load1(b))
 
 		// The dependency install, and restic's incremental backup of the
 		// same change: restic's parent snapshot is of the tree as created.
@@ -133,7 +134,7 @@ func BenchmarkScaleBigRepoTurns(b *testing.B) {
 			b.Fatalf("the install turn read %d files of %d written", ir.FilesRead, shape.install)
 		}
 
-		note("install turn %v against restic incremental %v (load %.1f)", install, resticIncr, load1(b))
+		note("install turn %v against restic incremental %v (load %.1f)", install, resticIncr, benchenv.Load1(b))
 
 		rollbacks, rollbacksDaemon := rollbackFewFiles(b, c, root, checkpoint)
 		slices.Sort(rollbacksDaemon)
@@ -155,7 +156,7 @@ func BenchmarkScaleBigRepoTurns(b *testing.B) {
 			b.Fatalf("verify of the head: %+v", v)
 		}
 		rss, peak := procRSS(b, d.cmd.Process.Pid)
-		note("verify %v; daemon RSS %.0f MiB, peak %.0f MiB (load %.1f)", verify, rss, peak, load1(b))
+		note("verify %v; daemon RSS %.0f MiB, peak %.0f MiB (load %.1f)", verify, rss, peak, benchenv.Load1(b))
 
 		ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 		b.ReportMetric(createS, "create_s")
@@ -181,7 +182,7 @@ func BenchmarkScaleBigRepoTurns(b *testing.B) {
 		b.ReportMetric(peak, "rss_peak_MiB")
 		b.ReportMetric(fsyncP50(b, dir), "fsync_p50_ms")
 		b.ReportMetric(load0, "load1_start")
-		b.ReportMetric(load1(b), "load1_end")
+		b.ReportMetric(benchenv.Load1(b), "load1_end")
 
 		for i := range 8 {
 			_, err := c.RemoveSandbox(ctx, fmt.Sprintf("br-%d", i+1), false)

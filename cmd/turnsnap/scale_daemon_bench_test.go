@@ -16,6 +16,7 @@ import (
 
 	"github.com/turnsnap/turnsnap/api"
 	"github.com/turnsnap/turnsnap/client"
+	"github.com/turnsnap/turnsnap/internal/benchenv"
 )
 
 // BenchmarkScaleSandboxesDaemon is issue 27, section 4, second half: many
@@ -33,9 +34,9 @@ import (
 // latency of the /metrics scrapes during the run; the load.
 // Full: 64 sandboxes for 120 s (baseline 8 turns); small: 4 for 12 s.
 func BenchmarkScaleSandboxesDaemon(b *testing.B) {
-	sandboxes := scaleN(64, 4)
-	run := time.Duration(scaleN(120, 12)) * time.Second
-	baseTurns := scaleN(8, 3)
+	sandboxes := benchenv.Size(64, 4)
+	run := time.Duration(benchenv.Size(120, 12)) * time.Second
+	baseTurns := benchenv.Size(8, 3)
 	for range b.N {
 		benchScaleSandboxes(b, sandboxes, baseTurns, run)
 	}
@@ -182,7 +183,7 @@ func (l *commitArrivals) follow(ctx context.Context, c *client.Client) error {
 }
 
 func benchScaleSandboxes(b *testing.B, sandboxes, baseTurns int, run time.Duration) {
-	loadStart := load1(b)
+	loadStart := benchenv.Load1(b)
 	dir := b.TempDir()
 	home, base := filepath.Join(dir, "home"), filepath.Join(dir, "base")
 	must(b, os.MkdirAll(filepath.Join(base, "src"), 0o755))
@@ -401,7 +402,7 @@ func benchScaleSandboxes(b *testing.B, sandboxes, baseTurns int, run time.Durati
 	b.ReportMetric(ms(pct(scrapes, 0.5)), "metrics-p50-ms")
 	b.ReportMetric(ms(pct(scrapes, 0.99)), "metrics-p99-ms")
 	b.ReportMetric(loadStart, "load1-start")
-	b.ReportMetric(load1(b), "load1-end")
+	b.ReportMetric(benchenv.Load1(b), "load1-end")
 
 	for i := range sandboxes {
 		_, err := c.RemoveSandbox(context.Background(), fmt.Sprintf("s%02d", i), false) // unmounts its root

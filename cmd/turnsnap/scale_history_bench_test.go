@@ -17,6 +17,7 @@ import (
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/engine"
+	"github.com/turnsnap/turnsnap/internal/benchenv"
 )
 
 // Issue 27, section 4, first half: a long history. One home holds n
@@ -34,15 +35,6 @@ import (
 // by the growth of the history (1 = linear, below 1 = better). The
 // baseline is the mean time of one turn while the history was built.
 
-// scaleN is engine/scale_bench_test.go's: the full size, or the small one
-// under TURNSNAP_BENCH_SMALL (the 1x run of make test).
-func scaleN(full, small int) int {
-	if os.Getenv("TURNSNAP_BENCH_SMALL") != "" {
-		return small
-	}
-	return full
-}
-
 // historyOps are the measured commands, in the order they run on a home
 // (forget changes the history, gc reclaims what it dropped).
 var historyOps = []string{"metrics", "log", "log-all-graph", "rebuild", "forget", "gc"}
@@ -56,10 +48,10 @@ type historyRun struct {
 }
 
 func BenchmarkScaleHistory(b *testing.B) {
-	sandboxes := scaleN(100, 20)
-	sizes := []int{scaleN(1000, 100), scaleN(10000, 1000)}
+	sandboxes := benchenv.Size(100, 20)
+	sizes := []int{benchenv.Size(1000, 100), benchenv.Size(10000, 1000)}
 	for range b.N {
-		loadStart := load1(b)
+		loadStart := benchenv.Load1(b)
 		runs := make([]historyRun, len(sizes))
 		for i, n := range sizes {
 			runs[i] = measureHistory(b, n, sandboxes)
@@ -81,7 +73,7 @@ func BenchmarkScaleHistory(b *testing.B) {
 		b.ReportMetric(ms(small.turn), fmt.Sprintf("turn-baseline-ms@%d", small.n))
 		b.ReportMetric(ms(big.turn), fmt.Sprintf("turn-baseline-ms@%d", big.n))
 		b.ReportMetric(loadStart, "load1-start")
-		b.ReportMetric(load1(b), "load1-end")
+		b.ReportMetric(benchenv.Load1(b), "load1-end")
 	}
 }
 

@@ -19,6 +19,7 @@ import (
 
 	"github.com/turnsnap/turnsnap/api"
 	"github.com/turnsnap/turnsnap/client"
+	"github.com/turnsnap/turnsnap/internal/benchenv"
 )
 
 // turnsClientEnv makes the test binary one agent of BenchmarkTurnsDaemon:
@@ -78,7 +79,7 @@ func turnsClient(spec string) error {
 // contended median, p99 and worst, their ratios to it, and turns/s.
 func BenchmarkTurnsDaemon(b *testing.B) {
 	sandboxes, turns := 16, 8
-	if os.Getenv("TURNSNAP_BENCH_SMALL") != "" {
+	if benchenv.Small() {
 		sandboxes, turns = 4, 2
 	}
 	for _, nice := range []int{0, -10} {
