@@ -197,7 +197,7 @@ func (e *Engine) BranchMany(ctx context.Context, ref catalog.CheckpointRef, name
 		out[i].Receipt = e.receipts.Files(ctx, "branch", strs[i], roots[i], cp, branchWritten(roots[i]), delta.ID{})
 	})
 	ph.Files = lap(&mark)
-	procErr := e.restoreBranchProcesses(ctx, out, roots, cp, img, procs)
+	procErr := restoreBranchProcesses(ctx, e.receipts, out, roots, cp, img, procs)
 	ph.Processes = lap(&mark)
 	d := time.Since(start)
 	bad := []error{procErr}

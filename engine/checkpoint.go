@@ -98,7 +98,7 @@ func (e *Engine) Checkpoint(ctx context.Context, name delta.SandboxName, opts Ch
 	if err != nil {
 		return nil, err
 	}
-	if err := e.wholeForWrite(ctx, st); err != nil { // never record a placeholder (lazy.go)
+	if err := e.lazy.Wait(ctx, st.name); err != nil { // never record a placeholder (engine/lazyrun)
 		return nil, err
 	}
 	if err := e.rem.MustOwn(st.sb, st.owner, st.head.ID); err != nil {

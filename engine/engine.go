@@ -19,6 +19,7 @@ import (
 	"github.com/turnsnap/turnsnap/engine/admission"
 	"github.com/turnsnap/turnsnap/engine/content"
 	"github.com/turnsnap/turnsnap/engine/keys"
+	"github.com/turnsnap/turnsnap/engine/lazyrun"
 	"github.com/turnsnap/turnsnap/engine/procs"
 	"github.com/turnsnap/turnsnap/engine/rebuild"
 	"github.com/turnsnap/turnsnap/engine/receipt"
@@ -97,7 +98,7 @@ type Engine struct {
 	receipts *receipt.Checker
 	locks    engineLocks // the engine's locks and its admission (locks.go)
 	memo     turnMemos
-	lazy     lazyRestores // lazy restores in progress (lazy.go)
+	lazy     *lazyrun.Runner // lazy restores in progress (lazy.go)
 }
 
 // tiers are the engine's object stores. front is where it reads and
@@ -160,6 +161,12 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 	e.procs = newProcs(e, h)
 	e.receipts = newReceipts(e, receipt.Options{})
 	e.rem = newRemote(e)
+	// The repository and the IDs are read at each restore: both are
+	// replaced over the engine's life (remote set-up, catalog rebuild,
+	// encrypted init).
+	e.lazy = lazyrun.New(lazyrun.Config{Log: log, ReadOnly: opts.ReadOnly,
+		Loader: func() delta.BlobLoader { return e.data.repo },
+		IDs:    func() delta.IDs { return e.keys.IDs() }})
 	e.locks.commits.Hold = &commitLock{e: e}
 	e.locks.commits.Shared = func(int) { e.phase(PhaseCommitGroup) }
 	ok := false
@@ -263,7 +270,7 @@ func Open(ctx context.Context, opts Options) (*Engine, error) {
 // freezes and waiting for them: a layer half built is never published),
 // then releases the catalog and the home lock.
 func (e *Engine) Close() error {
-	e.lazy.stopAll()
+	e.lazy.StopAll()
 	closeBackends(e.backends)
 	var err error
 	if e.cat != nil {

@@ -62,7 +62,7 @@ func TestLazyBranchFromTheBucket(t *testing.T) {
 	}
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	must(t, b.WaitLazy(wctx, "lazy"))
+	must(t, b.Lazy().Wait(wctx, "lazy"))
 	after := countObjects(t, b.stores.local)
 	if after <= before {
 		t.Fatalf("local objects %d before the branch, %d after it completed: nothing fetched?", before, after)
@@ -89,7 +89,7 @@ func TestLazyBranchFromTheBucket(t *testing.T) {
 	// the restore when the sandbox is loaded.
 	br2, err := b.BranchLazy(ctx, mustRef(c1.ID.String()), "lazy2", BranchOptions{})
 	must(t, err)
-	st := b.LazyStatus("lazy2")
+	st := b.Lazy().Status("lazy2")
 	must(t, b.Close())
 	b2 := openEngine(t, bHome)
 	c3, err := b2.Checkpoint(ctx, "lazy2", CheckpointOptions{}) // waits for the restore
@@ -160,7 +160,7 @@ func TestLazyBranchMissingPackNamesItAndTheSandbox(t *testing.T) {
 	}
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	werr := b.WaitLazy(wctx, "lz")
+	werr := b.Lazy().Wait(wctx, "lz")
 	if werr == nil || !strings.Contains(werr.Error(), "sandbox lz") || !strings.Contains(werr.Error(), gone) {
 		t.Fatalf("lazy restore with a data pack gone: %v; want the sandbox and %s named", werr, gone)
 	}

@@ -74,7 +74,7 @@ func (e *Engine) Rollback(ctx context.Context, name delta.SandboxName, ref catal
 	if err != nil {
 		return nil, err
 	}
-	if err := e.wholeForWrite(ctx, st); err != nil { // never record a placeholder (lazy.go)
+	if err := e.lazy.Wait(ctx, st.name); err != nil { // never record a placeholder (engine/lazyrun)
 		return nil, err
 	}
 	if err := e.rem.MustOwn(st.sb, st.owner, st.head.ID); err != nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/internal/rootfs"
+	"github.com/turnsnap/turnsnap/overlay"
 )
 
 // CreateOptions configures CreateSandbox.
@@ -85,7 +86,18 @@ func (e *Engine) CreateSandbox(ctx context.Context, name delta.SandboxName, opts
 	if err := op.Publish(ctx); err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", name, err)
 	}
-	lower, err := e.prepareImportedBase(ctx, be, res.Root, op, base)
+	// The base just imported is made ready on this host from its files in
+	// base rather than loaded back from the store (fstree.Source: no second
+	// read of the packs, decompression and hashing of 1.4 GiB on a big
+	// repository); the backend verifies the copy against the tree before
+	// it publishes it, as it always does. If base changed since the scan
+	// the copy does not verify, and the base is materialised from the
+	// store alone, which holds what was imported.
+	lower, err := e.prepareBase(ctx, be, res.Root, fstree.Source{BlobLoader: op, Dir: base})
+	if errors.Is(err, errdefs.ErrCorrupt) {
+		e.log.Warn("the base changed while it was imported; materialising it from the store", "base", base, "tree", res.Root.Short(), "err", err)
+		lower, err = e.prepareBase(ctx, be, res.Root, op)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: %w", name, err)
 	}
@@ -122,22 +134,6 @@ func (e *Engine) CreateSandbox(ctx context.Context, name delta.SandboxName, opts
 	}
 	unmark()
 	return &CreateResult{Sandbox: sb, Checkpoint: cp, Root: root.Path(), BaseStats: res.Stats, Duration: time.Since(start)}, nil
-}
-
-// prepareImportedBase makes the base just imported from dir ready on this
-// host. Its files are copied from dir rather than loaded back from the
-// store (fstree.Source: no second read of the packs, decompression and
-// hashing of 1.4 GiB on a big repository); the backend verifies the copy
-// against tree before it publishes it, as it always does. If dir changed
-// since the scan the copy does not verify, and the base is materialised
-// from the store alone, which holds what was imported.
-func (e *Engine) prepareImportedBase(ctx context.Context, be rootfs.Backend, tree delta.ID, op *content.Op, dir string) (string, error) {
-	lower, err := e.prepareBase(ctx, be, tree, fstree.Source{BlobLoader: op, Dir: dir})
-	if errors.Is(err, errdefs.ErrCorrupt) {
-		e.log.Warn("the base changed while it was imported; materialising it from the store", "base", dir, "tree", tree.Short(), "err", err)
-		lower, err = e.prepareBase(ctx, be, tree, op)
-	}
-	return lower, err
 }
 
 func (e *Engine) checkNewSandbox(ctx context.Context, name string) error {
@@ -307,8 +303,14 @@ func (e *Engine) loadSandbox(ctx context.Context, name delta.SandboxName) (*sand
 		}
 	}
 	st.interrupted = intents.Interrupted(st.sb)
-	if err := e.resumeLazy(ctx, st); err != nil {
-		return nil, err
+	if st.sb.Backend == overlay.Name {
+		// A lazy restore a killed process left is taken over (or, cut off
+		// before its placeholders were all made, its layer made again), so
+		// the first use of the sandbox after a restart finishes it.
+		redo := func(ctx context.Context, tree delta.ID) error { return st.root.Restore(ctx, tree, e.data.repo) }
+		if err := e.lazy.Resume(ctx, name, e.home.sandboxDir(name), redo); err != nil {
+			return nil, err
+		}
 	}
 	return st, nil
 }
@@ -442,7 +444,8 @@ func (e *Engine) RemoveSandboxWith(ctx context.Context, name delta.SandboxName, 
 		o.CatalogOnly = true
 	}
 	e.untrack(string(name)) // its descriptor on the root would keep it mounted
-	e.stopLazy(name)        // its fills write into the root
+	// Its lazy restore's fills write into the root.
+	e.lazy.Stop(name, e.home.sandboxDir(name))
 	var be rootfs.Backend
 	if !o.CatalogOnly {
 		if err := e.procs.Stop(ctx, e.procs.Container(name)); err != nil {

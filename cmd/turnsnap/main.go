@@ -144,7 +144,7 @@ func closeDirect(e *engine.Engine) {
 	e.WaitFreezes()
 	// A lazy restore's files are filled by this process: without it their
 	// first access would read placeholders.
-	if err := e.WaitLazyAll(context.Background()); err != nil {
+	if err := e.Lazy().WaitAll(context.Background()); err != nil {
 		slog.Error("lazy restore", "err", err)
 	}
 	e.Close()
