@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/turnsnap/turnsnap/internal/errdefs"
-
 	"github.com/turnsnap/turnsnap/proc/criu"
 )
 

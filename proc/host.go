@@ -12,7 +12,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/turnsnap/turnsnap/internal/errdefs"
-
 	"github.com/turnsnap/turnsnap/proc/criu"
 )
 

@@ -18,7 +18,6 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/turnsnap/turnsnap/internal/errdefs"
-
 	"github.com/turnsnap/turnsnap/proc/criu"
 )
 

@@ -17,7 +17,6 @@ import (
 	"syscall"
 
 	"github.com/turnsnap/turnsnap/internal/errdefs"
-
 	"github.com/turnsnap/turnsnap/proc/criu"
 )
 
