@@ -105,7 +105,7 @@ FUZZ_TARGETS := \
 	./llmproxy:FuzzParseRequest ./llmproxy:FuzzCanonMatchesReference \
 	./engine:FuzzDecodePolicies \
 	./llmproxy:FuzzDecodeEntry ./llmproxy:FuzzJournalTree ./server:FuzzDecodeRequest ./server/tenants:FuzzDecodeTenants \
-	./proc:FuzzProcText ./proc:FuzzImageFiles ./overlay:FuzzSuperOptions ./overlay:FuzzReadStack \
+	./proc:FuzzProcText ./proc/criu:FuzzImageFiles ./proc/criu:FuzzParseDumpStats ./overlay:FuzzSuperOptions ./overlay:FuzzReadStack \
 	./overlay:FuzzDecodeEvents ./bench/trace:FuzzParse ./bench/layers:FuzzApplyLayer ./internal/fsat:FuzzEachDirent ./internal/mounts:FuzzParseStatmount
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \

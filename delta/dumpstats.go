@@ -41,15 +41,11 @@ type DumpStats struct {
 	PagesSkippedParent uint64 `json:"pages_skipped_parent,omitempty"`
 }
 
-// validDump checks a record's proc_dump: only with a process image, and
-// every time between 0 and MaxDumpNs.
+// validDump checks a record's proc_dump (its version is checked with the
+// other fields'): only with a process image, every time in 0..MaxDumpNs.
 func (cp *Checkpoint) validDump() error {
 	d := cp.ProcDump
 	switch {
-	case cp.Version < RecordVersionDump && d != nil:
-		return fmt.Errorf("version %d record has a proc_dump", cp.Version)
-	case cp.Version == RecordVersionDump && d == nil:
-		return fmt.Errorf("version %d record has no proc_dump", cp.Version)
 	case d == nil:
 		return nil
 	case cp.ProcTree == nil:

@@ -26,12 +26,3 @@ func ParseSandboxName(s string) (SandboxName, error) {
 // store (its description, its head): its ID (32 lowercase hex digits), or
 // a legacy sandbox's name.
 type SandboxKey string
-
-// ParseSandboxKey checks that s is a sandbox key: a sandbox ID or, for a
-// legacy sandbox, a ValidRefName. The error wraps errdefs.ErrInvalid.
-func ParseSandboxKey(s string) (SandboxKey, error) {
-	if !ValidSandboxID(s) && !ValidRefName(s) {
-		return "", fmt.Errorf("sandbox key %q is neither a sandbox id nor a sandbox name: %w", s, errdefs.ErrInvalid)
-	}
-	return SandboxKey(s), nil
-}

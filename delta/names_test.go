@@ -8,27 +8,26 @@ import (
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 )
 
-func TestParseSandboxNameAndKey(t *testing.T) {
+func TestParseSandboxName(t *testing.T) {
 	id := NewSandboxID()
 	cases := []struct {
 		in     string
 		nameOK bool
-		keyOK  bool
 	}{
-		{"s", true, true},
-		{"my-box_1.2", true, true},
-		{id, true, true}, // an id is also a valid label
-		{strings.Repeat("a", MaxNameLen), true, true},
-		{strings.Repeat("a", MaxNameLen+1), false, false},
-		{"", false, false},
-		{".hidden", false, false},
-		{"..", false, false},
-		{"-flag", false, false},
-		{"a/b", false, false},
-		{"a@HEAD", false, false},
-		{"a~1", false, false},
-		{"a b", false, false},
-		{"é", false, false},
+		{"s", true},
+		{"my-box_1.2", true},
+		{id, true}, // an id is also a valid label
+		{strings.Repeat("a", MaxNameLen), true},
+		{strings.Repeat("a", MaxNameLen+1), false},
+		{"", false},
+		{".hidden", false},
+		{"..", false},
+		{"-flag", false},
+		{"a/b", false},
+		{"a@HEAD", false},
+		{"a~1", false},
+		{"a b", false},
+		{"é", false},
 	}
 	for _, c := range cases {
 		name, err := ParseSandboxName(c.in)
@@ -38,14 +37,6 @@ func TestParseSandboxNameAndKey(t *testing.T) {
 			t.Errorf("ParseSandboxName(%q) = %q", c.in, name)
 		} else if !ok && (!errors.Is(err, errdefs.ErrInvalid) || strings.Count(err.Error(), c.in) != 1 && c.in != "") {
 			t.Errorf("ParseSandboxName(%q): %v: want ErrInvalid naming it once", c.in, err)
-		}
-		key, err := ParseSandboxKey(c.in)
-		if ok := err == nil; ok != c.keyOK {
-			t.Errorf("ParseSandboxKey(%q) = %v, want ok %v", c.in, err, c.keyOK)
-		} else if ok && string(key) != c.in {
-			t.Errorf("ParseSandboxKey(%q) = %q", c.in, key)
-		} else if !ok && !errors.Is(err, errdefs.ErrInvalid) {
-			t.Errorf("ParseSandboxKey(%q): %v: want ErrInvalid", c.in, err)
 		}
 	}
 }

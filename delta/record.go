@@ -180,14 +180,10 @@ func (cp *Checkpoint) validate() error {
 	switch {
 	case cp.Version < MinRecordVersion || cp.Version > MaxRecordVersion:
 		return fmt.Errorf("record version %d, want %d..%d", cp.Version, MinRecordVersion, MaxRecordVersion)
-	case cp.Version < RecordVersionLLM && (cp.Conv != nil || cp.Journal != nil):
-		return fmt.Errorf("version %d record has a model-call field (conv, journal)", cp.Version)
-	case cp.Version == RecordVersionLLM && cp.Conv == nil && cp.Journal == nil:
-		return fmt.Errorf("version %d record has no model-call field", cp.Version)
-	case cp.Version < RecordVersionProc && cp.ProcChange != "":
-		return fmt.Errorf("version %d record has a proc_change", cp.Version)
-	case cp.Version == RecordVersionProc && cp.ProcChange == "":
-		return fmt.Errorf("version %d record has no proc_change", cp.Version)
+	case max(cp.Version, RecordVersion) != VersionFor(cp):
+		// A writer gives a record the version of its newest field (conv or
+		// journal 3, proc_change 4, proc_dump 5), so the fields name it.
+		return fmt.Errorf("version %d record has the fields of version %d", cp.Version, VersionFor(cp))
 	case len(cp.ProcChange) > MaxProcChangeLen:
 		return fmt.Errorf("proc_change of %d bytes, more than the limit %d", len(cp.ProcChange), MaxProcChangeLen)
 	case cp.ProcChange != "" && ProcChangeReason(cp.ProcChange) != cp.ProcChange:
@@ -210,14 +206,12 @@ func (cp *Checkpoint) validate() error {
 		return fmt.Errorf("fs tree is zero")
 	case cp.Turn < 0:
 		return fmt.Errorf("turn %d is negative", cp.Turn)
-	case cp.validDump() != nil:
-		return cp.validDump()
 	case cp.Created.IsZero():
 		// The sandbox index key orders by Created; a zero time would put the
 		// checkpoint before every real one and outside UnixNano's range.
 		return fmt.Errorf("created time is zero")
 	}
-	return nil
+	return cp.validDump()
 }
 
 // EncodeRecord returns the canonical bytes of cp and their hash, which is the

@@ -7,7 +7,7 @@ import (
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
-	"github.com/turnsnap/turnsnap/proc"
+	"github.com/turnsnap/turnsnap/proc/criu"
 )
 
 // Device nodes made inside a sandbox follow one rule, delta.CheckDevice,
@@ -48,7 +48,7 @@ func (g deviceGuard) PrepareBlob(ctx context.Context, t delta.BlobType, id delta
 // that did not yet dump on such changes. Rollback and branch call it before
 // they stop anything.
 func checkImageFiles(ctx context.Context, loader delta.BlobLoader, cp *delta.Checkpoint, img string) error {
-	files, err := proc.ImageFiles(img)
+	files, err := criu.ImageFiles(img)
 	if err != nil {
 		return fmt.Errorf("checkpoint %s: process image: %w", cp.ID.Short(), err)
 	}

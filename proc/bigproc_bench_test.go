@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/turnsnap/turnsnap/proc/criu"
 )
 
 // scaleN is the size of a BenchmarkScale benchmark: full by default, small
@@ -165,7 +167,7 @@ func (s phaseSeries) report(b *testing.B, prefix string) {
 // container's network namespace external, the freezer cgroup to freeze
 // through), into a tmpfs directory. It returns its wall time and CRIU's own
 // statistics and the image's bytes.
-func directDump(b *testing.B, ctx context.Context, rt *Runtime, id, dir string) (time.Duration, DumpStats, int64) {
+func directDump(b *testing.B, ctx context.Context, rt *Runtime, id, dir string) (time.Duration, criu.DumpStats, int64) {
 	st, err := rt.State(ctx, id)
 	if err != nil {
 		b.Fatal(err)
@@ -186,9 +188,9 @@ func directDump(b *testing.B, ctx context.Context, rt *Runtime, id, dir string) 
 	out, err := cmd.CombinedOutput()
 	took := time.Since(start)
 	if err != nil {
-		b.Fatalf("criu dump: %v: %s %s", err, out, criuLogErrors(filepath.Join(dir, "dump.log")))
+		b.Fatalf("criu dump: %v: %s %s", err, out, criu.LogErrors(filepath.Join(dir, "dump.log")))
 	}
-	ds, err := ReadDumpStats(filepath.Join(dir, StatsDumpFile))
+	ds, err := criu.ReadDumpStats(filepath.Join(dir, criu.StatsDumpFile))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -319,11 +321,11 @@ func BenchmarkScalePauseSmallTree(b *testing.B) {
 			img := filepath.Join(b.TempDir(), "img")
 			kdat := i%2 == 0
 			if kdat {
-				if _, err := rt.ensureKdat(ctx); err != nil {
+				if _, err := criu.EnsureKdat(ctx, rt.cfg.CRIU, rt.criuEnv()); err != nil {
 					b.Fatal(err)
 				}
-			} else if link, _ := os.Readlink(kdatPath); link == filepath.Join(kdatDir, filepath.Base(kdatPath)) {
-				os.Remove(kdatPath)
+			} else if link, _ := os.Readlink(criu.KdatPath); link == criu.KdatFile {
+				os.Remove(criu.KdatPath)
 			}
 			b.StartTimer()
 			_, ph := cut(b, ctx, rt, id, img)
@@ -338,7 +340,7 @@ func BenchmarkScalePauseSmallTree(b *testing.B) {
 		}
 	}
 	b.StopTimer()
-	if _, err := rt.ensureKdat(ctx); err != nil {
+	if _, err := criu.EnsureKdat(ctx, rt.cfg.CRIU, rt.criuEnv()); err != nil {
 		b.Fatal(err)
 	}
 	with.report(b, "")

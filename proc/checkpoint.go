@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/turnsnap/turnsnap/internal/errdefs"
+	"github.com/turnsnap/turnsnap/proc/criu"
 )
 
 // MetaFile is turnsnap's own file in an image directory, beside CRIU's
@@ -40,7 +41,7 @@ type ImageMeta struct {
 	DumpTime time.Duration `json:"dump_time"`
 	// CRIU is CRIU's own statistics of the dump (frozen time, pages
 	// written); nil when CRIU wrote none (an image of an older turnsnap).
-	CRIU *DumpStats `json:"criu_stats,omitempty"`
+	CRIU *criu.DumpStats `json:"criu_stats,omitempty"`
 }
 
 // DumpOptions shape a Checkpoint. The zero value works.
@@ -112,7 +113,7 @@ func (r *Runtime) Checkpoint(ctx context.Context, id, imageDir string, opts Dump
 	privatise(imageDir) // CRIU writes its files 0644 (private.go)
 	log := filepath.Join(work, "dump.log")
 	if err != nil {
-		msg := criuLogErrors(log)
+		msg := criu.LogErrors(log)
 		return meta, fmt.Errorf("container %s: checkpoint: %v; %s (work dir %s kept)", id, err, msg, r.keepFailed(work))
 	}
 	// CRIU only warns about a process in the cgroup but outside the tree;
@@ -123,12 +124,12 @@ func (r *Runtime) Checkpoint(ctx context.Context, id, imageDir string, opts Dump
 		agent = append(agent, p.HostPID)
 	}
 	if b, _ := os.ReadFile(log); len(leftOut(b, agent)) > 0 {
-		msg := criuLogErrors(log)
+		msg := criu.LogErrors(log)
 		return meta, fmt.Errorf("container %s: checkpoint left out a process outside the container's tree: %s (work dir %s kept): %w",
 			id, msg, r.keepFailed(work), errdefs.ErrPrecondition)
 	}
 	// CRIU writes its statistics into the work directory, which goes now.
-	if st, err := ReadDumpStats(filepath.Join(work, StatsDumpFile)); err == nil {
+	if st, err := criu.ReadDumpStats(filepath.Join(work, criu.StatsDumpFile)); err == nil {
 		meta.CRIU = &st
 	} else {
 		r.log.Warn("no CRIU dump statistics", "container", id, "err", err)
@@ -191,7 +192,7 @@ func (r *Runtime) Restore(ctx context.Context, newID, rootfs, imageDir string, o
 	}
 	args := append([]string{"restore", "--detach", "--image-path", imageDir, "--work-path", work, "--bundle", bundle}, alwaysCRIUFlags...)
 	if _, err := r.runc(ctx, r.criuEnv(), append(args, newID)...); err != nil {
-		msg := criuLogErrors(filepath.Join(work, "restore.log"))
+		msg := criu.LogErrors(filepath.Join(work, "restore.log"))
 		_ = r.Delete(context.WithoutCancel(ctx), newID)
 		return meta, fmt.Errorf("container %s: restore from %s: %v; %s (work dir %s kept)", newID, imageDir, err, msg, r.keepFailed(work))
 	}

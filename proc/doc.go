@@ -54,9 +54,9 @@
 // host probe (probe.go).
 //
 // runc does the container work, CRIU the dumps (runc drives CRIU for
-// containers; see docs/PROCESSES.md for why), and go-criu probes CRIU's
-// version and features at New. Checkpoint keeps CRIU's own statistics of
-// each dump (ImageMeta.CRIU, dumpstats.go), and New keeps CRIU's
-// kernel-data cache where the host's /run cannot (kdat.go), which takes
-// CRIU's kernel probe out of every dump's pause.
+// containers; see docs/PROCESSES.md for why). What CRIU itself says and
+// keeps is package proc/criu's: its version and features (probed at New),
+// its kernel-data cache (kept at New where the host's /run cannot keep it,
+// which takes CRIU's kernel probe out of every dump's pause), and the
+// statistics of each dump that Checkpoint keeps (ImageMeta.CRIU).
 package proc

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/turnsnap/turnsnap/internal/errdefs"
+	"github.com/turnsnap/turnsnap/proc/criu"
 )
 
 // HostFacts are what a process image needs from the host that restores it.
@@ -27,7 +28,7 @@ type HostFacts struct {
 	// instructions); restored on a CPU without one, it dies of SIGILL.
 	CPUFlags []string `json:"cpu_flags"`
 	// CRIUVersion is the CRIU that dumped the image; zero from CurrentHost.
-	CRIUVersion Version `json:"criu_version"`
+	CRIUVersion criu.Version `json:"criu_version"`
 }
 
 // CurrentHost reads this host's kernel, architecture and CPU flags. The

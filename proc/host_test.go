@@ -64,16 +64,3 @@ func TestHostFactsRoundTrip(t *testing.T) {
 		t.Errorf("round trip: %+v %v", back, err)
 	}
 }
-
-func TestParseVersion(t *testing.T) {
-	for in, want := range map[string]Version{"4.2.1": 40201, "4.2": 40200, "3.17.1": 31701} {
-		if v, err := ParseVersion(in); err != nil || v != want || (len(in) > 3 && v.String() != in) {
-			t.Errorf("ParseVersion(%q) = %v %v", in, v, err)
-		}
-	}
-	for _, bad := range []string{"", "4", "4.x", "4.2.1.1", "4.200"} {
-		if _, err := ParseVersion(bad); !errors.Is(err, errdefs.ErrInvalid) {
-			t.Errorf("ParseVersion(%q): %v", bad, err)
-		}
-	}
-}

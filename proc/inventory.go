@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/turnsnap/turnsnap/internal/errdefs"
+	"github.com/turnsnap/turnsnap/proc/criu"
 )
 
 // Inventory is what a restore receipt compares of a container's processes:
@@ -56,7 +57,7 @@ const (
 func ImageInventory(imageDir string) (Inventory, error) {
 	var inv Inventory
 	var pids, ppids []int
-	err := readImage(filepath.Join(imageDir, "pstree.img"), func() proto.Message { return &pstree.PstreeEntry{} },
+	err := criu.ReadImage(filepath.Join(imageDir, "pstree.img"), func() proto.Message { return &pstree.PstreeEntry{} },
 		func(m proto.Message) {
 			e := m.(*pstree.PstreeEntry)
 			pids, ppids = append(pids, int(e.GetPid())), append(ppids, int(e.GetPpid()))
@@ -66,14 +67,14 @@ func ImageInventory(imageDir string) (Inventory, error) {
 	}
 	for i, pid := range pids {
 		var comm string
-		err := readImage(filepath.Join(imageDir, fmt.Sprintf("core-%d.img", pid)), func() proto.Message { return &criucore.CoreEntry{} },
+		err := criu.ReadImage(filepath.Join(imageDir, fmt.Sprintf("core-%d.img", pid)), func() proto.Message { return &criucore.CoreEntry{} },
 			func(m proto.Message) { comm = m.(*criucore.CoreEntry).GetTc().GetComm() })
 		if err != nil {
 			return inv, fmt.Errorf("image %s: process %d: %w", imageDir, pid, err)
 		}
 		inv.Procs = append(inv.Procs, InventoryProc{PID: pid, PPID: ppids[i], Comm: comm})
 	}
-	err = readImage(filepath.Join(imageDir, "files.img"), func() proto.Message { return &fdinfo.FileEntry{} },
+	err = criu.ReadImage(filepath.Join(imageDir, "files.img"), func() proto.Message { return &fdinfo.FileEntry{} },
 		func(m proto.Message) {
 			sk := m.(*fdinfo.FileEntry).GetIsk()
 			if sk == nil || sk.GetState() != tcpListen {

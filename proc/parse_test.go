@@ -52,20 +52,7 @@ func TestProcfsHelpers(t *testing.T) {
 	}
 }
 
-func TestCRIULogQuoting(t *testing.T) {
-	log := `(00.000000) Version: 4.2.1
-(00.028742) Error (criu/util.c:1533): rlimit: Can't setup RLIMIT_NOFILE for self: Operation not permitted
-(00.191056) Error (criu/sockets.c:628): sockets: Can't get 1:16 opt: Operation not supported
-(00.191068) Error (criu/cr-dump.c:1681): Dump files (pid: 32315) failed with -1
-`
-	q := quoteLines(criuErrorLines(log))
-	if strings.Contains(q, "RLIMIT_NOFILE") || !strings.Contains(q, "Can't get 1:16 opt") || !strings.Contains(q, "Dump files (pid: 32315)") {
-		t.Errorf("quote %q", q)
-	}
-	// No error lines: the tail stands in.
-	if q := quoteLines(criuErrorLines("a\nb\n")); q != "CRIU says: a | b" {
-		t.Errorf("quote %q", q)
-	}
+func TestRuncMessage(t *testing.T) {
 	if got := runcMessage([]byte(`time="x" level=error msg="container \"x\" does not exist"`), nil); got != `container \"x\" does not exist` {
 		t.Errorf("runcMessage = %q", got)
 	}

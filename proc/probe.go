@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/turnsnap/turnsnap/proc/criu"
 )
 
 // The host probe (runc --version, CRIU's version and features, `criu
@@ -24,10 +26,10 @@ const probeCacheFormat = 1
 
 // probeResult is what New learns by probing.
 type probeResult struct {
-	Runc     string    `json:"runc"`
-	CRIU     Version   `json:"criu"`
-	Features Features  `json:"features"`
-	Host     HostFacts `json:"host"`
+	Runc     string        `json:"runc"`
+	CRIU     criu.Version  `json:"criu"`
+	Features criu.Features `json:"features"`
+	Host     HostFacts     `json:"host"`
 }
 
 type probeCache struct {

@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/turnsnap/turnsnap/proc/criu"
 )
 
 // What a long-lived process references outside its memory: the files it
@@ -147,14 +149,6 @@ func statInRoot(rootFD int, path string) FileID {
 	return fileID(&st)
 }
 
-// pseudoFS are paths whose files are the kernel's, not the sandbox's: CRIU
-// handles them on its own, and their inode numbers and times are not
-// stable across reads.
-func pseudoFS(path string) bool {
-	return strings.HasPrefix(path, "/proc/") || path == "/proc" ||
-		strings.HasPrefix(path, "/sys/") || path == "/sys"
-}
-
 // fdRefs reads pid's open descriptors: files by identity, pipes and
 // sockets by the bytes queued in them.
 func fdRefs(pid, rootFD int) []Ref {
@@ -184,7 +178,7 @@ func fdRefs(pid, rootFD int) []Ref {
 		}
 		switch {
 		case strings.HasPrefix(target, "/"):
-			if pseudoFS(target) {
+			if criu.PseudoFS(target) {
 				continue
 			}
 			r, ok := linkRef(rootFD, dir+e.Name(), "fd")
@@ -253,7 +247,7 @@ func mapRefs(pid, rootFD, room int) []Ref {
 		}
 		path := strings.TrimLeft(f[5], " ")
 		shared := len(f[1]) == 4 && f[1][1] == 'w' && f[1][3] == 's'
-		if !strings.HasPrefix(path, "/") || pseudoFS(path) {
+		if !strings.HasPrefix(path, "/") || criu.PseudoFS(path) {
 			continue
 		}
 		if seen[path] {

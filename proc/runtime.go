@@ -17,6 +17,7 @@ import (
 	"syscall"
 
 	"github.com/turnsnap/turnsnap/internal/errdefs"
+	"github.com/turnsnap/turnsnap/proc/criu"
 )
 
 // DefaultCRIUFault is the value Config.CRIUFault takes when left empty.
@@ -62,7 +63,7 @@ type Config struct {
 	// Runtimes, keyed by the binaries' identity and the kernel (see
 	// probe.go); "" probes every time. A turnsnap home keeps one.
 	ProbeCache string
-	// NoKdatCache leaves CRIU's kernel-data cache alone (proc/kdat.go):
+	// NoKdatCache leaves CRIU's kernel-data cache alone (proc/criu/kdat.go):
 	// every CRIU run then probes the kernel itself, as before the cache
 	// (about 140 ms of every dump's pause here). For measuring the
 	// difference.
@@ -93,8 +94,8 @@ type Runtime struct {
 	scope    string // identity of the state root in cgroup paths
 	log      *slog.Logger
 	runcVer  string
-	criuVer  Version
-	features Features
+	criuVer  criu.Version
+	features criu.Features
 	host     HostFacts
 }
 
@@ -147,16 +148,16 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		}
 	}
 	r.runcVer, r.criuVer, r.features, r.host = res.Runc, res.CRIU, res.Features, res.Host
-	if b, err := os.ReadFile(criuConfPath(root)); err != nil || string(b) != criuConf {
-		if err := os.WriteFile(criuConfPath(root), []byte(criuConf), 0o600); err != nil {
+	if b, err := os.ReadFile(criuConfPath(root)); err != nil || string(b) != criu.Conf {
+		if err := os.WriteFile(criuConfPath(root), []byte(criu.Conf), 0o600); err != nil {
 			return nil, fmt.Errorf("proc: CRIU configuration: %w", err)
 		}
 	}
 	if !cfg.NoKdatCache {
-		if st, err := r.ensureKdat(ctx); err != nil {
+		if st, err := criu.EnsureKdat(ctx, cfg.CRIU, r.criuEnv()); err != nil {
 			r.log.Warn("every CRIU run probes the kernel anew", "err", err)
-		} else if st == KdatMade {
-			r.log.Debug("CRIU kernel-data cache made", "file", kdatPath)
+		} else if st == criu.KdatMade {
+			r.log.Debug("CRIU kernel-data cache made", "file", criu.KdatPath)
 		}
 	}
 	r.log.Debug("runtime ready", "runc", r.runcVer, "criu", r.criuVer.String(),
@@ -171,7 +172,7 @@ func (r *Runtime) probe(ctx context.Context) (probeResult, error) {
 		return probeResult{}, fmt.Errorf("proc: runc %s does not run: %w", r.cfg.Runc, err)
 	}
 	res := probeResult{Runc: strings.TrimPrefix(firstLine(out), "runc version ")}
-	if res.CRIU, res.Features, err = r.probeCRIU(ctx); err != nil {
+	if res.CRIU, res.Features, err = criu.Probe(ctx, r.cfg.CRIU, r.criuEnv()); err != nil {
 		return res, err
 	}
 	if res.Host, err = CurrentHost(); err != nil {
@@ -185,10 +186,10 @@ func (r *Runtime) probe(ctx context.Context) (probeResult, error) {
 func (r *Runtime) RuncVersion() string { return r.runcVer }
 
 // CRIUVersion is the version CRIU reported through go-criu.
-func (r *Runtime) CRIUVersion() Version { return r.criuVer }
+func (r *Runtime) CRIUVersion() criu.Version { return r.criuVer }
 
 // Features are the optional CRIU features this host supports.
-func (r *Runtime) Features() Features { return r.features }
+func (r *Runtime) Features() criu.Features { return r.features }
 
 // Host is this host's facts, as recorded with every image it dumps.
 func (r *Runtime) Host() HostFacts { return r.host }
@@ -209,7 +210,7 @@ func (r *Runtime) bundle(id string) string { return filepath.Join(bundlesDir(r.c
 func (r *Runtime) cgroupsPath(id string) string { return "/turnsnap/" + r.scope + "-" + id }
 
 // criuEnv is the environment runc passes on to CRIU: CRIU_FAULT (see
-// DefaultCRIUFault) and CRIU_CONFIG_FILE (see criuConf).
+// DefaultCRIUFault) and CRIU_CONFIG_FILE (see criu.Conf).
 func (r *Runtime) criuEnv() []string {
 	env := os.Environ()
 	if r.cfg.CRIUFault != CRIUFaultNone {

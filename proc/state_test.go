@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/turnsnap/turnsnap/proc/criu"
 )
 
 // The host probe is cached under the binaries' identity: a second Runtime
@@ -163,7 +165,7 @@ func FuzzProcText(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		parseStat(b)
 		for _, m := range tmpfsMounts(b) {
-			if pseudoFS(m) {
+			if criu.PseudoFS(m) {
 				t.Fatalf("masked path %q kept", m)
 			}
 		}
@@ -175,28 +177,5 @@ func FuzzProcText(f *testing.F) {
 		decodeProbe(b, []string{"a"})
 		mapFilesName(string(b))
 		unescapeMount(string(b))
-	})
-}
-
-// FuzzImageFiles feeds hostile image files (data from storage) to the
-// decoder a restore runs before it stops anything.
-func FuzzImageFiles(f *testing.F) {
-	// IMG_COMMON magic, FILES magic, one entry of 2 bytes.
-	f.Add([]byte{0x54, 0x56, 0x62, 0x54, 0x91, 0x16, 0x48, 0x56, 2, 0, 0, 0, 8, 1}, []byte{})
-	f.Add([]byte{0x54, 0x56, 0x62, 0x54, 0x91, 0x16, 0x48, 0x56, 0xff, 0xff, 0xff, 0xff}, []byte{1, 2, 3, 4})
-	f.Fuzz(func(t *testing.T, files, remaps []byte) {
-		dir := t.TempDir()
-		os.WriteFile(filepath.Join(dir, "files.img"), files, 0o600)
-		if len(remaps) > 0 {
-			os.WriteFile(filepath.Join(dir, "remap-fpath.img"), remaps, 0o600)
-		}
-		got, err := ImageFiles(dir)
-		if err == nil {
-			for _, f := range got {
-				if !strings.HasPrefix(f.Path, "/") || pseudoFS(f.Path) {
-					t.Fatalf("bad path %q", f.Path)
-				}
-			}
-		}
 	})
 }

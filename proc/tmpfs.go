@@ -11,6 +11,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/turnsnap/turnsnap/proc/criu"
 )
 
 // The container's tmpfs mounts (/dev and /dev/shm, see ocispec.Sandbox) live in
@@ -89,7 +91,7 @@ func tmpfsMounts(mountinfo []byte) []string {
 		// runc masks /proc and /sys paths with read-only tmpfs mounts and
 		// binds of /dev/null (which mountinfo shows as tmpfs): not state.
 		// The agent's own tmpfs is not sandbox state (AgentStateDir).
-		if mp := unescapeMount(f[4]); !pseudoFS(mp) && mp != AgentStateDir {
+		if mp := unescapeMount(f[4]); !criu.PseudoFS(mp) && mp != AgentStateDir {
 			out = append(out, mp)
 		}
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/proc"
+	"github.com/turnsnap/turnsnap/proc/criu"
 )
 
 // Sandbox processes. Each sandbox can run one container (runc, its root as
@@ -286,7 +287,7 @@ func (m *Manager) Dump(ctx context.Context, c Container, saver delta.BlobSaver) 
 // DumpStatsOf is CRIU's statistics of a dump as a record carries them
 // (delta.DumpStats), nil for none. Times beyond the record's bound are
 // clamped to it: CRIU counts them in 32-bit microseconds, well below it.
-func DumpStatsOf(s *proc.DumpStats) *delta.DumpStats {
+func DumpStatsOf(s *criu.DumpStats) *delta.DumpStats {
 	if s == nil {
 		return nil
 	}

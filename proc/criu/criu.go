@@ -1,4 +1,9 @@
-package proc
+// Package criu is turnsnap's side of the CRIU binary, apart from runc and
+// containers: its version and features, the configuration and kernel-data
+// cache it reads, the error lines of its logs, and the files it writes (the
+// image's file list, the dump statistics). Package proc drives CRIU through
+// runc and uses this package for everything CRIU itself says or keeps.
+package criu
 
 import (
 	"bufio"
@@ -9,7 +14,7 @@ import (
 	"strconv"
 	"strings"
 
-	criu "github.com/checkpoint-restore/go-criu/v7"
+	gocriu "github.com/checkpoint-restore/go-criu/v7"
 	"github.com/checkpoint-restore/go-criu/v7/rpc"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
@@ -74,7 +79,7 @@ type Features struct {
 	PidfdStore bool
 }
 
-// criuConf is the CRIU configuration every runc-driven dump and restore
+// Conf is the CRIU configuration every runc-driven dump and restore
 // reads, through CRIU_CONFIG_FILE (runc 1.1.5 exposes no flag for these):
 //
 //   - network-lock nftables: CRIU locks the container's network during a
@@ -102,31 +107,31 @@ type Features struct {
 // (SIGSEGV) parsing network-lock in an RPC configuration file (fixed
 // upstream by checkpoint-restore/criu#3051; 4.2.1 reads it), while
 // CRIU_CONFIG_FILE is parsed at CRIU's start like a command line by both.
-const criuConf = `# Written by turnsnap (package proc); see docs/PROCESSES.md.
+const Conf = `# Written by turnsnap (package proc); see docs/PROCESSES.md.
 network-lock nftables
 ghost-limit 512M
 link-remap
 `
 
-// probeCRIU asks CRIU for its version and features through go-criu and runs
-// `criu check`, quoting CRIU on failure.
-func (r *Runtime) probeCRIU(ctx context.Context) (Version, Features, error) {
-	c := criu.MakeCriu()
-	c.SetCriuPath(r.cfg.CRIU)
+// Probe asks the CRIU at path for its version and features through go-criu
+// and runs `criu check` with env, quoting CRIU on failure.
+func Probe(ctx context.Context, path string, env []string) (Version, Features, error) {
+	c := gocriu.MakeCriu()
+	c.SetCriuPath(path)
 	v, err := c.GetCriuVersion()
 	if err != nil {
-		return 0, Features{}, fmt.Errorf("proc: CRIU %s: version: %v: %w", r.cfg.CRIU, err, errdefs.ErrUnavailable)
+		return 0, Features{}, fmt.Errorf("proc: CRIU %s: version: %v: %w", path, err, errdefs.ErrUnavailable)
 	}
-	feat, err := featureCheck(ctx, r.cfg.CRIU)
+	feat, err := featureCheck(ctx, path)
 	if err != nil {
-		return 0, Features{}, fmt.Errorf("proc: CRIU %s: feature check: %v: %w", r.cfg.CRIU, err, errdefs.ErrUnavailable)
+		return 0, Features{}, fmt.Errorf("proc: CRIU %s: feature check: %v: %w", path, err, errdefs.ErrUnavailable)
 	}
 
-	cmd := exec.CommandContext(ctx, r.cfg.CRIU, "check")
-	cmd.Env = r.criuEnv()
+	cmd := exec.CommandContext(ctx, path, "check")
+	cmd.Env = env
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		return 0, Features{}, fmt.Errorf("proc: `%s check` failed: %s: %w", r.cfg.CRIU, quoteLines(criuErrorLines(string(out))), errdefs.ErrUnavailable)
+		return 0, Features{}, fmt.Errorf("proc: `%s check` failed: %s: %w", path, QuoteLines(ErrorLines(string(out))), errdefs.ErrUnavailable)
 	}
 	return Version(v), feat, nil
 }
@@ -182,10 +187,10 @@ func featureCheck(ctx context.Context, criuPath string) (Features, error) {
 // mean failure (ENVIRONMENT.md: the RLIMIT_NOFILE line is harmless).
 var harmlessCRIU = []string{"Can't setup RLIMIT_NOFILE for self"}
 
-// criuErrorLines picks CRIU's own error lines out of a log, in order,
+// ErrorLines picks CRIU's own error lines out of a log, in order,
 // without the harmless ones; when there are none, its warnings; when there
 // are none either, the last lines.
-func criuErrorLines(log string) []string {
+func ErrorLines(log string) []string {
 	var errs, warns, all []string
 	sc := bufio.NewScanner(strings.NewReader(log))
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
@@ -220,17 +225,18 @@ func criuErrorLines(log string) []string {
 	return errs
 }
 
-// criuLogErrors quotes the error lines of a CRIU log file (dump.log,
+// LogErrors quotes the error lines of a CRIU log file (dump.log,
 // restore.log), or says why it cannot.
-func criuLogErrors(path string) string {
+func LogErrors(path string) string {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return fmt.Sprintf("(no CRIU log: %v)", err)
 	}
-	return quoteLines(criuErrorLines(string(b)))
+	return QuoteLines(ErrorLines(string(b)))
 }
 
-func quoteLines(lines []string) string {
+// QuoteLines joins CRIU's lines into one message.
+func QuoteLines(lines []string) string {
 	if len(lines) == 0 {
 		return "(CRIU said nothing)"
 	}

@@ -1,4 +1,4 @@
-package proc
+package criu
 
 import (
 	"bytes"
@@ -42,7 +42,7 @@ const (
 // /proc, /sys) are left out.
 func ImageFiles(imageDir string) ([]ImageFile, error) {
 	remapped := map[uint32]bool{}
-	err := readImage(filepath.Join(imageDir, "remap-fpath.img"), func() proto.Message { return &remap.RemapFilePathEntry{} },
+	err := ReadImage(filepath.Join(imageDir, "remap-fpath.img"), func() proto.Message { return &remap.RemapFilePathEntry{} },
 		func(m proto.Message) {
 			remapped[m.(*remap.RemapFilePathEntry).GetOrigId()] = true
 		})
@@ -50,14 +50,14 @@ func ImageFiles(imageDir string) ([]ImageFile, error) {
 		return nil, err
 	}
 	var out []ImageFile
-	err = readImage(filepath.Join(imageDir, "files.img"), func() proto.Message { return &fdinfo.FileEntry{} },
+	err = ReadImage(filepath.Join(imageDir, "files.img"), func() proto.Message { return &fdinfo.FileEntry{} },
 		func(m proto.Message) {
 			reg := m.(*fdinfo.FileEntry).GetReg()
 			if reg == nil || reg.Size == nil || remapped[reg.GetId()] {
 				return
 			}
 			name := "/" + strings.TrimPrefix(reg.GetName(), "/")
-			if strings.HasSuffix(name, " (deleted)") || pseudoFS(name) || name == "/dev" || strings.HasPrefix(name, "/dev/") {
+			if strings.HasSuffix(name, " (deleted)") || PseudoFS(name) || name == "/dev" || strings.HasPrefix(name, "/dev/") {
 				return
 			}
 			out = append(out, ImageFile{Path: name, Size: int64(reg.GetSize())})
@@ -68,9 +68,17 @@ func ImageFiles(imageDir string) ([]ImageFile, error) {
 	return out, nil
 }
 
-// readImage decodes every entry of one CRIU image file (magic, then
+// PseudoFS are paths whose files are the kernel's, not the sandbox's: CRIU
+// handles them on its own, and their inode numbers and times are not
+// stable across reads.
+func PseudoFS(path string) bool {
+	return strings.HasPrefix(path, "/proc/") || path == "/proc" ||
+		strings.HasPrefix(path, "/sys/") || path == "/sys"
+}
+
+// ReadImage decodes every entry of one CRIU image file (magic, then
 // length-prefixed protobuf messages), bounding every size it reads.
-func readImage(path string, newMsg func() proto.Message, each func(proto.Message)) error {
+func ReadImage(path string, newMsg func() proto.Message, each func(proto.Message)) error {
 	f, err := os.Open(path)
 	if err != nil {
 		return err

@@ -1,4 +1,4 @@
-package proc
+package criu
 
 import (
 	"context"
@@ -36,13 +36,16 @@ import (
 // is not turnsnap's link (a host whose /run is a tmpfs, another tool's) is
 // left alone.
 
-// kdatPath is where CRIU (KDAT_RUNDIR, built in) looks for its cache.
-const kdatPath = "/run/criu.kdat"
+// KdatPath is where CRIU (KDAT_RUNDIR, built in) looks for its cache.
+const KdatPath = "/run/criu.kdat"
 
-// kdatDir is the root-only tmpfs directory whose criu.kdat the link names.
+// kdatDir is the root-only tmpfs directory that holds KdatFile.
 const kdatDir = "/dev/shm/turnsnap-criu"
 
-// KdatState says what ensureKdat found or did.
+// KdatFile is the cache file turnsnap's link at KdatPath names.
+const KdatFile = kdatDir + "/criu.kdat"
+
+// KdatState says what EnsureKdat found or did.
 type KdatState string
 
 const (
@@ -52,12 +55,12 @@ const (
 	KdatForeign KdatState = "foreign" // /run/criu.kdat is someone else's: left alone
 )
 
-// ensureKdat makes sure CRIU finds a kernel-data cache (see above). It
-// never fails a runtime: a cache that cannot be kept only costs each CRIU
-// run its probe, so errors are logged by the caller.
-func (r *Runtime) ensureKdat(ctx context.Context) (KdatState, error) {
+// EnsureKdat makes sure the CRIU at criuPath, run with env, finds a
+// kernel-data cache (see above). Its errors should fail nothing: a cache
+// that cannot be kept only costs each CRIU run its probe.
+func EnsureKdat(ctx context.Context, criuPath string, env []string) (KdatState, error) {
 	var st unix.Statfs_t
-	if err := unix.Statfs(filepath.Dir(kdatPath), &st); err == nil && st.Type == unix.TMPFS_MAGIC {
+	if err := unix.Statfs(filepath.Dir(KdatPath), &st); err == nil && st.Type == unix.TMPFS_MAGIC {
 		return KdatNative, nil
 	}
 	if st, done := kdatLinked(); done {
@@ -83,40 +86,37 @@ func (r *Runtime) ensureKdat(ctx context.Context) (KdatState, error) {
 	// CRIU writes the file itself, so its layout is always CRIU's own. A
 	// temporary file a failed save left behind would stop it (CRIU opens
 	// it O_EXCL and, on failure, removes the cache instead of it).
-	target := kdatTarget()
-	os.Remove(target)
-	os.Remove(target + ".tmp")
-	cmd := exec.CommandContext(ctx, "/bin/sh", "-c", `mount --bind "$1" /run && exec "$2" check`, "sh", kdatDir, r.cfg.CRIU)
-	cmd.Env = r.criuEnv()
+	os.Remove(KdatFile)
+	os.Remove(KdatFile + ".tmp")
+	cmd := exec.CommandContext(ctx, "/bin/sh", "-c", `mount --bind "$1" /run && exec "$2" check`, "sh", kdatDir, criuPath)
+	cmd.Env = env
 	cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS} // Go makes / private in it first
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("CRIU kernel-data cache: criu check: %v: %s", err, quoteLines(criuErrorLines(string(out))))
+		return "", fmt.Errorf("CRIU kernel-data cache: criu check: %v: %s", err, QuoteLines(ErrorLines(string(out))))
 	}
-	if fi, err := os.Stat(target); err != nil || fi.Size() == 0 {
-		return "", fmt.Errorf("CRIU kernel-data cache: criu check wrote no %s", target)
+	if fi, err := os.Stat(KdatFile); err != nil || fi.Size() == 0 {
+		return "", fmt.Errorf("CRIU kernel-data cache: criu check wrote no %s", KdatFile)
 	}
-	tmp := kdatPath + ".turnsnap." + strconv.Itoa(os.Getpid())
+	tmp := KdatPath + ".turnsnap." + strconv.Itoa(os.Getpid())
 	os.Remove(tmp)
-	if err := os.Symlink(target, tmp); err != nil {
+	if err := os.Symlink(KdatFile, tmp); err != nil {
 		return "", fmt.Errorf("CRIU kernel-data cache: %w", err)
 	}
 	// Replace only what was checked above: nothing, or turnsnap's link.
-	if err := os.Rename(tmp, kdatPath); err != nil {
+	if err := os.Rename(tmp, KdatPath); err != nil {
 		os.Remove(tmp)
 		return "", fmt.Errorf("CRIU kernel-data cache: %w", err)
 	}
 	return KdatMade, nil
 }
 
-func kdatTarget() string { return filepath.Join(kdatDir, filepath.Base(kdatPath)) }
-
 // kdatLinked says whether the cache needs no work: turnsnap's link names a
 // cache file (KdatLinked), or /run/criu.kdat is someone else's
 // (KdatForeign). A missing link, or turnsnap's naming nothing, needs the
 // file made.
 func kdatLinked() (KdatState, bool) {
-	switch link, err := os.Readlink(kdatPath); {
-	case err == nil && link == kdatTarget():
+	switch link, err := os.Readlink(KdatPath); {
+	case err == nil && link == KdatFile:
 		if fi, err := os.Stat(link); err == nil && fi.Mode().IsRegular() && fi.Size() > 0 {
 			return KdatLinked, true
 		}
