@@ -19,7 +19,7 @@ const OpaqueXattr = "trusted.overlay.opaque"
 type ApplyOptions struct {
 	Loader delta.BlobLoader
 	// IDs is the home's content ID scheme, against which content already
-	// in place is compared (RestorePaths keeps an equal file).
+	// in place is compared (pathrestore.Restore keeps an equal file).
 	IDs delta.IDs
 	// AllowDevices permits creating any character and block device node;
 	// without it only those CheckDevice passes are made. Off by default: a
