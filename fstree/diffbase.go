@@ -331,18 +331,13 @@ func (p *DiffPlan) namesWithCopies(rel string, want []string) []string {
 // target's over a base directory the live upper lacks (baseDirOver). It
 // returns the bytes to copy, or why not.
 func (p *DiffPlan) baseDirRule(ctx context.Context, l delta.BlobLoader, lowerFD int, rel string, e *delta.Entry, depth int, copies bool) (int64, string, error) {
-	t, err := subtreeBelow(ctx, l, rel, e, depth)
+	kids, err := baseChildren(ctx, l, lowerFD, rel, e, depth)
 	if err != nil {
 		return 0, "", err
 	}
 	var bytes int64
-	for i := range t.Entries {
-		ce := &t.Entries[i]
-		crel := path.Join(rel, ce.Name)
-		b, err := baseAt(lowerFD, crel)
-		if err != nil {
-			return 0, "", err
-		}
+	for _, k := range kids {
+		ce, crel, b := k.e, k.rel, k.b
 		switch {
 		case !b.present:
 			if why, err := overlayForms(ctx, l, ce, crel, depth+1); why != "" || err != nil {
@@ -365,9 +360,18 @@ func (p *DiffPlan) baseDirRule(ctx context.Context, l delta.BlobLoader, lowerFD 
 	return bytes, "", nil
 }
 
-// subtreeBelow loads directory e's subtree (at rel, depth directories
-// down) from l, for the walks below a base directory.
-func subtreeBelow(ctx context.Context, l delta.BlobLoader, rel string, e *delta.Entry, depth int) (*delta.Tree, error) {
+// baseChild is a name below a directory walked over a base directory:
+// its entry, its path, and what the lower holds there.
+type baseChild struct {
+	e   *delta.Entry
+	rel string
+	b   baseName
+}
+
+// baseChildren reads directory e's subtree (at rel, depth directories
+// down) through l, and looks each name up in the lower (lowerFD): the
+// walks below a base directory.
+func baseChildren(ctx context.Context, l delta.BlobLoader, lowerFD int, rel string, e *delta.Entry, depth int) ([]baseChild, error) {
 	if depth > delta.MaxDepth {
 		return nil, delta.CorruptAt(rel, "directories nested more than %d deep", delta.MaxDepth)
 	}
@@ -375,7 +379,15 @@ func subtreeBelow(ctx context.Context, l delta.BlobLoader, rel string, e *delta.
 	if err != nil {
 		return nil, fmt.Errorf("/%s: %w", rel, err)
 	}
-	return t, nil
+	out := make([]baseChild, len(t.Entries))
+	for i := range t.Entries {
+		c := &out[i]
+		c.e, c.rel = &t.Entries[i], path.Join(rel, t.Entries[i].Name)
+		if c.b, err = baseAt(lowerFD, c.rel); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }
 
 // copyBaseDir makes directory name (in dirFD, the mount; e its live entry)
@@ -383,7 +395,7 @@ func subtreeBelow(ctx context.Context, l delta.BlobLoader, rel string, e *delta.
 // made the lower's (a copy), each it lacks is removed, and the directory
 // gets the lower's metadata last (its children moved its mtime).
 func (p *DiffPlan) copyBaseDir(ctx context.Context, a *applier, lowerFD, dirFD int, name, rel string, e *delta.Entry, depth int, res *DiffResult) error {
-	t, err := subtreeBelow(ctx, p.opts.Live, rel, e, depth)
+	kids, err := baseChildren(ctx, p.opts.Live, lowerFD, rel, e, depth)
 	if err != nil {
 		return err
 	}
@@ -392,13 +404,8 @@ func (p *DiffPlan) copyBaseDir(ctx context.Context, a *applier, lowerFD, dirFD i
 		return err
 	}
 	defer unix.Close(fd)
-	for i := range t.Entries {
-		ce := &t.Entries[i]
-		crel := path.Join(rel, ce.Name)
-		b, err := baseAt(lowerFD, crel)
-		if err != nil {
-			return err
-		}
+	for _, k := range kids {
+		ce, crel, b := k.e, k.rel, k.b
 		switch {
 		case !b.present:
 			if err := removeAt(fd, ce.Name); err != nil {
@@ -478,13 +485,13 @@ func (p *DiffPlan) verifyBaseDir(ctx context.Context, rel string, depth int) err
 }
 
 // mergeDir writes the target's directory e (at rel) into the merged
-// directory name (in dirFD, the mount) the base (lowerFD) shows there: names the
-// base lacks are created, base names replaced (unlinked, then created;
-// a whiteout is the unlink alone), base directories merged the same way,
-// and the directory's metadata set last, which has overlay copy it up if
-// no name below did.
+// directory name (in dirFD, the mount) the base (lowerFD) shows there:
+// names the base lacks are created, base names replaced (unlinked, then
+// created; a whiteout is the unlink alone), base directories merged the
+// same way, and the directory's metadata set last, which has overlay copy
+// it up if no name below did.
 func (p *DiffPlan) mergeDir(ctx context.Context, a *applier, lowerFD, dirFD int, name, rel string, e *delta.Entry, depth int) error {
-	t, err := subtreeBelow(ctx, p, rel, e, depth)
+	kids, err := baseChildren(ctx, p, lowerFD, rel, e, depth)
 	if err != nil {
 		return err
 	}
@@ -493,13 +500,8 @@ func (p *DiffPlan) mergeDir(ctx context.Context, a *applier, lowerFD, dirFD int,
 		return err
 	}
 	defer unix.Close(fd)
-	for i := range t.Entries {
-		ce := &t.Entries[i]
-		crel := path.Join(rel, ce.Name)
-		b, err := baseAt(lowerFD, crel)
-		if err != nil {
-			return err
-		}
+	for _, k := range kids {
+		ce, crel, b := k.e, k.rel, k.b
 		if b.present && ce.Type == delta.TypeDir {
 			if err := p.mergeDir(ctx, a, lowerFD, fd, ce.Name, crel, ce, depth+1); err != nil {
 				return err
