@@ -19,7 +19,7 @@ const OpaqueXattr = "trusted.overlay.opaque"
 type ApplyOptions struct {
 	Loader delta.BlobLoader
 	// IDs is the home's content ID scheme, against which content already
-	// in place is compared (RestorePaths keeps an equal file).
+	// in place is compared (pathrestore.Restore keeps an equal file).
 	IDs delta.IDs
 	// AllowDevices permits creating any character and block device node;
 	// without it only those CheckDevice passes are made. Off by default: a
@@ -86,11 +86,11 @@ func apply(ctx context.Context, tree delta.ID, dst string, opts ApplyOptions, me
 		return ApplyStats{}, fmt.Errorf("apply onto %s: %w", dst, err)
 	}
 	defer unix.Close(fd)
-	a := &applier{opts: opts, root: dst, rootFD: fd, merge: merge, files: map[string]bool{}, budget: fp, srcFD: -1}
+	a := &applier{opts: opts, root: dst, rootFD: fd, merge: merge, files: map[string]bool{}, budget: fp}
 	if src, ok := opts.Loader.(Source); ok && !merge {
 		// A directory that cannot be opened is no source: the store has it all.
 		if sfd, err := fsat.OpenDir(src.Dir); err == nil {
-			a.srcFD = sfd
+			a.srcFD, a.hasSrc = sfd, true
 			defer unix.Close(sfd)
 		}
 	}
@@ -112,9 +112,12 @@ type applier struct {
 	// mounted: a diff applied through the overlay mount of the planned
 	// upper (DiffPlan.ApplyMounted), which writes no overlay marker.
 	mounted bool
-	// srcFD is the directory of a Source loader (Materialise only), -1
-	// when there is none: files are copied from it, unverified (Source).
-	srcFD int
+	// srcFD is the directory of a Source loader (Materialise only), used
+	// only when hasSrc: files are copied from it, unverified (Source). The
+	// flag, not fd -1, says so, because the zero applier of a diff or path
+	// restore would otherwise copy from fd 0.
+	srcFD  int
+	hasSrc bool
 }
 
 func (a *applier) dir(ctx context.Context, dirFD int, id delta.ID, rel string) error {
@@ -235,7 +238,7 @@ func (a *applier) file(ctx context.Context, dirFD int, rel string, e *delta.Entr
 	switch {
 	case a.opts.Placeholder != nil:
 		err = f.Truncate(int64(e.Size))
-	case a.srcFD >= 0:
+	case a.hasSrc:
 		n, copied, err = copyFromSource(a.srcFD, rel, f, e)
 	}
 	if err == nil && a.opts.Placeholder == nil && !copied {

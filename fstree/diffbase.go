@@ -107,9 +107,9 @@ func baseRule(c *change, b baseName) (baseHow, string) {
 	case c.opaque:
 		return 0, "below an opaque directory"
 	case b.dir && c.target == nil && c.live != nil && c.live.Type == delta.TypeDir && !c.live.Opaque:
-		return baseDir, "" // Mountable checks below it (baseDirRule)
+		return baseDir, "" // Mountable checks below it (baseDirRule, copies)
 	case b.dir && c.target != nil && c.target.Type == delta.TypeDir && !c.target.Opaque && c.live == nil && c.how == changeCreate:
-		return baseDirOver, "" // Mountable checks below it (baseDirOverRule)
+		return baseDirOver, "" // Mountable checks below it (baseDirRule)
 	case b.dir:
 		return 0, "a base directory"
 	case c.live != nil && c.live.Type == delta.TypeDir:
@@ -138,12 +138,18 @@ func (p *DiffPlan) applyBase(ctx context.Context, a *applier, dirFD int, name st
 		res.Removed = append(res.Removed, c.rel)
 		res.BaseCopies = append(res.BaseCopies, c.rel)
 		return nil
-	case baseDir:
+	case baseDir, baseDirOver:
+		lowerFD, err := fsat.OpenDir(p.lower)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(lowerFD)
+		if how == baseDirOver {
+			res.Written = append(res.Written, c.rel) // Verify reads the whole directory back
+			return p.mergeDir(ctx, a, lowerFD, dirFD, name, c.rel, c.target, 0)
+		}
 		res.Removed = append(res.Removed, c.rel)
-		return p.copyBaseDir(ctx, a, dirFD, name, c.rel, c.live, 0, res)
-	case baseDirOver:
-		res.Written = append(res.Written, c.rel) // Verify reads the whole directory back
-		return p.mergeDir(ctx, a, dirFD, name, c.rel, c.target, 0)
+		return p.copyBaseDir(ctx, a, lowerFD, dirFD, name, c.rel, c.live, 0, res)
 	}
 	// baseOver: the unlink leaves a whiteout (the lower holds the name),
 	// which the create replaces; a target whiteout is that unlink alone.
@@ -317,82 +323,96 @@ func (p *DiffPlan) namesWithCopies(rel string, want []string) []string {
 	return out
 }
 
-// baseDirRule checks a base directory the live upper holds (e, at rel)
-// and the target lacks: every name below it must be one the mount can
-// make the lower's again (baseDir). It returns the bytes to copy, or why
-// not.
-func (p *DiffPlan) baseDirRule(ctx context.Context, lowerFD int, rel string, e *delta.Entry, depth int) (int64, string, error) {
-	if depth > delta.MaxDepth {
-		return 0, "", delta.CorruptAt(rel, "directories nested more than %d deep", delta.MaxDepth)
-	}
-	t, err := delta.LoadTree(ctx, p.opts.Live, e.Subtree)
+// baseDirRule checks directory e (at rel, read through l) over a base
+// directory: every name below it must be one the mount writes exactly.
+// With copies, e is the live upper's and the target lacks it (baseDir):
+// each base name below is made the lower's again, so a file must be one
+// a copy reproduces, and its bytes are counted. Without, e is the
+// target's over a base directory the live upper lacks (baseDirOver). It
+// returns the bytes to copy, or why not.
+func (p *DiffPlan) baseDirRule(ctx context.Context, l delta.BlobLoader, lowerFD int, rel string, e *delta.Entry, depth int, copies bool) (int64, string, error) {
+	kids, err := baseChildren(ctx, l, lowerFD, rel, e, depth)
 	if err != nil {
-		return 0, "", fmt.Errorf("/%s: %w", rel, err)
+		return 0, "", err
 	}
 	var bytes int64
-	for i := range t.Entries {
-		ce := &t.Entries[i]
-		crel := path.Join(rel, ce.Name)
-		b, err := baseAt(lowerFD, crel)
-		if err != nil {
-			return 0, "", err
-		}
+	for _, k := range kids {
+		ce, crel, b := k.e, k.rel, k.b
 		switch {
 		case !b.present:
-			if why, err := overlayForms(ctx, p.opts.Live, ce, crel, depth+1); why != "" || err != nil {
+			if why, err := overlayForms(ctx, l, ce, crel, depth+1); why != "" || err != nil {
 				return 0, why, err
 			}
 		case ce.Type == delta.TypeDir && b.dir && !ce.Opaque:
-			n, why, err := p.baseDirRule(ctx, lowerFD, crel, ce, depth+1)
+			n, why, err := p.baseDirRule(ctx, l, lowerFD, crel, ce, depth+1, copies)
 			if why != "" || err != nil {
 				return 0, why, err
 			}
 			bytes += n
-		case ce.Type != delta.TypeDir && ce.Type != delta.TypeHardlink && !b.dir && b.copyable:
-			bytes += b.size
+		case ce.Type != delta.TypeDir && ce.Type != delta.TypeHardlink && !b.dir && (b.copyable || !copies):
+			if copies {
+				bytes += b.size
+			}
 		default:
-			return 0, fmt.Sprintf("/%s is in the lower layer: not a plain file or directory on both sides", crel), nil
+			return 0, fmt.Sprintf("/%s is in the lower layer: not a plain name on both sides", crel), nil
 		}
 	}
 	return bytes, "", nil
 }
 
-// copyBaseDir makes directory name (in dirFD, the mount; e its live
-// entry) the lower's again: each name below it that the lower holds is
+// baseChild is a name below a directory walked over a base directory:
+// its entry, its path, and what the lower holds there.
+type baseChild struct {
+	e   *delta.Entry
+	rel string
+	b   baseName
+}
+
+// baseChildren reads directory e's subtree (at rel, depth directories
+// down) through l, and looks each name up in the lower (lowerFD): the
+// walks below a base directory.
+func baseChildren(ctx context.Context, l delta.BlobLoader, lowerFD int, rel string, e *delta.Entry, depth int) ([]baseChild, error) {
+	if depth > delta.MaxDepth {
+		return nil, delta.CorruptAt(rel, "directories nested more than %d deep", delta.MaxDepth)
+	}
+	t, err := delta.LoadTree(ctx, l, e.Subtree)
+	if err != nil {
+		return nil, fmt.Errorf("/%s: %w", rel, err)
+	}
+	out := make([]baseChild, len(t.Entries))
+	for i := range t.Entries {
+		c := &out[i]
+		c.e, c.rel = &t.Entries[i], path.Join(rel, t.Entries[i].Name)
+		if c.b, err = baseAt(lowerFD, c.rel); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// copyBaseDir makes directory name (in dirFD, the mount; e its live entry)
+// the lower's (lowerFD) again: each name below it that the lower holds is
 // made the lower's (a copy), each it lacks is removed, and the directory
 // gets the lower's metadata last (its children moved its mtime).
-func (p *DiffPlan) copyBaseDir(ctx context.Context, a *applier, dirFD int, name, rel string, e *delta.Entry, depth int, res *DiffResult) error {
-	if depth > delta.MaxDepth {
-		return delta.CorruptAt(rel, "directories nested more than %d deep", delta.MaxDepth)
-	}
-	t, err := delta.LoadTree(ctx, p.opts.Live, e.Subtree)
+func (p *DiffPlan) copyBaseDir(ctx context.Context, a *applier, lowerFD, dirFD int, name, rel string, e *delta.Entry, depth int, res *DiffResult) error {
+	kids, err := baseChildren(ctx, p.opts.Live, lowerFD, rel, e, depth)
 	if err != nil {
-		return fmt.Errorf("/%s: %w", rel, err)
+		return err
 	}
 	fd, err := fsat.Open(dirFD, name, unix.O_RDONLY|unix.O_DIRECTORY)
 	if err != nil {
 		return err
 	}
 	defer unix.Close(fd)
-	lowerFD, err := fsat.OpenDir(p.lower)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(lowerFD)
-	for i := range t.Entries {
-		ce := &t.Entries[i]
-		crel := path.Join(rel, ce.Name)
-		b, err := baseAt(lowerFD, crel)
-		if err != nil {
-			return err
-		}
+	for _, k := range kids {
+		ce, crel, b := k.e, k.rel, k.b
 		switch {
 		case !b.present:
 			if err := removeAt(fd, ce.Name); err != nil {
 				return err
 			}
 		case b.dir:
-			if err := p.copyBaseDir(ctx, a, fd, ce.Name, crel, ce, depth+1, res); err != nil {
+			if err := p.copyBaseDir(ctx, a, lowerFD, fd, ce.Name, crel, ce, depth+1, res); err != nil {
 				return err
 			}
 		default:
@@ -464,74 +484,26 @@ func (p *DiffPlan) verifyBaseDir(ctx context.Context, rel string, depth int) err
 	return nil
 }
 
-// baseDirOverRule checks the target's directory e (at rel, over a base
-// directory the live upper lacks): every name below it must be one the
-// mount writes exactly (baseDirOver), or why not.
-func (p *DiffPlan) baseDirOverRule(ctx context.Context, lowerFD int, rel string, e *delta.Entry, depth int) (string, error) {
-	if depth > delta.MaxDepth {
-		return "", delta.CorruptAt(rel, "directories nested more than %d deep", delta.MaxDepth)
-	}
-	t, err := delta.LoadTree(ctx, p, e.Subtree)
-	if err != nil {
-		return "", fmt.Errorf("/%s: %w", rel, err)
-	}
-	for i := range t.Entries {
-		ce := &t.Entries[i]
-		crel := path.Join(rel, ce.Name)
-		b, err := baseAt(lowerFD, crel)
-		if err != nil {
-			return "", err
-		}
-		switch {
-		case !b.present:
-			if why, err := overlayForms(ctx, p, ce, crel, depth+1); why != "" || err != nil {
-				return why, err
-			}
-		case ce.Type == delta.TypeDir && b.dir && !ce.Opaque:
-			if why, err := p.baseDirOverRule(ctx, lowerFD, crel, ce, depth+1); why != "" || err != nil {
-				return why, err
-			}
-		case ce.Type != delta.TypeDir && ce.Type != delta.TypeHardlink && !b.dir:
-		default:
-			return fmt.Sprintf("/%s is in the lower layer: not a plain name over a plain name", crel), nil
-		}
-	}
-	return "", nil
-}
-
 // mergeDir writes the target's directory e (at rel) into the merged
-// directory name (in dirFD, the mount) the base shows there: names the
-// base lacks are created, base names replaced (unlinked, then created;
-// a whiteout is the unlink alone), base directories merged the same way,
-// and the directory's metadata set last, which has overlay copy it up if
-// no name below did.
-func (p *DiffPlan) mergeDir(ctx context.Context, a *applier, dirFD int, name, rel string, e *delta.Entry, depth int) error {
-	if depth > delta.MaxDepth {
-		return delta.CorruptAt(rel, "directories nested more than %d deep", delta.MaxDepth)
-	}
-	t, err := delta.LoadTree(ctx, p, e.Subtree)
+// directory name (in dirFD, the mount) the base (lowerFD) shows there:
+// names the base lacks are created, base names replaced (unlinked, then
+// created; a whiteout is the unlink alone), base directories merged the
+// same way, and the directory's metadata set last, which has overlay copy
+// it up if no name below did.
+func (p *DiffPlan) mergeDir(ctx context.Context, a *applier, lowerFD, dirFD int, name, rel string, e *delta.Entry, depth int) error {
+	kids, err := baseChildren(ctx, p, lowerFD, rel, e, depth)
 	if err != nil {
-		return fmt.Errorf("/%s: %w", rel, err)
+		return err
 	}
 	fd, err := fsat.Open(dirFD, name, unix.O_RDONLY|unix.O_DIRECTORY)
 	if err != nil {
 		return err
 	}
 	defer unix.Close(fd)
-	lowerFD, err := fsat.OpenDir(p.lower)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(lowerFD)
-	for i := range t.Entries {
-		ce := &t.Entries[i]
-		crel := path.Join(rel, ce.Name)
-		b, err := baseAt(lowerFD, crel)
-		if err != nil {
-			return err
-		}
+	for _, k := range kids {
+		ce, crel, b := k.e, k.rel, k.b
 		if b.present && ce.Type == delta.TypeDir {
-			if err := p.mergeDir(ctx, a, fd, ce.Name, crel, ce, depth+1); err != nil {
+			if err := p.mergeDir(ctx, a, lowerFD, fd, ce.Name, crel, ce, depth+1); err != nil {
 				return err
 			}
 			continue

@@ -48,7 +48,10 @@ func (p *DiffPlan) Mountable(ctx context.Context, lower string) (string, error) 
 		return "", fmt.Errorf("lower layer: %w", err)
 	}
 	defer unix.Close(lowerFD)
+	// p.base is set only when every change passed: a plan refused here
+	// is applied unmounted, where no base rule applies.
 	p.lower, p.base = lower, nil
+	base := map[string]baseHow{}
 	var copyBytes int64
 	for i := range p.changes {
 		c := &p.changes[i]
@@ -65,50 +68,42 @@ func (p *DiffPlan) Mountable(ctx context.Context, lower string) (string, error) 
 		if b.present {
 			how, why := baseRule(c, b)
 			if why != "" {
-				p.base = nil
 				return fmt.Sprintf("/%s is in the lower layer: %s", c.rel, why), nil
 			}
-			if how == baseDir {
-				n, why, err := p.baseDirRule(ctx, lowerFD, c.rel, c.live, 0)
+			switch how {
+			case baseDir:
+				n, why, err := p.baseDirRule(ctx, p.opts.Live, lowerFD, c.rel, c.live, 0, true)
 				if why != "" || err != nil {
-					p.base = nil
 					return why, err
 				}
 				b.size = n
-			}
-			if how == baseDirOver {
-				if why, err := p.baseDirOverRule(ctx, lowerFD, c.rel, c.target, 0); why != "" || err != nil {
-					p.base = nil
+			case baseDirOver:
+				if _, why, err := p.baseDirRule(ctx, p, lowerFD, c.rel, c.target, 0, false); why != "" || err != nil {
 					return why, err
 				}
 			}
 			if how == baseCopy || how == baseDir {
 				if copyBytes += b.size; copyBytes > MaxBaseCopyBytes {
-					p.base = nil
 					return fmt.Sprintf("the base files to copy back exceed %d bytes", MaxBaseCopyBytes), nil
 				}
 			}
 			if how != baseInPlace {
-				if p.base == nil {
-					p.base = map[string]baseHow{}
-				}
-				p.base[c.rel] = how
+				base[c.rel] = how
 			}
 			continue // the rule checked every form the change writes
 		}
 		if c.remove {
 			if why, err := overlayForms(ctx, p.opts.Live, c.live, c.rel, 0); why != "" || err != nil {
-				p.base = nil
 				return why, err
 			}
 		}
 		if c.target != nil && c.how == changeCreate {
 			if why, err := overlayForms(ctx, p, c.target, c.rel, 0); why != "" || err != nil {
-				p.base = nil
 				return why, err
 			}
 		}
 	}
+	p.base = base
 	return "", nil
 }
 

@@ -4,9 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/turnsnap/turnsnap/delta"
+	"io"
 	"os"
 
+	"github.com/turnsnap/turnsnap/delta"
 	"golang.org/x/sys/unix"
 )
 
@@ -32,6 +33,16 @@ func WriteContent(ctx context.Context, loader delta.BlobLoader, f *os.File, e *d
 			}
 		}
 	}
+	return WriteRuns(ctx, loader, f, e, e.Size)
+}
+
+// WriteRuns lays file entry e's chunks, each verified by the loader, into
+// e's data runs in w at their offsets, writing nothing at or past limit,
+// and checks they add up to the entry's data size. It neither sizes w nor
+// punches: WriteContent does that first, and lazy restore (overlay/lazy)
+// fills a placeholder that already has its size and may have been cut
+// (limit) before its first open. It returns the data bytes loaded.
+func WriteRuns(ctx context.Context, loader delta.BlobLoader, w io.WriterAt, e *delta.Entry, limit uint64) (uint64, error) {
 	chunks, err := delta.LoadChunks(ctx, loader, e)
 	if err != nil {
 		return 0, err
@@ -51,8 +62,10 @@ func WriteContent(ctx context.Context, loader delta.BlobLoader, f *os.File, e *d
 		// the runs in order.
 		for len(data) > 0 && len(runs) > 0 {
 			k := min(uint64(len(data)), runs[0].Len)
-			if _, err := f.WriteAt(data[:k], int64(runs[0].Off)); err != nil {
-				return n, err
+			if off := runs[0].Off; off < limit {
+				if _, err := w.WriteAt(data[:min(k, limit-off)], int64(off)); err != nil {
+					return n, err
+				}
 			}
 			data = data[k:]
 			runs[0].Off += k

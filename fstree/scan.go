@@ -2,8 +2,8 @@
 // in package delta's format: the scan of a directory into trees and chunks
 // (Scan, ScanChanged, the ScanCache that lets a scan skip unchanged files),
 // the safe materialisation of a tree into a directory (Materialise,
-// ApplyLayer, RestorePaths), and the in-place diff apply a rollback uses
-// (PlanDiff, DiffPlan). Every walk goes through descriptors and never
+// ApplyLayer, and EntryWriter for fstree/pathrestore), and the in-place
+// diff apply a rollback uses (PlanDiff, DiffPlan). Every walk goes through descriptors and never
 // follows a symlink (internal/fsat).
 package fstree
 

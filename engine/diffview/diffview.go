@@ -17,7 +17,7 @@ import (
 
 	"github.com/aymanbagabas/go-udiff"
 	"github.com/turnsnap/turnsnap/delta"
-	"github.com/turnsnap/turnsnap/fstree"
+	"github.com/turnsnap/turnsnap/fstree/pathrestore"
 	"github.com/turnsnap/turnsnap/internal/fsat"
 	"golang.org/x/sys/unix"
 )
@@ -214,7 +214,7 @@ func (d *describer) patch(ctx context.Context, rel string, old, nw *delta.Entry,
 			return nil
 		}
 		var buf bytes.Buffer
-		if _, err := fstree.StreamContent(ctx, d.loader, &buf, old); err != nil {
+		if _, err := pathrestore.StreamContent(ctx, d.loader, &buf, old); err != nil {
 			return err
 		}
 		a = buf.Bytes()
@@ -249,7 +249,7 @@ func (d *describer) patch(ctx context.Context, rel string, old, nw *delta.Entry,
 func (d *describer) newContent(ctx context.Context, rel string, e *delta.Entry, limit int64) ([]byte, error) {
 	if d.live == "" {
 		var buf bytes.Buffer
-		_, err := fstree.StreamContent(ctx, d.loader, &buf, e)
+		_, err := pathrestore.StreamContent(ctx, d.loader, &buf, e)
 		return buf.Bytes(), err
 	}
 	if d.liveFD < 0 {

@@ -19,6 +19,7 @@ import (
 	"github.com/turnsnap/turnsnap/catalog"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/fstree"
+	"github.com/turnsnap/turnsnap/fstree/pathrestore"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/internal/fsat"
 	"golang.org/x/sys/unix"
@@ -91,7 +92,7 @@ func (ps *Ops) Cat(ctx context.Context, ref catalog.CheckpointRef, path string, 
 	if err != nil {
 		return err
 	}
-	rel, err := fstree.CleanPath(path)
+	rel, err := pathrestore.CleanPath(path)
 	if err != nil {
 		return err
 	}
@@ -114,7 +115,7 @@ func (ps *Ops) Cat(ctx context.Context, ref catalog.CheckpointRef, path string, 
 	default:
 		return fmt.Errorf("%s is a %s, not a file: %w", where, ent.Type, errdefs.ErrInvalid)
 	}
-	if _, err := fstree.StreamContent(ctx, ps.d.Blobs(), w, &ent); err != nil {
+	if _, err := pathrestore.StreamContent(ctx, ps.d.Blobs(), w, &ent); err != nil {
 		return fmt.Errorf("%s: %w", where, err)
 	}
 	return nil
@@ -149,7 +150,7 @@ func (ps *Ops) Ls(ctx context.Context, ref catalog.CheckpointRef, path string) (
 	if err != nil {
 		return nil, err
 	}
-	rel, err := fstree.CleanPath(path)
+	rel, err := pathrestore.CleanPath(path)
 	if err != nil {
 		return nil, err
 	}
@@ -278,7 +279,7 @@ type RestoredPath struct {
 // RestorePaths puts paths back into sandbox name's live root as they are
 // in checkpoint ref (which may be any sandbox's), with their metadata, and
 // leaves everything else alone; a path the checkpoint lacks is removed
-// (fstree.RestorePaths says exactly how). It holds the sandbox's lock, so no
+// (pathrestore.Restore says exactly how). It holds the sandbox's lock, so no
 // checkpoint of it runs meanwhile; its processes keep running and see the
 // files change under them. The next checkpoint records the result as an
 // ordinary change. With o.To the paths go to that host directory instead.
@@ -289,7 +290,7 @@ func (ps *Ops) RestorePaths(ctx context.Context, name delta.SandboxName, ref cat
 	}
 	rels := make([]string, len(paths))
 	for i, p := range paths {
-		rel, err := fstree.CleanPath(p)
+		rel, err := pathrestore.CleanPath(p)
 		if err != nil {
 			return nil, err
 		}
@@ -327,7 +328,7 @@ func (ps *Ops) RestorePaths(ctx context.Context, name delta.SandboxName, ref cat
 		return nil, fmt.Errorf("sandbox %s: %w", name, err)
 	}
 	defer unix.Close(fd)
-	done, err := fstree.RestorePaths(ctx, l, fd, rels, fstree.ApplyOptions{Loader: ps.d.Blobs(), IDs: ps.d.IDs()})
+	done, err := pathrestore.Restore(ctx, l, fd, rels, fstree.ApplyOptions{Loader: ps.d.Blobs(), IDs: ps.d.IDs()})
 	// Whatever was written is made durable, a failed restore's earlier
 	// paths included.
 	if serr := unix.Syncfs(fd); serr != nil && err == nil {

@@ -373,7 +373,11 @@ func (f *Filler) fill(ctx context.Context, fd int, p *pendingFile) error {
 	if err := unix.Fstat(fd, &st); err != nil {
 		return wrap(err)
 	}
-	n, err := writeData(ctx, f.cfg.Loader, fd, &p.entry, uint64(st.Size))
+	// Nothing past the file's size now is written: a truncate(2) by path
+	// through overlay raises no event, so the file may have been cut
+	// before its first open, and a cut file keeps the stored head, as it
+	// would have. The placeholder already has its size, holes only.
+	n, err := fstree.WriteRuns(ctx, f.cfg.Loader, placeholderWriter(fd), &p.entry, uint64(st.Size))
 	if err != nil {
 		return wrap(err)
 	}

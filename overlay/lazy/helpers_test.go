@@ -117,6 +117,17 @@ func startBucket(t testing.TB) (*miniotest.Server, *bucketBlobs) {
 	return srv, b
 }
 
+// storedSample stores sample's files (written in src) in a fresh bucket
+// and returns the server, the bucket, src, their tree and a layout to
+// restore it into.
+func storedSample(t testing.TB) (srv *miniotest.Server, b *bucketBlobs, src string, tree delta.ID, l layout) {
+	t.Helper()
+	srv, b = startBucket(t)
+	src = t.TempDir()
+	sample(t, src)
+	return srv, b, src, stored(t, b, src), newLayout(t)
+}
+
 func must(t testing.TB, err error) {
 	t.Helper()
 	if err != nil {

@@ -23,11 +23,7 @@ import (
 // others still marked; Recover then finishes it, every file reads back the
 // stored bytes through an overlay mount, and the layer scans to its tree.
 func TestKillMidFetchRecovers(t *testing.T) {
-	srv, b := startBucket(t)
-	src := t.TempDir()
-	sample(t, src)
-	tree := stored(t, b, src)
-	l := newLayout(t)
+	srv, b, src, tree, l := storedSample(t)
 	cmd := exec.Command(os.Args[0], "-test.run=^TestKillChild$", "-test.v")
 	cmd.Env = append(os.Environ(), "LAZY_CHILD_ENDPOINT="+srv.Endpoint, "LAZY_CHILD_DIR="+l.dir, "LAZY_CHILD_TREE="+tree.String())
 	out, err := cmd.StdoutPipe()
@@ -136,11 +132,7 @@ func TestKillChild(t *testing.T) {
 // and once the layer is whole the waiting access reads the stored bytes.
 // The keeper is gone after the Close.
 func TestKeeperHoldsAccessesWhileNoListenerRuns(t *testing.T) {
-	srv, b := startBucket(t)
-	src := t.TempDir()
-	sample(t, src)
-	tree := stored(t, b, src)
-	l := newLayout(t)
+	srv, b, src, tree, l := storedSample(t)
 	cmd := exec.Command(os.Args[0], "-test.run=^TestKillChild$", "-test.v")
 	cmd.Env = append(os.Environ(), "LAZY_CHILD_ENDPOINT="+srv.Endpoint, "LAZY_CHILD_DIR="+l.dir, "LAZY_CHILD_TREE="+tree.String(), "LAZY_CHILD_KEEPER=1")
 	out, err := cmd.StdoutPipe()

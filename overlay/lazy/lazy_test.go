@@ -28,11 +28,7 @@ import (
 // returns the stored bytes, each chunk is fetched once, and the layer ends
 // whole, scanning to its tree.
 func TestFirstAccessThroughOverlayReturnsTheStoredBytes(t *testing.T) {
-	_, b := startBucket(t)
-	src := t.TempDir()
-	sample(t, src)
-	tree := stored(t, b, src)
-	l := newLayout(t)
+	_, b, src, tree, l := storedSample(t)
 	f, err := Restore(context.Background(), l.config(b, tree))
 	must(t, err)
 	defer f.Close()
@@ -107,11 +103,7 @@ func TestFirstAccessThroughOverlayReturnsTheStoredBytes(t *testing.T) {
 // opens nothing and raises no event on this kernel (measured), so the fill
 // that follows must keep the cut size and write only the stored head.
 func TestTruncateByPathKeepsTheStoredHead(t *testing.T) {
-	_, b := startBucket(t)
-	src := t.TempDir()
-	sample(t, src)
-	tree := stored(t, b, src)
-	l := newLayout(t)
+	_, b, src, tree, l := storedSample(t)
 	f, err := Restore(context.Background(), l.config(b, tree))
 	must(t, err)
 	defer f.Close()
@@ -129,12 +121,8 @@ func TestTruncateByPathKeepsTheStoredHead(t *testing.T) {
 // 40 small ones at once, and fetch-ahead runs beside them; every reader
 // gets the stored bytes and no chunk is fetched twice.
 func TestConcurrentReadersFetchOnce(t *testing.T) {
-	_, b := startBucket(t)
+	_, b, src, tree, l := storedSample(t)
 	b.delay = 2 * time.Millisecond // keep fills in flight while others arrive
-	src := t.TempDir()
-	sample(t, src)
-	tree := stored(t, b, src)
-	l := newLayout(t)
 	f, err := Restore(context.Background(), l.config(b, tree))
 	must(t, err)
 	defer f.Close()
@@ -193,12 +181,8 @@ func TestConcurrentReadersFetchOnce(t *testing.T) {
 // error names the object and the sandbox; the other files still restore,
 // and the layer stays incomplete.
 func TestMissingObjectFailsTheAccessNamingIt(t *testing.T) {
-	_, b := startBucket(t)
-	src := t.TempDir()
-	sample(t, src)
-	tree := stored(t, b, src)
+	_, b, src, tree, l := storedSample(t)
 	gone := delta.Hash([]byte("key = value\n"))
-	l := newLayout(t)
 	f, err := Restore(context.Background(), l.config(b, tree))
 	must(t, err)
 	defer f.Close()

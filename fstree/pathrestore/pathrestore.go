@@ -1,4 +1,10 @@
-package fstree
+// Package pathrestore brings single paths of a checkpoint's state back:
+// into a directory (Restore: each path made exactly the state's, the rest
+// left alone) or out as a file's bytes (StreamContent), and CleanPath, the
+// check every user-given in-sandbox path passes first. It writes entries
+// with fstree's EntryWriter, the writer Materialise uses; fstree never
+// imports it.
+package pathrestore
 
 import (
 	"context"
@@ -6,29 +12,29 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"github.com/turnsnap/turnsnap/delta"
 	"io"
-	"math"
 	"os"
 	"path"
 	"slices"
 	"strconv"
 	"strings"
 
+	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/internal/fsat"
 	"golang.org/x/sys/unix"
 )
 
-// PathRestore is what RestorePaths did with one path.
-type PathRestore struct {
+// Result is what Restore did with one path.
+type Result struct {
 	Path string // root-relative
 	// Removed says the path does not exist in the state, so it was
 	// removed from the target (Existed says whether there was anything).
 	Removed bool
 	Existed bool
-	Stats   ApplyStats // what was written
-	Kept    int64      // entries that already were as in the state, left alone
+	Stats   fstree.ApplyStats // what was written
+	Kept    int64             // entries that already were as in the state, left alone
 }
 
 // CleanPath turns a user's in-sandbox path ("/etc/app.conf", "src/") into
@@ -50,7 +56,7 @@ func CleanPath(p string) (string, error) {
 	return rel, nil
 }
 
-// RestorePaths makes each root-relative path below the directory dstFD
+// Restore makes each root-relative path below the directory dstFD
 // exactly what it is in the state l (base first, overlay semantics), and
 // leaves everything else alone. A path absent in l is removed from dst.
 // Directories are restored whole: what dst holds below them and l does not
@@ -63,7 +69,7 @@ func CleanPath(p string) (string, error) {
 // over the old name when complete, so a damaged chunk leaves that entry as
 // it was and no entry is ever half written.
 //
-// Safety is the applier's (apply.go): every name is reached from dstFD with
+// Safety is fstree's EntryWriter's: every name is reached from dstFD with
 // openat2 RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS, so a symlink in dst on the
 // way to a path is an error (ErrPrecondition), never followed, and a
 // symlink at the path itself is replaced, not written through. Device
@@ -71,24 +77,20 @@ func CleanPath(p string) (string, error) {
 // primary this call restored (or found equal) stays a hardlink; one whose
 // primary is elsewhere becomes a copy of it. paths must be clean
 // (CleanPath) and not empty; nested ones are covered by their ancestor.
-func RestorePaths(ctx context.Context, l delta.Layers, dstFD int, paths []string, opts ApplyOptions) ([]PathRestore, error) {
+func Restore(ctx context.Context, l delta.Layers, dstFD int, paths []string, opts fstree.ApplyOptions) ([]Result, error) {
 	paths = coverPaths(paths)
-	r := &pathRestorer{
-		applier: applier{opts: opts, rootFD: dstFD, merge: false, files: map[string]bool{},
-			budget: delta.Footprint{Entries: math.MaxUint64}},
-		state: l, loc: map[string]string{},
-	}
-	var out []PathRestore
+	r := &pathRestorer{w: fstree.NewEntryWriter(dstFD, opts), opts: opts, rootFD: dstFD, state: l, loc: map[string]string{}}
+	var out []Result
 	for _, p := range paths {
 		if p == "" {
 			return out, fmt.Errorf("restore of the whole root: use rollback: %w", errdefs.ErrInvalid)
 		}
-		r.stats, r.kept = ApplyStats{}, 0
+		*r.w.Stats(), r.kept = fstree.ApplyStats{}, 0
 		res, err := r.one(ctx, p)
 		if err != nil {
 			return out, fmt.Errorf("restore /%s: %w", p, err)
 		}
-		res.Stats, res.Kept = r.stats, r.kept
+		res.Stats, res.Kept = *r.w.Stats(), r.kept
 		out = append(out, res)
 	}
 	return out, nil
@@ -113,17 +115,19 @@ func coverPaths(paths []string) []string {
 }
 
 type pathRestorer struct {
-	applier
-	state delta.Layers
-	kept  int64 // entries already as in the state, left alone
-	xbuf  []byte
+	w      *fstree.EntryWriter
+	opts   fstree.ApplyOptions
+	rootFD int
+	state  delta.Layers
+	kept   int64 // entries already as in the state, left alone
+	xbuf   []byte
 	// loc maps each restored top path to where it is now relative to
 	// rootFD (its temporary name until renamed), for hardlinks into it.
 	loc map[string]string
 }
 
-func (r *pathRestorer) one(ctx context.Context, p string) (PathRestore, error) {
-	res := PathRestore{Path: p}
+func (r *pathRestorer) one(ctx context.Context, p string) (Result, error) {
+	res := Result{Path: p}
 	e, sub, ok, err := delta.LookupDir(ctx, r.opts.Loader, r.state, p)
 	if err != nil {
 		return res, err
@@ -141,7 +145,7 @@ func (r *pathRestorer) one(ctx context.Context, p string) (PathRestore, error) {
 	if !ok {
 		res.Removed = true
 		if res.Existed {
-			err = removeAt(parentFD, name)
+			err = fstree.RemoveAt(parentFD, name)
 		}
 		return res, err
 	}
@@ -188,7 +192,7 @@ func (r *pathRestorer) put(ctx context.Context, dirFD int, rel string, e *delta.
 		if same {
 			r.kept++
 			if e.Type == delta.TypeFile {
-				r.files[rel] = true
+				r.w.NoteFile(rel)
 			}
 			return nil
 		}
@@ -199,19 +203,19 @@ func (r *pathRestorer) put(ctx context.Context, dirFD int, rel string, e *delta.
 	built := *e
 	built.Name = tmp
 	if err := r.build(ctx, dirFD, rel, &built, sub); err != nil {
-		removeAt(dirFD, tmp)
+		fstree.RemoveAt(dirFD, tmp)
 		return err
 	}
 	// Only a directory (old or new) needs the old name gone first: rename
 	// replaces anything else atomically.
 	if exists && (isDir || e.Type == delta.TypeDir) {
-		if err := removeAt(dirFD, e.Name); err != nil {
-			removeAt(dirFD, tmp)
+		if err := fstree.RemoveAt(dirFD, e.Name); err != nil {
+			fstree.RemoveAt(dirFD, tmp)
 			return err
 		}
 	}
 	if err := unix.Renameat(dirFD, tmp, dirFD, e.Name); err != nil {
-		removeAt(dirFD, tmp)
+		fstree.RemoveAt(dirFD, tmp)
 		return fmt.Errorf("rename into place: %w", err)
 	}
 	return nil
@@ -234,7 +238,7 @@ func (r *pathRestorer) sync(ctx context.Context, fd int, rel string, e *delta.En
 	}
 	for _, n := range names {
 		if !want[n] {
-			if err := removeAt(fd, n); err != nil {
+			if err := fstree.RemoveAt(fd, n); err != nil {
 				return fmt.Errorf("remove /%s: %w", path.Join(rel, n), err)
 			}
 		}
@@ -248,7 +252,7 @@ func (r *pathRestorer) sync(ctx context.Context, fd int, rel string, e *delta.En
 			return fmt.Errorf("/%s: %w", crel, err)
 		}
 	}
-	return setMeta(metaTarget{fd: fd}, e)
+	return fstree.SetFileMeta(fd, e)
 }
 
 // list is ListDir of a merged directory, each entry resolved.
@@ -294,7 +298,7 @@ func (r *pathRestorer) same(ctx context.Context, dirFD int, e *delta.Entry, st *
 		return false, nil
 	}
 	if r.xbuf == nil {
-		r.xbuf = make([]byte, xattrBufSize)
+		r.xbuf = make([]byte, fsat.XattrBufSize)
 	}
 	xs, err := fsat.Xattrs(dirFD, e.Name, r.xbuf, func(n string) bool { return strings.HasPrefix(n, delta.OverlayXattrPrefix) })
 	if err != nil || !slices.EqualFunc(xs, e.Xattrs, func(a, b delta.Xattr) bool { return a.Name == b.Name && string(a.Value) == string(b.Value) }) {
@@ -399,7 +403,7 @@ func (r *pathRestorer) setDirMeta(ctx context.Context, rel string) error {
 		return fmt.Errorf("/%s: %w", rel, err)
 	}
 	defer unix.Close(fd)
-	return setMeta(metaTarget{fd: fd}, &e)
+	return fstree.SetFileMeta(fd, &e)
 }
 
 // build creates e (named e.Name in dirFD) with everything below it; rel is
@@ -410,7 +414,7 @@ func (r *pathRestorer) build(ctx context.Context, dirFD int, rel string, e *delt
 	}
 	switch e.Type {
 	case delta.TypeDir:
-		r.stats.Entries++
+		r.w.Stats().Entries++
 		if err := unix.Mkdirat(dirFD, e.Name, 0o700); err != nil {
 			return err
 		}
@@ -433,20 +437,20 @@ func (r *pathRestorer) build(ctx context.Context, dirFD int, rel string, e *delt
 				return fmt.Errorf("/%s: %w", crel, err)
 			}
 		}
-		return setMeta(metaTarget{fd: fd}, e)
+		return fstree.SetFileMeta(fd, e)
 	case delta.TypeHardlink:
 		return r.link(ctx, dirFD, rel, e)
 	case delta.TypeWhiteout:
 		return fmt.Errorf("whiteout in a merged state: %w", errdefs.ErrCorrupt)
 	}
-	return r.entry(ctx, dirFD, rel, e)
+	return r.w.Write(ctx, dirFD, rel, e)
 }
 
 // link makes a hardlink to its primary where this call restored it, and
 // a copy of the primary otherwise (its other names are not this restore's).
 func (r *pathRestorer) link(ctx context.Context, dirFD int, rel string, e *delta.Entry) error {
-	if r.files[e.Target] {
-		r.stats.Entries++
+	if r.w.Wrote(e.Target) {
+		r.w.Stats().Entries++
 		tfd, err := fsat.Open(r.rootFD, r.where(e.Target), unix.O_PATH)
 		if err != nil {
 			return fmt.Errorf("hardlink target %s: %w", e.Target, err)
@@ -462,7 +466,7 @@ func (r *pathRestorer) link(ctx context.Context, dirFD int, rel string, e *delta
 		return fmt.Errorf("hardlink to %q, which is not a file of the checkpoint: %w", e.Target, errdefs.ErrCorrupt)
 	}
 	primary.Name = e.Name
-	return r.entry(ctx, dirFD, rel, &primary)
+	return r.w.Write(ctx, dirFD, rel, &primary)
 }
 
 // where is the current location of the restored path rel below rootFD.

@@ -1,18 +1,21 @@
-package fstree
+package pathrestore
 
 import (
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"github.com/turnsnap/turnsnap/delta"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/turnsnap/turnsnap/delta"
+	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/internal/fsat"
+	"github.com/turnsnap/turnsnap/internal/roottest"
+	"github.com/turnsnap/turnsnap/internal/testenv"
 	"golang.org/x/sys/unix"
 )
 
@@ -54,10 +57,10 @@ func FuzzCleanPath(f *testing.F) {
 // RestorePaths refuses device nodes outside the device rule, leaves a
 // path as it was when a chunk is damaged, and copies a hardlink whose
 // primary it does not restore.
-func TestRestorePathsRules(t *testing.T) {
-	requireRoot(t)
+func TestRestoreRules(t *testing.T) {
+	testenv.RequireRoot(t)
 	ctx := context.Background()
-	mem := newMem()
+	mem := roottest.NewMemStore()
 	put := func(tr *delta.Tree) delta.ID {
 		data := tr.Encode()
 		id := delta.Hash(data)
@@ -70,7 +73,7 @@ func TestRestorePathsRules(t *testing.T) {
 		return id
 	}
 	good, bad := chunk("good\n"), chunk("bad!\n")
-	mem.m[bad][0] ^= 1
+	mem.Corrupt(bad)
 	sub := put(&delta.Tree{Entries: []delta.Entry{{Name: "f", Type: delta.TypeFile, Mode: 0o600, MtimeNs: 1e18, Size: 5, Chunks: []delta.ID{good}}}})
 	root := put(&delta.Tree{Entries: []delta.Entry{
 		{Name: "broken", Type: delta.TypeFile, Mode: 0o644, Size: 5, Chunks: []delta.ID{bad}},
@@ -84,18 +87,18 @@ func TestRestorePathsRules(t *testing.T) {
 	must(t, err)
 	defer unix.Close(fd)
 	l := delta.Layers{root}
-	_, err = RestorePaths(ctx, l, fd, []string{"sda"}, ApplyOptions{Loader: mem})
+	_, err = Restore(ctx, l, fd, []string{"sda"}, fstree.ApplyOptions{Loader: mem})
 	if !errors.Is(err, errdefs.ErrPrecondition) {
 		t.Fatalf("block device: %v, want ErrPrecondition", err)
 	}
-	_, err = RestorePaths(ctx, l, fd, []string{"broken"}, ApplyOptions{Loader: mem})
+	_, err = Restore(ctx, l, fd, []string{"broken"}, fstree.ApplyOptions{Loader: mem})
 	if !errors.Is(err, errdefs.ErrCorrupt) {
 		t.Fatalf("damaged chunk: %v, want ErrCorrupt", err)
 	}
 	if b, _ := os.ReadFile(filepath.Join(dst, "broken")); string(b) != "old\n" {
 		t.Fatalf("a failed restore changed the path: %q", b)
 	}
-	res, err := RestorePaths(ctx, l, fd, []string{"link"}, ApplyOptions{Loader: mem})
+	res, err := Restore(ctx, l, fd, []string{"link"}, fstree.ApplyOptions{Loader: mem})
 	must(t, err)
 	var st unix.Stat_t
 	must(t, unix.Lstat(filepath.Join(dst, "link"), &st))
@@ -113,7 +116,7 @@ func TestRestorePathsRules(t *testing.T) {
 // never stored: the first one is not found).
 func TestStreamContentLoadsChunkList(t *testing.T) {
 	ctx := context.Background()
-	mem := newMem()
+	mem := roottest.NewMemStore()
 	chunks := make([]delta.ID, 40)
 	for i := range chunks {
 		chunks[i] = delta.Hash(fmt.Appendf(nil, "chunk %d", i))
@@ -133,5 +136,12 @@ func TestStreamContentLoadsChunkList(t *testing.T) {
 	var buf bytes.Buffer
 	if _, err := StreamContent(ctx, mem, &buf, e); err == nil || !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("stream of an entry without stored chunks: %v (want the first chunk not found)", err)
+	}
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
 	}
 }
