@@ -36,9 +36,10 @@ import (
 
 // The tests run a real kube-apiserver and etcd (envtest), real node
 // agents (`turnsnap serve` on TCP, one home each, one MinIO bucket) and the
-// controller in this process. There is no kubelet: the test plays the part
-// of kube/node on each node (the Lease turnsnap-node-NAME it renews and the
-// Secret with its endpoint and token) and of the kubelet (Node objects).
+// controller in this process. There is no kubelet: the test runs kube/node's
+// Agent for each node in this process (the Lease turnsnap-node-NAME it
+// renews and the Secret with its endpoint and token) and plays the
+// kubelet's part (Node objects).
 
 // leaseSeconds is the node Leases' duration here: short, so that a dead
 // node is noticed within seconds (kube/node's least: renewals every second).
@@ -149,7 +150,7 @@ func (f *fleet) newAgent(ctx context.Context, i int) *agent {
 	if err := os.WriteFile(tokenFile, []byte(a.token), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	port, err := freePort()
+	port, err := testenv.FreePort("127.0.0.1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -322,15 +323,6 @@ func makeBase(t testing.TB, dir string) string {
 		}
 	}
 	return base
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 func randomHex(n int) string {
