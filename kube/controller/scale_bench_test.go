@@ -110,8 +110,8 @@ func BenchmarkScaleKubeFork(b *testing.B) {
 // last durable checkpoint's files. Baseline, in the same run: a branch of
 // the same checkpoint on another node, asked directly (the restore alone,
 // without the Lease's expiry, the controller and the adoption). The
-// Lease lasts 2 s here; a real fleet's (kube/node) lasts longer, and the
-// detection part grows with it.
+// Lease lasts 3 s here (kube/node's shortest); a real fleet's lasts 15 s
+// by default, and the detection part grows with it.
 //
 // Metrics: failover_s, restore_direct_s, failover_ratio, lease_s, load1 at
 // the start and the end.
