@@ -227,26 +227,33 @@ func (a *agent) kill() {
 func (f *fleet) startController() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	// A restarted controller is a new manager in this process: its
-	// controllers' names are those of the stopped one.
-	skip := true
 	cfg := f.cfg
 	if f.ctrlCfg != nil {
 		cfg = f.ctrlCfg
 	}
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{Scheme: Scheme(), Cache: CacheOptions(f.ns), Metrics: metricsserver.Options{BindAddress: "0"},
-		Logger: Logger(f.log), Controller: config.Controller{SkipNameValidation: &skip}})
+	f.stopCtrl, f.ctrlDone = runManager(f.t, cfg, f.ns, f.log)
+	f.t.Cleanup(f.stopController)
+}
+
+// runManager starts the controller as a manager in this process, with
+// cfg's identity, over the node agents in namespace ns; cancel stops it,
+// and done then gives mgr.Start's answer.
+func runManager(t testing.TB, cfg *rest.Config, ns string, log *slog.Logger) (cancel context.CancelFunc, done chan error) {
+	// A restarted controller is a new manager in this process: its
+	// controllers' names are those of the stopped one.
+	skip := true
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{Scheme: Scheme(), Cache: CacheOptions(ns), Metrics: metricsserver.Options{BindAddress: "0"},
+		Logger: Logger(log), Controller: config.Controller{SkipNameValidation: &skip}})
 	if err != nil {
-		f.t.Fatal(err)
+		t.Fatal(err)
 	}
-	if err := Setup(mgr, Options{Namespace: f.ns, Log: f.log, NodeTimeout: 2 * time.Minute}); err != nil {
-		f.t.Fatal(err)
+	if err := Setup(mgr, Options{Namespace: ns, Log: log, NodeTimeout: 2 * time.Minute}); err != nil {
+		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
+	done = make(chan error, 1)
 	go func() { done <- mgr.Start(ctx) }()
-	f.stopCtrl, f.ctrlDone = cancel, done
-	f.t.Cleanup(f.stopController)
+	return cancel, done
 }
 
 // asController has the controller run as the ServiceAccount of
