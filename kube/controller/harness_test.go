@@ -187,8 +187,10 @@ func (a *agent) start(ctx context.Context) error {
 	if err := a.h.Start(ctx); err != nil {
 		return err
 	}
-	if a.f.k == nil {
-		return nil // no API server: no Lease
+	if a.f.cs == nil {
+		// No API server (none, or fakeAPI's client, whose Leases the
+		// test writes itself): no kube/node Agent.
+		return nil
 	}
 	na, err := kubenode.New(kubenode.Config{Client: a.f.cs, Namespace: a.f.ns, Node: a.name, HomeID: a.homeID,
 		Endpoint: "http://" + a.addr, Token: []byte(a.token), LeaseDuration: leaseSeconds * time.Second, Log: a.f.log})

@@ -171,16 +171,8 @@ func BenchmarkScaleForkWithoutAPIServer(b *testing.B) {
 	for i := range b.N {
 		b.StopTimer()
 		src := fmt.Sprintf("src%d", i)
-		if err := k.Create(ctx, &v1.TurnsnapSandbox{ObjectMeta: metav1.ObjectMeta{Name: src, Namespace: "work"},
-			Spec: v1.TurnsnapSandboxSpec{Base: f.base, Backend: v1.BackendOverlay, NodeName: "n1"}}); err != nil {
-			b.Fatal(err)
-		}
-		reconcileSettled(b, ctx, sr, src)
-		var sb v1.TurnsnapSandbox
-		if err := k.Get(ctx, crclient.ObjectKey{Namespace: "work", Name: src}, &sb); err != nil {
-			b.Fatal(err)
-		}
-		root := rootOf(b, f, &sb)
+		sb := createSettled(b, ctx, k, sr, src, f.base, "n1")
+		root := rootOf(b, f, sb)
 		for j := range 32 {
 			writeFile(b, filepath.Join(root, fmt.Sprintf("file%02d.txt", j)), strings.Repeat(fmt.Sprintf("line %d\n", j), 512))
 		}
@@ -267,16 +259,8 @@ func BenchmarkScaleFailoverWithoutAPIServer(b *testing.B) {
 	for i := range b.N {
 		b.StopTimer()
 		name := fmt.Sprintf("fo%d", i)
-		if err := k.Create(ctx, &v1.TurnsnapSandbox{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "work"},
-			Spec: v1.TurnsnapSandboxSpec{Base: f.base, Backend: v1.BackendOverlay, NodeName: "n3"}}); err != nil {
-			b.Fatal(err)
-		}
-		reconcileSettled(b, ctx, sr, name)
-		var sb v1.TurnsnapSandbox
-		if err := k.Get(ctx, crclient.ObjectKey{Namespace: "work", Name: name}, &sb); err != nil {
-			b.Fatal(err)
-		}
-		writeFile(b, filepath.Join(rootOf(b, f, &sb), "durable.txt"), "durable turn\n")
+		sb := createSettled(b, ctx, k, sr, name, f.base, "n3")
+		writeFile(b, filepath.Join(rootOf(b, f, sb), "durable.txt"), "durable turn\n")
 		if err := k.Create(ctx, &v1.SandboxCheckpoint{ObjectMeta: metav1.ObjectMeta{Name: name + "-cp", Namespace: "work"},
 			Spec: v1.SandboxCheckpointSpec{SandboxRef: name}}); err != nil {
 			b.Fatal(err)
@@ -310,13 +294,13 @@ func BenchmarkScaleFailoverWithoutAPIServer(b *testing.B) {
 			b.Fatal(err)
 		}
 		reconcileSettled(b, ctx, sr, name)
-		if err := k.Get(ctx, crclient.ObjectKey{Namespace: "work", Name: name}, &sb); err != nil {
+		if err := k.Get(ctx, crclient.ObjectKey{Namespace: "work", Name: name}, sb); err != nil {
 			b.Fatal(err)
 		}
-		if !running(&sb) || sb.Status.Node == "n3" {
+		if !running(sb) || sb.Status.Node == "n3" {
 			b.Fatalf("after n3 died: %+v", sb.Status)
 		}
-		if got := readFile(b, filepath.Join(rootOf(b, f, &sb), "durable.txt")); got != "durable turn\n" {
+		if got := readFile(b, filepath.Join(rootOf(b, f, sb), "durable.txt")); got != "durable turn\n" {
 			b.Fatalf("restored durable.txt: %q", got)
 		}
 		took := time.Since(killed)
@@ -364,4 +348,19 @@ func reconcileSettled(b *testing.B, ctx context.Context, rec ctrl.Reconciler, na
 			b.Logf("reconcile %s: %v (again)", name, err)
 		}
 	}
+}
+
+// createSettled creates the overlay sandbox work/name of base on node and
+// reconciles it until it settles; it returns the sandbox as it is then.
+func createSettled(b *testing.B, ctx context.Context, k crclient.Client, sr ctrl.Reconciler, name, base, node string) *v1.TurnsnapSandbox {
+	if err := k.Create(ctx, &v1.TurnsnapSandbox{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "work"},
+		Spec: v1.TurnsnapSandboxSpec{Base: base, Backend: v1.BackendOverlay, NodeName: node}}); err != nil {
+		b.Fatal(err)
+	}
+	reconcileSettled(b, ctx, sr, name)
+	var sb v1.TurnsnapSandbox
+	if err := k.Get(ctx, crclient.ObjectKey{Namespace: "work", Name: name}, &sb); err != nil {
+		b.Fatal(err)
+	}
+	return &sb
 }
