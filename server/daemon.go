@@ -197,29 +197,30 @@ func Serve(ctx context.Context, f Config) error {
 		log.Info("serving TCP", "addr", tl.Addr().String(), "tls", f.TLSCert != "")
 		tcpAddr = tl.Addr().String()
 	}
-	if f.Serving != nil {
-		f.Serving(ctx, Serving{HomeID: e.HomeID(), TCPAddr: tcpAddr, Log: log})
-	}
 	var stops []func(context.Context)
+	stopAttached := func(ctx context.Context) {
+		for _, st := range stops {
+			st(ctx)
+		}
+	}
 	for _, attach := range f.Attach {
 		stop, err := attach(ctx, srvAPI.Service(), log)
 		if err != nil {
 			for _, s := range servers {
 				s.Close()
 			}
-			for _, st := range stops {
-				st(ctx)
-			}
+			stopAttached(ctx)
 			return err
 		}
 		stops = append(stops, stop)
 	}
+	if f.Serving != nil {
+		f.Serving(ctx, Serving{HomeID: e.HomeID(), TCPAddr: tcpAddr, Log: log})
+	}
 	select {
 	case <-ctx.Done():
 	case err := <-errc:
-		for _, st := range stops {
-			st(ctx)
-		}
+		stopAttached(ctx)
 		return fmt.Errorf("serve: %w", err)
 	}
 	// Stop accepting; let requests in flight (a checkpoint committing)
@@ -227,9 +228,7 @@ func Serve(ctx context.Context, f Config) error {
 	sctx, cancel := context.WithTimeout(context.Background(), f.ShutdownTimeout)
 	defer cancel()
 	ShutdownServers(sctx, log, servers)
-	for _, st := range stops {
-		st(sctx)
-	}
+	stopAttached(sctx)
 	stopLLM(sctx)
 	stopPush()
 	pushWG.Wait()

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"os"
 
 	"github.com/spf13/cobra"
@@ -13,6 +12,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/turnsnap/turnsnap/kube/controller"
+	"github.com/turnsnap/turnsnap/server"
 )
 
 type controllerFlags struct {
@@ -63,11 +63,10 @@ It needs no root and no turnsnap home.`,
 }
 
 func (a *app) controller(ctx context.Context, f controllerFlags) error {
-	var h slog.Handler = slog.NewTextHandler(os.Stderr, nil)
-	if f.logFormat == "json" {
-		h = slog.NewJSONHandler(os.Stderr, nil)
+	log, err := server.NewLogger(f.logFormat, false) // as serve logs
+	if err != nil {
+		return err
 	}
-	log := slog.New(h)
 	ctrl.SetLogger(controller.Logger(log))
 	cfg, err := ctrl.GetConfig()
 	if f.kubeconfig != "" {

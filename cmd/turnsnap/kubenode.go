@@ -36,7 +36,14 @@ func (a *app) withKubeNode(cfg *server.Config, o node.DaemonOptions) (stop func(
 			return nil, err
 		}
 	}
-	d, err := node.NewDaemon(o, cfg.Listen, cfg.TokenFile, cfg.TLSCert)
+	var token []byte
+	if cfg.Listen != "" {
+		// The token serve demands, read as serve reads it.
+		if token, err = server.ReadToken(cfg.TokenFile); err != nil {
+			return nil, err
+		}
+	}
+	d, err := node.NewDaemon(o, cfg.Listen, token, cfg.TLSCert)
 	if err != nil {
 		return nil, err
 	}

@@ -119,20 +119,14 @@ func (o *op) forget(ctx context.Context, h *History, plan map[string]Policy, gra
 			byID[cp.ID] = cp
 		}
 	}
-	type part struct {
-		key     string
-		policy  Policy
-		keep    []Entry
-		dropped []Entry
-	}
-	var parts []part
+	var parts []forgetPart
 	for key, p := range plan {
 		cps := h.BySandbox[key]
 		if len(cps) == 0 {
 			continue
 		}
 		keep, del := applyPolicy(p, cps, h.Pin, h.Tags, h.label(cps[0]))
-		parts = append(parts, part{key, p, keep, del})
+		parts = append(parts, forgetPart{h.label(cps[0]), p, keep, del})
 		for _, d := range del {
 			drop = append(drop, byID[d.ID])
 		}
@@ -141,8 +135,25 @@ func (o *op) forget(ctx context.Context, h *History, plan map[string]Policy, gra
 	if r == nil {
 		return rep, err
 	}
+	r.report(rep, h, parts)
+	return rep, err
+}
+
+// forgetPart is one sandbox's decision in a forget run: what its policy
+// keeps and what it drops.
+type forgetPart struct {
+	sandbox string // its label
+	policy  Policy
+	keep    []Entry
+	dropped []Entry
+}
+
+// report fills rep from what retire did: per part, its dropped entries
+// deleted, marked, or kept after all (the mark object full); then the
+// records swept of earlier runs' marks.
+func (r *retired) report(rep *ForgetReport, h *History, parts []forgetPart) {
 	for _, pt := range parts {
-		s := ForgetSandbox{Sandbox: h.label(h.BySandbox[pt.key][0]), Policy: pt.policy, Kept: pt.keep}
+		s := ForgetSandbox{Sandbox: pt.sandbox, Policy: pt.policy, Kept: pt.keep}
 		for _, d := range pt.dropped {
 			switch due, marked := r.marked[d.ID]; {
 			case r.deleted[d.ID]:
@@ -166,7 +177,6 @@ func (o *op) forget(ctx context.Context, h *History, plan map[string]Policy, gra
 		rep.CheckpointsDeleted++
 	}
 	slices.SortFunc(rep.Sandboxes, func(a, b ForgetSandbox) int { return cmp.Compare(a.Sandbox, b.Sandbox) })
-	return rep, err
 }
 
 func orNone(l []Entry) []Entry {

@@ -54,24 +54,6 @@ func (rt *Retention) ForgetCheckpoint(ctx context.Context, id delta.ID, grace ti
 	if r == nil {
 		return rep, err
 	}
-	s := ForgetSandbox{Sandbox: e.Sandbox, Kept: []Entry{}, Deleted: []Entry{}, Marked: []Entry{}}
-	switch due, marked := r.marked[id]; {
-	case r.deleted[id]:
-		s.Deleted = append(s.Deleted, e)
-		rep.CheckpointsDeleted++
-	case marked:
-		e.DeleteAfter = due
-		s.Marked = append(s.Marked, e)
-		rep.CheckpointsMarked++
-	default:
-		e.Reasons = []string{"left for a later run"} // the mark object is full
-		s.Kept = append(s.Kept, e)
-		rep.CheckpointsKept++
-	}
-	rep.Sandboxes = append(rep.Sandboxes, s)
-	for _, c := range r.swept {
-		rep.Swept = append(rep.Swept, Entry{ID: c.ID, Sandbox: h.label(c), Turn: c.Turn, Created: c.Created})
-		rep.CheckpointsDeleted++
-	}
+	r.report(rep, h, []forgetPart{{sandbox: e.Sandbox, dropped: []Entry{e}}})
 	return rep, err
 }

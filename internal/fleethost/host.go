@@ -67,7 +67,7 @@ type Host struct {
 
 // NewHost makes host i (1-based) of fn under dir: its home is
 // dir/hI/home, its daemon's log dir/hI/daemon.log. The daemon is stopped
-// when t ends.
+// when t ends. With fn nil the host runs in the root network namespace.
 func NewHost(t testing.TB, fn *Net, i int, bin, dir string, env []string) *Host {
 	h := &Host{I: i, Name: fmt.Sprintf("h%d", i), Home: filepath.Join(dir, fmt.Sprintf("h%d", i), "home"),
 		Bin: bin, Net: fn, Env: env, Log: filepath.Join(dir, fmt.Sprintf("h%d", i), "daemon.log")}
@@ -183,6 +183,14 @@ func (h *Host) Start(ctx context.Context) error {
 	h.cmd, h.done = cmd, done
 	close(h.up)
 	return nil
+}
+
+// Running says whether the daemon was started and not stopped or killed
+// since.
+func (h *Host) Running() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.cmd != nil
 }
 
 // detach takes the running daemon's process from h (nil if none), so that

@@ -196,6 +196,11 @@ func SetupNet(t testing.TB, n int) *Net {
 // --net keeps the mount namespace (unlike `ip netns exec`, which unshares
 // it), so the overlay roots a daemon mounts are the test's to read and
 // write, and nsenter execs argv in place, so its pid is the daemon's.
+// On a nil Net (hosts sharing the root namespace, as the controller's
+// tests run them on 127.0.0.1) argv runs as it is.
 func (n *Net) InNS(i int, argv ...string) []string {
+	if n == nil {
+		return argv
+	}
 	return append([]string{"nsenter", "--net=/run/netns/" + n.NSName(i), "--"}, argv...)
 }

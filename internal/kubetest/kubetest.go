@@ -13,7 +13,6 @@ package kubetest
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -138,7 +137,7 @@ func Start(t testing.TB, o Options) *Env {
 			t.Fatalf("kubetest: CRD directory: %v", err)
 		}
 	}
-	port, err := freePort(o.Address)
+	port, err := testenv.FreePort(o.Address)
 	if err != nil {
 		t.Fatalf("kubetest: a free port on %s: %v", o.Address, err)
 	}
@@ -255,13 +254,4 @@ func (e *Env) ServerVersion() (string, error) {
 func BinaryVersion() string {
 	out, _ := exec.Command(filepath.Join(AssetsDir(), "kube-apiserver"), "--version").Output()
 	return strings.TrimSpace(string(out))
-}
-
-func freePort(host string) (int, error) {
-	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }

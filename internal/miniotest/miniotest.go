@@ -97,7 +97,7 @@ func StartAt(t testing.TB, host string) *Server {
 	var err error
 	for range 3 { // a port picked free may be taken before MinIO binds it
 		var port int
-		if port, err = freePort(host); err != nil {
+		if port, err = testenv.FreePort(host); err != nil {
 			break
 		}
 		s.Endpoint = net.JoinHostPort(host, strconv.Itoa(port))
@@ -151,7 +151,7 @@ func (s *Server) Running() bool {
 }
 
 func (s *Server) start() error {
-	console, err := freePort(s.host)
+	console, err := testenv.FreePort(s.host)
 	if err != nil {
 		return err
 	}
@@ -255,15 +255,6 @@ func (s *Server) logTail() string {
 		b = b[len(b)-4000:]
 	}
 	return string(b)
-}
-
-func freePort(host string) (int, error) {
-	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 func randomHex(n int) string {

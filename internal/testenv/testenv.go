@@ -6,6 +6,7 @@
 package testenv
 
 import (
+	"net"
 	"os"
 	"testing"
 )
@@ -28,4 +29,16 @@ func RequireRoot(t testing.TB) {
 	if os.Geteuid() != 0 {
 		Missing(t, "root", "mounts, chown, trusted xattrs and device nodes need it")
 	}
+}
+
+// FreePort returns a TCP port free on host now, for a server a test starts
+// that takes its port as a flag. Another process may take it before the
+// server binds it; the callers' servers fail loudly then.
+func FreePort(host string) (int, error) {
+	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
 }

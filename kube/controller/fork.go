@@ -158,11 +158,7 @@ func (r *forkReconciler) resolve(ctx context.Context, f *v1.SandboxFork) (id, no
 // left as it is: Create answers AlreadyExists.
 func (r *forkPatcher) makeChildren(ctx context.Context, f *v1.SandboxFork, missing []string, holds map[string]int,
 	have map[string]*v1.TurnsnapSandbox) (ctrl.Result, error) {
-	all, err := r.nodes.list(ctx)
-	if err != nil {
-		return ctrl.Result{}, err
-	}
-	load, err := r.load(ctx)
+	all, load, err := r.placing(ctx)
 	if err != nil {
 		return ctrl.Result{}, err
 	}

@@ -8,23 +8,18 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
-	"sort"
 	"strconv"
-	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/go-logr/logr"
-	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	crclient "sigs.k8s.io/controller-runtime/pkg/client"
@@ -32,6 +27,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/turnsnap/turnsnap/client"
+	"github.com/turnsnap/turnsnap/internal/fleethost"
 	"github.com/turnsnap/turnsnap/internal/kubetest"
 	"github.com/turnsnap/turnsnap/internal/miniotest"
 	"github.com/turnsnap/turnsnap/internal/testenv"
@@ -40,13 +36,14 @@ import (
 
 // The tests run a real kube-apiserver and etcd (envtest), real node
 // agents (`turnsnap serve` on TCP, one home each, one MinIO bucket) and the
-// controller in this process. There is no kubelet: the test plays the part
-// of kube/node on each node (the Lease turnsnap-node-NAME it renews and the
-// Secret with its endpoint and token) and of the kubelet (Node objects).
+// controller in this process. There is no kubelet: the test runs kube/node's
+// Agent for each node in this process (the Lease turnsnap-node-NAME it
+// renews and the Secret with its endpoint and token) and plays the
+// kubelet's part (Node objects).
 
 // leaseSeconds is the node Leases' duration here: short, so that a dead
-// node is noticed within seconds.
-const leaseSeconds = 2
+// node is noticed within seconds (kube/node's least: renewals every second).
+const leaseSeconds = 3
 
 // repoRoot is the module's root (this file is kube/controller/...).
 func repoRoot(t testing.TB) string {
@@ -57,27 +54,6 @@ func repoRoot(t testing.TB) string {
 	return filepath.Join(filepath.Dir(file), "..", "..")
 }
 
-// turnsnapBin returns the binary the node agents run: TURNSNAP_BIN when
-// `make test` built one, else one built into the test's temp dir.
-func turnsnapBin(t testing.TB) string {
-	if b := os.Getenv("TURNSNAP_BIN"); b != "" {
-		if _, err := os.Stat(b); err == nil {
-			return b
-		}
-	}
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		goBin = "/usr/local/go/bin/go"
-	}
-	bin := filepath.Join(t.TempDir(), "turnsnap")
-	cmd := exec.Command(goBin, "build", "-o", bin, "github.com/turnsnap/turnsnap/cmd/turnsnap")
-	cmd.Dir = repoRoot(t)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("building turnsnap: %v\n%s", err, out)
-	}
-	return bin
-}
-
 // fleet is the API server, the bucket, the node agents and the controller.
 type fleet struct {
 	t   testing.TB
@@ -85,6 +61,7 @@ type fleet struct {
 	ns  string
 	cfg *rest.Config
 	k   crclient.Client
+	cs  kubernetes.Interface // kube/node's client
 	api *kubetest.Env
 	// ctrlCfg, if set, is the controller's identity instead of cfg's
 	// (asController: the ServiceAccount of deploy/kubernetes/rbac.yaml).
@@ -103,21 +80,18 @@ type fleet struct {
 	ctrlDone chan error
 }
 
-// agent is one node: its home, its daemon, and the test's stand-in for
-// kube/node renewing its Lease.
+// agent is one node: its host (home and daemon, internal/fleethost) and
+// kube/node's Agent registering it (its Secret and renewed Lease).
 type agent struct {
 	f      *fleet
 	name   string
-	home   string
+	h      *fleethost.Host
 	homeID string
 	addr   string
 	token  string
-	log    string
-	c      *client.Client
+	c      *client.Client // the daemon's API over TCP, as the controller calls it
 
 	mu        sync.Mutex
-	cmd       *exec.Cmd
-	done      chan struct{}
 	stopLease context.CancelFunc
 	leaseDone chan struct{}
 }
@@ -127,7 +101,7 @@ type agent struct {
 func newFleet(t testing.TB, nodes int, crdDirs ...string) *fleet {
 	testenv.RequireRoot(t)
 	f := &fleet{t: t, dir: t.TempDir(), ns: "turnsnap-system"}
-	t.Cleanup(func() { unmountUnder(t, f.dir) })
+	t.Cleanup(func() { fleethost.UnmountUnder(t, f.dir) })
 	// controller-runtime's global logger, which envtest's own clients use
 	// (unset, it prints a stack trace); the managers get theirs.
 	ctrl.SetLogger(logr.Discard())
@@ -138,6 +112,11 @@ func newFleet(t testing.TB, nodes int, crdDirs ...string) *fleet {
 	}
 	api := kubetest.Start(t, kubetest.Options{Scheme: scheme, CRDDirs: append([]string{filepath.Join(repoRoot(t), "deploy", "kubernetes", "crd")}, crdDirs...)})
 	f.cfg, f.k, f.api = api.Config, api.Client, api
+	cs, err := kubernetes.NewForConfig(f.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.cs = cs
 	f.minio = miniotest.Start(t)
 	logf, err := os.Create(filepath.Join(f.dir, "controller.log"))
 	if err != nil {
@@ -145,7 +124,7 @@ func newFleet(t testing.TB, nodes int, crdDirs ...string) *fleet {
 	}
 	t.Cleanup(func() { logf.Close() })
 	f.log = slog.New(slog.NewTextHandler(logf, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	f.bin = turnsnapBin(t)
+	f.bin = fleethost.TurnsnapBin(t)
 	ctx := context.Background()
 	for _, ns := range []string{f.ns, "work"} {
 		if err := f.k.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
@@ -154,152 +133,83 @@ func newFleet(t testing.TB, nodes int, crdDirs ...string) *fleet {
 	}
 	f.base = makeBase(t, f.dir)
 	for i := 1; i <= nodes; i++ {
-		a := f.newAgent(ctx, fmt.Sprintf("n%d", i))
-		f.agents = append(f.agents, a)
+		f.agents = append(f.agents, f.newAgent(ctx, i))
 	}
 	return f
 }
 
-func (f *fleet) newAgent(ctx context.Context, name string) *agent {
+// newAgent makes node nI: a host with its home on the bucket, serving
+// TCP with a token, and (with an API server) its Node object.
+func (f *fleet) newAgent(ctx context.Context, i int) *agent {
 	t := f.t
-	a := &agent{f: f, name: name, home: filepath.Join(f.dir, name, "home"), log: filepath.Join(f.dir, name, "daemon.log")}
-	if err := os.MkdirAll(filepath.Dir(a.home), 0o755); err != nil {
+	env := []string{"AWS_ACCESS_KEY_ID=" + f.minio.AccessKey, "AWS_SECRET_ACCESS_KEY=" + f.minio.SecretKey}
+	h := fleethost.NewHost(t, nil, i, f.bin, f.dir, env)
+	a := &agent{f: f, name: fmt.Sprintf("n%d", i), h: h, token: randomHex(16)}
+	h.Name = a.name
+	tokenFile := filepath.Join(h.Dir(), "token")
+	if err := os.WriteFile(tokenFile, []byte(a.token), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	a.token = randomHex(16)
-	if err := os.WriteFile(filepath.Join(f.dir, name, "token"), []byte(a.token), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	port, err := freePort()
+	port, err := testenv.FreePort("127.0.0.1")
 	if err != nil {
 		t.Fatal(err)
 	}
 	a.addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	out, err := a.cli(ctx, "init", "--remote", "s3://kube", "--endpoint", f.minio.Endpoint, "--insecure")
-	if err != nil {
-		t.Fatalf("%s: init: %v\n%s", name, err, out)
+	h.ServeArgs = []string{"--listen", a.addr, "--token-file", tokenFile}
+	if err := h.InitRemote(ctx, "s3://kube", f.minio.Endpoint); err != nil {
+		t.Fatal(err)
 	}
-	a.homeID = readHomeID(t, a.home)
+	a.homeID = h.HomeID
 	a.c, err = client.New(client.Options{URL: "http://" + a.addr, Token: a.token})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if f.k != nil {
 		// The kubelet's part: a Node object, labelled.
-		kn := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"turnsnap.dev/node": name}}}
+		kn := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: a.name, Labels: map[string]string{"turnsnap.dev/node": a.name}}}
 		if err := f.k.Create(ctx, kn); err != nil {
 			t.Fatal(err)
 		}
-		sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: NodeObjectPrefix + name, Namespace: f.ns},
-			Data: map[string][]byte{kubenode.SecretEndpoint: []byte("http://" + a.addr), kubenode.SecretToken: []byte(a.token)}}
-		if err := f.k.Create(ctx, sec); err != nil {
-			t.Fatal(err)
-		}
 	}
-	t.Cleanup(func() { a.kill() })
+	t.Cleanup(a.kill)
 	if err := a.start(ctx); err != nil {
 		t.Fatal(err)
 	}
 	return a
 }
 
-func (a *agent) env() []string {
-	return append(os.Environ(), "AWS_ACCESS_KEY_ID="+a.f.minio.AccessKey, "AWS_SECRET_ACCESS_KEY="+a.f.minio.SecretKey)
-}
-
-func (a *agent) cli(ctx context.Context, args ...string) ([]byte, error) {
-	cmd := exec.CommandContext(ctx, a.f.bin, append([]string{"--home", a.home, "--json"}, args...)...)
-	cmd.Env = a.env()
-	return cmd.CombinedOutput()
-}
-
-// start starts the daemon, waits until it answers, and starts renewing
-// the node's Lease (kube/node's part).
+// start starts the daemon, waits until it answers, and (with an API
+// server) runs kube/node's Agent: it writes the node's Secret, acquires the
+// Lease and renews it until kill.
 func (a *agent) start(ctx context.Context) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	logf, err := os.OpenFile(a.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err := a.h.Start(ctx); err != nil {
+		return err
+	}
+	if a.f.cs == nil {
+		// No API server (none, or fakeAPI's client, whose Leases the
+		// test writes itself): no kube/node Agent.
+		return nil
+	}
+	na, err := kubenode.New(kubenode.Config{Client: a.f.cs, Namespace: a.f.ns, Node: a.name, HomeID: a.homeID,
+		Endpoint: "http://" + a.addr, Token: []byte(a.token), LeaseDuration: leaseSeconds * time.Second, Log: a.f.log})
 	if err != nil {
 		return err
 	}
-	defer logf.Close()
-	cmd := exec.Command(a.f.bin, "--home", a.home, "--lock-wait", "60s", "serve", "--listen", a.addr,
-		"--token-file", filepath.Join(filepath.Dir(a.home), "token"))
-	cmd.Env = a.env()
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	if err := na.Register(ctx); err != nil {
 		return err
-	}
-	done := make(chan struct{})
-	go func() { cmd.Wait(); close(done) }()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		pctx, cancel := context.WithTimeout(ctx, time.Second)
-		err := a.c.Ping(pctx)
-		cancel()
-		if err == nil {
-			break
-		}
-		select {
-		case <-done:
-			return fmt.Errorf("%s: turnsnap serve exited at start; see %s", a.name, a.log)
-		default:
-		}
-		if time.Now().After(deadline) {
-			cmd.Process.Kill()
-			<-done
-			return fmt.Errorf("%s: turnsnap serve does not answer: %v; see %s", a.name, err, a.log)
-		}
-		time.Sleep(50 * time.Millisecond) // the daemon has no readiness signal but its answer
-	}
-	a.cmd, a.done = cmd, done
-	if a.f.k == nil {
-		return nil // no API server: no Lease
 	}
 	lctx, stop := context.WithCancel(context.Background())
-	a.stopLease, a.leaseDone = stop, make(chan struct{})
-	if err := a.renew(ctx); err != nil {
-		return err
-	}
-	go a.renewing(lctx, a.leaseDone)
-	return nil
-}
-
-// renewing renews the node's Lease every half second while the daemon
-// lives (kube/node's part).
-func (a *agent) renewing(ctx context.Context, done chan struct{}) {
-	defer close(done)
-	tick := time.NewTicker(500 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-			if err := a.renew(ctx); err != nil && ctx.Err() == nil {
-				a.f.t.Logf("%s: renewing its lease: %v", a.name, err)
-			}
+	done := make(chan struct{})
+	a.stopLease, a.leaseDone = stop, done
+	go func() {
+		defer close(done)
+		if err := na.Run(lctx); err != nil {
+			a.f.log.Error("renewing the node's Lease", "node", a.name, "err", err)
 		}
-	}
-}
-
-func (a *agent) renew(ctx context.Context) error {
-	k := a.f.k
-	now := metav1.NewMicroTime(time.Now())
-	d := int32(leaseSeconds)
-	var l coordinationv1.Lease
-	err := k.Get(ctx, crclient.ObjectKey{Namespace: a.f.ns, Name: NodeObjectPrefix + a.name}, &l)
-	if apierrors.IsNotFound(err) {
-		l = coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: NodeObjectPrefix + a.name, Namespace: a.f.ns},
-			Spec: coordinationv1.LeaseSpec{HolderIdentity: &a.homeID, LeaseDurationSeconds: &d, RenewTime: &now, AcquireTime: &now}}
-		return k.Create(ctx, &l)
-	}
-	if err != nil {
-		return err
-	}
-	l.Spec.HolderIdentity, l.Spec.LeaseDurationSeconds, l.Spec.RenewTime = &a.homeID, &d, &now
-	return k.Update(ctx, &l)
+	}()
+	return nil
 }
 
 // kill SIGKILLs the daemon and stops renewing its Lease, as a node that
@@ -312,37 +222,40 @@ func (a *agent) kill() {
 		<-a.leaseDone
 		a.stopLease = nil
 	}
-	if a.cmd != nil {
-		a.cmd.Process.Kill()
-		<-a.done
-		a.cmd = nil
-	}
+	a.h.Kill()
 }
 
 // startController runs the controller in this process until stopController.
 func (f *fleet) startController() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	// A restarted controller is a new manager in this process: its
-	// controllers' names are those of the stopped one.
-	skip := true
 	cfg := f.cfg
 	if f.ctrlCfg != nil {
 		cfg = f.ctrlCfg
 	}
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{Scheme: Scheme(), Cache: CacheOptions(f.ns), Metrics: metricsserver.Options{BindAddress: "0"},
-		Logger: Logger(f.log), Controller: config.Controller{SkipNameValidation: &skip}})
+	f.stopCtrl, f.ctrlDone = runManager(f.t, cfg, f.ns, f.log)
+	f.t.Cleanup(f.stopController)
+}
+
+// runManager starts the controller as a manager in this process, with
+// cfg's identity, over the node agents in namespace ns; cancel stops it,
+// and done then gives mgr.Start's answer.
+func runManager(t testing.TB, cfg *rest.Config, ns string, log *slog.Logger) (cancel context.CancelFunc, done chan error) {
+	// A restarted controller is a new manager in this process: its
+	// controllers' names are those of the stopped one.
+	skip := true
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{Scheme: Scheme(), Cache: CacheOptions(ns), Metrics: metricsserver.Options{BindAddress: "0"},
+		Logger: Logger(log), Controller: config.Controller{SkipNameValidation: &skip}})
 	if err != nil {
-		f.t.Fatal(err)
+		t.Fatal(err)
 	}
-	if err := Setup(mgr, Options{Namespace: f.ns, Log: f.log, NodeTimeout: 2 * time.Minute}); err != nil {
-		f.t.Fatal(err)
+	if err := Setup(mgr, Options{Namespace: ns, Log: log, NodeTimeout: 2 * time.Minute}); err != nil {
+		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
+	done = make(chan error, 1)
 	go func() { done <- mgr.Start(ctx) }()
-	f.stopCtrl, f.ctrlDone = cancel, done
-	f.t.Cleanup(f.stopController)
+	return cancel, done
 }
 
 // asController has the controller run as the ServiceAccount of
@@ -421,61 +334,10 @@ func makeBase(t testing.TB, dir string) string {
 	return base
 }
 
-func readHomeID(t testing.TB, home string) string {
-	b, err := os.ReadFile(filepath.Join(home, "config.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := string(b)
-	i := strings.Index(s, `"home_id"`)
-	if i < 0 {
-		t.Fatalf("%s/config.json has no home_id", home)
-	}
-	rest := s[i+len(`"home_id"`):]
-	j := strings.Index(rest, `"`)
-	k := strings.Index(rest[j+1:], `"`)
-	return rest[j+1 : j+1+k]
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
 func randomHex(n int) string {
 	b := make([]byte, n)
 	if _, err := rand.Read(b); err != nil {
 		panic(err)
 	}
 	return hex.EncodeToString(b)
-}
-
-// unmountUnder detaches every mount under dir (sandbox roots the daemons
-// left mounted), deepest first, before the temp dir is removed.
-func unmountUnder(t testing.TB, dir string) {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		t.Error(err)
-		return
-	}
-	var points []string
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 5 {
-			continue
-		}
-		if p := f[4]; p == dir || strings.HasPrefix(p, dir+"/") {
-			points = append(points, p)
-		}
-	}
-	sort.Slice(points, func(i, j int) bool { return len(points[i]) > len(points[j]) })
-	for _, p := range points {
-		if err := syscall.Unmount(p, syscall.MNT_DETACH); err != nil {
-			t.Logf("cleanup: unmounting %s: %v", p, err)
-		}
-	}
 }

@@ -309,11 +309,7 @@ func checkFork(t testing.TB, f *fleet, fk *v1.SandboxFork, cp *v1.SandboxCheckpo
 	return perNode
 }
 
-func (a *agent) alive() bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.cmd != nil
-}
+func (a *agent) alive() bool { return a.h.Running() }
 
 // failover runs a sandbox on a node, makes a durable checkpoint, kills the
 // node's agent with SIGKILL in the middle of its next turn and stops its

@@ -12,8 +12,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	crclient "sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/config"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/turnsnap/turnsnap/internal/kubetest/kubefleet"
 	v1 "github.com/turnsnap/turnsnap/kube/api/v1alpha1"
@@ -36,18 +34,7 @@ func TestControllerOnKubeFleet(t *testing.T) {
 	if err := k.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "work"}}); err != nil {
 		t.Fatal(err)
 	}
-	skip := true
-	mgr, err := ctrl.NewManager(kf.API.Config, ctrl.Options{Scheme: Scheme(), Cache: CacheOptions(kubefleet.Namespace),
-		Metrics: metricsserver.Options{BindAddress: "0"}, Logger: Logger(testLog(t)), Controller: config.Controller{SkipNameValidation: &skip}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := Setup(mgr, Options{Namespace: kubefleet.Namespace, Log: testLog(t), NodeTimeout: 2 * time.Minute}); err != nil {
-		t.Fatal(err)
-	}
-	mctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(mctx) }()
+	stop, done := runManager(t, kf.API.Config, kubefleet.Namespace, testLog(t))
 	t.Cleanup(func() { stop(); <-done })
 
 	f := &fleet{t: t, k: k, dir: kf.Dir}

@@ -105,10 +105,7 @@ func (ns *nodes) get(ctx context.Context, name string) (*node, error) {
 }
 
 func (ns *nodes) fromLease(ctx context.Context, name string, l *coordinationv1.Lease) (*node, error) {
-	n := node{Name: name}
-	if l.Spec.HolderIdentity != nil {
-		n.Home = *l.Spec.HolderIdentity
-	}
+	n := node{Name: name, Home: kubenode.Holder(l)}
 	if l.Spec.RenewTime != nil && l.Spec.LeaseDurationSeconds != nil {
 		n.Expires = l.Spec.RenewTime.Add(time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second)
 	}

@@ -10,18 +10,19 @@ import (
 
 	"github.com/turnsnap/turnsnap/api"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
+	"github.com/turnsnap/turnsnap/internal/fleethost"
 	"github.com/turnsnap/turnsnap/internal/miniotest"
 )
 
 // newAgents is a fleet of node agents and a bucket without an API server.
 func newAgents(t testing.TB, n int) *fleet {
 	f := &fleet{t: t, dir: t.TempDir(), log: slog.New(slog.DiscardHandler)}
-	t.Cleanup(func() { unmountUnder(t, f.dir) })
+	t.Cleanup(func() { fleethost.UnmountUnder(t, f.dir) })
 	f.minio = miniotest.Start(t)
-	f.bin = turnsnapBin(t)
+	f.bin = fleethost.TurnsnapBin(t)
 	f.base = makeBase(t, f.dir)
 	for i := 1; i <= n; i++ {
-		f.agents = append(f.agents, f.newAgent(context.Background(), "n"+string(rune('0'+i))))
+		f.agents = append(f.agents, f.newAgent(context.Background(), i))
 	}
 	return f
 }

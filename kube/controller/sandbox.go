@@ -110,11 +110,7 @@ func (r *sandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 // place chooses a live node for a sandbox that runs nowhere and records
 // the choice and the action, then acts.
 func (r *sandboxReconciler) place(ctx context.Context, sb *v1.TurnsnapSandbox, resume bool) (ctrl.Result, error) {
-	all, err := r.nodes.list(ctx)
-	if err != nil {
-		return ctrl.Result{}, err
-	}
-	load, err := r.load(ctx)
+	all, load, err := r.placing(ctx)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -311,11 +307,7 @@ func (r *sandboxReconciler) adopt(ctx context.Context, c *client.Client, n node,
 // failover restores a sandbox whose node's Lease expired on another live
 // node, from its last remote-durable checkpoint (the bucket's head).
 func (r *sandboxReconciler) failover(ctx context.Context, sb *v1.TurnsnapSandbox) (ctrl.Result, error) {
-	all, err := r.nodes.list(ctx)
-	if err != nil {
-		return ctrl.Result{}, err
-	}
-	load, err := r.load(ctx)
+	all, load, err := r.placing(ctx)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -462,11 +454,16 @@ func (r *sandboxReconciler) finalize(ctx context.Context, sb *v1.TurnsnapSandbox
 	return r.c.Update(ctx, sb)
 }
 
-// load counts the sandboxes on (or being placed on) each node.
-func (r *reconciler) load(ctx context.Context) (map[string]int, error) {
+// placing is what choose decides from: the nodes, and the count of
+// sandboxes on (or being placed on) each.
+func (r *reconciler) placing(ctx context.Context) ([]node, map[string]int, error) {
+	all, err := r.nodes.list(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
 	var list v1.TurnsnapSandboxList
 	if err := r.c.List(ctx, &list); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	load := map[string]int{}
 	for i := range list.Items {
@@ -474,7 +471,7 @@ func (r *reconciler) load(ctx context.Context) (map[string]int, error) {
 			load[n]++
 		}
 	}
-	return load, nil
+	return all, load, nil
 }
 
 // status writes the object's status.

@@ -49,9 +49,10 @@ type Daemon struct {
 }
 
 // NewDaemon checks the options against serve's listener flags and makes
-// the Kubernetes client. listen is --listen, tokenFile --token-file,
-// tlsCert --tls-cert ("" for plain HTTP on loopback).
-func NewDaemon(o DaemonOptions, listen, tokenFile, tlsCert string) (*Daemon, error) {
+// the Kubernetes client. listen is --listen, token the one serve read from
+// --token-file (server.ReadToken), tlsCert --tls-cert ("" for plain HTTP
+// on loopback).
+func NewDaemon(o DaemonOptions, listen string, token []byte, tlsCert string) (*Daemon, error) {
 	if listen == "" {
 		return nil, errors.New("--kube-node needs --listen (and --token-file): the controller reaches the node over TCP")
 	}
@@ -64,11 +65,8 @@ func NewDaemon(o DaemonOptions, listen, tokenFile, tlsCert string) (*Daemon, err
 			return nil, fmt.Errorf("--listen %s serves every address: give the one the controller calls with --kube-endpoint", listen)
 		}
 	}
-	d := &Daemon{o: o, tls: tlsCert != ""}
+	d := &Daemon{o: o, tls: tlsCert != "", token: token}
 	var err error
-	if d.token, err = readTrimmed(tokenFile); err != nil {
-		return nil, fmt.Errorf("--kube-node: the token: %w", err)
-	}
 	if tlsCert != "" {
 		if d.ca, err = os.ReadFile(tlsCert); err != nil {
 			return nil, fmt.Errorf("--kube-node: the TLS certificate: %w", err)
@@ -97,18 +95,6 @@ func NewDaemon(o DaemonOptions, listen, tokenFile, tlsCert string) (*Daemon, err
 		return nil, err
 	}
 	return d, nil
-}
-
-func readTrimmed(path string) ([]byte, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	t := strings.TrimSpace(string(b))
-	if t == "" {
-		return nil, fmt.Errorf("%s is empty", path)
-	}
-	return []byte(t), nil
 }
 
 // Serving starts the agent for the daemon that now serves (the daemon's

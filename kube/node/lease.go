@@ -10,8 +10,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// holder is the Lease's holderIdentity ("" when released or unset).
-func holder(l *coordv1.Lease) string {
+// Holder is the Lease's holderIdentity ("" when released or unset): the
+// home id of the daemon registered as the node.
+func Holder(l *coordv1.Lease) string {
 	if l.Spec.HolderIdentity == nil {
 		return ""
 	}
@@ -60,7 +61,7 @@ func (a *Agent) acquire(ctx context.Context) error {
 			}
 			continue
 		}
-		if h := holder(cur); h != "" && h != a.cfg.HomeID {
+		if h := Holder(cur); h != "" && h != a.cfg.HomeID {
 			now := time.Now()
 			if cur.ResourceVersion != seenRV {
 				seenRV, seenAt = cur.ResourceVersion, now
@@ -90,7 +91,7 @@ func (a *Agent) acquire(ctx context.Context) error {
 		}
 		a.lease = updated
 		a.cfg.Log.Info("registered the node: Lease acquired", "holder", a.cfg.HomeID,
-			"previous_holder", holder(cur), "transitions", deref(updated.Spec.LeaseTransitions))
+			"previous_holder", Holder(cur), "transitions", deref(updated.Spec.LeaseTransitions))
 		return nil
 	}
 }
@@ -112,7 +113,7 @@ func (a *Agent) take(cur *coordv1.Lease) *coordv1.Lease {
 		l.Annotations = map[string]string{}
 	}
 	l.Annotations[AnnotationEndpoint] = a.cfg.Endpoint
-	if prev := holder(cur); prev != a.cfg.HomeID && cur.ResourceVersion != "" {
+	if prev := Holder(cur); prev != a.cfg.HomeID && cur.ResourceVersion != "" {
 		n := deref(l.Spec.LeaseTransitions) + 1
 		l.Spec.LeaseTransitions = &n
 	}
@@ -154,7 +155,7 @@ func (a *Agent) renew(ctx context.Context) error {
 		if gerr != nil {
 			return fmt.Errorf("kube node %s: renewing the Lease: %w", a.cfg.Node, gerr)
 		}
-		if h := holder(cur); h != a.cfg.HomeID {
+		if h := Holder(cur); h != a.cfg.HomeID {
 			a.lease = nil
 			return fmt.Errorf("kube node %s: holder is now %q: %w", a.cfg.Node, h, ErrLeaseLost)
 		}

@@ -74,8 +74,8 @@ func TestRegisterRenewRelease(t *testing.T) {
 		t.Fatal(err)
 	}
 	l := getLease(t, cs, ns, "n1")
-	if holder(l) != "home-a" || deref(l.Spec.LeaseDurationSeconds) != 3 || l.Spec.RenewTime == nil {
-		t.Fatalf("Lease after Register: holder %q, duration %d, renewTime %v", holder(l), deref(l.Spec.LeaseDurationSeconds), l.Spec.RenewTime)
+	if Holder(l) != "home-a" || deref(l.Spec.LeaseDurationSeconds) != 3 || l.Spec.RenewTime == nil {
+		t.Fatalf("Lease after Register: holder %q, duration %d, renewTime %v", Holder(l), deref(l.Spec.LeaseDurationSeconds), l.Spec.RenewTime)
 	}
 	if got := l.Annotations[AnnotationEndpoint]; got != "https://10.0.0.7:7443" {
 		t.Errorf("endpoint annotation %q", got)
@@ -113,8 +113,8 @@ func TestRegisterRenewRelease(t *testing.T) {
 	if err := a.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if l := getLease(t, cs, ns, "n1"); holder(l) != "" || deref(l.Spec.LeaseDurationSeconds) != 1 {
-		t.Fatalf("after Release: holder %q, duration %d s; want none, 1", holder(l), deref(l.Spec.LeaseDurationSeconds))
+	if l := getLease(t, cs, ns, "n1"); Holder(l) != "" || deref(l.Spec.LeaseDurationSeconds) != 1 {
+		t.Fatalf("after Release: holder %q, duration %d s; want none, 1", Holder(l), deref(l.Spec.LeaseDurationSeconds))
 	}
 	b := testAgent(t, cs, ns, "n1", "home-b")
 	rctx, cancel := context.WithTimeout(ctx, testLease/2)
@@ -123,8 +123,8 @@ func TestRegisterRenewRelease(t *testing.T) {
 		t.Fatalf("a released Lease was not taken at once: %v", err)
 	}
 	l = getLease(t, cs, ns, "n1")
-	if holder(l) != "home-b" || deref(l.Spec.LeaseTransitions) != 1 {
-		t.Fatalf("after the second home: holder %q, transitions %d", holder(l), deref(l.Spec.LeaseTransitions))
+	if Holder(l) != "home-b" || deref(l.Spec.LeaseTransitions) != 1 {
+		t.Fatalf("after the second home: holder %q, transitions %d", Holder(l), deref(l.Spec.LeaseTransitions))
 	}
 	// The first home, its Lease gone to another, renews no more.
 	if err := a.renew(ctx); !errors.Is(err, ErrLeaseLost) {
@@ -154,10 +154,10 @@ func TestLiveLeaseNotTaken(t *testing.T) {
 	// Two lease durations of renewals: b must still be waiting.
 	select {
 	case err := <-got:
-		t.Fatalf("the second home registered while the first renewed (err %v); holder %q", err, holder(getLease(t, cs, ns, "n2")))
+		t.Fatalf("the second home registered while the first renewed (err %v); holder %q", err, Holder(getLease(t, cs, ns, "n2")))
 	case <-time.After(2 * testLease):
 	}
-	if h := holder(getLease(t, cs, ns, "n2")); h != "home-a" {
+	if h := Holder(getLease(t, cs, ns, "n2")); h != "home-a" {
 		t.Fatalf("holder %q while home-a renews", h)
 	}
 
@@ -173,8 +173,8 @@ func TestLiveLeaseNotTaken(t *testing.T) {
 	}
 	took := time.Since(stoppedAt)
 	l := getLease(t, cs, ns, "n2")
-	if holder(l) != "home-b" || deref(l.Spec.LeaseTransitions) != 1 {
-		t.Fatalf("after expiry: holder %q, transitions %d", holder(l), deref(l.Spec.LeaseTransitions))
+	if Holder(l) != "home-b" || deref(l.Spec.LeaseTransitions) != 1 {
+		t.Fatalf("after expiry: holder %q, transitions %d", Holder(l), deref(l.Spec.LeaseTransitions))
 	}
 	// It waited for expiry, not less: at least a lease duration minus
 	// the one renewal interval the last renewal may have come before the stop.
