@@ -12,34 +12,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/turnsnap/turnsnap/internal/benchenv"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/turnsnap/turnsnap/proc/criu"
 )
-
-// scaleN is the size of a BenchmarkScale benchmark: full by default, small
-// under TURNSNAP_BENCH_SMALL=1 (make test runs every benchmark once that
-// way); engine/scale_bench_test.go has the same helper.
-func scaleN(full, small int) int {
-	if os.Getenv("TURNSNAP_BENCH_SMALL") != "" {
-		return small
-	}
-	return full
-}
-
-// load1 is /proc/loadavg's 1-minute figure: the machine is shared, so
-// every benchmark here reports it at its start and end.
-func load1(b *testing.B) float64 {
-	data, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		b.Fatal(err)
-	}
-	f, err := strconv.ParseFloat(strings.Fields(string(data))[0], 64)
-	if err != nil {
-		b.Fatal(err)
-	}
-	return f
-}
 
 func median(ds []time.Duration) time.Duration {
 	if len(ds) == 0 {
@@ -224,9 +202,9 @@ func directDump(b *testing.B, ctx context.Context, rt *Runtime, id, dir string) 
 func BenchmarkScaleBigProcess(b *testing.B) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
-	loadStart := load1(b) // reported at the end: ResetTimer drops earlier metrics
+	loadStart := benchenv.Load1(b) // reported at the end: ResetTimer drops earlier metrics
 	rt := newRuntime(b)
-	mib := scaleN(1024, 64)
+	mib := benchenv.Size(1024, 64)
 	p := startBigProc(b, ctx, rt, mib)
 	tmpfs := filepath.Join("/dev/shm", fmt.Sprintf("turnsnap-bench-%d", os.Getpid()))
 	b.Cleanup(func() { os.RemoveAll(tmpfs) })
@@ -287,7 +265,7 @@ func BenchmarkScaleBigProcess(b *testing.B) {
 	b.ReportMetric(pause/msOf(median(dWall)), "x-direct-wall")
 	b.ReportMetric(msOf(median(restores)), "restore-ms")
 	b.ReportMetric(loadStart, "load-start")
-	b.ReportMetric(load1(b), "load-end")
+	b.ReportMetric(benchenv.Load1(b), "load-end")
 }
 
 // BenchmarkScalePauseSmallTree: the pause of a small process tree (the
@@ -300,7 +278,7 @@ func BenchmarkScaleBigProcess(b *testing.B) {
 func BenchmarkScalePauseSmallTree(b *testing.B) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
-	loadStart := load1(b) // reported at the end: ResetTimer drops earlier metrics
+	loadStart := benchenv.Load1(b) // reported at the end: ResetTimer drops earlier metrics
 	rt := newRuntime(b)
 	rootfs := busyboxRootfs(b)
 	if err := os.WriteFile(filepath.Join(rootfs, "www", "index.html"), []byte("dev server\n"), 0o644); err != nil {
@@ -312,7 +290,7 @@ func BenchmarkScalePauseSmallTree(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	rounds := scaleN(30, 5)
+	rounds := benchenv.Size(30, 5)
 	var with, without phaseSeries
 	b.ResetTimer()
 	for range b.N {
@@ -348,5 +326,5 @@ func BenchmarkScalePauseSmallTree(b *testing.B) {
 	b.ReportMetric(with.med(func(p cutPhases) time.Duration { return p.pause })/
 		without.med(func(p cutPhases) time.Duration { return p.pause }), "x-kdat")
 	b.ReportMetric(loadStart, "load-start")
-	b.ReportMetric(load1(b), "load-end")
+	b.ReportMetric(benchenv.Load1(b), "load-end")
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/turnsnap/turnsnap/internal/benchenv"
 	"golang.org/x/sys/unix"
 )
 
@@ -143,8 +144,8 @@ func (t *wpTracker) written(b *testing.B) int {
 //     process: one minor fault per first write to a page), x-dirty-wp;
 //   - rescan-pages: a second scan with no writes between must find 0.
 func BenchmarkScaleDirtyTracking(b *testing.B) {
-	loadStart := load1(b) // reported at the end: ResetTimer drops earlier metrics
-	size := scaleN(1024, 64) << 20
+	loadStart := benchenv.Load1(b) // reported at the end: ResetTimer drops earlier metrics
+	size := benchenv.Size(1024, 64) << 20
 	page := os.Getpagesize()
 	mapAnon := func() []byte {
 		m, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
@@ -207,5 +208,5 @@ func BenchmarkScaleDirtyTracking(b *testing.B) {
 	b.ReportMetric(float64(dirtyWP)/float64(dirtyPlain), "x-dirty-wp")
 	b.ReportMetric(0, "rescan-pages")
 	b.ReportMetric(loadStart, "load-start")
-	b.ReportMetric(load1(b), "load-end")
+	b.ReportMetric(benchenv.Load1(b), "load-end")
 }

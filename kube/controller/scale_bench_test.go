@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/turnsnap/turnsnap/internal/benchenv"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -22,29 +22,6 @@ import (
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	v1 "github.com/turnsnap/turnsnap/kube/api/v1alpha1"
 )
-
-// scaleN is full, or small under TURNSNAP_BENCH_SMALL (make test runs
-// every benchmark once that way).
-func scaleN(full, small int) int {
-	if os.Getenv("TURNSNAP_BENCH_SMALL") != "" {
-		return small
-	}
-	return full
-}
-
-// load1 is the 1-minute load average: the machine is shared, read the
-// seconds with it.
-func load1(b testing.TB) float64 {
-	data, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		b.Fatal(err)
-	}
-	f, err := strconv.ParseFloat(strings.Fields(string(data))[0], 64)
-	if err != nil {
-		b.Fatal(err)
-	}
-	return f
-}
 
 // benchSource makes a running sandbox with a few files and a durable
 // SandboxCheckpoint of it, to fork.
@@ -69,10 +46,10 @@ func benchSource(b *testing.B, f *fleet, name string) *v1.SandboxCheckpoint {
 //
 // Run: go test -tags turnsnaptest -run '^$' -bench ScaleKubeFork -benchtime 1x ./kube/controller/
 func BenchmarkScaleKubeFork(b *testing.B) {
-	sizes := []int{scaleN(16, 4), scaleN(64, 8)}
+	sizes := []int{benchenv.Size(16, 4), benchenv.Size(64, 8)}
 	f := newFleet(b, 3)
 	f.startController()
-	loadStart := load1(b)
+	loadStart := benchenv.Load1(b)
 	b.ResetTimer()
 	for i := range b.N {
 		b.StopTimer()
@@ -101,7 +78,7 @@ func BenchmarkScaleKubeFork(b *testing.B) {
 	}
 	b.StopTimer()
 	b.ReportMetric(loadStart, "load1_start")
-	b.ReportMetric(load1(b), "load1_end")
+	b.ReportMetric(benchenv.Load1(b), "load1_end")
 }
 
 // BenchmarkScaleKubeFailover kills a node agent (SIGKILL, its Lease no
@@ -120,7 +97,7 @@ func BenchmarkScaleKubeFork(b *testing.B) {
 func BenchmarkScaleKubeFailover(b *testing.B) {
 	f := newFleet(b, 3)
 	f.startController()
-	loadStart := load1(b)
+	loadStart := benchenv.Load1(b)
 	b.ResetTimer()
 	for i := range b.N {
 		b.StopTimer()
@@ -147,7 +124,7 @@ func BenchmarkScaleKubeFailover(b *testing.B) {
 	b.StopTimer()
 	b.ReportMetric(leaseSeconds, "lease_s")
 	b.ReportMetric(loadStart, "load1_start")
-	b.ReportMetric(load1(b), "load1_end")
+	b.ReportMetric(benchenv.Load1(b), "load1_end")
 }
 
 // BenchmarkScaleForkWithoutAPIServer is BenchmarkScaleKubeFork with
@@ -163,10 +140,10 @@ func BenchmarkScaleKubeFailover(b *testing.B) {
 // Run: go test -tags turnsnaptest -run '^$' -bench ScaleForkWithoutAPIServer -benchtime 1x ./kube/controller/
 func BenchmarkScaleForkWithoutAPIServer(b *testing.B) {
 	ctx := context.Background()
-	sizes := []int{scaleN(16, 4), scaleN(64, 8)}
+	sizes := []int{benchenv.Size(16, 4), benchenv.Size(64, 8)}
 	f, k, r := fakeAPI(b, 3)
 	sr, cr, fr := &sandboxReconciler{r}, &checkpointReconciler{r}, &forkReconciler{r}
-	loadStart := load1(b)
+	loadStart := benchenv.Load1(b)
 	b.ResetTimer()
 	for i := range b.N {
 		b.StopTimer()
@@ -234,7 +211,7 @@ func BenchmarkScaleForkWithoutAPIServer(b *testing.B) {
 	}
 	b.StopTimer()
 	b.ReportMetric(loadStart, "load1_start")
-	b.ReportMetric(load1(b), "load1_end")
+	b.ReportMetric(benchenv.Load1(b), "load1_end")
 }
 
 // BenchmarkScaleFailoverWithoutAPIServer is the failover's share of the
@@ -254,7 +231,7 @@ func BenchmarkScaleFailoverWithoutAPIServer(b *testing.B) {
 	ctx := context.Background()
 	f, k, r := fakeAPI(b, 3)
 	sr, cr := &sandboxReconciler{r}, &checkpointReconciler{r}
-	loadStart := load1(b)
+	loadStart := benchenv.Load1(b)
 	b.ResetTimer()
 	for i := range b.N {
 		b.StopTimer()
@@ -332,7 +309,7 @@ func BenchmarkScaleFailoverWithoutAPIServer(b *testing.B) {
 	}
 	b.StopTimer()
 	b.ReportMetric(loadStart, "load1_start")
-	b.ReportMetric(load1(b), "load1_end")
+	b.ReportMetric(benchenv.Load1(b), "load1_end")
 }
 
 // reconcileSettled calls rec for work/name, as the manager would requeue

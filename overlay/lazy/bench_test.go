@@ -7,33 +7,16 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/turnsnap/turnsnap/internal/benchenv"
 
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/fstree"
 	"golang.org/x/sys/unix"
 )
-
-// scaleN is engine/scale_bench_test.go's: full size, or small under
-// TURNSNAP_BENCH_SMALL (make test runs every benchmark once that way).
-func scaleN(full, small int) int {
-	if os.Getenv("TURNSNAP_BENCH_SMALL") != "" {
-		return small
-	}
-	return full
-}
-
-// load1 is /proc/loadavg's 1-minute figure.
-func load1(b testing.TB) float64 {
-	data, err := os.ReadFile("/proc/loadavg")
-	must(b, err)
-	f, err := strconv.ParseFloat(strings.Fields(string(data))[0], 64)
-	must(b, err)
-	return f
-}
 
 // BenchmarkScaleLazyRestore: the first command in a restored sandbox whose
 // layer is only in the bucket (a real MinIO on 127.0.0.1, one object per
@@ -45,7 +28,7 @@ func load1(b testing.TB) float64 {
 // 17 files of 64 MiB); small 420 files, 22 MiB. It also reports the time a
 // fetch-ahead takes to make the lazy layer whole after that command.
 func BenchmarkScaleLazyRestore(b *testing.B) {
-	small, dirs, big, bigSize := scaleN(20000, 400), scaleN(200, 8), scaleN(17, 2), scaleN(64<<20, 8<<20)
+	small, dirs, big, bigSize := benchenv.Size(20000, 400), benchenv.Size(200, 8), benchenv.Size(17, 2), benchenv.Size(64<<20, 8<<20)
 	_, bucket := startBucket(b)
 	src := b.TempDir()
 	rng := rand.NewChaCha8([32]byte{7})
@@ -79,7 +62,7 @@ func BenchmarkScaleLazyRestore(b *testing.B) {
 			b.Fatalf("first command: %q %v", out, err)
 		}
 	}
-	load0 := load1(b)
+	load0 := benchenv.Load1(b)
 	var lazyT, fullT, completeT time.Duration
 	for b.Loop() {
 		// Full materialisation, then the command.
@@ -117,5 +100,5 @@ func BenchmarkScaleLazyRestore(b *testing.B) {
 	b.ReportMetric(completeT.Seconds()/n, "lazy_complete_s")
 	b.ReportMetric(float64(total)/(1<<20), "layer_MiB")
 	b.ReportMetric(load0, "load1_start")
-	b.ReportMetric(load1(b), "load1_end")
+	b.ReportMetric(benchenv.Load1(b), "load1_end")
 }
