@@ -89,7 +89,11 @@ bench-realtime: deps build
 # BENCH_SCALE_OUT.
 BENCH_SCALE_OUT ?= bench-scale.txt
 bench-scale: deps
-	TURNSNAP_REQUIRE_ALL=1 $(GO) test $(TESTTAGS) -count=1 -run '^$$' -bench Scale -benchtime 1x -timeout 120m $(PKGS) | tee $(BENCH_SCALE_OUT)
+	@# One package at a time (-p 1): two full-size benchmarks at once would
+	@# measure each other.
+	@date -u +'start %FT%TZ' | tee $(BENCH_SCALE_OUT)
+	TURNSNAP_REQUIRE_ALL=1 bash -o pipefail -c '$(GO) test $(TESTTAGS) -p 1 -count=1 -run "^$$" -bench Scale -benchtime 1x -timeout 150m $(PKGS) | tee -a $(BENCH_SCALE_OUT)'
+	@date -u +'end %FT%TZ' | tee -a $(BENCH_SCALE_OUT)
 
 # The Go micro-benchmarks, five counts each.
 bench-go: deps

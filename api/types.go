@@ -42,6 +42,23 @@ type Sandbox struct {
 	Origin   ID        `json:"origin"`
 	Root     string    `json:"root"`
 	Turn     *int      `json:"turn,omitempty"`
+	// Lazy is the progress of the sandbox's lazy restore (BranchRequest
+	// Lazy) in this daemon; absent when none runs.
+	Lazy *LazyRestore `json:"lazy,omitempty"`
+}
+
+// LazyRestore is a lazy restore's progress (docs/STORAGE.md, "Lazy
+// restore"): files still placeholders, files filled (on first access or by
+// the fetch-ahead), and whether the root is whole.
+type LazyRestore struct {
+	Pending  int64 `json:"pending"`
+	Filled   int64 `json:"filled"`
+	Bytes    int64 `json:"bytes"`
+	OnDemand int64 `json:"on_demand"`
+	// Whole: every file is filled and synced; checkpoints no longer wait.
+	Whole bool `json:"whole"`
+	// Error names the object a fill could not read (missing or corrupt).
+	Error string `json:"error,omitempty"`
 }
 
 // SandboxPath is POST /v1/sandboxes/{name}/mount: the mounted root.
@@ -120,7 +137,10 @@ type Checkpoint struct {
 // LogEntry is one checkpoint of GET /v1/sandboxes/{name}/checkpoints
 // (newest first) or GET /v1/checkpoints/{ref}.
 type LogEntry struct {
-	BaseTree ID `json:"base_tree"`
+	// Backend is the root's kind the checkpoint was taken from (overlay,
+	// btrfs): what a branch makes unless it asks for another.
+	Backend  string `json:"backend"`
+	BaseTree ID     `json:"base_tree"`
 	// Branches are the other sandboxes that continue from this checkpoint
 	// (branched from it, rolled back to it, or checkpointed on top of it).
 	Branches []string  `json:"branches"`
@@ -137,6 +157,9 @@ type LogEntry struct {
 	// PauseMS is how long the turn kept the sandbox's processes frozen
 	// (0: none were).
 	PauseMS float64 `json:"pause_ms,omitempty"`
+	// Processes: the checkpoint holds a process image (its own or one
+	// carried forward), which a restore brings back unless fs_only.
+	Processes bool `json:"processes"`
 	// ProcDump is CRIU's own statistics of the dump of the checkpoint's
 	// process image (it may be a parent's, carried forward with the image).
 	ProcDump *ProcDump `json:"proc_dump,omitempty"`

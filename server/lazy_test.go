@@ -33,9 +33,23 @@ func TestLazyBranchOverTheAPI(t *testing.T) {
 	if rs[0].Receipt != nil {
 		t.Errorf("a lazy branch came back with a receipt: %+v", rs[0].Receipt)
 	}
+	// The checkpoint says what a branch needs to know to choose a lazy
+	// restore: an overlay root, no processes.
+	if e, err := f.c.GetCheckpoint(ctx, string(cp.ID)); err != nil || e.Backend != "overlay" || e.Processes {
+		t.Fatalf("checkpoint %s: backend %q processes %v (%v); want overlay, none", cp.ID.Short(), e.Backend, e.Processes, err)
+	}
 	got, err := os.ReadFile(filepath.Join(rs[0].Root, "conf.txt"))
 	if err != nil || string(got) != "lazy over the wire\n" {
 		t.Fatalf("read through the lazy root: %q %v", got, err)
+	}
+	// Its progress is the sandbox's: conf.txt was filled by this read at
+	// the latest; the source has no lazy restore.
+	sb, err := f.c.GetSandbox(ctx, "lz")
+	if err != nil || sb.Lazy == nil || sb.Lazy.Filled < 1 || sb.Lazy.Error != "" {
+		t.Fatalf("lazy branch's progress: %+v %v; want at least one file filled", sb, err)
+	}
+	if src, err := f.c.GetSandbox(ctx, "src"); err != nil || src.Lazy != nil {
+		t.Fatalf("the source sandbox reports a lazy restore: %+v %v", src, err)
 	}
 	c2, err := f.c.Checkpoint(ctx, "lz", api.CheckpointRequest{})
 	if err != nil {
@@ -43,6 +57,10 @@ func TestLazyBranchOverTheAPI(t *testing.T) {
 	}
 	if c2.Class != "skip" {
 		t.Fatalf("first checkpoint of the lazy branch: %s, want skip", c2.Class)
+	}
+	// The checkpoint waited for the restore: it is whole now.
+	if sb, err := f.c.GetSandbox(ctx, "lz"); err != nil || sb.Lazy == nil || !sb.Lazy.Whole || sb.Lazy.Pending != 0 {
+		t.Fatalf("lazy branch after its first checkpoint: %+v %v; want whole", sb.Lazy, err)
 	}
 	if _, err := f.c.Branch(ctx, string(cp.ID), api.BranchRequest{Name: "lz2", Count: 2, Lazy: true}); err == nil || !strings.Contains(err.Error(), "one sandbox") {
 		t.Fatalf("lazy fan-out: %v, want refused", err)

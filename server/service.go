@@ -88,7 +88,9 @@ func (s *Service) ListSandboxes(ctx context.Context) ([]api.Sandbox, error) {
 	}
 	rows := []api.Sandbox{}
 	for _, sb := range sbs {
-		rows = append(rows, sandboxOf(sb))
+		row := sandboxOf(sb)
+		row.Lazy = lazyOf(s.E.Lazy().Status(sb.Sandbox.Name))
+		rows = append(rows, row)
 	}
 	return rows, nil
 }

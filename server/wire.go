@@ -9,6 +9,7 @@ import (
 	"github.com/turnsnap/turnsnap/api"
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/engine"
+	"github.com/turnsnap/turnsnap/engine/lazyrun"
 	"github.com/turnsnap/turnsnap/proc"
 )
 
@@ -236,6 +237,18 @@ func sandboxOf(s engine.SandboxInfo) api.Sandbox {
 	return row
 }
 
+// lazyOf is a lazy restore's progress on the wire; nil when none runs.
+func lazyOf(st lazyrun.Status) *api.LazyRestore {
+	if !st.Running {
+		return nil
+	}
+	out := &api.LazyRestore{Pending: st.Pending, Filled: st.Filled, Bytes: st.Bytes, OnDemand: st.OnDemand, Whole: st.Whole}
+	if st.Err != nil {
+		out.Error = st.Err.Error()
+	}
+	return out
+}
+
 func checkpointOf(r *engine.CheckpointResult) *api.Checkpoint {
 	return &api.Checkpoint{BlobsNew: r.Stats.BlobsNew, BytesNew: r.Stats.BytesNew, BytesRead: r.Stats.BytesRead,
 		Class: api.Class(r.Class), DurationMS: ms(r.Duration), Entries: r.Stats.Entries, FilesRead: r.Stats.FilesRead,
@@ -244,10 +257,10 @@ func checkpointOf(r *engine.CheckpointResult) *api.Checkpoint {
 }
 
 func logEntryOf(cp *delta.Checkpoint, head, onHead bool) api.LogEntry {
-	return api.LogEntry{BaseTree: idOf(cp.BaseTree), Branches: []string{}, BytesNew: cp.Stats.BytesNew, Class: api.Class(cp.Class),
+	return api.LogEntry{Backend: cp.Backend, BaseTree: idOf(cp.BaseTree), Branches: []string{}, BytesNew: cp.Stats.BytesNew, Class: api.Class(cp.Class),
 		Created: cp.Created, FSTree: idOf(cp.FSTree), Head: head, ID: idOf(cp.ID), Message: cp.Message, OnHead: onHead,
 		Parent: idOf(cp.Parent), Sandbox: string(cp.Sandbox), Turn: cp.Turn, Conv: idPtr(cp.Conv),
-		PauseMS: ms(time.Duration(cp.Stats.PauseNs)), ProcDump: procDumpOf(cp.ProcDump)}
+		PauseMS: ms(time.Duration(cp.Stats.PauseNs)), ProcDump: procDumpOf(cp.ProcDump), Processes: cp.ProcTree != nil}
 }
 
 func procDumpOf(d *delta.DumpStats) *api.ProcDump {

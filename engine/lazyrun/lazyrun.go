@@ -153,7 +153,11 @@ func (r *Runner) StopAll() {
 type Status struct {
 	Running bool // a restore runs in this engine
 	lazy.Stats
-	Err error // the last fill's error (an object missing or corrupt), if any
+	// Whole: every file is filled and synced.
+	Whole bool
+	// Err is the fetch-ahead's error once it stopped on one, else the
+	// last fill's (an object missing or corrupt), if any.
+	Err error
 }
 
 // Status reports name's lazy restore.
@@ -162,7 +166,20 @@ func (r *Runner) Status(name delta.SandboxName) Status {
 	if ru == nil {
 		return Status{}
 	}
-	return Status{Running: true, Stats: ru.f.Stats(), Err: ru.f.Err()}
+	st := Status{Running: true, Stats: ru.f.Stats(), Err: ru.f.Err()}
+	select {
+	case <-ru.f.Done():
+		st.Whole = true
+	default:
+	}
+	select {
+	case <-ru.done:
+		if ru.err != nil && !errors.Is(ru.err, context.Canceled) {
+			st.Err = ru.err
+		}
+	default:
+	}
+	return st
 }
 
 // Wait waits until name's lazy restore is whole (every file filled and

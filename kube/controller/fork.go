@@ -178,7 +178,7 @@ func (r *forkPatcher) makeChildren(ctx context.Context, f *v1.SandboxFork, missi
 		k := &v1.TurnsnapSandbox{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: f.Namespace, Labels: map[string]string{LabelFork: f.Name}},
 			Spec: v1.TurnsnapSandboxSpec{FromCheckpoint: f.Status.Checkpoint, Backend: f.Spec.Backend,
-				NodeName: n.Name, NodeSelector: f.Spec.NodeSelector},
+				NodeName: n.Name, NodeSelector: f.Spec.NodeSelector, Restore: f.Spec.Restore},
 		}
 		if err := controllerutil.SetControllerReference(f, k, r.c.Scheme()); err != nil {
 			return ctrl.Result{}, err

@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	crclient "sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -105,6 +107,10 @@ func TestKube(t *testing.T) {
 		if err := f.k.Create(ctx, fk); !apierrors.IsInvalid(err) {
 			t.Errorf("fork of 257: %v; want the API server's validation error", err)
 		}
+		fk = &v1.SandboxFork{ObjectMeta: metav1.ObjectMeta{Name: "sometimes", Namespace: "work"}, Spec: v1.SandboxForkSpec{Checkpoint: "0123456789abcdef", Count: 2, Restore: "Sometimes"}}
+		if err := f.k.Create(ctx, fk); !apierrors.IsInvalid(err) {
+			t.Errorf("fork with restore Sometimes: %v; want the API server's validation error", err)
+		}
 	})
 
 	var cp *v1.SandboxCheckpoint
@@ -150,13 +156,23 @@ func TestKube(t *testing.T) {
 	}
 
 	t.Run("Fork16", func(t *testing.T) {
-		res := forkAndCheck(t, f, "f16", cp, 16)
+		// restore Auto: every child lazy (an overlay checkpoint without
+		// processes), its files fetched as they are read.
+		res := forkAndCheck(t, f, "f16", cp, 16, "")
 		t.Logf("fork of 16 over %d nodes: %v (%v)", len(res.perNode), res.took, res.perNode)
+		for i := 1; i <= 16; i++ {
+			k := filled(t, f, fmt.Sprintf("f16-%d", i))
+			if got := readFile(t, filepath.Join(rootOf(t, f, k), "notes.txt")); got != "turn one\n" {
+				t.Fatalf("child %s's notes.txt: %q", k.Name, got)
+			}
+		}
 	})
 
 	t.Run("ControllerRestartMidFork", func(t *testing.T) {
 		ctx := context.Background()
-		fk := &v1.SandboxFork{ObjectMeta: metav1.ObjectMeta{Name: "fr", Namespace: "work"}, Spec: v1.SandboxForkSpec{CheckpointRef: cp.Name, Count: 12}}
+		// restore Full: each child's root is written whole and scanned
+		// (its receipt names the state found) before it runs.
+		fk := &v1.SandboxFork{ObjectMeta: metav1.ObjectMeta{Name: "fr", Namespace: "work"}, Spec: v1.SandboxForkSpec{CheckpointRef: cp.Name, Count: 12, Restore: v1.RestoreFull}}
 		if err := f.k.Create(ctx, fk); err != nil {
 			t.Fatal(err)
 		}
@@ -188,6 +204,9 @@ func TestKube(t *testing.T) {
 			return x.Status.Phase == v1.ForkCompleted || x.Status.Phase == v1.ForkFailed
 		})
 		checkFork(t, f, fk, cp, 12)
+		if r := fk.Status.Children[0].Receipt; r.Lazy {
+			t.Fatalf("fork fr (restore Full): child receipt %+v is lazy", r)
+		}
 	})
 
 	t.Run("SuspendResumeOnAnotherNode", func(t *testing.T) {
@@ -215,11 +234,20 @@ func TestKube(t *testing.T) {
 			t.Fatal(err)
 		}
 		sb = waitFor(t, f, &v1.TurnsnapSandbox{}, "sleeper", wait, running)
-		if sb.Status.Node != "n2" || sb.Status.LastRestore == nil || !sb.Status.LastRestore.OK || sb.Status.LastRestore.Kind != actionResume {
-			t.Fatalf("resumed status: %+v, restore %+v; want running on n2 with an OK resume receipt", sb.Status, sb.Status.LastRestore)
+		if r := sb.Status.LastRestore; sb.Status.Node != "n2" || r == nil || !r.OK || r.Kind != actionResume || !r.Lazy || r.Checkpoint != sb.Status.DurableCheckpoint {
+			t.Fatalf("resumed status: %+v, restore %+v; want running on n2 with an OK lazy resume receipt", sb.Status, sb.Status.LastRestore)
 		}
+		// Read before the fetch-ahead is known to be done: the file is
+		// filled on this first open if it was not yet.
 		if got := readFile(t, filepath.Join(rootOf(t, f, sb), "state.txt")); got != "before suspend\n" {
 			t.Fatalf("resumed sandbox's state.txt: %q", got)
+		}
+		sb = filled(t, f, "sleeper")
+		// A turn after the resume records what the agent changed, not
+		// the restore: nothing.
+		c, err := f.agentNamed("n2").c.Checkpoint(ctx, sb.Status.SandboxName, api.CheckpointRequest{})
+		if err != nil || c.Class != api.ClassSkip {
+			t.Fatalf("first checkpoint after a lazy resume: %+v %v; want skip", c, err)
 		}
 	})
 
@@ -234,9 +262,24 @@ type forkResult struct {
 	perNode map[string]int
 }
 
-// forkAndCheck forks cp into n children and checks them.
-func forkAndCheck(t testing.TB, f *fleet, name string, cp *v1.SandboxCheckpoint, n int) forkResult {
-	fk := &v1.SandboxFork{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "work"}, Spec: v1.SandboxForkSpec{CheckpointRef: cp.Name, Count: int32(n)}}
+// filled waits until sandbox name's Filled condition is true (every file
+// of its restore on its node) and returns it.
+func filled(t testing.TB, f *fleet, name string) *v1.TurnsnapSandbox {
+	t.Helper()
+	sb := waitFor(t, f, &v1.TurnsnapSandbox{}, name, wait, func(s *v1.TurnsnapSandbox) bool {
+		c := meta.FindStatusCondition(s.Status.Conditions, v1.ConditionFilled)
+		return c != nil && (c.Status == metav1.ConditionTrue || c.Reason == "FetchFailed")
+	})
+	if c := meta.FindStatusCondition(sb.Status.Conditions, v1.ConditionFilled); c.Status != metav1.ConditionTrue {
+		t.Fatalf("sandbox %s: %s: %s", name, c.Reason, c.Message)
+	}
+	return sb
+}
+
+// forkAndCheck forks cp into n children (mode: spec.restore, "" the
+// default) and checks them.
+func forkAndCheck(t testing.TB, f *fleet, name string, cp *v1.SandboxCheckpoint, n int, mode v1.RestoreMode) forkResult {
+	fk := &v1.SandboxFork{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "work"}, Spec: v1.SandboxForkSpec{CheckpointRef: cp.Name, Count: int32(n), Restore: mode}}
 	start := time.Now()
 	if err := f.k.Create(context.Background(), fk); err != nil {
 		t.Fatal(err)
@@ -249,8 +292,10 @@ func forkAndCheck(t testing.TB, f *fleet, name string, cp *v1.SandboxCheckpoint,
 }
 
 // checkFork checks a finished fork: completed; n children, each once,
-// spread over every node; every receipt OK and equal to the checkpoint's
-// state; no node agent holds a child twice or a child another node holds.
+// spread over every node; every receipt OK, of the checkpoint's tree, and
+// equal (a full restore's names the state its scan found, the
+// checkpoint's; a lazy one made no scan); no node agent holds a child
+// twice or a child another node holds.
 func checkFork(t testing.TB, f *fleet, fk *v1.SandboxFork, cp *v1.SandboxCheckpoint, n int) map[string]int {
 	t.Helper()
 	if fk.Status.Phase != v1.ForkCompleted || int(fk.Status.Ready) != n || len(fk.Status.Children) != n || fk.Status.Checkpoint != cp.Status.ID {
@@ -261,7 +306,7 @@ func checkFork(t testing.TB, f *fleet, fk *v1.SandboxFork, cp *v1.SandboxCheckpo
 	for _, ch := range fk.Status.Children {
 		perNode[ch.Node]++
 		r := ch.Receipt
-		if r == nil || !r.OK || r.Checkpoint != cp.Status.ID || r.Got == "" || r.Got != r.Want || r.Tree != cp.Status.Receipt.Tree {
+		if r == nil || !r.OK || r.Checkpoint != cp.Status.ID || r.Tree != cp.Status.Receipt.Tree || (!r.Lazy && (r.Got == "" || r.Got != r.Want)) {
 			t.Fatalf("fork %s child %s on %s: receipt %+v; want OK for %s", fk.Name, ch.Name, ch.Node, r, cp.Status.ID)
 		}
 		if want == nil {

@@ -38,6 +38,9 @@ const (
 const (
 	waitRetry  = 2 * time.Second
 	maxRecheck = time.Minute
+	// fillPoll is how often a lazy restore's progress is read from its
+	// node until the Filled condition is true.
+	fillPoll = time.Second
 )
 
 type sandboxReconciler struct{ *reconciler }
@@ -182,11 +185,52 @@ func (r *sandboxReconciler) act(ctx context.Context, sb *v1.TurnsnapSandbox, n n
 	st.ObservedGeneration = sb.Generation
 	setCondition(&st.Conditions, sb.Generation, v1.ConditionPlaced, metav1.ConditionTrue, "Running", "running on node "+n.Name)
 	setCondition(&st.Conditions, sb.Generation, v1.ConditionSuspended, metav1.ConditionFalse, "Running", "running on node "+n.Name)
+	next := recheck(n, r.opts.Now())
+	if receipt != nil && receipt.Lazy {
+		setCondition(&st.Conditions, sb.Generation, v1.ConditionFilled, metav1.ConditionFalse, "Fetching",
+			"lazy restore: files arrive on first access and in the background")
+		next = min(next, fillPoll)
+	} else {
+		setCondition(&st.Conditions, sb.Generation, v1.ConditionFilled, metav1.ConditionTrue, "Restored", "every file is on node "+n.Name)
+	}
 	r.events.Eventf(sb, nil, corev1.EventTypeNormal, "Running", action, "%s on node %s (checkpoint %s)", action, n.Name, short(st.Head))
 	if err := r.status(ctx, sb); err != nil {
 		return ctrl.Result{}, err
 	}
-	return ctrl.Result{RequeueAfter: recheck(n, r.opts.Now())}, nil
+	return ctrl.Result{RequeueAfter: next}, nil
+}
+
+// filling says a running sandbox's lazy restore is not known to be whole.
+func filling(sb *v1.TurnsnapSandbox) bool {
+	return sb.Status.LastRestore != nil && sb.Status.LastRestore.Lazy &&
+		!meta.IsStatusConditionTrue(sb.Status.Conditions, v1.ConditionFilled)
+}
+
+// observeFill sets the Filled condition from the node's report of the
+// sandbox's lazy restore (have.Lazy) and says when to look again.
+func (r *sandboxReconciler) observeFill(sb *v1.TurnsnapSandbox, n node, lz *api.LazyRestore) time.Duration {
+	st := &sb.Status
+	switch {
+	case lz == nil:
+		// The node runs no restore of it: its agent restarted and resumes
+		// the restore when the sandbox is next used.
+		setCondition(&st.Conditions, sb.Generation, v1.ConditionFilled, metav1.ConditionUnknown, "NotRunning",
+			"node "+n.Name+" runs no lazy restore of the sandbox now; it resumes on the sandbox's next use")
+	case lz.Whole:
+		setCondition(&st.Conditions, sb.Generation, v1.ConditionFilled, metav1.ConditionTrue, "Whole",
+			fmt.Sprintf("%d files (%d bytes) fetched, %d on first access", lz.Filled, lz.Bytes, lz.OnDemand))
+		return recheck(n, r.opts.Now())
+	case lz.Error != "":
+		if !meta.IsStatusConditionPresentAndEqual(st.Conditions, v1.ConditionFilled, metav1.ConditionFalse) ||
+			meta.FindStatusCondition(st.Conditions, v1.ConditionFilled).Reason != "FetchFailed" {
+			r.events.Eventf(sb, nil, corev1.EventTypeWarning, "FetchFailed", "restore", "%s", lz.Error)
+		}
+		setCondition(&st.Conditions, sb.Generation, v1.ConditionFilled, metav1.ConditionFalse, "FetchFailed", lz.Error)
+	default:
+		setCondition(&st.Conditions, sb.Generation, v1.ConditionFilled, metav1.ConditionFalse, "Fetching",
+			fmt.Sprintf("%d files to fetch, %d filled (%d on first access)", lz.Pending, lz.Filled, lz.OnDemand))
+	}
+	return min(recheck(n, r.opts.Now()), fillPoll)
 }
 
 // make creates or branches the sandbox on its node, unless the node has
@@ -232,12 +276,13 @@ func (r *sandboxReconciler) make(ctx context.Context, c *client.Client, n node, 
 		st.Head = cr.Checkpoint.String()
 		receipt = &v1.Receipt{Kind: actionCreate, Checkpoint: st.Head, OK: true}
 	} else {
-		rs, err := r.branch(ctx, c, n, from, api.BranchRequest{Name: name, Backend: string(sb.Spec.Backend), BtrfsPool: sb.Spec.BtrfsPool})
+		rs, rc, err := r.branch(ctx, c, n, from, sb.Spec.Restore, api.BranchRequest{Name: name, Backend: string(sb.Spec.Backend), BtrfsPool: sb.Spec.BtrfsPool})
 		if err != nil {
 			return nil, err
 		}
 		st.Head = rs.Checkpoint.String()
-		receipt = receiptOf(st.Action, rs)
+		receipt = rc
+		receipt.Kind = st.Action
 	}
 	// In the bucket from the start (its description and head), so that a
 	// failover finds it however soon its node dies.
@@ -260,27 +305,68 @@ func branchSource(sb *v1.TurnsnapSandbox) string {
 }
 
 // branch branches a checkpoint on the node, first bringing the bucket's
-// records into the node's catalog when the node does not know it.
-func (r *sandboxReconciler) branch(ctx context.Context, c *client.Client, n node, from string, req api.BranchRequest) (*api.Restore, error) {
+// records into the node's catalog when the node does not know it, and
+// returns the restore and its receipt. The restore is lazy as mode and the
+// checkpoint decide (lazyFor).
+func (r *sandboxReconciler) branch(ctx context.Context, c *client.Client, n node, from string, mode v1.RestoreMode,
+	req api.BranchRequest) (*api.Restore, *v1.Receipt, error) {
 	since := r.opts.Now()
-	if _, err := c.GetCheckpoint(ctx, from); errors.Is(err, errdefs.ErrNotFound) {
+	cp, err := c.GetCheckpoint(ctx, from)
+	if errors.Is(err, errdefs.ErrNotFound) {
 		if err := r.nodes.rebuild(ctx, n, since); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-	} else if err != nil {
-		return nil, err
+		cp, err = c.GetCheckpoint(ctx, from)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	if req.Lazy, err = lazyFor(mode, req.Backend, cp); err != nil {
+		return nil, nil, err
 	}
 	rs, err := c.Branch(ctx, from, req)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if len(rs) != 1 {
-		return nil, fmt.Errorf("branch of %s answered %d sandboxes, want 1: %w", short(from), len(rs), errdefs.ErrUnavailable)
+		return nil, nil, fmt.Errorf("branch of %s answered %d sandboxes, want 1: %w", short(from), len(rs), errdefs.ErrUnavailable)
 	}
 	if rs[0].Receipt != nil && !rs[0].Receipt.OK {
-		return nil, fmt.Errorf("branch of %s: its receipt does not match the checkpoint (%s): %w", short(from), rs[0].Receipt.Files.Mismatch, errdefs.ErrUnavailable)
+		return nil, nil, fmt.Errorf("branch of %s: its receipt does not match the checkpoint (%s): %w", short(from), rs[0].Receipt.Files.Mismatch, errdefs.ErrUnavailable)
 	}
-	return &rs[0], nil
+	receipt := receiptOf(actionBranch, &rs[0])
+	if req.Lazy {
+		// No scan: the sandbox runs while its files arrive, each checked
+		// against its hash as it is filled.
+		receipt.Lazy, receipt.Tree = true, cp.FSTree.String()
+	}
+	return &rs[0], receipt, nil
+}
+
+// lazyFor says whether a restore of checkpoint cp onto a root of backend
+// ("" is the checkpoint's own) is lazy under mode: Auto is lazy when it
+// can be (an overlay root, no processes to bring back), Lazy must be.
+func lazyFor(mode v1.RestoreMode, backend string, cp *api.LogEntry) (bool, error) {
+	if backend == "" {
+		backend = cp.Backend
+	}
+	why := ""
+	switch {
+	case backend != string(v1.BackendOverlay):
+		why = "a lazy restore needs an overlay root, not " + backend
+	case cp.Processes:
+		why = "checkpoint " + cp.ID.Short() + " holds processes, which a lazy restore does not bring back"
+	}
+	switch mode {
+	case v1.RestoreFull:
+		return false, nil
+	case v1.RestoreLazy:
+		if why != "" {
+			return false, fmt.Errorf("restore Lazy: %s: %w", why, errdefs.ErrInvalid)
+		}
+		return true, nil
+	}
+	return why == "", nil
 }
 
 // adopt takes the sandbox over on node n from the bucket (adopt --force,
@@ -399,7 +485,7 @@ func (r *sandboxReconciler) suspended(ctx context.Context, sb *v1.TurnsnapSandbo
 // observe refreshes a running sandbox's head after a spec change, and
 // otherwise only looks again when its node's Lease would expire.
 func (r *sandboxReconciler) observe(ctx context.Context, sb *v1.TurnsnapSandbox, n node) (ctrl.Result, error) {
-	if sb.Status.ObservedGeneration == sb.Generation && sb.Status.Phase == v1.SandboxRunning {
+	if sb.Status.ObservedGeneration == sb.Generation && sb.Status.Phase == v1.SandboxRunning && !filling(sb) {
 		return ctrl.Result{RequeueAfter: recheck(n, r.opts.Now())}, nil
 	}
 	c, err := r.nodes.client(n)
@@ -415,10 +501,14 @@ func (r *sandboxReconciler) observe(ctx context.Context, sb *v1.TurnsnapSandbox,
 	sb.Status.Head = idOf(have.Head)
 	sb.Status.Phase = v1.SandboxRunning
 	sb.Status.ObservedGeneration = sb.Generation
+	next := recheck(n, r.opts.Now())
+	if filling(sb) {
+		next = r.observeFill(sb, n, have.Lazy)
+	}
 	if err := r.status(ctx, sb); err != nil {
 		return ctrl.Result{}, err
 	}
-	return ctrl.Result{RequeueAfter: recheck(n, r.opts.Now())}, nil
+	return ctrl.Result{RequeueAfter: next}, nil
 }
 
 // finalize removes the sandbox from its node (if the node lives) and lets

@@ -69,7 +69,7 @@ func BenchmarkScaleKubeFork(b *testing.B) {
 			if len(rs) != n {
 				b.Fatalf("direct fan-out of %d made %d", n, len(rs))
 			}
-			res := forkAndCheck(b, f, fmt.Sprintf("bf%d-%d", i, n), cp, n)
+			res := forkAndCheck(b, f, fmt.Sprintf("bf%d-%d", i, n), cp, n, "")
 			b.ReportMetric(res.took.Seconds(), fmt.Sprintf("fork%d_s", n))
 			b.ReportMetric(direct.Seconds(), fmt.Sprintf("direct%d_s", n))
 			b.ReportMetric(res.took.Seconds()/direct.Seconds(), fmt.Sprintf("fork%d_ratio", n))

@@ -40,6 +40,11 @@ type SandboxForkSpec struct {
 	// NodeSelector restricts the children's nodes (Node labels).
 	// +optional
 	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
+	// Restore is how each child gets the checkpoint's files (the
+	// children's spec.restore).
+	// +optional
+	// +kubebuilder:default=Auto
+	Restore RestoreMode `json:"restore,omitempty"`
 }
 
 // ForkPhase is where a fork is.

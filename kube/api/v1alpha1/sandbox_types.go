@@ -15,6 +15,25 @@ const (
 	BackendBtrfs   Backend = "btrfs"
 )
 
+// RestoreMode is how a sandbox made from a checkpoint (a resume, a
+// branch, a fork's child) gets its files on its node.
+// +kubebuilder:validation:Enum=Auto;Lazy;Full
+type RestoreMode string
+
+// The restore modes (docs/KUBERNETES.md, "Lazy restore").
+const (
+	// RestoreAuto is Lazy when the checkpoint allows it (an overlay root,
+	// no processes), else Full.
+	RestoreAuto RestoreMode = "Auto"
+	// RestoreLazy starts the sandbox once the checkpoint's metadata is on
+	// the node: each file is fetched on its first access, the rest in the
+	// background. A checkpoint with processes, or a btrfs root, fails.
+	RestoreLazy RestoreMode = "Lazy"
+	// RestoreFull writes every byte and checks the root against the
+	// checkpoint (the receipt) before the sandbox runs.
+	RestoreFull RestoreMode = "Full"
+)
+
 // TurnsnapSandboxSpec is what the user wants of a sandbox.
 //
 // +kubebuilder:validation:XValidation:rule="has(self.base) != has(self.fromCheckpoint)",message="give exactly one of base and fromCheckpoint"
@@ -64,6 +83,11 @@ type TurnsnapSandboxSpec struct {
 	// bucket.
 	// +optional
 	Suspend bool `json:"suspend,omitempty"`
+	// Restore is how a resume or a branch brings the checkpoint's files
+	// onto the node.
+	// +optional
+	// +kubebuilder:default=Auto
+	Restore RestoreMode `json:"restore,omitempty"`
 }
 
 // SandboxPhase is where a sandbox is in its life.
@@ -85,6 +109,10 @@ const (
 	// ConditionSuspended: the sandbox's final checkpoint is in the bucket
 	// and no node holds it.
 	ConditionSuspended = "Suspended"
+	// ConditionFilled: every file of the sandbox's last restore is on its
+	// node; false while a lazy restore still fetches, or names the object
+	// a fill could not read.
+	ConditionFilled = "Filled"
 )
 
 // Receipt is the summary of a restore's receipt (the node agent's
@@ -112,6 +140,13 @@ type Receipt struct {
 	// Mismatch names the first difference when not OK.
 	// +optional
 	Mismatch string `json:"mismatch,omitempty"`
+	// Lazy: the sandbox started before its files' bytes were on the node.
+	// Its names and metadata were written from the checkpoint's checked
+	// trees and each file is hash-checked as it is filled; no scan of the
+	// root is made (the sandbox runs meanwhile), so Want and Got are
+	// empty. The Filled condition tells when every file is there.
+	// +optional
+	Lazy bool `json:"lazy,omitempty"`
 }
 
 // TurnsnapSandboxStatus is what the controller observed.
