@@ -3,9 +3,11 @@ package fstree
 import (
 	"context"
 	"fmt"
-	"github.com/turnsnap/turnsnap/delta"
 	"os"
 	"path"
+	"sync"
+
+	"github.com/turnsnap/turnsnap/delta"
 
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/internal/fsat"
@@ -36,6 +38,12 @@ type ApplyOptions struct {
 	// metadata, so what it adds stays). Lazy restore (overlay/lazy) fills
 	// the placeholders on first access.
 	Placeholder func(rel string, e *delta.Entry, fd int) error
+	// Workers > 1 writes files with that many goroutines beside the walk
+	// (Materialise only; a Placeholder must then be safe for concurrent
+	// use). The result is the sequential apply's; what it buys is the
+	// time of file creates and metadata, which a lazy restore's
+	// placeholders are made of.
+	Workers int
 }
 
 // ApplyStats counts what an apply wrote.
@@ -94,7 +102,15 @@ func apply(ctx context.Context, tree delta.ID, dst string, opts ApplyOptions, me
 			defer unix.Close(sfd)
 		}
 	}
+	if opts.Workers > 1 && !merge {
+		a.pool = newFilePool(ctx, a, opts.Workers)
+	}
 	err = a.dir(ctx, fd, tree, "")
+	if a.pool != nil {
+		if perr := a.pool.close(); err == nil {
+			err = perr
+		}
+	}
 	return a.stats, err
 }
 
@@ -118,6 +134,10 @@ type applier struct {
 	// restore would otherwise copy from fd 0.
 	srcFD  int
 	hasSrc bool
+	// pool, when set, writes the files (ApplyOptions.Workers); mu guards
+	// files and stats against it.
+	pool *filePool
+	mu   sync.Mutex
 }
 
 func (a *applier) dir(ctx context.Context, dirFD int, id delta.ID, rel string) error {
@@ -128,20 +148,52 @@ func (a *applier) dir(ctx context.Context, dirFD int, id delta.ID, rel string) e
 	if err != nil {
 		return fmt.Errorf("/%s: %w", rel, err)
 	}
+	// The pool's files of this directory are done before it returns, on
+	// any path: its caller then sets the directory's metadata and closes
+	// dirFD.
+	var files sync.WaitGroup
+	defer files.Wait()
 	for i := range t.Entries {
 		e := &t.Entries[i]
 		p := path.Join(rel, e.Name)
+		if a.pool != nil && e.Type == delta.TypeFile {
+			a.stats.Entries++
+			if err := a.overBudget(); err != nil {
+				return fmt.Errorf("restore %s:/%s: %w", a.root, p, err)
+			}
+			if err := a.pool.queue(dirFD, p, e, &files); err != nil {
+				return err
+			}
+			continue
+		}
+		if a.pool != nil && e.Type == delta.TypeHardlink {
+			if err := a.pool.drain(); err != nil { // its target may be in flight
+				return err
+			}
+		}
 		if err := a.entry(ctx, dirFD, p, e); err != nil {
 			return fmt.Errorf("restore %s:/%s: %w", a.root, p, err)
 		}
+	}
+	if a.pool != nil {
+		files.Wait()
+		return a.pool.failed()
+	}
+	return nil
+}
+
+// overBudget refuses an entry beyond what CheckState counted.
+func (a *applier) overBudget() error {
+	if uint64(a.stats.Entries) > a.budget.Entries {
+		return fmt.Errorf("more entries than the checked tree holds: %w", errdefs.ErrCorrupt)
 	}
 	return nil
 }
 
 func (a *applier) entry(ctx context.Context, dirFD int, rel string, e *delta.Entry) error {
 	a.stats.Entries++
-	if uint64(a.stats.Entries) > a.budget.Entries {
-		return fmt.Errorf("more entries than the checked tree holds: %w", errdefs.ErrCorrupt)
+	if err := a.overBudget(); err != nil {
+		return err
 	}
 	if a.merge {
 		var st unix.Stat_t
@@ -247,9 +299,11 @@ func (a *applier) file(ctx context.Context, dirFD int, rel string, e *delta.Entr
 	if err != nil {
 		return err
 	}
+	a.mu.Lock()
 	a.files[rel] = true
 	a.stats.Files++
 	a.stats.Bytes += int64(n)
+	a.mu.Unlock()
 	if err := setMeta(metaTarget{fd: fd}, e); err != nil {
 		return err
 	}

@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 
@@ -158,6 +159,10 @@ func syncDir(dir string) error {
 func placeholders(ctx context.Context, f *Filler) (fstree.ApplyStats, error) {
 	return fstree.Materialise(ctx, f.cfg.Tree, f.cfg.Upper, fstree.ApplyOptions{
 		Loader: f.cfg.Loader, IDs: f.cfg.IDs, AllowDevices: f.cfg.AllowDevices,
+		// A placeholder is a create and its metadata, all system time:
+		// one writer per CPU (at least two) beside the walk.
+		// BenchmarkScaleLazyRestore measures what it buys.
+		Workers: max(2, min(8, runtime.GOMAXPROCS(0))),
 		Placeholder: func(rel string, e *delta.Entry, fd int) error {
 			if err := unix.Fsetxattr(fd, MarkerXattr, []byte(rel), 0); err != nil {
 				return fmt.Errorf("mark placeholder: %w", err)
