@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync/atomic"
+	"time"
 
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/fstree"
@@ -31,6 +32,9 @@ type Backend struct {
 	links  linkMemo   // hardlink groups of the lowers its roots sit on (linkmemo.go)
 	ids    delta.IDs  // the home's content ID scheme (SetIDs)
 	track  trackers   // change tracking (turnscan.go)
+	// watches stand in for CheckBase's walk while nothing below a base
+	// changed (basecheck.go).
+	watches baseWatches
 	// rebuildRestores: restores rebuild the layer (SetRebuildRestores).
 	rebuildRestores atomic.Bool
 }
@@ -104,7 +108,9 @@ func (b *Backend) saveBaseCache(tree delta.ID, c *fstree.ScanCache) error {
 // sandbox on it, so a damaged one would spread into every branch. full
 // re-reads every file (verify); otherwise files whose inode, size, mtime
 // and ctime match the scan made when the base was materialised are trusted,
-// which costs one stat per entry (restores).
+// which costs one stat per entry (restores), or nothing while a watch
+// armed before the last such check saw no change below the base
+// (basecheck.go).
 func (b *Backend) CheckBase(ctx context.Context, tree delta.ID, full bool) (bool, error) {
 	dst := filepath.Join(b.bases, tree.String())
 	if _, err := os.Stat(dst); err != nil {
@@ -113,6 +119,20 @@ func (b *Backend) CheckBase(ctx context.Context, tree delta.ID, full bool) (bool
 		}
 		return false, err
 	}
+	if full {
+		return true, b.checkBase(ctx, tree, dst, true)
+	}
+	if b.watches.clean(tree, time.Now()) {
+		return true, nil
+	}
+	w := b.watches.arm(ctx, dst)
+	err := b.checkBase(ctx, tree, dst, false)
+	b.watches.keep(tree, w, err == nil)
+	return true, err
+}
+
+// checkBase is CheckBase's look at the base materialised at dst.
+func (b *Backend) checkBase(ctx context.Context, tree delta.ID, dst string, full bool) error {
 	var prev *fstree.ScanCache
 	if !full {
 		prev = b.memo.read(b.baseCache(tree)) // unreadable: nil, a full scan
@@ -122,21 +142,21 @@ func (b *Backend) CheckBase(ctx context.Context, tree delta.ID, full bool) (bool
 		// (delta's Unchanged says why), so it is checked without building
 		// them. Anything else is scanned, and refused if it differs.
 		if prev.Unchanged(ctx, dst) {
-			return true, nil
+			return nil
 		}
 	}
 	res, err := fstree.Scan(ctx, dst, fstree.ScanOptions{IDs: b.ids, Prev: prev, Quiescent: true})
 	if err != nil {
-		return true, fmt.Errorf("base %s: %w", dst, err)
+		return fmt.Errorf("base %s: %w", dst, err)
 	}
 	if res.Root != tree {
-		return true, fmt.Errorf("base %s: materialised copy hashes to %s, not its tree (move it away to restore it from the store): %w",
+		return fmt.Errorf("base %s: materialised copy hashes to %s, not its tree (move it away to restore it from the store): %w",
 			dst, res.Root.Short(), errdefs.ErrCorrupt)
 	}
 	if prev == nil && !full {
-		return true, b.saveBaseCache(tree, res.Cache)
+		return b.saveBaseCache(tree, res.Cache)
 	}
-	return true, nil
+	return nil
 }
 
 // Create lays out and mounts a new root in dir on lower dir base (see

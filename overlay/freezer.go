@@ -88,10 +88,11 @@ func (b *Backend) VerifyFrozen(ctx context.Context, tree delta.ID) (bool, error)
 }
 
 // Close stops the backend's background work: its change trackers (their
-// scan caches saved), then its freezes (cancelled, and waited for), and
+// scan caches saved), its bases' watches, then its freezes (cancelled, and waited for), and
 // waits for removed layers' deletions.
 func (b *Backend) Close() error {
 	b.closeTrackers()
+	b.watches.closeAll()
 	if b.keeper != nil {
 		b.keeper.Close()
 	} else {
