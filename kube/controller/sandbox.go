@@ -207,30 +207,34 @@ func filling(sb *v1.TurnsnapSandbox) bool {
 }
 
 // observeFill sets the Filled condition from the node's report of the
-// sandbox's lazy restore (have.Lazy) and says when to look again.
+// sandbox's lazy restore (have.Lazy) and says when to look again: every
+// fillPoll while files arrive, else at the node's recheck. The progress
+// is written in tenths, so a restore costs the API server about ten
+// status writes, not one a second.
 func (r *sandboxReconciler) observeFill(sb *v1.TurnsnapSandbox, n node, lz *api.LazyRestore) time.Duration {
 	st := &sb.Status
+	next := recheck(n, r.opts.Now())
 	switch {
 	case lz == nil:
-		// The node runs no restore of it: its agent restarted and resumes
-		// the restore when the sandbox is next used.
+		// The node runs no restore of it: its agent restarted, and it
+		// resumes the restore when the sandbox is next used.
 		setCondition(&st.Conditions, sb.Generation, v1.ConditionFilled, metav1.ConditionUnknown, "NotRunning",
 			"node "+n.Name+" runs no lazy restore of the sandbox now; it resumes on the sandbox's next use")
 	case lz.Whole:
 		setCondition(&st.Conditions, sb.Generation, v1.ConditionFilled, metav1.ConditionTrue, "Whole",
 			fmt.Sprintf("%d files (%d bytes) fetched, %d on first access", lz.Filled, lz.Bytes, lz.OnDemand))
-		return recheck(n, r.opts.Now())
 	case lz.Error != "":
-		if !meta.IsStatusConditionPresentAndEqual(st.Conditions, v1.ConditionFilled, metav1.ConditionFalse) ||
-			meta.FindStatusCondition(st.Conditions, v1.ConditionFilled).Reason != "FetchFailed" {
+		if c := meta.FindStatusCondition(st.Conditions, v1.ConditionFilled); c == nil || c.Reason != "FetchFailed" {
 			r.events.Eventf(sb, nil, corev1.EventTypeWarning, "FetchFailed", "restore", "%s", lz.Error)
 		}
 		setCondition(&st.Conditions, sb.Generation, v1.ConditionFilled, metav1.ConditionFalse, "FetchFailed", lz.Error)
 	default:
+		total := max(lz.Pending+lz.Filled, 1)
 		setCondition(&st.Conditions, sb.Generation, v1.ConditionFilled, metav1.ConditionFalse, "Fetching",
-			fmt.Sprintf("%d files to fetch, %d filled (%d on first access)", lz.Pending, lz.Filled, lz.OnDemand))
+			fmt.Sprintf("%d%% of %d files fetched", 10*lz.Filled/total*10, total))
+		next = min(next, fillPoll)
 	}
-	return min(recheck(n, r.opts.Now()), fillPoll)
+	return next
 }
 
 // make creates or branches the sandbox on its node, unless the node has
