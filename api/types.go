@@ -118,20 +118,24 @@ type CheckpointRequest struct {
 
 // Checkpoint is a closed turn.
 type Checkpoint struct {
-	BlobsNew      int64   `json:"blobs_new"`
-	BytesNew      int64   `json:"bytes_new"`
-	BytesRead     int64   `json:"bytes_read"`
-	Class         Class   `json:"class"`
-	DurationMS    float64 `json:"duration_ms"`
-	Entries       int64   `json:"entries"`
-	FilesRead     int64   `json:"files_read"`
-	ID            ID      `json:"id"`
-	ObjectsNew    int64   `json:"objects_new"`
-	Parent        ID      `json:"parent"`
-	ProcessChange string  `json:"process_change"`
-	RemoteDurable bool    `json:"remote_durable"`
-	Sandbox       string  `json:"sandbox"`
-	Turn          int     `json:"turn"`
+	BlobsNew   int64   `json:"blobs_new"`
+	BytesNew   int64   `json:"bytes_new"`
+	BytesRead  int64   `json:"bytes_read"`
+	Class      Class   `json:"class"`
+	DurationMS float64 `json:"duration_ms"`
+	Entries    int64   `json:"entries"`
+	FilesRead  int64   `json:"files_read"`
+	ID         ID      `json:"id"`
+	ObjectsNew int64   `json:"objects_new"`
+	Parent     ID      `json:"parent"`
+	// PhasesMS is where DurationMS went, by phase (freeze, scan, dump,
+	// store, commit: those the turn went through), as the committed
+	// event and turnsnap_checkpoint_phase_seconds report it.
+	PhasesMS      map[string]float64 `json:"phases_ms,omitempty"`
+	ProcessChange string             `json:"process_change"`
+	RemoteDurable bool               `json:"remote_durable"`
+	Sandbox       string             `json:"sandbox"`
+	Turn          int                `json:"turn"`
 }
 
 // LogEntry is one checkpoint of GET /v1/sandboxes/{name}/checkpoints

@@ -261,13 +261,9 @@ func (m *Monitor) checkpointed(sandbox string, r *engine.CheckpointResult, err e
 	}
 	m.turns.WithLabelValues(string(r.Class)).Inc()
 	m.turnSeconds.Observe(r.Duration.Seconds())
-	phases := map[string]float64{}
-	for name, p := range map[string]time.Duration{engine.PhaseFreeze: r.Phases.Freeze, engine.PhaseScan: r.Phases.Scan,
-		engine.PhaseDump: r.Phases.Dump, engine.PhaseStore: r.Phases.Store, engine.PhaseCommit: r.Phases.Commit} {
-		if p > 0 {
-			m.phases.WithLabelValues(name).Observe(p.Seconds())
-			phases[name] = ms(p)
-		}
+	phases := phasesMS(r.Phases)
+	for name, p := range phases {
+		m.phases.WithLabelValues(name).Observe(p / 1000)
 	}
 	if r.Stats.PauseNs > 0 {
 		m.pause.Observe(time.Duration(r.Stats.PauseNs).Seconds())

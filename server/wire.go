@@ -253,7 +253,20 @@ func checkpointOf(r *engine.CheckpointResult) *api.Checkpoint {
 	return &api.Checkpoint{BlobsNew: r.Stats.BlobsNew, BytesNew: r.Stats.BytesNew, BytesRead: r.Stats.BytesRead,
 		Class: api.Class(r.Class), DurationMS: ms(r.Duration), Entries: r.Stats.Entries, FilesRead: r.Stats.FilesRead,
 		ID: idOf(r.ID), ObjectsNew: r.Stats.ObjectsNew, Parent: idOf(r.Parent), ProcessChange: r.ProcessChange,
-		Sandbox: r.Sandbox, Turn: r.Turn}
+		Sandbox: r.Sandbox, Turn: r.Turn, PhasesMS: phasesMS(r.Phases)}
+}
+
+// phasesMS is where a turn's time went, in milliseconds, by phase (the
+// phases it went through; engine.Phases).
+func phasesMS(p engine.Phases) map[string]float64 {
+	out := map[string]float64{}
+	for name, d := range map[string]time.Duration{engine.PhaseFreeze: p.Freeze, engine.PhaseScan: p.Scan,
+		engine.PhaseDump: p.Dump, engine.PhaseStore: p.Store, engine.PhaseCommit: p.Commit} {
+		if d > 0 {
+			out[name] = ms(d)
+		}
+	}
+	return out
 }
 
 func logEntryOf(cp *delta.Checkpoint, head, onHead bool) api.LogEntry {
