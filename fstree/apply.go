@@ -11,6 +11,7 @@ import (
 
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/internal/fsat"
+	"golang.org/x/sync/errgroup"
 	"golang.org/x/sys/unix"
 )
 
@@ -103,11 +104,15 @@ func apply(ctx context.Context, tree delta.ID, dst string, opts ApplyOptions, me
 		}
 	}
 	if opts.Workers > 1 && !merge {
-		a.pool = newFilePool(ctx, a, opts.Workers)
+		// The walk goes on making directories and the other entries in
+		// tree order while the pool writes files; a worker's error cancels
+		// the walk (ctx) and is the one returned.
+		a.pool, ctx = errgroup.WithContext(ctx)
+		a.pool.SetLimit(opts.Workers)
 	}
 	err = a.dir(ctx, fd, tree, "")
 	if a.pool != nil {
-		if perr := a.pool.close(); err == nil {
+		if perr := a.pool.Wait(); perr != nil {
 			err = perr
 		}
 	}
@@ -134,10 +139,12 @@ type applier struct {
 	// restore would otherwise copy from fd 0.
 	srcFD  int
 	hasSrc bool
-	// pool, when set, writes the files (ApplyOptions.Workers); mu guards
-	// files and stats against it.
-	pool *filePool
-	mu   sync.Mutex
+	// pool, when set, writes the files (ApplyOptions.Workers); inflight
+	// counts its files not done, which a hardlink waits for (its target
+	// may be one); mu guards files and stats against it.
+	pool     *errgroup.Group
+	inflight sync.WaitGroup
+	mu       sync.Mutex
 }
 
 func (a *applier) dir(ctx context.Context, dirFD int, id delta.ID, rel string) error {
@@ -156,30 +163,37 @@ func (a *applier) dir(ctx context.Context, dirFD int, id delta.ID, rel string) e
 	for i := range t.Entries {
 		e := &t.Entries[i]
 		p := path.Join(rel, e.Name)
+		if a.pool != nil && (e.Type == delta.TypeFile || e.Type == delta.TypeHardlink) {
+			if e.Type == delta.TypeHardlink {
+				a.inflight.Wait()
+			}
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+		}
 		if a.pool != nil && e.Type == delta.TypeFile {
 			a.stats.Entries++
 			if err := a.overBudget(); err != nil {
 				return fmt.Errorf("restore %s:/%s: %w", a.root, p, err)
 			}
-			if err := a.pool.queue(dirFD, p, e, &files); err != nil {
-				return err
-			}
+			files.Add(1)
+			a.inflight.Add(1)
+			a.pool.Go(func() error {
+				defer a.inflight.Done()
+				defer files.Done()
+				if err := a.file(ctx, dirFD, p, e); err != nil {
+					return fmt.Errorf("restore %s:/%s: %w", a.root, p, err)
+				}
+				return nil
+			})
 			continue
-		}
-		if a.pool != nil && e.Type == delta.TypeHardlink {
-			if err := a.pool.drain(); err != nil { // its target may be in flight
-				return err
-			}
 		}
 		if err := a.entry(ctx, dirFD, p, e); err != nil {
 			return fmt.Errorf("restore %s:/%s: %w", a.root, p, err)
 		}
 	}
-	if a.pool != nil {
-		files.Wait()
-		return a.pool.failed()
-	}
-	return nil
+	files.Wait()
+	return ctx.Err() // a worker's error cancelled it
 }
 
 // overBudget refuses an entry beyond what CheckState counted.

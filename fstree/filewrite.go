@@ -21,7 +21,7 @@ import (
 // cannot punch), so no old byte survives. It returns the data bytes written.
 func WriteContent(ctx context.Context, loader delta.BlobLoader, f *os.File, e *delta.Entry, inPlace bool) (uint64, error) {
 	if len(e.Holes) == 0 && !inPlace {
-		return writeStream(ctx, loader, f, e)
+		return WriteRuns(ctx, loader, f, e, e.Size) // one run, front to back
 	}
 	if err := f.Truncate(int64(e.Size)); err != nil {
 		return 0, fmt.Errorf("set size: %w", err)
@@ -73,29 +73,6 @@ func WriteRuns(ctx context.Context, loader delta.BlobLoader, w io.WriterAt, e *d
 				runs = runs[1:]
 			}
 		}
-	}
-	return n, delta.CheckFileSize(e, n)
-}
-
-// writeStream writes a file without holes front to back.
-func writeStream(ctx context.Context, loader delta.BlobLoader, f *os.File, e *delta.Entry) (uint64, error) {
-	chunks, err := delta.LoadChunks(ctx, loader, e)
-	if err != nil {
-		return 0, err
-	}
-	var n uint64
-	for _, c := range chunks {
-		if n > e.Size {
-			break // already more than declared: CheckFileSize says so
-		}
-		data, err := loader.LoadBlob(ctx, delta.BlobData, c)
-		if err != nil {
-			return n, fmt.Errorf("chunk %s: %w", c.Short(), err)
-		}
-		if _, err := f.Write(data); err != nil {
-			return n, err
-		}
-		n += uint64(len(data))
 	}
 	return n, delta.CheckFileSize(e, n)
 }
