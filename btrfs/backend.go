@@ -111,7 +111,7 @@ func (b *Backend) PrepareBase(ctx context.Context, tree delta.ID, loader delta.B
 		return "", fmt.Errorf("base %s: %w", tree.Short(), err)
 	}
 	// The base is the operator's own image, so its device nodes are allowed.
-	if _, err := fstree.Materialise(ctx, tree, root, fstree.ApplyOptions{Loader: loader, IDs: b.opts.IDs, AllowDevices: true, Plain: true}); err != nil {
+	if _, err := fstree.Materialise(ctx, tree, root, fstree.ApplyOptions{Loader: loader, IDs: b.opts.IDs, AllowDevices: true, Plain: true, Workers: fstree.ParallelWorkers()}); err != nil {
 		return "", fmt.Errorf("base %s: %w", tree.Short(), err)
 	}
 	res, err := fstree.Scan(ctx, root, fstree.ScanOptions{IDs: b.opts.IDs})

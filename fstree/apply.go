@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path"
+	"runtime"
 	"sync"
 
 	"github.com/turnsnap/turnsnap/delta"
@@ -46,6 +47,11 @@ type ApplyOptions struct {
 	// placeholders are made of.
 	Workers int
 }
+
+// ParallelWorkers is the ApplyOptions.Workers of an apply of many files:
+// one per CPU, from 2 to 8 (a create is a syscall's worth of system time,
+// and a copy waits on the disk).
+func ParallelWorkers() int { return max(2, min(8, runtime.GOMAXPROCS(0))) }
 
 // ApplyStats counts what an apply wrote.
 type ApplyStats struct {

@@ -72,7 +72,7 @@ func (b *Backend) PrepareBase(ctx context.Context, tree delta.ID, loader delta.B
 	}
 	defer os.RemoveAll(tmp)
 	// The base is the operator's own image, so its device nodes are allowed.
-	if _, err := fstree.Materialise(ctx, tree, tmp, fstree.ApplyOptions{Loader: loader, IDs: b.ids, AllowDevices: true, Plain: true}); err != nil {
+	if _, err := fstree.Materialise(ctx, tree, tmp, fstree.ApplyOptions{Loader: loader, IDs: b.ids, AllowDevices: true, Plain: true, Workers: fstree.ParallelWorkers()}); err != nil {
 		return "", fmt.Errorf("base %s: %w", tree.Short(), err)
 	}
 	res, err := fstree.Scan(ctx, tmp, fstree.ScanOptions{IDs: b.ids, Quiescent: true})

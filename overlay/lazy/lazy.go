@@ -24,7 +24,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 
@@ -162,7 +161,7 @@ func placeholders(ctx context.Context, f *Filler) (fstree.ApplyStats, error) {
 		// A placeholder is a create and its metadata, all system time:
 		// one writer per CPU (at least two) beside the walk.
 		// BenchmarkScaleLazyRestore measures what it buys.
-		Workers: max(2, min(8, runtime.GOMAXPROCS(0))),
+		Workers: fstree.ParallelWorkers(),
 		Placeholder: func(rel string, e *delta.Entry, fd int) error {
 			if err := unix.Fsetxattr(fd, MarkerXattr, []byte(rel), 0); err != nil {
 				return fmt.Errorf("mark placeholder: %w", err)
