@@ -2,6 +2,7 @@ package btrfstest
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -57,4 +58,13 @@ func TestPool(t *testing.T) {
 
 func containsLine(out, line string) bool {
 	return slices.Contains(strings.Fields(out), line)
+}
+
+func run(t *testing.T, name string, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(name, args...).Output()
+	if err != nil {
+		t.Fatalf("%s %s: %v", name, strings.Join(args, " "), err)
+	}
+	return string(out)
 }

@@ -189,8 +189,15 @@ type layout struct{ dir, lower, upper, work, mnt string }
 
 func newLayout(t testing.TB) layout {
 	t.Helper()
+	return newLayoutIn(t, t.TempDir())
+}
+
+// newLayoutIn is newLayout in a new directory below parent.
+func newLayoutIn(t testing.TB, parent string) layout {
+	t.Helper()
 	testenv.RequireRoot(t)
-	d := t.TempDir()
+	d, err := os.MkdirTemp(parent, "layout-")
+	must(t, err)
 	l := layout{dir: d, lower: filepath.Join(d, "lower"), upper: filepath.Join(d, "upper"), work: filepath.Join(d, "work"), mnt: filepath.Join(d, "mnt")}
 	for _, p := range []string{l.lower, l.upper, l.work, l.mnt} {
 		must(t, os.Mkdir(p, 0o755))
