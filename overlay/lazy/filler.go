@@ -42,6 +42,9 @@ type Config struct {
 	IDs delta.IDs
 	// AllowDevices: as fstree.ApplyOptions.AllowDevices.
 	AllowDevices bool
+	// Writers make the placeholders beside the walk (0:
+	// fstree.ParallelWorkers; 1: none, the walk alone).
+	Writers int
 	// Log receives one line per failed fill; nil means slog.Default().
 	Log *slog.Logger
 	// Keeper starts a process that holds the group (keeper.go), so an

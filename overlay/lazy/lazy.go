@@ -20,6 +20,7 @@
 package lazy
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -161,7 +162,7 @@ func placeholders(ctx context.Context, f *Filler) (fstree.ApplyStats, error) {
 		// A placeholder is a create and its metadata, all system time:
 		// one writer per CPU (at least two) beside the walk.
 		// BenchmarkScaleLazyRestore measures what it buys.
-		Workers: fstree.ParallelWorkers(),
+		Workers: cmp.Or(f.cfg.Writers, fstree.ParallelWorkers()),
 		Placeholder: func(rel string, e *delta.Entry, fd int) error {
 			if err := unix.Fsetxattr(fd, MarkerXattr, []byte(rel), 0); err != nil {
 				return fmt.Errorf("mark placeholder: %w", err)
