@@ -3,7 +3,7 @@
 // down in t.Cleanup even when the test fails, so no mount or loop device
 // outlives the test. A fresh filesystem also keeps a benchmark apart from
 // what ran before it on the host's: ext4, for one, skips inodes freed in
-// the last minute when it allocates, which made file creation 15x slower
+// the last minutes when it allocates, which made file creation 15x slower
 // right after another benchmark's cleanup.
 package loopfs
 

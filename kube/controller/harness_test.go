@@ -29,6 +29,7 @@ import (
 	"github.com/turnsnap/turnsnap/client"
 	"github.com/turnsnap/turnsnap/internal/fleethost"
 	"github.com/turnsnap/turnsnap/internal/kubetest"
+	"github.com/turnsnap/turnsnap/internal/loopfs"
 	"github.com/turnsnap/turnsnap/internal/miniotest"
 	"github.com/turnsnap/turnsnap/internal/testenv"
 	kubenode "github.com/turnsnap/turnsnap/kube/node"
@@ -70,6 +71,8 @@ type fleet struct {
 	bin     string
 	base    string
 	agents  []*agent
+	// diskSize: each node's own ext4 (fleetOptions)
+	diskSize int64
 
 	// log is the controller's log, in DIR/controller.log (a goroutine
 	// must not log through t after the test ended).
@@ -99,8 +102,23 @@ type agent struct {
 // newFleet starts the API server with turnsnap's CRDs and those of
 // crdDirs, the bucket and nodes node agents.
 func newFleet(t testing.TB, nodes int, crdDirs ...string) *fleet {
+	return newFleetWith(t, fleetOptions{nodes: nodes, crdDirs: crdDirs})
+}
+
+// fleetOptions: diskSize > 0 gives each node agent an ext4 of that size of
+// its own (internal/loopfs) for its home, as nodes have their own disks:
+// on one shared ext4 a node's removals slow the next node's file creates
+// (ext4 skips inodes freed in the last minutes when it allocates).
+type fleetOptions struct {
+	nodes    int
+	crdDirs  []string
+	diskSize int64
+}
+
+func newFleetWith(t testing.TB, o fleetOptions) *fleet {
+	nodes, crdDirs := o.nodes, o.crdDirs
 	testenv.RequireRoot(t)
-	f := &fleet{t: t, dir: t.TempDir(), ns: "turnsnap-system"}
+	f := &fleet{t: t, dir: t.TempDir(), ns: "turnsnap-system", diskSize: o.diskSize}
 	t.Cleanup(func() { fleethost.UnmountUnder(t, f.dir) })
 	// controller-runtime's global logger, which envtest's own clients use
 	// (unset, it prints a stack trace); the managers get theirs.
@@ -143,7 +161,14 @@ func newFleet(t testing.TB, nodes int, crdDirs ...string) *fleet {
 func (f *fleet) newAgent(ctx context.Context, i int) *agent {
 	t := f.t
 	env := []string{"AWS_ACCESS_KEY_ID=" + f.minio.AccessKey, "AWS_SECRET_ACCESS_KEY=" + f.minio.SecretKey}
-	h := fleethost.NewHost(t, nil, i, f.bin, f.dir, env)
+	dir := f.dir
+	if f.diskSize > 0 {
+		// The host's directory (dir/hI) on a disk of its own.
+		mnt := loopfs.Mount(t, "ext4", f.diskSize, "-q", "-E", "lazy_itable_init=0,lazy_journal_init=0")
+		t.Cleanup(func() { fleethost.UnmountUnder(t, mnt) }) // the sandboxes' roots, before the disk goes
+		dir = filepath.Join(mnt, "node")
+	}
+	h := fleethost.NewHost(t, nil, i, f.bin, dir, env)
 	a := &agent{f: f, name: fmt.Sprintf("n%d", i), h: h, token: randomHex(16)}
 	h.Name = a.name
 	tokenFile := filepath.Join(h.Dir(), "token")

@@ -54,7 +54,7 @@ func BenchmarkScaleLazyRestore(b *testing.B) {
 	must(b, os.RemoveAll(src))
 	// Both restores write to an ext4 of their own, and nothing on it is
 	// deleted until both are measured: ext4 skips inodes freed in the
-	// last minute when it allocates (recently_deleted walks their table
+	// last minutes when it allocates (recently_deleted walks their table
 	// blocks), which made a create cost 0.5 ms instead of 30 us on the
 	// host's filesystem right after a 20,000-file removal (this
 	// benchmark's own, or the benchmark before it in make bench-scale).
