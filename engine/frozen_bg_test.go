@@ -253,6 +253,10 @@ func TestBranchBuildsAQueuedFreeze(t *testing.T) {
 	want := mergedState(t, cr.Root)
 	done := make(chan error, 1)
 	var root string
+	// Read before the branch starts: a branch that reached the wait first
+	// would otherwise be counted in it, and the loop below wait for a
+	// second one that never comes.
+	waited := overlayOf(e).Keeper().Waited()
 	go func() {
 		r, err := e.Branch(ctx, mustRef(c2.ID.String()), "b", BranchOptions{})
 		if err == nil {
@@ -260,7 +264,6 @@ func TestBranchBuildsAQueuedFreeze(t *testing.T) {
 		}
 		done <- err
 	}()
-	waited := overlayOf(e).Keeper().Waited()
 	for deadline := time.Now().Add(30 * time.Second); overlayOf(e).Keeper().Waited() == waited; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the branch never found the freeze pending")
