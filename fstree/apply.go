@@ -48,9 +48,8 @@ type ApplyOptions struct {
 	Workers int
 }
 
-// ParallelWorkers is the ApplyOptions.Workers of an apply of many files:
-// one per CPU, from 2 to 8 (a create is a syscall's worth of system time,
-// and a copy waits on the disk).
+// ParallelWorkers is the Workers of an apply of many files: one per CPU,
+// 2 to 8 (a create is system time, a copy waits on the disk).
 func ParallelWorkers() int { return max(2, min(8, runtime.GOMAXPROCS(0))) }
 
 // ApplyStats counts what an apply wrote.
@@ -169,29 +168,10 @@ func (a *applier) dir(ctx context.Context, dirFD int, id delta.ID, rel string) e
 	for i := range t.Entries {
 		e := &t.Entries[i]
 		p := path.Join(rel, e.Name)
-		if a.pool != nil && (e.Type == delta.TypeFile || e.Type == delta.TypeHardlink) {
-			if e.Type == delta.TypeHardlink {
-				a.inflight.Wait()
-			}
-			if err := ctx.Err(); err != nil {
+		if a.pool != nil && e.Type == delta.TypeFile {
+			if err := a.queueFile(ctx, dirFD, p, e, &files); err != nil {
 				return err
 			}
-		}
-		if a.pool != nil && e.Type == delta.TypeFile {
-			a.stats.Entries++
-			if err := a.overBudget(); err != nil {
-				return fmt.Errorf("restore %s:/%s: %w", a.root, p, err)
-			}
-			files.Add(1)
-			a.inflight.Add(1)
-			a.pool.Go(func() error {
-				defer a.inflight.Done()
-				defer files.Done()
-				if err := a.file(ctx, dirFD, p, e); err != nil {
-					return fmt.Errorf("restore %s:/%s: %w", a.root, p, err)
-				}
-				return nil
-			})
 			continue
 		}
 		if err := a.entry(ctx, dirFD, p, e); err != nil {
@@ -200,6 +180,28 @@ func (a *applier) dir(ctx context.Context, dirFD int, id delta.ID, rel string) e
 	}
 	files.Wait()
 	return ctx.Err() // a worker's error cancelled it
+}
+
+// queueFile hands file e (at rel, in dirFD) to the pool; files counts its directory's.
+func (a *applier) queueFile(ctx context.Context, dirFD int, rel string, e *delta.Entry, files *sync.WaitGroup) error {
+	if err := ctx.Err(); err != nil {
+		return err // a worker failed
+	}
+	a.stats.Entries++
+	if err := a.overBudget(); err != nil {
+		return fmt.Errorf("restore %s:/%s: %w", a.root, rel, err)
+	}
+	files.Add(1)
+	a.inflight.Add(1)
+	a.pool.Go(func() error {
+		defer a.inflight.Done()
+		defer files.Done()
+		if err := a.file(ctx, dirFD, rel, e); err != nil {
+			return fmt.Errorf("restore %s:/%s: %w", a.root, rel, err)
+		}
+		return nil
+	})
+	return nil
 }
 
 // overBudget refuses an entry beyond what CheckState counted.
@@ -239,6 +241,9 @@ func (a *applier) entry(ctx context.Context, dirFD int, rel string, e *delta.Ent
 	case delta.TypeFile:
 		return a.file(ctx, dirFD, rel, e)
 	case delta.TypeHardlink:
+		if a.pool != nil {
+			a.inflight.Wait() // its target may be a file in flight
+		}
 		return a.hardlink(dirFD, e)
 	case delta.TypeWhiteout:
 		return unix.Mknodat(dirFD, e.Name, unix.S_IFCHR, 0) // overlay's own form
