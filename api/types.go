@@ -242,6 +242,12 @@ type Restore struct {
 	Turn       int     `json:"turn"`
 	// Receipt proves what the restore made (engine/receipt).
 	Receipt *Receipt `json:"receipt,omitempty"`
+	// PhasesMS is where a branch's fan-out spent its time, by phase
+	// (prepare, roots, catalog, files, processes, one after another; and
+	// image, base and layer, the parts of prepare that read the process
+	// image, readied the base and readied the frozen layer), the same for
+	// every branch of one request. A rollback and a lazy branch have none.
+	PhasesMS map[string]float64 `json:"phases_ms,omitempty"`
 }
 
 // Verified is POST /v1/checkpoints/{ref}/verify.

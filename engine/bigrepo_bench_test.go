@@ -5,11 +5,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
 
 	"github.com/turnsnap/turnsnap/bench/monorepo"
+	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/internal/benchenv"
 	"github.com/turnsnap/turnsnap/internal/btrfstest"
 	"github.com/turnsnap/turnsnap/internal/testenv"
@@ -139,3 +141,64 @@ func BenchmarkScaleBigRepoCreate(b *testing.B) {
 		b.ReportMetric(benchenv.Load1(b), "load1_end")
 	}
 }
+
+// BenchmarkScaleTenFileTurns splits the big repository's 10-file turn
+// (cmd/turnsnap's BenchmarkScaleBigRepoTurns measures it through the
+// daemon) by what runs beside it. The same turns, back to back, with
+// change tracking on, on two homes in the same run: one freezing each
+// checkpoint's layer in the background as the daemon does (bg_), one
+// freezing none (none_: Options.FreezeOnBranch, whose incremental freezes
+// need a kept layer this sandbox never has). Reported per setting: the
+// turn's p50 and p99 and its scan's and commit's (ms), and the entries a
+// turn scanned; the load at start and end.
+func BenchmarkScaleTenFileTurns(b *testing.B) {
+	testenv.RequireRoot(b)
+	ctx := context.Background()
+	tree, tr := bigRepo(b)
+	turns := benchenv.Size(1000, 20)
+	run := func(prefix string, onBranch bool) {
+		e, err := Open(ctx, Options{Home: filepath.Join(b.TempDir(), "home"), TrackChanges: true, FreezeOnBranch: onBranch})
+		must(b, err)
+		defer e.Close()
+		cr, err := e.CreateSandbox(ctx, "big", CreateOptions{Base: tree})
+		must(b, err)
+		defer func() { must(b, e.RemoveSandbox(ctx, "big")) }()
+		// The first turn walks the root once; the turns measured are the
+		// steady state after it.
+		must(b, tr.EditSources(cr.Root, 0, 10))
+		_, err = e.Checkpoint(ctx, "big", CheckpointOptions{})
+		must(b, err)
+		var total, scan, commit []float64
+		var entries int64
+		b.StartTimer()
+		for turn := range turns {
+			must(b, tr.EditSources(cr.Root, turn+1, 10))
+			r, err := e.Checkpoint(ctx, "big", CheckpointOptions{})
+			must(b, err)
+			if r.Class != delta.ClassFS {
+				b.Fatalf("turn %d classed %s, want fs", turn+1, r.Class)
+			}
+			total = append(total, msOf(r.Duration))
+			scan = append(scan, msOf(r.Phases.Scan))
+			commit = append(commit, msOf(r.Phases.Commit))
+			entries += int64(r.Stats.Entries)
+		}
+		b.StopTimer()
+		for name, v := range map[string][]float64{"turn": total, "scan": scan, "commit": commit} {
+			slices.Sort(v)
+			b.ReportMetric(v[len(v)/2], prefix+name+"_p50_ms")
+			b.ReportMetric(v[len(v)*99/100], prefix+name+"_p99_ms")
+		}
+		b.ReportMetric(float64(entries)/float64(turns), prefix+"entries/turn")
+	}
+	b.StopTimer()
+	for range b.N {
+		load0 := benchenv.Load1(b)
+		run("bg_", false)
+		run("none_", true)
+		b.ReportMetric(load0, "load1_start")
+		b.ReportMetric(benchenv.Load1(b), "load1_end")
+	}
+}
+
+func msOf(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

@@ -117,6 +117,7 @@ func (e *Engine) BranchMany(ctx context.Context, ref catalog.CheckpointRef, name
 	}
 	defer cleanImg()
 	ph.Image = time.Since(imgStart)
+	baseStart := time.Now()
 	lower, err := e.prepareBase(ctx, be, cp.BaseTree, e.data.repo)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", subject, err)
@@ -124,14 +125,17 @@ func (e *Engine) BranchMany(ctx context.Context, ref catalog.CheckpointRef, name
 	if _, err := checkBaseOn(ctx, be, cp.BaseTree, false); err != nil {
 		return nil, fmt.Errorf("%s: %w", subject, err)
 	}
+	ph.Base = time.Since(baseStart)
 	if err := ensureDir(filepath.Dir(e.home.sandboxDir(names[0]))); err != nil {
 		return nil, err
 	}
 	stacked := false
 	if f, ok := be.(rootfs.Freezer); ok && !o.Materialise {
+		layerStart := time.Now()
 		if stacked, err = f.PrepareBranch(ctx, cp, fp.Bytes); err != nil {
 			return nil, fmt.Errorf("%s: %w", subject, err)
 		}
+		ph.Layer = time.Since(layerStart)
 	}
 	// As for a rollback (restore.go): roots copied into the home must
 	// leave the catalog its room. A stacked root copies nothing.

@@ -10,9 +10,10 @@ import "time"
 type BranchPhases struct {
 	// Prepare: the checkpoint resolved, the names and host checked, the
 	// tree's state checked, the base prepared, the frozen layer readied
-	// (waited for or built). Image is the part of it that read and
-	// verified the process image (once for all branches).
-	Prepare, Image time.Duration
+	// (waited for or built). Image, Base and Layer are parts of it: the
+	// process image read and verified (once for all branches), the base
+	// made ready on this host and checked, and the frozen layer readied.
+	Prepare, Image, Base, Layer time.Duration
 	// Roots: every branch's root made (a mount each when stacked).
 	Roots time.Duration
 	// Catalog: the sandbox and head objects written, then the one catalog

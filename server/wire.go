@@ -287,5 +287,22 @@ func procDumpOf(d *delta.DumpStats) *api.ProcDump {
 
 func restoreOf(r *engine.RestoreResult) *api.Restore {
 	return &api.Restore{Checkpoint: idOf(r.Checkpoint.ID), DurationMS: ms(r.Duration), Processes: r.Processes,
-		Root: r.Root, Sandbox: r.Sandbox, Turn: r.Checkpoint.Turn, Receipt: receiptOf(r.Receipt)}
+		Root: r.Root, Sandbox: r.Sandbox, Turn: r.Checkpoint.Turn, Receipt: receiptOf(r.Receipt),
+		PhasesMS: branchPhasesMS(r.Phases)}
+}
+
+// branchPhasesMS is where a fan-out's time went, in milliseconds, by
+// phase (engine.BranchPhases; nil for a restore that is no branch).
+func branchPhasesMS(p *engine.BranchPhases) map[string]float64 {
+	if p == nil {
+		return nil
+	}
+	out := map[string]float64{}
+	for name, d := range map[string]time.Duration{"prepare": p.Prepare, "image": p.Image, "base": p.Base,
+		"layer": p.Layer, "roots": p.Roots, "catalog": p.Catalog, "files": p.Files, "processes": p.Processes} {
+		if v := ms(d); v > 0 { // a phase that did nothing took nanoseconds
+			out[name] = v
+		}
+	}
+	return out
 }

@@ -167,3 +167,43 @@ func TestContentCompresses(t *testing.T) {
 		}
 	}
 }
+
+// EditSources rewrites n distinct source files a turn, others each turn,
+// and nothing else.
+func TestEditSources(t *testing.T) {
+	dir := t.TempDir()
+	tr, err := Generate(context.Background(), dir, Options{Seed: 3, Files: 600, Bytes: 3 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := digest(t, dir)
+	edited := func(turn int) map[string]bool {
+		if err := tr.EditSources(dir, turn, 10); err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]bool{}
+		for _, ix := range tr.Sources {
+			p := tr.Entries[ix].Path
+			data, err := os.ReadFile(filepath.Join(dir, filepath.FromSlash(p)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if bytes.HasPrefix(data, fmt.Appendf(nil, "// turn %d edit ", turn)) {
+				out[p] = true
+			}
+		}
+		return out
+	}
+	a, b := edited(1), edited(2)
+	if len(a) != 10 || len(b) != 10 {
+		t.Fatalf("turns edited %d and %d files, want 10 each", len(a), len(b))
+	}
+	for p := range b {
+		if a[p] {
+			t.Errorf("%s edited by both turns", p)
+		}
+	}
+	if digest(t, dir) == before {
+		t.Error("the tree's digest did not change")
+	}
+}

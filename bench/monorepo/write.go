@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -206,4 +207,23 @@ func structured(b []byte, rng *rand.Rand, off int64) {
 		}
 		copy(b[i:], r[:len(rec)])
 	}
+}
+
+// EditSources is an agent's edit turn on a root holding the tree: it
+// rewrites n of the tree's source files (different ones for each turn,
+// spread over the tree by a stride prime to any count of sources) with
+// about 2 KiB of new text that names the turn.
+func (t *Tree) EditSources(root string, turn, n int) error {
+	if len(t.Sources) == 0 {
+		return fmt.Errorf("monorepo: the tree has no source files to edit")
+	}
+	body := strings.Repeat("x := compute(y)\n", 128)
+	for i := range n {
+		e := t.Entries[t.Sources[((turn*n+i)*7919)%len(t.Sources)]]
+		data := fmt.Appendf(nil, "// turn %d edit %d\n%s", turn, i, body)
+		if err := os.WriteFile(filepath.Join(root, filepath.FromSlash(e.Path)), data, 0o644); err != nil {
+			return fmt.Errorf("monorepo: edit turn %d: %w", turn, err)
+		}
+	}
+	return nil
 }
