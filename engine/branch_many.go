@@ -15,6 +15,7 @@ import (
 	"github.com/turnsnap/turnsnap/delta"
 	"github.com/turnsnap/turnsnap/engine/receipt"
 	"github.com/turnsnap/turnsnap/engine/room"
+	"github.com/turnsnap/turnsnap/fstree"
 	"github.com/turnsnap/turnsnap/internal/errdefs"
 	"github.com/turnsnap/turnsnap/internal/rootfs"
 )
@@ -106,7 +107,10 @@ func (e *Engine) BranchMany(ctx context.Context, ref catalog.CheckpointRef, name
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", subject, err)
 	}
-	fp, err := delta.CheckState(ctx, e.data.repo, cp.FSTree, delta.StateRules{})
+	// Through the memo a rollback uses: a tree's check is a function of
+	// its ID, and reading every tree of a 50,000-file layer again was
+	// nearly all of a ready fan-out's time (BenchmarkScaleBigRepoTurns).
+	fp, err := e.memo.checked.CheckState(ctx, fstree.NewCheckedLoader(e.memo.checked.Loader(e.data.repo)), cp.FSTree)
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint %s: tree %s: %w", cp.ID.Short(), cp.FSTree.Short(), err)
 	}

@@ -51,6 +51,7 @@ func (b *Backend) BeginRollback(ctx context.Context, name string, root rootfs.Ro
 	delete(t.m, name)
 	t.mu.Unlock()
 	if rb.ent != nil {
+		rb.ent.saver.wait() // the restore rewrites the generation it saves into
 		rb.reread = rb.ent.sharedMaps
 	}
 	shared, err := mapped(ctx)

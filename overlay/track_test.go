@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -367,5 +368,85 @@ func TestMmapStoresMakeNoEvent(t *testing.T) {
 	}
 	if got, why := tr.Changes(); len(got) != 0 || why != "" {
 		t.Fatalf("a store through a mapping made events (%v %q): the shared-map guard may be relaxed", got, why)
+	}
+}
+
+// TestTrackedCacheSaveIsOffTheTurn: every cacheSaveTurns tracked turns
+// the scan cache is written in the background. The turn that starts the
+// save returns while it is held (and so do the turns after it), and
+// Untrack, after which the root's generation may be removed, waits for
+// it: it returns only once the save is done, leaving a complete cache and
+// no temporary file in the generation.
+func TestTrackedCacheSaveIsOffTheTurn(t *testing.T) {
+	r, _, _ := newRoot(t, trackBase)
+	b := &Backend{}
+	b.SetTracking(true, nil)
+	started, release := make(chan struct{}, 1), make(chan struct{})
+	var releaseOnce sync.Once
+	t.Cleanup(func() { // before the root's removal
+		releaseOnce.Do(func() { close(release) })
+		b.Untrack("sb")
+	})
+	b.track.beforeSave = func() {
+		started <- struct{}{}
+		<-release
+	}
+	ctx := context.Background()
+	turn := func(i int) {
+		t.Helper()
+		roottest.Write(t, filepath.Join(r.Path(), fmt.Sprintf("d%d/s%d/new%d", i%6, i%4, i)), strconv.Itoa(i))
+		res, ts, err := b.ScanTurn(ctx, "sb", r, nil, nil)
+		must(t, err)
+		must(t, ts.Committed(res))
+	}
+	g, err := r.gen()
+	must(t, err)
+	cacheFile := filepath.Join(g, "scan.cache")
+	turn(0) // walks (the tracker starts): saved at once
+	var before unix.Stat_t
+	must(t, unix.Stat(cacheFile, &before))
+	for i := 1; i <= cacheSaveTurns; i++ {
+		turn(i)
+	}
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("no cache save started after %d tracked turns (%+v)", cacheSaveTurns, b.TrackingStats())
+	}
+	// Held: turns go on, and the file is the walk's still.
+	for i := cacheSaveTurns + 1; i <= cacheSaveTurns+3; i++ {
+		turn(i)
+	}
+	var during unix.Stat_t
+	must(t, unix.Stat(cacheFile, &during))
+	if during.Ino != before.Ino {
+		t.Fatal("the cache file was replaced while its save was held")
+	}
+	untracked := make(chan struct{})
+	go func() {
+		b.Untrack("sb")
+		close(untracked)
+	}()
+	select {
+	case <-untracked:
+		t.Fatal("Untrack returned while a cache save was in flight")
+	case <-time.After(200 * time.Millisecond):
+	}
+	releaseOnce.Do(func() { close(release) })
+	<-untracked
+	var after unix.Stat_t
+	must(t, unix.Stat(cacheFile, &after))
+	if after.Ino == before.Ino {
+		t.Fatal("the held save never wrote the cache")
+	}
+	c := readCache(cacheFile)
+	if c == nil {
+		t.Fatal("the cache saved in the background does not read back")
+	}
+	if _, ok := c.Get(fmt.Sprintf("d%d/s%d/new%d", cacheSaveTurns%6, cacheSaveTurns%4, cacheSaveTurns)); !ok {
+		t.Errorf("the saved cache lacks the file of the turn that started the save")
+	}
+	if tmps, _ := filepath.Glob(filepath.Join(g, ".tmp-*")); len(tmps) > 0 {
+		t.Errorf("temporary files left in the generation: %v", tmps)
 	}
 }
