@@ -259,11 +259,18 @@ func checkpointOf(r *engine.CheckpointResult) *api.Checkpoint {
 // phasesMS is where a turn's time went, in milliseconds, by phase (the
 // phases it went through; engine.Phases).
 func phasesMS(p engine.Phases) map[string]float64 {
+	return msByPhase(map[string]time.Duration{engine.PhaseFreeze: p.Freeze, engine.PhaseScan: p.Scan,
+		engine.PhaseDump: p.Dump, engine.PhaseStore: p.Store, engine.PhaseCommit: p.Commit})
+}
+
+// msByPhase is phases in milliseconds, without those that took no
+// measurable time (a phase the work did not go through takes nanoseconds
+// or nothing).
+func msByPhase(phases map[string]time.Duration) map[string]float64 {
 	out := map[string]float64{}
-	for name, d := range map[string]time.Duration{engine.PhaseFreeze: p.Freeze, engine.PhaseScan: p.Scan,
-		engine.PhaseDump: p.Dump, engine.PhaseStore: p.Store, engine.PhaseCommit: p.Commit} {
-		if d > 0 {
-			out[name] = ms(d)
+	for name, d := range phases {
+		if v := ms(d); v > 0 {
+			out[name] = v
 		}
 	}
 	return out
@@ -297,12 +304,6 @@ func branchPhasesMS(p *engine.BranchPhases) map[string]float64 {
 	if p == nil {
 		return nil
 	}
-	out := map[string]float64{}
-	for name, d := range map[string]time.Duration{"prepare": p.Prepare, "image": p.Image, "base": p.Base,
-		"layer": p.Layer, "roots": p.Roots, "catalog": p.Catalog, "files": p.Files, "processes": p.Processes} {
-		if v := ms(d); v > 0 { // a phase that did nothing took nanoseconds
-			out[name] = v
-		}
-	}
-	return out
+	return msByPhase(map[string]time.Duration{"prepare": p.Prepare, "image": p.Image, "base": p.Base,
+		"layer": p.Layer, "roots": p.Roots, "catalog": p.Catalog, "files": p.Files, "processes": p.Processes})
 }
